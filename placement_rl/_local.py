@@ -1,0 +1,254 @@
+"""Detect the local machine as a ``DeviceTopology`` named ``local``.
+
+Devices: the CPU always (``cpu``), plus every CUDA GPU that ``torch.cuda`` sees (``gpu<i>`` on ``cuda:<i>``).
+Every figure records how it was obtained in ``topology.meta["sources"]``:
+
+* ``measured`` -- timed here (fp32 matmul for FLOP/s, a large tensor copy for bytes/s, tiny ops for overhead);
+* ``nvml``     -- read through NVML (``pynvml`` from nvidia-ml-py): memory clock x bus width, PCIe generation
+  x width, active NVLink links;
+* ``table``    -- the vendor datasheet figure for the GPU model (``GPU_SPECS``);
+* ``os`` / ``torch`` -- memory sizes from ``os.sysconf`` (or ``/proc/meminfo``, capped by a cgroup limit) and
+  ``torch.cuda.get_device_properties``;
+* ``default``  -- a conservative constant, used when nothing better is available or ``measure=False``.
+
+No GPU, no NVML or a failing NVML call is not an error: the figure falls back to the next source.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from placement_rl.topology import DEFAULT_LAUNCH_OVERHEAD, Device, DeviceTopology
+
+# Conservative CPU constants (per torch thread) used when measure=False: an AVX2 core sustains well over this.
+CPU_DEFAULT_FLOPS_PER_THREAD = 2.0e10
+CPU_DEFAULT_MEM_BANDWIDTH = 1.0e10
+GPU_DEFAULT_PEAK_FLOPS = 1.0e13
+GPU_DEFAULT_MEM_BANDWIDTH = 5.0e11
+PCIE_DEFAULT = (16.0e9, 1.0e-5)          # bytes/s per direction (PCIe Gen3 x16 is 15.75e9), seconds
+NVLINK_LATENCY = 5.0e-6                  # typical GPU-to-GPU small-message latency over NVLink (NCCL tests)
+# Usable PCIe bytes/s per lane per direction after line coding (PCI-SIG base specifications 1.0 .. 6.0).
+PCIE_LANE_BANDWIDTH = {1: 0.25e9, 2: 0.5e9, 3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9}
+
+# (substrings that must all appear in the upper-cased torch device name, FP32 non-tensor FLOP/s, memory B/s)
+# from the vendor datasheets; the first match wins, so specific variants come before their family.
+GPU_SPECS: tuple[tuple[tuple[str, ...], float, float], ...] = (
+    (("GH200",), 67e12, 4.0e12),             # NVIDIA GH200 datasheet: 67 TFLOPS FP32, 4 TB/s HBM3
+    (("H200",), 67e12, 4.8e12),              # NVIDIA H200 datasheet (SXM): 67 TFLOPS FP32, 4.8 TB/s
+    (("H100", "PCIE"), 51e12, 2.0e12),       # NVIDIA H100 datasheet (PCIe): 51 TFLOPS FP32, 2 TB/s
+    (("H100", "NVL"), 60e12, 3.9e12),        # NVIDIA H100 datasheet (NVL): 60 TFLOPS FP32, 3.9 TB/s
+    (("H100",), 67e12, 3.35e12),             # NVIDIA H100 datasheet (SXM): 67 TFLOPS FP32, 3.35 TB/s
+    (("A100", "80GB", "PCIE"), 19.5e12, 1.935e12),  # NVIDIA A100 datasheet: 19.5 TFLOPS FP32, 1,935 GB/s
+    (("A100", "80GB"), 19.5e12, 2.039e12),   # NVIDIA A100 datasheet (80GB SXM): 2,039 GB/s
+    (("A100",), 19.5e12, 1.555e12),          # NVIDIA A100 datasheet (40GB): 1,555 GB/s
+    (("A10G",), 31.2e12, 0.6e12),            # AWS G5 / NVIDIA A10 datasheet: 31.2 TFLOPS FP32, 600 GB/s
+    (("A10",), 31.2e12, 0.6e12),             # NVIDIA A10 datasheet: 31.2 TFLOPS FP32, 600 GB/s
+    (("L40S",), 91.6e12, 0.864e12),          # NVIDIA L40S datasheet: 91.6 TFLOPS FP32, 864 GB/s
+    (("L40",), 90.5e12, 0.864e12),           # NVIDIA L40 datasheet: 90.5 TFLOPS FP32, 864 GB/s
+    (("L4",), 30.3e12, 0.3e12),              # NVIDIA L4 datasheet: 30.3 TFLOPS FP32, 300 GB/s
+    (("V100S",), 16.4e12, 1.134e12),         # NVIDIA V100S datasheet: 16.4 TFLOPS FP32, 1,134 GB/s
+    (("V100", "PCIE"), 14e12, 0.9e12),       # NVIDIA V100 datasheet (PCIe): 14 TFLOPS FP32, 900 GB/s
+    (("V100",), 15.7e12, 0.9e12),            # NVIDIA V100 datasheet (SXM2): 15.7 TFLOPS FP32, 900 GB/s
+    (("T4",), 8.1e12, 0.32e12),              # NVIDIA T4 datasheet: 8.1 TFLOPS FP32, 320 GB/s
+    (("P100", "PCIE"), 9.3e12, 0.732e12),    # NVIDIA P100 datasheet (PCIe): 9.3 TFLOPS FP32, 732 GB/s
+    (("P100",), 10.6e12, 0.732e12),          # NVIDIA P100 datasheet (NVLink): 10.6 TFLOPS FP32, 732 GB/s
+    (("K80",), 4.37e12, 0.24e12),            # NVIDIA K80 datasheet: 8.74 TFLOPS / 480 GB/s per board of 2 GPUs
+    (("RTX 4090",), 82.6e12, 1.008e12),      # GeForce RTX 4090 specifications: 82.6 TFLOPS, 1,008 GB/s
+    (("RTX 3090",), 35.6e12, 0.936e12),      # GeForce RTX 3090 specifications: 35.6 TFLOPS, 936 GB/s
+    (("RTX A6000",), 38.7e12, 0.768e12),     # NVIDIA RTX A6000 datasheet: 38.7 TFLOPS FP32, 768 GB/s
+)
+
+
+def gpu_spec(name: str) -> tuple[float, float] | None:
+    """(FP32 FLOP/s, memory bytes/s) from ``GPU_SPECS`` for a torch device name, or None if unknown."""
+    upper = name.upper()
+    for keys, flops, bandwidth in GPU_SPECS:
+        if all(k in upper for k in keys):
+            return flops, bandwidth
+    return None
+
+
+# ---------------------------------------------------------------- measurements
+def _best_time(fn: Callable[[], Any], reps: int, sync: Callable[[], None] = lambda: None) -> float:
+    fn()
+    sync()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure_matmul_flops(device: str = "cpu", *, n: int = 512, reps: int = 5) -> float:
+    """FLOP/s of an n x n fp32 matmul on ``device`` (best of ``reps``; the current torch thread count on CPU)."""
+    import torch
+
+    dev = torch.device(device)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(n, n, generator=gen).to(dev)
+    b = torch.randn(n, n, generator=gen).to(dev)
+    out = torch.empty(n, n, device=dev)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    with torch.inference_mode():
+        best = _best_time(lambda: torch.mm(a, b, out=out), reps, sync)
+    return 2.0 * n ** 3 / best
+
+
+def measure_copy_bandwidth(device: str = "cpu", *, nbytes: int = 64 * 2**20, reps: int = 5) -> float:
+    """Memory bytes/s of a large tensor copy on ``device``, counting the read and the write (as STREAM copy)."""
+    import torch
+
+    dev = torch.device(device)
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=dev)
+    dst = torch.empty_like(src)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    with torch.inference_mode():
+        best = _best_time(lambda: dst.copy_(src), reps, sync)
+    return 2.0 * src.numel() * 4 / best
+
+
+def measure_launch_overhead(*, calls: int = 200) -> float:
+    """Seconds per tiny eager torch op on the CPU (dispatch overhead), best of three batches."""
+    import torch
+
+    x = torch.ones(1)
+    with torch.inference_mode():
+        def batch() -> None:
+            for _ in range(calls):
+                torch.add(x, x)
+        return _best_time(batch, 3) / calls
+
+
+def host_memory_bytes() -> tuple[float, str]:
+    """Physical memory in bytes, capped by a cgroup (v2 or v1) limit when one is set."""
+    total, source = 0.0, "default"
+    try:
+        total, source = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), "os"
+    except (ValueError, OSError, AttributeError):
+        try:
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                if line.startswith("MemTotal:"):
+                    total, source = float(line.split()[1]) * 1024, "os"
+                    break
+        except OSError:
+            pass
+    if total <= 0:
+        return 8.0 * 2**30, "default"
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < total:
+            return float(text), "os"
+    return total, source
+
+
+def cpu_model_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+# ---------------------------------------------------------------- NVML
+class _NVML:
+    """Thin guarded view of NVML: every query returns None when NVML or the field is unavailable."""
+
+    def __init__(self) -> None:
+        self.nv: Any = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nv = pynvml
+        except Exception:  # no library, no driver, no permission: NVML is optional
+            self.nv = None
+
+    def close(self) -> None:
+        if self.nv is not None:
+            try:
+                self.nv.nvmlShutdown()
+            except Exception:
+                pass
+
+    def call(self, fn_name: str, *args: Any) -> Any:
+        if self.nv is None or not hasattr(self.nv, fn_name):
+            return None
+        try:
+            return getattr(self.nv, fn_name)(*args)
+        except Exception:
+            return None
+
+    def handle(self, index: int, uuid: str | None) -> Any:
+        if self.nv is None:
+            return None
+        if uuid:
+            h = self.call("nvmlDeviceGetHandleByUUID", uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+            if h is not None:
+                return h
+        if os.environ.get("CUDA_VISIBLE_DEVICES") is None:  # torch index == NVML index only without remapping
+            return self.call("nvmlDeviceGetHandleByIndex", index)
+        return None
+
+    def mem_bandwidth(self, h: Any) -> float | None:
+        clock = self.call("nvmlDeviceGetMaxClockInfo", h, getattr(self.nv, "NVML_CLOCK_MEM", 2))
+        width = self.call("nvmlDeviceGetMemoryBusWidth", h)
+        if not clock or not width:
+            return None
+        return float(clock) * 1e6 * 2 * float(width) / 8  # double data rate: MHz x 2 transfers x bus bytes
+
+    def pcie(self, h: Any) -> float | None:
+        gen = self.call("nvmlDeviceGetMaxPcieLinkGeneration", h)
+        width = self.call("nvmlDeviceGetMaxPcieLinkWidth", h)
+        if not gen or not width or int(gen) not in PCIE_LANE_BANDWIDTH:
+            return None
+        return PCIE_LANE_BANDWIDTH[int(gen)] * int(width)
+
+    def bus_id(self, h: Any) -> str | None:
+        info = self.call("nvmlDeviceGetPciInfo", h)
+        return _norm_bus(getattr(info, "busId", None)) if info is not None else None
+
+    def nvlink_peers(self, h: Any) -> dict[str, int]:
+        """Active NVLink links of a GPU counted per remote PCI bus id (switches included)."""
+        peers: dict[str, int] = {}
+        enabled = getattr(self.nv, "NVML_FEATURE_ENABLED", 1)
+        for link in range(int(getattr(self.nv, "NVML_NVLINK_MAX_LINKS", 18))):
+            if self.call("nvmlDeviceGetNvLinkState", h, link) != enabled:
+                continue
+            info = (self.call("nvmlDeviceGetNvLinkRemotePciInfo_v2", h, link)
+                    or self.call("nvmlDeviceGetNvLinkRemotePciInfo", h, link))
+            remote = _norm_bus(getattr(info, "busId", None)) if info is not None else None
+            key = remote or "unknown"
+            peers[key] = peers.get(key, 0) + 1
+        return peers
+
+
+def _norm_bus(bus: Any) -> str | None:
+    if bus is None:
+        return None
+    s = bus.decode() if isinstance(bus, bytes) else str(bus)
+    s = s.strip("\x00").lower()
+    return s[-12:] if len(s) >= 12 else s  # "00000000:07:00.0" and "0000:07:00.0" -> "0000:07:00.0"
+
+
+def nvlink_bandwidth_per_link(cc_major: int) -> float:
+    """Bytes/s per direction of one NVLink: NVLink1 (sm_6x) 20 GB/s, NVLink2..4 (sm_7x..9x) 25 GB/s,
+    NVLink5 (sm_10x) 50 GB/s (P100, V100, A100, H100 and Blackwell architecture whitepapers)."""
+    if cc_major <= 6:
+        return 20e9
+    if cc_major >= 10:
+        return 50e9
+    return 25e9

@@ -1,0 +1,1 @@
+"""Command-line entry points (Hydra apps). The only part of the core that may import ``envs``/``agents``."""

@@ -1,0 +1,53 @@
+"""``placement-rl inspect``: summarise a graph and write ``graph.json`` to the run directory."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from omegaconf import DictConfig
+
+from placement_rl.cli.common import build_graph, hydra_app, output_dir
+from placement_rl.graph.ir import CompGraph
+
+
+def _fmt(x: float, unit: str = "") -> str:
+    for div, suffix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.2f} {suffix}{unit}"
+    return f"{x:.0f} {unit}".rstrip()
+
+
+def summarize(graph: CompGraph, *, top: int = 8) -> str:
+    """A human-readable summary: size, FLOPs, parameters, activation memory, top op types."""
+    t = graph.totals()
+    groups = graph.num_nodes
+    ops = sum(len(m) for m in graph.members) if graph.members is not None else graph.num_nodes
+    lines = [
+        f"graph {graph.name}  (fingerprint {graph.fingerprint()})",
+        f"  ops {ops}   nodes/groups {groups}   edges {graph.num_edges}",
+        f"  forward {_fmt(t['fwd_flops'], 'FLOP')}   backward {_fmt(t['bwd_flops'], 'FLOP')}",
+        f"  parameters {_fmt(t['param_bytes'], 'B')}   activations kept for backward {_fmt(t['act_bytes'], 'B')}",
+        f"  edge traffic {_fmt(t['edge_bytes'], 'B')}",
+        "  top op types (by forward FLOPs):",
+    ]
+    flops: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    for op, f in zip(graph.op_types, graph.fwd_flops.tolist()):
+        flops[op] += f
+        count[op] += 1
+    total = max(t["fwd_flops"], 1.0)
+    for op, f in flops.most_common(top):
+        lines.append(f"    {op:<28} {count[op]:>5} nodes  {100 * f / total:6.2f}% of FLOPs")
+    return "\n".join(lines)
+
+
+def run(cfg: DictConfig) -> CompGraph:
+    graph = build_graph(cfg.graph)
+    print(summarize(graph))
+    out = output_dir() / "graph.json"
+    graph.to_json(out)
+    print(f"wrote {out}")
+    return graph
+
+
+main = hydra_app("inspect")(run)

@@ -1,0 +1,34 @@
+"""``placement-rl <subcommand> [hydra overrides]``: dispatch to one Hydra app per subcommand."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module, one-line help). Only subcommands that exist are listed.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "inspect": ("placement_rl.cli.inspect", "summarise a graph (zoo model, JSON file or synthetic), write graph.json"),
+}
+
+USAGE = "usage: placement-rl <subcommand> [hydra overrides ...]   (placement-rl <subcommand> --help for its config)"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        print("subcommands:")
+        for name, (_, text) in COMMANDS.items():
+            print(f"  {name:<10} {text}")
+        sys.exit(0 if args else 2)
+    cmd, rest = args[0], args[1:]
+    if cmd not in COMMANDS:
+        print(f"error: unknown subcommand '{cmd}' (choose one of: {', '.join(COMMANDS)})", file=sys.stderr)
+        sys.exit(2)
+    module = importlib.import_module(COMMANDS[cmd][0])
+    sys.argv = [f"placement-rl {cmd}", *rest]
+    module.main()
+
+
+if __name__ == "__main__":
+    main()

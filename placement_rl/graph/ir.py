@@ -1,0 +1,324 @@
+"""``CompGraph``: an immutable DAG of a training step's forward ops, stored as numpy arrays.
+
+One node is one forward op (or, after coarsening, a group of ops); its backward is modelled
+from the forward graph (reverse edges, ``bwd_flops``), so one node stands for fwd + bwd.
+
+Shapes (N nodes, E edges):
+    names, op_types, module_paths: tuple[str, ...] of length N
+    fwd_flops, bwd_flops, out_bytes, param_bytes, act_bytes: float64 [N]
+    edges: int64 [E, 2] (src, dst);  edge_bytes: float64 [E]
+    members: optional tuple of N tuples of original node names (set by coarsening)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from placement_rl.errors import GraphError
+
+NODE_ARRAYS = ("fwd_flops", "bwd_flops", "out_bytes", "param_bytes", "act_bytes")
+
+
+def _csr(n: int, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CSR of ``values`` grouped by ``keys``: (ptr [n+1], values sorted by key, edge ids)."""
+    order = np.argsort(keys, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(ptr, keys + 1, 1)
+    np.cumsum(ptr, out=ptr)
+    return ptr, values[order].astype(np.int64), order.astype(np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class CompGraph:
+    """A validated computation graph. Construct it with keyword arguments; it validates itself."""
+
+    names: tuple[str, ...]
+    op_types: tuple[str, ...]
+    module_paths: tuple[str, ...]
+    fwd_flops: np.ndarray
+    bwd_flops: np.ndarray
+    out_bytes: np.ndarray
+    param_bytes: np.ndarray
+    act_bytes: np.ndarray
+    edges: np.ndarray
+    edge_bytes: np.ndarray
+    name: str = "graph"
+    members: tuple[tuple[str, ...], ...] | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "names", tuple(str(x) for x in self.names))
+        set_(self, "op_types", tuple(str(x) for x in self.op_types))
+        set_(self, "module_paths", tuple(str(x) for x in self.module_paths))
+        for key in NODE_ARRAYS + ("edge_bytes",):
+            try:
+                arr = np.array(getattr(self, key), dtype=np.float64).reshape(-1)
+            except (TypeError, ValueError) as exc:
+                raise GraphError(f"field '{key}' must be a list of numbers ({exc})") from None
+            arr.setflags(write=False)
+            set_(self, key, arr)
+        try:
+            edges = np.array(self.edges, dtype=np.int64).reshape(-1, 2)
+        except (TypeError, ValueError) as exc:
+            raise GraphError(f"field 'edges' must be a list of [src, dst] integer pairs ({exc})") from None
+        edges.setflags(write=False)
+        set_(self, "edges", edges)
+        if self.members is not None:
+            set_(self, "members", tuple(tuple(str(m) for m in grp) for grp in self.members))
+        set_(self, "meta", dict(self.meta))
+        self.validate()
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def num_nodes(self) -> int:
+        return len(self.names)
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.edges.shape[0])
+
+    def __len__(self) -> int:
+        return self.num_nodes
+
+    def __repr__(self) -> str:
+        return (f"CompGraph(name={self.name!r}, nodes={self.num_nodes}, edges={self.num_edges}, "
+                f"fwd_flops={self.fwd_flops.sum():.3g}, params={self.param_bytes.sum():.3g}B)")
+
+    # -------------------------------------------------------------- validation
+    def validate(self) -> None:
+        """Raise ``GraphError`` naming the node, edge or field to fix; return None if valid."""
+        n = self.num_nodes
+        if n == 0:
+            raise GraphError(f"graph '{self.name}' has no nodes")
+        for key in ("op_types", "module_paths"):
+            if len(getattr(self, key)) != n:
+                raise GraphError(f"field '{key}' has {len(getattr(self, key))} entries, expected {n} (one per node)")
+        for key in NODE_ARRAYS:
+            arr = getattr(self, key)
+            if arr.shape[0] != n:
+                raise GraphError(f"field '{key}' has {arr.shape[0]} entries, expected {n} (one per node)")
+            bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0))
+            if bad.size:
+                i = int(bad[0])
+                raise GraphError(f"node '{self.names[i]}' (#{i}) has invalid {key}={arr[i]!r}: "
+                                 "costs must be finite and non-negative")
+        if len(set(self.names)) != n:
+            seen: set[str] = set()
+            dup = next(x for x in self.names if x in seen or seen.add(x))  # type: ignore[func-returns-value]
+            raise GraphError(f"duplicate node name '{dup}': node names must be unique")
+        if self.edge_bytes.shape[0] != self.num_edges:
+            raise GraphError(f"field 'edge_bytes' has {self.edge_bytes.shape[0]} entries, "
+                             f"expected {self.num_edges} (one per edge)")
+        bad = np.flatnonzero(~np.isfinite(self.edge_bytes) | (self.edge_bytes < 0))
+        if bad.size:
+            raise GraphError(f"edge #{int(bad[0])} {self._edge_str(int(bad[0]))} has invalid "
+                             f"edge_bytes={self.edge_bytes[bad[0]]!r}: must be finite and non-negative")
+        if self.num_edges:
+            out_of_range = np.flatnonzero((self.edges < 0).any(1) | (self.edges >= n).any(1))
+            if out_of_range.size:
+                e = int(out_of_range[0])
+                raise GraphError(f"edge #{e} {self.edges[e].tolist()} is dangling: "
+                                 f"node indices must be in [0, {n})")
+            loops = np.flatnonzero(self.edges[:, 0] == self.edges[:, 1])
+            if loops.size:
+                raise GraphError(f"edge #{int(loops[0])} {self._edge_str(int(loops[0]))} is a self-loop")
+            key = self.edges[:, 0] * n + self.edges[:, 1]
+            uniq, first, counts = np.unique(key, return_index=True, return_counts=True)
+            if (counts > 1).any():
+                k = int(uniq[np.flatnonzero(counts > 1)[0]])
+                e = int(np.flatnonzero(key == k)[1])
+                raise GraphError(f"duplicate edge #{e} {self._edge_str(e)}: each (src, dst) pair may appear once")
+        if self.members is not None and len(self.members) != n:
+            raise GraphError(f"field 'members' has {len(self.members)} entries, expected {n}")
+        self._check_acyclic()
+
+    def _edge_str(self, e: int) -> str:
+        s, d = (int(x) for x in self.edges[e])
+        n = self.num_nodes
+        sn = self.names[s] if 0 <= s < n else str(s)
+        dn = self.names[d] if 0 <= d < n else str(d)
+        return f"'{sn}' -> '{dn}'"
+
+    def _check_acyclic(self) -> None:
+        order = self._kahn()
+        if len(order) == self.num_nodes:
+            return
+        # Find one cycle among the nodes Kahn could not order, to name it.
+        left = np.ones(self.num_nodes, dtype=bool)
+        left[order] = False
+        succ: dict[int, list[int]] = {}
+        for s, d in self.edges.tolist():
+            if left[s] and left[d]:
+                succ.setdefault(s, []).append(d)
+        start = int(np.flatnonzero(left)[0])
+        path, pos, node = [], {}, start
+        while node not in pos:
+            pos[node] = len(path)
+            path.append(node)
+            node = succ[node][0]
+        cycle = path[pos[node]:] + [node]
+        raise GraphError("graph has a cycle: " + " -> ".join(repr(self.names[i]) for i in cycle)
+                         + "; remove one of its edges")
+
+    def _kahn(self) -> list[int]:
+        n = self.num_nodes
+        indeg = np.zeros(n, dtype=np.int64)
+        if self.num_edges:
+            np.add.at(indeg, self.edges[:, 1], 1)
+        succ_ptr, succ_idx, _ = _csr(n, self.edges[:, 0], self.edges[:, 1]) if self.num_edges else (
+            np.zeros(n + 1, dtype=np.int64), np.zeros(0, dtype=np.int64), None)
+        # Stable: among ready nodes, lowest index (program order) first.
+        import heapq
+        ready = [i for i in range(n) if indeg[i] == 0]
+        heapq.heapify(ready)
+        order: list[int] = []
+        indeg = indeg.tolist()
+        sp, si = succ_ptr.tolist(), succ_idx.tolist()
+        while ready:
+            u = heapq.heappop(ready)
+            order.append(u)
+            for k in range(sp[u], sp[u + 1]):
+                v = si[k]
+                indeg[v] -= 1
+                if indeg[v] == 0:
+                    heapq.heappush(ready, v)
+        return order
+
+    # --------------------------------------------------------------- structure
+    @cached_property
+    def topo_order(self) -> np.ndarray:
+        """Topological order; among ready nodes the lowest index (captured program order) first."""
+        order = np.array(self._kahn(), dtype=np.int64)
+        order.setflags(write=False)
+        return order
+
+    @cached_property
+    def _pred_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return _csr(self.num_nodes, self.edges[:, 1], self.edges[:, 0])
+
+    @cached_property
+    def _succ_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return _csr(self.num_nodes, self.edges[:, 0], self.edges[:, 1])
+
+    @property
+    def pred_ptr(self) -> np.ndarray:
+        return self._pred_csr[0]
+
+    @property
+    def pred_idx(self) -> np.ndarray:
+        return self._pred_csr[1]
+
+    @property
+    def pred_eid(self) -> np.ndarray:
+        """Edge id of each entry of ``pred_idx`` (to look up ``edge_bytes``)."""
+        return self._pred_csr[2]
+
+    @property
+    def succ_ptr(self) -> np.ndarray:
+        return self._succ_csr[0]
+
+    @property
+    def succ_idx(self) -> np.ndarray:
+        return self._succ_csr[1]
+
+    @property
+    def succ_eid(self) -> np.ndarray:
+        return self._succ_csr[2]
+
+    def predecessors(self, i: int) -> np.ndarray:
+        return self.pred_idx[self.pred_ptr[i]:self.pred_ptr[i + 1]]
+
+    def successors(self, i: int) -> np.ndarray:
+        return self.succ_idx[self.succ_ptr[i]:self.succ_ptr[i + 1]]
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        """Node name -> node index."""
+        return {name: i for i, name in enumerate(self.names)}
+
+    # ------------------------------------------------------------------ totals
+    def totals(self) -> dict[str, float]:
+        """Sums of every per-node cost and of edge bytes (conserved by coarsening)."""
+        out = {key: float(getattr(self, key).sum()) for key in NODE_ARRAYS}
+        out["edge_bytes"] = float(self.edge_bytes.sum())
+        return out
+
+    def fingerprint(self) -> str:
+        """Stable hash of structure, op types and sizes (keys profiles); independent of ``name``/``meta``."""
+        h = hashlib.sha256()
+        h.update(("\x1f".join(self.names) + "\x1e" + "\x1f".join(self.op_types)).encode())
+        for key in NODE_ARRAYS + ("edge_bytes",):
+            h.update(np.ascontiguousarray(getattr(self, key), dtype="<f8").tobytes())
+        h.update(np.ascontiguousarray(self.edges, dtype="<i8").tobytes())
+        return h.hexdigest()[:16]
+
+    # ------------------------------------------------------------------ export
+    def to_networkx(self):
+        """A ``networkx.DiGraph`` with every node and edge attribute."""
+        import networkx as nx
+
+        g = nx.DiGraph(name=self.name)
+        for i, nm in enumerate(self.names):
+            g.add_node(i, name=nm, op_type=self.op_types[i], module_path=self.module_paths[i],
+                       **{k: float(getattr(self, k)[i]) for k in NODE_ARRAYS})
+        for e, (s, d) in enumerate(self.edges.tolist()):
+            g.add_edge(s, d, bytes=float(self.edge_bytes[e]))
+        return g
+
+    def to_json(self, path=None) -> str:
+        from placement_rl.graph.io import graph_to_json
+
+        return graph_to_json(self, path)
+
+    @staticmethod
+    def from_json(path_or_str) -> "CompGraph":
+        from placement_rl.graph.io import graph_from_json
+
+        return graph_from_json(path_or_str)
+
+    def replace(self, **changes: Any) -> "CompGraph":
+        """A copy with some fields changed (validated again)."""
+        fields = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        fields.update(changes)
+        return CompGraph(**fields)
+
+
+def make_graph(nodes: Sequence[Mapping[str, Any]], edges: Sequence[Sequence[float]], *, name: str = "graph",
+               meta: Mapping[str, Any] | None = None) -> CompGraph:
+    """Build a graph from node dicts (``name`` plus the per-node fields) and ``[src, dst, bytes]`` edges.
+
+    Missing per-node numbers default to 0, missing ``op_type`` to ``"op"``, ``module_path`` to ``""``.
+    Edge endpoints may be node indices or node names.
+    """
+    names = [str(nd.get("name", f"n{i}")) for i, nd in enumerate(nodes)]
+    idx = {nm: i for i, nm in enumerate(names)}
+
+    def _end(x: Any) -> int:
+        if isinstance(x, str):
+            if x not in idx:
+                raise GraphError(f"edge endpoint '{x}' names no node")
+            return idx[x]
+        return int(x)
+
+    e = [(_end(ed[0]), _end(ed[1])) for ed in edges]
+    eb = [float(ed[2]) if len(ed) > 2 else 0.0 for ed in edges]
+    members = None
+    if any("members" in nd for nd in nodes):
+        members = [tuple(nd.get("members", (names[i],))) for i, nd in enumerate(nodes)]
+    return CompGraph(
+        names=tuple(names),
+        op_types=tuple(str(nd.get("op_type", "op")) for nd in nodes),
+        module_paths=tuple(str(nd.get("module_path", "")) for nd in nodes),
+        **{k: [nd.get(k, 0.0) for nd in nodes] for k in NODE_ARRAYS},
+        edges=np.array(e, dtype=np.int64).reshape(-1, 2),
+        edge_bytes=eb,
+        name=name,
+        members=members,
+        meta=dict(meta or {}),
+    )

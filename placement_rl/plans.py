@@ -1,0 +1,290 @@
+"""``Placement`` (op-level: a device per node) and ``StagePlan`` (pipeline stages x data parallelism).
+
+Both validate against a graph and a topology (``PlanError`` naming the problem) and round-trip through JSON.
+JSON stores device *names*, so a plan loaded against a topology that lacks a device fails clearly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from placement_rl.errors import PlanError
+from placement_rl.graph.io import atomic_write_text
+from placement_rl.graph.ir import CompGraph
+from placement_rl.topology import DeviceTopology
+
+PLACEMENT_SCHEMA = "placement_rl.placement"
+STAGE_PLAN_SCHEMA = "placement_rl.stage_plan"
+VERSION = 1
+SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "zb1p")
+
+
+def _read_json(path_or_str: str | os.PathLike, what: str) -> dict[str, Any]:
+    where = what
+    if isinstance(path_or_str, os.PathLike) or not str(path_or_str).lstrip().startswith("{"):
+        p = Path(path_or_str)
+        if not p.is_file():
+            raise PlanError(f"{what} file '{p}' does not exist")
+        where, text = str(p), p.read_text()
+    else:
+        text = str(path_or_str)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PlanError(f"{where}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise PlanError(f"{where}: top level must be a JSON object")
+    return data
+
+
+def _check_schema(data: Mapping[str, Any], schema: str) -> None:
+    if data.get("schema") != schema:
+        raise PlanError(f"field 'schema' is {data.get('schema')!r}, expected '{schema}'")
+    if data.get("version") != VERSION:
+        raise PlanError(f"unknown {schema} version {data.get('version')!r} (this release reads {VERSION})")
+
+
+def _device_map(names: Sequence[str], topology: DeviceTopology | None, what: str) -> np.ndarray:
+    """Indices into ``topology.devices`` of the device names stored in a plan file."""
+    if topology is None:
+        return np.arange(len(names), dtype=np.int64)
+    have = {d.name: i for i, d in enumerate(topology.devices)}
+    out = []
+    for nm in names:
+        if nm not in have:
+            raise PlanError(f"{what} uses device '{nm}' which topology '{topology.name}' lacks "
+                            f"(devices: {', '.join(topology.device_names)})")
+        out.append(have[nm])
+    return np.array(out, dtype=np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class Placement:
+    """``device_of_node[i]`` is the index (into ``topology.devices``) of the device running node ``i``."""
+
+    device_of_node: np.ndarray
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        try:
+            arr = np.array(self.device_of_node, dtype=np.int64).reshape(-1)
+        except (TypeError, ValueError):
+            raise PlanError("device_of_node must be a list of integer device indices") from None
+        arr.setflags(write=False)
+        object.__setattr__(self, "device_of_node", arr)
+        object.__setattr__(self, "meta", dict(self.meta))
+
+    def __len__(self) -> int:
+        return int(self.device_of_node.shape[0])
+
+    def validate(self, graph: CompGraph, topology: DeviceTopology) -> "Placement":
+        if len(self) != graph.num_nodes:
+            raise PlanError(f"placement has {len(self)} entries but graph '{graph.name}' has "
+                            f"{graph.num_nodes} nodes")
+        bad = np.flatnonzero((self.device_of_node < 0) | (self.device_of_node >= topology.num_devices))
+        if bad.size:
+            i = int(bad[0])
+            raise PlanError(f"node '{graph.names[i]}' is placed on device index {self.device_of_node[i]}, "
+                            f"but topology '{topology.name}' has devices 0..{topology.num_devices - 1}")
+        return self
+
+    def to_dict(self, graph: CompGraph | None = None, topology: DeviceTopology | None = None) -> dict[str, Any]:
+        used = sorted(set(self.device_of_node.tolist()))
+        names = [topology.devices[i].name if topology else f"dev{i}" for i in range(max(used) + 1)]
+        out: dict[str, Any] = {"schema": PLACEMENT_SCHEMA, "version": VERSION,
+                               "devices": names, "device_of_node": self.device_of_node.tolist(),
+                               "meta": dict(self.meta)}
+        if graph is not None:
+            out.update(graph=graph.name, graph_fingerprint=graph.fingerprint(), nodes=list(graph.names))
+        if topology is not None:
+            out["topology"] = topology.name
+        return out
+
+    def to_json(self, path: str | os.PathLike | None = None, *, graph: CompGraph | None = None,
+                topology: DeviceTopology | None = None) -> str:
+        text = json.dumps(self.to_dict(graph, topology), indent=1)
+        if path is not None:
+            atomic_write_text(path, text)
+        return text
+
+    @staticmethod
+    def from_json(path_or_str: str | os.PathLike, *, topology: DeviceTopology | None = None,
+                  graph: CompGraph | None = None) -> "Placement":
+        data = _read_json(path_or_str, "placement")
+        _check_schema(data, PLACEMENT_SCHEMA)
+        names, dev = data.get("devices"), data.get("device_of_node")
+        if not isinstance(names, list) or not isinstance(dev, list):
+            raise PlanError("placement JSON needs lists 'devices' and 'device_of_node'")
+        if any(not isinstance(x, int) or isinstance(x, bool) or not 0 <= x < len(names) for x in dev):
+            raise PlanError(f"'device_of_node' entries must be integers in [0, {len(names)})")
+        mapping = _device_map(names, topology, "placement")
+        p = Placement(mapping[np.array(dev, dtype=np.int64)] if dev else np.zeros(0, np.int64),
+                      meta=data.get("meta") or {})
+        if graph is not None:
+            fp = data.get("graph_fingerprint")
+            if fp is not None and fp != graph.fingerprint() and len(dev) != graph.num_nodes:
+                raise PlanError(f"placement was made for graph '{data.get('graph')}' with "
+                                f"{len(dev)} nodes, not for '{graph.name}' ({graph.num_nodes} nodes)")
+            if topology is not None:
+                p.validate(graph, topology)
+        return p
+
+
+@dataclass(frozen=True, eq=False)
+class StagePlan:
+    """A pipeline plan: stage of each node, device group (its size is the DP degree) per stage.
+
+    ``stage_of_node[i]`` in ``0..S-1``; every edge goes from a stage to the same or a later one, so each
+    stage is a contiguous block of a topological order. ``stage_devices[s]`` are device indices; for
+    ``interleaved1f1b`` several (virtual) stages may share a device group, otherwise groups are disjoint.
+    """
+
+    stage_of_node: np.ndarray
+    stage_devices: tuple[tuple[int, ...], ...]
+    num_microbatches: int = 1
+    schedule: str = "1f1b"
+    batch_size: int | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        try:
+            arr = np.array(self.stage_of_node, dtype=np.int64).reshape(-1)
+        except (TypeError, ValueError):
+            raise PlanError("stage_of_node must be a list of integer stage ids") from None
+        arr.setflags(write=False)
+        object.__setattr__(self, "stage_of_node", arr)
+        try:
+            groups = tuple(tuple(int(d) for d in grp) for grp in self.stage_devices)
+        except (TypeError, ValueError):
+            raise PlanError("stage_devices must be a list of lists of device indices") from None
+        object.__setattr__(self, "stage_devices", groups)
+        object.__setattr__(self, "meta", dict(self.meta))
+        if self.schedule not in SCHEDULES:
+            raise PlanError(f"unknown schedule '{self.schedule}' (choose one of {', '.join(SCHEDULES)})")
+        if not isinstance(self.num_microbatches, (int, np.integer)) or self.num_microbatches < 1:
+            raise PlanError(f"num_microbatches must be a positive integer, got {self.num_microbatches!r}")
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_devices)
+
+    @property
+    def dp_degrees(self) -> tuple[int, ...]:
+        return tuple(len(g) for g in self.stage_devices)
+
+    @property
+    def world_size(self) -> int:
+        return len({d for g in self.stage_devices for d in g})
+
+    def validate(self, graph: CompGraph, topology: DeviceTopology) -> "StagePlan":
+        n, s = graph.num_nodes, self.num_stages
+        if len(self.stage_of_node) != n:
+            raise PlanError(f"stage plan has {len(self.stage_of_node)} entries but graph '{graph.name}' has "
+                            f"{n} nodes")
+        if s == 0:
+            raise PlanError("stage plan has no stages: 'stage_devices' is empty")
+        if self.stage_of_node.min() < 0 or self.stage_of_node.max() >= s:
+            i = int(np.flatnonzero((self.stage_of_node < 0) | (self.stage_of_node >= s))[0])
+            raise PlanError(f"node '{graph.names[i]}' is in stage {self.stage_of_node[i]}, but the plan has "
+                            f"stages 0..{s - 1}")
+        used = np.bincount(self.stage_of_node, minlength=s)
+        if (used == 0).any():
+            gap = int(np.flatnonzero(used == 0)[0])
+            raise PlanError(f"stage {gap} has no nodes (a gap in the stage numbering): stages must be 0..{s - 1}, "
+                            "each non-empty")
+        if graph.num_edges:
+            src, dst = graph.edges[:, 0], graph.edges[:, 1]
+            back = np.flatnonzero(self.stage_of_node[src] > self.stage_of_node[dst])
+            if back.size:
+                e = int(back[0])
+                a, b = int(src[e]), int(dst[e])
+                raise PlanError(f"stages are not contiguous: edge '{graph.names[a]}' (stage "
+                                f"{self.stage_of_node[a]}) -> '{graph.names[b]}' (stage {self.stage_of_node[b]}) "
+                                "goes backwards")
+        seen: dict[int, int] = {}
+        for k, grp in enumerate(self.stage_devices):
+            if not grp:
+                raise PlanError(f"stage {k} has no devices")
+            if len(set(grp)) != len(grp):
+                raise PlanError(f"stage {k} lists a device twice: {list(grp)}")
+            for d in grp:
+                if not 0 <= d < topology.num_devices:
+                    raise PlanError(f"stage {k} uses device index {d}, but topology '{topology.name}' has "
+                                    f"devices 0..{topology.num_devices - 1}")
+                if d in seen and self.schedule != "interleaved1f1b":
+                    raise PlanError(f"device '{topology.devices[d].name}' is used by stages {seen[d]} and {k}; "
+                                    "only the interleaved1f1b schedule shares devices between stages")
+                seen.setdefault(d, k)
+        if self.batch_size is not None:
+            for k, p in enumerate(self.dp_degrees):
+                if self.batch_size % (self.num_microbatches * p):
+                    raise PlanError(f"batch size {self.batch_size} is not divisible by num_microbatches "
+                                    f"({self.num_microbatches}) x DP degree of stage {k} ({p})")
+        return self
+
+    def to_dict(self, graph: CompGraph | None = None, topology: DeviceTopology | None = None) -> dict[str, Any]:
+        def dname(d: int) -> str:
+            return topology.devices[d].name if topology is not None else f"dev{d}"
+
+        out: dict[str, Any] = {"schema": STAGE_PLAN_SCHEMA, "version": VERSION,
+                               "stage_of_node": self.stage_of_node.tolist(),
+                               "stage_devices": [[dname(d) for d in g] for g in self.stage_devices],
+                               "num_microbatches": int(self.num_microbatches), "schedule": self.schedule,
+                               "batch_size": self.batch_size, "meta": dict(self.meta)}
+        if graph is not None:
+            out.update(graph=graph.name, graph_fingerprint=graph.fingerprint())
+        if topology is not None:
+            out["topology"] = topology.name
+        return out
+
+    def to_json(self, path: str | os.PathLike | None = None, *, graph: CompGraph | None = None,
+                topology: DeviceTopology | None = None) -> str:
+        text = json.dumps(self.to_dict(graph, topology), indent=1)
+        if path is not None:
+            atomic_write_text(path, text)
+        return text
+
+    @staticmethod
+    def from_json(path_or_str: str | os.PathLike, *, topology: DeviceTopology | None = None,
+                  graph: CompGraph | None = None) -> "StagePlan":
+        data = _read_json(path_or_str, "stage plan")
+        _check_schema(data, STAGE_PLAN_SCHEMA)
+        groups = data.get("stage_devices")
+        if not isinstance(groups, list) or not all(isinstance(g, list) for g in groups):
+            raise PlanError("stage plan JSON needs 'stage_devices': a list of lists of device names")
+        stages = data.get("stage_of_node")
+        if not isinstance(stages, list) or any(not isinstance(x, int) or isinstance(x, bool) for x in stages):
+            raise PlanError("stage plan JSON needs 'stage_of_node': a list of integer stage ids")
+        if topology is not None:
+            idx_groups = [tuple(_device_map([str(x) for x in g], topology, "stage plan").tolist()) for g in groups]
+        else:
+            idx_groups = [tuple(int(str(x).removeprefix("dev")) if str(x).removeprefix("dev").isdigit() else k
+                                for k, x in enumerate(g)) for g in groups]
+        try:
+            plan = StagePlan(stage_of_node=stages, stage_devices=tuple(idx_groups),
+                             num_microbatches=int(data.get("num_microbatches", 1)),
+                             schedule=str(data.get("schedule", "1f1b")), batch_size=data.get("batch_size"),
+                             meta=data.get("meta") or {})
+        except (TypeError, ValueError) as exc:
+            raise PlanError(f"stage plan JSON has an invalid field ({exc})") from None
+        if graph is not None and topology is not None:
+            plan.validate(graph, topology)
+        return plan
+
+
+def load_plan(path: str | os.PathLike, *, topology: DeviceTopology | None = None,
+              graph: CompGraph | None = None) -> Placement | StagePlan:
+    """Load a ``placement.json`` or a ``plan.json`` (dispatch on its schema)."""
+    data = _read_json(path, "plan")
+    if data.get("schema") == STAGE_PLAN_SCHEMA:
+        return StagePlan.from_json(path, topology=topology, graph=graph)
+    if data.get("schema") == PLACEMENT_SCHEMA:
+        return Placement.from_json(path, topology=topology, graph=graph)
+    raise PlanError(f"{path}: field 'schema' is {data.get('schema')!r}, expected '{PLACEMENT_SCHEMA}' or "
+                    f"'{STAGE_PLAN_SCHEMA}'")

@@ -1,0 +1,300 @@
+"""``DeviceTopology``: the devices of a cluster and the links between every pair.
+
+YAML schema (presets live in ``conf/topology/<name>.yaml``)::
+
+    name: 4x_v100_nvlink
+    description: free text
+    devices:                       # a list; an entry with count: k expands to name0..name{k-1}
+      - {name: gpu, count: 4, kind: gpu, torch_device: cuda, host: 0,
+         peak_flops: 15.7e12, mem_bandwidth: 900e9, memory_bytes: 32e9, launch_overhead: 1.0e-5}
+    links:
+      intra_host: {bandwidth: 16e9, latency: 1.0e-5, kind: pcie}    # default between devices of one host
+      inter_host: {bandwidth: 12.5e9, latency: 5.0e-6, kind: ib}    # default across hosts
+      pairs:                                                         # overrides, symmetric
+        - {between: [gpu0, gpu1], bandwidth: 25e9, latency: 5.0e-6, kind: nvlink}
+
+Units: FLOP/s, bytes/s, bytes, seconds.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from placement_rl.errors import TopologyError
+
+DEVICE_KINDS = ("cpu", "gpu")
+DEFAULT_LAUNCH_OVERHEAD = {"cpu": 2e-6, "gpu": 8e-6}
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    kind: str
+    torch_device: str
+    peak_flops: float
+    mem_bandwidth: float
+    memory_bytes: float
+    host: int = 0
+    launch_overhead: float = 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceTopology:
+    """Devices plus symmetric per-pair links. ``link_bandwidth[i, i]`` is inf and ``link_latency[i, i]`` 0."""
+
+    name: str
+    devices: tuple[Device, ...]
+    link_bandwidth: np.ndarray
+    link_latency: np.ndarray
+    link_kind: tuple[tuple[str, ...], ...]
+    description: str = ""
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "devices", tuple(self.devices))
+        for key in ("link_bandwidth", "link_latency"):
+            arr = np.array(getattr(self, key), dtype=np.float64)
+            arr.setflags(write=False)
+            object.__setattr__(self, key, arr)
+        self.validate()
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def device_names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.devices)
+
+    @property
+    def num_hosts(self) -> int:
+        return len({d.host for d in self.devices})
+
+    def index_of(self, name: str) -> int:
+        for i, d in enumerate(self.devices):
+            if d.name == name:
+                return i
+        raise TopologyError(f"topology '{self.name}' has no device '{name}' (devices: {', '.join(self.device_names)})")
+
+    def array(self, attr: str) -> np.ndarray:
+        """Per-device float array of a Device attribute (``peak_flops``, ``memory_bytes`` ...)."""
+        return np.array([float(getattr(d, attr)) for d in self.devices], dtype=np.float64)
+
+    def validate(self) -> None:
+        n = self.num_devices
+        if n == 0:
+            raise TopologyError(f"topology '{self.name}': field 'devices' is empty")
+        names = [d.name for d in self.devices]
+        if len(set(names)) != n:
+            dup = next(x for x in names if names.count(x) > 1)
+            raise TopologyError(f"topology '{self.name}': duplicate device name '{dup}'")
+        for d in self.devices:
+            if d.kind not in DEVICE_KINDS:
+                raise TopologyError(f"device '{d.name}': field 'kind' is {d.kind!r}, expected one of {DEVICE_KINDS}")
+            for key in ("peak_flops", "mem_bandwidth", "memory_bytes"):
+                v = getattr(d, key)
+                if not (isinstance(v, (int, float)) and np.isfinite(v) and v > 0):
+                    raise TopologyError(f"device '{d.name}': field '{key}' must be a positive number, got {v!r}")
+            if not (np.isfinite(d.launch_overhead) and d.launch_overhead >= 0):
+                raise TopologyError(f"device '{d.name}': field 'launch_overhead' must be >= 0")
+        for key in ("link_bandwidth", "link_latency"):
+            arr = getattr(self, key)
+            if arr.shape != (n, n):
+                raise TopologyError(f"topology '{self.name}': '{key}' must be {n}x{n}, got {arr.shape}")
+            if not np.allclose(arr, arr.T, equal_nan=False):
+                raise TopologyError(f"topology '{self.name}': '{key}' must be symmetric")
+        off = ~np.eye(n, dtype=bool)
+        bw, lat = self.link_bandwidth[off], self.link_latency[off]
+        if n > 1 and not (np.all(np.isfinite(bw)) and np.all(bw > 0)):
+            i, j = np.argwhere(off & ~(np.isfinite(self.link_bandwidth) & (self.link_bandwidth > 0)))[0]
+            raise TopologyError(f"link {names[i]} <-> {names[j]}: 'bandwidth' must be a positive number")
+        if n > 1 and not (np.all(np.isfinite(lat)) and np.all(lat >= 0)):
+            i, j = np.argwhere(off & ~(np.isfinite(self.link_latency) & (self.link_latency >= 0)))[0]
+            raise TopologyError(f"link {names[i]} <-> {names[j]}: 'latency' must be a non-negative number")
+
+    def summary(self) -> str:
+        lines = [f"topology {self.name}: {self.num_devices} devices on {self.num_hosts} host(s)"]
+        for d in self.devices:
+            lines.append(f"  {d.name:<8} {d.kind:<3} {d.torch_device:<8} host {d.host}  "
+                         f"{d.peak_flops / 1e12:8.2f} TFLOP/s  {d.mem_bandwidth / 1e9:7.1f} GB/s  "
+                         f"{d.memory_bytes / 2**30:7.1f} GiB")
+        return "\n".join(lines)
+
+    def subset(self, indices: Sequence[int], name: str | None = None) -> "DeviceTopology":
+        idx = list(indices)
+        return DeviceTopology(name=name or f"{self.name}[{','.join(map(str, idx))}]",
+                              devices=tuple(self.devices[i] for i in idx),
+                              link_bandwidth=self.link_bandwidth[np.ix_(idx, idx)],
+                              link_latency=self.link_latency[np.ix_(idx, idx)],
+                              link_kind=tuple(tuple(self.link_kind[i][j] for j in idx) for i in idx),
+                              description=self.description, meta=dict(self.meta))
+
+    # ----------------------------------------------------------------- YAML
+    @staticmethod
+    def from_dict(data: Any, *, where: str = "topology") -> "DeviceTopology":
+        return _from_dict(data, where)
+
+    @staticmethod
+    def from_yaml(path: str | os.PathLike) -> "DeviceTopology":
+        import yaml
+
+        p = Path(path)
+        if not p.is_file():
+            raise TopologyError(f"topology file '{p}' does not exist")
+        try:
+            data = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as exc:
+            raise TopologyError(f"{p}: malformed YAML ({str(exc).splitlines()[0]})") from None
+        return _from_dict(data, str(p))
+
+    def to_dict(self) -> dict[str, Any]:
+        n = self.num_devices
+        pairs = [{"between": [self.devices[i].name, self.devices[j].name],
+                  "bandwidth": float(self.link_bandwidth[i, j]), "latency": float(self.link_latency[i, j]),
+                  "kind": self.link_kind[i][j]} for i in range(n) for j in range(i + 1, n)]
+        devs = [{"name": d.name, "kind": d.kind, "torch_device": d.torch_device, "host": d.host,
+                 "peak_flops": d.peak_flops, "mem_bandwidth": d.mem_bandwidth, "memory_bytes": d.memory_bytes,
+                 "launch_overhead": d.launch_overhead} for d in self.devices]
+        return {"name": self.name, "description": self.description, "devices": devs, "links": {"pairs": pairs}}
+
+
+def _num(entry: Mapping[str, Any], key: str, where: str, default: float | None = None) -> float:
+    if key not in entry:
+        if default is not None:
+            return default
+        raise TopologyError(f"{where}: missing field '{key}'")
+    v = entry[key]
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise TopologyError(f"{where}: field '{key}' must be a number, got {v!r}") from None
+    if isinstance(v, bool) or not np.isfinite(f):
+        raise TopologyError(f"{where}: field '{key}' must be a finite number, got {v!r}")
+    return f
+
+
+def _from_dict(data: Any, where: str) -> DeviceTopology:
+    if not isinstance(data, dict):
+        raise TopologyError(f"{where}: top level must be a mapping with 'name', 'devices' and 'links'")
+    devs_in = data.get("devices")
+    if not isinstance(devs_in, list) or not devs_in:
+        raise TopologyError(f"{where}: field 'devices' must be a non-empty list")
+    devices: list[Device] = []
+    for k, entry in enumerate(devs_in):
+        w = f"{where}: devices[{k}]"
+        if not isinstance(entry, dict) or "name" not in entry:
+            raise TopologyError(f"{w} must be a mapping with a 'name'")
+        kind = entry.get("kind", "gpu")
+        if kind not in DEVICE_KINDS:
+            raise TopologyError(f"{w}: field 'kind' is {kind!r}, expected one of {DEVICE_KINDS}")
+        count = entry.get("count", 1)
+        if not isinstance(count, int) or count < 1:
+            raise TopologyError(f"{w}: field 'count' must be a positive integer, got {count!r}")
+        host = entry.get("host", 0)
+        if not isinstance(host, int) or host < 0:
+            raise TopologyError(f"{w}: field 'host' must be a non-negative integer, got {host!r}")
+        vals = {key: _num(entry, key, w) for key in ("peak_flops", "mem_bandwidth", "memory_bytes")}
+        for key, v in vals.items():
+            if v <= 0:
+                raise TopologyError(f"{w}: field '{key}' must be positive, got {v!r}")
+        overhead = _num(entry, "launch_overhead", w, DEFAULT_LAUNCH_OVERHEAD[kind])
+        base_td = str(entry.get("torch_device", "cpu" if kind == "cpu" else "cuda"))
+        start = int(entry.get("index_start", 0))
+        for c in range(count):
+            name = f"{entry['name']}{c}" if count > 1 or entry.get("numbered", False) else str(entry["name"])
+            td = base_td if (":" in base_td or base_td == "cpu") else f"{base_td}:{start + c}"
+            devices.append(Device(name=name, kind=kind, torch_device=td, host=host, launch_overhead=overhead, **vals))
+    n = len(devices)
+    names = [d.name for d in devices]
+    if len(set(names)) != n:
+        dup = next(x for x in names if names.count(x) > 1)
+        raise TopologyError(f"{where}: duplicate device name '{dup}'")
+    links = data.get("links", {}) or {}
+    if not isinstance(links, dict):
+        raise TopologyError(f"{where}: field 'links' must be a mapping")
+    bw = np.full((n, n), np.nan)
+    lat = np.full((n, n), np.nan)
+    kind_m = [["" for _ in range(n)] for _ in range(n)]
+    for key, same in (("intra_host", True), ("inter_host", False)):
+        spec = links.get(key)
+        if spec is None:
+            continue
+        w = f"{where}: links.{key}"
+        if not isinstance(spec, dict):
+            raise TopologyError(f"{w} must be a mapping with 'bandwidth' and 'latency'")
+        b, l_ = _num(spec, "bandwidth", w), _num(spec, "latency", w)
+        for i in range(n):
+            for j in range(n):
+                if i != j and (devices[i].host == devices[j].host) == same:
+                    bw[i, j], lat[i, j], kind_m[i][j] = b, l_, str(spec.get("kind", key))
+    for k, spec in enumerate(links.get("pairs", []) or []):
+        w = f"{where}: links.pairs[{k}]"
+        if not isinstance(spec, dict) or not isinstance(spec.get("between"), list) or len(spec["between"]) != 2:
+            raise TopologyError(f"{w} must be a mapping with 'between: [dev_a, dev_b]'")
+        a, b_ = spec["between"]
+        for d in (a, b_):
+            if d not in names:
+                raise TopologyError(f"{w}: unknown device '{d}' (devices: {', '.join(names)})")
+        i, j = names.index(a), names.index(b_)
+        if i == j:
+            raise TopologyError(f"{w}: a link must join two different devices, got '{a}' twice")
+        bv, lv = _num(spec, "bandwidth", w), _num(spec, "latency", w)
+        for x, y in ((i, j), (j, i)):
+            bw[x, y], lat[x, y], kind_m[x][y] = bv, lv, str(spec.get("kind", "link"))
+    for i in range(n):
+        bw[i, i], lat[i, i], kind_m[i][i] = np.inf, 0.0, "local"
+    missing = np.argwhere(np.isnan(bw))
+    if missing.size:
+        i, j = missing[0]
+        raise TopologyError(f"{where}: no link between '{names[i]}' and '{names[j]}': "
+                            "add links.intra_host / links.inter_host or a links.pairs entry")
+    if np.any(bw <= 0):
+        i, j = np.argwhere(bw <= 0)[0]
+        raise TopologyError(f"{where}: link '{names[i]}' <-> '{names[j]}' has non-positive bandwidth")
+    if np.any(lat < 0):
+        i, j = np.argwhere(lat < 0)[0]
+        raise TopologyError(f"{where}: link '{names[i]}' <-> '{names[j]}' has negative latency")
+    return DeviceTopology(name=str(data.get("name", Path(where).stem)), devices=tuple(devices),
+                          link_bandwidth=bw, link_latency=lat, link_kind=tuple(tuple(r) for r in kind_m),
+                          description=str(data.get("description", "")),
+                          meta={k: v for k, v in data.items() if k not in ("name", "devices", "links", "description")})
+
+
+# ------------------------------------------------------------------ presets
+def conf_dir() -> Path:
+    """The ``conf/`` folder of the project (Hydra configs and topology presets)."""
+    env = os.environ.get("PLACEMENT_RL_CONF")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "conf"
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in (conf_dir() / "topology").glob("*.yaml") if not p.stem.startswith("_"))
+
+
+def load_topology(name_or_path: str | os.PathLike) -> DeviceTopology:
+    """Load a preset by name (``conf/topology/<name>.yaml``) or a YAML file by path; ``local`` detects."""
+    s = str(name_or_path)
+    if s == "local":
+        return detect_local()
+    p = Path(s)
+    if p.suffix in (".yaml", ".yml") or p.is_file():
+        return DeviceTopology.from_yaml(p)
+    preset = conf_dir() / "topology" / f"{s}.yaml"
+    if not preset.is_file():
+        raise TopologyError(f"unknown topology preset '{s}' (presets: {', '.join(preset_names())}, local; "
+                            "or give a YAML file path)")
+    return DeviceTopology.from_yaml(preset)
+
+
+def detect_local(*, measure: bool = True) -> DeviceTopology:
+    """The local machine: the CPU always, plus every CUDA GPU (NVML figures where available)."""
+    from placement_rl import _local
+
+    return _local.detect(measure=measure)
