@@ -74,15 +74,19 @@ def gpu_spec(name: str) -> tuple[float, float] | None:
 
 
 # ---------------------------------------------------------------- measurements
-def _best_time(fn: Callable[[], Any], reps: int, sync: Callable[[], None] = lambda: None) -> float:
+def _best_time(fn: Callable[[], Any], reps: int, sync: Callable[[], None] = lambda: None,
+               *, min_total: float = 0.03, max_reps: int = 50) -> float:
+    """Best wall time of ``fn`` after one warm-up: at least ``reps`` runs and ``min_total`` seconds, so that a
+    transient stall (thread-pool start, a neighbour's burst) does not become the figure."""
     fn()
     sync()
-    best = float("inf")
-    for _ in range(reps):
+    best, total, done = float("inf"), 0.0, 0
+    while done < reps or (total < min_total and done < max_reps):
         t0 = time.perf_counter()
         fn()
         sync()
-        best = min(best, time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
+        best, total, done = min(best, dt), total + dt, done + 1
     return best
 
 
@@ -252,3 +256,141 @@ def nvlink_bandwidth_per_link(cc_major: int) -> float:
     if cc_major >= 10:
         return 50e9
     return 25e9
+
+
+# ---------------------------------------------------------------- detection
+def _detect_cpu(measure: bool, sources: dict[str, dict[str, str]]) -> Device:
+    import torch
+
+    threads = max(1, torch.get_num_threads())
+    memory, mem_src = host_memory_bytes()
+    if measure:
+        peak, bandwidth = measure_matmul_flops("cpu"), measure_copy_bandwidth("cpu")
+        overhead = measure_launch_overhead()
+        src = {"peak_flops": "measured", "mem_bandwidth": "measured", "launch_overhead": "measured"}
+    else:
+        peak, bandwidth = CPU_DEFAULT_FLOPS_PER_THREAD * threads, CPU_DEFAULT_MEM_BANDWIDTH
+        overhead = DEFAULT_LAUNCH_OVERHEAD["cpu"]
+        src = {"peak_flops": "default", "mem_bandwidth": "default", "launch_overhead": "default"}
+    sources["cpu"] = {**src, "memory_bytes": mem_src}
+    return Device(name="cpu", kind="cpu", torch_device="cpu", peak_flops=float(peak), mem_bandwidth=float(bandwidth),
+                  memory_bytes=float(memory), host=0, launch_overhead=float(overhead))
+
+
+def _detect_gpu(index: int, measure: bool, nvml: _NVML, sources: dict[str, dict[str, str]]) -> tuple[Device, dict]:
+    import torch
+
+    props = torch.cuda.get_device_properties(index)
+    name, td = f"gpu{index}", f"cuda:{index}"
+    uuid = getattr(props, "uuid", None)
+    handle = nvml.handle(index, str(uuid) if uuid is not None else None)
+    spec = gpu_spec(props.name)
+    src: dict[str, str] = {"memory_bytes": "torch", "launch_overhead": "default"}
+    if spec is not None:
+        peak, src["peak_flops"] = spec[0], "table"
+    elif measure:
+        peak, src["peak_flops"] = measure_matmul_flops(td, n=2048), "measured"
+    else:
+        peak, src["peak_flops"] = GPU_DEFAULT_PEAK_FLOPS, "default"
+    bandwidth = nvml.mem_bandwidth(handle) if handle is not None else None
+    if bandwidth:
+        src["mem_bandwidth"] = "nvml"
+    elif spec is not None:
+        bandwidth, src["mem_bandwidth"] = spec[1], "table"
+    elif measure:
+        bandwidth, src["mem_bandwidth"] = measure_copy_bandwidth(td, nbytes=256 * 2**20), "measured"
+    else:
+        bandwidth, src["mem_bandwidth"] = GPU_DEFAULT_MEM_BANDWIDTH, "default"
+    sources[name] = src
+    info = {"model": props.name, "cc_major": int(props.major), "handle": handle,
+            "bus": nvml.bus_id(handle) if handle is not None else None,
+            "pcie": nvml.pcie(handle) if handle is not None else None}
+    dev = Device(name=name, kind="gpu", torch_device=td, peak_flops=float(peak), mem_bandwidth=float(bandwidth),
+                 memory_bytes=float(props.total_memory), host=0, launch_overhead=DEFAULT_LAUNCH_OVERHEAD["gpu"])
+    return dev, info
+
+
+def _nvml_gpu_buses(nvml: _NVML) -> set[str]:
+    count = nvml.call("nvmlDeviceGetCount") or 0
+    buses = set()
+    for k in range(int(count)):
+        h = nvml.call("nvmlDeviceGetHandleByIndex", k)
+        bus = nvml.bus_id(h) if h is not None else None
+        if bus:
+            buses.add(bus)
+    return buses
+
+
+def gpu_pair_links(infos: list[dict], peers: list[dict[str, int]], gpu_buses: set[str]
+                   ) -> list[tuple[int, int, float, float, str, str]]:
+    """(i, j, bandwidth, latency, kind, source) for every GPU pair (indices into ``infos``).
+
+    ``infos[k]`` has ``bus`` (PCI bus id or None), ``cc_major`` and ``pcie`` (bytes/s or None); ``peers[k]`` counts
+    GPU k's active NVLinks per remote bus id; links whose remote is not in ``gpu_buses`` lead to an NVSwitch (or a
+    switch NVML cannot see, as NCCL assumes). A pair gets its direct links plus min(switch links of each) at the
+    per-link rate of the older GPU; with no NVLink the pair shares PCIe at the slower of the two slots.
+    """
+    switch = [sum(c for bus, c in p.items() if bus not in gpu_buses) for p in peers]
+    out = []
+    for i in range(len(infos)):
+        for j in range(i + 1, len(infos)):
+            direct = peers[i].get(infos[j]["bus"], 0) if infos[j]["bus"] else 0
+            via_switch = min(switch[i], switch[j])
+            if direct + via_switch > 0:
+                per_link = nvlink_bandwidth_per_link(min(infos[i]["cc_major"], infos[j]["cc_major"]))
+                kind = "nvlink" if direct else "nvswitch"
+                out.append((i, j, (direct + via_switch) * per_link, NVLINK_LATENCY, kind, "nvml"))
+            else:
+                pi, pj = infos[i]["pcie"], infos[j]["pcie"]
+                if pi and pj:
+                    out.append((i, j, min(pi, pj), PCIE_DEFAULT[1], "pcie", "nvml"))
+                else:
+                    out.append((i, j, PCIE_DEFAULT[0], PCIE_DEFAULT[1], "pcie", "default"))
+    return out
+
+
+def detect(*, measure: bool = True) -> DeviceTopology:
+    """The local machine as a topology named ``local``: ``cpu`` plus ``gpu<i>`` for every CUDA GPU.
+
+    ``measure=True`` times the CPU (well under a second); ``measure=False`` uses conservative constants.
+    ``meta["sources"]`` says where each figure came from (see the module docstring).
+    """
+    import torch
+
+    sources: dict[str, dict[str, str]] = {}
+    devices = [_detect_cpu(measure, sources)]
+    infos: list[dict] = []
+    gpu_links: list[tuple[int, int, float, float, str, str]] = []
+    if torch.cuda.is_available():
+        nvml = _NVML()
+        try:
+            for i in range(torch.cuda.device_count()):
+                dev, info = _detect_gpu(i, measure, nvml, sources)
+                devices.append(dev)
+                infos.append(info)
+            peers = [nvml.nvlink_peers(x["handle"]) if x["handle"] is not None else {} for x in infos]
+            gpu_links = gpu_pair_links(infos, peers, _nvml_gpu_buses(nvml))
+        finally:
+            nvml.close()
+    n = len(devices)
+    bw, lat = np.full((n, n), np.inf), np.zeros((n, n))
+    kinds = [["local"] * n for _ in range(n)]
+
+    def put(a: int, b: int, bandwidth: float, latency: float, kind: str, source: str) -> None:
+        bw[a, b] = bw[b, a] = bandwidth
+        lat[a, b] = lat[b, a] = latency
+        kinds[a][b] = kinds[b][a] = kind
+        sources[f"{devices[a].name}<->{devices[b].name}"] = {"bandwidth": source, "latency": "default"}
+
+    for g, info in enumerate(infos, start=1):
+        pcie = info["pcie"]
+        put(0, g, pcie or PCIE_DEFAULT[0], PCIE_DEFAULT[1], "pcie", "nvml" if pcie else "default")
+    for i, j, bandwidth, latency, kind, source in gpu_links:
+        put(i + 1, j + 1, bandwidth, latency, kind, source)
+    meta = {"sources": sources, "cpu_model": cpu_model_name(), "torch_threads": int(torch.get_num_threads()),
+            "gpu_models": {devices[g].name: info["model"] for g, info in enumerate(infos, start=1)},
+            "measured": bool(measure)}
+    gpus = f" + {len(infos)} CUDA GPU(s)" if infos else ""
+    return DeviceTopology(name="local", devices=tuple(devices), link_bandwidth=bw, link_latency=lat,
+                          link_kind=tuple(tuple(r) for r in kinds),
+                          description=f"this machine: {meta['cpu_model']}{gpus}", meta=meta)

@@ -18,6 +18,7 @@ Units: FLOP/s, bytes/s, bytes, seconds.
 
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,9 +99,10 @@ class DeviceTopology:
                 raise TopologyError(f"device '{d.name}': field 'kind' is {d.kind!r}, expected one of {DEVICE_KINDS}")
             for key in ("peak_flops", "mem_bandwidth", "memory_bytes"):
                 v = getattr(d, key)
-                if not (isinstance(v, (int, float)) and np.isfinite(v) and v > 0):
+                if not (isinstance(v, numbers.Real) and not isinstance(v, bool) and np.isfinite(v) and v > 0):
                     raise TopologyError(f"device '{d.name}': field '{key}' must be a positive number, got {v!r}")
-            if not (np.isfinite(d.launch_overhead) and d.launch_overhead >= 0):
+            lo = d.launch_overhead
+            if not (isinstance(lo, numbers.Real) and not isinstance(lo, bool) and np.isfinite(lo) and lo >= 0):
                 raise TopologyError(f"device '{d.name}': field 'launch_overhead' must be >= 0")
         for key in ("link_bandwidth", "link_latency"):
             arr = getattr(self, key)
@@ -108,6 +110,8 @@ class DeviceTopology:
                 raise TopologyError(f"topology '{self.name}': '{key}' must be {n}x{n}, got {arr.shape}")
             if not np.allclose(arr, arr.T, equal_nan=False):
                 raise TopologyError(f"topology '{self.name}': '{key}' must be symmetric")
+        if len(self.link_kind) != n or any(len(row) != n for row in self.link_kind):
+            raise TopologyError(f"topology '{self.name}': 'link_kind' must be {n}x{n}")
         off = ~np.eye(n, dtype=bool)
         bw, lat = self.link_bandwidth[off], self.link_latency[off]
         if n > 1 and not (np.all(np.isfinite(bw)) and np.all(bw > 0)):
@@ -126,7 +130,12 @@ class DeviceTopology:
         return "\n".join(lines)
 
     def subset(self, indices: Sequence[int], name: str | None = None) -> "DeviceTopology":
-        idx = list(indices)
+        idx = [int(i) for i in indices]
+        if not idx:
+            raise TopologyError(f"topology '{self.name}': subset needs at least one device index")
+        bad = [i for i in idx if not 0 <= i < self.num_devices]
+        if bad:
+            raise TopologyError(f"topology '{self.name}': subset index {bad[0]} out of range 0..{self.num_devices - 1}")
         return DeviceTopology(name=name or f"{self.name}[{','.join(map(str, idx))}]",
                               devices=tuple(self.devices[i] for i in idx),
                               link_bandwidth=self.link_bandwidth[np.ix_(idx, idx)],
@@ -160,7 +169,8 @@ class DeviceTopology:
         devs = [{"name": d.name, "kind": d.kind, "torch_device": d.torch_device, "host": d.host,
                  "peak_flops": d.peak_flops, "mem_bandwidth": d.mem_bandwidth, "memory_bytes": d.memory_bytes,
                  "launch_overhead": d.launch_overhead} for d in self.devices]
-        return {"name": self.name, "description": self.description, "devices": devs, "links": {"pairs": pairs}}
+        return {**dict(self.meta), "name": self.name, "description": self.description, "devices": devs,
+                "links": {"pairs": pairs}}
 
 
 def _num(entry: Mapping[str, Any], key: str, where: str, default: float | None = None) -> float:
@@ -193,10 +203,10 @@ def _from_dict(data: Any, where: str) -> DeviceTopology:
         if kind not in DEVICE_KINDS:
             raise TopologyError(f"{w}: field 'kind' is {kind!r}, expected one of {DEVICE_KINDS}")
         count = entry.get("count", 1)
-        if not isinstance(count, int) or count < 1:
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise TopologyError(f"{w}: field 'count' must be a positive integer, got {count!r}")
         host = entry.get("host", 0)
-        if not isinstance(host, int) or host < 0:
+        if not isinstance(host, int) or isinstance(host, bool) or host < 0:
             raise TopologyError(f"{w}: field 'host' must be a non-negative integer, got {host!r}")
         vals = {key: _num(entry, key, w) for key in ("peak_flops", "mem_bandwidth", "memory_bytes")}
         for key, v in vals.items():
@@ -204,7 +214,9 @@ def _from_dict(data: Any, where: str) -> DeviceTopology:
                 raise TopologyError(f"{w}: field '{key}' must be positive, got {v!r}")
         overhead = _num(entry, "launch_overhead", w, DEFAULT_LAUNCH_OVERHEAD[kind])
         base_td = str(entry.get("torch_device", "cpu" if kind == "cpu" else "cuda"))
-        start = int(entry.get("index_start", 0))
+        start = entry.get("index_start", 0)
+        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+            raise TopologyError(f"{w}: field 'index_start' must be a non-negative integer, got {start!r}")
         for c in range(count):
             name = f"{entry['name']}{c}" if count > 1 or entry.get("numbered", False) else str(entry["name"])
             td = base_td if (":" in base_td or base_td == "cpu") else f"{base_td}:{start + c}"

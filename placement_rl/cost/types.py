@@ -4,6 +4,9 @@ Shapes (N nodes, D devices):
     fwd_time, bwd_time: float64 [N, D] seconds (per node, per device)
     link_latency, link_bandwidth: float64 [D, D] (diagonal: latency 0, bandwidth inf)
     source: tuple of D strings, ``"measured:<profile id>"`` or ``"roofline"`` per device
+    launch_overhead: float64 [N, D] seconds, the fixed (per-launch) part included in *each* of
+        ``fwd_time`` and ``bwd_time``; it does not shrink when a pipeline splits the batch into
+        micro-batches or replicas (default: zeros)
 """
 
 from __future__ import annotations
@@ -24,9 +27,12 @@ class CostTable:
     graph_fingerprint: str = ""
     topology_name: str = ""
     meta: Mapping[str, Any] = field(default_factory=dict)
+    launch_overhead: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        for key in ("fwd_time", "bwd_time", "link_latency", "link_bandwidth"):
+        if self.launch_overhead is None:
+            object.__setattr__(self, "launch_overhead", np.zeros_like(np.asarray(self.fwd_time, dtype=np.float64)))
+        for key in ("fwd_time", "bwd_time", "link_latency", "link_bandwidth", "launch_overhead"):
             arr = np.ascontiguousarray(getattr(self, key), dtype=np.float64)
             arr.setflags(write=False)
             object.__setattr__(self, key, arr)

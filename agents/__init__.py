@@ -1,0 +1,1 @@
+"""Agents: graph encoders, per-node policies, PPO / MaskablePPO (SB3) and REINFORCE, checkpoints."""

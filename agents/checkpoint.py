@@ -1,0 +1,72 @@
+"""Checkpoints: policy weights + optimizer state + the training config, loadable with ``weights_only=True``.
+
+Format (a dict of tensors and plain values, never pickled objects)::
+
+    {"format": "placement_rl.checkpoint", "format_version": 1, "algo": "ppo" | "maskable_ppo" | "reinforce",
+     "config": {...training config...}, "obs": {"max_nodes", "max_edges", "max_devices", "op_type_buckets",
+     "num_features"}, "num_timesteps": int, "policy": state_dict, "optimizer": state_dict}
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from placement_rl.errors import CheckpointError
+
+FORMAT = "placement_rl.checkpoint"
+FORMAT_VERSION = 1
+
+
+def save_checkpoint(path: str | os.PathLike, *, algo: str, config: dict[str, Any], obs: dict[str, int],
+                    num_timesteps: int, policy: dict[str, torch.Tensor], optimizer: dict[str, Any] | None) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"format": FORMAT, "format_version": FORMAT_VERSION, "algo": algo, "config": config, "obs": obs,
+               "num_timesteps": int(num_timesteps), "policy": policy, "optimizer": optimizer or {}}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike, *, expect_algo: str | None = None) -> dict[str, Any]:
+    """Load and check a checkpoint; every problem is a one-line ``CheckpointError``."""
+    p = Path(path)
+    if not p.is_file():
+        raise CheckpointError(f"checkpoint '{p}' does not exist")
+    try:
+        data = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is a user-facing problem
+        raise CheckpointError(f"checkpoint '{p}' cannot be read ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise CheckpointError(f"'{p}' is not a placement-rl checkpoint (no '{FORMAT}' header)")
+    if data.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint '{p}' has format version {data.get('format_version')!r}; this release "
+                              f"reads version {FORMAT_VERSION}")
+    if expect_algo is not None and data.get("algo") != expect_algo:
+        raise CheckpointError(f"checkpoint '{p}' was trained with agent '{data.get('algo')}', not '{expect_algo}'")
+    return data
+
+
+def check_compatible(data: dict[str, Any], *, obs: dict[str, int], config: dict[str, Any], keys: tuple[str, ...],
+                     where: str = "checkpoint") -> None:
+    """Fail clearly when a checkpoint's encoder/head settings differ from the run that loads it."""
+    for k in ("max_devices", "op_type_buckets", "num_features"):
+        if k in data["obs"] and k in obs and data["obs"][k] != obs[k]:
+            raise CheckpointError(f"{where} was trained with {k}={data['obs'][k]}, this run has {k}={obs[k]}: "
+                                  f"set env.{k}={data['obs'][k]} or train a new policy")
+    for k in keys:
+        a, b = data["config"].get(k), config.get(k)
+        if a is not None and b is not None and a != b:
+            raise CheckpointError(f"{where} was trained with {k}={a!r}, this run has {k}={b!r}")

@@ -1,0 +1,118 @@
+"""Graph policies: padded env observations -> one disjoint PyG batch -> encoder -> per-node device logits.
+
+``GraphFeatures`` (an SB3 features extractor) batches the padded graphs of a ``[B, ...]`` observation into one
+disjoint graph without a Python loop and returns, per sample, the features the heads need:
+
+* ``mode="node"`` (``PlacementEnv``, ``PipelineEnv``: the action is about one node):
+  ``[h_current, h_graph]`` -> ``[B, 2H]``
+* ``mode="all"`` (``OneShotPlacementEnv``: one action per node): ``[h_1 .. h_Nmax, h_graph]`` -> ``[B, (N+1)H]``
+
+``NodeHead`` (the SB3 "mlp_extractor") holds one shared per-node MLP to ``D_max`` device logits and a value MLP
+over the graph embedding, so no parameter depends on the graph size (zero-shot placement of larger graphs).
+"""
+
+from __future__ import annotations
+
+import torch
+from gymnasium import spaces
+from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+from torch import nn
+
+from agents.encoders import build_encoder
+
+OP_EMBED_DIM = 8
+
+
+def batch_graphs(obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """Padded ``[B, ...]`` observations -> (x [T, F], op_type [T], edge_index [2, E_T], batch [T]) plus the
+    ``[B, N]`` node mask, as one disjoint graph (offsets by cumulative node counts; no Python loop)."""
+    feats = obs["node_features"]
+    b, n_max, _ = feats.shape
+    num_nodes = obs["num_nodes"].reshape(b).long()
+    node_mask = torch.arange(n_max, device=feats.device).unsqueeze(0) < num_nodes.unsqueeze(1)
+    x = feats[node_mask]
+    op_type = obs["op_type"].long()[node_mask]
+    offsets = torch.cumsum(num_nodes, 0) - num_nodes  # [B]
+    ei = obs["edge_index"].long()  # [B, 2, E]
+    valid = ei[:, 0, :] >= 0  # padding is -1
+    shifted = ei + offsets.view(b, 1, 1)
+    edge_index = shifted.permute(1, 0, 2)[:, valid]  # [2, E_T]
+    batch = torch.repeat_interleave(torch.arange(b, device=feats.device), num_nodes)
+    return x, op_type, edge_index, batch, node_mask
+
+
+class GraphFeatures(BaseFeaturesExtractor):
+    """Encoder over the batched graphs; see the module docstring for the output layout."""
+
+    def __init__(self, observation_space: spaces.Dict, *, encoder: str = "sage", hidden: int = 64, layers: int = 3,
+                 mode: str = "node", op_type_buckets: int | None = None) -> None:
+        n_max, f = observation_space["node_features"].shape
+        dim = 2 * hidden if mode == "node" else (n_max + 1) * hidden
+        super().__init__(observation_space, features_dim=dim)
+        buckets = op_type_buckets or int(observation_space["op_type"].high.max()) + 1
+        self.mode, self.hidden, self.n_max = mode, hidden, n_max
+        self.op_embed = nn.Embedding(buckets, OP_EMBED_DIM)
+        self.encoder = build_encoder(encoder, f + OP_EMBED_DIM, hidden=hidden, layers=layers)
+
+    def embed(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Node embeddings as a dense ``[B, N, H]`` tensor (padded rows 0), graph embedding ``[B, H]``, mask."""
+        x, op_type, edge_index, batch, node_mask = batch_graphs(obs)
+        op_type = op_type.clamp(0, self.op_embed.num_embeddings - 1)
+        h = self.encoder(torch.cat([x, self.op_embed(op_type)], dim=-1), edge_index, batch)
+        b, n = node_mask.shape
+        dense = h.new_zeros(b, n, h.shape[-1])
+        dense[node_mask] = h
+        counts = node_mask.sum(1, keepdim=True).clamp(min=1)
+        graph = dense.sum(1) / counts
+        return dense, graph, node_mask
+
+    def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        dense, graph, _ = self.embed(obs)
+        b = dense.shape[0]
+        if self.mode == "node":
+            cur = obs["current_node"].reshape(b).long().clamp(0, dense.shape[1] - 1)
+            h_cur = dense[torch.arange(b, device=dense.device), cur]
+            return torch.cat([h_cur, graph], dim=-1)
+        return torch.cat([dense.reshape(b, -1), graph], dim=-1)
+
+
+class NodeHead(nn.Module):
+    """Per-node device logits (shared MLP over ``[h_node, h_graph]``) and a value latent from ``h_graph``.
+
+    ``latent_dim_pi`` equals the action dimension (the logits themselves); the SB3 policy's ``action_net`` is an
+    identity. ``latent_dim_vf`` = hidden.
+    """
+
+    def __init__(self, *, hidden: int, num_devices: int, mode: str, n_max: int) -> None:
+        super().__init__()
+        self.hidden, self.mode, self.n_max, self.num_devices = hidden, mode, n_max, num_devices
+        self.policy = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.Tanh(), nn.Linear(hidden, num_devices))
+        self.value = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh())
+        self.latent_dim_pi = num_devices if mode == "node" else n_max * num_devices
+        self.latent_dim_vf = hidden
+
+    def forward_actor(self, features: torch.Tensor) -> torch.Tensor:
+        h = self.hidden
+        if self.mode == "node":
+            return self.policy(features)
+        b = features.shape[0]
+        nodes = features[:, :-h].reshape(b, -1, h)
+        graph = features[:, -h:].unsqueeze(1).expand(-1, nodes.shape[1], -1)
+        return self.policy(torch.cat([nodes, graph], dim=-1)).reshape(b, -1)
+
+    def forward_critic(self, features: torch.Tensor) -> torch.Tensor:
+        return self.value(features[:, -self.hidden:])
+
+    def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.forward_actor(features), self.forward_critic(features)
+
+
+def action_mode(action_space: spaces.Space) -> str:
+    """``node`` for one action per step (Discrete), ``all`` for one action per node (MultiDiscrete)."""
+    return "all" if isinstance(action_space, spaces.MultiDiscrete) else "node"
+
+
+def num_devices_of(action_space: spaces.Space) -> int:
+    if isinstance(action_space, spaces.MultiDiscrete):
+        return int(action_space.nvec.reshape(-1)[0])
+    return int(action_space.n)

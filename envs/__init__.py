@@ -1,0 +1,34 @@
+"""Gymnasium environments over (computation graph, device topology), registered as ``placement_rl/...-v0``.
+
+* ``placement_rl/PlacementEnv-v0``: ``PlacementEnv`` (Placeto-style, one node per step)
+* ``placement_rl/OneShotPlacementEnv-v0``: ``OneShotPlacementEnv`` (ColocRL/GDP-style, all nodes at once)
+* ``placement_rl/PipelineEnv-v0``: ``PipelineEnv`` (stage cuts in topological order, then a DP degree per stage)
+
+``gymnasium.make(id, graph=..., topology=..., **options)``; see each class docstring.
+"""
+
+from gymnasium.envs.registration import register, registry
+
+from envs.base import EnvConfig
+from envs.features import ObsLayout
+from envs.graph_source import GraphSource, Task
+from envs.oneshot import OneShotConfig, OneShotPlacementEnv
+from envs.pipeline import PipelineConfig, PipelineEnv
+from envs.placement import PlacementConfig, PlacementEnv
+from envs.reward import RewardSource, SimulatedReward
+
+__all__ = ["ENV_IDS", "EnvConfig", "GraphSource", "ObsLayout", "OneShotConfig", "OneShotPlacementEnv",
+           "PipelineConfig", "PipelineEnv", "PlacementConfig", "PlacementEnv", "RewardSource", "SimulatedReward",
+           "Task"]
+
+# Episodes of PlacementEnv and PipelineEnv end by construction (passes x nodes, nodes - 1 + stages steps),
+# so only the one-step env gets a time limit.
+ENV_IDS = {
+    "placement_rl/PlacementEnv-v0": ("envs.placement:PlacementEnv", None),
+    "placement_rl/OneShotPlacementEnv-v0": ("envs.oneshot:OneShotPlacementEnv", 1),
+    "placement_rl/PipelineEnv-v0": ("envs.pipeline:PipelineEnv", None),
+}
+
+for _id, (_entry, _steps) in ENV_IDS.items():
+    if _id not in registry:
+        register(id=_id, entry_point=_entry, max_episode_steps=_steps)

@@ -1,0 +1,204 @@
+"""Shared machinery of the environments: options, graph source, observation layout, per-task state.
+
+Every environment takes the same construction arguments (all keyword-only)::
+
+    Env(graph=..., topology=..., cost_fn=None, reward_source=None, config=None, render_mode=None, **options)
+
+* ``graph``: a ``GraphSource``, a ``CompGraph``, a list of CompGraphs, a graph JSON file, a folder of
+  them, ``"synthetic:<family>[,...]"`` or ``"zoo:<name>[,...]"`` (default ``"synthetic:layered"``, 16-32 nodes).
+* ``topology``: a ``DeviceTopology``, a preset name, a YAML path, or a list of them (one drawn per reset;
+  default ``"4x_v100_nvlink"``). Not allowed together with a ``GraphSource`` (it holds its topologies).
+* ``cost_fn``: ``(graph, topology) -> CostTable`` (default ``resolve_costs``), e.g. to plug in profiles.
+* ``reward_source``: see ``envs.reward`` (an object with ``evaluate`` or a per-task factory).
+* ``config`` / ``**options``: the env's frozen config dataclass, or its fields as keywords.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from placement_rl.errors import ConfigError
+
+from envs.features import ObsBuffer, ObsLayout, static_features
+from envs.graph_source import CostFn, GraphSource, Task
+from envs.reward import RewardSource
+
+__all__ = ["BaseEnv", "EnvConfig", "node_memory"]
+
+DEFAULT_GRAPH = "synthetic:layered"
+DEFAULT_TOPOLOGY = "4x_v100_nvlink"
+# Adam keeps two moments: parameters + gradients + optimizer state = 4x the parameter bytes (as the simulator).
+STATE_FACTOR = 4.0
+
+
+def node_memory(task: Task) -> np.ndarray:
+    """Bytes a node pins on its device whatever the placement: 4 x params + activations kept for backward.
+    (The simulator adds received buffers, which depend on the placement, so it may still say infeasible.)"""
+    return STATE_FACTOR * task.graph.param_bytes + task.graph.act_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvConfig:
+    """Options shared by every environment.
+
+    max_nodes / max_edges / max_devices: observation padding (None: the largest the graph source yields;
+        for synthetic families ``max_edges`` is estimated and larger draws are drawn again).
+    op_type_buckets: size of the hashed op-type vocabulary (id 0 is padding).
+    infeasible_penalty: subtracted from the final reward when the final plan does not fit in memory.
+    copy_obs: return copies of the observation arrays (False: the env's own buffers, valid until the
+        next ``step``/``reset``; SB3's vector envs copy them anyway).
+    """
+
+    max_nodes: int | None = None
+    max_edges: int | None = None
+    max_devices: int | None = None
+    op_type_buckets: int = 64
+    infeasible_penalty: float = 1.0
+    copy_obs: bool = True
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.infeasible_penalty, (int, float)) and np.isfinite(self.infeasible_penalty)
+                and self.infeasible_penalty >= 0):
+            raise ConfigError(f"infeasible_penalty must be a non-negative number, got {self.infeasible_penalty!r}")
+
+
+def make_config(cls: type, config: Any, options: dict[str, Any]) -> Any:
+    if config is None:
+        config = cls()
+    elif not isinstance(config, cls):
+        raise ConfigError(f"config must be a {cls.__name__}, got {type(config).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - names)
+    if unknown:
+        raise ConfigError(f"unknown option '{unknown[0]}' for {cls.__name__} (options: {', '.join(sorted(names))})")
+    try:
+        return dataclasses.replace(config, **options) if options else config
+    except TypeError as exc:
+        raise ConfigError(f"invalid {cls.__name__} option: {exc}") from None
+
+
+@dataclass(eq=False)
+class TaskState:
+    """What an env derives once per task: reward source, normaliser, memory arrays, features."""
+
+    task: Task
+    source: Any  # a RewardSource (op-level envs) or a PipelineSimulator (PipelineEnv)
+    best_single: float  # T1: best single-device step time
+    best_device: int
+    best_single_feasible: bool
+    node_mem: np.ndarray  # float64 [n]
+    capacity: np.ndarray  # float64 [D]
+    static: Any
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class BaseEnv(gym.Env):
+    """Common construction, reset plumbing and best-so-far bookkeeping (see the module docstring)."""
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+    config_cls: type = EnvConfig
+
+    def __init__(self, *, graph: Any = None, topology: Any = None, cost_fn: CostFn | None = None,
+                 reward_source: Any = None, config: Any = None, render_mode: str | None = None,
+                 **options: Any) -> None:
+        self.config = make_config(self.config_cls, config, options)
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ConfigError(f"render_mode '{render_mode}' is not supported (choose ansi or None)")
+        self.render_mode = render_mode
+        if isinstance(graph, GraphSource):
+            if topology is not None or cost_fn is not None:
+                raise ConfigError("a GraphSource holds its topologies and cost_fn: do not pass topology or cost_fn "
+                                  "with it")
+            self.source = graph
+        else:
+            self.source = GraphSource.from_spec(DEFAULT_GRAPH if graph is None else graph,
+                                                DEFAULT_TOPOLOGY if topology is None else topology, cost_fn=cost_fn)
+        single = self.source.is_finite and len(self.source.graphs) == 1 and len(self.source.topologies) == 1
+        if reward_source is not None and isinstance(reward_source, RewardSource) and not single:
+            raise ConfigError("a reward_source object serves one graph on one topology; with several graphs or "
+                              "topologies pass a factory (graph, costs, topology) -> source instead")
+        self.reward_spec = reward_source
+        cfg = self.config
+        self.layout = ObsLayout(max_nodes=cfg.max_nodes or self.source.max_nodes,
+                                max_edges=cfg.max_edges or self.source.max_edges(),
+                                max_devices=cfg.max_devices or self.source.max_devices,
+                                op_type_buckets=cfg.op_type_buckets)
+        if not self.source.is_finite:
+            self.source.set_edge_limit(self.layout.max_edges)
+            if self.source.num_nodes[1] > self.layout.max_nodes:
+                raise ConfigError(f"synthetic graphs reach {self.source.num_nodes[1]} nodes, more than "
+                                  f"max_nodes={self.layout.max_nodes}: raise max_nodes")
+        for g in self.source.graphs:  # finite sources are checked up front
+            for t in self.source.topologies:
+                self.layout.check_fits(g, t)
+        if not self.source.is_finite:
+            for t in self.source.topologies:
+                if t.num_devices > self.layout.max_devices:
+                    raise ConfigError(f"topology '{t.name}' has {t.num_devices} devices, more than "
+                                      f"max_devices={self.layout.max_devices}: raise max_devices")
+        self.buf = ObsBuffer(self.layout)
+        self.state: TaskState | None = None
+        self._best: dict[Any, tuple[tuple[int, float], Any]] = {}
+
+    # -------------------------------------------------------------- tasks
+    @property
+    def task(self) -> Task:
+        """The current episode's task (graph, topology, costs); set by ``reset``."""
+        if self.state is None:
+            raise ConfigError("call reset() first: no task has been drawn yet")
+        return self.state.task
+
+    def _state_for(self, task: Task) -> TaskState:
+        key = (type(self).__name__, "state", self.layout, id(self.reward_spec), self._state_key())
+        st = task.cache.get(key)
+        if st is None:
+            st = self._prepare(task)  # defined by each environment
+            st.static = static_features(task, self.layout)
+            task.cache[key] = st
+        return st
+
+    def _state_key(self) -> Any:
+        """Config values the per-task state depends on (beyond the layout and reward source)."""
+        return None
+
+    def _new_task(self) -> TaskState:
+        self.state = self._state_for(self.source.sample(self.np_random))
+        self.buf.load(self.state.static)
+        return self.state
+
+    def _record_best(self, feasible: bool, step_time: float, value: Any) -> tuple[float, Any]:
+        """Keep the best (feasible first, then fastest) result per finite task; return the best so far."""
+        assert self.state is not None
+        task_key = self.state.task.key if self.state.task.key is not None else id(self.state.task)
+        if self.state.task.key is None:
+            self._best.clear()  # sampled graphs are not seen again: keep only the current one
+        rank = (0 if feasible else 1, float(step_time))
+        old = self._best.get(task_key)
+        if old is None or rank < old[0]:
+            self._best[task_key] = (rank, value)
+            old = self._best[task_key]
+        return old[0][1], old[1]
+
+    def _obs(self) -> dict[str, np.ndarray]:
+        return self.buf.observation(copy=self.config.copy_obs)
+
+    def _fold_device(self, action: Any) -> int:
+        """An action index as a real device: indices of padded devices wrap around (``a mod D``)."""
+        assert self.state is not None
+        return int(action) % self.state.task.topology.num_devices
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi" or self.state is None:
+            return None
+        g, t = self.state.task.graph, self.state.task.topology
+        n = g.num_nodes
+        rows = [f"{g.name} on {t.name}: current node {int(self.buf.current_node[0])}"]
+        for i in range(n):
+            p = int(self.buf.placement[i])
+            rows.append(f"  {g.names[i]:<32} -> {p if p >= 0 else '-'}")
+        return "\n".join(rows)

@@ -1,0 +1,88 @@
+"""Non-learned placers and pipeline partitioners: the bar a learned placer must clear, under the same budget.
+
+Op-level placers (``names()``, ``get(name)``), each called as
+``placer(graph, costs, topology, *, budget: int, seed: int) -> Placement``. ``budget`` is the number of
+simulator calls the placer may spend (heuristics use a few to check and repair memory; search uses all).
+The returned ``Placement.meta`` records ``placer``, ``budget``, ``seed``, ``sim_calls`` (counted by the
+``Simulator``), ``search_seconds`` and, when it was simulated, ``step_time`` and ``feasible``.
+
+Pipeline partitioners (``pipeline_names()``, ``get_pipeline(name)``), each called as
+``partitioner(graph, costs, topology, *, budget, seed, num_microbatches=4, schedule="1f1b",
+batch_size=None) -> StagePlan``, with the same meta (calls counted by the ``PipelineSimulator``).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable, Protocol
+
+import numpy as np
+
+from placement_rl.baselines import baechi, heft, metis, search, simple
+from placement_rl.baselines.common import Problem
+from placement_rl.cost.types import CostTable
+from placement_rl.errors import ConfigError
+from placement_rl.graph.ir import CompGraph
+from placement_rl.plans import Placement, StagePlan
+from placement_rl.topology import DeviceTopology
+
+
+class Placer(Protocol):
+    def __call__(self, graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int,
+                 seed: int) -> Placement: ...
+
+
+class Partitioner(Protocol):
+    def __call__(self, graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int, seed: int,
+                 num_microbatches: int = 4, schedule: str = "1f1b",
+                 batch_size: int | None = None) -> StagePlan: ...
+
+
+_PLACERS: dict[str, Callable[[Problem], np.ndarray]] = {
+    "single_device": simple.single_device,
+    "round_robin": simple.round_robin,
+    "random": simple.random_placement,
+    "metis": metis.metis,
+    "heft": heft.heft,
+    "m_topo": baechi.m_topo,
+    "m_etf": baechi.m_etf,
+    "m_sct": baechi.m_sct,
+    "local_search": search.local_search,
+    "exhaustive": search.exhaustive,
+}
+
+
+def names() -> list[str]:
+    return list(_PLACERS)
+
+
+def get(name: str) -> Placer:
+    """The placer registered under ``name`` (``ConfigError`` listing the names otherwise)."""
+    if name not in _PLACERS:
+        raise ConfigError(f"unknown placer '{name}' (choose one of {', '.join(_PLACERS)})")
+    fn = _PLACERS[name]
+
+    def placer(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int,
+               seed: int) -> Placement:
+        prob = Problem(graph, costs, topology, budget=budget, seed=seed)
+        return prob.finish(fn(prob), name)
+
+    placer.__name__ = placer.__qualname__ = name
+    placer.__doc__ = fn.__doc__ or sys.modules[fn.__module__].__doc__
+    return placer
+
+
+def pipeline_names() -> list[str]:
+    from placement_rl.baselines import pipeline
+
+    return list(pipeline.PARTITIONERS)
+
+
+def get_pipeline(name: str) -> Partitioner:
+    """The pipeline partitioner registered under ``name`` (``ConfigError`` listing the names otherwise)."""
+    from placement_rl.baselines import pipeline
+
+    return pipeline.get(name)
+
+
+__all__ = ["Partitioner", "Placer", "get", "get_pipeline", "names", "pipeline_names"]

@@ -1,0 +1,178 @@
+"""Shared core of the placers: the budgeted simulator, cost summaries, memory repair.
+
+Every placer works on a ``Problem`` (graph, costs, topology, budget, seed) and spends simulator calls only
+through ``Problem.score`` so that ``sim_calls`` (the prepared ``Simulator``'s own counter) never passes the
+budget. Candidates are ranked by ``Score.key``: feasible before infeasible, then by step time (infeasible
+ones by memory overflow first), so "best" always prefers a placement that fits.
+
+Shapes (N nodes, D devices):
+    node_time: float64 [N, D]  fwd + bwd seconds of each node on each device
+    node_mem: float64 [N]      bytes a node pins on its device (estimate, see ``node_memory``)
+    capacity: float64 [D]      device memory in bytes
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from placement_rl.cost import Simulator
+from placement_rl.cost.types import CostTable
+from placement_rl.errors import ConfigError
+from placement_rl.graph.ir import CompGraph
+from placement_rl.plans import Placement
+from placement_rl.topology import DeviceTopology
+
+# Adam keeps 2 moments: parameters + gradients + optimizer state = 4x the parameter bytes.
+STATE_FACTOR = 4.0
+
+
+def node_memory(graph: CompGraph) -> np.ndarray:
+    """Bytes each node pins on its device: params + grads + Adam state (4x params) + kept activations.
+
+    This is the placement-independent part of the cost model's memory; received buffers depend on the
+    placement and are only seen through the simulator (``repair`` handles the remainder).
+    """
+    return STATE_FACTOR * graph.param_bytes + graph.act_bytes
+
+
+@dataclass(frozen=True)
+class Score:
+    step_time: float
+    feasible: bool
+    overflow: float  # bytes over capacity summed over devices (0 when feasible)
+    peak_memory: np.ndarray = field(repr=False, compare=False)
+
+    @property
+    def key(self) -> tuple[int, float, float]:
+        return (0, self.step_time, 0.0) if self.feasible else (1, self.overflow, self.step_time)
+
+
+class Problem:
+    """One placement problem with a simulator-call budget (``budget`` calls at most)."""
+
+    def __init__(self, graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int,
+                 seed: int) -> None:
+        check_inputs(graph, costs, topology, budget)
+        self.graph, self.costs, self.topology = graph, costs, topology
+        self.budget, self.seed = int(budget), int(seed)
+        self.rng = np.random.default_rng(seed)
+        self.sim = Simulator(graph, costs, topology)
+        self.start = time.perf_counter()
+        self.best: tuple[np.ndarray, Score] | None = None
+        self._scored: dict[bytes, Score] = {}
+
+    # ------------------------------------------------------------ summaries
+    @property
+    def n(self) -> int:
+        return self.graph.num_nodes
+
+    @property
+    def d(self) -> int:
+        return self.topology.num_devices
+
+    @cached_property
+    def node_time(self) -> np.ndarray:
+        return self.costs.fwd_time + self.costs.bwd_time
+
+    @cached_property
+    def node_mem(self) -> np.ndarray:
+        return node_memory(self.graph)
+
+    @cached_property
+    def capacity(self) -> np.ndarray:
+        return self.topology.array("memory_bytes")
+
+    @cached_property
+    def device_order(self) -> np.ndarray:
+        """Devices fastest first (total fwd+bwd time of the whole graph), ties by index."""
+        total = self.node_time.sum(axis=0)
+        return np.lexsort((np.arange(self.d), total))
+
+    def comm_time(self, nbytes: float | np.ndarray, a: int, b: int) -> float | np.ndarray:
+        """Seconds to move ``nbytes`` from device ``a`` to ``b`` (0 on the same device)."""
+        if a == b:
+            return 0.0 * nbytes
+        return self.costs.link_latency[a, b] + nbytes / self.costs.link_bandwidth[a, b]
+
+    @cached_property
+    def mean_comm(self) -> np.ndarray:
+        """Per edge: mean transfer seconds over distinct device pairs (HEFT's average communication cost)."""
+        if self.d == 1:
+            return np.zeros(self.graph.num_edges)
+        off = ~np.eye(self.d, dtype=bool)
+        lat = self.costs.link_latency[off].mean()
+        inv_bw = (1.0 / self.costs.link_bandwidth[off]).mean()
+        return lat + self.graph.edge_bytes * inv_bw
+
+    # -------------------------------------------------------------- scoring
+    @property
+    def calls(self) -> int:
+        return int(self.sim.calls)
+
+    @property
+    def left(self) -> int:
+        return self.budget - self.calls
+
+    def score(self, devices: np.ndarray) -> Score | None:
+        """Simulate one placement (cached by content); None when the budget is spent."""
+        devices = np.ascontiguousarray(devices, dtype=np.int64)
+        key = devices.tobytes()
+        if key in self._scored:
+            return self._scored[key]
+        if self.left <= 0:
+            return None
+        res = self.sim.run(devices)
+        over = float(np.maximum(np.asarray(res.peak_memory) - self.capacity, 0.0).sum())
+        s = Score(float(res.step_time), bool(res.feasible), 0.0 if res.feasible else max(over, 1.0),
+                  np.asarray(res.peak_memory, dtype=np.float64))
+        self._scored[key] = s
+        if self.best is None or s.key < self.best[1].key:
+            self.best = (devices.copy(), s)
+        return s
+
+    def estimate_fits(self, devices: np.ndarray) -> bool:
+        """Whether the placement-independent memory of each device fits (no simulator call)."""
+        load = np.bincount(devices, weights=self.node_mem, minlength=self.d)
+        return bool((load <= self.capacity).all())
+
+    def finish(self, devices: np.ndarray, name: str, **extra: object) -> Placement:
+        devices = np.asarray(devices, dtype=np.int64)
+        s = self.score(devices)
+        meta: dict[str, object] = {"placer": name, "budget": self.budget, "seed": self.seed,
+                                   "sim_calls": self.calls,
+                                   "search_seconds": time.perf_counter() - self.start}
+        if s is not None:
+            meta.update(step_time=s.step_time, feasible=s.feasible)
+        meta.update(extra)
+        return Placement(devices, meta=meta).validate(self.graph, self.topology)
+
+
+def check_inputs(graph: CompGraph, costs: CostTable, topology: DeviceTopology, budget: int) -> None:
+    """Budget check; a cost table of another graph/topology is refused by ``Simulator`` (ProfileError)."""
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 0:
+        raise ConfigError(f"budget must be a non-negative integer number of simulator calls, got {budget!r}")
+
+
+def topo_positions(graph: CompGraph) -> np.ndarray:
+    """``pos[i]`` = index of node ``i`` in ``graph.topo_order``."""
+    pos = np.empty(graph.num_nodes, dtype=np.int64)
+    pos[graph.topo_order] = np.arange(graph.num_nodes)
+    return pos
+
+
+def upward_rank(prob: Problem) -> np.ndarray:
+    """HEFT upward rank: mean compute time plus the longest (mean comm + rank) path to an exit node."""
+    g = prob.graph
+    w = prob.node_time.mean(axis=1)
+    c = prob.mean_comm
+    rank = np.zeros(g.num_nodes)
+    sp, si, se = g.succ_ptr, g.succ_idx, g.succ_eid
+    for u in g.topo_order[::-1]:
+        lo, hi = sp[u], sp[u + 1]
+        tail = (c[se[lo:hi]] + rank[si[lo:hi]]).max() if hi > lo else 0.0
+        rank[u] = w[u] + tail
+    return rank

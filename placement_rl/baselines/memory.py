@@ -1,0 +1,104 @@
+"""Memory for the placers: an upper-bound ledger for list schedulers, and a simulator-guided repair.
+
+The cost model charges a device 4 x param_bytes + act_bytes of each node on it, plus every tensor it
+receives from another device (once per producer, its largest edge to that device). ``MemoryLedger`` books
+the same quantities while nodes are placed in a topological order, bounding a received tensor by its
+producer's largest out-edge, so a placement that fits the ledger fits the simulator.
+
+``repair`` takes any placement the simulator finds over memory and moves nodes off the overfull devices —
+boundary nodes first (those with a neighbour elsewhere), each to a device already holding one of its
+neighbours when it has room, else to the device with the most room — and simulates again, a few rounds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from placement_rl.baselines.common import Problem
+
+REPAIR_CALLS = 8
+
+
+class MemoryLedger:
+    """Bytes booked per device while placing nodes (predecessors always before successors)."""
+
+    def __init__(self, prob: Problem) -> None:
+        self.prob = prob
+        g = prob.graph
+        self.load = np.zeros(prob.d)
+        self.received = np.zeros((prob.n, prob.d), dtype=bool)
+        self.out_max = np.zeros(prob.n)
+        if g.num_edges:
+            np.maximum.at(self.out_max, g.edges[:, 0], g.edge_bytes)
+
+    def need(self, u: int, dev: np.ndarray) -> np.ndarray:
+        """Bytes that placing ``u`` would add to each device, given where its predecessors are."""
+        need = np.full(self.prob.d, self.prob.node_mem[u])
+        for p in self.prob.graph.predecessors(u).tolist():
+            extra = np.where(self.received[p], 0.0, self.out_max[p])
+            extra[dev[p]] = 0.0
+            need += extra
+        return need
+
+    def fits(self, u: int, dev: np.ndarray) -> np.ndarray:
+        return self.load + self.need(u, dev) <= self.prob.capacity
+
+    def place(self, u: int, k: int, dev: np.ndarray) -> None:
+        self.load[k] += self.need(u, dev)[k]
+        for p in self.prob.graph.predecessors(u).tolist():
+            if dev[p] != k:
+                self.received[p, k] = True
+
+
+def repair(prob: Problem, devices: np.ndarray, *, max_rounds: int = REPAIR_CALLS) -> np.ndarray:
+    """A placement the simulator finds feasible, moving as few nodes as it can (or the best one tried)."""
+    dev = np.array(devices, dtype=np.int64)
+    s = prob.score(dev)
+    if s is None:
+        return dev if prob.estimate_fits(dev) else _move_off(prob, dev, _static_load(prob, dev))
+    best, best_s = dev, s
+    for _ in range(max_rounds):
+        if s is None or s.feasible:
+            break
+        dev = _move_off(prob, dev.copy(), s.peak_memory)
+        s = prob.score(dev)
+        if s is not None and s.key < best_s.key:
+            best, best_s = dev, s
+    return best
+
+
+def _static_load(prob: Problem, dev: np.ndarray) -> np.ndarray:
+    return np.bincount(dev, weights=prob.node_mem, minlength=prob.d)
+
+
+def _move_off(prob: Problem, dev: np.ndarray, load: np.ndarray) -> np.ndarray:
+    """Move nodes off devices whose ``load`` passes capacity (5% margin), updating ``load`` as it goes."""
+    g, cap, mem = prob.graph, prob.capacity, prob.node_mem
+    load = np.array(load, dtype=np.float64)
+    target = 0.95 * cap
+    t = prob.node_time
+    for src in np.argsort(-(load - cap)).tolist():
+        if load[src] <= cap[src]:
+            continue
+        nodes = np.flatnonzero(dev == src)
+        boundary = np.array([np.any(dev[np.concatenate([g.predecessors(i), g.successors(i)])] != src)
+                             for i in nodes.tolist()], dtype=bool)
+        slow = t[nodes].min(axis=1) - t[nodes, src]  # <= 0: how much faster the best other device is
+        for i in nodes[np.lexsort((slow, ~boundary))].tolist():
+            if load[src] <= target[src]:
+                break
+            nbrs = np.concatenate([g.predecessors(i), g.successors(i)])
+            room = target - load - mem[i]
+            room[src] = -np.inf
+            near = np.unique(dev[nbrs])
+            near = near[(near != src) & (room[near] >= 0)]
+            if near.size:
+                dst = int(near[np.argmax(room[near])])
+            else:
+                dst = int(np.argmax(room))
+                if room[dst] < 0:
+                    continue
+            dev[i] = dst
+            load[src] -= mem[i]
+            load[dst] += mem[i]
+    return dev

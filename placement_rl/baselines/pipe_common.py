@@ -1,0 +1,205 @@
+"""Shared core of the pipeline partitioners: the budgeted pipeline simulator and stage-cost arrays.
+
+Positions are indices into ``graph.topo_order``; a plan is ``(cuts, degrees)`` with ``cuts[0] = 0``,
+``cuts[-1] = N`` and stage ``k`` = positions ``[cuts[k], cuts[k + 1])`` on the next ``degrees[k]`` devices
+of ``devs`` (devices fastest first).
+
+Shapes (N nodes, D devices):
+    prefix: float64 [D, N + 1]  cumulative fwd + bwd time along the order, per device (in ``devs`` order),
+                                without the launch overhead, which ``prefix_fixed`` holds (paid per micro-batch)
+    crossing_out(j): float64 [j]  bytes produced in [i, j) and consumed at or after j, for every i < j
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from placement_rl.baselines.common import Score, check_inputs
+from placement_rl.cost.pipeline import PIPELINE_SCHEDULES, PipelineSimulator
+from placement_rl.cost.types import CostTable
+from placement_rl.errors import ConfigError
+from placement_rl.graph.ir import CompGraph
+from placement_rl.plans import StagePlan
+from placement_rl.topology import DeviceTopology
+
+Plan = tuple[list[int], tuple[int, ...]]
+
+
+class PipeProblem:
+    def __init__(self, graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int, seed: int,
+                 num_microbatches: int, schedule: str, batch_size: int | None) -> None:
+        check_inputs(graph, costs, topology, budget)
+        if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, (int, np.integer)) \
+                or num_microbatches < 1:
+            raise ConfigError(f"num_microbatches must be a positive integer, got {num_microbatches!r}")
+        if schedule not in PIPELINE_SCHEDULES:
+            raise ConfigError(f"unknown pipeline schedule '{schedule}' (choose one of "
+                              f"{', '.join(PIPELINE_SCHEDULES)})")
+        if batch_size is not None and (not isinstance(batch_size, (int, np.integer)) or batch_size < 1
+                                       or batch_size % num_microbatches):
+            raise ConfigError(f"batch_size {batch_size!r} must be a positive multiple of num_microbatches "
+                              f"({num_microbatches})")
+        self.graph, self.costs, self.topology = graph, costs, topology
+        self.budget, self.seed = int(budget), int(seed)
+        self.m, self.schedule, self.batch_size = int(num_microbatches), schedule, batch_size
+        self.sim = PipelineSimulator(graph, costs, topology)
+        self.start = time.perf_counter()
+        self.n, self.d = graph.num_nodes, topology.num_devices
+        self.order = np.asarray(graph.topo_order, dtype=np.int64)
+        node_time = costs.fwd_time + costs.bwd_time
+        total = node_time.sum(axis=0)
+        self.devs = np.lexsort((np.arange(self.d), total))
+        # the launch overhead does not shrink with micro-batches or replicas: keep it apart
+        fixed = np.minimum(costs.launch_overhead, costs.fwd_time) + np.minimum(costs.launch_overhead, costs.bwd_time)
+        self.prefix = np.zeros((self.d, self.n + 1))
+        self.prefix[:, 1:] = np.cumsum((node_time - fixed)[self.order][:, self.devs], axis=0).T
+        self.prefix_fixed = np.zeros((self.d, self.n + 1))
+        self.prefix_fixed[:, 1:] = np.cumsum(fixed[self.order][:, self.devs], axis=0).T
+        self.param_prefix = np.concatenate([[0.0], np.cumsum(graph.param_bytes[self.order])])
+        self._pos = np.empty(self.n, dtype=np.int64)
+        self._pos[self.order] = np.arange(self.n)
+        self._cross: dict[int, np.ndarray] = {}
+        self._groups: dict[tuple[int, int], tuple[float, float, float, float]] = {}
+        self._scored: dict[tuple, Score] = {}
+
+    # --------------------------------------------------------------- costs
+    def degree_ok(self, r: int) -> bool:
+        return self.batch_size is None or self.batch_size % (self.m * r) == 0
+
+    def fit_degrees(self, degrees: tuple[int, ...]) -> tuple[int, ...]:
+        if not all(self.degree_ok(r) for r in degrees):
+            raise ConfigError(f"batch_size {self.batch_size} is not divisible by num_microbatches ({self.m}) "
+                              f"x DP degrees {list(degrees)}")
+        return degrees
+
+    def crossing_out(self, j: int) -> np.ndarray:
+        if j not in self._cross:
+            self._cross[j] = crossing_out(self.graph, self._pos, j)
+        return self._cross[j]
+
+    def _group(self, lo: int, hi: int) -> tuple[float, float, float, float]:
+        """(latency, 1/bandwidth) to the next group, (latency, 1/bandwidth) of the group's ring: slowest links."""
+        key = (lo, hi)
+        if key not in self._groups:
+            lat, bw = self.costs.link_latency, self.costs.link_bandwidth
+            group = self.devs[lo:hi]
+            if hi < self.d:
+                nxt = self.devs[hi]
+                lat_n, inv_n = float(lat[group, nxt].max()), float(1.0 / bw[group, nxt].min())
+            else:
+                lat_n = inv_n = 0.0
+            if hi - lo > 1:
+                off = ~np.eye(hi - lo, dtype=bool)
+                lat_r = float(lat[np.ix_(group, group)][off].max())
+                inv_r = float(1.0 / bw[np.ix_(group, group)][off].min())
+            else:
+                lat_r = inv_r = 0.0
+            self._groups[key] = (lat_n, inv_n, lat_r, inv_r)
+        return self._groups[key]
+
+    def stage_time_vec(self, j: int, lo: int, hi: int, r: int) -> np.ndarray:
+        """Cost of stage [i, j) on devices ``devs[lo:hi]`` (DP degree r) for every i < j (full batch)."""
+        var = self.prefix[lo:hi, j:j + 1] - self.prefix[lo:hi, :j]
+        fixed = self.prefix_fixed[lo:hi, j:j + 1] - self.prefix_fixed[lo:hi, :j]
+        cost = (var / r + self.m * fixed).max(axis=0)  # each replica runs m micro-batches
+        lat_n, inv_n, lat_r, inv_r = self._group(lo, hi)
+        if j < self.n and hi < self.d:  # activations out and gradients back
+            cost += 2.0 * (lat_n + self.crossing_out(j) * (inv_n / r))
+        if r > 1:  # ring all-reduce of the stage's gradients
+            params = self.param_prefix[j] - self.param_prefix[:j]
+            cost += 2.0 * (r - 1) / r * inv_r * params + 2.0 * (r - 1) * lat_r
+        return cost
+
+    # -------------------------------------------------------------- scoring
+    def plan(self, cuts: list[int], degrees: tuple[int, ...], meta: dict | None = None) -> StagePlan:
+        stage = np.empty(self.n, dtype=np.int64)
+        for k in range(len(cuts) - 1):
+            stage[self.order[cuts[k]:cuts[k + 1]]] = k
+        bounds = np.concatenate([[0], np.cumsum(degrees)])
+        groups = tuple(tuple(int(x) for x in self.devs[bounds[k]:bounds[k + 1]]) for k in range(len(degrees)))
+        return StagePlan(stage_of_node=stage, stage_devices=groups, num_microbatches=self.m,
+                         schedule=self.schedule, batch_size=self.batch_size, meta=meta or {})
+
+    @property
+    def calls(self) -> int:
+        return int(self.sim.calls)
+
+    @property
+    def left(self) -> int:
+        return self.budget - self.calls
+
+    def score(self, cuts: list[int], degrees: tuple[int, ...]) -> Score | None:
+        key = (tuple(cuts), tuple(degrees))
+        if key in self._scored:
+            return self._scored[key]
+        if self.left <= 0:
+            return None
+        res = self.sim.run(self.plan(cuts, degrees))
+        cap = self.topology.array("memory_bytes")
+        over = float(np.maximum(res.peak_memory - cap, 0.0).sum())
+        s = Score(float(res.step_time), bool(res.feasible), 0.0 if res.feasible else max(over, 1.0),
+                  np.asarray(res.peak_memory))
+        self._scored[key] = s
+        return s
+
+    def best_of(self, cands: list[Plan]) -> Plan:
+        """The best simulated candidate (in the given order while the budget lasts; else the first)."""
+        best, best_key = cands[0], None
+        for cuts, degrees in cands:
+            s = self.score(cuts, degrees)
+            if s is None:
+                break
+            if best_key is None or s.key < best_key:
+                best, best_key = (cuts, degrees), s.key
+        return best
+
+    def finish(self, cuts: list[int], degrees: tuple[int, ...], name: str) -> StagePlan:
+        s = self.score(cuts, degrees)
+        meta: dict[str, object] = {"placer": name, "budget": self.budget, "seed": self.seed,
+                                   "sim_calls": self.calls, "search_seconds": time.perf_counter() - self.start}
+        if s is not None:
+            meta.update(step_time=s.step_time, feasible=s.feasible)
+        return self.plan(cuts, degrees, meta).validate(self.graph, self.topology)
+
+
+def crossing_out(graph: CompGraph, pos: np.ndarray, j: int) -> np.ndarray:
+    """For every i < j: bytes of tensors produced at positions [i, j) and consumed at or after j.
+
+    A producer's tensor is counted once, with its largest crossing edge (the simulator sends it once).
+    """
+    if graph.num_edges == 0:
+        return np.zeros(j)
+    ps, pd = pos[graph.edges[:, 0]], pos[graph.edges[:, 1]]
+    cross = (ps < j) & (pd >= j)
+    per = np.zeros(j)
+    np.maximum.at(per, ps[cross], graph.edge_bytes[cross])
+    return np.cumsum(per[::-1])[::-1]
+
+
+def minmax_partition(n: int, s_max: int, cost_vec: Callable[[int, int], np.ndarray]) -> list[list[int]]:
+    """For every ``S = 1..s_max``: cuts of ``n`` positions into ``S`` non-empty contiguous stages minimising
+    the largest stage cost (the DP rows are shared: row ``k`` covers ``[0, j)`` with stages ``0..k``).
+
+    ``cost_vec(j, k)`` gives, for every ``i < j``, the cost of positions ``[i, j)`` as stage ``k``.
+    """
+    dp = np.full((s_max, n + 1), np.inf)
+    arg = np.zeros((s_max, n + 1), dtype=np.int64)
+    for j in range(1, n + 1):
+        dp[0, j] = cost_vec(j, 0)[0]
+    for k in range(1, s_max):
+        for j in range(k + 1, n + 1):
+            cand = np.maximum(dp[k - 1, :j], cost_vec(j, k))
+            i = int(np.argmin(cand))
+            dp[k, j], arg[k, j] = cand[i], i
+    out = []
+    for s in range(1, s_max + 1):
+        cuts, j = [n], n
+        for k in range(s - 1, 0, -1):
+            j = int(arg[k, j])
+            cuts.append(j)
+        cuts.append(0)
+        out.append(cuts[::-1])
+    return out

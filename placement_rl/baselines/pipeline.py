@@ -1,0 +1,163 @@
+"""Pipeline partitioners: cut the topological order into contiguous stages, choose a DP degree per stage.
+
+All partitioners share one search space, so ``pp_exhaustive`` bounds the others: stage ``k`` is the
+``k``-th contiguous segment of ``graph.topo_order`` (so no edge goes backwards), and the device groups are
+consecutive runs of the devices sorted fastest first (ties by index), a run's length being the stage's DP
+degree. Candidates are scored with the ``PipelineSimulator`` (feasible first, then step time), and
+``batch_size`` (when given) rules out DP degrees that do not divide it.
+
+* ``pp_uniform``: stages = devices, equal node counts per stage, DP degree 1.
+* ``pp_params``: stages = devices, parameter bytes balanced (DeepSpeed ``partition_method="parameters"``:
+  the contiguous split minimising the largest stage's parameters).
+* ``pp_time_dp``: for each stage count ``S <= D`` a dynamic program over cut points minimising the slowest
+  stage (fwd + bwd time on its device + its outgoing boundary transfers, both directions); the ``S`` with
+  the best simulated step time wins.
+* ``pipedream``: PipeDream's planner — a DP over (prefix of the order, devices used) whose last stage may be
+  replicated over ``r`` devices (compute / r, plus the ring all-reduce of its parameters); the best plan for
+  every device count is simulated and the best kept.
+* ``pp_exhaustive``: every cut set x every DP-degree vector (sum <= D); ``ConfigError`` when that is more
+  than the budget.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Callable
+
+import numpy as np
+
+from placement_rl.baselines.pipe_common import PipeProblem, minmax_partition
+from placement_rl.cost.types import CostTable
+from placement_rl.errors import ConfigError
+from placement_rl.graph.ir import CompGraph
+from placement_rl.plans import StagePlan
+from placement_rl.topology import DeviceTopology
+
+Segments = list[int]  # cut positions: stage k covers topo positions [cuts[k], cuts[k + 1])
+
+
+def pp_uniform(pp: PipeProblem) -> tuple[Segments, tuple[int, ...]]:
+    s = min(pp.d, pp.n)
+    cuts = [int(round(k * pp.n / s)) for k in range(s + 1)]
+    return cuts, pp.fit_degrees((1,) * s)
+
+
+def pp_params(pp: PipeProblem) -> tuple[Segments, tuple[int, ...]]:
+    s = min(pp.d, pp.n)
+    prefix = pp.param_prefix
+    cuts = minmax_partition(pp.n, s, lambda j, k: prefix[j] - prefix[:j])[-1]
+    return cuts, pp.fit_degrees((1,) * s)
+
+
+def pp_time_dp(pp: PipeProblem) -> tuple[Segments, tuple[int, ...]]:
+    cands = []
+    all_cuts = minmax_partition(pp.n, min(pp.d, pp.n), lambda j, k: pp.stage_time_vec(j, k, k + 1, 1))
+    for s, cuts in enumerate(all_cuts, start=1):
+        degrees = pp.fit_degrees((1,) * s)
+        bottleneck = max(pp.stage_time_vec(cuts[k + 1], k, k + 1, 1)[cuts[k]] for k in range(s))
+        cands.append((bottleneck, cuts, degrees))
+    cands.sort(key=lambda c: c[0])  # best estimate first (taken when the budget runs out)
+    return pp.best_of([(c, g) for _, c, g in cands])
+
+
+def pipedream(pp: PipeProblem) -> tuple[Segments, tuple[int, ...]]:
+    """A[j][m]: best bottleneck covering positions [0, j) with stages on the first m devices (in order)."""
+    n, d = pp.n, pp.d
+    inf = np.inf
+    a = np.full((n + 1, d + 1), inf)
+    choice = np.zeros((n + 1, d + 1, 2), dtype=np.int64)  # (i, r) of the last stage
+    a[0, 0] = 0.0
+    for j in range(1, n + 1):
+        for m in range(1, d + 1):
+            for r in range(1, m + 1):
+                if not pp.degree_ok(r):
+                    continue
+                lo = m - r  # devices [lo, m) replicate this stage
+                prev = a[:j, lo]
+                # a[i, 0] is finite only at i = 0 and a[0, lo > 0] never, so stages stay non-empty
+                cost = np.maximum(prev, pp.stage_time_vec(j, lo, m, r))
+                i = int(np.argmin(cost))
+                if cost[i] < a[j, m]:
+                    a[j, m] = cost[i]
+                    choice[j, m] = (i, r)
+    cands = []
+    for m in range(1, d + 1):
+        if not np.isfinite(a[n, m]):
+            continue
+        cuts, degrees, j, mm = [n], [], n, m
+        while j > 0:
+            i, r = choice[j, mm]
+            cuts.append(int(i))
+            degrees.append(int(r))
+            j, mm = int(i), mm - int(r)
+        cands.append((a[n, m], cuts[::-1], tuple(degrees[::-1])))
+    if not cands:
+        raise ConfigError(f"pipedream found no plan: batch_size {pp.batch_size} admits no DP degree with "
+                          f"num_microbatches {pp.m}")
+    cands.sort(key=lambda c: c[0])
+    return pp.best_of([(c, g) for _, c, g in cands])
+
+
+def compositions(s: int, total_max: int, allowed: Callable[[int], bool] = lambda r: True) -> list[tuple[int, ...]]:
+    """Vectors of ``s`` allowed positive integers with sum <= ``total_max``."""
+    if s == 0:
+        return [()]
+    return [(r, *rest) for r in range(1, total_max - s + 2) if allowed(r)
+            for rest in compositions(s - 1, total_max - r, allowed)]
+
+
+def count_compositions(s: int, total_max: int, allowed: Callable[[int], bool]) -> int:
+    """``len(compositions(s, total_max, allowed))`` without listing them (DP over parts and sum)."""
+    ways = np.zeros(total_max + 1, dtype=object)
+    ways[0] = 1
+    for _ in range(s):
+        nxt = np.zeros(total_max + 1, dtype=object)
+        for r in range(1, total_max + 1):
+            if allowed(r):
+                nxt[r:] += ways[:total_max + 1 - r]
+        ways = nxt
+    return int(ways.sum())
+
+
+def pp_exhaustive(pp: PipeProblem) -> tuple[Segments, tuple[int, ...]]:
+    n, d = pp.n, pp.d
+    stages = range(1, min(n, d) + 1)
+    total = sum(math.comb(n - 1, s - 1) * count_compositions(s, d, pp.degree_ok) for s in stages)
+    if total > pp.budget:
+        size = str(total) if total < 10**12 else f"~1e{len(str(total)) - 1}"
+        raise ConfigError(f"pp_exhaustive needs {size} simulations (every cut set x DP degrees for {n} nodes "
+                          f"on {d} devices), but the budget is {pp.budget}: raise the budget or use a smaller "
+                          "graph")
+    cands = [([0, *bars, n], degrees) for s in stages for degrees in compositions(s, d, pp.degree_ok)
+             for bars in itertools.combinations(range(1, n), s - 1)]
+    return pp.best_of(cands)
+
+
+PARTITIONERS: dict[str, Callable[[PipeProblem], tuple[Segments, tuple[int, ...]]]] = {
+    "pp_uniform": pp_uniform,
+    "pp_params": pp_params,
+    "pp_time_dp": pp_time_dp,
+    "pipedream": pipedream,
+    "pp_exhaustive": pp_exhaustive,
+}
+
+
+def get(name: str):
+    if name not in PARTITIONERS:
+        raise ConfigError(f"unknown pipeline partitioner '{name}' (choose one of {', '.join(PARTITIONERS)})")
+    fn = PARTITIONERS[name]
+
+    def partitioner(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int, seed: int,
+                    num_microbatches: int = 4, schedule: str = "1f1b", batch_size: int | None = None) -> StagePlan:
+        pp = PipeProblem(graph, costs, topology, budget=budget, seed=seed, num_microbatches=num_microbatches,
+                         schedule=schedule, batch_size=batch_size)
+        cuts, degrees = fn(pp)
+        return pp.finish(cuts, degrees, name)
+
+    partitioner.__name__ = partitioner.__qualname__ = name
+    partitioner.__doc__ = fn.__doc__ or __doc__
+    return partitioner
+
+
+__all__ = ["PARTITIONERS", "compositions", "count_compositions", "get"]

@@ -1,0 +1,180 @@
+"""Search over the simulator: simulated annealing from the best heuristic, and exhaustive enumeration.
+
+* ``local_search``: starts from the best of the cheap heuristics (single device, HEFT, m-ETF, m-SCT,
+  m-TOPO, METIS, round robin), then simulated annealing with three moves (reassign one node to the device
+  of one of its graph neighbours; reassign it to a random other device; swap the devices of two nodes on
+  different devices), a geometric temperature from 0.2% of the start's step time down to 0.01% over the
+  budget, infeasible moves rejected once feasible. Returns the best placement simulated, so never worse
+  than its start.
+* ``exhaustive``: every placement of the ``N`` nodes on the ``D`` devices up to relabelling of
+  interchangeable devices (two devices are interchangeable when swapping them leaves the costs, memory
+  and links unchanged): within each class, a new device is always the lowest unused one. That is the true
+  optimum under the simulator. Too many placements for the budget -> ``ConfigError`` naming the count.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from placement_rl.baselines import baechi, heft, metis, simple
+from placement_rl.baselines.common import Problem, Score
+from placement_rl.errors import ConfigError
+
+T0_FRAC = 0.002  # start temperature / start step time (tuned on synthetic graphs: lower is better)
+START_HEURISTICS = (simple.single_device, heft.heft_devices, baechi.m_etf, baechi.m_sct, baechi.m_topo, metis.metis,
+                    simple.round_robin)
+
+
+def local_search(prob: Problem) -> np.ndarray:
+    best, best_s = None, None
+    for fn in START_HEURISTICS:
+        if prob.left <= 0 and best is not None:
+            break
+        cand = fn(prob)
+        s = prob.score(cand)
+        if s is not None and (best_s is None or s.key < best_s.key):
+            best, best_s = cand, s
+    if best is None:
+        return simple.single_device(prob)
+    if best_s is None or prob.d == 1 or prob.n == 0:
+        return best
+    cur, cur_s = best.copy(), best_s
+    calls0, steps = prob.calls, max(prob.left, 1)
+    t0 = T0_FRAC * max(best_s.step_time, 1e-12)
+    t1 = 1e-4 * max(best_s.step_time, 1e-12)
+    rng = prob.rng
+    stale = 0
+    for _ in range(50 * prob.budget + 100):  # bounded even when moves keep hitting cached placements
+        if prob.left <= 0 or stale > 20 * prob.n * prob.d + 100:
+            break
+        temp = t0 * (t1 / t0) ** min(1.0, (prob.calls - calls0) / steps)
+        cand = _move(cur, prob, rng)
+        calls_before = prob.calls
+        s = prob.score(cand)
+        stale = stale + 1 if prob.calls == calls_before else 0
+        if s is None:
+            break
+        if _accept(cur_s, s, temp, rng):
+            cur, cur_s = cand, s
+            if s.key < best_s.key:
+                best, best_s = cand.copy(), s
+    return best
+
+
+def _move(cur: np.ndarray, prob: Problem, rng: np.random.Generator) -> np.ndarray:
+    """Reassign one node (half the time to the device of one of its neighbours), or swap two nodes."""
+    cand = cur.copy()
+    n, d, g = len(cur), prob.d, prob.graph
+    r = rng.random()
+    if n >= 2 and r < 0.2:
+        i, j = rng.choice(n, size=2, replace=False)
+        if cand[i] != cand[j]:
+            cand[i], cand[j] = cand[j], cand[i]
+            return cand
+    i = int(rng.integers(n))
+    if r < 0.6:
+        nbrs = np.concatenate([g.predecessors(i), g.successors(i)])
+        other = nbrs[cand[nbrs] != cand[i]]
+        if other.size:
+            cand[i] = cand[int(other[rng.integers(other.size)])]
+            return cand
+    cand[i] = (cand[i] + 1 + int(rng.integers(d - 1))) % d
+    return cand
+
+
+def _accept(cur: Score, new: Score, temp: float, rng: np.random.Generator) -> bool:
+    if new.key <= cur.key:
+        return True
+    if cur.feasible and not new.feasible:
+        return False
+    if not cur.feasible:  # climbing towards feasibility: only accept less overflow
+        return new.feasible or new.overflow < cur.overflow
+    return rng.random() < math.exp(-(new.step_time - cur.step_time) / max(temp, 1e-30))
+
+
+# --------------------------------------------------------------- exhaustive
+def device_classes(prob: Problem) -> np.ndarray:
+    """Class id per device; devices are in one class when swapping them is a symmetry of the problem."""
+    d = prob.d
+    c, cap = prob.costs, prob.capacity
+    cls = np.arange(d)
+    for a in range(d):
+        for b in range(a + 1, d):
+            if cls[b] != b:
+                continue
+            perm = np.arange(d)
+            perm[a], perm[b] = b, a
+            same = (np.array_equal(c.fwd_time[:, a], c.fwd_time[:, b])
+                    and np.array_equal(c.bwd_time[:, a], c.bwd_time[:, b]) and cap[a] == cap[b]
+                    and np.array_equal(c.link_latency[np.ix_(perm, perm)], c.link_latency)
+                    and np.array_equal(c.link_bandwidth[np.ix_(perm, perm)], c.link_bandwidth))
+            if same:
+                cls[b] = cls[a]
+    return cls
+
+
+def count_placements(n: int, class_sizes: list[int], cap: int | None = None) -> int:
+    """Number of placements up to relabelling within classes (DP over how many of each class are used).
+
+    With ``cap``, counts saturate at ``cap + 1`` (enough to tell "too many" without huge integers).
+    """
+    states: dict[tuple[int, ...], int] = {tuple(0 for _ in class_sizes): 1}
+    for _ in range(n):
+        nxt: dict[tuple[int, ...], int] = {}
+        for used, ways in states.items():
+            k = sum(used)
+            if k:
+                nxt[used] = nxt.get(used, 0) + ways * k
+            for c, size in enumerate(class_sizes):
+                if used[c] < size:
+                    u2 = used[:c] + (used[c] + 1,) + used[c + 1:]
+                    nxt[u2] = nxt.get(u2, 0) + ways
+        if cap is not None:
+            nxt = {u: min(w, cap + 1) for u, w in nxt.items()}
+        states = nxt
+    total = sum(states.values())
+    return total if cap is None else min(total, cap + 1)
+
+
+def size_text(n: int, d: int) -> str:
+    """``d^n`` and, when large, its order of magnitude."""
+    digits = n * math.log10(d) if d > 1 else 0.0
+    return f"{d}^{n} = {d ** n}" if digits < 12 else f"{d}^{n} ~ 1e{int(digits)}"
+
+
+def exhaustive(prob: Problem) -> np.ndarray:
+    n, d = prob.n, prob.d
+    cls = device_classes(prob)
+    labels = sorted(set(cls.tolist()))
+    members = [np.flatnonzero(cls == lab).tolist() for lab in labels]
+    total = count_placements(n, [len(m) for m in members], cap=prob.budget)
+    if total > prob.budget:
+        raise ConfigError(f"exhaustive search needs more than {prob.budget} simulations (the budget) for {n} "
+                          f"nodes on {d} devices ({size_text(n, d)} placements before symmetry breaking): "
+                          "raise the budget or use a smaller graph")
+    best, best_s = None, None
+    cur = np.zeros(n, dtype=np.int64)
+    nxt_new = [0] * len(members)  # per class: how many of its devices are already used
+
+    def rec(i: int) -> None:
+        nonlocal best, best_s
+        if i == n:
+            s = prob.score(cur)
+            if s is not None and (best_s is None or s.key < best_s.key):
+                best, best_s = cur.copy(), s
+            return
+        for c, devs in enumerate(members):
+            for k in devs[:nxt_new[c]]:  # devices of this class already in use
+                cur[i] = k
+                rec(i + 1)
+            if nxt_new[c] < len(devs):  # the lowest unused device of the class
+                cur[i] = devs[nxt_new[c]]
+                nxt_new[c] += 1
+                rec(i + 1)
+                nxt_new[c] -= 1
+
+    rec(0)
+    assert best is not None
+    return best

@@ -1,0 +1,347 @@
+"""Numba kernel of the pipeline simulator (see ``pipeline.py`` for the model it implements).
+
+Work buffers ``fw`` (float64) and ``iw`` (int64) are sliced here; their sizes come from ``work_sizes``.
+Ops are encoded ``kind * S * m + stage * m + microbatch`` with kind 0 = forward, 1 = backward.
+Timeline records: kind 0 fwd, 1 bwd (resource = group), 2 activation transfer, 3 gradient transfer
+(resource = ``src_group * G + dst_group``), 4 all-reduce (resource = group); label = ``stage * m + mb``
+(all-reduce: stage).
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+GPIPE, ONE_F_ONE_B, INTERLEAVED = 0, 1, 2
+OK, BAD_PLAN, DEADLOCK = 1.0, -1.0, -2.0
+
+
+def work_sizes(n: int, s: int, m: int, p_total: int, g: int) -> tuple[int, int]:
+    """Lengths of the float and int work buffers for N nodes, S stages, m micro-batches, G groups."""
+    return 2 * p_total + 9 * s + 1 + n + 4 * s * m + g * g + 4 * g, n + 6 * s * m + 4 * g + 1 + s
+
+
+@njit(cache=True, nogil=True)
+def _rec(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, kind, res, start, end, label):
+    k = rec_n[0]
+    rec_kind[k] = kind
+    rec_res[k] = res
+    rec_start[k] = start
+    rec_end[k] = end
+    rec_label[k] = label
+    rec_n[0] = k + 1
+
+
+@njit(cache=True, nogil=True)
+def _build_sequences(S, m, sched, sgroup, G, seq, gseq_ptr):
+    """Per device group, the order in which it runs forward/backward ops (fills ``seq`` by group)."""
+    sm = S * m
+    pos = 0
+    for g in range(G):
+        gseq_ptr[g] = pos
+        if sched == INTERLEAVED and S > G:
+            v = S // G  # chunks per group; chunk c of group g is stage c * G + g
+            total = m * v
+            warm = (G - g - 1) * 2 + (v - 1) * G
+            if warm > total:
+                warm = total
+            for k in range(total + total):
+                # position k of the sequence: warm-up forwards, then F/B alternating, then backwards
+                if k < warm:
+                    kind, j = 0, k
+                elif k < warm + 2 * (total - warm):
+                    r = k - warm
+                    if r % 2 == 0:
+                        kind, j = 0, warm + r // 2
+                    else:
+                        kind, j = 1, r // 2
+                else:
+                    kind, j = 1, k - warm - (total - warm)
+                chunk = (j % (G * v)) // G
+                if kind == 1:
+                    chunk = v - 1 - chunk
+                mb = (j // (G * v)) * G + j % G
+                seq[pos] = kind * sm + (chunk * G + g) * m + mb
+                pos += 1
+        else:
+            for s in range(S):
+                if sgroup[s] != g:
+                    continue
+                if sched == GPIPE:
+                    warm = m
+                else:
+                    warm = S - s - 1
+                    if warm > m:
+                        warm = m
+                for i in range(warm):
+                    seq[pos] = s * m + i
+                    pos += 1
+                for i in range(m - warm):
+                    seq[pos] = s * m + warm + i
+                    seq[pos + 1] = sm + s * m + i
+                    pos += 2
+                for i in range(m - warm, m):
+                    seq[pos] = sm + s * m + i
+                    pos += 1
+    gseq_ptr[G] = pos
+
+
+@njit(cache=True, nogil=True)
+def simulate_pipe(stage, S, m, sched, gptr, gdev, sgroup, G, src, dst, ebytes, fwd, bwd, lo, param, act,
+                  lat, inv_bw, fw, iw, out_stage, out_group, out,
+                  record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
+    """Simulate one pipelined training step. ``out`` = (step_time, status, comm_time)."""
+    n = stage.shape[0]
+    P = gptr[S]
+    sm = S * m
+    o = 0
+    tfd = fw[o:o + P]; o += P
+    tbd = fw[o:o + P]; o += P
+    sparam = fw[o:o + S]; o += S
+    sact = fw[o:o + S]; o += S
+    srecv = fw[o:o + S]; o += S
+    ct = fw[o:o + S]; o += S
+    ar = fw[o:o + S]; o += S
+    lastb = fw[o:o + S]; o += S
+    send = fw[o:o + S]; o += S
+    cut = fw[o:o + S + 1]; o += S + 1
+    cur_mb = fw[o:o + S]; o += S
+    ubytes = fw[o:o + n]; o += n
+    fend = fw[o:o + sm]; o += sm
+    bend = fw[o:o + sm]; o += sm
+    farr = fw[o:o + sm]; o += sm
+    barr = fw[o:o + sm]; o += sm
+    lfree = fw[o:o + G * G]; o += G * G
+    gfree = fw[o:o + G]; o += G
+    arfree = fw[o:o + G]; o += G
+    cur = fw[o:o + G]; o += G
+    peak = fw[o:o + G]; o += G
+    q = 0
+    umax = iw[q:q + n]; q += n
+    seq = iw[q:q + 2 * sm]; q += 2 * sm
+    seq_stage = iw[q:q + 2 * sm]; q += 2 * sm
+    seq_mb = iw[q:q + 2 * sm]; q += 2 * sm
+    gseq_ptr = iw[q:q + G + 1]; q += G + 1
+    gpos = iw[q:q + G]; q += G
+    bcount = iw[q:q + S]; q += S
+    stack = iw[q:q + G]; q += G
+    queued = iw[q:q + G]; q += G
+    out[1] = BAD_PLAN
+    # ------------------------------------------------------------ per-stage sizes and times
+    for x in range(P):
+        tfd[x] = 0.0
+        tbd[x] = 0.0
+    for s in range(S):
+        sparam[s] = 0.0
+        sact[s] = 0.0
+        cut[s] = 0.0
+        bcount[s] = 0
+        lastb[s] = 0.0
+    cut[S] = 0.0
+    for v in range(n):
+        s = stage[v]
+        if s < 0 or s >= S:
+            return
+        bcount[s] += 1
+        umax[v] = s
+        ubytes[v] = 0.0
+        sparam[s] += param[v]
+        sact[s] += act[v]
+        scale = 1.0 / (m * (gptr[s + 1] - gptr[s]))
+        for x in range(gptr[s], gptr[s + 1]):
+            g = gdev[x]
+            lf = lo[v, g] if lo[v, g] < fwd[v, g] else fwd[v, g]
+            lb = lo[v, g] if lo[v, g] < bwd[v, g] else bwd[v, g]
+            tfd[x] += (fwd[v, g] - lf) * scale + lf
+            tbd[x] += (bwd[v, g] - lb) * scale + lb
+    for e in range(src.shape[0]):
+        a = stage[src[e]]
+        b = stage[dst[e]]
+        if b < a:
+            return
+        if b > a:
+            u = src[e]
+            if b > umax[u]:
+                umax[u] = b
+            if ebytes[e] > ubytes[u]:
+                ubytes[u] = ebytes[e]
+    for u in range(n):  # each crossing tensor passes every boundary between its producer and last consumer
+        if umax[u] > stage[u]:
+            cut[stage[u]] += ubytes[u]
+            cut[umax[u]] -= ubytes[u]
+    for s in range(S):
+        if bcount[s] == 0:  # an empty stage
+            return
+        bcount[s] = 0
+    for s in range(1, S):
+        cut[s] += cut[s - 1]
+    for s in range(S):
+        tf = 0.0
+        tb = 0.0
+        for x in range(gptr[s], gptr[s + 1]):
+            if tfd[x] > tf:
+                tf = tfd[x]
+            if tbd[x] > tb:
+                tb = tbd[x]
+        out_stage[0, s] = tf
+        out_stage[1, s] = tb
+        p = gptr[s + 1] - gptr[s]
+        # ring all-reduce of this stage's gradients over its DP group, slowest link in the group
+        mlat = 0.0
+        minv = 0.0
+        for x in range(gptr[s], gptr[s + 1]):
+            for y in range(gptr[s], gptr[s + 1]):
+                if x != y:
+                    if lat[gdev[x], gdev[y]] > mlat:
+                        mlat = lat[gdev[x], gdev[y]]
+                    if inv_bw[gdev[x], gdev[y]] > minv:
+                        minv = inv_bw[gdev[x], gdev[y]]
+        ar[s] = 2.0 * (p - 1) / p * sparam[s] * minv + 2.0 * (p - 1) * mlat
+        srecv[s] = 0.0
+        ct[s] = 0.0
+        if s > 0:
+            srecv[s] = cut[s - 1] / (m * p)
+        if s + 1 < S and sgroup[s] != sgroup[s + 1]:
+            p2 = gptr[s + 2] - gptr[s + 1]
+            pmin = p if p < p2 else p2
+            mlat = 0.0
+            minv = 0.0
+            for x in range(gptr[s], gptr[s + 1]):
+                for y in range(gptr[s + 1], gptr[s + 2]):
+                    if lat[gdev[x], gdev[y]] > mlat:
+                        mlat = lat[gdev[x], gdev[y]]
+                    if inv_bw[gdev[x], gdev[y]] > minv:
+                        minv = inv_bw[gdev[x], gdev[y]]
+            ct[s] = mlat + cut[s] / (m * pmin) * minv
+        cur_mb[s] = sact[s] / (m * p) + srecv[s]
+    # ------------------------------------------------------------------- event simulation
+    _build_sequences(S, m, sched, sgroup, G, seq, gseq_ptr)
+    for x in range(2 * sm):  # decode once: kind stays in seq
+        op = seq[x]
+        seq[x] = op // sm
+        seq_stage[x] = (op % sm) // m
+        seq_mb[x] = op % m
+    for x in range(sm):
+        fend[x] = -1.0
+        bend[x] = -1.0
+        farr[x] = -1.0
+        barr[x] = -1.0
+    for x in range(G * G):
+        lfree[x] = 0.0
+    for g in range(G):
+        gfree[g] = 0.0
+        arfree[g] = 0.0
+        cur[g] = 0.0
+        peak[g] = 0.0
+        out_group[1, g] = 0.0
+        gpos[g] = gseq_ptr[g]
+    rec_n[0] = 0
+    comm = 0.0
+    done = 0
+    total = 2 * sm
+    # worklist of groups that may be able to advance; an op that finishes wakes the group it feeds
+    top = 0
+    for g in range(G - 1, -1, -1):
+        stack[top] = g
+        queued[g] = 1
+        top += 1
+    while top > 0:
+        top -= 1
+        g = stack[top]
+        queued[g] = 0
+        while gpos[g] < gseq_ptr[g + 1]:
+            x = gpos[g]
+            kind = seq[x]
+            s = seq_stage[x]
+            i = seq_mb[x]
+            if kind == 0:
+                ready = 0.0
+                if s > 0:
+                    ready = farr[s * m + i]
+                    if ready < 0.0:
+                        break
+                dur = out_stage[0, s]
+            else:
+                if s == S - 1:
+                    ready = fend[s * m + i]
+                else:
+                    ready = barr[s * m + i]
+                if ready < 0.0:
+                    break
+                dur = out_stage[1, s]
+            st = gfree[g] if gfree[g] > ready else ready
+            en = st + dur
+            gfree[g] = en
+            out_group[1, g] += dur
+            if record:
+                _rec(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, kind, g, st, en, s * m + i)
+            if kind == 0:
+                fend[s * m + i] = en
+                cur[g] += cur_mb[s]
+                if cur[g] > peak[g]:
+                    peak[g] = cur[g]
+                if s + 1 < S:
+                    h = sgroup[s + 1]
+                    if queued[h] == 0 and h != g:
+                        stack[top] = h
+                        queued[h] = 1
+                        top += 1
+                    if sgroup[s] == sgroup[s + 1]:
+                        farr[(s + 1) * m + i] = en
+                    else:
+                        link = sgroup[s] * G + sgroup[s + 1]
+                        a = en if en > lfree[link] else lfree[link]
+                        lfree[link] = a + ct[s]
+                        farr[(s + 1) * m + i] = a + ct[s]
+                        comm += ct[s]
+                        if record:
+                            _rec(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, 2, link, a,
+                                 a + ct[s], s * m + i)
+            else:
+                bend[s * m + i] = en
+                cur[g] -= cur_mb[s]
+                if s > 0:
+                    h = sgroup[s - 1]
+                    if queued[h] == 0 and h != g:
+                        stack[top] = h
+                        queued[h] = 1
+                        top += 1
+                    if sgroup[s] == sgroup[s - 1]:
+                        barr[(s - 1) * m + i] = en
+                    else:
+                        link = sgroup[s] * G + sgroup[s - 1]
+                        a = en if en > lfree[link] else lfree[link]
+                        lfree[link] = a + ct[s - 1]
+                        barr[(s - 1) * m + i] = a + ct[s - 1]
+                        comm += ct[s - 1]
+                        if record:
+                            _rec(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, 3, link, a,
+                                 a + ct[s - 1], s * m + i)
+                bcount[s] += 1
+                if bcount[s] == m:
+                    lastb[s] = en
+                    a = en if en > arfree[g] else arfree[g]
+                    arfree[g] = a + ar[s]
+                    send[s] = a + ar[s]
+                    comm += ar[s]
+                    if record and ar[s] > 0.0:
+                        _rec(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, 4, g, a, a + ar[s], s)
+            gpos[g] += 1
+            done += 1
+    if done < total:
+        out[1] = DEADLOCK
+        return
+    step = 0.0
+    for s in range(S):
+        out_stage[2, s] = send[s]
+        out_stage[3, s] = lastb[s]
+        out_stage[4, s] = ar[s]
+        out_stage[5, s] = cur_mb[s]
+        if send[s] > step:
+            step = send[s]
+    for g in range(G):
+        out_group[0, g] = peak[g]
+    for s in range(S):
+        out_group[0, sgroup[s]] += 4.0 * sparam[s]
+    out[0] = step
+    out[1] = OK
+    out[2] = comm

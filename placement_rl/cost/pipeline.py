@@ -1,0 +1,187 @@
+"""``simulate_pipeline``: the training-step time of a ``StagePlan`` (pipeline stages x data parallelism).
+
+Model (pure and deterministic), for S stages, m micro-batches, stage s on a device group of DP degree p:
+
+* Stage compute per micro-batch: the stage's ops run one after the other on each replica; a node's time
+  shrinks by ``1 / (m * p)`` except its launch overhead (``CostTable.launch_overhead``), which every
+  micro-batch pays in full. Unequal devices in one group: the slowest sets the pace.
+* Boundary s|s+1 carries every tensor produced at or before s and consumed after it (skip connections
+  are passed along), once per producer (its largest crossing edge), per micro-batch
+  ``bytes / (m * min(p_s, p_s+1))`` on the slowest link between the two groups: ``latency + bytes /
+  bandwidth``; gradients go back with the same bytes. Transfers on one directed group link serialise and
+  overlap with compute.
+* Schedules, simulated event by event so that unequal stages are right: ``gpipe`` (all forwards, then all
+  backwards), ``1f1b`` (S-s-1 warm-up forwards, then one forward / one backward, then the rest of the
+  backwards), ``interleaved1f1b`` (Megatron's interleaved order: virtual stage k runs on device group
+  ``k mod G``; needs S and m divisible by the number of groups G).
+* After its last backward a stage all-reduces its gradients over its group (ring, slowest link of the
+  group): ``2 (p-1)/p * param_bytes / bandwidth + 2 (p-1) * latency``; all-reduces of one group serialise.
+  ``step_time`` = max over stages of (end of last backward + all-reduce).
+* Memory per device of a group: 4 x params of its stages + the peak over the schedule of the activations
+  in flight, each micro-batch holding ``act_bytes / (m * p)`` plus its received boundary buffer (so GPipe
+  holds m micro-batches, 1F1B at most S-s at stage s).
+* ``meta``: per-stage forward/backward time per micro-batch, end, all-reduce time, and the bubble fraction
+  ``1 - mean over groups of compute busy time / step_time``.
+
+``zb1p`` (zero-bubble) plans are rejected with a ``PlanError``: its split backward is not modelled.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from placement_rl.cost._pipe_kernel import DEADLOCK, GPIPE, INTERLEAVED, ONE_F_ONE_B, OK, simulate_pipe, work_sizes
+from placement_rl.cost.simulate import _inverse_bandwidth, check_costs
+from placement_rl.cost.types import CostTable, Interval, SimResult
+from placement_rl.errors import PlanError
+from placement_rl.graph.ir import CompGraph
+from placement_rl.plans import StagePlan
+from placement_rl.topology import DeviceTopology
+
+PIPELINE_SCHEDULES = {"gpipe": GPIPE, "1f1b": ONE_F_ONE_B, "interleaved1f1b": INTERLEAVED}
+_KINDS = ("fwd", "bwd", "transfer", "grad_transfer", "allreduce")
+
+
+class _Layout:
+    """Device-group arrays of one (stage_devices, schedule, m, batch_size): validated once, then reused."""
+
+    def __init__(self, plan: StagePlan, topology: DeviceTopology) -> None:
+        groups = plan.stage_devices
+        uniq: dict[tuple[int, ...], int] = {}
+        for grp in groups:
+            uniq.setdefault(grp, len(uniq))
+        self.num_groups = len(uniq)
+        self.sgroup = np.array([uniq[g] for g in groups], dtype=np.int64)
+        self.gptr = np.zeros(len(groups) + 1, dtype=np.int64)
+        self.gptr[1:] = np.cumsum([len(g) for g in groups])
+        self.gdev = np.array([d for g in groups for d in g], dtype=np.int64)
+        names = topology.device_names
+        self.group_devices = list(uniq)
+        self.group_names = ["+".join(names[d] for d in grp) for grp in uniq]
+        self.device_idx = np.array([d for grp in uniq for d in grp], dtype=np.int64)
+        self.device_group = np.array([k for k, grp in enumerate(uniq) for _ in grp], dtype=np.int64)
+        s, g, m = len(groups), self.num_groups, plan.num_microbatches
+        used = [d for grp in uniq for d in grp]
+        if len(used) != len(set(used)):
+            raise PlanError("device groups of a stage plan must be identical or disjoint; "
+                            f"groups {[list(x) for x in uniq]} partly overlap")
+        if plan.schedule == "interleaved1f1b" and s > g:
+            if s % g or any(self.sgroup[k] != k % g for k in range(s)):
+                raise PlanError(f"interleaved1f1b needs virtual stage k on device group k mod {g} "
+                                f"(round-robin, {g} groups); got groups {self.sgroup.tolist()} for stages 0..{s - 1}")
+            if m % g:
+                raise PlanError(f"interleaved1f1b needs num_microbatches ({m}) divisible by the number of "
+                                f"device groups ({g})")
+        self.fw = np.zeros(0)
+        self.iw = np.zeros(0, dtype=np.int64)
+        self.out_stage = np.zeros((6, s))
+        self.out_group = np.zeros((2, g))
+
+
+class PipelineSimulator:
+    """``simulate_pipeline`` prepared once per (graph, costs, topology) for fast repeated evaluation.
+
+    ``step_time(plan)`` returns only the step time; ``run(plan)`` a full ``SimResult``; ``calls`` counts
+    evaluations. Layouts of device groups are validated once and kept per instance.
+    """
+
+    def __init__(self, graph: CompGraph, costs: CostTable, topology: DeviceTopology) -> None:
+        check_costs(graph, costs, topology)
+        self.graph, self.costs, self.topology = graph, costs, topology
+        self.calls = 0
+        i64 = np.int64
+        self._graph_arrays = (
+            np.ascontiguousarray(graph.edges[:, 0], i64), np.ascontiguousarray(graph.edges[:, 1], i64),
+            np.ascontiguousarray(graph.edge_bytes), costs.fwd_time, costs.bwd_time, costs.launch_overhead,
+            np.ascontiguousarray(graph.param_bytes), np.ascontiguousarray(graph.act_bytes),
+            np.ascontiguousarray(costs.link_latency), _inverse_bandwidth(costs))
+        self._layouts: dict[tuple, _Layout] = {}
+        self._out = np.zeros(3)
+        self._no_rec = (np.zeros(1, i64), np.zeros(0, np.int8), np.zeros(0, i64), np.zeros(0), np.zeros(0),
+                        np.zeros(0, i64))
+        self._capacity = topology.array("memory_bytes")
+        self._source = costs.describe_source(topology.device_names)
+
+    def _layout(self, plan: StagePlan) -> _Layout:
+        key = (plan.stage_devices, plan.schedule, plan.num_microbatches, plan.batch_size)
+        lay = self._layouts.get(key)
+        if lay is None:
+            if plan.schedule not in PIPELINE_SCHEDULES:
+                raise PlanError(f"simulate_pipeline models schedules {', '.join(PIPELINE_SCHEDULES)}; "
+                                f"'{plan.schedule}' is not modelled")
+            plan.validate(self.graph, self.topology)
+            lay = _Layout(plan, self.topology)
+            if len(self._layouts) >= 256:
+                self._layouts.clear()
+            self._layouts[key] = lay
+        return lay
+
+    def _simulate(self, plan: StagePlan, rec: tuple) -> _Layout:
+        lay = self._layout(plan)
+        s, m = plan.num_stages, int(plan.num_microbatches)
+        nf, ni = work_sizes(self.graph.num_nodes, s, m, int(lay.gptr[-1]), lay.num_groups)
+        if lay.fw.shape[0] < nf:
+            lay.fw, lay.iw = np.zeros(nf), np.zeros(ni, dtype=np.int64)
+        stage = plan.stage_of_node
+        if stage.shape[0] != self.graph.num_nodes:
+            plan.validate(self.graph, self.topology)
+        simulate_pipe(stage, s, m, PIPELINE_SCHEDULES[plan.schedule], lay.gptr, lay.gdev, lay.sgroup,
+                      lay.num_groups, *self._graph_arrays, lay.fw, lay.iw, lay.out_stage, lay.out_group,
+                      self._out, len(rec[1]) > 0, *rec)
+        self.calls += 1
+        if self._out[1] != OK:
+            plan.validate(self.graph, self.topology)
+            raise RuntimeError(f"pipeline simulation failed (status {self._out[1]}, "
+                               f"{'deadlock' if self._out[1] == DEADLOCK else 'invalid plan'}) "
+                               f"for schedule '{plan.schedule}': this is a bug in the simulator")
+        return lay
+
+    def step_time(self, plan: StagePlan) -> float:
+        """Simulated step time (seconds) of ``plan``."""
+        self._simulate(plan, self._no_rec)
+        return float(self._out[0])
+
+    def run(self, plan: StagePlan, timeline: bool = False) -> SimResult:
+        """Full result: step time, busy time and memory per device, feasibility, per-stage meta, timeline."""
+        if timeline:
+            r = 5 * plan.num_stages * plan.num_microbatches + plan.num_stages
+            rec = (np.zeros(1, np.int64), np.zeros(r, np.int8), np.zeros(r, np.int64), np.zeros(r), np.zeros(r),
+                   np.zeros(r, np.int64))
+        else:
+            rec = self._no_rec
+        lay = self._simulate(plan, rec)
+        busy, mem = np.zeros(self.topology.num_devices), np.zeros(self.topology.num_devices)
+        busy[lay.device_idx] = lay.out_group[1, lay.device_group]
+        mem[lay.device_idx] = lay.out_group[0, lay.device_group]
+        step = float(self._out[0])
+        bubble = 1.0 - float(lay.out_group[1].mean()) / step if step > 0 else 0.0
+        st = lay.out_stage
+        meta = {"schedule": plan.schedule, "num_microbatches": int(plan.num_microbatches),
+                "stage_fwd_time": st[0].tolist(), "stage_bwd_time": st[1].tolist(),
+                "stage_end": st[2].tolist(), "stage_last_backward": st[3].tolist(),
+                "allreduce_time": st[4].tolist(), "microbatch_bytes": st[5].tolist(),
+                "bubble_fraction": bubble,
+                "cost_source": self._source}
+        return SimResult(step_time=step, feasible=bool(np.all(mem <= self._capacity)),
+                         device_busy=busy, peak_memory=mem, comm_time=float(self._out[2]),
+                         timeline=self._timeline(rec, lay, plan) if timeline else None, meta=meta)
+
+    def _timeline(self, rec: tuple, lay: _Layout, plan: StagePlan) -> tuple[Interval, ...]:
+        g, m = lay.num_groups, plan.num_microbatches
+        out = []
+        for k in range(int(rec[0][0])):
+            kind, res, lab = int(rec[1][k]), int(rec[2][k]), int(rec[5][k])
+            if kind in (2, 3):
+                resource = f"{lay.group_names[res // g]}->{lay.group_names[res % g]}"
+            else:
+                resource = lay.group_names[res]
+            label = f"stage{lab}" if kind == 4 else f"stage{lab // m} mb{lab % m}"
+            out.append(Interval(kind=_KINDS[kind], resource=resource, start=float(rec[3][k]),
+                                end=float(rec[4][k]), label=label))
+        return tuple(out)
+
+
+def simulate_pipeline(graph: CompGraph, costs: CostTable, topology: DeviceTopology, plan: StagePlan, *,
+                      timeline: bool = False) -> SimResult:
+    """Simulated training step of a pipeline ``plan``."""
+    return PipelineSimulator(graph, costs, topology).run(plan, timeline=timeline)

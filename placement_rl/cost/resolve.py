@@ -1,0 +1,131 @@
+"""``resolve_costs``: per-node, per-device fwd/bwd times and link arrays for one (graph, topology).
+
+Roofline estimate (used for every device that no profile covers)::
+
+    bytes_moved[v] = out_bytes[v] + sum(edge_bytes of v's input edges) + param_bytes[v]
+    fwd[v, d] = max(fwd_flops[v] / peak_flops[d], bytes_moved[v] / mem_bandwidth[d]) + overhead[v, d]
+    bwd[v, d] = max(bwd_flops[v] / peak_flops[d], 2 * bytes_moved[v] / mem_bandwidth[d]) + overhead[v, d]
+    overhead[v, d] = launch_overhead[d] * ops_in_node[v]   (len(members[v]) for coarsened groups, else 1)
+
+Backward moves about twice the bytes (it reads the output gradient and the saved activations and writes
+the input and parameter gradients). A node whose output needs no gradient (no parameters on it or on any
+ancestor, and no ``bwd_flops`` on it or any ancestor: e.g. a data input) has no backward: ``bwd = 0``.
+
+Measured sources plug in through the ``CostSource`` protocol: any object with
+``lookup(graph, device) -> (fwd [N], bwd [N], label) | None``; a device it answers for is labelled
+``measured:<label>``, every other device ``roofline``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from placement_rl.cost.types import CostTable
+from placement_rl.errors import ProfileError
+from placement_rl.graph.ir import CompGraph
+from placement_rl.topology import Device, DeviceTopology
+
+
+@runtime_checkable
+class CostSource(Protocol):
+    """A source of measured per-node times (a ProfileDB implements it)."""
+
+    def lookup(self, graph: CompGraph, device: Device) -> tuple[np.ndarray, np.ndarray, str] | None:
+        """``(fwd_time [N], bwd_time [N], label)`` in seconds for ``graph`` on ``device``, or None."""
+        ...
+
+
+def ops_in_node(graph: CompGraph) -> np.ndarray:
+    """Number of original ops each node stands for (group size after coarsening, else 1)."""
+    if graph.members is None:
+        return np.ones(graph.num_nodes, dtype=np.float64)
+    return np.array([max(len(m), 1) for m in graph.members], dtype=np.float64)
+
+
+def bytes_moved(graph: CompGraph) -> np.ndarray:
+    """Forward memory traffic per node: output + inputs (edge bytes) + parameters."""
+    inputs = np.zeros(graph.num_nodes, dtype=np.float64)
+    if graph.num_edges:
+        np.add.at(inputs, graph.edges[:, 1], graph.edge_bytes)
+    return graph.out_bytes + inputs + graph.param_bytes
+
+
+def needs_grad(graph: CompGraph) -> np.ndarray:
+    """``True`` where a node's output needs a gradient: it or an ancestor has parameters or bwd flops."""
+    need = (graph.param_bytes > 0) | (graph.bwd_flops > 0)
+    pp, pi = graph.pred_ptr, graph.pred_idx
+    for v in graph.topo_order.tolist():
+        if not need[v] and pp[v + 1] > pp[v]:
+            need[v] = bool(need[pi[pp[v]:pp[v + 1]]].any())
+    return need
+
+
+def roofline_times(graph: CompGraph, device: Device) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(fwd [N], bwd [N], overhead [N])`` of every node on ``device`` by the roofline model."""
+    moved = bytes_moved(graph)
+    overhead = device.launch_overhead * ops_in_node(graph)
+    fwd = np.maximum(graph.fwd_flops / device.peak_flops, moved / device.mem_bandwidth) + overhead
+    bwd = np.maximum(graph.bwd_flops / device.peak_flops, 2.0 * moved / device.mem_bandwidth) + overhead
+    bwd = np.where(needs_grad(graph), bwd, 0.0)
+    return fwd, bwd, overhead
+
+
+def _measured(source: CostSource, graph: CompGraph, device: Device) -> tuple[np.ndarray, np.ndarray, str] | None:
+    got = source.lookup(graph, device)
+    if got is None:
+        return None
+    try:
+        fwd, bwd, label = got
+        fwd = np.asarray(fwd, dtype=np.float64).reshape(-1)
+        bwd = np.asarray(bwd, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        raise ProfileError(f"profile lookup for device '{device.name}' must return (fwd[N], bwd[N], label) "
+                           "or None") from None
+    n = graph.num_nodes
+    for what, arr in (("fwd", fwd), ("bwd", bwd)):
+        if arr.shape != (n,):
+            raise ProfileError(f"profile '{label}' gives {arr.shape[0]} {what} times for device '{device.name}' "
+                               f"but graph '{graph.name}' has {n} nodes: re-profile this graph")
+        if not np.all(np.isfinite(arr) & (arr >= 0)):
+            raise ProfileError(f"profile '{label}' has a negative or non-finite {what} time for device "
+                               f"'{device.name}': re-profile it")
+    return fwd, bwd, str(label)
+
+
+def resolve_costs(graph: CompGraph, topology: DeviceTopology,
+                  profiles: CostSource | Sequence[CostSource] | None = None) -> CostTable:
+    """Per-node fwd/bwd time on every device plus link latency/bandwidth, with the source of each device.
+
+    ``profiles``: None (roofline everywhere), a ``CostSource`` or a sequence of them (first answer wins).
+    """
+    if profiles is None:
+        sources: list[CostSource] = []
+    elif isinstance(profiles, CostSource):
+        sources = [profiles]
+    else:
+        sources = list(profiles)
+        for s in sources:
+            if not isinstance(s, CostSource):
+                raise ProfileError(f"profiles must provide lookup(graph, device); got {type(s).__name__}")
+    n, d = graph.num_nodes, topology.num_devices
+    fwd = np.zeros((n, d))
+    bwd = np.zeros((n, d))
+    overhead = np.zeros((n, d))
+    labels: list[str] = []
+    for j, dev in enumerate(topology.devices):
+        f, b, o = roofline_times(graph, dev)
+        label = "roofline"
+        for src in sources:
+            got = _measured(src, graph, dev)
+            if got is not None:
+                f, b, label = got[0], got[1], f"measured:{got[2]}"
+                o = np.minimum(o, f)  # the fixed part can not exceed the measured time
+                break
+        fwd[:, j], bwd[:, j], overhead[:, j] = f, b, o
+        labels.append(label)
+    return CostTable(fwd_time=fwd, bwd_time=bwd, link_latency=topology.link_latency,
+                     link_bandwidth=topology.link_bandwidth, source=tuple(labels),
+                     graph_fingerprint=graph.fingerprint(), topology_name=topology.name,
+                     launch_overhead=overhead)

@@ -1,0 +1,197 @@
+"""Split an exported training step into pipeline stages that hold exactly a ``StagePlan``'s nodes.
+
+The model's ``forward(*inputs)`` returns the scalar loss (the zoo convention), so its exported program
+is a whole training step's forward. ``ep.module()`` keeps the node names of the program that
+``placement_rl.graph.capture`` turned into a ``CompGraph``; a plan's ``stage_of_node`` therefore maps
+(through ``graph.members`` after coarsening) to those fx nodes. Nodes the captured graph left out
+(e.g. ``getitem`` or in-place buffer updates) join the latest stage among their producers (or, having
+none, the earliest stage among their consumers), so no tensor is shipped needlessly.
+
+Each stage becomes a :class:`StageModule` whose positional inputs are the values live across the
+boundary before it and whose outputs are the values live across the boundary after it. Values a
+later stage needs are threaded through the stages in between: this is how the **targets** reach the
+last stage, which computes the loss itself (its output *is* the loss, so the schedule's ``loss_fn``
+returns it unchanged). The first stage takes all user inputs in the model's order.
+
+Parameters used by nodes of several stages (tied weights such as GPT's embedding and LM head) get an
+independent copy per stage; :func:`tied_parameters` lists them so the executor can sum their
+gradients over the owning stages before the optimizer step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import fx, nn
+
+from placement_rl.errors import PlanError
+from placement_rl.graph.ir import CompGraph
+
+
+@dataclass(frozen=True)
+class StageSplit:
+    """One stage's module plus the original (fully-qualified) name of each of its parameters."""
+
+
+    index: int
+    module: fx.GraphModule
+    param_names: tuple[str, ...]
+    holders: tuple[tuple[nn.Module, str, str], ...]  # (owning module, attribute, original name)
+
+
+def export_step(module: nn.Module, inputs: Sequence[torch.Tensor]) -> torch.export.ExportedProgram:
+    """``torch.export`` of the training step (the same call ``capture`` makes)."""
+    return torch.export.export(module, tuple(inputs))
+
+
+def program_module(ep: torch.export.ExportedProgram) -> fx.GraphModule:
+    """The unlifted module of ``ep`` (parameters as attributes), without the input-guard call."""
+    return ep.module(check_guards=False)
+
+
+def param_aliases(module: nn.Module) -> dict[str, str]:
+    """Every name of a parameter -> its canonical name (the first one ``named_parameters`` gives).
+
+    A saved and reloaded exported program loses the identity of tied parameters (GPT's
+    ``lm_head.weight`` and ``wte.weight`` come back as two tensors), so names are canonicalised.
+    """
+    first: dict[int, str] = {}
+    out = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        out[name] = first.setdefault(id(p), name)
+    return out
+
+
+def original_param_names(gm: nn.Module, aliases: dict[str, str] | None = None) -> dict[int, str]:
+    """``id(parameter) -> canonical fully-qualified name`` of the model it was exported from."""
+    aliases = aliases or {}
+    return {id(p): aliases.get(name, name) for name, p in gm.named_parameters()}
+
+
+def plan_node_stages(graph: CompGraph, stage_of_node: np.ndarray) -> dict[str, int]:
+    """Stage of every original node name (expanding coarsened groups through ``graph.members``)."""
+    groups = graph.members if graph.members is not None else tuple((nm,) for nm in graph.names)
+    return {m: int(stage_of_node[i]) for i, grp in enumerate(groups) for m in grp}
+
+
+def assign_stages(gm: fx.GraphModule, graph: CompGraph, stage_of_node: np.ndarray) -> dict[str, int]:
+    """Stage of every compute node of ``gm``; ``PlanError`` if the plan and the program disagree."""
+    named = plan_node_stages(graph, stage_of_node)
+    compute = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+    have = {n.name for n in compute}
+    missing = [m for m in named if m not in have]
+    if missing:
+        raise PlanError(f"graph '{graph.name}' and the model do not match: {len(missing)} plan node(s) are not in "
+                        f"the model's exported program (first: '{missing[0]}'); capture the graph from this "
+                        "model with the same options")
+    if not any(n.name in named for n in compute):
+        raise PlanError(f"graph '{graph.name}' shares no node with the model's exported program")
+    stage: dict[str, int] = {}
+    consumers_min: dict[str, int] = {}
+    for n in reversed(compute):  # earliest consumer stage, for nodes without producers
+        if n.name in named:
+            consumers_min[n.name] = named[n.name]
+        else:
+            users = [consumers_min[u.name] for u in n.users if u.name in consumers_min]
+            consumers_min[n.name] = min(users) if users else 0
+    for n in compute:
+        if n.name in named:
+            stage[n.name] = named[n.name]
+            continue
+        prods = [stage[a.name] for a in n.all_input_nodes if a.name in stage]
+        stage[n.name] = max(prods) if prods else consumers_min[n.name]
+    for n in compute:
+        for a in n.all_input_nodes:
+            if a.name in stage and stage[a.name] > stage[n.name]:
+                raise PlanError(f"stages are not contiguous in the model's program: '{a.name}' (stage "
+                                f"{stage[a.name]}) feeds '{n.name}' (stage {stage[n.name]})")
+    return stage
+
+
+def _loss_node(gm: fx.GraphModule) -> fx.Node:
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = out_node.args[0]
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    if len(outs) != 1 or not isinstance(outs[0], fx.Node):
+        raise PlanError(f"the model must return one scalar loss tensor (its forward returns {len(outs)} values)")
+    return outs[0]
+
+
+def split_stages(gm: fx.GraphModule, stage: dict[str, int], num_stages: int, *,
+                 aliases: dict[str, str] | None = None) -> list[StageSplit]:
+    """Cut ``gm`` into ``num_stages`` GraphModules; stage k holds the compute nodes mapped to k.
+
+    Stage k's forward takes the values live across boundary k-1 -> k (stage 0: the user inputs) and
+    returns the values live across k -> k+1 as a tuple; the last stage returns the loss. Parameters
+    and buffers (``get_attr``) are copied into every stage that reads them (the same tensor objects,
+    keeping their original attribute paths).
+    """
+    fqn = original_param_names(gm, aliases)
+    nodes = list(gm.graph.nodes)
+    inputs = [n for n in nodes if n.op == "placeholder"]
+    loss = _loss_node(gm)
+    made_in = {n: -1 for n in inputs}
+    made_in.update({n: stage[n.name] for n in nodes if n.name in stage})
+    if sorted(set(stage.values())) != list(range(num_stages)):
+        absent = sorted(set(range(num_stages)) - set(stage.values()))
+        raise PlanError(f"stage(s) {absent} of the plan hold no operation of the model's program")
+    last_use: dict[fx.Node, int] = {loss: num_stages}
+    for n in nodes:
+        if n.name in stage:
+            for a in n.all_input_nodes:
+                if a in made_in:
+                    last_use[a] = max(last_use.get(a, -1), stage[n.name])
+    splits = []
+    for k in range(num_stages):
+        g = fx.Graph()
+        env: dict[fx.Node, fx.Node] = {}
+        live_in = inputs if k == 0 else [v for v in made_in if made_in[v] < k and last_use.get(v, -1) >= k]
+        for v in live_in:
+            env[v] = g.placeholder(v.name)
+            env[v].meta = v.meta.copy()
+        for n in nodes:
+            if stage.get(n.name) != k:
+                continue
+            for a in n.all_input_nodes:
+                if a.op == "get_attr" and a not in env:
+                    env[a] = g.get_attr(a.target)
+            env[n] = g.node_copy(n, env.__getitem__)
+        if k == num_stages - 1:
+            g.output(env[loss])
+        else:
+            g.output(tuple(env[v] for v in made_in if made_in[v] <= k and last_use.get(v, -1) > k))
+        sub = fx.GraphModule(gm, g, class_name=f"Stage{k}")
+        holders = tuple((m, attr, fqn[id(p)]) for m in sub.modules() for attr, p in m._parameters.items()
+                        if p is not None and id(p) in fqn)
+        names = tuple(dict.fromkeys(h[2] for h in holders))
+        splits.append(StageSplit(index=k, module=sub, param_names=names, holders=holders))
+    return splits
+
+
+def tied_parameters(splits: Sequence[StageSplit]) -> dict[str, tuple[int, ...]]:
+    """Original parameter names used by several stages -> the stages using them."""
+    users: dict[str, list[int]] = {}
+    for sp in splits:
+        for name in sp.param_names:
+            users.setdefault(name, []).append(sp.index)
+    return {name: tuple(ks) for name, ks in users.items() if len(ks) > 1}
+
+
+def untie(split: StageSplit, names: Sequence[str]) -> None:
+    """Give ``split`` its own copy of each tied parameter in ``names`` (so stages never share one)."""
+    wanted = set(names)
+    for mod, attr, name in split.holders:
+        if name in wanted:
+            p = mod._parameters[attr]
+            mod._parameters[attr] = nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
+
+
+def stage_parameters(split: StageSplit) -> dict[str, nn.Parameter]:
+    """Original fully-qualified name -> this stage's parameter (its own copy after :func:`untie`)."""
+    out: dict[str, nn.Parameter] = {}
+    for mod, attr, name in split.holders:
+        out.setdefault(name, mod._parameters[attr])
+    return out

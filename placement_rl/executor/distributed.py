@@ -1,0 +1,315 @@
+"""Deploy a ``StagePlan`` for real: DP x PP with ``torch.distributed`` (pipelining stages + DDP on a 2-D mesh).
+
+Flow (everything that can be wrong is checked before a process starts)::
+
+    deploy_stage_plan(plan, graph, model="gpt", overrides={...})        # or module=..., inputs=...
+      prepare_job:  parallel_dims(plan)          -> ParallelDims (dp x pp == world size, layout, schedule)
+                    batch checks                  (micro-batches x DP divide the batch)
+                    torch.export at micro-batch size, assign_stages(program, graph, plan)
+                                                  (every plan node in the program, contiguous stages)
+                    write JOB_DIR: job.json, program.pt2, inputs.pt
+      launch_local: one worker per rank (torchrun's env), watchdog, ExecutionError naming a failed rank
+      collect_results -> DeployResult (median step time, samples/s, peak memory, loss per step)
+
+Splitting: stage k is the exported program's sub-graph of the nodes the plan puts in stage k
+(``_stages.split_stages``). Targets are ordinary inputs: the first stage receives all inputs and
+threads those a later stage needs (the targets, for the loss) to it. The last stage's output is the
+loss itself, so the schedule's ``loss_fn`` returns it unchanged; the grads equal a single-process
+step whose loss is the mean over the ``dp x num_microbatches`` chunks of the batch (identical to the
+full-batch loss for mean-reduced losses without batch statistics; with BatchNorm each chunk has its
+own statistics, as in any data/pipeline-parallel run) — see :func:`reference_step`.
+
+Tied parameters (GPT's embedding and LM head) get a copy in each stage that uses them; after the
+schedule (and DDP) their gradients are summed over the owning stages with an all-reduce among those
+ranks, so every copy takes the same Adam step.
+
+Backends: gloo on CPU, NCCL on CUDA (``device="cuda"`` or ``"auto"`` with GPUs present). Launch with
+:func:`launch_local` on this machine, or with ``torchrun`` on one or several machines using
+:func:`build_torchrun_command` (then :func:`collect_results`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from placement_rl.errors import ConfigError, ExecutionError, PlanError
+from placement_rl.executor._launch import run_ranks
+from placement_rl.executor._mesh import ParallelDims, parallel_dims
+from placement_rl.executor._stages import (assign_stages, export_step, param_aliases, program_module, split_stages,
+                                           tied_parameters)
+from placement_rl.graph.io import atomic_write_text
+from placement_rl.graph.ir import CompGraph
+from placement_rl.plans import StagePlan
+from placement_rl.topology import DeviceTopology
+
+JOB_SCHEMA = "placement_rl.deploy_job"
+RESULT_SCHEMA = "placement_rl.deploy_result"
+VERSION = 1
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeployConfig:
+    """Options of a deployment.
+
+    steps: measured training steps (Adam); warmup: steps run first and not measured (the first one
+    infers shapes and warms up communicators); lr: Adam learning rate; device: ``cpu`` (gloo),
+    ``cuda`` (NCCL, one GPU per rank) or ``auto`` (cuda when available and the plan's devices are
+    GPUs); timeout_s: a rank that dies or makes no progress for this long ends the job (also the
+    process-group timeout); threads: torch threads per rank; collect_grads: save the gradients of
+    the first step (tests); keep_job_dir: keep the job directory of a temporary run.
+    """
+
+    steps: int = 3
+    warmup: int = 1
+    lr: float = 1e-3
+    device: str = "auto"
+    timeout_s: float = 300.0
+    threads: int = 1
+    collect_grads: bool = False
+    keep_job_dir: bool = False
+
+    def validate(self) -> "DeployConfig":
+        if self.steps < 1 or self.warmup < 0:
+            raise ConfigError(f"deploy needs steps >= 1 and warmup >= 0 (got steps={self.steps}, "
+                              f"warmup={self.warmup})")
+        if not self.lr > 0:
+            raise ConfigError(f"deploy lr must be > 0, got {self.lr}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"deploy device '{self.device}' is unknown; choose one of {', '.join(DEVICES)}")
+        if not self.timeout_s > 0 or self.threads < 1:
+            raise ConfigError(f"deploy needs timeout_s > 0 and threads >= 1 (got {self.timeout_s}, {self.threads})")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("deploy device 'cuda' was asked for but torch sees no CUDA GPU; use device=cpu")
+        return self
+
+
+@dataclass(frozen=True)
+class DeployResult:
+    """Measured outcome. ``step_time``: median over measured steps of the slowest rank's step (s)."""
+
+    step_time: float
+    throughput: float  # samples per second (global batch / step_time)
+    batch_size: int
+    losses: tuple[float, ...]  # per step (warm-up included), mean over DP replicas
+    peak_memory_bytes: int  # max over ranks (``memory_kind``: cpu_max_rss or cuda_max_allocated)
+    memory_kind: str
+    world_size: int
+    dp: int
+    pp: int
+    schedule: str
+    backend: str
+    tied_parameters: tuple[str, ...]
+    ranks: tuple[Mapping[str, Any], ...]
+    wall_time: float
+    grads: Mapping[str, torch.Tensor] | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if k != "grads"}
+        out.update(schema=RESULT_SCHEMA, version=VERSION, ranks=[dict(r) for r in self.ranks])
+        return out
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    job_dir: Path
+    dims: ParallelDims
+    backend: str
+    threads: int
+    timeout_s: float
+
+
+def _check_plan_graph(plan: StagePlan, graph: CompGraph) -> None:
+    """The graph-only part of ``StagePlan.validate`` (no topology needed)."""
+    n, s = graph.num_nodes, plan.num_stages
+    if len(plan.stage_of_node) != n:
+        raise PlanError(f"stage plan has {len(plan.stage_of_node)} entries but graph '{graph.name}' has {n} nodes")
+    son = plan.stage_of_node
+    if son.min() < 0 or son.max() >= s or (np.bincount(son, minlength=s) == 0).any():
+        raise PlanError(f"stage ids must cover 0..{s - 1}, each stage non-empty (got {sorted(set(son.tolist()))})")
+    if graph.num_edges:
+        back = np.flatnonzero(son[graph.edges[:, 0]] > son[graph.edges[:, 1]])
+        if back.size:
+            a, b = graph.edges[int(back[0])]
+            raise PlanError(f"stages are not contiguous: edge '{graph.names[a]}' (stage {son[a]}) -> "
+                            f"'{graph.names[b]}' (stage {son[b]}) goes backwards")
+
+
+def _resolve_device(config: DeployConfig, plan: StagePlan, topology: DeviceTopology | None) -> str:
+    if config.device != "auto":
+        return config.device
+    gpus = topology is None or all(topology.devices[d].kind == "gpu" for g in plan.stage_devices for d in g)
+    return "cuda" if torch.cuda.is_available() and gpus else "cpu"
+
+
+def _model(model: str | None, overrides: Mapping[str, Any] | None, module: nn.Module | None,
+           inputs: Sequence[torch.Tensor] | None, plan: StagePlan) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    if (model is None) == (module is None):
+        raise ConfigError("give either a zoo model name (model=...) or a module with its inputs (module=, inputs=)")
+    if model is not None:
+        from placement_rl.graph import zoo
+
+        opts = dict(overrides or {})
+        if plan.batch_size is not None:
+            opts["batch_size"] = int(plan.batch_size)
+        return zoo.build(model, **opts)
+    if not inputs:
+        raise ConfigError("module= needs inputs= (the example inputs, targets included)")
+    return module.train(), tuple(inputs)
+
+
+def prepare_job(plan: StagePlan, graph: CompGraph, *, model: str | None = None,
+                overrides: Mapping[str, Any] | None = None, module: nn.Module | None = None,
+                inputs: Sequence[torch.Tensor] | None = None, config: DeployConfig = DeployConfig(),
+                topology: DeviceTopology | None = None, job_dir: str | Path) -> PreparedJob:
+    """Validate everything and write the job directory the ranks read; no process is started."""
+    config.validate()
+    dims = parallel_dims(plan)
+    if topology is not None:
+        plan.validate(graph, topology)
+    _check_plan_graph(plan, graph)
+    if graph.meta.get("capture_method", "export") != "export":
+        raise PlanError(f"graph '{graph.name}' was captured with torch.fx; the distributed executor splits the "
+                        "torch.export program, so capture the model with method='export'")
+    module, batch = _model(model, overrides, module, inputs, plan)
+    sizes = {int(t.shape[0]) if t.dim() else -1 for t in batch}
+    if len(sizes) != 1 or -1 in sizes:
+        raise ConfigError(f"every model input needs the batch as its first dimension (sizes {sorted(sizes)})")
+    size = sizes.pop()
+    if plan.batch_size is not None and plan.batch_size != size:
+        raise PlanError(f"plan batch size {plan.batch_size} differs from the model inputs' batch {size}")
+    chunks = dims.dp * dims.num_microbatches
+    if size % chunks:
+        raise PlanError(f"batch size {size} is not divisible by DP degree ({dims.dp}) x num_microbatches "
+                        f"({dims.num_microbatches}); change the batch or the plan")
+    micro = size // chunks
+    try:
+        ep = export_step(module, [t[:micro] for t in batch])
+    except Exception as exc:  # torch.export raises many kinds
+        raise ExecutionError(f"cannot export the model at micro-batch size {micro} ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    stage_map = assign_stages(program_module(ep), graph, plan.stage_of_node)
+    aliases = param_aliases(module)
+    ties = tied_parameters(split_stages(program_module(ep), stage_map, dims.num_stages, aliases=aliases))
+    device = _resolve_device(config, plan, topology)
+    backend = "nccl" if device == "cuda" else "gloo"
+    job = Path(job_dir)
+    (job / "result").mkdir(parents=True, exist_ok=True)
+    torch.export.save(ep, str(job / "program.pt2"))
+    torch.save(tuple(t.detach().cpu() for t in batch), job / "inputs.pt")
+    cfg = asdict(config) | {"device": device}
+    atomic_write_text(job / "job.json", json.dumps({
+        "schema": JOB_SCHEMA, "version": VERSION, "backend": backend, "config": cfg,
+        "dims": asdict(dims), "stage_map": stage_map, "param_aliases": aliases, "batch_size": size, "tied": {k: list(v) for k, v in ties.items()},
+        "plan": plan.to_dict(graph), "model": {"zoo": model, "overrides": dict(overrides or {})}}, indent=1))
+    return PreparedJob(job_dir=job, dims=dims, backend=backend, threads=config.threads, timeout_s=config.timeout_s)
+
+
+def collect_results(job_dir: str | Path) -> DeployResult:
+    """Read the per-rank results of a finished job (launched here or by torchrun)."""
+    job_dir = Path(job_dir)
+    job = json.loads((job_dir / "job.json").read_text())
+    dims = ParallelDims(**{k: tuple(v) if isinstance(v, list) else v for k, v in job["dims"].items()})
+    ranks = []
+    for r in range(dims.world_size):
+        path = job_dir / "result" / f"rank{r}.json"
+        if not path.is_file():
+            raise ExecutionError(f"rank {r} wrote no result ({path} is missing); see {job_dir / 'logs'}")
+        ranks.append(json.loads(path.read_text()))
+    per_step = np.max(np.array([r["step_times"] for r in ranks], dtype=np.float64), axis=0)
+    step_time = float(statistics.median(per_step.tolist()))
+    last = [r["losses"] for r in ranks if dims.num_stages - 1 in r["stages"]]
+    losses = tuple(float(x) for x in np.mean(np.array(last, dtype=np.float64), axis=0))
+    grads = None
+    if job["config"].get("collect_grads"):
+        grads = {}
+        for r in range(dims.world_size):
+            if ranks[r]["dp_rank"] == 0 and (job_dir / "result" / f"rank{r}_grads.pt").is_file():
+                grads.update(torch.load(job_dir / "result" / f"rank{r}_grads.pt", weights_only=True))
+    peak = max(ranks, key=lambda r: r["peak_memory_bytes"])
+    return DeployResult(step_time=step_time, throughput=job["batch_size"] / step_time, batch_size=job["batch_size"],
+                        losses=losses, peak_memory_bytes=int(peak["peak_memory_bytes"]),
+                        memory_kind=peak["memory_kind"], world_size=dims.world_size, dp=dims.dp, pp=dims.pp,
+                        schedule=dims.schedule, backend=job["backend"], tied_parameters=tuple(sorted(job["tied"])),
+                        ranks=tuple(ranks), wall_time=0.0, grads=grads)
+
+
+def launch_local(job: PreparedJob, *, nprocs: int | None = None, timeout_s: float | None = None,
+                 extra_env: Mapping[str, str] | None = None) -> DeployResult:
+    """Run a prepared job with one process per rank on this machine; ``ExecutionError`` names a failed rank."""
+    world = job.dims.world_size
+    nprocs = world if nprocs is None else nprocs
+    if nprocs != world:
+        raise ConfigError(f"the plan needs {world} processes (dp {job.dims.dp} x pp {job.dims.pp}), not {nprocs}")
+    if job.backend == "nccl" and torch.cuda.device_count() < world:
+        raise ConfigError(f"the plan needs {world} GPUs on this machine, torch sees {torch.cuda.device_count()}")
+    wall = run_ranks(job.job_dir, nprocs=nprocs, timeout_s=job.timeout_s if timeout_s is None else timeout_s,
+                     threads=job.threads, extra_env=extra_env)
+    res = collect_results(job.job_dir)
+    return DeployResult(**{**res.__dict__, "wall_time": wall})
+
+
+def deploy_stage_plan(plan: StagePlan, graph: CompGraph, *, model: str | None = None,
+                      overrides: Mapping[str, Any] | None = None, module: nn.Module | None = None,
+                      inputs: Sequence[torch.Tensor] | None = None, config: DeployConfig = DeployConfig(),
+                      topology: DeviceTopology | None = None, job_dir: str | Path | None = None,
+                      extra_env: Mapping[str, str] | None = None) -> DeployResult:
+    """Validate, launch ``dp x pp`` local processes, train ``config.steps`` steps and report the measurements.
+
+    ``job_dir``: where the job and per-rank logs go (default: a temporary directory, removed afterwards
+    unless ``config.keep_job_dir``). The result's ``to_dict()`` is what ``deploy.json`` holds.
+    """
+    tmp = None
+    if job_dir is None:
+        tmp = Path(tempfile.mkdtemp(prefix="prl-deploy-"))
+        job_dir = tmp
+    try:
+        job = prepare_job(plan, graph, model=model, overrides=overrides, module=module, inputs=inputs,
+                          config=config, topology=topology, job_dir=job_dir)
+        return launch_local(job, extra_env=extra_env)
+    finally:
+        if tmp is not None and not config.keep_job_dir:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def build_torchrun_command(job_dir: str | Path, *, nproc_per_node: int, nnodes: int = 1, node_rank: int | None = None,
+                           rdzv_endpoint: str | None = None, rdzv_id: str = "placement-rl",
+                           rdzv_backend: str = "c10d", python: str = sys.executable) -> list[str]:
+    """The ``torchrun`` command that runs a prepared job (run it on every node; then :func:`collect_results`).
+
+    One node: ``--standalone``. Several: ``rdzv_endpoint="host:port"`` (c10d rendezvous) is required.
+    """
+    if nproc_per_node < 1 or nnodes < 1:
+        raise ConfigError(f"nproc_per_node and nnodes must be >= 1 (got {nproc_per_node}, {nnodes})")
+    cmd = [python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}"]
+    if nnodes == 1 and rdzv_endpoint is None:
+        cmd.append("--standalone")
+    else:
+        if not rdzv_endpoint:
+            raise ConfigError("several nodes need rdzv_endpoint='host:port' (the rendezvous host every node reaches)")
+        cmd += [f"--rdzv-backend={rdzv_backend}", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
+        if node_rank is not None:
+            cmd.append(f"--node-rank={node_rank}")
+    return cmd + ["-m", "placement_rl.executor.distributed_worker", str(job_dir)]
+
+
+def reference_step(module: nn.Module, inputs: Sequence[torch.Tensor], *, chunks: int) -> tuple[float, dict[str, torch.Tensor]]:
+    """Single-process reference of one deployed step: loss and grads (by parameter name) of the mean of
+    the losses of ``chunks`` (= dp x num_microbatches) equal slices of the batch, in replica-major order.
+    """
+    module.zero_grad(set_to_none=True)
+    size = int(inputs[0].shape[0]) // chunks
+    total = sum(module(*(t[i * size:(i + 1) * size] for t in inputs)) for i in range(chunks)) / chunks
+    total.backward()
+    return float(total.detach()), {n: p.grad.detach().clone() for n, p in module.named_parameters() if p.grad is not None}

@@ -1,0 +1,187 @@
+"""Node-by-node measurement of an fx graph (shared by the export and fx capture paths).
+
+The graph is interpreted in program order, like ``torch.fx.passes.shape_prop.ShapeProp``, but
+each call node runs on its own: its tensor inputs that need a gradient are cut from their
+producers (``detach`` shares storage) and made leaves, the op runs under ``FlopCounterMode``
+and ``saved_tensors_hooks``, then ``autograd.grad`` of its outputs w.r.t. those leaves (and the
+parameters the call owns) runs under a second ``FlopCounterMode``. So per node:
+
+* ``fwd_flops``: FLOPs of the op (the sum over nodes is the module's forward count);
+* ``bwd_flops``: FLOPs of the op's backward, measured. Fallback where the backward cannot run
+  (no derivative, no meta kernel): ``2 x fwd`` if the op consumes trainable parameters (grads of
+  inputs and weights), ``1 x fwd`` otherwise; such nodes are listed by the caller in ``meta``;
+* ``act_bytes``: bytes of the storages saved for backward, each storage counted once over the
+  whole graph (by the first node that saves it); parameter and buffer storages are excluded;
+* ``param_bytes``: bytes of the trainable parameters this node consumes first;
+* ``out_bytes`` and, per producer, the bytes of the tensors passed along each edge.
+
+``getitem`` of a multi-output op (a list/tuple value) is folded into its producer.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+from torch import fx
+from torch.autograd.graph import saved_tensors_hooks
+from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils.flop_counter import FlopCounterMode
+
+
+@dataclass(frozen=True)
+class OpCall:
+    """How to run one call node: ``fn(*args, **kwargs)``, plus parameters it uses implicitly."""
+
+    fn: Callable[..., Any]
+    op_type: str
+    module_path: str
+    owned_params: tuple[torch.Tensor, ...] = ()
+
+
+@dataclass
+class NodeRecord:
+    name: str
+    op_type: str
+    module_path: str
+    fwd_flops: float = 0.0
+    bwd_flops: float = 0.0
+    bwd_measured: bool = True
+    out_bytes: float = 0.0
+    param_bytes: float = 0.0
+    act_bytes: float = 0.0
+    inputs: dict[str, float] = field(default_factory=dict)  # producer name -> edge bytes
+
+
+class NodeFailure(Exception):
+    """Running node ``node_name`` failed (its forward raised); carries the cause."""
+
+    def __init__(self, node_name: str, cause: BaseException) -> None:
+        super().__init__(f"node '{node_name}': {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}")
+        self.node_name = node_name
+        self.cause = cause
+
+
+def tensor_bytes(value: Any) -> int:
+    """Bytes of every tensor in a (nested) value."""
+    return sum(t.numel() * t.element_size() for t in tree_leaves(value) if isinstance(t, torch.Tensor))
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+class _Measure:
+    def __init__(self, *, trainable: Iterable[torch.Tensor], constants: Iterable[torch.Tensor],
+                 device: torch.device | None) -> None:
+        self.trainable = {id(p): p for p in trainable}
+        self.claimed: set[int] = set()
+        self.constant_keys = {_storage_key(t) for t in constants}
+        self.saved: dict[int, Any] = {}  # storage key -> storage, kept alive so keys stay unique
+        self.device = device
+
+    def _retarget(self, x: Any) -> Any:
+        return self.device if isinstance(x, torch.device) else x
+
+    def run(self, node: fx.Node, call: OpCall, args: tuple, kwargs: dict) -> tuple[Any, NodeRecord]:
+        rec = NodeRecord(node.name, call.op_type, call.module_path)
+        if self.device is not None:
+            args, kwargs = tree_map(self._retarget, (args, kwargs))
+        used = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)] + list(call.owned_params)
+        uses_params = False
+        for t in used:
+            if id(t) in self.trainable:
+                uses_params = True
+                if id(t) not in self.claimed:
+                    self.claimed.add(id(t))
+                    rec.param_bytes += t.numel() * t.element_size()
+        try:
+            out, wrt, saved, fwd = self._forward(call, args, kwargs, clone=False)
+        except Exception as first:  # in-place op on a leaf that requires grad: retry on clones
+            try:
+                out, wrt, saved, fwd = self._forward(call, args, kwargs, clone=True)
+            except Exception:
+                raise NodeFailure(node.name, first) from first
+        rec.fwd_flops = float(fwd)
+        for t in saved:
+            key = _storage_key(t)
+            if key not in self.constant_keys and key not in self.saved:
+                self.saved[key] = t.untyped_storage()
+                rec.act_bytes += t.untyped_storage().nbytes()
+        rec.out_bytes = float(tensor_bytes(out))
+        wrt += [p for p in call.owned_params if p.requires_grad]
+        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        if outs and wrt:
+            try:
+                with FlopCounterMode(display=False) as counter:
+                    torch.autograd.grad(outs, wrt, [torch.ones_like(t) for t in outs], allow_unused=True)
+                rec.bwd_flops = float(counter.get_total_flops())
+            except Exception:
+                rec.bwd_measured = False
+                rec.bwd_flops = rec.fwd_flops * (2.0 if uses_params else 1.0)
+        out = tree_map(lambda t: t.detach().requires_grad_(t.requires_grad)
+                       if isinstance(t, torch.Tensor) else t, out)
+        return out, rec
+
+    @staticmethod
+    def _forward(call: OpCall, args: tuple, kwargs: dict, *, clone: bool):
+        leaves: dict[int, torch.Tensor] = {}
+
+        def to_leaf(t: Any) -> Any:
+            if not isinstance(t, torch.Tensor) or not t.requires_grad:
+                return t
+            if id(t) not in leaves:
+                leaves[id(t)] = t.detach().requires_grad_(True)
+            return leaves[id(t)].clone() if clone else leaves[id(t)]
+
+        args, kwargs = tree_map(to_leaf, (args, kwargs))
+        saved: list[torch.Tensor] = []
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            saved.append(t)
+            return t
+
+        with saved_tensors_hooks(pack, lambda t: t), FlopCounterMode(display=False) as counter:
+            out = call.fn(*args, **kwargs)
+        return out, list(leaves.values()), saved, counter.get_total_flops()
+
+
+def measure_graph(graph: fx.Graph, *, leaves: Mapping[fx.Node, Any], describe: Callable[[fx.Node], OpCall],
+                  trainable: Iterable[torch.Tensor], constants: Iterable[torch.Tensor],
+                  device: torch.device | None = None) -> tuple[list[NodeRecord], int]:
+    """Measure every call node of ``graph``; returns the records (program order) and unclaimed param bytes.
+
+    ``leaves`` gives the value of every placeholder and get_attr node (trainable parameters must
+    require grad); ``device`` (e.g. meta) replaces every ``torch.device`` argument of the ops.
+    Raises ``NodeFailure`` if a node's forward fails.
+    """
+    trainable = list(trainable)
+    m = _Measure(trainable=trainable, constants=constants, device=device)
+    env: dict[fx.Node, Any] = {}
+    owner: dict[fx.Node, str | None] = {}
+    records: list[NodeRecord] = []
+    with torch.enable_grad():
+        for node in graph.nodes:
+            if node.op in ("placeholder", "get_attr"):
+                env[node], owner[node] = leaves[node], None
+                continue
+            if node.op == "output":
+                continue
+            if (node.op == "call_function" and node.target is operator.getitem
+                    and isinstance(env.get(node.args[0]), (list, tuple))):
+                env[node] = env[node.args[0]][node.args[1]]
+                owner[node] = owner[node.args[0]]
+                continue
+            args = fx.node.map_arg(node.args, env.__getitem__)
+            kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+            env[node], rec = m.run(node, describe(node), args, kwargs)
+            owner[node] = node.name
+            for inp in node.all_input_nodes:
+                src = owner[inp]
+                if src is not None:
+                    rec.inputs[src] = rec.inputs.get(src, 0.0) + tensor_bytes(env[inp])
+            records.append(rec)
+    unclaimed = sum(p.numel() * p.element_size() for p in trainable if id(p) not in m.claimed)
+    return records, unclaimed

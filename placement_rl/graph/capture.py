@@ -1,0 +1,250 @@
+"""``nn.Module`` -> ``CompGraph``: capture one training step's forward and measure every op.
+
+``capture(module, example_inputs)`` traces the module with ``torch.export.export(...,
+strict=False)`` (or ``torch.fx.symbolic_trace`` with ``method="fx"``, which is also the automatic
+fallback, with a warning, when export fails). One graph node per call node of the program, named
+by its fx node name (deterministic: the executor re-captures the module and maps placements
+back by name); ``getitem`` of a multi-output op is folded into its producer. Every node is then
+measured on its own (see ``_capture_engine``): forward FLOPs, measured backward FLOPs, bytes of
+its outputs, of the parameters it consumes first and of the tensors it saves for backward.
+
+Export graphs are interpreted on ``meta`` tensors (exact FLOPs and bytes, no compute, no memory);
+if an op cannot run on meta (data-dependent shapes) the whole graph is interpreted again on real
+copies of the inputs, parameters and buffers (``exec="real"`` in ``meta``). The fx path always runs
+real tensors through a deep copy of the module (so buffers of the caller's module never change).
+
+``meta`` of the graph records: ``capture_method`` (export|fx), ``exec`` (meta|real),
+``torch_version``, ``input_bytes``, ``buffer_bytes`` (buffers and constants), ``param_bytes`` and
+``num_params`` (trainable), ``unused_param_bytes`` (trainable but consumed by no node),
+``bwd_flops_fallback`` (nodes whose backward FLOPs use the fallback rule), ``export_error``
+(when fx was the fallback), and whatever the caller passes in ``meta=`` (e.g. zoo name/options).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import fx, nn
+
+from placement_rl.errors import GraphError
+from placement_rl.graph._capture_engine import NodeFailure, NodeRecord, OpCall, measure_graph, tensor_bytes
+from placement_rl.graph.ir import CompGraph
+
+METHODS = ("export", "fx")
+EXEC_MODES = ("auto", "meta", "real")
+
+
+def _innermost_path(node: fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = str(list(stack.values())[-1][0])
+    return path[len("L['self']."):] if path.startswith("L['self'].") else path
+
+
+def _op_name(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        ns, name = target.name().split("::", 1)
+        name = name.split(".", 1)[0]
+        return name if ns == "aten" else f"{ns}::{name}"
+    return getattr(target, "__name__", str(target))
+
+
+# ------------------------------------------------------------------------------------------- export
+def _export_leaves(ep: Any, module: nn.Module, inputs: Sequence[Any], mode: str):
+    """Values of the exported program's placeholders: (leaves, trainable, constants, counts)."""
+    from torch.export.graph_signature import InputKind
+
+    named = dict(module.named_parameters(remove_duplicate=False))
+    named_buffers = dict(module.named_buffers(remove_duplicate=False))
+    user_values = iter(torch.utils._pytree.tree_leaves(tuple(inputs)))
+    nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    leaves, trainable, constants = {}, [], []
+    seen: dict[int, torch.Tensor] = {}
+    counts = {"input_bytes": 0, "buffer_bytes": 0, "param_bytes": 0, "num_params": 0}
+
+    def place(t: torch.Tensor, *, grad: bool = False, copy_: bool = True) -> torch.Tensor:
+        if mode == "meta":
+            t = t.detach().to("meta")
+        else:
+            t = t.detach().clone() if copy_ else t.detach()
+        return t.requires_grad_(grad) if t.is_floating_point() or t.is_complex() else t
+
+    for spec in ep.graph_signature.input_specs:
+        node = nodes[spec.arg.name]
+        if spec.kind == InputKind.PARAMETER:
+            p = named.get(spec.target, ep.state_dict.get(spec.target))
+            if id(p) in seen:  # a tied parameter lifted twice: one value, counted once
+                leaves[node] = seen[id(p)]
+                continue
+            val = seen[id(p)] = place(p, grad=p.requires_grad, copy_=False)
+            if p.requires_grad:
+                trainable.append(val)
+                counts["param_bytes"] += tensor_bytes(p)
+                counts["num_params"] += p.numel()
+            else:
+                counts["buffer_bytes"] += tensor_bytes(p)
+            constants.append(val)
+        elif spec.kind in (InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            src = named_buffers.get(spec.target)
+            if src is None:
+                src = ep.state_dict.get(spec.target, ep.constants.get(spec.target))
+            val = place(src)
+            counts["buffer_bytes"] += tensor_bytes(src)
+            constants.append(val)
+        elif spec.kind == InputKind.USER_INPUT:
+            src = next(user_values)
+            if isinstance(src, torch.Tensor):
+                counts["input_bytes"] += tensor_bytes(src)
+                val = place(src)
+            else:
+                val = src
+        else:
+            raise GraphError(f"cannot capture: exported program has an input of kind {spec.kind.name} "
+                             f"('{spec.arg.name}'); use method='fx'")
+        leaves[node] = val
+    return leaves, trainable, constants, counts
+
+
+def _describe_export(node: fx.Node) -> OpCall:
+    return OpCall(fn=node.target, op_type=_op_name(node.target), module_path=_innermost_path(node))
+
+
+def _measure_export(module: nn.Module, inputs: tuple, exec_mode: str):
+    ep = torch.export.export(module, inputs, strict=False)
+    modes = ("meta", "real") if exec_mode == "auto" else (exec_mode,)
+    failure: NodeFailure | None = None
+    for mode in modes:
+        leaves, trainable, constants, counts = _export_leaves(ep, module, inputs, mode)
+        try:
+            records, unused = measure_graph(ep.graph, leaves=leaves, describe=_describe_export, trainable=trainable,
+                                            constants=constants,
+                                            device=torch.device("meta") if mode == "meta" else None)
+        except NodeFailure as exc:
+            failure = exc
+            continue
+        return records, dict(counts, unused_param_bytes=unused, exec=mode)
+    raise GraphError(f"cannot measure the exported graph ({failure}); try method='fx' or exec_mode='real'")
+
+
+# ----------------------------------------------------------------------------------------------- fx
+def _measure_fx(module: nn.Module, inputs: tuple):
+    root = copy.deepcopy(module)
+    traced = fx.symbolic_trace(root)
+    user_values = iter(inputs)
+    leaves: dict[fx.Node, Any] = {}
+    counts = {"input_bytes": 0, "buffer_bytes": 0, "param_bytes": 0, "num_params": 0}
+    for node in traced.graph.nodes:
+        if node.op == "placeholder":
+            val = next(user_values, node.args[0] if node.args else None)
+            if isinstance(val, torch.Tensor):
+                counts["input_bytes"] += tensor_bytes(val)
+                val = val.detach().clone()
+            leaves[node] = val
+        elif node.op == "get_attr":
+            obj: Any = traced
+            for part in str(node.target).split("."):
+                obj = getattr(obj, part)
+            leaves[node] = obj
+    trainable = [p for p in traced.parameters() if p.requires_grad]
+    constants = list(traced.parameters()) + list(traced.buffers())
+    counts["param_bytes"] = sum(tensor_bytes(p) for p in trainable)
+    counts["num_params"] = sum(p.numel() for p in trainable)
+    counts["buffer_bytes"] = sum(tensor_bytes(t) for t in constants) - counts["param_bytes"]
+
+    def describe(node: fx.Node) -> OpCall:
+        if node.op == "call_module":
+            sub = traced.get_submodule(str(node.target))
+            return OpCall(fn=sub, op_type=type(sub).__name__.lower(), module_path=str(node.target),
+                          owned_params=tuple(sub.parameters()))
+        if node.op == "call_method":
+            name = str(node.target)
+            return OpCall(fn=lambda obj, *a, **k: getattr(obj, name)(*a, **k), op_type=name,
+                          module_path=_innermost_path(node))
+        return OpCall(fn=node.target, op_type=_op_name(node.target), module_path=_innermost_path(node))
+
+    try:
+        records, unused = measure_graph(traced.graph, leaves=leaves, describe=describe, trainable=trainable,
+                                        constants=constants)
+    except NodeFailure as exc:
+        raise GraphError(f"cannot measure the fx graph ({exc})") from None
+    return records, dict(counts, unused_param_bytes=unused, exec="real")
+
+
+# ------------------------------------------------------------------------------------------ public
+def _to_graph(records: list[NodeRecord], *, name: str, meta: Mapping[str, Any]) -> CompGraph:
+    if not records:
+        raise GraphError(f"cannot capture '{name}': the traced program has no ops")
+    index = {r.name: i for i, r in enumerate(records)}
+    edges, edge_bytes = [], []
+    for i, r in enumerate(records):
+        for src, nbytes in r.inputs.items():
+            edges.append((index[src], i))
+            edge_bytes.append(nbytes)
+    return CompGraph(
+        names=tuple(r.name for r in records), op_types=tuple(r.op_type for r in records),
+        module_paths=tuple(r.module_path for r in records),
+        fwd_flops=[r.fwd_flops for r in records], bwd_flops=[r.bwd_flops for r in records],
+        out_bytes=[r.out_bytes for r in records], param_bytes=[r.param_bytes for r in records],
+        act_bytes=[r.act_bytes for r in records], edges=edges, edge_bytes=edge_bytes, name=name, meta=meta)
+
+
+def capture(module: nn.Module, example_inputs: Any, *, method: str = "export", name: str | None = None,
+            exec_mode: str = "auto", meta: Mapping[str, Any] | None = None) -> CompGraph:
+    """Capture ``module(*example_inputs)`` (a training step's forward, returning the loss) as a CompGraph.
+
+    ``method``: ``"export"`` (torch.export non-strict; falls back to fx with a warning) or ``"fx"``.
+    ``exec_mode`` (export path): ``"auto"`` (meta tensors, real ones if an op needs data), ``"meta"``
+    or ``"real"``. ``meta`` entries are copied into the graph's meta (JSON values only).
+    """
+    if not isinstance(module, nn.Module):
+        raise GraphError(f"capture needs an nn.Module, got {type(module).__name__}")
+    if method not in METHODS:
+        raise GraphError(f"unknown capture method '{method}'; valid methods: {', '.join(METHODS)}")
+    if exec_mode not in EXEC_MODES:
+        raise GraphError(f"unknown exec_mode '{exec_mode}'; valid modes: {', '.join(EXEC_MODES)}")
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    if not isinstance(example_inputs, (tuple, list)):
+        raise GraphError(f"example_inputs must be a tuple of tensors, got {type(example_inputs).__name__}")
+    inputs = tuple(example_inputs)
+    info: dict[str, Any] = {}
+    used = method
+    if method == "export":
+        try:
+            records, counts = _measure_export(module, inputs, exec_mode)
+        except GraphError:
+            raise
+        except Exception as exc:  # torch.export raises many types; fall back to fx
+            info["export_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
+            warnings.warn(f"torch.export failed ({info['export_error']}); falling back to torch.fx.symbolic_trace",
+                          RuntimeWarning, stacklevel=2)
+            used = "fx"
+    if used == "fx":
+        try:
+            records, counts = _measure_fx(module, inputs)
+        except GraphError:
+            raise
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            extra = f"; export failed too ({info['export_error']})" if info else ""
+            raise GraphError(f"cannot trace {type(module).__name__} with torch.fx ({why}){extra}") from None
+    full_meta: dict[str, Any] = {
+        "capture_method": used, "torch_version": torch.__version__, **counts, **info,
+        "bwd_flops_fallback": [r.name for r in records if not r.bwd_measured],
+    }
+    full_meta.update(dict(meta or {}))
+    return _to_graph(records, name=name or type(module).__name__.lower(), meta=full_meta)
+
+
+def capture_zoo(name: str, /, *, method: str = "export", **overrides: Any) -> CompGraph:
+    """Build zoo model ``name`` with ``overrides`` and capture it; meta records name and overrides."""
+    from placement_rl.graph import zoo
+
+    module, inputs = zoo.build(name, **overrides)
+    return capture(module, inputs, method=method, name=name,
+                   meta={"zoo": name, "zoo_overrides": dict(overrides),
+                         "zoo_options": zoo.resolve_options(name, overrides)})

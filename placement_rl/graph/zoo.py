@@ -1,0 +1,121 @@
+"""Built-in models: ``names()``, ``describe(name)``, ``build(name, **overrides)``.
+
+Every model's ``forward`` takes the example inputs *including targets* and returns the scalar
+training loss, so a captured graph is one whole training step's forward (model + loss).
+Inputs and parameter init depend only on the ``seed`` option (the global RNG is left alone).
+
+==========  ==========================================================================
+name        model
+==========  ==========================================================================
+mlp         Linear+ReLU stack, cross-entropy
+resnet18    ResNet-18 (BasicBlock, BatchNorm), 224x224 images, 1000 classes
+resnet50    ResNet-50 (Bottleneck, BatchNorm)
+inception   GoogLeNet-style Inception v1 with BatchNorm (9 modules by default)
+nmt         GNMT-lite: unrolled LSTM encoder (bidirectional first layer) / decoder, attention
+gpt         GPT-style decoder, explicit causal attention, tied LM head
+moe         GPT-style decoder with top-k mixture-of-experts FFNs (static capacity routing)
+gpt2_hf     transformers ``GPT2LMHeadModel`` from a ``GPT2Config`` (needs transformers)
+bert_hf     transformers ``BertForMaskedLM`` from a ``BertConfig`` (needs transformers)
+==========  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import nn
+
+from placement_rl.errors import GraphError
+from placement_rl.graph.models import gpt, inception, mlp, moe, nmt, resnet
+
+Builder = Callable[..., tuple[nn.Module, tuple[torch.Tensor, ...]]]
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    """A zoo model: its builder (keyword-only options) and the default of every option."""
+
+    build: Builder
+    defaults: Mapping[str, Any]
+    summary: str
+
+
+_CORE: dict[str, ZooEntry] = {
+    "mlp": ZooEntry(mlp.build, mlp.DEFAULTS, "Linear+ReLU stack, cross-entropy"),
+    "resnet18": ZooEntry(functools.partial(resnet.build, "resnet18"), resnet.DEFAULTS, "ResNet-18"),
+    "resnet50": ZooEntry(functools.partial(resnet.build, "resnet50"), resnet.DEFAULTS, "ResNet-50"),
+    "inception": ZooEntry(inception.build, inception.DEFAULTS, "Inception v1 (GoogLeNet) with BatchNorm"),
+    "nmt": ZooEntry(nmt.build, nmt.DEFAULTS, "GNMT-lite LSTM seq2seq with attention"),
+    "gpt": ZooEntry(gpt.build, gpt.DEFAULTS, "GPT-style decoder"),
+    "moe": ZooEntry(moe.build, moe.DEFAULTS, "GPT-style decoder with top-k MoE FFNs"),
+}
+
+
+@functools.lru_cache(maxsize=1)
+def _hf_entries() -> dict[str, ZooEntry]:
+    """The transformers-based models, or none when ``transformers`` does not import."""
+    try:
+        from placement_rl.graph.models import hf
+    except ImportError:
+        return {}
+    return {
+        "gpt2_hf": ZooEntry(hf.build_gpt2, hf.GPT2_DEFAULTS, "transformers GPT2LMHeadModel (config only)"),
+        "bert_hf": ZooEntry(hf.build_bert, hf.BERT_DEFAULTS, "transformers BertForMaskedLM (config only)"),
+    }
+
+
+def _entries() -> dict[str, ZooEntry]:
+    return {**_CORE, **_hf_entries()}
+
+
+def names() -> list[str]:
+    """Names of the available models (HF models only when ``transformers`` imports)."""
+    return list(_entries())
+
+
+def _entry(name: str) -> ZooEntry:
+    entries = _entries()
+    if name not in entries:
+        hint = " (gpt2_hf/bert_hf need the 'transformers' package)" if name.endswith("_hf") else ""
+        raise GraphError(f"unknown zoo model '{name}'{hint}; valid names: {', '.join(entries)}")
+    return entries[name]
+
+
+def describe(name: str) -> dict[str, Any]:
+    """The default of every option of model ``name`` (the keys ``build`` accepts as overrides)."""
+    return dict(_entry(name).defaults)
+
+
+def _check_value(name: str, key: str, value: Any, default: Any) -> Any:
+    ok = (isinstance(value, bool) if isinstance(default, bool)
+          else isinstance(value, int) and not isinstance(value, bool) if isinstance(default, int)
+          else isinstance(value, (int, float)) and not isinstance(value, bool) if isinstance(default, float)
+          else isinstance(value, type(default)))
+    if not ok:
+        raise GraphError(f"zoo model '{name}': option {key}={value!r} must be a {type(default).__name__}")
+    return float(value) if isinstance(default, float) else value
+
+
+def resolve_options(name: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Defaults of ``name`` updated with ``overrides`` (unknown keys or wrong types: ``GraphError``)."""
+    entry = _entry(name)
+    unknown = sorted(set(overrides) - set(entry.defaults))
+    if unknown:
+        raise GraphError(f"zoo model '{name}' has no option '{unknown[0]}'; "
+                         f"valid options: {', '.join(entry.defaults)}")
+    opts = dict(entry.defaults)
+    opts.update({k: _check_value(name, k, v, entry.defaults[k]) for k, v in overrides.items()})
+    return opts
+
+
+def build(name: str, **overrides: Any) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """Build model ``name`` (training mode) and its example inputs (targets included).
+
+    ``module(*inputs)`` returns the scalar training loss. Unknown names or options raise ``GraphError``.
+    """
+    opts = resolve_options(name, overrides)
+    module, inputs = _entry(name).build(**opts)
+    return module.train(), tuple(inputs)

@@ -1,0 +1,310 @@
+"""Baselines: every placer/partitioner returns a valid, feasible plan within its simulator budget."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from placement_rl import baselines
+from placement_rl.baselines import search
+from placement_rl.baselines.common import Problem
+from placement_rl.cost import CostTable, resolve_costs, simulate
+from placement_rl.cost.pipeline import simulate_pipeline
+from placement_rl.errors import ConfigError
+from placement_rl.graph.ir import make_graph
+from placement_rl.graph import synthetic
+from placement_rl.plans import Placement, StagePlan
+from placement_rl.topology import DeviceTopology, load_topology
+
+GB = 1e9
+OP_PLACERS = [n for n in baselines.names() if n != "exhaustive"]
+
+
+def topology(d: int, *, memory: float = 16 * GB, flops: list[float] | None = None, bw: float = 10 * GB,
+             name: str = "t") -> DeviceTopology:
+    flops = flops or [10e12] * d
+    return DeviceTopology.from_dict({
+        "name": name,
+        "devices": [dict(name=f"gpu{k}", kind="gpu", peak_flops=f, mem_bandwidth=500e9, memory_bytes=memory)
+                    for k, f in enumerate(flops)],
+        "links": {"intra_host": {"bandwidth": bw, "latency": 1e-5}}})
+
+
+def random_dag(n: int, seed: int, *, param: float = 2e7):
+    rng = np.random.default_rng(seed)
+    nodes = [dict(name=f"n{i}", fwd_flops=float(rng.uniform(1e9, 5e10)), bwd_flops=float(rng.uniform(2e9, 1e11)),
+                  out_bytes=float(rng.uniform(1e5, 5e7)), param_bytes=float(rng.uniform(0, param)),
+                  act_bytes=float(rng.uniform(1e5, 2e7))) for i in range(n)]
+    edges = []
+    for j in range(1, n):
+        preds = {int(rng.integers(max(0, j - 4), j))} | {i for i in range(max(0, j - 6), j) if rng.random() < 0.2}
+        edges += [(i, j, nodes[i]["out_bytes"]) for i in sorted(preds)]
+    return make_graph(nodes, edges, name=f"dag{n}_{seed}")
+
+
+def diamond():
+    """in -> (a, b) -> out, plus a side chain: a small hand-built DAG."""
+    nodes = [dict(name=nm, fwd_flops=f, bwd_flops=2 * f, out_bytes=4e6, param_bytes=1e6, act_bytes=4e6)
+             for nm, f in (("in", 1e9), ("a", 8e10), ("b", 8e10), ("out", 1e9), ("side", 3e10))]
+    edges = [("in", "a", 4e6), ("in", "b", 4e6), ("a", "out", 4e6), ("b", "out", 4e6), ("in", "side", 4e6)]
+    return make_graph(nodes, edges, name="diamond")
+
+
+CASES = {
+    "diamond": lambda: (diamond(), topology(2)),
+    "dag30": lambda: (random_dag(30, 1), topology(3)),
+    "hetero": lambda: (random_dag(20, 2), topology(3, flops=[5e12, 10e12, 20e12])),
+    "synthetic": lambda: (synthetic.sample("transformer_like", num_nodes=40, seed=0), load_topology("4x_v100_pcie")),
+}
+
+
+def run(name: str, graph, topo, *, budget: int = 60, seed: int = 0, costs=None):
+    costs = costs if costs is not None else resolve_costs(graph, topo)
+    p = baselines.get(name)(graph, costs, topo, budget=budget, seed=seed)
+    return p, simulate(graph, costs, topo, p)
+
+
+# ------------------------------------------------------------------ registry
+def test_registry_names_and_unknown():
+    assert set(baselines.names()) == {"single_device", "round_robin", "random", "metis", "heft", "m_topo",
+                                      "m_etf", "m_sct", "local_search", "exhaustive"}
+    with pytest.raises(ConfigError, match="heft"):
+        baselines.get("nope")
+    with pytest.raises(ConfigError, match="budget"):
+        g, t = CASES["diamond"]()
+        baselines.get("heft")(g, resolve_costs(g, t), t, budget=-1, seed=0)
+
+
+# ------------------------------------------------------- validity and budget
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("name", OP_PLACERS)
+def test_placer_valid_feasible_within_budget(name, case):
+    graph, topo = CASES[case]()
+    p, res = run(name, graph, topo, budget=60)
+    assert isinstance(p, Placement)
+    p.validate(graph, topo)
+    assert res.feasible
+    assert 0 <= p.meta["sim_calls"] <= 60
+    assert p.meta["placer"] == name and p.meta["search_seconds"] >= 0
+    assert p.meta["step_time"] == pytest.approx(res.step_time)
+
+
+@pytest.mark.parametrize("name", OP_PLACERS)
+@pytest.mark.parametrize("budget", [0, 1, 3])
+def test_small_budgets_are_respected(name, budget):
+    graph, topo = CASES["dag30"]()
+    p, _ = run(name, graph, topo, budget=budget)
+    p.validate(graph, topo)
+    assert p.meta["sim_calls"] <= budget
+    if budget == 0:
+        assert "step_time" not in p.meta
+
+
+def test_search_spends_the_budget():
+    graph, topo = CASES["dag30"]()
+    for name in ("random", "local_search"):
+        p, _ = run(name, graph, topo, budget=80)
+        assert p.meta["sim_calls"] == 80
+
+
+def test_single_device_is_the_best_device():
+    graph, topo = CASES["hetero"]()
+    costs = resolve_costs(graph, topo)
+    p, res = run("single_device", graph, topo, costs=costs)
+    assert len(set(p.device_of_node.tolist())) == 1
+    each = [simulate(graph, costs, topo, np.full(graph.num_nodes, k)).step_time for k in range(3)]
+    assert res.step_time == pytest.approx(min(each))
+    assert p.device_of_node[0] == 2  # the fastest device
+
+
+def test_round_robin_is_contiguous_in_topological_order():
+    graph, topo = CASES["dag30"]()
+    p, _ = run("round_robin", graph, topo)
+    along = p.device_of_node[graph.topo_order]
+    assert (np.diff(along) >= 0).all() and len(set(along.tolist())) == 3
+
+
+# ----------------------------------------------------------------- exhaustive
+def planted():
+    """Two independent 2-node chains on 2 identical devices; fwd 1 s, bwd 2 s per node.
+
+    By hand: each chain alone on its own device takes fwd 1 + 1, then bwd 2 + 2 = 6 s, and 6 s is also the
+    lower bound (12 s of work on 2 devices), so the optimum is exactly 6 s with the chains split.
+    """
+    nodes = [dict(name=nm, fwd_flops=1.0, bwd_flops=2.0, out_bytes=1e6, param_bytes=1e3, act_bytes=1e3)
+             for nm in ("a1", "b1", "a2", "b2")]
+    graph = make_graph(nodes, [("a1", "a2", 1e6), ("b1", "b2", 1e6)], name="planted")
+    topo = topology(2)
+    costs = CostTable(fwd_time=np.ones((4, 2)), bwd_time=2 * np.ones((4, 2)),
+                      link_latency=np.array([[0.0, 0.1], [0.1, 0.0]]),
+                      link_bandwidth=np.array([[np.inf, 1e9], [1e9, np.inf]]), source=("hand", "hand"))
+    return graph, topo, costs
+
+
+def test_exhaustive_finds_planted_optimum():
+    graph, topo, costs = planted()
+    p, res = run("exhaustive", graph, topo, costs=costs, budget=100)
+    assert res.step_time == pytest.approx(6.0)
+    dev = p.device_of_node
+    assert dev[0] == dev[2] and dev[1] == dev[3] and dev[0] != dev[1]
+    # symmetry breaking: 2 identical devices -> 2^4 / 2 = 8 placements
+    assert p.meta["sim_calls"] == 8
+    brute = min(simulate(graph, costs, topo, np.array(x)).step_time for x in itertools.product(range(2), repeat=4))
+    assert brute == pytest.approx(6.0)
+
+
+def test_exhaustive_equals_brute_force_on_heterogeneous_devices():
+    graph = random_dag(6, 3)
+    topo = topology(3, flops=[5e12, 10e12, 10e12])
+    costs = resolve_costs(graph, topo)
+    p, res = run("exhaustive", graph, topo, costs=costs, budget=3**6)
+    brute = min(simulate(graph, costs, topo, np.array(x)).step_time
+                for x in itertools.product(range(3), repeat=6))
+    assert res.step_time == pytest.approx(brute)
+    assert p.meta["sim_calls"] < 3**6  # gpu1 and gpu2 are interchangeable
+
+
+def test_exhaustive_too_large_names_the_size():
+    graph, topo = CASES["dag30"]()
+    with pytest.raises(ConfigError, match=r"3\^30 ~ 1e14"):
+        run("exhaustive", graph, topo, budget=1000)
+
+
+def test_symmetry_classes_and_counts():
+    graph, topo = CASES["dag30"]()
+    prob = Problem(graph, resolve_costs(graph, topo), topo, budget=1, seed=0)
+    assert search.device_classes(prob).tolist() == [0, 0, 0]
+    assert search.count_placements(5, [3]) == 1 + 15 + 25  # Stirling numbers S(5,1..3)
+    assert search.count_placements(4, [1, 1]) == 2**4
+
+
+# --------------------------------------------------------------- local search
+def test_local_search_never_worse_than_its_start():
+    for seed in range(3):
+        graph = random_dag(25, 10 + seed)
+        topo = topology(3)
+        costs = resolve_costs(graph, topo)
+        _, ls = run("local_search", graph, topo, costs=costs, budget=100, seed=seed)
+        starts = [run(n, graph, topo, costs=costs, budget=100)[1].step_time
+                  for n in ("single_device", "heft", "m_etf", "m_sct", "m_topo", "metis", "round_robin")]
+        assert ls.step_time <= min(starts) + 1e-12
+
+
+# -------------------------------------------------------------- memory split
+def memory_bound():
+    """A 6-node chain of 1 GB-parameter layers (4 GB of state each) on 10 GB devices: no device holds it."""
+    nodes = [dict(name=f"l{i}", fwd_flops=1e11, bwd_flops=2e11, out_bytes=1e6, param_bytes=1 * GB,
+                  act_bytes=1e6) for i in range(6)]
+    graph = make_graph(nodes, [(i, i + 1, 1e6) for i in range(5)], name="big_chain")
+    return graph, topology(3, memory=10 * GB)
+
+
+def test_memory_forced_split():
+    graph, topo = memory_bound()
+    costs = resolve_costs(graph, topo)
+    single, res = run("single_device", graph, topo, costs=costs)
+    assert not res.feasible and single.meta["feasible"] is False
+    for name in (n for n in baselines.names() if n != "single_device"):
+        p, res = run(name, graph, topo, costs=costs, budget=300)
+        assert res.feasible, name
+        assert len(set(p.device_of_node.tolist())) >= 3, name
+
+
+# ---------------------------------------------------------------- determinism
+@pytest.mark.parametrize("name", ["random", "local_search", "metis", "m_sct"])
+def test_deterministic_with_seed(name):
+    graph, topo = CASES["dag30"]()
+    costs = resolve_costs(graph, topo)
+    a, _ = run(name, graph, topo, costs=costs, seed=7)
+    b, _ = run(name, graph, topo, costs=costs, seed=7)
+    assert np.array_equal(a.device_of_node, b.device_of_node)
+
+
+# ================================================================== pipelines
+PIPE = [n for n in baselines.pipeline_names() if n != "pp_exhaustive"]
+
+
+def run_pipe(name: str, graph, topo, *, budget: int = 40, seed: int = 0, costs=None, **kw):
+    costs = costs if costs is not None else resolve_costs(graph, topo)
+    plan = baselines.get_pipeline(name)(graph, costs, topo, budget=budget, seed=seed, **kw)
+    return plan, simulate_pipeline(graph, costs, topo, plan)
+
+
+def test_pipeline_registry():
+    assert baselines.pipeline_names() == ["pp_uniform", "pp_params", "pp_time_dp", "pipedream", "pp_exhaustive"]
+    with pytest.raises(ConfigError, match="pipedream"):
+        baselines.get_pipeline("gpipe_magic")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("name", PIPE)
+def test_partitioner_valid_plan_within_budget(name, case):
+    graph, topo = CASES[case]()
+    plan, res = run_pipe(name, graph, topo, budget=40, num_microbatches=4)
+    assert isinstance(plan, StagePlan)
+    plan.validate(graph, topo)  # no backward edge, disjoint groups, stages 0..S-1 non-empty
+    assert (np.diff(plan.stage_of_node[graph.topo_order]) >= 0).all()
+    assert res.feasible
+    assert plan.meta["sim_calls"] <= 40 and plan.meta["placer"] == name
+    assert plan.meta["step_time"] == pytest.approx(res.step_time)
+    assert plan.num_microbatches == 4 and plan.schedule == "1f1b"
+
+
+def test_uniform_and_params_partitions():
+    graph, topo = CASES["dag30"]()
+    uni, _ = run_pipe("pp_uniform", graph, topo)
+    counts = np.bincount(uni.stage_of_node)
+    assert uni.num_stages == 3 and counts.max() - counts.min() <= 1 and uni.dp_degrees == (1, 1, 1)
+    par, _ = run_pipe("pp_params", graph, topo)
+    per_stage = lambda p: np.bincount(p.stage_of_node, weights=graph.param_bytes).max()  # noqa: E731
+    assert par.num_stages == 3 and per_stage(par) <= per_stage(uni)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_pp_exhaustive_bounds_the_others(schedule):
+    graph = random_dag(8, 5)
+    topo = topology(4)
+    costs = resolve_costs(graph, topo)
+    best, res = run_pipe("pp_exhaustive", graph, topo, costs=costs, budget=5000, schedule=schedule)
+    assert res.feasible
+    for name in PIPE:
+        _, other = run_pipe(name, graph, topo, costs=costs, budget=50, schedule=schedule)
+        assert res.step_time <= other.step_time + 1e-12, name
+
+
+def test_pipeline_batch_size_constrains_dp_degrees():
+    graph = random_dag(6, 6)
+    topo = topology(4)
+    costs = resolve_costs(graph, topo)
+    for name in ("pipedream", "pp_exhaustive"):
+        plan, _ = run_pipe(name, graph, topo, costs=costs, budget=5000, num_microbatches=2, batch_size=4)
+        assert all(4 % (2 * p) == 0 for p in plan.dp_degrees)
+    with pytest.raises(ConfigError, match="batch_size"):
+        run_pipe("pp_uniform", graph, topo, costs=costs, num_microbatches=4, batch_size=6)
+
+
+def test_pp_exhaustive_too_large_names_the_size():
+    graph, topo = CASES["dag30"]()
+    with pytest.raises(ConfigError, match="simulations"):
+        run_pipe("pp_exhaustive", graph, topo, budget=100)
+
+
+@pytest.mark.parametrize("name", PIPE)
+def test_pipeline_deterministic_and_small_budget(name):
+    graph, topo = CASES["dag30"]()
+    costs = resolve_costs(graph, topo)
+    a, _ = run_pipe(name, graph, topo, costs=costs, budget=2, seed=3)
+    b, _ = run_pipe(name, graph, topo, costs=costs, budget=2, seed=3)
+    assert np.array_equal(a.stage_of_node, b.stage_of_node) and a.stage_devices == b.stage_devices
+    assert a.meta["sim_calls"] <= 2
+
+
+def test_composition_counts():
+    from placement_rl.baselines.pipeline import compositions, count_compositions
+
+    for s, d in ((1, 4), (2, 4), (3, 5), (4, 4)):
+        assert len(compositions(s, d)) == count_compositions(s, d, lambda r: True) == __import__("math").comb(d, s)
+    even = lambda r: r % 2 == 0  # noqa: E731
+    assert len(compositions(2, 6, even)) == count_compositions(2, 6, even) == 3  # (2,2) (2,4) (4,2)

@@ -1,0 +1,115 @@
+"""Placement and StagePlan: validation (each PlanError case) and JSON round trips."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from placement_rl.errors import PlanError
+from placement_rl.graph.ir import make_graph
+from placement_rl.plans import Placement, StagePlan, load_plan
+from placement_rl.topology import DeviceTopology
+
+
+@pytest.fixture
+def topo() -> DeviceTopology:
+    return DeviceTopology.from_dict({
+        "name": "four", "devices": [{"name": "gpu", "count": 4, "kind": "gpu", "peak_flops": 1e13,
+                                     "mem_bandwidth": 1e12, "memory_bytes": 16e9}],
+        "links": {"intra_host": {"bandwidth": 1e10, "latency": 1e-5}}})
+
+
+@pytest.fixture
+def g():
+    return make_graph([dict(name=f"n{i}", fwd_flops=1e9) for i in range(6)], [(i, i + 1, 1e6) for i in range(5)])
+
+
+def test_placement_json_round_trip(g, topo, tmp_path) -> None:
+    p = Placement([0, 1, 3, 3, 2, 0], meta={"placer": "test"}).validate(g, topo)
+    path = tmp_path / "placement.json"
+    p.to_json(path, graph=g, topology=topo)
+    data = json.loads(path.read_text())
+    assert data["devices"] == ["gpu0", "gpu1", "gpu2", "gpu3"] and data["nodes"] == list(g.names)
+    back = Placement.from_json(path, topology=topo, graph=g)
+    np.testing.assert_array_equal(back.device_of_node, p.device_of_node)
+    assert back.meta == {"placer": "test"}
+    assert isinstance(load_plan(path, topology=topo, graph=g), Placement)
+    # device names survive a topology whose devices are listed in another order
+    flipped = topo.subset([3, 2, 1, 0])
+    again = Placement.from_json(p.to_json(graph=g, topology=topo), topology=flipped)
+    assert [flipped.devices[d].name for d in again.device_of_node] == ["gpu0", "gpu1", "gpu3", "gpu3", "gpu2", "gpu0"]
+
+
+def test_stage_plan_json_round_trip(g, topo, tmp_path) -> None:
+    plan = StagePlan(stage_of_node=[0, 0, 1, 1, 2, 2], stage_devices=[(0, 1), (2,), (3,)], num_microbatches=4,
+                     schedule="gpipe", batch_size=16).validate(g, topo)
+    assert plan.dp_degrees == (2, 1, 1) and plan.world_size == 4 and plan.num_stages == 3
+    path = tmp_path / "plan.json"
+    plan.to_json(path, graph=g, topology=topo)
+    back = load_plan(path, topology=topo, graph=g)
+    assert isinstance(back, StagePlan)
+    np.testing.assert_array_equal(back.stage_of_node, plan.stage_of_node)
+    assert (back.stage_devices, back.num_microbatches, back.schedule, back.batch_size) == \
+        (plan.stage_devices, 4, "gpipe", 16)
+
+
+def test_unknown_device_name_in_json(g, topo) -> None:
+    text = Placement([0] * 6).to_json(graph=g)  # no topology: devices named dev0
+    with pytest.raises(PlanError, match="device 'dev0'"):
+        Placement.from_json(text, topology=topo)
+    plan_text = StagePlan(stage_of_node=[0] * 6, stage_devices=[(0,)]).to_json()
+    with pytest.raises(PlanError, match="device 'dev0'"):
+        StagePlan.from_json(plan_text, topology=topo)
+
+
+def test_wrong_length(g, topo) -> None:
+    with pytest.raises(PlanError, match="5 entries but graph"):
+        Placement([0] * 5).validate(g, topo)
+    with pytest.raises(PlanError, match="7 entries but graph"):
+        StagePlan(stage_of_node=[0] * 7, stage_devices=[(0,)]).validate(g, topo)
+    with pytest.raises(PlanError, match="device index 4"):
+        Placement([0, 0, 0, 0, 0, 4]).validate(g, topo)
+
+
+def test_gap_in_stages(g, topo) -> None:
+    with pytest.raises(PlanError, match="stage 1 has no nodes"):
+        StagePlan(stage_of_node=[0, 0, 0, 2, 2, 2], stage_devices=[(0,), (1,), (2,)]).validate(g, topo)
+
+
+def test_backward_edge(g, topo) -> None:
+    with pytest.raises(PlanError, match="goes backwards"):
+        StagePlan(stage_of_node=[0, 1, 0, 1, 1, 1], stage_devices=[(0,), (1,)]).validate(g, topo)
+
+
+def test_non_divisible_batch(g, topo) -> None:
+    with pytest.raises(PlanError, match="not divisible"):
+        StagePlan(stage_of_node=[0, 0, 0, 1, 1, 1], stage_devices=[(0, 1), (2,)], num_microbatches=3,
+                  batch_size=9).validate(g, topo)
+
+
+def test_device_shared_between_stages(g, topo) -> None:
+    with pytest.raises(PlanError, match="used by stages 0 and 1"):
+        StagePlan(stage_of_node=[0, 0, 0, 1, 1, 1], stage_devices=[(0, 1), (1, 2)]).validate(g, topo)
+    # interleaved virtual stages may share a group
+    StagePlan(stage_of_node=[0, 0, 1, 1, 2, 3], stage_devices=[(0,), (1,), (0,), (1,)],
+              schedule="interleaved1f1b", num_microbatches=2).validate(g, topo)
+
+
+def test_other_plan_errors(g, topo, tmp_path) -> None:
+    with pytest.raises(PlanError, match="unknown schedule"):
+        StagePlan(stage_of_node=[0] * 6, stage_devices=[(0,)], schedule="pipedream")
+    with pytest.raises(PlanError, match="num_microbatches"):
+        StagePlan(stage_of_node=[0] * 6, stage_devices=[(0,)], num_microbatches=0)
+    with pytest.raises(PlanError, match="does not exist"):
+        Placement.from_json(tmp_path / "missing.json")
+    with pytest.raises(PlanError, match="malformed JSON"):
+        Placement.from_json("{not json")
+    with pytest.raises(PlanError, match="schema"):
+        load_plan(_write(tmp_path / "x.json", {"schema": "other"}))
+
+
+def _write(path, data):
+    path.write_text(json.dumps(data))
+    return path
