@@ -177,7 +177,12 @@ class Trainer:
             self.model = cls(pol, self.env, learning_rate=agent.learning_rate, n_steps=agent.n_steps,
                              batch_size=agent.batch_size, n_epochs=agent.n_epochs, gamma=agent.gamma,
                              gae_lambda=agent.gae_lambda, ent_coef=agent.ent_coef, clip_range=agent.clip_range,
-                             policy_kwargs=pk, seed=seed, verbose=0, tensorboard_log=tensorboard_dir, device="cpu")
+                             policy_kwargs=pk, seed=seed, verbose=0, device="cpu")
+            from stable_baselines3.common.logger import Logger, configure
+
+            # SB3's default logger makes a temp folder per run; log only where asked.
+            self.model.set_logger(configure(tensorboard_dir, ["tensorboard"]) if tensorboard_dir
+                                  else Logger(folder=None, output_formats=[]))
             self.policy = self.model.policy
 
     @property
@@ -260,3 +265,29 @@ class Trainer:
             opt.load_state_dict(data["optimizer"])
             self.model.num_timesteps = int(data["num_timesteps"])
         return data
+
+
+def final_plan(trainer: Trainer, *, samples: int, seed: int) -> dict[str, Any]:
+    """Score the trained policy: one greedy rollout plus ``samples`` sampled ones on a fresh env; return the best
+    of those and of everything seen during training (``source`` says which)."""
+    from agents.rollout import rollout
+
+    env = SimCallCounter(gym.make(trainer.env_id, **trainer.env_kwargs), trainer.tracker)
+    rng = np.random.default_rng(seed)
+    pol = trainer.policy
+    pol.eval() if hasattr(pol, "eval") else None
+    results = []
+    for k in range(samples + 1):
+        info = rollout(pol, env, deterministic=(k == 0), rng=rng, seed=seed + k)
+        value = info.get("plan", info.get("placement"))
+        results.append((not bool(info.get("feasible", True)), float(info["step_time"]), k, value))
+    infeasible, t, k, value = min(results, key=lambda r: (r[0], r[1]))
+    greedy = results[0]
+    tr = trainer.tracker
+    out = {"policy_greedy_time": greedy[1], "policy_best_of_k_time": t, "samples": samples}
+    if tr.best_value is not None and (tr.best_feasible, -tr.best_time) > (not infeasible, -t):
+        out.update(step_time=tr.best_time, feasible=tr.best_feasible, value=tr.best_value, source="training")
+    else:
+        out.update(step_time=t, feasible=not infeasible, value=value,
+                   source="policy_greedy" if k == 0 else "policy_sampled")
+    return out

@@ -154,7 +154,9 @@ class BaseEnv(gym.Env):
         return self.state.task
 
     def _state_for(self, task: Task) -> TaskState:
-        key = (type(self).__name__, "state", self.layout, id(self.reward_spec), self._state_key())
+        # The reward spec itself (not its id) is part of the key, so a recycled id can never match.
+        spec = self.reward_spec if getattr(type(self.reward_spec), "__hash__", None) else id(self.reward_spec)
+        key = (type(self).__name__, "state", self.layout, spec, self._state_key())
         st = task.cache.get(key)
         if st is None:
             st = self._prepare(task)  # defined by each environment

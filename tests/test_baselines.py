@@ -10,8 +10,7 @@ import pytest
 from placement_rl import baselines
 from placement_rl.baselines import search
 from placement_rl.baselines.common import Problem
-from placement_rl.cost import CostTable, resolve_costs, simulate
-from placement_rl.cost.pipeline import simulate_pipeline
+from placement_rl.cost import CostTable, resolve_costs, simulate, simulate_pipeline
 from placement_rl.errors import ConfigError
 from placement_rl.graph.ir import make_graph
 from placement_rl.graph import synthetic
@@ -308,3 +307,21 @@ def test_composition_counts():
         assert len(compositions(s, d)) == count_compositions(s, d, lambda r: True) == __import__("math").comb(d, s)
     even = lambda r: r % 2 == 0  # noqa: E731
     assert len(compositions(2, 6, even)) == count_compositions(2, 6, even) == 3  # (2,2) (2,4) (4,2)
+
+
+def test_pipedream_replicates_when_data_parallelism_wins():
+    """A chain with huge activations and tiny parameters, one micro-batch: pure data parallelism wins."""
+    n = 8
+    nodes = [dict(name=f"l{i}", fwd_flops=1.0, bwd_flops=2.0, out_bytes=1e9, param_bytes=1e3, act_bytes=1e3)
+             for i in range(n)]
+    graph = make_graph(nodes, [(i, i + 1, 1e9) for i in range(n - 1)], name="dp_chain")
+    topo = topology(4)
+    bw = np.full((4, 4), 1e9)
+    np.fill_diagonal(bw, np.inf)
+    costs = CostTable(fwd_time=np.ones((n, 4)), bwd_time=2 * np.ones((n, 4)), link_latency=1e-5 * (1 - np.eye(4)),
+                      link_bandwidth=bw, source=("hand",) * 4)
+    plan, res = run_pipe("pipedream", graph, topo, costs=costs, num_microbatches=1)
+    assert plan.dp_degrees == (4,)
+    _, dp = run_pipe("pp_time_dp", graph, topo, costs=costs, num_microbatches=1)
+    assert res.step_time < dp.step_time
+    assert res.step_time == pytest.approx(24 / 4, rel=1e-3)

@@ -186,3 +186,30 @@ def test_5000_nodes_under_two_seconds() -> None:
     coarsen.coarsen(g, max_nodes=50)
     assert time.perf_counter() - t0 < 2.0
     _assert_conserved(g, c)
+
+
+def _check_zoo_default(name: str) -> None:
+    from placement_rl.graph.capture import capture_zoo
+
+    g = capture_zoo(name)
+    c = coarsen.coarsen(g)
+    _assert_conserved(g, c)
+    if g.num_nodes >= 30:
+        assert 30 <= c.num_nodes <= 500, (name, g.num_nodes, c.num_nodes, c.meta["coarsen"])
+    else:  # too small for the target: one group per node
+        assert c.num_nodes == g.num_nodes, name
+    dev = np.arange(c.num_nodes) % 2
+    assert coarsen.expand_placement(c, dev).shape == (g.num_nodes,)
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet18"])
+def test_zoo_default_coarsening_small_models(name: str) -> None:
+    _check_zoo_default(name)
+
+
+@pytest.mark.slow
+def test_zoo_default_coarsening_every_model() -> None:
+    from placement_rl.graph import zoo
+
+    for name in zoo.names():
+        _check_zoo_default(name)

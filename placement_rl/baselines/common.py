@@ -1,4 +1,4 @@
-"""Shared core of the placers: the budgeted simulator, cost summaries, memory repair.
+"""Shared core of the op-level placers: the budgeted simulator and cost summaries.
 
 Every placer works on a ``Problem`` (graph, costs, topology, budget, seed) and spends simulator calls only
 through ``Problem.score`` so that ``sim_calls`` (the prepared ``Simulator``'s own counter) never passes the
@@ -34,7 +34,7 @@ def node_memory(graph: CompGraph) -> np.ndarray:
     """Bytes each node pins on its device: params + grads + Adam state (4x params) + kept activations.
 
     This is the placement-independent part of the cost model's memory; received buffers depend on the
-    placement and are only seen through the simulator (``repair`` handles the remainder).
+    placement (``memory.MemoryLedger`` books them, ``memory.repair`` fixes what the simulator still rejects).
     """
     return STATE_FACTOR * graph.param_bytes + graph.act_bytes
 
@@ -62,7 +62,6 @@ class Problem:
         self.rng = np.random.default_rng(seed)
         self.sim = Simulator(graph, costs, topology)
         self.start = time.perf_counter()
-        self.best: tuple[np.ndarray, Score] | None = None
         self._scored: dict[bytes, Score] = {}
 
     # ------------------------------------------------------------ summaries
@@ -91,12 +90,6 @@ class Problem:
         """Devices fastest first (total fwd+bwd time of the whole graph), ties by index."""
         total = self.node_time.sum(axis=0)
         return np.lexsort((np.arange(self.d), total))
-
-    def comm_time(self, nbytes: float | np.ndarray, a: int, b: int) -> float | np.ndarray:
-        """Seconds to move ``nbytes`` from device ``a`` to ``b`` (0 on the same device)."""
-        if a == b:
-            return 0.0 * nbytes
-        return self.costs.link_latency[a, b] + nbytes / self.costs.link_bandwidth[a, b]
 
     @cached_property
     def mean_comm(self) -> np.ndarray:
@@ -130,8 +123,6 @@ class Problem:
         s = Score(float(res.step_time), bool(res.feasible), 0.0 if res.feasible else max(over, 1.0),
                   np.asarray(res.peak_memory, dtype=np.float64))
         self._scored[key] = s
-        if self.best is None or s.key < self.best[1].key:
-            self.best = (devices.copy(), s)
         return s
 
     def estimate_fits(self, devices: np.ndarray) -> bool:

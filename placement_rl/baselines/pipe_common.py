@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from placement_rl.baselines.common import Score, check_inputs
-from placement_rl.cost.pipeline import PIPELINE_SCHEDULES, PipelineSimulator
+from placement_rl.cost import PIPELINE_SCHEDULES, PipelineSimulator
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import ConfigError
 from placement_rl.graph.ir import CompGraph
@@ -62,7 +62,7 @@ class PipeProblem:
         self._pos = np.empty(self.n, dtype=np.int64)
         self._pos[self.order] = np.arange(self.n)
         self._cross: dict[int, np.ndarray] = {}
-        self._groups: dict[tuple[int, int], tuple[float, float, float, float]] = {}
+        self._groups: dict[tuple[int, int], tuple[float, float, float, float, np.ndarray]] = {}
         self._scored: dict[tuple, Score] = {}
 
     # --------------------------------------------------------------- costs
@@ -80,8 +80,8 @@ class PipeProblem:
             self._cross[j] = crossing_out(self.graph, self._pos, j)
         return self._cross[j]
 
-    def _group(self, lo: int, hi: int) -> tuple[float, float, float, float]:
-        """(latency, 1/bandwidth) to the next group, (latency, 1/bandwidth) of the group's ring: slowest links."""
+    def _group(self, lo: int, hi: int) -> tuple[float, float, float, float, np.ndarray]:
+        """Latency and 1/bandwidth to the next group and of the group's ring (slowest links), distinct rows."""
         key = (lo, hi)
         if key not in self._groups:
             lat, bw = self.costs.link_latency, self.costs.link_bandwidth
@@ -97,15 +97,23 @@ class PipeProblem:
                 inv_r = float(1.0 / bw[np.ix_(group, group)][off].min())
             else:
                 lat_r = inv_r = 0.0
-            self._groups[key] = (lat_n, inv_n, lat_r, inv_r)
+            # devices with identical cost columns need only one row in the max over the group
+            _, first = np.unique(np.concatenate([self.prefix[lo:hi], self.prefix_fixed[lo:hi]], axis=1),
+                                 axis=0, return_index=True)
+            self._groups[key] = (lat_n, inv_n, lat_r, inv_r, lo + np.sort(first))
         return self._groups[key]
 
     def stage_time_vec(self, j: int, lo: int, hi: int, r: int) -> np.ndarray:
         """Cost of stage [i, j) on devices ``devs[lo:hi]`` (DP degree r) for every i < j (full batch)."""
-        var = self.prefix[lo:hi, j:j + 1] - self.prefix[lo:hi, :j]
-        fixed = self.prefix_fixed[lo:hi, j:j + 1] - self.prefix_fixed[lo:hi, :j]
-        cost = (var / r + self.m * fixed).max(axis=0)  # each replica runs m micro-batches
-        lat_n, inv_n, lat_r, inv_r = self._group(lo, hi)
+        lat_n, inv_n, lat_r, inv_r, rows = self._group(lo, hi)
+        if rows.size == 1:
+            k = int(rows[0])
+            cost = (self.prefix[k, j] - self.prefix[k, :j]) / r + self.m * (self.prefix_fixed[k, j]
+                                                                              - self.prefix_fixed[k, :j])
+        else:
+            var = self.prefix[rows, j:j + 1] - self.prefix[rows, :j]
+            fixed = self.prefix_fixed[rows, j:j + 1] - self.prefix_fixed[rows, :j]
+            cost = (var / r + self.m * fixed).max(axis=0)  # each replica runs m micro-batches
         if j < self.n and hi < self.d:  # activations out and gradients back
             cost += 2.0 * (lat_n + self.crossing_out(j) * (inv_n / r))
         if r > 1:  # ring all-reduce of the stage's gradients
@@ -179,27 +187,39 @@ def crossing_out(graph: CompGraph, pos: np.ndarray, j: int) -> np.ndarray:
     return np.cumsum(per[::-1])[::-1]
 
 
+MAX_CUT_POINTS = 512  # DPs consider at most this many evenly spaced cut points (O(points^2) work)
+
+
+def cut_grid(n: int, max_points: int = MAX_CUT_POINTS) -> np.ndarray:
+    """Candidate cut positions ``0 = g[0] < ... < g[-1] = n`` (every position when ``n <= max_points``)."""
+    return np.unique(np.rint(np.linspace(0, n, min(n, max_points) + 1)).astype(np.int64))
+
+
 def minmax_partition(n: int, s_max: int, cost_vec: Callable[[int, int], np.ndarray]) -> list[list[int]]:
     """For every ``S = 1..s_max``: cuts of ``n`` positions into ``S`` non-empty contiguous stages minimising
-    the largest stage cost (the DP rows are shared: row ``k`` covers ``[0, j)`` with stages ``0..k``).
+    the largest stage cost, over the cut points of ``cut_grid(n)`` (the DP rows are shared: row ``k``
+    covers ``[0, j)`` with stages ``0..k``).
 
     ``cost_vec(j, k)`` gives, for every ``i < j``, the cost of positions ``[i, j)`` as stage ``k``.
     """
-    dp = np.full((s_max, n + 1), np.inf)
-    arg = np.zeros((s_max, n + 1), dtype=np.int64)
-    for j in range(1, n + 1):
-        dp[0, j] = cost_vec(j, 0)[0]
+    grid = cut_grid(n)
+    g = len(grid) - 1
+    s_max = min(s_max, g)
+    dp = np.full((s_max, g + 1), np.inf)
+    arg = np.zeros((s_max, g + 1), dtype=np.int64)
+    for b in range(1, g + 1):
+        dp[0, b] = cost_vec(int(grid[b]), 0)[0]
     for k in range(1, s_max):
-        for j in range(k + 1, n + 1):
-            cand = np.maximum(dp[k - 1, :j], cost_vec(j, k))
-            i = int(np.argmin(cand))
-            dp[k, j], arg[k, j] = cand[i], i
+        for b in range(k + 1, g + 1):
+            cand = np.maximum(dp[k - 1, :b], cost_vec(int(grid[b]), k)[grid[:b]])
+            a = int(np.argmin(cand))
+            dp[k, b], arg[k, b] = cand[a], a
     out = []
     for s in range(1, s_max + 1):
-        cuts, j = [n], n
+        cuts, b = [g], g
         for k in range(s - 1, 0, -1):
-            j = int(arg[k, j])
-            cuts.append(j)
+            b = int(arg[k, b])
+            cuts.append(b)
         cuts.append(0)
-        out.append(cuts[::-1])
+        out.append([int(grid[x]) for x in cuts[::-1]])
     return out

@@ -17,6 +17,9 @@ degree. Candidates are scored with the ``PipelineSimulator`` (feasible first, th
   every device count is simulated and the best kept.
 * ``pp_exhaustive``: every cut set x every DP-degree vector (sum <= D); ``ConfigError`` when that is more
   than the budget.
+
+The dynamic programs are O(P^2 D) (``pp_time_dp``) and O(P^2 D^2) (``pipedream``) over P candidate cut
+points: every position up to ``MAX_CUT_POINTS`` nodes, evenly spaced positions beyond (coarsen big graphs).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Callable
 
 import numpy as np
 
-from placement_rl.baselines.pipe_common import PipeProblem, minmax_partition
+from placement_rl.baselines.pipe_common import PipeProblem, cut_grid, minmax_partition
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import ConfigError
 from placement_rl.graph.ir import CompGraph
@@ -58,45 +61,46 @@ def pp_time_dp(pp: PipeProblem) -> tuple[Segments, tuple[int, ...]]:
         bottleneck = max(pp.stage_time_vec(cuts[k + 1], k, k + 1, 1)[cuts[k]] for k in range(s))
         cands.append((bottleneck, cuts, degrees))
     cands.sort(key=lambda c: c[0])  # best estimate first (taken when the budget runs out)
-    return pp.best_of([(c, g) for _, c, g in cands])
+    return pp.best_of([(cuts, degrees) for _, cuts, degrees in cands])
 
 
 def pipedream(pp: PipeProblem) -> tuple[Segments, tuple[int, ...]]:
-    """A[j][m]: best bottleneck covering positions [0, j) with stages on the first m devices (in order)."""
+    """a[b, m]: best bottleneck covering positions [0, grid[b]) with stages on the first m devices."""
     n, d = pp.n, pp.d
-    inf = np.inf
-    a = np.full((n + 1, d + 1), inf)
-    choice = np.zeros((n + 1, d + 1, 2), dtype=np.int64)  # (i, r) of the last stage
+    grid = cut_grid(n)
+    g = len(grid) - 1
+    a = np.full((g + 1, d + 1), np.inf)
+    choice = np.zeros((g + 1, d + 1, 2), dtype=np.int64)  # (grid index i, r) of the last stage
     a[0, 0] = 0.0
-    for j in range(1, n + 1):
+    for b in range(1, g + 1):
+        j = int(grid[b])
         for m in range(1, d + 1):
             for r in range(1, m + 1):
                 if not pp.degree_ok(r):
                     continue
                 lo = m - r  # devices [lo, m) replicate this stage
-                prev = a[:j, lo]
                 # a[i, 0] is finite only at i = 0 and a[0, lo > 0] never, so stages stay non-empty
-                cost = np.maximum(prev, pp.stage_time_vec(j, lo, m, r))
+                cost = np.maximum(a[:b, lo], pp.stage_time_vec(j, lo, m, r)[grid[:b]])
                 i = int(np.argmin(cost))
-                if cost[i] < a[j, m]:
-                    a[j, m] = cost[i]
-                    choice[j, m] = (i, r)
+                if cost[i] < a[b, m]:
+                    a[b, m] = cost[i]
+                    choice[b, m] = (i, r)
     cands = []
     for m in range(1, d + 1):
-        if not np.isfinite(a[n, m]):
+        if not np.isfinite(a[g, m]):
             continue
-        cuts, degrees, j, mm = [n], [], n, m
-        while j > 0:
-            i, r = choice[j, mm]
-            cuts.append(int(i))
+        cuts, degrees, b, mm = [n], [], g, m
+        while b > 0:
+            i, r = choice[b, mm]
+            cuts.append(int(grid[i]))
             degrees.append(int(r))
-            j, mm = int(i), mm - int(r)
-        cands.append((a[n, m], cuts[::-1], tuple(degrees[::-1])))
+            b, mm = int(i), mm - int(r)
+        cands.append((a[g, m], cuts[::-1], tuple(degrees[::-1])))
     if not cands:
         raise ConfigError(f"pipedream found no plan: batch_size {pp.batch_size} admits no DP degree with "
                           f"num_microbatches {pp.m}")
-    cands.sort(key=lambda c: c[0])
-    return pp.best_of([(c, g) for _, c, g in cands])
+    cands.sort(key=lambda c: c[0])  # best estimate first (taken when the budget runs out)
+    return pp.best_of([(cuts, degrees) for _, cuts, degrees in cands])
 
 
 def compositions(s: int, total_max: int, allowed: Callable[[int], bool] = lambda r: True) -> list[tuple[int, ...]]:

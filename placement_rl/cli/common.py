@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from placement_rl.errors import ConfigError, PlacementRLError
+from placement_rl.errors import PlacementRLError
 from placement_rl.graph.ir import CompGraph
 from placement_rl.topology import DeviceTopology, conf_dir, detect_local, load_topology
 
@@ -80,30 +80,10 @@ def to_container(node: Any) -> Any:
 
 
 def build_graph(gcfg: DictConfig) -> CompGraph:
-    """A graph from the ``graph`` config group: ``path`` (JSON), ``source: zoo`` or ``source: synthetic``,
-    then the configured coarsening."""
-    if gcfg.get("path"):
-        graph = CompGraph.from_json(str(gcfg.path))
-    else:
-        source = gcfg.get("source", "zoo")
-        if source == "zoo":
-            from placement_rl.graph.capture import capture_zoo
+    """A graph from the ``graph`` config group (see ``placement_rl.graph.spec``)."""
+    from placement_rl.graph.spec import graph_from_spec
 
-            graph = capture_zoo(str(gcfg.name), **(to_container(gcfg.get("overrides")) or {}))
-        elif source == "synthetic":
-            from placement_rl.graph import synthetic
-
-            graph = synthetic.sample(str(gcfg.family), num_nodes=int(gcfg.num_nodes), seed=int(gcfg.seed))
-        else:
-            raise ConfigError(f"graph.source is '{source}': choose zoo or synthetic, or set graph.path")
-    ccfg = gcfg.get("coarsen")
-    # A graph file that is already coarsened (it has members) is used as it is.
-    if ccfg is not None and ccfg.get("enabled", False) and graph.members is None:
-        from placement_rl.graph.coarsen import coarsen
-
-        opts = {k: v for k, v in to_container(ccfg).items() if k != "enabled" and v is not None}
-        graph = coarsen(graph, **opts)
-    return graph
+    return graph_from_spec(to_container(gcfg))
 
 
 def build_topology(tcfg: DictConfig | str) -> DeviceTopology:

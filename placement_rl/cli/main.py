@@ -7,6 +7,8 @@ import sys
 
 # subcommand -> (module, one-line help). Only subcommands that exist are listed.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "evaluate": ("placement_rl.cli.evaluate", "compare every placer on a benchmark suite, one case, or a given plan"),
+    "train": ("placement_rl.cli.train", "train a placement / pipeline policy (checkpoint, plan, metrics, comparison)"),
     "inspect": ("placement_rl.cli.inspect", "summarise a graph (zoo model, JSON file or synthetic), write graph.json"),
 }
 

@@ -1,7 +1,9 @@
 """Numba kernel of the pipeline simulator (see ``pipeline.py`` for the model it implements).
 
-Work buffers ``fw`` (float64) and ``iw`` (int64) are sliced here; their sizes come from ``work_sizes``.
-Ops are encoded ``kind * S * m + stage * m + microbatch`` with kind 0 = forward, 1 = backward.
+``schedule_order`` runs once per plan layout: it lists every op (kind 0 = forward, 1 = backward; stage;
+micro-batch; device group) in an order that respects each group's schedule and every dependency, so
+``simulate_pipe`` times the ops in one pass. Work buffers ``fw`` (float64) and ``iw`` (int64) are sliced
+there; their sizes come from ``work_sizes``.
 Timeline records: kind 0 fwd, 1 bwd (resource = group), 2 activation transfer, 3 gradient transfer
 (resource = ``src_group * G + dst_group``), 4 all-reduce (resource = group); label = ``stage * m + mb``
 (all-reduce: stage).
@@ -9,15 +11,16 @@ Timeline records: kind 0 fwd, 1 bwd (resource = group), 2 activation transfer, 3
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 GPIPE, ONE_F_ONE_B, INTERLEAVED = 0, 1, 2
-OK, BAD_PLAN, DEADLOCK = 1.0, -1.0, -2.0
+OK, BAD_PLAN = 1.0, -1.0
 
 
 def work_sizes(n: int, s: int, m: int, p_total: int, g: int) -> tuple[int, int]:
     """Lengths of the float and int work buffers for N nodes, S stages, m micro-batches, G groups."""
-    return 2 * p_total + 9 * s + 1 + n + 4 * s * m + g * g + 4 * g, n + 6 * s * m + 4 * g + 1 + s
+    return 2 * p_total + 10 * s + 1 + n + 3 * s * m + g * g + 4 * g, n + s
 
 
 @njit(cache=True, nogil=True)
@@ -86,7 +89,60 @@ def _build_sequences(S, m, sched, sgroup, G, seq, gseq_ptr):
 
 
 @njit(cache=True, nogil=True)
-def simulate_pipe(stage, S, m, sched, gptr, gdev, sgroup, G, src, dst, ebytes, fwd, bwd, lo, param, act,
+def schedule_order(S, m, sched, sgroup, G):
+    """Ops as (kind, stage, mb, group) arrays in a dependency-respecting order; ok = False on deadlock."""
+    sm = S * m
+    code = np.empty(2 * sm, dtype=np.int64)
+    gseq_ptr = np.empty(G + 1, dtype=np.int64)
+    _build_sequences(S, m, sched, sgroup, G, code, gseq_ptr)
+    kind = np.empty(2 * sm, dtype=np.int64)
+    stage = np.empty(2 * sm, dtype=np.int64)
+    mb = np.empty(2 * sm, dtype=np.int64)
+    group = np.empty(2 * sm, dtype=np.int64)
+    fdone = np.zeros(sm, dtype=np.bool_)
+    bdone = np.zeros(sm, dtype=np.bool_)
+    gpos = gseq_ptr[:G].copy()
+    stack = np.empty(G, dtype=np.int64)
+    queued = np.ones(G, dtype=np.bool_)
+    for g in range(G):  # worklist: an op that finishes wakes the group it feeds
+        stack[g] = G - 1 - g
+    top = G
+    done = 0
+    while top > 0:
+        top -= 1
+        g = stack[top]
+        queued[g] = False
+        while gpos[g] < gseq_ptr[g + 1]:
+            op = code[gpos[g]]
+            k = op // sm
+            s = (op % sm) // m
+            i = op % m
+            if k == 0:
+                if s > 0 and not fdone[(s - 1) * m + i]:
+                    break
+                fdone[s * m + i] = True
+                h = sgroup[s + 1] if s + 1 < S else g
+            else:
+                if not (fdone[s * m + i] if s == S - 1 else bdone[(s + 1) * m + i]):
+                    break
+                bdone[s * m + i] = True
+                h = sgroup[s - 1] if s > 0 else g
+            if h != g and not queued[h]:
+                stack[top] = h
+                queued[h] = True
+                top += 1
+            kind[done] = k
+            stage[done] = s
+            mb[done] = i
+            group[done] = g
+            done += 1
+            gpos[g] += 1
+    return kind, stage, mb, group, done == 2 * sm
+
+
+@njit(cache=True, nogil=True)
+def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, sgroup, G, src, dst, ebytes,
+                  fvar, ffix, bvar, bfix, param, act,
                   lat, inv_bw, fw, iw, out_stage, out_group, out,
                   record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
     """Simulate one pipelined training step. ``out`` = (step_time, status, comm_time)."""
@@ -105,9 +161,9 @@ def simulate_pipe(stage, S, m, sched, gptr, gdev, sgroup, G, src, dst, ebytes, f
     send = fw[o:o + S]; o += S
     cut = fw[o:o + S + 1]; o += S + 1
     cur_mb = fw[o:o + S]; o += S
+    sscale = fw[o:o + S]; o += S
     ubytes = fw[o:o + n]; o += n
     fend = fw[o:o + sm]; o += sm
-    bend = fw[o:o + sm]; o += sm
     farr = fw[o:o + sm]; o += sm
     barr = fw[o:o + sm]; o += sm
     lfree = fw[o:o + G * G]; o += G * G
@@ -117,14 +173,7 @@ def simulate_pipe(stage, S, m, sched, gptr, gdev, sgroup, G, src, dst, ebytes, f
     peak = fw[o:o + G]; o += G
     q = 0
     umax = iw[q:q + n]; q += n
-    seq = iw[q:q + 2 * sm]; q += 2 * sm
-    seq_stage = iw[q:q + 2 * sm]; q += 2 * sm
-    seq_mb = iw[q:q + 2 * sm]; q += 2 * sm
-    gseq_ptr = iw[q:q + G + 1]; q += G + 1
-    gpos = iw[q:q + G]; q += G
     bcount = iw[q:q + S]; q += S
-    stack = iw[q:q + G]; q += G
-    queued = iw[q:q + G]; q += G
     out[1] = BAD_PLAN
     # ------------------------------------------------------------ per-stage sizes and times
     for x in range(P):
@@ -136,6 +185,7 @@ def simulate_pipe(stage, S, m, sched, gptr, gdev, sgroup, G, src, dst, ebytes, f
         cut[s] = 0.0
         bcount[s] = 0
         lastb[s] = 0.0
+        sscale[s] = 1.0 / (m * (gptr[s + 1] - gptr[s]))
     cut[S] = 0.0
     for v in range(n):
         s = stage[v]
@@ -146,13 +196,11 @@ def simulate_pipe(stage, S, m, sched, gptr, gdev, sgroup, G, src, dst, ebytes, f
         ubytes[v] = 0.0
         sparam[s] += param[v]
         sact[s] += act[v]
-        scale = 1.0 / (m * (gptr[s + 1] - gptr[s]))
+        scale = sscale[s]
         for x in range(gptr[s], gptr[s + 1]):
             g = gdev[x]
-            lf = lo[v, g] if lo[v, g] < fwd[v, g] else fwd[v, g]
-            lb = lo[v, g] if lo[v, g] < bwd[v, g] else bwd[v, g]
-            tfd[x] += (fwd[v, g] - lf) * scale + lf
-            tbd[x] += (bwd[v, g] - lb) * scale + lb
+            tfd[x] += fvar[v, g] * scale + ffix[v, g]
+            tbd[x] += bvar[v, g] * scale + bfix[v, g]
     for e in range(src.shape[0]):
         a = stage[src[e]]
         b = stage[dst[e]]
@@ -214,15 +262,8 @@ def simulate_pipe(stage, S, m, sched, gptr, gdev, sgroup, G, src, dst, ebytes, f
             ct[s] = mlat + cut[s] / (m * pmin) * minv
         cur_mb[s] = sact[s] / (m * p) + srecv[s]
     # ------------------------------------------------------------------- event simulation
-    _build_sequences(S, m, sched, sgroup, G, seq, gseq_ptr)
-    for x in range(2 * sm):  # decode once: kind stays in seq
-        op = seq[x]
-        seq[x] = op // sm
-        seq_stage[x] = (op % sm) // m
-        seq_mb[x] = op % m
     for x in range(sm):
         fend[x] = -1.0
-        bend[x] = -1.0
         farr[x] = -1.0
         barr[x] = -1.0
     for x in range(G * G):
@@ -233,103 +274,66 @@ def simulate_pipe(stage, S, m, sched, gptr, gdev, sgroup, G, src, dst, ebytes, f
         cur[g] = 0.0
         peak[g] = 0.0
         out_group[1, g] = 0.0
-        gpos[g] = gseq_ptr[g]
     rec_n[0] = 0
     comm = 0.0
-    done = 0
-    total = 2 * sm
-    # worklist of groups that may be able to advance; an op that finishes wakes the group it feeds
-    top = 0
-    for g in range(G - 1, -1, -1):
-        stack[top] = g
-        queued[g] = 1
-        top += 1
-    while top > 0:
-        top -= 1
-        g = stack[top]
-        queued[g] = 0
-        while gpos[g] < gseq_ptr[g + 1]:
-            x = gpos[g]
-            kind = seq[x]
-            s = seq_stage[x]
-            i = seq_mb[x]
-            if kind == 0:
-                ready = 0.0
-                if s > 0:
-                    ready = farr[s * m + i]
-                    if ready < 0.0:
-                        break
-                dur = out_stage[0, s]
-            else:
-                if s == S - 1:
-                    ready = fend[s * m + i]
+    for x in range(2 * sm):  # ops in dependency order: every input is timed before it is read
+        kind = op_kind[x]
+        s = op_stage[x]
+        i = op_mb[x]
+        g = op_group[x]
+        j = s * m + i
+        if kind == 0:
+            ready = farr[j] if s > 0 else 0.0
+            dur = out_stage[0, s]
+        else:
+            ready = fend[j] if s == S - 1 else barr[j]
+            dur = out_stage[1, s]
+        st = gfree[g] if gfree[g] > ready else ready
+        en = st + dur
+        gfree[g] = en
+        out_group[1, g] += dur
+        if record:
+            _rec(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, kind, g, st, en, j)
+        if kind == 0:
+            fend[j] = en
+            cur[g] += cur_mb[s]
+            if cur[g] > peak[g]:
+                peak[g] = cur[g]
+            if s + 1 < S:
+                h = sgroup[s + 1]
+                if h == g:
+                    farr[j + m] = en
                 else:
-                    ready = barr[s * m + i]
-                if ready < 0.0:
-                    break
-                dur = out_stage[1, s]
-            st = gfree[g] if gfree[g] > ready else ready
-            en = st + dur
-            gfree[g] = en
-            out_group[1, g] += dur
-            if record:
-                _rec(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, kind, g, st, en, s * m + i)
-            if kind == 0:
-                fend[s * m + i] = en
-                cur[g] += cur_mb[s]
-                if cur[g] > peak[g]:
-                    peak[g] = cur[g]
-                if s + 1 < S:
-                    h = sgroup[s + 1]
-                    if queued[h] == 0 and h != g:
-                        stack[top] = h
-                        queued[h] = 1
-                        top += 1
-                    if sgroup[s] == sgroup[s + 1]:
-                        farr[(s + 1) * m + i] = en
-                    else:
-                        link = sgroup[s] * G + sgroup[s + 1]
-                        a = en if en > lfree[link] else lfree[link]
-                        lfree[link] = a + ct[s]
-                        farr[(s + 1) * m + i] = a + ct[s]
-                        comm += ct[s]
-                        if record:
-                            _rec(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, 2, link, a,
-                                 a + ct[s], s * m + i)
-            else:
-                bend[s * m + i] = en
-                cur[g] -= cur_mb[s]
-                if s > 0:
-                    h = sgroup[s - 1]
-                    if queued[h] == 0 and h != g:
-                        stack[top] = h
-                        queued[h] = 1
-                        top += 1
-                    if sgroup[s] == sgroup[s - 1]:
-                        barr[(s - 1) * m + i] = en
-                    else:
-                        link = sgroup[s] * G + sgroup[s - 1]
-                        a = en if en > lfree[link] else lfree[link]
-                        lfree[link] = a + ct[s - 1]
-                        barr[(s - 1) * m + i] = a + ct[s - 1]
-                        comm += ct[s - 1]
-                        if record:
-                            _rec(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, 3, link, a,
-                                 a + ct[s - 1], s * m + i)
-                bcount[s] += 1
-                if bcount[s] == m:
-                    lastb[s] = en
-                    a = en if en > arfree[g] else arfree[g]
-                    arfree[g] = a + ar[s]
-                    send[s] = a + ar[s]
-                    comm += ar[s]
-                    if record and ar[s] > 0.0:
-                        _rec(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, 4, g, a, a + ar[s], s)
-            gpos[g] += 1
-            done += 1
-    if done < total:
-        out[1] = DEADLOCK
-        return
+                    link = g * G + h
+                    a = en if en > lfree[link] else lfree[link]
+                    lfree[link] = a + ct[s]
+                    farr[j + m] = a + ct[s]
+                    comm += ct[s]
+                    if record:
+                        _rec(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, 2, link, a, a + ct[s], j)
+        else:
+            cur[g] -= cur_mb[s]
+            if s > 0:
+                h = sgroup[s - 1]
+                if h == g:
+                    barr[j - m] = en
+                else:
+                    link = g * G + h
+                    a = en if en > lfree[link] else lfree[link]
+                    lfree[link] = a + ct[s - 1]
+                    barr[j - m] = a + ct[s - 1]
+                    comm += ct[s - 1]
+                    if record:
+                        _rec(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, 3, link, a, a + ct[s - 1], j)
+            bcount[s] += 1
+            if bcount[s] == m:
+                lastb[s] = en
+                a = en if en > arfree[g] else arfree[g]
+                arfree[g] = a + ar[s]
+                send[s] = a + ar[s]
+                comm += ar[s]
+                if record and ar[s] > 0.0:
+                    _rec(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, 4, g, a, a + ar[s], s)
     step = 0.0
     for s in range(S):
         out_stage[2, s] = send[s]

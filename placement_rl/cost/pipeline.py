@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from placement_rl.cost._pipe_kernel import DEADLOCK, GPIPE, INTERLEAVED, ONE_F_ONE_B, OK, simulate_pipe, work_sizes
-from placement_rl.cost.simulate import _inverse_bandwidth, check_costs
+from placement_rl.cost._pipe_kernel import (GPIPE, INTERLEAVED, ONE_F_ONE_B, OK, schedule_order, simulate_pipe,
+                                            work_sizes)
+from placement_rl.cost.simulate import _inverse_bandwidth, _owned, check_costs
 from placement_rl.cost.types import CostTable, Interval, SimResult
 from placement_rl.errors import PlanError
 from placement_rl.graph.ir import CompGraph
@@ -72,6 +73,10 @@ class _Layout:
             if m % g:
                 raise PlanError(f"interleaved1f1b needs num_microbatches ({m}) divisible by the number of "
                                 f"device groups ({g})")
+        *self.order, ok = schedule_order(s, m, PIPELINE_SCHEDULES[plan.schedule], self.sgroup, g)
+        if not ok:
+            raise RuntimeError(f"schedule '{plan.schedule}' deadlocks for {s} stages on {g} groups with {m} "
+                               "micro-batches: this is a bug in the pipeline simulator")
         self.fw = np.zeros(0)
         self.iw = np.zeros(0, dtype=np.int64)
         self.out_stage = np.zeros((6, s))
@@ -90,11 +95,14 @@ class PipelineSimulator:
         self.graph, self.costs, self.topology = graph, costs, topology
         self.calls = 0
         i64 = np.int64
+        # the launch overhead part of each time does not shrink with micro-batches or replicas
+        fixed_fwd = np.minimum(costs.launch_overhead, costs.fwd_time)
+        fixed_bwd = np.minimum(costs.launch_overhead, costs.bwd_time)
         self._graph_arrays = (
-            np.ascontiguousarray(graph.edges[:, 0], i64), np.ascontiguousarray(graph.edges[:, 1], i64),
-            np.ascontiguousarray(graph.edge_bytes), costs.fwd_time, costs.bwd_time, costs.launch_overhead,
-            np.ascontiguousarray(graph.param_bytes), np.ascontiguousarray(graph.act_bytes),
-            np.ascontiguousarray(costs.link_latency), _inverse_bandwidth(costs))
+            _owned(graph.edges[:, 0], i64), _owned(graph.edges[:, 1], i64),
+            _owned(graph.edge_bytes), costs.fwd_time - fixed_fwd, fixed_fwd, costs.bwd_time - fixed_bwd, fixed_bwd,
+            _owned(graph.param_bytes), _owned(graph.act_bytes),
+            _owned(costs.link_latency), _inverse_bandwidth(costs))
         self._layouts: dict[tuple, _Layout] = {}
         self._out = np.zeros(3)
         self._no_rec = (np.zeros(1, i64), np.zeros(0, np.int8), np.zeros(0, i64), np.zeros(0), np.zeros(0),
@@ -125,15 +133,13 @@ class PipelineSimulator:
         stage = plan.stage_of_node
         if stage.shape[0] != self.graph.num_nodes:
             plan.validate(self.graph, self.topology)
-        simulate_pipe(stage, s, m, PIPELINE_SCHEDULES[plan.schedule], lay.gptr, lay.gdev, lay.sgroup,
+        simulate_pipe(stage, s, m, *lay.order, lay.gptr, lay.gdev, lay.sgroup,
                       lay.num_groups, *self._graph_arrays, lay.fw, lay.iw, lay.out_stage, lay.out_group,
                       self._out, len(rec[1]) > 0, *rec)
         self.calls += 1
         if self._out[1] != OK:
-            plan.validate(self.graph, self.topology)
-            raise RuntimeError(f"pipeline simulation failed (status {self._out[1]}, "
-                               f"{'deadlock' if self._out[1] == DEADLOCK else 'invalid plan'}) "
-                               f"for schedule '{plan.schedule}': this is a bug in the simulator")
+            plan.validate(self.graph, self.topology)  # raises the PlanError that names the problem
+            raise PlanError(f"stage plan does not fit graph '{self.graph.name}'")
         return lay
 
     def step_time(self, plan: StagePlan) -> float:

@@ -50,6 +50,11 @@ def check_costs(graph: CompGraph, costs: CostTable, topology: DeviceTopology) ->
                            f"{topology.num_devices} devices: call resolve_costs(graph, topology) again")
 
 
+def _owned(arr: np.ndarray, dtype=np.float64) -> np.ndarray:
+    """A writable C-contiguous copy, so each kernel compiles for one set of array types."""
+    return np.array(arr, dtype=dtype, order="C", copy=True)
+
+
 def _inverse_bandwidth(costs: CostTable) -> np.ndarray:
     inv = np.zeros_like(costs.link_bandwidth)
     finite = np.isfinite(costs.link_bandwidth) & (costs.link_bandwidth > 0)
@@ -120,10 +125,10 @@ class Simulator:
         n, d, e = graph.num_nodes, topology.num_devices, graph.num_edges
         i64 = np.int64
         self._graph_arrays = (
-            self.order, np.ascontiguousarray(graph.pred_ptr, i64), np.ascontiguousarray(graph.pred_idx, i64),
-            np.ascontiguousarray(graph.succ_ptr, i64), np.ascontiguousarray(graph.succ_idx, i64),
-            np.ascontiguousarray(graph.succ_eid, i64), np.ascontiguousarray(graph.edge_bytes, np.float64),
-            costs.fwd_time, costs.bwd_time, np.ascontiguousarray(costs.link_latency), _inverse_bandwidth(costs),
+            self.order, _owned(graph.pred_ptr, i64), _owned(graph.pred_idx, i64),
+            _owned(graph.succ_ptr, i64), _owned(graph.succ_idx, i64),
+            _owned(graph.succ_eid, i64), _owned(graph.edge_bytes, np.float64),
+            _owned(costs.fwd_time), _owned(costs.bwd_time), _owned(costs.link_latency), _inverse_bandwidth(costs),
             needs_grad(graph).astype(np.uint8), 4.0 * graph.param_bytes + graph.act_bytes)
         self._work = (np.zeros(n), np.zeros(n), np.zeros(n * d), np.zeros(d), np.zeros(d * d), np.zeros(d),
                       np.zeros(d), np.zeros(d, i64))
@@ -143,6 +148,9 @@ class Simulator:
             dev = np.ascontiguousarray(np.asarray(device_of_node).reshape(-1), dtype=np.int64)
         if dev.shape[0] != self.graph.num_nodes:
             Placement(dev).validate(self.graph, self.topology)
+        if dev.flags.writeable:  # one compiled specialisation: read-only arrays (as in Placement)
+            dev = dev.view()
+            dev.setflags(write=False)
         return dev
 
     def _simulate(self, dev: np.ndarray, rec: tuple) -> None:

@@ -39,6 +39,8 @@ class StageSplit:
     index: int
     module: fx.GraphModule
     param_names: tuple[str, ...]
+    inputs: tuple[str, ...]  # names of the values it receives (stage 0: the user inputs)
+    outputs: tuple[str, ...]  # names of the values it sends on (last stage: the loss)
     holders: tuple[tuple[nn.Module, str, str], ...]  # (owning module, attribute, original name)
 
 
@@ -69,6 +71,30 @@ def original_param_names(gm: nn.Module, aliases: dict[str, str] | None = None) -
     """``id(parameter) -> canonical fully-qualified name`` of the model it was exported from."""
     aliases = aliases or {}
     return {id(p): aliases.get(name, name) for name, p in gm.named_parameters()}
+
+
+def value_meta(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> dict[str, tuple[list[int], str, bool]]:
+    """``name -> (shape, dtype, requires_grad)`` of every tensor value of one micro-batch's forward.
+
+    Propagated with fake tensors (no compute, buffers untouched). The pipeline stages are built in
+    torch's *static* mode from these (the dynamic mode runs a stage once on uninitialised buffers,
+    which breaks integer inputs such as the targets).
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    ShapeProp(gm, fake_mode=FakeTensorMode(allow_non_fake_inputs=True)).propagate(*example_inputs)
+    out = {}
+    for n in gm.graph.nodes:
+        tm = n.meta.get("tensor_meta")
+        if hasattr(tm, "shape"):
+            out[n.name] = (list(tm.shape), str(tm.dtype).removeprefix("torch."), bool(tm.requires_grad))
+    return out
+
+
+def crossing_values(splits: Sequence[StageSplit]) -> list[str]:
+    """Names of the values entering or leaving a stage (user inputs, values sent between stages, the loss)."""
+    return sorted({v for sp in splits for v in sp.outputs + sp.inputs})
 
 
 def plan_node_stages(graph: CompGraph, stage_of_node: np.ndarray) -> dict[str, int]:
@@ -159,15 +185,14 @@ def split_stages(gm: fx.GraphModule, stage: dict[str, int], num_stages: int, *,
                 if a.op == "get_attr" and a not in env:
                     env[a] = g.get_attr(a.target)
             env[n] = g.node_copy(n, env.__getitem__)
-        if k == num_stages - 1:
-            g.output(env[loss])
-        else:
-            g.output(tuple(env[v] for v in made_in if made_in[v] <= k and last_use.get(v, -1) > k))
+        live_out = [loss] if k == num_stages - 1 else [v for v in made_in if made_in[v] <= k and last_use.get(v, -1) > k]
+        g.output(env[loss] if k == num_stages - 1 else tuple(env[v] for v in live_out))
         sub = fx.GraphModule(gm, g, class_name=f"Stage{k}")
         holders = tuple((m, attr, fqn[id(p)]) for m in sub.modules() for attr, p in m._parameters.items()
                         if p is not None and id(p) in fqn)
         names = tuple(dict.fromkeys(h[2] for h in holders))
-        splits.append(StageSplit(index=k, module=sub, param_names=names, holders=holders))
+        splits.append(StageSplit(index=k, module=sub, param_names=names, inputs=tuple(v.name for v in live_in),
+                                 outputs=tuple(v.name for v in live_out), holders=holders))
     return splits
 
 

@@ -46,8 +46,8 @@ from torch import nn
 from placement_rl.errors import ConfigError, ExecutionError, PlanError
 from placement_rl.executor._launch import run_ranks
 from placement_rl.executor._mesh import ParallelDims, parallel_dims
-from placement_rl.executor._stages import (assign_stages, export_step, param_aliases, program_module, split_stages,
-                                           tied_parameters)
+from placement_rl.executor._stages import (assign_stages, crossing_values, export_step, param_aliases, program_module,
+                                           split_stages, tied_parameters, value_meta)
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import StagePlan
@@ -199,9 +199,17 @@ def prepare_job(plan: StagePlan, graph: CompGraph, *, model: str | None = None,
     except Exception as exc:  # torch.export raises many kinds
         raise ExecutionError(f"cannot export the model at micro-batch size {micro} ({type(exc).__name__}: "
                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
-    stage_map = assign_stages(program_module(ep), graph, plan.stage_of_node)
+    gm = program_module(ep)
+    stage_map = assign_stages(gm, graph, plan.stage_of_node)
     aliases = param_aliases(module)
-    ties = tied_parameters(split_stages(program_module(ep), stage_map, dims.num_stages, aliases=aliases))
+    splits = split_stages(gm, stage_map, dims.num_stages, aliases=aliases)
+    ties = tied_parameters(splits)
+    metas = value_meta(program_module(ep), [t[:micro] for t in batch])
+    crossing = crossing_values(splits)
+    odd = [v for v in crossing if v not in metas]
+    if odd:
+        raise PlanError(f"value '{odd[0]}' passes between stages but is not a single tensor; move the cut so that "
+                        "only tensors cross stages")
     device = _resolve_device(config, plan, topology)
     backend = "nccl" if device == "cuda" else "gloo"
     job = Path(job_dir)
@@ -211,7 +219,8 @@ def prepare_job(plan: StagePlan, graph: CompGraph, *, model: str | None = None,
     cfg = asdict(config) | {"device": device}
     atomic_write_text(job / "job.json", json.dumps({
         "schema": JOB_SCHEMA, "version": VERSION, "backend": backend, "config": cfg,
-        "dims": asdict(dims), "stage_map": stage_map, "param_aliases": aliases, "batch_size": size, "tied": {k: list(v) for k, v in ties.items()},
+        "dims": asdict(dims), "stage_map": stage_map, "param_aliases": aliases,
+        "value_meta": {v: metas[v] for v in crossing}, "batch_size": size, "tied": {k: list(v) for k, v in ties.items()},
         "plan": plan.to_dict(graph), "model": {"zoo": model, "overrides": dict(overrides or {})}}, indent=1))
     return PreparedJob(job_dir=job, dims=dims, backend=backend, threads=config.threads, timeout_s=config.timeout_s)
 

@@ -119,6 +119,24 @@ def apply_dp(modules: Sequence[nn.Module], dp_mesh: DeviceMesh, *, device: torch
             if any(p.requires_grad for p in m.parameters()) else m for m in modules]
 
 
+def pipeline_stage(module: nn.Module, split: StageSplit, dims: ParallelDims, device: torch.device,
+                   metas: dict[str, Any], group: Any) -> PipelineStage:
+    """A ``PipelineStage`` in static mode: example inputs/outputs and their grads from the value metadata."""
+    def example(name: str) -> torch.Tensor:
+        shape, dtype, _ = metas[name]
+        return torch.zeros(shape, dtype=getattr(torch, dtype), device=device)
+
+    def grads(names: Sequence[str]) -> tuple[torch.Tensor | None, ...]:
+        return tuple(example(v) if metas[v][2] else None for v in names)
+
+    first, last = split.index == 0, split.index == dims.num_stages - 1
+    outputs = example(split.outputs[0]) if last else tuple(example(v) for v in split.outputs)
+    return PipelineStage(module, split.index, dims.num_stages, device,
+                         input_args=tuple(example(v) for v in split.inputs),
+                         output_args=outputs, input_grads=None if first else grads(split.inputs),
+                         output_grads=None if last else grads(split.outputs), group=group)
+
+
 def build_schedule(dims: ParallelDims, stages: list[PipelineStage]) -> Any:
     cls = getattr(pp_schedules, dims.schedule_class_name())
     if dims.stages_per_rank == 1 and dims.schedule in ("gpipe", "1f1b"):
@@ -167,7 +185,7 @@ def train(job: dict[str, Any], job_dir: Path, *, rank: int, dims: ParallelDims, 
     mesh = build_mesh(dims, device)
     groups = tie_groups(dims, ties, rank)
     modules = apply_dp([sp.module for sp in splits], mesh["dp"], device=device)
-    stages = [PipelineStage(mod, sp.index, dims.num_stages, device, group=mesh["pp"].get_group())
+    stages = [pipeline_stage(mod, sp, dims, device, job["value_meta"], mesh["pp"].get_group())
               for mod, sp in zip(modules, splits)]
     schedule = build_schedule(dims, stages)
     named = [stage_parameters(sp) for sp in splits]

@@ -33,10 +33,11 @@ import numpy as np
 import torch
 from torch import fx
 
-from placement_rl.errors import ExecutionError, PlanError
+from placement_rl.errors import ExecutionError, PlanError, ProfileError
 from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import Placement
 from placement_rl.profiling.program import Program, export_program, is_tensor, mutated_args, retarget, transfer
+from placement_rl.profiling.timing import clock_fn
 from placement_rl.topology import DeviceTopology
 
 OPTIMIZERS = ("adam", "sgd")
@@ -267,8 +268,11 @@ def _cpu_memory(placed: PlacedProgram, optimizer: str) -> np.ndarray:
 def run_placement(module: torch.nn.Module, inputs: Sequence[Any], graph: CompGraph,
                   placement: Placement | Sequence[int], topology: DeviceTopology, *, steps: int = 5,
                   warmup: int = 1, optimizer: str = "adam", lr: float = 1e-3, time_limit_s: float | None = None,
-                  program: Program | None = None) -> LocalRunResult:
+                  program: Program | None = None, clock: str = "wall") -> LocalRunResult:
     """Run ``warmup + steps`` real training steps of the placed program; time the last ``steps``.
+
+    ``clock``: ``"wall"`` (devices synchronised around each step) or ``"thread"`` (CPU seconds of this
+    thread: CPU-only topologies with one torch thread; immune to other processes sharing the cores).
 
     ``time_limit_s`` bounds the whole measurement (checked after each step): over it,
     ``MeasurementTimeout`` (an ``ExecutionError``) is raised. ``program``: a cached ``export_program``.
@@ -283,10 +287,14 @@ def run_placement(module: torch.nn.Module, inputs: Sequence[Any], graph: CompGra
     except PlanError as exc:
         raise ExecutionError(f"invalid placement: {exc}") from None
     check_memory(graph, p, topology, optimizer=optimizer)
+    try:
+        now = clock_fn(clock, next((d for d in _torch_devices(topology) if d.type == "cuda"), None))
+    except ProfileError as exc:
+        raise ExecutionError(str(exc)) from None
     t_start = time.perf_counter()
     try:
         return _run(module, inputs, graph, p, topology, steps=steps, warmup=warmup, optimizer=optimizer, lr=lr,
-                    time_limit_s=time_limit_s, program=program, t_start=t_start)
+                    time_limit_s=time_limit_s, program=program, t_start=t_start, now=now)
     except torch.cuda.OutOfMemoryError as exc:
         torch.cuda.empty_cache()
         raise ExecutionError(f"CUDA out of memory running the placement ({str(exc).splitlines()[0]}); "
@@ -294,7 +302,7 @@ def run_placement(module: torch.nn.Module, inputs: Sequence[Any], graph: CompGra
 
 
 def _run(module, inputs, graph, placement, topology, *, steps, warmup, optimizer, lr, time_limit_s, program,
-         t_start) -> LocalRunResult:
+         t_start, now) -> LocalRunResult:
     placed = PlacedProgram(module, inputs, graph, placement, topology, program=program)
     devices = placed.devices
     params = placed.trainable()
@@ -324,10 +332,10 @@ def _run(module, inputs, graph, placement, topology, *, steps, warmup, optimizer
             check_time()
         for _ in range(steps):
             _sync(devices)
-            t0 = time.perf_counter()
+            t0 = now()
             losses.append(step())
             _sync(devices)
-            times.append(time.perf_counter() - t0)
+            times.append(now() - t0)
             check_time()
     peak = cpu_mem.copy()
     for j, d in enumerate(devices):

@@ -16,18 +16,23 @@ parameters the call owns) runs under a second ``FlopCounterMode``. So per node:
 * ``out_bytes`` and, per producer, the bytes of the tensors passed along each edge.
 
 ``getitem`` of a multi-output op (a list/tuple value) is folded into its producer.
+
+FLOP counts depend only on the op, its non-tensor arguments and its inputs' shapes, strides,
+dtypes, aliasing and ``requires_grad``; they are cached under that signature within one capture,
+so repeated layers (time steps, transformer blocks) run their backward once. Every node's forward
+still runs (its outputs feed its consumers and its saved tensors are counted).
 """
 
 from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Hashable, Iterable, Mapping
 
 import torch
 from torch import fx
 from torch.autograd.graph import saved_tensors_hooks
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
 
@@ -39,6 +44,7 @@ class OpCall:
     op_type: str
     module_path: str
     owned_params: tuple[torch.Tensor, ...] = ()
+    cache_key: Hashable | None = None  # identity of the op for the FLOP cache (None: never cached)
 
 
 @dataclass
@@ -73,6 +79,24 @@ def _storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
 
+def _signature(call: OpCall, args: tuple, kwargs: dict) -> Hashable | None:
+    """Hashable description of an op call that determines its FLOPs, or None if not cacheable."""
+    if call.cache_key is None:
+        return None
+    flat, spec = tree_flatten((args, kwargs))
+    first: dict[int, int] = {}
+    parts: list[Hashable] = []
+    for i, x in enumerate(flat):
+        if isinstance(x, torch.Tensor):
+            parts.append(("T", tuple(x.shape), x.stride(), x.dtype, x.requires_grad, first.setdefault(id(x), i)))
+        elif x is None or isinstance(x, (bool, int, float, str, torch.dtype, torch.device, torch.memory_format,
+                                         torch.layout)):
+            parts.append((type(x).__name__, x))
+        else:
+            return None
+    return (call.cache_key, str(spec), tuple(parts))
+
+
 class _Measure:
     def __init__(self, *, trainable: Iterable[torch.Tensor], constants: Iterable[torch.Tensor],
                  device: torch.device | None) -> None:
@@ -81,6 +105,7 @@ class _Measure:
         self.constant_keys = {_storage_key(t) for t in constants}
         self.saved: dict[int, Any] = {}  # storage key -> storage, kept alive so keys stay unique
         self.device = device
+        self.flops: dict[Hashable, tuple[float, float, bool]] = {}  # signature -> (fwd, bwd, measured)
 
     def _retarget(self, x: Any) -> Any:
         return self.device if isinstance(x, torch.device) else x
@@ -97,11 +122,13 @@ class _Measure:
                 if id(t) not in self.claimed:
                     self.claimed.add(id(t))
                     rec.param_bytes += t.numel() * t.element_size()
+        sig = _signature(call, args, kwargs)
+        cached = self.flops.get(sig) if sig is not None else None
         try:
-            out, wrt, saved, fwd = self._forward(call, args, kwargs, clone=False)
+            out, wrt, saved, fwd = self._forward(call, args, kwargs, clone=False, count=cached is None)
         except Exception as first:  # in-place op on a leaf that requires grad: retry on clones
             try:
-                out, wrt, saved, fwd = self._forward(call, args, kwargs, clone=True)
+                out, wrt, saved, fwd = self._forward(call, args, kwargs, clone=True, count=cached is None)
             except Exception:
                 raise NodeFailure(node.name, first) from first
         rec.fwd_flops = float(fwd)
@@ -113,7 +140,9 @@ class _Measure:
         rec.out_bytes = float(tensor_bytes(out))
         wrt += [p for p in call.owned_params if p.requires_grad]
         outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-        if outs and wrt:
+        if cached is not None:
+            rec.fwd_flops, rec.bwd_flops, rec.bwd_measured = cached
+        elif outs and wrt:
             try:
                 with FlopCounterMode(display=False) as counter:
                     torch.autograd.grad(outs, wrt, [torch.ones_like(t) for t in outs], allow_unused=True)
@@ -121,12 +150,14 @@ class _Measure:
             except Exception:
                 rec.bwd_measured = False
                 rec.bwd_flops = rec.fwd_flops * (2.0 if uses_params else 1.0)
+        if sig is not None and cached is None:
+            self.flops[sig] = (rec.fwd_flops, rec.bwd_flops, rec.bwd_measured)
         out = tree_map(lambda t: t.detach().requires_grad_(t.requires_grad)
                        if isinstance(t, torch.Tensor) else t, out)
         return out, rec
 
     @staticmethod
-    def _forward(call: OpCall, args: tuple, kwargs: dict, *, clone: bool):
+    def _forward(call: OpCall, args: tuple, kwargs: dict, *, clone: bool, count: bool):
         leaves: dict[int, torch.Tensor] = {}
 
         def to_leaf(t: Any) -> Any:
@@ -143,8 +174,11 @@ class _Measure:
             saved.append(t)
             return t
 
-        with saved_tensors_hooks(pack, lambda t: t), FlopCounterMode(display=False) as counter:
-            out = call.fn(*args, **kwargs)
+        with saved_tensors_hooks(pack, lambda t: t):
+            if not count:
+                return call.fn(*args, **kwargs), list(leaves.values()), saved, 0
+            with FlopCounterMode(display=False) as counter:
+                out = call.fn(*args, **kwargs)
         return out, list(leaves.values()), saved, counter.get_total_flops()
 
 

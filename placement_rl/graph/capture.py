@@ -110,7 +110,8 @@ def _export_leaves(ep: Any, module: nn.Module, inputs: Sequence[Any], mode: str)
 
 
 def _describe_export(node: fx.Node) -> OpCall:
-    return OpCall(fn=node.target, op_type=_op_name(node.target), module_path=_innermost_path(node))
+    return OpCall(fn=node.target, op_type=_op_name(node.target), module_path=_innermost_path(node),
+                  cache_key=node.target if isinstance(node.target, torch._ops.OpOverload) else None)
 
 
 def _measure_export(module: nn.Module, inputs: tuple, exec_mode: str):
@@ -163,8 +164,9 @@ def _measure_fx(module: nn.Module, inputs: tuple):
         if node.op == "call_method":
             name = str(node.target)
             return OpCall(fn=lambda obj, *a, **k: getattr(obj, name)(*a, **k), op_type=name,
-                          module_path=_innermost_path(node))
-        return OpCall(fn=node.target, op_type=_op_name(node.target), module_path=_innermost_path(node))
+                          module_path=_innermost_path(node), cache_key=("method", name))
+        return OpCall(fn=node.target, op_type=_op_name(node.target), module_path=_innermost_path(node),
+                      cache_key=node.target)
 
     try:
         records, unused = measure_graph(traced.graph, leaves=leaves, describe=describe, trainable=trainable,

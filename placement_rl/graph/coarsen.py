@@ -16,6 +16,11 @@ Algorithm (``coarsen``):
 4. With ``max_nodes``, repeatedly merge the cheapest group (fwd+bwd flops) into its cheapest adjacent
    group whose contraction keeps the graph acyclic, until at most ``max_nodes`` groups remain.
 
+``depth=None`` (automatic) tries depth 1, 2, ... (folding), then the depths without folding, then one
+group per node (``meta["coarsen"]["depth"] == "node"``), and keeps the first candidate with at least
+``target[0]`` groups, merged down to ``target[1]`` if it has more; a graph too small for the target gets
+its finest candidate. So any graph with at least ``target[0]`` nodes lands inside ``target``.
+
 Sums of ``fwd_flops``, ``bwd_flops``, ``param_bytes``, ``act_bytes`` and ``out_bytes`` are conserved
 (a group's ``out_bytes`` is the sum of its members' outputs).
 

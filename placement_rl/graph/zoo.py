@@ -22,6 +22,7 @@ bert_hf     transformers ``BertForMaskedLM`` from a ``BertConfig`` (needs transf
 from __future__ import annotations
 
 import functools
+import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -29,7 +30,7 @@ import torch
 from torch import nn
 
 from placement_rl.errors import GraphError
-from placement_rl.graph.models import gpt, inception, mlp, moe, nmt, resnet
+from placement_rl.graph.models import gpt, hf, inception, mlp, moe, nmt, resnet
 
 Builder = Callable[..., tuple[nn.Module, tuple[torch.Tensor, ...]]]
 
@@ -54,17 +55,19 @@ _CORE: dict[str, ZooEntry] = {
 }
 
 
-@functools.lru_cache(maxsize=1)
+_HF: dict[str, ZooEntry] = {
+    "gpt2_hf": ZooEntry(hf.build_gpt2, hf.GPT2_DEFAULTS, "transformers GPT2LMHeadModel (config only)"),
+    "bert_hf": ZooEntry(hf.build_bert, hf.BERT_DEFAULTS, "transformers BertForMaskedLM (config only)"),
+}
+
+
 def _hf_entries() -> dict[str, ZooEntry]:
-    """The transformers-based models, or none when ``transformers`` does not import."""
-    try:
-        from placement_rl.graph.models import hf
-    except ImportError:
-        return {}
-    return {
-        "gpt2_hf": ZooEntry(hf.build_gpt2, hf.GPT2_DEFAULTS, "transformers GPT2LMHeadModel (config only)"),
-        "bert_hf": ZooEntry(hf.build_bert, hf.BERT_DEFAULTS, "transformers BertForMaskedLM (config only)"),
-    }
+    """The transformers-based models, or none when ``transformers`` is not installed.
+
+    Checked with ``importlib.util.find_spec`` (importing transformers takes seconds); the
+    package itself is imported when one of these models is built.
+    """
+    return _HF if importlib.util.find_spec("transformers") is not None else {}
 
 
 def _entries() -> dict[str, ZooEntry]:
@@ -117,5 +120,8 @@ def build(name: str, **overrides: Any) -> tuple[nn.Module, tuple[torch.Tensor, .
     ``module(*inputs)`` returns the scalar training loss. Unknown names or options raise ``GraphError``.
     """
     opts = resolve_options(name, overrides)
-    module, inputs = _entry(name).build(**opts)
+    try:
+        module, inputs = _entry(name).build(**opts)
+    except ImportError as exc:
+        raise GraphError(f"zoo model '{name}' cannot be built: {exc}; install the 'hf' extra") from None
     return module.train(), tuple(inputs)

@@ -26,7 +26,7 @@ from placement_rl.errors import ProfileError
 from placement_rl.graph.ir import CompGraph
 from placement_rl.profiling.db import ProfileDB
 from placement_rl.profiling.program import Record, export_program, is_tensor, mutated_args, needs_grad, record
-from placement_rl.profiling.timing import time_fn, wall_samples
+from placement_rl.profiling.timing import clock_fn, time_fn, wall_samples
 from placement_rl.topology import Device
 
 
@@ -110,12 +110,14 @@ def op_names_of(graph: CompGraph) -> list[str]:
 
 def profile_graph(module: torch.nn.Module, inputs: Sequence[Any], graph: CompGraph, device: Device | str, *,
                   warmup: int = 3, repeats: int = 10, progress: bool = True, db: ProfileDB | None = None,
-                  save_every: int = 25, step_repeats: int | None = None) -> ProfileDB:
+                  save_every: int = 25, step_repeats: int | None = None, clock: str = "wall") -> ProfileDB:
     """Time every op of ``graph`` (captured from ``module`` on ``inputs``) on ``device`` into a ProfileDB.
 
     ``db``: an existing DB to extend or resume (nodes it already has on this device are skipped); saved
     every ``save_every`` nodes when it has a path. Also records the whole-step (forward + backward) time
-    of ``module`` (``step_repeats`` samples, default ``repeats``).
+    of ``module`` (``step_repeats`` samples, default ``repeats``) and of one optimizer step.
+    ``clock``: ``"wall"`` or ``"thread"`` (CPU time, see ``placement_rl.profiling.timing``); recorded
+    with the device, and a DB never mixes clocks for one device.
     """
     from tqdm.auto import tqdm
 
@@ -124,8 +126,14 @@ def profile_graph(module: torch.nn.Module, inputs: Sequence[Any], graph: CompGra
     dev_spec = as_device(device)
     dev = _torch_device(dev_spec)
     db = db if db is not None else ProfileDB()
+    clock_fn(clock, dev)
     if dev_spec.name not in db.data["devices"]:
         db.add_device(dev_spec.name, dev_spec)
+        db.data["devices"][dev_spec.name]["clock"] = clock
+    elif db.data["devices"][dev_spec.name].get("clock", "wall") != clock:
+        raise ProfileError(f"profile {db.label} timed device '{dev_spec.name}' with the "
+                           f"{db.data['devices'][dev_spec.name].get('clock', 'wall')} clock, not {clock!r}: "
+                           "use the same clock or another output file")
     program = export_program(module, inputs)
     program.check_graph(graph)
     done = db.node_times(graph, dev_spec.name)
@@ -139,26 +147,27 @@ def profile_graph(module: torch.nn.Module, inputs: Sequence[Any], graph: CompGra
         for k, name in enumerate(bar, start=1):
             bench = _NodeBench(recs[name], mutated_args(nodes[name]))
             with torch.enable_grad():
-                fwd = time_fn(bench.forward, dev, warmup=warmup, repeats=repeats)
+                fwd = time_fn(bench.forward, dev, warmup=warmup, repeats=repeats, clock=clock)
                 bwd_fn = bench.backward_fn()
-                bwd = time_fn(bwd_fn, dev, warmup=warmup, repeats=repeats) if bwd_fn is not None else []
+                bwd = time_fn(bwd_fn, dev, warmup=warmup, repeats=repeats, clock=clock) if bwd_fn is not None else []
             db.put_node(graph, dev_spec.name, name, fwd, bwd, signature=recs[name].signature)
             if db.path is not None and save_every > 0 and k % save_every == 0:
                 db.save()
         del recs, values
     if db.optimizer_time(graph, dev_spec.name) is None:
-        samples, nbytes = measure_optimizer(module, dev_spec, warmup=warmup, repeats=step_repeats or repeats)
+        samples, nbytes = measure_optimizer(module, dev_spec, warmup=warmup, repeats=step_repeats or repeats,
+                                            clock=clock)
         db.put_optimizer(graph, dev_spec.name, samples, nbytes)
     if db.step_time(graph, dev_spec.name) is None:
         db.put_step(graph, dev_spec.name, measure_step(module, inputs, dev_spec, warmup=warmup,
-                                                       repeats=step_repeats or repeats))
+                                                       repeats=step_repeats or repeats, clock=clock))
     if db.path is not None:
         db.save()
     return db
 
 
 def measure_step(module: torch.nn.Module, inputs: Sequence[Any], device: Device | str, *, warmup: int = 3,
-                 repeats: int = 10) -> list[float]:
+                 repeats: int = 10, clock: str = "wall") -> list[float]:
     """Seconds of each whole training-step forward + backward (``loss = module(*inputs); loss.backward()``).
 
     Runs on a copy of the module moved to the device, gradients cleared (outside the timed region is not
@@ -176,11 +185,11 @@ def measure_step(module: torch.nn.Module, inputs: Sequence[Any], device: Device 
         loss.backward()
 
     with torch.enable_grad():
-        return wall_samples(step, dev, warmup=warmup, repeats=repeats)
+        return wall_samples(step, dev, warmup=warmup, repeats=repeats, clock=clock)
 
 
 def measure_optimizer(module: torch.nn.Module, device: Device | str, *, optimizer: str = "adam", lr: float = 1e-3,
-                      warmup: int = 3, repeats: int = 10) -> tuple[list[float], float]:
+                      warmup: int = 3, repeats: int = 10, clock: str = "wall") -> tuple[list[float], float]:
     """Seconds of each optimizer step over copies of the module's trainable parameters (unit gradients),
     and the parameters' bytes. ``optimizer``: ``adam`` or ``sgd`` (as the executor builds them)."""
     dev = _torch_device(as_device(device))
@@ -193,4 +202,4 @@ def measure_optimizer(module: torch.nn.Module, device: Device | str, *, optimize
     nbytes = float(sum(p.numel() * p.element_size() for p in params))
     if not params:
         return [0.0] * repeats, 0.0
-    return wall_samples(opt.step, dev, warmup=warmup, repeats=repeats), nbytes
+    return wall_samples(opt.step, dev, warmup=warmup, repeats=repeats, clock=clock), nbytes

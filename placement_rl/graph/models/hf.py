@@ -1,6 +1,6 @@
 """``gpt2_hf`` / ``bert_hf``: Hugging Face transformers built from a config (no weight download).
 
-Only imported when ``transformers`` is installed. Attention uses the ``eager`` implementation
+``transformers`` is imported only when a model is built (it is slow to import). Attention uses the ``eager`` implementation
 (explicit matmuls) so its FLOPs are visible to ``FlopCounterMode`` on every device, and the KV
 cache is off (``use_cache=False``) so the forward is a plain training step.
 """
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
 
 from placement_rl.graph.models._common import check_positive, check_prob, seeded
 from placement_rl.graph.models.gpt import check_transformer
@@ -46,6 +45,8 @@ def build_gpt2(*, batch_size: int, seq_len: int, vocab_size: int, d_model: int, 
                dropout: float, seed: int) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     check_transformer("gpt2_hf", batch_size=batch_size, seq_len=seq_len, vocab_size=vocab_size,
                       d_model=d_model, n_layers=n_layers, n_heads=n_heads, dropout=dropout)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
     config = GPT2Config(vocab_size=vocab_size, n_positions=seq_len, n_embd=d_model, n_layer=n_layers,
                         n_head=n_heads, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
                         use_cache=False, bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1)
@@ -64,6 +65,8 @@ def build_bert(*, batch_size: int, seq_len: int, vocab_size: int, d_model: int, 
                       d_model=d_model, n_layers=n_layers, n_heads=n_heads, dropout=dropout)
     check_prob("bert_hf", mask_prob=mask_prob)
     check_positive("bert_hf", mask_prob=mask_prob)
+    from transformers import BertConfig, BertForMaskedLM
+
     config = BertConfig(vocab_size=vocab_size, hidden_size=d_model, num_hidden_layers=n_layers,
                         num_attention_heads=n_heads, intermediate_size=4 * d_model,
                         max_position_embeddings=max(512, seq_len), hidden_dropout_prob=dropout,

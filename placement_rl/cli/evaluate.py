@@ -1,0 +1,94 @@
+"""``placement-rl evaluate``: compare every placer on a benchmark suite (or one case, or a given plan)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from omegaconf import DictConfig
+
+from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir, to_container
+from placement_rl.cost import resolve_costs, simulate, simulate_pipeline
+from placement_rl.errors import ConfigError
+from placement_rl.evaluate import DEFAULT_PIPELINE_CASES, DEFAULT_SUITE, Row, best_row, compare, run_suite
+from placement_rl.graph.io import atomic_write_text
+from placement_rl.plans import Placement, StagePlan, load_plan
+from placement_rl.report import gantt, markdown_table, speedup_bars, write_csv
+
+COLUMNS = ("case", "kind", "placer", "step_time_ms", "speedup", "feasible", "search_seconds", "sim_calls", "note")
+HEADERS = ("case", "kind", "placer", "step time (ms)", "speed-up", "feasible", "search s", "sim calls", "note")
+
+
+def table_rows(rows: list[Row]) -> list[dict]:
+    out = []
+    for r in rows:
+        d = r.as_dict()
+        d["step_time_ms"] = r.step_time * 1e3
+        d["note"] = (r.note or "")[:90]
+        out.append(d)
+    return out
+
+
+def write_comparison(rows: list[Row], problems: dict, out: Path, *, title: str) -> str:
+    """comparison.md / comparison.csv / speedup.png / timeline_<case>.png; returns the markdown."""
+    trows = table_rows(rows)
+    md = f"# {title}\n\n" + markdown_table(trows, COLUMNS, HEADERS)
+    atomic_write_text(out / "comparison.md", md)
+    write_csv(out / "comparison.csv", trows, COLUMNS)
+    speedup_bars([r for r in trows if r["kind"] == "placement"], out / "speedup.png")
+    for case, (graph, costs, topology) in problems.items():
+        best = best_row([r for r in rows if r.case == case], kind=None)
+        if best is None:
+            continue
+        sim = simulate if isinstance(best.plan, Placement) else simulate_pipeline
+        res = sim(graph, costs, topology, best.plan, timeline=True)
+        safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in case)
+        gantt(res.timeline or (), out / f"timeline_{safe}.png",
+              title=f"{case}: best = {best.placer} ({best.step_time * 1e3:.3f} ms)")
+    return md
+
+
+def run(cfg: DictConfig) -> list[Row]:
+    out = output_dir()
+    budget, seed = int(cfg.budget), int(cfg.seed)
+    placers = list(cfg.placers) if cfg.placers else None
+    if cfg.suite == "default" and not cfg.plan:
+        rows, problems = run_suite(DEFAULT_SUITE, budget=budget, seed=seed, placers=placers,
+                                   pipeline_cases=DEFAULT_PIPELINE_CASES if cfg.pipeline else (),
+                                   num_microbatches=int(cfg.num_microbatches), progress=bool(cfg.progress))
+    elif cfg.suite in ("single", "default"):
+        graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
+        case = f"{graph.name}/{topology.name}"
+        extra = None
+        if cfg.plan:
+            plan = load_plan(str(cfg.plan), topology=topology, graph=graph)
+            plan.validate(graph, topology)
+            costs = resolve_costs(graph, topology)
+            res = (simulate if isinstance(plan, Placement) else simulate_pipeline)(graph, costs, topology, plan)
+            extra = (plan, res)
+        costs = resolve_costs(graph, topology)
+        from placement_rl import baselines
+
+        rows = compare(graph, costs, topology, budget=budget, seed=seed, case=case, placers=placers,
+                       partitioners=baselines.pipeline_names() if cfg.pipeline else ())
+        if extra is not None:
+            plan, res = extra
+            single = next((r.step_time for r in rows if r.placer == "single_device"), float("nan"))
+            rows.append(Row(case, f"given:{Path(str(cfg.plan)).name}",
+                            "placement" if isinstance(plan, Placement) else "pipeline", float(res.step_time),
+                            float(single / res.step_time), bool(res.feasible), 0.0, 1, plan=plan))
+        problems = {case: (graph, costs, topology)}
+    else:
+        raise ConfigError(f"suite is '{cfg.suite}': choose default or single")
+    sources = sorted({s for (_, costs, _) in problems.values() for s in costs.source})
+    md = write_comparison(rows, problems, out, title=f"placer comparison (budget {budget} simulator calls, "
+                                                     f"seed {seed}, costs: {', '.join(sources)})")
+    metrics = {"budget": budget, "seed": seed, "rows": table_rows(rows)}
+    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1, default=float))
+    print(md)
+    print(f"wrote {out}/comparison.md, comparison.csv, speedup.png, timeline_*.png, metrics.json")
+    return rows
+
+
+main = hydra_app("evaluate")(run)

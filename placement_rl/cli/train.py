@@ -1,0 +1,111 @@
+"""``placement-rl train``: learn a placement / pipeline policy; write checkpoint, plan, metrics, plots, comparison."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from omegaconf import DictConfig
+
+from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir, to_container
+from placement_rl.errors import ConfigError
+from placement_rl.graph.io import atomic_write_text
+
+
+def make_specs(cfg: DictConfig):
+    from agents.reinforce import ReinforceConfig
+    from agents.train import AgentSpec, EncoderSpec
+
+    a = dict(to_container(cfg.agent))
+    try:
+        if "reinforce" in a:
+            a["reinforce"] = ReinforceConfig(**a["reinforce"])
+        return AgentSpec(**a), EncoderSpec(**to_container(cfg.encoder))
+    except TypeError as exc:
+        raise ConfigError(f"bad agent/encoder config: {exc}") from None
+
+
+def env_kwargs(cfg: DictConfig, graph, topology) -> dict:
+    opts = {k: v for k, v in (to_container(cfg.env.get("options")) or {}).items() if v is not None}
+    return {"graph": graph, "topology": topology, **opts}
+
+
+def write_plan(value, graph, topology, out) -> str:
+    from placement_rl.plans import Placement, StagePlan
+
+    if isinstance(value, StagePlan):
+        value.to_json(out / "plan.json", graph=graph, topology=topology)
+        return "plan.json"
+    Placement(np.asarray(value)[: graph.num_nodes]).to_json(out / "placement.json", graph=graph, topology=topology)
+    return "placement.json"
+
+
+def run(cfg: DictConfig) -> dict:
+    from agents.train import Trainer, final_plan
+    from placement_rl.report import training_curve
+
+    graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
+    agent, encoder = make_specs(cfg)
+    out = output_dir()
+    tcfg = cfg.trainer
+    print(f"training {agent.algo} + {encoder.name} on {cfg.env.id}: graph {graph.name} ({graph.num_nodes} nodes), "
+          f"topology {topology.name} ({topology.num_devices} devices), {int(tcfg.total_steps)} steps")
+    trainer = Trainer(env_id=str(cfg.env.id), env_kwargs=env_kwargs(cfg, graph, topology), agent=agent,
+                      encoder=encoder, seed=int(cfg.seed), config=to_container(cfg),
+                      tensorboard_dir=str(out / "tb") if tcfg.tensorboard else None)
+    if cfg.checkpoint:
+        trainer.load_weights(str(cfg.checkpoint))
+        print(f"resumed from {cfg.checkpoint} at step {trainer.num_timesteps}")
+    trainer.learn(int(tcfg.total_steps), progress=bool(cfg.progress))
+    ckpt = trainer.save(out / "checkpoint.pt")
+    best = final_plan(trainer, samples=int(tcfg.eval_samples), seed=int(cfg.seed))
+    plan_file = write_plan(best["value"], graph, topology, out)
+    tr = trainer.tracker
+    single = tr.best_single_time
+    metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, "env": str(cfg.env.id),
+               "agent": agent.algo, "encoder": encoder.name, "seed": int(cfg.seed),
+               "total_steps": trainer.num_timesteps, "episodes": tr.episodes, "sim_calls": tr.sim_calls,
+               "train_seconds": trainer.train_seconds, "best_single_device_time": single,
+               "step_time": best["step_time"], "feasible": best["feasible"], "plan_source": best["source"],
+               "speedup_over_single_device": single / best["step_time"] if best["step_time"] > 0 else None,
+               "policy_greedy_time": best["policy_greedy_time"],
+               "policy_best_of_k_time": best["policy_best_of_k_time"]}
+    refs = {"best single device": single}
+    if tcfg.compare:
+        from placement_rl.cli.evaluate import write_comparison
+        from placement_rl.cost import resolve_costs
+        from placement_rl.evaluate import Row, best_row, compare
+        from placement_rl import baselines
+
+        costs = resolve_costs(graph, topology)
+        case = f"{graph.name}/{topology.name}"
+        pipeline = str(cfg.env.id).startswith("placement_rl/PipelineEnv")
+        rows = compare(graph, costs, topology, budget=max(tr.sim_calls, 1), seed=int(cfg.seed), case=case,
+                       partitioners=baselines.pipeline_names() if pipeline else ())
+        from placement_rl.plans import Placement, StagePlan
+
+        value = best["value"]
+        plan = value if isinstance(value, StagePlan) else Placement(np.asarray(value)[: graph.num_nodes])
+        rows.append(Row(case, f"learned:{agent.algo}+{encoder.name}", "pipeline" if pipeline else "placement",
+                        best["step_time"], single / best["step_time"], bool(best["feasible"]),
+                        trainer.train_seconds, tr.sim_calls, plan=plan))
+        write_comparison(rows, {case: (graph, costs, topology)}, out,
+                         title=f"learned vs baselines on {case} (budget {tr.sim_calls} simulator calls)")
+        base = best_row([r for r in rows if not r.placer.startswith("learned")], kind=None)
+        if base is not None:
+            metrics.update(best_baseline=base.placer, best_baseline_time=base.step_time,
+                           ratio_to_best_baseline=best["step_time"] / base.step_time)
+            refs[f"best baseline ({base.placer})"] = base.step_time
+    training_curve(tr.curve, out / "training.png", references=refs,
+                   title=f"{agent.algo} + {encoder.name} on {graph.name} / {topology.name}")
+    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1, default=float))
+    print(f"best step time {best['step_time'] * 1e3:.3f} ms (single device {single * 1e3:.3f} ms, "
+          f"speed-up {metrics['speedup_over_single_device']:.3f}x)"
+          + (f"; best baseline {metrics['best_baseline']} {metrics['best_baseline_time'] * 1e3:.3f} ms"
+             if "best_baseline" in metrics else ""))
+    print(f"artifacts in {out}: checkpoint.pt, {plan_file}, metrics.json, training.png"
+          + (", comparison.md, comparison.csv" if tcfg.compare else "") + (", tb/" if tcfg.tensorboard else ""))
+    return metrics
+
+
+main = hydra_app("train")(run)

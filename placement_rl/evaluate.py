@@ -1,0 +1,156 @@
+"""Compare placers on (graph, topology) cases under an equal simulator-call budget.
+
+``compare(graph, costs, topology, budget=..., seed=...)`` runs every op-level placer (and optionally the pipeline
+partitioners) on one case and returns ``Row``s; ``run_suite(cases, ...)`` does it for a list of ``Case``s.
+``DEFAULT_SUITE`` is the benchmark suite of ``placement-rl evaluate``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+
+from placement_rl import baselines
+from placement_rl.cost import resolve_costs, simulate, simulate_pipeline
+from placement_rl.cost.types import CostTable, SimResult
+from placement_rl.errors import ConfigError
+from placement_rl.graph.ir import CompGraph
+from placement_rl.plans import Placement, StagePlan
+from placement_rl.topology import DeviceTopology, load_topology
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark case: a graph spec (see ``placement_rl.graph.spec``) on a topology preset."""
+
+    name: str
+    graph: Mapping[str, Any]
+    topology: str
+    note: str = ""
+
+
+def _zoo(name: str, *, max_nodes: int | None = None, **overrides: Any) -> dict[str, Any]:
+    return {"source": "zoo", "name": name, "overrides": overrides,
+            "coarsen": {"enabled": True, "depth": None, "max_nodes": max_nodes}}
+
+
+DEFAULT_SUITE: tuple[Case, ...] = (
+    Case("gpt/4xV100-NVLink", _zoo("gpt"), "4x_v100_nvlink", "GPT decoder, default coarsening"),
+    Case("resnet50/4xV100-PCIe", _zoo("resnet50"), "4x_v100_pcie", "ResNet-50, one group per block part"),
+    Case("inception/2xK80", _zoo("inception"), "2x_k80", "Placeto's testbed"),
+    Case("nmt/2xK80", _zoo("nmt"), "2x_k80", "LSTM seq2seq with attention (ColocRL's workload)"),
+    Case("moe/8xA100", _zoo("moe"), "8x_a100_nvswitch", "mixture-of-experts transformer"),
+    Case("gpt-large/2xsmallGPU", _zoo("gpt", n_layers=12, d_model=1024, seq_len=256), "2x_small_gpu",
+         "memory forces a split: the model does not fit one device"),
+    Case("gpt/2x4V100-IB", _zoo("gpt"), "2x4_v100_ib", "two nodes over InfiniBand"),
+    Case("resnet18/CPU+2GPU", _zoo("resnet18"), "cpu_2gpu", "heterogeneous host"),
+    Case("gpt-coarse12/2xK80", _zoo("gpt", max_nodes=12), "2x_k80",
+         "coarsened to 12 groups: exhaustive search gives the true optimum"),
+)
+
+DEFAULT_PIPELINE_CASES = ("gpt/4xV100-NVLink", "gpt/2x4V100-IB", "resnet50/4xV100-PCIe")
+
+
+@dataclass
+class Row:
+    case: str
+    placer: str
+    kind: str  # "placement" | "pipeline"
+    step_time: float
+    speedup: float  # over the best single device
+    feasible: bool
+    search_seconds: float
+    sim_calls: int
+    note: str = ""
+    plan: Any = field(default=None, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("plan")
+        return d
+
+
+def _row(case: str, name: str, kind: str, plan: Placement | StagePlan, res: SimResult, single: float,
+         seconds: float) -> Row:
+    return Row(case=case, placer=name, kind=kind, step_time=float(res.step_time),
+               speedup=float(single / res.step_time) if res.step_time > 0 else float("nan"),
+               feasible=bool(res.feasible), search_seconds=seconds, sim_calls=int(plan.meta.get("sim_calls", 0)),
+               plan=plan)
+
+
+def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int, seed: int = 0,
+            case: str = "", placers: Iterable[str] | None = None, partitioners: Iterable[str] | None = (),
+            num_microbatches: int = 4, on_done: Callable[[Row], None] | None = None) -> list[Row]:
+    """Run each placer (default: all) with ``budget`` simulator calls; ``single_device`` is the reference.
+    A placer that cannot run on this case (e.g. exhaustive search on a large graph) gets a row with
+    ``note`` saying why and ``step_time`` NaN."""
+    names = list(placers) if placers is not None else baselines.names()
+    if "single_device" not in names:
+        names.insert(0, "single_device")
+    rows: list[Row] = []
+    single = float("nan")
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            p = baselines.get(name)(graph, costs, topology, budget=budget, seed=seed)
+        except ConfigError as exc:
+            rows.append(Row(case, name, "placement", float("nan"), float("nan"), False, 0.0, 0, note=str(exc)))
+            continue
+        dt = time.perf_counter() - t0
+        res = simulate(graph, costs, topology, p)
+        if name == "single_device":
+            single = float(res.step_time)
+        rows.append(_row(case, name, "placement", p, res, single, dt))
+        if on_done:
+            on_done(rows[-1])
+    for name in partitioners or ():
+        t0 = time.perf_counter()
+        try:
+            plan = baselines.get_pipeline(name)(graph, costs, topology, budget=budget, seed=seed,
+                                                num_microbatches=num_microbatches)
+        except ConfigError as exc:
+            rows.append(Row(case, name, "pipeline", float("nan"), float("nan"), False, 0.0, 0, note=str(exc)))
+            continue
+        dt = time.perf_counter() - t0
+        res = simulate_pipeline(graph, costs, topology, plan)
+        rows.append(_row(case, name, "pipeline", plan, res, single, dt))
+        if on_done:
+            on_done(rows[-1])
+    return rows
+
+
+def best_row(rows: list[Row], kind: str | None = "placement") -> Row | None:
+    """Fastest feasible row (of ``kind``), or None."""
+    ok = [r for r in rows if r.feasible and np.isfinite(r.step_time) and (kind is None or r.kind == kind)]
+    return min(ok, key=lambda r: r.step_time) if ok else None
+
+
+def load_case(case: Case) -> tuple[CompGraph, DeviceTopology]:
+    from placement_rl.graph.spec import graph_from_spec
+
+    return graph_from_spec(case.graph), load_topology(case.topology)
+
+
+def run_suite(cases: Iterable[Case], *, budget: int, seed: int = 0, placers: Iterable[str] | None = None,
+              pipeline_cases: Iterable[str] = DEFAULT_PIPELINE_CASES, num_microbatches: int = 4,
+              progress: bool = True) -> tuple[list[Row], dict[str, tuple[CompGraph, CostTable, DeviceTopology]]]:
+    """Every case x every placer; returns the rows and each case's (graph, costs, topology)."""
+    from tqdm.auto import tqdm
+
+    cases = list(cases)
+    pipe = set(pipeline_cases)
+    rows: list[Row] = []
+    problems: dict[str, tuple[CompGraph, CostTable, DeviceTopology]] = {}
+    bar = tqdm(cases, desc="evaluate", unit="case", disable=not progress, dynamic_ncols=True)
+    for case in bar:
+        bar.set_postfix_str(case.name)
+        graph, topology = load_case(case)
+        costs = resolve_costs(graph, topology)
+        problems[case.name] = (graph, costs, topology)
+        parts = baselines.pipeline_names() if case.name in pipe else ()
+        rows += compare(graph, costs, topology, budget=budget, seed=seed, case=case.name, placers=placers,
+                        partitioners=parts, num_microbatches=num_microbatches)
+    return rows, problems

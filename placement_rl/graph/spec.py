@@ -1,0 +1,47 @@
+"""Build a graph from a plain spec (what the ``graph`` config group holds): a JSON file, a zoo model or a
+synthetic family, then the configured coarsening.
+
+    graph_from_spec({"source": "zoo", "name": "gpt", "overrides": {"n_layer": 4},
+                     "coarsen": {"enabled": True, "depth": None, "max_nodes": None}})
+    graph_from_spec({"path": "graph.json"})
+    graph_from_spec({"source": "synthetic", "family": "layered", "num_nodes": 200, "seed": 0})
+
+A graph file that is already coarsened (its nodes carry ``members``) is used as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from placement_rl.errors import ConfigError
+from placement_rl.graph.ir import CompGraph
+
+
+def graph_from_spec(spec: Mapping[str, Any]) -> CompGraph:
+    spec = dict(spec)
+    if spec.get("path"):
+        graph = CompGraph.from_json(str(spec["path"]))
+    else:
+        source = spec.get("source", "zoo")
+        if source == "zoo":
+            from placement_rl.graph.capture import capture_zoo
+
+            if not spec.get("name"):
+                raise ConfigError("graph.name is empty: name a zoo model (graph=<name>) or set graph.path")
+            graph = capture_zoo(str(spec["name"]), **dict(spec.get("overrides") or {}))
+        elif source == "synthetic":
+            from placement_rl.graph import synthetic
+
+            try:
+                graph = synthetic.sample(str(spec["family"]), num_nodes=int(spec["num_nodes"]),
+                                         seed=int(spec.get("seed", 0)))
+            except KeyError as exc:
+                raise ConfigError(f"a synthetic graph needs graph.{exc.args[0]}") from None
+        else:
+            raise ConfigError(f"graph.source is '{source}': choose zoo or synthetic, or set graph.path")
+    opts = dict(spec.get("coarsen") or {})
+    if opts.pop("enabled", False) and graph.members is None:
+        from placement_rl.graph.coarsen import coarsen
+
+        graph = coarsen(graph, **{k: v for k, v in opts.items() if v is not None})
+    return graph

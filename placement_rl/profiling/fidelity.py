@@ -1,0 +1,253 @@
+"""Predicted (simulator + measured profiles) against measured (local executor) step times.
+
+What the prediction assumes about the executor it is compared with (``predict_step_time``):
+
+* **Logical devices that share one torch device** (``2x_cpu``: two CPU "devices" on ``cpu``) share one
+  executor: the local executor runs every op of one process in program order on the same cores, so two
+  such devices never compute at the same time. They are collapsed into one physical device before
+  simulating (``physical_topology``): their ops serialise, and the prediction is placement-independent
+  except for the transfers below. Simulating them as independent devices would predict a speed-up that
+  no run on shared cores can show.
+* **Transfers between collapsed devices** still run (the executor's ``.to`` on the same device, a
+  Python call that returns its input): each one (per source value and destination device, as the
+  simulator counts them) is charged the measured ``copy`` link fit for that torch-device pair, serially.
+  Between distinct torch devices the simulator's own link model applies, with measured link fits.
+* **The optimizer step** (Adam, as the executor runs it) is not in the simulator; it is added from the
+  profile's measured optimizer time, split over physical devices by parameter bytes (devices update in
+  parallel: the maximum counts).
+
+``fidelity_stats`` gives MAPE and Spearman's rank correlation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from placement_rl.cost import resolve_costs, simulate
+from placement_rl.cost.types import CostTable
+from placement_rl.errors import ProfileError
+from placement_rl.graph.ir import CompGraph
+from placement_rl.plans import Placement
+from placement_rl.profiling.db import ProfileDB
+from placement_rl.topology import DeviceTopology
+
+
+def _torch_key(td: str) -> str:
+    import torch
+
+    dev = torch.device(td)
+    return f"cuda:{dev.index or 0}" if dev.type == "cuda" else str(dev)
+
+
+def physical_topology(topology: DeviceTopology) -> tuple[DeviceTopology, np.ndarray]:
+    """Devices sharing a (host, torch device) merged into the first of them; ``phys_of[logical]`` indices."""
+    keys: dict[tuple[int, str], int] = {}
+    reps: list[int] = []
+    phys_of = np.zeros(topology.num_devices, dtype=np.int64)
+    for i, d in enumerate(topology.devices):
+        k = (d.host, _torch_key(d.torch_device))
+        if k not in keys:
+            keys[k] = len(reps)
+            reps.append(i)
+        phys_of[i] = keys[k]
+    if len(reps) == topology.num_devices:
+        return topology, phys_of
+    return topology.subset(reps, name=f"{topology.name}:physical"), phys_of
+
+
+def measured_costs(graph: CompGraph, topology: DeviceTopology, db: ProfileDB, *, backend: str = "copy") -> CostTable:
+    """``resolve_costs`` with the DB as the measured source and its link fits in place of the topology's.
+
+    The cost table's ``source`` says per device ``measured:<profile>`` or ``roofline``; its ``meta`` has
+    ``link_sources`` (which links were measured).
+    """
+    linked = db.apply_links(topology, backend=backend)
+    costs = resolve_costs(graph, linked, profiles=db)
+    return CostTable(fwd_time=costs.fwd_time, bwd_time=costs.bwd_time, link_latency=costs.link_latency,
+                     link_bandwidth=costs.link_bandwidth, source=costs.source,
+                     graph_fingerprint=costs.graph_fingerprint, topology_name=costs.topology_name,
+                     meta={**dict(costs.meta), "link_sources": dict(linked.meta.get("link_sources", {}))},
+                     launch_overhead=costs.launch_overhead)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    step_time: float  # simulated + shared-device transfers + optimizer
+    simulated: float  # simulator step time on the physical topology
+    shared_transfers: float  # seconds of transfers between logical devices on one torch device
+    optimizer: float  # seconds of the optimizer step (slowest physical device)
+    num_transfers: int  # cross-device transfers of the placement (logical devices)
+    source: tuple[str, ...]  # cost source per physical device
+
+
+def _transfers(graph: CompGraph, dev: np.ndarray) -> list[tuple[int, int, float]]:
+    """One (source node, destination device, bytes) per value sent to another device (largest edge)."""
+    out: dict[tuple[int, int], float] = {}
+    for e, (s, d) in enumerate(graph.edges.tolist()):
+        if dev[s] != dev[d]:
+            key = (s, int(dev[d]))
+            out[key] = max(out.get(key, 0.0), float(graph.edge_bytes[e]))
+    return [(s, d, b) for (s, d), b in out.items()]
+
+
+def predict_step_time(graph: CompGraph, topology: DeviceTopology, placement: Placement | np.ndarray, db: ProfileDB,
+                      *, costs: CostTable | None = None, optimizer: bool = True) -> Prediction:
+    """Predicted training-step time of ``placement`` as the local executor runs it (see module docstring).
+
+    ``costs``: a cost table already resolved for the physical topology (``measured_costs(graph,
+    physical_topology(topology)[0], db)``), to save resolving it per placement.
+    """
+    dev = np.asarray(placement.device_of_node if isinstance(placement, Placement) else placement, dtype=np.int64)
+    phys, phys_of = physical_topology(topology)
+    if costs is None:
+        costs = measured_costs(graph, phys, db)
+    sim = float(simulate(graph, costs, phys, Placement(phys_of[dev])).step_time)
+    transfers = _transfers(graph, dev)
+    shared = 0.0
+    for s, d, nbytes in transfers:
+        src, dst = topology.devices[int(dev[s])], topology.devices[d]
+        if phys_of[int(dev[s])] != phys_of[d]:
+            continue  # a real link: the simulator charged it
+        fit = db.link(_torch_key(src.torch_device), _torch_key(dst.torch_device), "copy")
+        if fit is None:
+            raise ProfileError(f"profile {db.label} has no 'copy' link fit for {src.torch_device} -> "
+                               f"{dst.torch_device}: run the link benchmarks (run_profile links=True)")
+        shared += fit[0] + nbytes / fit[1]
+    opt = 0.0
+    if optimizer:
+        total = float(graph.param_bytes.sum())
+        per_phys = np.zeros(phys.num_devices)
+        np.add.at(per_phys, phys_of[dev], graph.param_bytes)
+        for j, d in enumerate(phys.devices):
+            if per_phys[j] <= 0:
+                continue
+            name = db.resolve_device(d)
+            got = db.optimizer_time(graph, name) if name is not None else None
+            if got is None:
+                raise ProfileError(f"profile {db.label} has no optimizer time for graph '{graph.name}' on device "
+                                   f"'{d.name}': profile this graph there (profile_graph)")
+            opt = max(opt, got[0] * per_phys[j] / max(total, 1.0))
+    return Prediction(step_time=sim + shared + opt, simulated=sim, shared_transfers=shared, optimizer=opt,
+                      num_transfers=len(transfers), source=costs.source)
+
+
+def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
+    """Mean absolute percentage error of predictions, in percent of the measured values."""
+    p, m = np.asarray(predicted, dtype=np.float64), np.asarray(measured, dtype=np.float64)
+    return float(np.mean(np.abs(p - m) / m) * 100.0)
+
+
+def spearman(predicted: np.ndarray, measured: np.ndarray) -> float:
+    """Spearman's rank correlation (nan when either side is constant)."""
+    from scipy.stats import spearmanr
+
+    p, m = np.asarray(predicted, dtype=np.float64), np.asarray(measured, dtype=np.float64)
+    if p.size < 2 or np.ptp(p) == 0 or np.ptp(m) == 0:
+        return float("nan")
+    return float(spearmanr(p, m).statistic)
+
+
+def fidelity_stats(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
+    return {"mape": mape(predicted, measured), "spearman": spearman(predicted, measured),
+            "n": int(np.asarray(predicted).size)}
+
+
+# ------------------------------------------------------------------ evaluation and report
+@dataclass(frozen=True)
+class FidelityRow:
+    model: str
+    placement: str
+    devices_used: int
+    transfers: int
+    predicted: float
+    measured: float
+    simulated: float
+    optimizer: float
+
+    @property
+    def error_pct(self) -> float:
+        return (self.predicted - self.measured) / self.measured * 100.0
+
+
+def evaluate_placements(module, inputs, graph: CompGraph, topology: DeviceTopology,
+                        placements: dict[str, np.ndarray], db: ProfileDB, *, model: str, steps: int = 5,
+                        warmup: int = 2, clock: str = "wall") -> list[FidelityRow]:
+    """Predict and measure (``run_placement``) every named placement of one model."""
+    from placement_rl.executor.local import run_placement
+    from placement_rl.profiling.program import export_program
+
+    phys, _ = physical_topology(topology)
+    costs = measured_costs(graph, phys, db)
+    program = export_program(module, inputs)
+    rows = []
+    for label, dev in placements.items():
+        pred = predict_step_time(graph, topology, dev, db, costs=costs)
+        res = run_placement(module, inputs, graph, dev, topology, steps=steps, warmup=warmup, program=program,
+                            clock=clock)
+        rows.append(FidelityRow(model=model, placement=label, devices_used=int(len(set(np.asarray(dev).tolist()))),
+                                transfers=pred.num_transfers, predicted=pred.step_time,
+                                measured=res.median_step_time, simulated=pred.simulated, optimizer=pred.optimizer))
+    return rows
+
+
+def summarize(rows: list[FidelityRow]) -> dict[str, dict[str, float]]:
+    """Fidelity stats per model and pooled over all rows (key ``all``)."""
+    out: dict[str, dict[str, float]] = {}
+    for m in dict.fromkeys(r.model for r in rows):
+        sel = [r for r in rows if r.model == m]
+        out[m] = fidelity_stats(np.array([r.predicted for r in sel]), np.array([r.measured for r in sel]))
+    out["all"] = fidelity_stats(np.array([r.predicted for r in rows]), np.array([r.measured for r in rows]))
+    return out
+
+
+def write_report(rows: list[FidelityRow], out_dir, *, title: str, notes: str = "") -> dict[str, object]:
+    """Write ``fidelity.csv``, ``fidelity.md`` (per-model and pooled MAPE/Spearman) and ``fidelity.png``."""
+    import csv
+    import io
+    from pathlib import Path
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from placement_rl.graph.io import atomic_write_text
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["model", "placement", "devices_used", "transfers", "predicted_s", "measured_s", "error_pct",
+                "simulated_s", "optimizer_s"])
+    for r in rows:
+        w.writerow([r.model, r.placement, r.devices_used, r.transfers, f"{r.predicted:.6g}", f"{r.measured:.6g}",
+                    f"{r.error_pct:.2f}", f"{r.simulated:.6g}", f"{r.optimizer:.6g}"])
+    atomic_write_text(out / "fidelity.csv", buf.getvalue())
+    stats = summarize(rows)
+    lines = [f"# {title}", "", notes, "", "| model | placements | MAPE % | Spearman |", "|---|---:|---:|---:|"]
+    for m, s in stats.items():
+        lines.append(f"| {'**all (pooled)**' if m == 'all' else m} | {s['n']} | {s['mape']:.1f} | {s['spearman']:.3f} |")
+    lines += ["", "| model | placement | devices | transfers | predicted ms | measured ms | error % |",
+              "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r.model} | {r.placement} | {r.devices_used} | {r.transfers} | {r.predicted * 1e3:.2f} | "
+                     f"{r.measured * 1e3:.2f} | {r.error_pct:+.1f} |")
+    atomic_write_text(out / "fidelity.md", "\n".join(lines) + "\n")
+    fig, ax = plt.subplots(figsize=(6, 6))
+    for m in dict.fromkeys(r.model for r in rows):
+        sel = [r for r in rows if r.model == m]
+        ax.scatter([r.measured * 1e3 for r in sel], [r.predicted * 1e3 for r in sel], label=m, s=18)
+    lo = min(min(r.measured, r.predicted) for r in rows) * 1e3 * 0.8
+    hi = max(max(r.measured, r.predicted) for r in rows) * 1e3 * 1.25
+    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+    ax.set(xscale="log", yscale="log", xlabel="measured step time (ms)", ylabel="predicted step time (ms)",
+           title=f"{title}\nMAPE {stats['all']['mape']:.1f}%, Spearman {stats['all']['spearman']:.3f}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = out / ".fidelity.png.tmp.png"
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(out / "fidelity.png")
+    return stats

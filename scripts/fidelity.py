@@ -1,0 +1,122 @@
+"""Fidelity report: simulator (with measured profiles) against the local executor, for every zoo model.
+
+    python scripts/fidelity.py --out outputs/fidelity [--models mlp gpt] [--random 4] [--steps 5]
+
+For each model (small options so the whole run takes minutes on 2 CPU cores): capture, profile each
+physical device of the topology (``placement_rl.profiling``), benchmark the ``copy`` link, then for a set
+of placements (every single device, each baseline placer, random ones) predict the step time
+(``predict_step_time``) and measure it (``run_placement``). Writes ``fidelity.csv``, ``fidelity.md``,
+``fidelity.png`` and the profiles (``profiles.json``) to ``--out``. Topology: ``local`` when a CUDA GPU is
+present, else ``2x_cpu`` (two logical devices sharing the CPU; see ``placement_rl.profiling.fidelity``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from placement_rl import baselines
+from placement_rl.errors import PlacementRLError
+from placement_rl.graph import zoo
+from placement_rl.graph.capture import capture
+from placement_rl.profiling import ProfileDB, bench_copy, measured_costs, physical_topology, profile_graph
+from placement_rl.profiling.fidelity import evaluate_placements, summarize, write_report
+from placement_rl.topology import load_topology
+
+# Small configurations: each model profiles and runs a step in well under a second on one CPU thread.
+SMALL = {
+    "mlp": dict(batch_size=64, in_features=256, hidden=512, layers=4),
+    "resnet18": dict(batch_size=4, image_size=64, num_classes=10, width=16),
+    "resnet50": dict(batch_size=2, image_size=64, num_classes=10, width=8),
+    "inception": dict(batch_size=2, image_size=64, num_classes=10, num_modules=3),
+    "nmt": dict(batch_size=16, src_len=8, tgt_len=8, vocab_size=500, hidden=64, enc_layers=2, dec_layers=2),
+    "gpt": dict(batch_size=2, seq_len=64, vocab_size=512, d_model=128, n_layers=2, n_heads=4),
+    "moe": dict(batch_size=2, seq_len=32, vocab_size=512, d_model=128, n_layers=2, n_heads=4, n_experts=4),
+    "gpt2_hf": dict(batch_size=2, seq_len=32, vocab_size=512, d_model=128, n_layers=2, n_heads=4),
+    "bert_hf": dict(batch_size=2, seq_len=32, vocab_size=512, d_model=128, n_layers=2, n_heads=4),
+}
+SKIP_BASELINES = ("exhaustive",)  # exponential in the node count
+
+
+def placements_for(graph, costs, topology, *, num_random: int, budget: int, seed: int) -> dict[str, np.ndarray]:
+    n, d = graph.num_nodes, topology.num_devices
+    out: dict[str, np.ndarray] = {f"all_on_{topology.devices[j].name}": np.full(n, j) for j in range(d)}
+    for name in baselines.names():
+        if name in SKIP_BASELINES:
+            continue
+        try:
+            p = baselines.get(name)(graph, costs, topology, budget=budget, seed=seed)
+        except PlacementRLError as exc:
+            print(f"  baseline {name} skipped: {exc}")
+            continue
+        out[name] = np.asarray(p.device_of_node)
+    rng = np.random.default_rng(seed)
+    for k in range(num_random):
+        out[f"random{k}"] = rng.integers(0, d, n)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="outputs/fidelity")
+    ap.add_argument("--models", nargs="*", default=None)
+    ap.add_argument("--topology", default=None)
+    ap.add_argument("--random", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--budget", type=int, default=200)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                    help="thread: CPU time of the (single) torch thread, for a CPU shared with other processes")
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    topo_name = args.topology or ("local" if torch.cuda.is_available() else "2x_cpu")
+    topology = load_topology(topo_name)
+    phys, _ = physical_topology(topology)
+    out = Path(args.out)
+    db = ProfileDB.open(out / "profiles.json")
+    tds = sorted({d.torch_device for d in topology.devices})
+    for a in tds:
+        for b in tds:
+            if db.link(a, b, "copy") is None:
+                f = bench_copy(a, b)
+                db.put_link(f.src, f.dst, "copy", f.sizes, f.times, f.latency, f.bandwidth)
+    models = args.models or [m for m in zoo.names() if m in SMALL]
+    rows = []
+    t_all = time.perf_counter()
+    for name in models:
+        t0 = time.perf_counter()
+        try:
+            module, inputs = zoo.build(name, **SMALL.get(name, {}))
+        except PlacementRLError as exc:
+            print(f"{name}: skipped ({exc})")
+            continue
+        graph = capture(module, inputs, name=name)
+        for dev in phys.devices:
+            profile_graph(module, inputs, graph, dev, warmup=2, repeats=args.repeats, progress=False, db=db,
+                          clock=args.clock)
+        db.save()
+        costs = measured_costs(graph, topology, db)
+        places = placements_for(graph, costs, topology, num_random=args.random, budget=args.budget, seed=args.seed)
+        rows += evaluate_placements(module, inputs, graph, topology, places, db, model=name, steps=args.steps,
+                                    warmup=args.warmup, clock=args.clock)
+        s = summarize([r for r in rows if r.model == name])[name]
+        print(f"{name}: {graph.num_nodes} nodes, {len(places)} placements, MAPE {s['mape']:.1f}%, "
+              f"Spearman {s['spearman']:.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    notes = (f"Topology `{topology.name}` ({', '.join(f'{d.name}={d.torch_device}' for d in topology.devices)}); "
+             f"torch {torch.__version__}, {args.threads} thread(s), {args.clock} clock; executor: {args.steps} timed steps after "
+             f"{args.warmup} warm-up, median; profiles: median of {args.repeats}. Total {time.perf_counter() - t_all:.0f} s.")
+    stats = write_report(rows, out, title=f"Simulator fidelity on {topology.name}", notes=notes)
+    a = stats["all"]
+    print(f"ALL: {a['n']} placements, MAPE {a['mape']:.1f}%, Spearman {a['spearman']:.3f} -> {out}/fidelity.md")
+
+
+if __name__ == "__main__":
+    main()
