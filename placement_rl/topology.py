@@ -286,14 +286,19 @@ def conf_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "conf"
 
 
+LOCAL = "local"  # conf/topology/local.yaml: not a preset, it asks for detect_local()
+
+
 def preset_names() -> list[str]:
-    return sorted(p.stem for p in (conf_dir() / "topology").glob("*.yaml") if not p.stem.startswith("_"))
+    """Names of the fixed presets in ``conf/topology/`` (``local`` is detection, not a preset)."""
+    return sorted(p.stem for p in (conf_dir() / "topology").glob("*.yaml")
+                  if not p.stem.startswith("_") and p.stem != LOCAL)
 
 
 def load_topology(name_or_path: str | os.PathLike) -> DeviceTopology:
     """Load a preset by name (``conf/topology/<name>.yaml``) or a YAML file by path; ``local`` detects."""
     s = str(name_or_path)
-    if s == "local":
+    if s == LOCAL:
         return detect_local()
     p = Path(s)
     if p.suffix in (".yaml", ".yml") or p.is_file():

@@ -9,6 +9,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("placement_rl.cli.evaluate", "compare every placer on a benchmark suite, one case, or a given plan"),
     "train": ("placement_rl.cli.train", "train a placement / pipeline policy (checkpoint, plan, metrics, comparison)"),
+    "place": ("placement_rl.cli.place", "zero-shot placement of a graph with a trained policy checkpoint"),
     "inspect": ("placement_rl.cli.inspect", "summarise a graph (zoo model, JSON file or synthetic), write graph.json"),
 }
 

@@ -199,8 +199,8 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
         scale = sscale[s]
         for x in range(gptr[s], gptr[s + 1]):
             g = gdev[x]
-            tfd[x] += fvar[v, g] * scale + ffix[v, g]
-            tbd[x] += bvar[v, g] * scale + bfix[v, g]
+            tfd[x] += fvar[g, v] * scale + ffix[g, v]
+            tbd[x] += bvar[g, v] * scale + bfix[g, v]
     for e in range(src.shape[0]):
         a = stage[src[e]]
         b = stage[dst[e]]

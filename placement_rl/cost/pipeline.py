@@ -100,7 +100,8 @@ class PipelineSimulator:
         fixed_bwd = np.minimum(costs.launch_overhead, costs.bwd_time)
         self._graph_arrays = (
             _owned(graph.edges[:, 0], i64), _owned(graph.edges[:, 1], i64),
-            _owned(graph.edge_bytes), costs.fwd_time - fixed_fwd, fixed_fwd, costs.bwd_time - fixed_bwd, fixed_bwd,
+            _owned(graph.edge_bytes), _owned((costs.fwd_time - fixed_fwd).T), _owned(fixed_fwd.T),
+            _owned((costs.bwd_time - fixed_bwd).T), _owned(fixed_bwd.T),  # [D, N]: a stage reads a row
             _owned(graph.param_bytes), _owned(graph.act_bytes),
             _owned(costs.link_latency), _inverse_bandwidth(costs))
         self._layouts: dict[tuple, _Layout] = {}

@@ -122,12 +122,13 @@ def apply_dp(modules: Sequence[nn.Module], dp_mesh: DeviceMesh, *, device: torch
 def pipeline_stage(module: nn.Module, split: StageSplit, dims: ParallelDims, device: torch.device,
                    metas: dict[str, Any], group: Any) -> PipelineStage:
     """A ``PipelineStage`` in static mode: example inputs/outputs and their grads from the value metadata."""
-    def example(name: str) -> torch.Tensor:
-        shape, dtype, _ = metas[name]
-        return torch.zeros(shape, dtype=getattr(torch, dtype), device=device)
+    def example(name: str, *, grad: bool = False) -> torch.Tensor:
+        shape, dtype, requires_grad = metas[name]
+        t = torch.zeros(shape, dtype=getattr(torch, dtype), device=device)
+        return t.requires_grad_(requires_grad) if not grad else t  # static mode reads requires_grad
 
     def grads(names: Sequence[str]) -> tuple[torch.Tensor | None, ...]:
-        return tuple(example(v) if metas[v][2] else None for v in names)
+        return tuple(example(v, grad=True) if metas[v][2] else None for v in names)
 
     first, last = split.index == 0, split.index == dims.num_stages - 1
     outputs = example(split.outputs[0]) if last else tuple(example(v) for v in split.outputs)

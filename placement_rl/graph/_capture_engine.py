@@ -11,7 +11,8 @@ parameters the call owns) runs under a second ``FlopCounterMode``. So per node:
   (no derivative, no meta kernel): ``2 x fwd`` if the op consumes trainable parameters (grads of
   inputs and weights), ``1 x fwd`` otherwise; such nodes are listed by the caller in ``meta``;
 * ``act_bytes``: bytes of the storages saved for backward, each storage counted once over the
-  whole graph (by the first node that saves it); parameter and buffer storages are excluded;
+  whole graph (by the first node that saves it); parameter and buffer storages are excluded,
+  saved model inputs (e.g. the image a first conv keeps for its weight grad) are included;
 * ``param_bytes``: bytes of the trainable parameters this node consumes first;
 * ``out_bytes`` and, per producer, the bytes of the tensors passed along each edge.
 

@@ -54,6 +54,10 @@ def _op_name(target: Any) -> str:
 
 
 # ------------------------------------------------------------------------------------------- export
+class _UnsupportedProgram(Exception):
+    """The exported program uses a feature this capture does not interpret."""
+
+
 def _export_leaves(ep: Any, module: nn.Module, inputs: Sequence[Any], mode: str):
     """Values of the exported program's placeholders: (leaves, trainable, constants, counts)."""
     from torch.export.graph_signature import InputKind
@@ -92,7 +96,10 @@ def _export_leaves(ep: Any, module: nn.Module, inputs: Sequence[Any], mode: str)
             src = named_buffers.get(spec.target)
             if src is None:
                 src = ep.state_dict.get(spec.target, ep.constants.get(spec.target))
-            val = place(src)
+            if id(src) in seen:
+                leaves[node] = seen[id(src)]
+                continue
+            val = seen[id(src)] = place(src)
             counts["buffer_bytes"] += tensor_bytes(src)
             constants.append(val)
         elif spec.kind == InputKind.USER_INPUT:
@@ -102,9 +109,8 @@ def _export_leaves(ep: Any, module: nn.Module, inputs: Sequence[Any], mode: str)
                 val = place(src)
             else:
                 val = src
-        else:
-            raise GraphError(f"cannot capture: exported program has an input of kind {spec.kind.name} "
-                             f"('{spec.arg.name}'); use method='fx'")
+        else:  # custom objects, effect tokens: let capture() fall back to fx
+            raise _UnsupportedProgram(f"exported program has an input of kind {spec.kind.name} ('{spec.arg.name}')")
         leaves[node] = val
     return leaves, trainable, constants, counts
 

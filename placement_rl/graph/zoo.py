@@ -37,27 +37,29 @@ Builder = Callable[..., tuple[nn.Module, tuple[torch.Tensor, ...]]]
 
 @dataclass(frozen=True)
 class ZooEntry:
-    """A zoo model: its builder (keyword-only options) and the default of every option."""
+    """A zoo model: its builder (keyword-only options), the default of every option, and
+    ``tiny`` overrides that make it build, train and capture in well under a second (tests)."""
 
     build: Builder
     defaults: Mapping[str, Any]
-    summary: str
+    tiny: Mapping[str, Any]
 
 
+_LM_TINY = dict(batch_size=2, seq_len=16, vocab_size=97, d_model=32, n_layers=2, n_heads=4)
+_CNN_TINY = dict(batch_size=2, image_size=32, num_classes=10)
 _CORE: dict[str, ZooEntry] = {
-    "mlp": ZooEntry(mlp.build, mlp.DEFAULTS, "Linear+ReLU stack, cross-entropy"),
-    "resnet18": ZooEntry(functools.partial(resnet.build, "resnet18"), resnet.DEFAULTS, "ResNet-18"),
-    "resnet50": ZooEntry(functools.partial(resnet.build, "resnet50"), resnet.DEFAULTS, "ResNet-50"),
-    "inception": ZooEntry(inception.build, inception.DEFAULTS, "Inception v1 (GoogLeNet) with BatchNorm"),
-    "nmt": ZooEntry(nmt.build, nmt.DEFAULTS, "GNMT-lite LSTM seq2seq with attention"),
-    "gpt": ZooEntry(gpt.build, gpt.DEFAULTS, "GPT-style decoder"),
-    "moe": ZooEntry(moe.build, moe.DEFAULTS, "GPT-style decoder with top-k MoE FFNs"),
+    "mlp": ZooEntry(mlp.build, mlp.DEFAULTS, dict(batch_size=8, in_features=32, hidden=64, layers=2)),
+    "resnet18": ZooEntry(functools.partial(resnet.build, "resnet18"), resnet.DEFAULTS, dict(_CNN_TINY, width=8)),
+    "resnet50": ZooEntry(functools.partial(resnet.build, "resnet50"), resnet.DEFAULTS, dict(_CNN_TINY, width=8)),
+    "inception": ZooEntry(inception.build, inception.DEFAULTS, dict(_CNN_TINY, num_modules=3)),
+    "nmt": ZooEntry(nmt.build, nmt.DEFAULTS, dict(batch_size=2, src_len=5, tgt_len=4, vocab_size=97, hidden=32,
+                                                  enc_layers=2, dec_layers=2)),
+    "gpt": ZooEntry(gpt.build, gpt.DEFAULTS, _LM_TINY),
+    "moe": ZooEntry(moe.build, moe.DEFAULTS, dict(_LM_TINY, n_experts=4, top_k=2)),
 }
-
-
 _HF: dict[str, ZooEntry] = {
-    "gpt2_hf": ZooEntry(hf.build_gpt2, hf.GPT2_DEFAULTS, "transformers GPT2LMHeadModel (config only)"),
-    "bert_hf": ZooEntry(hf.build_bert, hf.BERT_DEFAULTS, "transformers BertForMaskedLM (config only)"),
+    "gpt2_hf": ZooEntry(hf.build_gpt2, hf.GPT2_DEFAULTS, _LM_TINY),
+    "bert_hf": ZooEntry(hf.build_bert, hf.BERT_DEFAULTS, _LM_TINY),
 }
 
 
@@ -92,13 +94,18 @@ def describe(name: str) -> dict[str, Any]:
     return dict(_entry(name).defaults)
 
 
+def tiny(name: str) -> dict[str, Any]:
+    """Overrides that make model ``name`` tiny (a training step in milliseconds), for tests and smoke runs."""
+    return dict(_entry(name).tiny)
+
+
 def _check_value(name: str, key: str, value: Any, default: Any) -> Any:
     ok = (isinstance(value, bool) if isinstance(default, bool)
           else isinstance(value, int) and not isinstance(value, bool) if isinstance(default, int)
           else isinstance(value, (int, float)) and not isinstance(value, bool) if isinstance(default, float)
           else isinstance(value, type(default)))
     if not ok:
-        raise GraphError(f"zoo model '{name}': option {key}={value!r} must be a {type(default).__name__}")
+        raise GraphError(f"zoo model '{name}': option {key}={value!r} must be of type {type(default).__name__}")
     return float(value) if isinstance(default, float) else value
 
 

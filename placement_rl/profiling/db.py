@@ -17,8 +17,9 @@ A node's ``signature`` is ``op_type(shape, shape, ...)`` of its tensor inputs: t
 graph that was never profiled reuse the times of identical ops (``lookup`` falls back to it when every
 node's signature is known, see ``graph.meta["signatures"]``).
 
-Lookup (the cost model's ``CostSource`` hook): a topology device matches a profiled device by name, by
-an explicit ``device_map``, or — when the profile was taken on this host — by the same ``torch_device``.
+Lookup (the cost model's ``CostSource`` hook): a topology device matches a profiled device through an
+explicit ``device_map``; else a device profiled on this host with the same ``torch_device`` (the topology
+runs here); else a device of the same name and kind profiled on another host (profiles shipped as data).
 """
 
 from __future__ import annotations
@@ -142,7 +143,11 @@ class ProfileDB:
         self.data["devices"][name] = {**device_record(device), "env": environment()}
 
     def resolve_device(self, device: Device) -> str | None:
-        """The profiled device a topology device stands for, or None (see the module docstring)."""
+        """The profiled device a topology device stands for, or None (see the module docstring).
+
+        Order: ``device_map``; a device profiled on this host with the same ``torch_device`` and kind (the
+        topology runs here); a device of the same name and kind profiled on another host (shipped profiles).
+        """
         devs = self.data["devices"]
         if device.name in self.device_map:
             name = self.device_map[device.name]
@@ -150,12 +155,15 @@ class ProfileDB:
                 raise ProfileError(f"device_map sends '{device.name}' to '{name}', which profile {self.label} lacks "
                                    f"(profiled: {', '.join(self.device_names) or 'none'})")
             return name
-        if device.name in devs:
-            return device.name
         here = socket.gethostname()
-        same = [n for n, r in devs.items() if r.get("torch_device") == device.torch_device
-                and r.get("kind") == device.kind and r.get("host") == here]
-        return same[0] if len(same) == 1 else None
+        same = [n for n, r in devs.items() if r.get("host") == here and r.get("kind") == device.kind
+                and _same_torch_device(r.get("torch_device", ""), device.torch_device)]
+        if same:
+            return device.name if device.name in same else same[0]
+        rec = devs.get(device.name)
+        if rec is not None and rec.get("host") != here and rec.get("kind") == device.kind:
+            return device.name
+        return None
 
     # ------------------------------------------------------------ node times
     def graph_entry(self, graph: CompGraph, *, create: bool = False) -> dict[str, Any] | None:
@@ -295,6 +303,12 @@ class ProfileDB:
         return DeviceTopology(name=topology.name, devices=topology.devices, link_bandwidth=bw, link_latency=lat,
                               link_kind=topology.link_kind, description=topology.description,
                               meta={**dict(topology.meta), "link_sources": sources})
+
+
+def _same_torch_device(a: str, b: str) -> bool:
+    def norm(x: str) -> str:
+        return "cuda:0" if x == "cuda" else x
+    return norm(a) == norm(b)
 
 
 def _median_iqr(samples: Sequence[float]) -> tuple[float, float]:

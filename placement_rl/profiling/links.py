@@ -58,7 +58,7 @@ def fit_link(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, flo
     w = 1.0 / np.maximum(t, 1e-12)
     a = np.stack([np.ones_like(s), s], axis=1) * w[:, None]
     (lat, inv_bw), _ = nnls(a, t * w)
-    return float(lat), (float(1.0 / inv_bw) if inv_bw > 0 else float("inf"))
+    return float(lat), (float(1.0 / inv_bw) if inv_bw > 1e-18 else float("inf"))  # < 1 s per EB: none
 
 
 def _median_per_size(fn_for_size, sizes: Sequence[int], device: torch.device, repeats: int) -> list[float]:

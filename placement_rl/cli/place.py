@@ -1,0 +1,111 @@
+"""``placement-rl place``: zero-shot placement of a graph with a trained policy (no training)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+from omegaconf import DictConfig
+
+from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir
+from placement_rl.errors import ConfigError
+from placement_rl.graph.io import atomic_write_text
+
+
+def run(cfg: DictConfig) -> dict:
+    import gymnasium as gym
+
+    import envs  # noqa: F401 - registers the environments
+    from agents.checkpoint import load_checkpoint
+    from agents.rollout import load_policy_for, one_pass_logits, rollout
+    from placement_rl.cost import Simulator
+    from placement_rl.plans import Placement, StagePlan
+
+    if cfg.decode not in ("one_pass", "sequential"):
+        raise ConfigError(f"decode is '{cfg.decode}': choose one_pass or sequential")
+    ckpt = load_checkpoint(str(cfg.checkpoint))
+    graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
+    env_id = ckpt["config"]["env_id"]
+    enc = dict(ckpt["config"]["encoder"])
+    enc_kwargs = {"encoder": enc["name"], "hidden": enc["hidden"], "layers": enc["layers"]}
+    obs_cfg = ckpt["obs"]
+    if topology.num_devices > obs_cfg["max_devices"]:
+        raise ConfigError(f"topology '{topology.name}' has {topology.num_devices} devices but the policy was trained "
+                          f"with max_devices={obs_cfg['max_devices']}")
+    pipeline = env_id.startswith("placement_rl/PipelineEnv")
+    t0 = time.perf_counter()
+    env = gym.make(env_id, graph=graph, topology=topology, max_devices=obs_cfg["max_devices"],
+                   op_type_buckets=obs_cfg["op_type_buckets"], max_nodes=graph.num_nodes)
+    policy = load_policy_for(env, ckpt["policy"], enc_kwargs)
+    rng = np.random.default_rng(int(cfg.seed))
+    samples = int(cfg.samples)
+    if cfg.decode == "one_pass" and not pipeline:
+        obs, _ = env.reset(seed=int(cfg.seed))
+        costs = env.unwrapped.task.costs
+        d = topology.num_devices
+        logits = one_pass_logits(policy, obs)[:, :d]
+        sim = Simulator(graph, costs, topology)
+        cands = [logits.argmax(1)]
+        p = np.exp(logits - logits.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        cum = p.cumsum(1)
+        for _ in range(samples):
+            u = rng.random((graph.num_nodes, 1))
+            cands.append(np.minimum((u > cum).sum(1), d - 1))
+        scored = []
+        for k, c in enumerate(cands):
+            res = sim.run(c.astype(np.int64))
+            scored.append((not res.feasible, res.step_time, k, c))
+        infeasible, step_time, k, best = min(scored, key=lambda r: (r[0], r[1]))
+        value, calls = best, sim.calls
+    else:
+        results = []
+        for k in range(samples + 1):
+            info = rollout(policy, env, deterministic=(k == 0), rng=rng, seed=int(cfg.seed) + k)
+            results.append((not bool(info.get("feasible", True)), float(info["step_time"]), k,
+                            info.get("plan", info.get("placement"))))
+        infeasible, step_time, k, value = min(results, key=lambda r: (r[0], r[1]))
+        calls = samples + 1
+        costs = env.unwrapped.task.costs
+    wall = time.perf_counter() - t0
+    out = output_dir()
+    if isinstance(value, StagePlan):
+        value.to_json(out / "plan.json", graph=graph, topology=topology)
+        plan_file, plan = "plan.json", value
+    else:
+        plan = Placement(np.asarray(value)[: graph.num_nodes])
+        plan.to_json(out / "placement.json", graph=graph, topology=topology)
+        plan_file = "placement.json"
+    metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, "checkpoint":
+               str(cfg.checkpoint), "decode": cfg.decode, "samples": samples, "step_time": step_time,
+               "feasible": not infeasible, "chosen": "greedy" if k == 0 else f"sample {k}", "sim_calls": calls,
+               "wall_seconds": wall}
+    if cfg.compare:
+        from placement_rl import baselines
+        from placement_rl.cli.evaluate import write_comparison
+        from placement_rl.evaluate import Row, best_row, compare
+
+        case = f"{graph.name}/{topology.name}"
+        rows = compare(graph, costs, topology, budget=max(calls, 1), seed=int(cfg.seed), case=case,
+                       partitioners=baselines.pipeline_names() if pipeline else ())
+        single = next((r.step_time for r in rows if r.placer == "single_device"), float("nan"))
+        rows.append(Row(case, "zero-shot policy", "pipeline" if pipeline else "placement", step_time,
+                        single / step_time, not infeasible, wall, calls, plan=plan))
+        write_comparison(rows, {case: (graph, costs, topology)}, out,
+                         title=f"zero-shot placement vs baselines on {case} (budget {calls} simulator calls)")
+        base = best_row(rows[:-1], kind=None)
+        metrics.update(best_single_device_time=single)
+        if base is not None:
+            metrics.update(best_baseline=base.placer, best_baseline_time=base.step_time,
+                           ratio_to_best_baseline=step_time / base.step_time)
+    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1, default=float))
+    print(f"zero-shot placement of {graph.name} ({graph.num_nodes} nodes) on {topology.name}: "
+          f"{step_time * 1e3:.3f} ms ({'feasible' if not infeasible else 'INFEASIBLE'}), {wall:.2f} s"
+          + (f"; best baseline {metrics['best_baseline']} {metrics['best_baseline_time'] * 1e3:.3f} ms"
+             if "best_baseline" in metrics else ""))
+    print(f"artifacts in {out}: {plan_file}, metrics.json" + (", comparison.md, comparison.csv" if cfg.compare else ""))
+    return metrics
+
+
+main = hydra_app("place")(run)

@@ -1,0 +1,135 @@
+"""The command line: artifacts land in the run directory; bad input is one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from placement_rl.graph import make_graph
+from placement_rl.plans import Placement, StagePlan
+from placement_rl.topology import load_topology
+
+
+def cli(tmp_path: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "placement_rl.cli.main", *args, f"hydra.run.dir={tmp_path}/run"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture
+def tiny_graph(tmp_path: Path) -> Path:
+    g = make_graph([{"name": "a", "fwd_flops": 1e9, "bwd_flops": 2e9, "param_bytes": 4e6, "act_bytes": 1e6,
+                     "out_bytes": 1e6},
+                    {"name": "b", "fwd_flops": 2e9, "bwd_flops": 4e9, "param_bytes": 8e6, "act_bytes": 1e6,
+                     "out_bytes": 1e6},
+                    {"name": "c", "fwd_flops": 1e9, "bwd_flops": 2e9, "param_bytes": 4e6, "act_bytes": 1e6,
+                     "out_bytes": 4}],
+                   [[0, 1, 1e6], [0, 2, 1e6], [1, 2, 1e6]], name="tiny")
+    path = tmp_path / "tiny.json"
+    g.to_json(path)
+    return path
+
+
+def test_no_subcommand_lists_them(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "placement_rl.cli.main", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0
+    for cmd in ("inspect", "evaluate", "train", "place"):
+        assert cmd in r.stdout
+
+
+def test_unknown_subcommand_exits_2(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "placement_rl.cli.main", "fly"], capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown subcommand 'fly'" in r.stderr
+
+
+def test_inspect_writes_graph_json(tmp_path, tiny_graph):
+    r = cli(tmp_path, "inspect", f"graph.path={tiny_graph}")
+    assert r.returncode == 0, r.stderr
+    assert "graph tiny" in r.stdout
+    written = json.loads((tmp_path / "run" / "graph.json").read_text())
+    assert [n["name"] for n in written["nodes"]] == ["a", "b", "c"]
+
+
+def test_inspect_cycle_is_one_line_exit_2_and_writes_nothing(tmp_path, tiny_graph):
+    data = json.loads(tiny_graph.read_text())
+    data["edges"].append([2, 0, 8])
+    bad = tmp_path / "cycle.json"
+    bad.write_text(json.dumps(data))
+    r = cli(tmp_path, "inspect", f"graph.path={bad}")
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "cycle" in lines[0] and "'a'" in lines[0], r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_override_exits_2(tmp_path):
+    r = cli(tmp_path, "inspect", "graph.no_such_key=1")
+    assert r.returncode == 2
+
+
+def test_evaluate_placement_with_unknown_device_exits_2(tmp_path, tiny_graph):
+    bad = tmp_path / "placement.json"
+    bad.write_text(json.dumps({"schema": "placement_rl.placement", "version": 1, "devices": ["gpu0", "gpu7"],
+                               "device_of_node": [0, 1, 1]}))
+    r = cli(tmp_path, "evaluate", "suite=single", f"graph.path={tiny_graph}", "topology=2x_k80", f"plan={bad}")
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "gpu7" in lines[0], r.stderr
+
+
+def test_evaluate_stage_plan_with_gap_exits_2(tmp_path, tiny_graph):
+    bad = tmp_path / "plan.json"
+    topo = load_topology("2x_k80")
+    plan = StagePlan(stage_of_node=[0, 0, 2], stage_devices=((0,), (1,), (1,)), schedule="interleaved1f1b")
+    bad.write_text(plan.to_json(topology=topo))
+    r = cli(tmp_path, "evaluate", "suite=single", f"graph.path={tiny_graph}", "topology=2x_k80", f"plan={bad}")
+    assert r.returncode == 2
+    assert "stage 1 has no nodes" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_evaluate_single_case_scores_given_plan(tmp_path, tiny_graph):
+    topo = load_topology("2x_k80")
+    good = tmp_path / "placement.json"
+    Placement(np.array([0, 1, 0])).to_json(good, topology=topo)
+    r = cli(tmp_path, "evaluate", "suite=single", f"graph.path={tiny_graph}", "topology=2x_k80", f"plan={good}",
+            "budget=64")
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "run"
+    md = (out / "comparison.md").read_text()
+    for name in ("single_device", "heft", "m_sct", "local_search", "exhaustive", "pp_time_dp", "given:placement.json"):
+        assert name in md
+    rows = json.loads((out / "metrics.json").read_text())["rows"]
+    exhaustive = next(r for r in rows if r["placer"] == "exhaustive")
+    assert all(r["step_time"] >= exhaustive["step_time"] - 1e-12 for r in rows
+               if r["kind"] == "placement" and r["feasible"])
+    assert (out / "speedup.png").stat().st_size > 0 and list(out.glob("timeline_*.png"))
+
+
+def test_train_quick_then_place_zero_shot(tmp_path):
+    r = cli(tmp_path, "train", "graph=synthetic", "graph.num_nodes=24", "topology=4x_v100_nvlink", "trainer=quick",
+            "trainer.total_steps=512", "progress=false")
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "run"
+    for name in ("checkpoint.pt", "placement.json", "metrics.json", "training.png", "comparison.md"):
+        assert (out / name).is_file(), name
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["step_time"] > 0 and m["sim_calls"] > 0 and m["total_steps"] >= 512
+    assert str(out) in r.stdout
+    ck = out / "checkpoint.pt"
+    r2 = subprocess.run([sys.executable, "-m", "placement_rl.cli.main", "place", f"checkpoint={ck}", "graph=synthetic",
+                         "graph.num_nodes=120", "topology=4x_v100_nvlink", f"hydra.run.dir={tmp_path}/place"],
+                        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r2.returncode == 0, r2.stderr
+    placed = json.loads((tmp_path / "place" / "placement.json").read_text())
+    assert len(placed["device_of_node"]) == 120
+
+
+def test_place_with_missing_checkpoint_exits_2(tmp_path):
+    r = cli(tmp_path, "place", f"checkpoint={tmp_path}/nope.pt", "graph=synthetic", "graph.num_nodes=10")
+    assert r.returncode == 2 and "does not exist" in r.stderr
