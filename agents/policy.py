@@ -19,26 +19,9 @@ from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
 
 from agents.encoders import build_encoder
+from agents.graph_batch import GraphBatch, batch_graphs
 
 OP_EMBED_DIM = 8
-
-
-def batch_graphs(obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """Padded ``[B, ...]`` observations -> (x [T, F], op_type [T], edge_index [2, E_T], batch [T]) plus the
-    ``[B, N]`` node mask, as one disjoint graph (offsets by cumulative node counts; no Python loop)."""
-    feats = obs["node_features"]
-    b, n_max, _ = feats.shape
-    num_nodes = obs["num_nodes"].reshape(b).long()
-    node_mask = torch.arange(n_max, device=feats.device).unsqueeze(0) < num_nodes.unsqueeze(1)
-    x = feats[node_mask]
-    op_type = obs["op_type"].long()[node_mask]
-    offsets = torch.cumsum(num_nodes, 0) - num_nodes  # [B]
-    ei = obs["edge_index"].long()  # [B, 2, E]
-    valid = ei[:, 0, :] >= 0  # padding is -1
-    shifted = ei + offsets.view(b, 1, 1)
-    edge_index = shifted.permute(1, 0, 2)[:, valid]  # [2, E_T]
-    batch = torch.repeat_interleave(torch.arange(b, device=feats.device), num_nodes)
-    return x, op_type, edge_index, batch, node_mask
 
 
 class GraphFeatures(BaseFeaturesExtractor):
@@ -54,26 +37,28 @@ class GraphFeatures(BaseFeaturesExtractor):
         self.op_embed = nn.Embedding(buckets, OP_EMBED_DIM)
         self.encoder = build_encoder(encoder, f + OP_EMBED_DIM, hidden=hidden, layers=layers)
 
+    def encode(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, GraphBatch]:
+        """Node embeddings ``[T, H]`` of the disjoint batch, and the batch."""
+        gb = batch_graphs(obs)
+        op_type = gb.op_type.clamp(0, self.op_embed.num_embeddings - 1)
+        h = self.encoder(torch.cat([gb.x, self.op_embed(op_type)], dim=-1), gb.edge_index, gb.batch, gb.adjacency)
+        return h, gb
+
     def embed(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Node embeddings as a dense ``[B, N, H]`` tensor (padded rows 0), graph embedding ``[B, H]``, mask."""
-        x, op_type, edge_index, batch, node_mask = batch_graphs(obs)
-        op_type = op_type.clamp(0, self.op_embed.num_embeddings - 1)
-        h = self.encoder(torch.cat([x, self.op_embed(op_type)], dim=-1), edge_index, batch)
-        b, n = node_mask.shape
-        dense = h.new_zeros(b, n, h.shape[-1])
-        dense[node_mask] = h
-        counts = node_mask.sum(1, keepdim=True).clamp(min=1)
-        graph = dense.sum(1) / counts
-        return dense, graph, node_mask
+        h, gb = self.encode(obs)
+        return gb.to_dense(h), gb.mean_pool(h), gb.node_mask
 
     def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        dense, graph, _ = self.embed(obs)
-        b = dense.shape[0]
+        h, gb = self.encode(obs)
+        graph = gb.mean_pool(h)
         if self.mode == "node":
-            cur = obs["current_node"].reshape(b).long().clamp(0, dense.shape[1] - 1)
-            h_cur = dense[torch.arange(b, device=dense.device), cur]
-            return torch.cat([h_cur, graph], dim=-1)
-        return torch.cat([dense.reshape(b, -1), graph], dim=-1)
+            b = gb.num_graphs
+            n = gb.node_mask.sum(1) if not gb.full else None
+            cur = obs["current_node"].reshape(b).round().long()
+            cur = cur.clamp(0, self.n_max - 1) if n is None else torch.minimum(cur, (n - 1).clamp(min=0))
+            return torch.cat([h[gb.offsets + cur], graph], dim=-1)
+        return torch.cat([gb.to_dense(h).reshape(gb.num_graphs, -1), graph], dim=-1)
 
 
 class NodeHead(nn.Module):

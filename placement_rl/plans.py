@@ -264,8 +264,11 @@ class StagePlan:
         if topology is not None:
             idx_groups = [tuple(_device_map([str(x) for x in g], topology, "stage plan").tolist()) for g in groups]
         else:
-            idx_groups = [tuple(int(str(x).removeprefix("dev")) if str(x).removeprefix("dev").isdigit() else k
-                                for k, x in enumerate(g)) for g in groups]
+            names = [str(x) for g in groups for x in g]
+            bad = next((x for x in names if not x.removeprefix("dev").isdigit()), None)
+            if bad is not None:
+                raise PlanError(f"stage plan names device '{bad}': load it with the topology it was made for")
+            idx_groups = [tuple(int(str(x).removeprefix("dev")) for x in g) for g in groups]
         try:
             plan = StagePlan(stage_of_node=stages, stage_devices=tuple(idx_groups),
                              num_microbatches=int(data.get("num_microbatches", 1)),

@@ -100,7 +100,8 @@ def main() -> None:
             continue
         graph = capture(module, inputs, name=name)
         for dev in phys.devices:
-            profile_graph(module, inputs, graph, dev, warmup=2, repeats=args.repeats, progress=False, db=db,
+            profile_graph(module, inputs, graph, dev, warmup=2, repeats=args.repeats, step_repeats=3 * args.repeats,
+                          progress=False, db=db,
                           clock=args.clock)
         db.save()
         costs = measured_costs(graph, topology, db)
@@ -110,9 +111,10 @@ def main() -> None:
         s = summarize([r for r in rows if r.model == name])[name]
         print(f"{name}: {graph.num_nodes} nodes, {len(places)} placements, MAPE {s['mape']:.1f}%, "
               f"Spearman {s['spearman']:.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    notes = (f"Topology `{topology.name}` ({', '.join(f'{d.name}={d.torch_device}' for d in topology.devices)}); "
-             f"torch {torch.__version__}, {args.threads} thread(s), {args.clock} clock; executor: {args.steps} timed steps after "
-             f"{args.warmup} warm-up, median; profiles: median of {args.repeats}. Total {time.perf_counter() - t_all:.0f} s.")
+    devices = ", ".join(f"{d.name}={d.torch_device}" for d in topology.devices)
+    notes = (f"Topology `{topology.name}` ({devices}); torch {torch.__version__}, {args.threads} thread(s), "
+             f"{args.clock} clock; executor: {args.steps} timed steps after {args.warmup} warm-up, median; "
+             f"profiles: median of {args.repeats}. Total {time.perf_counter() - t_all:.0f} s.")
     stats = write_report(rows, out, title=f"Simulator fidelity on {topology.name}", notes=notes)
     a = stats["all"]
     print(f"ALL: {a['n']} placements, MAPE {a['mape']:.1f}%, Spearman {a['spearman']:.3f} -> {out}/fidelity.md")

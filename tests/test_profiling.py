@@ -13,7 +13,7 @@ from placement_rl.errors import ProfileError
 from placement_rl.graph import zoo
 from placement_rl.graph.capture import capture
 from placement_rl.graph.coarsen import coarsen
-from placement_rl.profiling import (ProfileDB, bench_copy, bench_sendrecv, fit_link, measured_costs,
+from placement_rl.profiling import (ProfileDB, bench_copy, bench_sendrecv, fit_link, measured_costs, op_signatures,
                                     physical_topology, predict_step_time, profile_graph, run_profile)
 from placement_rl.profiling.fidelity import mape, spearman
 from placement_rl.topology import load_topology
@@ -31,7 +31,8 @@ def mlp():
 def profiled(mlp, tmp_path_factory):
     module, inputs, graph = mlp
     path = tmp_path_factory.mktemp("prof") / "profiles.json"
-    db = profile_graph(module, inputs, graph, "cpu", warmup=2, repeats=7, progress=False,
+    # thread CPU time: the per-node vs whole-step comparison must not depend on other processes' load
+    db = profile_graph(module, inputs, graph, "cpu", warmup=2, repeats=7, step_repeats=21, progress=False,
                        db=ProfileDB(path), clock="thread")
     f = bench_copy("cpu", "cpu", sizes=(1024, 65536, 1 << 20), repeats=5)
     db.put_link(f.src, f.dst, f.backend, f.sizes, f.times, f.latency, f.bandwidth)
@@ -79,6 +80,18 @@ def test_coarsened_graph_sums_member_times(mlp, profiled):
     for i, grp in enumerate(small.members):
         assert fwd[i] == pytest.approx(sum(times[m][0] for m in grp))
         assert bwd[i] == pytest.approx(sum(times[m][2] for m in grp))
+
+
+def test_other_graph_reuses_per_op_times_by_signature(mlp, profiled):
+    module, inputs, graph = mlp
+    db = ProfileDB.load(profiled)
+    sigs = op_signatures(module, inputs, graph)
+    assert sigs[0].startswith("aten.linear.default[(64, 256), (512, 256), (512,)]")
+    other = graph.replace(fwd_flops=graph.fwd_flops * 2, meta={**graph.meta, "signatures": sigs})
+    assert other.fingerprint() != graph.fingerprint()
+    fwd, bwd, label = db.lookup(other, load_topology("2x_cpu").devices[0])
+    assert label.endswith(":ops") and np.all(fwd > 0)
+    assert db.lookup(graph.replace(fwd_flops=graph.fwd_flops * 2), load_topology("2x_cpu").devices[0]) is None
 
 
 @pytest.mark.parametrize("text, problem", [
@@ -149,6 +162,7 @@ def test_shared_cpu_devices_collapse_and_prediction_counts_transfers(mlp, profil
     split = predict_step_time(graph, topo, np.arange(graph.num_nodes) % 2, db)
     assert one.num_transfers == 0 and split.num_transfers > 0
     assert split.step_time - one.step_time == pytest.approx(split.shared_transfers)
+    assert one.step_overhead >= 0 and one.step_time == pytest.approx(one.simulated + one.optimizer + one.step_overhead)
     times = db.node_times(graph, "cpu")
     assert one.simulated == pytest.approx(sum(v[0] + v[2] for v in times.values()), rel=1e-6)
     assert mape(np.array([1.1, 0.9]), np.array([1.0, 1.0])) == pytest.approx(10.0)

@@ -70,6 +70,7 @@ def run(cfg: DictConfig) -> dict:
         costs = env.unwrapped.task.costs
     wall = time.perf_counter() - t0
     out = output_dir()
+    graph.to_json(out / "graph.json")
     if isinstance(value, StagePlan):
         value.to_json(out / "plan.json", graph=graph, topology=topology)
         plan_file, plan = "plan.json", value

@@ -60,6 +60,7 @@ def run(cfg: DictConfig) -> dict:
     ckpt = trainer.save(out / "checkpoint.pt")
     best = final_plan(trainer, samples=int(tcfg.eval_samples), seed=int(cfg.seed))
     plan_file = write_plan(best["value"], graph, topology, out)
+    graph.to_json(out / "graph.json")  # so `placement-rl deploy plan=<run>/placement.json` finds the graph
     tr = trainer.tracker
     single = tr.best_single_time
     metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, "env": str(cfg.env.id),

@@ -33,7 +33,7 @@ class CostTable:
         if self.launch_overhead is None:
             object.__setattr__(self, "launch_overhead", np.zeros_like(np.asarray(self.fwd_time, dtype=np.float64)))
         for key in ("fwd_time", "bwd_time", "link_latency", "link_bandwidth", "launch_overhead"):
-            arr = np.ascontiguousarray(getattr(self, key), dtype=np.float64)
+            arr = np.array(getattr(self, key), dtype=np.float64, order="C", copy=True)
             arr.setflags(write=False)
             object.__setattr__(self, key, arr)
         object.__setattr__(self, "source", tuple(self.source))

@@ -72,7 +72,8 @@ def blame(states: Sequence[RankState], *, hung: bool, timeout_s: float) -> str:
 
     Order of suspicion: a rank that died without reporting an error (killed, ``os._exit``, crash);
     then, for a stall, the rank(s) that got least far; then the rank that reported an error first
-    (the others' errors are usually the broken connections that followed it).
+    (the others' errors are usually the broken connections that followed it) -- unless live ranks
+    are behind it, which means it timed out waiting for them.
     """
     def where(s: RankState) -> str:
         return f"rank {s.rank} (at '{s.phase}')"
@@ -92,6 +93,10 @@ def blame(states: Sequence[RankState], *, hung: bool, timeout_s: float) -> str:
     reported = sorted((s for s in states if s.error is not None), key=lambda x: x.error_time or 0.0)
     if reported:
         s = reported[0]
+        behind = [x for x in states if x.exit_code is None and x.progress < s.progress]
+        if behind:  # the failure is most likely a communication timeout waiting for a rank that hangs
+            names = ", ".join(where(x) for x in behind)
+            return f"{names} fell behind and hung ({where(s)} gave up waiting: {s.error}); the job was stopped"
         return f"{where(s)} failed: {s.error}"
     failed = [s for s in states if s.exit_code not in (None, 0)]
     s = failed[0] if failed else states[0]

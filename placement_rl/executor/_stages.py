@@ -20,6 +20,7 @@ gradients over the owning stages before the optimizer step.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -83,7 +84,9 @@ def value_meta(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> di
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.shape_prop import ShapeProp
 
-    ShapeProp(gm, fake_mode=FakeTensorMode(allow_non_fake_inputs=True)).propagate(*example_inputs)
+    with warnings.catch_warnings():  # torch's own pytree deprecation noise while deep-copying the graph
+        warnings.simplefilter("ignore", FutureWarning)
+        ShapeProp(gm, fake_mode=FakeTensorMode(allow_non_fake_inputs=True)).propagate(*example_inputs)
     out = {}
     for n in gm.graph.nodes:
         tm = n.meta.get("tensor_meta")
@@ -186,7 +189,8 @@ def split_stages(gm: fx.GraphModule, stage: dict[str, int], num_stages: int, *,
                     env[a] = g.get_attr(a.target)
             env[n] = g.node_copy(n, env.__getitem__)
         live_out = [loss] if k == num_stages - 1 else [v for v in made_in if made_in[v] <= k and last_use.get(v, -1) > k]
-        g.output(env[loss] if k == num_stages - 1 else tuple(env[v] for v in live_out))
+        sent = [g.call_method("contiguous", (env[v],)) for v in live_out]  # p2p sends need contiguous tensors
+        g.output(sent[0] if k == num_stages - 1 else tuple(sent))
         sub = fx.GraphModule(gm, g, class_name=f"Stage{k}")
         holders = tuple((m, attr, fqn[id(p)]) for m in sub.modules() for attr, p in m._parameters.items()
                         if p is not None and id(p) in fqn)

@@ -35,6 +35,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -101,6 +102,7 @@ class DeployResult:
 
     step_time: float
     throughput: float  # samples per second (global batch / step_time)
+    optimizer_time: float  # median over steps of the slowest rank's Adam step (included in step_time)
     batch_size: int
     losses: tuple[float, ...]  # per step (warm-up included), mean over DP replicas
     peak_memory_bytes: int  # max over ranks (``memory_kind``: cpu_max_rss or cuda_max_allocated)
@@ -122,12 +124,29 @@ class DeployResult:
 
 
 @dataclass(frozen=True)
+class DeploySpec:
+    """One plan to deploy: the plan, its graph, and the model (a zoo name + overrides, or a module + inputs)."""
+
+    plan: StagePlan
+    graph: CompGraph
+    model: str | None = None
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    module: nn.Module | None = None
+    inputs: Sequence[torch.Tensor] | None = None
+    topology: DeviceTopology | None = None
+
+
+@dataclass(frozen=True)
 class PreparedJob:
     job_dir: Path
-    dims: ParallelDims
+    parts: tuple[ParallelDims, ...]
     backend: str
     threads: int
     timeout_s: float
+
+    @property
+    def world_size(self) -> int:
+        return self.parts[0].world_size
 
 
 def _check_plan_graph(plan: StagePlan, graph: CompGraph) -> None:
@@ -169,20 +188,17 @@ def _model(model: str | None, overrides: Mapping[str, Any] | None, module: nn.Mo
     return module.train(), tuple(inputs)
 
 
-def prepare_job(plan: StagePlan, graph: CompGraph, *, model: str | None = None,
-                overrides: Mapping[str, Any] | None = None, module: nn.Module | None = None,
-                inputs: Sequence[torch.Tensor] | None = None, config: DeployConfig = DeployConfig(),
-                topology: DeviceTopology | None = None, job_dir: str | Path) -> PreparedJob:
-    """Validate everything and write the job directory the ranks read; no process is started."""
-    config.validate()
+def prepare_part(spec: DeploySpec, *, config: DeployConfig, part_dir: Path) -> ParallelDims:
+    """Validate one plan against its model and write its part directory; return its DP x PP layout."""
+    plan, graph = spec.plan, spec.graph
     dims = parallel_dims(plan)
-    if topology is not None:
-        plan.validate(graph, topology)
+    if spec.topology is not None:
+        plan.validate(graph, spec.topology)
     _check_plan_graph(plan, graph)
     if graph.meta.get("capture_method", "export") != "export":
         raise PlanError(f"graph '{graph.name}' was captured with torch.fx; the distributed executor splits the "
                         "torch.export program, so capture the model with method='export'")
-    module, batch = _model(model, overrides, module, inputs, plan)
+    module, batch = _model(spec.model, spec.overrides, spec.module, spec.inputs, plan)
     sizes = {int(t.shape[0]) if t.dim() else -1 for t in batch}
     if len(sizes) != 1 or -1 in sizes:
         raise ConfigError(f"every model input needs the batch as its first dimension (sizes {sorted(sizes)})")
@@ -193,80 +209,140 @@ def prepare_job(plan: StagePlan, graph: CompGraph, *, model: str | None = None,
     if size % chunks:
         raise PlanError(f"batch size {size} is not divisible by DP degree ({dims.dp}) x num_microbatches "
                         f"({dims.num_microbatches}); change the batch or the plan")
-    micro = size // chunks
+    micro = [t[:size // chunks] for t in batch]
     try:
-        ep = export_step(module, [t[:micro] for t in batch])
+        ep = export_step(module, micro)
     except Exception as exc:  # torch.export raises many kinds
-        raise ExecutionError(f"cannot export the model at micro-batch size {micro} ({type(exc).__name__}: "
+        raise ExecutionError(f"cannot export the model at micro-batch size {size // chunks} ({type(exc).__name__}: "
                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
     gm = program_module(ep)
     stage_map = assign_stages(gm, graph, plan.stage_of_node)
     aliases = param_aliases(module)
     splits = split_stages(gm, stage_map, dims.num_stages, aliases=aliases)
-    ties = tied_parameters(splits)
-    metas = value_meta(program_module(ep), [t[:micro] for t in batch])
+    metas = value_meta(program_module(ep), micro)
     crossing = crossing_values(splits)
     odd = [v for v in crossing if v not in metas]
     if odd:
         raise PlanError(f"value '{odd[0]}' passes between stages but is not a single tensor; move the cut so that "
                         "only tensors cross stages")
-    device = _resolve_device(config, plan, topology)
-    backend = "nccl" if device == "cuda" else "gloo"
+    (part_dir / "result").mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():  # torch's own pytree deprecation noise while pickling the program
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.export.save(ep, str(part_dir / "program.pt2"))
+    torch.save(tuple(t.detach().cpu() for t in batch), part_dir / "inputs.pt")
+    atomic_write_text(part_dir / "part.json", json.dumps({
+        "dims": asdict(dims), "stage_map": stage_map, "param_aliases": aliases,
+        "value_meta": {v: metas[v] for v in crossing}, "batch_size": size,
+        "tied": {k: list(v) for k, v in tied_parameters(splits).items()},
+        "plan": plan.to_dict(graph), "model": {"zoo": spec.model, "overrides": dict(spec.overrides or {})}}, indent=1))
+    return dims
+
+
+def prepare_job(specs: Sequence[DeploySpec], *, config: DeployConfig = DeployConfig(),
+                job_dir: str | Path) -> PreparedJob:
+    """Validate every plan and write the job directory the ranks read; no process is started.
+
+    All plans of one job run in the same processes, one after the other: they need the same world size.
+    """
+    config.validate()
+    if not specs:
+        raise ConfigError("prepare_job needs at least one plan")
     job = Path(job_dir)
     (job / "result").mkdir(parents=True, exist_ok=True)
-    torch.export.save(ep, str(job / "program.pt2"))
-    torch.save(tuple(t.detach().cpu() for t in batch), job / "inputs.pt")
-    cfg = asdict(config) | {"device": device}
+    parts = []
+    for i, spec in enumerate(specs):
+        dims = prepare_part(spec, config=config, part_dir=job / f"part{i}")
+        if parts and dims.world_size != parts[0].world_size:
+            raise PlanError(f"plan #{i} needs {dims.world_size} processes, plan #0 needs {parts[0].world_size}; plans "
+                            "deployed together must have the same world size")
+        parts.append(dims)
+    devices = {_resolve_device(config, s.plan, s.topology) for s in specs}
+    if len(devices) != 1:
+        raise ConfigError("plans deployed together must all run on CPUs or all on GPUs")
+    device = devices.pop()
+    backend = "nccl" if device == "cuda" else "gloo"
     atomic_write_text(job / "job.json", json.dumps({
-        "schema": JOB_SCHEMA, "version": VERSION, "backend": backend, "config": cfg,
-        "dims": asdict(dims), "stage_map": stage_map, "param_aliases": aliases,
-        "value_meta": {v: metas[v] for v in crossing}, "batch_size": size, "tied": {k: list(v) for k, v in ties.items()},
-        "plan": plan.to_dict(graph), "model": {"zoo": model, "overrides": dict(overrides or {})}}, indent=1))
-    return PreparedJob(job_dir=job, dims=dims, backend=backend, threads=config.threads, timeout_s=config.timeout_s)
+        "schema": JOB_SCHEMA, "version": VERSION, "backend": backend, "config": asdict(config) | {"device": device},
+        "world_size": parts[0].world_size, "parts": [f"part{i}" for i in range(len(parts))]}, indent=1))
+    return PreparedJob(job_dir=job, parts=tuple(parts), backend=backend, threads=config.threads,
+                       timeout_s=config.timeout_s)
 
 
-def collect_results(job_dir: str | Path) -> DeployResult:
-    """Read the per-rank results of a finished job (launched here or by torchrun)."""
-    job_dir = Path(job_dir)
-    job = json.loads((job_dir / "job.json").read_text())
-    dims = ParallelDims(**{k: tuple(v) if isinstance(v, list) else v for k, v in job["dims"].items()})
+def _collect_part(part_dir: Path, *, backend: str, collect_grads: bool, wall_time: float) -> DeployResult:
+    part = json.loads((part_dir / "part.json").read_text())
+    dims = ParallelDims(**{k: tuple(v) if isinstance(v, list) else v for k, v in part["dims"].items()})
     ranks = []
     for r in range(dims.world_size):
-        path = job_dir / "result" / f"rank{r}.json"
+        path = part_dir / "result" / f"rank{r}.json"
         if not path.is_file():
-            raise ExecutionError(f"rank {r} wrote no result ({path} is missing); see {job_dir / 'logs'}")
+            raise ExecutionError(f"rank {r} wrote no result for {part_dir.name} ({path} is missing)")
         ranks.append(json.loads(path.read_text()))
     per_step = np.max(np.array([r["step_times"] for r in ranks], dtype=np.float64), axis=0)
     step_time = float(statistics.median(per_step.tolist()))
+    opt = np.max(np.array([r["optimizer_times"] for r in ranks], dtype=np.float64), axis=0)
     last = [r["losses"] for r in ranks if dims.num_stages - 1 in r["stages"]]
     losses = tuple(float(x) for x in np.mean(np.array(last, dtype=np.float64), axis=0))
     grads = None
-    if job["config"].get("collect_grads"):
+    if collect_grads:
         grads = {}
         for r in range(dims.world_size):
-            if ranks[r]["dp_rank"] == 0 and (job_dir / "result" / f"rank{r}_grads.pt").is_file():
-                grads.update(torch.load(job_dir / "result" / f"rank{r}_grads.pt", weights_only=True))
+            path = part_dir / "result" / f"rank{r}_grads.pt"
+            if ranks[r]["dp_rank"] == 0 and path.is_file():
+                grads.update(torch.load(path, weights_only=True))
     peak = max(ranks, key=lambda r: r["peak_memory_bytes"])
-    return DeployResult(step_time=step_time, throughput=job["batch_size"] / step_time, batch_size=job["batch_size"],
+    return DeployResult(step_time=step_time, throughput=part["batch_size"] / step_time,
+                        optimizer_time=float(statistics.median(opt.tolist())), batch_size=part["batch_size"],
                         losses=losses, peak_memory_bytes=int(peak["peak_memory_bytes"]),
                         memory_kind=peak["memory_kind"], world_size=dims.world_size, dp=dims.dp, pp=dims.pp,
-                        schedule=dims.schedule, backend=job["backend"], tied_parameters=tuple(sorted(job["tied"])),
-                        ranks=tuple(ranks), wall_time=0.0, grads=grads)
+                        schedule=dims.schedule, backend=backend, tied_parameters=tuple(sorted(part["tied"])),
+                        ranks=tuple(ranks), wall_time=wall_time, grads=grads)
+
+
+def collect_results(job_dir: str | Path, *, wall_time: float = 0.0) -> list[DeployResult]:
+    """Read the per-rank results of a finished job (launched here or by torchrun), one per plan."""
+    job_dir = Path(job_dir)
+    job = json.loads((job_dir / "job.json").read_text())
+    return [_collect_part(job_dir / name, backend=job["backend"], collect_grads=bool(job["config"]["collect_grads"]),
+                          wall_time=wall_time) for name in job["parts"]]
 
 
 def launch_local(job: PreparedJob, *, nprocs: int | None = None, timeout_s: float | None = None,
-                 extra_env: Mapping[str, str] | None = None) -> DeployResult:
+                 extra_env: Mapping[str, str] | None = None) -> list[DeployResult]:
     """Run a prepared job with one process per rank on this machine; ``ExecutionError`` names a failed rank."""
-    world = job.dims.world_size
+    world = job.world_size
     nprocs = world if nprocs is None else nprocs
     if nprocs != world:
-        raise ConfigError(f"the plan needs {world} processes (dp {job.dims.dp} x pp {job.dims.pp}), not {nprocs}")
+        raise ConfigError(f"the plan needs {world} processes (dp {job.parts[0].dp} x pp {job.parts[0].pp}), "
+                          f"not {nprocs}")
     if job.backend == "nccl" and torch.cuda.device_count() < world:
         raise ConfigError(f"the plan needs {world} GPUs on this machine, torch sees {torch.cuda.device_count()}")
     wall = run_ranks(job.job_dir, nprocs=nprocs, timeout_s=job.timeout_s if timeout_s is None else timeout_s,
                      threads=job.threads, extra_env=extra_env)
-    res = collect_results(job.job_dir)
-    return DeployResult(**{**res.__dict__, "wall_time": wall})
+    return collect_results(job.job_dir, wall_time=wall)
+
+
+def deploy_stage_plans(specs: Sequence[DeploySpec], *, config: DeployConfig = DeployConfig(),
+                       job_dir: str | Path | None = None,
+                       extra_env: Mapping[str, str] | None = None) -> list[DeployResult]:
+    """Validate every plan, then run them one after the other in ``dp x pp`` local processes (started once).
+
+    ``job_dir``: where the job and per-rank logs go (default: a temporary directory, removed after a
+    success unless ``config.keep_job_dir``; kept after a failure, whose message names its logs).
+    """
+    tmp = None
+    if job_dir is None:
+        tmp = Path(tempfile.mkdtemp(prefix="prl-deploy-"))
+        job_dir = tmp
+    try:
+        job = prepare_job(specs, config=config, job_dir=job_dir)
+    except BaseException:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    results = launch_local(job, extra_env=extra_env)
+    if tmp is not None and not config.keep_job_dir:  # kept after a failure: the error message points at its logs
+        shutil.rmtree(tmp, ignore_errors=True)
+    return results
 
 
 def deploy_stage_plan(plan: StagePlan, graph: CompGraph, *, model: str | None = None,
@@ -274,22 +350,14 @@ def deploy_stage_plan(plan: StagePlan, graph: CompGraph, *, model: str | None = 
                       inputs: Sequence[torch.Tensor] | None = None, config: DeployConfig = DeployConfig(),
                       topology: DeviceTopology | None = None, job_dir: str | Path | None = None,
                       extra_env: Mapping[str, str] | None = None) -> DeployResult:
-    """Validate, launch ``dp x pp`` local processes, train ``config.steps`` steps and report the measurements.
+    """Deploy one plan on this machine: train ``config.steps`` steps and report the measurements.
 
-    ``job_dir``: where the job and per-rank logs go (default: a temporary directory, removed afterwards
-    unless ``config.keep_job_dir``). The result's ``to_dict()`` is what ``deploy.json`` holds.
+    The model is a zoo name (``model=``, ``overrides=``) or a module with its example inputs (targets
+    included; ``module(*inputs)`` returns the loss). The result's ``to_dict()`` is what ``deploy.json`` holds.
     """
-    tmp = None
-    if job_dir is None:
-        tmp = Path(tempfile.mkdtemp(prefix="prl-deploy-"))
-        job_dir = tmp
-    try:
-        job = prepare_job(plan, graph, model=model, overrides=overrides, module=module, inputs=inputs,
-                          config=config, topology=topology, job_dir=job_dir)
-        return launch_local(job, extra_env=extra_env)
-    finally:
-        if tmp is not None and not config.keep_job_dir:
-            shutil.rmtree(tmp, ignore_errors=True)
+    spec = DeploySpec(plan=plan, graph=graph, model=model, overrides=dict(overrides or {}), module=module,
+                      inputs=inputs, topology=topology)
+    return deploy_stage_plans([spec], config=config, job_dir=job_dir, extra_env=extra_env)[0]
 
 
 def build_torchrun_command(job_dir: str | Path, *, nproc_per_node: int, nnodes: int = 1, node_rank: int | None = None,

@@ -1,14 +1,17 @@
 """One rank of a deployed ``StagePlan``: ``python -m placement_rl.executor.distributed_worker JOB_DIR``.
 
 torchrun-compatible: reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``
-from the environment (``env://`` rendezvous), and the job (plan layout, exported program, inputs,
-options) from ``JOB_DIR`` written by :func:`placement_rl.executor.distributed.prepare_job`. On several
-machines ``JOB_DIR`` must be readable at the same path on each (a shared file system or a copy).
+from the environment (``env://`` rendezvous), and the job from ``JOB_DIR`` written by
+:func:`placement_rl.executor.distributed.prepare_job`: ``job.json`` (backend, options, the list of
+*parts*) and one directory per part (one plan: its layout, exported program and inputs). Several
+parts run one after the other in the same process group, so a batch of plans pays the start-up once.
+On several machines ``JOB_DIR`` must be readable at the same path on each (shared file system or copy).
 
-Phases (each small and named, torchtitan style): ``init_distributed`` -> ``build_stages`` ->
-``apply_dp`` -> ``build_schedule`` -> ``train``; the process group is destroyed in ``finally``.
-Progress goes to ``JOB_DIR/progress/rank<r>`` (the launcher's watchdog reads it to name a rank that
-hangs) and results to ``JOB_DIR/result/rank<r>.json`` (+ ``rank<r>_grads.pt`` when asked).
+Phases per part (small named functions, torchtitan style): ``build_stages`` -> ``build_mesh`` ->
+``apply_dp`` -> ``pipeline_stage`` / ``build_schedule`` -> training steps; the process group is
+destroyed in ``finally``. Progress goes to ``JOB_DIR/progress/rank<r>`` (the launcher's watchdog reads
+it to name a rank that hangs), results to ``<part>/result/rank<r>.json`` (+ ``rank<r>_grads.pt``), an
+exception to ``JOB_DIR/result/rank<r>.error.json``.
 
 Test hook: ``PLACEMENT_RL_FAULT=<kind>:<rank>`` with kind ``exit`` (the rank exits with code 3) or
 ``hang`` (it sleeps) at the start of its first step, to test the fault handling.
@@ -109,9 +112,15 @@ def tie_groups(dims: ParallelDims, ties: dict[str, tuple[int, ...]], rank: int) 
     return out
 
 
-def apply_dp(modules: Sequence[nn.Module], dp_mesh: DeviceMesh, *, device: torch.device) -> list[nn.Module]:
-    """Wrap each stage module with DDP over the ``dp`` mesh dimension (a no-op for DP degree 1)."""
-    if dp_mesh.size() == 1:
+def apply_dp(modules: Sequence[nn.Module], dp_mesh: DeviceMesh, *, device: torch.device,
+             zero_bubble: bool) -> list[nn.Module]:
+    """Wrap each stage module with DDP over the ``dp`` mesh dimension (a no-op for DP degree 1).
+
+    Zero-bubble schedules compute weight gradients in a separate pass that DDP's hooks do not see
+    (measured: wrong gradients), so there the modules stay unwrapped and :func:`allreduce_grads`
+    averages the gradients after the schedule.
+    """
+    if dp_mesh.size() == 1 or zero_bubble:
         return list(modules)
     group = dp_mesh.get_group()
     return [DistributedDataParallel(m, process_group=group, broadcast_buffers=False,
@@ -145,6 +154,20 @@ def build_schedule(dims: ParallelDims, stages: list[PipelineStage]) -> Any:
     return cls(stages, n_microbatches=dims.num_microbatches, loss_fn=loss_is_stage_output)
 
 
+def allreduce_grads(params: Sequence[nn.Parameter], group: Any, size: int) -> None:
+    """Average gradients over the DP group in one flat all-reduce (used without DDP)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    flat /= size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
 def sync_tied_grads(tied: dict[str, list[nn.Parameter]], groups: dict[str, Any]) -> None:
     """Sum the gradient of each tied parameter over its local copies and the other owning ranks."""
     for name in sorted(tied):
@@ -175,18 +198,24 @@ def _fault(rank: int) -> None:
             time.sleep(1e6)
 
 
-def train(job: dict[str, Any], job_dir: Path, *, rank: int, dims: ParallelDims, device: torch.device,
-          progress: Progress) -> dict[str, Any]:
-    cfg = job["config"]
+def train(cfg: dict[str, Any], part_dir: Path, *, rank: int, device: torch.device, progress: Progress,
+          fault: bool) -> dict[str, Any]:
+    """Build this rank's share of one plan (a *part* of the job) and run its training steps."""
+    part = json.loads((part_dir / "part.json").read_text())
+    dims = ParallelDims(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in part["dims"].items()})
     dp_rank, pp_rank = dims.coords(rank)
-    gm = program_module(torch.export.load(str(job_dir / "program.pt2")))
-    splits, ties = build_stages(gm, {k: int(v) for k, v in job["stage_map"].items()}, dims, pp_rank, device,
-                                job["param_aliases"])
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    gm = program_module(torch.export.load(str(part_dir / "program.pt2")))
+    splits, ties = build_stages(gm, {k: int(v) for k, v in part["stage_map"].items()}, dims, pp_rank, device,
+                                part["param_aliases"])
     del gm
     mesh = build_mesh(dims, device)
     groups = tie_groups(dims, ties, rank)
-    modules = apply_dp([sp.module for sp in splits], mesh["dp"], device=device)
-    stages = [pipeline_stage(mod, sp, dims, device, job["value_meta"], mesh["pp"].get_group())
+    zero_bubble = "ZeroBubble" in dims.schedule_class_name()
+    manual_dp = zero_bubble and dims.dp > 1
+    modules = apply_dp([sp.module for sp in splits], mesh["dp"], device=device, zero_bubble=zero_bubble)
+    stages = [pipeline_stage(mod, sp, dims, device, part["value_meta"], mesh["pp"].get_group())
               for mod, sp in zip(modules, splits)]
     schedule = build_schedule(dims, stages)
     named = [stage_parameters(sp) for sp in splits]
@@ -199,50 +228,64 @@ def train(job: dict[str, Any], job_dir: Path, *, rank: int, dims: ParallelDims, 
     optimizer = torch.optim.Adam(params, lr=float(cfg["lr"])) if params else None
     progress.mark("built")
 
-    inputs = torch.load(job_dir / "inputs.pt", weights_only=True)
+    inputs = torch.load(part_dir / "inputs.pt", weights_only=True)
     per_replica = inputs[0].shape[0] // dims.dp
     batch = tuple(t[dp_rank * per_replica:(dp_rank + 1) * per_replica].to(device) for t in inputs)
     first = any(sp.index == 0 for sp in splits)
     last = any(sp.index == dims.num_stages - 1 for sp in splits)
     dummy_target = torch.zeros(dims.num_microbatches, device=device)
-    step_times, losses = [], []
-    grads: dict[str, torch.Tensor] = {}
-    total = int(cfg["warmup"]) + int(cfg["steps"])
-    for step in range(total):
-        if step == 0:
-            _fault(rank)
-        progress.mark(f"step {step} begin")
-        if optimizer is not None:
-            optimizer.zero_grad(set_to_none=True)
-        dist.barrier()
+    dp_group = mesh["dp"].get_group() if manual_dp else None
+
+    def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+
+    def train_step() -> tuple[float, float, list[torch.Tensor]]:
+        """One step: schedule (forward, backward, DP sync), tied-grad sync, Adam. Returns (total s, Adam s, losses)."""
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
+        dist.barrier()  # every rank starts the step together, so the slowest rank's time is the step time
+        sync()
         t0 = time.perf_counter()
         mb_losses: list[torch.Tensor] = []
         schedule.step(*(batch if first else ()), target=dummy_target if last else None,
                       losses=mb_losses if last else None, return_outputs=False)
+        if manual_dp:
+            allreduce_grads(params, dp_group, dims.dp)
         sync_tied_grads(tied, groups)
+        sync()
+        t1 = time.perf_counter()
         if optimizer is not None:
             optimizer.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        dt = time.perf_counter() - t0
-        progress.mark(f"step {step} end")
+        sync()
+        return time.perf_counter() - t0, time.perf_counter() - t1, mb_losses
+
+    step_times, opt_times, losses = [], [], []
+    grads: dict[str, torch.Tensor] = {}
+    for step in range(int(cfg["warmup"]) + int(cfg["steps"])):
+        if step == 0 and fault:
+            _fault(rank)
+        progress.mark(f"{part_dir.name} step {step} begin")
+        dt, dt_opt, mb_losses = train_step()
+        progress.mark(f"{part_dir.name} step {step} end")
         if step == 0 and cfg.get("collect_grads"):
             grads = {name: p.grad.detach().cpu().clone() for per in named for name, p in per.items()
                      if p.grad is not None}
         if step >= int(cfg["warmup"]):
             step_times.append(dt)
+            opt_times.append(dt_opt)
         if last:
             losses.append(float(torch.stack([x.detach() for x in mb_losses]).mean()))
     peak, kind = _peak_memory(device)
     if grads:
-        torch.save(grads, job_dir / "result" / f"rank{rank}_grads.pt")
+        torch.save(grads, part_dir / "result" / f"rank{rank}_grads.pt")
     return {"rank": rank, "dp_rank": dp_rank, "pp_rank": pp_rank, "stages": [sp.index for sp in splits],
-            "device": str(device), "step_times": step_times,
+            "device": str(device), "step_times": step_times, "optimizer_times": opt_times,
             "median_step_time": statistics.median(step_times) if step_times else None,
             "losses": losses, "peak_memory_bytes": peak, "memory_kind": kind,
+            "model_state_bytes": int(sum(p.numel() * p.element_size() for p in params)) * 4,
             "num_params": int(sum(p.numel() for p in params)), "tied": sorted(tied)}
+
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -254,15 +297,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     job = json.loads((job_dir / "job.json").read_text())
     cfg = job["config"]
     torch.set_num_threads(int(cfg["threads"]))
-    dims = ParallelDims(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in job["dims"].items()})
     rank = int(os.environ["RANK"])
     progress = Progress(job_dir, rank)
     progress.mark("started")
     try:
-        rank, world, device = init_distributed(job["backend"], float(cfg["timeout_s"]), cfg["device"])
+        rank, _, device = init_distributed(job["backend"], float(cfg["timeout_s"]), cfg["device"])
         progress.mark("process group")
-        result = train(job, job_dir, rank=rank, dims=dims, device=device, progress=progress)
-        _write_atomic(job_dir / "result" / f"rank{rank}.json", json.dumps(result))
+        for i, name in enumerate(job["parts"]):
+            result = train(cfg, job_dir / name, rank=rank, device=device, progress=progress, fault=i == 0)
+            _write_atomic(job_dir / name / "result" / f"rank{rank}.json", json.dumps(result))
         progress.mark("done")
     except BaseException as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

@@ -1,4 +1,5 @@
-"""Built-in models: ``names()``, ``describe(name)``, ``build(name, **overrides)``.
+"""Built-in models: ``names()``, ``describe(name)`` (defaults), ``tiny(name)`` (overrides for tests),
+``build(name, **overrides) -> (module, example_inputs)``.
 
 Every model's ``forward`` takes the example inputs *including targets* and returns the scalar
 training loss, so a captured graph is one whole training step's forward (model + loss).

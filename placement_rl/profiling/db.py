@@ -323,7 +323,8 @@ def _validate(data: Any, where: str) -> None:
     if not isinstance(data, dict):
         raise ProfileError(f"{where}: not a profile (top level must be a JSON object); re-run `placement-rl profile`")
     if data.get("schema") != SCHEMA:
-        raise ProfileError(f"{where}: field 'schema' is {data.get('schema')!r}, expected '{SCHEMA}': not a profile file")
+        raise ProfileError(f"{where}: field 'schema' is {data.get('schema')!r}, expected '{SCHEMA}': "
+                           "not a profile file")
     if data.get("version") != VERSION:
         raise ProfileError(f"{where}: unknown profile schema version {data.get('version')!r} "
                            f"(this release reads version {VERSION}); re-run `placement-rl profile`")

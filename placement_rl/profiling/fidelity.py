@@ -15,6 +15,11 @@ What the prediction assumes about the executor it is compared with (``predict_st
 * **The optimizer step** (Adam, as the executor runs it) is not in the simulator; it is added from the
   profile's measured optimizer time, split over physical devices by parameter bytes (devices update in
   parallel: the maximum counts).
+* **Per-step overhead no op owns** (autograd engine start, gradient accumulation where a value has several
+  consumers, ``AccumulateGrad`` of parameters, Python between ops): the profile's whole-step time minus
+  the sum of its per-op times on the same device (both measured, never the executor's figure being
+  predicted), added once (``step_overhead``; the one-process executor pays it on one host thread).
+  Negative residuals (noise) count as 0.
 
 ``fidelity_stats`` gives MAPE and Spearman's rank correlation.
 """
@@ -78,6 +83,7 @@ class Prediction:
     simulated: float  # simulator step time on the physical topology
     shared_transfers: float  # seconds of transfers between logical devices on one torch device
     optimizer: float  # seconds of the optimizer step (slowest physical device)
+    step_overhead: float  # measured whole step minus the sum of per-op times (largest over used devices)
     num_transfers: int  # cross-device transfers of the placement (logical devices)
     source: tuple[str, ...]  # cost source per physical device
 
@@ -93,7 +99,8 @@ def _transfers(graph: CompGraph, dev: np.ndarray) -> list[tuple[int, int, float]
 
 
 def predict_step_time(graph: CompGraph, topology: DeviceTopology, placement: Placement | np.ndarray, db: ProfileDB,
-                      *, costs: CostTable | None = None, optimizer: bool = True) -> Prediction:
+                      *, costs: CostTable | None = None, optimizer: bool = True,
+                      step_overhead: bool = True) -> Prediction:
     """Predicted training-step time of ``placement`` as the local executor runs it (see module docstring).
 
     ``costs``: a cost table already resolved for the physical topology (``measured_costs(graph,
@@ -115,6 +122,14 @@ def predict_step_time(graph: CompGraph, topology: DeviceTopology, placement: Pla
             raise ProfileError(f"profile {db.label} has no 'copy' link fit for {src.torch_device} -> "
                                f"{dst.torch_device}: run the link benchmarks (run_profile links=True)")
         shared += fit[0] + nbytes / fit[1]
+    overhead = 0.0
+    if step_overhead:
+        for j in sorted(set(phys_of[dev].tolist())):
+            name = db.resolve_device(phys.devices[j])
+            step = db.step_time(graph, name) if name is not None else None
+            times = db.node_times(graph, name) if name is not None else {}
+            if step is not None and times:
+                overhead = max(overhead, step - sum(v[0] + v[2] for v in times.values()))
     opt = 0.0
     if optimizer:
         total = float(graph.param_bytes.sum())
@@ -129,8 +144,8 @@ def predict_step_time(graph: CompGraph, topology: DeviceTopology, placement: Pla
                 raise ProfileError(f"profile {db.label} has no optimizer time for graph '{graph.name}' on device "
                                    f"'{d.name}': profile this graph there (profile_graph)")
             opt = max(opt, got[0] * per_phys[j] / max(total, 1.0))
-    return Prediction(step_time=sim + shared + opt, simulated=sim, shared_transfers=shared, optimizer=opt,
-                      num_transfers=len(transfers), source=costs.source)
+    return Prediction(step_time=sim + shared + opt + overhead, simulated=sim, shared_transfers=shared,
+                      optimizer=opt, step_overhead=overhead, num_transfers=len(transfers), source=costs.source)
 
 
 def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
@@ -165,6 +180,7 @@ class FidelityRow:
     measured: float
     simulated: float
     optimizer: float
+    step_overhead: float = 0.0
 
     @property
     def error_pct(self) -> float:
@@ -188,7 +204,8 @@ def evaluate_placements(module, inputs, graph: CompGraph, topology: DeviceTopolo
                             clock=clock)
         rows.append(FidelityRow(model=model, placement=label, devices_used=int(len(set(np.asarray(dev).tolist()))),
                                 transfers=pred.num_transfers, predicted=pred.step_time,
-                                measured=res.median_step_time, simulated=pred.simulated, optimizer=pred.optimizer))
+                                measured=res.median_step_time, simulated=pred.simulated, optimizer=pred.optimizer,
+                                step_overhead=pred.step_overhead))
     return rows
 
 
@@ -220,15 +237,16 @@ def write_report(rows: list[FidelityRow], out_dir, *, title: str, notes: str = "
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["model", "placement", "devices_used", "transfers", "predicted_s", "measured_s", "error_pct",
-                "simulated_s", "optimizer_s"])
+                "simulated_s", "optimizer_s", "step_overhead_s"])
     for r in rows:
         w.writerow([r.model, r.placement, r.devices_used, r.transfers, f"{r.predicted:.6g}", f"{r.measured:.6g}",
-                    f"{r.error_pct:.2f}", f"{r.simulated:.6g}", f"{r.optimizer:.6g}"])
+                    f"{r.error_pct:.2f}", f"{r.simulated:.6g}", f"{r.optimizer:.6g}", f"{r.step_overhead:.6g}"])
     atomic_write_text(out / "fidelity.csv", buf.getvalue())
     stats = summarize(rows)
     lines = [f"# {title}", "", notes, "", "| model | placements | MAPE % | Spearman |", "|---|---:|---:|---:|"]
     for m, s in stats.items():
-        lines.append(f"| {'**all (pooled)**' if m == 'all' else m} | {s['n']} | {s['mape']:.1f} | {s['spearman']:.3f} |")
+        label = "**all (pooled)**" if m == "all" else m
+        lines.append(f"| {label} | {s['n']} | {s['mape']:.1f} | {s['spearman']:.3f} |")
     lines += ["", "| model | placement | devices | transfers | predicted ms | measured ms | error % |",
               "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:

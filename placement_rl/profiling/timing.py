@@ -19,7 +19,7 @@ import torch
 
 from placement_rl.errors import ProfileError
 
-MIN_SAMPLE_S = 2e-4  # a sample is at least 200 us of back-to-back calls
+MIN_SAMPLE_S = 1e-3  # a sample is at least 1 ms of back-to-back calls (averages out short disturbances)
 MAX_INNER = 256
 CLOCKS = ("wall", "thread")
 

@@ -1,0 +1,197 @@
+"""Study outputs: per-run and per-cell CSVs, a markdown results page, learning curves with spread and bars of
+step time relative to the best baseline.
+
+``write_study(spec, results, out_dir)`` writes ``<stem>.md``, ``<stem>_runs.csv``, ``<stem>_summary.csv``,
+``<stem>_curves.png`` and ``<stem>_relative.png`` (stem ``ablation_<name>``) and returns the page path.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from agents.studies import RunResult, StudySpec, curve_band, summarise
+from placement_rl.graph.io import atomic_write_text
+from placement_rl.report import markdown_table, write_csv
+
+__all__ = ["curves_plot", "fmt_pm", "relative_bars", "save_figure", "study_stem", "write_study"]
+
+RUN_COLUMNS = ("cell", "seed", "step_time_ms", "feasible", "greedy_time_ms", "ratio_to_best_baseline",
+               "speedup_over_single", "best_baseline", "best_baseline_ms", "single_device_ms", "sim_calls",
+               "budget", "episodes", "train_seconds")
+
+
+def study_stem(spec: StudySpec) -> str:
+    return f"ablation_{spec.name}"
+
+
+def fmt_pm(mean: float, std: float, digits: int = 3) -> str:
+    """``mean ± std`` with ``digits`` significant digits (``n/a`` when not finite)."""
+    if not np.isfinite(mean):
+        return "n/a"
+    return f"{mean:.{digits}g} ± {std:.2g}" if np.isfinite(std) else f"{mean:.{digits}g}"
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: str | os.PathLike) -> Path:
+    """Save through a temporary file and a rename (never a half-written PNG), then close the figure."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    os.replace(tmp, path)
+    _plt().close(fig)
+    return path
+
+
+def curves_plot(results: Sequence[RunResult], cells: Sequence[str], budget: int, path: str | os.PathLike, *,
+                title: str = "") -> Path:
+    """Best-so-far step time (mean ± std over seeds) against simulator calls, one line per cell, with each
+    case's best baseline (same budget) dashed. Cells on different cases get a panel each."""
+    plt = _plt()
+    grid = np.linspace(0, budget, 201)
+    base = {c: float(np.nanmean([r.baseline_time for r in results if r.cell == c])) for c in cells}
+    shared = len({round(b, 12) for b in base.values() if np.isfinite(b)}) <= 1
+    panels = [list(cells)] if shared else [[c] for c in cells]
+    cols = min(3, len(panels))
+    rows_n = int(np.ceil(len(panels) / cols))
+    fig, axes = plt.subplots(rows_n, cols, figsize=(5.2 * cols if not shared else 8, 3.6 * rows_n if not shared else 4.5),
+                             squeeze=False)
+    for k, group in enumerate(panels):
+        ax = axes[k // cols][k % cols]
+        for j, c in enumerate(group):
+            i = list(cells).index(c)
+            mean, std = curve_band(results, c, grid)
+            ax.plot(grid, mean * 1e3, color=f"C{i % 10}", lw=1.6, label=c)
+            ax.fill_between(grid, (mean - std) * 1e3, (mean + std) * 1e3, color=f"C{i % 10}", alpha=0.18, lw=0)
+        b = base[group[0]]
+        if np.isfinite(b):
+            name = next(r.baseline for r in results if r.cell == group[0])
+            ax.axhline(b * 1e3, color="k", ls="--", lw=1, label=f"best baseline ({name})")
+        ax.set_xlim(0, budget)
+        ax.set_xlabel("simulator calls")
+        ax.set_ylabel("best step time so far (ms)")
+        ax.set_title(group[0] if not shared else (title or ""), fontsize=9)
+        ax.legend(fontsize=7)
+    for k in range(len(panels), rows_n * cols):
+        axes[k // cols][k % cols].axis("off")
+    if not shared and title:
+        fig.suptitle(title, fontsize=10)
+    return save_figure(fig, path)
+
+
+def relative_bars(results: Sequence[RunResult], cells: Sequence[str], path: str | os.PathLike, *,
+                  title: str = "", ylabel: str = "step time / best baseline (same budget)") -> Path:
+    """Mean ± std over seeds of each cell's step time relative to the best baseline; dots are seeds."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(cells) + 2), 4))
+    for i, c in enumerate(cells):
+        vals = np.array([r.ratio for r in results if r.cell == c], dtype=float)
+        ok = vals[np.isfinite(vals)]
+        if ok.size:
+            ax.bar(i, ok.mean(), yerr=ok.std(ddof=1) if ok.size > 1 else 0.0, color=f"C{i % 10}", alpha=0.75,
+                   capsize=4)
+            ax.plot(np.full(ok.size, i) + np.linspace(-0.15, 0.15, ok.size), ok, "k.", ms=4)
+        if ok.size < vals.size:
+            ax.text(i, 1.0, f"{vals.size - ok.size} infeasible", ha="center", fontsize=7, rotation=90)
+    ax.axhline(1.0, color="k", lw=0.9)
+    ax.set_xticks(range(len(cells)), list(cells), rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title or "below 1: faster than the best baseline")
+    lo = min([r.ratio for r in results if np.isfinite(r.ratio)] + [1.0])
+    hi = max([r.ratio for r in results if np.isfinite(r.ratio)] + [1.0])
+    pad = 0.05 * max(hi - lo, 0.02)
+    ax.set_ylim(max(0.0, lo - pad), hi + pad)
+    return save_figure(fig, path)
+
+
+def findings(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Plain statements read off the summary (no interpretation)."""
+    ok = [r for r in rows if np.isfinite(r["ratio_mean"])]
+    if not ok:
+        return ["No run found a feasible placement."]
+    best = min(ok, key=lambda r: r["ratio_mean"])
+    worst = max(ok, key=lambda r: r["ratio_mean"])
+    runs = sum(r["seeds"] for r in rows)
+    wins = sum(r["beats_baseline"] for r in rows)
+    out = [f"Best cell: **{best['cell']}**, {fmt_pm(best['ratio_mean'], best['ratio_std'])} x the best baseline "
+           f"({best['best_baseline']}, {best['baseline_ms_mean']:.4g} ms); worst: **{worst['cell']}**, "
+           f"{fmt_pm(worst['ratio_mean'], worst['ratio_std'])} x.",
+           f"{wins} of {runs} runs ({sum(r['ratio_mean'] < 1 for r in ok)} of {len(rows)} cells on average) beat the "
+           f"best baseline under the same simulator-call budget.",
+           "Speed-up over the best single device: "
+           + ", ".join(f"{r['cell']} {r['speedup_mean']:.3g}x" for r in ok) + "."]
+    greedy = [r for r in ok if np.isfinite(r["greedy_time_ms_mean"])]
+    if greedy:
+        gap = np.mean([r["greedy_time_ms_mean"] / r["step_time_ms_mean"] for r in greedy])
+        out.append(f"The trained policy's greedy rollout is {gap:.3g}x the best placement seen in training on "
+                   "average (above 1: the policy alone does not reproduce its best sample).")
+    return out
+
+
+def _case_lines(spec: StudySpec) -> list[str]:
+    lines = []
+    for c in spec.cells:
+        g = dict(c.graph)
+        gname = g.get("name") or g.get("family") or g.get("path")
+        coarse = g.get("coarsen") or {}
+        extra = f", coarsen max_nodes={coarse.get('max_nodes')}" if coarse.get("enabled") else ""
+        opts = ", ".join(f"{k}={v}" for k, v in dict(c.env_options).items())
+        lines.append(f"| {c.name} | {gname}{extra} | {c.topology} | {c.env_id.split('/')[-1]}"
+                     f"{f' ({opts})' if opts else ''} | {c.agent.algo} | {c.encoder.name} "
+                     f"(hidden {c.encoder.hidden}, {c.encoder.layers} layers) |")
+    return ["| cell | graph | topology | env | agent | encoder |", "|---|---|---|---|---|---|", *lines]
+
+
+def write_study(spec: StudySpec, results: Sequence[RunResult], out_dir: str | os.PathLike) -> Path:
+    out = Path(out_dir)
+    stem = study_stem(spec)
+    cells = [c.name for c in spec.cells]
+    rows = summarise(results, cells)
+    write_csv(out / f"{stem}_runs.csv", [r.as_dict() for r in results], RUN_COLUMNS)
+    summary_cols = ["cell", "seeds", "seed_list", "feasible_runs", "beats_baseline", "best_baseline"] + [
+        f"{k}_{s}" for k in ("step_time_ms", "ratio", "speedup", "greedy_time_ms", "baseline_ms", "single_ms",
+                             "train_seconds", "sim_calls") for s in ("mean", "std")]
+    write_csv(out / f"{stem}_summary.csv", rows, summary_cols)
+    curves_plot(results, cells, spec.budget, out / f"{stem}_curves.png",
+                title=f"{spec.title}: best so far, mean ± std over {len(spec.seeds)} seeds")
+    relative_bars(results, cells, out / f"{stem}_relative.png", title=f"{spec.title} (mean ± std; dots: seeds)")
+    table = [{"cell": r["cell"], "step": fmt_pm(r["step_time_ms_mean"], r["step_time_ms_std"], 4),
+              "ratio": fmt_pm(r["ratio_mean"], r["ratio_std"]), "speedup": fmt_pm(r["speedup_mean"], r["speedup_std"]),
+              "greedy": fmt_pm(r["greedy_time_ms_mean"], r["greedy_time_ms_std"], 4),
+              "base": f"{r['best_baseline']} {r['baseline_ms_mean']:.4g}",
+              "wins": f"{r['beats_baseline']}/{r['seeds']}", "secs": fmt_pm(r["train_seconds_mean"], r["train_seconds_std"]),
+              "seeds": r["seed_list"]} for r in rows]
+    judged = ("placements of the coarsened graph are expanded to the uncoarsened graph and simulated there; the "
+              "baselines run on the uncoarsened graph" if spec.judge == "original" else
+              "placements are simulated on the cell's graph")
+    lines = [f"# {spec.title}", "", spec.question, "",
+             f"Mode **{spec.mode}**: {len(spec.cells)} cells x {len(spec.seeds)} seeds, an equal budget of "
+             f"**{spec.budget} simulator calls** per run (the baselines get the same budget and seed). "
+             f"Step times are simulated by the cost model (roofline costs unless profiles are installed); {judged}.",
+             "", "Reproduce:", "", "```bash", spec.command or f"python scripts/ablate.py {spec.name} --mode {spec.mode}",
+             "```", "", "## Findings", "", *[f"* {f}" for f in findings(rows)], "", "## Results (mean ± std over seeds)",
+             "", markdown_table(table, ["cell", "step", "ratio", "speedup", "greedy", "base", "wins", "secs", "seeds"],
+                                [spec.factor, "step time (ms)", "vs best baseline", "speed-up vs 1 device",
+                                 "greedy policy (ms)", "best baseline (ms)", "beats baseline", "train wall (s)",
+                                 "seeds"]),
+             "Columns: *step time* is the best placement found within the budget; *vs best baseline* divides it by "
+             "the best non-learned placer's step time for the same seed and budget (below 1 is better); *greedy "
+             "policy* is one deterministic rollout of the trained policy afterwards (not charged to the budget); "
+             "std is the sample standard deviation over seeds.", "",
+             f"![learning curves]({stem}_curves.png)", "", f"![relative step time]({stem}_relative.png)", "",
+             "## Cells", "", *_case_lines(spec), "",
+             f"Per-run numbers: [{stem}_runs.csv]({stem}_runs.csv); per-cell: [{stem}_summary.csv]({stem}_summary.csv).",
+             ""]
+    return atomic_write_text(out / f"{stem}.md", "\n".join(lines))

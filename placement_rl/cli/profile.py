@@ -1,0 +1,40 @@
+"""``placement-rl profile``: measure per-node fwd/bwd times and link speeds on local devices -> ProfileDB."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from placement_rl.cli.common import hydra_app, output_dir, to_container
+from placement_rl.errors import ConfigError
+
+
+def run(cfg: DictConfig):
+    from placement_rl.profiling.run import run_profile
+
+    g = cfg.graph
+    if g.get("path") or g.get("source", "zoo") != "zoo":
+        raise ConfigError("profile needs a zoo model (graph=<name>): profiling runs the model's real ops")
+    out = output_dir()
+    target = cfg.output or out / "profile.json"
+    res = run_profile(str(g.name), output=target, overrides=to_container(g.get("overrides")) or {},
+                      devices=list(cfg.devices) if cfg.devices else None, warmup=int(cfg.warmup),
+                      repeats=int(cfg.repeats), links=bool(cfg.links), processes=bool(cfg.processes),
+                      threads=cfg.threads, progress=bool(cfg.progress), graph_out=out / "graph.json")
+    from placement_rl.topology import detect_local
+
+    local = {d.name: d for d in detect_local(measure=False).devices}
+    graph = res.graph
+    for dev in res.devices:
+        hit = res.db.lookup(graph, local[dev])
+        if hit is not None:
+            fwd, bwd, label = hit
+            print(f"{dev}: {graph.num_nodes} nodes, forward {fwd.sum() * 1e3:.3f} ms, backward {bwd.sum() * 1e3:.3f} ms "
+                  f"(sum of per-node medians; {label})")
+    for link in res.db.links():
+        print(f"link {link['src']} -> {link['dst']} [{link['backend']}]: latency {link['latency'] * 1e6:.1f} us, "
+              f"bandwidth {link['bandwidth'] / 1e9:.2f} GB/s")
+    print(f"wrote {res.path} and {out / 'graph.json'}")
+    return res
+
+
+main = hydra_app("profile")(run)

@@ -1,0 +1,59 @@
+"""Run ablation studies from ``conf/experiment/ablation_<study>.yaml`` under equal simulator-call budgets and
+write their results pages (markdown, CSV, plots).
+
+    python scripts/ablate.py encoder --mode full                  # -> docs/ablation_encoder.md (+ csv, png)
+    python scripts/ablate.py all --mode quick                     # every ablation, quick budgets -> outputs/
+    python scripts/ablate.py agent --mode quick --budget 300 --seeds 0,1 --set agent.n_steps=32 --workers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from agents.studies import run_study  # noqa: E402
+from agents.studies_config import experiment_names, load_study  # noqa: E402
+from agents.studies_report import write_study  # noqa: E402
+from placement_rl.errors import PlacementRLError  # noqa: E402
+
+PREFIX = "ablation_"
+
+
+def main(argv: list[str] | None = None) -> int:
+    studies = [n[len(PREFIX):] for n in experiment_names() if n.startswith(PREFIX)]
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("study", choices=[*studies, "all"], help="which ablation (conf/experiment/ablation_<study>.yaml)")
+    ap.add_argument("--mode", choices=("quick", "full"), default="quick")
+    ap.add_argument("--out", default=None, help="output folder (default: docs/ for full, outputs/studies/quick/)")
+    ap.add_argument("--budget", type=int, default=None, help="simulator calls per run (default: the mode's)")
+    ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: the mode's)")
+    ap.add_argument("--workers", type=int, default=1, help="parallel training processes")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="Hydra override applied to every cell (repeatable)")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    out = Path(args.out or ("docs" if args.mode == "full" else "outputs/studies/quick"))
+    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+    command = "python scripts/ablate.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    try:
+        for name in studies if args.study == "all" else [args.study]:
+            t0 = time.perf_counter()
+            spec = load_study(PREFIX + name, mode=args.mode, budget=args.budget, seeds=seeds,
+                              overrides=args.overrides, workers=args.workers,
+                              command=command.replace(" all ", f" {name} ", 1))
+            results = run_study(spec, progress=not args.no_progress)
+            page = write_study(spec, results, out)
+            print(f"{name}: {len(results)} runs in {time.perf_counter() - t0:.0f} s -> {page}", flush=True)
+    except PlacementRLError as exc:
+        print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
