@@ -19,7 +19,6 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-import gymnasium as gym
 import numpy as np
 
 from agents.train import AgentSpec, EncoderSpec, Trainer
@@ -222,18 +221,26 @@ def train_to_budget(trainer: Trainer, budget: int, *,
     scored it). Learning runs in chunks sized from the measured steps per simulator call."""
     tracker = trainer.tracker
     snaps: list[tuple[int, float, bool, np.ndarray | None]] = []
-    inner = tracker.episode_end
-    last = [None]
+    last: list[Any] = [None]
 
-    def episode_end(info: dict[str, Any], reward: float) -> None:
-        inner(info, reward)
+    def check() -> None:
         if tracker.best_value is not None and tracker.best_value is not last[0]:
             last[0] = tracker.best_value
             value = np.asarray(tracker.best_value).copy()
             t, ok = judge(value) if judge is not None else (tracker.best_time, tracker.best_feasible)
             snaps.append((tracker.sim_calls, float(t), bool(ok), value))
 
-    tracker.episode_end = episode_end  # instance hook: the counting wrappers call tracker.episode_end
+    # Instance hook on the tracker method the counting wrappers call with every evaluated plan (``offer``; older
+    # trackers only saw episode ends), so each new best is recorded with the simulator calls spent so far.
+    hook = "offer" if hasattr(tracker, "offer") else "episode_end"
+    inner = getattr(tracker, hook)
+
+    def hooked(*args: Any, **kwargs: Any) -> None:
+        inner(*args, **kwargs)
+        check()
+
+    setattr(tracker, hook, hooked)
+    check()  # a best found before this call (e.g. an earlier chunk of training)
     start = time.perf_counter()
     steps_per_call, stalls = 1.0, 0
     try:
@@ -248,7 +255,7 @@ def train_to_budget(trainer: Trainer, budget: int, *,
                 raise ConfigError(f"training made no simulator calls in 3 chunks of {chunk} steps: "
                                   f"check the env '{trainer.env_id}' and its reward source")
     finally:
-        tracker.episode_end = inner
+        vars(tracker).pop(hook, None)
     seconds = time.perf_counter() - start
     within = [s for s in snaps if s[0] <= budget]
     best: tuple[int, float, bool, np.ndarray | None] = (0, float("nan"), False, None)
@@ -265,7 +272,7 @@ def greedy_time(trainer: Trainer, problem: Problem, *, seed: int) -> float:
     """Step time of the trained policy's greedy rollout on a fresh env (judged like the training results)."""
     from agents.rollout import rollout
 
-    env = gym.make(trainer.env_id, **trainer.env_kwargs)
+    env = trainer.make_eval_env()
     try:
         info = rollout(trainer.policy, env, deterministic=True, seed=seed)
     finally:

@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import gymnasium as gym
 import numpy as np
 
 from agents.studies import BaselineRef, Cell, Problem, baseline_reference, build_problem, train_to_budget
-from agents.train import BestTracker, SimCallCounter, Trainer
+from agents.tracking import BestTracker, SimCallCounter
+from agents.train import Trainer
+from agents.warm_start import make_env
 from placement_rl.errors import ConfigError
 from placement_rl.graph.ir import CompGraph
 from placement_rl.topology import DeviceTopology, load_topology
@@ -157,8 +158,8 @@ def zero_shot(problem: Problem, spec: ZeroShotSpec, state_dict: Mapping[str, Any
 
     t = spec.template
     tracker = BestTracker()
-    env = SimCallCounter(gym.make(t.env_id, graph=problem.graph, topology=problem.topology,
-                                  **dict(t.env_options), **dict(pad)), tracker)
+    env = SimCallCounter(make_env(t.env_id, {"graph": problem.graph, "topology": problem.topology,
+                                             **dict(t.env_options), **dict(pad)}), tracker)
     start = time.perf_counter()
     policy = load_policy_for(env, dict(state_dict), t.encoder.kwargs())
     rng = np.random.default_rng(seed)

@@ -7,12 +7,12 @@ import sys
 
 # subcommand -> (module, one-line help). Only subcommands that exist are listed.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "inspect": ("placement_rl.cli.inspect", "summarise a graph (zoo model, JSON file or synthetic), write graph.json"),
     "evaluate": ("placement_rl.cli.evaluate", "compare every placer on a benchmark suite, one case, or a given plan"),
     "train": ("placement_rl.cli.train", "train a placement / pipeline policy (checkpoint, plan, metrics, comparison)"),
     "place": ("placement_rl.cli.place", "zero-shot placement of a graph with a trained policy checkpoint"),
     "profile": ("placement_rl.cli.profile", "measure per-node times and link speeds on local devices (ProfileDB)"),
     "deploy": ("placement_rl.cli.deploy", "run a plan.json (DP x PP on torch.distributed) or placement.json for real"),
-    "inspect": ("placement_rl.cli.inspect", "summarise a graph (zoo model, JSON file or synthetic), write graph.json"),
 }
 
 USAGE = "usage: placement-rl <subcommand> [hydra overrides ...]   (placement-rl <subcommand> --help for its config)"

@@ -8,7 +8,7 @@ from torch import nn
 
 from placement_rl.graph.models._common import check_positive, seeded
 
-DEFAULTS = dict(batch_size=64, in_features=784, hidden=1024, layers=4, num_classes=10, seed=0)
+DEFAULTS = dict(batch_size=64, in_features=784, hidden=1024, layers=16, num_classes=10, seed=0)
 
 
 class MLP(nn.Module):
