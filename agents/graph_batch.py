@@ -19,8 +19,6 @@ from functools import cached_property
 
 import torch
 
-# torch marks CSR as beta and warns once per process; the operations used here (CSR @ dense) are stable.
-warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
 
 
 @dataclass(frozen=True)
@@ -115,7 +113,9 @@ def _csr(rows: torch.Tensor, cols: torch.Tensor, n: int) -> torch.Tensor:
     crow = torch.zeros(n + 1, dtype=torch.long, device=rows.device)
     torch.cumsum(counts, 0, out=crow[1:])
     vals = torch.ones(rows.shape[0], dtype=torch.float32, device=rows.device)
-    return torch.sparse_csr_tensor(crow, cols[order], vals, (n, n), check_invariants=False)
+    with warnings.catch_warnings():  # torch marks CSR as beta; CSR @ dense, all that is used here, is stable
+        warnings.simplefilter("ignore")
+        return torch.sparse_csr_tensor(crow, cols[order], vals, (n, n), check_invariants=False)
 
 
 class Adjacency:

@@ -13,6 +13,8 @@ over the graph embedding, so no parameter depends on the graph size (zero-shot p
 
 from __future__ import annotations
 
+import math
+
 import torch
 from gymnasium import spaces
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
@@ -101,3 +103,12 @@ def num_devices_of(action_space: spaces.Space) -> int:
     if isinstance(action_space, spaces.MultiDiscrete):
         return int(action_space.nvec.reshape(-1)[0])
     return int(action_space.n)
+
+
+def init_cut_prior(head: NodeHead, *, num_nodes: int, num_stages: int) -> None:
+    """``PipelineEnv`` (action 1 = "start a new stage here"): lower action 1's initial logit by
+    ``log(num_nodes / num_stages)`` so that the untrained policy cuts with probability about
+    ``num_stages / num_nodes`` and its plans spread about ``num_stages`` stages over the graph, instead of cutting
+    at every other node (all stages but the last crowded at the start). Learning moves it from there."""
+    with torch.no_grad():
+        head.policy[-1].bias[1] -= math.log(max(num_nodes / max(num_stages, 1), 1.0))

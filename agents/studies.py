@@ -21,11 +21,17 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+# Agent modules are imported here, not inside functions: a long study must not mix module versions when
+# files change while it runs.
+from agents.rollout import rollout
 from agents.train import AgentSpec, EncoderSpec, Trainer
 from placement_rl.cost import resolve_costs, simulate
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import ConfigError
+from placement_rl.evaluate import best_row, compare
+from placement_rl.graph.coarsen import expand_placement
 from placement_rl.graph.ir import CompGraph
+from placement_rl.graph.spec import graph_from_spec
 from placement_rl.plans import Placement
 from placement_rl.topology import DeviceTopology, load_topology
 
@@ -155,8 +161,6 @@ class Problem:
         """Step time and feasibility of a placement of ``graph``'s nodes, on ``judge_graph``."""
         dev = np.asarray(value, dtype=np.int64)[: self.graph.num_nodes]
         if self.judge_graph is not self.graph:
-            from placement_rl.graph.coarsen import expand_placement
-
             dev = expand_placement(self.graph, dev)
         res = simulate(self.judge_graph, self.judge_costs, self.topology, Placement(dev))
         return float(res.step_time), bool(res.feasible)
@@ -165,8 +169,6 @@ class Problem:
 def build_problem(cell: Cell, *, judge: str = "cell",
                   graphs: dict[str, CompGraph] | None = None) -> Problem:
     """The cell's graph and topology (graphs built once per distinct spec when ``graphs`` is shared)."""
-    from placement_rl.graph.spec import graph_from_spec
-
     memo = graphs if graphs is not None else {}
 
     def get(spec: Mapping[str, Any]) -> CompGraph:
@@ -198,8 +200,6 @@ class BaselineRef:
 def baseline_reference(problem: Problem, *, budget: int, seed: int,
                        placers: Sequence[str] | None = None) -> BaselineRef:
     """The best baseline on the judged graph with ``budget`` simulator calls."""
-    from placement_rl.evaluate import best_row, compare
-
     g, t = problem.judge_graph, problem.topology
     rows = compare(g, problem.judge_costs, t, budget=budget, seed=seed, placers=placers)
     best = best_row(rows)
@@ -270,8 +270,6 @@ def train_to_budget(trainer: Trainer, budget: int, *,
 
 def greedy_time(trainer: Trainer, problem: Problem, *, seed: int) -> float:
     """Step time of the trained policy's greedy rollout on a fresh env (judged like the training results)."""
-    from agents.rollout import rollout
-
     env = trainer.make_eval_env()
     try:
         info = rollout(trainer.policy, env, deterministic=True, seed=seed)

@@ -100,8 +100,9 @@ def relative_bars(results: Sequence[RunResult], cells: Sequence[str], path: str 
         vals = np.array([r.ratio for r in results if r.cell == c], dtype=float)
         ok = vals[np.isfinite(vals)]
         if ok.size:
-            ax.bar(i, ok.mean(), yerr=ok.std(ddof=1) if ok.size > 1 else 0.0, color=f"C{i % 10}", alpha=0.75,
-                   capsize=4)
+            # bars grow from 1 (the baseline) so above / below the baseline reads at a glance
+            ax.bar(i, ok.mean() - 1.0, bottom=1.0, yerr=ok.std(ddof=1) if ok.size > 1 else 0.0, color=f"C{i % 10}",
+                   alpha=0.75, capsize=4)
             ax.plot(np.full(ok.size, i) + np.linspace(-0.15, 0.15, ok.size), ok, "k.", ms=4)
         if ok.size < vals.size:
             ax.text(i, 1.0, f"{vals.size - ok.size} infeasible", ha="center", fontsize=7, rotation=90)

@@ -22,13 +22,19 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+import torch
 
+from agents.checkpoint import load_checkpoint
+from agents.rollout import load_policy_for, rollout
 from agents.studies import BaselineRef, Cell, Problem, baseline_reference, build_problem, train_to_budget
+from agents.studies_config import cell_from_config, compose_train, mode_settings, study_block
 from agents.tracking import BestTracker, SimCallCounter
 from agents.train import Trainer
 from agents.warm_start import make_env
 from placement_rl.errors import ConfigError
+from placement_rl.graph import synthetic
 from placement_rl.graph.ir import CompGraph
+from placement_rl.graph.spec import graph_from_spec
 from placement_rl.topology import DeviceTopology, load_topology
 
 __all__ = ["HeldOutCase", "METHODS", "ZeroShotRow", "ZeroShotSpec", "load_zeroshot", "run_zeroshot", "zero_shot"]
@@ -116,9 +122,6 @@ class FamilyRun:
 # ---------------------------------------------------------------------------------------------------- family
 def family_graphs(spec: ZeroShotSpec, seed: int) -> list[CompGraph]:
     """Synthetic graphs (sizes and seeds drawn from ``seed``) plus the coarsened zoo models."""
-    from placement_rl.graph import synthetic
-    from placement_rl.graph.spec import graph_from_spec
-
     rng = np.random.default_rng(seed)
     lo, hi = spec.family_nodes
     out = []
@@ -154,8 +157,6 @@ def zero_shot(problem: Problem, spec: ZeroShotSpec, state_dict: Mapping[str, Any
               seed: int) -> tuple[float, bool, int, float]:
     """(step time, feasible, simulator calls, seconds) of the best of a greedy and ``samples`` sampled rollouts
     of the family policy on the case, without training."""
-    from agents.rollout import load_policy_for, rollout
-
     t = spec.template
     tracker = BestTracker()
     env = SimCallCounter(make_env(t.env_id, {"graph": problem.graph, "topology": problem.topology,
@@ -191,10 +192,7 @@ def train_on_case(problem: Problem, spec: ZeroShotSpec, pad: Mapping[str, int], 
 def run_zeroshot(spec: ZeroShotSpec, *, progress: bool = True,
                  on_row: Callable[[ZeroShotRow], None] | None = None) -> tuple[list[ZeroShotRow], list[FamilyRun]]:
     """Train a family policy per seed and compare the four methods on every held-out case."""
-    import torch
     from tqdm.auto import tqdm
-
-    from agents.checkpoint import load_checkpoint
 
     work = Path(spec.work_dir)
     train_topos = [load_topology(t) for t in spec.train_topologies]
@@ -241,8 +239,6 @@ def load_zeroshot(name: str = "zeroshot", *, mode: str = "quick", seeds: Sequenc
                   overrides: Sequence[str] = (), command: str = "", work_dir: str | None = None,
                   budget: int | None = None, family_budget: int | None = None) -> ZeroShotSpec:
     """The ``ZeroShotSpec`` of ``conf/experiment/<name>.yaml`` in ``mode`` (see ``agents.studies_config``)."""
-    from agents.studies_config import cell_from_config, compose_train, mode_settings, study_block
-
     cfg, _ = compose_train([f"+experiment={name}", *overrides])
     block = study_block(cfg, name)
     s = mode_settings(block, name, mode)

@@ -55,7 +55,7 @@ def relative_plot(rows: Sequence[ZeroShotRow], cases: Sequence[str], path: str |
             if not ok.size:
                 continue
             x = i + (j - (len(methods) - 1) / 2) * width
-            ax.bar(x, ok.mean(), width, yerr=ok.std(ddof=1) if ok.size > 1 else 0, color=f"C{j}", alpha=0.8,
+            ax.bar(x, ok.mean() - 1.0, width, bottom=1.0, yerr=ok.std(ddof=1) if ok.size > 1 else 0, color=f"C{j}", alpha=0.8,
                    capsize=3, label=m if i == 0 else None)
             ax.plot(np.full(ok.size, x), ok, "k.", ms=3)
     ax.axhline(1.0, color="k", lw=0.9)

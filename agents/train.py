@@ -25,6 +25,7 @@ import torch
 
 import envs  # noqa: F401 - registers the environments
 from agents.checkpoint import check_compatible, load_checkpoint, save_checkpoint
+from agents.policy import init_cut_prior
 from agents.reinforce import Reinforce, ReinforceConfig
 from agents.tracking import BestTracker, SimCallCounter
 from agents.warm_start import make_env
@@ -35,6 +36,7 @@ __all__ = ["ALGOS", "AgentSpec", "BestTracker", "EncoderSpec", "SimCallCounter",
            "shared_env_kwargs"]
 
 ALGOS = ("maskable_ppo", "ppo", "reinforce")
+PIPELINE_ENV_ID = "placement_rl/PipelineEnv-v0"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,8 +51,11 @@ class EncoderSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class AgentSpec:
-    """PPO fields follow SB3's names (defaults tuned for throughput on one CPU thread: many envs per policy
-    call, two epochs over rollouts of ``n_envs x n_steps`` = 512 steps); ``reinforce`` holds REINFORCE's."""
+    """PPO fields follow SB3's names; ``reinforce`` holds REINFORCE's. Defaults (as ``conf/agent/*.yaml``) are
+    tuned for throughput on one CPU thread (many envs per policy call, two epochs over rollouts of
+    ``n_envs x n_steps`` = 512 steps) and for the incremental-reward ``PlacementEnv`` started from the incumbent
+    (gamma 0.9, a large entropy bonus to keep exploring around it); ``PipelineEnv``'s final-only reward wants
+    ``gamma=1.0, ent_coef=0.01`` (``agents.suite.DEFAULT_AGENTS``)."""
 
     algo: str = "maskable_ppo"
     learning_rate: float = 1e-3
@@ -58,9 +63,9 @@ class AgentSpec:
     n_steps: int = 32
     batch_size: int = 256
     n_epochs: int = 2
-    gamma: float = 1.0
+    gamma: float = 0.9
     gae_lambda: float = 0.95
-    ent_coef: float = 0.01
+    ent_coef: float = 0.2
     clip_range: float = 0.2
     reinforce: ReinforceConfig = field(default_factory=ReinforceConfig)
 
@@ -164,6 +169,10 @@ class Trainer:
             self.model.set_logger(configure(tensorboard_dir, ["tensorboard"]) if tensorboard_dir
                                   else Logger(folder=None, output_formats=[]))
             self.policy = self.model.policy
+
+        if env_id == PIPELINE_ENV_ID:
+            lay = self.unwrapped_env.layout
+            init_cut_prior(self.policy.mlp_extractor, num_nodes=lay.max_nodes, num_stages=lay.max_devices)
 
     @property
     def unwrapped_env(self) -> gym.Env:

@@ -43,7 +43,7 @@ DEFAULT_SUITE: tuple[Case, ...] = (
     Case("inception/2xK80", _zoo("inception"), "2x_k80", "Placeto's testbed"),
     Case("nmt/2xK80", _zoo("nmt"), "2x_k80", "LSTM seq2seq with attention (ColocRL's workload)"),
     Case("moe/8xA100", _zoo("moe"), "8x_a100_nvswitch", "mixture-of-experts transformer"),
-    Case("gpt-large/2xsmallGPU", _zoo("gpt", n_layers=12, d_model=1024, seq_len=256), "2x_small_gpu",
+    Case("gpt-large/2xsmallGPU", _zoo("gpt", n_layers=8, d_model=1024, seq_len=128), "2x_small_gpu",
          "memory forces a split: the model does not fit one device"),
     Case("gpt/2x4V100-IB", _zoo("gpt"), "2x4_v100_ib", "two nodes over InfiniBand"),
     Case("resnet18/CPU+2GPU", _zoo("resnet18"), "cpu_2gpu", "heterogeneous host"),

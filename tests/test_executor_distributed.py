@@ -7,6 +7,7 @@ the suite fast on 2 cores.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 
@@ -16,9 +17,9 @@ import torch
 
 from placement_rl.errors import ConfigError, ExecutionError, PlanError
 from placement_rl.executor import _launch
-from placement_rl.executor._mesh import ParallelDims, parallel_dims
-from placement_rl.executor._stages import (assign_stages, export_step, program_module, split_stages, stage_parameters,
-                                           tied_parameters, untie)
+from placement_rl.executor._mesh import parallel_dims
+from placement_rl.executor._stages import (assign_stages, export_step, program_module, retarget, split_stages,
+                                           stage_parameters, tied_parameters, untie)
 from placement_rl.executor.distributed import (DeployConfig, DeploySpec, build_torchrun_command, deploy_stage_plan,
                                                deploy_stage_plans, launch_local, prepare_job, reference_step)
 from placement_rl.graph import zoo
@@ -56,7 +57,7 @@ def check_against_reference(name: str, plan: StagePlan, result) -> None:
     assert result.losses[0] == pytest.approx(loss, abs=1e-5)
     assert set(result.grads) == set(grads)
     for key, ref in grads.items():  # rtol covers float32 sums over DP of grads of magnitude ~100 (tiny BN nets)
-        torch.testing.assert_close(result.grads[key], ref, atol=1e-5, rtol=1e-5, msg=lambda m: f"{key}: {m}")
+        torch.testing.assert_close(result.grads[key], ref, atol=1e-5, rtol=1e-5, msg=lambda m, k=key: f"{k}: {m}")
 
 
 # ----------------------------------------------------------------------------- no processes
@@ -158,6 +159,16 @@ def test_split_stages_reproduce_the_step(graphs, name, stages):
         torch.testing.assert_close(got[key], ref_grads[key], atol=1e-5, rtol=1e-5)
 
 
+def test_retarget_moves_explicit_devices(graphs):
+    module, inputs = zoo.build("gpt", **GPT)
+    gm = program_module(export_step(module, inputs))
+    g = graphs["gpt"]
+    (sp,) = split_stages(gm, assign_stages(gm, g, np.zeros(g.num_nodes, dtype=np.int64)), 1)
+    assert "device(type='cpu')" in sp.module.code  # arange(..., device=cpu) of the exported program
+    retarget(sp.module, torch.device("cuda", 0))
+    assert "device(type='cpu')" not in sp.module.code and "device(type='cuda', index=0)" in sp.module.code
+
+
 def test_blame_names_the_culprit():
     S = _launch.RankState
     died = [S(0, None, 5, "step 0 begin"), S(1, 3, 3, "built")]
@@ -225,6 +236,7 @@ def test_two_ranks_equal_reference(two_rank_runs, index):
     plans, results = two_rank_runs
     res = results[index]
     assert res.world_size == 2 and res.backend == "gloo" and res.step_time > 0 and res.throughput > 0
+    assert json.loads(json.dumps(res.to_dict()))["schema"] == "placement_rl.deploy_result"
     if TWO_RANKS[index][0] == "gpt" and plans[index].num_stages > 1:
         assert res.tied_parameters == ("wte.weight",)
     check_against_reference(TWO_RANKS[index][0], plans[index], res)
@@ -259,3 +271,14 @@ def test_faulty_rank_ends_the_job(graphs, tmp_path, kind, timeout_s, pattern):
     startup_allowance = 45.0  # importing torch in 2 processes on a loaded 2-core machine
     assert elapsed < (timeout_s if kind == "hang" else 0) + startup_allowance
     assert _workers_of(tmp_path) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.distributed
+def test_nccl_single_gpu_matches_reference(graphs):
+    """The CUDA/NCCL path as far as one GPU allows: one rank, two micro-batches, grads vs reference."""
+    plan = make_plan(graphs["gpt"], stages=1, dp=1, m=2, schedule="gpipe", layout="single")
+    res = deploy_stage_plan(plan, graphs["gpt"], model="gpt", overrides=GPT,
+                            config=DeployConfig(steps=1, warmup=0, device="cuda", collect_grads=True, timeout_s=120))
+    assert res.backend == "nccl" and res.memory_kind == "cuda_max_allocated"
+    check_against_reference("gpt", plan, res)

@@ -40,10 +40,32 @@ def write_plan(value, graph, topology, out) -> str:
     return "placement.json"
 
 
+def run_family(cfg: DictConfig) -> dict:
+    """``trainer=family``: train on a family of graphs/topologies, place held-out ones zero-shot."""
+    from agents.generalize import FamilySpec, run_family as run_family_lib
+
+    spec = FamilySpec.from_dict(to_container(cfg.trainer.family), samples=int(cfg.trainer.eval_samples))
+    agent, encoder = make_specs(cfg)
+    out = output_dir()
+    print(f"training {agent.algo} + {encoder.name} on a family: {len(spec.synthetic)} synthetic families + zoo "
+          f"{list(spec.zoo)} on {list(spec.topologies)}; held out {list(spec.held_out)} and "
+          f"{list(spec.held_out_topologies)}; {int(cfg.trainer.total_steps)} steps")
+    metrics = run_family_lib(spec, steps=int(cfg.trainer.total_steps), out=out, agent=agent, encoder=encoder,
+                             seed=int(cfg.seed), progress=bool(cfg.progress), tensorboard=bool(cfg.trainer.tensorboard),
+                             config=to_container(cfg))
+    print(f"zero-shot on {metrics['held_out_pairs']} held-out pairs: {metrics['feasible']} feasible, mean speed-up "
+          f"{metrics['mean_speedup_vs_single']:.3f}x over one device, mean ratio to the best baseline "
+          f"{metrics['mean_ratio_to_best_baseline']}")
+    print(f"artifacts in {out}: checkpoint.pt, generalization.md, generalization.csv, metrics.json")
+    return metrics
+
+
 def run(cfg: DictConfig) -> dict:
     from agents.train import Trainer, final_plan
     from placement_rl.report import training_curve
 
+    if cfg.trainer.get("family"):
+        return run_family(cfg)
     graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
     agent, encoder = make_specs(cfg)
     out = output_dir()

@@ -7,11 +7,11 @@ is a whole training step's forward. ``ep.module()`` keeps the node names of the 
 (e.g. ``getitem`` or in-place buffer updates) join the latest stage among their producers (or, having
 none, the earliest stage among their consumers), so no tensor is shipped needlessly.
 
-Each stage becomes a :class:`StageModule` whose positional inputs are the values live across the
-boundary before it and whose outputs are the values live across the boundary after it. Values a
-later stage needs are threaded through the stages in between: this is how the **targets** reach the
-last stage, which computes the loss itself (its output *is* the loss, so the schedule's ``loss_fn``
-returns it unchanged). The first stage takes all user inputs in the model's order.
+Each stage becomes an ``fx.GraphModule`` (:func:`split_stages`) whose positional inputs are the values
+live across the boundary before it and whose outputs are the values live across the boundary after
+it. Values a later stage needs are threaded through the stages in between: this is how the
+**targets** reach the last stage, which computes the loss itself (its output *is* the loss, so the
+schedule's ``loss_fn`` returns it unchanged). The first stage takes all user inputs in the model's order.
 
 Parameters used by nodes of several stages (tied weights such as GPT's embedding and LM head) get an
 independent copy per stage; :func:`tied_parameters` lists them so the executor can sum their
@@ -36,7 +36,6 @@ from placement_rl.graph.ir import CompGraph
 class StageSplit:
     """One stage's module plus the original (fully-qualified) name of each of its parameters."""
 
-
     index: int
     module: fx.GraphModule
     param_names: tuple[str, ...]
@@ -46,8 +45,8 @@ class StageSplit:
 
 
 def export_step(module: nn.Module, inputs: Sequence[torch.Tensor]) -> torch.export.ExportedProgram:
-    """``torch.export`` of the training step (the same call ``capture`` makes)."""
-    return torch.export.export(module, tuple(inputs))
+    """``torch.export`` of the training step (the same call ``capture`` makes, so node names agree)."""
+    return torch.export.export(module, tuple(inputs), strict=False)
 
 
 def program_module(ep: torch.export.ExportedProgram) -> fx.GraphModule:
@@ -188,9 +187,10 @@ def split_stages(gm: fx.GraphModule, stage: dict[str, int], num_stages: int, *,
                 if a.op == "get_attr" and a not in env:
                     env[a] = g.get_attr(a.target)
             env[n] = g.node_copy(n, env.__getitem__)
-        live_out = [loss] if k == num_stages - 1 else [v for v in made_in if made_in[v] <= k and last_use.get(v, -1) > k]
+        last = k == num_stages - 1
+        live_out = [loss] if last else [v for v in made_in if made_in[v] <= k and last_use.get(v, -1) > k]
         sent = [g.call_method("contiguous", (env[v],)) for v in live_out]  # p2p sends need contiguous tensors
-        g.output(sent[0] if k == num_stages - 1 else tuple(sent))
+        g.output(sent[0] if last else tuple(sent))
         sub = fx.GraphModule(gm, g, class_name=f"Stage{k}")
         holders = tuple((m, attr, fqn[id(p)]) for m in sub.modules() for attr, p in m._parameters.items()
                         if p is not None and id(p) in fqn)
@@ -198,6 +198,19 @@ def split_stages(gm: fx.GraphModule, stage: dict[str, int], num_stages: int, *,
         splits.append(StageSplit(index=k, module=sub, param_names=names, inputs=tuple(v.name for v in live_in),
                                  outputs=tuple(v.name for v in live_out), holders=holders))
     return splits
+
+
+def retarget(module: fx.GraphModule, device: torch.device) -> None:
+    """Point ops that create tensors on an explicit device (``arange(..., device=cpu)``: the device the
+    program was exported on) at ``device``; params and buffers move with ``module.to(device)``."""
+    changed = False
+    for n in module.graph.nodes:
+        dev = n.kwargs.get("device")
+        if isinstance(dev, torch.device) and dev != device:
+            n.kwargs = {**n.kwargs, "device": device}
+            changed = True
+    if changed:
+        module.recompile()
 
 
 def tied_parameters(splits: Sequence[StageSplit]) -> dict[str, tuple[int, ...]]:
@@ -210,12 +223,23 @@ def tied_parameters(splits: Sequence[StageSplit]) -> dict[str, tuple[int, ...]]:
 
 
 def untie(split: StageSplit, names: Sequence[str]) -> None:
-    """Give ``split`` its own copy of each tied parameter in ``names`` (so stages never share one)."""
+    """Give ``split`` its own copy of each tied parameter in ``names`` (so stages never share one).
+
+    All attributes of the stage that hold one canonical name end up holding the same copy (a reloaded
+    program may hold a tied weight under two attribute paths as two tensors).
+    """
     wanted = set(names)
+    by_name: dict[str, list[tuple[nn.Module, str]]] = {}
     for mod, attr, name in split.holders:
-        if name in wanted:
-            p = mod._parameters[attr]
-            mod._parameters[attr] = nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
+        by_name.setdefault(name, []).append((mod, attr))
+    for name, places in by_name.items():
+        distinct = {id(mod._parameters[attr]) for mod, attr in places}
+        if name not in wanted and len(distinct) == 1:
+            continue
+        first = places[0][0]._parameters[places[0][1]]
+        copy = nn.Parameter(first.detach().clone(), requires_grad=first.requires_grad)
+        for mod, attr in places:
+            mod._parameters[attr] = copy
 
 
 def stage_parameters(split: StageSplit) -> dict[str, nn.Parameter]:

@@ -2,30 +2,37 @@
 
 Flow (everything that can be wrong is checked before a process starts)::
 
-    deploy_stage_plan(plan, graph, model="gpt", overrides={...})        # or module=..., inputs=...
-      prepare_job:  parallel_dims(plan)          -> ParallelDims (dp x pp == world size, layout, schedule)
-                    batch checks                  (micro-batches x DP divide the batch)
-                    torch.export at micro-batch size, assign_stages(program, graph, plan)
-                                                  (every plan node in the program, contiguous stages)
-                    write JOB_DIR: job.json, program.pt2, inputs.pt
-      launch_local: one worker per rank (torchrun's env), watchdog, ExecutionError naming a failed rank
-      collect_results -> DeployResult (median step time, samples/s, peak memory, loss per step)
+    deploy_stage_plan(plan, graph, model="gpt", overrides={...})      # or module=..., inputs=...
+      prepare_job   parallel_dims(plan) -> ParallelDims  (one DP degree, dp x pp ranks, layout, schedule)
+                    batch checks                          (dp x num_microbatches divide the batch)
+                    torch.export at micro-batch size; assign_stages(program, graph, plan)
+                                                          (every plan node in the program, contiguous stages)
+                    write JOB_DIR: job.json + one part per plan (part.json, program.pt2, inputs.pt)
+      launch_local  one ``distributed_worker`` process per rank (torchrun's environment), watchdog;
+                    ExecutionError naming the rank that died or hung, no process left behind
+      collect_results -> DeployResult (median step time, samples/s, Adam time, peak memory, losses)
+
+Several plans with the same world size can share one launch (``deploy_stage_plans``): the ranks start
+once and run the plans one after the other. Launching uses ``subprocess`` rather than
+``torch.multiprocessing.spawn``: the ranks run the very module ``torchrun`` runs, each in its own
+session so the watchdog can kill a rank and anything it started.
 
 Splitting: stage k is the exported program's sub-graph of the nodes the plan puts in stage k
 (``_stages.split_stages``). Targets are ordinary inputs: the first stage receives all inputs and
 threads those a later stage needs (the targets, for the loss) to it. The last stage's output is the
-loss itself, so the schedule's ``loss_fn`` returns it unchanged; the grads equal a single-process
-step whose loss is the mean over the ``dp x num_microbatches`` chunks of the batch (identical to the
-full-batch loss for mean-reduced losses without batch statistics; with BatchNorm each chunk has its
-own statistics, as in any data/pipeline-parallel run) — see :func:`reference_step`.
+loss itself, so the schedule's ``loss_fn`` returns it unchanged. The gradients equal those of one
+process whose loss is the mean over the ``dp x num_microbatches`` chunks of the batch (the full-batch
+loss for mean-reduced losses without batch statistics; with BatchNorm each chunk has its own
+statistics, as in any data- or pipeline-parallel run) -- see :func:`reference_step`.
 
 Tied parameters (GPT's embedding and LM head) get a copy in each stage that uses them; after the
-schedule (and DDP) their gradients are summed over the owning stages with an all-reduce among those
-ranks, so every copy takes the same Adam step.
+schedule (and DDP) their gradients are summed over the owning stages (an all-reduce among those ranks,
+a local sum for stages on one rank), so every copy takes the same Adam step.
 
-Backends: gloo on CPU, NCCL on CUDA (``device="cuda"`` or ``"auto"`` with GPUs present). Launch with
-:func:`launch_local` on this machine, or with ``torchrun`` on one or several machines using
-:func:`build_torchrun_command` (then :func:`collect_results`).
+Backends: gloo on CPU, NCCL on CUDA (``device="cuda"``, or ``"auto"`` when GPUs are present and the
+plan's devices are GPUs; one GPU per rank, ``LOCAL_RANK``). Launch with :func:`launch_local` on this
+machine, or with ``torchrun`` on one or several machines using :func:`build_torchrun_command` (then
+:func:`collect_results`).
 """
 
 from __future__ import annotations
@@ -169,6 +176,9 @@ def _resolve_device(config: DeployConfig, plan: StagePlan, topology: DeviceTopol
     if config.device != "auto":
         return config.device
     gpus = topology is None or all(topology.devices[d].kind == "gpu" for g in plan.stage_devices for d in g)
+    if gpus and topology is not None and not torch.cuda.is_available():
+        warnings.warn(f"the plan's devices are GPUs of '{topology.name}' but torch sees no CUDA GPU here: running "
+                      "its layout on CPU processes (gloo)", RuntimeWarning, stacklevel=3)
     return "cuda" if torch.cuda.is_available() and gpus else "cpu"
 
 
@@ -188,7 +198,7 @@ def _model(model: str | None, overrides: Mapping[str, Any] | None, module: nn.Mo
     return module.train(), tuple(inputs)
 
 
-def prepare_part(spec: DeploySpec, *, config: DeployConfig, part_dir: Path) -> ParallelDims:
+def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
     """Validate one plan against its model and write its part directory; return its DP x PP layout."""
     plan, graph = spec.plan, spec.graph
     dims = parallel_dims(plan)
@@ -238,20 +248,20 @@ def prepare_part(spec: DeploySpec, *, config: DeployConfig, part_dir: Path) -> P
     return dims
 
 
-def prepare_job(specs: Sequence[DeploySpec], *, config: DeployConfig = DeployConfig(),
+def prepare_job(specs: Sequence[DeploySpec], *, config: DeployConfig | None = None,
                 job_dir: str | Path) -> PreparedJob:
     """Validate every plan and write the job directory the ranks read; no process is started.
 
     All plans of one job run in the same processes, one after the other: they need the same world size.
     """
-    config.validate()
+    config = (config or DeployConfig()).validate()
     if not specs:
         raise ConfigError("prepare_job needs at least one plan")
     job = Path(job_dir)
     (job / "result").mkdir(parents=True, exist_ok=True)
     parts = []
     for i, spec in enumerate(specs):
-        dims = prepare_part(spec, config=config, part_dir=job / f"part{i}")
+        dims = prepare_part(spec, part_dir=job / f"part{i}")
         if parts and dims.world_size != parts[0].world_size:
             raise PlanError(f"plan #{i} needs {dims.world_size} processes, plan #0 needs {parts[0].world_size}; plans "
                             "deployed together must have the same world size")
@@ -321,7 +331,7 @@ def launch_local(job: PreparedJob, *, nprocs: int | None = None, timeout_s: floa
     return collect_results(job.job_dir, wall_time=wall)
 
 
-def deploy_stage_plans(specs: Sequence[DeploySpec], *, config: DeployConfig = DeployConfig(),
+def deploy_stage_plans(specs: Sequence[DeploySpec], *, config: DeployConfig | None = None,
                        job_dir: str | Path | None = None,
                        extra_env: Mapping[str, str] | None = None) -> list[DeployResult]:
     """Validate every plan, then run them one after the other in ``dp x pp`` local processes (started once).
@@ -329,6 +339,7 @@ def deploy_stage_plans(specs: Sequence[DeploySpec], *, config: DeployConfig = De
     ``job_dir``: where the job and per-rank logs go (default: a temporary directory, removed after a
     success unless ``config.keep_job_dir``; kept after a failure, whose message names its logs).
     """
+    config = config or DeployConfig()
     tmp = None
     if job_dir is None:
         tmp = Path(tempfile.mkdtemp(prefix="prl-deploy-"))
@@ -347,7 +358,7 @@ def deploy_stage_plans(specs: Sequence[DeploySpec], *, config: DeployConfig = De
 
 def deploy_stage_plan(plan: StagePlan, graph: CompGraph, *, model: str | None = None,
                       overrides: Mapping[str, Any] | None = None, module: nn.Module | None = None,
-                      inputs: Sequence[torch.Tensor] | None = None, config: DeployConfig = DeployConfig(),
+                      inputs: Sequence[torch.Tensor] | None = None, config: DeployConfig | None = None,
                       topology: DeviceTopology | None = None, job_dir: str | Path | None = None,
                       extra_env: Mapping[str, str] | None = None) -> DeployResult:
     """Deploy one plan on this machine: train ``config.steps`` steps and report the measurements.
@@ -381,7 +392,8 @@ def build_torchrun_command(job_dir: str | Path, *, nproc_per_node: int, nnodes: 
     return cmd + ["-m", "placement_rl.executor.distributed_worker", str(job_dir)]
 
 
-def reference_step(module: nn.Module, inputs: Sequence[torch.Tensor], *, chunks: int) -> tuple[float, dict[str, torch.Tensor]]:
+def reference_step(module: nn.Module, inputs: Sequence[torch.Tensor], *,
+                   chunks: int) -> tuple[float, dict[str, torch.Tensor]]:
     """Single-process reference of one deployed step: loss and grads (by parameter name) of the mean of
     the losses of ``chunks`` (= dp x num_microbatches) equal slices of the batch, in replica-major order.
     """
@@ -389,4 +401,5 @@ def reference_step(module: nn.Module, inputs: Sequence[torch.Tensor], *, chunks:
     size = int(inputs[0].shape[0]) // chunks
     total = sum(module(*(t[i * size:(i + 1) * size] for t in inputs)) for i in range(chunks)) / chunks
     total.backward()
-    return float(total.detach()), {n: p.grad.detach().clone() for n, p in module.named_parameters() if p.grad is not None}
+    grads = {n: p.grad.detach().clone() for n, p in module.named_parameters() if p.grad is not None}
+    return float(total.detach()), grads

@@ -38,7 +38,8 @@ from torch.distributed.pipelining import schedules as pp_schedules
 from torch.nn.parallel import DistributedDataParallel
 
 from placement_rl.executor._mesh import ParallelDims
-from placement_rl.executor._stages import StageSplit, program_module, split_stages, stage_parameters, tied_parameters, untie
+from placement_rl.executor._stages import (StageSplit, program_module, retarget, split_stages, stage_parameters,
+                                           tied_parameters, untie)
 
 FAULT_ENV = "PLACEMENT_RL_FAULT"
 
@@ -91,6 +92,7 @@ def build_stages(gm: nn.Module, stage_map: dict[str, int], dims: ParallelDims, p
     mine = [splits[s] for s in dims.stages_of(pp_rank)]
     for sp in mine:
         untie(sp, list(ties))
+        retarget(sp.module, device)
         sp.module.to(device)
     return mine, ties
 
@@ -240,13 +242,15 @@ def train(cfg: dict[str, Any], part_dir: Path, *, rank: int, device: torch.devic
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    def train_step() -> tuple[float, float, list[torch.Tensor]]:
-        """One step: schedule (forward, backward, DP sync), tied-grad sync, Adam. Returns (total s, Adam s, losses)."""
+    def train_step() -> tuple[float, float, float, list[torch.Tensor]]:
+        """One step: schedule (forward, backward, DP sync), tied-grad sync, Adam.
+
+        Returns (wall s, Adam wall s, CPU s of this process, losses)."""
         if optimizer is not None:
             optimizer.zero_grad(set_to_none=True)
         dist.barrier()  # every rank starts the step together, so the slowest rank's time is the step time
         sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         mb_losses: list[torch.Tensor] = []
         schedule.step(*(batch if first else ()), target=dummy_target if last else None,
                       losses=mb_losses if last else None, return_outputs=False)
@@ -258,21 +262,23 @@ def train(cfg: dict[str, Any], part_dir: Path, *, rank: int, device: torch.devic
         if optimizer is not None:
             optimizer.step()
         sync()
-        return time.perf_counter() - t0, time.perf_counter() - t1, mb_losses
+        t2 = time.perf_counter()
+        return t2 - t0, t2 - t1, time.process_time() - c0, mb_losses
 
-    step_times, opt_times, losses = [], [], []
+    step_times, opt_times, cpu_times, losses = [], [], [], []
     grads: dict[str, torch.Tensor] = {}
     for step in range(int(cfg["warmup"]) + int(cfg["steps"])):
         if step == 0 and fault:
             _fault(rank)
         progress.mark(f"{part_dir.name} step {step} begin")
-        dt, dt_opt, mb_losses = train_step()
+        dt, dt_opt, dt_cpu, mb_losses = train_step()
         progress.mark(f"{part_dir.name} step {step} end")
         if step == 0 and cfg.get("collect_grads"):
             grads = {name: p.grad.detach().cpu().clone() for per in named for name, p in per.items()
                      if p.grad is not None}
         if step >= int(cfg["warmup"]):
             step_times.append(dt)
+            cpu_times.append(dt_cpu)
             opt_times.append(dt_opt)
         if last:
             losses.append(float(torch.stack([x.detach() for x in mb_losses]).mean()))
@@ -280,7 +286,7 @@ def train(cfg: dict[str, Any], part_dir: Path, *, rank: int, device: torch.devic
     if grads:
         torch.save(grads, part_dir / "result" / f"rank{rank}_grads.pt")
     return {"rank": rank, "dp_rank": dp_rank, "pp_rank": pp_rank, "stages": [sp.index for sp in splits],
-            "device": str(device), "step_times": step_times, "optimizer_times": opt_times,
+            "device": str(device), "step_times": step_times, "optimizer_times": opt_times, "cpu_times": cpu_times,
             "median_step_time": statistics.median(step_times) if step_times else None,
             "losses": losses, "peak_memory_bytes": peak, "memory_kind": kind,
             "model_state_bytes": int(sum(p.numel() * p.element_size() for p in params)) * 4,
