@@ -2,11 +2,14 @@
 step time relative to the best baseline.
 
 ``write_study(spec, results, out_dir)`` writes ``<stem>.md``, ``<stem>_runs.csv``, ``<stem>_summary.csv``,
-``<stem>_curves.png`` and ``<stem>_relative.png`` (stem ``ablation_<name>``) and returns the page path.
+``<stem>_curves.png``, ``<stem>_relative.png`` and ``<stem>_runs.json`` (every run with its curve, read back by
+``read_runs`` to render a page again) (stem ``ablation_<name>``) and returns the page path.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -14,10 +17,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from agents.studies import RunResult, StudySpec, curve_band, summarise
+from placement_rl.errors import ConfigError
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.report import markdown_table, write_csv
 
-__all__ = ["curves_plot", "fmt_pm", "relative_bars", "save_figure", "study_stem", "write_study"]
+__all__ = ["curves_plot", "fmt_pm", "read_runs", "relative_bars", "save_figure", "study_stem", "write_runs",
+           "write_study"]
 
 RUN_COLUMNS = ("cell", "seed", "step_time_ms", "feasible", "greedy_time_ms", "ratio_to_best_baseline",
                "speedup_over_single", "best_baseline", "best_baseline_ms", "single_device_ms", "sim_calls",
@@ -88,6 +93,7 @@ def curves_plot(results: Sequence[RunResult], cells: Sequence[str], budget: int,
         axes[k // cols][k % cols].axis("off")
     if not shared and title:
         fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
     return save_figure(fig, path)
 
 
@@ -155,9 +161,31 @@ def _case_lines(spec: StudySpec) -> list[str]:
     return ["| cell | graph | topology | env | agent | encoder |", "|---|---|---|---|---|---|", *lines]
 
 
+def write_runs(path: str | os.PathLike, results: Sequence[Any]) -> Path:
+    """Every run (dataclass) with its learning curve as JSON, so pages can be rendered again without training."""
+    def plain(x: Any) -> Any:
+        return x.item() if isinstance(x, np.generic) else str(x)
+
+    return atomic_write_text(path, json.dumps([dataclasses.asdict(r) for r in results], indent=0, default=plain))
+
+
+def read_runs(path: str | os.PathLike, cls: type = RunResult) -> list[Any]:
+    """Runs written by ``write_runs`` (``cls``: ``RunResult`` or ``ZeroShotRow``)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"no saved runs at '{p}': run the study first")
+    try:
+        items = json.loads(p.read_text())
+        return [cls(**({**d, "curve": tuple((int(c), float(v)) for c, v in d["curve"])} if "curve" in d else d))
+                for d in items]
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"'{p}' does not hold saved study runs ({exc})") from None
+
+
 def write_study(spec: StudySpec, results: Sequence[RunResult], out_dir: str | os.PathLike) -> Path:
     out = Path(out_dir)
     stem = study_stem(spec)
+    write_runs(out / f"{stem}_runs.json", results)
     cells = [c.name for c in spec.cells]
     rows = summarise(results, cells)
     write_csv(out / f"{stem}_runs.csv", [r.as_dict() for r in results], RUN_COLUMNS)

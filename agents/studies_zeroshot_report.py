@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from agents.studies import band, mean_std, step_curve
-from agents.studies_report import _plt, fmt_pm, save_figure
+from agents.studies_report import _plt, fmt_pm, save_figure, write_runs
 from agents.studies_zeroshot import METHODS, FamilyRun, ZeroShotRow, ZeroShotSpec
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.report import markdown_table, write_csv
@@ -95,6 +95,7 @@ def curves_plot(rows: Sequence[ZeroShotRow], cases: Sequence[str], budget: int, 
         ax.legend(fontsize=7)
     for k in range(len(cases), nrows * cols):
         axes[k // cols][k % cols].axis("off")
+    fig.tight_layout()
     return save_figure(fig, path)
 
 
@@ -103,6 +104,8 @@ def write_zeroshot(spec: ZeroShotSpec, rows: Sequence[ZeroShotRow], families: Se
     out = Path(out_dir)
     cases = [c.name for c in spec.cases]
     summary = summarise_zeroshot(rows, cases)
+    write_runs(out / f"{STEM}_runs.json", rows)
+    write_runs(out / f"{STEM}_families.json", families)
     write_csv(out / f"{STEM}_runs.csv", [r.as_dict() for r in rows], RUN_COLUMNS)
     cols = ["case", "held_out", "method", "seeds", "seed_list", "placers", "feasible_runs"] + [
         f"{k}_{s}" for k in ("step_time_ms", "ratio", "seconds", "sim_calls") for s in ("mean", "std")]

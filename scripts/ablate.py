@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agents.studies import run_study  # noqa: E402
 from agents.studies_config import experiment_names, load_study  # noqa: E402
-from agents.studies_report import write_study  # noqa: E402
+from agents.studies_report import read_runs, study_stem, write_study  # noqa: E402
 from placement_rl.errors import PlacementRLError  # noqa: E402
 
 PREFIX = "ablation_"
@@ -35,18 +35,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=1, help="parallel training processes")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="Hydra override applied to every cell (repeatable)")
+    ap.add_argument("--render-only", action="store_true",
+                    help="write the page again from the saved <out>/ablation_<study>_runs.json (no training)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     out = Path(args.out or ("docs" if args.mode == "full" else "outputs/studies/quick"))
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
-    command = "python scripts/ablate.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    given = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--render-only"]
+    command = "python scripts/ablate.py " + " ".join(shlex.quote(a) for a in given)
     try:
         for name in studies if args.study == "all" else [args.study]:
             t0 = time.perf_counter()
             spec = load_study(PREFIX + name, mode=args.mode, budget=args.budget, seeds=seeds,
                               overrides=args.overrides, workers=args.workers,
                               command=command.replace(" all ", f" {name} ", 1))
-            results = run_study(spec, progress=not args.no_progress)
+            if args.render_only:
+                results = read_runs(out / f"{study_stem(spec)}_runs.json")
+            else:
+                results = run_study(spec, progress=not args.no_progress)
             page = write_study(spec, results, out)
             print(f"{name}: {len(results)} runs in {time.perf_counter() - t0:.0f} s -> {page}", flush=True)
     except PlacementRLError as exc:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agents.studies_zeroshot import load_zeroshot, run_zeroshot  # noqa: E402
+from agents.studies_report import read_runs  # noqa: E402
+from agents.studies_zeroshot import FamilyRun, ZeroShotRow, load_zeroshot, run_zeroshot  # noqa: E402
 from agents.studies_zeroshot_report import write_zeroshot  # noqa: E402
 from placement_rl.errors import PlacementRLError  # noqa: E402
 
@@ -31,16 +32,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work-dir", default=None, help="where family checkpoints go")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="Hydra override of the agent / encoder / env (repeatable)")
+    ap.add_argument("--render-only", action="store_true",
+                    help="write the page again from the saved <out>/zeroshot_runs.json (no training)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     out = Path(args.out or ("docs" if args.mode == "full" else "outputs/studies/quick"))
-    command = "python scripts/zeroshot.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    given = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--render-only"]
+    command = "python scripts/zeroshot.py " + " ".join(shlex.quote(a) for a in given)
     try:
         t0 = time.perf_counter()
         spec = load_zeroshot(args.experiment, mode=args.mode, overrides=args.overrides, command=command,
                              seeds=[int(s) for s in args.seeds.split(",")] if args.seeds else None,
                              work_dir=args.work_dir, budget=args.budget, family_budget=args.family_budget)
-        rows, families = run_zeroshot(spec, progress=not args.no_progress)
+        if args.render_only:
+            rows = read_runs(out / "zeroshot_runs.json", ZeroShotRow)
+            families = read_runs(out / "zeroshot_families.json", FamilyRun)
+        else:
+            rows, families = run_zeroshot(spec, progress=not args.no_progress)
         page = write_zeroshot(spec, rows, families, out)
         print(f"zeroshot: {len(rows)} rows in {time.perf_counter() - t0:.0f} s -> {page}", flush=True)
     except PlacementRLError as exc:

@@ -11,7 +11,7 @@ import pytest
 from agents.studies import (Cell, RunResult, StudySpec, build_problem, curve_band, mean_std, run_study,
                             step_curve, summarise, train_to_budget)
 from agents.studies_config import experiment_names, load_study
-from agents.studies_report import write_study
+from agents.studies_report import read_runs, write_study
 from agents.train import AgentSpec, Trainer
 from placement_rl.errors import ConfigError
 
@@ -53,6 +53,9 @@ def test_quick_mode_tiny_budget_has_every_cell_and_seed(name, tmp_path):
     assert all(f"| {c.name} |" in text for c in spec.cells) and "±" in text
     for png in ("curves", "relative"):
         assert (tmp_path / f"{stem}_{png}.png").stat().st_size > 1000
+    saved = read_runs(tmp_path / f"{stem}_runs.json")  # pages can be rendered again from the saved runs
+    assert [(r.cell, r.seed, r.step_time, r.curve) for r in saved] == [(r.cell, r.seed, r.step_time, r.curve)
+                                                                      for r in results]
 
 
 def test_cells_differ_only_in_the_swept_key():
@@ -116,7 +119,7 @@ def test_bad_study_inputs_raise_config_errors():
 
 
 def test_zeroshot_quick_mode_tiny_budget(tmp_path):
-    from agents.studies_zeroshot import HeldOutCase, load_zeroshot, run_zeroshot
+    from agents.studies_zeroshot import HeldOutCase, ZeroShotRow, load_zeroshot, run_zeroshot
     from agents.studies_zeroshot_report import write_zeroshot
 
     spec = load_zeroshot(mode="quick", seeds=SEEDS, overrides=TINY[4:], budget=24, family_budget=40,
@@ -141,3 +144,4 @@ def test_zeroshot_quick_mode_tiny_budget(tmp_path):
         summary = list(csv.DictReader(f))
     assert len(summary) == len(cases) * 4 and all(r["seeds"] == "2" for r in summary)
     assert "zero-shot" in page.read_text() and (tmp_path / "zeroshot_curves.png").is_file()
+    assert len(read_runs(tmp_path / "zeroshot_runs.json", ZeroShotRow)) == len(rows)

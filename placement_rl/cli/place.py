@@ -19,7 +19,6 @@ def run(cfg: DictConfig) -> dict:
     import envs  # noqa: F401 - registers the environments
     from agents.checkpoint import load_checkpoint
     from agents.rollout import load_policy_for, one_pass_logits, rollout
-    from placement_rl.cost import Simulator
     from placement_rl.plans import Placement, StagePlan
 
     if cfg.decode not in ("one_pass", "sequential"):
@@ -41,24 +40,11 @@ def run(cfg: DictConfig) -> dict:
     rng = np.random.default_rng(int(cfg.seed))
     samples = int(cfg.samples)
     if cfg.decode == "one_pass" and not pipeline:
-        obs, _ = env.reset(seed=int(cfg.seed))
-        costs = env.unwrapped.task.costs
-        d = topology.num_devices
-        logits = one_pass_logits(policy, obs)[:, :d]
-        sim = Simulator(graph, costs, topology)
-        cands = [logits.argmax(1)]
-        p = np.exp(logits - logits.max(1, keepdims=True))
-        p /= p.sum(1, keepdims=True)
-        cum = p.cumsum(1)
-        for _ in range(samples):
-            u = rng.random((graph.num_nodes, 1))
-            cands.append(np.minimum((u > cum).sum(1), d - 1))
-        scored = []
-        for k, c in enumerate(cands):
-            res = sim.run(c.astype(np.int64))
-            scored.append((not res.feasible, res.step_time, k, c))
-        infeasible, step_time, k, best = min(scored, key=lambda r: (r[0], r[1]))
-        value, calls = best, sim.calls
+        from agents.rollout import zero_shot_place
+
+        res = zero_shot_place(policy, env, samples=samples, seed=int(cfg.seed))
+        infeasible, step_time, value, calls = not res.feasible, res.step_time, res.device_of_node, res.sim_calls
+        chosen = res.chosen
     else:
         results = []
         for k in range(samples + 1):
@@ -66,8 +52,9 @@ def run(cfg: DictConfig) -> dict:
             results.append((not bool(info.get("feasible", True)), float(info["step_time"]), k,
                             info.get("plan", info.get("placement"))))
         infeasible, step_time, k, value = min(results, key=lambda r: (r[0], r[1]))
-        calls = samples + 1
-        costs = env.unwrapped.task.costs
+        calls = int(getattr(env.unwrapped.state.source, "calls", samples + 1))
+        chosen = "greedy" if k == 0 else f"sample {k}"
+    costs = env.unwrapped.task.costs
     wall = time.perf_counter() - t0
     out = output_dir()
     graph.to_json(out / "graph.json")
@@ -80,7 +67,7 @@ def run(cfg: DictConfig) -> dict:
         plan_file = "placement.json"
     metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, "checkpoint":
                str(cfg.checkpoint), "decode": cfg.decode, "samples": samples, "step_time": step_time,
-               "feasible": not infeasible, "chosen": "greedy" if k == 0 else f"sample {k}", "sim_calls": calls,
+               "feasible": not infeasible, "chosen": chosen, "sim_calls": calls,
                "wall_seconds": wall}
     if cfg.compare:
         from placement_rl import baselines
