@@ -39,6 +39,7 @@ __all__ = ["BaselineRef", "Cell", "band", "RunResult", "StudySpec", "TrainOutcom
            "curve_band", "run_cell", "run_study", "summarise", "train_to_budget"]
 
 JUDGES = ("cell", "original")
+STEP_CAP = 10  # env steps per simulator call of the budget before a run is stopped (see train_to_budget)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,10 +216,15 @@ def _min_chunk(agent: AgentSpec) -> int:
 
 
 def train_to_budget(trainer: Trainer, budget: int, *,
-                    judge: Callable[[np.ndarray], tuple[float, bool]] | None = None) -> TrainOutcome:
+                    judge: Callable[[np.ndarray], tuple[float, bool]] | None = None,
+                    max_steps: int | None = None) -> TrainOutcome:
     """Train until the trainer's envs have made ``budget`` simulator calls; return the best result found
     within the budget. ``judge(value) -> (step_time, feasible)`` re-scores each new best (default: as the env
-    scored it). Learning runs in chunks sized from the measured steps per simulator call."""
+    scored it). Learning runs in chunks sized from the measured steps per simulator call.
+
+    A sequential env only simulates a step that moves a node, so a policy that stops moving nodes spends env
+    steps without simulator calls: training also stops after ``max_steps`` env steps (default
+    ``STEP_CAP x budget``), and the outcome then reports fewer simulator calls than the budget."""
     tracker = trainer.tracker
     snaps: list[tuple[int, float, bool, np.ndarray | None]] = []
     last: list[Any] = [None]
@@ -243,11 +249,12 @@ def train_to_budget(trainer: Trainer, budget: int, *,
     check()  # a best found before this call (e.g. an earlier chunk of training)
     start = time.perf_counter()
     steps_per_call, stalls = 1.0, 0
+    step_cap = trainer.num_timesteps + (max_steps if max_steps is not None else STEP_CAP * budget)
     try:
-        while tracker.sim_calls < budget:
+        while tracker.sim_calls < budget and trainer.num_timesteps < step_cap:
             before = tracker.sim_calls
             chunk = max(_min_chunk(trainer.agent), int(np.ceil((budget - before) * steps_per_call)))
-            trainer.learn(chunk, progress=False)
+            trainer.learn(min(chunk, max(1, step_cap - trainer.num_timesteps)), progress=False)
             if tracker.sim_calls > 0:
                 steps_per_call = max(trainer.num_timesteps / tracker.sim_calls, 1e-3)
             stalls = stalls + 1 if tracker.sim_calls == before else 0

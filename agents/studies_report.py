@@ -123,7 +123,7 @@ def relative_bars(results: Sequence[RunResult], cells: Sequence[str], path: str 
     return save_figure(fig, path)
 
 
-def findings(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+def findings(rows: Sequence[Mapping[str, Any]], budget: int | None = None) -> list[str]:
     """Plain statements read off the summary (no interpretation)."""
     ok = [r for r in rows if np.isfinite(r["ratio_mean"])]
     if not ok:
@@ -144,6 +144,11 @@ def findings(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         gap = np.mean([r["greedy_time_ms_mean"] / r["step_time_ms_mean"] for r in greedy])
         out.append(f"The trained policy's greedy rollout is {gap:.3g}x the best placement seen in training on "
                    "average (above 1: the policy alone does not reproduce its best sample).")
+    short = [r for r in rows if budget is not None and r["sim_calls_mean"] < budget]
+    if short:
+        out.append("Stopped at the env-step cap before spending the budget (the policy stopped moving nodes, and "
+                   "unmoved nodes cost no simulator call): " + ", ".join(
+                       f"{r['cell']} ({r['sim_calls_mean']:.0f} calls on average)" for r in short) + ".")
     return out
 
 
@@ -210,7 +215,7 @@ def write_study(spec: StudySpec, results: Sequence[RunResult], out_dir: str | os
              f"**{spec.budget} simulator calls** per run (the baselines get the same budget and seed). "
              f"Step times are simulated by the cost model (roofline costs unless profiles are installed); {judged}.",
              "", "Reproduce:", "", "```bash", spec.command or f"python scripts/ablate.py {spec.name} --mode {spec.mode}",
-             "```", "", "## Findings", "", *[f"* {f}" for f in findings(rows)], "", "## Results (mean ± std over seeds)",
+             "```", "", "## Findings", "", *[f"* {f}" for f in findings(rows, spec.budget)], "", "## Results (mean ± std over seeds)",
              "", markdown_table(table, ["cell", "step", "ratio", "speedup", "greedy", "base", "wins", "secs", "seeds"],
                                 [spec.factor, "step time (ms)", "vs best baseline", "speed-up vs 1 device",
                                  "greedy policy (ms)", "best baseline (ms)", "beats baseline", "train wall (s)",

@@ -99,12 +99,12 @@ def gantt(timeline: Iterable[Any], path: str | os.PathLike, *, title: str = "") 
     lanes = list(dict.fromkeys(iv.resource for iv in items))
     lanes.sort(key=lambda s: ("->" in s, s))
     colors = {"fwd": "tab:blue", "bwd": "tab:orange", "xfer": "tab:green", "transfer": "tab:green",
-              "allreduce": "tab:red"}
+              "grad_transfer": "tab:olive", "allreduce": "tab:red"}
     fig, ax = plt.subplots(figsize=(10, 0.45 * len(lanes) + 1.5))
     for iv in items:
         y = lanes.index(iv.resource)
         ax.barh(y, (iv.end - iv.start) * 1e3, left=iv.start * 1e3, height=0.7,
-                color=colors.get(iv.kind, "tab:gray"), edgecolor="none")
+                color=colors.get(iv.kind, "tab:gray"), edgecolor="white", linewidth=0.4)
     ax.set_yticks(range(len(lanes)), lanes, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")

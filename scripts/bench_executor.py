@@ -2,20 +2,25 @@
 
     python scripts/bench_executor.py --out outputs/bench_executor [--steps 20] [--quick]
 
-(a) Overhead: our deploy of a plan against a minimal hand-written ``torch.distributed.pipelining`` run
-    of the very same split (same stage modules and static stage metadata, plain ``PipelineStage`` +
-    schedule + Adam, no mesh, no DDP wrapper, no progress files). Both time a step the same way: a
-    barrier, then schedule + tied-grad all-reduce + Adam; the step time is the slowest rank's median.
-    Runs alternate (ours, hand, ours, hand, ...). Ratios (target <= 1.05): best step over all runs
-    (the least disturbed; load from other processes only ever adds time), best run median, the median
-    over back-to-back run pairs (cancels slow drift of a shared machine's load), and the CPU seconds per
-    step summed over ranks (extra work shows there even when other processes' load hides it in wall time).
+(a) Overhead: our executor's step (``_runner.PartRunner``: mesh, DDP wrapper, tie groups, schedule by
+    name, Adam) against a minimal hand-written ``torch.distributed.pipelining`` run of the very same
+    split (same stage modules and static metadata, plain ``PipelineStage`` + schedule + Adam, default
+    group). A shared 2-core machine's load swings step times by 2x between runs, so both run in the
+    same two processes with their steps interleaved (ours, hand, hand, ours, ...): both see the same
+    load. Each step is timed the same way (barrier, then schedule + tied-grad sync + Adam; the slowest
+    rank counts). Ratio of median step times (target <= 1.05), also the median of per-step ratios.
+    A full ``deploy_stage_plans`` run of the plan is timed too (its median step).
 (b) Fidelity: measured step time of >= 8 plans (1 and 2 processes, one torch thread each) against
-    ``simulate_pipeline`` with costs from per-op CPU profiles (``placement_rl.profiling``, gloo
-    send/recv link fit) on the ``2x_cpu`` topology. The simulator has no optimizer, so the
-    prediction adds the profile's measured Adam time scaled by the largest stage's parameter share
-    (``+opt``); the table also compares the simulator alone with the measured step minus Adam.
-    MAPE and Spearman's rank correlation.
+    ``simulate_pipeline`` with costs from per-op CPU profiles (``placement_rl.profiling``, thread CPU
+    clock, gloo send/recv link fit) on the ``2x_cpu`` topology. Each model is captured and profiled
+    at every per-replica micro-batch size a plan deploys (``batch / (m * p)``, same node names as the
+    full-batch capture); a plan is simulated with the costs of its micro-batch
+    (``cost_batch_size``: no linear 1/(m p) scaling) plus that profile's measured per-pass overhead
+    that no op owns (``predict_step_time``'s ``step_overhead``, spread over the nodes:
+    ``with_step_overhead``). The simulator has no optimizer, so the prediction adds the profile's
+    measured Adam time scaled by the largest stage's parameter share (``+opt``). The table also shows
+    the old linear prediction (full-batch costs scaled by 1/(m p), no step overhead) and compares the
+    simulator alone with the measured step minus Adam. MAPE and Spearman's rank correlation.
 
 Writes ``bench_executor.json`` and ``bench_executor.md`` to ``--out``.
 """
@@ -25,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -36,13 +40,18 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from placement_rl.cost import simulate_pipeline
+from placement_rl.cost.pipeline import with_step_overhead
 from placement_rl.executor._launch import free_port
+from placement_rl.executor._runner import PartRunner
 from placement_rl.executor._stages import program_module, split_stages, stage_parameters, tied_parameters, untie
 from placement_rl.executor.distributed import DeployConfig, DeploySpec, deploy_stage_plans
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.plans import StagePlan
-from placement_rl.profiling import measured_costs, run_profile
+from placement_rl.graph import zoo
+from placement_rl.graph.capture import capture
+from placement_rl.profiling import ProfileDB, local_link_benchmarks, measured_costs, predict_step_time, profile_graph
 from placement_rl.profiling.fidelity import fidelity_stats
+from placement_rl.profiling.run import select_devices
 from placement_rl.topology import load_topology
 
 MODELS = {
@@ -62,73 +71,86 @@ def even_plan(n: int, *, cuts: list[float], dp: int, m: int, schedule: str, batc
 
 
 # ------------------------------------------------------------------------------ (a) hand-written
-def _hand_worker(rank: int, world: int, port: int, part_dir: str, steps: int, warmup: int, queue) -> None:
-    """Minimal torch.distributed.pipelining run of a prepared part (PP only, one stage per rank)."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+class HandWritten:
+    """Minimal torch.distributed.pipelining run of a prepared part (PP only, one stage per rank), written
+    straight from the torch docs: the same stage module, ``PipelineStage`` + schedule + Adam, default group."""
 
+    def __init__(self, part_dir: Path, rank: int) -> None:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        part = json.loads((part_dir / "part.json").read_text())
+        meta, self.m, n_stages = part["value_meta"], part["dims"]["num_microbatches"], part["dims"]["num_stages"]
+        gm = program_module(torch.export.load(str(part_dir / "program.pt2")))
+        splits = split_stages(gm, part["stage_map"], n_stages, aliases=part["param_aliases"])
+        ties = tied_parameters(splits)
+        sp = splits[rank]
+        untie(sp, list(ties))
+
+        def ex(name: str, grad: bool = False) -> torch.Tensor:
+            shape, dtype, rg = meta[name]
+            t = torch.zeros(shape, dtype=getattr(torch, dtype))
+            return t if grad else t.requires_grad_(rg)
+
+        self.first, self.last = rank == 0, rank == n_stages - 1
+        stage = PipelineStage(
+            sp.module, rank, n_stages, torch.device("cpu"), input_args=tuple(ex(v) for v in sp.inputs),
+            output_args=ex(sp.outputs[0]) if self.last else tuple(ex(v) for v in sp.outputs),
+            input_grads=None if self.first else tuple(ex(v, True) if meta[v][2] else None for v in sp.inputs),
+            output_grads=None if self.last else tuple(ex(v, True) if meta[v][2] else None for v in sp.outputs))
+        cls = Schedule1F1B if part["dims"]["schedule"] == "1f1b" else ScheduleGPipe
+        self.schedule = cls(stage, n_microbatches=self.m, loss_fn=lambda out, target: out)
+        params = stage_parameters(sp)
+        self.opt = torch.optim.Adam(params.values(), lr=1e-3)
+        self.batch = torch.load(part_dir / "inputs.pt", weights_only=True)
+        self.tied = [params[k] for k in sorted(ties) if k in params]
+
+    def step(self) -> float:
+        self.opt.zero_grad(set_to_none=True)
+        dist.barrier()
+        t0 = time.perf_counter()
+        self.schedule.step(*(self.batch if self.first else ()), target=torch.zeros(self.m) if self.last else None,
+                           losses=[] if self.last else None, return_outputs=False)
+        for p in self.tied:  # stage 0 and the last stage share the tied weight: sum its gradient
+            dist.all_reduce(p.grad)
+        self.opt.step()
+        return time.perf_counter() - t0
+
+
+def _ab_worker(rank: int, world: int, port: int, part_dir: str, steps: int, warmup: int, queue) -> None:
+    """Both runs in the same processes, steps interleaved (ours, hand, hand, ours, ...): same load, same moment."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    part = json.loads((Path(part_dir) / "part.json").read_text())
-    meta, m, n_stages = part["value_meta"], part["dims"]["num_microbatches"], part["dims"]["num_stages"]
-    gm = program_module(torch.export.load(str(Path(part_dir) / "program.pt2")))
-    splits = split_stages(gm, part["stage_map"], n_stages, aliases=part["param_aliases"])
-    ties = tied_parameters(splits)
-    sp = splits[rank]
-    untie(sp, list(ties))
-
-    def ex(name: str, grad: bool = False):
-        shape, dtype, rg = meta[name]
-        t = torch.zeros(shape, dtype=getattr(torch, dtype))
-        return t if grad else t.requires_grad_(rg)
-
-    first, last = rank == 0, rank == n_stages - 1
-    stage = PipelineStage(sp.module, rank, n_stages, torch.device("cpu"),
-                          input_args=tuple(ex(v) for v in sp.inputs),
-                          output_args=ex(sp.outputs[0]) if last else tuple(ex(v) for v in sp.outputs),
-                          input_grads=None if first else tuple(ex(v, True) if meta[v][2] else None for v in sp.inputs),
-                          output_grads=None if last else tuple(ex(v, True) if meta[v][2] else None
-                                                               for v in sp.outputs))
-    cls = Schedule1F1B if part["dims"]["schedule"] == "1f1b" else ScheduleGPipe
-    schedule = cls(stage, n_microbatches=m, loss_fn=lambda out, target: out)
-    params = stage_parameters(sp)
-    opt = torch.optim.Adam(params.values(), lr=1e-3)
-    batch = torch.load(Path(part_dir) / "inputs.pt", weights_only=True)
-    tied = [params[k] for k in sorted(ties) if k in params]
-    times, cpu = [], []
+    ours = PartRunner({"lr": 1e-3}, Path(part_dir), rank=rank, device=torch.device("cpu"))
+    hand = HandWritten(Path(part_dir), rank)
+    t_ours, t_hand = [], []
     for step in range(warmup + steps):
-        opt.zero_grad(set_to_none=True)
-        dist.barrier()
-        t0, c0 = time.perf_counter(), time.process_time()
-        schedule.step(*(batch if first else ()), target=torch.zeros(m) if last else None,
-                      losses=[] if last else None, return_outputs=False)
-        for p in tied:  # stage 0 and the last stage share the tied weight: sum its gradient
-            dist.all_reduce(p.grad)
-        opt.step()
+        order = (ours, hand) if step % 2 == 0 else (hand, ours)
+        got = {id(r): (r.step().wall if r is ours else r.step()) for r in order}
         if step >= warmup:
-            times.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-    queue.put((rank, times, cpu))
+            t_ours.append(got[id(ours)])
+            t_hand.append(got[id(hand)])
+    queue.put((rank, t_ours, t_hand))
     dist.destroy_process_group()
 
 
-def run_handwritten(part_dir: Path, *, steps: int, warmup: int, world: int = 2) -> tuple[list[float], list[float]]:
+def run_ab(part_dir: Path, *, steps: int, warmup: int, world: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """Per step, the slowest rank's time: (ours, hand-written)."""
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     port = free_port()
     os.environ["OMP_NUM_THREADS"] = "1"
-    procs = [ctx.Process(target=_hand_worker, args=(r, world, port, str(part_dir), steps, warmup, queue))
+    procs = [ctx.Process(target=_ab_worker, args=(r, world, port, str(part_dir), steps, warmup, queue))
              for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(600)
     if any(p.exitcode != 0 for p in procs):
-        raise RuntimeError(f"hand-written run failed: exit codes {[p.exitcode for p in procs]}")
-    got = {r: (t, c) for r, t, c in (queue.get() for _ in range(world))}
-    wall = np.max(np.array([got[r][0] for r in range(world)]), axis=0)  # slowest rank, per step
-    cpu = np.sum(np.array([got[r][1] for r in range(world)]), axis=0)  # CPU seconds of all ranks, per step
-    return wall.tolist(), cpu.tolist()
+        raise RuntimeError(f"A/B run failed: exit codes {[p.exitcode for p in procs]}")
+    got = {r: (a, b) for r, a, b in (queue.get() for _ in range(world))}
+    return (np.max(np.array([got[r][0] for r in range(world)]), axis=0),
+            np.max(np.array([got[r][1] for r in range(world)]), axis=0))
 
 
 def bench_overhead(graphs, *, steps: int, repeats: int, work: Path) -> list[dict]:
@@ -141,29 +163,18 @@ def bench_overhead(graphs, *, steps: int, repeats: int, work: Path) -> list[dict
         plan = even_plan(graphs[name].num_nodes, batch=MODELS[name]["batch_size"], **kw)
         spec = DeploySpec(plan=plan, graph=graphs[name], model=name, overrides=MODELS[name])
         cfg = DeployConfig(steps=steps, warmup=3, timeout_s=600)
-        ours, hand, ours_cpu, hand_cpu = [], [], [], []  # per run and step: slowest rank's wall, all ranks' CPU
-        for r in range(repeats):
-            job = work / f"a_{name}_{r}"
-            res = deploy_stage_plans([spec], config=cfg, job_dir=job)[0]
-            ours.append(np.max(np.array([x["step_times"] for x in res.ranks]), axis=0).tolist())
-            ours_cpu += np.sum(np.array([x["cpu_times"] for x in res.ranks]), axis=0).tolist()
-            wall, cpu = run_handwritten(job / "part0", steps=steps, warmup=3)
-            hand.append(wall)
-            hand_cpu += cpu
-        med_o, med_h = [statistics.median(x) for x in ours], [statistics.median(x) for x in hand]
-        best_o, best_h = min(min(x) for x in ours), min(min(x) for x in hand)
-        paired = statistics.median(a / b for a, b in zip(med_o, med_h))  # back-to-back pairs cancel slow drift
-        cpu_o, cpu_h = statistics.median(ours_cpu), statistics.median(hand_cpu)
-        rows.append({"model": name, "plan": f"pp2 {kw['schedule']} m={kw['m']}",
-                     "ours_s": statistics.median(med_o), "hand_s": statistics.median(med_h),
-                     "ours_best_step_s": best_o, "hand_best_step_s": best_h, "ratio_best_step": best_o / best_h,
-                     "ratio_best_run": min(med_o) / min(med_h), "ratio_paired": paired,
-                     "ours_cpu_s": cpu_o, "hand_cpu_s": cpu_h, "ratio_cpu": cpu_o / cpu_h,
-                     "ours_run_medians": med_o, "hand_run_medians": med_h})
-        mo, mh = statistics.median(med_o), statistics.median(med_h)
-        print(f"(a) {name}: median ours {mo * 1e3:.2f} / hand {mh * 1e3:.2f} ms; ratios: best step "
-              f"{best_o / best_h:.3f}, best run {min(med_o) / min(med_h):.3f}, paired {paired:.3f}, "
-              f"CPU per step {cpu_o / cpu_h:.3f}")
+        job = work / f"a_{name}"
+        deployed = deploy_stage_plans([spec], config=cfg, job_dir=job)[0]  # the full path, launcher included
+        ours, hand = run_ab(job / "part0", steps=steps * repeats, warmup=3)
+        paired = float(np.median(ours / hand))
+        row = {"model": name, "plan": f"pp2 {kw['schedule']} m={kw['m']}", "deploy_s": deployed.step_time,
+               "ours_s": float(np.median(ours)), "hand_s": float(np.median(hand)),
+               "ratio": float(np.median(ours) / np.median(hand)), "ratio_paired_steps": paired,
+               "ratio_best_step": float(ours.min() / hand.min()), "steps": int(ours.size)}
+        rows.append(row)
+        print(f"(a) {name}: deploy {deployed.step_time * 1e3:.2f} ms; in-process A/B ours {row['ours_s'] * 1e3:.2f} / "
+              f"hand {row['hand_s'] * 1e3:.2f} ms: ratio {row['ratio']:.3f}, paired {paired:.3f}, "
+              f"best {row['ratio_best_step']:.3f}")
     return rows
 
 
@@ -175,21 +186,62 @@ PLANS = [dict(cuts=[], dp=1, m=1, schedule="gpipe"), dict(cuts=[], dp=1, m=4, sc
          dict(cuts=[0.75], dp=1, m=2, schedule="gpipe")]
 
 
-def predict(graph, costs, topology, plan: StagePlan, db) -> tuple[float, float]:
-    """(simulator step time, + Adam time of the largest stage's parameter share)."""
-    sim = simulate_pipeline(graph, costs, topology, plan).step_time
-    got = db.optimizer_time(graph, db.device_names[0])
-    share = max(float(graph.param_bytes[plan.stage_of_node == s].sum()) for s in range(plan.num_stages))
-    total = float(graph.param_bytes.sum()) or 1.0
-    return sim, sim + (got[0] * share / total if got else 0.0)
+def micro_batch(plan: StagePlan) -> int:
+    """Per-replica micro-batch size of a plan whose stages share one DP degree."""
+    return int(plan.batch_size) // (plan.num_microbatches * len(plan.stage_devices[0]))
 
 
-def bench_fidelity(graphs, *, steps: int, work: Path, profiles: dict) -> dict:
-    topology = load_topology("2x_cpu")
+def profile_model(name: str, sizes: set[int], *, db: ProfileDB, repeats: int) -> dict[int, object]:
+    """Capture and profile zoo model ``name`` at each batch size (thread CPU clock, one thread) into ``db``."""
+    cpu = select_devices(["cpu"])[0]
+    graphs = {}
+    for b in sorted(sizes, reverse=True):
+        ov = {**MODELS[name], "batch_size": b}
+        module, inputs = zoo.build(name, **ov)
+        graphs[b] = capture(module, inputs, name=name, meta={"zoo": name, "zoo_overrides": ov,
+                                                            "zoo_options": zoo.resolve_options(name, ov)})
+        profile_graph(module, inputs, graphs[b], cpu, db=db, warmup=3, repeats=repeats, progress=False,
+                      clock="thread")
+    full = graphs[MODELS[name]["batch_size"]]
+    for b, g in graphs.items():
+        if list(g.names) != list(full.names) or not np.array_equal(g.edges, full.edges):
+            raise RuntimeError(f"{name} captured at batch {b} does not match its full-batch graph node for node")
+    return graphs
+
+
+class Predictor:
+    """Predictions for one model: per-micro-batch costs + step overhead (new) and full-batch linear (old)."""
+
+    def __init__(self, graphs: dict[int, object], full_batch: int, topology, db: ProfileDB) -> None:
+        self.graph, self.topology, self.db = graphs[full_batch], topology, db
+        self.linear_costs = measured_costs(self.graph, topology, db, backend="gloo")
+        self.micro: dict[int, tuple] = {}
+        for b, g in graphs.items():
+            costs = measured_costs(g, topology, db, backend="gloo")
+            overhead = predict_step_time(g, topology, np.zeros(g.num_nodes, dtype=np.int64), db,
+                                         optimizer=False).step_overhead
+            self.micro[b] = (with_step_overhead(costs, overhead), overhead)
+        got = db.optimizer_time(self.graph, db.device_names[0])
+        self.adam = got[0] if got else 0.0
+
+    def adam_share(self, plan: StagePlan) -> float:
+        share = max(float(self.graph.param_bytes[plan.stage_of_node == s].sum()) for s in range(plan.num_stages))
+        return self.adam * share / (float(self.graph.param_bytes.sum()) or 1.0)
+
+    def __call__(self, plan: StagePlan) -> dict[str, float]:
+        b = micro_batch(plan)
+        costs, overhead = self.micro[b]
+        sim = simulate_pipeline(self.graph, costs, self.topology, plan, cost_batch_size=b).step_time
+        linear = simulate_pipeline(self.graph, self.linear_costs, self.topology, plan).step_time
+        opt = self.adam_share(plan)
+        return {"simulated_s": sim, "predicted_s": sim + opt, "linear_s": linear + opt, "micro_batch": b,
+                "step_overhead_s": overhead}
+
+
+def bench_fidelity(graphs, *, steps: int, work: Path, predictors: dict) -> dict:
     rows = []
     for name, graph in graphs.items():
-        db = profiles[name]
-        costs = measured_costs(graph, topology, db, backend="gloo")
+        predictor = predictors[name]
         plans = [even_plan(graph.num_nodes, batch=MODELS[name]["batch_size"], **kw) for kw in PLANS]
         cfg = DeployConfig(steps=steps, warmup=2, timeout_s=600)
         for world in (1, 2):
@@ -197,47 +249,58 @@ def bench_fidelity(graphs, *, steps: int, work: Path, profiles: dict) -> dict:
             specs = [DeploySpec(plan=plans[i], graph=graph, model=name, overrides=MODELS[name]) for i in idx]
             results = deploy_stage_plans(specs, config=cfg, job_dir=work / f"b_{name}_{world}")
             for i, res in zip(idx, results):
-                sim, pred = predict(graph, costs, topology, plans[i], db)
+                got = predictor(plans[i])
                 kw = PLANS[i]
                 label = (f"dp{kw['dp']}" if not kw["cuts"] else f"pp2@{kw['cuts'][0]:.2f}") + \
                     f" {kw['schedule']} m={kw['m']}"
                 rows.append({"model": name, "plan": label, "world": world, "measured_s": res.step_time,
-                             "measured_no_opt_s": res.step_time - res.optimizer_time, "predicted_s": pred,
-                             "simulated_s": sim, "source": costs.source[0]})
-                print(f"(b) {name} {label}: measured {res.step_time * 1e3:.2f} ms, predicted {pred * 1e3:.2f} ms")
+                             "measured_no_opt_s": res.step_time - res.optimizer_time, **got,
+                             "source": predictor.linear_costs.source[0]})
+                print(f"(b) {name} {label}: measured {res.step_time * 1e3:.2f} ms, predicted "
+                      f"{got['predicted_s'] * 1e3:.2f} ms (linear {got['linear_s'] * 1e3:.2f} ms)")
     meas = np.array([r["measured_s"] for r in rows])
-    stats = {"with_optimizer": fidelity_stats(np.array([r["predicted_s"] for r in rows]), meas),
-             "simulator_only_vs_no_optimizer": fidelity_stats(np.array([r["simulated_s"] for r in rows]),
-                                                              np.array([r["measured_no_opt_s"] for r in rows]))}
-    per_model = {m: fidelity_stats(np.array([r["predicted_s"] for r in rows if r["model"] == m]),
-                                   np.array([r["measured_s"] for r in rows if r["model"] == m])) for m in graphs}
-    return {"rows": rows, "stats": stats, "per_model": per_model}
+
+    def col(key: str, sel=None) -> np.ndarray:
+        return np.array([r[key] for r in rows if sel is None or r["model"] == sel])
+
+    stats = {"with_optimizer": fidelity_stats(col("predicted_s"), meas),
+             "linear_with_optimizer": fidelity_stats(col("linear_s"), meas),
+             "simulator_only_vs_no_optimizer": fidelity_stats(col("simulated_s"), col("measured_no_opt_s"))}
+    per_model = {m: fidelity_stats(col("predicted_s", m), col("measured_s", m)) for m in graphs}
+    per_model_linear = {m: fidelity_stats(col("linear_s", m), col("measured_s", m)) for m in graphs}
+    return {"rows": rows, "stats": stats, "per_model": per_model, "per_model_linear": per_model_linear}
 
 
 def write_report(out: Path, a_rows: list[dict], b: dict, meta: dict) -> None:
     lines = ["# Executor benchmark", "", f"Machine: {meta['machine']}; torch {torch.__version__}; one torch thread "
              "per process; gloo on CPU. Not run on a GPU.", "",
              "## (a) our deploy vs hand-written torch.distributed.pipelining (same split)", "",
-             "Step time = slowest rank. Ratios ours / hand-written: best step over all runs, best run median, "
-             "median of back-to-back run pairs, median CPU seconds per step summed over ranks (load-insensitive).",
-             "", "| model | plan | median ours (ms) | median hand (ms) | ratio best step | ratio best run "
-             "| ratio paired | ratio CPU/step |", "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['model']} | {r['plan']} | {r['ours_s'] * 1e3:.2f} | {r['hand_s'] * 1e3:.2f} | "
-              f"{r['ratio_best_step']:.3f} | {r['ratio_best_run']:.3f} | {r['ratio_paired']:.3f} | "
-              f"{r['ratio_cpu']:.3f} |" for r in a_rows]
-    lines += ["", "## (b) measured vs predicted (simulate_pipeline, measured CPU profiles)", "",
-              "| model | plan | procs | measured (ms) | predicted +opt (ms) | sim only (ms) | measured - Adam (ms) |",
-              "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['model']} | {r['plan']} | {r['world']} | {r['measured_s'] * 1e3:.2f} | "
-              f"{r['predicted_s'] * 1e3:.2f} | {r['simulated_s'] * 1e3:.2f} | {r['measured_no_opt_s'] * 1e3:.2f} |"
-              for r in b["rows"]]
-    s = b["stats"]
-    lines += ["", f"All {s['with_optimizer']['n']} plans: MAPE {s['with_optimizer']['mape']:.1f}%, Spearman "
-              f"{s['with_optimizer']['spearman']:.3f} (prediction + Adam vs measured step); simulator alone vs "
-              f"measured step minus Adam: MAPE {s['simulator_only_vs_no_optimizer']['mape']:.1f}%, Spearman "
-              f"{s['simulator_only_vs_no_optimizer']['spearman']:.3f}."]
-    lines += [f"{m}: MAPE {v['mape']:.1f}%, Spearman {v['spearman']:.3f} (n={v['n']})"
-              for m, v in b["per_model"].items()]
+             "Both in the same two processes, steps interleaved (ours, hand, hand, ours, ...), so both see the "
+             "same load; step time = slowest rank. `deploy` = the median step of a full `deploy_stage_plans` run.",
+             "", "| model | plan | deploy (ms) | ours (ms) | hand-written (ms) | ratio of medians | median of "
+             "per-step ratios | best / best |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['plan']} | {r['deploy_s'] * 1e3:.2f} | {r['ours_s'] * 1e3:.2f} | "
+              f"{r['hand_s'] * 1e3:.2f} | {r['ratio']:.3f} | {r['ratio_paired_steps']:.3f} | "
+              f"{r['ratio_best_step']:.3f} |" for r in a_rows]
+    if b["rows"]:
+        lines += ["", "## (b) measured vs predicted (simulate_pipeline, measured CPU profiles)", "",
+                  "Predicted: costs profiled (thread CPU clock) at the plan's per-replica micro-batch + that "
+                  "profile's step overhead + Adam share. Linear: full-batch costs scaled by 1/(m p), + Adam share.", "",
+                  "| model | plan | procs | micro-batch | measured (ms) | predicted +opt (ms) | linear +opt (ms) | "
+                  "sim only (ms) | measured - Adam (ms) |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['model']} | {r['plan']} | {r['world']} | {r['micro_batch']} | {r['measured_s'] * 1e3:.2f} | "
+                  f"{r['predicted_s'] * 1e3:.2f} | {r['linear_s'] * 1e3:.2f} | {r['simulated_s'] * 1e3:.2f} | "
+                  f"{r['measured_no_opt_s'] * 1e3:.2f} |" for r in b["rows"]]
+        s = b["stats"]
+        lines += ["", f"All {s['with_optimizer']['n']} plans: MAPE {s['with_optimizer']['mape']:.1f}%, Spearman "
+                  f"{s['with_optimizer']['spearman']:.3f} (prediction + Adam vs measured step); linear model: MAPE "
+                  f"{s['linear_with_optimizer']['mape']:.1f}%, Spearman {s['linear_with_optimizer']['spearman']:.3f}; "
+                  "simulator alone vs measured step minus Adam: MAPE "
+                  f"{s['simulator_only_vs_no_optimizer']['mape']:.1f}%, "
+                  f"Spearman {s['simulator_only_vs_no_optimizer']['spearman']:.3f}."]
+        lines += [f"{m}: MAPE {v['mape']:.1f}%, Spearman {v['spearman']:.3f} (n={v['n']}); linear: MAPE "
+                  f"{b['per_model_linear'][m]['mape']:.1f}%, Spearman {b['per_model_linear'][m]['spearman']:.3f}"
+                  for m, v in b["per_model"].items()]
     atomic_write_text(out / "bench_executor.md", "\n".join(lines) + "\n")
     atomic_write_text(out / "bench_executor.json", json.dumps({"meta": meta, "overhead": a_rows, "fidelity": b},
                                                               indent=1))
@@ -247,8 +310,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="outputs/bench_executor")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=6, help="alternating runs per variant in (a)")
+    ap.add_argument("--repeats", type=int, default=3, help="(a) runs repeats x steps interleaved steps per variant")
     ap.add_argument("--quick", action="store_true", help="fewer steps (smoke run)")
+    ap.add_argument("--parts", default="ab", choices=("ab", "a", "b"), help="which parts to run")
     args = ap.parse_args()
     torch.set_num_threads(1)
     steps = 5 if args.quick else args.steps
@@ -256,14 +320,23 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-executor-") as tmp:
         work = Path(tmp)
-        profiles, graphs = {}, {}
-        for name, ov in MODELS.items():
-            run = run_profile(name, output=work / f"profile_{name}.json", overrides=ov, threads=1,
-                              repeats=5 if args.quick else 10, progress=False)
-            profiles[name], graphs[name] = run.db, run.graph
-        a_rows = bench_overhead(graphs, steps=steps, repeats=args.repeats, work=work)
-        b = bench_fidelity(graphs, steps=steps, work=work, profiles=profiles)
-    meta = {"machine": f"{os.cpu_count()} CPU cores", "steps": steps, "models": MODELS}
+        db, graphs, predictors = ProfileDB(work / "profile.json"), {}, {}
+        topology = load_topology("2x_cpu")
+        for name in MODELS:
+            full = MODELS[name]["batch_size"]
+            sizes = {full} | {full // (kw["m"] * kw["dp"]) for kw in PLANS}
+            by_batch = profile_model(name, sizes, db=db, repeats=5 if args.quick else 10)
+            graphs[name] = by_batch[full]
+            predictors[name] = by_batch
+        for fit in local_link_benchmarks(["cpu"], repeats=5 if args.quick else 10):
+            db.put_link(fit.src, fit.dst, fit.backend, fit.sizes, fit.times, fit.latency, fit.bandwidth)
+        db.save()
+        predictors = {name: Predictor(by_batch, MODELS[name]["batch_size"], topology, db)
+                      for name, by_batch in predictors.items()}
+        a_rows = bench_overhead(graphs, steps=steps, repeats=args.repeats, work=work) if "a" in args.parts else []
+        b = bench_fidelity(graphs, steps=steps, work=work, predictors=predictors) if "b" in args.parts else \
+            {"rows": [], "stats": {}, "per_model": {}, "per_model_linear": {}}
+    meta = {"machine": f"{os.cpu_count()} CPU cores", "steps": steps, "models": MODELS, "profile_clock": "thread"}
     write_report(out, a_rows, b, meta)
     print((out / "bench_executor.md").read_text())
 

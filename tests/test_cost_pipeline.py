@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from placement_rl.cost import CostTable, PipelineSimulator, simulate_pipeline
-from placement_rl.errors import PlanError
+from placement_rl.cost.pipeline import with_step_overhead
+from placement_rl.errors import PlanError, ProfileError
 from placement_rl.graph.ir import make_graph
 from placement_rl.plans import StagePlan
 from placement_rl.topology import DeviceTopology
@@ -174,3 +175,40 @@ def test_random_unequal_stages_respect_dependencies(schedule: str, groups: int, 
                     assert ops[("bwd", f"stage{k - 1} mb{i}")].start >= b.end - 1e-12
         assert res.step_time >= res.device_busy.max() - 1e-9
         assert max(iv.end for iv in res.timeline) == pytest.approx(res.step_time)
+
+
+def test_costs_measured_at_the_microbatch_are_not_rescaled() -> None:
+    """Per-micro-batch costs (``cost_batch_size``) are used as they are; other micro-batches scale by size."""
+    g = chain(2)
+    topo = topology(2)
+    micro = table([1.0, 1.0], [2.0, 2.0], 2)  # measured at the per-replica micro-batch of 4
+    p4 = plan([0, 1], [(0,), (1,)], 4, "gpipe", batch_size=16)
+    got = simulate_pipeline(g, micro, topo, p4, cost_batch_size=4)
+    assert got.step_time == pytest.approx((4 + 2 - 1) * 3.0)  # no 1/m scaling: 3 s per micro-batch per stage
+    assert got.meta["cost_batch_size"] == 4.0
+    # the same table read as whole-batch costs (old model) shrinks by 1/m
+    assert simulate_pipeline(g, micro, topo, p4).step_time == pytest.approx((4 + 2 - 1) * 3.0 / 4)
+    # meta["batch_size"] is the default; a 2-micro-batch plan runs micro-batches of 8: twice the time
+    tagged = CostTable(fwd_time=micro.fwd_time, bwd_time=micro.bwd_time, link_latency=micro.link_latency,
+                       link_bandwidth=micro.link_bandwidth, source=micro.source, meta={"batch_size": 4})
+    p2 = plan([0, 1], [(0,), (1,)], 2, "gpipe", batch_size=16)
+    assert simulate_pipeline(g, tagged, topo, p2).step_time == pytest.approx((2 + 2 - 1) * 6.0)
+    with pytest.raises(PlanError, match="batch_size"):
+        simulate_pipeline(g, tagged, topo, plan([0, 1], [(0,), (1,)], 2, "gpipe"))
+    with pytest.raises(ProfileError, match="cost batch size"):
+        PipelineSimulator(g, micro, topo, cost_batch_size=0)
+
+
+def test_step_overhead_is_paid_by_every_microbatch() -> None:
+    g = chain(4)
+    topo = topology(2)
+    costs = with_step_overhead(table([1.0] * 4, [1.0] * 4, 2), 8.0)  # 1 s per node forward and backward
+    np.testing.assert_allclose(costs.fwd_time, 2.0)
+    np.testing.assert_allclose(costs.launch_overhead, 1.0)
+    assert costs.meta["step_overhead"] == [8.0, 8.0]
+    # one stage, m micro-batches of the whole-batch costs: variable part shrinks, overhead does not
+    for m in (1, 4):
+        p = plan([0, 0, 0, 0], [(0,)], m, "gpipe", batch_size=16)
+        assert simulate_pipeline(g, costs, topo, p).step_time == pytest.approx(8.0 + 8.0 * m)
+    with pytest.raises(ProfileError):
+        with_step_overhead(costs, -1.0)

@@ -81,6 +81,10 @@ def test_train_to_budget_stops_at_the_budget_and_judges_on_the_original_graph():
     assert trainer.tracker.sim_calls >= 40 and out.curve and all(c <= 40 for c, _ in out.curve)
     assert out.step_time == pytest.approx(problem.judge(out.value)[0])
     assert out.curve[-1][1] == pytest.approx(out.step_time)
+    # a run that cannot spend its budget stops at the env-step cap instead of training forever
+    before = trainer.num_timesteps
+    capped = train_to_budget(trainer, 10**9, judge=problem.judge, max_steps=48)
+    assert capped.sim_calls < 10**9 and 48 <= trainer.num_timesteps - before < 48 + 16  # one rollout = 16 steps
 
 
 def test_aggregation_mean_std_and_curves():

@@ -142,10 +142,14 @@ def schedule_order(S, m, sched, sgroup, G):
 
 @njit(cache=True, nogil=True)
 def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, sgroup, G, src, dst, ebytes,
-                  fvar, ffix, bvar, bfix, param, act,
+                  fvar, ffix, bvar, bfix, batch_ratio, param, act,
                   lat, inv_bw, fw, iw, out_stage, out_group, out,
                   record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
-    """Simulate one pipelined training step. ``out`` = (step_time, status, comm_time)."""
+    """Simulate one pipelined training step. ``out`` = (step_time, status, comm_time).
+
+    ``batch_ratio``: plan batch size / batch size the node times were measured at; a stage's variable
+    node time is scaled by ``batch_ratio / (m * p)`` (1 when the costs were measured at its micro-batch).
+    """
     n = stage.shape[0]
     P = gptr[S]
     sm = S * m
@@ -185,7 +189,7 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
         cut[s] = 0.0
         bcount[s] = 0
         lastb[s] = 0.0
-        sscale[s] = 1.0 / (m * (gptr[s + 1] - gptr[s]))
+        sscale[s] = batch_ratio / (m * (gptr[s + 1] - gptr[s]))
     cut[S] = 0.0
     for v in range(n):
         s = stage[v]

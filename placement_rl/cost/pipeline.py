@@ -5,6 +5,14 @@ Model (pure and deterministic), for S stages, m micro-batches, stage s on a devi
 * Stage compute per micro-batch: the stage's ops run one after the other on each replica; a node's time
   shrinks by ``1 / (m * p)`` except its launch overhead (``CostTable.launch_overhead``), which every
   micro-batch pays in full. Unequal devices in one group: the slowest sets the pace.
+* Costs measured at another batch size: by default node times are taken to be for the plan's whole
+  batch. When they were measured at batch size ``b`` (``cost_batch_size=b``, else
+  ``costs.meta["batch_size"]``; e.g. a graph captured and profiled at the per-replica micro-batch
+  ``batch_size / (m * p)``, whose nodes match the full-batch graph one for one), the variable part is
+  scaled by ``batch_size / (b * m * p)`` instead: exactly 1 at the micro-batch it was measured at, so
+  the small-batch inefficiency a linear model misses (fixed per-op costs, cache effects, interpreter
+  overhead) is in the prediction. Sizes (activation memory, boundary bytes) still come from ``graph``.
+  ``with_step_overhead`` adds a measured per-pass overhead that no op owns to every node.
 * Boundary s|s+1 carries every tensor produced at or before s and consumed after it (skip connections
   are passed along), once per producer (its largest crossing edge), per micro-batch
   ``bytes / (m * min(p_s, p_s+1))`` on the slowest link between the two groups: ``latency + bytes /
@@ -20,13 +28,16 @@ Model (pure and deterministic), for S stages, m micro-batches, stage s on a devi
 * Memory per device of a group: 4 x params of its stages + the peak over the schedule of the activations
   in flight, each micro-batch holding ``act_bytes / (m * p)`` plus its received boundary buffer (so GPipe
   holds m micro-batches, 1F1B at most S-s at stage s).
-* ``meta``: per-stage forward/backward time per micro-batch, end, all-reduce time, and the bubble fraction
-  ``1 - mean over groups of compute busy time / step_time``.
+* ``meta``: per-stage forward/backward time per micro-batch, end, all-reduce time, the bubble fraction
+  ``1 - mean over groups of compute busy time / step_time``, and ``cost_batch_size`` (None: whole batch).
 
 ``zb1p`` (zero-bubble) plans are rejected with a ``PlanError``: its split backward is not modelled.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import math
 
 import numpy as np
 
@@ -34,7 +45,7 @@ from placement_rl.cost._pipe_kernel import (GPIPE, INTERLEAVED, ONE_F_ONE_B, OK,
                                             work_sizes)
 from placement_rl.cost.simulate import _inverse_bandwidth, _owned, check_costs
 from placement_rl.cost.types import CostTable, Interval, SimResult
-from placement_rl.errors import PlanError
+from placement_rl.errors import PlanError, ProfileError
 from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import StagePlan
 from placement_rl.topology import DeviceTopology
@@ -88,11 +99,20 @@ class PipelineSimulator:
 
     ``step_time(plan)`` returns only the step time; ``run(plan)`` a full ``SimResult``; ``calls`` counts
     evaluations. Layouts of device groups are validated once and kept per instance.
+    ``cost_batch_size``: the batch size the node times were measured at (default ``costs.meta["batch_size"]``,
+    else the plan's whole batch; see the module docstring).
     """
 
-    def __init__(self, graph: CompGraph, costs: CostTable, topology: DeviceTopology) -> None:
+    def __init__(self, graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
+                 cost_batch_size: float | None = None) -> None:
         check_costs(graph, costs, topology)
         self.graph, self.costs, self.topology = graph, costs, topology
+        cbs = cost_batch_size if cost_batch_size is not None else costs.meta.get("batch_size")
+        if cbs is not None and (isinstance(cbs, bool) or not isinstance(cbs, (int, float)) or not math.isfinite(cbs)
+                                or cbs <= 0):
+            raise ProfileError(f"cost batch size must be a positive number (the batch the costs were measured "
+                               f"at), got {cbs!r}")
+        self.cost_batch_size = None if cbs is None else float(cbs)
         self.calls = 0
         i64 = np.int64
         # the launch overhead part of each time does not shrink with micro-batches or replicas
@@ -101,9 +121,9 @@ class PipelineSimulator:
         self._graph_arrays = (
             _owned(graph.edges[:, 0], i64), _owned(graph.edges[:, 1], i64),
             _owned(graph.edge_bytes), _owned((costs.fwd_time - fixed_fwd).T), _owned(fixed_fwd.T),
-            _owned((costs.bwd_time - fixed_bwd).T), _owned(fixed_bwd.T),  # [D, N]: a stage reads a row
-            _owned(graph.param_bytes), _owned(graph.act_bytes),
-            _owned(costs.link_latency), _inverse_bandwidth(costs))
+            _owned((costs.bwd_time - fixed_bwd).T), _owned(fixed_bwd.T))  # [D, N]: a stage reads a row
+        self._size_arrays = (_owned(graph.param_bytes), _owned(graph.act_bytes),
+                             _owned(costs.link_latency), _inverse_bandwidth(costs))
         self._layouts: dict[tuple, _Layout] = {}
         self._out = np.zeros(3)
         self._no_rec = (np.zeros(1, i64), np.zeros(0, np.int8), np.zeros(0, i64), np.zeros(0), np.zeros(0),
@@ -125,7 +145,17 @@ class PipelineSimulator:
             self._layouts[key] = lay
         return lay
 
+    def batch_ratio(self, plan: StagePlan) -> float:
+        """Plan batch size over the batch size the costs were measured at (1.0: costs are for the whole batch)."""
+        if self.cost_batch_size is None:
+            return 1.0
+        if plan.batch_size is None:
+            raise PlanError(f"costs were measured at batch size {self.cost_batch_size:g}: the stage plan needs a "
+                            "batch_size to scale them")
+        return float(plan.batch_size) / self.cost_batch_size
+
     def _simulate(self, plan: StagePlan, rec: tuple) -> _Layout:
+        ratio = self.batch_ratio(plan)
         lay = self._layout(plan)
         s, m = plan.num_stages, int(plan.num_microbatches)
         nf, ni = work_sizes(self.graph.num_nodes, s, m, int(lay.gptr[-1]), lay.num_groups)
@@ -135,7 +165,8 @@ class PipelineSimulator:
         if stage.shape[0] != self.graph.num_nodes:
             plan.validate(self.graph, self.topology)
         simulate_pipe(stage, s, m, *lay.order, lay.gptr, lay.gdev, lay.sgroup,
-                      lay.num_groups, *self._graph_arrays, lay.fw, lay.iw, lay.out_stage, lay.out_group,
+                      lay.num_groups, *self._graph_arrays, ratio, *self._size_arrays, lay.fw, lay.iw,
+                      lay.out_stage, lay.out_group,
                       self._out, len(rec[1]) > 0, *rec)
         self.calls += 1
         if self._out[1] != OK:
@@ -167,7 +198,7 @@ class PipelineSimulator:
                 "stage_fwd_time": st[0].tolist(), "stage_bwd_time": st[1].tolist(),
                 "stage_end": st[2].tolist(), "stage_last_backward": st[3].tolist(),
                 "allreduce_time": st[4].tolist(), "microbatch_bytes": st[5].tolist(),
-                "bubble_fraction": bubble,
+                "bubble_fraction": bubble, "cost_batch_size": self.cost_batch_size,
                 "cost_source": self._source}
         return SimResult(step_time=step, feasible=bool(np.all(mem <= self._capacity)),
                          device_busy=busy, peak_memory=mem, comm_time=float(self._out[2]),
@@ -189,6 +220,23 @@ class PipelineSimulator:
 
 
 def simulate_pipeline(graph: CompGraph, costs: CostTable, topology: DeviceTopology, plan: StagePlan, *,
-                      timeline: bool = False) -> SimResult:
-    """Simulated training step of a pipeline ``plan``."""
-    return PipelineSimulator(graph, costs, topology).run(plan, timeline=timeline)
+                      timeline: bool = False, cost_batch_size: float | None = None) -> SimResult:
+    """Simulated training step of a pipeline ``plan`` (``cost_batch_size``: see ``PipelineSimulator``)."""
+    return PipelineSimulator(graph, costs, topology, cost_batch_size=cost_batch_size).run(plan, timeline=timeline)
+
+
+def with_step_overhead(costs: CostTable, overhead: float | np.ndarray) -> CostTable:
+    """``costs`` plus a per-pass overhead no op owns, spread evenly over the nodes as fixed time.
+
+    ``overhead``: seconds per forward+backward pass of the whole graph, one number or one per device (e.g.
+    a profile's measured whole step minus the sum of its per-op times, at the batch the costs were
+    measured at). Each node gets ``overhead / (2 N)`` on its forward and on its backward, counted as
+    launch overhead (every micro-batch pays it in full), so a stage pays its share of nodes per micro-batch.
+    """
+    per = np.broadcast_to(np.asarray(overhead, dtype=np.float64), (costs.num_devices,))
+    if not np.all(np.isfinite(per)) or np.any(per < 0):
+        raise ProfileError(f"step overhead must be finite and >= 0 seconds, got {np.asarray(overhead).tolist()}")
+    add = np.broadcast_to(per / (2.0 * max(costs.num_nodes, 1)), costs.fwd_time.shape)
+    return dataclasses.replace(costs, fwd_time=costs.fwd_time + add, bwd_time=costs.bwd_time + add,
+                               launch_overhead=costs.launch_overhead + add,
+                               meta={**dict(costs.meta), "step_overhead": per.tolist()})

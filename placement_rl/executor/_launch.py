@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from placement_rl.errors import ExecutionError
+from placement_rl.errors import ConfigError, ExecutionError
 
 GRACE_S = 1.0  # after a rank fails, time for the others to write their error reports
 POLL_S = 0.05
@@ -179,3 +179,24 @@ def run_ranks(job_dir: Path, *, nprocs: int, timeout_s: float, threads: int = 1,
         _kill(procs)
         for log in logs:
             log.close()
+
+
+def build_torchrun_command(job_dir: str | Path, *, nproc_per_node: int, nnodes: int = 1, node_rank: int | None = None,
+                           rdzv_endpoint: str | None = None, rdzv_id: str = "placement-rl",
+                           rdzv_backend: str = "c10d", python: str = sys.executable) -> list[str]:
+    """The ``torchrun`` command that runs a prepared job (run it on every node; then :func:`collect_results`).
+
+    One node: ``--standalone``. Several: ``rdzv_endpoint="host:port"`` (c10d rendezvous) is required.
+    """
+    if nproc_per_node < 1 or nnodes < 1:
+        raise ConfigError(f"nproc_per_node and nnodes must be >= 1 (got {nproc_per_node}, {nnodes})")
+    cmd = [python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}"]
+    if nnodes == 1 and rdzv_endpoint is None:
+        cmd.append("--standalone")
+    else:
+        if not rdzv_endpoint:
+            raise ConfigError("several nodes need rdzv_endpoint='host:port' (the rendezvous host every node reaches)")
+        cmd += [f"--rdzv-backend={rdzv_backend}", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
+        if node_rank is not None:
+            cmd.append(f"--node-rank={node_rank}")
+    return cmd + ["-m", "placement_rl.executor.distributed_worker", str(job_dir)]

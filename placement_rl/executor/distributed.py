@@ -40,7 +40,6 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-import sys
 import tempfile
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -52,7 +51,7 @@ import torch
 from torch import nn
 
 from placement_rl.errors import ConfigError, ExecutionError, PlanError
-from placement_rl.executor._launch import run_ranks
+from placement_rl.executor._launch import build_torchrun_command, run_ranks
 from placement_rl.executor._mesh import ParallelDims, parallel_dims
 from placement_rl.executor._stages import (assign_stages, crossing_values, export_step, param_aliases, program_module,
                                            split_stages, tied_parameters, value_meta)
@@ -60,6 +59,9 @@ from placement_rl.graph.io import atomic_write_text
 from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import StagePlan
 from placement_rl.topology import DeviceTopology
+
+__all__ = ["DeployConfig", "DeployResult", "DeploySpec", "PreparedJob", "build_torchrun_command", "collect_results",
+           "deploy_stage_plan", "deploy_stage_plans", "launch_local", "prepare_job", "reference_step"]
 
 JOB_SCHEMA = "placement_rl.deploy_job"
 RESULT_SCHEMA = "placement_rl.deploy_result"
@@ -369,27 +371,6 @@ def deploy_stage_plan(plan: StagePlan, graph: CompGraph, *, model: str | None = 
     spec = DeploySpec(plan=plan, graph=graph, model=model, overrides=dict(overrides or {}), module=module,
                       inputs=inputs, topology=topology)
     return deploy_stage_plans([spec], config=config, job_dir=job_dir, extra_env=extra_env)[0]
-
-
-def build_torchrun_command(job_dir: str | Path, *, nproc_per_node: int, nnodes: int = 1, node_rank: int | None = None,
-                           rdzv_endpoint: str | None = None, rdzv_id: str = "placement-rl",
-                           rdzv_backend: str = "c10d", python: str = sys.executable) -> list[str]:
-    """The ``torchrun`` command that runs a prepared job (run it on every node; then :func:`collect_results`).
-
-    One node: ``--standalone``. Several: ``rdzv_endpoint="host:port"`` (c10d rendezvous) is required.
-    """
-    if nproc_per_node < 1 or nnodes < 1:
-        raise ConfigError(f"nproc_per_node and nnodes must be >= 1 (got {nproc_per_node}, {nnodes})")
-    cmd = [python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}"]
-    if nnodes == 1 and rdzv_endpoint is None:
-        cmd.append("--standalone")
-    else:
-        if not rdzv_endpoint:
-            raise ConfigError("several nodes need rdzv_endpoint='host:port' (the rendezvous host every node reaches)")
-        cmd += [f"--rdzv-backend={rdzv_backend}", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
-        if node_rank is not None:
-            cmd.append(f"--node-rank={node_rank}")
-    return cmd + ["-m", "placement_rl.executor.distributed_worker", str(job_dir)]
 
 
 def reference_step(module: nn.Module, inputs: Sequence[torch.Tensor], *,

@@ -1,0 +1,220 @@
+"""One rank's share of one deployed plan: build it (torchtitan-style named steps) and run training steps.
+
+``PartRunner(cfg, part_dir, rank=..., device=...)`` reads a part directory written by
+``placement_rl.executor.distributed.prepare_job`` and, inside an initialised process group, builds:
+``build_stages`` (split + tied copies) -> ``build_mesh`` (2-D ``dp`` x ``pp``) -> ``tie_groups`` ->
+``apply_dp`` (DDP over ``dp``) -> ``pipeline_stage`` (static metadata) -> ``build_schedule`` (by name)
+-> Adam. ``step()`` runs one timed training step. The worker entry point
+(``placement_rl.executor.distributed_worker``) and the benchmark's in-process A/B both use it.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining import schedules as pp_schedules
+from torch.nn.parallel import DistributedDataParallel
+
+from placement_rl.executor._mesh import ParallelDims
+from placement_rl.executor._stages import (StageSplit, program_module, retarget, split_stages, stage_parameters,
+                                           tied_parameters, untie)
+
+
+def loss_is_stage_output(output: torch.Tensor, target: Any) -> torch.Tensor:
+    """The schedule's ``loss_fn``: the last stage already computed the loss (``target`` is a dummy)."""
+    return output
+
+
+def build_mesh(dims: ParallelDims, device: torch.device) -> DeviceMesh:
+    return init_device_mesh(device.type, (dims.dp, dims.pp), mesh_dim_names=("dp", "pp"))
+
+
+def build_stages(gm: nn.Module, stage_map: dict[str, int], dims: ParallelDims, pp_rank: int,
+                 device: torch.device, aliases: dict[str, str]) -> tuple[list[StageSplit], dict[str, tuple[int, ...]]]:
+    """This rank's stages (tied parameters given a copy per stage) and the plan's tied parameters."""
+    splits = split_stages(gm, stage_map, dims.num_stages, aliases=aliases)
+    ties = tied_parameters(splits)
+    mine = [splits[s] for s in dims.stages_of(pp_rank)]
+    for sp in mine:
+        untie(sp, list(ties))
+        retarget(sp.module, device)
+        sp.module.to(device)
+    return mine, ties
+
+
+def tie_groups(dims: ParallelDims, ties: dict[str, tuple[int, ...]], rank: int) -> dict[str, Any]:
+    """Process group per tied parameter over the ranks (same DP replica) whose stages hold it.
+
+    ``dist.new_group`` is collective: every rank creates every group, in the same order.
+    """
+    out: dict[str, Any] = {}
+    dp_rank, _ = dims.coords(rank)
+    for name in sorted(ties):
+        cols = sorted({dims.pp_rank_of_stage[s] for s in ties[name]})
+        for d in range(dims.dp):
+            ranks = [dims.rank(d, c) for c in cols]
+            group = dist.new_group(ranks) if len(ranks) > 1 else None
+            if d == dp_rank and rank in ranks:
+                out[name] = group
+    return out
+
+
+def apply_dp(modules: Sequence[nn.Module], dp_mesh: DeviceMesh, *, device: torch.device,
+             zero_bubble: bool) -> list[nn.Module]:
+    """Wrap each stage module with DDP over the ``dp`` mesh dimension (a no-op for DP degree 1).
+
+    Zero-bubble schedules compute weight gradients in a separate pass that DDP's hooks do not see
+    (measured: wrong gradients), so there the modules stay unwrapped and :func:`allreduce_grads`
+    averages the gradients after the schedule.
+    """
+    if dp_mesh.size() == 1 or zero_bubble:
+        return list(modules)
+    group = dp_mesh.get_group()
+    return [DistributedDataParallel(m, process_group=group, broadcast_buffers=False,
+                                    device_ids=[device.index] if device.type == "cuda" else None)
+            if any(p.requires_grad for p in m.parameters()) else m for m in modules]
+
+
+def pipeline_stage(module: nn.Module, split: StageSplit, dims: ParallelDims, device: torch.device,
+                   metas: dict[str, Any], group: Any) -> PipelineStage:
+    """A ``PipelineStage`` in static mode: example inputs/outputs and their grads from the value metadata."""
+    def example(name: str, *, grad: bool = False) -> torch.Tensor:
+        shape, dtype, requires_grad = metas[name]
+        t = torch.zeros(shape, dtype=getattr(torch, dtype), device=device)
+        return t.requires_grad_(requires_grad) if not grad else t  # static mode reads requires_grad
+
+    def grads(names: Sequence[str]) -> tuple[torch.Tensor | None, ...]:
+        return tuple(example(v, grad=True) if metas[v][2] else None for v in names)
+
+    first, last = split.index == 0, split.index == dims.num_stages - 1
+    outputs = example(split.outputs[0]) if last else tuple(example(v) for v in split.outputs)
+    return PipelineStage(module, split.index, dims.num_stages, device,
+                         input_args=tuple(example(v) for v in split.inputs),
+                         output_args=outputs, input_grads=None if first else grads(split.inputs),
+                         output_grads=None if last else grads(split.outputs), group=group)
+
+
+def build_schedule(dims: ParallelDims, stages: list[PipelineStage]) -> Any:
+    cls = getattr(pp_schedules, dims.schedule_class_name())
+    if dims.stages_per_rank == 1 and dims.schedule in ("gpipe", "1f1b"):
+        return cls(stages[0], n_microbatches=dims.num_microbatches, loss_fn=loss_is_stage_output)
+    return cls(stages, n_microbatches=dims.num_microbatches, loss_fn=loss_is_stage_output)
+
+
+def allreduce_grads(params: Sequence[nn.Parameter], group: Any, size: int) -> None:
+    """Average gradients over the DP group in one flat all-reduce (used without DDP)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    flat /= size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def sync_tied_grads(tied: dict[str, list[nn.Parameter]], groups: dict[str, Any]) -> None:
+    """Sum the gradient of each tied parameter over its local copies and the other owning ranks."""
+    for name in sorted(tied):
+        copies = tied[name]
+        grads = [p.grad for p in copies if p.grad is not None]
+        total = torch.stack(grads).sum(0) if grads else torch.zeros_like(copies[0])
+        if groups.get(name) is not None:
+            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=groups[name])
+        for p in copies:
+            p.grad = total.clone()
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    wall: float  # seconds from after the start barrier to the end of Adam
+    optimizer: float  # seconds of the Adam step (included in ``wall``)
+    cpu: float  # CPU seconds of this process during the step
+    losses: tuple[torch.Tensor, ...]  # per micro-batch (last stage only)
+
+
+def read_dims(part: dict[str, Any]) -> ParallelDims:
+    return ParallelDims(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in part["dims"].items()})
+
+
+class PartRunner:
+    """This rank's stages of one plan, wrapped for DP, in a schedule, with its optimizer and data."""
+
+    def __init__(self, cfg: dict[str, Any], part_dir: Path, *, rank: int, device: torch.device) -> None:
+        part = json.loads((part_dir / "part.json").read_text())
+        self.dims = dims = read_dims(part)
+        self.rank, self.device = rank, device
+        self.dp_rank, pp_rank = dims.coords(rank)
+        gm = program_module(torch.export.load(str(part_dir / "program.pt2")))
+        self.splits, ties = build_stages(gm, {k: int(v) for k, v in part["stage_map"].items()}, dims, pp_rank,
+                                         device, part["param_aliases"])
+        del gm
+        mesh = build_mesh(dims, device)
+        self.groups = tie_groups(dims, ties, rank)
+        zero_bubble = "ZeroBubble" in dims.schedule_class_name()
+        self.dp_group = mesh["dp"].get_group() if zero_bubble and dims.dp > 1 else None
+        modules = apply_dp([sp.module for sp in self.splits], mesh["dp"], device=device, zero_bubble=zero_bubble)
+        stages = [pipeline_stage(mod, sp, dims, device, part["value_meta"], mesh["pp"].get_group())
+                  for mod, sp in zip(modules, self.splits)]
+        self.schedule = build_schedule(dims, stages)
+        self.named = [stage_parameters(sp) for sp in self.splits]
+        self.params = [p for per in self.named for p in per.values()]
+        self.tied: dict[str, list[nn.Parameter]] = {}
+        for per in self.named:
+            for name, p in per.items():
+                if name in ties:
+                    self.tied.setdefault(name, []).append(p)
+        self.optimizer = torch.optim.Adam(self.params, lr=float(cfg["lr"])) if self.params else None
+        inputs = torch.load(part_dir / "inputs.pt", weights_only=True)
+        per_replica = inputs[0].shape[0] // dims.dp
+        self.batch = tuple(t[self.dp_rank * per_replica:(self.dp_rank + 1) * per_replica].to(device) for t in inputs)
+        self.first = any(sp.index == 0 for sp in self.splits)
+        self.last = any(sp.index == dims.num_stages - 1 for sp in self.splits)
+        self.dummy_target = torch.zeros(dims.num_microbatches, device=device)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def step(self) -> StepTiming:
+        """One step: schedule (forward, backward, DP sync), tied-grad sync, Adam."""
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        dist.barrier()  # every rank starts the step together, so the slowest rank's time is the step time
+        self._sync()
+        t0, c0 = time.perf_counter(), time.process_time()
+        losses: list[torch.Tensor] = []
+        self.schedule.step(*(self.batch if self.first else ()), target=self.dummy_target if self.last else None,
+                           losses=losses if self.last else None, return_outputs=False)
+        if self.dp_group is not None:
+            allreduce_grads(self.params, self.dp_group, self.dims.dp)
+        sync_tied_grads(self.tied, self.groups)
+        self._sync()
+        t1 = time.perf_counter()
+        if self.optimizer is not None:
+            self.optimizer.step()
+        self._sync()
+        t2 = time.perf_counter()
+        return StepTiming(wall=t2 - t0, optimizer=t2 - t1, cpu=time.process_time() - c0, losses=tuple(losses))
+
+    def grads(self) -> dict[str, torch.Tensor]:
+        """Current gradients by original parameter name (CPU copies)."""
+        return {name: p.grad.detach().cpu().clone() for per in self.named for name, p in per.items()
+                if p.grad is not None}
+
+    def peak_memory(self) -> tuple[int, str]:
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device)), "cuda_max_allocated"
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "cpu_max_rss"
