@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from placement_rl.cost._op_kernel import _record as _rec  # the timeline recorder both kernels share
+
 GPIPE, ONE_F_ONE_B, INTERLEAVED = 0, 1, 2
 OK, BAD_PLAN = 1.0, -1.0
 
@@ -21,17 +23,6 @@ OK, BAD_PLAN = 1.0, -1.0
 def work_sizes(n: int, s: int, m: int, p_total: int, g: int) -> tuple[int, int]:
     """Lengths of the float and int work buffers for N nodes, S stages, m micro-batches, G groups."""
     return 2 * p_total + 10 * s + 1 + n + 3 * s * m + g * g + 4 * g, n + s
-
-
-@njit(cache=True, nogil=True)
-def _rec(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, kind, res, start, end, label):
-    k = rec_n[0]
-    rec_kind[k] = kind
-    rec_res[k] = res
-    rec_start[k] = start
-    rec_end[k] = end
-    rec_label[k] = label
-    rec_n[0] = k + 1
 
 
 @njit(cache=True, nogil=True)
