@@ -39,7 +39,7 @@ __all__ = ["BaselineRef", "Cell", "band", "RunResult", "StudySpec", "TrainOutcom
            "curve_band", "run_cell", "run_study", "summarise", "train_to_budget"]
 
 JUDGES = ("cell", "original")
-STEP_CAP = 10  # env steps per simulator call of the budget before a run is stopped (see train_to_budget)
+STEP_CAP = 3  # env steps per simulator call of the budget before a run is stopped (see train_to_budget)
 
 
 @dataclass(frozen=True, kw_only=True)

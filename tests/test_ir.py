@@ -1,0 +1,124 @@
+"""CompGraph: validation errors name what to fix, exact JSON round trip, structure arrays."""
+
+from __future__ import annotations
+
+import json
+
+import networkx as nx
+import numpy as np
+import pytest
+
+from placement_rl.graph import CompGraph, GraphError, make_graph, synthetic
+from placement_rl.graph.io import graph_to_dict
+
+
+def diamond(**changes) -> CompGraph:
+    nodes = [{"name": "in", "op_type": "placeholder", "fwd_flops": 0.0, "out_bytes": 4096.0},
+             {"name": "left", "op_type": "linear", "module_path": "a", "fwd_flops": 1.5e9, "bwd_flops": 3e9,
+              "param_bytes": 4e6, "act_bytes": 4096.0, "out_bytes": 2048.0},
+             {"name": "right", "op_type": "relu", "module_path": "b", "fwd_flops": 1e3, "bwd_flops": 1e3,
+              "act_bytes": 4096.0, "out_bytes": 4096.0},
+             {"name": "loss", "op_type": "cross_entropy", "fwd_flops": 10.0, "bwd_flops": 10.0, "out_bytes": 4.0}]
+    edges = [[0, 1, 4096.0], [0, 2, 4096.0], [1, 3, 2048.0], [2, 3, 4096.0]]
+    g = make_graph(nodes, edges, name="diamond", meta={"source": "test"})
+    return g.replace(**changes) if changes else g
+
+
+def as_json(g: CompGraph) -> dict:
+    return json.loads(g.to_json())
+
+
+def test_structure_arrays():
+    g = diamond()
+    assert g.num_nodes == 4 and g.num_edges == 4
+    assert g.topo_order.tolist() == [0, 1, 2, 3]
+    assert sorted(g.predecessors(3).tolist()) == [1, 2]
+    assert sorted(g.successors(0).tolist()) == [1, 2]
+    for i in range(g.num_nodes):  # edge ids in CSR order point at the right edges
+        for k in range(g.pred_ptr[i], g.pred_ptr[i + 1]):
+            assert g.edges[g.pred_eid[k]].tolist() == [int(g.pred_idx[k]), i]
+    nxg = g.to_networkx()
+    assert nx.is_directed_acyclic_graph(nxg) and nxg.nodes[1]["op_type"] == "linear"
+    assert nxg.edges[0, 1]["bytes"] == 4096.0
+    assert g.totals()["fwd_flops"] == pytest.approx(1.5e9 + 1e3 + 10)
+
+
+def test_json_round_trip_is_exact():
+    g = synthetic.sample("layered", num_nodes=300, seed=3)
+    text = g.to_json()
+    back = CompGraph.from_json(text)
+    assert back.to_json() == text
+    assert back.fingerprint() == g.fingerprint()
+    for key in ("fwd_flops", "bwd_flops", "out_bytes", "param_bytes", "act_bytes", "edge_bytes"):
+        assert np.array_equal(getattr(back, key), getattr(g, key))
+    assert np.array_equal(back.edges, g.edges) and back.names == g.names and back.meta == g.meta
+
+
+def test_json_file_round_trip(tmp_path):
+    g = diamond()
+    path = tmp_path / "g.json"
+    g.to_json(path)
+    assert CompGraph.from_json(path).to_json() == g.to_json()
+    assert not list(tmp_path.glob(".*tmp"))  # atomic write left no temporary file
+
+
+def test_fingerprint_tracks_structure_and_sizes_not_name():
+    g = diamond()
+    assert g.replace(name="other").fingerprint() == g.fingerprint()
+    assert g.replace(out_bytes=g.out_bytes * 2).fingerprint() != g.fingerprint()
+
+
+def test_arrays_are_read_only():
+    g = diamond()
+    with pytest.raises(ValueError):
+        g.fwd_flops[0] = 1.0
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda d: d["edges"].append([3, 0, 8]), r"cycle: 'in' -> 'left' -> 'loss' -> 'in'|cycle: .*'loss' -> 'in'"),
+    (lambda d: d["edges"].append([1, 9, 8]), r"edge #4 \[1, 9\] is dangling"),
+    (lambda d: d["edges"].append([0, 1, 8]), r"duplicate edge #4 'in' -> 'left'"),
+    (lambda d: d["edges"].append([2, 2, 8]), r"self-loop"),
+    (lambda d: d["nodes"][1].__setitem__("fwd_flops", -1.0), r"node 'left' \(#1\) has invalid fwd_flops=-1"),
+    (lambda d: d["nodes"][2].__setitem__("act_bytes", float("nan")), r"node 'right' \(#2\) has invalid act_bytes"),
+    (lambda d: d["nodes"][2].__setitem__("out_bytes", "big"), r"node 'right' \(#2\) has invalid out_bytes"),
+    (lambda d: d["nodes"][0].pop("param_bytes"), r"node 'in' \(#0\) lacks field 'param_bytes'"),
+    (lambda d: d["nodes"][3].__setitem__("name", "left"), r"duplicate node name 'left'"),
+    (lambda d: d["edges"][0].__setitem__(2, -5), r"edge #0 'in' -> 'left' has invalid edge_bytes"),
+    (lambda d: d["edges"].__setitem__(0, [0, 1]), r"edge #0 must be \[src_index, dst_index, bytes\]"),
+    (lambda d: d.__setitem__("version", 99), r"unknown schema version 99"),
+    (lambda d: d.__setitem__("schema", "something.else"), r"field 'schema' is 'something.else'"),
+    (lambda d: d.__setitem__("nodes", {}), r"field 'nodes' must be a list"),
+])
+def test_each_graph_error_names_what_to_fix(mutate, match):
+    data = as_json(diamond())
+    mutate(data)
+    with pytest.raises(GraphError, match=match):
+        CompGraph.from_json(json.dumps(data, allow_nan=True))
+
+
+def test_malformed_json_and_missing_file(tmp_path):
+    with pytest.raises(GraphError, match=r"malformed JSON at line 1"):
+        CompGraph.from_json('{"schema": ')
+    with pytest.raises(GraphError, match=r"does not exist"):
+        CompGraph.from_json(tmp_path / "missing.json")
+
+
+def test_constructor_validates_too():
+    with pytest.raises(GraphError, match="cycle"):
+        make_graph([{"name": "a"}, {"name": "b"}], [[0, 1], [1, 0]])
+    with pytest.raises(GraphError, match="no nodes"):
+        make_graph([], [])
+    with pytest.raises(GraphError, match="names no node"):
+        make_graph([{"name": "a"}], [["a", "zz"]])
+    with pytest.raises(GraphError, match="field 'fwd_flops' has 1 entries, expected 2"):
+        diamond().replace(names=("x", "y"), op_types=("o", "o"), module_paths=("", ""), fwd_flops=[1.0],
+                          bwd_flops=[0, 0], out_bytes=[0, 0], param_bytes=[0, 0], act_bytes=[0, 0],
+                          edges=np.zeros((0, 2)), edge_bytes=[])
+
+
+def test_members_round_trip():
+    g = diamond(members=(("in",), ("left", "x"), ("right",), ("loss",)))
+    back = CompGraph.from_json(g.to_json())
+    assert back.members == g.members
+    assert graph_to_dict(back)["nodes"][1]["members"] == ["left", "x"]
