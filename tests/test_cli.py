@@ -16,9 +16,9 @@ from placement_rl.plans import Placement, StagePlan
 from placement_rl.topology import load_topology
 
 
-def cli(tmp_path: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def cli(tmp_path: Path, *args: str, timeout: int = 300, run: str = "run") -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "placement_rl.cli.main", *args, f"hydra.run.dir={tmp_path}/run"],
+    return subprocess.run([sys.executable, "-m", "placement_rl.cli.main", *args, f"hydra.run.dir={tmp_path}/{run}"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -133,3 +133,33 @@ def test_train_quick_then_place_zero_shot(tmp_path):
 def test_place_with_missing_checkpoint_exits_2(tmp_path):
     r = cli(tmp_path, "place", f"checkpoint={tmp_path}/nope.pt", "graph=synthetic", "graph.num_nodes=10")
     assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+@pytest.mark.distributed
+def test_deploy_stage_plan_and_placement_write_deploy_json(tmp_path):
+    from placement_rl import baselines
+    from placement_rl.cost import resolve_costs
+    from placement_rl.graph import zoo
+    from placement_rl.graph.capture import capture_zoo
+    from placement_rl.graph.coarsen import coarsen
+
+    graph = coarsen(capture_zoo("gpt", **zoo.tiny("gpt")))
+    topo = load_topology("2x_cpu")
+    costs = resolve_costs(graph, topo)
+    plan = baselines.get_pipeline("pp_uniform")(graph, costs, topo, budget=10, seed=0, num_microbatches=2)
+    graph.to_json(tmp_path / "graph.json")
+    plan.to_json(tmp_path / "plan.json", graph=graph, topology=topo)
+    baselines.get("round_robin")(graph, costs, topo, budget=10, seed=0).to_json(
+        tmp_path / "placement.json", graph=graph, topology=topo)
+    for name in ("plan.json", "placement.json"):
+        r = cli(tmp_path, "deploy", f"plan={tmp_path / name}", "steps=2", "timeout_s=120", run=f"{name}.run")
+        assert r.returncode == 0, r.stderr
+        report = json.loads((tmp_path / f"{name}.run" / "deploy.json").read_text())
+        assert report["measured_step_time"] > 0 and report["predicted_step_time"] > 0
+        assert report["kind"] == ("stage_plan" if name == "plan.json" else "placement")
+    bad = tmp_path / "bad_plan.json"
+    data = json.loads((tmp_path / "plan.json").read_text())
+    data["stage_devices"] = [["cpu0"], ["cpu0"]]
+    bad.write_text(json.dumps(data))
+    r = cli(tmp_path, "deploy", f"plan={bad}")
+    assert r.returncode == 2 and "used by stages 0 and 1" in r.stderr
