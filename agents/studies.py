@@ -6,9 +6,8 @@ every seed of ``StudySpec.seeds``. Every run trains until its envs have made ``b
 or, for coarsening studies (``judge="original"``), expanded to the uncoarsened graph and simulated there. The
 non-learned baselines run on the same judged graph with the same budget and seed (``placement_rl.evaluate``).
 
-``run_study(spec)`` returns ``RunResult``s; ``summarise(results)`` aggregates them per cell (mean and sample
-standard deviation over seeds); ``curve_band(results, cell, grid)`` gives the best-so-far learning curve
-with spread. Building specs from ``conf/experiment/*.yaml`` lives in ``agents.studies_config``; the zero-shot
+``run_study(spec)`` returns ``RunResult``s; ``agents.studies_stats`` aggregates them (mean and sample standard
+deviation over seeds, learning curves with spread). Building specs from ``conf/experiment/*.yaml`` lives in ``agents.studies_config``; the zero-shot
 study in ``agents.studies_zeroshot``; tables, plots and pages in ``agents.studies_report``.
 """
 
@@ -35,8 +34,8 @@ from placement_rl.graph.spec import graph_from_spec
 from placement_rl.plans import Placement
 from placement_rl.topology import DeviceTopology, load_topology
 
-__all__ = ["BaselineRef", "Cell", "band", "RunResult", "StudySpec", "TrainOutcome", "baseline_reference", "build_problem",
-           "curve_band", "run_cell", "run_study", "summarise", "train_to_budget"]
+__all__ = ["BaselineRef", "Cell", "Problem", "RunResult", "StudySpec", "TrainOutcome", "baseline_reference",
+           "build_problem", "run_cell", "run_study", "train_to_budget"]
 
 JUDGES = ("cell", "original")
 STEP_CAP = 3  # env steps per simulator call of the budget before a run is stopped (see train_to_budget)
@@ -347,67 +346,3 @@ def run_study(spec: StudySpec, *, progress: bool = True,
     finally:
         bar.close()
     return results
-
-
-# -------------------------------------------------------------------------------------------- aggregation
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (ddof=1; 0 for one value) of the finite values; NaN when none."""
-    v = np.asarray([x for x in values if np.isfinite(x)], dtype=float)
-    if v.size == 0:
-        return float("nan"), float("nan")
-    return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
-
-
-def summarise(results: Sequence[RunResult], cells: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """One row per cell (in ``cells`` order): mean and std over seeds of the step time, ratio to the best
-    baseline, speed-up over one device, greedy-policy time and wall-clock; counts of seeds and wins."""
-    order = list(cells) if cells is not None else list(dict.fromkeys(r.cell for r in results))
-    rows = []
-    for name in order:
-        rs = [r for r in results if r.cell == name]
-        if not rs:
-            continue
-        row: dict[str, Any] = {"cell": name, "seeds": len(rs), "seed_list": " ".join(str(r.seed) for r in rs),
-                               "feasible_runs": sum(r.feasible for r in rs),
-                               "beats_baseline": sum(bool(r.ratio < 1.0 - 1e-9) for r in rs),
-                               "best_baseline": max(set(r.baseline for r in rs), key=[r.baseline for r in rs].count)}
-        for key, vals in (("step_time_ms", [r.step_time * 1e3 for r in rs]),
-                          ("ratio", [r.ratio for r in rs]), ("speedup", [r.speedup for r in rs]),
-                          ("greedy_time_ms", [r.greedy_time * 1e3 for r in rs]),
-                          ("baseline_ms", [r.baseline_time * 1e3 for r in rs]),
-                          ("single_ms", [r.single_time * 1e3 for r in rs]),
-                          ("train_seconds", [r.seconds for r in rs]), ("sim_calls", [r.sim_calls for r in rs])):
-            row[f"{key}_mean"], row[f"{key}_std"] = mean_std(vals)
-        rows.append(row)
-    return rows
-
-
-def step_curve(curve: Sequence[tuple[int, float]], grid: np.ndarray) -> np.ndarray:
-    """Best-so-far value at each grid point (the last curve point at or before it; NaN before the first)."""
-    out = np.full(grid.shape, np.nan)
-    if not curve:
-        return out
-    calls = np.array([c[0] for c in curve], dtype=float)
-    vals = np.array([c[1] for c in curve], dtype=float)
-    idx = np.searchsorted(calls, grid, side="right") - 1
-    ok = idx >= 0
-    out[ok] = vals[idx[ok]]
-    return out
-
-
-def band(runs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and sample std over the rows of ``runs [seeds, points]``; NaN at points where a seed has no value
-    yet (so the mean never mixes different subsets of seeds)."""
-    complete = np.isfinite(runs).all(axis=0)
-    mean = np.full(runs.shape[1], np.nan)
-    std = np.zeros(runs.shape[1])
-    if complete.any():
-        mean[complete] = runs[:, complete].mean(axis=0)
-        if runs.shape[0] > 1:
-            std[complete] = runs[:, complete].std(axis=0, ddof=1)
-    return mean, std
-
-
-def curve_band(results: Sequence[RunResult], cell: str, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and std over seeds of a cell's best-so-far step time on ``grid`` (see ``band``)."""
-    return band(np.stack([step_curve(r.curve, grid) for r in results if r.cell == cell]))

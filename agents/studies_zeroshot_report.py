@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from agents.studies import band, mean_std, step_curve
+from agents.studies_stats import band, mean_std, step_curve
 from agents.studies_report import _plt, fmt_pm, save_figure, write_runs
 from agents.studies_zeroshot import METHODS, FamilyRun, ZeroShotRow, ZeroShotSpec
 from placement_rl.graph.io import atomic_write_text

@@ -8,10 +8,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from agents.studies import (Cell, RunResult, StudySpec, build_problem, curve_band, mean_std, run_study,
-                            step_curve, summarise, train_to_budget)
+from agents.studies import Cell, RunResult, StudySpec, build_problem, run_study, train_to_budget
 from agents.studies_config import experiment_names, load_study
 from agents.studies_report import read_runs, write_study
+from agents.studies_stats import curve_band, mean_std, step_curve, summarise
 from agents.train import AgentSpec, Trainer
 from placement_rl.errors import ConfigError
 
