@@ -22,6 +22,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from placement_rl.cost.memory import static_memory
 from placement_rl.errors import ConfigError
 
 from envs.features import ObsBuffer, ObsLayout, static_features
@@ -32,14 +33,10 @@ __all__ = ["BaseEnv", "EnvConfig", "node_memory"]
 
 DEFAULT_GRAPH = "synthetic:layered"
 DEFAULT_TOPOLOGY = "4x_v100_nvlink"
-# Adam keeps two moments: parameters + gradients + optimizer state = 4x the parameter bytes (as the simulator).
-STATE_FACTOR = 4.0
-
-
 def node_memory(task: Task) -> np.ndarray:
-    """Bytes a node pins on its device whatever the placement: 4 x params + activations kept for backward.
-    (The simulator adds received buffers, which depend on the placement, so it may still say infeasible.)"""
-    return STATE_FACTOR * task.graph.param_bytes + task.graph.act_bytes
+    """Bytes a node pins on its device whatever the placement (``placement_rl.cost.memory.static_memory``).
+    The simulator adds received buffers, which depend on the placement, so it may still say infeasible."""
+    return static_memory(task.graph)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,23 +20,16 @@ from functools import cached_property
 import numpy as np
 
 from placement_rl.cost import Simulator
+from placement_rl.cost.memory import static_memory
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import ConfigError
 from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import Placement
 from placement_rl.topology import DeviceTopology
 
-# Adam keeps 2 moments: parameters + gradients + optimizer state = 4x the parameter bytes.
-STATE_FACTOR = 4.0
-
-
-def node_memory(graph: CompGraph) -> np.ndarray:
-    """Bytes each node pins on its device: params + grads + Adam state (4x params) + kept activations.
-
-    This is the placement-independent part of the cost model's memory; received buffers depend on the
-    placement (``memory.MemoryLedger`` books them, ``memory.repair`` fixes what the simulator still rejects).
-    """
-    return STATE_FACTOR * graph.param_bytes + graph.act_bytes
+# Bytes each node pins on its device (the cost model's rule); received buffers depend on the placement
+# (``memory.MemoryLedger`` books them, ``memory.repair`` fixes what the simulator still rejects).
+node_memory = static_memory
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,22 @@ def build_graph(gcfg: DictConfig) -> CompGraph:
     return graph_from_spec(to_container(gcfg))
 
 
+def save_plan(value, graph: CompGraph, topology: DeviceTopology, out: Path):
+    """Write a learned result (a StagePlan, or a device array) as ``plan.json`` / ``placement.json`` next to
+    ``graph.json`` (so ``placement-rl deploy plan=<that file>`` finds its graph); return (plan, file name)."""
+    import numpy as np
+
+    from placement_rl.plans import Placement, StagePlan
+
+    graph.to_json(out / "graph.json")
+    if isinstance(value, StagePlan):
+        value.to_json(out / "plan.json", graph=graph, topology=topology)
+        return value, "plan.json"
+    plan = Placement(np.asarray(value)[: graph.num_nodes])
+    plan.to_json(out / "placement.json", graph=graph, topology=topology)
+    return plan, "placement.json"
+
+
 def build_topology(tcfg: DictConfig | str) -> DeviceTopology:
     """A topology from the ``topology`` config group (a preset's YAML content), ``topology.path``, or local."""
     if isinstance(tcfg, str):

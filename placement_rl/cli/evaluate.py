@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 from omegaconf import DictConfig
 
-from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir, to_container
+from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir
 from placement_rl.cost import resolve_costs, simulate, simulate_pipeline
 from placement_rl.errors import ConfigError
 from placement_rl.evaluate import DEFAULT_PIPELINE_CASES, DEFAULT_SUITE, Row, best_row, compare, run_suite
@@ -49,6 +48,29 @@ def write_comparison(rows: list[Row], problems: dict, out: Path, *, title: str) 
     return md
 
 
+def compare_learned(graph, costs, topology, out: Path, *, label: str, plan, step_time: float, feasible: bool,
+                    seconds: float, sim_calls: int, seed: int, what: str) -> dict:
+    """Run the baselines with the learned result's simulator-call budget, append its row, write the comparison
+    files; return metrics (best single device, best baseline and the ratio to it)."""
+    from placement_rl import baselines
+
+    case = f"{graph.name}/{topology.name}"
+    pipeline = isinstance(plan, StagePlan)
+    rows = compare(graph, costs, topology, budget=max(sim_calls, 1), seed=seed, case=case,
+                   partitioners=baselines.pipeline_names() if pipeline else ())
+    single = next((r.step_time for r in rows if r.placer == "single_device"), float("nan"))
+    base = best_row(rows, kind=None)
+    rows.append(Row(case, label, "pipeline" if pipeline else "placement", step_time, single / step_time, feasible,
+                    seconds, sim_calls, plan=plan))
+    write_comparison(rows, {case: (graph, costs, topology)}, out,
+                     title=f"{what} vs baselines on {case} (budget {sim_calls} simulator calls)")
+    metrics = {"best_single_device_time": single}
+    if base is not None:
+        metrics.update(best_baseline=base.placer, best_baseline_time=base.step_time,
+                       ratio_to_best_baseline=step_time / base.step_time)
+    return metrics
+
+
 def run(cfg: DictConfig) -> list[Row]:
     out = output_dir()
     budget, seed = int(cfg.budget), int(cfg.seed)
@@ -61,13 +83,12 @@ def run(cfg: DictConfig) -> list[Row]:
         graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
         case = f"{graph.name}/{topology.name}"
         extra = None
+        costs = resolve_costs(graph, topology)
         if cfg.plan:
             plan = load_plan(str(cfg.plan), topology=topology, graph=graph)
             plan.validate(graph, topology)
-            costs = resolve_costs(graph, topology)
             res = (simulate if isinstance(plan, Placement) else simulate_pipeline)(graph, costs, topology, plan)
             extra = (plan, res)
-        costs = resolve_costs(graph, topology)
         from placement_rl import baselines
 
         rows = compare(graph, costs, topology, budget=budget, seed=seed, case=case, placers=placers,

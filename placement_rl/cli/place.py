@@ -8,7 +8,7 @@ import time
 import numpy as np
 from omegaconf import DictConfig
 
-from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir
+from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir, save_plan
 from placement_rl.errors import ConfigError
 from placement_rl.graph.io import atomic_write_text
 
@@ -18,8 +18,7 @@ def run(cfg: DictConfig) -> dict:
 
     import envs  # noqa: F401 - registers the environments
     from agents.checkpoint import load_checkpoint
-    from agents.rollout import load_policy_for, one_pass_logits, rollout
-    from placement_rl.plans import Placement, StagePlan
+    from agents.rollout import load_policy_for, rollout
 
     if cfg.decode not in ("one_pass", "sequential"):
         raise ConfigError(f"decode is '{cfg.decode}': choose one_pass or sequential")
@@ -57,36 +56,17 @@ def run(cfg: DictConfig) -> dict:
     costs = env.unwrapped.task.costs
     wall = time.perf_counter() - t0
     out = output_dir()
-    graph.to_json(out / "graph.json")
-    if isinstance(value, StagePlan):
-        value.to_json(out / "plan.json", graph=graph, topology=topology)
-        plan_file, plan = "plan.json", value
-    else:
-        plan = Placement(np.asarray(value)[: graph.num_nodes])
-        plan.to_json(out / "placement.json", graph=graph, topology=topology)
-        plan_file = "placement.json"
+    plan, plan_file = save_plan(value, graph, topology, out)
     metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, "checkpoint":
                str(cfg.checkpoint), "decode": cfg.decode, "samples": samples, "step_time": step_time,
                "feasible": not infeasible, "chosen": chosen, "sim_calls": calls,
                "wall_seconds": wall}
     if cfg.compare:
-        from placement_rl import baselines
-        from placement_rl.cli.evaluate import write_comparison
-        from placement_rl.evaluate import Row, best_row, compare
+        from placement_rl.cli.evaluate import compare_learned
 
-        case = f"{graph.name}/{topology.name}"
-        rows = compare(graph, costs, topology, budget=max(calls, 1), seed=int(cfg.seed), case=case,
-                       partitioners=baselines.pipeline_names() if pipeline else ())
-        single = next((r.step_time for r in rows if r.placer == "single_device"), float("nan"))
-        rows.append(Row(case, "zero-shot policy", "pipeline" if pipeline else "placement", step_time,
-                        single / step_time, not infeasible, wall, calls, plan=plan))
-        write_comparison(rows, {case: (graph, costs, topology)}, out,
-                         title=f"zero-shot placement vs baselines on {case} (budget {calls} simulator calls)")
-        base = best_row(rows[:-1], kind=None)
-        metrics.update(best_single_device_time=single)
-        if base is not None:
-            metrics.update(best_baseline=base.placer, best_baseline_time=base.step_time,
-                           ratio_to_best_baseline=step_time / base.step_time)
+        metrics.update(compare_learned(graph, costs, topology, out, label="zero-shot policy", plan=plan,
+                                       step_time=step_time, feasible=not infeasible, seconds=wall, sim_calls=calls,
+                                       seed=int(cfg.seed), what="zero-shot placement"))
     atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1, default=float))
     print(f"zero-shot placement of {graph.name} ({graph.num_nodes} nodes) on {topology.name}: "
           f"{step_time * 1e3:.3f} ms ({'feasible' if not infeasible else 'INFEASIBLE'}), {wall:.2f} s"

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 from omegaconf import DictConfig
 
-from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir, to_container
+from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir, save_plan, to_container
 from placement_rl.errors import ConfigError
 from placement_rl.graph.io import atomic_write_text
 
@@ -28,16 +27,6 @@ def make_specs(cfg: DictConfig):
 def env_kwargs(cfg: DictConfig, graph, topology) -> dict:
     opts = {k: v for k, v in (to_container(cfg.env.get("options")) or {}).items() if v is not None}
     return {"graph": graph, "topology": topology, **opts}
-
-
-def write_plan(value, graph, topology, out) -> str:
-    from placement_rl.plans import Placement, StagePlan
-
-    if isinstance(value, StagePlan):
-        value.to_json(out / "plan.json", graph=graph, topology=topology)
-        return "plan.json"
-    Placement(np.asarray(value)[: graph.num_nodes]).to_json(out / "placement.json", graph=graph, topology=topology)
-    return "placement.json"
 
 
 def run_family(cfg: DictConfig) -> dict:
@@ -79,10 +68,9 @@ def run(cfg: DictConfig) -> dict:
         trainer.load_weights(str(cfg.checkpoint))
         print(f"resumed from {cfg.checkpoint} at step {trainer.num_timesteps}")
     trainer.learn(int(tcfg.total_steps), progress=bool(cfg.progress))
-    ckpt = trainer.save(out / "checkpoint.pt")
+    trainer.save(out / "checkpoint.pt")
     best = final_plan(trainer, samples=int(tcfg.eval_samples), seed=int(cfg.seed))
-    plan_file = write_plan(best["value"], graph, topology, out)
-    graph.to_json(out / "graph.json")  # so `placement-rl deploy plan=<run>/placement.json` finds the graph
+    plan, plan_file = save_plan(best["value"], graph, topology, out)
     tr = trainer.tracker
     single = tr.best_single_time
     metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, "env": str(cfg.env.id),
@@ -95,30 +83,16 @@ def run(cfg: DictConfig) -> dict:
                "policy_best_of_k_time": best["policy_best_of_k_time"]}
     refs = {"best single device": single}
     if tcfg.compare:
-        from placement_rl.cli.evaluate import write_comparison
-        from placement_rl.cost import resolve_costs
-        from placement_rl.evaluate import Row, best_row, compare
-        from placement_rl import baselines
+        from placement_rl.cli.evaluate import compare_learned
 
-        costs = resolve_costs(graph, topology)
-        case = f"{graph.name}/{topology.name}"
-        pipeline = str(cfg.env.id).startswith("placement_rl/PipelineEnv")
-        rows = compare(graph, costs, topology, budget=max(tr.sim_calls, 1), seed=int(cfg.seed), case=case,
-                       partitioners=baselines.pipeline_names() if pipeline else ())
-        from placement_rl.plans import Placement, StagePlan
-
-        value = best["value"]
-        plan = value if isinstance(value, StagePlan) else Placement(np.asarray(value)[: graph.num_nodes])
-        rows.append(Row(case, f"learned:{agent.algo}+{encoder.name}", "pipeline" if pipeline else "placement",
-                        best["step_time"], single / best["step_time"], bool(best["feasible"]),
-                        trainer.train_seconds, tr.sim_calls, plan=plan))
-        write_comparison(rows, {case: (graph, costs, topology)}, out,
-                         title=f"learned vs baselines on {case} (budget {tr.sim_calls} simulator calls)")
-        base = best_row([r for r in rows if not r.placer.startswith("learned")], kind=None)
-        if base is not None:
-            metrics.update(best_baseline=base.placer, best_baseline_time=base.step_time,
-                           ratio_to_best_baseline=best["step_time"] / base.step_time)
-            refs[f"best baseline ({base.placer})"] = base.step_time
+        got = compare_learned(graph, trainer.unwrapped_env.task.costs, topology, out,
+                              label=f"learned:{agent.algo}+{encoder.name}", plan=plan, step_time=best["step_time"],
+                              feasible=bool(best["feasible"]), seconds=trainer.train_seconds, sim_calls=tr.sim_calls,
+                              seed=int(cfg.seed), what="learned")
+        got.pop("best_single_device_time")
+        metrics.update(got)
+        if "best_baseline" in got:
+            refs[f"best baseline ({got['best_baseline']})"] = got["best_baseline_time"]
     training_curve(tr.curve, out / "training.png", references=refs,
                    title=f"{agent.algo} + {encoder.name} on {graph.name} / {topology.name}")
     atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1, default=float))

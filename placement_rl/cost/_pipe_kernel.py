@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit
 
 from placement_rl.cost._op_kernel import _record as _rec  # the timeline recorder both kernels share
+from placement_rl.cost.memory import STATE_FACTOR
 
 GPIPE, ONE_F_ONE_B, INTERLEAVED = 0, 1, 2
 OK, BAD_PLAN = 1.0, -1.0
@@ -340,7 +341,7 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
     for g in range(G):
         out_group[0, g] = peak[g]
     for s in range(S):
-        out_group[0, sgroup[s]] += 4.0 * sparam[s]
+        out_group[0, sgroup[s]] += STATE_FACTOR * sparam[s]
     out[0] = step
     out[1] = OK
     out[2] = comm

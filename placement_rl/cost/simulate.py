@@ -30,6 +30,7 @@ import heapq
 
 import numpy as np
 
+from placement_rl.cost.memory import static_memory
 from placement_rl.cost._op_kernel import simulate_ops
 from placement_rl.cost.resolve import needs_grad
 from placement_rl.cost.types import CostTable, Interval, SimResult
@@ -129,7 +130,7 @@ class Simulator:
             _owned(graph.succ_ptr, i64), _owned(graph.succ_idx, i64),
             _owned(graph.succ_eid, i64), _owned(graph.edge_bytes, np.float64),
             _owned(costs.fwd_time), _owned(costs.bwd_time), _owned(costs.link_latency), _inverse_bandwidth(costs),
-            needs_grad(graph).astype(np.uint8), 4.0 * graph.param_bytes + graph.act_bytes)
+            needs_grad(graph).astype(np.uint8), static_memory(graph))
         self._work = (np.zeros(n), np.zeros(n), np.zeros(n * d), np.zeros(d), np.zeros(d * d), np.zeros(d),
                       np.zeros(d), np.zeros(d, i64))
         self._busy, self._mem, self._out = np.zeros(d), np.zeros(d), np.zeros(4)
