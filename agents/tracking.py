@@ -72,7 +72,7 @@ class SimCallCounter(gym.Wrapper):
         tr.seen_calls[key] = calls
         extra = st.extra
         if "start_calls" in extra and not extra.get("start_counted"):
-            tr.sim_calls += int(extra["start_calls"])  # the warm start's heuristics (agents.warm_start)
+            tr.sim_calls += int(extra["start_calls"])  # the warm start's heuristics (envs.warm_start)
             extra["start_counted"] = True
 
     def reset(self, **kwargs):

@@ -8,7 +8,7 @@ measurement) calls the envs made, so baselines get the same budget).
 
 ``env_kwargs`` are the env's constructor arguments; ``graph`` is turned into one ``GraphSource`` shared by all
 vector envs (costs resolved once), and ``initial_placement="heuristic"`` selects the warm start of
-``agents.warm_start``.
+``envs.warm_start``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from agents.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from agents.policy import init_cut_prior
 from agents.reinforce import Reinforce, ReinforceConfig
 from agents.tracking import BestTracker, SimCallCounter
-from agents.warm_start import make_env
+from envs.warm_start import make_env
 from envs.graph_source import GraphSource
 from placement_rl.errors import CheckpointError, ConfigError
 
@@ -55,7 +55,7 @@ class AgentSpec:
     tuned for throughput on one CPU thread (many envs per policy call, two epochs over rollouts of
     ``n_envs x n_steps`` = 512 steps) and for the incremental-reward ``PlacementEnv`` started from the incumbent
     (gamma 0.9, a large entropy bonus to keep exploring around it); ``PipelineEnv``'s final-only reward wants
-    ``gamma=1.0, ent_coef=0.01`` (``agents.suite.DEFAULT_AGENTS``)."""
+    ``gamma=1.0, ent_coef=0.01`` (``placement_rl.studies.suite.DEFAULT_AGENTS``)."""
 
     algo: str = "maskable_ppo"
     learning_rate: float = 1e-3

@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agents.studies import run_study  # noqa: E402
-from agents.studies_config import experiment_names, load_study  # noqa: E402
-from agents.studies_report import read_runs, study_stem, write_study  # noqa: E402
+from placement_rl.studies.ablation import run_study  # noqa: E402
+from placement_rl.studies.config import experiment_names, load_study  # noqa: E402
+from placement_rl.studies.report import read_runs, study_stem, write_study  # noqa: E402
 from placement_rl.errors import PlacementRLError  # noqa: E402
 
 PREFIX = "ablation_"

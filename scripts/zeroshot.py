@@ -15,9 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agents.studies_report import read_runs  # noqa: E402
-from agents.studies_zeroshot import FamilyRun, ZeroShotRow, load_zeroshot, run_zeroshot  # noqa: E402
-from agents.studies_zeroshot_report import write_zeroshot  # noqa: E402
+from placement_rl.studies.report import read_runs  # noqa: E402
+from placement_rl.studies.zeroshot import FamilyRun, ZeroShotRow, load_zeroshot, run_zeroshot  # noqa: E402
+from placement_rl.studies.zeroshot_report import write_zeroshot  # noqa: E402
 from placement_rl.errors import PlacementRLError  # noqa: E402
 
 

@@ -15,7 +15,7 @@ from agents.policy import GraphFeatures
 from agents.reinforce import ReinforceConfig, stack_obs
 from agents.rollout import load_policy_for, one_pass_logits, rollout, zero_shot_place
 from agents.train import AgentSpec, EncoderSpec, Trainer, final_plan
-from agents.warm_start import heuristic_start, make_env
+from envs.warm_start import heuristic_start, make_env
 from placement_rl import baselines
 from placement_rl.cost import resolve_costs, simulate
 from placement_rl.errors import CheckpointError, ConfigError
@@ -295,7 +295,7 @@ def test_memory_aware_decoding_fills_devices_in_preference_order():
 
 
 def test_family_training_and_held_out_zero_shot(tmp_path):
-    from agents.generalize import FamilySpec, run_family
+    from placement_rl.studies.generalize import FamilySpec, run_family
 
     spec = FamilySpec(synthetic=("layered", "cnn_like"), synthetic_per_family=2, num_nodes=(12, 20), zoo=(),
                       topologies=("2x_k80",), held_out=("synthetic:series_parallel:40:3",),

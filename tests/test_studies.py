@@ -8,10 +8,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from agents.studies import Cell, RunResult, StudySpec, build_problem, run_study, train_to_budget
-from agents.studies_config import experiment_names, load_study
-from agents.studies_report import read_runs, write_study
-from agents.studies_stats import curve_band, mean_std, step_curve, summarise
+from placement_rl.studies.ablation import Cell, RunResult, StudySpec, build_problem, run_study, train_to_budget
+from placement_rl.studies.config import experiment_names, load_study
+from placement_rl.studies.report import read_runs, write_study
+from placement_rl.studies.stats import curve_band, mean_std, step_curve, summarise
 from agents.train import AgentSpec, Trainer
 from placement_rl.errors import ConfigError
 
@@ -123,8 +123,8 @@ def test_bad_study_inputs_raise_config_errors():
 
 
 def test_zeroshot_quick_mode_tiny_budget(tmp_path):
-    from agents.studies_zeroshot import HeldOutCase, ZeroShotRow, load_zeroshot, run_zeroshot
-    from agents.studies_zeroshot_report import write_zeroshot
+    from placement_rl.studies.zeroshot import HeldOutCase, ZeroShotRow, load_zeroshot, run_zeroshot
+    from placement_rl.studies.zeroshot_report import write_zeroshot
 
     spec = load_zeroshot(mode="quick", seeds=SEEDS, overrides=TINY[4:], budget=24, family_budget=40,
                          work_dir=str(tmp_path / "work"))

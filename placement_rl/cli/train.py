@@ -31,7 +31,7 @@ def env_kwargs(cfg: DictConfig, graph, topology) -> dict:
 
 def run_family(cfg: DictConfig) -> dict:
     """``trainer=family``: train on a family of graphs/topologies, place held-out ones zero-shot."""
-    from agents.generalize import FamilySpec, run_family as run_family_lib
+    from placement_rl.studies.generalize import FamilySpec, run_family as run_family_lib
 
     spec = FamilySpec.from_dict(to_container(cfg.trainer.family), samples=int(cfg.trainer.eval_samples))
     agent, encoder = make_specs(cfg)

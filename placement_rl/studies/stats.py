@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from agents.studies import RunResult
+from placement_rl.studies.ablation import RunResult
 
 __all__ = ["band", "curve_band", "mean_std", "step_curve", "summarise"]
 

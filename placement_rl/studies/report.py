@@ -16,8 +16,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from agents.studies import RunResult, StudySpec
-from agents.studies_stats import curve_band, summarise
+from placement_rl.studies.ablation import RunResult, StudySpec
+from placement_rl.studies.stats import curve_band, summarise
 from placement_rl.errors import ConfigError
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.report import markdown_table, write_csv

@@ -10,9 +10,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from agents.studies_stats import band, mean_std, step_curve
-from agents.studies_report import _plt, fmt_pm, save_figure, write_runs
-from agents.studies_zeroshot import METHODS, FamilyRun, ZeroShotRow, ZeroShotSpec
+from placement_rl.studies.stats import band, mean_std, step_curve
+from placement_rl.studies.report import _plt, fmt_pm, save_figure, write_runs
+from placement_rl.studies.zeroshot import METHODS, FamilyRun, ZeroShotRow, ZeroShotSpec
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.report import markdown_table, write_csv
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from agents.rollout import load_policy_for, zero_shot_place
 from agents.train import AgentSpec, EncoderSpec, Trainer
-from agents.warm_start import make_env
+from envs.warm_start import make_env
 from envs.graph_source import GraphSource
 from placement_rl.errors import ConfigError
 from placement_rl.graph.ir import CompGraph

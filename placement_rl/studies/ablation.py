@@ -6,9 +6,9 @@ every seed of ``StudySpec.seeds``. Every run trains until its envs have made ``b
 or, for coarsening studies (``judge="original"``), expanded to the uncoarsened graph and simulated there. The
 non-learned baselines run on the same judged graph with the same budget and seed (``placement_rl.evaluate``).
 
-``run_study(spec)`` returns ``RunResult``s; ``agents.studies_stats`` aggregates them (mean and sample standard
-deviation over seeds, learning curves with spread). Building specs from ``conf/experiment/*.yaml`` lives in ``agents.studies_config``; the zero-shot
-study in ``agents.studies_zeroshot``; tables, plots and pages in ``agents.studies_report``.
+``run_study(spec)`` returns ``RunResult``s; ``placement_rl.studies.stats`` aggregates them (mean and sample standard
+deviation over seeds, learning curves with spread). Building specs from ``conf/experiment/*.yaml`` lives in ``placement_rl.studies.config``; the zero-shot
+study in ``placement_rl.studies.zeroshot``; tables, plots and pages in ``placement_rl.studies.report``.
 """
 
 from __future__ import annotations

@@ -26,11 +26,11 @@ import torch
 
 from agents.checkpoint import load_checkpoint
 from agents.rollout import load_policy_for, rollout
-from agents.studies import BaselineRef, Cell, Problem, baseline_reference, build_problem, train_to_budget
-from agents.studies_config import cell_from_config, compose_train, mode_settings, study_block
+from placement_rl.studies.ablation import BaselineRef, Cell, Problem, baseline_reference, build_problem, train_to_budget
+from placement_rl.studies.config import cell_from_config, compose_train, mode_settings, study_block
 from agents.tracking import BestTracker, SimCallCounter
 from agents.train import Trainer
-from agents.warm_start import make_env
+from envs.warm_start import make_env
 from placement_rl.errors import ConfigError
 from placement_rl.graph import synthetic
 from placement_rl.graph.ir import CompGraph
@@ -238,7 +238,7 @@ def run_zeroshot(spec: ZeroShotSpec, *, progress: bool = True,
 def load_zeroshot(name: str = "zeroshot", *, mode: str = "quick", seeds: Sequence[int] | None = None,
                   overrides: Sequence[str] = (), command: str = "", work_dir: str | None = None,
                   budget: int | None = None, family_budget: int | None = None) -> ZeroShotSpec:
-    """The ``ZeroShotSpec`` of ``conf/experiment/<name>.yaml`` in ``mode`` (see ``agents.studies_config``)."""
+    """The ``ZeroShotSpec`` of ``conf/experiment/<name>.yaml`` in ``mode`` (see ``placement_rl.studies.config``)."""
     cfg, _ = compose_train([f"+experiment={name}", *overrides])
     block = study_block(cfg, name)
     s = mode_settings(block, name, mode)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from agents.reinforce import ReinforceConfig
-from agents.studies import Cell, StudySpec
+from placement_rl.studies.ablation import Cell, StudySpec
 from agents.train import AgentSpec, EncoderSpec
 from placement_rl.errors import ConfigError
 from placement_rl.topology import conf_dir
@@ -64,7 +64,7 @@ def compose_train(overrides: Sequence[str], *, with_sweeper: bool = False) -> tu
 def study_block(cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
     block = cfg.get("study")
     if not isinstance(block, Mapping):
-        raise ConfigError(f"experiment '{name}' has no 'study' block: add one (see agents.studies_config)")
+        raise ConfigError(f"experiment '{name}' has no 'study' block: add one (see placement_rl.studies.config)")
     return dict(block)
 
 
