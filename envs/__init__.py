@@ -3,6 +3,8 @@
 * ``placement_rl/PlacementEnv-v0``: ``PlacementEnv`` (Placeto-style, one node per step)
 * ``placement_rl/OneShotPlacementEnv-v0``: ``OneShotPlacementEnv`` (ColocRL/GDP-style, all nodes at once)
 * ``placement_rl/PipelineEnv-v0``: ``PipelineEnv`` (stage cuts in topological order, then a DP degree per stage)
+* ``placement_rl/ConstructivePlacementEnv-v0``: ``ConstructivePlacementEnv`` (build the placement node by node on
+  a schedule-aware state, any device count; the env the pretrained policy is trained on)
 
 ``gymnasium.make(id, graph=..., topology=..., **options)``; see each class docstring.
 """
@@ -27,6 +29,7 @@ ENV_IDS = {
     "placement_rl/PlacementEnv-v0": ("envs.placement:PlacementEnv", None),
     "placement_rl/OneShotPlacementEnv-v0": ("envs.oneshot:OneShotPlacementEnv", 1),
     "placement_rl/PipelineEnv-v0": ("envs.pipeline:PipelineEnv", None),
+    "placement_rl/ConstructivePlacementEnv-v0": ("envs.constructive:ConstructivePlacementEnv", None),
 }
 
 for _id, (_entry, _steps) in ENV_IDS.items():

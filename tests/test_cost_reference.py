@@ -18,7 +18,7 @@ def reference_simulate(graph, costs, device_of_node, order):
     preds = {v: [] for v in range(n)}
     for e, (u, v) in enumerate(graph.edges.tolist()):
         succ[u].append((v, float(graph.edge_bytes[e])))
-        preds[v].append(u)
+        preds[v].append((u, float(graph.edge_bytes[e])))
     grad = needs_grad(graph)
 
     def transfer_cost(a, b, nbytes):
@@ -30,20 +30,22 @@ def reference_simulate(graph, costs, device_of_node, order):
     comm = 0.0
     finish: dict[int, float] = {}
     arrived: dict[tuple[int, int], float] = {}  # (tensor, device) -> arrival time
+    sent: dict[tuple[int, int], float] = {}  # (tensor, device) -> bytes of it sent there so far
     for v in order:
         ready = 0.0
-        for u in preds[v]:
+        for u, nbytes in preds[v]:
             if dev[u] == dev[v]:
                 ready = max(ready, finish[u])
                 continue
-            if (u, dev[v]) not in arrived:
-                nbytes = max(b for w, b in succ[u] if dev[w] == dev[v])
+            have = sent.get((u, dev[v]), 0.0)
+            if have < nbytes:  # first consumer there, or one needing more of the tensor: send the rest
                 link = (dev[u], dev[v])
                 start = max(finish[u], link_free.get(link, 0.0))
-                cost = transfer_cost(*link, nbytes)
+                cost = transfer_cost(*link, nbytes - have)
                 arrived[(u, dev[v])] = link_free[link] = start + cost
+                sent[(u, dev[v])] = nbytes
                 comm += cost
-                memory[dev[v]] += nbytes
+                memory[dev[v]] += nbytes - have
             ready = max(ready, arrived[(u, dev[v])])
         start = max(device_free[dev[v]], ready)
         finish[v] = device_free[dev[v]] = start + costs.fwd_time[v, dev[v]]

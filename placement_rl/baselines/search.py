@@ -10,6 +10,8 @@
   interchangeable devices (two devices are interchangeable when swapping them leaves the costs, memory
   and links unchanged): within each class, a new device is always the lowest unused one. That is the true
   optimum under the simulator. Too many placements for the budget -> ``ConfigError`` naming the count.
+* ``refine(graph, costs, topology, start, budget=, seed=)``: the same annealing from a given placement (e.g. a
+  learned one), as its own placer: a result it improves is reported as the search's, not the start's.
 """
 
 from __future__ import annotations
@@ -38,7 +40,16 @@ def local_search(prob: Problem) -> np.ndarray:
             best, best_s = cand, s
     if best is None:
         return simple.single_device(prob)
-    if best_s is None or prob.d == 1 or prob.n == 0:
+    if best_s is None:
+        return best
+    return anneal(prob, best, best_s)
+
+
+def anneal(prob: Problem, start: np.ndarray, start_score: Score) -> np.ndarray:
+    """Simulated annealing from ``start`` (already scored) with the rest of ``prob``'s budget; returns the best
+    placement simulated (never worse than ``start``)."""
+    best, best_s = np.asarray(start, dtype=np.int64).copy(), start_score
+    if prob.d == 1 or prob.n == 0:
         return best
     cur, cur_s = best.copy(), best_s
     calls0, steps = prob.calls, max(prob.left, 1)
@@ -178,3 +189,11 @@ def exhaustive(prob: Problem) -> np.ndarray:
     rec(0)
     assert best is not None
     return best
+
+
+def refine(graph, costs, topology, start, *, budget: int, seed: int = 0):
+    """``anneal`` from ``start`` (a device per node) with ``budget`` simulator calls; returns a ``Placement``."""
+    prob = Problem(graph, costs, topology, budget=budget, seed=seed)
+    start = np.asarray(start, dtype=np.int64)
+    score = prob.score(start)
+    return prob.finish(start if score is None else anneal(prob, start, score), "local_search_from_start")

@@ -13,6 +13,48 @@ from placement_rl.errors import ConfigError
 from placement_rl.graph.io import atomic_write_text
 
 
+def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
+    """A constructive (schedule-aware) policy: greedy and best of ``samples`` sampled placements, each a row."""
+    import torch
+
+    from agents.constructive_train import evaluate, load_policy
+    from envs.constructive_task import ConstructiveTask
+    from placement_rl.cost import resolve_costs
+
+    torch.set_num_threads(1)
+    policy, _, _ = load_policy(ckpt_path)
+    graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
+    costs = resolve_costs(graph, topology)
+    t0 = time.perf_counter()
+    task = ConstructiveTask.build(graph, topology, costs, teachers=False)
+    res = evaluate(policy, [task], samples=int(cfg.samples), seed=int(cfg.seed))[0]
+    wall = time.perf_counter() - t0
+    use_best = res.best_time < res.greedy_time
+    step_time = res.best_time if use_best else res.greedy_time
+    chosen = f"best of {int(cfg.samples)} samples" if use_best else "greedy"
+    out = output_dir()
+    plan, plan_file = save_plan(res.best_devices, graph, topology, out)
+    calls = 1 + int(cfg.samples)
+    metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, "checkpoint": ckpt_path,
+               "policy": "constructive", "samples": int(cfg.samples), "greedy_step_time": res.greedy_time,
+               "best_of_k_step_time": res.best_time, "step_time": step_time, "chosen": chosen,
+               "feasible": bool(res.greedy.feasible[0]) or use_best, "sim_calls": calls, "wall_seconds": wall,
+               "cost_source": costs.describe_source(topology.device_names)}
+    if cfg.compare:
+        from placement_rl.cli.evaluate import compare_learned
+
+        metrics.update(compare_learned(graph, costs, topology, out, label=f"zero-shot policy ({chosen})", plan=plan,
+                                       step_time=step_time, feasible=metrics["feasible"], seconds=wall,
+                                       sim_calls=calls, seed=int(cfg.seed), what="zero-shot placement"))
+    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1, default=float))
+    print(f"zero-shot placement of {graph.name} ({graph.num_nodes} nodes) on {topology.name} ({topology.num_devices} "
+          f"devices), {wall:.2f} s: greedy {res.greedy_time * 1e3:.3f} ms, best of {int(cfg.samples)} samples "
+          f"{res.best_time * 1e3:.3f} ms" + (f"; best baseline {metrics['best_baseline']} "
+                                             f"{metrics['best_baseline_time'] * 1e3:.3f} ms" if "best_baseline" in metrics else ""))
+    print(f"artifacts in {out}: {plan_file}, metrics.json" + (", comparison.md, comparison.csv" if cfg.compare else ""))
+    return metrics
+
+
 def run(cfg: DictConfig) -> dict:
     import gymnasium as gym
 
@@ -22,7 +64,15 @@ def run(cfg: DictConfig) -> dict:
 
     if cfg.decode not in ("one_pass", "sequential"):
         raise ConfigError(f"decode is '{cfg.decode}': choose one_pass or sequential")
+    if int(cfg.samples) < 0:
+        raise ConfigError(f"samples must be >= 0, got {cfg.samples}")
+    if not cfg.checkpoint:
+        from agents.constructive_train import default_checkpoint
+
+        return run_constructive(cfg, str(default_checkpoint()))
     ckpt = load_checkpoint(str(cfg.checkpoint))
+    if ckpt.get("algo") == "constructive":
+        return run_constructive(cfg, str(cfg.checkpoint))
     graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
     env_id = ckpt["config"]["env_id"]
     enc = dict(ckpt["config"]["encoder"])

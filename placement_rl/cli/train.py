@@ -49,12 +49,113 @@ def run_family(cfg: DictConfig) -> dict:
     return metrics
 
 
+CONSTRUCTIVE_ENV = "placement_rl/ConstructivePlacementEnv-v0"
+
+
+def constructive_config(cfg: DictConfig, base=None):
+    """The ``ConstructiveConfig`` of the agent and encoder groups (over ``base``, a checkpoint's config)."""
+    import dataclasses
+
+    from agents.constructive_train import ConstructiveConfig
+
+    known = {f.name for f in dataclasses.fields(ConstructiveConfig)}
+    fields = dataclasses.asdict(base) if base is not None else {
+        "encoder": str(cfg.encoder.name), "hidden": int(cfg.encoder.hidden), "layers": int(cfg.encoder.layers)}
+    fields.update({k: v for k, v in to_container(cfg.agent).items() if k in known})
+    fields["seed"] = int(cfg.seed)
+    try:
+        return ConstructiveConfig(**fields)
+    except TypeError as exc:
+        raise ConfigError(f"bad agent config: {exc}") from None
+
+
+def run_pretrain(cfg: DictConfig) -> dict:
+    """``trainer=pretrain``: the general constructive policy over a distribution of graphs and clusters."""
+    from placement_rl.studies.pretrain import PretrainSpec, pretrain
+
+    p = dict(to_container(cfg.trainer.pretrain))
+    spec = PretrainSpec(**{**p, "sizes": tuple(p["sizes"]), "devices": tuple(p["devices"]), "seed": int(cfg.seed)})
+    out = output_dir()
+    metrics = pretrain(spec, constructive_config(cfg), out)
+    h = metrics.get("heldout", {})
+    if h:
+        print(f"held-out zero-shot over {h['pairs']} pairs (ratio to the best one-pass heuristic): greedy geomean "
+              f"{h['greedy_geomean']:.4f}, <= 1.00 on {h['greedy_le_1_frac']:.0%}; best of 16 geomean "
+              f"{h['best_of_k_geomean']:.4f}; sim_eft heuristic {h.get('sim_eft_geomean', float('nan')):.4f}")
+    print(f"artifacts in {out}: checkpoint.pt, generalization.md, generalization.csv, training.json, metrics.json")
+    return metrics
+
+
+def run_constructive(cfg: DictConfig) -> dict:
+    """``env=constructive``: fine-tune the pretrained policy (or ``checkpoint=``) on one graph and topology."""
+    import torch
+
+    from agents.constructive_train import default_checkpoint, load_policy
+    from placement_rl.cost import resolve_costs
+    from placement_rl.studies.finetune import describe, finetune
+
+    if str(cfg.agent.get("algo")) != "constructive":
+        raise ConfigError(f"env=constructive is trained by agent=constructive, not agent={cfg.agent.get('algo')}")
+    torch.set_num_threads(1)
+    graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
+    ckpt = str(cfg.checkpoint) if cfg.checkpoint else str(default_checkpoint())
+    policy, base, _ = load_policy(ckpt)
+    fcfg = constructive_config(cfg, base)
+    costs = resolve_costs(graph, topology)
+    out = output_dir()
+    print(f"fine-tuning the policy {ckpt} on {graph.name} ({graph.num_nodes} nodes) / {topology.name} "
+          f"({topology.num_devices} devices): {fcfg.rl_iters} iterations x {fcfg.samples} samples")
+    res = finetune(graph, topology, costs, policy, fcfg, samples=int(cfg.agent.eval_samples),
+                   search_budget=int(cfg.agent.get("search_budget", 0)), seed=int(cfg.seed),
+                   log=print if cfg.progress else (lambda _: None))
+    res.trainer.save(out / "checkpoint.pt", extra={"finetuned_on": f"{graph.name}@{topology.name}"})
+    best = res.best("learned")
+    plan, plan_file = save_plan(best.devices, graph, topology, out)
+    rows = describe(res)
+    metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, "checkpoint": ckpt,
+               "cost_source": costs.describe_source(topology.device_names), "rows": rows,
+               "learned_step_time": best.step_time, "learned_row": best.label}
+    files = ["checkpoint.pt", plan_file, "metrics.json", "learned.md", "training.png"]
+    if any(r.kind == "search" for r in res.rows):
+        s = res.best("search")
+        s_plan, _ = save_plan(s.devices, graph, topology, out / "search")
+        metrics["search_step_time"] = s.step_time
+        files.append("search/placement.json")
+    from placement_rl.report import markdown_table, training_curve
+
+    md = (f"# Learned placement of {graph.name} on {topology.name}\n\nLearned rows are the policy's own output; "
+          f"`learned + local search` is a search seeded by it; the rest are heuristics. `vs_best_one_pass`: step "
+          f"time over the best of HEFT, m-ETF, m-SCT and METIS.\n\n"
+          + markdown_table(rows, ("row", "kind", "step_time_ms", "vs_best_one_pass", "feasible", "sim_calls", "seconds"),
+                           ("row", "kind", "step time (ms)", "vs best one-pass", "feasible", "sim calls", "s")))
+    atomic_write_text(out / "learned.md", md)
+    refs = {r.label: r.step_time for r in res.rows if r.kind == "heuristic" and r.feasible}
+    training_curve([(c, t, t) for c, t in res.curve], out / "training.png",
+                   references=refs, title=f"fine-tuning on {graph.name} / {topology.name}")
+    if cfg.trainer.compare:
+        from placement_rl.cli.evaluate import compare_learned
+
+        got = compare_learned(graph, costs, topology, out, label=f"learned: {best.label}", plan=plan,
+                              step_time=best.step_time, feasible=best.feasible, seconds=best.seconds,
+                              sim_calls=best.sim_calls, seed=int(cfg.seed), what="learned")
+        metrics.update(got)
+        files += ["comparison.md", "comparison.csv"]
+    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1, default=float))
+    print(md.split("\n\n", 2)[2])
+    print(f"artifacts in {out}: {', '.join(files)}")
+    return metrics
+
+
 def run(cfg: DictConfig) -> dict:
     from agents.train import Trainer, final_plan
     from placement_rl.report import training_curve
 
+    if cfg.trainer.get("pretrain"):
+        return run_pretrain(cfg)
     if cfg.trainer.get("family"):
         return run_family(cfg)
+    if str(cfg.env.id) == CONSTRUCTIVE_ENV:
+        return run_constructive(cfg)
     graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
     agent, encoder = make_specs(cfg)
     out = output_dir()

@@ -1,14 +1,21 @@
-"""Numba kernel of the op-placement simulator (see ``simulate.py`` for the model it implements).
+"""Numba kernels of the op-placement simulator (see ``simulate.py`` for the model they implement).
 
-Allocation-free: every array, work buffers included, is passed in. Timeline records go to ``rec_*``
-arrays when ``record`` is true (kind 0 fwd op, 1 bwd op, 2 fwd transfer, 3 bwd gradient transfer;
-resource = device index for ops, ``src * D + dst`` for transfers; label = node index).
+The forward pass is a list scheduler over a fixed order, so it is written as one step per node
+(``fwd_place``) that ``simulate_ops`` loops over and that the constructive environment calls one decision at a
+time (``placement_rl.cost.schedule``): both run the same code on the same state, so an episode's final step
+time equals ``simulate()`` of its placement. ``fwd_candidates`` prices placing the next node on every device
+without changing the state. ``bwd_pass`` runs the backward in reverse order from the forward state.
+
+Allocation-free: every array, work buffers included, is passed in. Timeline records go to ``rec_*`` arrays
+when ``record`` is true (kind 0 fwd op, 1 bwd op, 2 fwd transfer, 3 bwd gradient transfer; resource = device
+index for ops, ``src * D + dst`` for transfers; label = node index). ``acc`` = (comm time, forward end).
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
 
 @njit(cache=True, nogil=True)
 def _record(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, kind, res, start, end, label):
@@ -22,71 +29,118 @@ def _record(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, kind, res, 
 
 
 @njit(cache=True, nogil=True)
-def simulate_ops(dev, order, pred_ptr, pred_idx, succ_ptr, succ_idx, succ_eid, edge_bytes,
-                 fwd, bwd, lat, inv_bw, grad, static_mem,
-                 finish, bfinish, arrive, dev_free, link_free, gtime, gbytes, touched,
-                 busy, mem, out, record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
-    """Simulate one training step; fill ``busy``/``mem`` [D] and ``out`` = (step, comm, fwd_end, ok)."""
-    n = order.shape[0]
+def reset_state(finish, arrive, sent, dev_free, link_free, busy, mem, acc):
+    """Empty schedule: nothing placed, every device and link free at time 0."""
+    finish[:] = 0.0
+    arrive[:] = -1.0
+    sent[:] = 0.0
+    dev_free[:] = 0.0
+    link_free[:] = 0.0
+    busy[:] = 0.0
+    mem[:] = 0.0
+    acc[:] = 0.0
+
+
+@njit(cache=True, nogil=True)
+def fwd_place(v, dv, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, lat, inv_bw, static_mem,
+              finish, arrive, sent, dev_free, link_free, busy, mem, acc,
+              record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
+    """Schedule node ``v``'s forward op on device ``dv`` (its predecessors are scheduled; ``dev[v]`` is set).
+
+    An input crossing devices is sent when its first consumer there is scheduled, carrying that edge's bytes;
+    a later consumer on the same device that needs more of the tensor (a larger edge) sends the rest then.
+    """
     nd = dev_free.shape[0]
-    for i in range(n):
-        d = dev[i]
-        if d < 0 or d >= nd:
-            out[3] = 0.0
-            return
-    for j in range(nd):
-        dev_free[j] = 0.0
-        busy[j] = 0.0
-        mem[j] = 0.0
-        gtime[j] = -1.0
-    for j in range(nd * nd):
-        link_free[j] = 0.0
-    for j in range(n * nd):
-        arrive[j] = -1.0
-    rec_n[0] = 0
-    comm = 0.0
-    fwd_end = 0.0
-    # ---------------------------------------------------------------- forward, in priority order
-    for k in range(n):
-        v = order[k]
-        dv = dev[v]
+    ready = 0.0
+    for p in range(pred_ptr[v], pred_ptr[v + 1]):
+        u = pred_idx[p]
+        du = dev[u]
+        if du == dv:
+            t = finish[u]
+        else:
+            b = edge_bytes[pred_eid[p]]
+            slot = u * nd + dv
+            have = sent[slot]
+            if have < b:
+                cost = lat[du, dv] + (b - have) * inv_bw[du, dv]
+                link = du * nd + dv
+                st = finish[u] if finish[u] > link_free[link] else link_free[link]
+                t = st + cost
+                link_free[link] = t
+                arrive[slot] = t
+                sent[slot] = b
+                acc[0] += cost
+                mem[dv] += b - have
+                if record:
+                    _record(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, 2, link, st, t, u)
+            else:
+                t = arrive[slot]
+        if t > ready:
+            ready = t
+    st = dev_free[dv] if dev_free[dv] > ready else ready
+    en = st + fwd[v, dv]
+    finish[v] = en
+    dev_free[dv] = en
+    busy[dv] += fwd[v, dv]
+    mem[dv] += static_mem[v]
+    if en > acc[1]:
+        acc[1] = en
+    if record:
+        _record(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, 0, dv, st, en, v)
+
+
+@njit(cache=True, nogil=True)
+def fwd_candidates(v, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, lat, inv_bw,
+                   finish, arrive, sent, dev_free, link_free, scratch,
+                   est, eft, new_bytes, local_bytes):
+    """For every device d, what ``fwd_place(v, d)`` would give, without changing the state: ``est[d]`` and
+    ``eft[d]`` (start and finish of v's forward op), ``new_bytes[d]`` (bytes it would receive) and
+    ``local_bytes[d]`` (input bytes already on d). ``scratch`` [D] holds per-source link times."""
+    nd = dev_free.shape[0]
+    for d in range(nd):
+        for s in range(nd):
+            scratch[s] = -1.0
         ready = 0.0
+        nb = 0.0
+        lb = 0.0
         for p in range(pred_ptr[v], pred_ptr[v + 1]):
             u = pred_idx[p]
             du = dev[u]
-            if du == dv:
+            b = edge_bytes[pred_eid[p]]
+            if du == d:
                 t = finish[u]
+                lb += b
             else:
-                t = arrive[u * nd + dv]
-                if t < 0.0:
-                    # first consumer of u's output on dv: send it once (largest edge to that device)
-                    b = 0.0
-                    for q in range(succ_ptr[u], succ_ptr[u + 1]):
-                        if dev[succ_idx[q]] == dv and edge_bytes[succ_eid[q]] > b:
-                            b = edge_bytes[succ_eid[q]]
-                    cost = lat[du, dv] + b * inv_bw[du, dv]
-                    link = du * nd + dv
-                    st = finish[u] if finish[u] > link_free[link] else link_free[link]
-                    t = st + cost
-                    link_free[link] = t
-                    arrive[u * nd + dv] = t
-                    comm += cost
-                    mem[dv] += b
-                    if record:
-                        _record(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, 2, link, st, t, u)
+                slot = u * nd + d
+                have = sent[slot]
+                if have < b:
+                    lf = scratch[du] if scratch[du] >= 0.0 else link_free[du * nd + d]
+                    st = finish[u] if finish[u] > lf else lf
+                    t = st + lat[du, d] + (b - have) * inv_bw[du, d]
+                    scratch[du] = t
+                    nb += b - have
+                    lb += have
+                else:
+                    t = arrive[slot]
+                    lb += b
             if t > ready:
                 ready = t
-        st = dev_free[dv] if dev_free[dv] > ready else ready
-        en = st + fwd[v, dv]
-        finish[v] = en
-        dev_free[dv] = en
-        busy[dv] += fwd[v, dv]
-        mem[dv] += static_mem[v]
-        if en > fwd_end:
-            fwd_end = en
-        if record:
-            _record(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, 0, dv, st, en, v)
-    # ------------------------------------------------------ backward, in reverse priority order
+        s0 = dev_free[d] if dev_free[d] > ready else ready
+        est[d] = s0
+        eft[d] = s0 + fwd[v, d]
+        new_bytes[d] = nb
+        local_bytes[d] = lb
+
+
+@njit(cache=True, nogil=True)
+def bwd_pass(dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd, lat, inv_bw, grad,
+             finish, bfinish, dev_free, link_free, gtime, gbytes, touched, busy, acc,
+             record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
+    """The backward pass in reverse ``order`` after the forward state; returns the step time."""
+    n = order.shape[0]
+    nd = dev_free.shape[0]
+    for j in range(nd):
+        gtime[j] = -1.0
     step = 0.0
     for k in range(n - 1, -1, -1):
         u = order[k]
@@ -121,7 +175,7 @@ def simulate_ops(dev, order, pred_ptr, pred_idx, succ_ptr, succ_idx, succ_eid, e
                 st = gtime[dw] if gtime[dw] > link_free[link] else link_free[link]
                 t = st + cost
                 link_free[link] = t
-                comm += cost
+                acc[0] += cost
                 gtime[dw] = -1.0
                 if t > ready:
                     ready = t
@@ -136,7 +190,34 @@ def simulate_ops(dev, order, pred_ptr, pred_idx, succ_ptr, succ_idx, succ_eid, e
             step = en
         if record:
             _record(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, 1, du, st, en, u)
+    return step
+
+
+@njit(cache=True, nogil=True)
+def simulate_ops(dev, order, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes,
+                 fwd, bwd, lat, inv_bw, grad, static_mem,
+                 finish, bfinish, arrive, sent, dev_free, link_free, gtime, gbytes, touched, acc,
+                 busy, mem, out, record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
+    """Simulate one training step; fill ``busy``/``mem`` [D] and ``out`` = (step, comm, fwd_end, ok)."""
+    n = order.shape[0]
+    nd = dev_free.shape[0]
+    for i in range(n):
+        d = dev[i]
+        if d < 0 or d >= nd:
+            out[3] = 0.0
+            return
+    reset_state(finish, arrive, sent, dev_free, link_free, busy, mem, acc)
+    rec_n[0] = 0
+    for k in range(n):
+        v = order[k]
+        fwd_place(v, dev[v], dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, lat, inv_bw, static_mem,
+                  finish, arrive, sent, dev_free, link_free, busy, mem, acc,
+                  record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
+    fwd_end = acc[1]
+    step = bwd_pass(dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd, lat, inv_bw, grad,
+                    finish, bfinish, dev_free, link_free, gtime, gbytes, touched, busy, acc,
+                    record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
     out[0] = step
-    out[1] = comm
+    out[1] = acc[0]
     out[2] = fwd_end
     out[3] = 1.0

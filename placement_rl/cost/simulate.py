@@ -10,7 +10,9 @@ Model (pure and deterministic):
   precedes every backward op (autograd runs after the forward).
 * A tensor crossing devices costs ``latency + bytes / bandwidth`` on that directed link. It is sent once
   per destination device (like the copy op the executor inserts), when its first consumer there is
-  scheduled, carrying the largest edge to that device. Transfers on one link are serialised in the order
+  scheduled, carrying that consumer's edge bytes; a later consumer there that needs a larger part of the
+  tensor (a larger edge, as from a multi-output group) has the rest sent when it is scheduled. So the
+  forward pass can be built one node at a time (the constructive env does) and ends where ``simulate`` does. Transfers on one link are serialised in the order
   they are issued and overlap with compute.
 * Backward: gradients flow along reversed edges with the same bytes; gradients produced on one device for
   the same tensor are accumulated there and sent back once, after the last of them is computed. Edges out
@@ -126,13 +128,13 @@ class Simulator:
         n, d, e = graph.num_nodes, topology.num_devices, graph.num_edges
         i64 = np.int64
         self._graph_arrays = (
-            self.order, _owned(graph.pred_ptr, i64), _owned(graph.pred_idx, i64),
+            self.order, _owned(graph.pred_ptr, i64), _owned(graph.pred_idx, i64), _owned(graph.pred_eid, i64),
             _owned(graph.succ_ptr, i64), _owned(graph.succ_idx, i64),
             _owned(graph.succ_eid, i64), _owned(graph.edge_bytes, np.float64),
             _owned(costs.fwd_time), _owned(costs.bwd_time), _owned(costs.link_latency), _inverse_bandwidth(costs),
             needs_grad(graph).astype(np.uint8), static_memory(graph))
-        self._work = (np.zeros(n), np.zeros(n), np.zeros(n * d), np.zeros(d), np.zeros(d * d), np.zeros(d),
-                      np.zeros(d), np.zeros(d, i64))
+        self._work = (np.zeros(n), np.zeros(n), np.zeros(n * d), np.zeros(n * d), np.zeros(d), np.zeros(d * d),
+                      np.zeros(d), np.zeros(d), np.zeros(d, i64), np.zeros(2))
         self._busy, self._mem, self._out = np.zeros(d), np.zeros(d), np.zeros(4)
         self._no_rec = (np.zeros(1, i64), np.zeros(0, np.int8), np.zeros(0, i64), np.zeros(0), np.zeros(0),
                         np.zeros(0, i64))

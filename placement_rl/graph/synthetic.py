@@ -10,6 +10,8 @@ last node), nodes numbered in a topological (program) order. Families:
 * ``transformer_like`` — GPT-style blocks (layer norm, q/k/v projections, attention matmuls, softmax,
   output projection, residual adds, MLP).
 * ``cnn_like`` — ResNet-style stem, residual stages with downsample shortcuts, pooling head.
+* ``dataflow`` — a wide tensor-program DAG: each op reads 1-3 tensors from a sliding window of recent ones
+  (width 4-64), mostly matmuls and linears, so many independent contractions can run at once.
 
 Costs (fp32): heavy ops (linear, conv2d, matmul, embedding) carry large log-normal ``fwd_flops`` and,
 except attention matmuls, parameters; most other ops are cheap parameter-free elementwise ops whose
@@ -189,9 +191,26 @@ def _cnn_like(sk: _Skeleton, m: int) -> None:
         pass
 
 
+def _dataflow(sk: _Skeleton, m: int) -> None:
+    """A wide tensor-program DAG (einsum / matmul dataflow): each op reads 1-3 recent tensors from a sliding
+    window, heavy contractions dominate, and the window width sets how much can run in parallel."""
+    rng = sk.rng
+    window = int(rng.integers(4, 65))
+    heavy = {"matmul": 0.45, "linear": 0.25, "add": 0.1, "mul": 0.1, "gelu": 0.05, "softmax": 0.05}
+    nodes = [0]
+    for i in range(m):
+        lo = max(0, len(nodes) - window)
+        k = 1 + int(rng.random() < 0.5) + int(rng.random() < 0.2)
+        preds = sorted({nodes[int(rng.integers(lo, len(nodes)))] for _ in range(k)})
+        kind = sk.pick(heavy) if len(preds) == 1 else sk.pick(_JOIN)
+        if len(preds) == 1 and kind in _JOIN:
+            kind = "linear"
+        nodes.append(sk.add(kind, f"stage{i // max(window, 1)}", preds))
+
+
 _FAMILIES: dict[str, Callable[[_Skeleton, int], None]] = {
     "layered": _layered, "series_parallel": _series_parallel,
-    "transformer_like": _transformer_like, "cnn_like": _cnn_like}
+    "transformer_like": _transformer_like, "cnn_like": _cnn_like, "dataflow": _dataflow}
 
 
 def families() -> list[str]:

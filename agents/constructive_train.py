@@ -1,0 +1,319 @@
+"""Training the constructive placement policy: imitation, then RL, with held-out early stopping.
+
+``ConstructiveTrainer(config)`` holds a ``DevicePolicy`` and its optimiser:
+
+1. ``imitate(tasks)``: behaviour cloning on each task's best teacher (the best of HEFT, m-ETF, m-SCT, METIS and
+   the simulator-order earliest-finish rule) replayed through the schedule state, then DAgger rounds: the
+   student's own greedy trajectories, labelled by the reactive earliest-finish teacher, on tasks where that
+   teacher is within 1% of the best one; elsewhere the best teacher is a fixed placement, whose device indices
+   mean nothing in the student's states (another device of the same kind may hold the inputs), so those tasks
+   keep their teacher's own trajectory.
+2. ``improve(tasks)``: PPO with a per-task group baseline (``agents.constructive.ppo_loss``): each iteration
+   draws ``tasks_per_iter`` tasks, samples K placements of each, rewards ``log(T_ref / T)``, takes
+   ``ppo_epochs`` clipped steps, plus self-imitation of samples that beat the reference.
+3. ``evaluate(tasks)``: greedy and best-of-k step time over the reference, per task. With ``heldout`` tasks
+   given, ``improve`` keeps the weights of the best held-out geometric mean (early stopping).
+
+Checkpoints (``save`` / ``load_policy``) are ``agents.checkpoint`` files with ``algo="constructive"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from agents.checkpoint import load_checkpoint, save_checkpoint
+from agents.constructive import (Rollout, eft_labels, imitation_loss, ppo_loss, rewards, rollout)
+from agents.device_policy import DevicePolicy
+from envs.constructive_task import NUM_NODE_FEATURES, ConstructiveTask
+from placement_rl.cost.schedule import NUM_DEVICE_FEATURES
+from placement_rl.errors import CheckpointError, ConfigError
+
+ALGO = "constructive"
+Progress = Callable[[str, int, int, dict[str, float]], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConstructiveConfig:
+    encoder: str = "sage"
+    hidden: int = 64
+    layers: int = 3
+    lr: float = 1e-3  # imitation
+    bc_epochs: int = 8
+    dagger_rounds: int = 2
+    rl_algo: str = "sil"  # sil (expert iteration: clone the best placement found so far) | ppo
+    rl_lr: float = 3e-4
+    rl_iters: int = 200
+    temperature: float = 2.0  # sampling temperature of RL rollouts
+    tasks_per_iter: int = 4
+    samples: int = 16
+    ppo_epochs: int = 2
+    clip: float = 0.2
+    ent_coef: float = 0.003
+    sil_coef: float = 0.5
+    eval_every: int = 20
+    eval_samples: int = 16
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("hidden", "layers", "samples", "tasks_per_iter", "ppo_epochs", "eval_every", "eval_samples"):
+            if int(getattr(self, key)) < 1:
+                raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)!r}")
+        for key in ("bc_epochs", "dagger_rounds", "rl_iters"):
+            if int(getattr(self, key)) < 0:
+                raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)!r}")
+        if self.rl_algo not in ("sil", "ppo"):
+            raise ConfigError(f"rl_algo must be sil or ppo, got {self.rl_algo!r}")
+        for key in ("lr", "rl_lr", "temperature"):
+            if not float(getattr(self, key)) > 0:
+                raise ConfigError(f"{key} must be > 0, got {getattr(self, key)!r}")
+
+
+def build_policy(cfg: ConstructiveConfig) -> DevicePolicy:
+    return DevicePolicy(node_dim=NUM_NODE_FEATURES, dev_dim=NUM_DEVICE_FEATURES, encoder=cfg.encoder,
+                        hidden=cfg.hidden, layers=cfg.layers)
+
+
+def geomean(x: Sequence[float]) -> float:
+    return float(np.exp(np.mean(np.log(np.asarray(x, dtype=np.float64))))) if len(x) else float("nan")
+
+
+@dataclass
+class TaskResult:
+    """One task's learned results: greedy and best-of-k step times and placements, and the references."""
+
+    task: ConstructiveTask
+    greedy: Rollout
+    sampled: Rollout | None
+
+    @property
+    def greedy_time(self) -> float:
+        return float(self.greedy.times[0])
+
+    @property
+    def best_time(self) -> float:
+        if self.sampled is None:
+            return self.greedy_time
+        t = np.where(self.sampled.feasible, self.sampled.times, np.inf)
+        return float(min(self.greedy_time, t.min()))
+
+    @property
+    def best_devices(self) -> np.ndarray:
+        if self.sampled is None or self.greedy_time <= self.best_time:
+            return self.greedy.devices[0]
+        t = np.where(self.sampled.feasible, self.sampled.times, np.inf)
+        return self.sampled.devices[int(np.argmin(t))]
+
+
+def evaluate(policy: DevicePolicy, tasks: Sequence[ConstructiveTask], *, samples: int = 16,
+             seed: int = 0) -> list[TaskResult]:
+    """Greedy and best-of-``samples`` placements of every task (``samples=0``: greedy only)."""
+    policy.eval()
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for t in tasks:
+        g = rollout(policy, t, samples=1, greedy=True)
+        s = rollout(policy, t, samples=samples, greedy=False, generator=gen) if samples > 0 else None
+        out.append(TaskResult(t, g, s))
+    return out
+
+
+class ConstructiveTrainer:
+    def __init__(self, config: ConstructiveConfig, policy: DevicePolicy | None = None) -> None:
+        self.cfg = config
+        torch.manual_seed(config.seed)
+        self.policy = policy if policy is not None else build_policy(config)
+        self.opt = torch.optim.Adam(self.policy.parameters(), lr=config.lr)
+        self.decisions = 0
+        self.history: list[dict[str, Any]] = []
+        self.gen = torch.Generator().manual_seed(config.seed)
+        self.rng = np.random.default_rng(config.seed)
+
+    def _set_lr(self, lr: float) -> None:
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+
+    def _step(self, loss: torch.Tensor) -> None:
+        self.opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), 1.0)
+        self.opt.step()
+
+    # ------------------------------------------------------------------------------------------- imitation
+    def imitate(self, tasks: Sequence[ConstructiveTask], *, progress: Progress | None = None) -> float:
+        """Behaviour cloning then DAgger; returns the last epoch's agreement with the labels."""
+        cfg = self.cfg
+        self._set_lr(cfg.lr)
+        self.policy.train()
+        demos = []
+        for t in tasks:
+            name, dev = t.teacher()
+            eft_ok = t.refs["sim_eft"][0] <= 1.01 * t.refs[name][0] if "sim_eft" in t.refs else False
+            demos.append((t, rollout(None, t, forced=dev, record=True).trace, dev, eft_ok))
+        agree = 0.0
+        total = cfg.bc_epochs + cfg.dagger_rounds * max(1, cfg.bc_epochs // 2)
+        epoch = 0
+        for rnd in range(cfg.dagger_rounds + 1):
+            if rnd > 0:  # DAgger: the student's states, the teacher's labels
+                new = []
+                for t, demo, _, eft_ok in demos:
+                    if eft_ok:  # a reactive teacher: label the student's own states
+                        tr = rollout(self.policy, t, samples=1, greedy=True, record=True).trace
+                        new.append((t, tr, eft_labels(tr)))
+                    else:  # a fixed placement's device indices mean nothing in other states: its own states
+                        new.append((t, demo, demo.actions))
+                self.policy.train()
+            for _ in range(cfg.bc_epochs if rnd == 0 else max(1, cfg.bc_epochs // 2)):
+                order = self.rng.permutation(len(demos))
+                agrees = []
+                for i in order.tolist():
+                    if rnd == 0:
+                        t, tr = demos[i][0], demos[i][1]
+                        loss, a = imitation_loss(self.policy, t, tr)
+                    else:
+                        t, tr, labels = new[i]
+                        loss, a = imitation_loss(self.policy, t, tr, labels)
+                        if self.rng.random() < 0.5:  # keep the teacher's own states in the mix
+                            l2, _ = imitation_loss(self.policy, demos[i][0], demos[i][1])
+                            loss = 0.5 * (loss + l2)
+                    self._step(loss)
+                    agrees.append(a)
+                    self.decisions += t.graph.num_nodes
+                agree = float(np.mean(agrees))
+                epoch += 1
+                self.history.append({"phase": "imitation", "epoch": epoch, "round": rnd, "agreement": agree})
+                if progress:
+                    progress("imitation", epoch, total, {"agreement": agree})
+        return agree
+
+    # -------------------------------------------------------------------------------------------------- RL
+    def improve(self, tasks: Sequence[ConstructiveTask], *, heldout: Sequence[ConstructiveTask] = (),
+                iters: int | None = None, progress: Progress | None = None) -> dict[str, float]:
+        """RL on ``tasks``; keeps the best held-out weights if ``heldout`` is given.
+
+        ``rl_algo="sil"`` (expert iteration): per task the best placement known so far (the best teacher's at
+        first) is kept; each iteration samples K placements of a few tasks at ``temperature``, replaces the best
+        where a sample beats it, and clones the best placements of those tasks (cross-entropy on their own
+        trajectories). ``"ppo"``: the clipped surrogate with a group baseline and self-imitation."""
+        cfg = self.cfg
+        iters = cfg.rl_iters if iters is None else iters
+        self._set_lr(cfg.rl_lr)
+        best = (self._heldout_score(heldout), {k: v.clone() for k, v in self.policy.state_dict().items()}) \
+            if heldout else None
+        for it in range(1, iters + 1):
+            self.policy.eval()
+            batch = [tasks[i] for i in self.rng.choice(len(tasks), size=min(cfg.tasks_per_iter, len(tasks)),
+                                                       replace=False)]
+            data, stats, improved = [], [], 0
+            for t in batch:
+                ro = rollout(self.policy, t, samples=cfg.samples, greedy=False, record=True, generator=self.gen,
+                             temperature=cfg.temperature if cfg.rl_algo == "sil" else 1.0)
+                self.decisions += cfg.samples * t.graph.num_nodes
+                r = rewards(t, ro)
+                stats.append(float(r.max()))
+                if cfg.rl_algo == "ppo":
+                    k = int(np.argmax(r))
+                    data.append((t, ro.trace, r - r.mean(), np.array([k]) if r[k] > 0 else np.zeros(0, np.int64)))
+                    continue
+                known = self._best_known(t)
+                k = int(np.argmax(r))
+                if ro.feasible[k] and ro.times[k] < known[0] * (1 - 1e-9):
+                    t.meta["best_known"] = (float(ro.times[k]), ro.trace.select([k]))
+                    improved += 1
+                data.append((t, t.meta["best_known"][1]))
+            self.policy.train()
+            info: dict[str, float] = {}
+            for _ in range(cfg.ppo_epochs):
+                for item in data:
+                    if cfg.rl_algo == "ppo":
+                        t, tr, adv, sil = item
+                        loss, info = ppo_loss(self.policy, t, tr, adv, clip=cfg.clip, ent_coef=cfg.ent_coef,
+                                              sil=sil, sil_coef=cfg.sil_coef)
+                    else:
+                        loss, agree = imitation_loss(self.policy, *item)
+                        info = {"loss": float(loss.detach()), "agreement": agree}
+                    self._step(loss)
+            rec: dict[str, Any] = {"phase": "rl", "iter": it, "best_sample_reward": float(np.mean(stats)),
+                                   "improved": float(improved), **info, "decisions": self.decisions}
+            if heldout and (it % cfg.eval_every == 0 or it == iters):
+                score = self._heldout_score(heldout)
+                rec["heldout_greedy_geomean"] = score
+                if best is not None and score < best[0]:
+                    best = (score, {k: v.clone() for k, v in self.policy.state_dict().items()})
+            self.history.append(rec)
+            if progress:
+                progress("rl", it, iters, {k: v for k, v in rec.items() if isinstance(v, float)})
+        if best is not None:
+            self.policy.load_state_dict(best[1])
+            return {"heldout_greedy_geomean": best[0]}
+        return {}
+
+    @staticmethod
+    def _best_known(t: ConstructiveTask) -> tuple[float, Any]:
+        """The best placement known for a task (time, trace): the best teacher's until a sample beats it."""
+        if "best_known" not in t.meta:
+            _, dev = t.teacher()
+            ro = rollout(None, t, forced=dev, record=True)
+            t.meta["best_known"] = (float(ro.times[0]), ro.trace)
+        return t.meta["best_known"]
+
+    def _heldout_score(self, tasks: Sequence[ConstructiveTask]) -> float:
+        res = evaluate(self.policy, tasks, samples=0)
+        return geomean([r.greedy_time / r.task.reference for r in res])
+
+    # ------------------------------------------------------------------------------------------ checkpoint
+    def save(self, path: str | Path, *, extra: dict[str, Any] | None = None, with_optimizer: bool = True) -> Path:
+        config = {**dataclasses.asdict(self.cfg), **(extra or {})}
+        return save_checkpoint(path, algo=ALGO, config=config, obs=_obs_dims(), num_timesteps=self.decisions,
+                               policy=self.policy.state_dict(),
+                               optimizer=self.opt.state_dict() if with_optimizer else None)
+
+
+def _obs_dims() -> dict[str, int]:
+    return {"num_node_features": NUM_NODE_FEATURES, "num_device_features": NUM_DEVICE_FEATURES}
+
+
+PRETRAINED = ("data", "policy", "pretrained.pt")
+
+
+def default_checkpoint() -> Path:
+    """The pretrained general checkpoint shipped with the package."""
+    from importlib.resources import files
+
+    p = Path(str(files("placement_rl").joinpath(*PRETRAINED)))
+    if not p.is_file():
+        raise CheckpointError(f"no pretrained checkpoint is installed ({p}): run `placement-rl train trainer=pretrain` "
+                              f"and pass checkpoint=<its checkpoint.pt>")
+    return p
+
+
+def load_policy(path: str | Path) -> tuple[DevicePolicy, ConstructiveConfig, dict[str, Any]]:
+    """A constructive policy checkpoint: ``(policy, config, raw checkpoint)``; ``CheckpointError`` if it is not
+    one or does not match this release's features."""
+    data = load_checkpoint(path, expect_algo=ALGO)
+    for k, v in _obs_dims().items():
+        if data["obs"].get(k) != v:
+            raise CheckpointError(f"checkpoint '{path}' was made with {k}={data['obs'].get(k)!r}; this release "
+                                  f"uses {v}: train a new policy")
+    known = {f.name for f in dataclasses.fields(ConstructiveConfig)}
+    try:
+        cfg = ConstructiveConfig(**{k: v for k, v in data["config"].items() if k in known})
+        policy = build_policy(cfg)
+        policy.load_state_dict(data["policy"])
+    except (ConfigError, RuntimeError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint '{path}' does not hold a constructive policy this release can load "
+                              f"({str(exc).splitlines()[0]})") from None
+    policy.eval()
+    return policy, cfg, data
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0

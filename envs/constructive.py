@@ -1,0 +1,145 @@
+"""``ConstructivePlacementEnv``: build a placement node by node on a schedule-aware state (list scheduling).
+
+## Description
+Nodes come in the simulator's priority order (the captured program order); for each one the agent picks a
+device. The state is the partial forward schedule (``placement_rl.cost.schedule.ScheduleState``): for every
+device, where the node would start and finish including its input transfers over the topology's links, the
+bytes it would receive, the device's ready time, load and memory. The earliest-finish device is one feature,
+so HEFT-like list scheduling is one policy of this env; a learned policy can do better because it is rewarded
+by the whole training step (forward, backward, transfers, memory), which the greedy rule never sees.
+
+## Action Space
+``Discrete(D_max)``: the device of the current node. ``action_masks()`` allows the devices that have memory
+for it (if none has, the one with the most room left), never padded ones.
+
+## Observation Space
+``Dict`` of ``Box``es: ``node_features [N_max, F_node]`` (static, normalised per graph: see
+``envs.constructive_task.NODE_FEATURES``), ``edge_index [2, E_max]`` (padding -1), ``num_nodes [1]``,
+``num_edges [1]``, ``num_devices [1]``, ``node [1]`` (index of the node to place), ``device_features
+[D_max, F_dev]`` (``placement_rl.cost.schedule.DEVICE_FEATURES``, zero for padded devices), ``action_mask
+[D_max]``.
+
+## Rewards
+0 until the last node; then ``log(T_ref / T)`` with ``T`` the simulated step time of the placement (it equals
+``simulate()``: the env runs the simulator's own kernels) and ``T_ref`` the best one-pass heuristic's (min of
+HEFT, m-ETF, m-SCT, METIS) on that task, so every graph speaks the same units and "as good as the best
+heuristic" is 0; ``infeasible_penalty`` (default 1) less when the placement does not fit in memory.
+
+## Episode End
+Terminates after ``N`` steps (one per node); never truncated.
+
+## Version History
+* v0: initial version.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from envs.constructive_task import NUM_NODE_FEATURES, ConstructiveTask
+from envs.graph_source import GraphSource
+from placement_rl.cost.schedule import NUM_DEVICE_FEATURES, ScheduleState
+from placement_rl.errors import ConfigError
+from placement_rl.graph.ir import CompGraph
+
+__all__ = ["ConstructivePlacementEnv"]
+
+
+class ConstructivePlacementEnv(gym.Env):
+    metadata = {"render_modes": []}
+
+    def __init__(self, *, graph: Any, topology: Any = None, max_nodes: int | None = None,
+                 max_edges: int | None = None, max_devices: int | None = None,
+                 infeasible_penalty: float = 1.0) -> None:
+        if isinstance(graph, GraphSource):
+            self.source = graph
+        elif isinstance(graph, CompGraph):
+            self.source = GraphSource.fixed(graph, topology)
+        else:
+            self.source = GraphSource.from_spec(graph, topology)
+        self.max_nodes = int(max_nodes or self.source.max_nodes)
+        self.max_edges = int(max_edges or self.source.max_edges())
+        self.max_devices = int(max_devices or self.source.max_devices)
+        if min(self.max_nodes, self.max_edges, self.max_devices) < 1:
+            raise ConfigError("max_nodes, max_edges and max_devices must be >= 1")
+        self.infeasible_penalty = float(infeasible_penalty)
+        n, e, d = self.max_nodes, self.max_edges, self.max_devices
+        self.observation_space = spaces.Dict({
+            "node_features": spaces.Box(-np.inf, np.inf, (n, NUM_NODE_FEATURES), np.float32),
+            "edge_index": spaces.Box(-1, n - 1, (2, e), np.int64),
+            "num_nodes": spaces.Box(0, n, (1,), np.int64),
+            "num_edges": spaces.Box(0, e, (1,), np.int64),
+            "num_devices": spaces.Box(0, d, (1,), np.int64),
+            "node": spaces.Box(0, n - 1, (1,), np.int64),
+            "device_features": spaces.Box(-np.inf, np.inf, (d, NUM_DEVICE_FEATURES), np.float32),
+            "action_mask": spaces.Box(0, 1, (d,), np.int8),
+        })
+        self.action_space = spaces.Discrete(d)
+        self.task: ConstructiveTask | None = None
+        self.state: ScheduleState | None = None
+        self._static: dict[str, np.ndarray] = {}
+
+    # ------------------------------------------------------------------------------------------------ gym
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        t = self.source.sample(self.np_random)
+        if "constructive" not in t.cache:
+            t.cache["constructive"] = ConstructiveTask.build(t.graph, t.topology, t.costs)
+        self.task = task = t.cache["constructive"]
+        g = task.graph
+        if g.num_nodes > self.max_nodes or g.num_edges > self.max_edges or task.topology.num_devices > self.max_devices:
+            raise ConfigError(f"task {g.name} ({g.num_nodes} nodes, {g.num_edges} edges, "
+                              f"{task.topology.num_devices} devices) exceeds the observation size "
+                              f"({self.max_nodes}, {self.max_edges}, {self.max_devices}): raise max_*")
+        self.state = ScheduleState(g, task.costs, task.topology, episodes=1)
+        x = np.zeros((self.max_nodes, NUM_NODE_FEATURES), np.float32)
+        x[:g.num_nodes] = task.x
+        ei = np.full((2, self.max_edges), -1, np.int64)
+        ei[:, :g.num_edges] = g.edges.T
+        self._static = {"node_features": x, "edge_index": ei, "num_nodes": np.array([g.num_nodes], np.int64),
+                        "num_edges": np.array([g.num_edges], np.int64),
+                        "num_devices": np.array([task.topology.num_devices], np.int64)}
+        return self._obs(), {"reference": task.reference, "graph": g.name, "topology": task.topology.name}
+
+    def step(self, action: Any):
+        assert self.state is not None and self.task is not None, "call reset() first"
+        st = self.state
+        d = int(action)
+        if not self._mask[d]:
+            raise ConfigError(f"action {d} is masked for node {st.node} (use action_masks())")
+        st.place(d)
+        if not st.done:
+            return self._obs(), 0.0, False, False, {}
+        time = float(st.finish()[0])
+        feasible = bool(st.feasible()[0])
+        reward = float(np.log(self.task.reference / time)) - (0.0 if feasible else self.infeasible_penalty)
+        info = {"step_time": time, "feasible": feasible, "placement": st.devices[0].copy(),
+                "reference": self.task.reference}
+        return self._final_obs(), reward, True, False, info
+
+    def action_masks(self) -> np.ndarray:
+        return self._mask.astype(bool)
+
+    # ----------------------------------------------------------------------------------------- helpers
+    def _obs(self) -> dict[str, np.ndarray]:
+        st = self.state
+        feats, mask = st.features()
+        nd = st.topology.num_devices
+        dev = np.zeros((self.max_devices, NUM_DEVICE_FEATURES), np.float32)
+        dev[:nd] = feats[0]
+        self._mask = np.zeros(self.max_devices, np.int8)
+        self._mask[:nd] = mask[0]
+        return {**{k: v.copy() for k, v in self._static.items()}, "node": np.array([st.node], np.int64),
+                "device_features": dev,
+                "action_mask": self._mask.copy()}
+
+    def _final_obs(self) -> dict[str, np.ndarray]:
+        self._mask = np.zeros(self.max_devices, np.int8)
+        self._mask[0] = 1
+        return {**{k: v.copy() for k, v in self._static.items()}, "node": np.array([0], np.int64),
+                "device_features": np.zeros((self.max_devices, NUM_DEVICE_FEATURES), np.float32),
+                "action_mask": self._mask.copy()}

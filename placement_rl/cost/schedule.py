@@ -1,0 +1,259 @@
+"""The incremental list-scheduling state that constructive placement steps through.
+
+``ScheduleState(graph, costs, topology, episodes=K)`` holds K partial schedules of one task (K episodes that
+place the same graph side by side, e.g. K samples of a policy). Nodes are placed one at a time in the
+simulator's priority order (``order``); after each decision the state holds, per episode, every device's ready
+time, every directed link's busy time, what each device holds in memory and when each placed node's output
+is where. ``features(node)`` prices the next node on every device without changing the state (earliest
+start and finish including input transfers over the topology's links, bytes it would receive, memory left)
+as a per-device feature block normalised by the task's time scale, with a mask of the devices that can take
+it; ``place(node, devices)`` commits one device per episode at O(in-degree) cost. After the last node,
+``finish()`` runs the backward pass and returns each episode's step time, which equals
+``simulate(graph, costs, topology, placement)`` exactly: both run the kernels of ``_op_kernel``.
+
+Per-device features (``DEVICE_FEATURES``; times divided by ``scale``, the task's critical path on the fastest
+devices or its total work over the device count, whichever is larger):
+
+=====================  ==========================================================================
+``est_gap``            earliest start on d minus the best earliest start
+``eft_gap``            earliest finish on d minus the best earliest finish
+``exec``               the node's forward time on d
+``slowdown``           forward time on d over the fastest device's, minus 1 (clipped at 10)
+``bwd``                the node's backward time on d
+``local_frac``         fraction of the node's input bytes already on d
+``recv_frac``          bytes it would receive on d over its input bytes
+``extends``            finish on d minus the forward pass's current end (> 0: it grows the schedule)
+``idle``               d's ready time minus the latest device ready time
+``load``               forward work already on d
+``mem_after``          d's memory after placing the node, over its capacity
+``mem_now``            d's memory now, over its capacity
+``best_eft``           1 if d gives the earliest finish (HEFT's choice), else 0
+``best_est``           1 if d gives the earliest start, else 0
+``empty``              1 if nothing is on d yet
+``speed``              d's mean forward time over all nodes relative to the fastest device's (static)
+``progress``           fraction of the nodes placed so far (the same for every device)
+=====================  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from placement_rl.cost._op_kernel import bwd_pass, fwd_candidates, fwd_place, reset_state
+from placement_rl.cost.memory import static_memory
+from placement_rl.cost.resolve import needs_grad
+from placement_rl.cost.simulate import _inverse_bandwidth, _owned, check_costs, priority_order
+from placement_rl.cost.types import CostTable
+from placement_rl.errors import PlanError
+from placement_rl.graph.ir import CompGraph
+from placement_rl.topology import DeviceTopology
+
+DEVICE_FEATURES = ("est_gap", "eft_gap", "exec", "slowdown", "bwd", "local_frac", "recv_frac", "extends", "idle",
+                   "load", "mem_after", "mem_now", "best_eft", "best_est", "empty", "speed", "progress")
+NUM_DEVICE_FEATURES = len(DEVICE_FEATURES)
+_NO_REC = (np.zeros(1, np.int64), np.zeros(0, np.int8), np.zeros(0, np.int64), np.zeros(0), np.zeros(0),
+           np.zeros(0, np.int64))
+
+
+@njit(cache=True, nogil=True)
+def _batch_features(v, progress, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, lat, inv_bw, static_mem,
+                    capacity, speed, inv_scale, finish, arrive, sent, dev_free, link_free, busy, mem, acc,
+                    scratch, est, eft, nb, lb, feats, mask):
+    k_eps, nd = dev_free.shape
+    in_bytes = 0.0
+    for p in range(pred_ptr[v], pred_ptr[v + 1]):
+        in_bytes += edge_bytes[pred_eid[p]]
+    inv_in = 1.0 / in_bytes if in_bytes > 0.0 else 0.0
+    fmin = fwd[v, 0]
+    for d in range(1, nd):
+        if fwd[v, d] < fmin:
+            fmin = fwd[v, d]
+    for k in range(k_eps):
+        fwd_candidates(v, dev[k], pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, lat, inv_bw,
+                       finish[k], arrive[k], sent[k], dev_free[k], link_free[k], scratch, est, eft, nb, lb)
+        best_s, best_f, free_max = est[0], eft[0], dev_free[k, 0]
+        arg_f, arg_s = 0, 0
+        room_best, room_arg, n_ok = -1e300, 0, 0
+        for d in range(nd):
+            if eft[d] < best_f:
+                best_f, arg_f = eft[d], d
+            if est[d] < best_s:
+                best_s, arg_s = est[d], d
+            if dev_free[k, d] > free_max:
+                free_max = dev_free[k, d]
+            after = mem[k, d] + static_mem[v] + nb[d]
+            ok = after <= capacity[d]
+            mask[k, d] = ok
+            n_ok += ok
+            room = capacity[d] - after
+            if room > room_best:
+                room_best, room_arg = room, d
+        if n_ok == 0:  # fits nowhere: the device with the most room left takes it (the result is infeasible)
+            mask[k, room_arg] = True
+        for d in range(nd):
+            f = feats[k, d]
+            f[0] = (est[d] - best_s) * inv_scale
+            f[1] = (eft[d] - best_f) * inv_scale
+            f[2] = fwd[v, d] * inv_scale
+            s = fwd[v, d] / fmin - 1.0 if fmin > 0.0 else 0.0
+            f[3] = s if s < 10.0 else 10.0
+            f[4] = bwd[v, d] * inv_scale
+            f[5] = lb[d] * inv_in
+            f[6] = nb[d] * inv_in
+            f[7] = (eft[d] - acc[k, 1]) * inv_scale
+            f[8] = (dev_free[k, d] - free_max) * inv_scale
+            f[9] = busy[k, d] * inv_scale
+            f[10] = (mem[k, d] + static_mem[v] + nb[d]) / capacity[d]
+            f[11] = mem[k, d] / capacity[d]
+            f[12] = 1.0 if d == arg_f else 0.0
+            f[13] = 1.0 if d == arg_s else 0.0
+            f[14] = 1.0 if busy[k, d] == 0.0 else 0.0
+            f[15] = speed[d]
+            f[16] = progress
+
+
+@njit(cache=True, nogil=True)
+def _batch_place(v, actions, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, lat, inv_bw, static_mem,
+                 finish, arrive, sent, dev_free, link_free, busy, mem, acc, rec_n, rec_kind, rec_res, rec_start,
+                 rec_end, rec_label):
+    for k in range(actions.shape[0]):
+        d = actions[k]
+        dev[k, v] = d
+        fwd_place(v, d, dev[k], pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, lat, inv_bw, static_mem,
+                  finish[k], arrive[k], sent[k], dev_free[k], link_free[k], busy[k], mem[k], acc[k],
+                  False, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
+
+
+@njit(cache=True, nogil=True)
+def _batch_reset(dev, finish, arrive, sent, dev_free, link_free, busy, mem, acc):
+    for k in range(dev.shape[0]):
+        dev[k, :] = -1
+        reset_state(finish[k], arrive[k], sent[k], dev_free[k], link_free[k], busy[k], mem[k], acc[k])
+
+
+def time_scale(graph: CompGraph, costs: CostTable) -> float:
+    """The task's time unit: its forward critical path on the fastest device per node, or its total fastest
+    forward work over the device count, whichever is larger (never zero)."""
+    w = costs.fwd_time.min(axis=1)
+    level = w.copy()
+    pp, pi = graph.pred_ptr, graph.pred_idx
+    for v in graph.topo_order.tolist():
+        a, b = pp[v], pp[v + 1]
+        if b > a:
+            level[v] = w[v] + level[pi[a:b]].max()
+    cp = float(level.max()) if level.size else 0.0
+    return max(cp, float(w.sum()) / costs.num_devices, 1e-9)
+
+
+def check_fits(graph: CompGraph, topology: DeviceTopology) -> None:
+    """``PlanError`` when the graph's placement-independent memory exceeds all devices' memory together."""
+    need, have = float(static_memory(graph).sum()), float(topology.array("memory_bytes").sum())
+    if need > have:
+        raise PlanError(f"graph '{graph.name}' needs {need / 2**30:.2f} GiB for parameters, optimizer state and "
+                        f"activations but topology '{topology.name}' has {have / 2**30:.2f} GiB in all: "
+                        f"use a smaller batch or model, or a topology with more memory")
+
+
+class ScheduleState:
+    """K partial forward schedules of one (graph, costs, topology) task, placed node by node (see module doc).
+
+    ``order`` is the node order of the decisions (the simulator's priority order). ``devices`` [K, N] is the
+    placement so far (-1 where unplaced).
+    """
+
+    def __init__(self, graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, episodes: int = 1,
+                 order: str = "program") -> None:
+        check_costs(graph, costs, topology)
+        check_fits(graph, topology)
+        n, d, k = graph.num_nodes, topology.num_devices, int(episodes)
+        if k < 1:
+            raise PlanError(f"episodes must be >= 1, got {episodes}")
+        self.graph, self.costs, self.topology, self.episodes = graph, costs, topology, k
+        self.order = priority_order(graph, costs, order)
+        self.scale = time_scale(graph, costs)
+        i64 = np.int64
+        self._g = (_owned(graph.pred_ptr, i64), _owned(graph.pred_idx, i64), _owned(graph.pred_eid, i64),
+                   _owned(graph.edge_bytes))
+        self._succ = (_owned(graph.succ_ptr, i64), _owned(graph.succ_idx, i64), _owned(graph.succ_eid, i64))
+        self._fwd, self._bwd = _owned(costs.fwd_time), _owned(costs.bwd_time)
+        self._lat, self._inv = _owned(costs.link_latency), _inverse_bandwidth(costs)
+        self._static = static_memory(graph).astype(np.float64)
+        self._grad = needs_grad(graph).astype(np.uint8)
+        self.capacity = _owned(topology.array("memory_bytes"))
+        mean_fwd = costs.fwd_time.mean(axis=0)
+        self._speed = _owned(mean_fwd / max(float(mean_fwd.min()), 1e-30))
+        self.devices = np.full((k, n), -1, dtype=i64)
+        self._finish, self._arrive, self._sent = np.zeros((k, n)), np.zeros((k, n * d)), np.zeros((k, n * d))
+        self._dev_free, self._link_free = np.zeros((k, d)), np.zeros((k, d * d))
+        self.busy, self.memory, self._acc = np.zeros((k, d)), np.zeros((k, d)), np.zeros((k, 2))
+        self._scratch, self._est, self._eft = np.zeros(d), np.zeros(d), np.zeros(d)
+        self._nb, self._lb = np.zeros(d), np.zeros(d)
+        self.feats = np.zeros((k, d, NUM_DEVICE_FEATURES), dtype=np.float32)
+        self.mask = np.zeros((k, d), dtype=np.bool_)
+        self.step = 0
+        self.reset()
+
+    @property
+    def num_nodes(self) -> int:
+        return self.graph.num_nodes
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.graph.num_nodes
+
+    @property
+    def node(self) -> int:
+        """The node the next decision places."""
+        return int(self.order[self.step])
+
+    @property
+    def forward_end(self) -> np.ndarray:
+        """[K] end of the forward pass scheduled so far."""
+        return self._acc[:, 1].copy()
+
+    def reset(self) -> None:
+        _batch_reset(self.devices, self._finish, self._arrive, self._sent, self._dev_free, self._link_free,
+                     self.busy, self.memory, self._acc)
+        self.step = 0
+
+    def features(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(feats [K, D, F] float32, mask [K, D] bool)`` for the next node (buffers reused between calls)."""
+        v = self.node
+        _batch_features(v, self.step / self.graph.num_nodes, self.devices, *self._g, self._fwd, self._bwd,
+                        self._lat, self._inv, self._static, self.capacity, self._speed, 1.0 / self.scale,
+                        self._finish, self._arrive, self._sent, self._dev_free, self._link_free, self.busy,
+                        self.memory, self._acc, self._scratch, self._est, self._eft, self._nb, self._lb,
+                        self.feats, self.mask)
+        return self.feats, self.mask
+
+    def place(self, actions) -> None:
+        """Put the next node on ``actions[k]`` in episode k (an int applies to every episode)."""
+        if self.done:
+            raise PlanError("every node is already placed")
+        acts = np.broadcast_to(np.asarray(actions, dtype=np.int64), (self.episodes,))
+        if acts.min() < 0 or acts.max() >= self.topology.num_devices:
+            raise PlanError(f"device index out of range 0..{self.topology.num_devices - 1}: {acts.tolist()}")
+        _batch_place(self.node, np.ascontiguousarray(acts), self.devices, *self._g, self._fwd, self._lat,
+                     self._inv, self._static, self._finish, self._arrive, self._sent, self._dev_free,
+                     self._link_free, self.busy, self.memory, self._acc, *_NO_REC)
+        self.step += 1
+
+    def finish(self) -> np.ndarray:
+        """[K] step times (forward + backward) of the finished placements; the state stays as it was."""
+        if not self.done:
+            raise PlanError(f"{self.graph.num_nodes - self.step} nodes are still unplaced")
+        n, d = self.graph.num_nodes, self.topology.num_devices
+        out = np.zeros(self.episodes)
+        bfinish, gtime, gbytes, touched = np.zeros(n), np.zeros(d), np.zeros(d), np.zeros(d, np.int64)
+        for k in range(self.episodes):
+            dev_free, link_free, busy, acc = (self._dev_free[k].copy(), self._link_free[k].copy(),
+                                              self.busy[k].copy(), self._acc[k].copy())
+            out[k] = bwd_pass(self.devices[k], self.order, *self._succ, self._g[3], self._bwd, self._lat, self._inv,
+                              self._grad, self._finish[k], bfinish, dev_free, link_free, gtime, gbytes, touched,
+                              busy, acc, False, *_NO_REC)
+        return out
+
+    def feasible(self) -> np.ndarray:
+        """[K] whether every device's memory stays within capacity (valid once every node is placed)."""
+        return np.all(self.memory <= self.capacity, axis=1)

@@ -1,0 +1,260 @@
+"""Pretraining a general constructive placement policy, and the held-out set it is judged on.
+
+The training distribution (``training_specs``): synthetic DAG families ``layered``, ``transformer_like``,
+``cnn_like``, ``dataflow`` at 16-400 nodes (log-uniform), and the zoo models ``mlp``, ``resnet18``, ``gpt``,
+``nmt``, each on a freshly drawn random cluster (``envs.topology_sampler``: 2-16 devices, NVLink / NVSwitch /
+PCIe inside hosts, InfiniBand / Ethernet between them, mixed GPU kinds, CPUs, small memories). No preset
+topology is ever trained on.
+
+The held-out set (``heldout_specs``, 28 pairs): the ``series_parallel`` family (never trained on), the
+``layered`` and ``dataflow`` families at 600-1000 nodes (a size range never trained on), the zoo models
+``resnet50``, ``inception``, ``moe`` and ``bert_hf`` (never trained on), on the presets ``4x_v100_nvlink``,
+``2x4_v100_ib`` (8 devices, two hosts), ``8x_a100_nvswitch`` (8 devices) and ``cpu_2gpu`` (heterogeneous).
+
+A spec is a plain dict (``{"graph": {...}, "topology": preset | {"random": seed, ...}}``) so task building can
+run in worker processes; ``build_tasks`` captures / samples the graphs, resolves costs and runs the teachers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from envs.constructive_task import ConstructiveTask, best_of
+from envs.topology_sampler import random_topology
+from placement_rl.cost import resolve_costs
+from placement_rl.errors import ConfigError
+from placement_rl.graph.spec import graph_from_spec
+from placement_rl.topology import DeviceTopology, load_topology
+
+TRAIN_FAMILIES = ("layered", "transformer_like", "cnn_like", "dataflow")
+TRAIN_ZOO = ("mlp", "resnet18", "gpt", "nmt")
+HELDOUT_TOPOLOGIES = ("4x_v100_nvlink", "2x4_v100_ib", "8x_a100_nvswitch", "cpu_2gpu")
+HELDOUT_ZOO = ("resnet50", "inception", "moe", "bert_hf")
+
+
+def training_specs(n: int, *, seed: int = 0, size: tuple[int, int] = (16, 400), zoo_frac: float = 0.15,
+                   devices: tuple[int, int] = (2, 16)) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        topo = {"random": int(rng.integers(2**31)), "devices": list(devices)}
+        if rng.random() < zoo_frac:
+            graph: dict[str, Any] = {"zoo": TRAIN_ZOO[int(rng.integers(len(TRAIN_ZOO)))]}
+        else:
+            nn_ = int(np.exp(rng.uniform(np.log(size[0]), np.log(size[1]))))
+            graph = {"family": TRAIN_FAMILIES[int(rng.integers(len(TRAIN_FAMILIES)))], "num_nodes": nn_,
+                     "seed": int(rng.integers(2**31))}
+        out.append({"graph": graph, "topology": topo, "id": f"train{i}"})
+    return out
+
+
+def heldout_specs(*, seed: int = 12345, hf: bool = True) -> list[dict[str, Any]]:
+    """The 28 held-out (graph, topology) pairs (24 without the ``hf`` extra's bert_hf)."""
+    rng = np.random.default_rng(seed)
+    graphs: list[dict[str, Any]] = []
+    for _ in range(2):
+        graphs.append({"family": "series_parallel", "num_nodes": int(rng.integers(100, 600)),
+                       "seed": int(rng.integers(2**31))})
+    graphs.append({"family": "layered", "num_nodes": int(rng.integers(600, 1000)), "seed": int(rng.integers(2**31))})
+    graphs.append({"family": "dataflow", "num_nodes": int(rng.integers(600, 1000)), "seed": int(rng.integers(2**31))})
+    zoo = [z for z in HELDOUT_ZOO if hf or not z.endswith("_hf")]
+    graphs += [{"zoo": z} for z in zoo]
+    out = []
+    for g in graphs:
+        for t in HELDOUT_TOPOLOGIES:
+            name = g.get("zoo") or f"{g['family']}-{g['num_nodes']}"
+            out.append({"graph": g, "topology": t, "id": f"{name}@{t}"})
+    return out
+
+
+def _graph(spec: dict[str, Any]):
+    if "zoo" in spec:
+        return graph_from_spec({"source": "zoo", "name": spec["zoo"], "coarsen": {"enabled": True}})
+    return graph_from_spec({"source": "synthetic", "family": spec["family"], "num_nodes": spec["num_nodes"],
+                            "seed": spec["seed"]})
+
+
+def _topology(spec: Any) -> DeviceTopology:
+    if isinstance(spec, dict):
+        return random_topology(np.random.default_rng(spec["random"]), tuple(spec.get("devices", (2, 16))))
+    return load_topology(spec)
+
+
+def build_task(spec: dict[str, Any], *, teachers: bool = True) -> ConstructiveTask | None:
+    """The task of one spec (``None`` when the graph cannot fit the drawn cluster's memory at all)."""
+    import torch
+
+    torch.set_num_threads(1)
+    graph, topo = _graph(spec["graph"]), _topology(spec["topology"])
+    from placement_rl.cost.schedule import check_fits
+    from placement_rl.errors import PlanError
+
+    try:
+        check_fits(graph, topo)
+    except PlanError:
+        return None
+    costs = resolve_costs(graph, topo)
+    return ConstructiveTask.build(graph, topo, costs, teachers=teachers, id=spec.get("id", graph.name))
+
+
+def _build_many(specs: Sequence[dict[str, Any]]) -> list[ConstructiveTask | None]:
+    return [build_task(s) for s in specs]
+
+
+def build_tasks(specs: Sequence[dict[str, Any]], *, workers: int | None = None,
+                progress: Callable[[int, int], None] | None = None) -> list[ConstructiveTask]:
+    """Build every spec's task (teachers included) on ``workers`` processes; tasks that cannot fit are dropped."""
+    workers = max(1, min(workers or (os.cpu_count() or 1), len(specs) or 1))
+    chunks = [list(specs[i::workers * 4]) for i in range(workers * 4)]
+    out: list[ConstructiveTask] = []
+    if workers == 1:
+        for i, s in enumerate(specs):
+            t = build_task(s)
+            if t is not None:
+                out.append(t)
+            if progress:
+                progress(i + 1, len(specs))
+        return out
+    done = 0
+    with ProcessPoolExecutor(workers) as pool:
+        for chunk, res in zip(chunks, pool.map(_build_many, chunks)):
+            out += [t for t in res if t is not None]
+            done += len(chunk)
+            if progress:
+                progress(done, len(specs))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- pretraining
+@dataclass(frozen=True, kw_only=True)
+class PretrainSpec:
+    """What ``pretrain`` trains on and how it is judged (``conf/trainer/pretrain.yaml``)."""
+
+    train_tasks: int = 400
+    val_tasks: int = 16  # early stopping (drawn from the training distribution, other seeds)
+    sizes: tuple[int, int] = (16, 400)
+    devices: tuple[int, int] = (2, 16)
+    zoo_frac: float = 0.15
+    heldout: bool = True  # evaluate on ``heldout_specs`` at the end
+    workers: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.train_tasks < 1 or self.val_tasks < 0:
+            raise ConfigError(f"train_tasks must be >= 1 and val_tasks >= 0, got {self.train_tasks}, {self.val_tasks}")
+        lo, hi = self.sizes
+        if not 3 <= lo <= hi:
+            raise ConfigError(f"sizes must be [lo, hi] with 3 <= lo <= hi, got {list(self.sizes)}")
+        dlo, dhi = self.devices
+        if not 1 <= dlo <= dhi <= 64:
+            raise ConfigError(f"devices must be [lo, hi] with 1 <= lo <= hi <= 64, got {list(self.devices)}")
+
+
+def result_rows(results: Sequence[Any]) -> list[dict[str, Any]]:
+    """One row per evaluated task: the learned rows (greedy, best of k) and every heuristic, as ratios to the
+    best one-pass heuristic (min of HEFT, m-ETF, m-SCT, METIS)."""
+    rows = []
+    for r in results:
+        t = r.task
+        ref_name, ref = best_of(t.refs)
+        row = {"pair": t.meta.get("id", t.graph.name), "nodes": t.graph.num_nodes, "devices": t.topology.num_devices,
+               "best_one_pass": ref_name, "best_one_pass_ms": ref * 1e3,
+               "greedy": r.greedy_time / ref, "best_of_k": r.best_time / ref}
+        for name, (time_, feasible, _) in t.refs.items():
+            row[name] = time_ / ref if feasible else float("nan")
+        rows.append(row)
+    return rows
+
+
+def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    from agents.constructive_train import geomean
+
+    g = [r["greedy"] for r in rows]
+    b = [r["best_of_k"] for r in rows]
+    out = {"pairs": len(rows), "greedy_geomean": geomean(g), "best_of_k_geomean": geomean(b),
+           "greedy_le_1_frac": float(np.mean([x <= 1.0 + 1e-9 for x in g])) if g else float("nan"),
+           "greedy_lt_1_frac": float(np.mean([x < 1.0 - 1e-9 for x in g])) if g else float("nan")}
+    if rows and "sim_eft" in rows[0]:
+        out["sim_eft_geomean"] = geomean([r["sim_eft"] for r in rows])
+        out["greedy_over_sim_eft_geomean"] = geomean([r["greedy"] / r["sim_eft"] for r in rows])
+    return out
+
+
+COLUMNS = ("pair", "nodes", "devices", "best_one_pass", "best_one_pass_ms", "greedy", "best_of_k", "heft", "m_etf",
+           "m_sct", "metis", "sim_eft")
+
+
+def write_report(rows: Sequence[dict[str, Any]], out: Path, *, title: str, stem: str = "generalization") -> str:
+    """``<stem>.md`` and ``<stem>.csv``: every pair's row and the summary."""
+    from placement_rl.graph.io import atomic_write_text
+    from placement_rl.report import markdown_table, write_csv
+
+    s = summarise(rows)
+    md = (f"# {title}\n\nStep times are ratios to the best one-pass heuristic of each pair (min of HEFT, m-ETF, "
+          f"m-SCT, METIS; its name and time in ms are given); lower is better. `greedy` and `best_of_k` are the "
+          f"policy's own output (learned); `sim_eft` is the earliest-finish rule in the simulator's order, a "
+          f"heuristic row of its own.\n\n" + markdown_table(list(rows), COLUMNS, COLUMNS) +
+          "\n\n" + "\n".join(f"* {k}: {v:.4f}" if isinstance(v, float) else f"* {k}: {v}" for k, v in s.items()) + "\n")
+    atomic_write_text(out / f"{stem}.md", md)
+    write_csv(out / f"{stem}.csv", list(rows), COLUMNS)
+    return md
+
+
+def pretrain(spec: PretrainSpec, cfg: Any, out: Path, *, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Imitation then expert iteration over the training distribution (``cfg``: a ``ConstructiveConfig``);
+    writes ``checkpoint.pt``, ``generalization.md/.csv`` (held-out pairs), ``training.json`` and returns the
+    metrics."""
+    import json
+    import time
+
+    import torch
+
+    from agents.constructive_train import ConstructiveTrainer, evaluate
+    from placement_rl.graph.io import atomic_write_text
+
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+
+    def step(what: str) -> Callable[[int, int], None]:
+        def show(i: int, n: int) -> None:
+            if i == n or i % max(1, n // 10) == 0:
+                log(f"  {what}: {i}/{n} ({time.perf_counter() - t0:.0f} s)")
+        return show
+
+    log(f"building {spec.train_tasks} training tasks (graphs, random clusters, teachers) on {spec.workers} workers")
+    train = build_tasks(training_specs(spec.train_tasks, seed=spec.seed, size=spec.sizes, zoo_frac=spec.zoo_frac,
+                                       devices=spec.devices), workers=spec.workers, progress=step("training tasks"))
+    val = build_tasks(training_specs(spec.val_tasks, seed=spec.seed + 10_000, size=spec.sizes, devices=spec.devices),
+                      workers=spec.workers) if spec.val_tasks else []
+    trainer = ConstructiveTrainer(cfg)
+
+    def prog(phase: str, i: int, n: int, info: dict[str, float]) -> None:
+        if i == n or i % max(1, n // 20) == 0:
+            log(f"  {phase} {i}/{n}: " + ", ".join(f"{k} {v:.4f}" for k, v in info.items() if k != "decisions")
+                + f" ({time.perf_counter() - t0:.0f} s)")
+
+    log(f"imitation: behaviour cloning ({cfg.bc_epochs} epochs) + {cfg.dagger_rounds} DAgger rounds on {len(train)} tasks")
+    agree = trainer.imitate(train, progress=prog)
+    log(f"RL ({cfg.rl_algo}): {cfg.rl_iters} iterations, early stopping on {len(val)} validation tasks")
+    rl = trainer.improve(train, heldout=val, progress=prog)
+    train_seconds = time.perf_counter() - t0
+    trainer.save(out / "checkpoint.pt", with_optimizer=False,
+                 extra={"pretrain": dataclasses.asdict(spec), "train_seconds": train_seconds})
+    metrics: dict[str, Any] = {"train_tasks": len(train), "val_tasks": len(val), "imitation_agreement": agree, **rl,
+                               "decisions": trainer.decisions, "train_seconds": train_seconds}
+    atomic_write_text(out / "training.json", json.dumps(trainer.history, indent=1, default=float))
+    if spec.heldout:
+        log("held-out evaluation (zero-shot: greedy and best of 16 samples)")
+        held = build_tasks(heldout_specs(), workers=spec.workers)
+        rows = result_rows(evaluate(trainer.policy, held, samples=16, seed=spec.seed))
+        write_report(rows, out, title="Zero-shot placement of held-out (graph, topology) pairs")
+        metrics["heldout"] = summarise(rows)
+    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1, default=float))
+    return metrics

@@ -1,0 +1,122 @@
+"""The constructive env and policy: env contract, imitation, any device count, checkpoints, CLI."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import envs  # noqa: F401 - registers the environments
+from agents.constructive import rollout
+from agents.constructive_train import ConstructiveConfig, ConstructiveTrainer, evaluate, load_policy
+from envs.constructive_task import ConstructiveTask
+from envs.topology_sampler import random_topology
+from placement_rl.cost import resolve_costs, simulate
+from placement_rl.errors import CheckpointError
+from placement_rl.graph import synthetic
+from placement_rl.topology import load_topology
+
+ENV_ID = "placement_rl/ConstructivePlacementEnv-v0"
+
+
+def task(family: str, n: int, seed: int, topo) -> ConstructiveTask:
+    g = synthetic.sample(family, num_nodes=n, seed=seed)
+    t = load_topology(topo) if isinstance(topo, str) else topo
+    return ConstructiveTask.build(g, t, resolve_costs(g, t))
+
+
+def test_env_contract_and_final_reward() -> None:
+    import gymnasium as gym
+    from gymnasium.utils.env_checker import check_env
+    from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+    g = synthetic.sample("layered", num_nodes=24, seed=1)
+    env = gym.make(ENV_ID, graph=g, topology="4x_v100_nvlink", disable_env_checker=True).unwrapped
+    check_env(env, skip_render_check=True)
+    sb3_check_env(env, warn=False)
+    runs = []
+    for _ in range(2):  # same seed, same episode
+        obs, info = env.reset(seed=3)
+        rng = np.random.default_rng(0)
+        total, done = 0.0, False
+        while not done:
+            a = int(rng.choice(np.flatnonzero(env.action_masks())))
+            obs, r, done, _, info = env.step(a)
+            total += r
+        runs.append((total, info["placement"].copy()))
+    assert runs[0][0] == runs[1][0] and np.array_equal(runs[0][1], runs[1][1])
+    t = load_topology("4x_v100_nvlink")
+    step = simulate(g, resolve_costs(g, t), t, runs[0][1]).step_time
+    assert info["step_time"] == step
+    assert total == pytest.approx(np.log(info["reference"] / step))
+
+
+def test_imitation_reaches_the_teacher() -> None:
+    """Behaviour cloning + DAgger on a small fixed set: the student's greedy placement is within 2% of its
+    teacher's step time on every task."""
+    torch.manual_seed(0)
+    tasks = [task("layered", 30, 0, "4x_v100_nvlink"), task("dataflow", 30, 1, "4x_v100_nvlink"),
+             task("series_parallel", 30, 2, "2x4_v100_ib"), task("transformer_like", 30, 3, "cpu_2gpu")]
+    cfg = ConstructiveConfig(hidden=32, layers=2, bc_epochs=40, dagger_rounds=2, rl_iters=0, seed=0)
+    trainer = ConstructiveTrainer(cfg)
+    trainer.imitate(tasks)
+    for r in evaluate(trainer.policy, tasks, samples=0):
+        name, _ = r.task.teacher()
+        assert r.greedy_time <= 1.02 * r.task.refs[name][0], (r.task.graph.name, name)
+
+
+def test_one_checkpoint_places_on_any_device_count(tmp_path) -> None:
+    cfg = ConstructiveConfig(hidden=16, layers=1, bc_epochs=1, dagger_rounds=0, rl_iters=0)
+    trainer = ConstructiveTrainer(cfg)
+    trainer.imitate([task("layered", 20, 0, "4x_v100_nvlink")])
+    path = trainer.save(tmp_path / "ck.pt")
+    policy, loaded, _ = load_policy(path)
+    assert loaded == cfg
+    rng = np.random.default_rng(0)
+    g = synthetic.sample("dataflow", num_nodes=60, seed=5)
+    for d in (2, 4, 8, 16):
+        topo = random_topology(rng, (d, d))
+        assert topo.num_devices == d
+        t = ConstructiveTask(g, topo, resolve_costs(g, topo))
+        ro = rollout(policy, t, samples=2, greedy=False, generator=torch.Generator().manual_seed(0))
+        assert ro.devices.min() >= 0 and ro.devices.max() < d
+        for k in range(2):
+            assert ro.times[k] == simulate(g, t.costs, topo, ro.devices[k]).step_time
+
+
+def test_bad_checkpoints_are_one_clear_error(tmp_path) -> None:
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        load_policy(bad)
+    from agents.checkpoint import save_checkpoint
+
+    other = save_checkpoint(tmp_path / "ppo.pt", algo="maskable_ppo", config={}, obs={}, num_timesteps=0, policy={},
+                            optimizer=None)
+    with pytest.raises(CheckpointError, match="trained with agent 'maskable_ppo'"):
+        load_policy(other)
+    trainer = ConstructiveTrainer(ConstructiveConfig(hidden=16, layers=1))
+    path = trainer.save(tmp_path / "ck.pt")
+    data = torch.load(path, weights_only=True)
+    data["policy"] = {k: v[..., :1] for k, v in data["policy"].items()}  # wrong shapes
+    torch.save(data, tmp_path / "mangled.pt")
+    with pytest.raises(CheckpointError, match="does not hold a constructive policy"):
+        load_policy(tmp_path / "mangled.pt")
+    data["obs"]["num_device_features"] = 3
+    torch.save(data, tmp_path / "mismatch.pt")
+    with pytest.raises(CheckpointError, match="num_device_features"):
+        load_policy(tmp_path / "mismatch.pt")
+
+
+def test_compiled_greedy_decode_matches_torch() -> None:
+    """The numba greedy decoder and the torch head choose the same devices."""
+    from agents.constructive import graph_tensors
+    from agents.constructive_train import build_policy
+
+    torch.manual_seed(0)
+    policy = build_policy(ConstructiveConfig(hidden=16, layers=1))
+    t = task("dataflow", 80, 4, "2x4_v100_ib")
+    fast = rollout(policy, t, samples=1, greedy=True)
+    slow = rollout(policy, t, samples=1, greedy=True, record=True)  # record=True takes the torch path
+    assert np.array_equal(fast.devices, slow.devices) and fast.times[0] == slow.times[0]
+    assert graph_tensors(t)[0].shape == (80, t.x.shape[1])
