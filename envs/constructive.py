@@ -9,8 +9,10 @@ so HEFT-like list scheduling is one policy of this env; a learned policy can do 
 by the whole training step (forward, backward, transfers, memory), which the greedy rule never sees.
 
 ## Action Space
-``Discrete(D_max)``: the device of the current node. ``action_masks()`` allows the devices that have memory
-for it (if none has, the one with the most room left), never padded ones.
+``Discrete(D_max)``: the device of the current node; an index past the topology's devices is read as
+``a mod D``. ``action_masks()`` allows the devices that have memory for it (if none has, the one with the most
+room left), never padded ones; a masked device is still accepted (the placement may then not fit, which the
+final reward penalises).
 
 ## Observation Space
 ``Dict`` of ``Box``es: ``node_features [N_max, F_node]`` (static, normalised per graph: see
@@ -108,10 +110,7 @@ class ConstructivePlacementEnv(gym.Env):
     def step(self, action: Any):
         assert self.state is not None and self.task is not None, "call reset() first"
         st = self.state
-        d = int(action)
-        if not self._mask[d]:
-            raise ConfigError(f"action {d} is masked for node {st.node} (use action_masks())")
-        st.place(d)
+        st.place(int(action) % st.topology.num_devices)  # padded indices wrap; a memory-masked device is allowed
         if not st.done:
             return self._obs(), 0.0, False, False, {}
         time = float(st.finish()[0])

@@ -113,7 +113,7 @@ def test_evaluate_single_case_scores_given_plan(tmp_path, tiny_graph):
 
 def test_train_quick_then_place_zero_shot(tmp_path):
     r = cli(tmp_path, "train", "graph=synthetic", "graph.num_nodes=24", "topology=4x_v100_nvlink", "trainer=quick",
-            "trainer.total_steps=512", "progress=false")
+            "env=placement", "agent=maskable_ppo", "trainer.total_steps=512", "progress=false")
     assert r.returncode == 0, r.stderr
     out = tmp_path / "run"
     for name in ("checkpoint.pt", "placement.json", "metrics.json", "training.png", "comparison.md"):
@@ -128,6 +128,38 @@ def test_train_quick_then_place_zero_shot(tmp_path):
     assert r2.returncode == 0, r2.stderr
     placed = json.loads((tmp_path / "place" / "placement.json").read_text())
     assert len(placed["device_of_node"]) == 120
+
+
+def test_train_finetunes_the_pretrained_policy_and_place_uses_it(tmp_path):
+    """The default train: the packaged policy zero-shot, fine-tuned and searched, each its own row; then place."""
+    r = cli(tmp_path, "train", "graph=synthetic", "graph.family=dataflow", "graph.num_nodes=40",
+            "topology=4x_v100_nvlink", "agent.rl_iters=2", "agent.samples=4", "agent.eval_samples=4",
+            "agent.search_budget=30", "trainer.compare=false", "progress=false")
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "run"
+    for name in ("checkpoint.pt", "placement.json", "metrics.json", "learned.md", "training.png",
+                 "search/placement.json"):
+        assert (out / name).is_file(), name
+    m = json.loads((out / "metrics.json").read_text())
+    kinds = {row["row"]: row["kind"] for row in m["rows"]}
+    assert kinds["policy zero-shot (greedy)"] == "learned" and kinds["heft"] == "heuristic"
+    assert kinds["sim_eft"] == "heuristic" and kinds["learned + local search"] == "search"
+    learned = min(row["step_time_ms"] for row in m["rows"] if row["kind"] == "learned")
+    assert m["learned_step_time"] * 1e3 == pytest.approx(learned)
+    r2 = cli(tmp_path, "place", "graph=synthetic", "graph.num_nodes=50", "topology=2x4_v100_ib", "samples=2",
+             "compare=false", run="place")
+    assert r2.returncode == 0, r2.stderr
+    pm = json.loads((tmp_path / "place" / "metrics.json").read_text())
+    assert pm["policy"] == "constructive" and pm["best_of_k_step_time"] <= pm["greedy_step_time"]
+    assert len(json.loads((tmp_path / "place" / "placement.json").read_text())["device_of_node"]) == 50
+
+
+def test_place_with_a_corrupted_checkpoint_exits_2(tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"\x00garbage")
+    r = cli(tmp_path, "place", f"checkpoint={bad}", "graph=synthetic", "graph.num_nodes=10")
+    assert r.returncode == 2 and "cannot be read" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
 
 
 def test_place_with_missing_checkpoint_exits_2(tmp_path):
