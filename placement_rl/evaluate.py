@@ -49,9 +49,13 @@ DEFAULT_SUITE: tuple[Case, ...] = (
     Case("resnet18/CPU+2GPU", _zoo("resnet18"), "cpu_2gpu", "heterogeneous host"),
     Case("gpt-coarse12/2xK80", _zoo("gpt", max_nodes=12), "2x_k80",
          "coarsened to 12 groups: exhaustive search gives the true optimum"),
+    Case("gpt-xl/2xsmallGPU", _zoo("gpt", n_layers=12, d_model=1024, seq_len=128), "2x_small_gpu",
+         "training state (4x params) does not fit one device: DDP cannot run, sharding or a pipeline must"),
 )
 
-DEFAULT_PIPELINE_CASES = ("gpt/4xV100-NVLink", "gpt/2x4V100-IB", "resnet50/4xV100-PCIe")
+# cases where the pipeline planners (DP, FSDP, DP x PP) run too
+DEFAULT_PIPELINE_CASES = ("gpt/4xV100-NVLink", "gpt/2x4V100-IB", "resnet50/4xV100-PCIe", "moe/8xA100",
+                          "gpt-large/2xsmallGPU", "gpt-xl/2xsmallGPU", "gpt-coarse12/2xK80")
 
 
 @dataclass
