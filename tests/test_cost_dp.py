@@ -134,3 +134,21 @@ def test_sharding_field_round_trips_and_old_json_reads_as_dp() -> None:
     assert StagePlan.from_json(json.dumps(old)).sharding == "dp"
     with pytest.raises(PlanError, match="unknown sharding 'zero'"):
         StagePlan(stage_of_node=[0], stage_devices=[(0,)], sharding="zero")
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_ddp_step_between_either_part_and_their_sum_on_random_chains(seed) -> None:
+    rng = np.random.default_rng(seed)
+    n, d = int(rng.integers(2, 12)), int(rng.integers(2, 5))
+    params = rng.uniform(0, 80, n) * MIB
+    from placement_rl.graph.ir import make_graph
+
+    g = make_graph([dict(name=f"n{i}", bwd_flops=1.0, param_bytes=float(params[i])) for i in range(n)],
+                   [(i, i + 1, 0.0) for i in range(n - 1)])
+    fwd, bwd = rng.uniform(1e-3, 2e-2, n), rng.uniform(1e-3, 4e-2, n)
+    costs = table(fwd, bwd, d, latency=float(rng.uniform(0, 1e-4)), bandwidth=float(rng.uniform(1e9, 1e11)))
+    m = int(rng.choice([1, 2, 4]))
+    res = simulate_pipeline(g, costs, topology(d), plan([0] * n, [tuple(range(d))], m))
+    compute = m * (res.meta["stage_fwd_time"][0] + res.meta["stage_bwd_time"][0])
+    allreduce = res.meta["allreduce_time"][0]
+    assert max(compute, allreduce) - 1e-12 <= res.step_time <= compute + allreduce + 1e-12
