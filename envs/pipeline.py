@@ -1,4 +1,5 @@
-"""``PipelineEnv``: cut a graph into pipeline stages in topological order, then pick a DP degree per stage."""
+"""``PipelineEnv``: decide a whole stage plan -- stage cuts in topological order (one stage allowed), a DP degree
+per stage, the micro-batch count, and DP vs sharded DP."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from placement_rl.baselines.pipe_common import MAX_MICROBATCHES
 from placement_rl.cost.pipeline import PIPELINE_SCHEDULES, PipelineSimulator
 from placement_rl.errors import ConfigError
-from placement_rl.plans import StagePlan
+from placement_rl.plans import SHARDINGS, StagePlan
 
 from envs.base import BaseEnv, EnvConfig, TaskState, node_memory
 from envs.graph_source import Task
@@ -18,7 +20,7 @@ from envs.reward import final_reward
 
 __all__ = ["PipelineConfig", "PipelineEnv"]
 
-CUT, DP = 0, 1  # phases
+CUT, DP, MB, SHARD = 0, 1, 2, 3  # phases
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,29 +29,36 @@ class PipelineConfig(EnvConfig):
 
     schedule: pipeline schedule of the plan (``gpipe``, ``1f1b``; ``interleaved1f1b`` is not offered because
         its stages share device groups).
-    num_microbatches: micro-batches per step.
-    batch_size: global batch; when set, a DP degree p is allowed only if ``batch_size % (m * p) == 0``.
+    num_microbatches: micro-batches per step; None (default): the agent chooses it (powers of two up to
+        ``MAX_MICROBATCHES``, at least the stage count for a pipeline).
+    batch_size: global batch; when set, a plan is allowed only if ``batch_size % (m * p) == 0`` for every
+        stage's DP degree p.
     max_stages: at most this many stages (default: the topology's device count).
+    sharding: ``dp`` (DDP), ``fsdp`` (sharded DP inside each stage) or ``choose`` (default: the agent picks).
     """
 
     schedule: str = "1f1b"
-    num_microbatches: int = 4
+    num_microbatches: int | None = None
     batch_size: int | None = None
     max_stages: int | None = None
+    sharding: str = "choose"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.schedule not in PIPELINE_SCHEDULES or self.schedule == "interleaved1f1b":
             raise ConfigError(f"schedule must be 'gpipe' or '1f1b' for PipelineEnv, got {self.schedule!r}")
         m = self.num_microbatches
-        if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
-            raise ConfigError(f"num_microbatches must be a positive integer, got {m!r}")
+        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1):
+            raise ConfigError(f"num_microbatches must be a positive integer or None (the agent chooses), got {m!r}")
         b = self.batch_size
-        if b is not None and (isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1 or b % m):
+        if b is not None and (isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1
+                              or (m is not None and b % m)):
             raise ConfigError(f"batch_size must be a positive integer divisible by num_microbatches ({m}), got {b!r}")
         s = self.max_stages
         if s is not None and (isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1):
             raise ConfigError(f"max_stages must be a positive integer or None, got {s!r}")
+        if self.sharding not in (*SHARDINGS, "choose"):
+            raise ConfigError(f"sharding must be one of {', '.join(SHARDINGS)} or 'choose', got {self.sharding!r}")
 
 
 class PipelineEnv(BaseEnv):
@@ -57,36 +66,42 @@ class PipelineEnv(BaseEnv):
 
     ## Description
     Phase 0 (cuts) walks the nodes in topological order from the second one; for each the agent picks
-    0 = same stage as the previous node or 1 = start a new stage (the first node starts stage 0). Stages are
-    contiguous blocks of one topological order, so every cut is valid. Phase 1 (DP) then visits the stages
-    in order; action ``k`` gives stage ``s`` a data-parallel degree ``k + 1``. Stage ``s`` gets the next
-    ``k + 1`` devices of the topology in index order (devices of one host stay together). The finished plan
-    (``schedule``, ``num_microbatches``, ``batch_size`` from the config) is scored with the cost model's
-    ``simulate_pipeline``.
+    0 = same stage as the previous node or 1 = start a new stage (the first node starts stage 0; never
+    cutting gives one stage, e.g. plain data parallelism over all devices). Stages are contiguous blocks of
+    one topological order, so every cut is valid. Phase 1 (DP) then visits the stages in order; action ``k``
+    gives stage ``s`` a data-parallel degree ``k + 1``. Stage ``s`` gets the next ``k + 1`` devices of the
+    topology in index order (devices of one host stay together). Phase 2 (micro-batches; only when
+    ``num_microbatches`` is None) starts from the smallest allowed count (1 for one stage, else the smallest
+    power of two >= the stage count) and each step 1 = double it, 0 = keep it (the phase ends there or when
+    no larger count is allowed). Phase 3 (sharding; only when ``sharding="choose"``): 0 = DDP, 1 = FSDP.
+    The finished plan is scored with the cost model's ``simulate_pipeline``.
 
     ## Action Space
-    ``Discrete(D_max)`` in both phases. Cuts: only 0/1 are meaningful (others read as ``a mod 2``); a new
-    stage is masked once ``max_stages`` stages exist. DP: degree ``k + 1`` is allowed when the devices used
-    so far plus ``k + 1`` plus one per remaining stage fit the topology and, with ``batch_size`` set,
-    ``batch_size % (num_microbatches * (k + 1)) == 0``; a masked degree is replaced by the largest allowed
+    ``Discrete(D_max)`` in every phase. Cuts, micro-batches and sharding: only 0/1 are meaningful (others read
+    as ``a mod 2``); a new stage is masked once ``max_stages`` stages exist, doubling once no larger count is
+    allowed. DP: degree ``k + 1`` is allowed when the devices used so far plus ``k + 1`` plus one per
+    remaining stage fit the topology and, with ``batch_size`` set, ``batch_size % (k + 1) == 0`` (and
+    ``% (num_microbatches * (k + 1))`` when it is fixed); a masked degree is replaced by the largest allowed
     degree below it (degree 1 is always allowed).
 
     ## Observation Space
     ``envs.features`` keys, where ``placement`` holds the stage of each decided node (-1 undecided) and the
-    one-hot "device" columns of ``node_features`` hold that stage; plus ``phase [1]`` (0 cuts, 1 DP) and
-    ``stage_dp [D_max]`` (DP degree chosen per stage, 0 = none yet). In the DP phase every node of the
-    current stage has the current flag and ``current_node`` is its first node.
+    one-hot "device" columns of ``node_features`` hold that stage; plus ``phase [1]`` (0 cuts, 1 DP,
+    2 micro-batches, 3 sharding), ``stage_dp [D_max]`` (DP degree chosen per stage, 0 = none yet),
+    ``microbatches [1]`` (log2 of the current count) and ``sharding [1]`` (0 DDP, 1 FSDP). In the DP phase
+    every node of the current stage has the current flag and ``current_node`` is its first node.
 
     ## Rewards
     0 until the last step, then ``(T1 - T) / T1`` where T1 is the best single-device plan (one stage on one
-    device, same schedule and micro-batches) and T the plan's simulated step time; minus
+    device, same schedule, the fixed micro-batch count or 1) and T the plan's simulated step time; minus
     ``infeasible_penalty`` (default 1) when the plan does not fit in memory.
 
     ## Starting State
     A task drawn with the env's RNG; the first node in stage 0, the second node current.
 
     ## Episode End
-    Terminates after ``num_nodes - 1 + num_stages`` steps.
+    Terminates after ``num_nodes - 1 + num_stages`` steps, plus the micro-batch steps (at most
+    ``log2 MAX_MICROBATCHES + 1``) and one sharding step when those are chosen.
 
     ## Arguments
     ``graph``, ``topology``, ``cost_fn``, ``config`` / options of ``PipelineConfig`` (see ``envs.base``;
@@ -95,7 +110,9 @@ class PipelineEnv(BaseEnv):
     ``best_step_time`` (best seen on this task).
 
     ## Version History
-    * v0: initial version.
+    * v0: initial version (cuts and DP degrees; fixed micro-batches).
+    * v0, issue 11: the micro-batch count and DP vs FSDP are decisions too (defaults ``num_microbatches=None``,
+      ``sharding="choose"``; pass ``num_microbatches=4, sharding="dp"`` for the old episodes).
     """
 
     config_cls = PipelineConfig
@@ -107,12 +124,17 @@ class PipelineEnv(BaseEnv):
         d = self.layout.max_devices
         self.action_space = spaces.Discrete(d)
         space = self.layout.space()
-        space.spaces["phase"] = spaces.Box(0, 1, (1,), np.int64)
+        space.spaces["phase"] = spaces.Box(0, SHARD, (1,), np.int64)
         space.spaces["stage_dp"] = spaces.Box(0, d, (d,), np.int64)
+        space.spaces["microbatches"] = spaces.Box(0, int(np.log2(MAX_MICROBATCHES)), (1,), np.int64)
+        space.spaces["sharding"] = spaces.Box(0, 1, (1,), np.int64)
         self.observation_space = space
         self._phase = np.zeros(1, np.int64)
         self._stage_dp = np.zeros(d, np.int64)
-        self.buf.arrays.update(phase=self._phase, stage_dp=self._stage_dp)
+        self._log_m = np.zeros(1, np.int64)
+        self._shard = np.zeros(1, np.int64)
+        self.buf.arrays.update(phase=self._phase, stage_dp=self._stage_dp, microbatches=self._log_m,
+                               sharding=self._shard)
         self.stage = np.zeros(0, dtype=np.int64)
         self._pos = 0
         self._num_stages = 0
@@ -122,7 +144,7 @@ class PipelineEnv(BaseEnv):
 
     def _state_key(self) -> Any:
         c = self.config
-        return (c.schedule, c.num_microbatches, c.batch_size)
+        return (c.schedule, c.num_microbatches or 1, c.batch_size)
 
     def _plan(self, stage: np.ndarray, dp: list[int]) -> StagePlan:
         groups, start = [], 0
@@ -130,8 +152,8 @@ class PipelineEnv(BaseEnv):
             groups.append(tuple(range(start, start + p)))
             start += p
         c = self.config
-        return StagePlan(stage_of_node=stage, stage_devices=tuple(groups), num_microbatches=c.num_microbatches,
-                         schedule=c.schedule, batch_size=c.batch_size)
+        return StagePlan(stage_of_node=stage, stage_devices=tuple(groups), num_microbatches=self._m,
+                         schedule=c.schedule, batch_size=c.batch_size, sharding=SHARDINGS[int(self._shard[0])])
 
     def _prepare(self, task: Task) -> TaskState:
         g, t = task.graph, task.topology
@@ -139,7 +161,7 @@ class PipelineEnv(BaseEnv):
         best: tuple[int, float, int] | None = None
         for d in range(t.num_devices):
             plan = StagePlan(stage_of_node=np.zeros(g.num_nodes, np.int64), stage_devices=((d,),),
-                             num_microbatches=self.config.num_microbatches, schedule=self.config.schedule,
+                             num_microbatches=self.config.num_microbatches or 1, schedule=self.config.schedule,
                              batch_size=self.config.batch_size)
             res = sim.run(plan)
             cand = (0 if res.feasible else 1, float(res.step_time), d)
@@ -163,6 +185,9 @@ class PipelineEnv(BaseEnv):
         self.buf.set_placed(first)
         self._num_stages, self._bounds = 1, [0]  # topo position where each stage starts
         self._stage_dp.fill(0)
+        self._m = self.config.num_microbatches or 1
+        self._log_m[0] = int(np.log2(self._m)) if self._m <= MAX_MICROBATCHES else 0
+        self._shard[0] = 1 if self.config.sharding == "fsdp" else 0
         self._used = 0
         self._dp_stage = 0
         self._pos = 1
@@ -193,6 +218,16 @@ class PipelineEnv(BaseEnv):
             else:
                 self._start_dp()
             return self._obs(), 0.0, False, False, self._info()
+        if self._phase[0] == MB:
+            if int(action) % 2 == 1 and self._m_allowed(2 * self._m):
+                self._set_m(2 * self._m)
+                if self._m_allowed(2 * self._m):
+                    self._focus_flag()
+                    return self._obs(), 0.0, False, False, self._info()
+            return self._after_mb()
+        if self._phase[0] == SHARD:
+            self._shard[0] = int(action) % 2
+            return self._finish()
         k = self._dp_stage
         allowed = self._dp_allowed()
         p = int(action) + 1
@@ -204,7 +239,7 @@ class PipelineEnv(BaseEnv):
         if self._dp_stage < self._num_stages:
             self._focus_dp()
             return self._obs(), 0.0, False, False, self._info()
-        return self._finish()
+        return self._start_mb()
 
     def action_masks(self) -> np.ndarray:
         """Bool ``[D_max]``: allowed actions of the current phase (see the class docstring)."""
@@ -230,11 +265,55 @@ class PipelineEnv(BaseEnv):
         left = d - self._used - (self._num_stages - self._dp_stage - 1)
         deg = np.arange(1, self.layout.max_devices + 1)
         ok = deg <= left
-        b, m = self.config.batch_size, self.config.num_microbatches
+        b, m = self.config.batch_size, self.config.num_microbatches or 1
         if b is not None:
             ok &= b % (m * deg) == 0
         ok[0] = True
         return ok
+
+    def _m_allowed(self, m: int) -> bool:
+        """May the plan use ``m`` micro-batches (batch divisibility for every stage's DP degree, the cap)?"""
+        if m > MAX_MICROBATCHES and m != self.config.num_microbatches:
+            return False
+        b = self.config.batch_size
+        return b is None or all(b % (m * int(p)) == 0 for p in self._stage_dp[:self._num_stages])
+
+    def _set_m(self, m: int) -> None:
+        self._m = m
+        self._log_m[0] = int(np.log2(m))
+
+    def _focus_flag(self) -> None:
+        """A binary decision about the whole plan: no current node, actions 0 and (if allowed) 1."""
+        self.buf.set_current_rows(None, -1)
+        mask = self.buf.device_mask
+        mask.fill(0)
+        mask[0] = 1
+        if mask.shape[0] > 1:
+            mask[1] = 1 if self._phase[0] == SHARD else int(self._m_allowed(2 * self._m))
+
+    def _start_mb(self):
+        if self.config.num_microbatches is not None:
+            return self._after_mb()
+        m = 1
+        if self._num_stages > 1:
+            while m < self._num_stages:
+                m *= 2
+        if not self._m_allowed(m):  # the batch does not split that far: the largest count it allows
+            while m > 1 and not self._m_allowed(m):
+                m //= 2
+        self._set_m(m)
+        if not self._m_allowed(2 * m) or self.layout.max_devices < 2:
+            return self._after_mb()
+        self._phase[0] = MB
+        self._focus_flag()
+        return self._obs(), 0.0, False, False, self._info()
+
+    def _after_mb(self):
+        if self.config.sharding != "choose" or self.layout.max_devices < 2:
+            return self._finish()
+        self._phase[0] = SHARD
+        self._focus_flag()
+        return self._obs(), 0.0, False, False, self._info()
 
     def _focus_dp(self) -> None:
         k = self._dp_stage

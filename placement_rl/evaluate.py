@@ -49,9 +49,13 @@ DEFAULT_SUITE: tuple[Case, ...] = (
     Case("resnet18/CPU+2GPU", _zoo("resnet18"), "cpu_2gpu", "heterogeneous host"),
     Case("gpt-coarse12/2xK80", _zoo("gpt", max_nodes=12), "2x_k80",
          "coarsened to 12 groups: exhaustive search gives the true optimum"),
+    Case("gpt-xl/2xsmallGPU", _zoo("gpt", n_layers=12, d_model=1024, seq_len=128), "2x_small_gpu",
+         "training state (4x params) does not fit one device: DDP cannot run, sharding or a pipeline must"),
 )
 
-DEFAULT_PIPELINE_CASES = ("gpt/4xV100-NVLink", "gpt/2x4V100-IB", "resnet50/4xV100-PCIe")
+# cases where the pipeline planners (DP, FSDP, DP x PP) run too
+DEFAULT_PIPELINE_CASES = ("gpt/4xV100-NVLink", "gpt/2x4V100-IB", "resnet50/4xV100-PCIe", "moe/8xA100",
+                          "gpt-large/2xsmallGPU", "gpt-xl/2xsmallGPU", "gpt-coarse12/2xK80")
 
 
 @dataclass
@@ -120,6 +124,42 @@ def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, bud
         if on_done:
             on_done(rows[-1])
     return rows
+
+
+def describe_plan(plan: StagePlan) -> str:
+    """``S=2 x dp(4,4) m=8 fsdp``: stages, DP degree per stage, micro-batches, sharding."""
+    return (f"S={plan.num_stages} x dp{tuple(plan.dp_degrees) if plan.num_stages > 1 else plan.dp_degrees[0]} "
+            f"m={plan.num_microbatches} {plan.sharding}")
+
+
+PIPELINE_PARTITIONERS = ("pp_uniform", "pp_params", "pp_time_dp", "pipedream")  # fixed micro-batch count
+
+
+def pipeline_summary(rows: list[Row]) -> list[dict[str, Any]]:
+    """Per case with pipeline rows: DP, FSDP, best hybrid, best pipeline partitioner, learned (rows whose
+    placer starts with ``learned`` or ``given:``) and the exhaustive optimum, each as ``ms (plan)``."""
+    def cell(r: Row | None) -> str:
+        if r is None:
+            return "-"
+        if not np.isfinite(r.step_time):
+            return "too large" if r.placer == "pp_exhaustive" else "n/a"
+        text = f"{r.step_time * 1e3:.2f}"
+        if isinstance(r.plan, StagePlan):
+            text += f" ({describe_plan(r.plan)})"
+        return text + ("" if r.feasible else " does not fit")
+
+    out = []
+    for case in dict.fromkeys(r.case for r in rows if r.kind == "pipeline"):
+        pipe = {r.placer: r for r in rows if r.case == case and r.kind == "pipeline"}
+        parts = [pipe[n] for n in PIPELINE_PARTITIONERS if n in pipe]
+        best = best_row(parts, kind="pipeline")
+        learned = [r for r in pipe.values() if r.placer.startswith(("learned", "given:"))]
+        out.append({"case": case, "dp": cell(pipe.get("dp")), "fsdp": cell(pipe.get("fsdp")),
+                    "hybrid": cell(pipe.get("hybrid")),
+                    "best_pipeline": (f"{best.placer}: {cell(best)}" if best is not None else "-"),
+                    "learned": cell(learned[0]) if learned else "not run",
+                    "exhaustive": cell(pipe.get("pp_exhaustive"))})
+    return out
 
 
 def best_row(rows: list[Row], kind: str | None = "placement") -> Row | None:

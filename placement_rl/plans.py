@@ -23,6 +23,7 @@ PLACEMENT_SCHEMA = "placement_rl.placement"
 STAGE_PLAN_SCHEMA = "placement_rl.stage_plan"
 VERSION = 1
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "zb1p")
+SHARDINGS = ("dp", "fsdp")  # replicate each stage (DDP) or shard it over its DP group (FSDP2 / ZeRO-3)
 
 
 def _read_json(path_or_str: str | os.PathLike, what: str) -> dict[str, Any]:
@@ -143,6 +144,10 @@ class StagePlan:
     ``stage_of_node[i]`` in ``0..S-1``; every edge goes from a stage to the same or a later one, so each
     stage is a contiguous block of a topological order. ``stage_devices[s]`` are device indices; for
     ``interleaved1f1b`` several (virtual) stages may share a device group, otherwise groups are disjoint.
+    ``sharding``: ``dp`` (every replica holds the stage's parameters, gradients all-reduced, DDP) or
+    ``fsdp`` (parameters, gradients and optimizer state sharded over the stage's DP group, parameters
+    all-gathered per unit for forward and backward, gradients reduce-scattered: FSDP2 ``fully_shard``).
+    JSON without the field reads as ``dp`` (plans written before it existed).
     """
 
     stage_of_node: np.ndarray
@@ -151,6 +156,7 @@ class StagePlan:
     schedule: str = "1f1b"
     batch_size: int | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
+    sharding: str = "dp"
 
     def __post_init__(self) -> None:
         try:
@@ -169,6 +175,11 @@ class StagePlan:
             raise PlanError(f"unknown schedule '{self.schedule}' (choose one of {', '.join(SCHEDULES)})")
         if not isinstance(self.num_microbatches, (int, np.integer)) or self.num_microbatches < 1:
             raise PlanError(f"num_microbatches must be a positive integer, got {self.num_microbatches!r}")
+        if self.sharding not in SHARDINGS:
+            raise PlanError(f"unknown sharding '{self.sharding}' (choose one of {', '.join(SHARDINGS)})")
+        b = self.batch_size
+        if b is not None and (isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1):
+            raise PlanError(f"batch_size must be a positive integer or null, got {b!r}")
 
     @property
     def num_stages(self) -> int:
@@ -236,7 +247,7 @@ class StagePlan:
                                "stage_of_node": self.stage_of_node.tolist(),
                                "stage_devices": [[dname(d) for d in g] for g in self.stage_devices],
                                "num_microbatches": int(self.num_microbatches), "schedule": self.schedule,
-                               "batch_size": self.batch_size, "meta": dict(self.meta)}
+                               "batch_size": self.batch_size, "sharding": self.sharding, "meta": dict(self.meta)}
         if graph is not None:
             out.update(graph=graph.name, graph_fingerprint=graph.fingerprint())
         if topology is not None:
@@ -273,7 +284,7 @@ class StagePlan:
             plan = StagePlan(stage_of_node=stages, stage_devices=tuple(idx_groups),
                              num_microbatches=int(data.get("num_microbatches", 1)),
                              schedule=str(data.get("schedule", "1f1b")), batch_size=data.get("batch_size"),
-                             meta=data.get("meta") or {})
+                             meta=data.get("meta") or {}, sharding=str(data.get("sharding", "dp")))
         except (TypeError, ValueError) as exc:
             raise PlanError(f"stage plan JSON has an invalid field ({exc})") from None
         if graph is not None and topology is not None:

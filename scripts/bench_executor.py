@@ -1,26 +1,27 @@
 """Benchmark of the DP x PP executor (``placement_rl.executor.distributed``) on this machine's CPU processes.
 
-    python scripts/bench_executor.py --out outputs/bench_executor [--steps 20] [--quick]
+    python scripts/bench_executor.py --out outputs/bench_executor [--steps 20] [--quick] [--parts ab]
 
-(a) Overhead: our executor's step (``_runner.PartRunner``: mesh, DDP wrapper, tie groups, schedule by
-    name, Adam) against a minimal hand-written ``torch.distributed.pipelining`` run of the very same
-    split (same stage modules and static metadata, plain ``PipelineStage`` + schedule + Adam, default
-    group). A shared 2-core machine's load swings step times by 2x between runs, so both run in the
-    same two processes with their steps interleaved (ours, hand, hand, ours, ...): both see the same
-    load. Each step is timed the same way (barrier, then schedule + tied-grad sync + Adam; the slowest
-    rank counts). Ratio of median step times (target <= 1.05), also the median of per-step ratios.
-    A full ``deploy_stage_plans`` run of the plan is timed too (its median step).
-(b) Fidelity: measured step time of >= 8 plans (1 and 2 processes, one torch thread each) against
-    ``simulate_pipeline`` with costs from per-op CPU profiles (``placement_rl.profiling``, thread CPU
-    clock, gloo send/recv link fit) on the ``2x_cpu`` topology. Each model is captured and profiled
-    at every per-replica micro-batch size a plan deploys (``batch / (m * p)``, same node names as the
-    full-batch capture); a plan is simulated with the costs of its micro-batch
-    (``cost_batch_size``: no linear 1/(m p) scaling) plus that profile's measured per-pass overhead
-    that no op owns (``predict_step_time``'s ``step_overhead``, spread over the nodes:
-    ``with_step_overhead``). The simulator has no optimizer, so the prediction adds the profile's
-    measured Adam time scaled by the largest stage's parameter share (``+opt``). The table also shows
-    the old linear prediction (full-batch costs scaled by 1/(m p), no step overhead) and compares the
-    simulator alone with the measured step minus Adam. MAPE and Spearman's rank correlation.
+(a) Overhead: our executor's step (``_runner.PartRunner``: mesh, DDP / FSDP2 wrapper, tie groups, schedule by
+    name, Adam) against a minimal hand-written run of the same model. Pipeline plans: a hand-written
+    ``torch.distributed.pipelining`` run of the very same split (same stage modules and static metadata,
+    plain ``PipelineStage`` + schedule + Adam, default group). One-stage ``dp`` / ``fsdp`` plans: the eager
+    zoo ``nn.Module`` itself wrapped in ``DistributedDataParallel`` / FSDP2 ``fully_shard``, Adam, the same
+    micro-batches (what a user writes from the torch tutorials). A shared 2-core machine's load swings step
+    times by 2x between runs, so both run in the same processes with their steps interleaved (ours, hand,
+    hand, ours, ...): both see the same load. Each step is timed the same way (barrier, then forward /
+    backward / gradient sync + Adam; the slowest rank counts). Ratio of median step times (target <= 1.05),
+    also the median of per-step ratios. A full ``deploy_stage_plans`` run of the plan is timed too.
+(b) Fidelity: measured step time of DP (DDP), FSDP, PP and DP x PP plans (1, 2 and 4 processes, one torch
+    thread each) against ``simulate_pipeline`` with costs from per-op CPU profiles (``placement_rl.profiling``,
+    thread CPU clock, gloo send/recv link fit) on CPU "devices" (``2x_cpu``; 4 of them for DP x PP, which
+    then runs 4 processes on the 2 cores: reported apart). Each model is captured and profiled at every
+    per-replica micro-batch size a plan deploys (``batch / (m * p)``, same node names as the full-batch
+    capture); a plan is simulated with the costs of its micro-batch (``cost_batch_size``: no linear 1/(m p)
+    scaling) plus that profile's measured per-pass overhead that no op owns (``with_step_overhead``). The
+    simulator has no optimizer, so the prediction adds the profile's measured Adam time scaled by the
+    largest stage's parameter share (``+opt``; FSDP: divided by the DP degree). MAPE and Spearman's rank
+    correlation, overall and per plan kind.
 
 Writes ``bench_executor.json`` and ``bench_executor.md`` to ``--out``.
 """
@@ -52,7 +53,6 @@ from placement_rl.graph.capture import capture
 from placement_rl.profiling import ProfileDB, local_link_benchmarks, measured_costs, predict_step_time, profile_graph
 from placement_rl.profiling.fidelity import fidelity_stats
 from placement_rl.profiling.run import select_devices
-from placement_rl.topology import load_topology
 
 MODELS = {
     "gpt": dict(batch_size=16, seq_len=64, vocab_size=512, d_model=64, n_layers=4, n_heads=4, dropout=0.0),
@@ -60,14 +60,21 @@ MODELS = {
 }
 
 
-def even_plan(n: int, *, cuts: list[float], dp: int, m: int, schedule: str, batch: int) -> StagePlan:
-    """Stages split at the given fractions of the node order; stage s on devices s (dp = 1) or (0, 1)."""
+def even_plan(n: int, *, cuts: list[float], dp: int, m: int, schedule: str, batch: int,
+              sharding: str = "dp") -> StagePlan:
+    """Stages split at the given fractions of the node order; stage s on devices s, s + S, ... (mesh layout)."""
     bounds = [int(round(c * n)) for c in cuts]
     son = np.searchsorted(np.array(bounds), np.arange(n), side="right")
     stages = len(cuts) + 1
-    devices = ((0, 1),) if dp == 2 else tuple((s,) for s in range(stages))
+    devices = tuple(tuple(s + k * stages for k in range(dp)) for s in range(stages))
     return StagePlan(stage_of_node=son, stage_devices=devices, num_microbatches=m, schedule=schedule,
-                     batch_size=batch)
+                     batch_size=batch, sharding=sharding)
+
+
+def plan_label(kw: dict) -> str:
+    kind = kw.get("sharding", "dp")
+    head = f"{kind}{kw['dp']}" if not kw["cuts"] else f"{kind}{kw['dp']} x pp2@{kw['cuts'][0]:.2f}"
+    return f"{head} {kw['schedule']} m={kw['m']}"
 
 
 # ------------------------------------------------------------------------------ (a) hand-written
@@ -116,13 +123,53 @@ class HandWritten:
         return time.perf_counter() - t0
 
 
+class HandWrittenDP:
+    """The eager zoo model in ``DistributedDataParallel`` or FSDP2 ``fully_shard`` (default group), Adam,
+    ``m`` micro-batches per step (``no_sync`` before the last for DDP), from the torch tutorials."""
+
+    def __init__(self, part_dir: Path, rank: int) -> None:
+        part = json.loads((part_dir / "part.json").read_text())
+        dims, world = part["dims"], dist.get_world_size()
+        model = part["model"]
+        module, inputs = zoo.build(model["zoo"], **{**model["overrides"], "batch_size": part["batch_size"]})
+        module.train()
+        self.m = int(dims["num_microbatches"])
+        if dims.get("sharding", "dp") == "fsdp":
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            self.model = fully_shard(module, mesh=init_device_mesh("cpu", (world,)))
+            self.ddp = False
+        else:
+            self.model = torch.nn.parallel.DistributedDataParallel(module)
+            self.ddp = True
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-3)
+        per = inputs[0].shape[0] // world
+        self.batch = tuple(t[rank * per:(rank + 1) * per] for t in inputs)
+
+    def step(self) -> float:
+        import contextlib
+
+        self.opt.zero_grad(set_to_none=True)
+        dist.barrier()
+        t0 = time.perf_counter()
+        size = self.batch[0].shape[0] // self.m
+        for i in range(self.m):
+            ctx = self.model.no_sync() if self.ddp and i < self.m - 1 else contextlib.nullcontext()
+            with ctx:
+                (self.model(*(t[i * size:(i + 1) * size] for t in self.batch)) / self.m).backward()
+        self.opt.step()
+        return time.perf_counter() - t0
+
+
 def _ab_worker(rank: int, world: int, port: int, part_dir: str, steps: int, warmup: int, queue) -> None:
     """Both runs in the same processes, steps interleaved (ours, hand, hand, ours, ...): same load, same moment."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     ours = PartRunner({"lr": 1e-3}, Path(part_dir), rank=rank, device=torch.device("cpu"))
-    hand = HandWritten(Path(part_dir), rank)
+    plain = json.loads((Path(part_dir) / "part.json").read_text())["dims"]["num_stages"] == 1
+    hand = HandWrittenDP(Path(part_dir), rank) if plain else HandWritten(Path(part_dir), rank)
     t_ours, t_hand = [], []
     for step in range(warmup + steps):
         order = (ours, hand) if step % 2 == 0 else (hand, ours)
@@ -156,23 +203,29 @@ def run_ab(part_dir: Path, *, steps: int, warmup: int, world: int = 2) -> tuple[
 def bench_overhead(graphs, *, steps: int, repeats: int, work: Path) -> list[dict]:
     rows = []
     cases = [("gpt", dict(cuts=[0.5], dp=1, m=4, schedule="1f1b")),
-             ("resnet18", dict(cuts=[0.5], dp=1, m=2, schedule="gpipe"))]
+             ("resnet18", dict(cuts=[0.5], dp=1, m=2, schedule="gpipe")),
+             ("gpt", dict(cuts=[], dp=2, m=1, schedule="1f1b")),
+             ("gpt", dict(cuts=[], dp=2, m=1, schedule="1f1b", sharding="fsdp")),
+             ("resnet18", dict(cuts=[], dp=2, m=1, schedule="1f1b")),
+             ("resnet18", dict(cuts=[], dp=2, m=1, schedule="1f1b", sharding="fsdp"))]
     for name, kw in cases:
         if name not in graphs:
             continue
         plan = even_plan(graphs[name].num_nodes, batch=MODELS[name]["batch_size"], **kw)
         spec = DeploySpec(plan=plan, graph=graphs[name], model=name, overrides=MODELS[name])
         cfg = DeployConfig(steps=steps, warmup=3, timeout_s=600)
-        job = work / f"a_{name}"
+        job = work / f"a_{name}_{len(rows)}"
         deployed = deploy_stage_plans([spec], config=cfg, job_dir=job)[0]  # the full path, launcher included
         ours, hand = run_ab(job / "part0", steps=steps * repeats, warmup=3)
         paired = float(np.median(ours / hand))
-        row = {"model": name, "plan": f"pp2 {kw['schedule']} m={kw['m']}", "deploy_s": deployed.step_time,
+        row = {"model": name, "plan": plan_label(kw), "deploy_s": deployed.step_time,
+               "baseline": "eager module + DDP" if not kw["cuts"] and kw.get("sharding", "dp") == "dp" else
+               "eager module + FSDP2 fully_shard" if not kw["cuts"] else "torch pipelining, same split",
                "ours_s": float(np.median(ours)), "hand_s": float(np.median(hand)),
                "ratio": float(np.median(ours) / np.median(hand)), "ratio_paired_steps": paired,
                "ratio_best_step": float(ours.min() / hand.min()), "steps": int(ours.size)}
         rows.append(row)
-        print(f"(a) {name}: deploy {deployed.step_time * 1e3:.2f} ms; in-process A/B ours {row['ours_s'] * 1e3:.2f} / "
+        print(f"(a) {name} {row['plan']}: deploy {deployed.step_time * 1e3:.2f} ms; in-process A/B ours {row['ours_s'] * 1e3:.2f} / "
               f"hand {row['hand_s'] * 1e3:.2f} ms: ratio {row['ratio']:.3f}, paired {paired:.3f}, "
               f"best {row['ratio_best_step']:.3f}")
     return rows
@@ -181,9 +234,32 @@ def bench_overhead(graphs, *, steps: int, repeats: int, work: Path) -> list[dict
 # ------------------------------------------------------------------------------ (b) fidelity
 PLANS = [dict(cuts=[], dp=1, m=1, schedule="gpipe"), dict(cuts=[], dp=1, m=4, schedule="gpipe"),
          dict(cuts=[], dp=2, m=1, schedule="gpipe"), dict(cuts=[], dp=2, m=2, schedule="gpipe"),
+         dict(cuts=[], dp=2, m=1, schedule="gpipe", sharding="fsdp"),
+         dict(cuts=[], dp=2, m=2, schedule="gpipe", sharding="fsdp"),
          dict(cuts=[0.5], dp=1, m=1, schedule="gpipe"), dict(cuts=[0.5], dp=1, m=4, schedule="gpipe"),
          dict(cuts=[0.5], dp=1, m=4, schedule="1f1b"), dict(cuts=[0.25], dp=1, m=2, schedule="1f1b"),
-         dict(cuts=[0.75], dp=1, m=2, schedule="gpipe")]
+         dict(cuts=[0.75], dp=1, m=2, schedule="gpipe"),
+         dict(cuts=[0.5], dp=2, m=2, schedule="gpipe"), dict(cuts=[0.5], dp=2, m=2, schedule="1f1b")]
+
+
+def plan_kind(kw: dict) -> str:
+    if kw["cuts"] and kw["dp"] > 1:
+        return "dp x pp (4 procs on 2 cores)"
+    if kw["cuts"]:
+        return "pp"
+    return kw.get("sharding", "dp") if kw["dp"] > 1 else "single"
+
+
+def cpu_topology(count: int):
+    """``2x_cpu`` with ``count`` CPU devices (the same measured figures)."""
+    import yaml
+
+    from placement_rl.topology import DeviceTopology, conf_dir
+
+    data = yaml.safe_load((conf_dir() / "topology" / "2x_cpu.yaml").read_text())
+    data["devices"][0]["count"] = count
+    data["name"] = f"{count}x_cpu"
+    return DeviceTopology.from_dict(data)
 
 
 def micro_batch(plan: StagePlan) -> int:
@@ -218,7 +294,7 @@ class Predictor:
         self.micro: dict[int, tuple] = {}
         for b, g in graphs.items():
             costs = measured_costs(g, topology, db, backend="gloo")
-            overhead = predict_step_time(g, topology, np.zeros(g.num_nodes, dtype=np.int64), db,
+            overhead = predict_step_time(g, topology.subset([0, 1]), np.zeros(g.num_nodes, dtype=np.int64), db,
                                          optimizer=False).step_overhead
             self.micro[b] = (with_step_overhead(costs, overhead), overhead)
         got = db.optimizer_time(self.graph, db.device_names[0])
@@ -226,7 +302,8 @@ class Predictor:
 
     def adam_share(self, plan: StagePlan) -> float:
         share = max(float(self.graph.param_bytes[plan.stage_of_node == s].sum()) for s in range(plan.num_stages))
-        return self.adam * share / (float(self.graph.param_bytes.sum()) or 1.0)
+        shards = len(plan.stage_devices[0]) if plan.sharding == "fsdp" else 1
+        return self.adam * share / shards / (float(self.graph.param_bytes.sum()) or 1.0)
 
     def __call__(self, plan: StagePlan) -> dict[str, float]:
         b = micro_batch(plan)
@@ -244,16 +321,16 @@ def bench_fidelity(graphs, *, steps: int, work: Path, predictors: dict) -> dict:
         predictor = predictors[name]
         plans = [even_plan(graph.num_nodes, batch=MODELS[name]["batch_size"], **kw) for kw in PLANS]
         cfg = DeployConfig(steps=steps, warmup=2, timeout_s=600)
-        for world in (1, 2):
+        for world in (1, 2, 4):
             idx = [i for i, p in enumerate(plans) if p.world_size == world]
             specs = [DeploySpec(plan=plans[i], graph=graph, model=name, overrides=MODELS[name]) for i in idx]
             results = deploy_stage_plans(specs, config=cfg, job_dir=work / f"b_{name}_{world}")
             for i, res in zip(idx, results):
                 got = predictor(plans[i])
                 kw = PLANS[i]
-                label = (f"dp{kw['dp']}" if not kw["cuts"] else f"pp2@{kw['cuts'][0]:.2f}") + \
-                    f" {kw['schedule']} m={kw['m']}"
-                rows.append({"model": name, "plan": label, "world": world, "measured_s": res.step_time,
+                label = plan_label(kw)
+                rows.append({"model": name, "plan": label, "kind": plan_kind(kw), "world": world,
+                             "measured_s": res.step_time,
                              "measured_no_opt_s": res.step_time - res.optimizer_time, **got,
                              "source": predictor.linear_costs.source[0]})
                 print(f"(b) {name} {label}: measured {res.step_time * 1e3:.2f} ms, predicted "
@@ -268,18 +345,25 @@ def bench_fidelity(graphs, *, steps: int, work: Path, predictors: dict) -> dict:
              "simulator_only_vs_no_optimizer": fidelity_stats(col("simulated_s"), col("measured_no_opt_s"))}
     per_model = {m: fidelity_stats(col("predicted_s", m), col("measured_s", m)) for m in graphs}
     per_model_linear = {m: fidelity_stats(col("linear_s", m), col("measured_s", m)) for m in graphs}
-    return {"rows": rows, "stats": stats, "per_model": per_model, "per_model_linear": per_model_linear}
+    kinds = sorted({r["kind"] for r in rows})
+    per_kind = {k: fidelity_stats(np.array([r["predicted_s"] for r in rows if r["kind"] == k]),
+                                  np.array([r["measured_s"] for r in rows if r["kind"] == k])) for k in kinds}
+    two_cores = [r for r in rows if r["world"] <= 2]
+    stats["up_to_2_procs"] = fidelity_stats(np.array([r["predicted_s"] for r in two_cores]),
+                                            np.array([r["measured_s"] for r in two_cores]))
+    return {"rows": rows, "stats": stats, "per_model": per_model, "per_model_linear": per_model_linear,
+            "per_kind": per_kind}
 
 
 def write_report(out: Path, a_rows: list[dict], b: dict, meta: dict) -> None:
     lines = ["# Executor benchmark", "", f"Machine: {meta['machine']}; torch {torch.__version__}; one torch thread "
              "per process; gloo on CPU. Not run on a GPU.", "",
-             "## (a) our deploy vs hand-written torch.distributed.pipelining (same split)", "",
+             "## (a) our deploy vs hand-written runs (pipelining of the same split; eager DDP / FSDP2)", "",
              "Both in the same two processes, steps interleaved (ours, hand, hand, ours, ...), so both see the "
              "same load; step time = slowest rank. `deploy` = the median step of a full `deploy_stage_plans` run.",
-             "", "| model | plan | deploy (ms) | ours (ms) | hand-written (ms) | ratio of medians | median of "
-             "per-step ratios | best / best |", "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['model']} | {r['plan']} | {r['deploy_s'] * 1e3:.2f} | {r['ours_s'] * 1e3:.2f} | "
+             "", "| model | plan | hand-written | deploy (ms) | ours (ms) | hand-written (ms) | ratio of medians | "
+             "median of per-step ratios | best / best |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['plan']} | {r['baseline']} | {r['deploy_s'] * 1e3:.2f} | {r['ours_s'] * 1e3:.2f} | "
               f"{r['hand_s'] * 1e3:.2f} | {r['ratio']:.3f} | {r['ratio_paired_steps']:.3f} | "
               f"{r['ratio_best_step']:.3f} |" for r in a_rows]
     if b["rows"]:
@@ -297,7 +381,11 @@ def write_report(out: Path, a_rows: list[dict], b: dict, meta: dict) -> None:
                   f"{s['linear_with_optimizer']['mape']:.1f}%, Spearman {s['linear_with_optimizer']['spearman']:.3f}; "
                   "simulator alone vs measured step minus Adam: MAPE "
                   f"{s['simulator_only_vs_no_optimizer']['mape']:.1f}%, "
-                  f"Spearman {s['simulator_only_vs_no_optimizer']['spearman']:.3f}."]
+                  f"Spearman {s['simulator_only_vs_no_optimizer']['spearman']:.3f}. Plans on at most 2 processes "
+                  f"(one core each): MAPE {s['up_to_2_procs']['mape']:.1f}%, Spearman "
+                  f"{s['up_to_2_procs']['spearman']:.3f} (n={s['up_to_2_procs']['n']})."]
+        lines += [f"{k}: MAPE {v['mape']:.1f}%, Spearman {v['spearman']:.3f} (n={v['n']})"
+                  for k, v in b["per_kind"].items()]
         lines += [f"{m}: MAPE {v['mape']:.1f}%, Spearman {v['spearman']:.3f} (n={v['n']}); linear: MAPE "
                   f"{b['per_model_linear'][m]['mape']:.1f}%, Spearman {b['per_model_linear'][m]['spearman']:.3f}"
                   for m, v in b["per_model"].items()]
@@ -321,7 +409,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-executor-") as tmp:
         work = Path(tmp)
         db, graphs, predictors = ProfileDB(work / "profile.json"), {}, {}
-        topology = load_topology("2x_cpu")
+        topology = cpu_topology(4)
         for name in MODELS:
             full = MODELS[name]["batch_size"]
             sizes = {full} | {full // (kw["m"] * kw["dp"]) for kw in PLANS}

@@ -223,6 +223,7 @@ def test_deterministic_with_seed(name):
 
 # ================================================================== pipelines
 PIPE = [n for n in baselines.pipeline_names() if n != "pp_exhaustive"]
+WHOLE_PLAN = ("dp", "fsdp", "hybrid", "pipedream")  # choose the micro-batch count themselves (pipedream: full replication)
 
 
 def run_pipe(name: str, graph, topo, *, budget: int = 40, seed: int = 0, costs=None, **kw):
@@ -232,7 +233,8 @@ def run_pipe(name: str, graph, topo, *, budget: int = 40, seed: int = 0, costs=N
 
 
 def test_pipeline_registry():
-    assert baselines.pipeline_names() == ["pp_uniform", "pp_params", "pp_time_dp", "pipedream", "pp_exhaustive"]
+    assert baselines.pipeline_names() == ["dp", "fsdp", "hybrid", "pp_uniform", "pp_params", "pp_time_dp",
+                                          "pipedream", "pp_exhaustive"]
     with pytest.raises(ConfigError, match="pipedream"):
         baselines.get_pipeline("gpipe_magic")
 
@@ -248,7 +250,8 @@ def test_partitioner_valid_plan_within_budget(name, case):
     assert res.feasible
     assert plan.meta["sim_calls"] <= 40 and plan.meta["placer"] == name
     assert plan.meta["step_time"] == pytest.approx(res.step_time)
-    assert plan.num_microbatches == 4 and plan.schedule == "1f1b"
+    assert plan.schedule == "1f1b"
+    assert plan.num_microbatches == 4 or name in WHOLE_PLAN
 
 
 def test_uniform_and_params_partitions():
@@ -279,7 +282,7 @@ def test_pipeline_batch_size_constrains_dp_degrees():
     costs = resolve_costs(graph, topo)
     for name in ("pipedream", "pp_exhaustive"):
         plan, _ = run_pipe(name, graph, topo, costs=costs, budget=5000, num_microbatches=2, batch_size=4)
-        assert all(4 % (2 * p) == 0 for p in plan.dp_degrees)
+        assert all(4 % (plan.num_microbatches * p) == 0 for p in plan.dp_degrees)
     with pytest.raises(ConfigError, match="batch_size"):
         run_pipe("pp_uniform", graph, topo, costs=costs, num_microbatches=4, batch_size=6)
 
@@ -325,3 +328,58 @@ def test_pipedream_replicates_when_data_parallelism_wins():
     _, dp = run_pipe("pp_time_dp", graph, topo, costs=costs, num_microbatches=1)
     assert res.step_time < dp.step_time
     assert res.step_time == pytest.approx(24 / 4, rel=1e-3)
+
+
+# ------------------------------------------------- data parallelism vs pipelines on the suite's models
+def _suite_case(name):
+    from placement_rl.evaluate import DEFAULT_SUITE, load_case
+
+    case = next(c for c in DEFAULT_SUITE if c.name == name)
+    graph, topo = load_case(case)
+    return graph, resolve_costs(graph, topo), topo
+
+
+def test_dp_at_least_twice_as_fast_as_8_stage_gpipe_on_resnet18_a100():
+    """Direction and rough size of the survey anchor (DDP 58 s vs 8-stage GPipe 1,149 s on 8 A100s)."""
+    from placement_rl.evaluate import _zoo
+    from placement_rl.graph.spec import graph_from_spec
+    from placement_rl.topology import load_topology
+
+    graph = graph_from_spec(_zoo("resnet18"))
+    topo = load_topology("8x_a100_nvswitch")
+    costs = resolve_costs(graph, topo)
+    plan, dp = run_pipe("dp", graph, topo, costs=costs)
+    assert plan.num_stages == 1 and plan.dp_degrees == (8,) and dp.feasible
+    def gpipe(name):  # the 8-stage GPipe plan at its best micro-batch count
+        times = [run_pipe(name, graph, topo, costs=costs, schedule="gpipe", num_microbatches=m)
+                 for m in (4, 8, 16, 32)]
+        assert all(p.num_stages == 8 for p, _ in times)
+        return min(r.step_time for _, r in times)
+
+    assert gpipe("pp_uniform") >= 2.0 * dp.step_time  # uniform cuts (as the issue measured): 2.1x
+    # time-balanced cuts are the best 8-stage GPipe plan the simulator knows: 1.97x
+    assert gpipe("pp_time_dp") >= 1.9 * dp.step_time
+
+
+def test_memory_forced_case_rules_out_dp_and_picks_fsdp_or_a_pipeline():
+    graph, costs, topo = _suite_case("gpt-xl/2xsmallGPU")
+    plan, dp = run_pipe("dp", graph, topo, costs=costs, budget=200)
+    assert not dp.feasible and "has 2.00 GiB" in dp.meta["memory_errors"][0]
+    best, res = run_pipe("hybrid", graph, topo, costs=costs, budget=200)
+    assert res.feasible and (best.sharding == "fsdp" or best.num_stages > 1)
+    _, fs = run_pipe("fsdp", graph, topo, costs=costs, budget=200)
+    assert fs.feasible
+
+
+@pytest.mark.slow
+def test_pipedream_and_hybrid_never_slower_than_dp_on_the_suite():
+    from placement_rl.evaluate import DEFAULT_SUITE
+
+    for case in DEFAULT_SUITE:
+        graph, costs, topo = _suite_case(case.name)
+        _, dp = run_pipe("dp", graph, topo, costs=costs, budget=5000)
+        for name in ("pipedream", "hybrid"):
+            _, other = run_pipe(name, graph, topo, costs=costs, budget=5000)
+            assert (not dp.feasible and other.feasible) or (other.feasible >= dp.feasible
+                                                            and other.step_time <= dp.step_time + 1e-12), \
+                (case.name, name)

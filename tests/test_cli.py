@@ -195,3 +195,38 @@ def test_deploy_stage_plan_and_placement_write_deploy_json(tmp_path):
     bad.write_text(json.dumps(data))
     r = cli(tmp_path, "deploy", f"plan={bad}")
     assert r.returncode == 2 and "used by stages 0 and 1" in r.stderr
+
+
+def test_deploy_refuses_bad_dp_plans_before_any_process(tmp_path):
+    """A DP degree that does not divide the batch, an fsdp plan without enough memory, unequal DP degrees:
+    one line naming the problem, exit 2, no rank started."""
+    from placement_rl.graph import zoo
+    from placement_rl.graph.capture import capture_zoo
+    from placement_rl.graph.coarsen import coarsen
+    from placement_rl.plans import StagePlan
+
+    graph = coarsen(capture_zoo("gpt", **zoo.tiny("gpt")))
+    graph.to_json(tmp_path / "graph.json")
+    n = graph.num_nodes
+    half = [0 if i < n // 2 else 1 for i in range(n)]
+    small = tmp_path / "small.yaml"
+    small.write_text("name: small\ndevices:\n  - {name: gpu, count: 4, kind: gpu, peak_flops: 1.0e+12, "
+                     "mem_bandwidth: 1.0e+11, memory_bytes: 10000}\nlinks:\n  intra_host: {bandwidth: 1.0e+9, "
+                     "latency: 1.0e-6}\n")
+    names = ["gpu0", "gpu1", "gpu2", "gpu3"]
+    cases = {
+        "dp_batch": (dict(stage_of_node=[0] * n, stage_devices=[names[:3]], batch_size=4),
+                     "batch size 4 is not divisible"),
+        "fsdp_memory": (dict(stage_of_node=[0] * n, stage_devices=[names[:2]], sharding="fsdp"),
+                        "fsdp plan does not fit topology 'small': gpu0 needs"),
+        "unequal_dp": (dict(stage_of_node=half, stage_devices=[names[:2], names[2:3]]), "unequal DP degrees"),
+    }
+    for name, (fields, message) in cases.items():
+        data = StagePlan(stage_of_node=[0], stage_devices=[(0,)]).to_dict()
+        data.update(fields, num_microbatches=1)
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+        r = cli(tmp_path, "deploy", f"plan={tmp_path / name}.json", f"topology.path={small}", run=name)
+        assert r.returncode == 2, (name, r.stderr)
+        lines = [x for x in r.stderr.strip().splitlines() if x.strip()]
+        assert len(lines) == 1 and message in lines[0], (name, r.stderr)
+        assert not (tmp_path / name / "deploy.json").exists()

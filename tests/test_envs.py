@@ -11,6 +11,7 @@ from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import envs
+from placement_rl.cost import simulate_pipeline
 from envs import GraphSource, OneShotPlacementEnv, PipelineEnv, PlacementEnv, SimulatedReward
 from envs.base import node_memory
 from placement_rl.cost import Simulator, resolve_costs
@@ -238,7 +239,8 @@ def test_cost_fn_hook(graph, topo):
 def test_pipeline_masks_plan_and_reward():
     g = synthetic.sample("transformer_like", num_nodes=16, seed=0)
     topo = _topology(count=4)
-    env = PipelineEnv(graph=g, topology=topo, num_microbatches=2, batch_size=8, schedule="gpipe", max_devices=5)
+    env = PipelineEnv(graph=g, topology=topo, num_microbatches=2, batch_size=8, schedule="gpipe", max_devices=5,
+                      sharding="dp")
     rng = np.random.default_rng(0)
     for ep in range(15):
         obs, info = env.reset(seed=ep)
@@ -257,21 +259,48 @@ def test_pipeline_masks_plan_and_reward():
         assert isinstance(plan, StagePlan) and isinstance(info["best_plan"], StagePlan)
         plan.validate(g, topo)
         assert plan.world_size <= 4 and steps == g.num_nodes - 1 + plan.num_stages
+        assert plan.num_microbatches == 2 and plan.sharding == "dp"
         assert obs["stage_dp"][:plan.num_stages].tolist() == list(plan.dp_degrees)
         t1 = info["best_single_time"]
         assert r == pytest.approx((t1 - info["step_time"]) / t1 - (0 if info["feasible"] else 1.0))
         assert info["best_step_time"] <= info["step_time"]
 
 
-def test_pipeline_max_stages_and_invalid_actions(topo):
-    g = synthetic.sample("layered", num_nodes=10, seed=0)
-    env = PipelineEnv(graph=g, topology=_topology(count=4), max_stages=2)
+def test_pipeline_env_decides_the_whole_plan():
+    """Micro-batch count and DP vs FSDP are decisions; one stage over every device is reachable."""
+    g = synthetic.sample("transformer_like", num_nodes=12, seed=1)
+    topo = _topology(count=4)
+    env = PipelineEnv(graph=g, topology=topo, batch_size=32)
+    rng = np.random.default_rng(1)
+    seen_m, seen_sh = set(), set()
+    for ep in range(25):
+        obs, info = env.reset(seed=ep)
+        done, phases = False, []
+        while not done:
+            mask = env.action_masks()
+            phases.append(int(obs["phase"][0]))
+            if obs["phase"][0] >= 2:
+                assert mask[0] and not mask[2:].any()
+            obs, r, done, _, info = env.step(int(rng.choice(np.flatnonzero(mask))))
+        plan = info["plan"]
+        plan.validate(g, topo)
+        assert all(32 % (plan.num_microbatches * p) == 0 for p in plan.dp_degrees)
+        assert plan.num_stages == 1 or plan.num_microbatches >= plan.num_stages
+        assert phases[-1] == 3 and phases == sorted(phases)
+        assert info["step_time"] == pytest.approx(simulate_pipeline(g, env.state.task.costs, topo, plan).step_time)
+        seen_m.add(plan.num_microbatches)
+        seen_sh.add(plan.sharding)
+    assert len(seen_m) > 2 and seen_sh == {"dp", "fsdp"}
+    # never cut, give the one stage all 4 devices, keep m = 1, DDP: plain data parallelism
     env.reset(seed=0)
-    done = False
-    while not done:
-        _, _, done, _, info = env.step(env.action_space.n - 1)  # always "cut" / "largest degree"
-    assert info["plan"].num_stages == 2 and sum(info["plan"].dp_degrees) <= 4
-    assert info["plan"].dp_degrees == (3, 1)  # the first stage leaves one device for the second
+    for _ in range(g.num_nodes - 1):
+        env.step(0)
+    env.step(3)
+    assert env.action_masks()[:2].tolist() == [True, True]  # micro-batches: keep or double
+    env.step(0)
+    _, _, done, _, info = env.step(0)
+    assert done and info["plan"].dp_degrees == (4,) and info["plan"].num_stages == 1
+    assert info["plan"].num_microbatches == 1 and info["plan"].sharding == "dp"
 
 
 # ------------------------------------------------------------ graph sources

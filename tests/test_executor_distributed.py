@@ -25,6 +25,7 @@ from placement_rl.executor.distributed import (DeployConfig, DeploySpec, build_t
 from placement_rl.graph import zoo
 from placement_rl.graph.capture import capture
 from placement_rl.plans import StagePlan
+from placement_rl.topology import DeviceTopology
 
 GPT = dict(batch_size=8, seq_len=8, vocab_size=32, d_model=16, n_layers=2, n_heads=2, dropout=0.0)
 CNN = dict(batch_size=8, image_size=16, num_classes=5, width=4)
@@ -41,14 +42,15 @@ def graphs():
     return out
 
 
-def make_plan(graph, *, stages: int, dp: int, m: int, schedule: str, layout: str = "loop") -> StagePlan:
+def make_plan(graph, *, stages: int, dp: int, m: int, schedule: str, layout: str = "loop",
+              sharding: str = "dp") -> StagePlan:
     n = graph.num_nodes
     pp = stages if layout == "single" else stages // 2
     cols = [s if layout == "single" else (s % pp if layout == "loop" else min(s, 2 * pp - 1 - s))
             for s in range(stages)]
     return StagePlan(stage_of_node=np.minimum(np.arange(n) * stages // n, stages - 1),
                      stage_devices=tuple(tuple(d * pp + c for d in range(dp)) for c in cols),
-                     num_microbatches=m, schedule=schedule)
+                     num_microbatches=m, schedule=schedule, sharding=sharding)
 
 
 def check_against_reference(name: str, plan: StagePlan, result) -> None:
@@ -87,11 +89,15 @@ def test_unequal_dp_degrees_rejected(graphs):
     ("other_model", PlanError, "do not match"),
     ("backwards", PlanError, "not contiguous"),
     ("config", ConfigError, "steps >= 1"),
+    ("dp_batch", PlanError, r"batch size 4 is not divisible by DP degree \(3\)"),
+    ("fsdp_memory", PlanError, r"fsdp plan does not fit topology 'tiny': .* needs .* GiB, has 0.00 GiB"),
+    ("unequal_dp", PlanError, "unequal DP degrees"),
+    ("fsdp_tied", PlanError, "tied parameters"),
 ])
 def test_bad_plan_fails_before_launch(graphs, tmp_path, case, error, pattern):
     g = graphs["mlp"]
     plan = make_plan(g, stages=2, dp=1, m=2, schedule="gpipe", layout="single")
-    graph, config = g, DeployConfig(steps=1)
+    graph, config, topology = g, DeployConfig(steps=1), None
     if case == "batch":
         plan = make_plan(g, stages=2, dp=1, m=3, schedule="gpipe", layout="single")
     elif case == "1f1b_microbatches":
@@ -104,11 +110,26 @@ def test_bad_plan_fails_before_launch(graphs, tmp_path, case, error, pattern):
     elif case == "backwards":
         son = plan.stage_of_node[::-1].copy()
         plan = StagePlan(stage_of_node=son, stage_devices=plan.stage_devices, num_microbatches=2, schedule="gpipe")
+    elif case == "dp_batch":
+        plan = make_plan(g, stages=1, dp=3, m=1, schedule="1f1b", layout="single")
+    elif case == "fsdp_memory":
+        plan = make_plan(g, stages=1, dp=2, m=1, schedule="1f1b", layout="single", sharding="fsdp")
+        topology = DeviceTopology.from_dict({"name": "tiny", "devices": [
+            {"name": "gpu", "count": 2, "kind": "gpu", "peak_flops": 1e12, "mem_bandwidth": 1e12,
+             "memory_bytes": 1000}], "links": {"intra_host": {"bandwidth": 1e9, "latency": 1e-6}}})
+    elif case == "unequal_dp":
+        son = np.minimum(np.arange(g.num_nodes) * 2 // g.num_nodes, 1)
+        plan = StagePlan(stage_of_node=son, stage_devices=((0, 1), (2,)), num_microbatches=2, schedule="gpipe")
+    elif case == "fsdp_tied":
+        graph = graphs["gpt"]
+        plan = make_plan(graph, stages=2, dp=2, m=2, schedule="1f1b", layout="single", sharding="fsdp")
     else:
         config = DeployConfig(steps=0)
     start = time.monotonic()
+    name, overrides = ("gpt", GPT) if case == "fsdp_tied" else ("mlp", MLP)
     with pytest.raises(error, match=pattern):
-        deploy_stage_plan(plan, graph, model="mlp", overrides=MLP, config=config, job_dir=tmp_path)
+        deploy_stage_plan(plan, graph, model=name, overrides=overrides, config=config, job_dir=tmp_path,
+                          topology=topology)
     assert time.monotonic() - start < 10
     assert not (tmp_path / "logs").exists()  # no rank was started
 
@@ -201,10 +222,15 @@ TWO_RANKS = [("gpt", dict(stages=1, dp=2, m=1, schedule="gpipe", layout="single"
              ("resnet18", dict(stages=2, dp=1, m=2, schedule="gpipe", layout="single")),
              ("resnet18", dict(stages=2, dp=1, m=2, schedule="1f1b", layout="single")),
              ("gpt", dict(stages=4, dp=1, m=2, schedule="interleaved1f1b", layout="loop")),
-             ("gpt", dict(stages=4, dp=1, m=2, schedule="zb1p", layout="v"))]
+             ("gpt", dict(stages=4, dp=1, m=2, schedule="zb1p", layout="v")),
+             # one stage: plain DDP with gradient accumulation, and FSDP2 (fully_shard over dp)
+             ("gpt", dict(stages=1, dp=2, m=2, schedule="1f1b", layout="single")),
+             ("gpt", dict(stages=1, dp=2, m=2, schedule="1f1b", layout="single", sharding="fsdp")),
+             ("resnet18", dict(stages=1, dp=2, m=1, schedule="1f1b", layout="single", sharding="fsdp"))]
 FOUR_RANKS = [("gpt", dict(stages=2, dp=2, m=2, schedule="1f1b", layout="single")),
               ("resnet18", dict(stages=2, dp=2, m=2, schedule="gpipe", layout="single")),
-              ("gpt", dict(stages=2, dp=2, m=2, schedule="zb1p", layout="single"))]
+              ("gpt", dict(stages=2, dp=2, m=2, schedule="zb1p", layout="single")),
+              ("resnet18", dict(stages=2, dp=2, m=2, schedule="1f1b", layout="single", sharding="fsdp"))]
 
 
 def _run(cases, graphs):
@@ -227,7 +253,7 @@ def four_rank_runs(graphs):
 
 def _case_id(case):
     name, kw = case
-    return f"{name}-dp{kw['dp']}-s{kw['stages']}-{kw['schedule']}"
+    return f"{name}-{kw.get('sharding', 'dp')}{kw['dp']}-s{kw['stages']}-m{kw['m']}-{kw['schedule']}"
 
 
 @pytest.mark.distributed
@@ -239,7 +265,17 @@ def test_two_ranks_equal_reference(two_rank_runs, index):
     assert json.loads(json.dumps(res.to_dict()))["schema"] == "placement_rl.deploy_result"
     if TWO_RANKS[index][0] == "gpt" and plans[index].num_stages > 1:
         assert res.tied_parameters == ("wte.weight",)
+    _check_sharding(plans[index], res)
     check_against_reference(TWO_RANKS[index][0], plans[index], res)
+
+
+def _check_sharding(plan, res):
+    assert res.sharding == plan.sharding
+    for r in res.ranks:  # FSDP2 keeps about 1/dp of the parameters per rank, DDP all of them
+        if plan.sharding == "fsdp":
+            assert r["local_params"] <= r["num_params"] // res.dp + 64
+        else:
+            assert r["local_params"] == r["num_params"]
 
 
 @pytest.mark.distributed
@@ -249,6 +285,7 @@ def test_dp_x_pp_equal_reference(four_rank_runs, index):
     res = results[index]
     assert (res.dp, res.pp, res.world_size) == (2, 2, 4)
     assert all(r["peak_memory_bytes"] > 0 for r in res.ranks)
+    _check_sharding(plans[index], res)
     check_against_reference(FOUR_RANKS[index][0], plans[index], res)
 
 

@@ -1,8 +1,8 @@
 """Shared core of the pipeline partitioners: the budgeted pipeline simulator and stage-cost arrays.
 
-Positions are indices into ``graph.topo_order``; a plan is ``(cuts, degrees)`` with ``cuts[0] = 0``,
-``cuts[-1] = N`` and stage ``k`` = positions ``[cuts[k], cuts[k + 1])`` on the next ``degrees[k]`` devices
-of ``devs`` (devices fastest first).
+Positions are indices into ``graph.topo_order``; a plan is ``(cuts, degrees, m, sharding)`` with
+``cuts[0] = 0``, ``cuts[-1] = N`` and stage ``k`` = positions ``[cuts[k], cuts[k + 1])`` on the next
+``degrees[k]`` devices of ``devs`` (devices fastest first), ``m`` micro-batches, sharding ``dp`` / ``fsdp``.
 
 Shapes (N nodes, D devices):
     prefix: float64 [D, N + 1]  cumulative fwd + bwd time along the order, per device (in ``devs`` order),
@@ -25,7 +25,21 @@ from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import StagePlan
 from placement_rl.topology import DeviceTopology
 
-Plan = tuple[list[int], tuple[int, ...]]
+Plan = tuple[list[int], tuple[int, ...], int, str]
+MAX_MICROBATCHES = 32  # planners that choose m try powers of two up to this
+
+
+def microbatch_choices(num_stages: int, dp: int, batch_size: int | None, *, schedule: str) -> list[int]:
+    """Micro-batch counts a whole-plan search tries: powers of two 1..``MAX_MICROBATCHES``; a pipeline
+    (more than one stage) at least as many as stages (the executor's 1F1B needs it; fewer only adds
+    bubble); with ``batch_size`` only counts with ``batch_size % (m * dp) == 0``."""
+    out = []
+    m = 1
+    while m <= MAX_MICROBATCHES:
+        if (num_stages == 1 or m >= num_stages) and (batch_size is None or batch_size % (m * dp) == 0):
+            out.append(m)
+        m *= 2
+    return out
 
 
 class PipeProblem:
@@ -66,8 +80,8 @@ class PipeProblem:
         self._scored: dict[tuple, Score] = {}
 
     # --------------------------------------------------------------- costs
-    def degree_ok(self, r: int) -> bool:
-        return self.batch_size is None or self.batch_size % (self.m * r) == 0
+    def degree_ok(self, r: int, m: int | None = None) -> bool:
+        return self.batch_size is None or self.batch_size % ((self.m if m is None else m) * r) == 0
 
     def fit_degrees(self, degrees: tuple[int, ...]) -> tuple[int, ...]:
         if not all(self.degree_ok(r) for r in degrees):
@@ -103,17 +117,18 @@ class PipeProblem:
             self._groups[key] = (lat_n, inv_n, lat_r, inv_r, lo + np.sort(first))
         return self._groups[key]
 
-    def stage_time_vec(self, j: int, lo: int, hi: int, r: int) -> np.ndarray:
+    def stage_time_vec(self, j: int, lo: int, hi: int, r: int, m: int | None = None) -> np.ndarray:
         """Cost of stage [i, j) on devices ``devs[lo:hi]`` (DP degree r) for every i < j (full batch)."""
+        m = self.m if m is None else m
         lat_n, inv_n, lat_r, inv_r, rows = self._group(lo, hi)
         if rows.size == 1:
             k = int(rows[0])
-            cost = (self.prefix[k, j] - self.prefix[k, :j]) / r + self.m * (self.prefix_fixed[k, j]
-                                                                              - self.prefix_fixed[k, :j])
+            cost = (self.prefix[k, j] - self.prefix[k, :j]) / r + m * (self.prefix_fixed[k, j]
+                                                                         - self.prefix_fixed[k, :j])
         else:
             var = self.prefix[rows, j:j + 1] - self.prefix[rows, :j]
             fixed = self.prefix_fixed[rows, j:j + 1] - self.prefix_fixed[rows, :j]
-            cost = (var / r + self.m * fixed).max(axis=0)  # each replica runs m micro-batches
+            cost = (var / r + m * fixed).max(axis=0)  # each replica runs m micro-batches
         if j < self.n and hi < self.d:  # activations out and gradients back
             cost += 2.0 * (lat_n + self.crossing_out(j) * (inv_n / r))
         if r > 1:  # ring all-reduce of the stage's gradients
@@ -122,14 +137,15 @@ class PipeProblem:
         return cost
 
     # -------------------------------------------------------------- scoring
-    def plan(self, cuts: list[int], degrees: tuple[int, ...], meta: dict | None = None) -> StagePlan:
+    def plan(self, cuts: list[int], degrees: tuple[int, ...], meta: dict | None = None, m: int | None = None,
+             sharding: str = "dp") -> StagePlan:
         stage = np.empty(self.n, dtype=np.int64)
         for k in range(len(cuts) - 1):
             stage[self.order[cuts[k]:cuts[k + 1]]] = k
         bounds = np.concatenate([[0], np.cumsum(degrees)])
         groups = tuple(tuple(int(x) for x in self.devs[bounds[k]:bounds[k + 1]]) for k in range(len(degrees)))
-        return StagePlan(stage_of_node=stage, stage_devices=groups, num_microbatches=self.m,
-                         schedule=self.schedule, batch_size=self.batch_size, meta=meta or {})
+        return StagePlan(stage_of_node=stage, stage_devices=groups, num_microbatches=self.m if m is None else int(m),
+                         schedule=self.schedule, batch_size=self.batch_size, meta=meta or {}, sharding=sharding)
 
     @property
     def calls(self) -> int:
@@ -139,13 +155,19 @@ class PipeProblem:
     def left(self) -> int:
         return self.budget - self.calls
 
-    def score(self, cuts: list[int], degrees: tuple[int, ...]) -> Score | None:
-        key = (tuple(cuts), tuple(degrees))
+    def choice(self, cuts: list[int], degrees: tuple[int, ...]) -> Plan:
+        """A plan at the problem's own micro-batch count with DDP replication."""
+        return list(cuts), tuple(degrees), self.m, "dp"
+
+    def score(self, cuts: list[int], degrees: tuple[int, ...], m: int | None = None,
+              sharding: str = "dp") -> Score | None:
+        m = self.m if m is None else int(m)
+        key = (tuple(cuts), tuple(degrees), m, sharding)
         if key in self._scored:
             return self._scored[key]
         if self.left <= 0:
             return None
-        res = self.sim.run(self.plan(cuts, degrees))
+        res = self.sim.run(self.plan(cuts, degrees, m=m, sharding=sharding))
         cap = self.topology.array("memory_bytes")
         over = float(np.maximum(res.peak_memory - cap, 0.0).sum())
         s = Score(float(res.step_time), bool(res.feasible), 0.0 if res.feasible else max(over, 1.0),
@@ -156,21 +178,22 @@ class PipeProblem:
     def best_of(self, cands: list[Plan]) -> Plan:
         """The best simulated candidate (in the given order while the budget lasts; else the first)."""
         best, best_key = cands[0], None
-        for cuts, degrees in cands:
-            s = self.score(cuts, degrees)
+        for cand in cands:
+            s = self.score(*cand)
             if s is None:
                 break
             if best_key is None or s.key < best_key:
-                best, best_key = (cuts, degrees), s.key
+                best, best_key = cand, s.key
         return best
 
-    def finish(self, cuts: list[int], degrees: tuple[int, ...], name: str) -> StagePlan:
-        s = self.score(cuts, degrees)
+    def finish(self, choice: Plan, name: str) -> StagePlan:
+        cuts, degrees, m, sharding = choice
+        s = self.score(cuts, degrees, m, sharding)
         meta: dict[str, object] = {"placer": name, "budget": self.budget, "seed": self.seed,
                                    "sim_calls": self.calls, "search_seconds": time.perf_counter() - self.start}
         if s is not None:
             meta.update(step_time=s.step_time, feasible=s.feasible)
-        return self.plan(cuts, degrees, meta).validate(self.graph, self.topology)
+        return self.plan(cuts, degrees, meta, m=m, sharding=sharding).validate(self.graph, self.topology)
 
 
 def crossing_out(graph: CompGraph, pos: np.ndarray, j: int) -> np.ndarray:

@@ -1,10 +1,13 @@
-"""Pipeline partitioners: cut the topological order into contiguous stages, choose a DP degree per stage.
+"""Pipeline partitioners and data-parallel planners: the whole stage plan (stages, cuts, DP degree per
+stage, micro-batches, DP or sharded DP), as users choose it.
 
-All partitioners share one search space, so ``pp_exhaustive`` bounds the others: stage ``k`` is the
-``k``-th contiguous segment of ``graph.topo_order`` (so no edge goes backwards), and the device groups are
-consecutive runs of the devices sorted fastest first (ties by index), a run's length being the stage's DP
-degree. Candidates are scored with the ``PipelineSimulator`` (feasible first, then step time), and
-``batch_size`` (when given) rules out DP degrees that do not divide it.
+All share one search space, so ``pp_exhaustive`` bounds the others: stage ``k`` is the ``k``-th contiguous
+segment of ``graph.topo_order`` (so no edge goes backwards), and the device groups are consecutive runs of
+the devices sorted fastest first (ties by index), a run's length being the stage's DP degree. Candidates
+are scored with the ``PipelineSimulator`` (feasible first, then step time), and ``batch_size`` (when
+given) rules out DP degrees x micro-batch counts that do not divide it.
+
+Fixed micro-batch count (the ``num_microbatches`` argument), DDP replication:
 
 * ``pp_uniform``: stages = devices, equal node counts per stage, DP degree 1.
 * ``pp_params``: stages = devices, parameter bytes balanced (DeepSpeed ``partition_method="parameters"``:
@@ -12,11 +15,22 @@ degree. Candidates are scored with the ``PipelineSimulator`` (feasible first, th
 * ``pp_time_dp``: for each stage count ``S <= D`` a dynamic program over cut points minimising the slowest
   stage (fwd + bwd time on its device + its outgoing boundary transfers, both directions); the ``S`` with
   the best simulated step time wins.
-* ``pipedream``: PipeDream's planner — a DP over (prefix of the order, devices used) whose last stage may be
+* ``pipedream``: PipeDream's planner -- a DP over (prefix of the order, devices used) whose last stage may be
   replicated over ``r`` devices (compute / r, plus the ring all-reduce of its parameters); the best plan for
-  every device count is simulated and the best kept.
-* ``pp_exhaustive``: every cut set x every DP-degree vector (sum <= D); ``ConfigError`` when that is more
-  than the budget.
+  every device count is simulated, and so is full replication of the whole model over all devices (plain
+  DP, which PipeDream's planner also weighs) at every micro-batch count; the best is kept.
+
+Whole-plan searches (they choose the micro-batch count among ``microbatch_choices``, ignoring
+``num_microbatches``):
+
+* ``dp``: DDP -- one stage, the whole model replicated on every device, gradients all-reduced in buckets
+  that overlap the backward; the best micro-batch count (gradient accumulation) is kept.
+* ``fsdp``: sharded DP (FSDP2 / ZeRO-3) over every device: one stage, ``sharding="fsdp"``.
+* ``hybrid``: DP x PP -- every factorisation ``pp x dp = D`` (equal DP degree per stage, as the executor's
+  2-D mesh runs it), every micro-batch count, DDP or FSDP inside each stage, cuts from the time-balanced DP
+  for that stage count; ``dp`` and ``fsdp`` are among its candidates, simulated first.
+* ``pp_exhaustive``: every stage count x cut set x DP-degree vector (sum <= D) x micro-batch count x
+  sharding; ``ConfigError`` when that is more than the budget.
 
 The dynamic programs are O(P^2 D) (``pp_time_dp``) and O(P^2 D^2) (``pipedream``) over P candidate cut
 points: every position up to ``MAX_CUT_POINTS`` nodes, evenly spaced positions beyond (coarsen big graphs).
@@ -30,7 +44,8 @@ from typing import Callable
 
 import numpy as np
 
-from placement_rl.baselines.pipe_common import PipeProblem, cut_grid, minmax_partition
+from placement_rl.baselines.pipe_common import Plan, PipeProblem, cut_grid, microbatch_choices, minmax_partition
+from placement_rl.plans import SHARDINGS
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import ConfigError
 from placement_rl.graph.ir import CompGraph
@@ -40,20 +55,20 @@ from placement_rl.topology import DeviceTopology
 Segments = list[int]  # cut positions: stage k covers topo positions [cuts[k], cuts[k + 1])
 
 
-def pp_uniform(pp: PipeProblem) -> tuple[Segments, tuple[int, ...]]:
+def pp_uniform(pp: PipeProblem) -> Plan:
     s = min(pp.d, pp.n)
     cuts = [int(round(k * pp.n / s)) for k in range(s + 1)]
-    return cuts, pp.fit_degrees((1,) * s)
+    return pp.choice(cuts, pp.fit_degrees((1,) * s))
 
 
-def pp_params(pp: PipeProblem) -> tuple[Segments, tuple[int, ...]]:
+def pp_params(pp: PipeProblem) -> Plan:
     s = min(pp.d, pp.n)
     prefix = pp.param_prefix
     cuts = minmax_partition(pp.n, s, lambda j, k: prefix[j] - prefix[:j])[-1]
-    return cuts, pp.fit_degrees((1,) * s)
+    return pp.choice(cuts, pp.fit_degrees((1,) * s))
 
 
-def pp_time_dp(pp: PipeProblem) -> tuple[Segments, tuple[int, ...]]:
+def pp_time_dp(pp: PipeProblem) -> Plan:
     cands = []
     all_cuts = minmax_partition(pp.n, min(pp.d, pp.n), lambda j, k: pp.stage_time_vec(j, k, k + 1, 1))
     for s, cuts in enumerate(all_cuts, start=1):
@@ -61,10 +76,52 @@ def pp_time_dp(pp: PipeProblem) -> tuple[Segments, tuple[int, ...]]:
         bottleneck = max(pp.stage_time_vec(cuts[k + 1], k, k + 1, 1)[cuts[k]] for k in range(s))
         cands.append((bottleneck, cuts, degrees))
     cands.sort(key=lambda c: c[0])  # best estimate first (taken when the budget runs out)
-    return pp.best_of([(cuts, degrees) for _, cuts, degrees in cands])
+    return pp.best_of([pp.choice(cuts, degrees) for _, cuts, degrees in cands])
 
 
-def pipedream(pp: PipeProblem) -> tuple[Segments, tuple[int, ...]]:
+def _replicated(pp: PipeProblem, sharding: str) -> list[Plan]:
+    """One stage on every device, at each micro-batch count the batch allows."""
+    return [([0, pp.n], (pp.d,), m, sharding)
+            for m in microbatch_choices(1, pp.d, pp.batch_size, schedule=pp.schedule)]
+
+
+def _whole_model(pp: PipeProblem, sharding: str) -> Plan:
+    cands = _replicated(pp, sharding)
+    if not cands:
+        raise ConfigError(f"batch_size {pp.batch_size} is not divisible by the {pp.d} devices of topology "
+                          f"'{pp.topology.name}': no data-parallel plan over all of them")
+    return pp.best_of(cands)
+
+
+def dp(pp: PipeProblem) -> Plan:
+    return _whole_model(pp, "dp")
+
+
+def fsdp(pp: PipeProblem) -> Plan:
+    return _whole_model(pp, "fsdp")
+
+
+def hybrid(pp: PipeProblem) -> Plan:
+    n, d = pp.n, pp.d
+    cands = _replicated(pp, "dp") + _replicated(pp, "fsdp")  # pp = 1 first: never worse than dp / fsdp
+    rest = []
+    for r in (r for r in range(d, 0, -1) if d % r == 0):
+        s = d // r
+        if s == 1 or s > n:
+            continue
+        for m in microbatch_choices(s, r, pp.batch_size, schedule=pp.schedule):
+            all_cuts = minmax_partition(n, s, lambda j, k: pp.stage_time_vec(j, k * r, (k + 1) * r, r, m))
+            if len(all_cuts) < s:
+                continue
+            cuts = all_cuts[s - 1]
+            est = max(pp.stage_time_vec(cuts[k + 1], k * r, (k + 1) * r, r, m)[cuts[k]] for k in range(s))
+            est *= (m + s - 1) / m  # the pipeline bubble
+            rest += [(est, (cuts, (r,) * s, m, sh)) for sh in SHARDINGS]
+    rest.sort(key=lambda c: c[0])
+    return pp.best_of(cands + [c for _, c in rest])
+
+
+def pipedream(pp: PipeProblem) -> Plan:
     """a[b, m]: best bottleneck covering positions [0, grid[b]) with stages on the first m devices."""
     n, d = pp.n, pp.d
     grid = cut_grid(n)
@@ -100,7 +157,7 @@ def pipedream(pp: PipeProblem) -> tuple[Segments, tuple[int, ...]]:
         raise ConfigError(f"pipedream found no plan: batch_size {pp.batch_size} admits no DP degree with "
                           f"num_microbatches {pp.m}")
     cands.sort(key=lambda c: c[0])  # best estimate first (taken when the budget runs out)
-    return pp.best_of([(cuts, degrees) for _, cuts, degrees in cands])
+    return pp.best_of(_replicated(pp, "dp") + [pp.choice(cuts, degrees) for _, cuts, degrees in cands])
 
 
 def compositions(s: int, total_max: int, allowed: Callable[[int], bool] = lambda r: True) -> list[tuple[int, ...]]:
@@ -124,21 +181,27 @@ def count_compositions(s: int, total_max: int, allowed: Callable[[int], bool]) -
     return int(ways.sum())
 
 
-def pp_exhaustive(pp: PipeProblem) -> tuple[Segments, tuple[int, ...]]:
+def pp_exhaustive(pp: PipeProblem) -> Plan:
     n, d = pp.n, pp.d
     stages = range(1, min(n, d) + 1)
-    total = sum(math.comb(n - 1, s - 1) * count_compositions(s, d, pp.degree_ok) for s in stages)
+    ms = {s: microbatch_choices(s, 1, None, schedule=pp.schedule) for s in stages}
+    total = len(SHARDINGS) * sum(math.comb(n - 1, s - 1) * count_compositions(s, d, lambda r: pp.degree_ok(r, m))
+                                 for s in stages for m in ms[s])
     if total > pp.budget:
         size = str(total) if total < 10**12 else f"~1e{len(str(total)) - 1}"
-        raise ConfigError(f"pp_exhaustive needs {size} simulations (every cut set x DP degrees for {n} nodes "
-                          f"on {d} devices), but the budget is {pp.budget}: raise the budget or use a smaller "
-                          "graph")
-    cands = [([0, *bars, n], degrees) for s in stages for degrees in compositions(s, d, pp.degree_ok)
-             for bars in itertools.combinations(range(1, n), s - 1)]
+        raise ConfigError(f"pp_exhaustive needs {size} simulations (every cut set x DP degrees x micro-batch count "
+                          f"x sharding for {n} nodes on {d} devices), but the budget is {pp.budget}: raise the "
+                          "budget or use a smaller graph")
+    cands = [([0, *bars, n], degrees, m, sh) for s in stages for m in ms[s]
+             for degrees in compositions(s, d, lambda r: pp.degree_ok(r, m))
+             for bars in itertools.combinations(range(1, n), s - 1) for sh in SHARDINGS]
     return pp.best_of(cands)
 
 
-PARTITIONERS: dict[str, Callable[[PipeProblem], tuple[Segments, tuple[int, ...]]]] = {
+PARTITIONERS: dict[str, Callable[[PipeProblem], Plan]] = {
+    "dp": dp,
+    "fsdp": fsdp,
+    "hybrid": hybrid,
     "pp_uniform": pp_uniform,
     "pp_params": pp_params,
     "pp_time_dp": pp_time_dp,
@@ -156,8 +219,7 @@ def get(name: str):
                     num_microbatches: int = 4, schedule: str = "1f1b", batch_size: int | None = None) -> StagePlan:
         pp = PipeProblem(graph, costs, topology, budget=budget, seed=seed, num_microbatches=num_microbatches,
                          schedule=schedule, batch_size=batch_size)
-        cuts, degrees = fn(pp)
-        return pp.finish(cuts, degrees, name)
+        return pp.finish(fn(pp), name)
 
     partitioner.__name__ = partitioner.__qualname__ = name
     partitioner.__doc__ = fn.__doc__ or __doc__

@@ -81,8 +81,8 @@ def run(cfg: DictConfig) -> dict:
                 raise ExecutionError(f"torchrun failed ({exc}); rank logs are in {job.job_dir}") from None
             result = collect_results(job.job_dir)[0].to_dict()
         else:
-            print(f"deploying {plan.num_stages} stage(s) x DP {plan.dp_degrees[0]} = {plan.world_size} processes "
-                  f"({plan.schedule}, {plan.num_microbatches} micro-batches) ...")
+            print(f"deploying {plan.num_stages} stage(s) x {plan.sharding.upper()} {plan.dp_degrees[0]} = "
+                  f"{plan.world_size} processes ({plan.schedule}, {plan.num_microbatches} micro-batches) ...")
             result = deploy_stage_plan(plan, graph, model=model, overrides=overrides, config=dcfg,
                                        topology=topology).to_dict()
         measured = float(result["step_time"])

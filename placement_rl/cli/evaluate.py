@@ -10,13 +10,17 @@ from omegaconf import DictConfig
 from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir
 from placement_rl.cost import resolve_costs, simulate, simulate_pipeline
 from placement_rl.errors import ConfigError
-from placement_rl.evaluate import DEFAULT_PIPELINE_CASES, DEFAULT_SUITE, Row, best_row, compare, run_suite
+from placement_rl.evaluate import (DEFAULT_PIPELINE_CASES, DEFAULT_SUITE, Row, best_row, compare, pipeline_summary,
+                                   run_suite)
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.plans import Placement, StagePlan, load_plan
 from placement_rl.report import gantt, markdown_table, speedup_bars, write_csv
 
 COLUMNS = ("case", "kind", "placer", "step_time_ms", "speedup", "feasible", "search_seconds", "sim_calls", "note")
 HEADERS = ("case", "kind", "placer", "step time (ms)", "speed-up", "feasible", "search s", "sim calls", "note")
+PIPE_COLUMNS = ("case", "dp", "fsdp", "hybrid", "best_pipeline", "learned", "exhaustive")
+PIPE_HEADERS = ("case", "DP (DDP)", "FSDP", "best hybrid DP x PP", "best pipeline partitioner", "learned",
+                "exhaustive optimum")
 
 
 def table_rows(rows: list[Row]) -> list[dict]:
@@ -33,6 +37,10 @@ def write_comparison(rows: list[Row], problems: dict, out: Path, *, title: str) 
     """comparison.md / comparison.csv / speedup.png / timeline_<case>.png; returns the markdown."""
     trows = table_rows(rows)
     md = f"# {title}\n\n" + markdown_table(trows, COLUMNS, HEADERS)
+    summary = pipeline_summary(rows)
+    if summary:
+        md += ("\n## Pipeline cases: data parallelism, sharding, DP x PP\n\nms (plan: stages x DP degree, "
+               "micro-batches, dp = DDP / fsdp = sharded)\n\n" + markdown_table(summary, PIPE_COLUMNS, PIPE_HEADERS))
     atomic_write_text(out / "comparison.md", md)
     write_csv(out / "comparison.csv", trows, COLUMNS)
     speedup_bars([r for r in trows if r["kind"] == "placement"], out / "speedup.png")

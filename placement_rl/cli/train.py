@@ -156,6 +156,9 @@ def run(cfg: DictConfig) -> dict:
         return run_family(cfg)
     if str(cfg.env.id) == CONSTRUCTIVE_ENV:
         return run_constructive(cfg)
+    if str(cfg.agent.get("algo")) == "constructive":
+        raise ConfigError(f"env {cfg.env.id} is trained by agent=maskable_ppo|ppo|reinforce, not the constructive "
+                          f"agent (the default): add agent=maskable_ppo")
     graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
     agent, encoder = make_specs(cfg)
     out = output_dir()

@@ -15,15 +15,75 @@ import numpy as np
 from numba import njit
 
 from placement_rl.cost._op_kernel import _record as _rec  # the timeline recorder both kernels share
-from placement_rl.cost.memory import STATE_FACTOR
+from placement_rl.cost.memory import FSDP_GATHER_FACTOR, STATE_FACTOR
 
 GPIPE, ONE_F_ONE_B, INTERLEAVED = 0, 1, 2
 OK, BAD_PLAN = 1.0, -1.0
+ALLREDUCE, ALLGATHER, REDUCESCATTER = 0, 1, 2  # first index of the collective coefficient array
+
+
+@njit(cache=True, nogil=True)
+def _coll(coll, s, kind, nbytes):
+    """Cheapest algorithm's ``alpha + beta * nbytes`` for stage ``s`` (``collectives.coeff_array`` rows)."""
+    if nbytes <= 0.0:
+        return 0.0
+    best = np.inf
+    for a in range(coll.shape[2]):
+        t = coll[s, kind, a, 0] + coll[s, kind, a, 1] * nbytes
+        if t < best:
+            best = t
+    return best
+
+
+@njit(cache=True, nogil=True)
+def _fsdp_pass(coll, s, nu, uf, ub, ubytes):
+    """Per-micro-batch forward and backward span of an FSDP stage with ``nu`` units, and its collective time.
+
+    One communication channel and one compute stream: forward all-gathers unit k (prefetched while unit
+    k-1 computes, at most one ahead) before computing it; backward all-gathers again in reverse order and
+    reduce-scatters each unit's gradient after its backward, the next unit's all-gather going first.
+    """
+    c = 0.0
+    t = 0.0
+    gate = 0.0
+    comm = 0.0
+    for k in range(nu):
+        ag = _coll(coll, s, ALLGATHER, ubytes[k])
+        a = c if c > gate else gate
+        c = a + ag
+        comm += ag
+        cs = t if t > c else c
+        t = cs + uf[k]
+        gate = cs
+    fwd = t
+    ag = _coll(coll, s, ALLGATHER, ubytes[nu - 1])
+    c = ag
+    comm += ag
+    cs = c
+    t = cs + ub[nu - 1]
+    for k in range(nu - 2, -1, -1):
+        ag = _coll(coll, s, ALLGATHER, ubytes[k])
+        a = c if c > cs else cs
+        c = a + ag
+        comm += ag
+        agend = c
+        rs = _coll(coll, s, REDUCESCATTER, ubytes[k + 1])
+        r = c if c > t else t
+        c = r + rs
+        comm += rs
+        cs = t if t > agend else agend
+        t = cs + ub[k]
+    rs = _coll(coll, s, REDUCESCATTER, ubytes[0])
+    r = c if c > t else t
+    c = r + rs
+    comm += rs
+    bwd = c if c > t else t
+    return fwd, bwd, comm
 
 
 def work_sizes(n: int, s: int, m: int, p_total: int, g: int) -> tuple[int, int]:
     """Lengths of the float and int work buffers for N nodes, S stages, m micro-batches, G groups."""
-    return 2 * p_total + 10 * s + 1 + n + 3 * s * m + g * g + 4 * g, n + s
+    return 2 * p_total + 12 * s + 1 + 4 * n + 3 * s * m + g * g + 4 * g, n + 2 * s
 
 
 @njit(cache=True, nogil=True)
@@ -135,12 +195,15 @@ def schedule_order(S, m, sched, sgroup, G):
 @njit(cache=True, nogil=True)
 def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, sgroup, G, src, dst, ebytes,
                   fvar, ffix, bvar, bfix, batch_ratio, param, act,
-                  lat, inv_bw, fw, iw, out_stage, out_group, out,
+                  lat, inv_bw, order, shard, coll, cap, fw, iw, out_stage, out_group, out,
                   record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
     """Simulate one pipelined training step. ``out`` = (step_time, status, comm_time).
 
     ``batch_ratio``: plan batch size / batch size the node times were measured at; a stage's variable
     node time is scaled by ``batch_ratio / (m * p)`` (1 when the costs were measured at its micro-batch).
+    ``order``: a topological order (buckets and FSDP units follow it); ``shard``: 0 DDP, 1 FSDP;
+    ``coll [S, 3, A, 2]``: per stage and collective the (alpha, beta) of each algorithm; ``cap``: bucket /
+    unit size in bytes.
     """
     n = stage.shape[0]
     P = gptr[S]
@@ -158,7 +221,12 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
     cut = fw[o:o + S + 1]; o += S + 1
     cur_mb = fw[o:o + S]; o += S
     sscale = fw[o:o + S]; o += S
+    sref = fw[o:o + S]; o += S
+    sstate = fw[o:o + S]; o += S
     ubytes = fw[o:o + n]; o += n
+    uf = fw[o:o + n]; o += n
+    ub = fw[o:o + n]; o += n
+    uby = fw[o:o + n]; o += n
     fend = fw[o:o + sm]; o += sm
     farr = fw[o:o + sm]; o += sm
     barr = fw[o:o + sm]; o += sm
@@ -170,6 +238,7 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
     q = 0
     umax = iw[q:q + n]; q += n
     bcount = iw[q:q + S]; q += S
+    ncount = iw[q:q + S]; q += S
     out[1] = BAD_PLAN
     # ------------------------------------------------------------ per-stage sizes and times
     for x in range(P):
@@ -215,6 +284,7 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
     for s in range(S):
         if bcount[s] == 0:  # an empty stage
             return
+        ncount[s] = bcount[s]
         bcount[s] = 0
     for s in range(1, S):
         cut[s] += cut[s - 1]
@@ -229,17 +299,43 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
         out_stage[0, s] = tf
         out_stage[1, s] = tb
         p = gptr[s + 1] - gptr[s]
-        # ring all-reduce of this stage's gradients over its DP group, slowest link in the group
-        mlat = 0.0
-        minv = 0.0
+        # the slowest replica (largest backward) paces buckets and units
+        xr = gptr[s]
         for x in range(gptr[s], gptr[s + 1]):
-            for y in range(gptr[s], gptr[s + 1]):
-                if x != y:
-                    if lat[gdev[x], gdev[y]] > mlat:
-                        mlat = lat[gdev[x], gdev[y]]
-                    if inv_bw[gdev[x], gdev[y]] > minv:
-                        minv = inv_bw[gdev[x], gdev[y]]
-        ar[s] = 2.0 * (p - 1) / p * sparam[s] * minv + 2.0 * (p - 1) * mlat
+            if tbd[x] > tbd[xr]:
+                xr = x
+        sref[s] = gdev[xr]
+        sstate[s] = STATE_FACTOR * sparam[s]
+        ar[s] = 0.0
+        if p > 1 and shard == 1:  # FSDP units: contiguous in the order, cut at ``cap`` parameter bytes
+            nu = 0
+            seen = 0
+            uf[0] = 0.0
+            ub[0] = 0.0
+            uby[0] = 0.0
+            largest = 0.0
+            for pos in range(n):
+                v = order[pos]
+                if stage[v] != s:
+                    continue
+                seen += 1
+                gr = gdev[xr]
+                uf[nu] += fvar[gr, v] * sscale[s] + ffix[gr, v]
+                ub[nu] += bvar[gr, v] * sscale[s] + bfix[gr, v]
+                uby[nu] += param[v]
+                if uby[nu] >= cap or seen == ncount[s]:
+                    if uby[nu] > largest:
+                        largest = uby[nu]
+                    nu += 1
+                    if seen < ncount[s]:
+                        uf[nu] = 0.0
+                        ub[nu] = 0.0
+                        uby[nu] = 0.0
+            tf, tb, cm = _fsdp_pass(coll, s, nu, uf, ub, uby)
+            out_stage[0, s] = tf
+            out_stage[1, s] = tb
+            ar[s] = m * cm
+            sstate[s] = STATE_FACTOR * sparam[s] / p + FSDP_GATHER_FACTOR * largest
         srecv[s] = 0.0
         ct[s] = 0.0
         if s > 0:
@@ -324,12 +420,43 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
             bcount[s] += 1
             if bcount[s] == m:
                 lastb[s] = en
-                a = en if en > arfree[g] else arfree[g]
-                arfree[g] = a + ar[s]
-                send[s] = a + ar[s]
-                comm += ar[s]
-                if record and ar[s] > 0.0:
-                    _rec(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, 4, g, a, a + ar[s], s)
+                send[s] = en
+                p = gptr[s + 1] - gptr[s]
+                if p > 1 and shard == 1:
+                    comm += ar[s]  # FSDP's collectives are inside its forward / backward spans
+                elif p > 1:
+                    # DDP: gradient buckets (reverse order, ``cap`` bytes) all-reduced as the last
+                    # micro-batch's backward produces them; bucket all-reduces of a group serialise
+                    gr = int(sref[s])
+                    total = 0.0
+                    for pos in range(n):
+                        v = order[pos]
+                        if stage[v] == s:
+                            total += bvar[gr, v] * sscale[s] + bfix[gr, v]
+                    cum = 0.0
+                    by = 0.0
+                    seen = 0
+                    chan = arfree[g]
+                    for pos in range(n - 1, -1, -1):
+                        v = order[pos]
+                        if stage[v] != s:
+                            continue
+                        seen += 1
+                        cum += bvar[gr, v] * sscale[s] + bfix[gr, v]
+                        by += param[v]
+                        if by >= cap or (seen == ncount[s] and by > 0.0):
+                            ready = en if total <= 0.0 else st + (en - st) * (cum / total if cum < total else 1.0)
+                            a = ready if ready > chan else chan
+                            dur = _coll(coll, s, ALLREDUCE, by)
+                            chan = a + dur
+                            ar[s] += dur
+                            if record and dur > 0.0:
+                                _rec(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, 4, g, a, chan, s)
+                            by = 0.0
+                    arfree[g] = chan
+                    if chan > send[s]:
+                        send[s] = chan
+                    comm += ar[s]
     step = 0.0
     for s in range(S):
         out_stage[2, s] = send[s]
@@ -341,7 +468,7 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
     for g in range(G):
         out_group[0, g] = peak[g]
     for s in range(S):
-        out_group[0, sgroup[s]] += STATE_FACTOR * sparam[s]
+        out_group[0, sgroup[s]] += sstate[s]
     out[0] = step
     out[1] = OK
     out[2] = comm

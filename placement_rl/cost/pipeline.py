@@ -22,14 +22,33 @@ Model (pure and deterministic), for S stages, m micro-batches, stage s on a devi
   backwards), ``1f1b`` (S-s-1 warm-up forwards, then one forward / one backward, then the rest of the
   backwards), ``interleaved1f1b`` (Megatron's interleaved order: virtual stage k runs on device group
   ``k mod G``; needs S and m divisible by the number of groups G).
-* After its last backward a stage all-reduces its gradients over its group (ring, slowest link of the
-  group): ``2 (p-1)/p * param_bytes / bandwidth + 2 (p-1) * latency``; all-reduces of one group serialise.
-  ``step_time`` = max over stages of (end of last backward + all-reduce).
-* Memory per device of a group: 4 x params of its stages + the peak over the schedule of the activations
-  in flight, each micro-batch holding ``act_bytes / (m * p)`` plus its received boundary buffer (so GPipe
-  holds m micro-batches, 1F1B at most S-s at stage s).
-* ``meta``: per-stage forward/backward time per micro-batch, end, all-reduce time, the bubble fraction
+* Data parallelism, ``plan.sharding == "dp"`` (DDP): during the last micro-batch's backward (gradient
+  accumulation skips the sync before it, as ``no_sync`` does) a stage's gradients fill buckets of
+  ``BUCKET_BYTES`` (25 MiB, DDP's default) in reverse topological order; a bucket is all-reduced when the
+  backward has produced it (bucket ready = start of that backward + its share of the backward time), the
+  all-reduces of one device group serialise on one channel and overlap the rest of the backward. So a
+  DP step is never shorter than its compute or its all-reduces alone, and never longer than both in
+  series. ``step_time`` = max over stages of (end of last backward, end of last bucket all-reduce).
+* Sharded data parallelism, ``plan.sharding == "fsdp"`` (FSDP2 / ZeRO-3, per stage over its DP group):
+  the stage's nodes form units (contiguous in topological order, cut at ``BUCKET_BYTES`` of parameters);
+  every micro-batch all-gathers each unit's parameters before its forward and again before its backward
+  (one unit prefetched while the previous computes) and reduce-scatters each unit's gradient after its
+  backward (see ``_pipe_kernel._fsdp_pass``); the exposed communication lengthens the stage's forward /
+  backward span.
+* Collectives are priced by ``collectives.collective_time`` (ring, tree, hierarchical NVLink-inside /
+  IB-between-hosts; the cheapest) over the cost table's links.
+* Memory per device of a group (``cost.memory``): training state (``dp``: 4 x params of its stages;
+  ``fsdp``: 4 x params / p + 3 x the largest unit) + the peak over the schedule of the activations in
+  flight, each micro-batch holding ``act_bytes / (m * p)`` plus its received boundary buffer (so GPipe
+  holds m micro-batches, 1F1B at most S-s at stage s). Over a device's memory: ``feasible=False`` and
+  ``meta["memory_errors"]`` names each such device and its bytes.
+* ``meta``: per-stage forward/backward time per micro-batch, end, collective time (``allreduce_time``:
+  DDP bucket all-reduces, or FSDP all-gathers + reduce-scatters over the step), the bubble fraction
   ``1 - mean over groups of compute busy time / step_time``, and ``cost_batch_size`` (None: whole batch).
+
+Not modelled: slowdown of compute by concurrent communication (shared SMs / memory bandwidth), DDP's
+first-iteration bucket rebuild and its bucket memory copy, FSDP's CPU-side overhead per unit, the
+optimizer step's time, contention between pipeline sends and collectives on a shared link, mixed precision.
 
 ``zb1p`` (zero-bubble) plans are rejected with a ``PlanError``: its split backward is not modelled.
 """
@@ -43,6 +62,8 @@ import numpy as np
 
 from placement_rl.cost._pipe_kernel import (GPIPE, INTERLEAVED, ONE_F_ONE_B, OK, schedule_order, simulate_pipe,
                                             work_sizes)
+from placement_rl.cost.collectives import KINDS, coeff_array
+from placement_rl.cost.memory import BUCKET_BYTES
 from placement_rl.cost.simulate import _inverse_bandwidth, _owned, check_costs
 from placement_rl.cost.types import CostTable, Interval, SimResult
 from placement_rl.errors import PlanError, ProfileError
@@ -57,8 +78,10 @@ _KINDS = ("fwd", "bwd", "transfer", "grad_transfer", "allreduce")
 class _Layout:
     """Device-group arrays of one (stage_devices, schedule, m, batch_size): validated once, then reused."""
 
-    def __init__(self, plan: StagePlan, topology: DeviceTopology) -> None:
+    def __init__(self, plan: StagePlan, topology: DeviceTopology, costs: CostTable) -> None:
         groups = plan.stage_devices
+        # collective prices per stage: [S, kind, algorithm, (alpha, beta)]
+        self.coll = np.stack([np.stack([coeff_array(k, grp, topology, costs) for k in KINDS]) for grp in groups])
         uniq: dict[tuple[int, ...], int] = {}
         for grp in groups:
             uniq.setdefault(grp, len(uniq))
@@ -129,6 +152,7 @@ class PipelineSimulator:
         self._no_rec = (np.zeros(1, i64), np.zeros(0, np.int8), np.zeros(0, i64), np.zeros(0), np.zeros(0),
                         np.zeros(0, i64))
         self._capacity = topology.array("memory_bytes")
+        self._order = _owned(graph.topo_order, i64)
         self._source = costs.describe_source(topology.device_names)
 
     def _layout(self, plan: StagePlan) -> _Layout:
@@ -139,7 +163,7 @@ class PipelineSimulator:
                 raise PlanError(f"simulate_pipeline models schedules {', '.join(PIPELINE_SCHEDULES)}; "
                                 f"'{plan.schedule}' is not modelled")
             plan.validate(self.graph, self.topology)
-            lay = _Layout(plan, self.topology)
+            lay = _Layout(plan, self.topology, self.costs)
             if len(self._layouts) >= 256:
                 self._layouts.clear()
             self._layouts[key] = lay
@@ -165,7 +189,8 @@ class PipelineSimulator:
         if stage.shape[0] != self.graph.num_nodes:
             plan.validate(self.graph, self.topology)
         simulate_pipe(stage, s, m, *lay.order, lay.gptr, lay.gdev, lay.sgroup,
-                      lay.num_groups, *self._graph_arrays, ratio, *self._size_arrays, lay.fw, lay.iw,
+                      lay.num_groups, *self._graph_arrays, ratio, *self._size_arrays, self._order,
+                      1 if plan.sharding == "fsdp" else 0, lay.coll, BUCKET_BYTES, lay.fw, lay.iw,
                       lay.out_stage, lay.out_group,
                       self._out, len(rec[1]) > 0, *rec)
         self.calls += 1
@@ -182,7 +207,7 @@ class PipelineSimulator:
     def run(self, plan: StagePlan, timeline: bool = False) -> SimResult:
         """Full result: step time, busy time and memory per device, feasibility, per-stage meta, timeline."""
         if timeline:
-            r = 5 * plan.num_stages * plan.num_microbatches + plan.num_stages
+            r = 5 * plan.num_stages * plan.num_microbatches + plan.num_stages + self.graph.num_nodes
             rec = (np.zeros(1, np.int64), np.zeros(r, np.int8), np.zeros(r, np.int64), np.zeros(r), np.zeros(r),
                    np.zeros(r, np.int64))
         else:
@@ -199,8 +224,13 @@ class PipelineSimulator:
                 "stage_end": st[2].tolist(), "stage_last_backward": st[3].tolist(),
                 "allreduce_time": st[4].tolist(), "microbatch_bytes": st[5].tolist(),
                 "bubble_fraction": bubble, "cost_batch_size": self.cost_batch_size,
-                "cost_source": self._source}
-        return SimResult(step_time=step, feasible=bool(np.all(mem <= self._capacity)),
+                "cost_source": self._source, "sharding": plan.sharding}
+        over = np.flatnonzero(mem > self._capacity)
+        if over.size:
+            names = self.topology.device_names
+            meta["memory_errors"] = [f"{names[d]} needs {mem[d] / 2**30:.2f} GiB, has "
+                                     f"{self._capacity[d] / 2**30:.2f} GiB" for d in over]
+        return SimResult(step_time=step, feasible=not over.size,
                          device_busy=busy, peak_memory=mem, comm_time=float(self._out[2]),
                          timeline=self._timeline(rec, lay, plan) if timeline else None, meta=meta)
 

@@ -36,6 +36,12 @@ class ParallelDims:
     pp_rank_of_stage: tuple[int, ...]
     schedule: str
     num_microbatches: int
+    sharding: str = "dp"  # ``dp``: DDP over the dp mesh dimension; ``fsdp``: FSDP2 ``fully_shard`` over it
+
+    @property
+    def plain(self) -> bool:
+        """One stage on every rank: no pipeline schedule, a data-parallel loop (DDP or FSDP2)."""
+        return self.num_stages == 1
 
     @property
     def world_size(self) -> int:
@@ -86,6 +92,9 @@ class ParallelDims:
             if self.layout != "loop" and not (self.schedule == "zb1p" and v_ok):
                 raise PlanError(f"stages {list(range(s))} sit on device groups {list(self.pp_rank_of_stage)}; "
                                 f"schedule '{self.schedule}' needs stage s on group s % {pp} (loop layout)")
+        if self.sharding == "fsdp" and self.schedule == "zb1p":
+            raise PlanError("an fsdp plan cannot use the zb1p schedule (its split weight-gradient pass bypasses "
+                            "FSDP's reduce-scatter); use gpipe, 1f1b or interleaved1f1b, or sharding dp")
         if self.schedule == "1f1b" and m < s:
             raise PlanError(f"schedule 1f1b needs num_microbatches >= number of stages ({m} < {s}); "
                             "raise num_microbatches or use gpipe")
@@ -119,7 +128,7 @@ def parallel_dims(plan: StagePlan) -> ParallelDims:
         col_of_stage.append(columns[key])
     return ParallelDims(dp=degrees[0], pp=len(columns), num_stages=plan.num_stages,
                         pp_rank_of_stage=tuple(col_of_stage), schedule=plan.schedule,
-                        num_microbatches=int(plan.num_microbatches)).validate()
+                        num_microbatches=int(plan.num_microbatches), sharding=plan.sharding).validate()
 
 
 def device_of_rank(plan: StagePlan, dims: ParallelDims, rank: int) -> int:

@@ -3,13 +3,17 @@
 ``PartRunner(cfg, part_dir, rank=..., device=...)`` reads a part directory written by
 ``placement_rl.executor.distributed.prepare_job`` and, inside an initialised process group, builds:
 ``build_stages`` (split + tied copies) -> ``build_mesh`` (2-D ``dp`` x ``pp``) -> ``tie_groups`` ->
-``apply_dp`` (DDP over ``dp``) -> ``pipeline_stage`` (static metadata) -> ``build_schedule`` (by name)
--> Adam. ``step()`` runs one timed training step. The worker entry point
+``apply_dp`` (DDP over ``dp``) or ``apply_fsdp`` (FSDP2 ``fully_shard`` over ``dp``, for ``sharding=fsdp``)
+-> ``pipeline_stage`` (static metadata) -> ``build_schedule`` (by name) -> Adam. A one-stage plan skips
+the pipeline: each rank runs its micro-batches in a plain loop (gradient accumulation; DDP syncs on the
+last one only, ``no_sync`` before), exactly what a hand-written DDP / FSDP2 script does.
+``step()`` runs one timed training step. The worker entry point
 (``placement_rl.executor.distributed_worker``) and the benchmark's in-process A/B both use it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
 import time
@@ -83,6 +87,20 @@ def apply_dp(modules: Sequence[nn.Module], dp_mesh: DeviceMesh, *, device: torch
     return [DistributedDataParallel(m, process_group=group, broadcast_buffers=False,
                                     device_ids=[device.index] if device.type == "cuda" else None)
             if any(p.requires_grad for p in m.parameters()) else m for m in modules]
+
+
+def apply_fsdp(modules: Sequence[nn.Module], dp_mesh: DeviceMesh) -> list[nn.Module]:
+    """Shard each stage module with FSDP2 ``fully_shard`` over the ``dp`` mesh dimension (one unit per stage;
+    a no-op for DP degree 1): parameters all-gathered for forward and backward, gradients reduce-scattered
+    (averaged), Adam state on the shards."""
+    if dp_mesh.size() == 1:
+        return list(modules)
+    from torch.distributed.fsdp import fully_shard
+
+    for m in modules:
+        if any(p.requires_grad for p in m.parameters()):
+            fully_shard(m, mesh=dp_mesh)
+    return list(modules)
 
 
 def pipeline_stage(module: nn.Module, split: StageSplit, dims: ParallelDims, device: torch.device,
@@ -165,10 +183,17 @@ class PartRunner:
         self.groups = tie_groups(dims, ties, rank)
         zero_bubble = "ZeroBubble" in dims.schedule_class_name()
         self.dp_group = mesh["dp"].get_group() if zero_bubble and dims.dp > 1 else None
-        modules = apply_dp([sp.module for sp in self.splits], mesh["dp"], device=device, zero_bubble=zero_bubble)
-        stages = [pipeline_stage(mod, sp, dims, device, part["value_meta"], mesh["pp"].get_group())
-                  for mod, sp in zip(modules, self.splits)]
-        self.schedule = build_schedule(dims, stages)
+        if dims.sharding == "fsdp":
+            modules = apply_fsdp([sp.module for sp in self.splits], mesh["dp"])
+        else:
+            modules = apply_dp([sp.module for sp in self.splits], mesh["dp"], device=device, zero_bubble=zero_bubble)
+        self.modules = modules
+        if dims.plain:
+            self.schedule = None
+        else:
+            stages = [pipeline_stage(mod, sp, dims, device, part["value_meta"], mesh["pp"].get_group())
+                      for mod, sp in zip(modules, self.splits)]
+            self.schedule = build_schedule(dims, stages)
         self.named = [stage_parameters(sp) for sp in self.splits]
         self.params = [p for per in self.named for p in per.values()]
         self.tied: dict[str, list[nn.Parameter]] = {}
@@ -196,8 +221,11 @@ class PartRunner:
         self._sync()
         t0, c0 = time.perf_counter(), time.process_time()
         losses: list[torch.Tensor] = []
-        self.schedule.step(*(self.batch if self.first else ()), target=self.dummy_target if self.last else None,
-                           losses=losses if self.last else None, return_outputs=False)
+        if self.schedule is None:
+            self._plain_step(losses)
+        else:
+            self.schedule.step(*(self.batch if self.first else ()), target=self.dummy_target if self.last else None,
+                               losses=losses if self.last else None, return_outputs=False)
         if self.dp_group is not None:
             allreduce_grads(self.params, self.dp_group, self.dims.dp)
         sync_tied_grads(self.tied, self.groups)
@@ -209,10 +237,29 @@ class PartRunner:
         t2 = time.perf_counter()
         return StepTiming(wall=t2 - t0, optimizer=t2 - t1, cpu=time.process_time() - c0, losses=tuple(losses))
 
+    def _plain_step(self, losses: list[torch.Tensor]) -> None:
+        """One stage, data parallel: m micro-batches, each loss / m backpropagated (the schedules scale the
+        same way); DDP all-reduces on the last micro-batch only, FSDP2 reduce-scatters after every one."""
+        module, m = self.modules[0], self.dims.num_microbatches
+        size = self.batch[0].shape[0] // m
+        for i in range(m):
+            sync = i == m - 1 or not isinstance(module, DistributedDataParallel)
+            with contextlib.nullcontext() if sync else module.no_sync():
+                out = module(*(t[i * size:(i + 1) * size] for t in self.batch))
+                loss = out[0] if isinstance(out, (tuple, list)) else out
+                (loss / m).backward()
+            losses.append(loss.detach())
+
     def grads(self) -> dict[str, torch.Tensor]:
-        """Current gradients by original parameter name (CPU copies)."""
-        return {name: p.grad.detach().cpu().clone() for per in self.named for name, p in per.items()
-                if p.grad is not None}
+        """Current gradients by original parameter name (CPU copies; FSDP shards gathered: every rank calls)."""
+        out = {}
+        for per in self.named:
+            for name, p in per.items():
+                if p.grad is None:
+                    continue
+                g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                out[name] = g.detach().cpu().clone()
+        return out
 
     def peak_memory(self) -> tuple[int, str]:
         if self.device.type == "cuda":

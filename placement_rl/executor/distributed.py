@@ -1,10 +1,12 @@
-"""Deploy a ``StagePlan`` for real: DP x PP with ``torch.distributed`` (pipelining stages + DDP on a 2-D mesh).
+"""Deploy a ``StagePlan`` for real: DP x PP with ``torch.distributed`` (pipelining stages + DDP or FSDP2 on a
+2-D mesh; a one-stage plan is plain DDP / FSDP2 without a pipeline schedule).
 
 Flow (everything that can be wrong is checked before a process starts)::
 
     deploy_stage_plan(plan, graph, model="gpt", overrides={...})      # or module=..., inputs=...
-      prepare_job   parallel_dims(plan) -> ParallelDims  (one DP degree, dp x pp ranks, layout, schedule)
+      prepare_job   parallel_dims(plan) -> ParallelDims  (one DP degree, dp x pp ranks, layout, schedule, sharding)
                     batch checks                          (dp x num_microbatches divide the batch)
+                    memory check with a topology          (the cost model's memory rule; device and bytes named)
                     torch.export at micro-batch size; assign_stages(program, graph, plan)
                                                           (every plan node in the program, contiguous stages)
                     write JOB_DIR: job.json + one part per plan (part.json, program.pt2, inputs.pt)
@@ -125,6 +127,7 @@ class DeployResult:
     ranks: tuple[Mapping[str, Any], ...]
     wall_time: float
     grads: Mapping[str, torch.Tensor] | None = field(default=None, repr=False)
+    sharding: str = "dp"
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k != "grads"}
@@ -200,6 +203,20 @@ def _model(model: str | None, overrides: Mapping[str, Any] | None, module: nn.Mo
     return module.train(), tuple(inputs)
 
 
+def check_memory(plan: StagePlan, graph: CompGraph, topology: DeviceTopology) -> None:
+    """``PlanError`` naming the device and bytes when the plan does not fit the topology's memory (the cost
+    model's memory rule: training state incl. Adam, FSDP shards + gathered unit, in-flight activations)."""
+    from placement_rl.cost import resolve_costs
+    from placement_rl.cost.pipeline import PipelineSimulator
+
+    res = PipelineSimulator(graph, resolve_costs(graph, topology), topology).run(plan)
+    if not res.feasible:
+        errs = list(res.meta.get("memory_errors", ()))
+        more = f" (and {len(errs) - 1} more devices)" if len(errs) > 1 else ""
+        raise PlanError(f"{plan.sharding} plan does not fit topology '{topology.name}': {errs[0] if errs else ''}"
+                        f"{more}; use sharding fsdp, more stages or more micro-batches")
+
+
 def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
     """Validate one plan against its model and write its part directory; return its DP x PP layout."""
     plan, graph = spec.plan, spec.graph
@@ -207,6 +224,13 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
     if spec.topology is not None:
         plan.validate(graph, spec.topology)
     _check_plan_graph(plan, graph)
+    if plan.batch_size is not None:
+        chunks = dims.dp * dims.num_microbatches
+        if plan.batch_size % chunks:
+            raise PlanError(f"batch size {plan.batch_size} is not divisible by DP degree ({dims.dp}) x "
+                            f"num_microbatches ({dims.num_microbatches}); change the batch or the plan")
+    if spec.topology is not None:
+        check_memory(plan, graph, spec.topology)
     if graph.meta.get("capture_method", "export") != "export":
         raise PlanError(f"graph '{graph.name}' was captured with torch.fx; the distributed executor splits the "
                         "torch.export program, so capture the model with method='export'")
@@ -232,6 +256,10 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
     aliases = param_aliases(module)
     splits = split_stages(gm, stage_map, dims.num_stages, aliases=aliases)
     metas = value_meta(program_module(ep), micro)
+    ties = tied_parameters(splits)
+    if plan.sharding == "fsdp" and ties and dims.dp > 1:
+        raise PlanError(f"an fsdp plan cannot share tied parameters {sorted(ties)} between stages (their sharded "
+                        "gradients are not synchronised); put them in one stage or use sharding dp")
     crossing = crossing_values(splits)
     odd = [v for v in crossing if v not in metas]
     if odd:
@@ -307,7 +335,7 @@ def _collect_part(part_dir: Path, *, backend: str, collect_grads: bool, wall_tim
                         losses=losses, peak_memory_bytes=int(peak["peak_memory_bytes"]),
                         memory_kind=peak["memory_kind"], world_size=dims.world_size, dp=dims.dp, pp=dims.pp,
                         schedule=dims.schedule, backend=backend, tied_parameters=tuple(sorted(part["tied"])),
-                        ranks=tuple(ranks), wall_time=wall_time, grads=grads)
+                        ranks=tuple(ranks), wall_time=wall_time, grads=grads, sharding=dims.sharding)
 
 
 def collect_results(job_dir: str | Path, *, wall_time: float = 0.0) -> list[DeployResult]:

@@ -109,7 +109,9 @@ def train(cfg: dict[str, Any], part_dir: Path, *, rank: int, device: torch.devic
             "median_step_time": statistics.median(step_times) if step_times else None,
             "losses": losses, "peak_memory_bytes": peak, "memory_kind": kind,
             "model_state_bytes": int(sum(p.numel() * p.element_size() for p in run.params)) * 4,
-            "num_params": int(sum(p.numel() for p in run.params)), "tied": sorted(run.tied)}
+            "num_params": int(sum(p.numel() for p in run.params)),
+            "local_params": int(sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in run.params)),
+            "tied": sorted(run.tied)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
