@@ -68,8 +68,11 @@ _EW_PASS = {"add", "add_", "sub", "rsub", "neg", "iadd", "cat", "concat", "stack
             "clone", "contiguous", "copy", "copy_", "repeat"}
 
 
-def op_class(op_type: str, param_bytes: float = 0.0) -> str:
-    """The cost class of an op type (``aten``-style name as captured, e.g. ``addmm``, ``layer_norm``)."""
+def op_class(op_type: str, param_bytes: float = 0.0, flops: float = 0.0) -> str:
+    """The cost class of an op type (``aten``-style name as captured, e.g. ``addmm``, ``layer_norm``).
+
+    An unknown op type (hand-written or synthetic graphs) that carries FLOPs is priced as a GEMM
+    (``linear``); without FLOPs it is element-wise."""
     name = op_type.rsplit(".", 1)[-1].lower()
     if name.endswith("_default") or name.endswith(".default"):
         name = name[:-8]
@@ -87,7 +90,7 @@ def op_class(op_type: str, param_bytes: float = 0.0) -> str:
         return "pool"
     if "norm" in name:
         return "norm"
-    return "ew"
+    return "linear" if flops > 0 else "ew"
 
 
 @dataclass(frozen=True)
@@ -187,8 +190,8 @@ def features(graph: Any) -> NodeFeatures:
     from placement_rl.cost.resolve import needs_grad
 
     n = graph.num_nodes
-    cls = np.array([CLASSES.index(op_class(t, p)) for t, p in zip(graph.op_types, graph.param_bytes)],
-                   dtype=np.int64)
+    cls = np.array([CLASSES.index(op_class(t, p, f)) for t, p, f in
+                    zip(graph.op_types, graph.param_bytes, graph.fwd_flops)], dtype=np.int64)
     ops = np.ones(n)
     if graph.members is not None:  # a coarsened group is priced by its dominant member's class
         ops = np.array([max(len(m), 1) for m in graph.members], dtype=np.float64)
