@@ -230,6 +230,20 @@ def _gemm_time(flops: np.ndarray, out_bytes: np.ndarray, moved: np.ndarray, cls:
     return np.where(flops > 0, t, 0.0)
 
 
+def _weight_bytes(flops: np.ndarray, in_b: np.ndarray, out_b: np.ndarray, p_b: np.ndarray, cls: np.ndarray,
+                  elem: float) -> np.ndarray:
+    """Bytes of the weight a GEMM-like node multiplies by (its dW output). For ``linear`` it follows from the
+    FLOPs and shapes (``K = F / 2MN``, ``M = in / K``, ``W = F / 2M``), so a tied or shared weight held by
+    another node still gets its gradient GEMM; conv uses its parameters; bmm has none."""
+    out_el = np.maximum(out_b / elem, 1.0)
+    k = flops / (2.0 * out_el)
+    m = np.where(k > 0, (in_b / elem) / np.maximum(k, 1e-30), 0.0)
+    derived = np.where(m >= 1.0, elem * flops / (2.0 * np.maximum(m, 1.0)), 0.0)
+    lin = cls == CLASSES.index("linear")
+    conv = cls == CLASSES.index("conv")
+    return np.where(lin, np.maximum(derived, p_b * (p_b > derived)), np.where(conv, p_b, 0.0))
+
+
 def node_times(feat: NodeFeatures, spec: GpuSpec, fit: GpuFit, *, dtype: str = "fp32",
                tensor_peak: float | None = None, isolated: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(fwd [N], bwd [N], launch [N])`` seconds of every node on a GPU described by ``spec``.
@@ -270,9 +284,10 @@ def node_times(feat: NodeFeatures, spec: GpuSpec, fit: GpuFit, *, dtype: str = "
     if gi.size:
         moved = i_b + o_b + p_b
         fwd[gi] = _gemm_time(feat.flops[gi], o_b[gi], moved[gi], cls[gi], fit, spec, peak, elem) + launch
-        dw = _gemm_time(feat.flops[gi] * (p_b[gi] > 0), p_b[gi], moved[gi], cls[gi], fit, spec, peak, elem)
+        w_b = _weight_bytes(feat.flops[gi], i_b[gi], o_b[gi], p_b[gi], cls[gi], elem)
+        dw = _gemm_time(feat.flops[gi] * (w_b > 0), w_b, moved[gi], cls[gi], fit, spec, peak, elem)
         bwd[gi] = dw
-        nb[gi] = (p_b[gi] > 0).astype(np.float64)
+        nb[gi] = (w_b > 0).astype(np.float64)
         if feat.edge_dst.size:
             d = feat.edge_dst
             eb = feat.edge_bytes * scale

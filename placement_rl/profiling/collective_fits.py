@@ -152,3 +152,15 @@ def link_figures(system: str, *, devices_per_node: int = 2, fits: Iterable[dict[
         return None
     bw = (large[1] - large[0]) / max(t[2] - t[1], 1e-12)
     return float(t[0]), float(bw)
+
+
+def shipped_fits_for(series: Iterable[Series]) -> list[dict[str, Any]]:
+    """The shipped fit of each measured series (same system, collective, GPU count and GPUs per node)."""
+    by_key = {(f["system"], f["kind"], f["n_gpus"], f["devices_per_node"]): f for f in shipped()}
+    out = []
+    for s in series:
+        f = by_key.get((s.system, s.kind, s.n_gpus, s.devices_per_node))
+        if f is None:
+            raise ProfileError(f"no shipped collective fit for {s.key}; re-run scripts/fit_gpu_costs.py")
+        out.append(f)
+    return out
