@@ -131,8 +131,8 @@ def main() -> int:
               "the loss, which NeuSight's traces do not hold) take the calibrated estimate in the mapped profile, "
               "whose `cost_source` is `measured:neusight-<GPU>-<workload>.json:gpu0`.", ""]
     lines += proj or ["(skipped: --quick)"]
-    lines += ["", "## PipeDream per-layer profiles (GPU unnamed; V100 PCIe datasheet, one speed factor per model)", "",
-              "Speed factors (measured / predicted, median over all layers): "
+    lines += ["", "## PipeDream per-layer profiles (GPU unnamed; V100 PCIe datasheet times one fitted speed factor per cost model)", "",
+              "Speed factors (total measured / total predicted over all 14 profiles): "
               + ", ".join(f"{k} {v:.2f}" for k, v in factors.items())
               + ". Layer errors are time-weighted over layers above 0.1 ms.", ""]
     lines += pd_lines

@@ -4,7 +4,9 @@ Data: NeuSight label files (per-node fwd / bwd of one transformer layer plus emb
 the whole model end to end) and single-kernel forward timings, each tagged with the GPU it ran on and
 that GPU's datasheet (``GpuSpec``). The fitted parameters are shared by every GPU: the residuals are
 ``log(predicted / measured)``, weighted so that the ops that dominate a training step dominate the fit,
-with the whole-model times as extra terms. ``fit(..., exclude=gpu)`` leaves a GPU out.
+plus a weak prior on the memory-bound classes' byte and kernel counts. The whole-model times enter with a
+tiny weight only (``w_whole``): they are predicted, not fitted (the end-to-end runs carry host effects that
+differ between the machines, see docs/fidelity_gpu.md). ``fit(..., exclude=gpu)`` leaves a GPU out.
 """
 
 from __future__ import annotations
@@ -101,8 +103,17 @@ def kernel_features(op: str, cols: dict[str, np.ndarray]) -> tuple[NodeFeatures,
     return feat, cls
 
 
-def residuals(fit: GpuFit, data: FitData, *, w_whole: float = 1.0, w_kernel: float = 0.3) -> np.ndarray:
+# physical defaults the memory-class parameters are pulled toward (a weak prior: one GPU's data alone
+# must not drive a class's byte count or kernel count far from what the op does)
+PRIOR = {**{f"kf_{c}": 1.0 for c in MEM_CLASSES}, **{f"kb_{c}": 2.0 for c in MEM_CLASSES if c != "ew_pass"},
+         **{f"nb_{c}": 1.0 for c in MEM_CLASSES if c != "ew_pass"}}
+
+
+def residuals(fit: GpuFit, data: FitData, *, w_whole: float = 1.0, w_kernel: float = 0.3,
+              w_prior: float = 0.0) -> np.ndarray:
     parts = []
+    if w_prior > 0:
+        parts.append(np.array([np.sqrt(w_prior) * np.log((fit.p(k) + 0.05) / (v + 0.05)) for k, v in PRIOR.items()]))
     for s in data.graphs:
         f0, b0, _ = node_times(s.feat, s.spec, fit)
         pred_whole = float(s.weights @ (f0 + (b0 if s.train else 0)))
@@ -125,7 +136,7 @@ def residuals(fit: GpuFit, data: FitData, *, w_whole: float = 1.0, w_kernel: flo
 
 
 def fit(data: FitData, *, exclude: Iterable[str] = (), name: str = "neusight", max_nfev: int = 200,
-        w_whole: float = 1.0, w_kernel: float = 0.3) -> GpuFit:
+        w_whole: float = 0.01, w_kernel: float = 0.3, w_prior: float = 0.2) -> GpuFit:
     """Least-squares fit of the shared parameters on every sample whose GPU is not in ``exclude``."""
     from scipy.optimize import least_squares
 
@@ -139,7 +150,8 @@ def fit(data: FitData, *, exclude: Iterable[str] = (), name: str = "neusight", m
     x0 = np.array([p[1] for p in free])
     lo = np.array([p[2] for p in free])
     hi = np.array([p[3] for p in free])
-    res = least_squares(lambda x: residuals(_vec_to_fit(x, names, name), sub, w_whole=w_whole, w_kernel=w_kernel), x0, bounds=(lo, hi),
+    res = least_squares(lambda x: residuals(_vec_to_fit(x, names, name), sub, w_whole=w_whole, w_kernel=w_kernel,
+                                          w_prior=w_prior), x0, bounds=(lo, hi),
                         x_scale=np.maximum(np.abs(x0), 1e-6), max_nfev=max_nfev, diff_step=1e-3)
     out = _vec_to_fit(res.x, names, name)
     return GpuFit(name=name, params=out.params,
