@@ -66,6 +66,26 @@ def project_graph_rows(root: Path, logo: dict) -> list[str]:
     return out
 
 
+def cnn_mapping_rows(root: Path) -> list[str]:
+    """PipeDream's ResNet-18 / -50 layers mapped onto the zoo's resnet18 / resnet50 captured at its batch."""
+    out = ["| zoo graph | PipeDream profile | batch | graph nodes | mapped / zero (views, scalar updates) / unmapped | "
+           "cost_source of the mapped profile |", "|---|---|---|---|---|---|"]
+    v100 = load_topology("1x_v100_pcie_32gb")
+    for m in ("resnet18", "resnet50"):
+        prof = pipedream.read_profile(root / "pipedream" / f"{m}.graph.txt")
+        conv1 = next(x for x in prof.layers if x.op_type == "conv2d")
+        batch = int(round(conv1.out_bytes / (64 * 112 * 112 * 4)))  # the stem's 64 x 112 x 112 fp32 output
+        g = capture_zoo(m, batch_size=batch, image_size=224)
+        res = measured_map.map_pipedream(prof, g)
+        db = measured_map.mapped_profile(g, res, label=f"pipedream-{m}", gpu_model="unnamed", fill_topology=v100)
+        src = resolve_costs(g, v100, db).source[0]
+        out.append(f"| {m} | {prof.model}.graph.txt | {batch} | {g.num_nodes} | {res.mapped} / {res.views} / "
+                   f"{len(res.unmapped)} ({', '.join(sorted({g.op_types[i] for i in res.unmapped}))}) | `{src}` |")
+    out.append("| inception | inception_v3.graph.txt | - | - | not mapped: the zoo's inception is GoogLeNet-style, "
+               "not Inception-v3 | - |")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=None)
@@ -98,6 +118,7 @@ def main() -> int:
         series += [s for d in sorted((root / "vidur").glob("*/")) for s in vidur.read_system(d)]
         coll_lines, coll_sum = gpu_report.collective_table(series, collective_fits.shipped_fits_for(series))
         proj = [] if args.quick else project_graph_rows(root, logo_arch)
+        cnn = [] if args.quick else cnn_mapping_rows(root)
     except PlacementRLError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -131,6 +152,9 @@ def main() -> int:
               "the loss, which NeuSight's traces do not hold) take the calibrated estimate in the mapped profile, "
               "whose `cost_source` is `measured:neusight-<GPU>-<workload>.json:gpu0`.", ""]
     lines += proj or ["(skipped: --quick)"]
+    lines += ["", "CNN zoo graphs mapped onto PipeDream's layers by class order (the unmapped loss takes the "
+              "calibrated estimate; PipeDream's Input layer is data loading and is dropped):", ""]
+    lines += cnn or ["(skipped: --quick)"]
     lines += ["", "## PipeDream per-layer profiles (GPU unnamed; V100 PCIe datasheet times one fitted speed factor per cost model)", "",
               "Speed factors (total measured / total predicted over all 14 profiles): "
               + ", ".join(f"{k} {v:.2f}" for k, v in factors.items())

@@ -5,7 +5,8 @@ captured from ``gpt2_hf`` / ``bert_hf`` with the same configuration: per module 
 dropped, every layer index sent to layer 0 since NeuSight measured one layer) the i-th op of a cost class
 in the captured module takes the i-th measured op of that class in the same module, then leftovers match
 within the parent module. PipeDream layers map onto a captured CNN by class order (the i-th convolution
-takes the i-th measured ``Conv2d`` ...). View ops (no kernel) map to zero. ``MapResult`` says what mapped.
+takes the i-th measured ``Conv2d`` ...; scalar updates inside a layer, such as batch norm's counter, map to
+zero). View ops (no kernel) map to zero. ``MapResult`` says what mapped.
 
 ``mapped_profile(...)`` turns a mapping into a ``ProfileDB`` that ``resolve_costs`` reads like one measured
 here: its label names the dataset, workload and GPU (``neusight-<GPU>-<workload>``). Nodes that did not map
@@ -102,7 +103,8 @@ def map_pipedream(profile, graph) -> MapResult:
     used: dict[str, int] = defaultdict(int)
     for i in range(n):
         c = op_class(graph.op_types[i], graph.param_bytes[i], graph.fwd_flops[i])
-        if c == "view":
+        if c == "view" or (graph.out_bytes[i] <= 8 and graph.fwd_flops[i] == 0 and c != "loss"):
+            # no kernel, or a scalar update inside a measured layer (batch norm's num_batches_tracked += 1)
             fwd[i], bwd[i], source[i] = 0.0, 0.0, "view"
         elif used[c] < len(pools[c]):
             x = pools[c][used[c]]
