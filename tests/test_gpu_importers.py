@@ -188,3 +188,26 @@ def test_cli_profile_imports_a_label_file_as_profile(tmp_path):
     g = neusight.label_graph(neusight.read_labels(src))
     c = resolve_costs(g, load_topology("1x_v100_pcie_32gb"), db)
     assert c.source == ("measured:neusight-Tesla_V100-PCIE-32GB-bert_large-train-512-2.json:gpu0",)
+
+
+# ------------------------------------------------ measured nodes on captured graphs
+@needs_data
+def test_neusight_maps_onto_captured_bert_and_resolves_as_measured():
+    pytest.importorskip("transformers")
+    from placement_rl.cost import resolve_costs
+    from placement_rl.graph.capture import capture_zoo
+    from placement_rl.profiling import measured_map
+    from placement_rl.topology import load_topology
+
+    w = neusight.read_labels(DATA / LABELS / "NVIDIA_A100_80GB_PCIe" / "bert_large-train-512-2.csv")
+    zoo, overrides = measured_map.zoo_config(w)
+    assert zoo == "bert_hf" and overrides["d_model"] == 1024 and overrides["n_heads"] == 16
+    g = capture_zoo(zoo, **overrides)
+    res = measured_map.map_neusight(w, g)
+    assert res.mapped >= 30 and len(res.unmapped) <= 5  # the loss and a few mask ops are not in NeuSight's trace
+    topo = load_topology("1x_a100_80gb_pcie")
+    db = measured_map.mapped_profile(g, res, label=f"neusight-{w.gpu}-{w.key}", gpu_model=w.gpu, fill_topology=topo)
+    c = resolve_costs(g, topo, db)
+    assert c.source == ("measured:neusight-NVIDIA_A100_80GB_PCIe-bert_large-train-512-2.json:gpu0",)
+    whole = float(measured_map.layer_weights(g, w.num_layer) @ (c.fwd_time[:, 0] + c.bwd_time[:, 0]))
+    assert whole == pytest.approx(w.e2e, rel=0.2)
