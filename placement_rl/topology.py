@@ -6,14 +6,19 @@ YAML schema (presets live in ``conf/topology/<name>.yaml``)::
     description: free text
     devices:                       # a list; an entry with count: k expands to name0..name{k-1}
       - {name: gpu, count: 4, kind: gpu, torch_device: cuda, host: 0,
-         peak_flops: 15.7e12, mem_bandwidth: 900e9, memory_bytes: 32e9, launch_overhead: 1.0e-5}
+         peak_flops: 15.7e12, mem_bandwidth: 900e9, memory_bytes: 32e9, launch_overhead: 1.0e-5,
+         sm_count: 80, l2_bytes: 6291456, model: V100-SXM2-32GB,          # optional datasheet figures
+         peak_flops_tf32: 0, peak_flops_bf16: 0}                            # optional tensor-core peaks
+    dtype: fp32                    # optional: fp32 (default), tf32 or bf16; the GPU cost model's precision
+    cost_model: calibrated         # optional: calibrated (default for GPUs) or roofline
     links:
       intra_host: {bandwidth: 16e9, latency: 1.0e-5, kind: pcie}    # default between devices of one host
       inter_host: {bandwidth: 12.5e9, latency: 5.0e-6, kind: ib}    # default across hosts
       pairs:                                                         # overrides, symmetric
         - {between: [gpu0, gpu1], bandwidth: 25e9, latency: 5.0e-6, kind: nvlink}
 
-Units: FLOP/s, bytes/s, bytes, seconds.
+Units: FLOP/s, bytes/s, bytes, seconds. A topology-level ``peak_flops_tf32`` / ``peak_flops_bf16`` is the
+default of every GPU that does not set its own.
 """
 
 from __future__ import annotations
@@ -42,6 +47,11 @@ class Device:
     memory_bytes: float
     host: int = 0
     launch_overhead: float = 0.0
+    sm_count: int = 0               # streaming multiprocessors (0: unknown)
+    l2_bytes: float = 0.0           # L2 cache (0: unknown)
+    peak_flops_tf32: float = 0.0    # tensor-core peaks (0: unknown)
+    peak_flops_bf16: float = 0.0
+    model: str = ""                 # hardware model, e.g. "A100-80GB-PCIe"
 
 
 @dataclass(frozen=True, eq=False)
@@ -101,6 +111,12 @@ class DeviceTopology:
                 v = getattr(d, key)
                 if not (isinstance(v, numbers.Real) and not isinstance(v, bool) and np.isfinite(v) and v > 0):
                     raise TopologyError(f"device '{d.name}': field '{key}' must be a positive number, got {v!r}")
+            for key in ("l2_bytes", "peak_flops_tf32", "peak_flops_bf16"):
+                v = getattr(d, key)
+                if not (isinstance(v, numbers.Real) and not isinstance(v, bool) and np.isfinite(v) and v >= 0):
+                    raise TopologyError(f"device '{d.name}': field '{key}' must be a number >= 0, got {v!r}")
+            if not isinstance(d.sm_count, int) or isinstance(d.sm_count, bool) or d.sm_count < 0:
+                raise TopologyError(f"device '{d.name}': field 'sm_count' must be an integer >= 0")
             lo = d.launch_overhead
             if not (isinstance(lo, numbers.Real) and not isinstance(lo, bool) and np.isfinite(lo) and lo >= 0):
                 raise TopologyError(f"device '{d.name}': field 'launch_overhead' must be >= 0")
@@ -168,7 +184,9 @@ class DeviceTopology:
                   "kind": self.link_kind[i][j]} for i in range(n) for j in range(i + 1, n)]
         devs = [{"name": d.name, "kind": d.kind, "torch_device": d.torch_device, "host": d.host,
                  "peak_flops": d.peak_flops, "mem_bandwidth": d.mem_bandwidth, "memory_bytes": d.memory_bytes,
-                 "launch_overhead": d.launch_overhead} for d in self.devices]
+                 "launch_overhead": d.launch_overhead, "sm_count": d.sm_count, "l2_bytes": d.l2_bytes,
+                 "peak_flops_tf32": d.peak_flops_tf32, "peak_flops_bf16": d.peak_flops_bf16, "model": d.model}
+                for d in self.devices]
         return {**dict(self.meta), "name": self.name, "description": self.description, "devices": devs,
                 "links": {"pairs": pairs}}
 
@@ -213,6 +231,16 @@ def _from_dict(data: Any, where: str) -> DeviceTopology:
             if v <= 0:
                 raise TopologyError(f"{w}: field '{key}' must be positive, got {v!r}")
         overhead = _num(entry, "launch_overhead", w, DEFAULT_LAUNCH_OVERHEAD[kind])
+        extra = {key: _num(entry, key, w, _num(data, key, where, 0.0))
+                 for key in ("l2_bytes", "peak_flops_tf32", "peak_flops_bf16")}
+        for key, v in extra.items():
+            if v < 0:
+                raise TopologyError(f"{w}: field '{key}' must be >= 0, got {v!r}")
+        sm = entry.get("sm_count", 0)
+        if not isinstance(sm, int) or isinstance(sm, bool) or sm < 0:
+            raise TopologyError(f"{w}: field 'sm_count' must be a non-negative integer, got {sm!r}")
+        extra["sm_count"] = sm
+        extra["model"] = str(entry.get("model", ""))
         base_td = str(entry.get("torch_device", "cpu" if kind == "cpu" else "cuda"))
         start = entry.get("index_start", 0)
         if not isinstance(start, int) or isinstance(start, bool) or start < 0:
@@ -220,7 +248,8 @@ def _from_dict(data: Any, where: str) -> DeviceTopology:
         for c in range(count):
             name = f"{entry['name']}{c}" if count > 1 or entry.get("numbered", False) else str(entry["name"])
             td = base_td if (":" in base_td or base_td == "cpu") else f"{base_td}:{start + c}"
-            devices.append(Device(name=name, kind=kind, torch_device=td, host=host, launch_overhead=overhead, **vals))
+            devices.append(Device(name=name, kind=kind, torch_device=td, host=host, launch_overhead=overhead,
+                                  **vals, **extra))
     n = len(devices)
     names = [d.name for d in devices]
     if len(set(names)) != n:
@@ -271,6 +300,12 @@ def _from_dict(data: Any, where: str) -> DeviceTopology:
     if np.any(lat < 0):
         i, j = np.argwhere(lat < 0)[0]
         raise TopologyError(f"{where}: link '{names[i]}' <-> '{names[j]}' has negative latency")
+    dtype = data.get("dtype", "fp32")
+    if dtype not in ("fp32", "tf32", "bf16"):
+        raise TopologyError(f"{where}: field 'dtype' is {dtype!r}, expected fp32, tf32 or bf16")
+    model = data.get("cost_model", "calibrated")
+    if model not in ("calibrated", "roofline"):
+        raise TopologyError(f"{where}: field 'cost_model' is {model!r}, expected calibrated or roofline")
     return DeviceTopology(name=str(data.get("name", Path(where).stem)), devices=tuple(devices),
                           link_bandwidth=bw, link_latency=lat, link_kind=tuple(tuple(r) for r in kind_m),
                           description=str(data.get("description", "")),

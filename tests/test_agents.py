@@ -21,7 +21,7 @@ from placement_rl.cost import resolve_costs, simulate
 from placement_rl.errors import CheckpointError, ConfigError
 from placement_rl.graph import synthetic
 from placement_rl.plans import Placement
-from placement_rl.topology import load_topology
+from placement_rl.topology import DeviceTopology, load_topology
 
 PLACE = "placement_rl/PlacementEnv-v0"
 ONESHOT = "placement_rl/OneShotPlacementEnv-v0"
@@ -147,6 +147,9 @@ def test_agent_improves_its_placements(algo, small_graph, k80):
     """From random starting placements the untrained policy's episodes end far from the best single device;
     after ~3k steps its sampled placements are much faster (fixed seeds)."""
     agent = AgentSpec(algo=algo, **SMALL_AGENT, gamma=1.0, ent_coef=0.01, reinforce=ReinforceConfig(batch_episodes=8))
+    # roofline costs: with the calibrated GPU model random placements of this graph are only ~1.15x the best
+    # single device, too close for the "far from the best" premise of this test
+    k80 = DeviceTopology.from_dict({**k80.to_dict(), "cost_model": "roofline"})
     tr = Trainer(env_id=PLACE, env_kwargs={"graph": small_graph, "topology": k80, "initial_placement": "random"},
                  agent=agent, encoder=EncoderSpec(hidden=32, layers=2), seed=0)
     before = _sampled_mean_time(tr)

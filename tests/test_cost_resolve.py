@@ -31,7 +31,7 @@ def g():
 
 
 def test_roofline_matches_the_formula(g, topo) -> None:
-    c = resolve_costs(g, topo)
+    c = resolve_costs(g, topo, gpu_model="roofline")  # GPUs default to the calibrated model (test_calibrated)
     assert c.source == ("roofline", "roofline")
     assert c.describe_source(topo.device_names) == "gpu0=roofline, cpu=roofline"
     # mm on gpu0: compute 2e9/1e12 = 2 ms; bytes 1e6 out + 4e6 in + 2e6 params = 7e6 / 1e9 = 7 ms -> memory bound

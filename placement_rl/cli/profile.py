@@ -11,6 +11,14 @@ from placement_rl.errors import ConfigError
 def run(cfg: DictConfig):
     from placement_rl.profiling.run import run_profile
 
+    if cfg.get("measurements"):  # import a public GPU measurement file (its reader's error exits 2)
+        from placement_rl.profiling.measured_io import read_measurements
+
+        lines, db = read_measurements(str(cfg.measurements))
+        print("\n".join(lines))
+        if db is not None:
+            print(f"wrote {db.save(cfg.output or output_dir() / 'profile.json')}")
+        return db
     g = cfg.graph
     if g.get("path") or g.get("source", "zoo") != "zoo":
         raise ConfigError("profile needs a zoo model (graph=<name>): profiling runs the model's real ops")

@@ -11,9 +11,14 @@ Backward moves about twice the bytes (it reads the output gradient and the saved
 the input and parameter gradients). A node whose output needs no gradient (no parameters on it or on any
 ancestor, and no ``bwd_flops`` on it or any ancestor: e.g. a data input) has no backward: ``bwd = 0``.
 
+GPU devices use the calibrated model by default (``placement_rl.cost.calibrated``: per op class, fitted on
+public GPU measurements, a function of op features and the GPU's datasheet), labelled ``calibrated:<fit>``
+(plus ``:<dtype>`` for tf32 / bf16); ``gpu_model="roofline"`` (or ``cost_model: roofline`` in the
+topology YAML) keeps the plain roofline above. CPU devices always use the roofline.
+
 Measured sources plug in through the ``CostSource`` protocol: any object with
 ``lookup(graph, device) -> (fwd [N], bwd [N], label) | None``; a device it answers for is labelled
-``measured:<label>``, every other device ``roofline``.
+``measured:<label>``, every other device ``calibrated:<fit>`` or ``roofline``.
 """
 
 from __future__ import annotations
@@ -94,11 +99,50 @@ def _measured(source: CostSource, graph: CompGraph, device: Device) -> tuple[np.
     return fwd, bwd, str(label)
 
 
+GPU_MODELS = ("calibrated", "roofline")
+
+
+def _estimator(graph: CompGraph, topology: DeviceTopology, gpu_model: str | None):
+    """``estimate(device) -> (fwd, bwd, overhead, label)``: the calibrated model for GPUs, else the roofline."""
+    from placement_rl.cost import calibrated as cal
+
+    model = gpu_model if gpu_model is not None else str(topology.meta.get("cost_model", "calibrated"))
+    if model not in GPU_MODELS:
+        raise ProfileError(f"unknown GPU cost model '{model}' (valid: {', '.join(GPU_MODELS)})")
+    dtype = str(topology.meta.get("dtype", "fp32"))
+    fit = cal.shipped_fit() if model == "calibrated" else None
+    feat: list = []
+    memo: dict[tuple, tuple] = {}
+
+    def estimate(dev: Device) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+        if fit is None or dev.kind != "gpu":
+            f, b, o = roofline_times(graph, dev)
+            return f, b, o, "roofline"
+        tensor = {"tf32": dev.peak_flops_tf32, "bf16": dev.peak_flops_bf16}.get(dtype, 0.0)
+        if dtype != "fp32" and not tensor:
+            raise ProfileError(f"dtype '{dtype}' needs device '{dev.name}' (or its topology) to give "
+                               f"'peak_flops_{dtype}'")
+        key = (dev.peak_flops, dev.mem_bandwidth, dev.sm_count, dev.l2_bytes, tensor)
+        if key not in memo:
+            if not feat:
+                feat.append(cal.features(graph))
+            spec = cal.GpuSpec(dev.peak_flops, dev.mem_bandwidth, dev.sm_count, dev.l2_bytes)
+            memo[key] = cal.node_times(feat[0], spec, fit, dtype=dtype, tensor_peak=tensor or None)
+        f, b, o = memo[key]
+        label = f"calibrated:{fit.name}" + ("" if dtype == "fp32" else f":{dtype}")
+        return f, b, o, label
+
+    return estimate
+
+
 def resolve_costs(graph: CompGraph, topology: DeviceTopology,
-                  profiles: CostSource | Sequence[CostSource] | None = None) -> CostTable:
+                  profiles: CostSource | Sequence[CostSource] | None = None, *,
+                  gpu_model: str | None = None) -> CostTable:
     """Per-node fwd/bwd time on every device plus link latency/bandwidth, with the source of each device.
 
-    ``profiles``: None (roofline everywhere), a ``CostSource`` or a sequence of them (first answer wins).
+    ``profiles``: None (estimates everywhere), a ``CostSource`` or a sequence of them (first answer wins).
+    ``gpu_model``: ``calibrated`` or ``roofline`` for GPUs no profile covers (default: the topology's
+    ``cost_model``, else ``calibrated``).
     """
     if profiles is None:
         sources: list[CostSource] = []
@@ -114,15 +158,18 @@ def resolve_costs(graph: CompGraph, topology: DeviceTopology,
     bwd = np.zeros((n, d))
     overhead = np.zeros((n, d))
     labels: list[str] = []
+    estimate = _estimator(graph, topology, gpu_model)
     for j, dev in enumerate(topology.devices):
-        f, b, o = roofline_times(graph, dev)
-        label = "roofline"
+        label = ""
+        got = None
         for src in sources:
             got = _measured(src, graph, dev)
             if got is not None:
-                f, b, label = got[0], got[1], f"measured:{got[2]}"
-                o = np.minimum(o, f)  # the fixed part can not exceed the measured time
                 break
+        f, b, o, label = estimate(dev)
+        if got is not None:
+            f, b, label = got[0], got[1], f"measured:{got[2]}"
+            o = np.minimum(o, f)  # the fixed part can not exceed the measured time
         fwd[:, j], bwd[:, j], overhead[:, j] = f, b, o
         labels.append(label)
     return CostTable(fwd_time=fwd, bwd_time=bwd, link_latency=topology.link_latency,

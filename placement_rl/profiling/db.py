@@ -132,6 +132,9 @@ class ProfileDB:
 
     @property
     def label(self) -> str:
+        src = self.data.get("env", {}).get("source")  # imported public measurements name their dataset
+        if src:
+            return f"{src}.json"
         return self.path.name if self.path is not None else "profile"
 
     # --------------------------------------------------------------- devices

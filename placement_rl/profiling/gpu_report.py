@@ -1,0 +1,120 @@
+"""Sections of ``docs/fidelity_gpu.md``: whole-model tables, op-class errors, PipeDream layers, collectives.
+
+Pure formatting and small computations over the rows of ``placement_rl.profiling.gpu_fidelity``; the
+driver is ``scripts/fidelity_gpu.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from placement_rl.cost.calibrated import CLASSES, GpuFit, GpuSpec, features, node_times
+from placement_rl.profiling.gpu_fidelity import NEUSIGHT_PUBLISHED, ClassRow, WorkloadRow, mape, spearman
+
+GPU_LABEL = {"NVIDIA_A100_80GB_PCIe": "A100 80GB PCIe", "Tesla_V100-PCIE-32GB": "V100 PCIe 32GB"}
+
+
+def whole_table(rows: Sequence[WorkloadRow], models: Sequence[str], *, train: bool = True) -> list[str]:
+    head = "| GPU (measured by NeuSight) | workload | measured ms | " + " | ".join(models) + " | NeuSight (published) |"
+    out = [head, "|" + "---|" * (4 + len(models))]
+    for r in rows:
+        if r.train != train:
+            continue
+        pub = NEUSIGHT_PUBLISHED.get((r.gpu, r.key))
+        cells = " | ".join(f"{r.predicted[m] * 1e3:.0f} ({r.error(m):+.1f}%)" for m in models)
+        out.append(f"| {GPU_LABEL.get(r.gpu, r.gpu)} | {r.key} | {r.measured * 1e3:.0f} | {cells} | "
+                   f"{f'{pub:.1f}%' if pub is not None else '-'} |")
+    stats = []
+    for m in models:
+        a, b = mape(list(rows), m, train=train)
+        stats.append(f"MAPE {a:.1f}%, max {b:.1f}%, Spearman {spearman([r for r in rows if r.train == train], m):.2f}")
+    out.append("| **all** | | | " + " | ".join(stats) + " | |")
+    return out
+
+
+def class_table(classes: Sequence[ClassRow], models: Sequence[str]) -> list[str]:
+    """Per (GPU, op class): the error of the class total over every workload (fwd + bwd, isolated timings)."""
+    out = ["| GPU | op class | measured ms | " + " | ".join(models) + " |", "|" + "---|" * (3 + len(models))]
+    for c in sorted(classes, key=lambda c: (c.gpu, CLASSES.index(c.cls))):
+        cells = " | ".join(f"{100 * (c.predicted.get(m, 0.0) / c.measured - 1):+.1f}%" for m in models)
+        out.append(f"| {GPU_LABEL.get(c.gpu, c.gpu)} | {c.cls} | {c.measured * 1e3:.1f} | {cells} |")
+    return out
+
+
+def class_wins(classes: Sequence[ClassRow], model: str, base: str = "roofline") -> tuple[int, int, list[str]]:
+    """How many (GPU, class) rows ``model`` beats ``base`` on (absolute error), and the ones it does not."""
+    wins, losses = 0, []
+    for c in classes:
+        e_m = abs(c.predicted.get(model, 0.0) / c.measured - 1)
+        e_b = abs(c.predicted.get(base, 0.0) / c.measured - 1)
+        if e_m <= e_b:
+            wins += 1
+        else:
+            losses.append(f"{GPU_LABEL.get(c.gpu, c.gpu)} {c.cls}")
+    return wins, len(classes), losses
+
+
+def pipedream_rows(profiles: Sequence, graphs: Sequence, spec: GpuSpec, fits: Mapping[str, GpuFit | None]
+                   ) -> tuple[list[str], dict[str, float]]:
+    """Per-layer fwd / bwd errors on PipeDream's CNN and GNMT profiles, one fitted speed factor per model
+    kind (the profiles' GPU is unnamed): factor = total measured / total predicted time over all models."""
+    from placement_rl.profiling import pipedream as pdm
+    from placement_rl.profiling.gpu_fidelity import roofline_node_times
+    from placement_rl.profiling.calibrate import GraphSample
+
+    preds: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]] = {m: [] for m in fits}
+    for prof, g in zip(profiles, graphs):
+        mf, mb = pdm.measured_times(prof, g)
+        feat = features(g)
+        for label, fit in fits.items():
+            if fit is None:
+                s = GraphSample("", spec, feat, mf, mb, np.ones(g.num_nodes), 0.0, True)
+                f, b = roofline_node_times(s)
+            else:
+                f, b, _ = node_times(feat, spec, fit, isolated=True)
+            preds[label].append((f, b, mf, mb))
+    factors, lines = {}, []
+    for label, items in preds.items():  # one factor: total measured over total predicted time
+        meas = sum(float(m_f.sum() + m_b.sum()) for _, _, m_f, m_b in items)
+        pred = sum(float(p_f.sum() + p_b.sum()) for p_f, p_b, _, _ in items)
+        factors[label] = meas / pred
+    head = "| model | layers | measured fwd+bwd ms | " + " | ".join(
+        f"{m}: layer MAPE fwd / bwd, model sum" for m in fits) + " |"
+    lines += [head, "|" + "---|" * (3 + len(fits))]
+    for i, (prof, g) in enumerate(zip(profiles, graphs)):
+        cells = []
+        for label in fits:
+            f, b, mf, mb = preds[label][i]
+            k = factors[label]
+            ef = _layer_mape(k * f, mf)
+            eb = _layer_mape(k * b, mb)
+            tot = 100 * (k * (f.sum() + b.sum()) / (mf.sum() + mb.sum()) - 1)
+            cells.append(f"{ef:.0f}% / {eb:.0f}%, {tot:+.1f}%")
+        lines.append(f"| {prof.model} | {g.num_nodes} | {(mf.sum() + mb.sum()) * 1e3:.0f} | " + " | ".join(cells) + " |")
+    return lines, factors
+
+
+def _layer_mape(pred: np.ndarray, meas: np.ndarray, floor: float = 1e-4) -> float:
+    """Time-weighted per-layer error: sum |pred - meas| / sum meas over layers measured above ``floor`` s."""
+    m = meas > floor
+    return float(100 * np.abs(pred[m] - meas[m]).sum() / meas[m].sum()) if m.any() else float("nan")
+
+
+def collective_table(series: Sequence, fits: Sequence[dict]) -> tuple[list[str], dict[str, float]]:
+    from placement_rl.profiling.collective_fits import fit_errors
+
+    out = ["| source | system | collective | GPUs (per node) | rows >= 1 MiB | mean abs error | p95 | within 10% |",
+           "|---|---|---|---|---|---|---|---|"]
+    pooled: dict[str, list[np.ndarray]] = {}
+    for s, f in zip(series, fits):
+        e = np.abs(fit_errors(f, s))
+        if not e.size:
+            continue
+        pooled.setdefault(s.kind, []).append(e)
+        out.append(f"| {s.source} | {s.system} | {s.kind} | {s.n_gpus} ({s.devices_per_node}) | {e.size} | "
+                   f"{100 * e.mean():.1f}% | {100 * np.percentile(e, 95):.1f}% | {100 * np.mean(e <= 0.1):.0f}% |")
+    summary = {k: float(100 * np.mean(np.concatenate(v) <= 0.1)) for k, v in pooled.items()}
+    summary.update({f"{k}_mean": float(100 * np.concatenate(v).mean()) for k, v in pooled.items()})
+    return out, summary

@@ -1,0 +1,157 @@
+"""The calibrated GPU cost model: the shipped fit, resolve_costs' default for GPU presets, dtype, op classes,
+and a few predictions against NeuSight's measurements in ../shared (skipped with a reason where absent)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from placement_rl.cost import resolve_costs
+from placement_rl.cost.calibrated import (CLASSES, GpuFit, GpuSpec, features, node_times, op_class,
+                                          required_params, shipped_fit)
+from placement_rl.errors import ProfileError, TopologyError
+from placement_rl.graph import coarsen, synthetic
+from placement_rl.profiling import neusight
+from placement_rl.topology import DeviceTopology, load_topology
+
+DATA = neusight.default_data_dir()
+needs_data = pytest.mark.skipif(DATA is None or not Path(DATA).is_dir(),
+                                reason="../shared/gpu-measurements is absent (set PLACEMENT_RL_GPU_DATA)")
+GPU_PRESETS = ["1x_a100_80gb_pcie", "1x_a100_40gb_pcie", "1x_v100_pcie_32gb", "1x_h100_sxm", "1x_l4", "1x_t4",
+               "8x_a100_dgx", "8x_h100_dgx", "2x_a100_nvlink_pair", "2x_h100_nvlink_pair", "8x_a100_nvswitch"]
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return synthetic.sample("transformer_like", num_nodes=60, seed=0)
+
+
+def test_shipped_fit_loads_with_every_parameter():
+    fit = shipped_fit()
+    assert fit is not None and fit.name == "neusight-v1"
+    assert set(required_params()) <= set(fit.params)
+    assert "NVIDIA_A100_80GB_PCIe" in fit.meta["trained_on"] and fit.meta["sources"]
+
+
+@pytest.mark.parametrize("preset", GPU_PRESETS)
+def test_every_gpu_preset_resolves_calibrated(graph, preset):
+    topo = load_topology(preset)
+    c = resolve_costs(graph, topo)
+    assert set(c.source) == {"calibrated:neusight-v1"}
+    assert np.all(np.isfinite(c.fwd_time)) and np.all(c.fwd_time >= 0) and np.all(c.bwd_time >= 0)
+    assert c.fwd_time.sum() > 0
+    assert resolve_costs(graph, topo, gpu_model="roofline").source[0] == "roofline"
+
+
+def test_cpu_stays_roofline_and_unknown_model_is_refused(graph):
+    c = resolve_costs(graph, load_topology("cpu_2gpu"))
+    assert c.source == ("roofline", "calibrated:neusight-v1", "calibrated:neusight-v1")
+    with pytest.raises(ProfileError, match="unknown GPU cost model"):
+        resolve_costs(graph, load_topology("1x_t4"), gpu_model="magic")
+
+
+def test_faster_gpu_is_faster(graph):
+    t = {p: resolve_costs(graph, load_topology(p)) for p in ("1x_t4", "1x_v100_pcie_32gb", "1x_a100_80gb_pcie",
+                                                             "1x_h100_sxm")}
+    total = {p: c.fwd_time[:, 0].sum() + c.bwd_time[:, 0].sum() for p, c in t.items()}
+    assert total["1x_t4"] > total["1x_v100_pcie_32gb"] > total["1x_a100_80gb_pcie"] > total["1x_h100_sxm"]
+
+
+def _with(preset: str, **top) -> DeviceTopology:
+    d = load_topology(preset).to_dict()
+    d.update(top)
+    return DeviceTopology.from_dict(d)
+
+
+def test_dtype_uses_tensor_core_peaks(graph):
+    fp32 = resolve_costs(graph, load_topology("1x_a100_80gb_pcie"))
+    bf16 = resolve_costs(graph, _with("1x_a100_80gb_pcie", dtype="bf16"))
+    tf32 = resolve_costs(graph, _with("1x_a100_80gb_pcie", dtype="tf32"))
+    assert bf16.source == ("calibrated:neusight-v1:bf16",) and tf32.source == ("calibrated:neusight-v1:tf32",)
+    assert bf16.fwd_time.sum() < tf32.fwd_time.sum() < fp32.fwd_time.sum()
+    with pytest.raises(ProfileError, match="peak_flops_bf16"):
+        resolve_costs(graph, _with("1x_v100_pcie_32gb", dtype="bf16"))  # V100 has no BF16 tensor cores
+    with pytest.raises(TopologyError, match="dtype"):
+        _with("1x_a100_80gb_pcie", dtype="fp8")
+
+
+def test_op_classes():
+    assert op_class("addmm") == op_class("linear") == "linear"
+    assert op_class("matmul") == "bmm" and op_class("matmul", param_bytes=4.0) == "linear"
+    assert op_class("layer_norm") == "norm" and op_class("_softmax") == "softmax"
+    assert op_class("view") == op_class("transpose") == op_class("_assert_tensor_metadata") == "view"
+    assert op_class("add") == "ew_pass" and op_class("gelu") == "ew" and op_class("max_pool2d") == "pool"
+    assert op_class("my_custom_op", flops=1e9) == "linear" and op_class("my_custom_op") == "ew"
+
+
+def test_views_are_free_and_coarsened_groups_resolve(graph):
+    topo = load_topology("1x_a100_80gb_pcie")
+    c = resolve_costs(graph, topo)
+    view = np.array([op_class(t) == "view" for t in graph.op_types])
+    if view.any():
+        assert np.all(c.fwd_time[view, 0] == 0)
+    small = coarsen.coarsen(graph, depth=1) if graph.num_nodes > 1 else graph
+    cc = resolve_costs(small, topo)
+    assert np.all(np.isfinite(cc.fwd_time)) and cc.fwd_time.sum() > 0
+
+
+def test_bad_fit_files_are_one_line_errors(tmp_path):
+    p = tmp_path / "fit.json"
+    with pytest.raises(ProfileError, match="does not exist"):
+        GpuFit.load(p)
+    p.write_text("{oops")
+    with pytest.raises(ProfileError, match="malformed"):
+        GpuFit.load(p)
+    fit = shipped_fit().to_dict()
+    del fit["params"]["launch"]
+    p.write_text(json.dumps(fit))
+    with pytest.raises(ProfileError, match="lacks parameter 'launch'") as e:
+        GpuFit.load(p)
+    assert "\n" not in str(e.value)
+
+
+def test_gemm_time_follows_the_datasheet():
+    """A large square GEMM runs near the fitted efficiency of the peak; twice the FLOPs, about twice the time."""
+    fit = shipped_fit()
+    spec = GpuSpec(19.5e12, 1935e9, 108, 40 * 2**20)
+    from placement_rl.profiling.calibrate import kernel_features
+
+    n = np.array([4096.0, 8192.0])
+    feat, _ = kernel_features("linear", {"B": np.ones(2), "M": n, "N": n, "K": n})
+    f, _, _ = node_times(feat, spec, fit)
+    achieved = feat.flops / f / spec.peak_flops
+    assert np.all((achieved > 0.6) & (achieved <= 1.05))
+
+
+@needs_data
+@pytest.mark.parametrize("gpu,workload,tol", [("NVIDIA_A100_80GB_PCIe", "gpt2_large-train-1024-4", 0.10),
+                                              ("NVIDIA_A100_80GB_PCIe", "gpt3_xl-train-2048-1", 0.10),
+                                              ("Tesla_V100-PCIE-32GB", "bert_large-train-512-8", 0.15),
+                                              ("Tesla_V100-PCIE-32GB", "opt_13-inf-2048-8", 0.10)])
+def test_shipped_fit_predicts_neusight_whole_models(gpu, workload, tol):
+    w = neusight.read_labels(DATA / "neusight" / "labels" / gpu / f"{workload}.csv")
+    cfg = neusight.read_device_config(DATA / "neusight" / "device_configs" / f"{gpu}.json")
+    g = neusight.label_graph(w)
+    f, b, _ = node_times(features(g), GpuSpec(cfg.peak_flops, cfg.mem_bandwidth, cfg.sm_count, cfg.l2_bytes),
+                         shipped_fit())
+    pred = neusight.whole_model(f, b, neusight.layer_weights(g, w.num_layer), train=w.mode == "train")
+    assert pred == pytest.approx(w.e2e, rel=tol)
+
+
+@needs_data
+def test_matmul_class_beats_the_roofline_on_measured_nodes():
+    w = neusight.read_labels(DATA / "neusight" / "labels" / "NVIDIA_A100_80GB_PCIe" / "bert_large-train-512-8.csv")
+    g = neusight.label_graph(w)
+    fwd, _ = neusight.measured_times(w, g)
+    spec = GpuSpec(19.5e12, 1935e9, 108, 40 * 2**20)
+    feat = features(g)
+    f, _, _ = node_times(feat, spec, shipped_fit(), isolated=True)
+    bmm = feat.cls == CLASSES.index("bmm")
+    roof = np.maximum(feat.flops / spec.peak_flops,
+                      (feat.in_bytes + feat.out_bytes) / spec.mem_bandwidth)
+    err_cal = abs(f[bmm].sum() / fwd[bmm].sum() - 1)
+    err_roof = abs(roof[bmm].sum() / fwd[bmm].sum() - 1)
+    assert err_cal < err_roof
