@@ -40,6 +40,7 @@ from placement_rl.errors import ProfileError
 FIT_SCHEMA = "placement_rl.gpu_fit"
 FIT_VERSION = 1
 DTYPES = ("fp32", "tf32", "bf16")
+BWD_SLACK = 2.0  # a GEMM-like backward may run at half the forward's achieved rate, no slower
 CLASSES = ("view", "linear", "bmm", "conv", "norm", "softmax", "ew", "ew_pass", "embedding", "loss", "pool")
 GEMM_CLASSES = ("linear", "bmm", "conv")
 MEM_CLASSES = ("norm", "softmax", "ew", "ew_pass", "embedding", "loss", "pool")
@@ -183,6 +184,7 @@ class NodeFeatures:
     edge_dst: np.ndarray     # [E'] gemm node of each gradient-carrying input edge
     edge_bytes: np.ndarray   # [E'] bytes of that input (the dX output)
     ops: np.ndarray | None = None  # [N] original ops per node (coarsened groups), None = 1 each
+    bwd_flops: np.ndarray | None = None  # [N] measured backward FLOPs (0 / None: unknown)
 
 
 def features(graph: Any) -> NodeFeatures:
@@ -208,7 +210,8 @@ def features(graph: Any) -> NodeFeatures:
                         out_bytes=np.asarray(graph.out_bytes, dtype=np.float64),
                         param_bytes=np.asarray(graph.param_bytes, dtype=np.float64), grad=grad,
                         edge_dst=dst[keep], edge_bytes=np.asarray(graph.edge_bytes)[keep],
-                        ops=ops if graph.members is not None else None)
+                        ops=ops if graph.members is not None else None,
+                        bwd_flops=np.asarray(graph.bwd_flops, dtype=np.float64))
 
 
 def _gemm_time(flops: np.ndarray, out_bytes: np.ndarray, moved: np.ndarray, cls: np.ndarray, fit: GpuFit,
@@ -294,6 +297,13 @@ def node_times(feat: NodeFeatures, spec: GpuSpec, fit: GpuFit, *, dtype: str = "
             dx = _gemm_time(feat.flops[d], eb, moved[d], cls[d], fit, spec, peak, elem)
             np.add.at(bwd, d, dx)
             np.add.at(nb, d, 1.0)
+        if feat.bwd_flops is not None:
+            # The per-input dX / derived dW GEMMs assume one op's shapes; for a coarsened group (summed
+            # shapes, several inputs) they can price far more work than the backward has. Bound the backward
+            # by the forward's achieved rate times the measured backward / forward FLOPs (x BWD_SLACK).
+            bf, ff = feat.bwd_flops[gi], feat.flops[gi]
+            cap = np.where((bf > 0) & (ff > 0), BWD_SLACK * (fwd[gi] - launch) * bf / np.maximum(ff, 1e-30), np.inf)
+            bwd[gi] = np.minimum(bwd[gi], cap)
     bwd += fit.p("acc") * p_b / spec.mem_bandwidth
     bwd += nb * launch
     fwd[view] = 0.0
