@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from placement_rl.errors import PlacementRLError
 from placement_rl.graph.ir import CompGraph
-from placement_rl.topology import DeviceTopology, conf_dir, detect_local, load_topology
+from placement_rl.topology import CONF_PACKAGE, DeviceTopology, conf_dir, detect_local, load_topology, source_conf_dir
 
 _TASK_STARTED = False
 
@@ -22,6 +22,16 @@ def output_dir() -> Path:
     from hydra.core.hydra_config import HydraConfig
 
     return Path(HydraConfig.get().runtime.output_dir)
+
+
+def config_path() -> str:
+    """Hydra's primary config path: the checkout's ``conf/`` (or ``$PLACEMENT_RL_CONF``), else the installed
+    package through Hydra's ``pkg://`` search path. A user's ``--config-dir`` is searched as well."""
+    import os
+
+    if os.environ.get("PLACEMENT_RL_CONF") or source_conf_dir() is not None:
+        return str(conf_dir())
+    return f"pkg://{CONF_PACKAGE}"
 
 
 def fail(message: str) -> None:
@@ -60,7 +70,7 @@ def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Calla
                 print("interrupted", file=sys.stderr)
                 sys.exit(130)
 
-        hydra_main = hydra.main(config_path=str(conf_dir()), config_name=config_name, version_base="1.3")(task)
+        hydra_main = hydra.main(config_path=config_path(), config_name=config_name, version_base="1.3")(task)
 
         def main() -> None:
             try:
