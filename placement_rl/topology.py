@@ -203,8 +203,8 @@ def _from_dict(data: Any, where: str) -> DeviceTopology:
         if kind not in DEVICE_KINDS:
             raise TopologyError(f"{w}: field 'kind' is {kind!r}, expected one of {DEVICE_KINDS}")
         count = entry.get("count", 1)
-        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            raise TopologyError(f"{w}: field 'count' must be a positive integer, got {count!r}")
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_DEVICE_COUNT:
+            raise TopologyError(f"{w}: field 'count' must be an integer in [1, {MAX_DEVICE_COUNT}], got {count!r}")
         host = entry.get("host", 0)
         if not isinstance(host, int) or isinstance(host, bool) or host < 0:
             raise TopologyError(f"{w}: field 'host' must be a non-negative integer, got {host!r}")
@@ -278,6 +278,7 @@ def _from_dict(data: Any, where: str) -> DeviceTopology:
 
 
 # ------------------------------------------------------------------ presets
+MAX_DEVICE_COUNT = 65536  # devices per entry: a larger count is a typo, not a cluster (and would not fit in memory)
 CONF_PACKAGE = "placement_rl.conf"  # where a wheel carries conf/ (pyproject.toml maps it at build time)
 
 
