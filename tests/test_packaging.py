@@ -4,6 +4,7 @@ non-editable into a fresh virtual environment runs the CLI from another director
 from __future__ import annotations
 
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -43,7 +44,14 @@ def _build_isolation_needed() -> bool:
 def test_wheel_carries_the_configs_and_runs_outside_the_checkout(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PLACEMENT_RL_CONF")}
     dist = tmp_path / "dist"
-    cmd = [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q", "-w", str(dist)]
+    src = tmp_path / "src"  # a clean copy: no stale build/ of the checkout ends up in the wheel
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "build", "*.egg-info", "outputs", "multirun")
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    for name in ("placement_rl", "envs", "agents", "conf"):
+        shutil.copytree(ROOT / name, src / name, ignore=skip)
+    cmd = [sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "-q", "-w", str(dist)]
     _run(cmd + ([] if _build_isolation_needed() else ["--no-build-isolation"]), tmp_path, env)
     wheel = next(dist.glob("placement_rl-*.whl"))
     import zipfile
