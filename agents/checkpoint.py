@@ -54,9 +54,43 @@ def load_checkpoint(path: str | os.PathLike, *, expect_algo: str | None = None) 
     if data.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint '{p}' has format version {data.get('format_version')!r}; this release "
                               f"reads version {FORMAT_VERSION}")
+    _check_fields(data, p)
     if expect_algo is not None and data.get("algo") != expect_algo:
         raise CheckpointError(f"checkpoint '{p}' was trained with agent '{data.get('algo')}', not '{expect_algo}'")
     return data
+
+
+def _is_int(x: Any, low: int = 0) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= low
+
+
+def _check_fields(data: dict[str, Any], p: Path) -> None:
+    """The fields every reader of a checkpoint uses are there, with their types (a damaged file says so)."""
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint '{p}' is damaged: {what}; re-train or re-download it")
+
+    if not isinstance(data.get("algo"), str):
+        raise bad("'algo' must be a string")
+    config, obs, policy = data.get("config"), data.get("obs"), data.get("policy")
+    if not isinstance(config, dict):
+        raise bad("'config' must be a mapping")
+    if not isinstance(config.get("env_id"), str):
+        raise bad("'config.env_id' must be a string")
+    enc = config.get("encoder")
+    if not (isinstance(enc, dict) and isinstance(enc.get("name"), str) and _is_int(enc.get("hidden"), 1)
+            and _is_int(enc.get("layers"), 1)):
+        raise bad("'config.encoder' must hold name, hidden and layers")
+    if not isinstance(obs, dict) or not all(isinstance(k, str) and _is_int(v) for k, v in obs.items()):
+        raise bad("'obs' must map names to non-negative integers")
+    if not _is_int(obs.get("max_devices"), 1) or not _is_int(obs.get("op_type_buckets"), 1):
+        raise bad("'obs' needs max_devices and op_type_buckets >= 1")
+    if not isinstance(policy, dict) or not policy or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                            for k, v in policy.items()):
+        raise bad("'policy' must map parameter names to tensors")
+    if not _is_int(data.get("num_timesteps")):
+        raise bad("'num_timesteps' must be a non-negative integer")
+    if not isinstance(data.get("optimizer", {}), dict):
+        raise bad("'optimizer' must be a mapping")
 
 
 def check_compatible(data: dict[str, Any], *, obs: dict[str, int], config: dict[str, Any], keys: tuple[str, ...],

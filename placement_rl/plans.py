@@ -49,6 +49,8 @@ def _check_schema(data: Mapping[str, Any], schema: str) -> None:
         raise PlanError(f"field 'schema' is {data.get('schema')!r}, expected '{schema}'")
     if data.get("version") != VERSION:
         raise PlanError(f"unknown {schema} version {data.get('version')!r} (this release reads {VERSION})")
+    if not isinstance(data.get("meta") or {}, dict):
+        raise PlanError(f"field 'meta' must be a JSON object, got {data.get('meta')!r}")
 
 
 def _device_map(names: Sequence[str], topology: DeviceTopology | None, what: str) -> np.ndarray:
@@ -285,7 +287,7 @@ class StagePlan:
                              num_microbatches=int(data.get("num_microbatches", 1)),
                              schedule=str(data.get("schedule", "1f1b")), batch_size=data.get("batch_size"),
                              meta=data.get("meta") or {}, sharding=str(data.get("sharding", "dp")))
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             raise PlanError(f"stage plan JSON has an invalid field ({exc})") from None
         if graph is not None and topology is not None:
             plan.validate(graph, topology)

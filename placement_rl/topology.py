@@ -221,8 +221,8 @@ def _from_dict(data: Any, where: str) -> DeviceTopology:
         if kind not in DEVICE_KINDS:
             raise TopologyError(f"{w}: field 'kind' is {kind!r}, expected one of {DEVICE_KINDS}")
         count = entry.get("count", 1)
-        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            raise TopologyError(f"{w}: field 'count' must be a positive integer, got {count!r}")
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_DEVICE_COUNT:
+            raise TopologyError(f"{w}: field 'count' must be an integer in [1, {MAX_DEVICE_COUNT}], got {count!r}")
         host = entry.get("host", 0)
         if not isinstance(host, int) or isinstance(host, bool) or host < 0:
             raise TopologyError(f"{w}: field 'host' must be a non-negative integer, got {host!r}")
@@ -313,12 +313,32 @@ def _from_dict(data: Any, where: str) -> DeviceTopology:
 
 
 # ------------------------------------------------------------------ presets
+MAX_DEVICE_COUNT = 65536  # devices per entry: a larger count is a typo, not a cluster (and would not fit in memory)
+CONF_PACKAGE = "placement_rl.conf"  # where a wheel carries conf/ (pyproject.toml maps it at build time)
+
+
+def source_conf_dir() -> Path | None:
+    """``conf/`` beside the package in a source checkout or editable install, else None."""
+    source = Path(__file__).resolve().parent.parent / "conf"
+    return source if (source / "inspect.yaml").is_file() else None
+
+
 def conf_dir() -> Path:
-    """The ``conf/`` folder of the project (Hydra configs and topology presets)."""
+    """The Hydra configs and topology presets: ``$PLACEMENT_RL_CONF``, the checkout's ``conf/``, or the copy the
+    wheel installed as the ``placement_rl.conf`` package data."""
     env = os.environ.get("PLACEMENT_RL_CONF")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "conf"
+    source = source_conf_dir()
+    if source is not None:
+        return source
+    import importlib
+
+    try:
+        return Path(list(importlib.import_module(CONF_PACKAGE).__path__)[0])
+    except (ImportError, IndexError):
+        raise TopologyError("no configs found: conf/ is neither beside the package nor installed as "
+                            f"{CONF_PACKAGE}; reinstall placement-rl or set PLACEMENT_RL_CONF") from None
 
 
 LOCAL = "local"  # conf/topology/local.yaml: not a preset, it asks for detect_local()

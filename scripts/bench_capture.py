@@ -1,5 +1,6 @@
 """Capture every zoo model at its defaults: nodes before/after the default coarsening, FLOPs, parameters,
-capture seconds.  Usage: python scripts/bench_capture.py [--models gpt,resnet50] [--out capture.md]"""
+capture seconds, and whether the per-node forward FLOPs add up to FlopCounterMode's count of the module.
+Usage: python scripts/bench_capture.py [--models gpt,resnet50] [--out capture.md]"""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import argparse
 import time
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from placement_rl.graph import zoo
 from placement_rl.graph.capture import capture
@@ -30,16 +32,20 @@ def main() -> None:
         groups = coarsen(graph)
         csecs = time.perf_counter() - t1
         params = sum(p.numel() for p in module.parameters())
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            module(*inputs)
+        exact = "yes" if graph.fwd_flops.sum() == counter.get_total_flops() else "NO"
         rows.append({"model": name, "nodes": graph.num_nodes, "groups": groups.num_nodes,
                      "fwd_gflops": graph.fwd_flops.sum() / 1e9, "bwd_gflops": graph.bwd_flops.sum() / 1e9,
-                     "params_m": params / 1e6, "capture_s": secs, "coarsen_s": csecs})
+                     "params_m": params / 1e6, "capture_s": secs, "coarsen_s": csecs, "exec": graph.meta["exec"],
+                     "exact": exact})
         print(f"{name:<10} nodes {graph.num_nodes:>4} -> groups {groups.num_nodes:>4}  "
               f"fwd {rows[-1]['fwd_gflops']:9.2f} GFLOP  params {rows[-1]['params_m']:7.2f} M  "
-              f"capture {secs:6.2f} s  coarsen {csecs:5.3f} s", flush=True)
+              f"capture {secs:6.2f} s ({graph.meta['exec']})  coarsen {csecs:5.3f} s  FLOPs exact {exact}", flush=True)
     table = markdown_table(rows, ["model", "nodes", "groups", "fwd_gflops", "bwd_gflops", "params_m", "capture_s",
-                                  "coarsen_s"],
+                                  "exec", "coarsen_s", "exact"],
                            ["model", "nodes", "groups (default coarsening)", "fwd GFLOP", "bwd GFLOP", "params (M)",
-                            "capture s", "coarsen s"])
+                            "capture s", "exec", "coarsen s", "fwd FLOPs == FlopCounterMode"])
     print()
     print(table)
     if args.out:

@@ -16,7 +16,9 @@ parameters the call owns) runs under a second ``FlopCounterMode``. So per node:
 * ``param_bytes``: bytes of the trainable parameters this node consumes first;
 * ``out_bytes`` and, per producer, the bytes of the tensors passed along each edge.
 
-``getitem`` of a multi-output op (a list/tuple value) is folded into its producer.
+``getitem`` of a multi-output op (a list/tuple value) is folded into its producer. ``cond`` and
+``map_impl`` are interpreted: the ops of the branch taken (of every slice) are measured as nodes of
+their own, named after the higher-order node (see ``placement_rl.graph.hop``).
 
 FLOP counts depend only on the op, its non-tensor arguments and its inputs' shapes, strides,
 dtypes, aliasing and ``requires_grad``; they are cached under that signature within one capture,
@@ -111,8 +113,9 @@ class _Measure:
     def _retarget(self, x: Any) -> Any:
         return self.device if isinstance(x, torch.device) else x
 
-    def run(self, node: fx.Node, call: OpCall, args: tuple, kwargs: dict) -> tuple[Any, NodeRecord]:
-        rec = NodeRecord(node.name, call.op_type, call.module_path)
+    def run(self, node: fx.Node, call: OpCall, args: tuple, kwargs: dict, *,
+            name: str | None = None) -> tuple[Any, NodeRecord]:
+        rec = NodeRecord(name or node.name, call.op_type, call.module_path)
         if self.device is not None:
             args, kwargs = tree_map(self._retarget, (args, kwargs))
         used = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)] + list(call.owned_params)
@@ -131,7 +134,7 @@ class _Measure:
             try:
                 out, wrt, saved, fwd = self._forward(call, args, kwargs, clone=True, count=cached is None)
             except Exception:
-                raise NodeFailure(node.name, first) from first
+                raise NodeFailure(rec.name, first) from first
         rec.fwd_flops = float(fwd)
         for t in saved:
             key = _storage_key(t)
@@ -183,6 +186,10 @@ class _Measure:
         return out, list(leaves.values()), saved, counter.get_total_flops()
 
 
+class _PerItem(tuple):
+    """Producers of each element of a tuple value (the outputs of an interpreted cond / map)."""
+
+
 def measure_graph(graph: fx.Graph, *, leaves: Mapping[fx.Node, Any], describe: Callable[[fx.Node], OpCall],
                   trainable: Iterable[torch.Tensor], constants: Iterable[torch.Tensor],
                   device: torch.device | None = None) -> tuple[list[NodeRecord], int]:
@@ -190,33 +197,110 @@ def measure_graph(graph: fx.Graph, *, leaves: Mapping[fx.Node, Any], describe: C
 
     ``leaves`` gives the value of every placeholder and get_attr node (trainable parameters must
     require grad); ``device`` (e.g. meta) replaces every ``torch.device`` argument of the ops.
+    ``cond`` and ``map_impl`` nodes are interpreted: their bodies' ops become nodes (see ``hop``).
     Raises ``NodeFailure`` if a node's forward fails.
     """
     trainable = list(trainable)
-    m = _Measure(trainable=trainable, constants=constants, device=device)
-    env: dict[fx.Node, Any] = {}
-    owner: dict[fx.Node, str | None] = {}
-    records: list[NodeRecord] = []
+    walker = _Walker(_Measure(trainable=trainable, constants=constants, device=device), describe)
     with torch.enable_grad():
+        walker.run(graph, dict(leaves), {n: [] for n in leaves}, prefix="")
+    unclaimed = sum(p.numel() * p.element_size() for p in trainable if id(p) not in walker.m.claimed)
+    return walker.records, unclaimed
+
+
+class _Walker:
+    """Runs a graph in program order; ``src[node]`` lists (producer record name, bytes) of its value."""
+
+    def __init__(self, m: _Measure, describe: Callable[[fx.Node], OpCall]) -> None:
+        self.m, self.describe = m, describe
+        self.records: list[NodeRecord] = []
+
+    def run(self, graph: fx.Graph, env: dict, src: dict, *, prefix: str, path: str = "") -> tuple[Any, Any]:
+        from placement_rl.graph.hop import COND, MAP
+
         for node in graph.nodes:
             if node.op in ("placeholder", "get_attr"):
-                env[node], owner[node] = leaves[node], None
-                continue
+                continue  # given by the caller
             if node.op == "output":
-                continue
-            if (node.op == "call_function" and node.target is operator.getitem
-                    and isinstance(env.get(node.args[0]), (list, tuple))):
-                env[node] = env[node.args[0]][node.args[1]]
-                owner[node] = owner[node.args[0]]
+                return (fx.node.map_arg(node.args[0], env.__getitem__),
+                        fx.node.map_arg(node.args[0], src.__getitem__))
+            if node.op == "call_function" and node.target is operator.getitem:
+                parent = node.args[0]
+                if isinstance(src.get(parent), _PerItem):
+                    env[node], src[node] = env[parent][node.args[1]], src[parent][node.args[1]]
+                    continue
+                if isinstance(env.get(parent), (list, tuple)):
+                    env[node] = env[parent][node.args[1]]
+                    src[node] = [(name, float(tensor_bytes(env[node]))) for name, _ in src[parent]]
+                    continue
+            if node.op == "call_function" and node.target in (COND, MAP):
+                run_hop = self._cond if node.target is COND else self._map
+                env[node], src[node] = run_hop(node, env, src, prefix=prefix, path=path)
                 continue
             args = fx.node.map_arg(node.args, env.__getitem__)
             kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
-            env[node], rec = m.run(node, describe(node), args, kwargs)
-            owner[node] = node.name
+            call = self.describe(node)
+            if path and not call.module_path:
+                call = OpCall(call.fn, call.op_type, path, call.owned_params, call.cache_key)
+            name = prefix + node.name
+            env[node], rec = self.m.run(node, call, args, kwargs, name=name)
             for inp in node.all_input_nodes:
-                src = owner[inp]
-                if src is not None:
-                    rec.inputs[src] = rec.inputs.get(src, 0.0) + tensor_bytes(env[inp])
-            records.append(rec)
-    unclaimed = sum(p.numel() * p.element_size() for p in trainable if id(p) not in m.claimed)
-    return records, unclaimed
+                for producer, nbytes in src[inp]:
+                    rec.inputs[producer] = rec.inputs.get(producer, 0.0) + nbytes
+            src[node] = [(name, float(tensor_bytes(env[node])))]
+            self.records.append(rec)
+        raise ValueError("graph without an output node")
+
+    def _body(self, body: fx.GraphModule, values: list, sources: list, *, prefix: str, path: str):
+        holders = [n for n in body.graph.nodes if n.op == "placeholder"]
+        env = dict(zip(holders, values))
+        src = dict(zip(holders, sources))
+        for n in body.graph.nodes:
+            if n.op == "get_attr":
+                obj: Any = body
+                for part in str(n.target).split("."):
+                    obj = getattr(obj, part)
+                env[n], src[n] = obj, []
+        return self.run(body.graph, env, src, prefix=prefix, path=path)
+
+    def _path(self, node: fx.Node, path: str) -> str:
+        return self.describe(node).module_path or path if node.meta.get("nn_module_stack") else path
+
+    def _cond(self, node: fx.Node, env: dict, src: dict, *, prefix: str, path: str):
+        pred, true_body, false_body, operands = node.args[:4]
+        value = env[pred]
+        try:
+            taken = bool(value)
+        except Exception as exc:  # a meta tensor has no truth value: measure on real tensors
+            raise NodeFailure(prefix + node.name, exc) from exc
+        body = env[true_body] if taken else env[false_body]
+        first = len(self.records)
+        out, out_src = self._body(body, [env[o] for o in operands], [src[o] for o in operands],
+                                  prefix=f"{prefix}{node.name}__{'true' if taken else 'false'}__",
+                                  path=self._path(node, path))
+        for k, rec in enumerate(self.records[first:]):  # the branch waits for its predicate
+            if k == 0 or not rec.inputs:
+                for producer, nbytes in src[pred]:
+                    rec.inputs[producer] = rec.inputs.get(producer, 0.0) + nbytes
+        return tuple(out), _PerItem(out_src)
+
+    def _map(self, node: fx.Node, env: dict, src: dict, *, prefix: str, path: str):
+        body, xs, pos = env[node.args[0]], list(node.args[1]), list(node.args[2])
+        count = int(env[xs[0]].shape[0])
+        per_out: list[list] = []
+        per_src: list[list] = []
+        for k in range(count):
+            vals = [env[x][k] for x in xs] + [env[a] for a in pos]
+            srcs = [[(n, b / count) for n, b in src[x]] for x in xs] + [src[a] for a in pos]
+            out, out_src = self._body(body, vals, srcs, prefix=f"{prefix}{node.name}__{k}__",
+                                      path=self._path(node, path))
+            for i, (o, s) in enumerate(zip(out, out_src)):
+                if k == 0:
+                    per_out.append([])
+                    per_src.append([])
+                per_out[i].append(o)
+                per_src[i].extend(s)
+        with torch.no_grad():
+            stacked = [torch.stack(o) for o in per_out]
+        stacked = [t.requires_grad_(True) if any(x.requires_grad for x in o) else t for t, o in zip(stacked, per_out)]
+        return tuple(stacked), _PerItem(per_src)

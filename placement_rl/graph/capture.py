@@ -8,6 +8,10 @@ back by name); ``getitem`` of a multi-output op is folded into its producer. Eve
 measured on its own (see ``_capture_engine``): forward FLOPs, measured backward FLOPs, bytes of
 its outputs, of the parameters it consumes first and of the tensors it saves for backward.
 
+Higher-order ops of the exported program are handled by ``placement_rl.graph.hop``: grad-mode and
+autocast wrapper regions are inlined (their ops become nodes run under the region's mode), ``cond``
+and ``map`` are interpreted (the ops of the branch taken / of every slice become nodes).
+
 Export graphs are interpreted on ``meta`` tensors (exact FLOPs and bytes, no compute, no memory);
 if an op cannot run on meta (data-dependent shapes) the whole graph is interpreted again on real
 copies of the inputs, parameters and buffers (``exec="real"`` in ``meta``). The fx path always runs
@@ -31,6 +35,7 @@ from torch import fx, nn
 
 from placement_rl.errors import GraphError
 from placement_rl.graph._capture_engine import NodeFailure, NodeRecord, OpCall, measure_graph, tensor_bytes
+from placement_rl.graph.hop import RegionOp, base_op, flatten_wrappers
 from placement_rl.graph.ir import CompGraph
 
 METHODS = ("export", "fx")
@@ -58,15 +63,17 @@ class _UnsupportedProgram(Exception):
     """The exported program uses a feature this capture does not interpret."""
 
 
-def _export_leaves(ep: Any, module: nn.Module, inputs: Sequence[Any], mode: str):
-    """Values of the exported program's placeholders: (leaves, trainable, constants, counts)."""
+def _export_leaves(ep: Any, gm: fx.GraphModule, module: nn.Module, inputs: Sequence[Any], mode: str):
+    """Values of the placeholders and get_attr nodes of ``gm`` (the exported program's graph, wrapper regions
+    flattened): (leaves, trainable, constants, counts)."""
     from torch.export.graph_signature import InputKind
 
     named = dict(module.named_parameters(remove_duplicate=False))
     named_buffers = dict(module.named_buffers(remove_duplicate=False))
     user_values = iter(torch.utils._pytree.tree_leaves(tuple(inputs)))
-    nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
-    leaves, trainable, constants = {}, [], []
+    nodes = {n.name: n for n in gm.graph.nodes if n.op == "placeholder"}
+    leaves: dict[fx.Node, Any] = {n: _attr(gm, str(n.target)) for n in gm.graph.nodes if n.op == "get_attr"}
+    trainable, constants = [], []
     seen: dict[int, torch.Tensor] = {}
     counts = {"input_bytes": 0, "buffer_bytes": 0, "param_bytes": 0, "num_params": 0}
 
@@ -115,19 +122,30 @@ def _export_leaves(ep: Any, module: nn.Module, inputs: Sequence[Any], mode: str)
     return leaves, trainable, constants, counts
 
 
+def _attr(gm: nn.Module, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def _describe_export(node: fx.Node) -> OpCall:
-    return OpCall(fn=node.target, op_type=_op_name(node.target), module_path=_innermost_path(node),
-                  cache_key=node.target if isinstance(node.target, torch._ops.OpOverload) else None)
+    op = base_op(node.target)
+    key = None
+    if isinstance(op, torch._ops.OpOverload):
+        key = (op, node.target.mode) if isinstance(node.target, RegionOp) else op
+    return OpCall(fn=node.target, op_type=_op_name(op), module_path=_innermost_path(node), cache_key=key)
 
 
 def _measure_export(module: nn.Module, inputs: tuple, exec_mode: str):
     ep = torch.export.export(module, inputs, strict=False)
+    gm = flatten_wrappers(ep.graph_module)
     modes = ("meta", "real") if exec_mode == "auto" else (exec_mode,)
     failure: NodeFailure | None = None
     for mode in modes:
-        leaves, trainable, constants, counts = _export_leaves(ep, module, inputs, mode)
+        leaves, trainable, constants, counts = _export_leaves(ep, gm, module, inputs, mode)
         try:
-            records, unused = measure_graph(ep.graph, leaves=leaves, describe=_describe_export, trainable=trainable,
+            records, unused = measure_graph(gm.graph, leaves=leaves, describe=_describe_export, trainable=trainable,
                                             constants=constants,
                                             device=torch.device("meta") if mode == "meta" else None)
         except NodeFailure as exc:

@@ -149,20 +149,21 @@ class CompGraph:
         order = self._kahn()
         if len(order) == self.num_nodes:
             return
-        # Find one cycle among the nodes Kahn could not order, to name it.
+        # Find one cycle among the nodes Kahn could not order, to name it. Walk *backwards*: every leftover
+        # node kept a leftover predecessor (its in-degree never reached 0), while a leftover node downstream
+        # of a cycle may have no leftover successor.
         left = np.ones(self.num_nodes, dtype=bool)
         left[order] = False
-        succ: dict[int, list[int]] = {}
+        pred: dict[int, int] = {}
         for s, d in self.edges.tolist():
             if left[s] and left[d]:
-                succ.setdefault(s, []).append(d)
-        start = int(np.flatnonzero(left)[0])
-        path, pos, node = [], {}, start
+                pred.setdefault(d, s)
+        path, pos, node = [], {}, int(np.flatnonzero(left)[0])
         while node not in pos:
             pos[node] = len(path)
             path.append(node)
-            node = succ[node][0]
-        cycle = path[pos[node]:] + [node]
+            node = pred[node]
+        cycle = (path[pos[node]:] + [node])[::-1]
         raise GraphError("graph has a cycle: " + " -> ".join(repr(self.names[i]) for i in cycle)
                          + "; remove one of its edges")
 

@@ -17,6 +17,8 @@ gpt         GPT-style decoder, explicit causal attention, tied LM head
 moe         GPT-style decoder with top-k mixture-of-experts FFNs (static capacity routing)
 gpt2_hf     transformers ``GPT2LMHeadModel`` from a ``GPT2Config`` (needs transformers)
 bert_hf     transformers ``BertForMaskedLM`` from a ``BertConfig`` (needs transformers)
+llama_hf    transformers ``LlamaForCausalLM`` (GQA, RoPE, SwiGLU, RMSNorm) from a small config
+mixtral_hf  transformers ``MixtralForCausalLM`` (top-k routed experts) from a small config
 ==========  ==========================================================================
 """
 
@@ -31,7 +33,7 @@ import torch
 from torch import nn
 
 from placement_rl.errors import GraphError
-from placement_rl.graph.models import gpt, hf, inception, mlp, moe, nmt, resnet
+from placement_rl.graph.models import gpt, hf, hf_decoders, inception, mlp, moe, nmt, resnet
 
 Builder = Callable[..., tuple[nn.Module, tuple[torch.Tensor, ...]]]
 
@@ -61,6 +63,10 @@ _CORE: dict[str, ZooEntry] = {
 _HF: dict[str, ZooEntry] = {
     "gpt2_hf": ZooEntry(hf.build_gpt2, hf.GPT2_DEFAULTS, _LM_TINY),
     "bert_hf": ZooEntry(hf.build_bert, hf.BERT_DEFAULTS, _LM_TINY),
+    "llama_hf": ZooEntry(hf_decoders.build_llama, hf_decoders.LLAMA_DEFAULTS,
+                         dict(_LM_TINY, n_kv_heads=2, ffn_hidden=64)),
+    "mixtral_hf": ZooEntry(hf_decoders.build_mixtral, hf_decoders.MIXTRAL_DEFAULTS,
+                           dict(_LM_TINY, n_kv_heads=2, ffn_hidden=64, n_experts=4, top_k=2)),
 }
 
 
@@ -85,7 +91,7 @@ def names() -> list[str]:
 def _entry(name: str) -> ZooEntry:
     entries = _entries()
     if name not in entries:
-        hint = " (gpt2_hf/bert_hf need the 'transformers' package)" if name.endswith("_hf") else ""
+        hint = " (the *_hf models need the 'transformers' package: the 'hf' extra)" if name.endswith("_hf") else ""
         raise GraphError(f"unknown zoo model '{name}'{hint}; valid names: {', '.join(entries)}")
     return entries[name]
 

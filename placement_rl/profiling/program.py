@@ -88,7 +88,10 @@ def export_program(module: torch.nn.Module, inputs: Sequence[Any]) -> Program:
     user_out = [i for i, s in enumerate(ep.graph_signature.output_specs) if s.kind == OutputKind.USER_OUTPUT]
     if len(user_out) != 1:
         raise GraphError(f"{type(module).__name__}.forward must return one scalar loss, got {len(user_out)} outputs")
-    return Program(exported=ep, graph_module=ep.graph_module, slots=tuple(slots), loss_index=user_out[0])
+    from placement_rl.graph.hop import flatten_wrappers  # grad-mode / autocast regions inlined, as capture does
+
+    return Program(exported=ep, graph_module=flatten_wrappers(ep.graph_module), slots=tuple(slots),
+                   loss_index=user_out[0])
 
 
 def is_tensor(x: Any) -> bool:

@@ -1,0 +1,305 @@
+"""Typed configs for every CLI command, checked at the CLI boundary before any work (and before Hydra makes a run
+directory): a wrong type, an unknown name, a negative count or an out-of-range value is one line naming the key and
+what it accepts (``ConfigError`` -> exit code 2).
+
+* ``Key`` describes one config value: its type, range, choices, whether null is allowed.
+* ``GROUPS`` holds the keys of each config group (``graph``, ``topology``, ``env``, ``agent``, ``encoder``,
+  ``trainer``), checked whenever that group is in a command's config; ``COMMANDS`` holds each command's own keys.
+  Keys not listed are left alone (so a new key works before it is registered), ``register`` adds one.
+* Which options a group offers is read from the YAML files in ``conf/<group>/`` (and a user's ``--config-dir``),
+  never from a list in code: ``check_group_choice`` refuses ``graph=foo`` before Hydra tries to compose it.
+
+Register a key (e.g. in the module that adds it, or here)::
+
+    from placement_rl.cli.schema import Key, register
+    register("place", "samples", Key(int, low=0))                # a command's own key
+    register("env", "options.horizon", Key(int, low=1, null=True))   # a key of a config group
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from placement_rl.errors import ConfigError
+
+Choices = Sequence[str] | Callable[[], Iterable[str]]
+
+
+@dataclass(frozen=True)
+class Key:
+    """One config value: ``kind`` is int, float, bool, str, list or dict; ``low``/``high`` bound numbers
+    (``open_low``: strictly above ``low``); ``choices`` (a list, or a function giving one) bound strings and the
+    items of a list; ``null``: None is allowed."""
+
+    kind: type
+    low: float | None = None
+    high: float | None = None
+    open_low: bool = False
+    choices: Choices | None = None
+    null: bool = False
+
+    def allowed(self) -> str:
+        if self.choices is not None:
+            text = "one of " + ", ".join(self._choices())
+        elif self.kind in (int, float):
+            word = "an integer" if self.kind is int else "a number"
+            bounds = []
+            if self.low is not None:
+                bounds.append(f"{'>' if self.open_low else '>='} {_num(self.low)}")
+            if self.high is not None:
+                bounds.append(f"<= {_num(self.high)}")
+            text = word + (" " + " and ".join(bounds) if bounds else "")
+        else:
+            text = {bool: "true or false", str: "a string", list: "a list", dict: "a mapping"}.get(self.kind, "?")
+        if self.kind is list and self.choices is not None:
+            text = "a list of names from " + ", ".join(self._choices())
+        return text + (" (or null)" if self.null else "")
+
+    def _choices(self) -> list[str]:
+        return list(self.choices() if callable(self.choices) else self.choices)
+
+    def problem(self, value: Any) -> bool:
+        """True if ``value`` does not fit."""
+        if value is None:
+            return not self.null
+        if self.kind is bool:
+            return not isinstance(value, bool)
+        if self.kind in (int, float):
+            ok_type = (int,) if self.kind is int else (int, float)
+            if isinstance(value, bool) or not isinstance(value, ok_type) or not math.isfinite(value):
+                return True
+            if self.low is not None and (value <= self.low if self.open_low else value < self.low):
+                return True
+            return self.high is not None and value > self.high
+        if self.kind is list:
+            if not isinstance(value, (list, tuple)):
+                return True
+            return self.choices is not None and any(v not in self._choices() for v in value)
+        if self.kind is dict:
+            return not isinstance(value, Mapping)
+        if not isinstance(value, str):
+            return True
+        return self.choices is not None and value not in self._choices()
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def count(low: int = 0, *, null: bool = False) -> Key:
+    return Key(int, low=low, null=null)
+
+
+def positive(*, null: bool = False) -> Key:
+    return Key(float, low=0, open_low=True, null=null)
+
+
+def fraction(*, open_low: bool = False) -> Key:
+    return Key(float, low=0, high=1, open_low=open_low)
+
+
+FLAG = Key(bool)
+SEED = count(0)
+OPTIONAL_STR = Key(str, null=True)
+
+
+def _zoo_names() -> list[str]:
+    from placement_rl.graph import zoo
+
+    return zoo.names()
+
+
+def _families() -> list[str]:
+    from placement_rl.graph import synthetic
+
+    return synthetic.families()
+
+
+def _placers() -> list[str]:
+    from placement_rl import baselines
+
+    return baselines.names() + baselines.pipeline_names()
+
+
+def _yaml_names(group: str) -> Callable[[], list[str]]:
+    return lambda: group_options(group)
+
+
+GROUPS: dict[str, dict[str, Key]] = {
+    "graph": {
+        "path": OPTIONAL_STR, "source": Key(str, choices=("zoo", "synthetic")), "overrides": Key(dict, null=True),
+        "family": Key(str, choices=_families), "num_nodes": count(3), "seed": SEED,
+        "coarsen.enabled": FLAG, "coarsen.depth": count(0, null=True), "coarsen.max_nodes": count(1, null=True),
+    },
+    "topology": {"path": OPTIONAL_STR, "detect": FLAG},
+    "env": {"id": Key(str), "options.max_devices": count(1, null=True), "options.reward": Key(str)},
+    "agent": {
+        "algo": Key(str), "learning_rate": positive(), "n_envs": count(1), "n_steps": count(1),
+        "batch_size": count(1), "n_epochs": count(1), "gamma": fraction(), "gae_lambda": fraction(),
+        "ent_coef": Key(float, low=0), "clip_range": fraction(open_low=True),
+        "reinforce.learning_rate": positive(), "reinforce.batch_episodes": count(1),
+        "reinforce.entropy_coef": Key(float, low=0), "reinforce.baseline_decay": fraction(),
+        "reinforce.max_grad_norm": positive(),
+    },
+    "encoder": {"name": Key(str, choices=_yaml_names("encoder")), "hidden": count(1), "layers": count(1)},
+    "trainer": {"total_steps": count(1), "eval_samples": count(0), "compare": FLAG, "tensorboard": FLAG},
+}
+
+COMMANDS: dict[str, dict[str, Key]] = {
+    "inspect": {},
+    "evaluate": {
+        "suite": Key(str, choices=("default", "single")), "budget": count(1), "seed": SEED,
+        "placers": Key(list, choices=_placers, null=True), "pipeline": FLAG, "num_microbatches": count(1),
+        "plan": OPTIONAL_STR, "progress": FLAG,
+    },
+    "train": {"seed": SEED, "checkpoint": OPTIONAL_STR, "progress": FLAG},
+    "place": {
+        "checkpoint": Key(str), "decode": Key(str, choices=("one_pass", "sequential")), "samples": count(0),
+        "seed": SEED, "compare": FLAG,
+    },
+    "profile": {
+        "devices": Key(list, null=True), "warmup": count(0), "repeats": count(1), "links": FLAG, "processes": FLAG,
+        "threads": count(1, null=True), "output": OPTIONAL_STR, "progress": FLAG,
+    },
+    "deploy": {
+        "plan": Key(str), "profile": OPTIONAL_STR, "steps": count(1), "warmup": count(0), "lr": positive(),
+        "device": Key(str, choices=("auto", "cpu", "cuda")), "timeout_s": positive(), "threads": count(1),
+        "nnodes": count(1), "node_rank": count(0, null=True), "rdzv_endpoint": OPTIONAL_STR,
+    },
+}
+
+# how to fix a missing mandatory value (``???`` in the YAML)
+REQUIRED_HINT = {"checkpoint": "checkpoint=<checkpoint.pt>", "plan": "plan=<plan.json | placement.json>"}
+
+
+def register(where: str, key: str, spec: Key) -> None:
+    """Check ``key`` (dotted, relative to the group or command) of config group or command ``where``."""
+    table = GROUPS.get(where) if where in GROUPS else COMMANDS.setdefault(where, {})
+    table[key] = spec
+
+
+# ------------------------------------------------------------------------------------- group options
+_extra_dirs: list[Path] = []
+
+
+def set_config_dirs(dirs: Iterable[str | Path]) -> None:
+    """User config directories (``--config-dir``) whose ``<group>/*.yaml`` also count as options."""
+    _extra_dirs[:] = [Path(d) for d in dirs]
+
+
+def group_options(group: str) -> list[str]:
+    """The options of config group ``group``: the YAML file names in ``conf/<group>/`` and user config dirs."""
+    from placement_rl.topology import conf_dir
+
+    names: set[str] = set()
+    for base in (conf_dir(), *_extra_dirs):
+        folder = base / group
+        if folder.is_dir():
+            names.update(p.stem for p in folder.glob("*.yaml") if not p.stem.startswith("_"))
+            names.update(p.stem for p in folder.glob("*.yml") if not p.stem.startswith("_"))
+    return sorted(names)
+
+
+def is_group(name: str) -> bool:
+    from placement_rl.topology import conf_dir
+
+    return any((base / name).is_dir() for base in (conf_dir(), *_extra_dirs))
+
+
+def check_group_choice(override: str) -> None:
+    """Refuse ``group=<option>`` (also ``+group=``, ``group@pkg=``) when no such YAML file exists."""
+    if "=" not in override or override.startswith("~"):
+        return
+    key, value = override.split("=", 1)
+    key = key.lstrip("+").split("@", 1)[0]
+    if "." in key or "/" in key or not key or not is_group(key) or value in ("", "null"):
+        return
+    options = group_options(key)
+    if value not in options:
+        raise ConfigError(f"{key}={value}: no such {key}; choose one of {', '.join(options)}")
+
+
+# ------------------------------------------------------------------------------------------ checking
+def _get(cfg: Mapping[str, Any], dotted: str) -> tuple[bool, Any]:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _check(prefix: str, table: Mapping[str, Key], cfg: Mapping[str, Any]) -> None:
+    for key, spec in table.items():
+        present, value = _get(cfg, key)
+        if not present:
+            continue
+        name = f"{prefix}{key}"
+        if value == "???":
+            hint = REQUIRED_HINT.get(name, f"{name}=<value>")
+            raise ConfigError(f"{name} is required: add {hint}")
+        if spec.kind is list and spec.choices is not None and isinstance(value, (list, tuple)):
+            bad = [v for v in value if v not in spec._choices()]
+            if bad:
+                raise ConfigError(f"{name}: no such name {_show(bad[0])}; choose from {', '.join(spec._choices())}")
+        if spec.problem(value):
+            raise ConfigError(f"{name}={_show(value)}: must be {spec.allowed()}")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return value if value else "''"
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    return str(value if not isinstance(value, (list, tuple)) else list(value))
+
+
+def validate(command: str, cfg: Mapping[str, Any]) -> None:
+    """Check a composed config (plain containers, unresolved ``???`` kept) of ``command``; ``ConfigError`` on the
+    first bad value."""
+    _check("", COMMANDS.get(command, {}), cfg)
+    for group, table in GROUPS.items():
+        sub = cfg.get(group)
+        if isinstance(sub, Mapping):
+            _check(f"{group}.", table, sub)
+    topology = cfg.get("topology")
+    if isinstance(topology, Mapping) and topology.get("path"):
+        from placement_rl.topology import load_topology
+
+        load_topology(str(topology["path"]))  # a bad file: its reader's one-line TopologyError, before any work
+    graph = cfg.get("graph")
+    if isinstance(graph, Mapping) and not graph.get("path") and graph.get("source", "zoo") == "zoo" \
+            and "name" in graph:
+        names = _zoo_names()
+        if graph["name"] not in names:
+            raise ConfigError(f"graph.name={_show(graph['name'])}: no such zoo model; choose one of "
+                              f"{', '.join(names)} (or graph.path=<graph.json>)")
+        overrides = graph.get("overrides") or {}
+        if overrides:
+            from placement_rl.graph import zoo
+
+            try:
+                zoo.resolve_options(str(graph["name"]), dict(overrides))
+            except Exception as exc:  # GraphError: unknown option or wrong type
+                raise ConfigError(f"graph.overrides: {str(exc).splitlines()[0]}") from None
+
+
+def implied_overrides(command: str, overrides: Sequence[str]) -> list[str]:
+    """Overrides a command's explicit ones imply: ``evaluate graph=... / topology=...`` means that one case
+    (``suite=single``); with an explicit ``suite=default`` it is refused, so nothing is silently ignored."""
+    if command != "evaluate":
+        return []
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o]
+    case = [k for k in keys if k.split(".")[0].split("@")[0] in ("graph", "topology")]
+    suite = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == "suite"]
+    if not case:
+        return []
+    if not suite:
+        return ["suite=single"]
+    if suite[-1] == "default" and not any(k == "plan" for k in keys):
+        raise ConfigError(f"{case[0]}= picks one case but suite=default runs the built-in suite: "
+                          "use suite=single (or drop the graph/topology overrides)")
+    return []

@@ -1,0 +1,116 @@
+"""Typed configs: every bad override is one line naming the key and what it accepts (exit 2), before any work or
+run directory; evaluate's explicit graph=/topology= runs that single case."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from placement_rl.cli import schema
+from placement_rl.cli.common import preflight
+from placement_rl.errors import ConfigError
+
+BAD = [  # (command, overrides, words the one-line message must hold)
+    ("train", ["agent.learning_rate=abc"], ["agent.learning_rate=abc", "number > 0"]),
+    ("train", ["agent.gamma=1.5"], ["agent.gamma=1.5", "<= 1"]),
+    ("train", ["agent.n_envs=2.5"], ["agent.n_envs", "integer >= 1"]),
+    ("train", ["encoder=gnn"], ["encoder=gnn", "sage"]),
+    ("train", ["agent=sac"], ["agent=sac", "maskable_ppo"]),
+    ("train", ["trainer.total_steps=-5"], ["trainer.total_steps=-5", ">= 1"]),
+    ("train", ["encoder.hidden=0"], ["encoder.hidden=0", ">= 1"]),
+    ("place", ["checkpoint=x.pt", "samples=-1"], ["samples=-1", ">= 0"]),
+    ("place", ["checkpoint=x.pt", "decode=beam"], ["decode=beam", "one_pass, sequential"]),
+    ("place", [], ["checkpoint is required", "checkpoint=<checkpoint.pt>"]),
+    ("inspect", ["graph=foo"], ["graph=foo", "llama_hf", "mixtral_hf"]),
+    ("inspect", ["+graph.overrides.n_layers=abc"], ["n_layers", "int"]),
+    ("inspect", ["graph=synthetic", "graph.family=tree"], ["graph.family=tree", "layered"]),
+    ("inspect", ["graph.coarsen.max_nodes=0"], ["graph.coarsen.max_nodes=0", ">= 1 (or null)"]),
+    ("inspect", ["graph.name=nope"], ["graph.name=nope", "no such zoo model", "gpt"]),
+    ("inspect", ["foo=1"], ["foo", "+foo=1"]),
+    ("evaluate", ["budget=0"], ["budget=0", ">= 1"]),
+    ("evaluate", ["suite=all"], ["suite=all", "default, single"]),
+    ("evaluate", ["placers=[heft,nope]"], ["placers", "nope", "m_etf"]),
+    ("evaluate", ["suite=default", "graph=mlp"], ["suite=single"]),
+    ("evaluate", ["topology=moon"], ["topology=moon", "2x_cpu"]),
+    ("profile", ["repeats=0"], ["repeats=0", ">= 1"]),
+    ("profile", ["threads=two"], ["threads=two", "integer >= 1 (or null)"]),
+    ("deploy", ["plan=p.json", "lr=-1"], ["lr=-1", "> 0"]),
+    ("deploy", ["plan=p.json", "device=tpu"], ["device=tpu", "auto, cpu, cuda"]),
+    ("deploy", ["plan=p.json", "nnodes=0"], ["nnodes=0", ">= 1"]),
+]
+
+
+@pytest.mark.parametrize("command,overrides,words", BAD, ids=[" ".join([c, *o]) for c, o, _ in BAD])
+def test_bad_override_is_one_line_naming_the_key(command, overrides, words):
+    with pytest.raises(ConfigError) as info:
+        preflight(command, overrides)
+    message = str(info.value)
+    assert "\n" not in message
+    for w in words:
+        assert w in message, message
+
+
+@pytest.mark.parametrize("command,overrides", [
+    ("train", ["agent=reinforce", "agent.reinforce.learning_rate=0.01", "trainer=quick"]),
+    ("evaluate", ["suite=single", "graph=mlp", "topology=2x_cpu", "placers=[heft,m_etf]"]),
+    ("inspect", ["graph=synthetic", "graph.family=layered", "graph.num_nodes=20"]),
+    ("place", ["checkpoint=x.pt", "samples=0", "graph=llama_hf", "+graph.overrides.n_layers=1"]),
+    ("deploy", ["plan=p.json", "node_rank=null", "threads=2"]),
+    ("profile", ["devices=[cpu]", "threads=null"]),
+])
+def test_good_overrides_pass(command, overrides):
+    preflight(command, overrides)
+
+
+def test_evaluate_with_an_explicit_case_runs_that_case():
+    assert preflight("evaluate", ["graph=mlp"]) == ["suite=single"]
+    assert preflight("evaluate", ["topology=2x_cpu", "suite=single"]) == []
+    assert preflight("evaluate", []) == []
+
+
+def test_group_options_come_from_the_yaml_files_and_user_dirs(tmp_path):
+    (tmp_path / "encoder").mkdir()
+    (tmp_path / "encoder" / "mine.yaml").write_text("name: sage\nhidden: 8\nlayers: 1\n")
+    try:
+        schema.set_config_dirs([tmp_path])
+        assert "mine" in schema.group_options("encoder") and "sage" in schema.group_options("encoder")
+        schema.check_group_choice("encoder=mine")
+    finally:
+        schema.set_config_dirs([])
+    with pytest.raises(ConfigError, match="encoder=mine: no such encoder"):
+        schema.check_group_choice("encoder=mine")
+
+
+def test_a_registered_key_is_checked():
+    schema.register("inspect", "extra_count", schema.count(1))
+    try:
+        with pytest.raises(ConfigError, match="extra_count=0: must be an integer >= 1"):
+            schema.validate("inspect", {"extra_count": 0})
+        schema.validate("inspect", {"extra_count": 3})
+    finally:
+        del schema.COMMANDS["inspect"]["extra_count"]
+
+
+def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    root = str(Path(__file__).resolve().parent.parent)  # this checkout, whatever is installed
+    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=root)
+    return subprocess.run([sys.executable, "-m", "placement_rl.cli.main", *args], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
+@pytest.mark.parametrize("args", [
+    ("train", "agent.learning_rate=abc"),
+    ("evaluate", "graph=gpt", "topology.path=broken.yaml"),
+    ("place", "checkpoint=x.pt", "samples=-1"),
+])
+def test_cli_exit_2_one_line_and_no_run_directory(tmp_path, args):
+    (tmp_path / "broken.yaml").write_text("devices: [\n")
+    r = _cli(tmp_path, *args)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: "), r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "outputs").exists()
