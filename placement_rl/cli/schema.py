@@ -143,9 +143,18 @@ GROUPS: dict[str, dict[str, Key]] = {
         "reinforce.learning_rate": positive(), "reinforce.batch_episodes": count(1),
         "reinforce.entropy_coef": Key(float, low=0), "reinforce.baseline_decay": fraction(),
         "reinforce.max_grad_norm": positive(),
+        # the constructive policy (agents.constructive_train.ConstructiveConfig)
+        "lr": positive(), "bc_epochs": count(0), "dagger_rounds": count(0),
+        "rl_algo": Key(str, choices=("sil", "ppo")), "rl_lr": positive(), "rl_iters": count(0),
+        "temperature": positive(), "tasks_per_iter": count(1), "samples": count(1), "ppo_epochs": count(1),
+        "clip": fraction(open_low=True), "sil_coef": Key(float, low=0), "eval_every": count(1),
+        "eval_samples": count(0), "search_budget": count(0),
     },
     "encoder": {"name": Key(str, choices=_yaml_names("encoder")), "hidden": count(1), "layers": count(1)},
-    "trainer": {"total_steps": count(1), "eval_samples": count(0), "compare": FLAG, "tensorboard": FLAG},
+    "trainer": {"total_steps": count(0), "eval_samples": count(0), "compare": FLAG, "tensorboard": FLAG,
+                "pretrain.train_tasks": count(1), "pretrain.val_tasks": count(0), "pretrain.sizes": Key(list),
+                "pretrain.devices": Key(list), "pretrain.zoo_frac": fraction(), "pretrain.heldout": FLAG,
+                "pretrain.workers": count(1)},
 }
 
 COMMANDS: dict[str, dict[str, Key]] = {
@@ -157,7 +166,7 @@ COMMANDS: dict[str, dict[str, Key]] = {
     },
     "train": {"seed": SEED, "checkpoint": OPTIONAL_STR, "progress": FLAG},
     "place": {
-        "checkpoint": Key(str), "decode": Key(str, choices=("one_pass", "sequential")), "samples": count(0),
+        "checkpoint": OPTIONAL_STR, "decode": Key(str, choices=("one_pass", "sequential")), "samples": count(0),
         "seed": SEED, "compare": FLAG,
     },
     "profile": {
