@@ -74,16 +74,23 @@ def _check_fields(data: dict[str, Any], p: Path) -> None:
     config, obs, policy = data.get("config"), data.get("obs"), data.get("policy")
     if not isinstance(config, dict):
         raise bad("'config' must be a mapping")
-    if not isinstance(config.get("env_id"), str):
-        raise bad("'config.env_id' must be a string")
-    enc = config.get("encoder")
-    if not (isinstance(enc, dict) and isinstance(enc.get("name"), str) and _is_int(enc.get("hidden"), 1)
-            and _is_int(enc.get("layers"), 1)):
-        raise bad("'config.encoder' must hold name, hidden and layers")
     if not isinstance(obs, dict) or not all(isinstance(k, str) and _is_int(v) for k, v in obs.items()):
         raise bad("'obs' must map names to non-negative integers")
-    if not _is_int(obs.get("max_devices"), 1) or not _is_int(obs.get("op_type_buckets"), 1):
-        raise bad("'obs' needs max_devices and op_type_buckets >= 1")
+    if data["algo"] == "constructive":  # agents.constructive_train: encoder settings at the top of its config
+        if not (isinstance(config.get("encoder"), str) and _is_int(config.get("hidden"), 1)
+                and _is_int(config.get("layers"), 1)):
+            raise bad("'config' must hold encoder, hidden and layers")
+        if not _is_int(obs.get("num_node_features"), 1) or not _is_int(obs.get("num_device_features"), 1):
+            raise bad("'obs' needs num_node_features and num_device_features >= 1")
+    else:
+        if not isinstance(config.get("env_id"), str):
+            raise bad("'config.env_id' must be a string")
+        enc = config.get("encoder")
+        if not (isinstance(enc, dict) and isinstance(enc.get("name"), str) and _is_int(enc.get("hidden"), 1)
+                and _is_int(enc.get("layers"), 1)):
+            raise bad("'config.encoder' must hold name, hidden and layers")
+        if not _is_int(obs.get("max_devices"), 1) or not _is_int(obs.get("op_type_buckets"), 1):
+            raise bad("'obs' needs max_devices and op_type_buckets >= 1")
     if not isinstance(policy, dict) or not policy or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                                             for k, v in policy.items()):
         raise bad("'policy' must map parameter names to tensors")
