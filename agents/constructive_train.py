@@ -50,7 +50,7 @@ class ConstructiveConfig:
     rl_algo: str = "sil"  # sil (expert iteration: clone the best placement found so far) | ppo
     rl_lr: float = 3e-4
     rl_iters: int = 200
-    temperature: float = 2.0  # sampling temperature of RL rollouts
+    temperature: float = 1.0  # sampling temperature of RL rollouts (2.0 was tried: too random over 200 decisions)
     tasks_per_iter: int = 4
     samples: int = 16
     ppo_epochs: int = 2
