@@ -59,7 +59,7 @@ def _device_map(names: Sequence[str], topology: DeviceTopology | None, what: str
     have = {d.name: i for i, d in enumerate(topology.devices)}
     out = []
     for nm in names:
-        if nm not in have:
+        if not isinstance(nm, str) or nm not in have:
             raise PlanError(f"{what} uses device '{nm}' which topology '{topology.name}' lacks "
                             f"(devices: {', '.join(topology.device_names)})")
         out.append(have[nm])
@@ -171,6 +171,9 @@ class StagePlan:
             raise PlanError(f"unknown schedule '{self.schedule}' (choose one of {', '.join(SCHEDULES)})")
         if not isinstance(self.num_microbatches, (int, np.integer)) or self.num_microbatches < 1:
             raise PlanError(f"num_microbatches must be a positive integer, got {self.num_microbatches!r}")
+        if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(
+                self.batch_size, (int, np.integer)) or self.batch_size < 1):
+            raise PlanError(f"batch_size must be a positive integer or null, got {self.batch_size!r}")
 
     @property
     def num_stages(self) -> int:
