@@ -60,7 +60,7 @@ def _device_map(names: Sequence[str], topology: DeviceTopology | None, what: str
     have = {d.name: i for i, d in enumerate(topology.devices)}
     out = []
     for nm in names:
-        if nm not in have:
+        if not isinstance(nm, str) or nm not in have:
             raise PlanError(f"{what} uses device '{nm}' which topology '{topology.name}' lacks "
                             f"(devices: {', '.join(topology.device_names)})")
         out.append(have[nm])

@@ -218,7 +218,7 @@ def _from_dict(data: Any, where: str) -> DeviceTopology:
         if not isinstance(entry, dict) or "name" not in entry:
             raise TopologyError(f"{w} must be a mapping with a 'name'")
         kind = entry.get("kind", "gpu")
-        if kind not in DEVICE_KINDS:
+        if not isinstance(kind, str) or kind not in DEVICE_KINDS:
             raise TopologyError(f"{w}: field 'kind' is {kind!r}, expected one of {DEVICE_KINDS}")
         count = entry.get("count", 1)
         if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_DEVICE_COUNT:
@@ -273,6 +273,8 @@ def _from_dict(data: Any, where: str) -> DeviceTopology:
             for j in range(n):
                 if i != j and (devices[i].host == devices[j].host) == same:
                     bw[i, j], lat[i, j], kind_m[i][j] = b, l_, str(spec.get("kind", key))
+    if not isinstance(links.get("pairs", []) or [], list):
+        raise TopologyError(f"{where}: field 'links.pairs' must be a list of {{between, bandwidth, latency}}")
     for k, spec in enumerate(links.get("pairs", []) or []):
         w = f"{where}: links.pairs[{k}]"
         if not isinstance(spec, dict) or not isinstance(spec.get("between"), list) or len(spec["between"]) != 2:

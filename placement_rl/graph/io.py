@@ -79,9 +79,18 @@ def graph_from_dict(data: Any, *, where: str = "graph JSON") -> CompGraph:
         raise GraphError(f"{where}: field 'nodes' must be a list")
     if not isinstance(edges, list):
         raise GraphError(f"{where}: field 'edges' must be a list")
+    if not isinstance(data.get("meta") or {}, dict):
+        raise GraphError(f"{where}: field 'meta' must be an object")
     for i, nd in enumerate(nodes):
-        if not isinstance(nd, dict) or "name" not in nd:
-            raise GraphError(f"{where}: node #{i} must be an object with a 'name'")
+        if not isinstance(nd, dict) or not isinstance(nd.get("name"), str):
+            raise GraphError(f"{where}: node #{i} must be an object with a string 'name'")
+        for k in ("op_type", "module_path"):
+            if k in nd and not isinstance(nd[k], str):
+                raise GraphError(f"{where}: node '{nd['name']}' (#{i}) has {k}={nd[k]!r}: must be a string")
+        if "members" in nd and (not isinstance(nd["members"], list)
+                                or not all(isinstance(m, str) for m in nd["members"])):
+            raise GraphError(f"{where}: node '{nd['name']}' (#{i}) has members={nd['members']!r}: "
+                             "must be a list of op names")
         for k in NODE_ARRAYS:
             if k not in nd:
                 raise GraphError(f"{where}: node '{nd['name']}' (#{i}) lacks field '{k}'")
