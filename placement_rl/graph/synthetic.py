@@ -205,7 +205,7 @@ def _dataflow(sk: _Skeleton, m: int) -> None:
         kind = sk.pick(heavy) if len(preds) == 1 else sk.pick(_JOIN)
         if len(preds) == 1 and kind in _JOIN:
             kind = "linear"
-        nodes.append(sk.add(kind, f"stage{i // max(window, 1)}", preds))
+        nodes.append(sk.add(kind, f"stages.stage{i // max(window, 1)}", preds))
 
 
 _FAMILIES: dict[str, Callable[[_Skeleton, int], None]] = {
