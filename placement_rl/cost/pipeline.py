@@ -60,8 +60,8 @@ import math
 
 import numpy as np
 
-from placement_rl.cost._pipe_kernel import (GPIPE, INTERLEAVED, ONE_F_ONE_B, OK, schedule_order, simulate_pipe,
-                                            work_sizes)
+from placement_rl.cost._pipe_kernel import OK, simulate_pipe, work_sizes
+from placement_rl.cost._pipe_schedule import GPIPE, INTERLEAVED, ONE_F_ONE_B, schedule_order
 from placement_rl.cost.collectives import KINDS, coeff_array
 from placement_rl.cost.memory import BUCKET_BYTES
 from placement_rl.cost.simulate import _inverse_bandwidth, _owned, check_costs
