@@ -72,9 +72,9 @@ def _state(task: ConstructiveTask, k: int) -> ScheduleState:
 @torch.no_grad()
 def rollout(policy: DevicePolicy | None, task: ConstructiveTask, *, samples: int = 1, greedy: bool = True,
             record: bool = False, forced: np.ndarray | None = None, generator: torch.Generator | None = None,
-            teacher: str | None = None, temperature: float = 1.0) -> Rollout:
+            temperature: float = 1.0) -> Rollout:
     """Run ``samples`` episodes of ``task``. Actions: the policy's (argmax if ``greedy``, else sampled), or
-    ``forced`` [N] device per node (a teacher's placement), or ``teacher="eft"`` (earliest finish). Samples are
+    ``forced`` [N] device per node (a teacher's placement). Samples are
     drawn at ``temperature`` (> 1 explores more); the recorded log-probabilities are at temperature 1."""
     st = _state(task, samples)
     n, k = task.graph.num_nodes, samples
@@ -82,7 +82,7 @@ def rollout(policy: DevicePolicy | None, task: ConstructiveTask, *, samples: int
         d, f = st.feats.shape[1], st.feats.shape[2]
         feats, masks = np.zeros((n, k, d, f), np.float32), np.zeros((n, k, d), bool)
         actions, logps = np.zeros((n, k), np.int64), np.zeros((n, k), np.float32)
-    h = policy.embed(*graph_tensors(task)) if policy is not None and forced is None and teacher is None else None
+    h = policy.embed(*graph_tensors(task)) if policy is not None and forced is None else None
     if h is not None and greedy and not record and k == 1:  # one compiled loop (agents.fast_decode)
         from agents.fast_decode import greedy_devices
 
@@ -93,9 +93,6 @@ def rollout(policy: DevicePolicy | None, task: ConstructiveTask, *, samples: int
         fe, ma = st.features()
         if forced is not None:
             act = np.full(k, forced[v], dtype=np.int64)
-            lp = np.zeros(k, np.float32)
-        elif teacher == "eft":
-            act = np.argmin(np.where(ma, fe[:, :, 1], np.inf), axis=1)
             lp = np.zeros(k, np.float32)
         else:
             logits = policy.logits(h[v].expand(k, -1), torch.from_numpy(fe), torch.from_numpy(ma))

@@ -20,7 +20,6 @@ Checkpoints (``save`` / ``load_policy``) are ``agents.checkpoint`` files with ``
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -311,9 +310,3 @@ def load_policy(path: str | Path) -> tuple[DevicePolicy, ConstructiveConfig, dic
                               f"({str(exc).splitlines()[0]})") from None
     policy.eval()
     return policy, cfg, data
-
-
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
