@@ -22,7 +22,6 @@ import torch
 
 from agents.device_policy import DevicePolicy
 from envs.constructive_task import ConstructiveTask
-from placement_rl.cost.schedule import ScheduleState
 
 INFEASIBLE_PENALTY = 1.0  # reward (log-ratio units) taken off a placement that does not fit in memory
 
@@ -60,15 +59,6 @@ def graph_tensors(task: ConstructiveTask) -> tuple[torch.Tensor, torch.Tensor]:
     return task.meta["tensors"]
 
 
-def _state(task: ConstructiveTask, k: int) -> ScheduleState:
-    key = ("state", k)
-    if key not in task.meta:
-        task.meta[key] = ScheduleState(task.graph, task.costs, task.topology, episodes=k)
-    st = task.meta[key]
-    st.reset()
-    return st
-
-
 @torch.no_grad()
 def rollout(policy: DevicePolicy | None, task: ConstructiveTask, *, samples: int = 1, greedy: bool = True,
             record: bool = False, forced: np.ndarray | None = None, generator: torch.Generator | None = None,
@@ -76,7 +66,7 @@ def rollout(policy: DevicePolicy | None, task: ConstructiveTask, *, samples: int
     """Run ``samples`` episodes of ``task``. Actions: the policy's (argmax if ``greedy``, else sampled), or
     ``forced`` [N] device per node (a teacher's placement). Samples are
     drawn at ``temperature`` (> 1 explores more); the recorded log-probabilities are at temperature 1."""
-    st = _state(task, samples)
+    st = task.state(samples)
     n, k = task.graph.num_nodes, samples
     if record:
         d, f = st.feats.shape[1], st.feats.shape[2]

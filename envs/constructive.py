@@ -97,7 +97,7 @@ class ConstructivePlacementEnv(gym.Env):
             raise ConfigError(f"task {g.name} ({g.num_nodes} nodes, {g.num_edges} edges, "
                               f"{task.topology.num_devices} devices) exceeds the observation size "
                               f"({self.max_nodes}, {self.max_edges}, {self.max_devices}): raise max_*")
-        self.state = ScheduleState(g, task.costs, task.topology, episodes=1)
+        self.state = task.state(1)
         x = np.zeros((self.max_nodes, NUM_NODE_FEATURES), np.float32)
         x[:g.num_nodes] = task.x
         ei = np.full((2, self.max_edges), -1, np.int64)

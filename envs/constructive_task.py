@@ -128,6 +128,15 @@ class ConstructiveTask:
         refs = reference_times(graph, costs, topology) if teachers else {}
         return cls(graph, topology, costs, refs, dict(meta))
 
+    def state(self, episodes: int = 1) -> ScheduleState:
+        """A fresh (reset) schedule state of ``episodes`` side by side, built once per count and kept."""
+        key = ("state", int(episodes))
+        if key not in self.meta:
+            self.meta[key] = ScheduleState(self.graph, self.costs, self.topology, episodes=episodes)
+        st = self.meta[key]
+        st.reset()
+        return st
+
     @property
     def reference(self) -> float:
         """The best one-pass heuristic's step time (min of HEFT, m-ETF, m-SCT, METIS): the reward's unit."""
