@@ -123,14 +123,23 @@ def _choice(trace: Trace) -> torch.Tensor:
     return torch.from_numpy((trace.masks.sum(-1) > 1).astype(np.float32))
 
 
-def imitation_loss(policy: DevicePolicy, task: ConstructiveTask, trace: Trace,
-                   labels: np.ndarray | None = None) -> tuple[torch.Tensor, float]:
-    """Cross-entropy on ``labels`` [T, K] (default: the trace's own actions); returns (loss, agreement)."""
+REGRET_UNIT = 0.01  # a regret of 1% of the step time weighs as much as one nat of cross-entropy
+
+
+def imitation_loss(policy: DevicePolicy, task: ConstructiveTask, trace: Trace, labels: np.ndarray | None = None,
+                   regret: np.ndarray | None = None, regret_coef: float = 1.0) -> tuple[torch.Tensor, float]:
+    """Cross-entropy on ``labels`` [T, K] (default: the trace's own actions), plus, with ``regret`` [T, K, D]
+    (each device's relative step-time loss against the best, from a lookahead teacher), ``regret_coef`` times
+    the policy's expected regret in units of ``REGRET_UNIT`` (cost-sensitive imitation, as in AggreVaTe: the
+    decisions that cost step time weigh most). Returns (loss, agreement)."""
     logp = _replay(policy, task, trace)
     lab = torch.from_numpy(trace.actions if labels is None else labels)
     w = _choice(trace)
     nll = -logp.gather(2, lab.unsqueeze(-1)).squeeze(-1).clamp(min=-30.0)  # (a label on a masked device: -inf)
     loss = (nll * w).sum() / w.sum().clamp(min=1.0)
+    if regret is not None and regret_coef > 0.0:
+        exp_regret = (logp.exp() * torch.from_numpy(regret)).sum(-1)
+        loss = loss + regret_coef / REGRET_UNIT * (exp_regret * w).sum() / w.sum().clamp(min=1.0)
     agree = ((logp.argmax(-1) == lab).float() * w).sum() / w.sum().clamp(min=1.0)
     return loss, float(agree)
 

@@ -2,12 +2,12 @@
 
 ``ConstructiveTrainer(config)`` holds a ``DevicePolicy`` and its optimiser:
 
-1. ``imitate(tasks)``: behaviour cloning on each task's best teacher (the best of HEFT, m-ETF, m-SCT, METIS and
-   the simulator-order earliest-finish rule) replayed through the schedule state, then DAgger rounds: the
-   student's own greedy trajectories, labelled by the reactive earliest-finish teacher, on tasks where that
-   teacher is within 1% of the best one; elsewhere the best teacher is a fixed placement, whose device indices
-   mean nothing in the student's states (another device of the same kind may hold the inputs), so those tasks
-   keep their teacher's own trajectory.
+1. ``imitate(tasks)``: behaviour cloning on each task's best teacher (the best of HEFT, m-ETF, m-SCT, METIS, the
+   simulator-order earliest-finish rule ``sim_eft`` and its one-step lookahead ``eft_rollout``,
+   ``placement_rl.cost.lookahead``) replayed through the schedule state, then DAgger rounds: where the best
+   teacher is reactive (``sim_eft`` / ``eft_rollout``), the student's own greedy trajectories labelled by the
+   lookahead teacher in the student's states; elsewhere the best teacher is a fixed placement, whose device
+   indices mean nothing in the student's states, so those tasks keep their teacher's own trajectory.
 2. ``improve(tasks)``: PPO with a per-task group baseline (``agents.constructive.ppo_loss``): each iteration
    draws ``tasks_per_iter`` tasks, samples K placements of each, rewards ``log(T_ref / T)``, takes
    ``ppo_epochs`` clipped steps, plus self-imitation of samples that beat the reference.
@@ -30,7 +30,8 @@ import torch
 from agents.checkpoint import load_checkpoint, save_checkpoint
 from agents.constructive import (Rollout, eft_labels, imitation_loss, ppo_loss, rewards, rollout)
 from agents.device_policy import DevicePolicy
-from envs.constructive_task import NUM_NODE_FEATURES, ConstructiveTask
+from envs.constructive_task import NUM_NODE_FEATURES, REACTIVE, ConstructiveTask
+from placement_rl.cost.lookahead import eft_rollout
 from placement_rl.cost.schedule import NUM_DEVICE_FEATURES
 from placement_rl.errors import CheckpointError, ConfigError
 
@@ -56,6 +57,7 @@ class ConstructiveConfig:
     clip: float = 0.2
     ent_coef: float = 0.003
     sil_coef: float = 0.5
+    regret_coef: float = 1.0  # imitation of the lookahead teacher: weight of the expected regret (0: plain cloning)
     eval_every: int = 20
     eval_samples: int = 16
     seed: int = 0
@@ -67,6 +69,8 @@ class ConstructiveConfig:
         for key in ("bc_epochs", "dagger_rounds", "rl_iters"):
             if int(getattr(self, key)) < 0:
                 raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)!r}")
+        if not float(self.regret_coef) >= 0:
+            raise ConfigError(f"regret_coef must be >= 0, got {self.regret_coef!r}")
         if self.rl_algo not in ("sil", "ppo"):
             raise ConfigError(f"rl_algo must be sil or ppo, got {self.rl_algo!r}")
         for key in ("lr", "rl_lr", "temperature"):
@@ -153,34 +157,38 @@ class ConstructiveTrainer:
         demos = []
         for t in tasks:
             name, dev = t.teacher()
-            eft_ok = t.refs["sim_eft"][0] <= 1.01 * t.refs[name][0] if "sim_eft" in t.refs else False
-            demos.append((t, rollout(None, t, forced=dev, record=True).trace, dev, eft_ok))
+            tr = rollout(None, t, forced=dev, record=True).trace
+            reg = (eft_rollout(t.graph, t.costs, t.topology, actions=dev)[2][:, None]
+                   if name == "eft_rollout" and cfg.regret_coef > 0 else None)
+            demos.append((t, tr, tr.actions, reg, name in REACTIVE))
         agree = 0.0
         total = cfg.bc_epochs + cfg.dagger_rounds * max(1, cfg.bc_epochs // 2)
         epoch = 0
         for rnd in range(cfg.dagger_rounds + 1):
             if rnd > 0:  # DAgger: the student's states, the teacher's labels
                 new = []
-                for t, demo, _, eft_ok in demos:
-                    if eft_ok:  # a reactive teacher: label the student's own states
-                        tr = rollout(self.policy, t, samples=1, greedy=True, record=True).trace
-                        new.append((t, tr, eft_labels(tr)))
+                for demo in demos:
+                    t, reactive = demo[0], demo[4]
+                    if reactive:  # a reactive teacher: label the student's own states (lookahead where it ran)
+                        ro = rollout(self.policy, t, samples=1, greedy=True, record=True)
+                        if "eft_rollout" in t.refs:
+                            _, lab, reg = eft_rollout(t.graph, t.costs, t.topology, actions=ro.devices[0])
+                            new.append((t, ro.trace, lab[:, None], reg[:, None] if cfg.regret_coef > 0 else None))
+                        else:
+                            new.append((t, ro.trace, eft_labels(ro.trace), None))
                     else:  # a fixed placement's device indices mean nothing in other states: its own states
-                        new.append((t, demo, demo.actions))
+                        new.append(demo[:4])
                 self.policy.train()
             for _ in range(cfg.bc_epochs if rnd == 0 else max(1, cfg.bc_epochs // 2)):
                 order = self.rng.permutation(len(demos))
                 agrees = []
                 for i in order.tolist():
-                    if rnd == 0:
-                        t, tr = demos[i][0], demos[i][1]
-                        loss, a = imitation_loss(self.policy, t, tr)
-                    else:
-                        t, tr, labels = new[i]
-                        loss, a = imitation_loss(self.policy, t, tr, labels)
-                        if self.rng.random() < 0.5:  # keep the teacher's own states in the mix
-                            l2, _ = imitation_loss(self.policy, demos[i][0], demos[i][1])
-                            loss = 0.5 * (loss + l2)
+                    item = demos[i][:4] if rnd == 0 else new[i]
+                    t = item[0]
+                    loss, a = imitation_loss(self.policy, *item, regret_coef=cfg.regret_coef)
+                    if rnd > 0 and self.rng.random() < 0.5:  # keep the teacher's own states in the mix
+                        l2, _ = imitation_loss(self.policy, *demos[i][:4], regret_coef=cfg.regret_coef)
+                        loss = 0.5 * (loss + l2)
                     self._step(loss)
                     agrees.append(a)
                     self.decisions += t.graph.num_nodes

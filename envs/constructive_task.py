@@ -3,8 +3,9 @@
 ``node_features(graph, costs)`` [N, F] are normalised per graph so that one policy sees graphs of any size and
 any time scale alike (times over the task's time scale, sizes over the graph's mean). ``reference_times``
 runs the one-pass heuristics a learned placer must beat (HEFT, m-ETF, m-SCT, METIS) and ``sim_eft`` (the
-earliest-finish-time rule run in the simulator's own order on the constructive state) and returns each one's
-simulated step time and placement. ``ConstructiveTask`` bundles a (graph, topology, costs) with them.
+earliest-finish-time rule run in the simulator's own order on the constructive state) and ``eft_rollout`` (one-step
+lookahead over ``sim_eft``, ``placement_rl.cost.lookahead``: the teacher the policy imitates; O(N^2 D), skipped
+above ``ROLLOUT_MAX_NODES``) and returns each one's simulated step time and placement. ``ConstructiveTask`` bundles a (graph, topology, costs) with them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 
 from placement_rl import baselines
 from placement_rl.cost import simulate
+from placement_rl.cost.lookahead import eft_rollout
 from placement_rl.cost.resolve import needs_grad
 from placement_rl.cost.schedule import ScheduleState, time_scale
 from placement_rl.cost.simulate import _inverse_bandwidth, priority_order
@@ -27,6 +29,9 @@ NODE_FEATURES = ("t_level", "b_level", "slack", "fwd", "bwd", "out_bytes", "para
                  "out_degree", "position", "needs_grad", "comm_ratio", "on_critical_path")
 NUM_NODE_FEATURES = len(NODE_FEATURES)
 ONE_PASS = ("heft", "m_etf", "m_sct", "metis")  # the heuristics the learned policy is measured against
+TEACHERS = ONE_PASS + ("sim_eft", "eft_rollout")  # what imitation may copy (the best of them per task)
+REACTIVE = ("sim_eft", "eft_rollout")  # teachers that can label any state (DAgger)
+ROLLOUT_MAX_NODES = 4000
 
 
 def _rel(x: np.ndarray) -> np.ndarray:
@@ -87,9 +92,10 @@ def sim_eft(graph: CompGraph, costs: CostTable, topology: DeviceTopology) -> np.
 
 
 def reference_times(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
-                    names: tuple[str, ...] = ONE_PASS, with_sim_eft: bool = True,
+                    names: tuple[str, ...] = ONE_PASS, with_sim_eft: bool = True, with_rollout: bool = True,
                     seed: int = 0) -> dict[str, tuple[float, bool, np.ndarray]]:
-    """``{heuristic: (step_time, feasible, device_of_node)}`` for the one-pass heuristics (and ``sim_eft``)."""
+    """``{heuristic: (step_time, feasible, device_of_node)}`` for the one-pass heuristics, ``sim_eft`` and
+    ``eft_rollout`` (the latter only up to ``ROLLOUT_MAX_NODES`` nodes)."""
     out: dict[str, tuple[float, bool, np.ndarray]] = {}
     for name in names:
         p = baselines.get(name)(graph, costs, topology, budget=64, seed=seed)
@@ -99,6 +105,10 @@ def reference_times(graph: CompGraph, costs: CostTable, topology: DeviceTopology
         dev = sim_eft(graph, costs, topology)
         r = simulate(graph, costs, topology, dev)
         out["sim_eft"] = (r.step_time, r.feasible, dev)
+    if with_rollout and graph.num_nodes <= ROLLOUT_MAX_NODES:
+        dev = eft_rollout(graph, costs, topology)[0]
+        r = simulate(graph, costs, topology, dev)
+        out["eft_rollout"] = (r.step_time, r.feasible, dev)
     return out
 
 
@@ -142,7 +152,7 @@ class ConstructiveTask:
         """The best one-pass heuristic's step time (min of HEFT, m-ETF, m-SCT, METIS): the reward's unit."""
         return best_of(self.refs)[1]
 
-    def teacher(self, names: tuple[str, ...] = ONE_PASS + ("sim_eft",)) -> tuple[str, np.ndarray]:
+    def teacher(self, names: tuple[str, ...] = TEACHERS) -> tuple[str, np.ndarray]:
         """The best of the teachers on this task and its placement."""
         name = best_of(self.refs, names)[0]
         return name, self.refs[name][2]

@@ -57,7 +57,7 @@ def test_imitation_reaches_the_teacher() -> None:
     torch.manual_seed(0)
     tasks = [task("layered", 30, 0, "4x_v100_nvlink"), task("dataflow", 30, 1, "4x_v100_nvlink"),
              task("series_parallel", 30, 2, "2x4_v100_ib"), task("transformer_like", 30, 3, "cpu_2gpu")]
-    cfg = ConstructiveConfig(hidden=32, layers=2, bc_epochs=40, dagger_rounds=2, rl_iters=0, seed=0)
+    cfg = ConstructiveConfig(hidden=64, layers=3, bc_epochs=60, dagger_rounds=3, rl_iters=0, seed=0)
     trainer = ConstructiveTrainer(cfg)
     trainer.imitate(tasks)
     for r in evaluate(trainer.policy, tasks, samples=0):

@@ -32,6 +32,9 @@ devices or its total work over the device count, whichever is larger):
 ``empty``              1 if nothing is on d yet
 ``speed``              d's mean forward time over all nodes relative to the fastest device's (static)
 ``progress``           fraction of the nodes placed so far (the same for every device)
+``bwd_grow``           d's backward work after placing the node minus the busiest device's backward work so far
+                       (> 0: the backward pass's most loaded device gets busier; the step time counts backward too)
+``bwd_load``           backward work already on d
 =====================  ==========================================================================
 """
 
@@ -50,7 +53,8 @@ from placement_rl.graph.ir import CompGraph
 from placement_rl.topology import DeviceTopology
 
 DEVICE_FEATURES = ("est_gap", "eft_gap", "exec", "slowdown", "bwd", "local_frac", "recv_frac", "extends", "idle",
-                   "load", "mem_after", "mem_now", "best_eft", "best_est", "empty", "speed", "progress")
+                   "load", "mem_after", "mem_now", "best_eft", "best_est", "empty", "speed", "progress", "bwd_grow",
+                   "bwd_load")
 NUM_DEVICE_FEATURES = len(DEVICE_FEATURES)
 _NO_REC = (np.zeros(1, np.int64), np.zeros(0, np.int8), np.zeros(0, np.int64), np.zeros(0), np.zeros(0),
            np.zeros(0, np.int64))
@@ -59,7 +63,7 @@ _NO_REC = (np.zeros(1, np.int64), np.zeros(0, np.int8), np.zeros(0, np.int64), n
 @njit(cache=True, nogil=True)
 def _batch_features(v, progress, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, lat, inv_bw, static_mem,
                     capacity, speed, inv_scale, finish, arrive, sent, dev_free, link_free, busy, mem, acc,
-                    scratch, est, eft, nb, lb, feats, mask):
+                    bload, scratch, est, eft, nb, lb, feats, mask):
     k_eps, nd = dev_free.shape
     in_bytes = 0.0
     for p in range(pred_ptr[v], pred_ptr[v + 1]):
@@ -91,6 +95,10 @@ def _batch_features(v, progress, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, 
                 room_best, room_arg = room, d
         if n_ok == 0:  # fits nowhere: the device with the most room left takes it (the result is infeasible)
             mask[k, room_arg] = True
+        bmax = bload[k, 0]
+        for d in range(1, nd):
+            if bload[k, d] > bmax:
+                bmax = bload[k, d]
         for d in range(nd):
             f = feats[k, d]
             f[0] = (est[d] - best_s) * inv_scale
@@ -111,24 +119,28 @@ def _batch_features(v, progress, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, 
             f[14] = 1.0 if busy[k, d] == 0.0 else 0.0
             f[15] = speed[d]
             f[16] = progress
+            f[17] = (bload[k, d] + bwd[v, d] - bmax) * inv_scale
+            f[18] = bload[k, d] * inv_scale
 
 
 @njit(cache=True, nogil=True)
-def _batch_place(v, actions, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, lat, inv_bw, static_mem,
-                 finish, arrive, sent, dev_free, link_free, busy, mem, acc, rec_n, rec_kind, rec_res, rec_start,
+def _batch_place(v, actions, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, lat, inv_bw, static_mem,
+                 finish, arrive, sent, dev_free, link_free, busy, mem, acc, bload, rec_n, rec_kind, rec_res, rec_start,
                  rec_end, rec_label):
     for k in range(actions.shape[0]):
         d = actions[k]
         dev[k, v] = d
+        bload[k, d] += bwd[v, d]
         fwd_place(v, d, dev[k], pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, lat, inv_bw, static_mem,
                   finish[k], arrive[k], sent[k], dev_free[k], link_free[k], busy[k], mem[k], acc[k],
                   False, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
 
 
 @njit(cache=True, nogil=True)
-def _batch_reset(dev, finish, arrive, sent, dev_free, link_free, busy, mem, acc):
+def _batch_reset(dev, finish, arrive, sent, dev_free, link_free, busy, mem, acc, bload):
     for k in range(dev.shape[0]):
         dev[k, :] = -1
+        bload[k, :] = 0.0
         reset_state(finish[k], arrive[k], sent[k], dev_free[k], link_free[k], busy[k], mem[k], acc[k])
 
 
@@ -187,6 +199,7 @@ class ScheduleState:
         self._finish, self._arrive, self._sent = np.zeros((k, n)), np.zeros((k, n * d)), np.zeros((k, n * d))
         self._dev_free, self._link_free = np.zeros((k, d)), np.zeros((k, d * d))
         self.busy, self.memory, self._acc = np.zeros((k, d)), np.zeros((k, d)), np.zeros((k, 2))
+        self.bwd_busy = np.zeros((k, d))
         self._scratch, self._est, self._eft = np.zeros(d), np.zeros(d), np.zeros(d)
         self._nb, self._lb = np.zeros(d), np.zeros(d)
         self.feats = np.zeros((k, d, NUM_DEVICE_FEATURES), dtype=np.float32)
@@ -214,7 +227,7 @@ class ScheduleState:
 
     def reset(self) -> None:
         _batch_reset(self.devices, self._finish, self._arrive, self._sent, self._dev_free, self._link_free,
-                     self.busy, self.memory, self._acc)
+                     self.busy, self.memory, self._acc, self.bwd_busy)
         self.step = 0
 
     def features(self) -> tuple[np.ndarray, np.ndarray]:
@@ -223,7 +236,7 @@ class ScheduleState:
         _batch_features(v, self.step / self.graph.num_nodes, self.devices, *self._g, self._fwd, self._bwd,
                         self._lat, self._inv, self._static, self.capacity, self._speed, 1.0 / self.scale,
                         self._finish, self._arrive, self._sent, self._dev_free, self._link_free, self.busy,
-                        self.memory, self._acc, self._scratch, self._est, self._eft, self._nb, self._lb,
+                        self.memory, self._acc, self.bwd_busy, self._scratch, self._est, self._eft, self._nb, self._lb,
                         self.feats, self.mask)
         return self.feats, self.mask
 
@@ -234,9 +247,9 @@ class ScheduleState:
         acts = np.broadcast_to(np.asarray(actions, dtype=np.int64), (self.episodes,))
         if acts.min() < 0 or acts.max() >= self.topology.num_devices:
             raise PlanError(f"device index out of range 0..{self.topology.num_devices - 1}: {acts.tolist()}")
-        _batch_place(self.node, np.ascontiguousarray(acts), self.devices, *self._g, self._fwd, self._lat,
+        _batch_place(self.node, np.ascontiguousarray(acts), self.devices, *self._g, self._fwd, self._bwd, self._lat,
                      self._inv, self._static, self._finish, self._arrive, self._sent, self._dev_free,
-                     self._link_free, self.busy, self.memory, self._acc, *_NO_REC)
+                     self._link_free, self.busy, self.memory, self._acc, self.bwd_busy, *_NO_REC)
         self.step += 1
 
     def finish(self) -> np.ndarray:
