@@ -9,7 +9,7 @@ without changing the state. ``bwd_pass`` runs the backward in reverse order from
 Allocation-free: every array, work buffers included, is passed in. Timeline records go to ``rec_*`` arrays
 when ``record`` is true (kind 0 fwd op, 1 bwd op, 2 fwd transfer, 3 bwd gradient transfer; resource = device
 index for ops, ``src * D + dst`` for transfers; label = node index). ``acc`` = (comm time, forward end).
-A transfer of ``n`` bytes from device ``a`` to ``b`` takes ``seg_time(links[a, b], n)``: ``links`` [D, D, K, 3] holds
+A transfer of ``n`` bytes from device ``a`` to ``b`` takes ``seg_time(links, a, b, n)``: ``links`` [D, D, K, 3] holds
 each link's segment table (``comm_fit``: one ``latency + n / bandwidth`` row, or a measured NCCL curve).
 """
 
@@ -31,17 +31,18 @@ def _record(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, kind, res, 
 
 
 @njit(cache=True, nogil=True)
-def seg_time(rows, nbytes):
-    """``alpha + beta * nbytes`` of the first row of ``rows`` [K, (upper, alpha, beta)] with ``nbytes < upper``."""
+def seg_time(tables, a, b, nbytes):
+    """``alpha + beta * nbytes`` of the first row of segment table ``tables[a, b]`` [K, (upper, alpha, beta)]
+    with ``nbytes < upper`` (a binary search; one row: the plain alpha-beta link)."""
     lo = 0
-    hi = rows.shape[0] - 1
+    hi = tables.shape[2] - 1
     while lo < hi:
         mid = (lo + hi) // 2
-        if nbytes < rows[mid, 0]:
+        if nbytes < tables[a, b, mid, 0]:
             hi = mid
         else:
             lo = mid + 1
-    return rows[lo, 1] + rows[lo, 2] * nbytes
+    return tables[a, b, lo, 1] + tables[a, b, lo, 2] * nbytes
 
 
 @njit(cache=True, nogil=True)
@@ -78,7 +79,7 @@ def fwd_place(v, dv, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, links, 
             slot = u * nd + dv
             have = sent[slot]
             if have < b:
-                cost = seg_time(links[du, dv], b - have)
+                cost = seg_time(links, du, dv, b - have)
                 link = du * nd + dv
                 st = finish[u] if finish[u] > link_free[link] else link_free[link]
                 t = st + cost
@@ -132,7 +133,7 @@ def fwd_candidates(v, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, links,
                 if have < b:
                     lf = scratch[du] if scratch[du] >= 0.0 else link_free[du * nd + d]
                     st = finish[u] if finish[u] > lf else lf
-                    t = st + seg_time(links[du, d], b - have)
+                    t = st + seg_time(links, du, d, b - have)
                     scratch[du] = t
                     nb += b - have
                     lb += have
@@ -186,7 +187,7 @@ def bwd_pass(dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd, links, g
             # gradients accumulated on each consumer device are sent back once
             for x in range(nt):
                 dw = touched[x]
-                cost = seg_time(links[dw, du], gbytes[dw])
+                cost = seg_time(links, dw, du, gbytes[dw])
                 link = dw * nd + du
                 st = gtime[dw] if gtime[dw] > link_free[link] else link_free[link]
                 t = st + cost

@@ -26,7 +26,7 @@ def _coll(coll, s, kind, nbytes):
     """Collective time of ``nbytes`` for stage ``s`` (``collectives.coeff_array`` segment table)."""
     if nbytes <= 0.0:
         return 0.0
-    return seg_time(coll[s, kind], nbytes)
+    return seg_time(coll, s, kind, nbytes)
 
 
 @njit(cache=True, nogil=True)
