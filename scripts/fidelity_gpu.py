@@ -117,6 +117,7 @@ def main() -> int:
         series = [s for d in sorted((root / "sailor").glob("*/")) for s in sailor.read_system(d)]
         series += [s for d in sorted((root / "vidur").glob("*/")) for s in vidur.read_system(d)]
         coll_lines, coll_sum = gpu_report.collective_table(series, collective_fits.shipped_fits_for(series))
+        sim_lines, sim_sum = gpu_report.simulator_collective_table(series)
         proj = [] if args.quick else project_graph_rows(root, logo_arch)
         cnn = [] if args.quick else cnn_mapping_rows(root)
     except PlacementRLError as exc:
@@ -166,6 +167,14 @@ def main() -> int:
               + "; mean absolute error: " + ", ".join(f"{k[:-5]} {v:.1f}%" for k, v in coll_sum.items()
                                                       if k.endswith("_mean")) + ".", ""]
     lines += coll_lines
+    lines += ["", "## Collectives inside the simulators (presets naming a measured system)", "",
+              "Presets with `collective_fit: <system>` price `simulate()`'s link transfers and `simulate_pipeline()`'s "
+              "data-parallel / sharded collectives from the fitted curves (`placement_rl/cost/comm_fit.py`); other "
+              "topologies, and collective kinds a system did not measure, keep the analytic alpha-beta model. "
+              "The simulators' prices against the tables, one node, messages >= 1 MiB, and the preset's analytic "
+              "alpha-beta price for comparison. Share within 10%: "
+              + ", ".join(f"{k} {v:.0f}%" for k, v in sim_sum.items()) + ".", ""]
+    lines += sim_lines
     atomic_write_text(Path(args.out), "\n".join(lines) + "\n")
     for m in MODELS:
         a, b = mape(rows, m)
