@@ -9,8 +9,8 @@ without changing the state. ``bwd_pass`` runs the backward in reverse order from
 Allocation-free: every array, work buffers included, is passed in. Timeline records go to ``rec_*`` arrays
 when ``record`` is true (kind 0 fwd op, 1 bwd op, 2 fwd transfer, 3 bwd gradient transfer; resource = device
 index for ops, ``src * D + dst`` for transfers; label = node index). ``acc`` = (comm time, forward end).
-A transfer of ``n`` bytes from device ``a`` to ``b`` takes ``seg_time(links, a, b, n)``: ``links`` [D, D, K, 3] holds
-each link's segment table (``comm_fit``: one ``latency + n / bandwidth`` row, or a measured NCCL curve).
+A transfer of ``n`` bytes from device ``a`` to ``b`` takes ``seg_time(link_upper, link_coef, a, b, n)``, from
+each link's segment table (``comm_fit.split_segments``: one ``latency + n / bandwidth`` row, or a measured NCCL curve).
 """
 
 from __future__ import annotations
@@ -31,18 +31,18 @@ def _record(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, kind, res, 
 
 
 @njit(cache=True, nogil=True)
-def seg_time(tables, a, b, nbytes):
-    """``alpha + beta * nbytes`` of the first row of segment table ``tables[a, b]`` [K, (upper, alpha, beta)]
-    with ``nbytes < upper`` (a binary search; one row: the plain alpha-beta link)."""
+def seg_time(upper, coef, a, b, nbytes):
+    """``alpha + beta * nbytes`` of segment table ``(a, b)``: the first row k with ``nbytes < upper[a, b, k]``
+    (a binary search; one row: the plain alpha-beta link), ``(alpha, beta) = coef[a, b, k]``."""
     lo = 0
-    hi = tables.shape[2] - 1
+    hi = upper.shape[2] - 1
     while lo < hi:
         mid = (lo + hi) // 2
-        if nbytes < tables[a, b, mid, 0]:
+        if nbytes < upper[a, b, mid]:
             hi = mid
         else:
             lo = mid + 1
-    return tables[a, b, lo, 1] + tables[a, b, lo, 2] * nbytes
+    return coef[a, b, lo, 0] + coef[a, b, lo, 1] * nbytes
 
 
 @njit(cache=True, nogil=True)
@@ -59,7 +59,7 @@ def reset_state(finish, arrive, sent, dev_free, link_free, busy, mem, acc):
 
 
 @njit(cache=True, nogil=True)
-def fwd_place(v, dv, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, links, static_mem,
+def fwd_place(v, dv, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, link_upper, link_coef, static_mem,
               finish, arrive, sent, dev_free, link_free, busy, mem, acc,
               record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
     """Schedule node ``v``'s forward op on device ``dv`` (its predecessors are scheduled; ``dev[v]`` is set).
@@ -79,7 +79,7 @@ def fwd_place(v, dv, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, links, 
             slot = u * nd + dv
             have = sent[slot]
             if have < b:
-                cost = seg_time(links, du, dv, b - have)
+                cost = seg_time(link_upper, link_coef, du, dv, b - have)
                 link = du * nd + dv
                 st = finish[u] if finish[u] > link_free[link] else link_free[link]
                 t = st + cost
@@ -107,7 +107,7 @@ def fwd_place(v, dv, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, links, 
 
 
 @njit(cache=True, nogil=True)
-def fwd_candidates(v, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, links,
+def fwd_candidates(v, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, link_upper, link_coef,
                    finish, arrive, sent, dev_free, link_free, scratch,
                    est, eft, new_bytes, local_bytes):
     """For every device d, what ``fwd_place(v, d)`` would give, without changing the state: ``est[d]`` and
@@ -133,7 +133,7 @@ def fwd_candidates(v, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, links,
                 if have < b:
                     lf = scratch[du] if scratch[du] >= 0.0 else link_free[du * nd + d]
                     st = finish[u] if finish[u] > lf else lf
-                    t = st + seg_time(links, du, d, b - have)
+                    t = st + seg_time(link_upper, link_coef, du, d, b - have)
                     scratch[du] = t
                     nb += b - have
                     lb += have
@@ -150,7 +150,7 @@ def fwd_candidates(v, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, links,
 
 
 @njit(cache=True, nogil=True)
-def bwd_pass(dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd, links, grad,
+def bwd_pass(dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd, link_upper, link_coef, grad,
              finish, bfinish, dev_free, link_free, gtime, gbytes, touched, busy, acc,
              record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
     """The backward pass in reverse ``order`` after the forward state; returns the step time."""
@@ -187,7 +187,7 @@ def bwd_pass(dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd, links, g
             # gradients accumulated on each consumer device are sent back once
             for x in range(nt):
                 dw = touched[x]
-                cost = seg_time(links, dw, du, gbytes[dw])
+                cost = seg_time(link_upper, link_coef, dw, du, gbytes[dw])
                 link = dw * nd + du
                 st = gtime[dw] if gtime[dw] > link_free[link] else link_free[link]
                 t = st + cost
@@ -212,7 +212,7 @@ def bwd_pass(dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd, links, g
 
 @njit(cache=True, nogil=True)
 def simulate_ops(dev, order, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes,
-                 fwd, bwd, links, grad, static_mem,
+                 fwd, bwd, link_upper, link_coef, grad, static_mem,
                  finish, bfinish, arrive, sent, dev_free, link_free, gtime, gbytes, touched, acc,
                  busy, mem, out, record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
     """Simulate one training step; fill ``busy``/``mem`` [D] and ``out`` = (step, comm, fwd_end, ok)."""
@@ -227,11 +227,11 @@ def simulate_ops(dev, order, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, s
     rec_n[0] = 0
     for k in range(n):
         v = order[k]
-        fwd_place(v, dev[v], dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, links, static_mem,
+        fwd_place(v, dev[v], dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, link_upper, link_coef, static_mem,
                   finish, arrive, sent, dev_free, link_free, busy, mem, acc,
                   record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
     fwd_end = acc[1]
-    step = bwd_pass(dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd, links, grad,
+    step = bwd_pass(dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd, link_upper, link_coef, grad,
                     finish, bfinish, dev_free, link_free, gtime, gbytes, touched, busy, acc,
                     record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
     out[0] = step

@@ -26,7 +26,7 @@ def _coll(coll, s, kind, nbytes):
     """Collective time of ``nbytes`` for stage ``s`` (``collectives.coeff_array`` segment table)."""
     if nbytes <= 0.0:
         return 0.0
-    return seg_time(coll, s, kind, nbytes)
+    return seg_time(coll[0], coll[1], s, kind, nbytes)
 
 
 @njit(cache=True, nogil=True)
@@ -90,7 +90,7 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
     ``batch_ratio``: plan batch size / batch size the node times were measured at; a stage's variable
     node time is scaled by ``batch_ratio / (m * p)`` (1 when the costs were measured at its micro-batch).
     ``order``: a topological order (buckets and FSDP units follow it); ``shard``: 0 DDP, 1 FSDP;
-    ``coll [S, 3, K, 3]``: per stage and collective its segment table (``comm_fit``); ``cap``: bucket /
+    ``coll``: per stage and collective its segment table (``comm_fit.split_segments`` of ``[S, 3, K, 3]``); ``cap``: bucket /
     unit size in bytes.
     """
     n = stage.shape[0]

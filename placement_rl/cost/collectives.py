@@ -26,8 +26,8 @@ latency / inverse bandwidth among the links an algorithm uses. For p devices:
   All-gather: inter-host all-gather then intra-host; reduce-scatter the reverse.
 
 ``algorithm="auto"`` takes the measured fit where it applies, else the cheapest analytic algorithm (NCCL's
-tuner does the same from its own model). Not modelled analytically: link contention with other traffic (pipeline sends, another stage's collective on a shared
-NIC), NCCL protocol switching (LL/LL128/Simple), SHARP / NVLS in-network reduction, reduction compute time.
+tuner does the same from its own model). Not modelled analytically: link contention with other traffic
+(pipeline sends, another stage's collective on a shared NIC), NCCL protocol switching (LL/LL128/Simple), SHARP / NVLS in-network reduction, reduction compute time.
 """
 
 from __future__ import annotations

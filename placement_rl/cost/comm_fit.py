@@ -136,6 +136,11 @@ def envelope(lines: Iterable[tuple[float, float]]) -> np.ndarray:
         cur, x = ln, xi
 
 
+def split_segments(tables: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(upper [..., K], coef [..., K, 2])`` of segment tables ``[..., K, 3]``: the kernels' two arrays."""
+    return np.ascontiguousarray(tables[..., 0]), np.ascontiguousarray(tables[..., 1:])
+
+
 def pad_segments(tables: list[np.ndarray]) -> np.ndarray:
     """Stack segment tables ``[K_i, 3]`` into ``[len, K, 3]`` (each padded with its last, unbounded row)."""
     k = max(t.shape[0] for t in tables)
@@ -168,7 +173,7 @@ def fit_applies(topology: Any, costs: Any = None) -> str | None:
 def link_segments(topology: Any, costs: Any = None) -> np.ndarray:
     """``float64 [D, D, K, 3]``: each link's segment table: the measured p2p fit where ``fit_applies`` and
     the pair's kind of link was measured, else ``latency + bytes / bandwidth`` (of ``costs``, else the
-    topology)."""
+    topology). The kernels take it as ``split_segments(...)``."""
     d = topology.num_devices
     src = topology if costs is None else costs
     latency, bandwidth = src.link_latency, src.link_bandwidth
@@ -196,5 +201,5 @@ def segment_time(table: np.ndarray, nbytes: float) -> float:
     return float(table[r, 1] + table[r, 2] * nbytes)
 
 
-__all__ = ["KINDS", "SYSTEM_KEY", "envelope", "evaluate_fit", "fit_applies", "fit_segments", "link_segments", "measured_system",
-           "pad_segments", "ring_factor", "segment_time", "select_fit", "shipped", "systems"]
+__all__ = ["KINDS", "SYSTEM_KEY", "envelope", "evaluate_fit", "fit_applies", "fit_segments", "link_segments",
+           "measured_system", "pad_segments", "ring_factor", "segment_time", "select_fit", "shipped", "split_segments", "systems"]

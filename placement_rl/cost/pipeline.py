@@ -63,7 +63,7 @@ import numpy as np
 from placement_rl.cost._pipe_kernel import OK, simulate_pipe, work_sizes
 from placement_rl.cost._pipe_schedule import GPIPE, INTERLEAVED, ONE_F_ONE_B, schedule_order
 from placement_rl.cost.collectives import KINDS, coeff_array
-from placement_rl.cost.comm_fit import pad_segments
+from placement_rl.cost.comm_fit import pad_segments, split_segments
 from placement_rl.cost.memory import BUCKET_BYTES
 from placement_rl.cost.simulate import _inverse_bandwidth, _owned, check_costs
 from placement_rl.cost.types import CostTable, Interval, SimResult
@@ -83,7 +83,7 @@ class _Layout:
         groups = plan.stage_devices
         # collective prices per stage: [S, kind, segment, (upper bytes, alpha, beta)]
         tables = pad_segments([coeff_array(k, grp, topology, costs) for grp in groups for k in KINDS])
-        self.coll = np.ascontiguousarray(tables.reshape(len(groups), len(KINDS), *tables.shape[1:]))
+        self.coll = split_segments(tables.reshape(len(groups), len(KINDS), *tables.shape[1:]))
         uniq: dict[tuple[int, ...], int] = {}
         for grp in groups:
             uniq.setdefault(grp, len(uniq))

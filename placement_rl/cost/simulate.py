@@ -34,7 +34,7 @@ import numpy as np
 
 from placement_rl.cost.memory import static_memory
 from placement_rl.cost._op_kernel import simulate_ops
-from placement_rl.cost.comm_fit import link_segments
+from placement_rl.cost.comm_fit import link_segments, split_segments
 from placement_rl.cost.resolve import needs_grad
 from placement_rl.cost.types import CostTable, Interval, SimResult
 from placement_rl.errors import PlanError, ProfileError
@@ -132,7 +132,7 @@ class Simulator:
             self.order, _owned(graph.pred_ptr, i64), _owned(graph.pred_idx, i64), _owned(graph.pred_eid, i64),
             _owned(graph.succ_ptr, i64), _owned(graph.succ_idx, i64),
             _owned(graph.succ_eid, i64), _owned(graph.edge_bytes, np.float64),
-            _owned(costs.fwd_time), _owned(costs.bwd_time), link_segments(topology, costs),
+            _owned(costs.fwd_time), _owned(costs.bwd_time), *split_segments(link_segments(topology, costs)),
             needs_grad(graph).astype(np.uint8), static_memory(graph))
         self._work = (np.zeros(n), np.zeros(n), np.zeros(n * d), np.zeros(n * d), np.zeros(d), np.zeros(d * d),
                       np.zeros(d), np.zeros(d), np.zeros(d, i64), np.zeros(2))

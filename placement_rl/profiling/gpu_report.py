@@ -157,3 +157,25 @@ def simulator_collective_table(series: Sequence) -> tuple[list[str], dict[str, f
                    f"{100 * np.mean(es <= 0.1):.0f}% ({100 * es.mean():.1f}%) | "
                    f"{100 * np.mean(ea <= 0.1):.0f}% ({100 * ea.mean():.1f}%) |")
     return out, {k: float(100 * np.mean(np.concatenate(v) <= 0.1)) for k, v in pooled.items()}
+
+
+def split_lines(root) -> list[str]:
+    """Per training run: the end-to-end forward and backward (JSON ``fw_latency`` / ``bwall_latency``) over the
+    sum of the per-node ``fw_latency`` / ``bw_latency + acc_latency`` (embedding + L x layer + head), and the
+    forward's excess per kernel-launching node, from the label files under ``root`` (the neusight folder)."""
+    from placement_rl.cost.calibrated import CLASSES, features
+    from placement_rl.profiling import neusight as ns
+
+    out = ["| GPU | workload | forward: end to end / per-node sum | backward (with acc) | forward excess per "
+           "kernel |", "|---|---|---|---|---|"]
+    for p in ns.label_files(root):
+        w = ns.read_labels(p)
+        if w.mode != "train":
+            continue
+        g = ns.label_graph(w)
+        f, b = ns.measured_times(w, g)
+        wt = ns.layer_weights(g, w.num_layer)
+        kernels = float(wt @ (features(g).cls != CLASSES.index("view")))
+        out.append(f"| {GPU_LABEL.get(w.gpu, w.gpu)} | {w.key} | {w.fwd_total / (wt @ f):.2f} | "
+                   f"{w.bwd_total / (wt @ b):.2f} | {1e6 * (w.fwd_total - wt @ f) / kernels:+.0f} us |")
+    return out
