@@ -35,8 +35,9 @@ Model (pure and deterministic), for S stages, m micro-batches, stage s on a devi
   (one unit prefetched while the previous computes) and reduce-scatters each unit's gradient after its
   backward (see ``_pipe_kernel._fsdp_pass``); the exposed communication lengthens the stage's forward /
   backward span.
-* Collectives are priced by ``collectives.collective_time`` (ring, tree, hierarchical NVLink-inside /
-  IB-between-hosts; the cheapest) over the cost table's links.
+* Collectives are priced by ``collectives.collective_time``: the measured NCCL fit where the topology names a
+  measured system (``collective_fit:``, see ``comm_fit``), else ring, tree, hierarchical NVLink-inside /
+  IB-between-hosts (the cheapest) over the cost table's links.
 * Memory per device of a group (``cost.memory``): training state (``dp``: 4 x params of its stages;
   ``fsdp``: 4 x params / p + 3 x the largest unit) + the peak over the schedule of the activations in
   flight, each micro-batch holding ``act_bytes / (m * p)`` plus its received boundary buffer (so GPipe

@@ -8,7 +8,8 @@ Model (pure and deterministic):
   reverse order. The ops are list-scheduled one after the other: each device runs one op at a time and an
   op starts when its device is free and all its inputs have arrived. On one device every forward op
   precedes every backward op (autograd runs after the forward).
-* A tensor crossing devices costs ``latency + bytes / bandwidth`` on that directed link. It is sent once
+* A tensor crossing devices costs ``latency + bytes / bandwidth`` on that directed link (the measured NCCL
+  send/recv curve where the topology names a measured system, ``comm_fit``). It is sent once
   per destination device (like the copy op the executor inserts), when its first consumer there is
   scheduled, carrying that consumer's edge bytes; a later consumer there that needs a larger part of the
   tensor (a larger edge, as from a multi-output group) has the rest sent when it is scheduled. So the
