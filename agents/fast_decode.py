@@ -16,7 +16,7 @@ from placement_rl.cost.schedule import ScheduleState, _batch_features, _batch_pl
 
 @njit(cache=True, nogil=True)
 def _decode(order, node_h, w1, b1, w2, b2, w3, b3, w4a, w4b, b4, w5, b5,
-            dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, lat, inv_bw, static_mem, capacity, speed,
+            dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, link_upper, link_coef, static_mem, capacity, speed,
             inv_scale, finish, arrive, sent, dev_free, link_free, busy, mem, acc, bload, scratch, est, eft, nb, lb,
             feats, mask, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
     n = order.shape[0]
@@ -24,9 +24,9 @@ def _decode(order, node_h, w1, b1, w2, b2, w3, b3, w4a, w4b, b4, w5, b5,
     act = np.zeros(1, np.int64)
     for t in range(n):
         v = order[t]
-        _batch_features(v, t / n, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, lat, inv_bw, static_mem,
-                        capacity, speed, inv_scale, finish, arrive, sent, dev_free, link_free, busy, mem, acc,
-                        bload, scratch, est, eft, nb, lb, feats, mask)
+        _batch_features(v, t / n, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, link_upper, link_coef,
+                        static_mem, capacity, speed, inv_scale, finish, arrive, sent, dev_free, link_free, busy, mem,
+                        acc, bload, scratch, est, eft, nb, lb, feats, mask)
         f = feats[0].astype(np.float64)
         x = np.maximum(f @ w1 + b1, 0.0) @ w2 + b2 + node_h[v]
         h = np.maximum(np.maximum(x, 0.0) @ w3 + b3, 0.0)
@@ -43,9 +43,9 @@ def _decode(order, node_h, w1, b1, w2, b2, w3, b3, w4a, w4b, b4, w5, b5,
             if mask[0, d] and z[d, 0] > best:
                 best, arg = z[d, 0], d
         act[0] = arg
-        _batch_place(v, act, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, lat, inv_bw, static_mem,
-                     finish, arrive, sent, dev_free, link_free, busy, mem, acc, bload, rec_n, rec_kind, rec_res, rec_start,
-                     rec_end, rec_label)
+        _batch_place(v, act, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, link_upper, link_coef,
+                     static_mem, finish, arrive, sent, dev_free, link_free, busy, mem, acc, bload, rec_n, rec_kind,
+                     rec_res, rec_start, rec_end, rec_label)
 
 
 def greedy_devices(policy, st: ScheduleState, node_h: np.ndarray) -> None:
@@ -61,7 +61,7 @@ def greedy_devices(policy, st: ScheduleState, node_h: np.ndarray) -> None:
             np.ascontiguousarray(w["dev_in.2.weight"].T), w["dev_in.2.bias"], np.ascontiguousarray(w["phi.1.weight"].T),
             w["phi.1.bias"], np.ascontiguousarray(w4[:hdim]), np.ascontiguousarray(w4[hdim:]), w["rho.0.bias"],
             np.ascontiguousarray(w["rho.2.weight"].T), w["rho.2.bias"],
-            st.devices, *st._g, st._fwd, st._bwd, st._lat, st._inv, st._static, st.capacity, st._speed,
+            st.devices, *st._g, st._fwd, st._bwd, st._link_upper, st._link_coef, st._static, st.capacity, st._speed,
             1.0 / st.scale, st._finish, st._arrive, st._sent, st._dev_free, st._link_free, st.busy, st.memory,
             st._acc, st.bwd_busy, st._scratch, st._est, st._eft, st._nb, st._lb, st.feats, st.mask, *_NO_REC)
     st.step = st.num_nodes

@@ -11,6 +11,8 @@ YAML schema (presets live in ``conf/topology/<name>.yaml``)::
          peak_flops_tf32: 0, peak_flops_bf16: 0}                            # optional tensor-core peaks
     dtype: fp32                    # optional: fp32 (default), tf32 or bf16; the GPU cost model's precision
     cost_model: calibrated         # optional: calibrated (default for GPUs) or roofline
+    collective_fit: a100_dgx       # optional: a measured system whose NCCL fits price the links and
+                                   # collectives (placement_rl.cost.comm_fit; checked when first priced)
     links:
       intra_host: {bandwidth: 16e9, latency: 1.0e-5, kind: pcie}    # default between devices of one host
       inter_host: {bandwidth: 12.5e9, latency: 5.0e-6, kind: ib}    # default across hosts

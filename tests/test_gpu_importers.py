@@ -175,6 +175,19 @@ def test_cli_profile_measurements_bad_file_exits_2(tmp_path):
     assert r.returncode == 2 and "does not exist" in r.stderr
 
 
+@pytest.mark.parametrize("name,text", [("prim_GPT-Neo-2.7_all_reduce_2gpus.csv", "data_size(MB),time(ms)\n1,x\n"),
+                                       ("all_reduce.csv", "size,mean\n1,2\n"),
+                                       ("p2p_intra_node.csv", "1,2,3\n"),
+                                       ("resnet18.graph.txt", "node1 -- not a layer\n")])
+def test_cli_profile_malformed_collective_and_layer_files_exit_2(tmp_path, name, text):
+    bad = tmp_path / name
+    bad.write_text(text)
+    r = _cli(tmp_path, f"measurements={bad}")
+    assert r.returncode == 2, r.stderr
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and name in err[0] and "Traceback" not in r.stderr
+
+
 @needs_data
 def test_cli_profile_imports_a_label_file_as_profile(tmp_path):
     src = DATA / LABELS / "Tesla_V100-PCIE-32GB" / "bert_large-train-512-2.csv"

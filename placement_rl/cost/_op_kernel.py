@@ -9,6 +9,8 @@ without changing the state. ``bwd_pass`` runs the backward in reverse order from
 Allocation-free: every array, work buffers included, is passed in. Timeline records go to ``rec_*`` arrays
 when ``record`` is true (kind 0 fwd op, 1 bwd op, 2 fwd transfer, 3 bwd gradient transfer; resource = device
 index for ops, ``src * D + dst`` for transfers; label = node index). ``acc`` = (comm time, forward end).
+A transfer of ``n`` bytes from device ``a`` to ``b`` takes ``seg_time(link_upper, link_coef, a, b, n)``, from
+each link's segment table (``comm_fit.split_segments``: one ``latency + n / bandwidth`` row, or a measured NCCL curve).
 """
 
 from __future__ import annotations
@@ -29,6 +31,21 @@ def _record(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, kind, res, 
 
 
 @njit(cache=True, nogil=True)
+def seg_time(upper, coef, a, b, nbytes):
+    """``alpha + beta * nbytes`` of segment table ``(a, b)``: the first row k with ``nbytes < upper[a, b, k]``
+    (a binary search; one row: the plain alpha-beta link), ``(alpha, beta) = coef[a, b, k]``."""
+    lo = 0
+    hi = upper.shape[2] - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if nbytes < upper[a, b, mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return coef[a, b, lo, 0] + coef[a, b, lo, 1] * nbytes
+
+
+@njit(cache=True, nogil=True)
 def reset_state(finish, arrive, sent, dev_free, link_free, busy, mem, acc):
     """Empty schedule: nothing placed, every device and link free at time 0."""
     finish[:] = 0.0
@@ -42,7 +59,7 @@ def reset_state(finish, arrive, sent, dev_free, link_free, busy, mem, acc):
 
 
 @njit(cache=True, nogil=True)
-def fwd_place(v, dv, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, lat, inv_bw, static_mem,
+def fwd_place(v, dv, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, link_upper, link_coef, static_mem,
               finish, arrive, sent, dev_free, link_free, busy, mem, acc,
               record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
     """Schedule node ``v``'s forward op on device ``dv`` (its predecessors are scheduled; ``dev[v]`` is set).
@@ -62,7 +79,7 @@ def fwd_place(v, dv, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, lat, in
             slot = u * nd + dv
             have = sent[slot]
             if have < b:
-                cost = lat[du, dv] + (b - have) * inv_bw[du, dv]
+                cost = seg_time(link_upper, link_coef, du, dv, b - have)
                 link = du * nd + dv
                 st = finish[u] if finish[u] > link_free[link] else link_free[link]
                 t = st + cost
@@ -90,7 +107,7 @@ def fwd_place(v, dv, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, lat, in
 
 
 @njit(cache=True, nogil=True)
-def fwd_candidates(v, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, lat, inv_bw,
+def fwd_candidates(v, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, link_upper, link_coef,
                    finish, arrive, sent, dev_free, link_free, scratch,
                    est, eft, new_bytes, local_bytes):
     """For every device d, what ``fwd_place(v, d)`` would give, without changing the state: ``est[d]`` and
@@ -116,7 +133,7 @@ def fwd_candidates(v, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, lat, i
                 if have < b:
                     lf = scratch[du] if scratch[du] >= 0.0 else link_free[du * nd + d]
                     st = finish[u] if finish[u] > lf else lf
-                    t = st + lat[du, d] + (b - have) * inv_bw[du, d]
+                    t = st + seg_time(link_upper, link_coef, du, d, b - have)
                     scratch[du] = t
                     nb += b - have
                     lb += have
@@ -133,7 +150,7 @@ def fwd_candidates(v, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, lat, i
 
 
 @njit(cache=True, nogil=True)
-def bwd_pass(dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd, lat, inv_bw, grad,
+def bwd_pass(dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd, link_upper, link_coef, grad,
              finish, bfinish, dev_free, link_free, gtime, gbytes, touched, busy, acc,
              record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
     """The backward pass in reverse ``order`` after the forward state; returns the step time."""
@@ -170,7 +187,7 @@ def bwd_pass(dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd, lat, inv
             # gradients accumulated on each consumer device are sent back once
             for x in range(nt):
                 dw = touched[x]
-                cost = lat[dw, du] + gbytes[dw] * inv_bw[dw, du]
+                cost = seg_time(link_upper, link_coef, dw, du, gbytes[dw])
                 link = dw * nd + du
                 st = gtime[dw] if gtime[dw] > link_free[link] else link_free[link]
                 t = st + cost
@@ -195,7 +212,7 @@ def bwd_pass(dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd, lat, inv
 
 @njit(cache=True, nogil=True)
 def simulate_ops(dev, order, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes,
-                 fwd, bwd, lat, inv_bw, grad, static_mem,
+                 fwd, bwd, link_upper, link_coef, grad, static_mem,
                  finish, bfinish, arrive, sent, dev_free, link_free, gtime, gbytes, touched, acc,
                  busy, mem, out, record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
     """Simulate one training step; fill ``busy``/``mem`` [D] and ``out`` = (step, comm, fwd_end, ok)."""
@@ -210,11 +227,11 @@ def simulate_ops(dev, order, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, s
     rec_n[0] = 0
     for k in range(n):
         v = order[k]
-        fwd_place(v, dev[v], dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, lat, inv_bw, static_mem,
+        fwd_place(v, dev[v], dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, link_upper, link_coef, static_mem,
                   finish, arrive, sent, dev_free, link_free, busy, mem, acc,
                   record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
     fwd_end = acc[1]
-    step = bwd_pass(dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd, lat, inv_bw, grad,
+    step = bwd_pass(dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd, link_upper, link_coef, grad,
                     finish, bfinish, dev_free, link_free, gtime, gbytes, touched, busy, acc,
                     record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
     out[0] = step

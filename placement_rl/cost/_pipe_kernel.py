@@ -14,6 +14,7 @@ import numpy as np
 from numba import njit
 
 from placement_rl.cost._op_kernel import _record as _rec  # the timeline recorder both kernels share
+from placement_rl.cost._op_kernel import seg_time
 from placement_rl.cost.memory import FSDP_GATHER_FACTOR, STATE_FACTOR
 
 OK, BAD_PLAN = 1.0, -1.0
@@ -22,15 +23,10 @@ ALLREDUCE, ALLGATHER, REDUCESCATTER = 0, 1, 2  # first index of the collective c
 
 @njit(cache=True, nogil=True)
 def _coll(coll, s, kind, nbytes):
-    """Cheapest algorithm's ``alpha + beta * nbytes`` for stage ``s`` (``collectives.coeff_array`` rows)."""
+    """Collective time of ``nbytes`` for stage ``s`` (``collectives.coeff_array`` segment table)."""
     if nbytes <= 0.0:
         return 0.0
-    best = np.inf
-    for a in range(coll.shape[2]):
-        t = coll[s, kind, a, 0] + coll[s, kind, a, 1] * nbytes
-        if t < best:
-            best = t
-    return best
+    return seg_time(coll[0], coll[1], s, kind, nbytes)
 
 
 @njit(cache=True, nogil=True)
@@ -94,7 +90,7 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
     ``batch_ratio``: plan batch size / batch size the node times were measured at; a stage's variable
     node time is scaled by ``batch_ratio / (m * p)`` (1 when the costs were measured at its micro-batch).
     ``order``: a topological order (buckets and FSDP units follow it); ``shard``: 0 DDP, 1 FSDP;
-    ``coll [S, 3, A, 2]``: per stage and collective the (alpha, beta) of each algorithm; ``cap``: bucket /
+    ``coll``: per stage and collective its segment table (``comm_fit.split_segments`` of ``[S, 3, K, 3]``); ``cap``: bucket /
     unit size in bytes.
     """
     n = stage.shape[0]

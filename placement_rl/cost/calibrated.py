@@ -15,6 +15,7 @@ Per node ``v`` of class ``c`` (from its ``op_type``; see ``op_class``), on devic
         weights (dW, out = the parameters), each with the forward's FLOPs
     memory-bound (norm, softmax, element-wise, embedding, loss, pool):
         t_fwd = kf[c] * (in + out) / bw_eff + launch,   t_bwd = kb[c] * (in + out) / bw_eff + nb[c] * launch
+        (embedding: in + 2 out, the gathered table rows are read as well as the output written)
         bw_eff = bw * e_bw * (1 + l2_gain / (1 + (working set / L2) ** 2))
     views (view, reshape, transpose, ...): no kernel, 0
     parameter gradients: + acc * param_bytes / bw on the backward of the node holding them
@@ -270,6 +271,7 @@ def node_times(feat: NodeFeatures, spec: GpuSpec, fit: GpuFit, *, dtype: str = "
     over[view] = 0.0
     # memory-bound classes
     ws = i_b + o_b
+    ws = ws + np.where(cls == CLASSES.index("embedding"), o_b, 0.0)  # a gather also reads its rows of the table
     l2 = spec.l2_bytes
     boost = 1.0 + fit.p("l2_gain") / (1.0 + (ws / l2) ** 2) if (l2 > 0 and isolated) else np.ones(n)
     bw = spec.mem_bandwidth * fit.p("e_bw") * boost

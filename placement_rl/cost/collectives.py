@@ -1,9 +1,14 @@
 """Alpha-beta prices of the collectives data parallelism uses: all-reduce, all-gather, reduce-scatter.
 
 ``collective_time(kind, nbytes, device_ids, topology, costs=None) -> seconds`` is the one public price;
-``collective_coeffs`` gives the same as ``(alpha, beta)`` per algorithm (``time = alpha + beta * nbytes``)
-so the pipeline kernel can price many buffers (DDP buckets, FSDP units) without calling back into Python.
-A later change can put measured NCCL fits behind these two functions; nothing else prices a collective.
+``coeff_array`` gives the same as a segment table (``comm_fit``) so the pipeline kernel can price many buffers
+(DDP buckets, FSDP units) without calling back into Python; nothing else prices a collective.
+
+**Measured** (``algorithm="measured"``, and what ``auto`` takes when it applies): a topology naming a measured
+system (``collective_fit: a100_dgx``, see ``comm_fit``) prices a collective of GPUs from that system's NCCL
+fit (the measured GPU count and GPUs per node; an unmeasured count scales the nearest measured one by the
+ring factor). NCCL already picked its best algorithm in those runs, so the analytic ones below are not
+consulted. Otherwise (another system, a collective kind the tables lack) the analytic model below.
 
 ``nbytes`` is the full buffer: the gradient for an all-reduce, the gathered (unsharded) tensor for an
 all-gather, the input of a reduce-scatter. Links come from ``costs.link_latency`` / ``link_bandwidth``
@@ -20,9 +25,9 @@ latency / inverse bandwidth among the links an algorithm uses. For p devices:
   NIC per host carries all its local ranks' shares (``2 (h-1) L_x + 2 (h-1)/h * n / B_x``).
   All-gather: inter-host all-gather then intra-host; reduce-scatter the reverse.
 
-``algorithm="auto"`` takes the cheapest (NCCL's tuner does the same from its own model).
-Not modelled: link contention with other traffic (pipeline sends, another stage's collective on a shared
-NIC), NCCL protocol switching (LL/LL128/Simple), SHARP / NVLS in-network reduction, reduction compute time.
+``algorithm="auto"`` takes the measured fit where it applies, else the cheapest analytic algorithm (NCCL's
+tuner does the same from its own model). Not modelled analytically: link contention with other traffic
+(pipeline sends, another stage's collective on a shared NIC), NCCL protocol switching (LL/LL128/Simple), SHARP / NVLS in-network reduction, reduction compute time.
 """
 
 from __future__ import annotations
@@ -32,12 +37,15 @@ from typing import Sequence
 
 import numpy as np
 
+from placement_rl.cost.comm_fit import envelope, fit_applies, fit_segments, segment_time, select_fit
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import ConfigError
 from placement_rl.topology import DeviceTopology
 
 KINDS = ("allreduce", "allgather", "reducescatter")
 ALGORITHMS = ("ring", "tree", "hierarchical")
+MEASURED = "measured"
+_FIT_KIND = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter"}
 
 
 def _links(topology: DeviceTopology, costs: CostTable | None) -> tuple[np.ndarray, np.ndarray]:
@@ -114,17 +122,40 @@ def collective_coeffs(kind: str, device_ids: Sequence[int], topology: DeviceTopo
     return out
 
 
+def measured_segments(kind: str, device_ids: Sequence[int], topology: DeviceTopology,
+                      costs: CostTable | None = None) -> np.ndarray | None:
+    """Segment table of the measured NCCL fit for ``kind`` over ``device_ids`` (GPUs of a topology naming a
+    measured system, see the module docstring), or None where it does not apply."""
+    devs = [int(d) for d in device_ids]
+    system = fit_applies(topology, costs)
+    if system is None or len(devs) <= 1 or any(topology.devices[d].kind != "gpu" for d in devs):
+        return None
+    hosts: dict[int, int] = {}
+    for d in devs:
+        hosts[topology.devices[d].host] = hosts.get(topology.devices[d].host, 0) + 1
+    sel = select_fit(_FIT_KIND[kind], len(devs), system, max(hosts.values()))
+    return None if sel is None else fit_segments(*sel)
+
+
 def collective_time(kind: str, nbytes: float, device_ids: Sequence[int], topology: DeviceTopology,
                     costs: CostTable | None = None, *, algorithm: str = "auto") -> float:
     """Seconds for collective ``kind`` (``allreduce``, ``allgather``, ``reducescatter``) of an ``nbytes``
-    buffer over ``device_ids`` (indices into ``topology.devices``); ``algorithm``: ``auto`` (cheapest),
-    ``ring``, ``tree`` or ``hierarchical``. Links from ``costs`` when given, else from the topology."""
+    buffer over ``device_ids`` (indices into ``topology.devices``); ``algorithm``: ``auto`` (the measured fit
+    where it applies, else the cheapest analytic one), ``measured``, ``ring``, ``tree`` or ``hierarchical``.
+    Links from ``costs`` when given, else from the topology."""
     if not (isinstance(nbytes, (int, float, np.integer, np.floating)) and math.isfinite(nbytes) and nbytes >= 0):
         raise ConfigError(f"collective size must be a finite number of bytes >= 0, got {nbytes!r}")
     coeffs = collective_coeffs(kind, device_ids, topology, costs)
+    if algorithm in ("auto", MEASURED):
+        seg = measured_segments(kind, device_ids, topology, costs)
+        if seg is None and algorithm == MEASURED:
+            raise ConfigError(f"no measured {kind} fit applies to devices {list(device_ids)} of topology "
+                              f"'{topology.name}' (it needs a 'collective_fit:' system that measured it)")
+        if seg is not None:
+            return 0.0 if nbytes == 0 else segment_time(seg, float(nbytes))
     if algorithm != "auto":
         if algorithm not in ALGORITHMS:
-            raise ConfigError(f"unknown collective algorithm '{algorithm}' (choose auto or one of "
+            raise ConfigError(f"unknown collective algorithm '{algorithm}' (choose auto, {MEASURED} or one of "
                               f"{', '.join(ALGORITHMS)})")
         if algorithm not in coeffs:
             raise ConfigError(f"algorithm '{algorithm}' does not apply to {kind} over devices {list(device_ids)} "
@@ -137,12 +168,13 @@ def collective_time(kind: str, nbytes: float, device_ids: Sequence[int], topolog
 
 def coeff_array(kind: str, device_ids: Sequence[int], topology: DeviceTopology,
                 costs: CostTable | None = None) -> np.ndarray:
-    """``float64 [len(ALGORITHMS), 2]`` of (alpha, beta) per algorithm, ``inf`` where one does not apply
-    (the kernel takes the min over rows: the same price as ``collective_time(..., algorithm="auto")``)."""
-    out = np.full((len(ALGORITHMS), 2), np.inf)
-    for name, (a, b) in collective_coeffs(kind, device_ids, topology, costs).items():
-        out[ALGORITHMS.index(name)] = (a, b)
-    return out
+    """Segment table ``float64 [K, 3]`` (``comm_fit``) of ``collective_time(..., algorithm="auto")``: the
+    measured fit where it applies, else the lower envelope of the analytic algorithms' (alpha, beta)."""
+    seg = measured_segments(kind, device_ids, topology, costs)
+    if seg is not None:
+        return seg
+    return envelope(collective_coeffs(kind, device_ids, topology, costs).values())
 
 
-__all__ = ["ALGORITHMS", "KINDS", "coeff_array", "collective_coeffs", "collective_time"]
+__all__ = ["ALGORITHMS", "KINDS", "MEASURED", "coeff_array", "collective_coeffs", "collective_time",
+           "measured_segments"]

@@ -34,27 +34,28 @@ _STATE = ("devices", "_finish", "_arrive", "_sent", "_dev_free", "_link_free", "
 
 
 @njit(cache=True, nogil=True)
-def _complete_eft(start, order, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, lat, inv_bw, static_mem,
-                  capacity, speed, inv_scale, finish, arrive, sent, dev_free, link_free, busy, mem, acc, bload,
-                  scratch, est, eft, nb, lb, feats, mask, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
+def _complete_eft(start, order, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, link_upper, link_coef,
+                  static_mem, capacity, speed, inv_scale, finish, arrive, sent, dev_free, link_free, busy, mem, acc,
+                  bload, scratch, est, eft, nb, lb, feats, mask, rec_n, rec_kind, rec_res, rec_start, rec_end,
+                  rec_label):
     """Place ``order[start:]`` in every episode by the earliest-finish rule (memory-masked)."""
     n = order.shape[0]
     k_eps, nd = dev_free.shape
     act = np.zeros(k_eps, np.int64)
     for t in range(start, n):
         v = order[t]
-        _batch_features(v, t / n, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, lat, inv_bw, static_mem,
-                        capacity, speed, inv_scale, finish, arrive, sent, dev_free, link_free, busy, mem, acc,
-                        bload, scratch, est, eft, nb, lb, feats, mask)
+        _batch_features(v, t / n, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, link_upper, link_coef,
+                        static_mem, capacity, speed, inv_scale, finish, arrive, sent, dev_free, link_free, busy, mem,
+                        acc, bload, scratch, est, eft, nb, lb, feats, mask)
         for k in range(k_eps):
             best, arg = np.inf, 0
             for d in range(nd):
                 if mask[k, d] and feats[k, d, 1] < best:
                     best, arg = feats[k, d, 1], d
             act[k] = arg
-        _batch_place(v, act, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, lat, inv_bw, static_mem,
-                     finish, arrive, sent, dev_free, link_free, busy, mem, acc, bload, rec_n, rec_kind, rec_res,
-                     rec_start, rec_end, rec_label)
+        _batch_place(v, act, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, link_upper, link_coef,
+                     static_mem, finish, arrive, sent, dev_free, link_free, busy, mem, acc, bload, rec_n, rec_kind,
+                     rec_res, rec_start, rec_end, rec_label)
 
 
 def eft_rollout(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
@@ -78,9 +79,9 @@ def eft_rollout(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
         branch.step = step
         branch.place(trial)
         b = branch
-        _complete_eft(b.step, b.order, b.devices, *b._g, b._fwd, b._bwd, b._lat, b._inv, b._static, b.capacity,
-                      b._speed, 1.0 / b.scale, b._finish, b._arrive, b._sent, b._dev_free, b._link_free, b.busy,
-                      b.memory, b._acc, b.bwd_busy, b._scratch, b._est, b._eft, b._nb, b._lb, b.feats, b.mask,
+        _complete_eft(b.step, b.order, b.devices, *b._g, b._fwd, b._bwd, b._link_upper, b._link_coef, b._static,
+                      b.capacity, b._speed, 1.0 / b.scale, b._finish, b._arrive, b._sent, b._dev_free, b._link_free,
+                      b.busy, b.memory, b._acc, b.bwd_busy, b._scratch, b._est, b._eft, b._nb, b._lb, b.feats, b.mask,
                       *_NO_REC)
         b.step = b.num_nodes
         times = np.where(ok & b.feasible(), b.finish(), np.inf)

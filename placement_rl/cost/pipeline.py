@@ -35,8 +35,9 @@ Model (pure and deterministic), for S stages, m micro-batches, stage s on a devi
   (one unit prefetched while the previous computes) and reduce-scatters each unit's gradient after its
   backward (see ``_pipe_kernel._fsdp_pass``); the exposed communication lengthens the stage's forward /
   backward span.
-* Collectives are priced by ``collectives.collective_time`` (ring, tree, hierarchical NVLink-inside /
-  IB-between-hosts; the cheapest) over the cost table's links.
+* Collectives are priced by ``collectives.collective_time``: the measured NCCL fit where the topology names a
+  measured system (``collective_fit:``, see ``comm_fit``), else ring, tree, hierarchical NVLink-inside /
+  IB-between-hosts (the cheapest) over the cost table's links.
 * Memory per device of a group (``cost.memory``): training state (``dp``: 4 x params of its stages;
   ``fsdp``: 4 x params / p + 3 x the largest unit) + the peak over the schedule of the activations in
   flight, each micro-batch holding ``act_bytes / (m * p)`` plus its received boundary buffer (so GPipe
@@ -63,6 +64,7 @@ import numpy as np
 from placement_rl.cost._pipe_kernel import OK, simulate_pipe, work_sizes
 from placement_rl.cost._pipe_schedule import GPIPE, INTERLEAVED, ONE_F_ONE_B, schedule_order
 from placement_rl.cost.collectives import KINDS, coeff_array
+from placement_rl.cost.comm_fit import pad_segments, split_segments
 from placement_rl.cost.memory import BUCKET_BYTES
 from placement_rl.cost.simulate import _inverse_bandwidth, _owned, check_costs
 from placement_rl.cost.types import CostTable, Interval, SimResult
@@ -80,8 +82,9 @@ class _Layout:
 
     def __init__(self, plan: StagePlan, topology: DeviceTopology, costs: CostTable) -> None:
         groups = plan.stage_devices
-        # collective prices per stage: [S, kind, algorithm, (alpha, beta)]
-        self.coll = np.stack([np.stack([coeff_array(k, grp, topology, costs) for k in KINDS]) for grp in groups])
+        # collective prices per stage: [S, kind, segment, (upper bytes, alpha, beta)]
+        tables = pad_segments([coeff_array(k, grp, topology, costs) for grp in groups for k in KINDS])
+        self.coll = split_segments(tables.reshape(len(groups), len(KINDS), *tables.shape[1:]))
         uniq: dict[tuple[int, ...], int] = {}
         for grp in groups:
             uniq.setdefault(grp, len(uniq))

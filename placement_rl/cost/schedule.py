@@ -46,7 +46,8 @@ from numba import njit
 from placement_rl.cost._op_kernel import bwd_pass, fwd_candidates, fwd_place, reset_state
 from placement_rl.cost.memory import static_memory
 from placement_rl.cost.resolve import needs_grad
-from placement_rl.cost.simulate import _inverse_bandwidth, _owned, check_costs, priority_order
+from placement_rl.cost.comm_fit import link_segments, split_segments
+from placement_rl.cost.simulate import _owned, check_costs, priority_order
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import PlanError
 from placement_rl.graph.ir import CompGraph
@@ -61,8 +62,8 @@ _NO_REC = (np.zeros(1, np.int64), np.zeros(0, np.int8), np.zeros(0, np.int64), n
 
 
 @njit(cache=True, nogil=True)
-def _batch_features(v, progress, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, lat, inv_bw, static_mem,
-                    capacity, speed, inv_scale, finish, arrive, sent, dev_free, link_free, busy, mem, acc,
+def _batch_features(v, progress, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, link_upper, link_coef,
+                    static_mem, capacity, speed, inv_scale, finish, arrive, sent, dev_free, link_free, busy, mem, acc,
                     bload, scratch, est, eft, nb, lb, feats, mask):
     k_eps, nd = dev_free.shape
     in_bytes = 0.0
@@ -74,7 +75,7 @@ def _batch_features(v, progress, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, 
         if fwd[v, d] < fmin:
             fmin = fwd[v, d]
     for k in range(k_eps):
-        fwd_candidates(v, dev[k], pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, lat, inv_bw,
+        fwd_candidates(v, dev[k], pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, link_upper, link_coef,
                        finish[k], arrive[k], sent[k], dev_free[k], link_free[k], scratch, est, eft, nb, lb)
         best_s, best_f, free_max = est[0], eft[0], dev_free[k, 0]
         arg_f, arg_s = 0, 0
@@ -124,14 +125,15 @@ def _batch_features(v, progress, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, 
 
 
 @njit(cache=True, nogil=True)
-def _batch_place(v, actions, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, lat, inv_bw, static_mem,
-                 finish, arrive, sent, dev_free, link_free, busy, mem, acc, bload, rec_n, rec_kind, rec_res, rec_start,
+def _batch_place(v, actions, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, link_upper, link_coef,
+                 static_mem, finish, arrive, sent, dev_free, link_free, busy, mem, acc, bload, rec_n, rec_kind, rec_res,
+                 rec_start,
                  rec_end, rec_label):
     for k in range(actions.shape[0]):
         d = actions[k]
         dev[k, v] = d
         bload[k, d] += bwd[v, d]
-        fwd_place(v, d, dev[k], pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, lat, inv_bw, static_mem,
+        fwd_place(v, d, dev[k], pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, link_upper, link_coef, static_mem,
                   finish[k], arrive[k], sent[k], dev_free[k], link_free[k], busy[k], mem[k], acc[k],
                   False, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
 
@@ -189,7 +191,8 @@ class ScheduleState:
                    _owned(graph.edge_bytes))
         self._succ = (_owned(graph.succ_ptr, i64), _owned(graph.succ_idx, i64), _owned(graph.succ_eid, i64))
         self._fwd, self._bwd = _owned(costs.fwd_time), _owned(costs.bwd_time)
-        self._lat, self._inv = _owned(costs.link_latency), _inverse_bandwidth(costs)
+        # the per-link segment tables (comm_fit)
+        self._link_upper, self._link_coef = split_segments(link_segments(topology, costs))
         self._static = static_memory(graph).astype(np.float64)
         self._grad = needs_grad(graph).astype(np.uint8)
         self.capacity = _owned(topology.array("memory_bytes"))
@@ -234,7 +237,7 @@ class ScheduleState:
         """``(feats [K, D, F] float32, mask [K, D] bool)`` for the next node (buffers reused between calls)."""
         v = self.node
         _batch_features(v, self.step / self.graph.num_nodes, self.devices, *self._g, self._fwd, self._bwd,
-                        self._lat, self._inv, self._static, self.capacity, self._speed, 1.0 / self.scale,
+                        self._link_upper, self._link_coef, self._static, self.capacity, self._speed, 1.0 / self.scale,
                         self._finish, self._arrive, self._sent, self._dev_free, self._link_free, self.busy,
                         self.memory, self._acc, self.bwd_busy, self._scratch, self._est, self._eft, self._nb, self._lb,
                         self.feats, self.mask)
@@ -247,9 +250,9 @@ class ScheduleState:
         acts = np.broadcast_to(np.asarray(actions, dtype=np.int64), (self.episodes,))
         if acts.min() < 0 or acts.max() >= self.topology.num_devices:
             raise PlanError(f"device index out of range 0..{self.topology.num_devices - 1}: {acts.tolist()}")
-        _batch_place(self.node, np.ascontiguousarray(acts), self.devices, *self._g, self._fwd, self._bwd, self._lat,
-                     self._inv, self._static, self._finish, self._arrive, self._sent, self._dev_free,
-                     self._link_free, self.busy, self.memory, self._acc, self.bwd_busy, *_NO_REC)
+        _batch_place(self.node, np.ascontiguousarray(acts), self.devices, *self._g, self._fwd, self._bwd,
+                     self._link_upper, self._link_coef, self._static, self._finish, self._arrive, self._sent,
+                     self._dev_free, self._link_free, self.busy, self.memory, self._acc, self.bwd_busy, *_NO_REC)
         self.step += 1
 
     def finish(self) -> np.ndarray:
@@ -262,7 +265,8 @@ class ScheduleState:
         for k in range(self.episodes):
             dev_free, link_free, busy, acc = (self._dev_free[k].copy(), self._link_free[k].copy(),
                                               self.busy[k].copy(), self._acc[k].copy())
-            out[k] = bwd_pass(self.devices[k], self.order, *self._succ, self._g[3], self._bwd, self._lat, self._inv,
+            out[k] = bwd_pass(self.devices[k], self.order, *self._succ, self._g[3], self._bwd, self._link_upper,
+                              self._link_coef,
                               self._grad, self._finish[k], bfinish, dev_free, link_free, gtime, gbytes, touched,
                               busy, acc, False, *_NO_REC)
         return out

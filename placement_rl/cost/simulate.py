@@ -8,7 +8,8 @@ Model (pure and deterministic):
   reverse order. The ops are list-scheduled one after the other: each device runs one op at a time and an
   op starts when its device is free and all its inputs have arrived. On one device every forward op
   precedes every backward op (autograd runs after the forward).
-* A tensor crossing devices costs ``latency + bytes / bandwidth`` on that directed link. It is sent once
+* A tensor crossing devices costs ``latency + bytes / bandwidth`` on that directed link (the measured NCCL
+  send/recv curve where the topology names a measured system, ``comm_fit``). It is sent once
   per destination device (like the copy op the executor inserts), when its first consumer there is
   scheduled, carrying that consumer's edge bytes; a later consumer there that needs a larger part of the
   tensor (a larger edge, as from a multi-output group) has the rest sent when it is scheduled. So the
@@ -34,6 +35,7 @@ import numpy as np
 
 from placement_rl.cost.memory import static_memory
 from placement_rl.cost._op_kernel import simulate_ops
+from placement_rl.cost.comm_fit import link_segments, split_segments
 from placement_rl.cost.resolve import needs_grad
 from placement_rl.cost.types import CostTable, Interval, SimResult
 from placement_rl.errors import PlanError, ProfileError
@@ -131,7 +133,7 @@ class Simulator:
             self.order, _owned(graph.pred_ptr, i64), _owned(graph.pred_idx, i64), _owned(graph.pred_eid, i64),
             _owned(graph.succ_ptr, i64), _owned(graph.succ_idx, i64),
             _owned(graph.succ_eid, i64), _owned(graph.edge_bytes, np.float64),
-            _owned(costs.fwd_time), _owned(costs.bwd_time), _owned(costs.link_latency), _inverse_bandwidth(costs),
+            _owned(costs.fwd_time), _owned(costs.bwd_time), *split_segments(link_segments(topology, costs)),
             needs_grad(graph).astype(np.uint8), static_memory(graph))
         self._work = (np.zeros(n), np.zeros(n), np.zeros(n * d), np.zeros(n * d), np.zeros(d), np.zeros(d * d),
                       np.zeros(d), np.zeros(d), np.zeros(d, i64), np.zeros(2))

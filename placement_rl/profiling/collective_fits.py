@@ -15,19 +15,14 @@ reduce-scatter).
 
 from __future__ import annotations
 
-import json
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 
+from placement_rl.cost.comm_fit import KINDS, SCHEMA, evaluate_fit, select_fit, shipped, systems
 from placement_rl.errors import ProfileError
 from placement_rl.profiling.sailor import Series
-
-KINDS = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
-SCHEMA = "placement_rl.collective_fit"
-SHIPPED = Path(__file__).resolve().parent.parent / "data" / "collective_fit.json"
 
 
 KNOT_STEP = 0.25  # knots per quarter octave: NCCL switches algorithm / protocol at fixed sizes
@@ -53,19 +48,6 @@ def fit_series(s: Series, step: float = KNOT_STEP) -> dict[str, Any]:
             "min_bytes": float(s.sizes.min()), "max_bytes": float(s.sizes.max())}
 
 
-def evaluate_fit(entry: dict[str, Any], nbytes: np.ndarray | float) -> np.ndarray:
-    x = np.log2(np.maximum(np.asarray(nbytes, dtype=np.float64), 1.0))
-    k = np.asarray(entry["log2_bytes"])
-    c = np.asarray(entry["log_seconds"])
-    t = np.exp(np.interp(x, k, c))
-    top = x > k[-1]
-    if np.any(top):  # beyond the table: the last octave's bandwidth
-        b1, b0 = 2.0 ** k[-1], 2.0 ** k[-2]
-        slope = (np.exp(c[-1]) - np.exp(c[-2])) / (b1 - b0)
-        t = np.where(top, np.exp(c[-1]) + max(slope, 0.0) * (2.0 ** x - b1), t)
-    return t
-
-
 def fit_all(root: str | Path) -> dict[str, Any]:
     """Fit every Sailor and Vidur series under ``root`` (the gpu-measurements folder)."""
     from placement_rl.profiling import sailor, vidur
@@ -88,27 +70,6 @@ def fit_errors(entry: dict[str, Any], s: Series, min_bytes: float = 2.0 ** 20) -
     return evaluate_fit(entry, s.sizes[m]) / s.times[m] - 1.0
 
 
-@lru_cache(maxsize=1)
-def shipped() -> tuple[dict[str, Any], ...]:
-    if not SHIPPED.is_file():
-        return ()
-    try:
-        data = json.loads(SHIPPED.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ProfileError(f"{SHIPPED}: malformed collective fit; re-run scripts/fit_gpu_costs.py") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("fits"), list):
-        raise ProfileError(f"{SHIPPED}: not a collective fit; re-run scripts/fit_gpu_costs.py")
-    return tuple(data["fits"])
-
-
-def systems(fits: Iterable[dict[str, Any]] | None = None) -> list[str]:
-    return sorted({f["system"] for f in (shipped() if fits is None else fits)})
-
-
-def _ring(kind: str, n: int) -> float:
-    return 2.0 * (n - 1) / n if kind == "all_reduce" else (n - 1) / n
-
-
 def fitted_collective_time(kind: str, nbytes: float, n_gpus: int, system: str, *,
                            devices_per_node: int | None = None,
                            fits: Iterable[dict[str, Any]] | None = None) -> float | None:
@@ -118,27 +79,13 @@ def fitted_collective_time(kind: str, nbytes: float, n_gpus: int, system: str, *
     1 = across nodes). ``system``: a Sailor GPU folder (``A100-40``, ``V100-16``, ``GH-96``) or a Vidur
     system (``a100_dgx``, ``h100_dgx``, ``a100_pairwise_nvlink``, ``h100_pairwise_nvlink``).
     """
-    if kind not in KINDS:
-        raise ProfileError(f"unknown collective '{kind}' (valid: {', '.join(KINDS)})")
-    if n_gpus < 1:
-        raise ProfileError(f"n_gpus must be >= 1, got {n_gpus}")
-    if n_gpus == 1 and kind != "p2p":
+    if n_gpus == 1 and kind != "p2p" and kind in KINDS:
         return 0.0
-    cands = [f for f in (shipped() if fits is None else fits) if f["system"] == system and f["kind"] == kind]
-    if not cands:
+    sel = select_fit(kind, n_gpus, system, devices_per_node, fits=fits)
+    if sel is None:
         return None
-    if kind == "p2p":
-        dpn = 2 if devices_per_node is None else min(devices_per_node, 2)
-        same = [f for f in cands if f["devices_per_node"] == dpn] or cands
-        return float(evaluate_fit(same[0], nbytes))
-    dpn = n_gpus if devices_per_node is None else devices_per_node
-    exact = [f for f in cands if f["n_gpus"] == n_gpus and f["devices_per_node"] == dpn]
-    if exact:
-        return float(evaluate_fit(exact[0], nbytes))
-    intra = dpn >= n_gpus
-    pool = [f for f in cands if (f["devices_per_node"] >= f["n_gpus"]) == intra] or cands
-    near = min(pool, key=lambda f: (abs(np.log2(f["n_gpus"] / n_gpus)), -f["n_gpus"]))
-    return float(evaluate_fit(near, nbytes) * _ring(kind, n_gpus) / _ring(kind, near["n_gpus"]))
+    entry, factor = sel
+    return float(evaluate_fit(entry, nbytes) * factor)
 
 
 def link_figures(system: str, *, devices_per_node: int = 2, fits: Iterable[dict[str, Any]] | None = None,

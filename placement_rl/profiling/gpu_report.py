@@ -118,3 +118,64 @@ def collective_table(series: Sequence, fits: Sequence[dict]) -> tuple[list[str],
     summary = {k: float(100 * np.mean(np.concatenate(v) <= 0.1)) for k, v in pooled.items()}
     summary.update({f"{k}_mean": float(100 * np.concatenate(v).mean()) for k, v in pooled.items()})
     return out, summary
+
+
+def simulator_collective_table(series: Sequence) -> tuple[list[str], dict[str, float]]:
+    """The simulators' prices on the presets that name a measured system (``collective_fit:``) against that
+    system's tables (one node, messages >= 1 MiB): ``collective_time`` for all-reduce, ``simulate()``'s link
+    table for p2p; beside them the analytic alpha-beta price of the same preset (what it was before)."""
+    from placement_rl.cost.collectives import collective_coeffs, collective_time
+    from placement_rl.cost.comm_fit import SYSTEM_KEY, envelope, link_segments, segment_time
+    from placement_rl.topology import load_topology, preset_names
+
+    presets = {}
+    for name in preset_names():
+        topo = load_topology(name)
+        if topo.meta.get(SYSTEM_KEY):
+            presets.setdefault(topo.meta[SYSTEM_KEY], topo)
+    out = ["| preset | system | collective | GPUs | rows >= 1 MiB | simulator: within 10% (mean abs error) | "
+           "analytic links: within 10% (mean abs error) |", "|---|---|---|---|---|---|---|"]
+    pooled: dict[str, list[np.ndarray]] = {}
+    for s in series:
+        topo = presets.get(s.system)
+        if topo is None or s.devices_per_node < s.n_gpus or s.n_gpus > topo.num_devices or \
+                s.kind not in ("all_reduce", "p2p"):
+            continue
+        sizes, meas = s.sizes[s.sizes >= 2.0 ** 20], s.times[s.sizes >= 2.0 ** 20]
+        devs = list(range(s.n_gpus))
+        if s.kind == "p2p":
+            sim = np.array([segment_time(link_segments(topo)[0, 1], n) for n in sizes])
+            ana = topo.link_latency[0, 1] + sizes / topo.link_bandwidth[0, 1]
+        else:
+            sim = np.array([collective_time("allreduce", float(n), devs, topo) for n in sizes])
+            env = envelope(collective_coeffs("allreduce", devs, topo).values())
+            ana = np.array([segment_time(env, float(n)) for n in sizes])
+        es, ea = np.abs(sim / meas - 1), np.abs(ana / meas - 1)
+        pooled.setdefault(s.kind, []).append(es)
+        pooled.setdefault(f"{s.kind}_analytic", []).append(ea)
+        out.append(f"| {topo.name} | {s.system} | {s.kind} | {s.n_gpus} | {sizes.size} | "
+                   f"{100 * np.mean(es <= 0.1):.0f}% ({100 * es.mean():.1f}%) | "
+                   f"{100 * np.mean(ea <= 0.1):.0f}% ({100 * ea.mean():.1f}%) |")
+    return out, {k: float(100 * np.mean(np.concatenate(v) <= 0.1)) for k, v in pooled.items()}
+
+
+def split_lines(root) -> list[str]:
+    """Per training run: the end-to-end forward and backward (JSON ``fw_latency`` / ``bwall_latency``) over the
+    sum of the per-node ``fw_latency`` / ``bw_latency + acc_latency`` (embedding + L x layer + head), and the
+    forward's excess per kernel-launching node, from the label files under ``root`` (the neusight folder)."""
+    from placement_rl.cost.calibrated import CLASSES, features
+    from placement_rl.profiling import neusight as ns
+
+    out = ["| GPU | workload | forward: end to end / per-node sum | backward (with acc) | forward excess per "
+           "kernel |", "|---|---|---|---|---|"]
+    for p in ns.label_files(root):
+        w = ns.read_labels(p)
+        if w.mode != "train":
+            continue
+        g = ns.label_graph(w)
+        f, b = ns.measured_times(w, g)
+        wt = ns.layer_weights(g, w.num_layer)
+        kernels = float(wt @ (features(g).cls != CLASSES.index("view")))
+        out.append(f"| {GPU_LABEL.get(w.gpu, w.gpu)} | {w.key} | {w.fwd_total / (wt @ f):.2f} | "
+                   f"{w.bwd_total / (wt @ b):.2f} | {1e6 * (w.fwd_total - wt @ f) / kernels:+.0f} us |")
+    return out

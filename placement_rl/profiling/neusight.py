@@ -169,6 +169,8 @@ def read_labels(path: str | Path) -> LabelWorkload:
         mods = re.findall(r"\('([^']*)', <class '([^']*)'>\)", r["meta"] or "")
         module_path, module_cls = (mods[-1] if mods else ("", ""))
         op = _op_name(r["op"], r["target"], module_cls if r["op"] == "call_module" else "")
+        if op == "dropout" and m.group("mode") == "inf":
+            op = "dropout_eval"  # an inference run is in eval mode: dropout is the identity, no kernel
         ins = tuple(re.findall(r"([A-Za-z_][A-Za-z_0-9]*): None", r["_input_nodes"] or ""))
         in_shapes = _shapes(r["input_shapes"], p, k)
         out_shape = _shape(r["output_shape"], p, k)

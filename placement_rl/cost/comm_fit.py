@@ -1,0 +1,205 @@
+"""Measured NCCL fits as the simulators' link and collective prices, for the systems the tables hold.
+
+The fits (``placement_rl/data/collective_fit.json``, written by ``scripts/fit_gpu_costs.py`` from the Sailor and
+Vidur tables, see ``placement_rl/data/NOTICE`` and ``placement_rl.profiling.collective_fits``) are
+piecewise-linear curves of ``log(seconds)`` against ``log2(bytes)``. A topology that names its system::
+
+    collective_fit: a100_dgx      # a Vidur system or a Sailor GPU folder (collective_fits.systems())
+
+is priced from them: every point-to-point link of ``simulate()`` (intra-host pairs from the system's intra-node
+send/recv series, cross-host pairs from its inter-node one) and every collective of ``simulate_pipeline()``
+whose kind the system has measured. Anything the tables do not hold (another system, a collective kind
+or a link that was not measured) keeps the analytic ``latency + bytes / bandwidth`` model.
+
+Both simulators price a transfer from a **segment table** ``float64 [K, 3]`` of rows ``(upper bytes, alpha,
+beta)``, sorted by upper bound, the last one ``inf``: a message of ``n`` bytes takes ``alpha + beta * n`` of
+the first row with ``n < upper`` (``_op_kernel.seg_time``, a binary search). An analytic link is one row; a
+measured curve is its knots joined by straight lines in bytes (a quarter octave apart, so the difference from
+the log-log curve is below 0.5%); the analytic collective algorithms become the lower envelope of their lines.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from placement_rl.errors import ProfileError, TopologyError
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
+SCHEMA = "placement_rl.collective_fit"
+SHIPPED = Path(__file__).resolve().parent.parent / "data" / "collective_fit.json"
+SYSTEM_KEY = "collective_fit"  # the topology field naming a measured system
+
+
+def evaluate_fit(entry: dict[str, Any], nbytes: np.ndarray | float) -> np.ndarray:
+    """Seconds of one fitted series at ``nbytes`` (below the table: its smallest time; above: the last
+    octave's bandwidth continued linearly)."""
+    x = np.log2(np.maximum(np.asarray(nbytes, dtype=np.float64), 1.0))
+    k = np.asarray(entry["log2_bytes"])
+    c = np.asarray(entry["log_seconds"])
+    t = np.exp(np.interp(x, k, c))
+    top = x > k[-1]
+    if np.any(top):
+        b1, b0 = 2.0 ** k[-1], 2.0 ** k[-2]
+        t = np.where(top, np.exp(c[-1]) + _tail_slope(entry) * (2.0 ** x - b1), t)
+    return t
+
+
+def _tail_slope(entry: dict[str, Any]) -> float:
+    k, c = entry["log2_bytes"], entry["log_seconds"]
+    return max((np.exp(c[-1]) - np.exp(c[-2])) / (2.0 ** k[-1] - 2.0 ** k[-2]), 0.0)
+
+
+@lru_cache(maxsize=1)
+def shipped() -> tuple[dict[str, Any], ...]:
+    """The shipped fits (empty when the package carries none)."""
+    if not SHIPPED.is_file():
+        return ()
+    try:
+        data = json.loads(SHIPPED.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ProfileError(f"{SHIPPED}: malformed collective fit; re-run scripts/fit_gpu_costs.py") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("fits"), list):
+        raise ProfileError(f"{SHIPPED}: not a collective fit; re-run scripts/fit_gpu_costs.py")
+    return tuple(data["fits"])
+
+
+def systems(fits: Iterable[dict[str, Any]] | None = None) -> list[str]:
+    return sorted({f["system"] for f in (shipped() if fits is None else fits)})
+
+
+def ring_factor(kind: str, n: int) -> float:
+    return 2.0 * (n - 1) / n if kind == "all_reduce" else (n - 1) / n
+
+
+def select_fit(kind: str, n_gpus: int, system: str, devices_per_node: int | None = None, *,
+               fits: Iterable[dict[str, Any]] | None = None, exact_p2p: bool = False
+               ) -> tuple[dict[str, Any], float] | None:
+    """``(series fit, time factor)`` for ``kind`` over ``n_gpus`` GPUs of ``system`` (see
+    ``collective_fits.fitted_collective_time``), or None where the tables hold no such collective.
+    ``exact_p2p``: a p2p fit only for the asked devices per node (1 across nodes, 2 within one)."""
+    if kind not in KINDS:
+        raise ProfileError(f"unknown collective '{kind}' (valid: {', '.join(KINDS)})")
+    if n_gpus < 1:
+        raise ProfileError(f"n_gpus must be >= 1, got {n_gpus}")
+    cands = [f for f in (shipped() if fits is None else fits) if f["system"] == system and f["kind"] == kind]
+    if not cands:
+        return None
+    if kind == "p2p":
+        dpn = 2 if devices_per_node is None else min(devices_per_node, 2)
+        same = [f for f in cands if f["devices_per_node"] == dpn]
+        if exact_p2p and not same:
+            return None
+        return (same or cands)[0], 1.0
+    dpn = n_gpus if devices_per_node is None else devices_per_node
+    exact = [f for f in cands if f["n_gpus"] == n_gpus and f["devices_per_node"] == dpn]
+    if exact:
+        return exact[0], 1.0
+    intra = dpn >= n_gpus
+    pool = [f for f in cands if (f["devices_per_node"] >= f["n_gpus"]) == intra] or cands
+    near = min(pool, key=lambda f: (abs(np.log2(f["n_gpus"] / n_gpus)), -f["n_gpus"]))
+    return near, ring_factor(kind, n_gpus) / ring_factor(kind, near["n_gpus"])
+
+
+def fit_segments(entry: dict[str, Any], factor: float = 1.0) -> np.ndarray:
+    """Segment table ``[K, 3]`` of one fitted series (``factor`` scales every time)."""
+    b = 2.0 ** np.asarray(entry["log2_bytes"], dtype=np.float64)
+    t = np.exp(np.asarray(entry["log_seconds"], dtype=np.float64))
+    beta = np.diff(t) / np.diff(b)
+    alpha = t[:-1] - beta * b[:-1]
+    rows = [(b[0], t[0], 0.0)] + [(b[i + 1], alpha[i], beta[i]) for i in range(len(beta))]
+    slope = _tail_slope(entry)
+    rows.append((np.inf, t[-1] - slope * b[-1], slope))
+    out = np.array(rows, dtype=np.float64)
+    out[:, 1:] *= factor
+    return out
+
+
+def envelope(lines: Iterable[tuple[float, float]]) -> np.ndarray:
+    """Segment table of ``min(alpha + beta * n)`` over ``lines`` for ``n >= 0`` (lines with inf skipped)."""
+    ls = sorted({(float(a), float(b)) for a, b in lines if np.isfinite(a) and np.isfinite(b)})
+    if not ls:
+        return np.array([[np.inf, np.inf, 0.0]])
+    cur, x, rows = ls[0], 0.0, []
+    while True:
+        nxt = [((a - cur[0]) / (cur[1] - b), (a, b)) for a, b in ls if b < cur[1]]
+        nxt = [(xi, ln) for xi, ln in nxt if xi > x]
+        if not nxt:
+            rows.append((np.inf, *cur))
+            return np.array(rows, dtype=np.float64)
+        xi, ln = min(nxt)
+        rows.append((xi, *cur))
+        cur, x = ln, xi
+
+
+def split_segments(tables: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(upper [..., K], coef [..., K, 2])`` of segment tables ``[..., K, 3]``: the kernels' two arrays."""
+    return np.ascontiguousarray(tables[..., 0]), np.ascontiguousarray(tables[..., 1:])
+
+
+def pad_segments(tables: list[np.ndarray]) -> np.ndarray:
+    """Stack segment tables ``[K_i, 3]`` into ``[len, K, 3]`` (each padded with its last, unbounded row)."""
+    k = max(t.shape[0] for t in tables)
+    return np.stack([np.vstack([t] + [t[-1:]] * (k - t.shape[0])) for t in tables])
+
+
+def measured_system(topology: Any) -> str | None:
+    """The measured system a topology names (``collective_fit:``), checked against the shipped fits."""
+    name = topology.meta.get(SYSTEM_KEY)
+    if name is None:
+        return None
+    known = systems()
+    if not known:
+        return None  # a package without the fit data: the analytic model
+    if name not in known:
+        raise TopologyError(f"topology '{topology.name}': {SYSTEM_KEY} '{name}' is not a measured system "
+                            f"(known: {', '.join(known)})")
+    return str(name)
+
+
+def fit_applies(topology: Any, costs: Any = None) -> str | None:
+    """The measured system whose fit prices ``topology``'s links and collectives, or None. A cost table
+    carrying other link figures than the topology's (links profiled on this machine) keeps its own."""
+    if costs is not None and not (np.array_equal(costs.link_latency, topology.link_latency)
+                                  and np.array_equal(costs.link_bandwidth, topology.link_bandwidth)):
+        return None
+    return measured_system(topology)
+
+
+def link_segments(topology: Any, costs: Any = None) -> np.ndarray:
+    """``float64 [D, D, K, 3]``: each link's segment table: the measured p2p fit where ``fit_applies`` and
+    the pair's kind of link was measured, else ``latency + bytes / bandwidth`` (of ``costs``, else the
+    topology). The kernels take it as ``split_segments(...)``."""
+    d = topology.num_devices
+    src = topology if costs is None else costs
+    latency, bandwidth = src.link_latency, src.link_bandwidth
+    inv = np.zeros_like(bandwidth, dtype=np.float64)
+    ok = np.isfinite(bandwidth) & (bandwidth > 0)
+    inv[ok] = 1.0 / bandwidth[ok]
+    np.fill_diagonal(inv, 0.0)
+    tables = [np.array([[np.inf, latency[i, j], inv[i, j]]]) for i in range(d) for j in range(d)]
+    system = fit_applies(topology, costs)
+    if system is not None:
+        fits = {dpn: select_fit("p2p", 2, system, dpn, exact_p2p=True) for dpn in (1, 2)}
+        segs = {dpn: fit_segments(*f) for dpn, f in fits.items() if f is not None}
+        devs = topology.devices
+        for i in range(d):
+            for j in range(d):
+                dpn = 2 if devs[i].host == devs[j].host else 1
+                if i != j and dpn in segs and devs[i].kind == devs[j].kind == "gpu":
+                    tables[i * d + j] = segs[dpn]
+    return np.ascontiguousarray(pad_segments(tables).reshape(d, d, -1, 3))
+
+
+def segment_time(table: np.ndarray, nbytes: float) -> float:
+    """``alpha + beta * nbytes`` of the first row with ``nbytes < upper`` (``_op_kernel.seg_time`` in Python)."""
+    r = int(np.searchsorted(table[:, 0], nbytes, side="right"))
+    return float(table[r, 1] + table[r, 2] * nbytes)
+
+
+__all__ = ["KINDS", "SYSTEM_KEY", "envelope", "evaluate_fit", "fit_applies", "fit_segments", "link_segments",
+           "measured_system", "pad_segments", "ring_factor", "segment_time", "select_fit", "shipped", "split_segments", "systems"]
