@@ -138,7 +138,7 @@ class PretrainSpec:
     """What ``pretrain`` trains on and how it is judged (``conf/trainer/pretrain.yaml``)."""
 
     train_tasks: int = 400
-    val_tasks: int = 16  # early stopping (drawn from the training distribution, other seeds)
+    val_tasks: int = 48  # early stopping (drawn from the training distribution, other seeds)
     sizes: tuple[int, int] = (16, 400)
     devices: tuple[int, int] = (2, 16)
     zoo_frac: float = 0.15
