@@ -158,8 +158,10 @@ class ConstructiveTrainer:
         for t in tasks:
             name, dev = t.teacher()
             tr = rollout(None, t, forced=dev, record=True).trace
-            reg = (eft_rollout(t.graph, t.costs, t.topology, actions=dev)[2][:, None]
-                   if name == "eft_rollout" and cfg.regret_coef > 0 else None)
+            reg = None
+            if name == "eft_rollout" and cfg.regret_coef > 0:  # kept from building the task's teachers
+                reg = t.meta.get("eft_rollout_regret")
+                reg = (eft_rollout(t.graph, t.costs, t.topology, actions=dev)[2] if reg is None else reg)[:, None]
             demos.append((t, tr, tr.actions, reg, name in REACTIVE))
         agree = 0.0
         total = cfg.bc_epochs + cfg.dagger_rounds * max(1, cfg.bc_epochs // 2)

@@ -93,9 +93,10 @@ def sim_eft(graph: CompGraph, costs: CostTable, topology: DeviceTopology) -> np.
 
 def reference_times(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
                     names: tuple[str, ...] = ONE_PASS, with_sim_eft: bool = True, with_rollout: bool = True,
-                    seed: int = 0) -> dict[str, tuple[float, bool, np.ndarray]]:
+                    seed: int = 0, extras: dict[str, Any] | None = None) -> dict[str, tuple[float, bool, np.ndarray]]:
     """``{heuristic: (step_time, feasible, device_of_node)}`` for the one-pass heuristics, ``sim_eft`` and
-    ``eft_rollout`` (the latter only up to ``ROLLOUT_MAX_NODES`` nodes)."""
+    ``eft_rollout`` (the latter only up to ``ROLLOUT_MAX_NODES`` nodes; its per-step regrets go to
+    ``extras["eft_rollout_regret"]`` when ``extras`` is given)."""
     out: dict[str, tuple[float, bool, np.ndarray]] = {}
     for name in names:
         p = baselines.get(name)(graph, costs, topology, budget=64, seed=seed)
@@ -106,7 +107,9 @@ def reference_times(graph: CompGraph, costs: CostTable, topology: DeviceTopology
         r = simulate(graph, costs, topology, dev)
         out["sim_eft"] = (r.step_time, r.feasible, dev)
     if with_rollout and graph.num_nodes <= ROLLOUT_MAX_NODES:
-        dev = eft_rollout(graph, costs, topology)[0]
+        dev, _, regret = eft_rollout(graph, costs, topology)
+        if extras is not None:
+            extras["eft_rollout_regret"] = regret
         r = simulate(graph, costs, topology, dev)
         out["eft_rollout"] = (r.step_time, r.feasible, dev)
     return out
@@ -135,8 +138,9 @@ class ConstructiveTask:
     @classmethod
     def build(cls, graph: CompGraph, topology: DeviceTopology, costs: CostTable, *, teachers: bool = True,
               **meta: Any) -> "ConstructiveTask":
-        refs = reference_times(graph, costs, topology) if teachers else {}
-        return cls(graph, topology, costs, refs, dict(meta))
+        meta = dict(meta)
+        refs = reference_times(graph, costs, topology, extras=meta) if teachers else {}
+        return cls(graph, topology, costs, refs, meta)
 
     def state(self, episodes: int = 1) -> ScheduleState:
         """A fresh (reset) schedule state of ``episodes`` side by side, built once per count and kept."""
