@@ -49,9 +49,10 @@ def test_profile_writes_valid_db_that_sums_to_the_whole_step(mlp, profiled):
         assert fwd > 0 and fwd_iqr >= 0 and bwd >= 0 and bwd_iqr >= 0 and repeats == 7
     node_sum = sum(v[0] + v[2] for v in times.values())
     step = db.step_time(graph, "cpu")
-    # per-node medians of 7 repeats vs one whole-step median, thread clock: on a loaded 2-core machine they were
-    # seen 33% apart; a profile that drops or double-counts nodes is off by far more
-    assert step is not None and abs(node_sum - step) / step <= 0.4, (node_sum, step)
+    # per-node medians of 7 repeats vs one whole-step median, thread clock. The whole step also pays the framework's
+    # work between nodes (autograd engine, Python), so the node sum falls short of it: 0.67-0.89x on this 2-core
+    # machine when idle, 0.58x when loaded. Double-counted nodes push the sum above the step; dropped ones far below it.
+    assert step is not None and 0.4 * step <= node_sum <= 1.25 * step, (node_sum, step)
     assert db.optimizer_time(graph, "cpu")[1] == pytest.approx(graph.param_bytes.sum())
     env = db.data["env"]
     assert env["torch"] == torch.__version__ and env["host"]
