@@ -17,7 +17,7 @@ import numpy as np
 
 from placement_rl import baselines
 from placement_rl.cost import simulate
-from placement_rl.cost.lookahead import eft_rollout
+from placement_rl.cost.lookahead import complete_eft, eft_rollout
 from placement_rl.cost.resolve import needs_grad
 from placement_rl.cost.schedule import ScheduleState, time_scale
 from placement_rl.cost.simulate import _inverse_bandwidth, priority_order
@@ -84,10 +84,7 @@ def node_features(graph: CompGraph, costs: CostTable, *, scale: float | None = N
 def sim_eft(graph: CompGraph, costs: CostTable, topology: DeviceTopology) -> np.ndarray:
     """The earliest-finish-time rule in the simulator's order, on the constructive state (memory-masked)."""
     st = ScheduleState(graph, costs, topology, episodes=1)
-    while not st.done:
-        feats, mask = st.features()
-        eft = np.where(mask[0], feats[0, :, 1], np.inf)
-        st.place(int(np.argmin(eft)))
+    complete_eft(st)
     return st.devices[0].copy()
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from placement_rl.cost.schedule import ScheduleState, _batch_features, _batch_place
+from placement_rl.cost.schedule import _NO_REC, ScheduleState, _batch_features, _batch_place
 from placement_rl.cost.types import CostTable
 from placement_rl.graph.ir import CompGraph
 from placement_rl.topology import DeviceTopology
@@ -59,12 +59,19 @@ def _complete_eft(start, order, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, f
                      rec_res, rec_start, rec_end, rec_label)
 
 
+def complete_eft(st: ScheduleState) -> None:
+    """Place the rest of ``st``'s nodes in every episode by the earliest-finish rule (``sim_eft``)."""
+    _complete_eft(st.step, st.order, st.devices, *st._g, st._fwd, st._bwd, st._link_upper, st._link_coef, st._static,
+                  st.capacity, st._speed, 1.0 / st.scale, st._finish, st._arrive, st._sent, st._dev_free,
+                  st._link_free, st.busy, st.memory, st._acc, st.bwd_busy, st._scratch, st._est, st._eft, st._nb,
+                  st._lb, st.feats, st.mask, *_NO_REC)
+    st.step = st.num_nodes
+
+
 def eft_rollout(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
                 actions: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(devices [N], labels [N], regret [N, D])``: the lookahead placement (or ``actions``' placement), the
     lookahead choice at every decision (the simulator's node order) and each device's regret (see module doc)."""
-    from placement_rl.cost.schedule import _NO_REC
-
     nd = topology.num_devices
     main = ScheduleState(graph, costs, topology, episodes=1)
     branch = ScheduleState(graph, costs, topology, episodes=nd)
@@ -79,13 +86,8 @@ def eft_rollout(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
             getattr(branch, name)[:] = getattr(main, name)[0]
         branch.step = step
         branch.place(trial)
-        b = branch
-        _complete_eft(b.step, b.order, b.devices, *b._g, b._fwd, b._bwd, b._link_upper, b._link_coef, b._static,
-                      b.capacity, b._speed, 1.0 / b.scale, b._finish, b._arrive, b._sent, b._dev_free, b._link_free,
-                      b.busy, b.memory, b._acc, b.bwd_busy, b._scratch, b._est, b._eft, b._nb, b._lb, b.feats, b.mask,
-                      *_NO_REC)
-        b.step = b.num_nodes
-        times = np.where(ok & b.feasible(), b.finish(), np.inf)
+        complete_eft(branch)
+        times = np.where(ok & branch.feasible(), branch.finish(), np.inf)
         if not np.isfinite(times).any():  # nothing completes within memory: the earliest finish that fits now
             times = np.where(ok, eft, np.inf)
         # near-ties (within TIE of the best) go to the earliest finish: a label only departs from sim_eft for a
