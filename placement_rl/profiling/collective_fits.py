@@ -26,24 +26,81 @@ from placement_rl.profiling.sailor import Series
 
 
 KNOT_STEP = 0.25  # knots per quarter octave: NCCL switches algorithm / protocol at fixed sizes
+STEP_JUMP = 0.12  # a change of log(time per byte) this large between two neighbouring sizes, held on both
+                  # sides, is a protocol / algorithm switch: the curve breaks there instead of smoothing it
+STEP_SIDE = 4     # rows on each side that must agree on the jump
+STEP_FROM = 20.0  # log2 bytes: steps only from 1 MiB up (below, the latency floor; the tables flicker there)
+
+
+def _steps(x: np.ndarray, y: np.ndarray) -> list[int]:
+    """Indices ``i`` where the series switches regime between rows ``i`` and ``i + 1`` (dense tables only:
+    neighbouring sizes within 25%; in a table of octaves the time per byte changes between rows for real)."""
+    n = x.size
+    if n < 2 * STEP_SIDE + 2 or np.median(np.diff(x)) > np.log2(1.25):
+        return []
+    r = y - x * np.log(2.0)  # log(time per byte)
+    # a switch stands out of the table's own row-to-row noise (a noisy table gets no steps, only its curve)
+    need = max(STEP_JUMP, 4.0 * float(np.median(np.abs(np.diff(r)))))
+    cand = []
+    for i in range(STEP_SIDE - 1, n - STEP_SIDE):
+        if x[i] < STEP_FROM:
+            continue
+        left = np.median(r[i - STEP_SIDE + 1:i + 1])
+        right = np.median(r[i + 1:i + 1 + STEP_SIDE])
+        jump = abs(right - left)
+        if jump > need and abs(r[i + 1] - r[i]) > need:
+            cand.append((jump, i))
+    steps: list[int] = []
+    for jump, i in sorted(cand, reverse=True):  # the largest jump of a run; every regime spans 2 x STEP_SIDE rows
+        if all(abs(i - j) >= 2 * STEP_SIDE for j in steps):
+            steps.append(i)
+    return sorted(steps)
+
+
+def _hat_fit(x: np.ndarray, y: np.ndarray, step: float) -> tuple[np.ndarray, np.ndarray]:
+    """Piecewise-linear least-squares fit on knots at every multiple of ``step`` inside the rows' range plus the
+    two end rows (table sizes at powers of two land on knots), with a faint curvature penalty so a knot near
+    no row follows its neighbours instead of swinging."""
+    lo, hi = float(x.min()), float(x.max())
+    if hi - lo < 1e-9:
+        return np.array([lo, lo + step]), np.array([float(np.mean(y))] * 2)
+    grid = np.arange(np.ceil(lo / step) * step, hi, step)
+    grid = grid[(grid - lo > step / 8) & (hi - grid > step / 8)]
+    knots = np.concatenate([[lo], grid, [hi]])
+    h = np.diff(knots)
+    basis = np.zeros((x.size, knots.size))
+    j = np.clip(np.searchsorted(knots, x, side="right") - 1, 0, knots.size - 2)
+    w = np.clip((x - knots[j]) / h[j], 0.0, 1.0)
+    basis[np.arange(x.size), j] = 1.0 - w
+    basis[np.arange(x.size), j + 1] += w
+    rows, rhs = [basis], [y]
+    if knots.size > 2:
+        d2 = np.zeros((knots.size - 2, knots.size))
+        i = np.arange(knots.size - 2)
+        d2[i, i], d2[i, i + 1], d2[i, i + 2] = 1.0, -2.0, 1.0
+        rows.append(1e-3 * d2)
+        rhs.append(np.zeros(knots.size - 2))
+    coef = np.linalg.lstsq(np.vstack(rows), np.concatenate(rhs), rcond=None)[0]
+    return knots, coef
 
 
 def fit_series(s: Series, step: float = KNOT_STEP) -> dict[str, Any]:
-    """Knots ``log2(bytes)`` and fitted ``log(seconds)`` of one series."""
-    x = np.log2(s.sizes)
-    y = np.log(s.times)
-    lo, hi = np.floor(x.min() / step) * step, np.ceil(x.max() / step) * step
-    knots = np.arange(lo, hi + step / 2, step)
-    if knots.size < 2:
-        knots = np.array([lo, lo + step])
-    basis = np.maximum(0.0, 1.0 - np.abs(x[:, None] - knots[None, :]) / step)  # hat functions
-    used = basis.sum(axis=0) > 0
-    coef = np.full(knots.size, np.nan)
-    coef[used] = np.linalg.lstsq(basis[:, used], y, rcond=None)[0]
-    good = ~np.isnan(coef)
-    coef = np.interp(knots, knots[good], coef[good])  # knots without data: interpolate neighbours
+    """Knots ``log2(bytes)`` and fitted ``log(seconds)`` of one series: a piecewise-linear curve per regime,
+    regimes split where the table switches protocol (``_steps``), so a switch is a step, not a ramp."""
+    order = np.argsort(s.sizes, kind="stable")
+    x = np.log2(s.sizes[order])
+    y = np.log(s.times[order])
+    cuts = [0] + [i + 1 for i in _steps(x, y)] + [x.size]
+    ks, cs = [], []
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        k, c = _hat_fit(x[a:b], y[a:b], step)
+        if ks and k[0] <= ks[-1][-1]:
+            k, c = k[1:], c[1:]
+        ks.append(k)
+        cs.append(c)
+    knots, coef = np.concatenate(ks), np.concatenate(cs)
     return {"system": s.system, "source": s.source, "kind": s.kind, "n_gpus": s.n_gpus,
-            "devices_per_node": s.devices_per_node, "log2_bytes": [round(float(k), 4) for k in knots],
+            "devices_per_node": s.devices_per_node, "log2_bytes": [round(float(k), 6) for k in knots],
             "log_seconds": [round(float(c), 6) for c in coef],
             "min_bytes": float(s.sizes.min()), "max_bytes": float(s.sizes.max())}
 
@@ -68,6 +125,19 @@ def fit_errors(entry: dict[str, Any], s: Series, min_bytes: float = 2.0 ** 20) -
     """Relative errors ``fit / measured - 1`` at the measured sizes >= ``min_bytes``."""
     m = s.sizes >= min_bytes
     return evaluate_fit(entry, s.sizes[m]) / s.times[m] - 1.0
+
+
+def neighbour_consistency(s: Series, min_bytes: float = 2.0 ** 20, width: int = 2) -> np.ndarray:
+    """How far each row (>= ``min_bytes``) is from its own table: ``time/size`` over the median ``time/size`` of
+    its ``width`` neighbours on each side (itself excluded), minus 1. The noise floor of any smooth fit: a row
+    more than 10% from its neighbours cannot be within 10% of a curve that is within 10% of them. Empty where
+    neighbouring sizes are more than 25% apart (there the time per byte may change between rows for real)."""
+    m = s.sizes >= min_bytes
+    y = s.times[m] / s.sizes[m]
+    if y.size < 3 or np.median(s.sizes[m][1:] / s.sizes[m][:-1]) > 1.25:
+        return np.zeros(0)
+    ref = np.array([np.median(np.delete(y[max(0, i - width):i + width + 1], min(i, width))) for i in range(y.size)])
+    return y / ref - 1.0
 
 
 def fitted_collective_time(kind: str, nbytes: float, n_gpus: int, system: str, *,

@@ -38,9 +38,16 @@ class WorkloadRow:
     train: bool
     measured: float
     predicted: dict[str, float] = field(default_factory=dict)   # model label -> seconds
+    node_sum: float = 0.0   # the run's own per-node measurements summed (embedding + L x layer + head)
+    kernels: float = 0.0    # kernel-launching nodes of the step (forward + backward), layers counted L times
+    isolated: dict[str, float] = field(default_factory=dict)    # model label -> per-op (isolated) sum, seconds
 
     def error(self, model: str) -> float:
         return 100.0 * (self.predicted[model] / self.measured - 1.0)
+
+    def work_error(self, model: str) -> float:
+        """Error of the model's per-op (isolated) times summed against the measured per-node sum."""
+        return 100.0 * (self.isolated[model] / self.node_sum - 1.0)
 
 
 @dataclass
@@ -60,7 +67,9 @@ def evaluate(data: FitData, fits: Mapping[str, GpuFit | Mapping[str, GpuFit]]) -
     rows: list[WorkloadRow] = []
     classes: dict[tuple[str, str], ClassRow] = {}
     for s in data.graphs:
-        row = WorkloadRow(gpu=s.gpu, key=s.key, train=s.train, measured=s.whole)
+        row = WorkloadRow(gpu=s.gpu, key=s.key, train=s.train, measured=s.whole, node_sum=whole(s, s.fwd, s.bwd))
+        launches = s.feat.cls != CLASSES.index("view")
+        row.kernels = float(s.weights @ ((s.fwd > 0) & launches)) + float(s.weights @ ((s.bwd > 0) & launches))
         rf, rb = roofline_node_times(s)
         preds = {"roofline": (rf, rb, rf, rb)}
         for label, fit in fits.items():
@@ -70,6 +79,7 @@ def evaluate(data: FitData, fits: Mapping[str, GpuFit | Mapping[str, GpuFit]]) -
             preds[label] = (f, b, fi, bi)
         for label, (f, b, fi, bi) in preds.items():
             row.predicted[label] = whole(s, f, b)
+            row.isolated[label] = whole(s, fi, bi)
             for c, name in enumerate(CLASSES):
                 m = s.feat.cls == c
                 meas = float(s.weights[m] @ (s.fwd[m] + (s.bwd[m] if s.train else 0)))
@@ -84,9 +94,73 @@ def evaluate(data: FitData, fits: Mapping[str, GpuFit | Mapping[str, GpuFit]]) -
     return rows, list(classes.values())
 
 
-def mape(rows: list[WorkloadRow], model: str, *, train: bool = True) -> tuple[float, float]:
-    errs = [abs(r.error(model)) for r in rows if r.train == train]
+def mape(rows: list[WorkloadRow], model: str, *, train: bool = True, work: bool = False) -> tuple[float, float]:
+    """(MAPE, max) over the training (or inference) rows: against the measured whole model, or with
+    ``work=True`` the model's per-op sum against the measured per-node sum (the GPU work, op by op)."""
+    errs = [abs(r.work_error(model) if work else r.error(model)) for r in rows if r.train == train]
     return (float(np.mean(errs)), float(np.max(errs))) if errs else (float("nan"), float("nan"))
+
+
+@dataclass
+class FloorRow:
+    predictor: str
+    knows: str
+    mape: float
+    max: float
+
+
+def _best_factor(s: np.ndarray, e: np.ndarray) -> float:
+    grid = np.linspace(0.5, 1.5, 1001)
+    return float(grid[int(np.argmin([np.mean(np.abs(r * s / e - 1.0)) for r in grid]))])
+
+
+def per_node_floor(rows: list[WorkloadRow]) -> list[FloorRow]:
+    """What the files allow a per-op predictor on the whole-model training times.
+
+    Oracles that know every per-node time the runs measured, exactly, and turn it into a whole-model time:
+    the plain sum; the sum times the one factor that fits all runs best (chosen on the very runs it is scored
+    on); that, minus a per-kernel term (both chosen in-sample); the factor a leave-one-GPU-out fit can learn
+    (from the other GPU's runs); and a factor per GPU chosen on that GPU's own whole-model times (knowledge no
+    model of an unseen GPU has). A model of GPUs and ops predicts the per-node times at best, so the first
+    four bound what it can reach; the last shows how much of the rest is one host's offset.
+    """
+    tr = [r for r in rows if r.train]
+    s = np.array([r.node_sum for r in tr])
+    e = np.array([r.measured for r in tr])
+    k = np.array([r.kernels for r in tr])
+    gpu = np.array([r.gpu for r in tr])
+
+    def row(name: str, knows: str, p: np.ndarray) -> FloorRow:
+        err = 100.0 * np.abs(p / e - 1.0)
+        return FloorRow(name, knows, float(err.mean()), float(err.max()))
+
+    out = [row("per-node sum", "every measured per-node time", s)]
+    r = _best_factor(s, e)
+    out.append(row(f"per-node sum x {r:.3f}", "+ the best single factor, chosen on these runs", r * s))
+    if k.any():
+        best = None
+        for f in np.linspace(0.8, 1.2, 81):
+            for d in np.linspace(-60e-6, 60e-6, 121):
+                p = f * s - d * k
+                if np.all(p > 0):
+                    m = float(np.mean(np.abs(p / e - 1.0)))
+                    if best is None or m < best[0]:
+                        best = (m, f, d)
+        if best is not None:
+            _, f, d = best
+            out.append(row(f"per-node sum x {f:.3f} {-1e6 * d:+.0f} us per kernel",
+                           "+ the best factor and per-kernel term, chosen on these runs", f * s - d * k))
+    logo = np.zeros_like(s)
+    own = np.zeros_like(s)
+    for g in sorted(set(gpu)):
+        m = gpu == g
+        logo[m] = _best_factor(s[~m], e[~m]) * s[m] if (~m).any() else s[m]
+        own[m] = _best_factor(s[m], e[m]) * s[m]
+    out.append(row("per-node sum x the other GPU's factor", "+ a factor learned without the predicted GPU "
+                   "(what leave-one-GPU-out can learn)", logo))
+    out.append(row("per-node sum x its own GPU's factor", "+ a factor per GPU chosen on that GPU's own whole-model "
+                   "times (not available for an unseen GPU)", own))
+    return out
 
 
 def spearman(rows: list[WorkloadRow], model: str) -> float:

@@ -11,7 +11,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from placement_rl.cost.calibrated import CLASSES, GpuFit, GpuSpec, features, node_times
-from placement_rl.profiling.gpu_fidelity import NEUSIGHT_PUBLISHED, ClassRow, WorkloadRow, mape, spearman
+from placement_rl.profiling.gpu_fidelity import (NEUSIGHT_PUBLISHED, ClassRow, WorkloadRow, mape, per_node_floor,
+                                                 spearman)
 
 GPU_LABEL = {"NVIDIA_A100_80GB_PCIe": "A100 80GB PCIe", "Tesla_V100-PCIE-32GB": "V100 PCIe 32GB"}
 
@@ -31,6 +32,26 @@ def whole_table(rows: Sequence[WorkloadRow], models: Sequence[str], *, train: bo
         a, b = mape(list(rows), m, train=train)
         stats.append(f"MAPE {a:.1f}%, max {b:.1f}%, Spearman {spearman([r for r in rows if r.train == train], m):.2f}")
     out.append("| **all** | | | " + " | ".join(stats) + " | |")
+    return out
+
+
+def floor_table(rows: Sequence[WorkloadRow]) -> list[str]:
+    """The per-node oracles of ``per_node_floor``: what a per-op predictor can reach on the whole-model times."""
+    out = ["| predictor | what it knows | MAPE | max |", "|---|---|---|---|"]
+    out += [f"| {f.predictor} | {f.knows} | {f.mape:.1f}% | {f.max:.1f}% |" for f in per_node_floor(list(rows))]
+    return out
+
+
+def work_table(rows: Sequence[WorkloadRow], models: Sequence[str]) -> list[str]:
+    """Per training run: each model's per-op (isolated) times summed against the run's measured per-node sum."""
+    out = ["| GPU | workload | measured per-node sum ms | " + " | ".join(models) + " |",
+           "|" + "---|" * (3 + len(models))]
+    for r in rows:
+        if r.train:
+            cells = " | ".join(f"{r.work_error(m):+.1f}%" for m in models)
+            out.append(f"| {GPU_LABEL.get(r.gpu, r.gpu)} | {r.key} | {r.node_sum * 1e3:.0f} | {cells} |")
+    stats = [f"MAPE {a:.1f}%, max {b:.1f}%" for a, b in (mape(list(rows), m, work=True) for m in models)]
+    out.append("| **all** | | | " + " | ".join(stats) + " |")
     return out
 
 
@@ -103,18 +124,20 @@ def _layer_mape(pred: np.ndarray, meas: np.ndarray, floor: float = 1e-4) -> floa
 
 
 def collective_table(series: Sequence, fits: Sequence[dict]) -> tuple[list[str], dict[str, float]]:
-    from placement_rl.profiling.collective_fits import fit_errors
+    from placement_rl.profiling.collective_fits import fit_errors, neighbour_consistency
 
-    out = ["| source | system | collective | GPUs (per node) | rows >= 1 MiB | mean abs error | p95 | within 10% |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = ["| source | system | collective | GPUs (per node) | rows >= 1 MiB | mean abs error | p95 | within 10% | "
+           "rows within 10% of their neighbours (the table's own noise) |", "|---|---|---|---|---|---|---|---|---|"]
     pooled: dict[str, list[np.ndarray]] = {}
     for s, f in zip(series, fits):
         e = np.abs(fit_errors(f, s))
         if not e.size:
             continue
         pooled.setdefault(s.kind, []).append(e)
+        nb = np.abs(neighbour_consistency(s))
         out.append(f"| {s.source} | {s.system} | {s.kind} | {s.n_gpus} ({s.devices_per_node}) | {e.size} | "
-                   f"{100 * e.mean():.1f}% | {100 * np.percentile(e, 95):.1f}% | {100 * np.mean(e <= 0.1):.0f}% |")
+                   f"{100 * e.mean():.1f}% | {100 * np.percentile(e, 95):.1f}% | {100 * np.mean(e <= 0.1):.0f}% | "
+                   f"{f'{100 * np.mean(nb <= 0.1):.0f}%' if nb.size else '-'} |")
     summary = {k: float(100 * np.mean(np.concatenate(v) <= 0.1)) for k, v in pooled.items()}
     summary.update({f"{k}_mean": float(100 * np.concatenate(v).mean()) for k, v in pooled.items()})
     return out, summary
