@@ -5,7 +5,7 @@
 For every NeuSight workload: measured whole-model time vs the plain roofline, the shipped calibrated fit,
 and fits that never saw the GPU they predict (leave-one-GPU-out; leave-one-architecture-out also drops the
 A100 40GB kernel tables when the A100 80GB is predicted); per-op-class errors; the project's own captured
-gpt2_hf / bert_hf graphs mapped onto the measured nodes; PipeDream's per-layer CNN / GNMT profiles (one
+gpt2_hf / bert_hf / opt_hf graphs mapped onto the measured nodes; PipeDream's per-layer CNN / GNMT profiles (one
 fitted speed factor, the GPU is unnamed); and the Sailor / Vidur collective fits. Several minutes on one
 core (five fits and eight captures); --quick skips the captures.
 """
@@ -41,7 +41,7 @@ def project_graph_rows(root: Path, logo: dict) -> list[str]:
         if w.mode != "train":
             continue
         if cfg is None:
-            out.append(f"| {gpu_report.GPU_LABEL.get(w.gpu, w.gpu)} | {w.key} | no zoo entry (OPT) | - | "
+            out.append(f"| {gpu_report.GPU_LABEL.get(w.gpu, w.gpu)} | {w.key} | no zoo entry | - | "
                        f"{w.e2e * 1e3:.0f} | - | - | - | - |")
             continue
         g = capture_zoo(cfg[0], **cfg[1])
@@ -165,7 +165,7 @@ def main() -> int:
               + (f"; not on: {', '.join(losses)}." if losses else "."), ""]
     lines += gpu_report.class_table(classes, MODELS)
     lines += ["", "## The project's captured graphs, mapped onto the measured nodes", "",
-              "gpt2_hf / bert_hf captured with the workload's configuration and one layer (whole model = non-layer "
+              "gpt2_hf / bert_hf / opt_hf captured with the workload's configuration and one layer (whole model = non-layer "
               "nodes + L x layer-0 nodes). Views need no kernel and map to zero; unmapped nodes (mask building, "
               "the loss, which NeuSight's traces do not hold) take the calibrated estimate in the mapped profile, "
               "whose `cost_source` is `measured:neusight-<GPU>-<workload>.json:gpu0`.", ""]

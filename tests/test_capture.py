@@ -31,7 +31,7 @@ def _param_bytes(module: nn.Module) -> int:
 
 
 @pytest.mark.parametrize("name", ["mlp", "resnet18", "resnet50", "inception", "nmt", "gpt", "moe", "gpt2_hf", "bert_hf",
-                                  "llama_hf", "mixtral_hf"])
+                                  "opt_hf", "llama_hf", "mixtral_hf"])
 def test_zoo_model_capture_is_exact_and_deterministic(name):
     if name.endswith("_hf"):
         pytest.importorskip("transformers")

@@ -226,6 +226,22 @@ def test_neusight_maps_onto_captured_bert_and_resolves_as_measured():
     assert whole == pytest.approx(w.e2e, rel=0.2)
 
 
+@needs_data
+def test_neusight_opt_maps_onto_captured_opt_hf():
+    """OPT's own module paths start with ``model.`` (``model.decoder.layers.0``), its attention scores are a 3-D
+    bmm: both map, only the loss (not in NeuSight's trace) is left."""
+    pytest.importorskip("transformers")
+    from placement_rl.graph.capture import capture_zoo
+    from placement_rl.profiling import measured_map
+
+    w = neusight.read_labels(DATA / LABELS / "NVIDIA_A100_80GB_PCIe" / "opt_13-train-2048-1.csv")
+    zoo, overrides = measured_map.zoo_config(w)
+    assert zoo == "opt_hf" and overrides["d_model"] == 2048 and overrides["n_heads"] == 32
+    g = capture_zoo(zoo, **overrides)
+    res = measured_map.map_neusight(w, g)
+    assert res.mapped >= 40 and [g.op_types[i] for i in res.unmapped] == ["cross_entropy_loss"]
+
+
 def test_neighbour_consistency_flags_a_noisy_row():
     from placement_rl.profiling.sailor import Series
 

@@ -17,6 +17,7 @@ gpt         GPT-style decoder, explicit causal attention, tied LM head
 moe         GPT-style decoder with top-k mixture-of-experts FFNs (static capacity routing)
 gpt2_hf     transformers ``GPT2LMHeadModel`` from a ``GPT2Config`` (needs transformers)
 bert_hf     transformers ``BertForMaskedLM`` from a ``BertConfig`` (needs transformers)
+opt_hf      transformers ``OPTForCausalLM`` from an ``OPTConfig`` (needs transformers)
 llama_hf    transformers ``LlamaForCausalLM`` (GQA, RoPE, SwiGLU, RMSNorm) from a small config
 mixtral_hf  transformers ``MixtralForCausalLM`` (top-k routed experts) from a small config
 ==========  ==========================================================================
@@ -63,6 +64,7 @@ _CORE: dict[str, ZooEntry] = {
 _HF: dict[str, ZooEntry] = {
     "gpt2_hf": ZooEntry(hf.build_gpt2, hf.GPT2_DEFAULTS, _LM_TINY),
     "bert_hf": ZooEntry(hf.build_bert, hf.BERT_DEFAULTS, _LM_TINY),
+    "opt_hf": ZooEntry(hf.build_opt, hf.OPT_DEFAULTS, _LM_TINY),
     "llama_hf": ZooEntry(hf_decoders.build_llama, hf_decoders.LLAMA_DEFAULTS,
                          dict(_LM_TINY, n_kv_heads=2, ffn_hidden=64)),
     "mixtral_hf": ZooEntry(hf_decoders.build_mixtral, hf_decoders.MIXTRAL_DEFAULTS,

@@ -1,12 +1,12 @@
 """Map public measurements onto the project's own captured graphs, and build a ``ProfileDB`` from them.
 
-NeuSight labels (``torch.fx`` nodes of one transformer layer plus embedding and head) map onto a graph
-captured from ``gpt2_hf`` / ``bert_hf`` with the same configuration: per module path (``model.`` prefix
-dropped, every layer index sent to layer 0 since NeuSight measured one layer) the i-th op of a cost class
-in the captured module takes the i-th measured op of that class in the same module, then leftovers match
-within the parent module. PipeDream layers map onto a captured CNN by class order (the i-th convolution
-takes the i-th measured ``Conv2d`` ...; scalar updates inside a layer, such as batch norm's counter, map to
-zero). View ops (no kernel) map to zero. ``MapResult`` says what mapped.
+NeuSight labels (``torch.fx`` nodes of one transformer layer plus embedding and head) map onto a graph captured
+from ``gpt2_hf`` / ``bert_hf`` / ``opt_hf`` with the same configuration: per module path (the zoo wrapper's
+``model.`` dropped, every layer index sent to layer 0 since NeuSight measured one layer) the i-th op of a cost
+class in the captured module takes the i-th measured op of that class in the same module, then leftovers match
+within the parent module. PipeDream layers map onto a captured CNN by class order (the i-th convolution takes
+the i-th measured ``Conv2d`` ...; scalar updates inside a layer, such as batch norm's counter, map to zero).
+View ops (no kernel) map to zero. ``MapResult`` says what mapped.
 
 ``mapped_profile(...)`` turns a mapping into a ``ProfileDB`` that ``resolve_costs`` reads like one measured
 here: its label names the dataset, workload and GPU (``neusight-<GPU>-<workload>``). Nodes that did not map
@@ -47,13 +47,15 @@ class MapResult:
         return [i for i, s in enumerate(self.source) if not s]
 
 
-def _norm(path: str) -> str:
-    p = path[len("model."):] if path.startswith("model.") else path
+def _norm(path: str, wrapper: bool = False) -> str:
+    """A module path with every layer index sent to 0; ``wrapper=True`` also drops the zoo's loss wrapper
+    (``model.``) that a captured graph's paths start with (a measured path keeps its own ``model.``, as OPT's)."""
+    p = path[len("model."):] if wrapper and path.startswith("model.") else path
     return _LAYER.sub(lambda m: f".{m.group(1)}.0{m.group(2)}", p)
 
 
 def map_neusight(workload, graph) -> MapResult:
-    """Map a NeuSight ``LabelWorkload`` onto a captured ``gpt2_hf`` / ``bert_hf`` graph (same config)."""
+    """Map a NeuSight ``LabelWorkload`` onto a captured ``gpt2_hf`` / ``bert_hf`` / ``opt_hf`` graph (same config)."""
     rows = [r for r in workload.rows if r.op_type not in ("input", "get_attr", "output")]
     pools: dict[tuple[str, str], list] = defaultdict(list)
     for r in rows:
@@ -70,7 +72,7 @@ def map_neusight(workload, graph) -> MapResult:
         if c == "view":
             fwd[i], bwd[i], source[i] = 0.0, 0.0, "view"
             continue
-        key = (_norm(graph.module_paths[i]), c)
+        key = (_norm(graph.module_paths[i], wrapper=True), c)
         pool = pools.get(key, [])
         if taken[key] < len(pool) and (pool is not None):
             r = pool[taken[key]]
@@ -161,11 +163,12 @@ def coverage(result: MapResult, measured_total: float, weights: Sequence[float] 
     return float(got / measured_total) if measured_total > 0 else 0.0
 
 
-ZOO_OF_MODEL = {"gpt2_large": "gpt2_hf", "gpt3_xl": "gpt2_hf", "gpt3_27": "gpt2_hf", "bert_large": "bert_hf"}
+ZOO_OF_MODEL = {"gpt2_large": "gpt2_hf", "gpt3_xl": "gpt2_hf", "gpt3_27": "gpt2_hf", "bert_large": "bert_hf",
+                "opt_13": "opt_hf"}
 
 
 def zoo_config(workload) -> tuple[str, dict] | None:
-    """The project zoo model and overrides (one layer) of a NeuSight workload, or None (OPT: no zoo entry).
+    """The project zoo model and overrides (one layer) of a NeuSight workload, or None (no zoo entry).
 
     ``d_model`` comes from the embedding's output shape and ``n_heads`` from the attention scores' shape;
     NeuSight's GPT-3 configurations are GPT-2 architectures (``transformers.models.gpt2``)."""
@@ -175,8 +178,11 @@ def zoo_config(workload) -> tuple[str, dict] | None:
     if zoo is None:
         return None
     emb = next((r for r in workload.rows if r.op_type == "embedding" and r.output_shape), None)
-    att = next((r for r in workload.rows if r.op_type in ("matmul", "bmm") and len(r.output_shape) == 4), None)
+    # attention scores: [B, heads, T, T] (matmul), or [B * heads, T, T] (bmm, as OPT's attention runs it)
+    att = next((r for r in workload.rows if r.op_type in ("matmul", "bmm") and len(r.output_shape) in (3, 4)
+                and r.output_shape[-1] == r.output_shape[-2] == workload.seq_len), None)
     if emb is None or att is None:
         return None
+    heads = att.output_shape[1] if len(att.output_shape) == 4 else att.output_shape[0] // max(workload.batch, 1)
     return zoo, dict(batch_size=workload.batch, seq_len=workload.seq_len, d_model=int(emb.output_shape[-1]),
-                     n_layers=1, n_heads=int(att.output_shape[1]), vocab_size=VOCAB[workload.model])
+                     n_layers=1, n_heads=int(heads), vocab_size=VOCAB[workload.model])

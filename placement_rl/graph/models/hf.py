@@ -1,4 +1,4 @@
-"""``gpt2_hf`` / ``bert_hf``: Hugging Face transformers built from a config (no weight download).
+"""``gpt2_hf`` / ``bert_hf`` / ``opt_hf``: Hugging Face transformers built from a config (no weight download).
 
 ``transformers`` is imported only when a model is built (it is slow to import). Attention uses the ``eager`` implementation
 (explicit matmuls) so its FLOPs are visible to ``FlopCounterMode`` on every device, and the KV
@@ -17,6 +17,8 @@ GPT2_DEFAULTS = dict(batch_size=8, seq_len=128, vocab_size=50257, d_model=512, n
                      dropout=0.1, seed=0)
 BERT_DEFAULTS = dict(batch_size=8, seq_len=128, vocab_size=30522, d_model=512, n_layers=4, n_heads=8,
                      dropout=0.1, mask_prob=0.15, seed=0)
+OPT_DEFAULTS = dict(batch_size=8, seq_len=128, vocab_size=50272, d_model=512, n_layers=4, n_heads=8,
+                    dropout=0.1, seed=0)
 
 
 class CausalLMLoss(nn.Module):
@@ -56,6 +58,26 @@ def build_gpt2(*, batch_size: int, seq_len: int, vocab_size: int, d_model: int, 
         lm.loss_type = "ForCausalLM"  # the class name does not say so; silences a fallback warning
         model = CausalLMLoss(lm)
         ids = torch.randint(0, vocab_size, (batch_size, seq_len), generator=gen)
+    return model, (ids, ids.clone())
+
+
+def build_opt(*, batch_size: int, seq_len: int, vocab_size: int, d_model: int, n_layers: int, n_heads: int,
+              dropout: float, seed: int) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """Meta's OPT (``OPTForCausalLM``): pre-LayerNorm decoder, learned positions, ReLU MLP of 4 x d_model."""
+    check_transformer("opt_hf", batch_size=batch_size, seq_len=seq_len, vocab_size=vocab_size,
+                      d_model=d_model, n_layers=n_layers, n_heads=n_heads, dropout=dropout)
+    from transformers import OPTConfig, OPTForCausalLM
+
+    config = OPTConfig(vocab_size=vocab_size, hidden_size=d_model, num_hidden_layers=n_layers, ffn_dim=4 * d_model,
+                       num_attention_heads=n_heads, max_position_embeddings=max(seq_len, 64),
+                       word_embed_proj_dim=d_model, do_layer_norm_before=True, dropout=dropout,
+                       attention_dropout=dropout, use_cache=False, pad_token_id=1, bos_token_id=2, eos_token_id=2)
+    config._attn_implementation = "eager"
+    with seeded(seed) as gen:
+        lm = OPTForCausalLM(config)
+        lm.loss_type = "ForCausalLM"
+        model = CausalLMLoss(lm)
+        ids = torch.randint(3, vocab_size, (batch_size, seq_len), generator=gen)
     return model, (ids, ids.clone())
 
 
