@@ -204,19 +204,26 @@ def test_cli_profile_imports_a_label_file_as_profile(tmp_path):
 
 
 # ------------------------------------------------ measured nodes on captured graphs
+def _mapped(workload: str, zoo_name: str, d_model: int, n_heads: int):
+    """A100 label ``workload`` read, its zoo graph captured with the workload's config, and the mapping."""
+    pytest.importorskip("transformers")
+    from placement_rl.graph.capture import capture_zoo
+    from placement_rl.profiling import measured_map
+
+    w = neusight.read_labels(DATA / LABELS / "NVIDIA_A100_80GB_PCIe" / f"{workload}.csv")
+    zoo, overrides = measured_map.zoo_config(w)
+    assert zoo == zoo_name and overrides["d_model"] == d_model and overrides["n_heads"] == n_heads
+    g = capture_zoo(zoo, **overrides)
+    return w, g, measured_map.map_neusight(w, g)
+
+
 @needs_data
 def test_neusight_maps_onto_captured_bert_and_resolves_as_measured():
-    pytest.importorskip("transformers")
     from placement_rl.cost import resolve_costs
-    from placement_rl.graph.capture import capture_zoo
     from placement_rl.profiling import measured_map
     from placement_rl.topology import load_topology
 
-    w = neusight.read_labels(DATA / LABELS / "NVIDIA_A100_80GB_PCIe" / "bert_large-train-512-2.csv")
-    zoo, overrides = measured_map.zoo_config(w)
-    assert zoo == "bert_hf" and overrides["d_model"] == 1024 and overrides["n_heads"] == 16
-    g = capture_zoo(zoo, **overrides)
-    res = measured_map.map_neusight(w, g)
+    w, g, res = _mapped("bert_large-train-512-2", "bert_hf", 1024, 16)
     assert res.mapped >= 30 and len(res.unmapped) <= 5  # the loss and a few mask ops are not in NeuSight's trace
     topo = load_topology("1x_a100_80gb_pcie")
     db = measured_map.mapped_profile(g, res, label=f"neusight-{w.gpu}-{w.key}", gpu_model=w.gpu, fill_topology=topo)
@@ -230,15 +237,7 @@ def test_neusight_maps_onto_captured_bert_and_resolves_as_measured():
 def test_neusight_opt_maps_onto_captured_opt_hf():
     """OPT's own module paths start with ``model.`` (``model.decoder.layers.0``), its attention scores are a 3-D
     bmm: both map, only the loss (not in NeuSight's trace) is left."""
-    pytest.importorskip("transformers")
-    from placement_rl.graph.capture import capture_zoo
-    from placement_rl.profiling import measured_map
-
-    w = neusight.read_labels(DATA / LABELS / "NVIDIA_A100_80GB_PCIe" / "opt_13-train-2048-1.csv")
-    zoo, overrides = measured_map.zoo_config(w)
-    assert zoo == "opt_hf" and overrides["d_model"] == 2048 and overrides["n_heads"] == 32
-    g = capture_zoo(zoo, **overrides)
-    res = measured_map.map_neusight(w, g)
+    _, g, res = _mapped("opt_13-train-2048-1", "opt_hf", 2048, 32)
     assert res.mapped >= 40 and [g.op_types[i] for i in res.unmapped] == ["cross_entropy_loss"]
 
 

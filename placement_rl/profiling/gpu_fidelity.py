@@ -119,7 +119,7 @@ def per_node_floor(rows: list[WorkloadRow]) -> list[FloorRow]:
 
     Oracles that know every per-node time the runs measured, exactly, and turn it into a whole-model time:
     the plain sum; the sum times the one factor that fits all runs best (chosen on the very runs it is scored
-    on); that, minus a per-kernel term (both chosen in-sample); the factor a leave-one-GPU-out fit can learn
+    on); that, plus a per-kernel term (both chosen in-sample); the factor a leave-one-GPU-out fit can learn
     (from the other GPU's runs); and a factor per GPU chosen on that GPU's own whole-model times (knowledge no
     model of an unseen GPU has). A model of GPUs and ops predicts the per-node times at best, so the first
     four bound what it can reach; the last shows how much of the rest is one host's offset.
@@ -141,15 +141,15 @@ def per_node_floor(rows: list[WorkloadRow]) -> list[FloorRow]:
         best = None
         for f in np.linspace(0.8, 1.2, 81):
             for d in np.linspace(-60e-6, 60e-6, 121):
-                p = f * s - d * k
+                p = f * s + d * k
                 if np.all(p > 0):
                     m = float(np.mean(np.abs(p / e - 1.0)))
                     if best is None or m < best[0]:
                         best = (m, f, d)
         if best is not None:
             _, f, d = best
-            out.append(row(f"per-node sum x {f:.3f} {-1e6 * d:+.0f} us per kernel",
-                           "+ the best factor and per-kernel term, chosen on these runs", f * s - d * k))
+            out.append(row(f"per-node sum x {f:.3f} {1e6 * d:+.0f} us per kernel",
+                           "+ the best factor and per-kernel term, chosen on these runs", f * s + d * k))
     logo = np.zeros_like(s)
     own = np.zeros_like(s)
     for g in sorted(set(gpu)):
