@@ -14,8 +14,8 @@ or a link that was not measured) keeps the analytic ``latency + bytes / bandwidt
 Both simulators price a transfer from a **segment table** ``float64 [K, 3]`` of rows ``(upper bytes, alpha,
 beta)``, sorted by upper bound, the last one ``inf``: a message of ``n`` bytes takes ``alpha + beta * n`` of
 the first row with ``n < upper`` (``_op_kernel.seg_time``, a binary search). An analytic link is one row; a
-measured curve is its knots joined by straight lines in bytes (a quarter octave apart, so the difference from
-the log-log curve is below 0.5%); the analytic collective algorithms become the lower envelope of their lines.
+measured curve is its knots joined by straight lines in bytes (about a quarter octave apart, so the difference
+from the log-log curve is below 1%); the analytic collective algorithms become the lower envelope of their lines.
 """
 
 from __future__ import annotations
@@ -44,8 +44,7 @@ def evaluate_fit(entry: dict[str, Any], nbytes: np.ndarray | float) -> np.ndarra
     t = np.exp(np.interp(x, k, c))
     top = x > k[-1]
     if np.any(top):
-        b1, b0 = 2.0 ** k[-1], 2.0 ** k[-2]
-        t = np.where(top, np.exp(c[-1]) + _tail_slope(entry) * (2.0 ** x - b1), t)
+        t = np.where(top, np.exp(c[-1]) + _tail_slope(entry) * (2.0 ** x - 2.0 ** k[-1]), t)
     return t
 
 
@@ -170,17 +169,22 @@ def fit_applies(topology: Any, costs: Any = None) -> str | None:
     return measured_system(topology)
 
 
+def inverse_bandwidth(bandwidth: np.ndarray) -> np.ndarray:
+    """Seconds per byte of every link ``[D, D]``: 0 on the diagonal and where a bandwidth is not positive."""
+    inv = np.zeros_like(bandwidth, dtype=np.float64)
+    ok = np.isfinite(bandwidth) & (bandwidth > 0)
+    inv[ok] = 1.0 / bandwidth[ok]
+    np.fill_diagonal(inv, 0.0)
+    return inv
+
+
 def link_segments(topology: Any, costs: Any = None) -> np.ndarray:
     """``float64 [D, D, K, 3]``: each link's segment table: the measured p2p fit where ``fit_applies`` and
     the pair's kind of link was measured, else ``latency + bytes / bandwidth`` (of ``costs``, else the
     topology). The kernels take it as ``split_segments(...)``."""
     d = topology.num_devices
     src = topology if costs is None else costs
-    latency, bandwidth = src.link_latency, src.link_bandwidth
-    inv = np.zeros_like(bandwidth, dtype=np.float64)
-    ok = np.isfinite(bandwidth) & (bandwidth > 0)
-    inv[ok] = 1.0 / bandwidth[ok]
-    np.fill_diagonal(inv, 0.0)
+    latency, inv = src.link_latency, inverse_bandwidth(src.link_bandwidth)
     tables = [np.array([[np.inf, latency[i, j], inv[i, j]]]) for i in range(d) for j in range(d)]
     system = fit_applies(topology, costs)
     if system is not None:
@@ -201,5 +205,5 @@ def segment_time(table: np.ndarray, nbytes: float) -> float:
     return float(table[r, 1] + table[r, 2] * nbytes)
 
 
-__all__ = ["KINDS", "SYSTEM_KEY", "envelope", "evaluate_fit", "fit_applies", "fit_segments", "link_segments",
-           "measured_system", "pad_segments", "ring_factor", "segment_time", "select_fit", "shipped", "split_segments", "systems"]
+__all__ = ["KINDS", "SYSTEM_KEY", "envelope", "evaluate_fit", "fit_applies", "fit_segments", "inverse_bandwidth",
+           "link_segments", "measured_system", "pad_segments", "ring_factor", "segment_time", "select_fit", "shipped", "split_segments", "systems"]

@@ -35,7 +35,7 @@ import numpy as np
 
 from placement_rl.cost.memory import static_memory
 from placement_rl.cost._op_kernel import simulate_ops
-from placement_rl.cost.comm_fit import link_segments, split_segments
+from placement_rl.cost.comm_fit import inverse_bandwidth, link_segments, split_segments
 from placement_rl.cost.resolve import needs_grad
 from placement_rl.cost.types import CostTable, Interval, SimResult
 from placement_rl.errors import PlanError, ProfileError
@@ -61,11 +61,7 @@ def _owned(arr: np.ndarray, dtype=np.float64) -> np.ndarray:
 
 
 def _inverse_bandwidth(costs: CostTable) -> np.ndarray:
-    inv = np.zeros_like(costs.link_bandwidth)
-    finite = np.isfinite(costs.link_bandwidth) & (costs.link_bandwidth > 0)
-    inv[finite] = 1.0 / costs.link_bandwidth[finite]
-    np.fill_diagonal(inv, 0.0)
-    return inv
+    return inverse_bandwidth(costs.link_bandwidth)
 
 
 def upward_rank(graph: CompGraph, costs: CostTable) -> np.ndarray:
