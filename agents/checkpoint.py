@@ -39,6 +39,38 @@ def save_checkpoint(path: str | os.PathLike, *, algo: str, config: dict[str, Any
     return path
 
 
+def provenance(**dataset: Any) -> dict[str, Any]:
+    """Where a checkpoint comes from: the code's git commit (or ``unknown`` outside a checkout), hashes of the cost
+    model (the modules that turn a graph and topology into costs and step times) and its shipped fits (``placement_rl/data/*.json``, the rewards it was trained on), library versions and
+    the ``dataset`` spec given. Plain values only (``weights_only`` loading)."""
+    import hashlib
+    import platform
+    import subprocess
+    from importlib import metadata
+
+    import numpy
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    data = root / "placement_rl" / "data"
+    fits = {f.name: hashlib.sha256(f.read_bytes()).hexdigest()[:16] for f in sorted(data.glob("*.json"))}
+    cost = root / "placement_rl" / "cost"
+    model_files = ("resolve.py", "calibrated.py", "comm_fit.py", "collectives.py", "simulate.py", "_op_kernel.py")
+    model = hashlib.sha256(b"".join((cost / f).read_bytes() for f in model_files if (cost / f).is_file())).hexdigest()[:16]
+    versions = {"python": platform.python_version(), "torch": str(torch.__version__), "numpy": str(numpy.__version__)}
+    for pkg in ("numba", "placement-rl"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = "unknown"
+    return {"commit": commit, "cost_model_sha": model, "fits_sha": fits, "versions": versions,
+            "dataset": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataset.items()}}
+
+
 def load_checkpoint(path: str | os.PathLike, *, expect_algo: str | None = None) -> dict[str, Any]:
     """Load and check a checkpoint; every problem is a one-line ``CheckpointError``."""
     p = Path(path)

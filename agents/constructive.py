@@ -66,6 +66,8 @@ def rollout(policy: DevicePolicy | None, task: ConstructiveTask, *, samples: int
     """Run ``samples`` episodes of ``task``. Actions: the policy's (argmax if ``greedy``, else sampled), or
     ``forced`` [N] device per node (a teacher's placement). Samples are
     drawn at ``temperature`` (> 1 explores more); the recorded log-probabilities are at temperature 1."""
+    if policy is not None:  # the states the policy reads are built with its lookahead window
+        task.window = int(getattr(policy, "window", task.window))
     st = task.state(samples)
     n, k = task.graph.num_nodes, samples
     if record:
@@ -127,16 +129,20 @@ REGRET_UNIT = 0.01  # a regret of 1% of the step time weighs as much as one nat 
 
 
 def imitation_loss(policy: DevicePolicy, task: ConstructiveTask, trace: Trace, labels: np.ndarray | None = None,
-                   regret: np.ndarray | None = None, regret_coef: float = 1.0) -> tuple[torch.Tensor, float]:
-    """Cross-entropy on ``labels`` [T, K] (default: the trace's own actions), plus, with ``regret`` [T, K, D]
-    (each device's relative step-time loss against the best, from a lookahead teacher), ``regret_coef`` times
-    the policy's expected regret in units of ``REGRET_UNIT`` (cost-sensitive imitation, as in AggreVaTe: the
-    decisions that cost step time weigh most). Returns (loss, agreement)."""
+                   regret: np.ndarray | None = None, regret_coef: float = 1.0, *, weight: np.ndarray | None = None,
+                   ce_coef: float = 1.0) -> tuple[torch.Tensor, float]:
+    """``ce_coef`` times the cross-entropy on ``labels`` [T, K] (default: the trace's own actions), plus, with
+    ``regret`` [T, K, D] (each device's relative step-time loss against the best, from a rollout teacher: a
+    per-decision Q-value), ``regret_coef`` times the policy's expected regret in units of ``REGRET_UNIT``
+    (cost-sensitive imitation, as in AggreVaTe; with ``ce_coef=0`` an all-action policy gradient on the
+    rollout's Q-values). ``weight`` [T, K] (0/1) keeps only the labelled decisions. Returns (loss, agreement)."""
     logp = _replay(policy, task, trace)
-    lab = torch.from_numpy(trace.actions if labels is None else labels)
+    lab = torch.from_numpy(np.maximum(trace.actions if labels is None else labels, 0))
     w = _choice(trace)
+    if weight is not None:
+        w = w * torch.from_numpy(np.asarray(weight, np.float32))
     nll = -logp.gather(2, lab.unsqueeze(-1)).squeeze(-1).clamp(min=-30.0)  # (a label on a masked device: -inf)
-    loss = (nll * w).sum() / w.sum().clamp(min=1.0)
+    loss = ce_coef * (nll * w).sum() / w.sum().clamp(min=1.0)
     if regret is not None and regret_coef > 0.0:
         exp_regret = (logp.exp() * torch.from_numpy(regret)).sum(-1)
         loss = loss + regret_coef / REGRET_UNIT * (exp_regret * w).sum() / w.sum().clamp(min=1.0)

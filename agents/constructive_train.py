@@ -11,7 +11,7 @@
 2. ``improve(tasks)``: PPO with a per-task group baseline (``agents.constructive.ppo_loss``): each iteration
    draws ``tasks_per_iter`` tasks, samples K placements of each, rewards ``log(T_ref / T)``, takes
    ``ppo_epochs`` clipped steps, plus self-imitation of samples that beat the reference.
-3. ``evaluate(tasks)``: greedy and best-of-k step time over the reference, per task. With ``heldout`` tasks
+3. ``evaluate(tasks)``: greedy and best-of-k step time over the reference, per task. With ``val`` tasks
    given, ``improve`` keeps the weights of the best held-out geometric mean (early stopping).
 
 Checkpoints (``save`` / ``load_policy``) are ``agents.checkpoint`` files with ``algo="constructive"``.
@@ -28,14 +28,15 @@ import numpy as np
 import torch
 
 from agents.checkpoint import load_checkpoint, save_checkpoint
-from agents.constructive import (Rollout, eft_labels, imitation_loss, ppo_loss, rewards, rollout)
+from agents.constructive import (REGRET_UNIT, Rollout, eft_labels, imitation_loss, ppo_loss, rewards, rollout)
 from agents.device_policy import DevicePolicy
 from envs.constructive_task import NUM_NODE_FEATURES, REACTIVE, ConstructiveTask
 from placement_rl.cost.lookahead import eft_rollout
-from placement_rl.cost.schedule import NUM_DEVICE_FEATURES
+from placement_rl.cost.schedule import DEFAULT_WINDOW, NUM_DEVICE_FEATURES
 from placement_rl.errors import CheckpointError, ConfigError
 
 ALGO = "constructive"
+RL_ALGOS = ("sil", "ppo", "q")
 Progress = Callable[[str, int, int, dict[str, float]], None]
 
 
@@ -58,6 +59,11 @@ class ConstructiveConfig:
     ent_coef: float = 0.003
     sil_coef: float = 0.5
     regret_coef: float = 1.0  # imitation of the lookahead teacher: weight of the expected regret (0: plain cloning)
+    window: int = DEFAULT_WINDOW  # lookahead window W of the state's features (0: the node alone)
+    pi_rounds: int = 0  # approximate policy iteration: rounds of relabelling with the rollout over the student
+    pi_epochs: int = 3  # distillation epochs per round
+    pi_label_every: int = 4  # label every k-th state of the student's trajectory (the teacher costs D completions)
+    pi_max_nodes: int = 400  # tasks larger than this are not relabelled (the teacher is O(N^2 W D^2))
     eval_every: int = 20
     eval_samples: int = 16
     seed: int = 0
@@ -66,21 +72,26 @@ class ConstructiveConfig:
         for key in ("hidden", "layers", "samples", "tasks_per_iter", "ppo_epochs", "eval_every", "eval_samples"):
             if int(getattr(self, key)) < 1:
                 raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)!r}")
-        for key in ("bc_epochs", "dagger_rounds", "rl_iters"):
+        for key in ("bc_epochs", "dagger_rounds", "rl_iters", "window", "pi_rounds", "pi_epochs"):
             if int(getattr(self, key)) < 0:
                 raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)!r}")
         if not float(self.regret_coef) >= 0:
             raise ConfigError(f"regret_coef must be >= 0, got {self.regret_coef!r}")
-        if self.rl_algo not in ("sil", "ppo"):
-            raise ConfigError(f"rl_algo must be sil or ppo, got {self.rl_algo!r}")
+        if int(self.pi_label_every) < 1 or int(self.pi_max_nodes) < 1:
+            raise ConfigError(f"pi_label_every and pi_max_nodes must be >= 1, got {self.pi_label_every!r}, "
+                              f"{self.pi_max_nodes!r}")
+        if self.rl_algo not in RL_ALGOS:
+            raise ConfigError(f"rl_algo must be one of {', '.join(RL_ALGOS)}, got {self.rl_algo!r}")
         for key in ("lr", "rl_lr", "temperature"):
             if not float(getattr(self, key)) > 0:
                 raise ConfigError(f"{key} must be > 0, got {getattr(self, key)!r}")
 
 
 def build_policy(cfg: ConstructiveConfig) -> DevicePolicy:
-    return DevicePolicy(node_dim=NUM_NODE_FEATURES, dev_dim=NUM_DEVICE_FEATURES, encoder=cfg.encoder,
-                        hidden=cfg.hidden, layers=cfg.layers)
+    policy = DevicePolicy(node_dim=NUM_NODE_FEATURES, dev_dim=NUM_DEVICE_FEATURES, encoder=cfg.encoder,
+                          hidden=cfg.hidden, layers=cfg.layers)
+    policy.window = int(cfg.window)  # the states it reads are built with this lookahead window
+    return policy
 
 
 def geomean(x: Sequence[float]) -> float:
@@ -94,6 +105,8 @@ class TaskResult:
     task: ConstructiveTask
     greedy: Rollout
     sampled: Rollout | None
+    greedy_seconds: float = 0.0  # the greedy placement's own seconds (encoder + decisions + simulate)
+    sampled_seconds: float = 0.0  # the samples' own seconds
 
     @property
     def greedy_time(self) -> float:
@@ -117,13 +130,17 @@ class TaskResult:
 def evaluate(policy: DevicePolicy, tasks: Sequence[ConstructiveTask], *, samples: int = 16,
              seed: int = 0) -> list[TaskResult]:
     """Greedy and best-of-``samples`` placements of every task (``samples=0``: greedy only)."""
+    import time
+
     policy.eval()
     gen = torch.Generator().manual_seed(seed)
     out = []
     for t in tasks:
+        t0 = time.perf_counter()
         g = rollout(policy, t, samples=1, greedy=True)
+        t1 = time.perf_counter()
         s = rollout(policy, t, samples=samples, greedy=False, generator=gen) if samples > 0 else None
-        out.append(TaskResult(t, g, s))
+        out.append(TaskResult(t, g, s, t1 - t0, time.perf_counter() - t1))
     return out
 
 
@@ -137,6 +154,10 @@ class ConstructiveTrainer:
         self.history: list[dict[str, Any]] = []
         self.gen = torch.Generator().manual_seed(config.seed)
         self.rng = np.random.default_rng(config.seed)
+
+    def _prepare(self, tasks: Sequence[ConstructiveTask]) -> None:
+        for t in tasks:
+            t.window = int(self.cfg.window)
 
     def _set_lr(self, lr: float) -> None:
         for g in self.opt.param_groups:
@@ -152,6 +173,7 @@ class ConstructiveTrainer:
     def imitate(self, tasks: Sequence[ConstructiveTask], *, progress: Progress | None = None) -> float:
         """Behaviour cloning then DAgger; returns the last epoch's agreement with the labels."""
         cfg = self.cfg
+        self._prepare(tasks)
         self._set_lr(cfg.lr)
         self.policy.train()
         demos = []
@@ -202,20 +224,101 @@ class ConstructiveTrainer:
         return agree
 
     # -------------------------------------------------------------------------------------------------- RL
-    def improve(self, tasks: Sequence[ConstructiveTask], *, heldout: Sequence[ConstructiveTask] = (),
+    # ------------------------------------------------------------------------------ policy iteration
+    def policy_iteration(self, tasks: Sequence[ConstructiveTask], *, val: Sequence[ConstructiveTask] = (),
+                         rounds: int | None = None, progress: Progress | None = None) -> dict[str, Any]:
+        """Approximate policy iteration: each round rolls the student out greedily on every task (up to
+        ``pi_max_nodes`` nodes), labels every ``pi_label_every``-th of its states with the rollout over the
+        student (``agents.policy_rollout``: try each device, complete with the student's greedy, keep the best),
+        and distils the labels (cross-entropy + expected regret) for ``pi_epochs`` epochs. With ``val`` given,
+        the weights of the best validation greedy geometric mean are kept. Returns per-round figures."""
+        from agents.policy_rollout import rollout_over_student
+
+        cfg = self.cfg
+        rounds = cfg.pi_rounds if rounds is None else rounds
+        self._prepare(list(tasks) + list(val))
+        pool = [t for t in tasks if t.graph.num_nodes <= cfg.pi_max_nodes and t.topology.num_devices > 1]
+        best = self._snapshot(val)
+        report: dict[str, Any] = {"rounds": [], "val_greedy_geomean_start": best[0] if best else None}
+        for rnd in range(1, rounds + 1):
+            self.policy.eval()
+            data, gain, completions = [], [], 0
+            for i, t in enumerate(pool):
+                ro = rollout(self.policy, t, samples=1, greedy=False, record=True, generator=self.gen)
+                lab = rollout_over_student(self.policy, t, actions=ro.devices[0], label_every=cfg.pi_label_every,
+                                           offset=int(self.rng.integers(cfg.pi_label_every)))
+                completions += lab.completions
+                self.decisions += t.graph.num_nodes * (1 + lab.completions)
+                keep = lab.labelled & (ro.trace.masks[:, 0].sum(-1) > 1)
+                if keep.any():
+                    data.append((t, ro.trace, lab.labels[:, None], lab.regret[:, None], keep[:, None].astype(np.float32)))
+                    own = ro.trace.actions[:, 0]
+                    gain.append(float((lab.labels[keep] != own[keep]).mean()))
+                if progress:
+                    progress(f"policy iteration {rnd} labelling", i + 1, len(pool), {})
+            self.policy.train()
+            self._set_lr(cfg.lr)
+            agree = 0.0
+            for _ in range(cfg.pi_epochs):
+                agrees = []
+                for j in self.rng.permutation(len(data)).tolist():
+                    t, tr, labels, reg, w = data[j]
+                    loss, a = imitation_loss(self.policy, t, tr, labels, reg, cfg.regret_coef, weight=w)
+                    self._step(loss)
+                    agrees.append(a)
+                agree = float(np.mean(agrees)) if agrees else 0.0
+            rec: dict[str, Any] = {"phase": "policy_iteration", "round": rnd, "agreement": agree,
+                                   "label_departs_from_student": float(np.mean(gain)) if gain else 0.0,
+                                   "teacher_completions": completions, "decisions": self.decisions}
+            if val:
+                score = self._val_score(val)
+                rec["val_greedy_geomean"] = score
+                if score < best[0]:
+                    best = (score, self._weights())
+            self.history.append(rec)
+            report["rounds"].append(rec)
+            if progress:
+                progress("policy iteration", rnd, rounds, {k: v for k, v in rec.items() if isinstance(v, float)})
+        if best is not None:
+            self.policy.load_state_dict(best[1])
+            report["val_greedy_geomean"] = best[0]
+        return report
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in self.policy.state_dict().items()}
+
+    def _snapshot(self, val: Sequence[ConstructiveTask]) -> tuple[float, dict[str, torch.Tensor]] | None:
+        return (self._val_score(val), self._weights()) if val else None
+
+    def improve(self, tasks: Sequence[ConstructiveTask], *, val: Sequence[ConstructiveTask] = (),
                 iters: int | None = None, progress: Progress | None = None) -> dict[str, float]:
-        """RL on ``tasks``; keeps the best held-out weights if ``heldout`` is given.
+        """RL on ``tasks``; keeps the best validation weights if ``val`` is given.
 
         ``rl_algo="sil"`` (expert iteration): per task the best placement known so far (the best teacher's at
         first) is kept; each iteration samples K placements of a few tasks at ``temperature``, replaces the best
         where a sample beats it, and clones the best placements of those tasks (cross-entropy on their own
-        trajectories). ``"ppo"``: the clipped surrogate with a group baseline and self-imitation."""
+        trajectories). ``"ppo"``: the clipped surrogate with a group baseline and self-imitation (one terminal
+        advantage for every decision). ``"q"``: credit per decision: the student's sampled trajectories are
+        labelled every ``pi_label_every``-th state with the rollout over the student (every device's completed step
+        time under the student's greedy completion, a per-decision Q-value), and the policy's expected regret over
+        those states is minimised (an all-action policy gradient), minus the entropy bonus."""
         cfg = self.cfg
         iters = cfg.rl_iters if iters is None else iters
+        self._prepare(list(tasks) + list(val))
         self._set_lr(cfg.rl_lr)
-        best = (self._heldout_score(heldout), {k: v.clone() for k, v in self.policy.state_dict().items()}) \
-            if heldout else None
+        best = self._snapshot(val)
         for it in range(1, iters + 1):
+            if cfg.rl_algo == "q":
+                rec = self._q_iteration(tasks, it)
+                if val and (it % cfg.eval_every == 0 or it == iters):
+                    score = self._val_score(val)
+                    rec["val_greedy_geomean"] = score
+                    if best is not None and score < best[0]:
+                        best = (score, self._weights())
+                self.history.append(rec)
+                if progress:
+                    progress("rl", it, iters, {k: v for k, v in rec.items() if isinstance(v, float)})
+                continue
             self.policy.eval()
             batch = [tasks[i] for i in self.rng.choice(len(tasks), size=min(cfg.tasks_per_iter, len(tasks)),
                                                        replace=False)]
@@ -250,18 +353,56 @@ class ConstructiveTrainer:
                     self._step(loss)
             rec: dict[str, Any] = {"phase": "rl", "iter": it, "best_sample_reward": float(np.mean(stats)),
                                    "improved": float(improved), **info, "decisions": self.decisions}
-            if heldout and (it % cfg.eval_every == 0 or it == iters):
-                score = self._heldout_score(heldout)
-                rec["heldout_greedy_geomean"] = score
+            if val and (it % cfg.eval_every == 0 or it == iters):
+                score = self._val_score(val)
+                rec["val_greedy_geomean"] = score
                 if best is not None and score < best[0]:
-                    best = (score, {k: v.clone() for k, v in self.policy.state_dict().items()})
+                    best = (score, self._weights())
             self.history.append(rec)
             if progress:
                 progress("rl", it, iters, {k: v for k, v in rec.items() if isinstance(v, float)})
         if best is not None:
             self.policy.load_state_dict(best[1])
-            return {"heldout_greedy_geomean": best[0]}
+            return {"val_greedy_geomean": best[0]}
         return {}
+
+    def _q_iteration(self, tasks: Sequence[ConstructiveTask], it: int) -> dict[str, Any]:
+        """One iteration of ``rl_algo="q"`` (see ``improve``)."""
+        from agents.constructive import _replay
+        from agents.policy_rollout import rollout_over_student
+
+        cfg = self.cfg
+        pool = [i for i, t in enumerate(tasks) if t.graph.num_nodes <= cfg.pi_max_nodes and t.topology.num_devices > 1]
+        pick = self.rng.choice(len(pool), size=min(cfg.tasks_per_iter, len(pool)), replace=False)
+        self.policy.eval()
+        data, regrets = [], []
+        for i in pick.tolist():
+            t = tasks[pool[i]]
+            ro = rollout(self.policy, t, samples=1, greedy=False, record=True, generator=self.gen,
+                         temperature=cfg.temperature)
+            lab = rollout_over_student(self.policy, t, actions=ro.devices[0], label_every=cfg.pi_label_every,
+                                       offset=int(self.rng.integers(cfg.pi_label_every)))
+            self.decisions += t.graph.num_nodes * (1 + lab.completions)
+            keep = lab.labelled & (ro.trace.masks[:, 0].sum(-1) > 1)
+            if keep.any():
+                data.append((t, ro.trace, lab.regret[:, None], keep[:, None].astype(np.float32)))
+                taken = lab.regret[np.arange(len(keep)), ro.trace.actions[:, 0]]
+                regrets.append(float(taken[keep].mean()))
+        self.policy.train()
+        info: dict[str, float] = {}
+        for _ in range(cfg.ppo_epochs):
+            for t, tr, reg, w in data:
+                logp = _replay(self.policy, t, tr)
+                wt = torch.from_numpy(w) * (torch.from_numpy(tr.masks.sum(-1) > 1).float())
+                denom = wt.sum().clamp(min=1.0)
+                exp_regret = ((logp.exp() * torch.from_numpy(reg)).sum(-1) * wt).sum() / denom
+                allowed = torch.from_numpy(tr.masks)
+                ent = ((-(logp.exp() * logp.masked_fill(~allowed, 0.0)).sum(-1)) * wt).sum() / denom
+                loss = exp_regret / REGRET_UNIT - cfg.ent_coef * ent
+                self._step(loss)
+                info = {"expected_regret": float(exp_regret.detach()), "entropy": float(ent.detach())}
+        return {"phase": "rl", "iter": it, "sampled_regret": float(np.mean(regrets)) if regrets else 0.0, **info,
+                "decisions": self.decisions}
 
     @staticmethod
     def _best_known(t: ConstructiveTask) -> tuple[float, Any]:
@@ -272,13 +413,16 @@ class ConstructiveTrainer:
             t.meta["best_known"] = (float(ro.times[0]), ro.trace)
         return t.meta["best_known"]
 
-    def _heldout_score(self, tasks: Sequence[ConstructiveTask]) -> float:
+    def _val_score(self, tasks: Sequence[ConstructiveTask]) -> float:
         res = evaluate(self.policy, tasks, samples=0)
         return geomean([r.greedy_time / r.task.reference for r in res])
 
     # ------------------------------------------------------------------------------------------ checkpoint
     def save(self, path: str | Path, *, extra: dict[str, Any] | None = None, with_optimizer: bool = True) -> Path:
-        config = {**dataclasses.asdict(self.cfg), **(extra or {})}
+        from agents.checkpoint import provenance
+
+        config = {**dataclasses.asdict(self.cfg), **(extra or {}),
+                  "provenance": provenance(**(extra or {}).get("pretrain", {}))}
         return save_checkpoint(path, algo=ALGO, config=config, obs=_obs_dims(), num_timesteps=self.decisions,
                                policy=self.policy.state_dict(),
                                optimizer=self.opt.state_dict() if with_optimizer else None)

@@ -19,7 +19,7 @@ from placement_rl import baselines
 from placement_rl.cost import simulate
 from placement_rl.cost.lookahead import complete_eft, eft_rollout
 from placement_rl.cost.resolve import needs_grad
-from placement_rl.cost.schedule import ScheduleState, time_scale
+from placement_rl.cost.schedule import DEFAULT_WINDOW, ScheduleState, time_scale
 from placement_rl.cost.simulate import _inverse_bandwidth, priority_order
 from placement_rl.cost.types import CostTable
 from placement_rl.graph.ir import CompGraph
@@ -83,7 +83,7 @@ def node_features(graph: CompGraph, costs: CostTable, *, scale: float | None = N
 
 def sim_eft(graph: CompGraph, costs: CostTable, topology: DeviceTopology) -> np.ndarray:
     """The earliest-finish-time rule in the simulator's order, on the constructive state (memory-masked)."""
-    st = ScheduleState(graph, costs, topology, episodes=1)
+    st = ScheduleState(graph, costs, topology, episodes=1, window=0)
     complete_eft(st)
     return st.devices[0].copy()
 
@@ -92,23 +92,38 @@ def reference_times(graph: CompGraph, costs: CostTable, topology: DeviceTopology
                     names: tuple[str, ...] = ONE_PASS, with_sim_eft: bool = True, with_rollout: bool = True,
                     seed: int = 0, extras: dict[str, Any] | None = None) -> dict[str, tuple[float, bool, np.ndarray]]:
     """``{heuristic: (step_time, feasible, device_of_node)}`` for the one-pass heuristics, ``sim_eft`` and
-    ``eft_rollout`` (the latter only up to ``ROLLOUT_MAX_NODES`` nodes; its per-step regrets go to
-    ``extras["eft_rollout_regret"]`` when ``extras`` is given)."""
+    ``eft_rollout`` (the latter only up to ``ROLLOUT_MAX_NODES`` nodes). With ``extras`` given, it receives
+    ``eft_rollout_regret`` (per-step regrets), ``ref_seconds`` (each heuristic's own seconds) and ``ref_calls``
+    (its simulator calls, counted as complete placements evaluated: 1 for a one-pass rule, one per tried device
+    and decision for ``eft_rollout``, i.e. about N x D)."""
+    import time
+
     out: dict[str, tuple[float, bool, np.ndarray]] = {}
+    seconds: dict[str, float] = {}
+    calls: dict[str, int] = {}
     for name in names:
+        t0 = time.perf_counter()
         p = baselines.get(name)(graph, costs, topology, budget=64, seed=seed)
         r = simulate(graph, costs, topology, p)
         out[name] = (r.step_time, r.feasible, np.asarray(p.device_of_node, dtype=np.int64))
+        seconds[name], calls[name] = time.perf_counter() - t0, int(p.meta.get("sim_calls", 1) or 1)
     if with_sim_eft:
+        t0 = time.perf_counter()
         dev = sim_eft(graph, costs, topology)
         r = simulate(graph, costs, topology, dev)
         out["sim_eft"] = (r.step_time, r.feasible, dev)
+        seconds["sim_eft"], calls["sim_eft"] = time.perf_counter() - t0, 1
     if with_rollout and graph.num_nodes <= ROLLOUT_MAX_NODES:
-        dev, _, regret = eft_rollout(graph, costs, topology)
+        t0 = time.perf_counter()
+        stats: dict[str, int] = {}
+        dev, _, regret = eft_rollout(graph, costs, topology, stats=stats)
         if extras is not None:
             extras["eft_rollout_regret"] = regret
         r = simulate(graph, costs, topology, dev)
         out["eft_rollout"] = (r.step_time, r.feasible, dev)
+        seconds["eft_rollout"], calls["eft_rollout"] = time.perf_counter() - t0, stats["completions"]
+    if extras is not None:
+        extras["ref_seconds"], extras["ref_calls"] = seconds, calls
     return out
 
 
@@ -127,6 +142,7 @@ class ConstructiveTask:
     costs: CostTable
     refs: dict[str, tuple[float, bool, np.ndarray]] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    window: int = DEFAULT_WINDOW  # lookahead window of the state's features (``placement_rl.cost.window``)
 
     def __post_init__(self) -> None:
         self.scale = time_scale(self.graph, self.costs)
@@ -141,9 +157,10 @@ class ConstructiveTask:
 
     def state(self, episodes: int = 1) -> ScheduleState:
         """A fresh (reset) schedule state of ``episodes`` side by side, built once per count and kept."""
-        key = ("state", int(episodes))
+        key = ("state", int(episodes), self.window)
         if key not in self.meta:
-            self.meta[key] = ScheduleState(self.graph, self.costs, self.topology, episodes=episodes)
+            self.meta[key] = ScheduleState(self.graph, self.costs, self.topology, episodes=episodes,
+                                           window=self.window)
         st = self.meta[key]
         st.reset()
         return st

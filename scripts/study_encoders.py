@@ -45,7 +45,7 @@ def main() -> None:
                                  samples=32, eval_every=10, seed=a.seed)
         trainer = ConstructiveTrainer(cfg)
         agree = trainer.imitate(train)
-        trainer.improve(train, heldout=val)
+        trainer.improve(train, val=val)
         s = summarise(result_rows(evaluate(trainer.policy, held, samples=16, seed=a.seed)))
         rows.append({"encoder": enc, "params": sum(p.numel() for p in trainer.policy.parameters()),
                      "agreement": agree, "greedy_geomean": s["greedy_geomean"],

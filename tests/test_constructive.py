@@ -51,22 +51,25 @@ def test_env_contract_and_final_reward() -> None:
     assert total == pytest.approx(np.log(info["reference"] / step))
 
 
-def test_imitation_reaches_the_teacher() -> None:
-    """Behaviour cloning + DAgger (regret-weighted) on a small fixed set: the student's greedy placement is within
-    2% of its teacher's step time over the set (geometric mean) and within 5% on every task. The teacher is the
-    best per task of the one-pass heuristics, sim_eft and the lookahead eft_rollout (here always the latter)."""
-    torch.manual_seed(0)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_imitation_reaches_the_teacher(seed) -> None:
+    """Behaviour cloning + DAgger (regret-weighted) on a small fixed set, for three seeds: the student's greedy
+    placement is within 1% of its teacher's step time over the set (geometric mean) and within 3% on every task.
+    The teacher is the best per task of the one-pass heuristics, sim_eft and the lookahead eft_rollout (here always
+    the latter). With the window features the student sees the teacher's criterion (truncated to W nodes), so it
+    can fit it; without them seed 0 stalled at 1.20 on one task (measured on an AMD EPYC)."""
+    torch.manual_seed(seed)
     tasks = [task("layered", 30, 0, "4x_v100_nvlink"), task("dataflow", 30, 1, "4x_v100_nvlink"),
              task("series_parallel", 30, 2, "2x4_v100_ib"), task("transformer_like", 30, 3, "cpu_2gpu")]
-    cfg = ConstructiveConfig(hidden=64, layers=3, bc_epochs=80, dagger_rounds=4, rl_iters=0, seed=0)
+    cfg = ConstructiveConfig(hidden=64, layers=3, bc_epochs=80, dagger_rounds=4, rl_iters=0, seed=seed)
     trainer = ConstructiveTrainer(cfg)
     trainer.imitate(tasks)
     ratios = []
     for r in evaluate(trainer.policy, tasks, samples=0):
         name, _ = r.task.teacher()
         ratios.append(r.greedy_time / r.task.refs[name][0])
-        assert ratios[-1] <= 1.05, (r.task.graph.name, name, ratios[-1])
-    assert float(np.exp(np.mean(np.log(ratios)))) <= 1.02, ratios
+        assert ratios[-1] <= 1.03, (r.task.graph.name, name, ratios[-1])
+    assert float(np.exp(np.mean(np.log(ratios)))) <= 1.01, ratios
 
 
 def test_one_checkpoint_places_on_any_device_count(tmp_path) -> None:

@@ -145,17 +145,18 @@ GROUPS: dict[str, dict[str, Key]] = {
         "reinforce.max_grad_norm": positive(),
         # the constructive policy (agents.constructive_train.ConstructiveConfig)
         "lr": positive(), "bc_epochs": count(0), "dagger_rounds": count(0),
-        "rl_algo": Key(str, choices=("sil", "ppo")), "rl_lr": positive(), "rl_iters": count(0),
+        "rl_algo": Key(str, choices=("sil", "ppo", "q")), "rl_lr": positive(), "rl_iters": count(0),
         "temperature": positive(), "tasks_per_iter": count(1), "samples": count(1), "ppo_epochs": count(1),
         "clip": fraction(open_low=True), "sil_coef": Key(float, low=0), "regret_coef": Key(float, low=0),
-        "eval_every": count(1),
+        "window": count(0), "pi_rounds": count(0), "pi_epochs": count(0), "pi_label_every": count(1),
+        "pi_max_nodes": count(1), "eval_every": count(1),
         "eval_samples": count(0), "search_budget": count(0),
     },
     "encoder": {"name": Key(str, choices=_yaml_names("encoder")), "hidden": count(1), "layers": count(1)},
     "trainer": {"total_steps": count(0), "eval_samples": count(0), "compare": FLAG, "tensorboard": FLAG,
                 "pretrain.train_tasks": count(1), "pretrain.val_tasks": count(0), "pretrain.sizes": Key(list),
-                "pretrain.devices": Key(list), "pretrain.zoo_frac": fraction(), "pretrain.heldout": FLAG,
-                "pretrain.workers": count(1)},
+                "pretrain.devices": Key(list), "pretrain.zoo_frac": fraction(), "pretrain.dev": FLAG,
+                "pretrain.workers": count(1), "pretrain.seed": count(0), "pretrain.cache": Key(str, null=True)},
 }
 
 COMMANDS: dict[str, dict[str, Key]] = {

@@ -74,15 +74,17 @@ def run_pretrain(cfg: DictConfig) -> dict:
     from placement_rl.studies.pretrain import PretrainSpec, pretrain
 
     p = dict(to_container(cfg.trainer.pretrain))
-    spec = PretrainSpec(**{**p, "sizes": tuple(p["sizes"]), "devices": tuple(p["devices"]), "seed": int(cfg.seed)})
+    spec = PretrainSpec(**{**p, "sizes": tuple(p["sizes"]), "devices": tuple(p["devices"])})
     out = output_dir()
-    metrics = pretrain(spec, constructive_config(cfg), out)
-    h = metrics.get("heldout", {})
+    metrics = pretrain(spec, constructive_config(cfg), out)  # the policy's seed is `seed`; the tasks' pretrain.seed
+    h = metrics.get("dev", {})
     if h:
-        print(f"held-out zero-shot over {h['pairs']} pairs (ratio to the best one-pass heuristic): greedy geomean "
+        print(f"dev split zero-shot over {h['pairs']} pairs (ratio to the best one-pass heuristic): greedy geomean "
               f"{h['greedy_geomean']:.4f}, <= 1.00 on {h['greedy_le_1_frac']:.0%}; best of 16 geomean "
-              f"{h['best_of_k_geomean']:.4f}; sim_eft heuristic {h.get('sim_eft_geomean', float('nan')):.4f}")
-    print(f"artifacts in {out}: checkpoint.pt, generalization.md, generalization.csv, training.json, metrics.json")
+              f"{h['best_of_k_geomean']:.4f}; greedy / sim_eft {h.get('greedy_over_sim_eft_geomean', float('nan')):.4f}"
+              f", greedy / eft_rollout {h.get('greedy_over_eft_rollout_geomean', float('nan')):.4f}")
+    print(f"artifacts in {out}: checkpoint.pt (and checkpoint_imitation.pt, checkpoint_pi.pt), dev.md, dev.csv, "
+          f"training.json, metrics.json")
     return metrics
 
 

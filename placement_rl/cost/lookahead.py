@@ -21,73 +21,44 @@ of the states the actions lead to (DAgger / AggreVaTe).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
-from placement_rl.cost.schedule import _NO_REC, ScheduleState, _batch_features, _batch_place
+from placement_rl.cost.decode import EARLIEST_FINISH, decode
+from placement_rl.cost.schedule import ScheduleState
 from placement_rl.cost.types import CostTable
 from placement_rl.graph.ir import CompGraph
 from placement_rl.topology import DeviceTopology
 
 MAX_REGRET = 0.25
 TIE = 1e-4  # relative step-time difference below which two devices count as tied
-_STATE = ("devices", "_finish", "_arrive", "_sent", "_dev_free", "_link_free", "busy", "memory", "_acc",
-          "bwd_busy")
-
-
-@njit(cache=True, nogil=True)
-def _complete_eft(start, order, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, link_upper, link_coef,
-                  static_mem, capacity, speed, inv_scale, finish, arrive, sent, dev_free, link_free, busy, mem, acc,
-                  bload, scratch, est, eft, nb, lb, feats, mask, rec_n, rec_kind, rec_res, rec_start, rec_end,
-                  rec_label):
-    """Place ``order[start:]`` in every episode by the earliest-finish rule (memory-masked)."""
-    n = order.shape[0]
-    k_eps, nd = dev_free.shape
-    act = np.zeros(k_eps, np.int64)
-    for t in range(start, n):
-        v = order[t]
-        _batch_features(v, t / n, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, link_upper, link_coef,
-                        static_mem, capacity, speed, inv_scale, finish, arrive, sent, dev_free, link_free, busy, mem,
-                        acc, bload, scratch, est, eft, nb, lb, feats, mask)
-        for k in range(k_eps):
-            best, arg = np.inf, 0
-            for d in range(nd):
-                if mask[k, d] and feats[k, d, 1] < best:
-                    best, arg = feats[k, d, 1], d
-            act[k] = arg
-        _batch_place(v, act, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, link_upper, link_coef,
-                     static_mem, finish, arrive, sent, dev_free, link_free, busy, mem, acc, bload, rec_n, rec_kind,
-                     rec_res, rec_start, rec_end, rec_label)
 
 
 def complete_eft(st: ScheduleState) -> None:
     """Place the rest of ``st``'s nodes in every episode by the earliest-finish rule (``sim_eft``)."""
-    _complete_eft(st.step, st.order, st.devices, *st._g, st._fwd, st._bwd, st._link_upper, st._link_coef, st._static,
-                  st.capacity, st._speed, 1.0 / st.scale, st._finish, st._arrive, st._sent, st._dev_free,
-                  st._link_free, st.busy, st.memory, st._acc, st.bwd_busy, st._scratch, st._est, st._eft, st._nb,
-                  st._lb, st.feats, st.mask, *_NO_REC)
-    st.step = st.num_nodes
+    decode(st, EARLIEST_FINISH)
 
 
 def eft_rollout(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
-                actions: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                actions: np.ndarray | None = None,
+                stats: dict[str, int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(devices [N], labels [N], regret [N, D])``: the lookahead placement (or ``actions``' placement), the
-    lookahead choice at every decision (the simulator's node order) and each device's regret (see module doc)."""
+    lookahead choice at every decision (the simulator's node order) and each device's regret (see module doc).
+    ``stats["completions"]`` receives the number of completed placements it evaluated (its simulator calls)."""
     nd = topology.num_devices
-    main = ScheduleState(graph, costs, topology, episodes=1)
-    branch = ScheduleState(graph, costs, topology, episodes=nd)
+    main = ScheduleState(graph, costs, topology, episodes=1, window=0)
+    branch = ScheduleState(graph, costs, topology, episodes=nd, window=0)
     labels = np.zeros(graph.num_nodes, dtype=np.int64)
     regret = np.zeros((graph.num_nodes, nd), dtype=np.float32)
     trial = np.arange(nd, dtype=np.int64)
+    completions = 0
     while not main.done:
         step = main.step
         feats, mask = main.features()
         ok, eft = mask[0].copy(), feats[0, :, 1].copy()
-        for name in _STATE:
-            getattr(branch, name)[:] = getattr(main, name)[0]
-        branch.step = step
+        branch.branch_from(main, 0)
         branch.place(trial)
         complete_eft(branch)
         times = np.where(ok & branch.feasible(), branch.finish(), np.inf)
+        completions += int(ok.sum())
         if not np.isfinite(times).any():  # nothing completes within memory: the earliest finish that fits now
             times = np.where(ok, eft, np.inf)
         # near-ties (within TIE of the best) go to the earliest finish: a label only departs from sim_eft for a
@@ -98,4 +69,6 @@ def eft_rollout(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
             regret[step] = np.where(ok, np.minimum(times / times.min() - 1.0, MAX_REGRET), 0.0)
         v = main.node
         main.place(int(actions[v]) if actions is not None else labels[step])
+    if stats is not None:
+        stats["completions"] = completions
     return main.devices[0].copy(), labels, regret

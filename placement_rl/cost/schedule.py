@@ -35,6 +35,15 @@ devices or its total work over the device count, whichever is larger):
 ``bwd_grow``           d's backward work after placing the node minus the busiest device's backward work so far
                        (> 0: the backward pass's most loaded device gets busier; the step time counts backward too)
 ``bwd_load``           backward work already on d
+``la_end``             forward end after placing the node on d and the next W nodes by earliest finish, minus the
+                       best device's (``placement_rl.cost.window``; W = ``window``)
+``la_load``            the same window's peak forward + backward load of any device, minus the best device's
+``la_comm``            the same window's communication time so far, minus the best device's
+``la_over``            1 if the window overflows a device's memory
+``conn``               d's mean link bandwidth to the other devices over the best-connected device's (static)
+``prod_link``          log1p of the byte-weighted time per byte from the node's producers' devices to d (over the
+                       fastest link's)
+``cons_link``          the same from d to the devices holding the node's consumers' other inputs
 =====================  ==========================================================================
 """
 
@@ -49,14 +58,18 @@ from placement_rl.cost.resolve import needs_grad
 from placement_rl.cost.comm_fit import link_segments, split_segments
 from placement_rl.cost.simulate import _owned, check_costs, priority_order
 from placement_rl.cost.types import CostTable
+from placement_rl.cost.window import EXTRA_FEATURES, link_position, topology_features, undo_capacity, window_features
 from placement_rl.errors import PlanError
 from placement_rl.graph.ir import CompGraph
 from placement_rl.topology import DeviceTopology
 
-DEVICE_FEATURES = ("est_gap", "eft_gap", "exec", "slowdown", "bwd", "local_frac", "recv_frac", "extends", "idle",
-                   "load", "mem_after", "mem_now", "best_eft", "best_est", "empty", "speed", "progress", "bwd_grow",
-                   "bwd_load")
+BASE_FEATURES = ("est_gap", "eft_gap", "exec", "slowdown", "bwd", "local_frac", "recv_frac", "extends", "idle",
+                 "load", "mem_after", "mem_now", "best_eft", "best_est", "empty", "speed", "progress", "bwd_grow",
+                 "bwd_load")
+NUM_BASE_FEATURES = len(BASE_FEATURES)
+DEVICE_FEATURES = BASE_FEATURES + EXTRA_FEATURES
 NUM_DEVICE_FEATURES = len(DEVICE_FEATURES)
+DEFAULT_WINDOW = 16
 _NO_REC = (np.zeros(1, np.int64), np.zeros(0, np.int8), np.zeros(0, np.int64), np.zeros(0), np.zeros(0),
            np.zeros(0, np.int64))
 
@@ -125,6 +138,23 @@ def _batch_features(v, progress, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, 
 
 
 @njit(cache=True, nogil=True)
+def _batch_extra(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, fwd,
+                 bwd, link_upper, link_coef, static_mem, capacity, inv_scale, tpb, conn, finish, arrive, sent, dev_free,
+                 link_free, busy, mem, acc, bload, mask, save, undo_slot, undo_val, scratch, est, eft, nb, lb, stats,
+                 feats, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
+    """The window and topology-position columns of every episode's feature block (after ``_batch_features``)."""
+    v = order[t]
+    for k in range(dev.shape[0]):
+        window_features(t, order, window, dev[k], pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, link_upper,
+                        link_coef, static_mem, capacity, inv_scale, finish[k], arrive[k], sent[k], dev_free[k],
+                        link_free[k], busy[k], mem[k], acc[k], bload[k], mask[k], save, undo_slot, undo_val, scratch,
+                        est, eft, nb, lb, stats, feats[k], 19, rec_n, rec_kind, rec_res, rec_start, rec_end,
+                        rec_label)
+        topology_features(v, dev[k], pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, tpb, conn,
+                          feats[k], 23)
+
+
+@njit(cache=True, nogil=True)
 def _batch_place(v, actions, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, link_upper, link_coef,
                  static_mem, finish, arrive, sent, dev_free, link_free, busy, mem, acc, bload, rec_n, rec_kind, rec_res,
                  rec_start,
@@ -177,7 +207,7 @@ class ScheduleState:
     """
 
     def __init__(self, graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, episodes: int = 1,
-                 order: str = "program") -> None:
+                 order: str = "program", window: int = DEFAULT_WINDOW) -> None:
         check_costs(graph, costs, topology)
         check_fits(graph, topology)
         n, d, k = graph.num_nodes, topology.num_devices, int(episodes)
@@ -207,6 +237,16 @@ class ScheduleState:
         self._nb, self._lb = np.zeros(d), np.zeros(d)
         self.feats = np.zeros((k, d, NUM_DEVICE_FEATURES), dtype=np.float32)
         self.mask = np.zeros((k, d), dtype=np.bool_)
+        self.window = int(window)
+        if self.window < 0:
+            raise PlanError(f"window must be >= 0, got {window}")
+        from placement_rl.cost.simulate import _inverse_bandwidth
+
+        self._tpb, self._conn = link_position(_inverse_bandwidth(costs), np.asarray(costs.link_latency, np.float64))
+        self._save = np.zeros(4 * d + d * d + 2)
+        cap = undo_capacity(graph.pred_ptr, self.order, self.window)
+        self._undo_slot, self._undo_val = np.zeros(cap, i64), np.zeros((cap, 2))
+        self._stats = np.zeros((d, 4))
         self.step = 0
         self.reset()
 
@@ -228,6 +268,10 @@ class ScheduleState:
         """[K] end of the forward pass scheduled so far."""
         return self._acc[:, 1].copy()
 
+    def node_finish(self, node: int) -> np.ndarray:
+        """[K] forward finish time of a placed ``node`` in each episode."""
+        return self._finish[:, int(node)].copy()
+
     def reset(self) -> None:
         _batch_reset(self.devices, self._finish, self._arrive, self._sent, self._dev_free, self._link_free,
                      self.busy, self.memory, self._acc, self.bwd_busy)
@@ -241,7 +285,33 @@ class ScheduleState:
                         self._finish, self._arrive, self._sent, self._dev_free, self._link_free, self.busy,
                         self.memory, self._acc, self.bwd_busy, self._scratch, self._est, self._eft, self._nb, self._lb,
                         self.feats, self.mask)
+        _batch_extra(*self.extra_args())
         return self.feats, self.mask
+
+    _EPISODE_ARRAYS = ("devices", "_finish", "_arrive", "_sent", "_dev_free", "_link_free", "busy", "memory", "_acc",
+                       "bwd_busy")
+
+    def branch_from(self, other: "ScheduleState", k: int = 0) -> None:
+        """Copy episode ``k`` of ``other`` (same task) into every episode of this state, at its step."""
+        for name in self._EPISODE_ARRAYS:
+            getattr(self, name)[:] = getattr(other, name)[k]
+        self.step = other.step
+
+    def kernel_state(self) -> tuple:
+        """The state's arrays in the order the decode kernel (``placement_rl.cost.decode``) takes them."""
+        return (self.devices, *self._g[:3], *self._succ, self._g[3], self._fwd, self._bwd, self._link_upper,
+                self._link_coef, self._static, self.capacity, self._speed, 1.0 / self.scale, self._tpb, self._conn,
+                self._finish, self._arrive, self._sent, self._dev_free, self._link_free, self.busy, self.memory,
+                self._acc, self.bwd_busy, self._scratch, self._est, self._eft, self._nb, self._lb, self.feats,
+                self.mask, self._save, self._undo_slot, self._undo_val, self._stats, *_NO_REC)
+
+    def extra_args(self) -> tuple:
+        """The arguments of ``_batch_extra`` at the current step (the compiled decoders pass them on)."""
+        return (self.step, self.order, self.window, self.devices, *self._g[:3], *self._succ, self._g[3], self._fwd,
+                self._bwd, self._link_upper, self._link_coef, self._static, self.capacity, 1.0 / self.scale, self._tpb,
+                self._conn, self._finish, self._arrive, self._sent, self._dev_free, self._link_free, self.busy,
+                self.memory, self._acc, self.bwd_busy, self.mask, self._save, self._undo_slot, self._undo_val,
+                self._scratch, self._est, self._eft, self._nb, self._lb, self._stats, self.feats, *_NO_REC)
 
     def place(self, actions) -> None:
         """Put the next node on ``actions[k]`` in episode k (an int applies to every episode)."""
@@ -274,3 +344,7 @@ class ScheduleState:
     def feasible(self) -> np.ndarray:
         """[K] whether every device's memory stays within capacity (valid once every node is placed)."""
         return np.all(self.memory <= self.capacity, axis=1)
+
+
+assert NUM_BASE_FEATURES == 19 and DEVICE_FEATURES.index("la_end") == 19 and DEVICE_FEATURES.index("conn") == 23, \
+    "_batch_extra writes the window block at column 19 and the topology block at 23"

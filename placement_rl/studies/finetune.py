@@ -5,8 +5,10 @@
 a heuristic's), places again, and optionally runs a local search seeded by the policy's best placement. Every
 result is its own named row (``LearnedRow``): the policy's greedy and best-of-k before and after fine-tuning and
 the best placement it sampled while fine-tuning are learned; ``learned + local search`` is a search row; the
-one-pass heuristics (HEFT, m-ETF, m-SCT, METIS) and ``sim_eft`` are heuristic rows. Simulator calls are counted
-per finished episode (each is one evaluation of a placement's step time).
+one-pass heuristics (HEFT, m-ETF, m-SCT, METIS), ``sim_eft`` and ``eft_rollout`` are heuristic rows. Simulator
+calls are counted as complete placements evaluated (a one-pass rule: 1; ``eft_rollout``: one per tried device and
+decision, about N x D; a learned row: its episodes), and every row carries its own seconds (the learned rows'
+exclude building the heuristics' rows) and its computed feasibility.
 """
 
 from __future__ import annotations
@@ -52,15 +54,18 @@ class FinetuneResult:
 def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, policy: DevicePolicy,
              config: ConstructiveConfig, *, samples: int = 16, search_budget: int = 0, seed: int = 0,
              log: Callable[[str], None] = print) -> FinetuneResult:
-    t0 = time.perf_counter()
     task = ConstructiveTask.build(graph, topology, costs, id=f"{graph.name}@{topology.name}")
-    rows = [LearnedRow(name, "heuristic", t, ok, dev, 1) for name, (t, ok, dev) in task.refs.items()]
+    secs, calls = task.meta.get("ref_seconds", {}), task.meta.get("ref_calls", {})
+    rows = [LearnedRow(name, "heuristic", t, ok, dev, int(calls.get(name, 1)), float(secs.get(name, 0.0)))
+            for name, (t, ok, dev) in task.refs.items()]
+    t0 = time.perf_counter()  # the learned rows' own seconds: not the heuristics' (teachers are not needed here)
     zs = evaluate(policy, [task], samples=samples, seed=seed)[0]
     n_calls = 1 + samples
+    t_zs = time.perf_counter() - t0
     rows.append(LearnedRow("policy zero-shot (greedy)", "learned", zs.greedy_time, bool(zs.greedy.feasible[0]),
-                           zs.greedy.devices[0], 1))
-    rows.append(LearnedRow(f"policy zero-shot (best of {samples})", "learned", zs.best_time, True, zs.best_devices,
-                           n_calls))
+                           zs.greedy.devices[0], 1, t_zs))
+    rows.append(LearnedRow(f"policy zero-shot (best of {samples})", "learned", zs.best_time,
+                           _feasible(graph, costs, topology, zs.best_devices), zs.best_devices, n_calls, t_zs))
     # expert iteration on this task, from the policy's own greedy placement
     own = rollout(policy, task, samples=1, greedy=True, record=True)
     task.meta["best_known"] = (float(own.times[0]), own.trace)
@@ -82,17 +87,14 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
     dev = np.empty(graph.num_nodes, np.int64)
     dev[best_trace.nodes] = sampled
     rows.append(LearnedRow(f"policy fine-tuning (best of its {config.rl_iters * config.samples} samples)", "learned",
-                           best_t, True, dev, n_calls))
+                           best_t, _feasible(graph, costs, topology, dev), dev, n_calls, time.perf_counter() - t0))
     ft = evaluate(trainer.policy, [task], samples=samples, seed=seed + 1)[0]
     n_calls += 1 + samples
+    secs_ft = time.perf_counter() - t0
     rows.append(LearnedRow("policy fine-tuned (greedy)", "learned", ft.greedy_time, bool(ft.greedy.feasible[0]),
-                           ft.greedy.devices[0], n_calls))
-    rows.append(LearnedRow(f"policy fine-tuned (best of {samples})", "learned", ft.best_time, True, ft.best_devices,
-                           n_calls))
-    learned_secs = time.perf_counter() - t0
-    for r in rows:
-        if r.kind == "learned":
-            r.seconds = learned_secs
+                           ft.greedy.devices[0], n_calls, secs_ft))
+    rows.append(LearnedRow(f"policy fine-tuned (best of {samples})", "learned", ft.best_time,
+                           _feasible(graph, costs, topology, ft.best_devices), ft.best_devices, n_calls, secs_ft))
     if search_budget > 0:
         from placement_rl.baselines.search import refine
 
@@ -104,6 +106,11 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
                                np.asarray(p.device_of_node), n_calls + int(p.meta.get("sim_calls", search_budget)),
                                time.perf_counter() - t1))
     return FinetuneResult(task, rows, curve, trainer)
+
+
+def _feasible(graph: CompGraph, costs: CostTable, topology: DeviceTopology, devices: np.ndarray) -> bool:
+    """Whether a placement fits in memory (computed, never assumed)."""
+    return bool(simulate(graph, costs, topology, np.asarray(devices, dtype=np.int64)).feasible)
 
 
 def describe(result: FinetuneResult) -> list[dict[str, Any]]:

@@ -6,10 +6,12 @@ The training distribution (``training_specs``): synthetic DAG families ``layered
 PCIe inside hosts, InfiniBand / Ethernet between them, mixed GPU kinds, CPUs, small memories). No preset
 topology is ever trained on.
 
-The held-out set (``heldout_specs``, 28 pairs): the ``series_parallel`` family (never trained on), the
+The dev split (``heldout_specs``, 32 pairs; it chose checkpoints before, so it is a dev set now): the ``series_parallel`` family (never trained on), the
 ``layered`` and ``dataflow`` families at 600-1000 nodes (a size range never trained on), the zoo models
 ``resnet50``, ``inception``, ``moe`` and ``bert_hf`` (never trained on), on the presets ``4x_v100_nvlink``,
 ``2x4_v100_ib`` (8 devices, two hosts), ``8x_a100_nvswitch`` (8 devices) and ``cpu_2gpu`` (heterogeneous).
+
+The test split (``test_specs``, 32 pairs) is looked at only for final figures.
 
 A spec is a plain dict (``{"graph": {...}, "topology": preset | {"random": seed, ...}}``) so task building can
 run in worker processes; ``build_tasks`` captures / samples the graphs, resolves costs and runs the teachers.
@@ -74,6 +76,41 @@ def heldout_specs(*, seed: int = 12345, hf: bool = True) -> list[dict[str, Any]]
     return out
 
 
+TEST_TOPOLOGIES = ("8x_v100_dgx1", "4x_v100_pcie", "2x_k80", "8x_h100_dgx")
+TEST_ZOO = ("llama_hf", "opt_hf", "gpt2_hf", "mixtral_hf")
+
+
+def test_specs(*, seed: int = 777, hf: bool = True) -> list[dict[str, Any]]:
+    """The test split (32 pairs; 16 without the ``hf`` extra), touched only for final figures: ``series_parallel``
+    (a family never trained on) at 200-600 nodes, ``transformer_like`` and ``cnn_like`` at 500-900 nodes (sizes never
+    trained on), four HuggingFace models never trained on (Llama, OPT, GPT-2, Mixtral), each on four presets
+    neither trained nor used for development, one of them with links that differ pair by pair (the 8-GPU DGX-1
+    hybrid cube-mesh) and one of older, slower GPUs (2x K80)."""
+    rng = np.random.default_rng(seed)
+    graphs: list[dict[str, Any]] = []
+    for _ in range(2):
+        graphs.append({"family": "series_parallel", "num_nodes": int(rng.integers(200, 600)),
+                       "seed": int(rng.integers(2**31))})
+    for fam in ("transformer_like", "cnn_like"):
+        graphs.append({"family": fam, "num_nodes": int(rng.integers(500, 900)), "seed": int(rng.integers(2**31))})
+    graphs += [{"zoo": z} for z in TEST_ZOO if hf]
+    out = []
+    for g in graphs:
+        for t in TEST_TOPOLOGIES:
+            name = g.get("zoo") or f"{g['family']}-{g['num_nodes']}"
+            out.append({"graph": g, "topology": t, "id": f"{name}@{t}"})
+    return out
+
+
+def split_specs(split: str) -> list[dict[str, Any]]:
+    """``dev`` (the 32 earlier held-out pairs: every choice is made on them) or ``test`` (final figures only)."""
+    if split == "dev":
+        return heldout_specs()
+    if split == "test":
+        return test_specs()
+    raise ConfigError(f"split must be dev or test, got {split!r}")
+
+
 def _graph(spec: dict[str, Any]):
     if "zoo" in spec:
         return graph_from_spec({"source": "zoo", "name": spec["zoo"], "coarsen": {"enabled": True}})
@@ -109,8 +146,34 @@ def _build_many(specs: Sequence[dict[str, Any]]) -> list[ConstructiveTask | None
 
 
 def build_tasks(specs: Sequence[dict[str, Any]], *, workers: int | None = None,
-                progress: Callable[[int, int], None] | None = None) -> list[ConstructiveTask]:
-    """Build every spec's task (teachers included) on ``workers`` processes; tasks that cannot fit are dropped."""
+                progress: Callable[[int, int], None] | None = None,
+                cache: str | Path | None = None) -> list[ConstructiveTask]:
+    """Build every spec's task (teachers included) on ``workers`` processes; tasks that cannot fit are dropped.
+    With ``cache`` (a directory), the built tasks are kept there keyed by the specs and reused (a local cache
+    of this machine's own results, pickled: never load one from elsewhere)."""
+    if cache is not None:
+        import hashlib
+        import json
+        import pickle
+
+        from agents.checkpoint import provenance
+
+        prov = provenance()  # the cost model's code and fits: a cache entry is only reused under the same rewards
+        key = hashlib.sha256(json.dumps([list(specs), prov["cost_model_sha"], prov["fits_sha"]],
+                                        sort_keys=True).encode()).hexdigest()[:16]
+        path = Path(cache) / f"tasks-{key}.pkl"
+        if path.is_file():
+            with open(path, "rb") as fh:
+                return pickle.load(fh)
+        tasks = build_tasks(specs, workers=workers, progress=progress)
+        for t in tasks:
+            t.meta = {k: v for k, v in t.meta.items() if isinstance(k, str) and k != "tensors"}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as fh:
+            pickle.dump(tasks, fh)
+        tmp.replace(path)
+        return tasks
     workers = max(1, min(workers or (os.cpu_count() or 1), len(specs) or 1))
     chunks = [list(specs[i::workers * 4]) for i in range(workers * 4)]
     out: list[ConstructiveTask] = []
@@ -142,9 +205,10 @@ class PretrainSpec:
     sizes: tuple[int, int] = (16, 400)
     devices: tuple[int, int] = (2, 16)
     zoo_frac: float = 0.15
-    heldout: bool = True  # evaluate on ``heldout_specs`` at the end
+    dev: bool = True  # evaluate on the dev split (``heldout_specs``) at the end
     workers: int = 2
-    seed: int = 0
+    seed: int = 0  # the training tasks' draw
+    cache: str | None = None  # directory keeping built tasks between runs (``build_tasks``)
 
     def __post_init__(self) -> None:
         if self.train_tasks < 1 or self.val_tasks < 0:
@@ -164,11 +228,18 @@ def result_rows(results: Sequence[Any]) -> list[dict[str, Any]]:
     for r in results:
         t = r.task
         ref_name, ref = best_of(t.refs)
+        k = 0 if r.sampled is None else len(r.sampled.times)
         row = {"pair": t.meta.get("id", t.graph.name), "nodes": t.graph.num_nodes, "devices": t.topology.num_devices,
                "best_one_pass": ref_name, "best_one_pass_ms": ref * 1e3,
-               "greedy": r.greedy_time / ref, "best_of_k": r.best_time / ref}
+               "greedy": r.greedy_time / ref if bool(r.greedy.feasible[0]) else float("nan"),
+               "best_of_k": r.best_time / ref, "greedy_s": r.greedy_seconds,
+               "best_of_k_s": r.greedy_seconds + r.sampled_seconds, "best_of_k_calls": 1 + k}
         for name, (time_, feasible, _) in t.refs.items():
             row[name] = time_ / ref if feasible else float("nan")
+        for name in ("sim_eft", "eft_rollout"):
+            if name in t.meta.get("ref_seconds", {}):
+                row[f"{name}_s"] = t.meta["ref_seconds"][name]
+                row[f"{name}_calls"] = t.meta["ref_calls"][name]
         rows.append(row)
     return rows
 
@@ -189,11 +260,18 @@ def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
         out["eft_rollout_pairs"] = len(roll)
         out["eft_rollout_geomean"] = geomean([r["eft_rollout"] for r in roll])
         out["greedy_over_eft_rollout_geomean"] = geomean([r["greedy"] / r["eft_rollout"] for r in roll])
+        out["best_of_k_over_eft_rollout_geomean"] = geomean([r["best_of_k"] / r["eft_rollout"] for r in roll])
+        out["greedy_le_eft_rollout_frac"] = float(np.mean([r["greedy"] <= r["eft_rollout"] + 1e-9 for r in roll]))
+    for key in ("greedy_s", "best_of_k_s", "eft_rollout_s", "best_of_k_calls", "eft_rollout_calls"):
+        vals = [r[key] for r in rows if key in r]
+        if vals:
+            out[f"mean_{key}"] = float(np.mean(vals))
     return out
 
 
 COLUMNS = ("pair", "nodes", "devices", "best_one_pass", "best_one_pass_ms", "greedy", "best_of_k", "heft", "m_etf",
-           "m_sct", "metis", "sim_eft", "eft_rollout")
+           "m_sct", "metis", "sim_eft", "eft_rollout", "greedy_s", "best_of_k_s", "best_of_k_calls", "eft_rollout_s",
+           "eft_rollout_calls")
 
 
 def write_report(rows: Sequence[dict[str, Any]], out: Path, *, title: str, stem: str = "generalization") -> str:
@@ -214,9 +292,11 @@ def write_report(rows: Sequence[dict[str, Any]], out: Path, *, title: str, stem:
 
 
 def pretrain(spec: PretrainSpec, cfg: Any, out: Path, *, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Imitation then expert iteration over the training distribution (``cfg``: a ``ConstructiveConfig``);
-    writes ``checkpoint.pt``, ``generalization.md/.csv`` (held-out pairs), ``training.json`` and returns the
-    metrics."""
+    """Imitation, then approximate policy iteration, then RL with credit per decision over the training
+    distribution (``cfg``: a ``ConstructiveConfig``; its ``seed`` is the pretraining seed), early stopping on
+    validation tasks from the same distribution. Writes ``checkpoint_imitation.pt`` and ``checkpoint_pi.pt``
+    (the policy after each phase, for the ablation), ``checkpoint.pt``, ``dev.md/.csv`` (the dev split),
+    ``training.json`` and ``metrics.json``; returns the metrics."""
     import json
     import time
 
@@ -236,9 +316,11 @@ def pretrain(spec: PretrainSpec, cfg: Any, out: Path, *, log: Callable[[str], No
 
     log(f"building {spec.train_tasks} training tasks (graphs, random clusters, teachers) on {spec.workers} workers")
     train = build_tasks(training_specs(spec.train_tasks, seed=spec.seed, size=spec.sizes, zoo_frac=spec.zoo_frac,
-                                       devices=spec.devices), workers=spec.workers, progress=step("training tasks"))
+                                       devices=spec.devices), workers=spec.workers, progress=step("training tasks"),
+                        cache=spec.cache)
     val = build_tasks(training_specs(spec.val_tasks, seed=spec.seed + 10_000, size=spec.sizes, devices=spec.devices),
-                      workers=spec.workers) if spec.val_tasks else []
+                      workers=spec.workers, cache=spec.cache) if spec.val_tasks else []
+    build_seconds = time.perf_counter() - t0
     trainer = ConstructiveTrainer(cfg)
 
     def prog(phase: str, i: int, n: int, info: dict[str, float]) -> None:
@@ -246,21 +328,35 @@ def pretrain(spec: PretrainSpec, cfg: Any, out: Path, *, log: Callable[[str], No
             log(f"  {phase} {i}/{n}: " + ", ".join(f"{k} {v:.4f}" for k, v in info.items() if k != "decisions")
                 + f" ({time.perf_counter() - t0:.0f} s)")
 
-    log(f"imitation: behaviour cloning ({cfg.bc_epochs} epochs) + {cfg.dagger_rounds} DAgger rounds on {len(train)} tasks")
-    agree = trainer.imitate(train, progress=prog)
-    log(f"RL ({cfg.rl_algo}): {cfg.rl_iters} iterations, early stopping on {len(val)} validation tasks")
-    rl = trainer.improve(train, heldout=val, progress=prog)
+    extra = {"pretrain": dataclasses.asdict(spec)}
+    phases: dict[str, Any] = {}
+    log(f"imitation: behaviour cloning ({cfg.bc_epochs} epochs) + {cfg.dagger_rounds} DAgger rounds on {len(train)} "
+        f"tasks (window W={cfg.window})")
+    phases["imitation"] = {"agreement": trainer.imitate(train, progress=prog)}
+    if val:
+        phases["imitation"]["val_greedy_geomean"] = trainer._val_score(val)
+        log(f"  validation greedy / best one-pass: {phases['imitation']['val_greedy_geomean']:.4f}")
+    trainer.save(out / "checkpoint_imitation.pt", with_optimizer=False, extra={**extra, "phase": "imitation"})
+    if cfg.pi_rounds:
+        log(f"policy iteration: {cfg.pi_rounds} rounds of rollout over the student (every {cfg.pi_label_every}th "
+            f"state, tasks <= {cfg.pi_max_nodes} nodes)")
+        phases["policy_iteration"] = trainer.policy_iteration(train, val=val, progress=prog)
+        trainer.save(out / "checkpoint_pi.pt", with_optimizer=False, extra={**extra, "phase": "policy_iteration"})
+    if cfg.rl_iters:
+        log(f"RL ({cfg.rl_algo}): {cfg.rl_iters} iterations, early stopping on {len(val)} validation tasks")
+        phases["rl"] = trainer.improve(train, val=val, progress=prog)
     train_seconds = time.perf_counter() - t0
     trainer.save(out / "checkpoint.pt", with_optimizer=False,
-                 extra={"pretrain": dataclasses.asdict(spec), "train_seconds": train_seconds})
-    metrics: dict[str, Any] = {"train_tasks": len(train), "val_tasks": len(val), "imitation_agreement": agree, **rl,
-                               "decisions": trainer.decisions, "train_seconds": train_seconds}
+                 extra={**extra, "phase": "final", "train_seconds": train_seconds})
+    metrics: dict[str, Any] = {"train_tasks": len(train), "val_tasks": len(val), "phases": phases,
+                               "decisions": trainer.decisions, "build_seconds": build_seconds,
+                               "train_seconds": train_seconds}
     atomic_write_text(out / "training.json", json.dumps(trainer.history, indent=1, default=float))
-    if spec.heldout:
-        log("held-out evaluation (zero-shot: greedy and best of 16 samples)")
-        held = build_tasks(heldout_specs(), workers=spec.workers)
-        rows = result_rows(evaluate(trainer.policy, held, samples=16, seed=spec.seed))
-        write_report(rows, out, title="Zero-shot placement of held-out (graph, topology) pairs")
-        metrics["heldout"] = summarise(rows)
+    if spec.dev:
+        log("dev split (zero-shot: greedy and best of 16 samples)")
+        dev = build_tasks(heldout_specs(), workers=spec.workers, cache=spec.cache)
+        rows = result_rows(evaluate(trainer.policy, dev, samples=16, seed=cfg.seed))
+        write_report(rows, out, title="Zero-shot placement of the dev split", stem="dev")
+        metrics["dev"] = summarise(rows)
     atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1, default=float))
     return metrics

@@ -1,0 +1,192 @@
+"""Truncated-lookahead and topology-position features of the constructive state (the teacher's evidence).
+
+The lookahead teacher (``placement_rl.cost.lookahead.eft_rollout``) compares whole completed schedules; a
+one-step feature block cannot show what it sees (future transfers over particular links, the backward balance).
+These features give the student that evidence at O(W D) node placements per decision:
+
+* **Window** (``window_features``): for every device d the node fits on, the node is placed on d, then the next
+  ``W`` nodes of the decision order are placed by the earliest-finish rule (memory-masked, exactly as
+  ``complete_eft`` does), and the branch is undone (an undo log of the touched link slots, O(W x in-degree)).
+  Reported per device, as gaps to the best device (over the task's time scale): the forward end, the peak
+  forward + backward load of any device (a lower bound of the step time), the communication time so far, and
+  whether the window overflowed a device's memory. ``W = 0`` prices the node alone (one step).
+* **Topology position** (``topology_features``): how well d is linked to the other devices (its mean bandwidth
+  over the best device's), and how well to the node's producers and to the devices holding its consumers'
+  other inputs (where the consumers are likely to run): byte-weighted time per byte from those devices to d over
+  the topology's fastest link (log1p). Two devices with identical one-step features but different links to the
+  rest (a hybrid cube-mesh) differ here.
+
+Both write columns ``BASE ..`` of the feature block that ``schedule._batch_features`` fills (see
+``schedule.DEVICE_FEATURES``), for one episode's state arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from placement_rl.cost._op_kernel import fwd_candidates, fwd_place
+
+WINDOW_FEATURES = ("la_end", "la_load", "la_comm", "la_over")
+TOPOLOGY_FEATURES = ("conn", "prod_link", "cons_link")
+EXTRA_FEATURES = WINDOW_FEATURES + TOPOLOGY_FEATURES
+
+
+@njit(cache=True, nogil=True)
+def eft_choice(x, mem, static_mem, capacity, nb, eft):
+    """The earliest-finish device of node ``x`` among those it fits on (the most room left if none)."""
+    nd = eft.shape[0]
+    best, arg = np.inf, -1
+    room_best, room_arg = -np.inf, 0
+    for j in range(nd):
+        after = mem[j] + static_mem[x] + nb[j]
+        if after <= capacity[j]:
+            if eft[j] < best:
+                best, arg = eft[j], j
+        room = capacity[j] - after
+        if room > room_best:
+            room_best, room_arg = room, j
+    return arg if arg >= 0 else room_arg
+
+
+@njit(cache=True, nogil=True)
+def window_features(t, order, window, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, link_upper, link_coef,
+                    static_mem, capacity, inv_scale, finish, arrive, sent, dev_free, link_free, busy, mem, acc, bload,
+                    allowed, save, undo_slot, undo_val, scratch, est, eft, nb, lb, stats, out, col, rec_n, rec_kind,
+                    rec_res, rec_start, rec_end, rec_label):
+    """Fill ``out[:, col:col + 4]`` (one episode's [D, F] feature block) with the window features of the node
+    ``order[t]``; the state arrays are left exactly as they were. ``save`` [4 D + D * D + 2] and the undo
+    buffers (length >= in-degree sum of any W + 1 consecutive nodes) are work space; ``stats`` [D, 4]; ``rec_*``
+    the (unused) timeline buffers of ``fwd_place``."""
+    n = order.shape[0]
+    nd = dev_free.shape[0]
+    end = t + 1 + window
+    if end > n:
+        end = n
+    # save the small arrays
+    for j in range(nd):
+        save[j] = dev_free[j]
+        save[nd + j] = busy[j]
+        save[2 * nd + j] = mem[j]
+        save[3 * nd + j] = bload[j]
+    for j in range(nd * nd):
+        save[4 * nd + j] = link_free[j]
+    save[4 * nd + nd * nd] = acc[0]
+    save[4 * nd + nd * nd + 1] = acc[1]
+    for d in range(nd):
+        if not allowed[d]:
+            continue
+        nu = 0
+        for s in range(t, end):
+            x = order[s]
+            if s == t:
+                dx = d
+            else:
+                fwd_candidates(x, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, link_upper, link_coef, finish,
+                               arrive, sent, dev_free, link_free, scratch, est, eft, nb, lb)
+                dx = eft_choice(x, mem, static_mem, capacity, nb, eft)
+            for p in range(pred_ptr[x], pred_ptr[x + 1]):
+                u = pred_idx[p]
+                if dev[u] != dx:
+                    slot = u * nd + dx
+                    undo_slot[nu] = slot
+                    undo_val[nu, 0] = arrive[slot]
+                    undo_val[nu, 1] = sent[slot]
+                    nu += 1
+            dev[x] = dx
+            bload[dx] += bwd[x, dx]
+            fwd_place(x, dx, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, link_upper, link_coef, static_mem,
+                      finish, arrive, sent, dev_free, link_free, busy, mem, acc,
+                      False, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
+        load = 0.0
+        over = 0.0
+        for j in range(nd):
+            w = busy[j] + bload[j]
+            if w > load:
+                load = w
+            if mem[j] > capacity[j]:
+                over = 1.0
+        stats[d, 0] = acc[1]
+        stats[d, 1] = load
+        stats[d, 2] = acc[0]
+        stats[d, 3] = over
+        # undo
+        for i in range(nu - 1, -1, -1):
+            slot = undo_slot[i]
+            arrive[slot] = undo_val[i, 0]
+            sent[slot] = undo_val[i, 1]
+        for s in range(t, end):
+            x = order[s]
+            dev[x] = -1
+            finish[x] = 0.0
+        for j in range(nd):
+            dev_free[j] = save[j]
+            busy[j] = save[nd + j]
+            mem[j] = save[2 * nd + j]
+            bload[j] = save[3 * nd + j]
+        for j in range(nd * nd):
+            link_free[j] = save[4 * nd + j]
+        acc[0] = save[4 * nd + nd * nd]
+        acc[1] = save[4 * nd + nd * nd + 1]
+    for c in range(3):
+        best = np.inf
+        for d in range(nd):
+            if allowed[d] and stats[d, c] < best:
+                best = stats[d, c]
+        for d in range(nd):
+            out[d, col + c] = (stats[d, c] - best) * inv_scale if allowed[d] else 0.0
+    for d in range(nd):
+        out[d, col + 3] = stats[d, 3] if allowed[d] else 0.0
+
+
+@njit(cache=True, nogil=True)
+def topology_features(v, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, tpb, conn,
+                      out, col):
+    """Fill ``out[:, col:col + 3]`` with node ``v``'s topology-position features (see the module doc).
+    ``tpb`` [D, D]: time per byte of each link over the fastest link's (1 = the fastest, 0 on the diagonal)."""
+    nd = tpb.shape[0]
+    for d in range(nd):
+        out[d, col] = conn[d]
+        pw, pt = 0.0, 0.0
+        for p in range(pred_ptr[v], pred_ptr[v + 1]):
+            du = dev[pred_idx[p]]
+            if du >= 0:
+                b = edge_bytes[pred_eid[p]]
+                pw += b
+                pt += b * tpb[du, d]
+        out[d, col + 1] = np.log1p(pt / pw) if pw > 0.0 else 0.0
+        cw, ct = 0.0, 0.0
+        for q in range(succ_ptr[v], succ_ptr[v + 1]):
+            w = succ_idx[q]
+            for p in range(pred_ptr[w], pred_ptr[w + 1]):
+                u = pred_idx[p]
+                if u != v and dev[u] >= 0:
+                    b = edge_bytes[pred_eid[p]]
+                    cw += b
+                    ct += b * tpb[d, dev[u]]
+        out[d, col + 2] = np.log1p(ct / cw) if cw > 0.0 else 0.0
+
+
+def link_position(inv_bandwidth: np.ndarray, latency: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(tpb [D, D], conn [D])`` of a topology: each link's time per MiB over the fastest link's, and each
+    device's mean bandwidth to the others over the best-connected device's (1 on a single device)."""
+    nd = inv_bandwidth.shape[0]
+    per = latency / 2**20 + inv_bandwidth
+    np.fill_diagonal(per, 0.0)
+    if nd < 2:
+        return np.zeros((nd, nd)), np.ones(nd)
+    off = ~np.eye(nd, dtype=bool)
+    fastest = float(per[off].min())
+    tpb = per / max(fastest, 1e-30)
+    bw = np.where(off, 1.0 / np.maximum(per, 1e-30), 0.0).sum(axis=1) / (nd - 1)
+    return np.ascontiguousarray(tpb), np.ascontiguousarray(bw / bw.max())
+
+
+def undo_capacity(pred_ptr: np.ndarray, order: np.ndarray, window: int) -> int:
+    """The largest in-degree sum of ``window + 1`` consecutive nodes of ``order`` (the undo log's length)."""
+    deg = np.diff(pred_ptr)[order]
+    if deg.size == 0:
+        return 1
+    c = np.concatenate([[0], np.cumsum(deg)])
+    w = min(window + 1, deg.size)
+    return int(max(1, (c[w:] - c[:-w]).max()))

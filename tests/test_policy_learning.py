@@ -1,0 +1,144 @@
+"""The constructive state's truth (features vs the state update, window features vs a real branch), the compiled
+scoring path vs torch, and the rollout over the student (never worse than the student)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from agents.constructive import rollout
+from agents.constructive_train import ConstructiveConfig, build_policy
+from agents.policy_rollout import rollout_over_student
+from envs.constructive_task import ConstructiveTask
+from envs.topology_sampler import random_topology
+from placement_rl.cost import resolve_costs, simulate
+from placement_rl.cost.schedule import DEVICE_FEATURES, ScheduleState
+from placement_rl.graph import synthetic
+from placement_rl.topology import load_topology
+
+F = {name: i for i, name in enumerate(DEVICE_FEATURES)}
+
+
+def _case(family: str, n: int, seed: int, topo):
+    g = synthetic.sample(family, num_nodes=n, seed=seed)
+    t = load_topology(topo) if isinstance(topo, str) else topo
+    return g, t, resolve_costs(g, t)
+
+
+def _replay(g, t, c, order_devs, window=4):
+    st = ScheduleState(g, c, t, episodes=1, window=window)
+    for d in order_devs:
+        st.place(int(d))
+    return st
+
+
+CASES = [("dataflow", 60, 1, "4x_v100_nvlink"), ("layered", 50, 2, "2x4_v100_ib"), ("series_parallel", 40, 3, "cpu_2gpu")]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_feature_transfer_times_are_the_state_update(case) -> None:
+    """Every device's earliest finish and memory-after features equal what placing the node there really gives:
+    the features and the state update cannot drift apart (e.g. a feature that forgets a link's transfer time)."""
+    g, t, c = _case(*case)
+    rng = np.random.default_rng(0)
+    nd = t.num_devices
+    checked = 0
+    for trial in range(3):
+        prefix = rng.integers(0, nd, size=int(rng.integers(5, g.num_nodes - 1)))
+        st = _replay(g, t, c, prefix)
+        feats, mask = st.features()
+        v = st.node
+        finish, mem_after = np.zeros(nd), np.zeros(nd)
+        for d in range(nd):
+            br = _replay(g, t, c, list(prefix) + [d])
+            finish[d] = br.node_finish(v)[0]
+            mem_after[d] = br.memory[0, d] / st.capacity[d]
+        gap = (finish - finish.min()) / st.scale
+        assert np.allclose(feats[0, :, F["eft_gap"]], gap, rtol=1e-5, atol=1e-6), (gap, feats[0, :, F["eft_gap"]])
+        assert np.allclose(feats[0, :, F["mem_after"]], mem_after, rtol=1e-5, atol=1e-7)
+        checked += int((gap > 1e-6).sum())
+    assert checked > 0  # the devices differed somewhere (the check is not vacuous)
+
+
+@pytest.mark.parametrize("window", [0, 3, 12])
+def test_window_features_are_a_real_branch_and_leave_the_state_alone(window) -> None:
+    g, t, c = _case("dataflow", 50, 5, "4x_v100_nvlink")
+    rng = np.random.default_rng(window)
+    prefix = list(rng.integers(0, 4, size=20))
+    st = _replay(g, t, c, prefix, window=window)
+    before = [x.copy() for x in (st.devices, st.busy, st.memory, st.bwd_busy, st.forward_end)]
+    feats, mask = st.features()
+    after = (st.devices, st.busy, st.memory, st.bwd_busy, st.forward_end)
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+    ends, loads = np.full(4, np.inf), np.full(4, np.inf)
+    for d in np.flatnonzero(mask[0]):
+        br = _replay(g, t, c, prefix + [d], window=window)
+        for _ in range(window):  # the next W nodes by the earliest-finish rule (memory-masked)
+            if br.done:
+                break
+            f, m = br.features()
+            br.place(int(np.argmin(np.where(m[0], f[0, :, F["eft_gap"]], np.inf))))
+        ends[d] = br.forward_end[0]
+        loads[d] = (br.busy[0] + br.bwd_busy[0]).max()
+    ok = mask[0]
+    assert np.allclose(feats[0, ok, F["la_end"]], (ends[ok] - ends[ok].min()) / st.scale, rtol=1e-5, atol=1e-6)
+    assert np.allclose(feats[0, ok, F["la_load"]], (loads[ok] - loads[ok].min()) / st.scale, rtol=1e-5, atol=1e-6)
+
+
+def test_topology_features_tell_apart_devices_the_one_step_features_cannot() -> None:
+    """On the DGX-1 quad (``4x_v100_nvlink``: 0-3, 1-2, 2-3 at 50 GB/s, 0-1, 0-2, 1-3 at 25 GB/s), with every
+    producer on GPU 3, GPUs 1 and 2 are alike one step ahead of a small transfer but not in their links."""
+    g, t, c = _case("layered", 30, 0, "4x_v100_nvlink")
+    st = ScheduleState(g, c, t, episodes=1)
+    while not st.done and g.pred_ptr[st.node + 1] == g.pred_ptr[st.node]:
+        st.place(3)  # sources on GPU 3
+    for _ in range(3):
+        st.place(3)
+    feats, _ = st.features()
+    conn, prod = feats[0, :, F["conn"]], feats[0, :, F["prod_link"]]
+    assert conn[2] == conn[3] == pytest.approx(1.0) and conn[0] == conn[1] < 0.9  # 100 vs 125 GB/s in all
+    assert prod[3] == 0.0 and prod[1] > prod[2] > 0.0 and prod[0] == pytest.approx(prod[2])
+
+
+@pytest.mark.parametrize("hidden", [16, 64])
+def test_compiled_scores_match_the_torch_head(hidden) -> None:
+    """``device_scores`` (numba) is ``DevicePolicy.logits`` (torch) up to its constant output bias, at the shipped
+    width too."""
+    from agents.fast_decode import Head
+
+    torch.manual_seed(hidden)
+    policy = build_policy(ConstructiveConfig(hidden=hidden, layers=3 if hidden == 64 else 1))
+    rng = np.random.default_rng(0)
+    node_h = rng.normal(size=(5, hidden))
+    head = Head(policy, node_h)
+    for d in (2, 5, 16):
+        feats = rng.normal(size=(d, len(DEVICE_FEATURES))).astype(np.float32)
+        mask = rng.random(d) < 0.8
+        mask[0] = True
+        z = head.scores(feats, 3, mask)
+        with torch.no_grad():
+            ref = policy.logits(torch.from_numpy(node_h[3]).float()[None], torch.from_numpy(feats)[None],
+                                torch.from_numpy(mask)[None])[0].double().numpy()
+        bias = float(policy.rho[2].bias.detach())
+        assert np.array_equal(np.isfinite(z), mask)
+        assert np.allclose(z[mask] + bias, ref[mask], rtol=1e-4, atol=1e-4)
+
+
+def test_rollout_over_the_student_is_never_worse_than_the_student() -> None:
+    torch.manual_seed(0)
+    policy = build_policy(ConstructiveConfig(hidden=16, layers=1, window=4))
+    rng = np.random.default_rng(3)
+    for i, (fam, n) in enumerate([("dataflow", 40), ("layered", 35), ("transformer_like", 30)]):
+        g = synthetic.sample(fam, num_nodes=n, seed=i)
+        topo = random_topology(rng, (3, 6))
+        task = ConstructiveTask(g, topo, resolve_costs(g, topo))
+        greedy = rollout(policy, task, samples=1, greedy=True)
+        lab = rollout_over_student(policy, task)
+        t_roll = simulate(g, task.costs, topo, lab.devices).step_time
+        assert t_roll <= greedy.times[0] * (1 + 1e-9)
+        assert lab.labelled.sum() > 0 and lab.completions >= lab.labelled.sum()
+        # labelling the student's own trajectory every 2nd state: labels only where asked, regrets >= 0
+        part = rollout_over_student(policy, task, actions=greedy.devices[0], label_every=2)
+        assert np.all(np.flatnonzero(part.labelled) % 2 == 0) and part.regret.min() >= 0.0
+        assert np.array_equal(part.devices, greedy.devices[0])
