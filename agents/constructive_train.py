@@ -64,6 +64,7 @@ class ConstructiveConfig:
     pi_epochs: int = 3  # distillation epochs per round
     pi_label_every: int = 4  # label every k-th state of the student's trajectory (the teacher costs D completions)
     pi_max_nodes: int = 400  # tasks larger than this are not relabelled (the teacher is O(N^2 W D^2))
+    pi_max_labels: int = 48  # at most this many labelled states per task and round (larger tasks: sparser labels)
     eval_every: int = 20
     eval_samples: int = 16
     seed: int = 0
@@ -77,7 +78,7 @@ class ConstructiveConfig:
                 raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)!r}")
         if not float(self.regret_coef) >= 0:
             raise ConfigError(f"regret_coef must be >= 0, got {self.regret_coef!r}")
-        if int(self.pi_label_every) < 1 or int(self.pi_max_nodes) < 1:
+        if int(self.pi_label_every) < 1 or int(self.pi_max_nodes) < 1 or int(self.pi_max_labels) < 1:
             raise ConfigError(f"pi_label_every and pi_max_nodes must be >= 1, got {self.pi_label_every!r}, "
                               f"{self.pi_max_nodes!r}")
         if self.rl_algo not in RL_ALGOS:
@@ -156,8 +157,9 @@ class ConstructiveTrainer:
         self.rng = np.random.default_rng(config.seed)
 
     def _prepare(self, tasks: Sequence[ConstructiveTask]) -> None:
+        window = int(getattr(self.policy, "window", self.cfg.window))  # the states the policy was built to read
         for t in tasks:
-            t.window = int(self.cfg.window)
+            t.window = window
 
     def _set_lr(self, lr: float) -> None:
         for g in self.opt.param_groups:
@@ -245,8 +247,9 @@ class ConstructiveTrainer:
             data, gain, completions = [], [], 0
             for i, t in enumerate(pool):
                 ro = rollout(self.policy, t, samples=1, greedy=False, record=True, generator=self.gen)
-                lab = rollout_over_student(self.policy, t, actions=ro.devices[0], label_every=cfg.pi_label_every,
-                                           offset=int(self.rng.integers(cfg.pi_label_every)))
+                every = self._label_every(t)
+                lab = rollout_over_student(self.policy, t, actions=ro.devices[0], label_every=every,
+                                           offset=int(self.rng.integers(every)))
                 completions += lab.completions
                 self.decisions += t.graph.num_nodes * (1 + lab.completions)
                 keep = lab.labelled & (ro.trace.masks[:, 0].sum(-1) > 1)
@@ -283,6 +286,11 @@ class ConstructiveTrainer:
             self.policy.load_state_dict(best[1])
             report["val_greedy_geomean"] = best[0]
         return report
+
+    def _label_every(self, t: ConstructiveTask) -> int:
+        """Every how many states the rollout teacher labels on task ``t`` (``pi_label_every``, or sparser so that
+        at most ``pi_max_labels`` states are labelled)."""
+        return max(int(self.cfg.pi_label_every), -(-t.graph.num_nodes // int(self.cfg.pi_max_labels)))
 
     def _weights(self) -> dict[str, torch.Tensor]:
         return {k: v.clone() for k, v in self.policy.state_dict().items()}
@@ -380,8 +388,9 @@ class ConstructiveTrainer:
             t = tasks[pool[i]]
             ro = rollout(self.policy, t, samples=1, greedy=False, record=True, generator=self.gen,
                          temperature=cfg.temperature)
-            lab = rollout_over_student(self.policy, t, actions=ro.devices[0], label_every=cfg.pi_label_every,
-                                       offset=int(self.rng.integers(cfg.pi_label_every)))
+            every = self._label_every(t)
+            lab = rollout_over_student(self.policy, t, actions=ro.devices[0], label_every=every,
+                                       offset=int(self.rng.integers(every)))
             self.decisions += t.graph.num_nodes * (1 + lab.completions)
             keep = lab.labelled & (ro.trace.masks[:, 0].sum(-1) > 1)
             if keep.any():

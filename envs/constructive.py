@@ -18,7 +18,8 @@ final reward penalises).
 ``Dict`` of ``Box``es: ``node_features [N_max, F_node]`` (static, normalised per graph: see
 ``envs.constructive_task.NODE_FEATURES``), ``edge_index [2, E_max]`` (padding -1), ``num_nodes [1]``,
 ``num_edges [1]``, ``num_devices [1]``, ``node [1]`` (index of the node to place), ``device_features
-[D_max, F_dev]`` (``placement_rl.cost.schedule.DEVICE_FEATURES``, zero for padded devices), ``action_mask
+[D_max, F_dev]`` (``placement_rl.cost.schedule.DEVICE_FEATURES``: the one-step schedule features, the truncated
+lookahead over the next ``window`` nodes and the topology-position features; zero for padded devices), ``action_mask
 [D_max]``.
 
 ## Rewards
@@ -31,7 +32,8 @@ heuristic" is 0; ``infeasible_penalty`` (default 1) less when the placement does
 Terminates after ``N`` steps (one per node); never truncated.
 
 ## Version History
-* v0: initial version.
+* v0: initial version (the device features gained the window and topology-position columns in place; policies
+  trained on the older 19-column block are refused at load with a clear error).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from gymnasium import spaces
 
 from envs.constructive_task import NUM_NODE_FEATURES, ConstructiveTask
 from envs.graph_source import GraphSource
-from placement_rl.cost.schedule import NUM_DEVICE_FEATURES, ScheduleState
+from placement_rl.cost.schedule import DEFAULT_WINDOW, NUM_DEVICE_FEATURES, ScheduleState
 from placement_rl.errors import ConfigError
 from placement_rl.graph.ir import CompGraph
 
@@ -56,7 +58,7 @@ class ConstructivePlacementEnv(gym.Env):
 
     def __init__(self, *, graph: Any, topology: Any = None, max_nodes: int | None = None,
                  max_edges: int | None = None, max_devices: int | None = None,
-                 infeasible_penalty: float = 1.0) -> None:
+                 infeasible_penalty: float = 1.0, window: int = DEFAULT_WINDOW) -> None:
         if isinstance(graph, GraphSource):
             self.source = graph
         elif isinstance(graph, CompGraph):
@@ -69,6 +71,9 @@ class ConstructivePlacementEnv(gym.Env):
         if min(self.max_nodes, self.max_edges, self.max_devices) < 1:
             raise ConfigError("max_nodes, max_edges and max_devices must be >= 1")
         self.infeasible_penalty = float(infeasible_penalty)
+        self.window = int(window)
+        if self.window < 0:
+            raise ConfigError(f"window must be >= 0, got {window}")
         n, e, d = self.max_nodes, self.max_edges, self.max_devices
         self.observation_space = spaces.Dict({
             "node_features": spaces.Box(-np.inf, np.inf, (n, NUM_NODE_FEATURES), np.float32),
@@ -92,6 +97,7 @@ class ConstructivePlacementEnv(gym.Env):
         if "constructive" not in t.cache:
             t.cache["constructive"] = ConstructiveTask.build(t.graph, t.topology, t.costs)
         self.task = task = t.cache["constructive"]
+        task.window = self.window
         g = task.graph
         if g.num_nodes > self.max_nodes or g.num_edges > self.max_edges or task.topology.num_devices > self.max_devices:
             raise ConfigError(f"task {g.name} ({g.num_nodes} nodes, {g.num_edges} edges, "

@@ -122,13 +122,16 @@ def part_scale(policy) -> None:
     from envs.constructive_task import ConstructiveTask, sim_eft
     from placement_rl.cost import resolve_costs, simulate
     from placement_rl.graph import synthetic
-    from placement_rl.topology import load_topology
+    from placement_rl.topology import DeviceTopology, load_topology
 
     ratios = {}
     for n_nodes, target in ((2000, 1.0), (10000, 10.0)):
         for fam, tname in (("layered", "2x4_v100_ib"), ("dataflow", "8x_v100_dgx1"), ("series_parallel", "8x_a100_nvswitch")):
             g = synthetic.sample(fam, num_nodes=n_nodes, seed=1)
-            topo = load_topology(tname)
+            d = load_topology(tname).to_dict()  # the preset with 1 TiB per device (a 10,000-node graph needs ~0.7 TB)
+            for dev in d["devices"]:
+                dev["memory_bytes"] = 2.0**40
+            topo = DeviceTopology.from_dict({**d, "name": f"{tname}_1TiB"})
             costs = resolve_costs(g, topo)
             t0 = time.perf_counter()
             eft = simulate(g, costs, topo, sim_eft(g, costs, topo)).step_time

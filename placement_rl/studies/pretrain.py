@@ -169,7 +169,7 @@ def build_tasks(specs: Sequence[dict[str, Any]], *, workers: int | None = None,
         for t in tasks:
             t.meta = {k: v for k, v in t.meta.items() if isinstance(k, str) and k != "tensors"}
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
         with open(tmp, "wb") as fh:
             pickle.dump(tasks, fh)
         tmp.replace(path)
