@@ -150,6 +150,13 @@ class StagePlan:
     ``fsdp`` (parameters, gradients and optimizer state sharded over the stage's DP group, parameters
     all-gathered per unit for forward and backward, gradients reduce-scattered: FSDP2 ``fully_shard``).
     JSON without the field reads as ``dp`` (plans written before it existed).
+
+    ``tp``: tensor-parallel degree per stage (default all 1; JSON without the field reads as all 1). Stage s
+    runs on ``len(stage_devices[s]) = dp_s x tp_s`` devices, TP innermost: consecutive runs of ``tp_s`` devices
+    are the TP groups, device ``j`` of every run forms a DP group. A TP group must sit on one host unless
+    ``meta["tp_across_hosts"]`` is true (priced, never deployed). ``tp_s`` must divide the split sizes of the
+    graph's TP annotation (``placement_rl.graph.tp``: heads, hidden, vocabulary).
+    ``batch_size`` (else the graph's own, ``graph_batch_size``) must be divisible by ``num_microbatches x dp_s``.
     """
 
     stage_of_node: np.ndarray
@@ -159,6 +166,7 @@ class StagePlan:
     batch_size: int | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
     sharding: str = "dp"
+    tp: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         try:
@@ -182,6 +190,19 @@ class StagePlan:
         b = self.batch_size
         if b is not None and (isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1):
             raise PlanError(f"batch_size must be a positive integer or null, got {b!r}")
+        tp = tuple(self.tp) if self.tp is not None else ()
+        if not tp:
+            tp = (1,) * len(groups)
+        if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1 for t in tp):
+            raise PlanError(f"tp must list a positive integer TP degree per stage, got {list(tp)}")
+        tp = tuple(int(t) for t in tp)
+        if len(tp) != len(groups):
+            raise PlanError(f"tp lists {len(tp)} TP degrees for {len(groups)} stages: give one per stage")
+        for k, (t, grp) in enumerate(zip(tp, groups)):
+            if len(grp) % t:
+                raise PlanError(f"stage {k} has {len(grp)} devices, not a multiple of its TP degree {t} "
+                                "(a stage runs on dp x tp devices)")
+        object.__setattr__(self, "tp", tp)
 
     @property
     def num_stages(self) -> int:
@@ -189,7 +210,22 @@ class StagePlan:
 
     @property
     def dp_degrees(self) -> tuple[int, ...]:
-        return tuple(len(g) for g in self.stage_devices)
+        """DP degree per stage: its devices over its TP degree."""
+        return tuple(len(g) // t for g, t in zip(self.stage_devices, self.tp))
+
+    @property
+    def uses_tp(self) -> bool:
+        return any(t > 1 for t in self.tp)
+
+    def tp_groups(self, stage: int) -> tuple[tuple[int, ...], ...]:
+        """The TP groups (device indices) of a stage: consecutive runs of ``tp[stage]`` devices."""
+        grp, t = self.stage_devices[stage], self.tp[stage]
+        return tuple(grp[i:i + t] for i in range(0, len(grp), t))
+
+    def dp_groups(self, stage: int) -> tuple[tuple[int, ...], ...]:
+        """The DP groups of a stage: device ``j`` of every TP group, for each ``j``."""
+        grp, t = self.stage_devices[stage], self.tp[stage]
+        return tuple(grp[j::t] for j in range(t))
 
     @property
     def world_size(self) -> int:
@@ -234,12 +270,29 @@ class StagePlan:
                     raise PlanError(f"device '{topology.devices[d].name}' is used by stages {seen[d]} and {k}; "
                                     "only the interleaved1f1b schedule shares devices between stages")
                 seen.setdefault(d, k)
-        if self.batch_size is not None:
+        batch = self.batch_size if self.batch_size is not None else graph_batch_size(graph)
+        if batch is not None:
             for k, p in enumerate(self.dp_degrees):
-                if self.batch_size % (self.num_microbatches * p):
-                    raise PlanError(f"batch size {self.batch_size} is not divisible by num_microbatches "
+                if batch % (self.num_microbatches * p):
+                    whose = "" if self.batch_size is not None else f" (graph '{graph.name}' records it)"
+                    raise PlanError(f"batch size {batch}{whose} is not divisible by num_microbatches "
                                     f"({self.num_microbatches}) x DP degree of stage {k} ({p})")
+        if self.uses_tp:
+            self._validate_tp(graph, topology)
         return self
+
+    def _validate_tp(self, graph: CompGraph, topology: DeviceTopology) -> None:
+        from placement_rl.graph import tp as tpmod
+
+        ann = tpmod.annotation(graph)
+        for k, t in enumerate(self.tp):
+            tpmod.check_degree(graph, t, ann)
+            if t > 1 and not self.meta.get("tp_across_hosts"):
+                for grp in self.tp_groups(k):
+                    hosts = sorted({topology.devices[d].host for d in grp})
+                    if len(hosts) > 1:
+                        raise PlanError(f"stage {k}'s TP group {[topology.devices[d].name for d in grp]} spans hosts "
+                                        f"{hosts}: keep each TP group of {t} devices on one host (TP innermost)")
 
     def to_dict(self, graph: CompGraph | None = None, topology: DeviceTopology | None = None) -> dict[str, Any]:
         def dname(d: int) -> str:
@@ -249,7 +302,8 @@ class StagePlan:
                                "stage_of_node": self.stage_of_node.tolist(),
                                "stage_devices": [[dname(d) for d in g] for g in self.stage_devices],
                                "num_microbatches": int(self.num_microbatches), "schedule": self.schedule,
-                               "batch_size": self.batch_size, "sharding": self.sharding, "meta": dict(self.meta)}
+                               "batch_size": self.batch_size, "sharding": self.sharding, "tp": list(self.tp),
+                               "meta": dict(self.meta)}
         if graph is not None:
             out.update(graph=graph.name, graph_fingerprint=graph.fingerprint())
         if topology is not None:
@@ -282,8 +336,11 @@ class StagePlan:
             if bad is not None:
                 raise PlanError(f"stage plan names device '{bad}': load it with the topology it was made for")
             idx_groups = [tuple(int(str(x).removeprefix("dev")) for x in g) for g in groups]
+        tp = data.get("tp") or []
+        if not isinstance(tp, list) or any(not isinstance(t, int) or isinstance(t, bool) for t in tp):
+            raise PlanError(f"stage plan JSON field 'tp' must be a list of integer TP degrees, got {tp!r}")
         try:
-            plan = StagePlan(stage_of_node=stages, stage_devices=tuple(idx_groups),
+            plan = StagePlan(stage_of_node=stages, stage_devices=tuple(idx_groups), tp=tuple(tp),
                              num_microbatches=int(data.get("num_microbatches", 1)),
                              schedule=str(data.get("schedule", "1f1b")), batch_size=data.get("batch_size"),
                              meta=data.get("meta") or {}, sharding=str(data.get("sharding", "dp")))
@@ -292,6 +349,15 @@ class StagePlan:
         if graph is not None and topology is not None:
             plan.validate(graph, topology)
         return plan
+
+
+def graph_batch_size(graph: CompGraph) -> int | None:
+    """The batch size a graph was captured at: ``meta["batch_size"]`` (capture records it), else its zoo
+    options' ``batch_size``; None when unknown (hand-written and synthetic graphs)."""
+    for b in (graph.meta.get("batch_size"), (graph.meta.get("zoo_options") or {}).get("batch_size")):
+        if isinstance(b, (int, np.integer)) and not isinstance(b, bool) and b >= 1:
+            return int(b)
+    return None
 
 
 def load_plan(path: str | os.PathLike, *, topology: DeviceTopology | None = None,

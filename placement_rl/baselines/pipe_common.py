@@ -22,7 +22,7 @@ from placement_rl.cost import PIPELINE_SCHEDULES, PipelineSimulator
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import ConfigError
 from placement_rl.graph.ir import CompGraph
-from placement_rl.plans import StagePlan
+from placement_rl.plans import StagePlan, graph_batch_size
 from placement_rl.topology import DeviceTopology
 
 Plan = tuple[list[int], tuple[int, ...], int, str]
@@ -52,6 +52,8 @@ class PipeProblem:
         if schedule not in PIPELINE_SCHEDULES:
             raise ConfigError(f"unknown pipeline schedule '{schedule}' (choose one of "
                               f"{', '.join(PIPELINE_SCHEDULES)})")
+        if batch_size is None:  # the graph's own batch (capture records it): every plan must divide it
+            batch_size = graph_batch_size(graph)
         if batch_size is not None and (not isinstance(batch_size, (int, np.integer)) or batch_size < 1
                                        or batch_size % num_microbatches):
             raise ConfigError(f"batch_size {batch_size!r} must be a positive multiple of num_microbatches "

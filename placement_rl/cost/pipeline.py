@@ -52,6 +52,13 @@ first-iteration bucket rebuild and its bucket memory copy, FSDP's CPU-side overh
 optimizer step's time, contention between pipeline sends and collectives on a shared link, mixed precision.
 
 ``zb1p`` (zero-bubble) plans are rejected with a ``PlanError``: its split backward is not modelled.
+
+Tensor parallelism (``plan.tp``; see ``cost.tensor_parallel`` for what is and is not modelled): a stage with TP
+degree t on ``dp x t`` devices runs each node at one TP rank's cost (split ops at their smaller shapes through
+the same per-op model, plus its blocking TP all-reduces per micro-batch over the stage's TP group), with its
+parameters and saved activations per rank. The schedule, DP / FSDP collectives and pipeline transfers are then
+simulated on the stage's first DP group (device j = 0 of every TP group, p = dp); every device of a TP group
+reports that rank's memory and busy time. All TP groups of a stage are taken to be alike (their own links).
 """
 
 from __future__ import annotations
@@ -157,6 +164,57 @@ class PipelineSimulator:
         self._capacity = topology.array("memory_bytes")
         self._order = _owned(graph.topo_order, i64)
         self._source = costs.describe_source(topology.device_names)
+        self._tp: dict[int, tuple[np.ndarray, ...]] = {}
+        self._tp_ann = None
+        self._tp_coll: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+
+    # ------------------------------------------------------------------ tensor parallelism
+    def _tp_arrays(self, t: int) -> tuple[np.ndarray, ...]:
+        """Node arrays of one rank of a TP group of ``t``: (fvar, ffix, bvar, bfix [D, N], param, act [N])."""
+        if t not in self._tp:
+            from placement_rl.cost.tensor_parallel import tp_cost_table
+            from placement_rl.graph.tp import annotation
+
+            if self._tp_ann is None:
+                self._tp_ann = annotation(self.graph)
+            c, shard = tp_cost_table(self.graph, self.costs, self.topology, t, self._tp_ann)
+            ff, fb = np.minimum(c.launch_overhead, c.fwd_time), np.minimum(c.launch_overhead, c.bwd_time)
+            self._tp[t] = ((c.fwd_time - ff).T.copy(), ff.T.copy(), (c.bwd_time - fb).T.copy(), fb.T.copy(),
+                           np.array(shard.param_bytes), np.array(shard.act_bytes))
+        return self._tp[t]
+
+    def _tp_collective(self, group: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """Segment tables of an all-reduce over a TP group, forward and backward (the same group)."""
+        if group not in self._tp_coll:
+            from placement_rl.cost.collectives import coeff_array
+
+            tab = coeff_array("allreduce", group, self.topology, self.costs)
+            self._tp_coll[group] = (tab, tab)
+        return self._tp_coll[group]
+
+    def _tp_plan(self, plan: StagePlan) -> tuple[StagePlan, tuple]:
+        """The plan the kernel times (each stage on its first DP group) and the node arrays with TP applied."""
+        plan.validate(self.graph, self.topology)
+        from placement_rl.cost.tensor_parallel import segment_times
+
+        fvar, ffix, bvar, bfix = (self._graph_arrays[k].copy() for k in (3, 4, 5, 6))
+        param, act = self._size_arrays[0].copy(), self._size_arrays[1].copy()
+        m = int(plan.num_microbatches)
+        for s, (t, p) in enumerate(zip(plan.tp, plan.dp_degrees)):
+            if t == 1:
+                continue
+            nodes = np.flatnonzero(plan.stage_of_node == s)
+            a = self._tp_arrays(t)
+            fvar[:, nodes], ffix[:, nodes], bvar[:, nodes], bfix[:, nodes] = (x[:, nodes] for x in a[:4])
+            param[nodes], act[nodes] = a[4][nodes], a[5][nodes]
+            tab_f, tab_b = self._tp_collective(plan.tp_groups(s)[0])
+            ann = self._tp_ann
+            ffix[:, nodes] += segment_times(tab_f, ann.ar_fwd[nodes] / (m * p))[None, :]
+            bfix[:, nodes] += segment_times(tab_b, ann.ar_bwd[nodes] / (m * p))[None, :]
+        groups = tuple(plan.dp_groups(s)[0] for s in range(plan.num_stages))
+        kernel_plan = dataclasses.replace(plan, stage_devices=groups, tp=())
+        arrays = (*self._graph_arrays[:3], fvar, ffix, bvar, bfix)
+        return kernel_plan, (arrays, (param, act, *self._size_arrays[2:]))
 
     def _layout(self, plan: StagePlan) -> _Layout:
         key = (plan.stage_devices, plan.schedule, plan.num_microbatches, plan.batch_size)
@@ -183,6 +241,9 @@ class PipelineSimulator:
 
     def _simulate(self, plan: StagePlan, rec: tuple) -> _Layout:
         ratio = self.batch_ratio(plan)
+        graph_arrays, size_arrays = self._graph_arrays, self._size_arrays
+        if plan.uses_tp:
+            plan, (graph_arrays, size_arrays) = self._tp_plan(plan)
         lay = self._layout(plan)
         s, m = plan.num_stages, int(plan.num_microbatches)
         nf, ni = work_sizes(self.graph.num_nodes, s, m, int(lay.gptr[-1]), lay.num_groups)
@@ -192,7 +253,7 @@ class PipelineSimulator:
         if stage.shape[0] != self.graph.num_nodes:
             plan.validate(self.graph, self.topology)
         simulate_pipe(stage, s, m, *lay.order, lay.gptr, lay.gdev, lay.sgroup,
-                      lay.num_groups, *self._graph_arrays, ratio, *self._size_arrays, self._order,
+                      lay.num_groups, *graph_arrays, ratio, *size_arrays, self._order,
                       1 if plan.sharding == "fsdp" else 0, lay.coll, BUCKET_BYTES, lay.fw, lay.iw,
                       lay.out_stage, lay.out_group,
                       self._out, len(rec[1]) > 0, *rec)
@@ -219,6 +280,10 @@ class PipelineSimulator:
         busy, mem = np.zeros(self.topology.num_devices), np.zeros(self.topology.num_devices)
         busy[lay.device_idx] = lay.out_group[1, lay.device_group]
         mem[lay.device_idx] = lay.out_group[0, lay.device_group]
+        if plan.uses_tp:  # every rank of a TP group is like its first (the one the kernel timed)
+            for s in range(plan.num_stages):
+                for grp in plan.tp_groups(s):
+                    busy[list(grp)], mem[list(grp)] = busy[grp[0]], mem[grp[0]]
         step = float(self._out[0])
         bubble = 1.0 - float(lay.out_group[1].mean()) / step if step > 0 else 0.0
         st = lay.out_stage
@@ -227,7 +292,7 @@ class PipelineSimulator:
                 "stage_end": st[2].tolist(), "stage_last_backward": st[3].tolist(),
                 "allreduce_time": st[4].tolist(), "microbatch_bytes": st[5].tolist(),
                 "bubble_fraction": bubble, "cost_batch_size": self.cost_batch_size,
-                "cost_source": self._source, "sharding": plan.sharding}
+                "cost_source": self._source, "sharding": plan.sharding, "tp": list(plan.tp)}
         over = np.flatnonzero(mem > self._capacity)
         if over.size:
             names = self.topology.device_names

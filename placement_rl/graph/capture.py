@@ -17,7 +17,8 @@ if an op cannot run on meta (data-dependent shapes) the whole graph is interpret
 copies of the inputs, parameters and buffers (``exec="real"`` in ``meta``). The fx path always runs
 real tensors through a deep copy of the module (so buffers of the caller's module never change).
 
-``meta`` of the graph records: ``capture_method`` (export|fx), ``exec`` (meta|real),
+``meta`` of the graph records: ``batch_size`` (the first input's leading dimension), ``tp`` (tensor-parallel
+split annotations, ``placement_rl.graph.tp.detect``), ``capture_method`` (export|fx), ``exec`` (meta|real),
 ``torch_version``, ``input_bytes``, ``buffer_bytes`` (buffers and constants), ``param_bytes`` and
 ``num_params`` (trainable), ``unused_param_bytes`` (trainable but consumed by no node),
 ``bwd_flops_fallback`` (nodes whose backward FLOPs use the fallback rule), ``export_error``
@@ -262,8 +263,14 @@ def capture(module: nn.Module, example_inputs: Any, *, method: str = "export", n
         "capture_method": used, "torch_version": torch.__version__, **counts, **info,
         "bwd_flops_fallback": [r.name for r in records if not r.bwd_measured],
     }
+    first = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) and inputs[0].dim() > 0 else None
+    if first is not None:  # the zoo convention: every input has the batch first
+        full_meta["batch_size"] = int(first.shape[0])
     full_meta.update(dict(meta or {}))
-    return _to_graph(records, name=name or type(module).__name__.lower(), meta=full_meta)
+    graph = _to_graph(records, name=name or type(module).__name__.lower(), meta=full_meta)
+    from placement_rl.graph import tp  # TP split annotations, kept in meta through coarsening and JSON
+
+    return graph.replace(meta={**graph.meta, "tp": tp.detect(graph)})
 
 
 def capture_zoo(name: str, /, *, method: str = "export", **overrides: Any) -> CompGraph:

@@ -1,0 +1,71 @@
+"""Costs of one tensor-parallel rank: what ``simulate_pipeline`` uses for a stage with TP degree ``t > 1``.
+
+Modelled (Megatron-LM TP without sequence parallelism; annotations from ``placement_rl.graph.tp``):
+
+* Split ops (column / row GEMMs, the per-head and per-feature ops between them, vocab-parallel embedding, LM
+  head and cross-entropy) run at their smaller shapes: ``shard_graph`` divides their FLOPs, parameters, saved
+  activations and sharded tensors by ``t``, and the *same* per-op model that priced the graph prices the shard
+  (``resolve_costs``: calibrated GPU model or roofline), so a smaller GEMM runs at its own, lower efficiency and
+  a memory-bound op at its own bytes. Measured costs are scaled node by node by the model's ratio
+  ``time(shard) / time(whole)`` (exact when the costs are the model's own).
+* Replicated ops (norms, residual adds, position embeddings, dropout on the residual stream) run in full on
+  every TP rank.
+* TP collectives, every micro-batch, blocking (on the stage's critical path, as Megatron runs them): an
+  all-reduce of each row GEMM's output and of the vocab-parallel embedding's output in forward, of each pair's
+  input gradient and of the LM head's input gradient in backward, and the parallel cross-entropy's three
+  one-number-per-token all-reduces; priced by ``collectives.coeff_array`` over the stage's first TP group (the
+  measured NCCL fit where the topology names one, else ring / tree over its links), at the micro-batch's bytes
+  ``bytes / (m x dp)``.
+* Memory: parameters, gradients and Adam state of split ops divided by ``t``, saved activations of split ops
+  divided by ``t`` (replicated ones not), on top of which DP / FSDP shard as usual over the stage's DP group.
+
+Not modelled: sequence parallelism (norm / dropout activations split, reduce-scatter + all-gather instead of
+all-reduce), overlap of TP communication with compute, contention between the TP groups of one host and the
+DP / pipeline traffic on shared links, the all-reduce's reduction compute, uneven splits (a degree that does
+not divide the split sizes is refused).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from placement_rl.cost.types import CostTable
+from placement_rl.graph.ir import CompGraph
+from placement_rl.graph.tp import TPAnnotation, annotation, shard_graph
+from placement_rl.topology import DeviceTopology
+
+
+def tp_cost_table(graph: CompGraph, costs: CostTable, topology: DeviceTopology, tp: int,
+                  ann: TPAnnotation | None = None) -> tuple[CostTable, CompGraph]:
+    """``(costs, shard)``: per-node times of one rank of a TP group of ``tp`` and the graph it runs."""
+    if tp == 1:
+        return costs, graph
+    from placement_rl.cost.resolve import resolve_costs
+
+    ann = ann if ann is not None else annotation(graph)
+    shard = shard_graph(graph, tp, ann)
+    whole, part = resolve_costs(graph, topology), resolve_costs(shard, topology)
+    split = ((ann.frac_flops > 0) | (ann.frac_params > 0) | (ann.frac_act > 0) | (ann.frac_out > 0))[:, None]
+
+    def scaled(have: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        r = np.divide(b, a, out=np.ones_like(b), where=a > 0)
+        return np.where(split, have * r, have)
+
+    fwd, bwd = scaled(costs.fwd_time, whole.fwd_time, part.fwd_time), scaled(costs.bwd_time, whole.bwd_time,
+                                                                              part.bwd_time)
+    return dataclasses.replace(costs, fwd_time=fwd, bwd_time=bwd,
+                               launch_overhead=np.minimum(costs.launch_overhead, fwd),
+                               meta={**dict(costs.meta), "tp": tp}), shard
+
+
+def segment_times(table: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+    """Vectorised ``comm_fit.segment_time``: ``alpha + beta * n`` of the first row with ``n < upper``; 0 bytes: 0."""
+    upper = table[:, 0]
+    k = np.minimum(np.searchsorted(upper, nbytes, side="right"), len(upper) - 1)
+    out = table[k, 1] + table[k, 2] * nbytes
+    return np.where(nbytes > 0, out, 0.0)
+
+
+__all__ = ["segment_times", "tp_cost_table"]

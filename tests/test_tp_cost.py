@@ -1,0 +1,173 @@
+"""Tensor parallelism: split detection on captured graphs, StagePlan.tp, and its pricing in simulate_pipeline."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from placement_rl.cost import resolve_costs, simulate_pipeline
+from placement_rl.cost.collectives import collective_time
+from placement_rl.cost.tensor_parallel import tp_cost_table
+from placement_rl.errors import PlanError
+from placement_rl.graph import coarsen, tp, zoo
+from placement_rl.graph.capture import capture_zoo
+from placement_rl.plans import StagePlan, graph_batch_size
+from placement_rl.topology import load_topology
+
+torch.set_num_threads(1)
+TINY_LM = dict(batch_size=4, seq_len=16, vocab_size=96, d_model=32, n_layers=2, n_heads=4)
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    return capture_zoo("gpt", **TINY_LM)
+
+
+def whole(graph, devices, t, **kw):
+    return StagePlan(np.zeros(graph.num_nodes, dtype=np.int64), (tuple(devices),), tp=(t,), **kw)
+
+
+# ------------------------------------------------------------------------------------------ detection
+def test_gpt_pairs_vocab_and_replicated_norms(gpt):
+    d = gpt.meta["tp"]
+    pairs = {(tuple(gpt.module_paths[gpt.index[c]] for c in p["columns"]), gpt.module_paths[gpt.index[p["row"]]])
+             for p in d["pairs"]}
+    assert pairs == {(("blocks.0.attn.qkv",), "blocks.0.attn.proj"), (("blocks.0.ffn.fc1",), "blocks.0.ffn.fc2"),
+                     (("blocks.1.attn.qkv",), "blocks.1.attn.proj"), (("blocks.1.ffn.fc1",), "blocks.1.ffn.fc2")}
+    kinds = d["nodes"]
+    assert {gpt.module_paths[gpt.index[k]] for k, v in kinds.items() if v == "vocab_embedding"} == {"wte"}
+    assert [v for k, v in kinds.items() if gpt.module_paths[gpt.index[k]] == "lm_head"] == ["vocab_head"]
+    assert all(gpt.names[i] not in kinds for i in range(gpt.num_nodes) if gpt.op_types[i] == "layer_norm")
+    assert d["heads"] == {"n_heads": 4} and d["vocab"] == 96 and d["pairs"][0]["head_dim"] == 8
+    assert graph_batch_size(gpt) == 4
+    # each row all-reduces its output in forward; each pair's input gradient is all-reduced once in backward
+    for p in d["pairs"]:
+        assert d["ar_fwd"][p["row"]] == gpt.out_bytes[gpt.index[p["row"]]]
+        assert d["ar_bwd"][p["columns"][0]] == 4 * 16 * 32 * 4
+
+
+def test_llama_groups_q_k_v_and_gate_up():
+    g = capture_zoo("llama_hf", **dict(zoo.tiny("llama_hf"), vocab_size=96))
+    cols = sorted(len(p["columns"]) for p in g.meta["tp"]["pairs"])
+    assert cols == [2, 2, 3, 3]  # gate+up -> down, q+k+v -> o
+    assert g.meta["tp"]["heads"] == {"n_heads": 4, "n_kv_heads": 2}
+
+
+def test_a_model_with_nothing_to_split_says_so():
+    g = capture_zoo("resnet18", **zoo.tiny("resnet18"))
+    assert not g.meta["tp"]["pairs"] and "nothing to split" in g.meta["tp"]["note"]
+    topo = load_topology("4x_v100_nvlink")
+    with pytest.raises(PlanError, match="nothing to split"):
+        whole(g, (0, 1), 2).validate(g, topo)
+
+
+def test_annotation_survives_coarsening_and_json(gpt):
+    coarse = coarsen.coarsen(gpt, max_nodes=12)
+    ann = tp.annotation(coarse)
+    assert ann.splittable and 0 < ann.frac_flops.max() <= 1
+    fine = tp.annotation(gpt)
+    assert ann.ar_fwd.sum() == pytest.approx(fine.ar_fwd.sum()) and ann.ar_bwd.sum() == pytest.approx(fine.ar_bwd.sum())
+    back = type(gpt).from_json(gpt.to_json())
+    assert back.meta["tp"] == json.loads(json.dumps(gpt.meta["tp"]))
+
+
+def test_shard_graph_divides_split_ops_only(gpt):
+    half = tp.shard_graph(gpt, 2)
+    ann = tp.annotation(gpt)
+    col = int(np.flatnonzero(ann.kind == tp.COLUMN)[0])
+    ln = gpt.index[next(n for n, t in zip(gpt.names, gpt.op_types) if t == "layer_norm")]
+    assert half.fwd_flops[col] == gpt.fwd_flops[col] / 2 and half.param_bytes[col] == gpt.param_bytes[col] / 2
+    assert half.fwd_flops[ln] == gpt.fwd_flops[ln] and half.param_bytes[ln] == gpt.param_bytes[ln]
+    assert half.num_nodes == gpt.num_nodes and half.num_edges == gpt.num_edges
+
+
+# ------------------------------------------------------------------------------------------ plans
+def test_tp_field_defaults_validates_and_round_trips(gpt):
+    topo = load_topology("4x_v100_nvlink")
+    plain = StagePlan(np.zeros(gpt.num_nodes, dtype=np.int64), ((0, 1, 2, 3),))
+    assert plain.tp == (1,) and plain.dp_degrees == (4,)
+    p = whole(gpt, (0, 1, 2, 3), 2, num_microbatches=2).validate(gpt, topo)
+    assert p.dp_degrees == (2,) and p.tp_groups(0) == ((0, 1), (2, 3)) and p.dp_groups(0) == ((0, 2), (1, 3))
+    back = StagePlan.from_json(p.to_json(graph=gpt, topology=topo), topology=topo, graph=gpt)
+    assert back.tp == (2,)
+    old = json.loads(plain.to_json(topology=topo))
+    del old["tp"]  # a plan written before the field existed
+    assert StagePlan.from_json(json.dumps(old), topology=topo).tp == (1,)
+    for bad, msg in (((0,), "positive integer"), ((1, 1), "one per stage"), ((3,), "not a multiple")):
+        with pytest.raises(PlanError, match=msg):
+            whole(gpt, (0, 1, 2, 3), 1).__class__(np.zeros(gpt.num_nodes, dtype=np.int64), ((0, 1, 2, 3),), tp=bad)
+
+
+def test_tp_degree_must_divide_heads_vocab_and_stay_on_one_host():
+    g = capture_zoo("gpt", **dict(TINY_LM, vocab_size=97))
+    topo = load_topology("2x4_v100_ib")
+    with pytest.raises(PlanError, match=r"does not divide vocab=97"):
+        whole(g, (0, 1), 2).validate(g, topo)
+    g6 = capture_zoo("gpt", **dict(TINY_LM, n_heads=2, d_model=32, vocab_size=96))
+    with pytest.raises(PlanError, match=r"n_heads=2"):
+        whole(g6, (0, 1, 2, 3), 4).validate(g6, topo)
+    g8 = capture_zoo("gpt", **dict(TINY_LM, n_heads=8, d_model=64, batch_size=8))
+    with pytest.raises(PlanError, match="spans hosts"):
+        whole(g8, (2, 3, 4, 5), 4).validate(g8, topo)
+    whole(g8, (2, 3, 4, 5), 4, meta={"tp_across_hosts": True}).validate(g8, topo)
+
+
+def test_graph_batch_size_is_respected(gpt):
+    topo = load_topology("8x_a100_nvswitch")
+    with pytest.raises(PlanError, match="graph 'gpt' records it"):
+        whole(gpt, range(8), 1).validate(gpt, topo)  # a batch of 4 over 8 replicas
+    whole(gpt, range(8), 2).validate(gpt, topo)  # 4 DP replicas x TP 2
+
+
+# ------------------------------------------------------------------------------------------ pricing
+def test_tp1_is_the_plain_plan_and_tp_splits_memory(gpt):
+    topo = load_topology("4x_v100_nvlink")
+    costs = resolve_costs(gpt, topo)
+    a = simulate_pipeline(gpt, costs, topo, StagePlan(np.zeros(gpt.num_nodes, dtype=np.int64), ((0,),)))
+    b = simulate_pipeline(gpt, costs, topo, whole(gpt, (0,), 1))
+    assert a.step_time == b.step_time and np.array_equal(a.peak_memory, b.peak_memory)
+    t4 = simulate_pipeline(gpt, costs, topo, whole(gpt, (0, 1, 2, 3), 4))
+    ann = tp.annotation(gpt)
+    split = float((gpt.param_bytes * ann.frac_params).sum())
+    # parameters + gradients + Adam of split ops are divided by 4, replicated ones kept
+    state_1 = 4 * gpt.param_bytes.sum()
+    state_4 = 4 * (gpt.param_bytes.sum() - split + split / 4)
+    act_saved = a.peak_memory[0] - state_1
+    assert t4.peak_memory[0] < b.peak_memory[0]
+    assert t4.peak_memory[0] == pytest.approx(state_4 + float((tp.shard_graph(gpt, 4).act_bytes).sum()), rel=0.05)
+    assert act_saved > 0 and np.all(t4.peak_memory == t4.peak_memory[0]) and t4.meta["tp"] == [4]
+
+
+def test_split_ops_are_priced_by_the_same_per_op_model_at_their_shapes(gpt):
+    topo = load_topology("4x_v100_nvlink")
+    costs = resolve_costs(gpt, topo)
+    c2, shard = tp_cost_table(gpt, costs, topo, 2)
+    direct = resolve_costs(shard, topo)
+    assert np.allclose(c2.fwd_time, direct.fwd_time) and np.allclose(c2.bwd_time, direct.bwd_time)
+    col = int(np.flatnonzero(tp.annotation(gpt).kind == tp.COLUMN)[0])
+    # a GEMM at half its size runs at lower efficiency: more than half its time
+    assert costs.fwd_time[col, 0] / 2 < c2.fwd_time[col, 0] < costs.fwd_time[col, 0]
+
+
+def test_tp_collectives_priced_on_the_tp_group_links():
+    g = capture_zoo("gpt", batch_size=8, seq_len=128, vocab_size=4096, d_model=256, n_layers=2, n_heads=8)
+    topo = load_topology("2x4_v100_ib")
+    costs = resolve_costs(g, topo)
+    inside = simulate_pipeline(g, costs, topo, whole(g, (0, 1), 2))
+    across = simulate_pipeline(g, costs, topo, whole(g, (3, 4), 2, meta={"tp_across_hosts": True}))
+    assert across.step_time > inside.step_time  # InfiniBand all-reduces are slower than NVLink ones
+    ann = tp.annotation(g)
+    # the step time grows by the TP all-reduces: forward and backward, every micro-batch, on the critical path
+    m = 2
+    two = simulate_pipeline(g, costs, topo, whole(g, (0, 1), 2, num_microbatches=m))
+    comm = sum(collective_time("allreduce", b / m, (0, 1), topo, costs) for b in ann.ar_fwd if b > 0) \
+        + sum(collective_time("allreduce", b / m, (0, 1), topo, costs) for b in ann.ar_bwd if b > 0)
+    c2, _ = tp_cost_table(g, costs, topo, 2)
+    compute = float(c2.fwd_time[:, 0].sum() + c2.bwd_time[:, 0].sum())
+    fixed = float(np.minimum(c2.launch_overhead, c2.fwd_time)[:, 0].sum()
+                  + np.minimum(c2.launch_overhead, c2.bwd_time)[:, 0].sum())
+    expect = compute + (m - 1) * fixed + m * comm  # m micro-batches on one replica, launch overhead per micro-batch
+    assert two.step_time == pytest.approx(expect, rel=1e-9)
