@@ -223,7 +223,7 @@ def test_deterministic_with_seed(name):
 
 # ================================================================== pipelines
 PIPE = [n for n in baselines.pipeline_names() if n != "pp_exhaustive"]
-WHOLE_PLAN = ("dp", "fsdp", "hybrid", "pipedream")  # choose the micro-batch count themselves (pipedream: full replication)
+WHOLE_PLAN = ("dp", "fsdp", "hybrid", "pipedream", "tp", "megatron", "exact")  # choose the micro-batch count themselves (pipedream: full replication)
 
 
 def run_pipe(name: str, graph, topo, *, budget: int = 40, seed: int = 0, costs=None, **kw):
@@ -234,7 +234,7 @@ def run_pipe(name: str, graph, topo, *, budget: int = 40, seed: int = 0, costs=N
 
 def test_pipeline_registry():
     assert baselines.pipeline_names() == ["dp", "fsdp", "hybrid", "pp_uniform", "pp_params", "pp_time_dp",
-                                          "pipedream", "pp_exhaustive"]
+                                          "pipedream", "pp_exhaustive", "tp", "megatron", "exact"]
     with pytest.raises(ConfigError, match="pipedream"):
         baselines.get_pipeline("gpipe_magic")
 

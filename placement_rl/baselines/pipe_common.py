@@ -1,8 +1,9 @@
 """Shared core of the pipeline partitioners: the budgeted pipeline simulator and stage-cost arrays.
 
-Positions are indices into ``graph.topo_order``; a plan is ``(cuts, degrees, m, sharding)`` with
-``cuts[0] = 0``, ``cuts[-1] = N`` and stage ``k`` = positions ``[cuts[k], cuts[k + 1])`` on the next
-``degrees[k]`` devices of ``devs`` (devices fastest first), ``m`` micro-batches, sharding ``dp`` / ``fsdp``.
+Positions are indices into ``graph.topo_order``; a plan is ``(cuts, degrees, m, sharding)`` or, with tensor
+parallelism, ``(cuts, degrees, m, sharding, tp)`` with ``cuts[0] = 0``, ``cuts[-1] = N`` and stage ``k`` =
+positions ``[cuts[k], cuts[k + 1])`` on the next ``degrees[k] x tp[k]`` devices of ``devs`` (devices fastest
+first; ``degrees`` are DP degrees, tp all 1 when absent), ``m`` micro-batches, sharding ``dp`` / ``fsdp``.
 
 Shapes (N nodes, D devices):
     prefix: float64 [D, N + 1]  cumulative fwd + bwd time along the order, per device (in ``devs`` order),
@@ -25,7 +26,7 @@ from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import StagePlan, graph_batch_size
 from placement_rl.topology import DeviceTopology
 
-Plan = tuple[list[int], tuple[int, ...], int, str]
+Plan = tuple  # (cuts, dp degrees, m, sharding[, tp degrees])
 MAX_MICROBATCHES = 32  # planners that choose m try powers of two up to this
 
 
@@ -52,12 +53,12 @@ class PipeProblem:
         if schedule not in PIPELINE_SCHEDULES:
             raise ConfigError(f"unknown pipeline schedule '{schedule}' (choose one of "
                               f"{', '.join(PIPELINE_SCHEDULES)})")
-        if batch_size is None:  # the graph's own batch (capture records it): every plan must divide it
-            batch_size = graph_batch_size(graph)
         if batch_size is not None and (not isinstance(batch_size, (int, np.integer)) or batch_size < 1
                                        or batch_size % num_microbatches):
             raise ConfigError(f"batch_size {batch_size!r} must be a positive multiple of num_microbatches "
                               f"({num_microbatches})")
+        if batch_size is None:  # the graph's own batch (capture records it): every plan must divide it (planners
+            batch_size = graph_batch_size(graph)  # with a fixed micro-batch count say so in ``fit_degrees``)
         self.graph, self.costs, self.topology = graph, costs, topology
         self.budget, self.seed = int(budget), int(seed)
         self.m, self.schedule, self.batch_size = int(num_microbatches), schedule, batch_size
@@ -80,6 +81,7 @@ class PipeProblem:
         self._cross: dict[int, np.ndarray] = {}
         self._groups: dict[tuple[int, int], tuple[float, float, float, float, np.ndarray]] = {}
         self._scored: dict[tuple, Score] = {}
+        self.extra_meta: dict[str, object] = {}  # what a planner reports about its search (plan.meta)
 
     # --------------------------------------------------------------- costs
     def degree_ok(self, r: int, m: int | None = None) -> bool:
@@ -140,14 +142,16 @@ class PipeProblem:
 
     # -------------------------------------------------------------- scoring
     def plan(self, cuts: list[int], degrees: tuple[int, ...], meta: dict | None = None, m: int | None = None,
-             sharding: str = "dp") -> StagePlan:
+             sharding: str = "dp", tp: tuple[int, ...] | None = None) -> StagePlan:
         stage = np.empty(self.n, dtype=np.int64)
         for k in range(len(cuts) - 1):
             stage[self.order[cuts[k]:cuts[k + 1]]] = k
-        bounds = np.concatenate([[0], np.cumsum(degrees)])
+        tp = tuple(tp) if tp else (1,) * len(degrees)
+        bounds = np.concatenate([[0], np.cumsum([r * t for r, t in zip(degrees, tp)])])
         groups = tuple(tuple(int(x) for x in self.devs[bounds[k]:bounds[k + 1]]) for k in range(len(degrees)))
         return StagePlan(stage_of_node=stage, stage_devices=groups, num_microbatches=self.m if m is None else int(m),
-                         schedule=self.schedule, batch_size=self.batch_size, meta=meta or {}, sharding=sharding)
+                         schedule=self.schedule, batch_size=self.batch_size, meta=meta or {}, sharding=sharding,
+                         tp=tp)
 
     @property
     def calls(self) -> int:
@@ -162,14 +166,15 @@ class PipeProblem:
         return list(cuts), tuple(degrees), self.m, "dp"
 
     def score(self, cuts: list[int], degrees: tuple[int, ...], m: int | None = None,
-              sharding: str = "dp") -> Score | None:
+              sharding: str = "dp", tp: tuple[int, ...] | None = None) -> Score | None:
         m = self.m if m is None else int(m)
-        key = (tuple(cuts), tuple(degrees), m, sharding)
+        tp = tuple(tp) if tp and any(t > 1 for t in tp) else None
+        key = (tuple(cuts), tuple(degrees), m, sharding, tp)
         if key in self._scored:
             return self._scored[key]
         if self.left <= 0:
             return None
-        res = self.sim.run(self.plan(cuts, degrees, m=m, sharding=sharding))
+        res = self.sim.run(self.plan(cuts, degrees, m=m, sharding=sharding, tp=tp))
         cap = self.topology.array("memory_bytes")
         over = float(np.maximum(res.peak_memory - cap, 0.0).sum())
         s = Score(float(res.step_time), bool(res.feasible), 0.0 if res.feasible else max(over, 1.0),
@@ -189,13 +194,15 @@ class PipeProblem:
         return best
 
     def finish(self, choice: Plan, name: str) -> StagePlan:
-        cuts, degrees, m, sharding = choice
-        s = self.score(cuts, degrees, m, sharding)
+        cuts, degrees, m, sharding = choice[:4]
+        tp = choice[4] if len(choice) > 4 else None
+        s = self.score(cuts, degrees, m, sharding, tp)
         meta: dict[str, object] = {"placer": name, "budget": self.budget, "seed": self.seed,
-                                   "sim_calls": self.calls, "search_seconds": time.perf_counter() - self.start}
+                                   "sim_calls": self.calls, "search_seconds": time.perf_counter() - self.start,
+                                   **self.extra_meta}
         if s is not None:
             meta.update(step_time=s.step_time, feasible=s.feasible)
-        return self.plan(cuts, degrees, meta, m=m, sharding=sharding).validate(self.graph, self.topology)
+        return self.plan(cuts, degrees, meta, m=m, sharding=sharding, tp=tp).validate(self.graph, self.topology)
 
 
 def crossing_out(graph: CompGraph, pos: np.ndarray, j: int) -> np.ndarray:

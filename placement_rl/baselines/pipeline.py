@@ -32,6 +32,10 @@ Whole-plan searches (they choose the micro-batch count among ``microbatch_choice
 * ``pp_exhaustive``: every stage count x cut set x DP-degree vector (sum <= D) x micro-batch count x
   sharding; ``ConfigError`` when that is more than the budget.
 
+With tensor parallelism (``pipe_tp``; TP degree per stage, TP groups inside a host): ``tp`` (a host's devices
+in one TP group, DP across hosts), ``megatron`` (TP within a host, PP across hosts, DP for the rest) and
+``exact`` (every pp x dp x tp x micro-batch count x sharding, cuts by Alpa's dynamic program; see its limits).
+
 The dynamic programs are O(P^2 D) (``pp_time_dp``) and O(P^2 D^2) (``pipedream``) over P candidate cut
 points: every position up to ``MAX_CUT_POINTS`` nodes, evenly spaced positions beyond (coarsen big graphs).
 """
@@ -44,6 +48,7 @@ from typing import Callable
 
 import numpy as np
 
+from placement_rl.baselines import pipe_tp
 from placement_rl.baselines.pipe_common import Plan, PipeProblem, cut_grid, microbatch_choices, minmax_partition
 from placement_rl.plans import SHARDINGS
 from placement_rl.cost.types import CostTable
@@ -207,6 +212,9 @@ PARTITIONERS: dict[str, Callable[[PipeProblem], Plan]] = {
     "pp_time_dp": pp_time_dp,
     "pipedream": pipedream,
     "pp_exhaustive": pp_exhaustive,
+    "tp": pipe_tp.tp_planner,
+    "megatron": pipe_tp.megatron,
+    "exact": pipe_tp.exact,
 }
 
 

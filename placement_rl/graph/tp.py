@@ -59,6 +59,15 @@ def _classes(graph: CompGraph) -> list[str]:
     return [op_class(t, p, f) for t, p, f in zip(graph.op_types, graph.param_bytes, graph.fwd_flops)]
 
 
+_MATMULS = ("linear", "addmm", "mm", "matmul", "conv1d_hf")
+
+
+def _is_matmul(op_type: str) -> bool:
+    """A captured GEMM op (``aten`` linear / addmm / mm / matmul); synthetic op types never split."""
+    name = op_type.rsplit(".", 1)[-1].lower()
+    return name.removesuffix("_default") in _MATMULS
+
+
 def _elem_size(graph: CompGraph) -> float:
     pb, n = graph.meta.get("param_bytes"), graph.meta.get("num_params")
     if isinstance(pb, (int, float)) and isinstance(n, (int, float)) and n > 0 and pb > 0:
@@ -186,7 +195,7 @@ def detect(graph: CompGraph) -> dict[str, Any]:
     cls = _classes(graph)
     n = graph.num_nodes
     e = _elem_size(graph)
-    gemm = np.array([cls[v] == "linear" and graph.param_bytes[v] > 0 and graph.fwd_flops[v] > 0
+    gemm = np.array([_is_matmul(graph.op_types[v]) and graph.param_bytes[v] > 0 and graph.fwd_flops[v] > 0
                      for v in range(n)], dtype=bool)
     kind = np.zeros(n, dtype=np.int64)
     taken = np.zeros(n, dtype=bool)
@@ -238,7 +247,7 @@ def detect(graph: CompGraph) -> dict[str, Any]:
                 u = src
                 continue
             break
-        if src >= 0 and cls[src] == "linear" and graph.fwd_flops[src] > 0 and kind[src] == REPLICATED \
+        if src >= 0 and _is_matmul(graph.op_types[src]) and graph.fwd_flops[src] > 0 and kind[src] == REPLICATED \
                 and len(_live_successors(graph, src)) == 1:
             dims = _linear_dims(graph, src, e)
             kind[src], kind[path], kind[loss] = VOCAB_HEAD, SHARDED, VOCAB_LOSS
