@@ -76,24 +76,24 @@ def heldout_specs(*, seed: int = 12345, hf: bool = True) -> list[dict[str, Any]]
     return out
 
 
-TEST_TOPOLOGIES = ("8x_v100_dgx1", "4x_v100_pcie", "2x_k80", "8x_h100_dgx")
+TEST_TOPOLOGIES = ("8x_v100_dgx1", "4x_v100_pcie", "4x_h100_nvlink", "8x_h100_dgx")
 TEST_ZOO = ("llama_hf", "opt_hf", "gpt2_hf", "mixtral_hf")
 
 
 def test_specs(*, seed: int = 777, hf: bool = True) -> list[dict[str, Any]]:
     """The test split (32 pairs; 16 without the ``hf`` extra), touched only for final figures: ``series_parallel``
-    (a family never trained on) at 200-600 nodes, ``transformer_like`` and ``cnn_like`` at 500-900 nodes (sizes never
-    trained on), four HuggingFace models never trained on (Llama, OPT, GPT-2, Mixtral), each on four presets
-    neither trained nor used for development, one of them with links that differ pair by pair (the 8-GPU DGX-1
-    hybrid cube-mesh) and one of older, slower GPUs (2x K80)."""
+    (a family never trained on) at 200-600 nodes, ``transformer_like`` and ``cnn_like`` at 1,100-1,500 nodes (above
+    the training sizes), and four HuggingFace models never trained on (Llama, OPT, GPT-2, Mixtral) at operator
+    level (not coarsened: 185-510 nodes, attention and expert branches to place), each on four presets neither
+    trained nor used for development, one with links that differ pair by pair (the 8-GPU DGX-1 hybrid cube-mesh)."""
     rng = np.random.default_rng(seed)
     graphs: list[dict[str, Any]] = []
     for _ in range(2):
         graphs.append({"family": "series_parallel", "num_nodes": int(rng.integers(200, 600)),
                        "seed": int(rng.integers(2**31))})
     for fam in ("transformer_like", "cnn_like"):
-        graphs.append({"family": fam, "num_nodes": int(rng.integers(500, 900)), "seed": int(rng.integers(2**31))})
-    graphs += [{"zoo": z} for z in TEST_ZOO if hf]
+        graphs.append({"family": fam, "num_nodes": int(rng.integers(1100, 1500)), "seed": int(rng.integers(2**31))})
+    graphs += [{"zoo": z, "coarsen": False} for z in TEST_ZOO if hf]
     out = []
     for g in graphs:
         for t in TEST_TOPOLOGIES:
@@ -113,7 +113,8 @@ def split_specs(split: str) -> list[dict[str, Any]]:
 
 def _graph(spec: dict[str, Any]):
     if "zoo" in spec:
-        return graph_from_spec({"source": "zoo", "name": spec["zoo"], "coarsen": {"enabled": True}})
+        return graph_from_spec({"source": "zoo", "name": spec["zoo"],
+                                "coarsen": {"enabled": bool(spec.get("coarsen", True))}})
     return graph_from_spec({"source": "synthetic", "family": spec["family"], "num_nodes": spec["num_nodes"],
                             "seed": spec["seed"]})
 
