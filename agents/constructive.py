@@ -43,6 +43,21 @@ class Trace:
 
 
 @dataclass
+class Demo:
+    """One task's imitation data: a recorded ``trace``, the ``labels`` [T, K] to imitate there, optional
+    per-device ``regret`` [T, K, D] (cost-sensitive imitation) and ``weight`` [T, K] (0: not labelled)."""
+
+    task: ConstructiveTask
+    trace: Trace
+    labels: np.ndarray
+    regret: np.ndarray | None = None
+    weight: np.ndarray | None = None
+
+    def loss(self, policy: DevicePolicy, regret_coef: float) -> tuple[torch.Tensor, float]:
+        return imitation_loss(policy, self.task, self.trace, self.labels, self.regret, regret_coef, weight=self.weight)
+
+
+@dataclass
 class Rollout:
     devices: np.ndarray  # [K, N]
     times: np.ndarray  # [K] step times
