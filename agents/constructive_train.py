@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from agents.checkpoint import load_checkpoint, save_checkpoint
-from agents.constructive import (REGRET_UNIT, Rollout, eft_labels, imitation_loss, ppo_loss, rewards, rollout)
+from agents.constructive import (REGRET_UNIT, Demo, Rollout, eft_labels, imitation_loss, ppo_loss, rewards,
+                                 rollout)
 from agents.device_policy import DevicePolicy
 from envs.constructive_task import NUM_NODE_FEATURES, REACTIVE, ConstructiveTask
 from placement_rl.cost.lookahead import eft_rollout
@@ -178,7 +179,8 @@ class ConstructiveTrainer:
         self._prepare(tasks)
         self._set_lr(cfg.lr)
         self.policy.train()
-        demos = []
+        demos: list[Demo] = []  # each task's best teacher on its own trajectory
+        reactive: list[bool] = []  # whether that teacher can label any state (DAgger)
         for t in tasks:
             name, dev = t.teacher()
             tr = rollout(None, t, forced=dev, record=True).trace
@@ -186,38 +188,39 @@ class ConstructiveTrainer:
             if name == "eft_rollout" and cfg.regret_coef > 0:  # kept from building the task's teachers
                 reg = t.meta.get("eft_rollout_regret")
                 reg = (eft_rollout(t.graph, t.costs, t.topology, actions=dev)[2] if reg is None else reg)[:, None]
-            demos.append((t, tr, tr.actions, reg, name in REACTIVE))
+            demos.append(Demo(t, tr, tr.actions, reg))
+            reactive.append(name in REACTIVE)
         agree = 0.0
         total = cfg.bc_epochs + cfg.dagger_rounds * max(1, cfg.bc_epochs // 2)
         epoch = 0
+        current = demos
         for rnd in range(cfg.dagger_rounds + 1):
             if rnd > 0:  # DAgger: the student's states, the teacher's labels
-                new = []
-                for demo in demos:
-                    t, reactive = demo[0], demo[4]
-                    if reactive:  # a reactive teacher: label the student's own states (lookahead where it ran)
+                current = []
+                for demo, react in zip(demos, reactive):
+                    t = demo.task
+                    if react:  # a reactive teacher: label the student's own states (lookahead where it ran)
                         ro = rollout(self.policy, t, samples=1, greedy=True, record=True)
                         if "eft_rollout" in t.refs:
                             _, lab, reg = eft_rollout(t.graph, t.costs, t.topology, actions=ro.devices[0])
-                            new.append((t, ro.trace, lab[:, None], reg[:, None] if cfg.regret_coef > 0 else None))
+                            current.append(Demo(t, ro.trace, lab[:, None],
+                                                reg[:, None] if cfg.regret_coef > 0 else None))
                         else:
-                            new.append((t, ro.trace, eft_labels(ro.trace), None))
+                            current.append(Demo(t, ro.trace, eft_labels(ro.trace)))
                     else:  # a fixed placement's device indices mean nothing in other states: its own states
-                        new.append(demo[:4])
+                        current.append(demo)
                 self.policy.train()
             for _ in range(cfg.bc_epochs if rnd == 0 else max(1, cfg.bc_epochs // 2)):
                 order = self.rng.permutation(len(demos))
                 agrees = []
                 for i in order.tolist():
-                    item = demos[i][:4] if rnd == 0 else new[i]
-                    t = item[0]
-                    loss, a = imitation_loss(self.policy, *item, regret_coef=cfg.regret_coef)
+                    loss, a = current[i].loss(self.policy, cfg.regret_coef)
                     if rnd > 0 and self.rng.random() < 0.5:  # keep the teacher's own states in the mix
-                        l2, _ = imitation_loss(self.policy, *demos[i][:4], regret_coef=cfg.regret_coef)
+                        l2, _ = demos[i].loss(self.policy, cfg.regret_coef)
                         loss = 0.5 * (loss + l2)
                     self._step(loss)
                     agrees.append(a)
-                    self.decisions += t.graph.num_nodes
+                    self.decisions += demos[i].task.graph.num_nodes
                 agree = float(np.mean(agrees))
                 epoch += 1
                 self.history.append({"phase": "imitation", "epoch": epoch, "round": rnd, "agreement": agree})
