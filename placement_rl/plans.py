@@ -191,7 +191,7 @@ class StagePlan:
         if b is not None and (isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1):
             raise PlanError(f"batch_size must be a positive integer or null, got {b!r}")
         tp = tuple(self.tp) if self.tp is not None else ()
-        if not tp:
+        if not tp or all(isinstance(t, (int, np.integer)) and t == 1 for t in tp):  # no TP: any length reads as such
             tp = (1,) * len(groups)
         if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1 for t in tp):
             raise PlanError(f"tp must list a positive integer TP degree per stage, got {list(tp)}")

@@ -96,7 +96,7 @@ def test_tp_field_defaults_validates_and_round_trips(gpt):
     old = json.loads(plain.to_json(topology=topo))
     del old["tp"]  # a plan written before the field existed
     assert StagePlan.from_json(json.dumps(old), topology=topo).tp == (1,)
-    for bad, msg in (((0,), "positive integer"), ((1, 1), "one per stage"), ((3,), "not a multiple")):
+    for bad, msg in (((0,), "positive integer"), ((2, 2), "one per stage"), ((3,), "not a multiple")):
         with pytest.raises(PlanError, match=msg):
             whole(gpt, (0, 1, 2, 3), 1).__class__(np.zeros(gpt.num_nodes, dtype=np.int64), ((0, 1, 2, 3),), tp=bad)
 

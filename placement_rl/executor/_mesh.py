@@ -1,6 +1,8 @@
-"""``ParallelDims`` (validated DP x PP degrees of a ``StagePlan``), rank layout and schedule choice.
+"""``ParallelDims`` (validated DP x PP x TP degrees of a ``StagePlan``), rank layout and schedule choice.
 
-Ranks form a 2-D mesh ``(dp, pp)`` in row-major order: ``rank = dp_rank * pp + pp_rank``. Stage ``s`` of
+Ranks form a mesh ``(dp, pp, tp)`` in row-major order, TP innermost: ``rank = (dp_rank * pp + pp_rank) * tp +
+tp_rank`` (with ``tp = 1`` the 2-D ``(dp, pp)`` mesh of plans without tensor parallelism). Rank
+``(d, c, t)`` stands for device ``d * tp + t`` of its stage's device group (the plan's TP-innermost order). Stage ``s`` of
 the plan runs on mesh column ``pp_rank_of_stage[s]``; every rank of that column holds a replica of the
 stage (its DP degree is the column height ``dp``). A 2-D mesh needs the same DP degree for every
 stage: a PipeDream-style plan with unequal degrees is a simulator-only plan and is rejected here.
@@ -37,6 +39,7 @@ class ParallelDims:
     schedule: str
     num_microbatches: int
     sharding: str = "dp"  # ``dp``: DDP over the dp mesh dimension; ``fsdp``: FSDP2 ``fully_shard`` over it
+    tp: int = 1  # tensor-parallel degree of every stage (``parallelize_module`` over the tp mesh dimension)
 
     @property
     def plain(self) -> bool:
@@ -45,18 +48,21 @@ class ParallelDims:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.pp
+        return self.dp * self.pp * self.tp
 
     @property
     def stages_per_rank(self) -> int:
         return self.num_stages // self.pp
 
-    def rank(self, dp_rank: int, pp_rank: int) -> int:
-        return dp_rank * self.pp + pp_rank
+    def rank(self, dp_rank: int, pp_rank: int, tp_rank: int = 0) -> int:
+        return (dp_rank * self.pp + pp_rank) * self.tp + tp_rank
 
     def coords(self, rank: int) -> tuple[int, int]:
         """``(dp_rank, pp_rank)`` of a global rank."""
-        return divmod(rank, self.pp)
+        return divmod(rank // self.tp, self.pp)
+
+    def tp_rank(self, rank: int) -> int:
+        return rank % self.tp
 
     def stages_of(self, pp_rank: int) -> tuple[int, ...]:
         return tuple(s for s, c in enumerate(self.pp_rank_of_stage) if c == pp_rank)
@@ -95,6 +101,8 @@ class ParallelDims:
         if self.sharding == "fsdp" and self.schedule == "zb1p":
             raise PlanError("an fsdp plan cannot use the zb1p schedule (its split weight-gradient pass bypasses "
                             "FSDP's reduce-scatter); use gpipe, 1f1b or interleaved1f1b, or sharding dp")
+        if self.tp > 1 and self.schedule == "zb1p":
+            raise PlanError("a TP plan cannot use the zb1p schedule; use gpipe, 1f1b or interleaved1f1b")
         if self.schedule == "1f1b" and m < s:
             raise PlanError(f"schedule 1f1b needs num_microbatches >= number of stages ({m} < {s}); "
                             "raise num_microbatches or use gpipe")
@@ -111,6 +119,9 @@ def parallel_dims(plan: StagePlan) -> ParallelDims:
     degrees = plan.dp_degrees
     if not degrees:
         raise PlanError("stage plan has no stages: 'stage_devices' is empty")
+    if len(set(plan.tp)) != 1:
+        raise PlanError(f"stages have unequal TP degrees {list(plan.tp)}: the distributed executor runs a 3-D "
+                        "(dp, pp, tp) mesh and needs one TP degree for every stage")
     if len(set(degrees)) != 1:
         raise PlanError(f"stages have unequal DP degrees {list(degrees)}: the distributed executor runs a 2-D "
                         "(dp, pp) mesh and needs one DP degree for every stage (unequal degrees are a "
@@ -128,10 +139,11 @@ def parallel_dims(plan: StagePlan) -> ParallelDims:
         col_of_stage.append(columns[key])
     return ParallelDims(dp=degrees[0], pp=len(columns), num_stages=plan.num_stages,
                         pp_rank_of_stage=tuple(col_of_stage), schedule=plan.schedule,
-                        num_microbatches=int(plan.num_microbatches), sharding=plan.sharding).validate()
+                        num_microbatches=int(plan.num_microbatches), sharding=plan.sharding,
+                        tp=int(plan.tp[0])).validate()
 
 
 def device_of_rank(plan: StagePlan, dims: ParallelDims, rank: int) -> int:
     """The plan's device index (into its topology) that global ``rank`` stands for."""
     dp_rank, pp_rank = dims.coords(rank)
-    return plan.stage_devices[dims.stages_of(pp_rank)[0]][dp_rank]
+    return plan.stage_devices[dims.stages_of(pp_rank)[0]][dp_rank * dims.tp + dims.tp_rank(rank)]

@@ -2,7 +2,9 @@
 
 ``PartRunner(cfg, part_dir, rank=..., device=...)`` reads a part directory written by
 ``placement_rl.executor.distributed.prepare_job`` and, inside an initialised process group, builds:
-``build_stages`` (split + tied copies) -> ``build_mesh`` (2-D ``dp`` x ``pp``) -> ``tie_groups`` ->
+``build_stages`` (split + tied copies) -> ``build_mesh`` (2-D ``dp`` x ``pp``, or 3-D with ``tp``) -> ``tie_groups`` ->
+``apply_tp`` (Megatron styles through ``parallelize_module`` over ``tp``, see ``_tp``; then the DP gradients are
+averaged by one all-reduce of the local shards over ``dp``, or FSDP2 shards over ``dp`` on top) ->
 ``apply_dp`` (DDP over ``dp``) or ``apply_fsdp`` (FSDP2 ``fully_shard`` over ``dp``, for ``sharding=fsdp``)
 -> ``pipeline_stage`` (static metadata) -> ``build_schedule`` (by name) -> Adam. A one-stage plan skips
 the pipeline: each rank runs its micro-batches in a plain loop (gradient accumulation; DDP syncs on the
@@ -40,7 +42,23 @@ def loss_is_stage_output(output: torch.Tensor, target: Any) -> torch.Tensor:
 
 
 def build_mesh(dims: ParallelDims, device: torch.device) -> DeviceMesh:
-    return init_device_mesh(device.type, (dims.dp, dims.pp), mesh_dim_names=("dp", "pp"))
+    if dims.tp == 1:
+        return init_device_mesh(device.type, (dims.dp, dims.pp), mesh_dim_names=("dp", "pp"))
+    return init_device_mesh(device.type, (dims.dp, dims.pp, dims.tp), mesh_dim_names=("dp", "pp", "tp"))
+
+
+def apply_tp(splits: Sequence[StageSplit], modules: Sequence[nn.Module], tp_mesh: DeviceMesh,
+             kinds: dict[str, str]) -> tuple[list[nn.Module], list[dict[str, tuple[nn.Module, str]]]]:
+    """Megatron TP of each stage over the ``tp`` mesh dimension (``_tp.apply_tp``); where each parameter sits."""
+    from placement_rl.executor import _tp
+
+    out, named = [], []
+    for sp, mod in zip(splits, modules):
+        ids = {id(p): name for name, p in stage_parameters(sp).items()}
+        wrapped, params = _tp.apply_tp(mod, kinds, tp_mesh, ids)
+        out.append(wrapped)
+        named.append(params)
+    return out, named
 
 
 def build_stages(gm: nn.Module, stage_map: dict[str, int], dims: ParallelDims, pp_rank: int,
@@ -62,14 +80,14 @@ def tie_groups(dims: ParallelDims, ties: dict[str, tuple[int, ...]], rank: int) 
     ``dist.new_group`` is collective: every rank creates every group, in the same order.
     """
     out: dict[str, Any] = {}
-    dp_rank, _ = dims.coords(rank)
     for name in sorted(ties):
         cols = sorted({dims.pp_rank_of_stage[s] for s in ties[name]})
         for d in range(dims.dp):
-            ranks = [dims.rank(d, c) for c in cols]
-            group = dist.new_group(ranks) if len(ranks) > 1 else None
-            if d == dp_rank and rank in ranks:
-                out[name] = group
+            for t in range(dims.tp):
+                ranks = [dims.rank(d, c, t) for c in cols]
+                group = dist.new_group(ranks) if len(ranks) > 1 else None
+                if rank in ranks:
+                    out[name] = group
     return out
 
 
@@ -129,9 +147,11 @@ def build_schedule(dims: ParallelDims, stages: list[PipelineStage]) -> Any:
     return cls(stages, n_microbatches=dims.num_microbatches, loss_fn=loss_is_stage_output)
 
 
+@torch.no_grad()
 def allreduce_grads(params: Sequence[nn.Parameter], group: Any, size: int) -> None:
-    """Average gradients over the DP group in one flat all-reduce (used without DDP)."""
-    grads = [p.grad for p in params if p.grad is not None]
+    """Average gradients over the DP group in one flat all-reduce (used without DDP; TP shards: their local
+    tensors, each TP rank with its DP peers)."""
+    grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params if p.grad is not None]
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
@@ -143,16 +163,26 @@ def allreduce_grads(params: Sequence[nn.Parameter], group: Any, size: int) -> No
         offset += g.numel()
 
 
+@torch.no_grad()
 def sync_tied_grads(tied: dict[str, list[nn.Parameter]], groups: dict[str, Any]) -> None:
-    """Sum the gradient of each tied parameter over its local copies and the other owning ranks."""
+    """Sum the gradient of each tied parameter over its local copies and the other owning ranks (TP shards:
+    their local tensors, shards of one TP rank being alike)."""
+    def local(t: torch.Tensor) -> torch.Tensor:
+        return t.to_local() if hasattr(t, "to_local") else t
+
     for name in sorted(tied):
         copies = tied[name]
-        grads = [p.grad for p in copies if p.grad is not None]
-        total = torch.stack(grads).sum(0) if grads else torch.zeros_like(copies[0])
+        grads = [local(p.grad) for p in copies if p.grad is not None]
+        total = torch.stack(grads).sum(0) if grads else torch.zeros_like(local(copies[0]))
         if groups.get(name) is not None:
             dist.all_reduce(total, op=dist.ReduceOp.SUM, group=groups[name])
         for p in copies:
-            p.grad = total.clone()
+            if hasattr(p, "to_local"):
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                local(p.grad).copy_(total)
+            else:
+                p.grad = total.clone()
 
 
 @dataclass(frozen=True)
@@ -182,11 +212,16 @@ class PartRunner:
         mesh = build_mesh(dims, device)
         self.groups = tie_groups(dims, ties, rank)
         zero_bubble = "ZeroBubble" in dims.schedule_class_name()
-        self.dp_group = mesh["dp"].get_group() if zero_bubble and dims.dp > 1 else None
+        manual_dp = zero_bubble or (dims.tp > 1 and dims.sharding == "dp")  # DDP does not take DTensor shards
+        self.dp_group = mesh["dp"].get_group() if manual_dp and dims.dp > 1 else None
+        modules = [sp.module for sp in self.splits]
+        named = None
+        if dims.tp > 1:
+            modules, named = apply_tp(self.splits, modules, mesh["tp"], dict(part["tp_kinds"]))
         if dims.sharding == "fsdp":
-            modules = apply_fsdp([sp.module for sp in self.splits], mesh["dp"])
-        else:
-            modules = apply_dp([sp.module for sp in self.splits], mesh["dp"], device=device, zero_bubble=zero_bubble)
+            modules = apply_fsdp(modules, mesh["dp"])
+        elif dims.tp == 1:
+            modules = apply_dp(modules, mesh["dp"], device=device, zero_bubble=zero_bubble)
         self.modules = modules
         if dims.plain:
             self.schedule = None
@@ -194,7 +229,10 @@ class PartRunner:
             stages = [pipeline_stage(mod, sp, dims, device, part["value_meta"], mesh["pp"].get_group())
                       for mod, sp in zip(modules, self.splits)]
             self.schedule = build_schedule(dims, stages)
-        self.named = [stage_parameters(sp) for sp in self.splits]
+        if named is not None:  # read after FSDP, which replaces the parameters it shards
+            self.named = [{k: mod._parameters[a] for k, (mod, a) in per.items()} for per in named]
+        else:
+            self.named = [stage_parameters(sp) for sp in self.splits]
         self.params = [p for per in self.named for p in per.values()]
         self.tied: dict[str, list[nn.Parameter]] = {}
         for per in self.named:
@@ -221,11 +259,17 @@ class PartRunner:
         self._sync()
         t0, c0 = time.perf_counter(), time.process_time()
         losses: list[torch.Tensor] = []
-        if self.schedule is None:
-            self._plain_step(losses)
-        else:
-            self.schedule.step(*(self.batch if self.first else ()), target=self.dummy_target if self.last else None,
-                               losses=losses if self.last else None, return_outputs=False)
+        with self._tp_context():  # TP: plain tensors meeting DTensor shards count as replicated (fwd and bwd)
+            if self.schedule is None:
+                self._plain_step(losses)
+            else:
+                self.schedule.step(*(self.batch if self.first else ()),
+                                   target=self.dummy_target if self.last else None,
+                                   losses=losses if self.last else None, return_outputs=False)
+        if self.dims.tp > 1:
+            from placement_rl.executor._tp import normalize_grads
+
+            normalize_grads(self.params)
         if self.dp_group is not None:
             allreduce_grads(self.params, self.dp_group, self.dims.dp)
         sync_tied_grads(self.tied, self.groups)
@@ -236,6 +280,13 @@ class PartRunner:
         self._sync()
         t2 = time.perf_counter()
         return StepTiming(wall=t2 - t0, optimizer=t2 - t1, cpu=time.process_time() - c0, losses=tuple(losses))
+
+    def _tp_context(self) -> Any:
+        if self.dims.tp == 1:
+            return contextlib.nullcontext()
+        from torch.distributed.tensor.experimental import implicit_replication
+
+        return implicit_replication()
 
     def _plain_step(self, losses: list[torch.Tensor]) -> None:
         """One stage, data parallel: m micro-batches, each loss / m backpropagated (the schedules scale the

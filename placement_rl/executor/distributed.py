@@ -1,5 +1,6 @@
-"""Deploy a ``StagePlan`` for real: DP x PP with ``torch.distributed`` (pipelining stages + DDP or FSDP2 on a
-2-D mesh; a one-stage plan is plain DDP / FSDP2 without a pipeline schedule).
+"""Deploy a ``StagePlan`` for real: DP x PP (x TP) with ``torch.distributed`` (pipelining stages + DDP or FSDP2
+on a 2-D mesh, or a 3-D ``(dp, pp, tp)`` mesh with Megatron tensor parallelism through ``parallelize_module``,
+see ``_tp``; a one-stage plan is plain DDP / FSDP2 / TP without a pipeline schedule).
 
 Flow (everything that can be wrong is checked before a process starts)::
 
@@ -9,6 +10,8 @@ Flow (everything that can be wrong is checked before a process starts)::
                     memory check with a topology          (the cost model's memory rule; device and bytes named)
                     torch.export at micro-batch size; assign_stages(program, graph, plan)
                                                           (every plan node in the program, contiguous stages)
+                    TP: degree divides heads / hidden / vocab, split GEMMs are nn.Linear / nn.Embedding
+                    calls, no cut inside a TP region, TP groups on one host (with a topology)
                     write JOB_DIR: job.json + one part per plan (part.json, program.pt2, inputs.pt)
       launch_local  one ``distributed_worker`` process per rank (torchrun's environment), watchdog;
                     ExecutionError naming the rank that died or hung, no process left behind
@@ -128,6 +131,7 @@ class DeployResult:
     wall_time: float
     grads: Mapping[str, torch.Tensor] | None = field(default=None, repr=False)
     sharding: str = "dp"
+    tp: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k != "grads"}
@@ -231,6 +235,10 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
                             f"num_microbatches ({dims.num_microbatches}); change the batch or the plan")
     if spec.topology is not None:
         check_memory(plan, graph, spec.topology)
+    if dims.tp > 1:
+        from placement_rl.graph import tp as tpmod
+
+        tpmod.check_degree(graph, dims.tp)  # heads / hidden / vocabulary sizes of the annotation
     if graph.meta.get("capture_method", "export") != "export":
         raise PlanError(f"graph '{graph.name}' was captured with torch.fx; the distributed executor splits the "
                         "torch.export program, so capture the model with method='export'")
@@ -253,6 +261,12 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
     gm = program_module(ep)
     stage_map = assign_stages(gm, graph, plan.stage_of_node)
+    tp_kinds: dict[str, str] = {}
+    if dims.tp > 1:
+        from placement_rl.executor._tp import check_program, node_kinds
+
+        tp_kinds = node_kinds(graph)
+        check_program(gm, tp_kinds, dims.tp, stage_map)
     aliases = param_aliases(module)
     splits = split_stages(gm, stage_map, dims.num_stages, aliases=aliases)
     metas = value_meta(program_module(ep), micro)
@@ -272,7 +286,7 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
     torch.save(tuple(t.detach().cpu() for t in batch), part_dir / "inputs.pt")
     atomic_write_text(part_dir / "part.json", json.dumps({
         "dims": asdict(dims), "stage_map": stage_map, "param_aliases": aliases,
-        "value_meta": {v: metas[v] for v in crossing}, "batch_size": size,
+        "value_meta": {v: metas[v] for v in crossing}, "batch_size": size, "tp_kinds": tp_kinds,
         "tied": {k: list(v) for k, v in tied_parameters(splits).items()},
         "plan": plan.to_dict(graph), "model": {"zoo": spec.model, "overrides": dict(spec.overrides or {})}}, indent=1))
     return dims
@@ -335,7 +349,7 @@ def _collect_part(part_dir: Path, *, backend: str, collect_grads: bool, wall_tim
                         losses=losses, peak_memory_bytes=int(peak["peak_memory_bytes"]),
                         memory_kind=peak["memory_kind"], world_size=dims.world_size, dp=dims.dp, pp=dims.pp,
                         schedule=dims.schedule, backend=backend, tied_parameters=tuple(sorted(part["tied"])),
-                        ranks=tuple(ranks), wall_time=wall_time, grads=grads, sharding=dims.sharding)
+                        ranks=tuple(ranks), wall_time=wall_time, grads=grads, sharding=dims.sharding, tp=dims.tp)
 
 
 def collect_results(job_dir: str | Path, *, wall_time: float = 0.0) -> list[DeployResult]:
@@ -352,8 +366,8 @@ def launch_local(job: PreparedJob, *, nprocs: int | None = None, timeout_s: floa
     world = job.world_size
     nprocs = world if nprocs is None else nprocs
     if nprocs != world:
-        raise ConfigError(f"the plan needs {world} processes (dp {job.parts[0].dp} x pp {job.parts[0].pp}), "
-                          f"not {nprocs}")
+        raise ConfigError(f"the plan needs {world} processes (dp {job.parts[0].dp} x pp {job.parts[0].pp} x tp "
+                          f"{job.parts[0].tp}), not {nprocs}")
     if job.backend == "nccl" and torch.cuda.device_count() < world:
         raise ConfigError(f"the plan needs {world} GPUs on this machine, torch sees {torch.cuda.device_count()}")
     wall = run_ranks(job.job_dir, nprocs=nprocs, timeout_s=job.timeout_s if timeout_s is None else timeout_s,

@@ -103,7 +103,7 @@ def train(cfg: dict[str, Any], part_dir: Path, *, rank: int, device: torch.devic
         torch.save(grads, part_dir / "result" / f"rank{rank}_grads.pt")
     peak, kind = run.peak_memory()
     step_times = [t.wall for t in timings]
-    return {"rank": rank, "dp_rank": run.dp_rank, "pp_rank": run.dims.coords(rank)[1],
+    return {"rank": rank, "dp_rank": run.dp_rank, "pp_rank": run.dims.coords(rank)[1], "tp_rank": run.dims.tp_rank(rank),
             "stages": [sp.index for sp in run.splits], "device": str(device), "step_times": step_times,
             "optimizer_times": [t.optimizer for t in timings], "cpu_times": [t.cpu for t in timings],
             "median_step_time": statistics.median(step_times) if step_times else None,

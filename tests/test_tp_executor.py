@@ -1,0 +1,119 @@
+"""Deploying TP plans: Megatron TP through parallelize_module on gloo, gradients equal to one process (TP, TP x DP,
+TP x PP, TP x FSDP), and bad TP plans refused in one line before any process starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from placement_rl.errors import PlanError
+from placement_rl.executor._mesh import parallel_dims
+from placement_rl.executor.distributed import DeployConfig, DeploySpec, deploy_stage_plans, prepare_job, reference_step
+from placement_rl.graph import zoo
+from placement_rl.graph.capture import capture_zoo
+from placement_rl.plans import StagePlan
+from placement_rl.topology import load_topology
+
+torch.set_num_threads(1)
+GPT = dict(batch_size=8, seq_len=8, vocab_size=32, d_model=16, n_layers=2, n_heads=2, dropout=0.0)
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    return capture_zoo("gpt", **GPT)
+
+
+def whole(g, devices, t, **kw):
+    return StagePlan(np.zeros(g.num_nodes, dtype=np.int64), (tuple(devices),), tp=(t,), **kw)
+
+
+def two_stages(g, t, **kw):
+    cut = g.index["add_2"] + 1  # the residual stream after block 0: outside any TP region
+    son = np.array([0 if i < cut else 1 for i in range(g.num_nodes)])
+    return StagePlan(son, (tuple(range(t)), tuple(range(t, 2 * t))), tp=(t, t), **kw)
+
+
+def check(plan, result):
+    module, inputs = zoo.build("gpt", **GPT)
+    loss, grads = reference_step(module, inputs, chunks=plan.dp_degrees[0] * plan.num_microbatches)
+    assert result.losses[0] == pytest.approx(loss, abs=1e-5)
+    assert set(result.grads) == set(grads)
+    for key, ref in grads.items():
+        torch.testing.assert_close(result.grads[key], ref, atol=1e-5, rtol=1e-5, msg=lambda m, k=key: f"{k}: {m}")
+
+
+# ----------------------------------------------------------------------------- no processes
+def test_tp_mesh_layout(gpt):
+    d = parallel_dims(two_stages(gpt, 2, num_microbatches=2, schedule="gpipe"))
+    assert (d.dp, d.pp, d.tp, d.world_size) == (1, 2, 2, 4)
+    assert d.coords(3) == (0, 1) and d.tp_rank(3) == 1 and d.rank(0, 1, 1) == 3
+    with pytest.raises(PlanError, match="unequal TP degrees"):
+        parallel_dims(StagePlan(two_stages(gpt, 2).stage_of_node, ((0, 1), (2,)), tp=(2, 1)))
+
+
+def test_bad_tp_plans_refused_before_any_process(gpt, tmp_path):
+    heads = capture_zoo("gpt", **dict(GPT, n_heads=2, d_model=16))
+    with pytest.raises(PlanError, match="n_heads=2"):
+        prepare_job([DeploySpec(plan=whole(heads, range(4), 4), graph=heads, model="gpt", overrides=GPT)],
+                    job_dir=tmp_path / "a")
+    son = np.zeros(gpt.num_nodes, dtype=np.int64)
+    son[gpt.index["gelu"]:] = 1  # cuts between the MLP's column and row GEMMs
+    inside = StagePlan(son, ((0, 1), (2, 3)), tp=(2, 2), num_microbatches=2, schedule="gpipe")
+    with pytest.raises(PlanError, match="TP-sharded tensor"):
+        prepare_job([DeploySpec(plan=inside, graph=gpt, model="gpt", overrides=GPT)], job_dir=tmp_path / "b")
+    hf = capture_zoo("gpt2_hf", **dict(zoo.tiny("gpt2_hf"), vocab_size=96, batch_size=4))
+    with pytest.raises(PlanError, match="Conv1D"):
+        prepare_job([DeploySpec(plan=whole(hf, (0, 1), 2), graph=hf, model="gpt2_hf",
+                                overrides=dict(zoo.tiny("gpt2_hf"), vocab_size=96, batch_size=4))],
+                    job_dir=tmp_path / "c")
+    assert not any((tmp_path / x / "job.json").exists() for x in "abc")
+
+
+def test_cli_refuses_tp_across_hosts_and_bad_vocab_with_exit_2(tmp_path):
+    topo = load_topology("2x4_v100_ib")
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    four = capture_zoo("gpt", **dict(GPT, n_heads=4, d_model=32))
+    odd = capture_zoo("gpt", **dict(GPT, vocab_size=33))
+    cases = {"hosts": (four, whole(four, (2, 3, 4, 5), 4), "spans hosts"),
+             "vocab": (odd, whole(odd, (0, 1), 2), "does not divide vocab=33")}
+    for name, (g, plan, msg) in cases.items():
+        (tmp_path / name).mkdir()
+        g.to_json(tmp_path / name / "graph.json")  # deploy reads the graph beside the plan
+        (tmp_path / name / "plan.json").write_text(json.dumps(plan.to_dict(topology=topo)))
+        r = subprocess.run([sys.executable, "-m", "placement_rl.cli.main", "deploy",
+                            f"plan={tmp_path / name / 'plan.json'}", "topology=2x4_v100_ib",
+                            f"hydra.run.dir={tmp_path}/{name}/run"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300, env=env)
+        lines = [x for x in r.stderr.strip().splitlines() if x.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and msg in lines[0], (name, r.stderr)
+        assert not (tmp_path / name / "run" / "deploy.json").exists()
+
+
+# ----------------------------------------------------------------------------- real gloo process groups
+@pytest.mark.distributed
+def test_tp_gradients_equal_one_process(gpt):
+    plan = whole(gpt, (0, 1), 2, num_microbatches=2)
+    res = deploy_stage_plans([DeploySpec(plan=plan, graph=gpt, model="gpt", overrides=GPT)],
+                             config=DeployConfig(steps=1, warmup=0, collect_grads=True, timeout_s=120))[0]
+    assert (res.tp, res.dp, res.pp) == (2, 1, 1)
+    check(plan, res)
+    # each TP rank holds half of every split weight
+    assert all(r["local_params"] < r["num_params"] for r in res.ranks)
+
+
+@pytest.mark.distributed
+def test_tp_x_dp_tp_x_pp_tp_x_fsdp_gradients_equal_one_process(gpt):
+    plans = [whole(gpt, range(4), 2, num_microbatches=1),
+             two_stages(gpt, 2, num_microbatches=2, schedule="gpipe"),
+             whole(gpt, range(4), 2, num_microbatches=1, sharding="fsdp")]
+    results = deploy_stage_plans([DeploySpec(plan=p, graph=gpt, model="gpt", overrides=GPT) for p in plans],
+                                 config=DeployConfig(steps=1, warmup=0, collect_grads=True, timeout_s=180))
+    for plan, res in zip(plans, results):
+        assert res.tp == 2 and res.world_size == 4
+        check(plan, res)
