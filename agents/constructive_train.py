@@ -319,51 +319,7 @@ class ConstructiveTrainer:
         self._set_lr(cfg.rl_lr)
         best = self._snapshot(val)
         for it in range(1, iters + 1):
-            if cfg.rl_algo == "q":
-                rec = self._q_iteration(tasks, it)
-                if val and (it % cfg.eval_every == 0 or it == iters):
-                    score = self._val_score(val)
-                    rec["val_greedy_geomean"] = score
-                    if best is not None and score < best[0]:
-                        best = (score, self._weights())
-                self.history.append(rec)
-                if progress:
-                    progress("rl", it, iters, {k: v for k, v in rec.items() if isinstance(v, float)})
-                continue
-            self.policy.eval()
-            batch = [tasks[i] for i in self.rng.choice(len(tasks), size=min(cfg.tasks_per_iter, len(tasks)),
-                                                       replace=False)]
-            data, stats, improved = [], [], 0
-            for t in batch:
-                ro = rollout(self.policy, t, samples=cfg.samples, greedy=False, record=True, generator=self.gen,
-                             temperature=cfg.temperature if cfg.rl_algo == "sil" else 1.0)
-                self.decisions += cfg.samples * t.graph.num_nodes
-                r = rewards(t, ro)
-                stats.append(float(r.max()))
-                if cfg.rl_algo == "ppo":
-                    k = int(np.argmax(r))
-                    data.append((t, ro.trace, r - r.mean(), np.array([k]) if r[k] > 0 else np.zeros(0, np.int64)))
-                    continue
-                known = self._best_known(t)
-                k = int(np.argmax(r))
-                if ro.feasible[k] and ro.times[k] < known[0] * (1 - 1e-9):
-                    t.meta["best_known"] = (float(ro.times[k]), ro.trace.select([k]))
-                    improved += 1
-                data.append((t, t.meta["best_known"][1]))
-            self.policy.train()
-            info: dict[str, float] = {}
-            for _ in range(cfg.ppo_epochs):
-                for item in data:
-                    if cfg.rl_algo == "ppo":
-                        t, tr, adv, sil = item
-                        loss, info = ppo_loss(self.policy, t, tr, adv, clip=cfg.clip, ent_coef=cfg.ent_coef,
-                                              sil=sil, sil_coef=cfg.sil_coef)
-                    else:
-                        loss, agree = imitation_loss(self.policy, *item)
-                        info = {"loss": float(loss.detach()), "agreement": agree}
-                    self._step(loss)
-            rec: dict[str, Any] = {"phase": "rl", "iter": it, "best_sample_reward": float(np.mean(stats)),
-                                   "improved": float(improved), **info, "decisions": self.decisions}
+            rec = self._q_iteration(tasks, it) if cfg.rl_algo == "q" else self._sample_iteration(tasks, it)
             if val and (it % cfg.eval_every == 0 or it == iters):
                 score = self._val_score(val)
                 rec["val_greedy_geomean"] = score
@@ -376,6 +332,45 @@ class ConstructiveTrainer:
             self.policy.load_state_dict(best[1])
             return {"val_greedy_geomean": best[0]}
         return {}
+
+    def _sample_iteration(self, tasks: Sequence[ConstructiveTask], it: int) -> dict[str, Any]:
+        """One iteration of ``rl_algo="sil"`` or ``"ppo"`` (see ``improve``)."""
+        cfg = self.cfg
+        self.policy.eval()
+        batch = [tasks[i] for i in self.rng.choice(len(tasks), size=min(cfg.tasks_per_iter, len(tasks)),
+                                                   replace=False)]
+        data, stats, improved = [], [], 0
+        for t in batch:
+            ro = rollout(self.policy, t, samples=cfg.samples, greedy=False, record=True, generator=self.gen,
+                         temperature=cfg.temperature if cfg.rl_algo == "sil" else 1.0)
+            self.decisions += cfg.samples * t.graph.num_nodes
+            r = rewards(t, ro)
+            stats.append(float(r.max()))
+            if cfg.rl_algo == "ppo":
+                k = int(np.argmax(r))
+                data.append((t, ro.trace, r - r.mean(), np.array([k]) if r[k] > 0 else np.zeros(0, np.int64)))
+                continue
+            known = self._best_known(t)
+            k = int(np.argmax(r))
+            if ro.feasible[k] and ro.times[k] < known[0] * (1 - 1e-9):
+                t.meta["best_known"] = (float(ro.times[k]), ro.trace.select([k]))
+                improved += 1
+            data.append((t, t.meta["best_known"][1]))
+        self.policy.train()
+        info: dict[str, float] = {}
+        for _ in range(cfg.ppo_epochs):
+            for item in data:
+                if cfg.rl_algo == "ppo":
+                    t, tr, adv, sil = item
+                    loss, info = ppo_loss(self.policy, t, tr, adv, clip=cfg.clip, ent_coef=cfg.ent_coef,
+                                          sil=sil, sil_coef=cfg.sil_coef)
+                else:
+                    loss, agree = imitation_loss(self.policy, *item)
+                    info = {"loss": float(loss.detach()), "agreement": agree}
+                self._step(loss)
+        rec: dict[str, Any] = {"phase": "rl", "iter": it, "best_sample_reward": float(np.mean(stats)),
+                               "improved": float(improved), **info, "decisions": self.decisions}
+        return rec
 
     def _q_iteration(self, tasks: Sequence[ConstructiveTask], it: int) -> dict[str, Any]:
         """One iteration of ``rl_algo="q"`` (see ``improve``)."""
