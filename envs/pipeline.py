@@ -1,5 +1,5 @@
 """``PipelineEnv``: decide a whole stage plan -- stage cuts in topological order (one stage allowed), a DP degree
-per stage, the micro-batch count, and DP vs sharded DP."""
+per stage, the micro-batch count, DP vs sharded DP, and the tensor-parallel degree."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from gymnasium import spaces
 from placement_rl.baselines.pipe_common import MAX_MICROBATCHES
 from placement_rl.cost.pipeline import PIPELINE_SCHEDULES, PipelineSimulator
 from placement_rl.errors import ConfigError
-from placement_rl.plans import SHARDINGS, StagePlan
+from placement_rl.plans import SHARDINGS, StagePlan, graph_batch_size
 
 from envs.base import BaseEnv, EnvConfig, TaskState, node_memory
 from envs.graph_source import Task
@@ -20,7 +20,7 @@ from envs.reward import final_reward
 
 __all__ = ["PipelineConfig", "PipelineEnv"]
 
-CUT, DP, MB, SHARD = 0, 1, 2, 3  # phases
+CUT, DP, MB, SHARD, TP = 0, 1, 2, 3, 4  # phases
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,10 +31,12 @@ class PipelineConfig(EnvConfig):
         its stages share device groups).
     num_microbatches: micro-batches per step; None (default): the agent chooses it (powers of two up to
         ``MAX_MICROBATCHES``, at least the stage count for a pipeline).
-    batch_size: global batch; when set, a plan is allowed only if ``batch_size % (m * p) == 0`` for every
-        stage's DP degree p.
+    batch_size: global batch (default: the graph's own, ``plans.graph_batch_size``, when it records one); a plan
+        is allowed only if ``batch_size % (m * p) == 0`` for every stage's DP degree p.
     max_stages: at most this many stages (default: the topology's device count).
     sharding: ``dp`` (DDP), ``fsdp`` (sharded DP inside each stage) or ``choose`` (default: the agent picks).
+    tp: tensor-parallel degree of every stage; None (default): the agent chooses it when the graph has TP splits
+        (``placement_rl.graph.tp``) and the topology has room (else 1, and the phase is skipped).
     """
 
     schedule: str = "1f1b"
@@ -42,6 +44,7 @@ class PipelineConfig(EnvConfig):
     batch_size: int | None = None
     max_stages: int | None = None
     sharding: str = "choose"
+    tp: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -59,6 +62,9 @@ class PipelineConfig(EnvConfig):
             raise ConfigError(f"max_stages must be a positive integer or None, got {s!r}")
         if self.sharding not in (*SHARDINGS, "choose"):
             raise ConfigError(f"sharding must be one of {', '.join(SHARDINGS)} or 'choose', got {self.sharding!r}")
+        t = self.tp
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1):
+            raise ConfigError(f"tp must be a positive integer or None (the agent chooses), got {t!r}")
 
 
 class PipelineEnv(BaseEnv):
@@ -74,7 +80,11 @@ class PipelineEnv(BaseEnv):
     ``num_microbatches`` is None) starts from the smallest allowed count (1 for one stage, else the smallest
     power of two >= the stage count) and each step 1 = double it, 0 = keep it (the phase ends there or when
     no larger count is allowed). Phase 3 (sharding; only when ``sharding="choose"``): 0 = DDP, 1 = FSDP.
-    The finished plan is scored with the cost model's ``simulate_pipeline``.
+    Phase 4 (tensor parallelism; only when ``tp`` is None and a degree > 1 is allowed): action ``k`` gives every
+    stage TP degree ``k + 1``, so stage ``s`` takes ``dp_s x (k + 1)`` devices (TP innermost). A degree is allowed
+    when it divides the graph's split sizes (``graph.tp.check_degree``), divides every host's device count (TP
+    groups stay inside a host) and the stages' devices times it fit the topology; a fixed ``tp`` shrinks the
+    devices the DP phase may hand out accordingly. The finished plan is scored with ``simulate_pipeline``.
 
     ## Action Space
     ``Discrete(D_max)`` in every phase. Cuts, micro-batches and sharding: only 0/1 are meaningful (others read
@@ -88,8 +98,9 @@ class PipelineEnv(BaseEnv):
     ``envs.features`` keys, where ``placement`` holds the stage of each decided node (-1 undecided) and the
     one-hot "device" columns of ``node_features`` hold that stage; plus ``phase [1]`` (0 cuts, 1 DP,
     2 micro-batches, 3 sharding), ``stage_dp [D_max]`` (DP degree chosen per stage, 0 = none yet),
-    ``microbatches [1]`` (log2 of the current count) and ``sharding [1]`` (0 DDP, 1 FSDP). In the DP phase
-    every node of the current stage has the current flag and ``current_node`` is its first node.
+    ``microbatches [1]`` (log2 of the current count), ``sharding [1]`` (0 DDP, 1 FSDP) and ``tp [1]`` (the TP
+    degree, 1 until decided). In the DP phase every node of the current stage has the current flag and
+    ``current_node`` is its first node.
 
     ## Rewards
     0 until the last step, then ``(T1 - T) / T1`` where T1 is the best single-device plan (one stage on one
@@ -101,7 +112,7 @@ class PipelineEnv(BaseEnv):
 
     ## Episode End
     Terminates after ``num_nodes - 1 + num_stages`` steps, plus the micro-batch steps (at most
-    ``log2 MAX_MICROBATCHES + 1``) and one sharding step when those are chosen.
+    ``log2 MAX_MICROBATCHES + 1``), one sharding step and one TP step when those are chosen.
 
     ## Arguments
     ``graph``, ``topology``, ``cost_fn``, ``config`` / options of ``PipelineConfig`` (see ``envs.base``;
@@ -113,6 +124,9 @@ class PipelineEnv(BaseEnv):
     * v0: initial version (cuts and DP degrees; fixed micro-batches).
     * v0, issue 11: the micro-batch count and DP vs FSDP are decisions too (defaults ``num_microbatches=None``,
       ``sharding="choose"``; pass ``num_microbatches=4, sharding="dp"`` for the old episodes).
+    * v0, issue 21: the TP degree is a decision (phase 4, ``tp=None``) on graphs with TP splits; observation key
+      ``tp``. Graphs without splits (synthetic families) have the same episodes as before; pass ``tp=1`` for the
+      old episodes on captured transformers.
     """
 
     config_cls = PipelineConfig
@@ -124,23 +138,27 @@ class PipelineEnv(BaseEnv):
         d = self.layout.max_devices
         self.action_space = spaces.Discrete(d)
         space = self.layout.space()
-        space.spaces["phase"] = spaces.Box(0, SHARD, (1,), np.int64)
+        space.spaces["phase"] = spaces.Box(0, TP, (1,), np.int64)
         space.spaces["stage_dp"] = spaces.Box(0, d, (d,), np.int64)
         space.spaces["microbatches"] = spaces.Box(0, int(np.log2(MAX_MICROBATCHES)), (1,), np.int64)
         space.spaces["sharding"] = spaces.Box(0, 1, (1,), np.int64)
+        space.spaces["tp"] = spaces.Box(1, d, (1,), np.int64)
         self.observation_space = space
         self._phase = np.zeros(1, np.int64)
         self._stage_dp = np.zeros(d, np.int64)
         self._log_m = np.zeros(1, np.int64)
         self._shard = np.zeros(1, np.int64)
+        self._tp = np.ones(1, np.int64)
         self.buf.arrays.update(phase=self._phase, stage_dp=self._stage_dp, microbatches=self._log_m,
-                               sharding=self._shard)
+                               sharding=self._shard, tp=self._tp)
+        self._tp_ok = np.ones(1, dtype=bool)  # TP degrees 1.. the task's graph and topology allow
         self.stage = np.zeros(0, dtype=np.int64)
         self._pos = 0
         self._num_stages = 0
         self._dp_stage = 0
         self._used = 0
         self._bounds: list[int] = []
+        self._batch: int | None = None
 
     def _state_key(self) -> Any:
         c = self.config
@@ -148,12 +166,36 @@ class PipelineEnv(BaseEnv):
 
     def _plan(self, stage: np.ndarray, dp: list[int]) -> StagePlan:
         groups, start = [], 0
+        t = int(self._tp[0])
         for p in dp:
-            groups.append(tuple(range(start, start + p)))
-            start += p
+            groups.append(tuple(range(start, start + p * t)))
+            start += p * t
         c = self.config
         return StagePlan(stage_of_node=stage, stage_devices=tuple(groups), num_microbatches=self._m,
-                         schedule=c.schedule, batch_size=c.batch_size, sharding=SHARDINGS[int(self._shard[0])])
+                         schedule=c.schedule, batch_size=c.batch_size, sharding=SHARDINGS[int(self._shard[0])],
+                         tp=(t,) * len(dp))
+
+    def _tp_degrees(self, task: Task) -> np.ndarray:
+        """Bool over TP degrees 1..D_max that the task's graph splits into and its hosts hold."""
+        from placement_rl.errors import PlanError
+        from placement_rl.graph import tp as tpmod
+
+        t = task.topology
+        hosts = [dev.host for dev in t.devices]
+        runs = [sum(1 for h in hosts if h == x) for x in dict.fromkeys(hosts)]
+        contiguous = all(hosts[i] <= hosts[i + 1] for i in range(len(hosts) - 1))
+        ok = np.zeros(self.layout.max_devices, dtype=bool)
+        ok[0] = True
+        ann = tpmod.annotation(task.graph)
+        for k in range(2, min(min(runs), ok.shape[0]) + 1):
+            if not contiguous or any(r % k for r in runs):
+                continue
+            try:
+                tpmod.check_degree(task.graph, k, ann)
+            except PlanError:
+                continue
+            ok[k - 1] = True
+        return ok
 
     def _prepare(self, task: Task) -> TaskState:
         g, t = task.graph, task.topology
@@ -178,7 +220,9 @@ class PipelineEnv(BaseEnv):
         n = st.task.graph.num_nodes
         self.stage = np.full(n, -1, dtype=np.int64)
         self._order = st.task.graph.topo_order
-        self._max_stages = min(st.task.topology.num_devices, self.config.max_stages or st.task.topology.num_devices)
+        d = st.task.topology.num_devices // (self.config.tp or 1)
+        self._max_stages = min(d, self.config.max_stages or d)
+        self._batch = self.config.batch_size if self.config.batch_size is not None else graph_batch_size(st.task.graph)
         first = int(self._order[0])
         self.stage[first] = 0
         self.buf.set_device(first, 0)
@@ -188,6 +232,8 @@ class PipelineEnv(BaseEnv):
         self._m = self.config.num_microbatches or 1
         self._log_m[0] = int(np.log2(self._m)) if self._m <= MAX_MICROBATCHES else 0
         self._shard[0] = 1 if self.config.sharding == "fsdp" else 0
+        self._tp_ok = self._tp_degrees(st.task) if self.config.tp is None else np.ones(1, dtype=bool)
+        self._tp[0] = self.config.tp or 1
         self._used = 0
         self._dp_stage = 0
         self._pos = 1
@@ -227,6 +273,13 @@ class PipelineEnv(BaseEnv):
             return self._after_mb()
         if self._phase[0] == SHARD:
             self._shard[0] = int(action) % 2
+            return self._after_shard()
+        if self._phase[0] == TP:
+            allowed = self._tp_allowed()
+            t = int(action) + 1
+            if t > allowed.shape[0] or not allowed[t - 1]:
+                t = int(np.flatnonzero(allowed[:min(t, allowed.shape[0])])[-1]) + 1
+            self._tp[0] = t
             return self._finish()
         k = self._dp_stage
         allowed = self._dp_allowed()
@@ -261,11 +314,11 @@ class PipelineEnv(BaseEnv):
 
     def _dp_allowed(self) -> np.ndarray:
         """Bool over degrees 1..D_max for the current stage."""
-        d = self.state.task.topology.num_devices  # type: ignore[union-attr]
+        d = self.state.task.topology.num_devices // int(self._tp[0])  # type: ignore[union-attr]
         left = d - self._used - (self._num_stages - self._dp_stage - 1)
         deg = np.arange(1, self.layout.max_devices + 1)
         ok = deg <= left
-        b, m = self.config.batch_size, self.config.num_microbatches or 1
+        b, m = self._batch, self.config.num_microbatches or 1
         if b is not None:
             ok &= b % (m * deg) == 0
         ok[0] = True
@@ -275,7 +328,7 @@ class PipelineEnv(BaseEnv):
         """May the plan use ``m`` micro-batches (batch divisibility for every stage's DP degree, the cap)?"""
         if m > MAX_MICROBATCHES and m != self.config.num_microbatches:
             return False
-        b = self.config.batch_size
+        b = self._batch
         return b is None or all(b % (m * int(p)) == 0 for p in self._stage_dp[:self._num_stages])
 
     def _set_m(self, m: int) -> None:
@@ -310,9 +363,27 @@ class PipelineEnv(BaseEnv):
 
     def _after_mb(self):
         if self.config.sharding != "choose" or self.layout.max_devices < 2:
-            return self._finish()
+            return self._after_shard()
         self._phase[0] = SHARD
         self._focus_flag()
+        return self._obs(), 0.0, False, False, self._info()
+
+    def _tp_allowed(self) -> np.ndarray:
+        """Bool over TP degrees 1..D_max: allowed for the task and the stages' devices times it fit."""
+        d = self.state.task.topology.num_devices  # type: ignore[union-attr]
+        used = int(self._stage_dp[:self._num_stages].sum())
+        ok = np.zeros(self.layout.max_devices, dtype=bool)
+        k = np.arange(1, self._tp_ok.shape[0] + 1)
+        ok[:k.shape[0]] = self._tp_ok & (k * used <= d)
+        ok[0] = True
+        return ok
+
+    def _after_shard(self):
+        if self.config.tp is not None or not self._tp_allowed()[1:].any():
+            return self._finish()
+        self._phase[0] = TP
+        self.buf.set_current_rows(None, -1)
+        self.buf.device_mask[:] = self._tp_allowed()
         return self._obs(), 0.0, False, False, self._info()
 
     def _focus_dp(self) -> None:

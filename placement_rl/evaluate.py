@@ -127,8 +127,12 @@ def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, bud
 
 
 def describe_plan(plan: StagePlan) -> str:
-    """``S=2 x dp(4,4) m=8 fsdp``: stages, DP degree per stage, micro-batches, sharding."""
-    return (f"S={plan.num_stages} x dp{tuple(plan.dp_degrees) if plan.num_stages > 1 else plan.dp_degrees[0]} "
+    """``S=2 x dp(4,4) x tp2 m=8 fsdp``: stages, DP degree per stage, TP degree (when > 1), micro-batches,
+    sharding."""
+    tp = ""
+    if plan.uses_tp:
+        tp = f" x tp{plan.tp[0] if len(set(plan.tp)) == 1 else tuple(plan.tp)}"
+    return (f"S={plan.num_stages} x dp{tuple(plan.dp_degrees) if plan.num_stages > 1 else plan.dp_degrees[0]}{tp} "
             f"m={plan.num_microbatches} {plan.sharding}")
 
 
@@ -137,7 +141,9 @@ PIPELINE_PARTITIONERS = ("pp_uniform", "pp_params", "pp_time_dp", "pipedream")  
 
 def pipeline_summary(rows: list[Row]) -> list[dict[str, Any]]:
     """Per case with pipeline rows: DP, FSDP, best hybrid, best pipeline partitioner, learned (rows whose
-    placer starts with ``learned`` or ``given:``) and the exhaustive optimum, each as ``ms (plan)``."""
+    placer starts with ``learned`` or ``given:``), the exhaustive optimum, the best plan without and with tensor
+    parallelism over every pipeline row (``planner: ms (plan)``) and the exact DP x TP x PP search, each as
+    ``ms (plan)``."""
     def cell(r: Row | None) -> str:
         if r is None:
             return "-"
@@ -158,8 +164,20 @@ def pipeline_summary(rows: list[Row]) -> list[dict[str, Any]]:
                     "hybrid": cell(pipe.get("hybrid")),
                     "best_pipeline": (f"{best.placer}: {cell(best)}" if best is not None else "-"),
                     "learned": cell(learned[0]) if learned else "not run",
-                    "exhaustive": cell(pipe.get("pp_exhaustive"))})
+                    "exhaustive": cell(pipe.get("pp_exhaustive")),
+                    "best_no_tp": _named(best_row([r for r in pipe.values() if not _uses_tp(r)], kind="pipeline"),
+                                         cell),
+                    "best_tp": _named(best_row([r for r in pipe.values() if _uses_tp(r)], kind="pipeline"), cell),
+                    "exact": cell(pipe.get("exact"))})
     return out
+
+
+def _uses_tp(r: Row) -> bool:
+    return isinstance(r.plan, StagePlan) and r.plan.uses_tp
+
+
+def _named(r: Row | None, cell: Callable[[Row | None], str]) -> str:
+    return "-" if r is None else f"{r.placer}: {cell(r)}"
 
 
 def best_row(rows: list[Row], kind: str | None = "placement") -> Row | None:

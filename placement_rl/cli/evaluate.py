@@ -18,9 +18,10 @@ from placement_rl.report import gantt, markdown_table, speedup_bars, write_csv
 
 COLUMNS = ("case", "kind", "placer", "step_time_ms", "speedup", "feasible", "search_seconds", "sim_calls", "note")
 HEADERS = ("case", "kind", "placer", "step time (ms)", "speed-up", "feasible", "search s", "sim calls", "note")
-PIPE_COLUMNS = ("case", "dp", "fsdp", "hybrid", "best_pipeline", "learned", "exhaustive")
+PIPE_COLUMNS = ("case", "dp", "fsdp", "hybrid", "best_pipeline", "learned", "exhaustive", "best_no_tp", "best_tp",
+                "exact")
 PIPE_HEADERS = ("case", "DP (DDP)", "FSDP", "best hybrid DP x PP", "best pipeline partitioner", "learned",
-                "exhaustive optimum")
+                "exhaustive optimum", "best without TP", "best with TP", "exact DP x TP x PP")
 
 
 def table_rows(rows: list[Row]) -> list[dict]:
@@ -39,8 +40,8 @@ def write_comparison(rows: list[Row], problems: dict, out: Path, *, title: str) 
     md = f"# {title}\n\n" + markdown_table(trows, COLUMNS, HEADERS)
     summary = pipeline_summary(rows)
     if summary:
-        md += ("\n## Pipeline cases: data parallelism, sharding, DP x PP\n\nms (plan: stages x DP degree, "
-               "micro-batches, dp = DDP / fsdp = sharded)\n\n" + markdown_table(summary, PIPE_COLUMNS, PIPE_HEADERS))
+        md += ("\n## Pipeline cases: data parallelism, sharding, DP x PP, TP\n\nms (plan: stages x DP degree x TP "
+               "degree, micro-batches, dp = DDP / fsdp = sharded)\n\n" + markdown_table(summary, PIPE_COLUMNS, PIPE_HEADERS))
     atomic_write_text(out / "comparison.md", md)
     write_csv(out / "comparison.csv", trows, COLUMNS)
     speedup_bars([r for r in trows if r["kind"] == "placement"], out / "speedup.png")

@@ -414,6 +414,13 @@ def shard_graph(graph: CompGraph, tp: int, ann: TPAnnotation | None = None) -> C
                          name=f"{graph.name}@tp{tp}")
 
 
+def without_tp(graph: CompGraph) -> CompGraph:
+    """``graph`` with an empty TP annotation: planners then search DP x PP only (the no-TP baseline of a study)."""
+    return graph.replace(meta={**graph.meta, "tp": {"version": SCHEMA_VERSION, "nodes": {}, "ar_fwd": {}, "ar_bwd": {},
+                                                    "pairs": [], "divisors": [], "heads": {}, "vocab": None,
+                                                    "split_nodes": 0, "note": "TP disabled for this study"}})
+
+
 def max_degree(graph: CompGraph, limit: int = 64) -> int:
     """Largest TP degree <= ``limit`` that ``check_degree`` accepts (1 when nothing splits)."""
     ann = annotation(graph)
@@ -426,4 +433,4 @@ def max_degree(graph: CompGraph, limit: int = 64) -> int:
     return best
 
 
-__all__ = ["KINDS", "TPAnnotation", "annotation", "check_degree", "detect", "max_degree", "shard_graph"]
+__all__ = ["KINDS", "TPAnnotation", "annotation", "check_degree", "detect", "max_degree", "shard_graph", "without_tp"]

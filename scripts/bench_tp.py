@@ -1,0 +1,344 @@
+"""Benchmark of tensor parallelism (issue 21): planners with and without TP, deploy vs hand-written DTensor TP,
+simulated vs measured TP step time on gloo.
+
+    python scripts/bench_tp.py --out outputs/bench_tp [--parts abc] [--budget 4000] [--steps 10]
+
+(a) Planners (simulated, calibrated GPU model): every registered pipeline planner on each case; for each the
+    plan, step time, feasibility and TP degree; per case the best plan without TP (over all planners on the graph
+    with its TP annotation removed: the DP x PP space) and with TP, and the exact search's optimum in both spaces.
+    Cases: ``gpt2_hf`` at GPT-2 large size (36 layers, d_model 1280, 20 heads, seq 1024, batch 16, vocabulary
+    padded to 50304 = 393 x 128 as Megatron / nanoGPT pad it: 50257 is prime to every TP degree > 1 and is
+    refused) on ``8x_h100_dgx`` and ``2x4_v100_ib``; a GPT whose training state does not fit one device
+    (``gpt`` 12 layers, d_model 1024 on ``2x_small_gpu``: 2 GiB per device), where TP and FSDP are compared.
+(b) Deploy vs hand-written: our executor's step (``PartRunner``: export split, ``_tp.apply_tp`` on the stage
+    program, mesh, Adam) against a hand-written DTensor TP step of the same zoo model on the same 1-D TP mesh --
+    the eager ``nn.Module`` parallelized with ``parallelize_module`` and the same Megatron styles (as in the
+    torch TP tutorial; tied embedding / LM head re-tied), Adam. Both in the same processes, steps interleaved
+    (the 2-core machine is shared), slowest rank per step; ratio of medians (target <= 1.05).
+(c) Fidelity on gloo: measured step time of TP plans (and DP / PP plans of the same model for reference) deployed
+    on this machine's CPU processes, against ``simulate_pipeline`` on ``2x_cpu`` with per-op CPU profiles of the
+    model at the plan's micro-batch (``placement_rl.profiling``: thread CPU clock, gloo link fit), the profile's
+    per-pass overhead and Adam share (split parameters divided by the TP degree), as ``bench_executor.py`` does.
+
+Writes ``bench_tp.json`` and ``bench_tp.md`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from placement_rl import baselines
+from placement_rl.cost import resolve_costs, simulate_pipeline
+from placement_rl.cost.pipeline import with_step_overhead
+from placement_rl.errors import PlacementRLError
+from placement_rl.evaluate import describe_plan
+from placement_rl.executor._launch import free_port
+from placement_rl.executor._runner import PartRunner
+from placement_rl.executor.distributed import DeployConfig, DeploySpec, deploy_stage_plans
+from placement_rl.graph import tp as tpmod
+from placement_rl.graph import zoo
+from placement_rl.graph.capture import capture_zoo
+from placement_rl.graph.io import atomic_write_text
+from placement_rl.plans import StagePlan
+from placement_rl.profiling import ProfileDB, measured_costs, predict_step_time, profile_graph
+from placement_rl.profiling.fidelity import fidelity_stats
+from placement_rl.profiling.run import select_devices
+from placement_rl.topology import DeviceTopology, conf_dir, load_topology
+
+GPT2_LARGE = dict(batch_size=16, seq_len=1024, vocab_size=50304, d_model=1280, n_layers=36, n_heads=20)
+NOT_FIT = dict(batch_size=8, seq_len=128, vocab_size=16384, d_model=1024, n_layers=12, n_heads=16)
+CASES = [("gpt2-large/8xH100", "gpt2_hf", GPT2_LARGE, "8x_h100_dgx"),
+         ("gpt2-large/2x4V100-IB", "gpt2_hf", GPT2_LARGE, "2x4_v100_ib"),
+         ("gpt-12L-d1024/2xsmallGPU (state > 1 GPU)", "gpt", NOT_FIT, "2x_small_gpu")]
+TP_PLANNERS = ("tp", "megatron", "exact")
+SMALL = dict(batch_size=16, seq_len=64, vocab_size=512, d_model=128, n_layers=4, n_heads=4, dropout=0.0)
+
+
+# ------------------------------------------------------------------------------ (a) planners
+def bench_planners(budget: int) -> list[dict]:
+    rows = []
+    graphs: dict[str, object] = {}
+    for case, model, ov, topo_name in CASES:
+        key = f"{model}{sorted(ov.items())}"
+        if key not in graphs:
+            t0 = time.perf_counter()
+            graphs[key] = capture_zoo(model, **ov)
+            print(f"captured {model} ({graphs[key].num_nodes} nodes) in {time.perf_counter() - t0:.1f} s")
+        graph = graphs[key]
+        topo = load_topology(topo_name)
+        costs = resolve_costs(graph, topo)
+        plain = tpmod.without_tp(graph)
+        for space, g in (("with TP", graph), ("without TP", plain)):
+            for name in baselines.pipeline_names():
+                if space == "without TP" and name not in TP_PLANNERS:
+                    continue  # the DP x PP planners never split a layer: their one run is the no-TP figure
+                t0 = time.perf_counter()
+                try:
+                    plan = baselines.get_pipeline(name)(g, costs, topo, budget=budget, seed=0)
+                except PlacementRLError as exc:
+                    rows.append({"case": case, "space": space, "planner": name, "note": str(exc)[:160]})
+                    print(f"(a) {case} {space} {name}: {str(exc)[:120]}")
+                    continue
+                res = simulate_pipeline(g, costs, topo, plan)
+                rows.append({"case": case, "space": space, "planner": name, "step_ms": res.step_time * 1e3,
+                             "feasible": bool(res.feasible), "plan": describe_plan(plan), "tp": int(max(plan.tp)),
+                             "pp": plan.num_stages, "dp": int(plan.dp_degrees[0]), "m": plan.num_microbatches,
+                             "sharding": plan.sharding, "search_s": time.perf_counter() - t0,
+                             "sim_calls": int(plan.meta.get("sim_calls", 0)),
+                             "exhaustive": plan.meta.get("exhaustive"),
+                             "peak_gib": float(res.peak_memory.max()) / 2**30})
+                r = rows[-1]
+                print(f"(a) {case} {space} {name}: {r['step_ms']:.2f} ms {'' if r['feasible'] else 'DOES NOT FIT '}"
+                      f"({r['plan']}) {r['search_s']:.1f} s")
+    return rows
+
+
+# ------------------------------------------------------------------------------ (b) hand-written DTensor TP
+class HandWrittenTP:
+    """The eager zoo GPT on a 1-D TP mesh: ``parallelize_module`` with Megatron styles, tied head re-tied, Adam."""
+
+    def __init__(self, part_dir: Path, rank: int) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        part = json.loads((part_dir / "part.json").read_text())
+        model = part["model"]
+        module, inputs = zoo.build(model["zoo"], **{**model["overrides"], "batch_size": part["batch_size"]})
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        plan = {"wte": RowwiseParallel(input_layouts=Replicate()), "lm_head": ColwiseParallel(use_local_output=False)}
+        for i in range(len(module.blocks)):
+            plan.update({f"blocks.{i}.attn.qkv": ColwiseParallel(use_local_output=False),
+                         f"blocks.{i}.attn.proj": RowwiseParallel(input_layouts=Shard(-1)),
+                         f"blocks.{i}.ffn.fc1": ColwiseParallel(use_local_output=False),
+                         f"blocks.{i}.ffn.fc2": RowwiseParallel(input_layouts=Shard(-1))})
+        parallelize_module(module, mesh, plan)
+        module.lm_head.weight = module.wte.weight  # tie again (both Shard(0))
+        self.model = module.train()
+        self.m = int(part["dims"]["num_microbatches"])
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-3)
+        self.batch = inputs
+
+    def step(self) -> float:
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor.experimental import implicit_replication
+
+        self.opt.zero_grad(set_to_none=True)
+        dist.barrier()
+        t0 = time.perf_counter()
+        size = self.batch[0].shape[0] // self.m
+        with implicit_replication():
+            for i in range(self.m):
+                loss = self.model(*(t[i * size:(i + 1) * size] for t in self.batch))
+                loss = loss.full_tensor() if isinstance(loss, DTensor) else loss
+                (loss / self.m).backward()
+        for p in self.model.parameters():  # the embedding's gradient comes back partial: give it its shards
+            if p.grad is not None and tuple(p.grad.placements) != tuple(p.placements):
+                p.grad = p.grad.redistribute(p.device_mesh, p.placements)
+        self.opt.step()
+        return time.perf_counter() - t0
+
+
+def _ab_worker(rank: int, world: int, port: int, part_dir: str, steps: int, warmup: int, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    ours = PartRunner({"lr": 1e-3}, Path(part_dir), rank=rank, device=torch.device("cpu"))
+    hand = HandWrittenTP(Path(part_dir), rank)
+    t_ours, t_hand = [], []
+    for step in range(warmup + steps):
+        order = (ours, hand) if step % 2 == 0 else (hand, ours)
+        got = {id(r): (r.step().wall if r is ours else r.step()) for r in order}
+        if step >= warmup:
+            t_ours.append(got[id(ours)])
+            t_hand.append(got[id(hand)])
+    queue.put((rank, t_ours, t_hand))
+    dist.destroy_process_group()
+
+
+def run_ab(part_dir: Path, *, steps: int, warmup: int, world: int) -> tuple[np.ndarray, np.ndarray]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = free_port()
+    os.environ["OMP_NUM_THREADS"] = "1"
+    procs = [ctx.Process(target=_ab_worker, args=(r, world, port, str(part_dir), steps, warmup, queue))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(900)
+    if any(p.exitcode != 0 for p in procs):
+        raise RuntimeError(f"A/B run failed: exit codes {[p.exitcode for p in procs]}")
+    got = {r: (a, b) for r, a, b in (queue.get() for _ in range(world))}
+    return (np.max(np.array([got[r][0] for r in range(world)]), axis=0),
+            np.max(np.array([got[r][1] for r in range(world)]), axis=0))
+
+
+def bench_overhead(*, steps: int, work: Path) -> list[dict]:
+    graph = capture_zoo("gpt", **SMALL)
+    rows = []
+    for label, plan in (("tp2 m=1", StagePlan(np.zeros(graph.num_nodes, dtype=np.int64), ((0, 1),), tp=(2,))),
+                        ("tp2 m=2", StagePlan(np.zeros(graph.num_nodes, dtype=np.int64), ((0, 1),), tp=(2,),
+                                              num_microbatches=2))):
+        job = work / f"a_{label.replace(' ', '_')}"
+        deployed = deploy_stage_plans([DeploySpec(plan=plan, graph=graph, model="gpt", overrides=SMALL)],
+                                      config=DeployConfig(steps=steps, warmup=2, timeout_s=900), job_dir=job)[0]
+        ours, hand = run_ab(job / "part0", steps=steps, warmup=2, world=2)
+        rows.append({"model": "gpt", "overrides": SMALL, "plan": label, "deploy_ms": deployed.step_time * 1e3,
+                     "ours_ms": float(np.median(ours)) * 1e3, "hand_ms": float(np.median(hand)) * 1e3,
+                     "ratio": float(np.median(ours) / np.median(hand)),
+                     "ratio_paired_steps": float(np.median(ours / hand)), "steps": int(ours.size)})
+        r = rows[-1]
+        print(f"(b) {label}: deploy {r['deploy_ms']:.2f} ms; A/B ours {r['ours_ms']:.2f} / hand {r['hand_ms']:.2f} ms "
+              f"= {r['ratio']:.3f} (paired {r['ratio_paired_steps']:.3f})")
+    return rows
+
+
+# ------------------------------------------------------------------------------ (c) fidelity on gloo
+def cpu_topology(count: int) -> DeviceTopology:
+    import yaml
+
+    data = yaml.safe_load((conf_dir() / "topology" / "2x_cpu.yaml").read_text())
+    data["devices"][0]["count"] = count
+    data["name"] = f"{count}x_cpu"
+    return DeviceTopology.from_dict(data)
+
+
+FID_PLANS = [("single m=1", 1, 1, 1, 1), ("dp2 m=1", 1, 2, 1, 1), ("tp2 m=1", 1, 1, 2, 1), ("tp2 m=2", 1, 1, 2, 2),
+             ("pp2 gpipe m=2", 2, 1, 1, 2), ("tp2 x pp2 gpipe m=2", 2, 1, 2, 2), ("tp2 x dp2 m=1", 1, 2, 2, 1)]
+
+
+def fid_plan(graph, stages: int, dp: int, t: int, m: int) -> StagePlan:
+    n = graph.num_nodes
+    if stages == 1:
+        son = np.zeros(n, dtype=np.int64)
+    else:  # cut at the residual stream half way (outside every TP region)
+        adds = [i for i in graph.topo_order if graph.op_types[i] == "add" and graph.module_paths[i].count(".") == 1]
+        cut = int(np.searchsorted(graph.topo_order, adds[len(adds) // 2 - 1])) + 1
+        son = np.zeros(n, dtype=np.int64)
+        son[graph.topo_order[cut:]] = 1
+    width = dp * t
+    groups = tuple(tuple(range(k * width, (k + 1) * width)) for k in range(stages))
+    return StagePlan(son, groups, num_microbatches=m, tp=(t,) * stages, schedule="gpipe",
+                     batch_size=SMALL["batch_size"])
+
+
+def bench_fidelity(*, steps: int, work: Path, repeats: int) -> dict:
+    graph = capture_zoo("gpt", **SMALL)
+    plans = [(label, fid_plan(graph, *spec)) for label, *spec in FID_PLANS]
+    db = ProfileDB()
+    cpu = select_devices(["cpu"])[0]
+    sizes = sorted({SMALL["batch_size"] // (p.num_microbatches * p.dp_degrees[0]) for _, p in plans}, reverse=True)
+    costs_at = {}
+    for b in sizes:
+        ov = {**SMALL, "batch_size": b}
+        module, inputs = zoo.build("gpt", **ov)
+        g = capture_zoo("gpt", **ov)
+        profile_graph(module, inputs, g, cpu, db=db, warmup=3, repeats=repeats, progress=False, clock="thread")
+        costs_at[b] = (g, module)
+    rows = []
+    for world in sorted({p.world_size for _, p in plans}):
+        idx = [i for i, (_, p) in enumerate(plans) if p.world_size == world]
+        topo = cpu_topology(max(world, 2))
+        results = deploy_stage_plans([DeploySpec(plan=plans[i][1], graph=graph, model="gpt", overrides=SMALL)
+                                      for i in idx], config=DeployConfig(steps=steps, warmup=2, timeout_s=900),
+                                     job_dir=work / f"c_{world}")
+        for i, res in zip(idx, results):
+            label, plan = plans[i]
+            b = SMALL["batch_size"] // (plan.num_microbatches * plan.dp_degrees[0])
+            g, _ = costs_at[b]
+            costs = measured_costs(g, topo, db, backend="gloo")
+            overhead = predict_step_time(g, topo.subset([0, 1]), np.zeros(g.num_nodes, dtype=np.int64), db,
+                                         optimizer=False).step_overhead
+            costs = with_step_overhead(costs, overhead)
+            sim = simulate_pipeline(graph, costs, topo, plan, cost_batch_size=b)
+            adam = (db.optimizer_time(g, db.device_names[0]) or (0.0,))[0]
+            per_rank = tpmod.shard_graph(graph, int(plan.tp[0])).param_bytes
+            share = max(float(per_rank[plan.stage_of_node == s].sum()) for s in range(plan.num_stages))
+            if plan.sharding == "fsdp":
+                share /= plan.dp_degrees[0]
+            opt = adam * share / float(graph.param_bytes.sum())
+            rows.append({"plan": label, "world": world, "micro_batch": b, "measured_ms": res.step_time * 1e3,
+                         "predicted_ms": (sim.step_time + opt) * 1e3, "simulated_ms": sim.step_time * 1e3,
+                         "adam_ms": opt * 1e3, "tp": int(plan.tp[0])})
+            r = rows[-1]
+            print(f"(c) {label}: measured {r['measured_ms']:.2f} ms, predicted {r['predicted_ms']:.2f} ms")
+    meas = np.array([r["measured_ms"] for r in rows])
+    pred = np.array([r["predicted_ms"] for r in rows])
+    tp_rows = [i for i, r in enumerate(rows) if r["tp"] > 1]
+    return {"rows": rows, "stats": fidelity_stats(pred, meas),
+            "tp_stats": fidelity_stats(pred[tp_rows], meas[tp_rows]) if len(tp_rows) > 1 else None}
+
+
+# ------------------------------------------------------------------------------ report
+def write_report(out: Path, data: dict) -> None:
+    lines = ["# Tensor parallelism benchmark", "", f"Machine: {data['machine']}; torch {torch.__version__}.", ""]
+    if data.get("planners"):
+        lines += ["## (a) planners (simulated, calibrated GPU model, fp32)", "",
+                  "| case | space | planner | step (ms) | fits | plan | search s | sim calls |", "|---|---|---|---|---|---|---|---|"]
+        for r in data["planners"]:
+            if "step_ms" in r:
+                lines.append(f"| {r['case']} | {r['space']} | {r['planner']} | {r['step_ms']:.2f} | "
+                             f"{'yes' if r['feasible'] else 'no'} | {r['plan']} | {r['search_s']:.1f} | {r['sim_calls']} |")
+            else:
+                lines.append(f"| {r['case']} | {r['space']} | {r['planner']} | - | - | {r['note']} | - | - |")
+        lines += [""]
+    if data.get("overhead"):
+        lines += ["## (b) deploy vs hand-written DTensor TP (same model, same 1-D TP mesh, interleaved steps)", "",
+                  "| plan | deploy (ms) | ours (ms) | hand-written (ms) | ratio of medians | median of per-step ratios |",
+                  "|---|---|---|---|---|---|"]
+        for r in data["overhead"]:
+            lines.append(f"| {r['plan']} | {r['deploy_ms']:.2f} | {r['ours_ms']:.2f} | {r['hand_ms']:.2f} | "
+                         f"{r['ratio']:.3f} | {r['ratio_paired_steps']:.3f} |")
+        lines += [""]
+    if data.get("fidelity"):
+        f = data["fidelity"]
+        lines += ["## (c) simulated vs measured on gloo (2 CPU cores, one thread per process)", "",
+                  "| plan | procs | micro-batch | measured (ms) | predicted (ms) | simulated (ms) | Adam share (ms) |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in f["rows"]:
+            lines.append(f"| {r['plan']} | {r['world']} | {r['micro_batch']} | {r['measured_ms']:.2f} | "
+                         f"{r['predicted_ms']:.2f} | {r['simulated_ms']:.2f} | {r['adam_ms']:.2f} |")
+        lines += ["", f"All plans: {json.dumps(f['stats'])}", f"TP plans: {json.dumps(f['tp_stats'])}", ""]
+    atomic_write_text(out / "bench_tp.md", "\n".join(lines) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="outputs/bench_tp")
+    ap.add_argument("--parts", default="abc")
+    ap.add_argument("--budget", type=int, default=4000)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=5, help="profiling repeats per op (c)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data: dict = {"machine": f"{platform.machine()} {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
+                  "args": vars(args)}
+    with tempfile.TemporaryDirectory(prefix="bench_tp_") as tmp:
+        if "a" in args.parts:
+            data["planners"] = bench_planners(args.budget)
+        if "b" in args.parts:
+            data["overhead"] = bench_overhead(steps=args.steps, work=Path(tmp))
+        if "c" in args.parts:
+            data["fidelity"] = bench_fidelity(steps=args.steps, work=Path(tmp), repeats=args.repeats)
+    data["load_after"] = os.getloadavg()[0]
+    atomic_write_text(out / "bench_tp.json", json.dumps(data, indent=1, default=float))
+    write_report(out, data)
+    print(f"wrote {out / 'bench_tp.md'}")
+
+
+if __name__ == "__main__":
+    main()
