@@ -144,7 +144,7 @@ class HandWrittenTP:
                 loss = loss.full_tensor() if isinstance(loss, DTensor) else loss
                 (loss / self.m).backward()
         for p in self.model.parameters():  # the embedding's gradient comes back partial: give it its shards
-            if p.grad is not None and tuple(p.grad.placements) != tuple(p.placements):
+            if hasattr(p, "placements") and p.grad is not None and tuple(p.grad.placements) != tuple(p.placements):
                 p.grad = p.grad.redistribute(p.device_mesh, p.placements)
         self.opt.step()
         return time.perf_counter() - t0
@@ -281,6 +281,53 @@ def bench_fidelity(*, steps: int, work: Path, repeats: int) -> dict:
             "tp_stats": fidelity_stats(pred[tp_rows], meas[tp_rows]) if len(tp_rows) > 1 else None}
 
 
+def dtensor_overhead(steps: int) -> dict:
+    """Step time of the eager model vs the same model parallelized with the TP styles on a 1-rank mesh (DTensor
+    dispatch, no communication): the framework cost per step that the per-op profiles do not see."""
+    import tempfile as _tf
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor.experimental import implicit_replication
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{_tf.mktemp()}")
+    try:
+        out = {}
+        for label in ("eager", "dtensor_tp1"):
+            module, inputs = zoo.build("gpt", **SMALL)
+            if label != "eager":
+                plan = {"wte": RowwiseParallel(input_layouts=Replicate()),
+                        "lm_head": ColwiseParallel(use_local_output=False)}
+                for i in range(len(module.blocks)):
+                    plan.update({f"blocks.{i}.attn.qkv": ColwiseParallel(use_local_output=False),
+                                 f"blocks.{i}.attn.proj": RowwiseParallel(input_layouts=Shard(-1)),
+                                 f"blocks.{i}.ffn.fc1": ColwiseParallel(use_local_output=False),
+                                 f"blocks.{i}.ffn.fc2": RowwiseParallel(input_layouts=Shard(-1))})
+                parallelize_module(module, init_device_mesh("cpu", (1,)), plan)
+                module.lm_head.weight = module.wte.weight
+            opt = torch.optim.Adam(module.parameters(), lr=1e-3)
+            times = []
+            for step in range(steps + 2):
+                opt.zero_grad(set_to_none=True)
+                t0 = time.perf_counter()
+                with implicit_replication():
+                    loss = module(*inputs)
+                    loss = loss.full_tensor() if isinstance(loss, DTensor) else loss
+                    loss.backward()
+                opt.step()
+                if step >= 2:
+                    times.append(time.perf_counter() - t0)
+            out[label + "_ms"] = float(np.median(times)) * 1e3
+        out["overhead_ms"] = out["dtensor_tp1_ms"] - out["eager_ms"]
+        print(f"(c) DTensor dispatch, 1 process: eager {out['eager_ms']:.2f} ms, TP styles on a 1-rank mesh "
+              f"{out['dtensor_tp1_ms']:.2f} ms")
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
 # ------------------------------------------------------------------------------ report
 def write_report(out: Path, data: dict) -> None:
     lines = ["# Tensor parallelism benchmark", "", f"Machine: {data['machine']}; torch {torch.__version__}.", ""]
@@ -311,6 +358,10 @@ def write_report(out: Path, data: dict) -> None:
             lines.append(f"| {r['plan']} | {r['world']} | {r['micro_batch']} | {r['measured_ms']:.2f} | "
                          f"{r['predicted_ms']:.2f} | {r['simulated_ms']:.2f} | {r['adam_ms']:.2f} |")
         lines += ["", f"All plans: {json.dumps(f['stats'])}", f"TP plans: {json.dumps(f['tp_stats'])}", ""]
+        if f.get("dtensor"):
+            d = f["dtensor"]
+            lines += [f"DTensor dispatch (1 process, no communication): eager step {d['eager_ms']:.2f} ms, the same "
+                      f"model with the TP styles on a 1-rank mesh {d['dtensor_tp1_ms']:.2f} ms.", ""]
     atomic_write_text(out / "bench_tp.md", "\n".join(lines) + "\n")
 
 
@@ -334,6 +385,7 @@ def main() -> None:
             data["overhead"] = bench_overhead(steps=args.steps, work=Path(tmp))
         if "c" in args.parts:
             data["fidelity"] = bench_fidelity(steps=args.steps, work=Path(tmp), repeats=args.repeats)
+            data["fidelity"]["dtensor"] = dtensor_overhead(args.steps)
     data["load_after"] = os.getloadavg()[0]
     atomic_write_text(out / "bench_tp.json", json.dumps(data, indent=1, default=float))
     write_report(out, data)

@@ -98,13 +98,23 @@ def test_cli_refuses_tp_across_hosts_and_bad_vocab_with_exit_2(tmp_path):
 # ----------------------------------------------------------------------------- real gloo process groups
 @pytest.mark.distributed
 def test_tp_gradients_equal_one_process(gpt):
+    """GPT (fused QKV, tied head) and Llama (separate q / k / v with GQA, gated MLP, RMSNorm, RoPE) in one launch."""
+    llama_ov = dict(zoo.tiny("llama_hf"), vocab_size=96, batch_size=4)
+    llama = capture_zoo("llama_hf", **llama_ov)
     plan = whole(gpt, (0, 1), 2, num_microbatches=2)
-    res = deploy_stage_plans([DeploySpec(plan=plan, graph=gpt, model="gpt", overrides=GPT)],
-                             config=DeployConfig(steps=1, warmup=0, collect_grads=True, timeout_s=120))[0]
+    lplan = whole(llama, (0, 1), 2)
+    res, lres = deploy_stage_plans([DeploySpec(plan=plan, graph=gpt, model="gpt", overrides=GPT),
+                                    DeploySpec(plan=lplan, graph=llama, model="llama_hf", overrides=llama_ov)],
+                                   config=DeployConfig(steps=1, warmup=0, collect_grads=True, timeout_s=120))
     assert (res.tp, res.dp, res.pp) == (2, 1, 1)
     check(plan, res)
     # each TP rank holds half of every split weight
     assert all(r["local_params"] < r["num_params"] for r in res.ranks)
+    module, inputs = zoo.build("llama_hf", **llama_ov)
+    loss, grads = reference_step(module, inputs, chunks=1)
+    assert lres.losses[0] == pytest.approx(loss, abs=1e-5) and set(lres.grads) == set(grads)
+    for key, ref in grads.items():
+        torch.testing.assert_close(lres.grads[key], ref, atol=1e-5, rtol=1e-5, msg=lambda m, k=key: f"{k}: {m}")
 
 
 @pytest.mark.distributed
