@@ -9,7 +9,8 @@ simulated vs measured TP step time on gloo.
     Cases: ``gpt2_hf`` at GPT-2 large size (36 layers, d_model 1280, 20 heads, seq 1024, batch 16, vocabulary
     padded to 50304 = 393 x 128 as Megatron / nanoGPT pad it: 50257 is prime to every TP degree > 1 and is
     refused) on ``8x_h100_dgx`` and ``2x4_v100_ib``; a GPT whose training state does not fit one device
-    (``gpt`` 12 layers, d_model 1024 on ``2x_small_gpu``: 2 GiB per device), where TP and FSDP are compared.
+    (``gpt`` 12 layers, d_model 1024 on ``2x_small_gpu``: 2 GiB per device), where TP and FSDP are compared; a
+    mid-size GPT (8 layers, d_model 1024, seq 256, batch 16) on ``2x4_v100_ib``.
 (b) Deploy vs hand-written: our executor's step (``PartRunner``: export split, ``_tp.apply_tp`` on the stage
     program, mesh, Adam) against a hand-written DTensor TP step of the same zoo model on the same 1-D TP mesh --
     the eager ``nn.Module`` parallelized with ``parallelize_module`` and the same Megatron styles (as in the
@@ -57,10 +58,12 @@ from placement_rl.profiling.run import select_devices
 from placement_rl.topology import DeviceTopology, conf_dir, load_topology
 
 GPT2_LARGE = dict(batch_size=16, seq_len=1024, vocab_size=50304, d_model=1280, n_layers=36, n_heads=20)
+MID = dict(batch_size=16, seq_len=256, vocab_size=16384, d_model=1024, n_layers=8, n_heads=16)
 NOT_FIT = dict(batch_size=8, seq_len=128, vocab_size=16384, d_model=1024, n_layers=12, n_heads=16)
 CASES = [("gpt2-large/8xH100", "gpt2_hf", GPT2_LARGE, "8x_h100_dgx"),
          ("gpt2-large/2x4V100-IB", "gpt2_hf", GPT2_LARGE, "2x4_v100_ib"),
-         ("gpt-12L-d1024/2xsmallGPU (state > 1 GPU)", "gpt", NOT_FIT, "2x_small_gpu")]
+         ("gpt-12L-d1024/2xsmallGPU (state > 1 GPU)", "gpt", NOT_FIT, "2x_small_gpu"),
+         ("gpt-8L-d1024/2x4V100-IB", "gpt", MID, "2x4_v100_ib")]
 TP_PLANNERS = ("tp", "megatron", "exact")
 SMALL = dict(batch_size=16, seq_len=64, vocab_size=512, d_model=128, n_layers=4, n_heads=4, dropout=0.0)
 
