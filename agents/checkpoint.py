@@ -31,7 +31,8 @@ def save_checkpoint(path: str | os.PathLike, *, algo: str, config: dict[str, Any
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        torch.save(payload, tmp)
+        with open(tmp, "wb") as fh:  # a file object: the archive's inner name is fixed, so equal checkpoints are
+            torch.save(payload, fh)  # equal bytes (a path would name it after the random temporary file)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -31,10 +31,12 @@ from agents.checkpoint import load_checkpoint, save_checkpoint
 from agents.constructive import (REGRET_UNIT, Demo, Rollout, eft_labels, imitation_loss, ppo_loss, rewards,
                                  rollout)
 from agents.device_policy import DevicePolicy
+from agents.scaleout import LabelJob, label_states
 from envs.constructive_task import NUM_NODE_FEATURES, REACTIVE, ConstructiveTask
 from placement_rl.cost.lookahead import eft_rollout
 from placement_rl.cost.schedule import DEFAULT_WINDOW, NUM_DEVICE_FEATURES
 from placement_rl.errors import CheckpointError, ConfigError
+from placement_rl.scale import Workers
 
 ALGO = "constructive"
 RL_ALGOS = ("sil", "ppo", "q")
@@ -147,8 +149,10 @@ def evaluate(policy: DevicePolicy, tasks: Sequence[ConstructiveTask], *, samples
 
 
 class ConstructiveTrainer:
-    def __init__(self, config: ConstructiveConfig, policy: DevicePolicy | None = None) -> None:
+    def __init__(self, config: ConstructiveConfig, policy: DevicePolicy | None = None, *,
+                 workers: Workers | None = None) -> None:
         self.cfg = config
+        self.workers = workers if workers is not None else Workers(1)  # where teacher labelling runs
         torch.manual_seed(config.seed)
         self.policy = policy if policy is not None else build_policy(config)
         self.opt = torch.optim.Adam(self.policy.parameters(), lr=config.lr)
@@ -237,8 +241,6 @@ class ConstructiveTrainer:
         student (``agents.policy_rollout``: try each device, complete with the student's greedy, keep the best),
         and distils the labels (cross-entropy + expected regret) for ``pi_epochs`` epochs. With ``val`` given,
         the weights of the best validation greedy geometric mean are kept. Returns per-round figures."""
-        from agents.policy_rollout import rollout_over_student
-
         cfg = self.cfg
         rounds = cfg.pi_rounds if rounds is None else rounds
         self._prepare(list(tasks) + list(val))
@@ -248,11 +250,15 @@ class ConstructiveTrainer:
         for rnd in range(1, rounds + 1):
             self.policy.eval()
             data, gain, completions = [], [], 0
-            for i, t in enumerate(pool):
+            ros, jobs = [], []
+            for t in pool:  # the student's trajectories and label offsets, drawn here in task order
                 ro = rollout(self.policy, t, samples=1, greedy=False, record=True, generator=self.gen)
                 every = self._label_every(t)
-                lab = rollout_over_student(self.policy, t, actions=ro.devices[0], label_every=every,
-                                           offset=int(self.rng.integers(every)))
+                ros.append(ro)
+                jobs.append(LabelJob(t, ro.devices[0], every, int(self.rng.integers(every))))
+            show = (lambda i, n, r=rnd: progress(f"policy iteration {r} labelling", i, n, {})) if progress else None
+            labs = label_states(self.policy, jobs, self.workers, progress=show)  # on the workers
+            for t, ro, lab in zip(pool, ros, labs):
                 completions += lab.completions
                 self.decisions += t.graph.num_nodes * (1 + lab.completions)
                 keep = lab.labelled & (ro.trace.masks[:, 0].sum(-1) > 1)
@@ -260,8 +266,6 @@ class ConstructiveTrainer:
                     data.append((t, ro.trace, lab.labels[:, None], lab.regret[:, None], keep[:, None].astype(np.float32)))
                     own = ro.trace.actions[:, 0]
                     gain.append(float((lab.labels[keep] != own[keep]).mean()))
-                if progress:
-                    progress(f"policy iteration {rnd} labelling", i + 1, len(pool), {})
             self.policy.train()
             self._set_lr(cfg.lr)
             agree = 0.0
@@ -375,20 +379,22 @@ class ConstructiveTrainer:
     def _q_iteration(self, tasks: Sequence[ConstructiveTask], it: int) -> dict[str, Any]:
         """One iteration of ``rl_algo="q"`` (see ``improve``)."""
         from agents.constructive import _replay
-        from agents.policy_rollout import rollout_over_student
 
         cfg = self.cfg
         pool = [i for i, t in enumerate(tasks) if t.graph.num_nodes <= cfg.pi_max_nodes and t.topology.num_devices > 1]
         pick = self.rng.choice(len(pool), size=min(cfg.tasks_per_iter, len(pool)), replace=False)
         self.policy.eval()
         data, regrets = [], []
-        for i in pick.tolist():
+        ros, jobs = [], []
+        for i in pick.tolist():  # the student's trajectories and label offsets, drawn here in task order
             t = tasks[pool[i]]
             ro = rollout(self.policy, t, samples=1, greedy=False, record=True, generator=self.gen,
                          temperature=cfg.temperature)
             every = self._label_every(t)
-            lab = rollout_over_student(self.policy, t, actions=ro.devices[0], label_every=every,
-                                       offset=int(self.rng.integers(every)))
+            ros.append(ro)
+            jobs.append(LabelJob(t, ro.devices[0], every, int(self.rng.integers(every))))
+        for job, ro, lab in zip(jobs, ros, label_states(self.policy, jobs, self.workers)):  # on the workers
+            t = job.task
             self.decisions += t.graph.num_nodes * (1 + lab.completions)
             keep = lab.labelled & (ro.trace.masks[:, 0].sum(-1) > 1)
             if keep.any():

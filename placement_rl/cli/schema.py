@@ -106,6 +106,21 @@ SEED = count(0)
 OPTIONAL_STR = Key(str, null=True)
 
 
+class WorkersKey(Key):
+    """``workers``: an integer >= 1 or ``auto`` (``placement_rl.scale``)."""
+
+    def allowed(self) -> str:
+        return "an integer >= 1 or auto"
+
+    def problem(self, value: Any) -> bool:
+        if isinstance(value, str):
+            return value != "auto"
+        return isinstance(value, bool) or not isinstance(value, int) or value < 1
+
+
+WORKERS = WorkersKey(int)
+
+
 def _zoo_names() -> list[str]:
     from placement_rl.graph import zoo
 
@@ -156,7 +171,7 @@ GROUPS: dict[str, dict[str, Key]] = {
     "trainer": {"total_steps": count(0), "eval_samples": count(0), "compare": FLAG, "tensorboard": FLAG,
                 "pretrain.train_tasks": count(1), "pretrain.val_tasks": count(0), "pretrain.sizes": Key(list),
                 "pretrain.devices": Key(list), "pretrain.zoo_frac": fraction(), "pretrain.dev": FLAG,
-                "pretrain.workers": count(1), "pretrain.seed": count(0), "pretrain.cache": Key(str, null=True)},
+                "pretrain.seed": count(0), "pretrain.cache": Key(str, null=True)},
 }
 
 COMMANDS: dict[str, dict[str, Key]] = {
@@ -166,7 +181,8 @@ COMMANDS: dict[str, dict[str, Key]] = {
         "placers": Key(list, choices=_placers, null=True), "pipeline": FLAG, "num_microbatches": count(1),
         "plan": OPTIONAL_STR, "progress": FLAG,
     },
-    "train": {"seed": SEED, "checkpoint": OPTIONAL_STR, "progress": FLAG},
+    "train": {"seed": SEED, "checkpoint": OPTIONAL_STR, "progress": FLAG, "workers": WORKERS,
+              "ray.address": OPTIONAL_STR, "resume": FLAG},
     "place": {
         "checkpoint": OPTIONAL_STR, "decode": Key(str, choices=("one_pass", "sequential")), "samples": count(0),
         "seed": SEED, "compare": FLAG,

@@ -77,15 +77,23 @@ def run_pretrain(cfg: DictConfig) -> dict:
     from placement_rl.studies.pretrain import PretrainSpec, pretrain
 
     p = dict(to_container(cfg.trainer.pretrain))
-    spec = PretrainSpec(**{**p, "sizes": tuple(p["sizes"]), "devices": tuple(p["devices"])})
+    try:
+        spec = PretrainSpec(**{**p, "sizes": tuple(p["sizes"]), "devices": tuple(p["devices"])})
+    except TypeError as exc:
+        raise ConfigError(f"bad trainer.pretrain config: {exc}") from None
     out = output_dir()
-    metrics = pretrain(spec, constructive_config(cfg), out)  # the policy's seed is `seed`; the tasks' pretrain.seed
+    ray_cfg = cfg.get("ray") or {}
+    metrics = pretrain(spec, constructive_config(cfg), out, workers=cfg.get("workers", 1),
+                       address=ray_cfg.get("address"), resume=bool(cfg.get("resume", False)))
+    # the policy's seed is `seed`; the tasks' pretrain.seed; the checkpoint does not depend on `workers`
     h = metrics.get("dev", {})
     if h:
         print(f"dev split zero-shot over {h['pairs']} pairs (ratio to the best one-pass heuristic): greedy geomean "
               f"{h['greedy_geomean']:.4f}, <= 1.00 on {h['greedy_le_1_frac']:.0%}; best of 16 geomean "
               f"{h['best_of_k_geomean']:.4f}; greedy / sim_eft {h.get('greedy_over_sim_eft_geomean', float('nan')):.4f}"
               f", greedy / eft_rollout {h.get('greedy_over_eft_rollout_geomean', float('nan')):.4f}")
+    print(f"checkpoint.pt sha256 {metrics['checkpoint_sha']}, policy weights {metrics['weights_sha']} "
+          f"({metrics['workers']} workers, {metrics['train_seconds']:.0f} s)")
     print(f"artifacts in {out}: checkpoint.pt (and checkpoint_imitation.pt, checkpoint_pi.pt), dev.md, dev.csv, "
           f"training.json, metrics.json")
     return metrics

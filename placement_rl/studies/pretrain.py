@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -33,6 +32,7 @@ from envs.topology_sampler import random_topology
 from placement_rl.cost import resolve_costs
 from placement_rl.errors import ConfigError
 from placement_rl.graph.spec import graph_from_spec
+from placement_rl.scale import Workers
 from placement_rl.topology import DeviceTopology, load_topology
 
 TRAIN_FAMILIES = ("layered", "transformer_like", "cnn_like", "dataflow")
@@ -142,15 +142,12 @@ def build_task(spec: dict[str, Any], *, teachers: bool = True) -> ConstructiveTa
     return ConstructiveTask.build(graph, topo, costs, teachers=teachers, id=spec.get("id", graph.name))
 
 
-def _build_many(specs: Sequence[dict[str, Any]]) -> list[ConstructiveTask | None]:
-    return [build_task(s) for s in specs]
-
-
-def build_tasks(specs: Sequence[dict[str, Any]], *, workers: int | None = None,
+def build_tasks(specs: Sequence[dict[str, Any]], *, workers: int | str | Workers = 1, address: str | None = None,
                 progress: Callable[[int, int], None] | None = None,
                 cache: str | Path | None = None) -> list[ConstructiveTask]:
-    """Build every spec's task (teachers included) on ``workers`` processes; tasks that cannot fit are dropped.
-    With ``cache`` (a directory), the built tasks are kept there keyed by the specs and reused (a local cache
+    """Build every spec's task (teachers included), one job per spec on ``workers`` (``placement_rl.scale``: 1 in
+    this process, N or ``auto`` on Ray, ``address`` a cluster); tasks that cannot fit are dropped. With
+    ``cache`` (a directory), the built tasks are kept there keyed by the specs and reused (a local cache
     of this machine's own results, pickled: never load one from elsewhere)."""
     if cache is not None:
         import hashlib
@@ -166,7 +163,7 @@ def build_tasks(specs: Sequence[dict[str, Any]], *, workers: int | None = None,
         if path.is_file():
             with open(path, "rb") as fh:
                 return pickle.load(fh)
-        tasks = build_tasks(specs, workers=workers, progress=progress)
+        tasks = build_tasks(specs, workers=workers, address=address, progress=progress)
         for t in tasks:
             t.meta = {k: v for k, v in t.meta.items() if isinstance(k, str) and k != "tensors"}
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -175,25 +172,13 @@ def build_tasks(specs: Sequence[dict[str, Any]], *, workers: int | None = None,
             pickle.dump(tasks, fh)
         tmp.replace(path)
         return tasks
-    workers = max(1, min(workers or (os.cpu_count() or 1), len(specs) or 1))
-    chunks = [list(specs[i::workers * 4]) for i in range(workers * 4)]
-    out: list[ConstructiveTask] = []
-    if workers == 1:
-        for i, s in enumerate(specs):
-            t = build_task(s)
-            if t is not None:
-                out.append(t)
-            if progress:
-                progress(i + 1, len(specs))
-        return out
-    done = 0
-    with ProcessPoolExecutor(workers) as pool:
-        for chunk, res in zip(chunks, pool.map(_build_many, chunks)):
-            out += [t for t in res if t is not None]
-            done += len(chunk)
-            if progress:
-                progress(done, len(specs))
-    return out
+    cost = [float((s["graph"].get("num_nodes") or 200) ** 2) for s in specs]  # teachers: O(N^2 D)
+    if isinstance(workers, Workers):
+        built = workers.map(build_task, specs, progress=progress, cost=cost)
+    else:
+        with Workers(workers, address=address) as pool:
+            built = pool.map(build_task, specs, progress=progress, cost=cost)
+    return [t for t in built if t is not None]
 
 
 # ----------------------------------------------------------------------------------------------- pretraining
@@ -207,7 +192,6 @@ class PretrainSpec:
     devices: tuple[int, int] = (2, 16)
     zoo_frac: float = 0.15
     dev: bool = True  # evaluate on the dev split (``heldout_specs``) at the end
-    workers: int = 2
     seed: int = 0  # the training tasks' draw
     cache: str | None = None  # directory keeping built tasks between runs (``build_tasks``)
 
@@ -292,22 +276,82 @@ def write_report(rows: Sequence[dict[str, Any]], out: Path, *, title: str, stem:
     return md
 
 
-def pretrain(spec: PretrainSpec, cfg: Any, out: Path, *, log: Callable[[str], None] = print) -> dict[str, Any]:
+STATE = "resume"  # the run folder's sub-folder with what ``resume=True`` restarts from
+
+
+def _trainer_state(trainer: Any) -> dict[str, Any]:
+    import torch
+
+    return {"policy": trainer.policy.state_dict(), "opt": trainer.opt.state_dict(), "decisions": trainer.decisions,
+            "history": trainer.history, "gen": trainer.gen.get_state(), "rng": trainer.rng.bit_generator.state,
+            "torch_rng": torch.get_rng_state()}
+
+
+def _restore(trainer: Any, state: dict[str, Any]) -> None:
+    import torch
+
+    trainer.policy.load_state_dict(state["policy"])
+    trainer.opt.load_state_dict(state["opt"])
+    trainer.decisions, trainer.history = state["decisions"], state["history"]
+    trainer.gen.set_state(state["gen"])
+    trainer.rng.bit_generator.state = state["rng"]
+    torch.set_rng_state(state["torch_rng"])
+
+
+def _save_phase(path: Path, trainer: Any, phases: dict[str, Any], run: dict[str, Any]) -> None:
+    """The trainer's whole state after a phase (weights, optimiser, random streams, history): a local pickle."""
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    torch.save({"run": run, "trainer": _trainer_state(trainer), "phases": phases}, tmp)
+    tmp.replace(path)
+
+
+def _load_phase(path: Path, run: dict[str, Any]) -> dict[str, Any] | None:
+    import torch
+
+    if not path.is_file():
+        return None
+    data = torch.load(path, map_location="cpu", weights_only=False)  # written by this machine's own run
+    if data["run"] != run:
+        raise ConfigError(f"cannot resume from {path.parent.parent}: it was started with another configuration "
+                          f"(pretrain and agent keys must match; start a new run folder instead)")
+    return data
+
+
+def pretrain(spec: PretrainSpec, cfg: Any, out: Path, *, workers: int | str | Workers = 1, address: str | None = None,
+             resume: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Imitation, then approximate policy iteration, then RL with credit per decision over the training
     distribution (``cfg``: a ``ConstructiveConfig``; its ``seed`` is the pretraining seed), early stopping on
     validation tasks from the same distribution. Writes ``checkpoint_imitation.pt`` and ``checkpoint_pi.pt``
     (the policy after each phase, for the ablation), ``checkpoint.pt``, ``dev.md/.csv`` (the dev split),
-    ``training.json`` and ``metrics.json``; returns the metrics."""
+    ``training.json`` and ``metrics.json``; returns the metrics.
+
+    ``workers`` / ``address`` (``placement_rl.scale``): task building, the teacher labelling of policy iteration
+    and RL, and the dev evaluation run as one job per task there; the checkpoints do not depend on the worker
+    count. While it runs, ``out/resume/`` keeps the built tasks, the trainer's state after each phase and every
+    finished label; ``resume=True`` on the same ``out`` restarts from the last finished phase and replays the
+    rounds after it with the labels already made (nothing is labelled twice; the result equals an
+    uninterrupted run). ``out/resume/`` is removed when the run finishes."""
+    import hashlib
     import json
+    import shutil
     import time
 
     import torch
 
-    from agents.constructive_train import ConstructiveTrainer, evaluate
+    from agents.constructive_train import ConstructiveTrainer
+    from agents.scaleout import evaluate_tasks, weights_digest
     from placement_rl.graph.io import atomic_write_text
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
+    state = out / STATE
+    run = {"pretrain": dataclasses.asdict(spec), "agent": dataclasses.asdict(cfg)}
+    if not resume and state.exists():
+        shutil.rmtree(state)  # a new run in this folder: nothing of an earlier one is reused
+    cache = spec.cache if spec.cache is not None else state / "tasks"
 
     def step(what: str) -> Callable[[int, int], None]:
         def show(i: int, n: int) -> None:
@@ -315,49 +359,70 @@ def pretrain(spec: PretrainSpec, cfg: Any, out: Path, *, log: Callable[[str], No
                 log(f"  {what}: {i}/{n} ({time.perf_counter() - t0:.0f} s)")
         return show
 
-    log(f"building {spec.train_tasks} training tasks (graphs, random clusters, teachers) on {spec.workers} workers")
-    train = build_tasks(training_specs(spec.train_tasks, seed=spec.seed, size=spec.sizes, zoo_frac=spec.zoo_frac,
-                                       devices=spec.devices), workers=spec.workers, progress=step("training tasks"),
-                        cache=spec.cache)
-    val = build_tasks(training_specs(spec.val_tasks, seed=spec.seed + 10_000, size=spec.sizes, devices=spec.devices),
-                      workers=spec.workers, cache=spec.cache) if spec.val_tasks else []
-    build_seconds = time.perf_counter() - t0
-    trainer = ConstructiveTrainer(cfg)
+    with Workers(workers, address=address, store=state / "labels") as pool:
+        log(f"running on {pool.describe()}")
+        log(f"building {spec.train_tasks} training tasks (graphs, random clusters, teachers)")
+        train = build_tasks(training_specs(spec.train_tasks, seed=spec.seed, size=spec.sizes,
+                                           zoo_frac=spec.zoo_frac, devices=spec.devices),
+                            workers=pool, progress=step("training tasks"), cache=cache)
+        val = build_tasks(training_specs(spec.val_tasks, seed=spec.seed + 10_000, size=spec.sizes,
+                                         devices=spec.devices), workers=pool, cache=cache) if spec.val_tasks else []
+        build_seconds = time.perf_counter() - t0
+        trainer = ConstructiveTrainer(cfg, workers=pool)
 
-    def prog(phase: str, i: int, n: int, info: dict[str, float]) -> None:
-        if i == n or i % max(1, n // 20) == 0:
-            log(f"  {phase} {i}/{n}: " + ", ".join(f"{k} {v:.4f}" for k, v in info.items() if k != "decisions")
-                + f" ({time.perf_counter() - t0:.0f} s)")
+        def prog(phase: str, i: int, n: int, info: dict[str, float]) -> None:
+            if i == n or i % max(1, n // 20) == 0:
+                log(f"  {phase} {i}/{n}: " + ", ".join(f"{k} {v:.4f}" for k, v in info.items() if k != "decisions")
+                    + f" ({time.perf_counter() - t0:.0f} s)")
 
-    extra = {"pretrain": dataclasses.asdict(spec)}
-    phases: dict[str, Any] = {}
-    log(f"imitation: behaviour cloning ({cfg.bc_epochs} epochs) + {cfg.dagger_rounds} DAgger rounds on {len(train)} "
-        f"tasks (window W={cfg.window})")
-    phases["imitation"] = {"agreement": trainer.imitate(train, progress=prog)}
-    if val:
-        phases["imitation"]["val_greedy_geomean"] = trainer._val_score(val)
-        log(f"  validation greedy / best one-pass: {phases['imitation']['val_greedy_geomean']:.4f}")
-    trainer.save(out / "checkpoint_imitation.pt", with_optimizer=False, extra={**extra, "phase": "imitation"})
-    if cfg.pi_rounds:
-        log(f"policy iteration: {cfg.pi_rounds} rounds of rollout over the student (every {cfg.pi_label_every}th "
-            f"state, tasks <= {cfg.pi_max_nodes} nodes)")
-        phases["policy_iteration"] = trainer.policy_iteration(train, val=val, progress=prog)
-        trainer.save(out / "checkpoint_pi.pt", with_optimizer=False, extra={**extra, "phase": "policy_iteration"})
-    if cfg.rl_iters:
-        log(f"RL ({cfg.rl_algo}): {cfg.rl_iters} iterations, early stopping on {len(val)} validation tasks")
-        phases["rl"] = trainer.improve(train, val=val, progress=prog)
-    train_seconds = time.perf_counter() - t0
-    trainer.save(out / "checkpoint.pt", with_optimizer=False,
-                 extra={**extra, "phase": "final", "train_seconds": train_seconds})
-    metrics: dict[str, Any] = {"train_tasks": len(train), "val_tasks": len(val), "phases": phases,
-                               "decisions": trainer.decisions, "build_seconds": build_seconds,
-                               "train_seconds": train_seconds}
-    atomic_write_text(out / "training.json", json.dumps(trainer.history, indent=1, default=float))
-    if spec.dev:
-        log("dev split (zero-shot: greedy and best of 16 samples)")
-        dev = build_tasks(heldout_specs(), workers=spec.workers, cache=spec.cache)
-        rows = result_rows(evaluate(trainer.policy, dev, samples=16, seed=cfg.seed))
-        write_report(rows, out, title="Zero-shot placement of the dev split", stem="dev")
-        metrics["dev"] = summarise(rows)
+        extra = {"pretrain": dataclasses.asdict(spec)}
+        phases: dict[str, Any] = {}
+        resumed = None
+        saved = _load_phase(state / "imitation.pt", run) if resume else None
+        if saved is not None:
+            _restore(trainer, saved["trainer"])
+            phases, resumed = saved["phases"], "imitation"
+            log("resumed after imitation")
+        else:
+            log(f"imitation: behaviour cloning ({cfg.bc_epochs} epochs) + {cfg.dagger_rounds} DAgger rounds on "
+                f"{len(train)} tasks (window W={cfg.window})")
+            phases["imitation"] = {"agreement": trainer.imitate(train, progress=prog)}
+            if val:
+                phases["imitation"]["val_greedy_geomean"] = trainer._val_score(val)
+                log(f"  validation greedy / best one-pass: {phases['imitation']['val_greedy_geomean']:.4f}")
+            _save_phase(state / "imitation.pt", trainer, phases, run)
+        trainer.save(out / "checkpoint_imitation.pt", with_optimizer=False, extra={**extra, "phase": "imitation"})
+        if cfg.pi_rounds:
+            saved = _load_phase(state / "policy_iteration.pt", run) if resume else None
+            if saved is not None:
+                _restore(trainer, saved["trainer"])
+                phases, resumed = saved["phases"], "policy_iteration"
+                log("resumed after policy iteration")
+            else:
+                log(f"policy iteration: {cfg.pi_rounds} rounds of rollout over the student (every "
+                    f"{cfg.pi_label_every}th state, tasks <= {cfg.pi_max_nodes} nodes)")
+                phases["policy_iteration"] = trainer.policy_iteration(train, val=val, progress=prog)
+                _save_phase(state / "policy_iteration.pt", trainer, phases, run)
+            trainer.save(out / "checkpoint_pi.pt", with_optimizer=False, extra={**extra, "phase": "policy_iteration"})
+        if cfg.rl_iters:
+            log(f"RL ({cfg.rl_algo}): {cfg.rl_iters} iterations, early stopping on {len(val)} validation tasks")
+            phases["rl"] = trainer.improve(train, val=val, progress=prog)
+        train_seconds = time.perf_counter() - t0
+        trainer.save(out / "checkpoint.pt", with_optimizer=False, extra={**extra, "phase": "final"})
+        metrics: dict[str, Any] = {"train_tasks": len(train), "val_tasks": len(val), "phases": phases,
+                                   "decisions": trainer.decisions, "build_seconds": build_seconds,
+                                   "train_seconds": train_seconds, "workers": pool.count,
+                                   "weights_sha": weights_digest(trainer.policy.state_dict()),
+                                   "checkpoint_sha": hashlib.sha256((out / "checkpoint.pt").read_bytes()).hexdigest()
+                                   [:16],
+                                   "resumed_after": resumed, "labels_reused": pool.reused}
+        atomic_write_text(out / "training.json", json.dumps(trainer.history, indent=1, default=float))
+        if spec.dev:
+            log("dev split (zero-shot: greedy and best of 16 samples)")
+            dev = build_tasks(heldout_specs(), workers=pool, cache=spec.cache)
+            rows = result_rows(evaluate_tasks(trainer.policy, dev, samples=16, seed=cfg.seed, workers=pool))
+            write_report(rows, out, title="Zero-shot placement of the dev split", stem="dev")
+            metrics["dev"] = summarise(rows)
     atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1, default=float))
+    shutil.rmtree(state, ignore_errors=True)
     return metrics

@@ -1,0 +1,340 @@
+"""Scale-out: run independent jobs in this process or on Ray, with the same results for any worker count.
+
+``Workers(n, address=None)`` is the one engine for work that outgrows a process (building tasks and their
+teachers, teacher labelling of policy iteration, evaluation of (graph, topology) pairs, ablation runs):
+
+* ``n == 1``: every job runs here, one after another; Ray is never imported.
+* ``n >= 2`` or ``"auto"``: jobs are Ray tasks. Without ``address`` a local Ray instance is started with ``n``
+  CPUs (``auto``: every core of the machine); ``address="auto"`` or ``"host:port"`` joins a running cluster
+  (``ray start --head`` on one machine, ``ray start --address=<head>:6379`` on the others), where ``auto``
+  means every CPU of the cluster. A Ray instance already running in this process is reused (and left running).
+  ``auto`` without Ray installed means one worker, here.
+
+Results come back in input order. Work is split by job, never raced: a job's result depends only on its
+inputs (seeds are drawn by the caller, per job, before dispatch), so 1 and N workers give the same results.
+A job whose worker process dies is run again (Ray's ``max_retries``); an exception raised by the job itself is
+not retried and is re-raised here. Values every job reads (the policy's weights, the tasks) are put in Ray's
+object store once (``put``, or ``shared=`` per ``map``) instead of being shipped with every job.
+
+``store``: a directory where ``map(..., keys=...)`` keeps each finished job's result (a pickle of this machine's
+own results, never one from elsewhere): a run started again with the same keys reuses them instead of
+redoing the work (resumed pretraining does not relabel).
+
+    with Workers("auto") as w:
+        results = w.map(fn, items, shared=(policy,), progress=lambda done, total: ...)
+    map_tasks(fn, items, workers=2)        # the same, one call
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from placement_rl.errors import ConfigError, PlacementRLError
+
+AUTO = "auto"
+RETRIES = 3  # times a job whose worker died is run again
+INSTALL_HINT = "pip install 'placement-rl[ray]'"
+
+
+class WorkerError(PlacementRLError):
+    """A job could not be run: its worker died more often than the retries allow, or the cluster is gone."""
+
+
+def ray_available() -> bool:
+    from importlib.util import find_spec
+
+    return find_spec("ray") is not None
+
+
+def check_workers(workers: int | str) -> int | str:
+    """``workers`` as 1, an integer >= 2, or ``"auto"``; ``ConfigError`` otherwise."""
+    import numbers
+
+    if isinstance(workers, str):
+        text = workers.strip().lower()
+        if text == AUTO:
+            return AUTO
+        if text.isdigit():
+            workers = int(text)
+    if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or int(workers) < 1:
+        raise ConfigError(f"workers must be a positive integer or auto, got {workers!r}")
+    return int(workers)
+
+
+def _project_path() -> str:
+    """The folder holding this package (and ``agents``/``envs``): put on Ray workers' path for a checkout."""
+    return str(Path(__file__).resolve().parent.parent)
+
+
+def _single_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+class _Packed:
+    """A value pickled by this module (protocol 5), unpickled where it is used: numpy arrays keep their own
+    write flags (Ray's zero-copy reads would hand out every array read-only, pinned in shared memory)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __getstate__(self) -> bytes:
+        return self.data
+
+    def __setstate__(self, data: bytes) -> None:
+        self.data = data
+
+
+def _pack(value: Any) -> _Packed:
+    from ray import cloudpickle
+
+    return _Packed(cloudpickle.dumps(value, protocol=5))
+
+
+def _unpack(value: Any) -> Any:
+    return pickle.loads(value.data) if isinstance(value, _Packed) else value
+
+
+def _resolve(item: Any) -> Any:
+    """An item with ObjectRefs one level down (in a tuple or list) fetched; Ray resolves top-level ones."""
+    if isinstance(item, (tuple, list)):
+        import ray
+
+        refs = [i for i, x in enumerate(item) if isinstance(x, ray.ObjectRef)]
+        if refs:
+            got = ray.get([item[i] for i in refs])
+            out = list(item)
+            for i, v in zip(refs, got):
+                out[i] = _unpack(v)
+            return type(item)(out) if isinstance(item, list) else tuple(out)
+    return item
+
+
+def _call(fn: Any, item: Any, *shared: Any) -> _Packed:
+    """What a Ray task runs: one job, single-threaded (a worker per core); its result packed."""
+    _single_thread()
+    return _pack(_unpack(fn)(_resolve(item), *(_unpack(x) for x in shared)))
+
+
+class Workers:
+    """Run ``fn(item, *shared)`` over items here (``n=1``) or as Ray tasks (see the module docstring)."""
+
+    def __init__(self, n: int | str = 1, *, address: str | None = None, retries: int = RETRIES,
+                 store: str | Path | None = None) -> None:
+        n = check_workers(n)
+        if address is not None and not str(address).strip():
+            address = None
+        if n == 1 and address is not None:
+            raise ConfigError(f"ray.address={address} is set but workers=1 runs in this process: set workers=auto "
+                              f"(or a count) to use the cluster, or drop ray.address")
+        if retries < 0:
+            raise ConfigError(f"retries must be >= 0, got {retries}")
+        self.requested = n
+        self.address = address
+        self.retries = int(retries)
+        self.store = Path(store) if store is not None else None
+        self.reused = 0  # results taken from ``store`` instead of being computed
+        self._ray = False
+        self._owner = False  # this object started Ray (and shuts it down)
+        self._puts: dict[int, tuple[Any, Any]] = {}
+        self._remote: Any = None
+        self.note = ""
+        if n == 1:
+            self.count = 1
+        elif not ray_available():
+            if n != AUTO:
+                raise ConfigError(f"workers={n} runs on Ray, which is not installed: {INSTALL_HINT} (or workers=1)")
+            if address is not None:
+                raise ConfigError(f"ray.address={address} needs Ray, which is not installed: {INSTALL_HINT}")
+            self.count = 1
+            self.note = f"Ray is not installed: one worker in this process ({INSTALL_HINT} for every core)"
+        else:
+            self._start_ray()
+
+    # ------------------------------------------------------------------------------------------- Ray
+    def _start_ray(self) -> None:
+        import logging
+
+        import ray
+
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING,
+                                      "log_to_driver": True}
+            if self.address is not None:
+                try:
+                    ray.init(address=self.address, **kwargs)
+                except (ConnectionError, RuntimeError, ValueError) as exc:
+                    raise ConfigError(f"cannot join the Ray cluster at ray.address={self.address} "
+                                      f"({str(exc).splitlines()[0]}): start it with `ray start --head`") from None
+            else:
+                path = os.pathsep.join(p for p in (_project_path(), os.environ.get("PYTHONPATH", "")) if p)
+                ray.init(num_cpus=None if self.requested == AUTO else int(self.requested),
+                         runtime_env={"env_vars": {"PYTHONPATH": path}}, **kwargs)
+            self._owner = True
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        self.count = max(1, cpus if self.requested == AUTO else int(self.requested))
+        self._ray = True
+        self._remote = ray.remote(num_cpus=1, max_retries=self.retries)(_call)
+
+    @property
+    def on_ray(self) -> bool:
+        return self._ray
+
+    def describe(self) -> str:
+        if not self._ray:
+            return "1 worker (in this process)" + (f"; {self.note}" if self.note else "")
+        import ray
+
+        where = f"the Ray cluster at {self.address}" if self.address else "a local Ray instance"
+        return f"{self.count} workers on {where} ({int(ray.cluster_resources().get('CPU', 0))} CPUs)"
+
+    def put(self, value: Any, *, ship: Callable[[Any], Any] | None = None) -> Any:
+        """``value`` in Ray's object store, once per object (the same ref is returned again: for values that
+        do not change, such as tasks), or ``value`` itself in-process. ``ship(value)`` is what is stored (e.g. a
+        copy without per-process caches). Pass the result inside items (one level down) or in ``shared``."""
+        if not self._ray:
+            return value
+        import ray
+
+        key = id(value)
+        if key not in self._puts:
+            self._puts[key] = (value, ray.put(_pack(ship(value) if ship else value)))  # the object kept: id unique
+        return self._puts[key][1]
+
+    def forget(self) -> None:
+        """Drop the object-store copies made by ``put``."""
+        self._puts.clear()
+
+    # ------------------------------------------------------------------------------------------- map
+    def map(self, fn: Callable[..., Any], items: Sequence[Any], *, shared: Iterable[Any] = (),
+            progress: Callable[[int, int], None] | None = None, keys: Sequence[str] | None = None,
+            cost: Sequence[float] | None = None) -> list[Any]:
+        """``[fn(item, *shared) for item in items]``, in input order. ``progress(done, total)`` is called here as
+        jobs finish on any worker. ``keys`` (with ``store``): each result is saved under its key and reused when
+        found. ``cost``: an estimate per job; larger jobs are dispatched first (balance, not results)."""
+        items = list(items)
+        total = len(items)
+        out: list[Any] = [None] * total
+        todo = list(range(total))
+        if keys is not None and len(keys) != total:
+            raise ValueError(f"{len(keys)} keys for {total} items")
+        if self.store is not None and keys is not None:
+            todo = []
+            for i, k in enumerate(keys):
+                found, value = self._load(k)
+                if found:
+                    out[i] = value
+                    self.reused += 1
+                else:
+                    todo.append(i)
+        done = total - len(todo)
+        if progress and done:
+            progress(done, total)
+        shared = tuple(shared)
+        if not self._ray:
+            for i in todo:
+                out[i] = fn(items[i], *shared)
+                self._save(keys, i, out[i])
+                done += 1
+                if progress:
+                    progress(done, total)
+            return out
+        import ray
+
+        if cost is not None:
+            todo.sort(key=lambda i: -float(cost[i]))
+        fn_ref = ray.put(_pack(fn))
+        shared_refs = [x if isinstance(x, ray.ObjectRef) else ray.put(_pack(x)) for x in shared]  # once per call
+        pending: dict[Any, int] = {}
+        window = 2 * self.count  # jobs in flight: every worker busy, the next one queued
+        queue = iter(todo)
+        try:
+            while True:
+                while len(pending) < window:
+                    i = next(queue, None)
+                    if i is None:
+                        break
+                    pending[self._remote.remote(fn_ref, items[i], *shared_refs)] = i
+                if not pending:
+                    break
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                for ref in ready:
+                    i = pending.pop(ref)
+                    out[i] = self._get(ref)
+                    self._save(keys, i, out[i])
+                    done += 1
+                    if progress:
+                        progress(done, total)
+        finally:
+            for ref in pending:
+                ray.cancel(ref, force=True)
+        return out
+
+    def _get(self, ref: Any) -> Any:
+        import ray
+
+        try:
+            return _unpack(ray.get(ref))  # a private copy: arrays as the job made them, not pinned in the store
+        except ray.exceptions.RayTaskError as exc:  # the job raised: its own exception, as if run here
+            raise exc.as_instanceof_cause() from None
+        except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
+                ray.exceptions.RaySystemError) as exc:
+            raise WorkerError(f"a job's worker died more than {self.retries} times ({str(exc).splitlines()[0]}): "
+                              f"check the workers' memory (`ray status`)") from None
+
+    # ----------------------------------------------------------------------------------------- store
+    def _path(self, key: str) -> Path:
+        assert self.store is not None
+        return self.store / f"{key}.pkl"
+
+    def _load(self, key: str) -> tuple[bool, Any]:
+        p = self._path(key)
+        if not p.is_file():
+            return False, None
+        try:
+            with open(p, "rb") as fh:
+                return True, pickle.load(fh)
+        except (OSError, EOFError, pickle.UnpicklingError):
+            return False, None  # a file cut by a kill: the job runs again
+
+    def _save(self, keys: Sequence[str] | None, i: int, value: Any) -> None:
+        if self.store is None or keys is None:
+            return
+        p = self._path(keys[i])
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(f".{os.getpid()}.tmp")
+        with open(tmp, "wb") as fh:
+            pickle.dump(value, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        tmp.replace(p)
+
+    # ------------------------------------------------------------------------------------- lifetime
+    def close(self) -> None:
+        self._puts.clear()
+        if self._ray and self._owner:
+            import ray
+
+            ray.shutdown()
+        self._ray = self._owner = False
+
+    def __enter__(self) -> "Workers":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def map_tasks(fn: Callable[..., Any], items: Sequence[Any], *, workers: int | str | Workers = 1,
+              address: str | None = None, progress: Callable[[int, int], None] | None = None,
+              shared: Iterable[Any] = ()) -> list[Any]:
+    """``[fn(item, *shared) for item in items]`` on ``workers`` (a count, ``"auto"``, or a running ``Workers``,
+    which is left open); see ``Workers.map``."""
+    if isinstance(workers, Workers):
+        return workers.map(fn, items, shared=shared, progress=progress)
+    with Workers(workers, address=address) as w:
+        return w.map(fn, items, shared=shared, progress=progress)
