@@ -4,6 +4,8 @@
   each job's trajectory: the teacher labelling of policy iteration and of per-decision-credit RL. A
   ``LabelJob`` carries everything that decides its labels (the task, the student's placement, ``label_every``,
   the offset, the window), drawn by the trainer before dispatch, so the labels do not depend on the worker count.
+  On Ray a trajectory's labelled states are split over several jobs (each state's label depends only on the
+  followed placement, so the merged labels are the same).
 * ``evaluate_tasks(policy, tasks, samples=, seed=, workers=)``: greedy and best-of-k placements of every task
   (``agents.constructive_train.evaluate`` per task, with a seed derived from ``seed`` and the task's index).
 * ``weights_digest(state_dict)``: a hash of a policy's weights (checkpoints of 1 and N workers are compared by it).
@@ -67,6 +69,9 @@ class LabelJob:
         return "label-" + h.hexdigest()[:24]
 
 
+CHUNK = 8  # labelled states per job on Ray workers (a task's states are split into jobs of about this many)
+
+
 def _label(item: tuple, policy: Any) -> Any:
     from agents.policy_rollout import rollout_over_student
 
@@ -75,15 +80,76 @@ def _label(item: tuple, policy: Any) -> Any:
     return rollout_over_student(policy, task, actions=actions, label_every=every, offset=offset)
 
 
+def _parts(job: LabelJob, on_ray: bool) -> int:
+    """Jobs one trajectory's labelling is split into: 1 in this process; on Ray about ``CHUNK`` labelled states
+    each (part ``p`` of ``k`` labels states ``t % (every k) == offset + p every``: together exactly the job's)."""
+    if not on_ray:
+        return 1
+    states = max(1, -(-(job.task.graph.num_nodes - job.offset) // job.every))
+    return max(1, -(-states // CHUNK))
+
+
+def _merge(parts: Sequence[Any]) -> Any:
+    """One ``RolloutLabels`` of a trajectory's parts (disjoint labelled states; the same followed placement)."""
+    if len(parts) == 1:
+        return parts[0]
+    out = copy.copy(parts[0])
+    out.labels, out.regret, out.labelled = out.labels.copy(), out.regret.copy(), out.labelled.copy()
+    for p in parts[1:]:
+        out.labels[p.labelled] = p.labels[p.labelled]
+        out.regret[p.labelled] = p.regret[p.labelled]
+        out.labelled |= p.labelled
+    out.completions = sum(p.completions for p in parts)
+    return out
+
+
 def label_states(policy: Any, jobs: Sequence[LabelJob], workers: Workers | None = None, *,
                  progress: Callable[[int, int], None] | None = None) -> list[Any]:
-    """``RolloutLabels`` of every job, in order (``agents.policy_rollout.rollout_over_student``)."""
+    """``RolloutLabels`` of every job, in order (``agents.policy_rollout.rollout_over_student``). On Ray a
+    trajectory's states are labelled by several jobs (``CHUNK``) whose labels are merged: the same labels, with
+    work fine enough to spread. With a ``store``, each trajectory's labels are kept as soon as they are complete
+    and taken from there when present."""
     workers = workers if workers is not None else Workers(1)
-    weights = weights_digest(policy.state_dict()) if workers.store is not None else ""
-    items = [(workers.put(j.task, ship=shippable), j.actions, j.every, j.offset, j.task.window) for j in jobs]
-    keys = [j.key(weights) for j in jobs] if workers.store is not None else None
-    cost = [j.task.graph.num_nodes ** 2 * j.task.topology.num_devices / j.every for j in jobs]
-    return workers.map(_label, items, shared=(policy,), progress=progress, keys=keys, cost=cost)
+    keys = None
+    if workers.store is not None:
+        weights = weights_digest(policy.state_dict())
+        keys = [j.key(weights) for j in jobs]
+    out: list[Any] = [None] * len(jobs)
+    todo = []
+    for i in range(len(jobs)):
+        found, value = workers.lookup(keys[i]) if keys else (False, None)
+        if found:
+            out[i] = value
+        else:
+            todo.append(i)
+    owner, items, cost = [], [], []
+    for i in todo:
+        j = jobs[i]
+        k = _parts(j, workers.on_ray)
+        ref = workers.put(j.task, ship=shippable)
+        for p in range(k):
+            owner.append(i)
+            items.append((ref, j.actions, j.every * k, j.offset + p * j.every, j.task.window))
+            cost.append(j.task.graph.num_nodes ** 2 * j.task.topology.num_devices ** 2 / (j.every * k))
+    pieces: dict[int, list[Any]] = {i: [] for i in todo}
+    need = {i: owner.count(i) for i in todo}
+    done = [len(jobs) - len(todo)]
+    if progress and done[0]:
+        progress(done[0], len(jobs))
+
+    def collect(n: int, value: Any) -> None:
+        i = owner[n]
+        pieces[i].append(value)
+        if len(pieces[i]) == need[i]:
+            out[i] = _merge(pieces[i])
+            if keys:
+                workers.keep(keys[i], out[i])
+            done[0] += 1
+            if progress:
+                progress(done[0], len(jobs))
+
+    workers.map(_label, items, shared=(policy,), cost=cost, on_result=collect)
+    return out
 
 
 def task_seed(seed: int, index: int) -> int:

@@ -214,10 +214,12 @@ class Workers:
     # ------------------------------------------------------------------------------------------- map
     def map(self, fn: Callable[..., Any], items: Sequence[Any], *, shared: Iterable[Any] = (),
             progress: Callable[[int, int], None] | None = None, keys: Sequence[str] | None = None,
-            cost: Sequence[float] | None = None) -> list[Any]:
-        """``[fn(item, *shared) for item in items]``, in input order. ``progress(done, total)`` is called here as
-        jobs finish on any worker. ``keys`` (with ``store``): each result is saved under its key and reused when
-        found. ``cost``: an estimate per job; larger jobs are dispatched first (balance, not results)."""
+            cost: Sequence[float] | None = None,
+            on_result: Callable[[int, Any], None] | None = None) -> list[Any]:
+        """``[fn(item, *shared) for item in items]``, in input order. ``progress(done, total)`` and
+        ``on_result(index, result)`` are called here as jobs finish on any worker. ``keys`` (with ``store``): each
+        result is saved under its key and reused when found. ``cost``: an estimate per job; larger jobs are
+        dispatched first (balance, not results)."""
         items = list(items)
         total = len(items)
         out: list[Any] = [None] * total
@@ -227,10 +229,11 @@ class Workers:
         if self.store is not None and keys is not None:
             todo = []
             for i, k in enumerate(keys):
-                found, value = self._load(k)
+                found, value = self.lookup(k)
                 if found:
                     out[i] = value
-                    self.reused += 1
+                    if on_result:
+                        on_result(i, value)
                 else:
                     todo.append(i)
         done = total - len(todo)
@@ -241,6 +244,8 @@ class Workers:
             for i in todo:
                 out[i] = fn(items[i], *shared)
                 self._save(keys, i, out[i])
+                if on_result:
+                    on_result(i, out[i])
                 done += 1
                 if progress:
                     progress(done, total)
@@ -268,6 +273,8 @@ class Workers:
                     i = pending.pop(ref)
                     out[i] = self._get(ref)
                     self._save(keys, i, out[i])
+                    if on_result:
+                        on_result(i, out[i])
                     done += 1
                     if progress:
                         progress(done, total)
@@ -293,25 +300,35 @@ class Workers:
         assert self.store is not None
         return self.store / f"{key}.pkl"
 
-    def _load(self, key: str) -> tuple[bool, Any]:
+    def lookup(self, key: str) -> tuple[bool, Any]:
+        """``(True, result)`` if ``store`` holds a finished result under ``key`` (counted in ``reused``)."""
+        if self.store is None:
+            return False, None
         p = self._path(key)
         if not p.is_file():
             return False, None
         try:
             with open(p, "rb") as fh:
-                return True, pickle.load(fh)
+                value = pickle.load(fh)
         except (OSError, EOFError, pickle.UnpicklingError):
             return False, None  # a file cut by a kill: the job runs again
+        self.reused += 1
+        return True, value
 
-    def _save(self, keys: Sequence[str] | None, i: int, value: Any) -> None:
-        if self.store is None or keys is None:
+    def keep(self, key: str, value: Any) -> None:
+        """Save a finished result under ``key`` in ``store`` (atomically; nothing without a store)."""
+        if self.store is None:
             return
-        p = self._path(keys[i])
+        p = self._path(key)
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_suffix(f".{os.getpid()}.tmp")
         with open(tmp, "wb") as fh:
             pickle.dump(value, fh, protocol=pickle.HIGHEST_PROTOCOL)
         tmp.replace(p)
+
+    def _save(self, keys: Sequence[str] | None, i: int, value: Any) -> None:
+        if keys is not None:
+            self.keep(keys[i], value)
 
     # ------------------------------------------------------------------------------------- lifetime
     def close(self) -> None:

@@ -118,12 +118,13 @@ def test_labelling_and_evaluation_equal_for_1_and_2_workers(ray_local):
 
     from agents.constructive import rollout
     from agents.constructive_train import ConstructiveConfig, build_policy
-    from agents.scaleout import LabelJob, evaluate_tasks, label_states
+    from agents.scaleout import LabelJob, _parts, evaluate_tasks, label_states
 
     tasks = _tiny_tasks()
     torch.manual_seed(0)
     policy = build_policy(ConstructiveConfig())
     jobs = [LabelJob(t, rollout(policy, t, samples=1).devices[0], 2, i % 2) for i, t in enumerate(tasks)]
+    assert all(_parts(j, on_ray=True) > 1 for j in jobs)  # on Ray each trajectory is labelled by several jobs
     with Workers(2) as w2:
         assert w2.on_ray
         labs = [label_states(policy, jobs, w) for w in (Workers(1), w2)]

@@ -320,6 +320,12 @@ def _load_phase(path: Path, run: dict[str, Any]) -> dict[str, Any] | None:
     return data
 
 
+def _file_sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
 def pretrain(spec: PretrainSpec, cfg: Any, out: Path, *, workers: int | str | Workers = 1, address: str | None = None,
              resume: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Imitation, then approximate policy iteration, then RL with credit per decision over the training
@@ -334,7 +340,7 @@ def pretrain(spec: PretrainSpec, cfg: Any, out: Path, *, workers: int | str | Wo
     finished label; ``resume=True`` on the same ``out`` restarts from the last finished phase and replays the
     rounds after it with the labels already made (nothing is labelled twice; the result equals an
     uninterrupted run). ``out/resume/`` is removed when the run finishes."""
-    import hashlib
+    import contextlib
     import json
     import shutil
     import time
@@ -359,7 +365,13 @@ def pretrain(spec: PretrainSpec, cfg: Any, out: Path, *, workers: int | str | Wo
                 log(f"  {what}: {i}/{n} ({time.perf_counter() - t0:.0f} s)")
         return show
 
-    with Workers(workers, address=address, store=state / "labels") as pool:
+    if isinstance(workers, Workers):  # the caller's workers (left open); finished labels kept for resume
+        ctx: Any = contextlib.nullcontext(workers)
+        if workers.store is None:
+            workers.store = state / "labels"
+    else:
+        ctx = Workers(workers, address=address, store=state / "labels")
+    with ctx as pool:
         log(f"running on {pool.describe()}")
         log(f"building {spec.train_tasks} training tasks (graphs, random clusters, teachers)")
         train = build_tasks(training_specs(spec.train_tasks, seed=spec.seed, size=spec.sizes,
@@ -413,8 +425,7 @@ def pretrain(spec: PretrainSpec, cfg: Any, out: Path, *, workers: int | str | Wo
                                    "decisions": trainer.decisions, "build_seconds": build_seconds,
                                    "train_seconds": train_seconds, "workers": pool.count,
                                    "weights_sha": weights_digest(trainer.policy.state_dict()),
-                                   "checkpoint_sha": hashlib.sha256((out / "checkpoint.pt").read_bytes()).hexdigest()
-                                   [:16],
+                                   "checkpoint_sha": _file_sha(out / "checkpoint.pt"),
                                    "resumed_after": resumed, "labels_reused": pool.reused}
         atomic_write_text(out / "training.json", json.dumps(trainer.history, indent=1, default=float))
         if spec.dev:
