@@ -44,9 +44,11 @@ class WorkerError(PlacementRLError):
 
 
 def ray_available() -> bool:
-    from importlib.util import find_spec
-
-    return find_spec("ray") is not None
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def check_workers(workers: int | str) -> int | str:

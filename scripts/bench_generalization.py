@@ -9,7 +9,9 @@
     python scripts/bench_generalization.py --part speed      # decisions/s in training; zero-shot at 2,000 / 20,000 nodes
     python scripts/bench_generalization.py --part finetune   # fine-tuning vs eft_rollout + local search, equal calls
 
-``--checkpoint`` defaults to the packaged pretrained policy. ``--out docs`` writes the reports there. Every row
+``--checkpoint`` defaults to the packaged pretrained policy. ``--out docs`` writes the reports there. The dev and test
+parts build and evaluate their pairs on ``--workers`` (default ``auto``: every core, on Ray; best of 16 is sampled
+with a seed per pair, so any worker count gives the same rows). Every row
 carries its own simulator calls (complete placements evaluated; ``eft_rollout``: one per tried device and decision)
 and seconds.
 """
@@ -52,14 +54,16 @@ def _print_summary(s: dict, label: str = "") -> None:
           f"({s.get('mean_eft_rollout_calls', float('nan')):.0f} calls)")
 
 
-def part_dev(policy, out: Path | None, workers: int, cache: str | None) -> None:
-    from agents.constructive_train import evaluate
+def part_dev(policy, out: Path | None, workers, cache: str | None) -> None:
+    from agents.scaleout import evaluate_tasks
     from placement_rl.studies.pretrain import build_tasks, result_rows, split_specs, summarise, write_report
 
     t0 = time.perf_counter()
     tasks = build_tasks(split_specs("dev"), workers=workers, cache=cache)
     print(f"built {len(tasks)} dev-split tasks in {time.perf_counter() - t0:.0f} s")
-    rows = result_rows(evaluate(policy, tasks, samples=16, seed=0))
+    t0 = time.perf_counter()
+    rows = result_rows(evaluate_tasks(policy, tasks, samples=16, seed=0, workers=workers))
+    print(f"evaluated them in {time.perf_counter() - t0:.1f} s on {workers.describe()}")
     _print_rows(rows)
     s = summarise(rows)
     _print_summary(s)
@@ -68,9 +72,10 @@ def part_dev(policy, out: Path | None, workers: int, cache: str | None) -> None:
         print(f"wrote {out / 'dev_split.md'} and .csv")
 
 
-def part_test(runs: list[str], out: Path | None, workers: int, cache: str | None) -> None:
+def part_test(runs: list[str], out: Path | None, workers, cache: str | None) -> None:
     """Every phase checkpoint of every run on the test split; the ablation table; the final figures."""
-    from agents.constructive_train import evaluate, load_policy
+    from agents.constructive_train import load_policy
+    from agents.scaleout import evaluate_tasks
     from placement_rl.studies.pretrain import build_tasks, result_rows, split_specs, summarise, write_report
 
     t0 = time.perf_counter()
@@ -87,7 +92,7 @@ def part_test(runs: list[str], out: Path | None, workers: int, cache: str | None
             if not path.is_file():
                 continue
             policy, cfg, _ = load_policy(path)
-            rows = result_rows(evaluate(policy, tasks, samples=16, seed=cfg.seed))
+            rows = result_rows(evaluate_tasks(policy, tasks, samples=16, seed=cfg.seed, workers=workers))
             s = summarise(rows)
             per_seed.append(s)
             _print_summary(s, f"[{label}, {Path(run).name}] ")
@@ -299,7 +304,9 @@ def main() -> None:
     ap.add_argument("--runs", nargs="*", default=[], help="pretraining run folders (test part)")
     ap.add_argument("--out", default=None, help="folder for the reports (e.g. docs)")
     ap.add_argument("--budget", type=int, default=5000, help="simulator calls for fine-tuning and its comparison")
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workers", default="auto", help="building and evaluating the dev / test pairs: 1 (this "
+                    "process), N or auto (Ray workers; placement_rl.scale)")
+    ap.add_argument("--address", default=None, help="a Ray cluster to join (auto or host:port)")
     ap.add_argument("--cache", default=None, help="folder keeping built tasks between runs")
     a = ap.parse_args()
     from agents.constructive_train import default_checkpoint, load_policy
@@ -308,10 +315,14 @@ def main() -> None:
     policy, cfg, _ = load_policy(ckpt)
     print(f"checkpoint {ckpt}")
     out = Path(a.out) if a.out else None
-    if a.part in ("all", "dev"):
-        part_dev(policy, out, a.workers, a.cache)
-    if a.part == "test":
-        part_test(a.runs, out, a.workers, a.cache)
+    from placement_rl.scale import Workers
+
+    if a.part in ("all", "dev", "test"):
+        with Workers(a.workers, address=a.address) as workers:
+            if a.part in ("all", "dev"):
+                part_dev(policy, out, workers, a.cache)
+            if a.part == "test":
+                part_test(a.runs, out, workers, a.cache)
     if a.part in ("all", "scale"):
         part_scale(policy)
     if a.part in ("all", "speed"):

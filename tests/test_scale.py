@@ -224,6 +224,24 @@ def test_resume_refuses_another_configuration(uninterrupted, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ sweeps
+def test_ablation_runs_on_ray_equal_one_worker(ray_local):
+    import dataclasses
+
+    from placement_rl.studies.ablation import run_study
+    from placement_rl.studies.config import load_study
+
+    tiny = ["graph=synthetic", "graph.num_nodes=12", "topology=4x_v100_nvlink", "++agent.n_envs=1",
+            "++agent.n_steps=16", "++agent.batch_size=16", "++agent.n_epochs=1", "++agent.reinforce.batch_episodes=2",
+            "encoder.hidden=16", "encoder.layers=2"]
+    spec = load_study("ablation_agent", mode="quick", budget=24, seeds=(0, 1), overrides=tiny)
+    seen = []
+    one = run_study(spec, progress=False)
+    two = run_study(dataclasses.replace(spec, workers=2), progress=False, on_result=seen.append)
+    assert [(r.cell, r.seed) for r in seen] == [(c.name, s) for c in spec.cells for s in (0, 1)]  # in order
+    assert [(r.cell, r.seed, r.step_time, r.curve) for r in one] == [(r.cell, r.seed, r.step_time, r.curve)
+                                                                   for r in two]
+
+
 def test_multirun_goes_through_the_joblib_launcher():
     from hydra import compose, initialize_config_dir
 

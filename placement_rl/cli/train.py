@@ -72,6 +72,14 @@ def constructive_config(cfg: DictConfig, base=None):
         raise ConfigError(f"bad agent config: {exc}") from None
 
 
+def _sweeping() -> bool:
+    """Whether this job is one of a multirun (``-m``)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
 def run_pretrain(cfg: DictConfig) -> dict:
     """``trainer=pretrain``: the general constructive policy over a distribution of graphs and clusters."""
     from placement_rl.studies.pretrain import PretrainSpec, pretrain
@@ -83,8 +91,11 @@ def run_pretrain(cfg: DictConfig) -> dict:
         raise ConfigError(f"bad trainer.pretrain config: {exc}") from None
     out = output_dir()
     ray_cfg = cfg.get("ray") or {}
-    metrics = pretrain(spec, constructive_config(cfg), out, workers=cfg.get("workers", 1),
-                       address=ray_cfg.get("address"), resume=bool(cfg.get("resume", False)))
+    workers = cfg.get("workers", 1)
+    if workers == "auto" and _sweeping() and not ray_cfg.get("address"):
+        workers = 1  # a multirun's launcher already runs one job per core
+    metrics = pretrain(spec, constructive_config(cfg), out, workers=workers, address=ray_cfg.get("address"),
+                       resume=bool(cfg.get("resume", False)))
     # the policy's seed is `seed`; the tasks' pretrain.seed; the checkpoint does not depend on `workers`
     h = metrics.get("dev", {})
     if h:

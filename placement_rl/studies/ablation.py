@@ -14,7 +14,6 @@ study in ``placement_rl.studies.zeroshot``; tables, plots and pages in ``placeme
 from __future__ import annotations
 
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -65,7 +64,7 @@ class StudySpec:
         uncoarsened graph and simulate it there; baselines run on that graph too).
     mode: ``quick`` or ``full`` (recorded on the page).
     command: the exact command that reproduces the study (written on its page).
-    workers: processes running (cell, seed) jobs in parallel (1: in this process).
+    workers: Ray workers running (cell, seed) jobs in parallel (1: in this process; ``placement_rl.scale``).
     """
 
     name: str
@@ -306,8 +305,12 @@ def _job(args: tuple[Cell, int, int, Problem]) -> tuple[TrainOutcome, float]:
 
 def run_study(spec: StudySpec, *, progress: bool = True,
               on_result: Callable[[RunResult], None] | None = None) -> list[RunResult]:
-    """Every cell x seed of ``spec`` (``spec.workers`` processes), each next to the best baseline of its case."""
+    """Every cell x seed of ``spec``, each next to the best baseline of its case. With ``spec.workers`` > 1 the
+    runs are jobs on Ray workers (``placement_rl.scale``; each run's seed is its own, so the results do not
+    depend on the worker count); results are handled here in cell x seed order as they arrive."""
     from tqdm.auto import tqdm
+
+    from placement_rl.scale import Workers
 
     graphs: dict[str, CompGraph] = {}
     problems = {c.name: build_problem(c, judge=spec.judge, graphs=graphs) for c in spec.cells}
@@ -315,34 +318,40 @@ def run_study(spec: StudySpec, *, progress: bool = True,
     bar = tqdm(total=len(jobs), desc=f"study {spec.name}", unit="run", disable=not progress, dynamic_ncols=True)
     refs: dict[tuple[int, str, int], BaselineRef] = {}
     results: list[RunResult] = []
-    try:
-        args = [(c, s, spec.budget, problems[c.name]) for c, s in jobs]
-        if spec.workers > 1:
-            import multiprocessing as mp
 
-            pool = ProcessPoolExecutor(max_workers=spec.workers, mp_context=mp.get_context("spawn"))
-            outs = pool.map(_job, args)
+    def handle(i: int, got: tuple[TrainOutcome, float]) -> None:
+        (cell, seed), (out, greedy) = jobs[i], got
+        p = problems[cell.name]
+        key = (id(p.judge_graph), cell.topology, seed)
+        if key not in refs:
+            refs[key] = baseline_reference(p, budget=spec.budget, seed=seed)
+        ref = refs[key]
+        res = RunResult(cell=cell.name, seed=seed, step_time=out.step_time, feasible=out.feasible,
+                        greedy_time=greedy, sim_calls=min(out.sim_calls, spec.budget), budget=spec.budget,
+                        seconds=out.seconds, episodes=out.episodes, baseline=ref.name,
+                        baseline_time=ref.step_time, single_time=ref.single_time, curve=out.curve)
+        results.append(res)
+        bar.update(1)
+        bar.set_postfix_str(f"{cell.name} seed {seed}: x{res.ratio:.3f} of {ref.name}")
+        if on_result is not None:
+            on_result(res)
+
+    try:
+        if spec.workers > 1:
+            arrived: dict[int, tuple[TrainOutcome, float]] = {}
+
+            def in_order(i: int, got: tuple[TrainOutcome, float]) -> None:
+                arrived[i] = got
+                while len(results) in arrived:
+                    handle(len(results), arrived.pop(len(results)))
+
+            with Workers(spec.workers) as workers:
+                shared = {name: workers.put(p) for name, p in problems.items()}  # each problem shipped once
+                workers.map(_job, [(c, s, spec.budget, shared[c.name]) for c, s in jobs], on_result=in_order,
+                            cost=[float(spec.budget)] * len(jobs))
         else:
-            pool, outs = None, (run_cell(*a) for a in args)
-        try:
-            for (cell, seed), (out, greedy) in zip(jobs, outs):
-                p = problems[cell.name]
-                key = (id(p.judge_graph), cell.topology, seed)
-                if key not in refs:
-                    refs[key] = baseline_reference(p, budget=spec.budget, seed=seed)
-                ref = refs[key]
-                res = RunResult(cell=cell.name, seed=seed, step_time=out.step_time, feasible=out.feasible,
-                                greedy_time=greedy, sim_calls=min(out.sim_calls, spec.budget), budget=spec.budget,
-                                seconds=out.seconds, episodes=out.episodes, baseline=ref.name,
-                                baseline_time=ref.step_time, single_time=ref.single_time, curve=out.curve)
-                results.append(res)
-                bar.update(1)
-                bar.set_postfix_str(f"{cell.name} seed {seed}: x{res.ratio:.3f} of {ref.name}")
-                if on_result is not None:
-                    on_result(res)
-        finally:
-            if pool is not None:
-                pool.shutdown(cancel_futures=True)
+            for i, (c, s) in enumerate(jobs):
+                handle(i, run_cell(c, s, spec.budget, problems[c.name]))
     finally:
         bar.close()
     return results
