@@ -208,7 +208,7 @@ def main() -> None:
 
     # 4. the cost model ---------------------------------------------------------------------------------------
     per_build = float(np.mean(build_jobs))
-    per_label = label_wall / max(1, sum(len(c) for c in pi_calls)) if pi_calls else 0.0
+    per_label = sum(sum(c) for c in pi_calls) / max(1, sum(len(c) for c in pi_calls))  # one trajectory, one round
     q_wall = sum(sum(c) for c in q_calls)
     at = {key: next((w - t0 for w, line in marks if line.startswith(key)), None)
           for key in ("imitation:", "policy iteration:", "RL (")}
