@@ -94,9 +94,9 @@ def identical_labels(a, b) -> bool:
 
 
 def identical_results(a, b) -> bool:
-    return all(np.array_equal(x.greedy.devices, y.greedy.devices) and np.array_equal(x.sampled.devices, y.sampled.devices)
-               and np.array_equal(x.greedy.times, y.greedy.times) and np.array_equal(x.sampled.times, y.sampled.times)
-               for x, y in zip(a, b))
+    return all(np.array_equal(getattr(x, r).devices, getattr(y, r).devices)
+               and np.array_equal(getattr(x, r).times, getattr(y, r).times)
+               for x, y in zip(a, b) for r in ("greedy", "sampled"))
 
 
 def main() -> None:
@@ -226,9 +226,8 @@ def main() -> None:
           f"round, driver's serial work {serial_per_task:.2f} s (imitation {imitation / metrics['train_tasks']:.2f} s "
           f"with its DAgger relabelling, policy iteration's rollouts, distillation and validation "
           f"{pi_serial / metrics['train_tasks']:.2f} s); RL: serial {rl_serial:.1f} s and labelling {q_wall:.1f} s "
-          f"in all (fixed: "
-          f"{cfg.tasks_per_iter} tasks per iteration); evaluation {per_eval:.2f} s; longest jobs: build {longest_build:.2f} s, labelling {longest:.2f} s; Ray "
-          f"{over * 1e3:.2f} ms per job, start {start:.1f} s")
+          f"in all (fixed: {cfg.tasks_per_iter} tasks per iteration); evaluation {per_eval:.2f} s; longest jobs: "
+          f"build {longest_build:.2f} s, labelling {longest:.2f} s; Ray {over * 1e3:.2f} ms per job, start {start:.1f} s")
 
     def project(n: int, cores: int) -> tuple[float, float]:
         """Modelled wall time of pretraining ``n`` tasks on ``cores`` (one worker per core), serial share."""
