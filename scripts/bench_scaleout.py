@@ -250,6 +250,9 @@ def main() -> None:
             print(f"   {mult:>3d}x{mult * base:<5d} {cores:6d} {t / 3600:8.2f} h {share:12.0%}")
     print("   (serial share: the driver's imitation (its DAgger relabelling included), distillation, student rollouts, "
           "validation and RL updates, which do not spread over workers)")
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)
     speed = (l1 + e1) / (ln + en)
     print(f"labelling + evaluation on {wn.count} workers vs 1: speed-up {speed:.2f}, "
           f"{'identical' if same else 'NOT identical'}")
