@@ -31,16 +31,100 @@ def graph():
 
 def test_shipped_fit_loads_with_every_parameter():
     fit = shipped_fit()
-    assert fit is not None and fit.name == "neusight-v1"
+    assert fit is not None and fit.name == "neusight-v2"
     assert set(required_params()) <= set(fit.params)
     assert "NVIDIA_A100_80GB_PCIe" in fit.meta["trained_on"] and fit.meta["sources"]
+    assert {"Tesla_P100-PCIE-16GB", "Tesla_P4", "Tesla_T4", "Tesla_V100-PCIE-32GB"} <= set(fit.meta["trained_on"])
+
+
+def test_datasheet_of_product_names():
+    from placement_rl.cost.calibrated import datasheet, spec_of_device
+
+    assert datasheet("H100-SXM5-80GB") == (9.0, False, 128)
+    assert datasheet("Tesla_P100-PCIE-16GB") == (6.0, False, 64)
+    assert datasheet("Tesla_P4") == (6.1, True, 128) and datasheet("Tesla_T4") == (7.5, True, 64)
+    assert datasheet("A100-SXM4-80GB")[0] == 8.0 and datasheet("L4") == (8.9, True, 128)
+    assert datasheet("my accelerator") == (0.0, False, 0)
+    spec = spec_of_device(load_topology("1x_h100_sxm").devices[0])
+    assert (spec.arch, spec.fp32_lanes, spec.sm_count) == (9.0, 128, 132)
+
+
+def test_a_version_1_fit_still_loads_and_prices_as_before(tmp_path):
+    """A version-1 fit file (two GPUs, no datasheet trend, no tiles) loads and is priced by the version-1 GEMM
+    formula; the trend terms default to neutral."""
+    fit = shipped_fit().to_dict()
+    v1 = {k: v for k, v in fit["params"].items() if k not in ("g_old_gemm", "g_gddr_gemm", "g_old_mem",
+                                                               "g_gddr_mem", "issue_ffma", "l2_reuse", "tile_area")}
+    p = tmp_path / "v1.json"
+    p.write_text(json.dumps({**fit, "version": 1, "params": v1}))
+    old = GpuFit.load(p)
+    from placement_rl.cost.calibrated import trend
+
+    assert trend(GpuSpec(67e12, 3.35e12, 132, 50 * 2**20, 9.0, False, 128), old) == (1.0, 1.0)
+    g = synthetic.sample("transformer_like", num_nodes=30, seed=1)
+    f, b, _ = node_times(features(g), GpuSpec(19.5e12, 1935e9, 108, 40 * 2**20), old)
+    assert np.all(np.isfinite(f)) and f.sum() > 0
+
+
+def test_more_fp32_lanes_per_sm_lower_the_simt_gemm_efficiency():
+    """Same datasheet peak, 128 instead of 64 FP32 lanes per SM: a SIMT (fp32) GEMM is issue-bound and slower;
+    memory-bound ops and tensor-core GEMMs are not affected."""
+    from placement_rl.profiling.calibrate import kernel_features
+
+    fit = shipped_fit()
+    n = np.array([4096.0])
+    feat, _ = kernel_features("linear", {"B": np.ones(1), "M": n, "N": n, "K": n})
+    t64 = node_times(feat, GpuSpec(67e12, 3.35e12, 132, 50 * 2**20, 9.0, False, 64), fit)[0]
+    t128 = node_times(feat, GpuSpec(67e12, 3.35e12, 132, 50 * 2**20, 9.0, False, 128), fit)[0]
+    assert t128[0] == pytest.approx(t64[0] / fit.p("issue_ffma"), rel=0.02)
+    bf = [node_times(feat, GpuSpec(67e12, 3.35e12, 132, 50 * 2**20, 9.0, False, lanes), fit, dtype="bf16",
+                     tensor_peak=989e12)[0][0] for lanes in (64, 128)]
+    assert bf[0] == pytest.approx(bf[1])
+    ln, _ = kernel_features("ln", {"B": np.array([4096.0]), "H": np.array([4096.0])})
+    assert node_times(ln, GpuSpec(67e12, 3.35e12, 132, 0, 9.0, False, 64), fit)[0] == pytest.approx(
+        node_times(ln, GpuSpec(67e12, 3.35e12, 132, 0, 9.0, False, 128), fit)[0])
+
+
+def test_gemm_tiles_price_small_ragged_and_thin_shapes():
+    """Tiles and waves: one more column (N = 129) never costs less than N = 128; a GEMM that fills a fraction of
+    one wave runs far below the rate of a large one; a thin GEMM (M = 8) is bound by reading its weight."""
+    from placement_rl.profiling.calibrate import kernel_features
+
+    fit = shipped_fit()
+    spec = GpuSpec(14e12, 900e9, 80, 6 * 2**20, 7.0, False, 64)
+
+    def t(m, n, k):
+        feat, _ = kernel_features("linear", {"B": np.ones(1), "M": np.array([float(m)]), "N": np.array([float(n)]),
+                                             "K": np.array([float(k)])})
+        return float(node_times(feat, spec, fit)[0][0] - fit.p("launch"))
+
+    assert t(4096, 129, 4096) >= t(4096, 128, 4096)
+    rate_small = 2 * 256**3 / t(256, 256, 256)
+    rate_big = 2 * 4096**3 / t(4096, 4096, 4096)
+    assert rate_small < 0.5 * rate_big
+    assert t(8, 8192, 8192) >= 8192 * 8192 * 4 / 900e9
+
+
+def test_gemm_dims_of_captured_shapes():
+    from placement_rl.cost.calibrated import gemm_dims
+
+    cls = np.array([CLASSES.index("linear"), CLASSES.index("bmm"), CLASSES.index("conv")])
+    # linear 512x1024 @ 1024x256; bmm 8 x (64x32 @ 32x128); conv 3x3, 16 -> 32 channels, 10x10 out, batch 2
+    flops = np.array([2 * 512 * 256 * 1024, 2 * 8 * 64 * 128 * 32, 2 * 2 * 100 * 32 * 16 * 9], dtype=float)
+    in_b = np.array([4 * 512 * 1024, 4 * 8 * 32 * (64 + 128), 4 * 2 * 16 * 144], dtype=float)
+    out_b = np.array([4 * 512 * 256, 4 * 8 * 64 * 128, 4 * 2 * 32 * 100], dtype=float)
+    par = np.array([4 * 1024 * 256, 0, 4 * 32 * 16 * 9], dtype=float)
+    a = np.array([0, 4 * 8 * 64 * 32, 0], dtype=float)
+    b = np.array([0, 4 * 8 * 32 * 128, 0], dtype=float)
+    d = gemm_dims(cls, flops, in_b, out_b, par, a, b)
+    assert d.tolist() == [[1, 512, 256, 1024], [8, 64, 128, 32], [1, 200, 32, 144]]
 
 
 @pytest.mark.parametrize("preset", GPU_PRESETS)
 def test_every_gpu_preset_resolves_calibrated(graph, preset):
     topo = load_topology(preset)
     c = resolve_costs(graph, topo)
-    assert set(c.source) == {"calibrated:neusight-v1"}
+    assert set(c.source) == {"calibrated:neusight-v2"}
     assert np.all(np.isfinite(c.fwd_time)) and np.all(c.fwd_time >= 0) and np.all(c.bwd_time >= 0)
     assert c.fwd_time.sum() > 0
     assert resolve_costs(graph, topo, gpu_model="roofline").source[0] == "roofline"
@@ -48,7 +132,7 @@ def test_every_gpu_preset_resolves_calibrated(graph, preset):
 
 def test_cpu_stays_roofline_and_unknown_model_is_refused(graph):
     c = resolve_costs(graph, load_topology("cpu_2gpu"))
-    assert c.source == ("roofline", "calibrated:neusight-v1", "calibrated:neusight-v1")
+    assert c.source == ("roofline", "calibrated:neusight-v2", "calibrated:neusight-v2")
     with pytest.raises(ProfileError, match="unknown GPU cost model"):
         resolve_costs(graph, load_topology("1x_t4"), gpu_model="magic")
 
@@ -70,7 +154,7 @@ def test_dtype_uses_tensor_core_peaks(graph):
     fp32 = resolve_costs(graph, load_topology("1x_a100_80gb_pcie"))
     bf16 = resolve_costs(graph, _with("1x_a100_80gb_pcie", dtype="bf16"))
     tf32 = resolve_costs(graph, _with("1x_a100_80gb_pcie", dtype="tf32"))
-    assert bf16.source == ("calibrated:neusight-v1:bf16",) and tf32.source == ("calibrated:neusight-v1:tf32",)
+    assert bf16.source == ("calibrated:neusight-v2:bf16",) and tf32.source == ("calibrated:neusight-v2:tf32",)
     assert bf16.fwd_time.sum() < tf32.fwd_time.sum() < fp32.fwd_time.sum()
     with pytest.raises(ProfileError, match="peak_flops_bf16"):
         resolve_costs(graph, _with("1x_v100_pcie_32gb", dtype="bf16"))  # V100 has no BF16 tensor cores

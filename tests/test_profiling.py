@@ -67,7 +67,7 @@ def test_costtable_from_profile_states_its_source(mlp, profiled):
     fwd, bwd, _ = db.lookup(graph, load_topology("2x_cpu").devices[0])
     assert np.allclose(costs.fwd_time[:, 1], fwd) and np.allclose(costs.bwd_time[:, 0], bwd)
     mixed = resolve_costs(graph, load_topology("cpu_2gpu"), profiles=db)  # its CPU runs here; no GPU profiled
-    assert mixed.source == ("measured:profiles.json:cpu", "calibrated:neusight-v1", "calibrated:neusight-v1")
+    assert mixed.source == ("measured:profiles.json:cpu", "calibrated:neusight-v2", "calibrated:neusight-v2")
     linked = measured_costs(graph, load_topology("2x_cpu"), db)
     assert linked.meta["link_sources"] == {"cpu0<->cpu1": "measured:profiles.json:copy"}
     assert linked.link_latency[0, 1] == pytest.approx(db.link("cpu", "cpu")[0])

@@ -39,7 +39,11 @@ import numpy as np
 from placement_rl.errors import ProfileError
 
 FIT_SCHEMA = "placement_rl.gpu_fit"
-FIT_VERSION = 1
+FIT_VERSION = 2
+READS_VERSIONS = (1, 2)  # a version-1 fit is the version-2 model with the datasheet-trend terms at 0
+# parameters added after version 1, with the value that reproduces the version-1 model
+OPTIONAL = {"g_old_gemm": 0.0, "g_gddr_gemm": 0.0, "g_old_mem": 0.0, "g_gddr_mem": 0.0, "issue_ffma": 1.0,
+            "l2_reuse": 8.0, "tile_area": 16384.0}
 DTYPES = ("fp32", "tf32", "bf16")
 BWD_SLACK = 2.0  # a GEMM-like backward may run at half the forward's achieved rate, no slower
 CLASSES = ("view", "linear", "bmm", "conv", "norm", "softmax", "ew", "ew_pass", "embedding", "loss", "pool")
@@ -106,6 +110,10 @@ class GpuFit:
     def p(self, key: str) -> float:
         return float(self.params[key])
 
+    def q(self, key: str) -> float:
+        """A parameter newer than fit version 1, at its neutral default where an older fit lacks it."""
+        return float(self.params.get(key, OPTIONAL[key]))
+
     def to_dict(self) -> dict[str, Any]:
         return {"schema": FIT_SCHEMA, "version": FIT_VERSION, "name": self.name,
                 "params": {k: float(v) for k, v in self.params.items()}, "meta": dict(self.meta)}
@@ -114,9 +122,9 @@ class GpuFit:
     def from_dict(data: Any, where: str = "fit") -> "GpuFit":
         if not isinstance(data, dict) or data.get("schema") != FIT_SCHEMA:
             raise ProfileError(f"{where}: not a GPU cost fit (field 'schema' must be '{FIT_SCHEMA}')")
-        if data.get("version") != FIT_VERSION:
+        if data.get("version") not in READS_VERSIONS:
             raise ProfileError(f"{where}: unknown fit version {data.get('version')!r} (this release reads "
-                               f"{FIT_VERSION}); re-run scripts/fit_gpu_costs.py")
+                               f"{', '.join(map(str, READS_VERSIONS))}); re-run scripts/fit_gpu_costs.py")
         params = data.get("params")
         if not isinstance(params, dict):
             raise ProfileError(f"{where}: field 'params' must be an object")
@@ -164,12 +172,68 @@ def shipped_fit() -> GpuFit | None:
 
 @dataclass(frozen=True)
 class GpuSpec:
-    """The datasheet figures the model uses (FLOP/s, bytes/s, count, bytes)."""
+    """The datasheet figures the model uses: FLOP/s, bytes/s, SM count, L2 bytes, and the architecture
+    (``arch``: CUDA compute capability, 6.0 P100 ... 9.0 H100; ``gddr``: GDDR rather than HBM memory;
+    ``fp32_lanes``: FP32 units per SM, 64 or 128). ``datasheet(name)`` fills the last three from a product
+    name; 0 / False mean unknown (priced like a Volta-or-newer HBM GPU with 64 lanes)."""
 
     peak_flops: float
     mem_bandwidth: float
     sm_count: int = 0
     l2_bytes: float = 0.0
+    arch: float = 0.0
+    gddr: bool = False
+    fp32_lanes: int = 0
+
+
+# Per product family (longest name match first): CUDA compute capability (NVIDIA's CUDA GPUs list), memory kind
+# and FP32 units per SM (the architecture whitepapers: 64 on GP100 / GV100 / TU10x / GA100, 128 on GP10x,
+# GA10x, AD10x and GH100).
+_ARCH: tuple[tuple[str, float, bool, int], ...] = (
+    ("GH200", 9.0, False, 128), ("H100", 9.0, False, 128), ("H200", 9.0, False, 128), ("H800", 9.0, False, 128),
+    ("L40", 8.9, True, 128), ("L4", 8.9, True, 128), ("RTX 40", 8.9, True, 128), ("A100", 8.0, False, 64),
+    ("A800", 8.0, False, 64), ("A30", 8.0, False, 64), ("A40", 8.6, True, 128), ("A10", 8.6, True, 128),
+    ("RTX 30", 8.6, True, 128), ("A6000", 8.6, True, 128), ("T4", 7.5, True, 64), ("RTX 20", 7.5, True, 64),
+    ("V100", 7.0, False, 64), ("P100", 6.0, False, 64), ("P40", 6.1, True, 128), ("P4", 6.1, True, 128),
+    ("K80", 3.7, True, 192))
+
+
+def datasheet(name: str) -> tuple[float, bool, int]:
+    """``(arch, gddr, fp32_lanes)`` of a GPU from its product name (``Tesla_P100-PCIE-16GB``,
+    ``H100-SXM5-80GB``); ``(0.0, False, 0)`` if the name is not recognised."""
+    up = name.upper().replace("_", " ").replace("-", " ")
+    for key, cc, gddr, lanes in sorted(_ARCH, key=lambda r: -len(r[0])):
+        if key.upper() in up:
+            return cc, gddr, lanes
+    return 0.0, False, 0
+
+
+def arch_of(name: str) -> float:
+    """Compute capability of a GPU from its product name; 0 if not recognised."""
+    return datasheet(name)[0]
+
+
+def spec_of_device(dev: Any) -> "GpuSpec":
+    """``GpuSpec`` of a topology ``Device`` (datasheet figures, architecture from its ``model`` or name)."""
+    arch, gddr, lanes = datasheet(str(getattr(dev, "model", "") or dev.name))
+    return GpuSpec(dev.peak_flops, dev.mem_bandwidth, dev.sm_count, dev.l2_bytes, arch, gddr, lanes)
+
+
+def trend(spec: GpuSpec, fit: "GpuFit", simt: bool = True) -> tuple[float, float]:
+    """``(gemm, mem)``: the GPU's achieved fraction of its datasheet peaks relative to the fitted class
+    efficiencies -- a function of its architecture alone, with slopes shared by every GPU:
+    ``gemm = exp(g_old_gemm [arch < 7] + g_gddr_gemm [GDDR]) * issue``, ``mem = exp(g_old_mem [arch < 7] +
+    g_gddr_mem [GDDR])``, where ``issue = min(1, issue_ffma * 128 / fp32_lanes)``: an SM issues 4 x 32 thread
+    instructions per cycle, so an SM with 128 FP32 lanes runs a SIMT GEMM at most at the FFMA share of its
+    instruction stream (``issue_ffma``), one with 64 lanes has issue slots to spare (``simt=False``: tensor-core
+    GEMMs, no such limit)."""
+    old = 1.0 if 0.0 < spec.arch < 7.0 else 0.0
+    gddr = 1.0 if spec.gddr else 0.0
+    lanes = spec.fp32_lanes if spec.fp32_lanes > 0 else 64
+    issue = min(1.0, fit.q("issue_ffma") * 128.0 / lanes) if simt else 1.0
+    gemm = math.exp(fit.q("g_old_gemm") * old + fit.q("g_gddr_gemm") * gddr) * issue
+    mem = math.exp(fit.q("g_old_mem") * old + fit.q("g_gddr_mem") * gddr)
+    return gemm, mem
 
 
 @dataclass(frozen=True, eq=False)
@@ -186,6 +250,7 @@ class NodeFeatures:
     edge_bytes: np.ndarray   # [E'] bytes of that input (the dX output)
     ops: np.ndarray | None = None  # [N] original ops per node (coarsened groups), None = 1 each
     bwd_flops: np.ndarray | None = None  # [N] measured backward FLOPs (0 / None: unknown)
+    dims: np.ndarray | None = None  # [N, 4] batch, M, N, K of each GEMM-like node (elements; see gemm_dims)
 
 
 def features(graph: Any) -> NodeFeatures:
@@ -207,16 +272,110 @@ def features(graph: Any) -> NodeFeatures:
         np.add.at(in_b, dst, graph.edge_bytes)
     gemm = np.isin(cls, [CLASSES.index(c) for c in GEMM_CLASSES])
     keep = gemm[dst] & grad[src] if graph.num_edges else np.zeros(0, dtype=bool)
+    first = np.zeros(n)  # bytes of a GEMM's first and second input edge (bmm: the two operands)
+    second = np.zeros(n)
+    for e in np.flatnonzero(gemm[dst]) if graph.num_edges else ():
+        v = dst[e]
+        if first[v] == 0:
+            first[v] = graph.edge_bytes[e]
+        elif second[v] == 0:
+            second[v] = graph.edge_bytes[e]
+    flops = np.asarray(graph.fwd_flops, dtype=np.float64)
+    dims = gemm_dims(cls, flops, in_b, np.asarray(graph.out_bytes, dtype=np.float64),
+                     np.asarray(graph.param_bytes, dtype=np.float64), first, second)
+    if graph.members is not None:
+        dims[ops > 1] = 0.0  # a group's summed shapes are no GEMM's: priced without tile quantisation
     return NodeFeatures(cls=cls, flops=np.asarray(graph.fwd_flops, dtype=np.float64), in_bytes=in_b,
                         out_bytes=np.asarray(graph.out_bytes, dtype=np.float64),
                         param_bytes=np.asarray(graph.param_bytes, dtype=np.float64), grad=grad,
                         edge_dst=dst[keep], edge_bytes=np.asarray(graph.edge_bytes)[keep],
                         ops=ops if graph.members is not None else None,
-                        bwd_flops=np.asarray(graph.bwd_flops, dtype=np.float64))
+                        bwd_flops=np.asarray(graph.bwd_flops, dtype=np.float64), dims=dims)
 
 
-def _gemm_time(flops: np.ndarray, out_bytes: np.ndarray, moved: np.ndarray, cls: np.ndarray, fit: GpuFit,
-               spec: GpuSpec, peak: float, elem: float) -> np.ndarray:
+def gemm_dims(cls: np.ndarray, flops: np.ndarray, in_b: np.ndarray, out_b: np.ndarray, param_b: np.ndarray,
+              a_b: np.ndarray | None = None, b_b: np.ndarray | None = None) -> np.ndarray:
+    """``[N, 4]`` (batch, M, N, K) in elements of every GEMM-like node's forward ``(M x K) @ (K x N)``, from its
+    FLOPs and fp32 bytes: ``K = F / 2 out``; linear ``M = in / K``; conv (implicit GEMM) ``N = C_out = params /
+    K``; bmm from its two operands' bytes (``a_b``, ``b_b``: ``B M K`` and ``B K N``). Rows that do not solve
+    (no FLOPs, inconsistent bytes) are 0: priced as a large GEMM without tile quantisation."""
+    n = cls.shape[0]
+    out = np.zeros((n, 4))
+    out_el = out_b / 4.0
+    ok = (flops > 0) & (out_el >= 1)
+    kd = np.where(ok, flops / (2.0 * np.maximum(out_el, 1.0)), 0.0)
+    lin = ok & (cls == CLASSES.index("linear"))
+    m = np.where(lin & (kd > 0), in_b / 4.0 / np.maximum(kd, 1e-30), 0.0)
+    good = lin & (m >= 1) & (out_el / np.maximum(m, 1e-30) >= 1)
+    out[good] = np.stack([np.ones(good.sum()), m[good], out_el[good] / m[good], kd[good]], axis=1)
+    conv = ok & (cls == CLASSES.index("conv"))
+    co = np.where(conv & (kd > 0), np.floor(param_b / 4.0 / np.maximum(kd, 1e-30)), 0.0)
+    good = conv & (co >= 1) & (out_el / np.maximum(co, 1e-30) >= 1)
+    out[good] = np.stack([np.ones(good.sum()), out_el[good] / co[good], co[good], kd[good]], axis=1)
+    if a_b is not None and b_b is not None:
+        bmm = ok & (cls == CLASSES.index("bmm")) & (a_b > 0) & (b_b > 0)
+        bm = np.where(bmm, a_b / 4.0 / np.maximum(kd, 1e-30), 0.0)
+        bn = np.where(bmm, b_b / 4.0 / np.maximum(kd, 1e-30), 0.0)
+        bt = np.where(bmm, np.round(bm * bn / np.maximum(out_el, 1.0)), 0.0)
+        good = bmm & (bt >= 1) & (bm / np.maximum(bt, 1) >= 1) & (bn / np.maximum(bt, 1) >= 1)
+        out[good] = np.stack([bt[good], bm[good] / bt[good], bn[good] / bt[good], kd[good]], axis=1)
+    return out
+
+
+TILES = ((128, 128), (128, 64), (64, 128), (64, 64), (128, 32), (32, 128))  # CTA output tiles of SIMT GEMMs
+SPLITS = (1, 4)  # split-K factors
+
+
+def _gemm_time(flops: np.ndarray, dims: np.ndarray, cls: np.ndarray, fit: GpuFit, spec: GpuSpec, peak: float,
+               elem: float, gpu: tuple[float, float]) -> np.ndarray:
+    """Time of GEMM-like nodes ``batch x (M x K) @ (K x N)`` (``dims`` rows; 0 = unknown shape).
+
+    Per candidate CTA tile ``tm x tn`` and split-K factor ``s`` (the library picks the fastest, so does the
+    model): ``ctas = batch ceil(M/tm) ceil(N/tn) s``, an SM holds ``tile_area / (tm tn)`` of them at once, so a
+    wave is ``SMs x that`` CTAs; a wave takes ``tile_area 2 (K/s + k0) / (peak / SMs x e)`` (``k0``: the
+    prologue / epilogue in K-steps), a last partial wave ``frac ** w_wave`` of a full one. Memory: the operand
+    tiles (A read once per column of tiles, B once per row, ``/ l2_reuse``) plus the output, at ``bw x
+    e_mem_gemm``; split-K adds writing and reading ``s`` partial outputs. Time = max(compute, memory).
+    ``e = e_max[class] x trend(GPU)``."""
+    e_max = np.ones_like(flops)
+    k0 = np.ones_like(flops)
+    for c in GEMM_CLASSES:
+        m = cls == CLASSES.index(c)
+        e_max[m], k0[m] = fit.p(f"e_max_{c}"), fit.p(f"k0_{c}")
+    e = e_max * gpu[0]
+    bw = spec.mem_bandwidth * gpu[1]
+    e_mem = fit.p("e_mem_gemm")
+    reuse = fit.q("l2_reuse")
+    area = fit.q("tile_area")
+    sm = float(spec.sm_count) if spec.sm_count > 0 else max(peak / (2 * 64 * 1.4e9), 1.0)
+    w = fit.p("w_wave")
+    known = dims[:, 3] > 0
+    out_el = np.maximum(flops / (2.0 * np.maximum(dims[:, 3], 1.0)), 1.0)
+    side = np.sqrt(np.maximum(flops, 2.0) / 2.0) ** (2.0 / 3.0)  # unknown: a cube of the same FLOPs
+    bt = np.where(known, dims[:, 0], 1.0)
+    mm = np.where(known, dims[:, 1], side)
+    nn = np.where(known, dims[:, 2], side)
+    kk = np.where(known, dims[:, 3], np.maximum(flops / (2.0 * side * side), 1.0))
+    best = np.full(flops.shape, np.inf)
+    for tm, tn in TILES:
+        gm = np.where(known, np.ceil(mm / tm), mm / tm)
+        gn = np.where(known, np.ceil(nn / tn), nn / tn)
+        per_sm = max(1.0, math.floor(area / (tm * tn)))
+        for s in SPLITS:
+            ks = np.ceil(kk / s) if s > 1 else kk
+            waves = bt * gm * gn * s / (sm * per_sm)
+            full = np.floor(waves)
+            wq = full + np.where(known, (waves - full) ** w, waves - full)
+            t_c = wq * per_sm * tm * tn * 2.0 * (ks + k0) * sm / (peak * e)
+            traffic = bt * (gn * mm * kk + gm * nn * kk) / reuse + bt * mm * nn * (1.0 + 2.0 * (s - 1))
+            t = np.maximum(t_c, traffic * elem / (bw * e_mem))
+            best = np.minimum(best, t)
+    return np.where(flops > 0, best, 0.0)
+
+
+def _gemm_time_v1(flops: np.ndarray, out_bytes: np.ndarray, moved: np.ndarray, cls: np.ndarray, fit: GpuFit,
+                  spec: GpuSpec, peak: float, elem: float) -> np.ndarray:
+    """The version-1 GEMM model (no tile choice), kept to evaluate a version-1 fit."""
     out_el = np.maximum(out_bytes / elem, 1.0)
     k = np.maximum(flops / (2.0 * out_el), 1.0)
     e_max = np.ones_like(flops)
@@ -232,6 +391,22 @@ def _gemm_time(flops: np.ndarray, out_bytes: np.ndarray, moved: np.ndarray, cls:
     util = e_max * wave_eff ** fit.p("w_wave") * k / (k + k0)
     t = np.maximum(flops / (peak * util), moved / (spec.mem_bandwidth * fit.p("e_mem_gemm")))
     return np.where(flops > 0, t, 0.0)
+
+
+def _bwd_dims(dims: np.ndarray, cls: np.ndarray, out_el: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(dX, dW)`` dims of a GEMM's backward: ``dX = dY W^T`` is (batch, M, K) with inner N (bmm: the operand
+    whose size ``out_el`` matches, ``dB = A^T dY`` is (batch, K, N) with inner M); ``dW = dY^T X`` is (1, N, K)
+    with inner batch x M."""
+    b, m, n, k = dims.T
+    da = np.stack([b, m, k, n], axis=1)
+    db = np.stack([b, k, n, m], axis=1)
+    is_b = (cls == CLASSES.index("bmm")) & (np.abs(out_el - b * k * n) < np.abs(out_el - b * m * k))
+    dx = np.where(is_b[:, None], db, da)
+    dw = np.stack([np.ones_like(b), n, k, b * m], axis=1)
+    unknown = k <= 0
+    dx[unknown] = 0.0
+    dw[unknown] = 0.0
+    return dx, dw
 
 
 def _weight_bytes(flops: np.ndarray, in_b: np.ndarray, out_b: np.ndarray, p_b: np.ndarray, cls: np.ndarray,
@@ -274,7 +449,8 @@ def node_times(feat: NodeFeatures, spec: GpuSpec, fit: GpuFit, *, dtype: str = "
     ws = ws + np.where(cls == CLASSES.index("embedding"), o_b, 0.0)  # a gather also reads its rows of the table
     l2 = spec.l2_bytes
     boost = 1.0 + fit.p("l2_gain") / (1.0 + (ws / l2) ** 2) if (l2 > 0 and isolated) else np.ones(n)
-    bw = spec.mem_bandwidth * fit.p("e_bw") * boost
+    gpu = trend(spec, fit, simt=peak == spec.peak_flops)
+    bw = spec.mem_bandwidth * fit.p("e_bw") * gpu[1] * boost
     nb = np.zeros(n)
     for c in MEM_CLASSES:
         m = cls == CLASSES.index(c)
@@ -288,15 +464,26 @@ def node_times(feat: NodeFeatures, spec: GpuSpec, fit: GpuFit, *, dtype: str = "
     gi = np.flatnonzero(g)
     if gi.size:
         moved = i_b + o_b + p_b
-        fwd[gi] = _gemm_time(feat.flops[gi], o_b[gi], moved[gi], cls[gi], fit, spec, peak, elem) + launch
         w_b = _weight_bytes(feat.flops[gi], i_b[gi], o_b[gi], p_b[gi], cls[gi], elem)
-        dw = _gemm_time(feat.flops[gi] * (w_b > 0), w_b, moved[gi], cls[gi], fit, spec, peak, elem)
+        tiled = "tile_area" in fit.params and feat.dims is not None
+        if tiled:
+            dims = feat.dims[gi]
+            fwd[gi] = _gemm_time(feat.flops[gi], dims, cls[gi], fit, spec, peak, elem, gpu) + launch
+            _, dwd = _bwd_dims(dims, cls[gi], np.zeros(gi.size))
+            dw = _gemm_time(feat.flops[gi] * (w_b > 0), dwd, cls[gi], fit, spec, peak, elem, gpu)
+        else:
+            fwd[gi] = _gemm_time_v1(feat.flops[gi], o_b[gi], moved[gi], cls[gi], fit, spec, peak, elem) + launch
+            dw = _gemm_time_v1(feat.flops[gi] * (w_b > 0), w_b, moved[gi], cls[gi], fit, spec, peak, elem)
         bwd[gi] = dw
         nb[gi] = (w_b > 0).astype(np.float64)
         if feat.edge_dst.size:
             d = feat.edge_dst
             eb = feat.edge_bytes * scale
-            dx = _gemm_time(feat.flops[d], eb, moved[d], cls[d], fit, spec, peak, elem)
+            if tiled:
+                dxd, _ = _bwd_dims(feat.dims[d], cls[d], feat.edge_bytes / 4.0)
+                dx = _gemm_time(feat.flops[d], dxd, cls[d], fit, spec, peak, elem, gpu)
+            else:
+                dx = _gemm_time_v1(feat.flops[d], eb, moved[d], cls[d], fit, spec, peak, elem)
             np.add.at(bwd, d, dx)
             np.add.at(nb, d, 1.0)
         if feat.bwd_flops is not None:

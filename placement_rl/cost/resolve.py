@@ -122,11 +122,12 @@ def _estimator(graph: CompGraph, topology: DeviceTopology, gpu_model: str | None
         if dtype != "fp32" and not tensor:
             raise ProfileError(f"dtype '{dtype}' needs device '{dev.name}' (or its topology) to give "
                                f"'peak_flops_{dtype}'")
-        key = (dev.peak_flops, dev.mem_bandwidth, dev.sm_count, dev.l2_bytes, tensor)
+        key = (dev.peak_flops, dev.mem_bandwidth, dev.sm_count, dev.l2_bytes, tensor,
+               cal.datasheet(str(dev.model or dev.name)))
         if key not in memo:
             if not feat:
                 feat.append(cal.features(graph))
-            spec = cal.GpuSpec(dev.peak_flops, dev.mem_bandwidth, dev.sm_count, dev.l2_bytes)
+            spec = cal.spec_of_device(dev)  # datasheet figures + architecture from the model name
             memo[key] = cal.node_times(feat[0], spec, fit, dtype=dtype, tensor_peak=tensor or None)
         f, b, o = memo[key]
         label = f"calibrated:{fit.name}" + ("" if dtype == "fp32" else f":{dtype}")

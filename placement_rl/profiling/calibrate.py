@@ -23,14 +23,16 @@ from placement_rl.errors import ProfileError
 
 # name, initial value, lower, upper
 PARAMS: list[tuple[str, float, float, float]] = [
-    ("launch", 4e-6, 5e-7, 3e-5), ("kernel_offset", 2e-5, 0.0, 6e-5), ("node_offset", 8e-6, 0.0, 3e-5), ("tile", 128 * 128, 1024, 65536), ("w_wave", 0.3, 0.0, 2.0),
+    ("launch", 4e-6, 5e-7, 3e-5), ("kernel_offset", 2e-5, 0.0, 6e-5), ("node_offset", 8e-6, 0.0, 3e-5), ("tile", 128 * 128, 1024, 65536), ("w_wave", 0.5, 0.0, 1.0),
     ("e_mem_gemm", 0.7, 0.1, 1.5), ("e_bw", 0.8, 0.2, 1.5), ("l2_gain", 0.5, 0.0, 4.0), ("acc", 3.0, 0.0, 10.0),
     ("e_max_linear", 0.9, 0.2, 1.2), ("k0_linear", 32.0, 0.0, 2048.0),
     ("e_max_bmm", 0.9, 0.2, 1.2), ("k0_bmm", 32.0, 0.0, 2048.0),
     ("e_max_conv", 0.8, 0.05, 3.0), ("k0_conv", 32.0, 0.0, 4096.0),
 ] + [(f"kf_{c}", 1.0, 0.05, 10.0) for c in MEM_CLASSES] + [(f"kb_{c}", 2.0, 0.0, 20.0) for c in MEM_CLASSES] \
-  + [(f"nb_{c}", 1.0, 0.0, 4.0) for c in MEM_CLASSES]
-FIXED = {"kb_ew_pass": 0.0, "nb_ew_pass": 0.0, "tile": 128 * 128, "e_bw": 1.0}
+  + [(f"nb_{c}", 1.0, 0.0, 4.0) for c in MEM_CLASSES] \
+  + [("g_old_gemm", 0.0, -2.0, 2.0), ("g_gddr_gemm", 0.0, -2.0, 2.0), ("g_old_mem", 0.0, -2.0, 2.0),
+     ("g_gddr_mem", 0.0, -2.0, 2.0), ("l2_reuse", 8.0, 1.0, 64.0), ("tile_area", 16384.0, 4096.0, 65536.0)]
+FIXED = {"kb_ew_pass": 0.0, "nb_ew_pass": 0.0, "tile": 128 * 128, "e_bw": 1.0, "issue_ffma": 0.85}
 
 
 @dataclass
@@ -97,9 +99,15 @@ def kernel_features(op: str, cols: dict[str, np.ndarray]) -> tuple[NodeFeatures,
         inp = out * (2 if op == "add" else 1)
         params = 8 * cols["H"] if op == "ln" else params
     n_rows = len(out)
+    if op in ("linear", "bmm"):
+        dims = np.stack([b, m, n, k], axis=1).astype(float)
+    elif op == "conv":
+        dims = np.stack([np.ones(n_rows), b * ho * ho, co, ci * ks * ks], axis=1).astype(float)
+    else:
+        dims = np.zeros((n_rows, 4))
     feat = NodeFeatures(cls=np.full(n_rows, CLASSES.index(cls)), flops=flops.astype(float), in_bytes=inp.astype(float),
                         out_bytes=out.astype(float), param_bytes=params.astype(float), grad=np.zeros(n_rows, bool),
-                        edge_dst=np.zeros(0, np.int64), edge_bytes=np.zeros(0))
+                        edge_dst=np.zeros(0, np.int64), edge_bytes=np.zeros(0), dims=dims)
     return feat, cls
 
 
@@ -136,7 +144,7 @@ def residuals(fit: GpuFit, data: FitData, *, w_whole: float = 1.0, w_kernel: flo
 
 
 def fit(data: FitData, *, exclude: Iterable[str] = (), name: str = "neusight", max_nfev: int = 200,
-        w_whole: float = 0.01, w_kernel: float = 0.3, w_prior: float = 0.2) -> GpuFit:
+        w_whole: float = 0.01, w_kernel: float = 1.0, w_prior: float = 0.2) -> GpuFit:
     """Least-squares fit of the shared parameters on every sample whose GPU is not in ``exclude``."""
     from scipy.optimize import least_squares
 
@@ -195,16 +203,50 @@ def load_kernels(path: str | Path, op: str, gpu: str, spec: GpuSpec, *, max_rows
     return KernelSample(gpu=gpu, spec=spec, feat=feat, fwd=lat[idx], op=op)
 
 
-KERNEL_OPS = ("linear", "bmm", "conv")  # the memory-bound kernel files add little beyond the labels
+KERNEL_OPS = ("linear", "bmm", "conv", "ln", "softmax", "gelu", "add")
+FIT_GPUS = ("NVIDIA_A100-PCIE-40GB", "NVIDIA_A100_80GB_PCIe", "Tesla_V100-PCIE-32GB", "Tesla_P100-PCIE-16GB",
+            "Tesla_P4", "Tesla_T4")  # the five GPUs (the A100 as its 40GB and 80GB PCIe cards)
+LABEL_RUNS = {"NVIDIA_A100_80GB_PCIe": ("bert_large-train-512-2", "bert_large-train-512-8", "gpt2_large-train-1024-1",
+                                        "gpt2_large-train-1024-4", "gpt3_27-train-2048-1", "gpt3_xl-train-2048-1",
+                                        "opt_13-train-2048-1", "opt_13-train-2048-2"),
+              "Tesla_V100-PCIE-32GB": ("bert_large-inf-512-16", "bert_large-inf-512-8", "bert_large-train-512-2",
+                                       "bert_large-train-512-8", "gpt2_large-inf-1024-4", "gpt2_large-inf-1024-8",
+                                       "gpt2_large-train-1024-1", "gpt3_27-inf-2048-2", "gpt3_xl-inf-2048-2",
+                                       "opt_13-inf-2048-2", "opt_13-inf-2048-8"),
+              "Tesla_P100-PCIE-16GB": ("bert_large-inf-512-16", "bert_large-inf-512-8", "gpt2_large-inf-1024-4",
+                                       "gpt2_large-inf-1024-8", "opt_13-inf-2048-2"),
+              "Tesla_P4": ("bert_large-inf-512-16", "bert_large-inf-512-8", "gpt2_large-inf-1024-4"),
+              "Tesla_T4": ("bert_large-inf-512-16", "bert_large-inf-512-8", "gpt2_large-inf-1024-4",
+                           "gpt2_large-inf-1024-8", "opt_13-inf-2048-2")}
+FIT_KERNEL_ROWS = 400  # rows sampled (seeded) per kernel table for the fit
+FIT_NFEV = 60
+
+
+def needed_files() -> list[str]:
+    """Paths (relative to the gpu-measurements folder) of the NeuSight files the shipped fit is fitted on."""
+    out = [f"neusight/device_configs/{g}.json" for g in FIT_GPUS]
+    for op in KERNEL_OPS:
+        gpus = [g for g in FIT_GPUS if (g != "NVIDIA_A100_80GB_PCIe") == (op != "conv")
+                or (g not in ("NVIDIA_A100-PCIE-40GB", "NVIDIA_A100_80GB_PCIe"))]
+        out += [f"neusight/kernels/{op}/{g}.csv" for g in gpus]
+    for g, runs in LABEL_RUNS.items():
+        for r in runs:
+            out += [f"neusight/labels/{g}/{r}.csv", f"neusight/labels/{g}/{r}.json"]
+    return out
 
 
 def spec_of(config) -> GpuSpec:
     """A ``GpuSpec`` from a NeuSight ``DeviceConfig`` (its datasheet figures)."""
+    from placement_rl.cost.calibrated import datasheet
+
+    arch, gddr, _ = datasheet(config.name)
+    lanes = int(round(config.peak_flops / (2e6 * config.sm_count * config.clock_mhz))) if config.clock_mhz else 0
     return GpuSpec(peak_flops=config.peak_flops, mem_bandwidth=config.mem_bandwidth, sm_count=config.sm_count,
-                   l2_bytes=config.l2_bytes)
+                   l2_bytes=config.l2_bytes, arch=arch, gddr=gddr, fp32_lanes=lanes)
 
 
-def load_neusight(root: str | Path, *, kernels: bool = True, max_kernel_rows: int = 1500) -> FitData:
+def load_neusight(root: str | Path, *, kernels: bool = True, max_kernel_rows: int = 1500,
+                  kernel_ops: Sequence[str] = KERNEL_OPS) -> FitData:
     """Every NeuSight label file (train and inference) and kernel table under ``root`` as ``FitData``."""
     from placement_rl.profiling import neusight as ns
 
@@ -219,7 +261,7 @@ def load_neusight(root: str | Path, *, kernels: bool = True, max_kernel_rows: in
         data.graphs.append(graph_sample(w.gpu, spec_of(cfg), g, fwd, bwd, ns.layer_weights(g, w.num_layer),
                                         w.e2e, w.mode == "train", key=w.key))
     if kernels:
-        for op in KERNEL_OPS:
+        for op in kernel_ops:
             for path in sorted((root / "kernels" / op).glob("*.csv")):
                 cfg = _config_for(configs, path.stem, path)
                 data.kernels.append(load_kernels(path, op, path.stem, spec_of(cfg), max_rows=max_kernel_rows))

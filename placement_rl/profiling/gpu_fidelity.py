@@ -163,6 +163,40 @@ def per_node_floor(rows: list[WorkloadRow]) -> list[FloorRow]:
     return out
 
 
+@dataclass
+class KernelRow:
+    """One kernel table (an op on one GPU): rows, measured total, and each model's per-kernel MAPE."""
+
+    gpu: str
+    op: str
+    rows: int
+    mape: dict[str, float] = field(default_factory=dict)
+
+
+def kernel_times(k, fit: GpuFit | None) -> np.ndarray:
+    """Predicted times of a kernel table's rows: the roofline (``fit`` None, ``+ 8 us``) or a fit's isolated
+    time with the kernel files' harness offset instead of the label files'."""
+    f = k.feat
+    if fit is None:
+        moved = f.in_bytes + f.out_bytes + f.param_bytes
+        return np.maximum(f.flops / k.spec.peak_flops, moved / k.spec.mem_bandwidth) + 8e-6
+    t, _, _ = node_times(f, k.spec, fit, isolated=True)
+    return t - fit.p("node_offset") + fit.p("kernel_offset")
+
+
+def kernel_errors(kernels, fits: Mapping[str, GpuFit | None | Mapping[str, GpuFit]]) -> list[KernelRow]:
+    """Per kernel table: MAPE of each model over its rows (``fits``: label -> fit, None = roofline, or
+    label -> {gpu: fit} for leave-one-out)."""
+    out = []
+    for k in kernels:
+        row = KernelRow(gpu=k.gpu, op=k.op, rows=len(k.fwd))
+        for label, fit in fits.items():
+            ft = fit[k.gpu] if isinstance(fit, Mapping) else fit
+            row.mape[label] = float(100.0 * np.mean(np.abs(kernel_times(k, ft) / k.fwd - 1.0)))
+        out.append(row)
+    return out
+
+
 def spearman(rows: list[WorkloadRow], model: str) -> float:
     from scipy.stats import spearmanr
 

@@ -14,7 +14,56 @@ from placement_rl.cost.calibrated import CLASSES, GpuFit, GpuSpec, features, nod
 from placement_rl.profiling.gpu_fidelity import (NEUSIGHT_PUBLISHED, ClassRow, WorkloadRow, mape, per_node_floor,
                                                  spearman)
 
-GPU_LABEL = {"NVIDIA_A100_80GB_PCIe": "A100 80GB PCIe", "Tesla_V100-PCIE-32GB": "V100 PCIe 32GB"}
+GPU_LABEL = {"NVIDIA_A100_80GB_PCIe": "A100 80GB PCIe", "Tesla_V100-PCIE-32GB": "V100 PCIe 32GB",
+             "NVIDIA_A100-PCIE-40GB": "A100 40GB PCIe", "Tesla_P100-PCIE-16GB": "P100 PCIe 16GB", "Tesla_P4": "P4",
+             "Tesla_T4": "T4", "NVIDIA_H100_80GB_HBM3": "H100 80GB HBM3 (SXM)", "NVIDIA_L4": "L4"}
+KERNEL_OPS_ORDER = ("linear", "bmm", "conv", "ln", "softmax", "gelu", "add")
+
+
+def kernel_table(rows: Sequence, models: Sequence[str], base: str = "roofline", model: str = "") -> list[str]:
+    """Per (GPU, kernel op): per-kernel MAPE of each model over the table's rows (>= 50 us); ``model`` rows that
+    do not beat ``base`` are marked."""
+    out = ["| GPU | op (class) | rows | " + " | ".join(models) + " |", "|" + "---|" * (3 + len(models))]
+    cls = {"ln": "norm", "gelu": "ew", "add": "ew_pass"}
+    for r in sorted(rows, key=lambda r: (KERNEL_OPS_ORDER.index(r.op), r.gpu)):
+        cells = []
+        for m in models:
+            c = f"{r.mape[m]:.1f}%"
+            if m == model and r.mape[m] > r.mape[base]:
+                c += " (worse than the roofline)"
+            cells.append(c)
+        out.append(f"| {GPU_LABEL.get(r.gpu, r.gpu)} | {r.op}{f' ({cls[r.op]})' if r.op in cls else ''} | {r.rows} | "
+                   + " | ".join(cells) + " |")
+    return out
+
+
+def kernel_summary(rows: Sequence, models: Sequence[str]) -> list[str]:
+    """Per kernel op: the mean over the GPUs of the per-GPU MAPE, and the worst GPU."""
+    out = ["| op | GPUs | " + " | ".join(f"{m}: mean (worst GPU)" for m in models) + " |",
+           "|" + "---|" * (2 + len(models))]
+    for op in KERNEL_OPS_ORDER:
+        sel = [r for r in rows if r.op == op]
+        if not sel:
+            continue
+        cells = []
+        for m in models:
+            v = np.array([r.mape[m] for r in sel])
+            cells.append(f"{v.mean():.1f}% ({v.max():.1f}%)")
+        out.append(f"| {op} | {len(sel)} | " + " | ".join(cells) + " |")
+    return out
+
+
+def per_gpu_whole(rows: Sequence[WorkloadRow], models: Sequence[str], *, train: bool) -> list[str]:
+    """Whole-model MAPE / max per GPU (training or inference runs)."""
+    out = ["| GPU | runs | " + " | ".join(models) + " |", "|" + "---|" * (2 + len(models))]
+    for g in sorted({r.gpu for r in rows if r.train == train}):
+        sel = [r for r in rows if r.gpu == g and r.train == train]
+        cells = []
+        for m in models:
+            e = np.array([abs(r.error(m)) for r in sel])
+            cells.append(f"{e.mean():.1f}% (max {e.max():.1f}%)")
+        out.append(f"| {GPU_LABEL.get(g, g)} | {len(sel)} | " + " | ".join(cells) + " |")
+    return out
 
 
 def whole_table(rows: Sequence[WorkloadRow], models: Sequence[str], *, train: bool = True) -> list[str]:
@@ -201,4 +250,27 @@ def split_lines(root) -> list[str]:
         kernels = float(wt @ (features(g).cls != CLASSES.index("view")))
         out.append(f"| {GPU_LABEL.get(w.gpu, w.gpu)} | {w.key} | {w.fwd_total / (wt @ f):.2f} | "
                    f"{w.bwd_total / (wt @ b):.2f} | {1e6 * (w.fwd_total - wt @ f) / kernels:+.0f} us |")
+    return out
+
+
+def newer_gpu_table(graphs: Sequence, spec: GpuSpec, fits: Mapping[str, GpuFit]) -> list[str]:
+    """Training workloads (the label graphs' shapes) priced on another GPU's datasheet by each fit: whole-model
+    time, the ratio to the first fit, and the share of the GEMM classes. No measurement: what the fits predict."""
+    names = list(fits)
+    out = ["| workload | " + " | ".join(f"{m} ms" for m in names) + f" | {names[-1]} / {names[0]} | "
+           f"{names[-1]}: GEMM share |", "|" + "---|" * (3 + len(names))]
+    seen = set()
+    for s_ in graphs:
+        if not s_.train or s_.key in seen:
+            continue
+        seen.add(s_.key)
+        tot, share = [], 0.0
+        for label, fit in fits.items():
+            f, b, _ = node_times(s_.feat, spec, fit)
+            t = f + b
+            tot.append(float(s_.weights @ t))
+            g = np.isin(s_.feat.cls, [CLASSES.index(c) for c in ("linear", "bmm", "conv")])
+            share = float(s_.weights[g] @ t[g]) / tot[-1]
+        out.append(f"| {s_.key} | " + " | ".join(f"{1e3 * t:.0f}" for t in tot) + f" | {tot[-1] / tot[0]:.3f} | "
+                   f"{100 * share:.0f}% |")
     return out
