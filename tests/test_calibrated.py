@@ -40,11 +40,12 @@ def test_shipped_fit_loads_with_every_parameter():
 def test_datasheet_of_product_names():
     from placement_rl.cost.calibrated import datasheet, spec_of_device
 
-    assert datasheet("H100-SXM5-80GB") == (9.0, False, 128)
-    assert datasheet("Tesla_P100-PCIE-16GB") == (6.0, False, 64)
-    assert datasheet("Tesla_P4") == (6.1, True, 128) and datasheet("Tesla_T4") == (7.5, True, 64)
-    assert datasheet("A100-SXM4-80GB")[0] == 8.0 and datasheet("L4") == (8.9, True, 128)
-    assert datasheet("my accelerator") == (0.0, False, 0)
+    assert datasheet("H100-SXM5-80GB") == (9.0, False, 128, False)
+    assert datasheet("Tesla_P100-PCIE-16GB") == (6.0, False, 64, False)
+    assert datasheet("Tesla_P4") == (6.1, True, 128, True) and datasheet("Tesla_T4") == (7.5, True, 64, True)
+    assert datasheet("A100-SXM4-80GB")[0] == 8.0 and datasheet("NVIDIA_L4") == (8.9, True, 128, True)
+    assert datasheet("Tesla_P40")[3] is False and datasheet("A10G")[0] == 8.6
+    assert datasheet("my accelerator") == (0.0, False, 0, False)
     spec = spec_of_device(load_topology("1x_h100_sxm").devices[0])
     assert (spec.arch, spec.fp32_lanes, spec.sm_count) == (9.0, 128, 132)
 
@@ -53,14 +54,16 @@ def test_a_version_1_fit_still_loads_and_prices_as_before(tmp_path):
     """A version-1 fit file (two GPUs, no datasheet trend, no tiles) loads and is priced by the version-1 GEMM
     formula; the trend terms default to neutral."""
     fit = shipped_fit().to_dict()
-    v1 = {k: v for k, v in fit["params"].items() if k not in ("g_old_gemm", "g_gddr_gemm", "g_old_mem",
-                                                               "g_gddr_mem", "issue_ffma", "l2_reuse", "tile_area")}
+    from placement_rl.cost.calibrated import OPTIONAL
+
+    v1 = {k: v for k, v in fit["params"].items() if k not in OPTIONAL}
     p = tmp_path / "v1.json"
     p.write_text(json.dumps({**fit, "version": 1, "params": v1}))
     old = GpuFit.load(p)
     from placement_rl.cost.calibrated import trend
 
     assert trend(GpuSpec(67e12, 3.35e12, 132, 50 * 2**20, 9.0, False, 128), old) == (1.0, 1.0)
+    assert trend(GpuSpec(8e12, 320e9, 40, 4 * 2**20, 7.5, True, 64, True), old) == (1.0, 1.0)
     g = synthetic.sample("transformer_like", num_nodes=30, seed=1)
     f, b, _ = node_times(features(g), GpuSpec(19.5e12, 1935e9, 108, 40 * 2**20), old)
     assert np.all(np.isfinite(f)) and f.sum() > 0

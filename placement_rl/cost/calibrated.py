@@ -42,7 +42,7 @@ FIT_SCHEMA = "placement_rl.gpu_fit"
 FIT_VERSION = 2
 READS_VERSIONS = (1, 2)  # a version-1 fit is the version-2 model with the datasheet-trend terms at 0
 # parameters added after version 1, with the value that reproduces the version-1 model
-OPTIONAL = {"g_old_gemm": 0.0, "g_gddr_gemm": 0.0, "g_old_mem": 0.0, "g_gddr_mem": 0.0, "issue_ffma": 1.0,
+OPTIONAL = {"g_old_gemm": 0.0, "g_lp_gemm": 0.0, "lp_slow": 0.0, "lp_tau": 1e-3, "g_old_mem": 0.0, "g_gddr_mem": 0.0, "issue_ffma": 1.0,
             "l2_reuse": 8.0, "tile_area": 16384.0}
 DTYPES = ("fp32", "tf32", "bf16")
 BWD_SLACK = 2.0  # a GEMM-like backward may run at half the forward's achieved rate, no slower
@@ -174,8 +174,9 @@ def shipped_fit() -> GpuFit | None:
 class GpuSpec:
     """The datasheet figures the model uses: FLOP/s, bytes/s, SM count, L2 bytes, and the architecture
     (``arch``: CUDA compute capability, 6.0 P100 ... 9.0 H100; ``gddr``: GDDR rather than HBM memory;
-    ``fp32_lanes``: FP32 units per SM, 64 or 128). ``datasheet(name)`` fills the last three from a product
-    name; 0 / False mean unknown (priced like a Volta-or-newer HBM GPU with 64 lanes)."""
+    ``fp32_lanes``: FP32 units per SM, 64 or 128; ``low_power``: a board power of at most 75 W, the cards
+    powered by the PCIe slot alone, T4 / P4 / L4). ``datasheet(name)`` fills the last four from a product name;
+    0 / False mean unknown (priced like a Volta-or-newer HBM GPU with 64 lanes and power to spare)."""
 
     peak_flops: float
     mem_bandwidth: float
@@ -184,28 +185,33 @@ class GpuSpec:
     arch: float = 0.0
     gddr: bool = False
     fp32_lanes: int = 0
+    low_power: bool = False
 
 
-# Per product family (longest name match first): CUDA compute capability (NVIDIA's CUDA GPUs list), memory kind
-# and FP32 units per SM (the architecture whitepapers: 64 on GP100 / GV100 / TU10x / GA100, 128 on GP10x,
-# GA10x, AD10x and GH100).
-_ARCH: tuple[tuple[str, float, bool, int], ...] = (
-    ("GH200", 9.0, False, 128), ("H100", 9.0, False, 128), ("H200", 9.0, False, 128), ("H800", 9.0, False, 128),
-    ("L40", 8.9, True, 128), ("L4", 8.9, True, 128), ("RTX 40", 8.9, True, 128), ("A100", 8.0, False, 64),
-    ("A800", 8.0, False, 64), ("A30", 8.0, False, 64), ("A40", 8.6, True, 128), ("A10", 8.6, True, 128),
-    ("RTX 30", 8.6, True, 128), ("A6000", 8.6, True, 128), ("T4", 7.5, True, 64), ("RTX 20", 7.5, True, 64),
-    ("V100", 7.0, False, 64), ("P100", 6.0, False, 64), ("P40", 6.1, True, 128), ("P4", 6.1, True, 128),
-    ("K80", 3.7, True, 192))
+# Per product family (longest name match first): CUDA compute capability (NVIDIA's CUDA GPUs list), memory kind,
+# FP32 units per SM (the architecture whitepapers: 64 on GP100 / GV100 / TU10x / GA100, 128 on GP10x, GA10x,
+# AD10x and GH100) and whether the board is a <= 75 W card (the product datasheets: T4 70 W, P4 75 W, L4 72 W,
+# A2 60 W).
+_ARCH: tuple[tuple[str, float, bool, int, bool], ...] = (
+    ("GH200", 9.0, False, 128, False), ("H100", 9.0, False, 128, False), ("H200", 9.0, False, 128, False),
+    ("H800", 9.0, False, 128, False), ("L40", 8.9, True, 128, False), ("L4", 8.9, True, 128, True),
+    ("RTX 40", 8.9, True, 128, False), ("A100", 8.0, False, 64, False), ("A800", 8.0, False, 64, False),
+    ("A30", 8.0, False, 64, False), ("A40", 8.6, True, 128, False), ("A10", 8.6, True, 128, False),
+    ("A2", 8.6, True, 128, True), ("RTX 30", 8.6, True, 128, False), ("A6000", 8.6, True, 128, False),
+    ("T4", 7.5, True, 64, True), ("RTX 20", 7.5, True, 64, False), ("V100", 7.0, False, 64, False),
+    ("P100", 6.0, False, 64, False), ("P40", 6.1, True, 128, False), ("P4", 6.1, True, 128, True),
+    ("K80", 3.7, True, 192, False))
 
 
-def datasheet(name: str) -> tuple[float, bool, int]:
-    """``(arch, gddr, fp32_lanes)`` of a GPU from its product name (``Tesla_P100-PCIE-16GB``,
-    ``H100-SXM5-80GB``); ``(0.0, False, 0)`` if the name is not recognised."""
-    up = name.upper().replace("_", " ").replace("-", " ")
-    for key, cc, gddr, lanes in sorted(_ARCH, key=lambda r: -len(r[0])):
-        if key.upper() in up:
-            return cc, gddr, lanes
-    return 0.0, False, 0
+def datasheet(name: str) -> tuple[float, bool, int, bool]:
+    """``(arch, gddr, fp32_lanes, low_power)`` of a GPU from its product name (``Tesla_P100-PCIE-16GB``,
+    ``H100-SXM5-80GB``); ``(0.0, False, 0, False)`` if the name is not recognised."""
+    up = " " + name.upper().replace("_", " ").replace("-", " ") + " "
+    for key, cc, gddr, lanes, low in sorted(_ARCH, key=lambda r: -len(r[0])):
+        k = key.upper()
+        if k in up and (len(k) > 2 or f" {k} " in up):  # a two-letter name (T4, L4) only as a word
+            return cc, gddr, lanes, low
+    return 0.0, False, 0, False
 
 
 def arch_of(name: str) -> float:
@@ -215,25 +221,37 @@ def arch_of(name: str) -> float:
 
 def spec_of_device(dev: Any) -> "GpuSpec":
     """``GpuSpec`` of a topology ``Device`` (datasheet figures, architecture from its ``model`` or name)."""
-    arch, gddr, lanes = datasheet(str(getattr(dev, "model", "") or dev.name))
-    return GpuSpec(dev.peak_flops, dev.mem_bandwidth, dev.sm_count, dev.l2_bytes, arch, gddr, lanes)
+    arch, gddr, lanes, low = datasheet(str(getattr(dev, "model", "") or dev.name))
+    return GpuSpec(dev.peak_flops, dev.mem_bandwidth, dev.sm_count, dev.l2_bytes, arch, gddr, lanes, low)
 
 
 def trend(spec: GpuSpec, fit: "GpuFit", simt: bool = True) -> tuple[float, float]:
     """``(gemm, mem)``: the GPU's achieved fraction of its datasheet peaks relative to the fitted class
     efficiencies -- a function of its architecture alone, with slopes shared by every GPU:
-    ``gemm = exp(g_old_gemm [arch < 7] + g_gddr_gemm [GDDR]) * issue``, ``mem = exp(g_old_mem [arch < 7] +
+    ``gemm = exp(g_old_gemm [arch < 7] + g_lp_gemm [low power]) * issue``, ``mem = exp(g_old_mem [arch < 7] +
     g_gddr_mem [GDDR])``, where ``issue = min(1, issue_ffma * 128 / fp32_lanes)``: an SM issues 4 x 32 thread
     instructions per cycle, so an SM with 128 FP32 lanes runs a SIMT GEMM at most at the FFMA share of its
     instruction stream (``issue_ffma``), one with 64 lanes has issue slots to spare (``simt=False``: tensor-core
-    GEMMs, no such limit)."""
+    GEMMs, no such limit). A low-power card also slows down as a GEMM runs on (``throttle``). The low-power terms
+    apply to cuBLAS GEMMs (linear, bmm): on the P4 and T4 tables cuDNN's convolutions show neither (fitted with
+    them, they made conv worse on both cards), so conv keeps the architecture term alone."""
     old = 1.0 if 0.0 < spec.arch < 7.0 else 0.0
     gddr = 1.0 if spec.gddr else 0.0
+    low = 1.0 if spec.low_power else 0.0
     lanes = spec.fp32_lanes if spec.fp32_lanes > 0 else 64
     issue = min(1.0, fit.q("issue_ffma") * 128.0 / lanes) if simt else 1.0
-    gemm = math.exp(fit.q("g_old_gemm") * old + fit.q("g_gddr_gemm") * gddr) * issue
+    gemm = math.exp(fit.q("g_old_gemm") * old + fit.q("g_lp_gemm") * low) * issue
     mem = math.exp(fit.q("g_old_mem") * old + fit.q("g_gddr_mem") * gddr)
     return gemm, mem
+
+
+def throttle(t: np.ndarray, spec: GpuSpec, fit: "GpuFit") -> np.ndarray:
+    """Compute-bound time ``t`` on a card that cannot hold its boost clock within its board power: it runs at
+    boost for a short kernel and ``1 + lp_slow`` times slower for one much longer than ``lp_tau`` seconds
+    (``t (1 + lp_slow t / (t + lp_tau))``). Cards with power to spare: ``t``."""
+    if not spec.low_power or fit.q("lp_slow") == 0.0:
+        return t
+    return t * (1.0 + fit.q("lp_slow") * t / (t + fit.q("lp_tau")))
 
 
 @dataclass(frozen=True, eq=False)
@@ -342,7 +360,9 @@ def _gemm_time(flops: np.ndarray, dims: np.ndarray, cls: np.ndarray, fit: GpuFit
     for c in GEMM_CLASSES:
         m = cls == CLASSES.index(c)
         e_max[m], k0[m] = fit.p(f"e_max_{c}"), fit.p(f"k0_{c}")
-    e = e_max * gpu[0]
+    conv = cls == CLASSES.index("conv")
+    lp = math.exp(fit.q("g_lp_gemm")) if spec.low_power else 1.0
+    e = e_max * gpu[0] / np.where(conv, lp, 1.0)  # cuDNN's conv algorithms: no low-power term (see trend)
     bw = spec.mem_bandwidth * gpu[1]
     e_mem = fit.p("e_mem_gemm")
     reuse = fit.q("l2_reuse")
@@ -370,7 +390,7 @@ def _gemm_time(flops: np.ndarray, dims: np.ndarray, cls: np.ndarray, fit: GpuFit
             traffic = bt * (gn * mm * kk + gm * nn * kk) / reuse + bt * mm * nn * (1.0 + 2.0 * (s - 1))
             t = np.maximum(t_c, traffic * elem / (bw * e_mem))
             best = np.minimum(best, t)
-    return np.where(flops > 0, best, 0.0)
+    return np.where(flops > 0, np.where(conv, best, throttle(best, spec, fit)), 0.0)
 
 
 def _gemm_time_v1(flops: np.ndarray, out_bytes: np.ndarray, moved: np.ndarray, cls: np.ndarray, fit: GpuFit,

@@ -30,7 +30,8 @@ PARAMS: list[tuple[str, float, float, float]] = [
     ("e_max_conv", 0.8, 0.05, 3.0), ("k0_conv", 32.0, 0.0, 4096.0),
 ] + [(f"kf_{c}", 1.0, 0.05, 10.0) for c in MEM_CLASSES] + [(f"kb_{c}", 2.0, 0.0, 20.0) for c in MEM_CLASSES] \
   + [(f"nb_{c}", 1.0, 0.0, 4.0) for c in MEM_CLASSES] \
-  + [("g_old_gemm", 0.0, -2.0, 2.0), ("g_gddr_gemm", 0.0, -2.0, 2.0), ("g_old_mem", 0.0, -2.0, 2.0),
+  + [("g_old_gemm", 0.0, -2.0, 2.0), ("g_lp_gemm", 0.0, -2.0, 2.0), ("lp_slow", 0.3, 0.0, 3.0),
+     ("lp_tau", 2e-3, 1e-5, 0.1), ("g_old_mem", 0.0, -2.0, 2.0),
      ("g_gddr_mem", 0.0, -2.0, 2.0), ("l2_reuse", 8.0, 1.0, 64.0), ("tile_area", 16384.0, 4096.0, 65536.0)]
 FIXED = {"kb_ew_pass": 0.0, "nb_ew_pass": 0.0, "tile": 128 * 128, "e_bw": 1.0, "issue_ffma": 0.85}
 
@@ -239,10 +240,10 @@ def spec_of(config) -> GpuSpec:
     """A ``GpuSpec`` from a NeuSight ``DeviceConfig`` (its datasheet figures)."""
     from placement_rl.cost.calibrated import datasheet
 
-    arch, gddr, _ = datasheet(config.name)
+    arch, gddr, _, low = datasheet(config.name)
     lanes = int(round(config.peak_flops / (2e6 * config.sm_count * config.clock_mhz))) if config.clock_mhz else 0
     return GpuSpec(peak_flops=config.peak_flops, mem_bandwidth=config.mem_bandwidth, sm_count=config.sm_count,
-                   l2_bytes=config.l2_bytes, arch=arch, gddr=gddr, fp32_lanes=lanes)
+                   l2_bytes=config.l2_bytes, arch=arch, gddr=gddr, fp32_lanes=lanes, low_power=low)
 
 
 def load_neusight(root: str | Path, *, kernels: bool = True, max_kernel_rows: int = 1500,
