@@ -154,6 +154,23 @@ def test_shipped_collective_fit_is_within_10_percent_on_average(system, kind, n,
     assert err.size and err.mean() < 0.10 and np.median(err) < 0.10
 
 
+def test_fit_script_lists_the_public_files_it_needs(tmp_path):
+    """scripts/fit_gpu_costs.py --list-files names every file the shipped fit reads (five GPUs' device configs,
+    35 kernel tables, 32 label runs with their whole-model JSON) and exits 2 where they are absent."""
+    from placement_rl.profiling.calibrate import needed_files
+
+    files = needed_files()
+    assert len(files) == 6 + 35 + 64 and len(set(files)) == len(files)
+    assert "neusight/kernels/conv/NVIDIA_A100_80GB_PCIe.csv" in files
+    assert "neusight/kernels/conv/NVIDIA_A100-PCIE-40GB.csv" not in files
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "fit_gpu_costs.py"), "--list-files", "--data",
+                        str(tmp_path)], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    assert r.returncode == 2 and r.stdout.count("MISSING") == len(files)
+    if DATA is not None and Path(DATA).is_dir():
+        assert all((Path(DATA) / f).is_file() for f in files)
+
+
 # -------------------------------------------------------------------- CLI
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1",
