@@ -2,12 +2,14 @@
 
     python scripts/fidelity_gpu.py [--data ../shared/gpu-measurements] [--out docs/fidelity_gpu.md] [--quick]
 
-For every NeuSight workload: measured whole-model time vs the plain roofline, the shipped calibrated fit,
-and fits that never saw the GPU they predict (leave-one-GPU-out; leave-one-architecture-out also drops the
-A100 40GB kernel tables when the A100 80GB is predicted); per-op-class errors; the project's own captured
-gpt2_hf / bert_hf / opt_hf graphs mapped onto the measured nodes; PipeDream's per-layer CNN / GNMT profiles (one
-fitted speed factor, the GPU is unnamed); and the Sailor / Vidur collective fits. Several minutes on one
-core (five fits and eight captures); --quick skips the captures.
+Reads the files ``scripts/fit_gpu_costs.py --list-files`` lists (plus PipeDream, Sailor and Vidur for the
+sections on them). Five GPUs (A100, V100, P100, P4, T4): per-kernel errors of every NeuSight kernel table
+(linear, bmm, conv, ln, softmax, gelu, add) and whole-model times of every label run, for the plain roofline,
+the old two-GPU fit (``placement_rl/data/gpu_fit_two_gpu_v1.json``), the shipped five-GPU fit and
+leave-one-GPU-out fits (refitted without the predicted GPU; the A100's 40GB and 80GB tables leave together);
+what the fits predict for a GPU outside the data (H100); the project's captured graphs mapped onto the measured
+nodes; PipeDream's per-layer CNN / GNMT profiles; the Sailor / Vidur collective fits. About 10 minutes on one
+core (six fits and eight captures); --quick skips the captures.
 """
 
 from __future__ import annotations
@@ -19,22 +21,25 @@ from pathlib import Path
 import torch
 
 from placement_rl.cost import resolve_costs
-from placement_rl.cost.calibrated import GpuSpec, features, node_times, shipped_fit
+from placement_rl.cost.calibrated import GpuFit, features, node_times, shipped_fit, spec_of_device
 from placement_rl.errors import PlacementRLError
 from placement_rl.graph.capture import capture_zoo
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.profiling import calibrate, collective_fits, gpu_report, measured_map, neusight, pipedream
 from placement_rl.profiling import sailor, vidur
-from placement_rl.profiling.gpu_fidelity import evaluate, mape, per_node_floor
+from placement_rl.profiling.gpu_fidelity import evaluate, kernel_errors, mape
 from placement_rl.topology import load_topology
 
 PRESET = {"NVIDIA_A100_80GB_PCIe": "1x_a100_80gb_pcie", "Tesla_V100-PCIE-32GB": "1x_v100_pcie_32gb"}
-MODELS = ["roofline", "calibrated", "leave-one-GPU-out", "leave-one-arch-out"]
+MODELS = ["roofline", "two-GPU fit (v1)", "calibrated", "leave-one-GPU-out"]
+FAMILIES = ("A100", "V100", "P100", "P4", "T4")
+V1_FIT = Path(__file__).resolve().parent.parent / "placement_rl" / "data" / "gpu_fit_two_gpu_v1.json"
+NEWER = "NVIDIA_H100_80GB_HBM3"
 
 
 def project_graph_rows(root: Path, logo: dict) -> list[str]:
     out = ["| GPU | workload | zoo graph (1 layer x L) | mapped / views / unmapped nodes | measured ms | "
-           "roofline | calibrated | leave-one-arch-out | from the mapped profile |", "|" + "---|" * 9]
+           "roofline | calibrated | leave-one-GPU-out | from the mapped profile |", "|" + "---|" * 9]
     for path in neusight.label_files(root / "neusight"):
         w = neusight.read_labels(path)
         cfg = measured_map.zoo_config(w)
@@ -54,8 +59,7 @@ def project_graph_rows(root: Path, logo: dict) -> list[str]:
         def whole(c) -> float:
             return float(wts @ (c.fwd_time[:, 0] + c.bwd_time[:, 0]))
         d = topo.devices[0]
-        f, b, _ = node_times(features(g), GpuSpec(d.peak_flops, d.mem_bandwidth, d.sm_count, d.l2_bytes),
-                             logo[w.gpu])
+        f, b, _ = node_times(features(g), spec_of_device(d), logo[w.gpu])
         vals = [whole(resolve_costs(g, topo, gpu_model="roofline")), whole(resolve_costs(g, topo)),
                 float(wts @ (f + b)), whole(resolve_costs(g, topo, db))]
         cells = " | ".join(f"{v * 1e3:.0f} ({100 * (v / w.e2e - 1):+.1f}%)" for v in vals)
@@ -90,90 +94,163 @@ def main() -> int:
     ap.add_argument("--data", default=None)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "docs" / "fidelity_gpu.md"))
     ap.add_argument("--quick", action="store_true", help="skip capturing the project's graphs")
-    ap.add_argument("--max-nfev", type=int, default=100)
+    ap.add_argument("--max-nfev", type=int, default=calibrate.FIT_NFEV)
+    ap.add_argument("--kernel-rows", type=int, default=calibrate.FIT_KERNEL_ROWS)
     args = ap.parse_args()
     torch.set_num_threads(1)
     try:
         root = Path(args.data) if args.data else neusight.default_data_dir()
         if root is None:
             raise PlacementRLError("no GPU measurements found: pass --data or set PLACEMENT_RL_GPU_DATA")
-        data = calibrate.load_neusight(root / "neusight")
+        data = calibrate.load_neusight(root / "neusight", max_kernel_rows=args.kernel_rows)
+        every = calibrate.load_neusight(root / "neusight", max_kernel_rows=10**6)  # every kernel row >= 50 us
         fit = shipped_fit()
         if fit is None:
             raise PlacementRLError("no shipped fit: run scripts/fit_gpu_costs.py first")
-        label_gpus = sorted({s.gpu for s in data.graphs})
-        logo_gpu = {g: calibrate.fit(data, exclude=[g], max_nfev=args.max_nfev) for g in label_gpus}
-        logo_arch = {g: calibrate.fit(data, exclude=[x for x in data.gpus()
-                                                     if calibrate.family(x) == calibrate.family(g)],
-                                      max_nfev=args.max_nfev) for g in label_gpus}
-        rows, classes = evaluate(data, {"calibrated": fit, "leave-one-GPU-out": logo_gpu,
-                                        "leave-one-arch-out": logo_arch})
+        v1 = GpuFit.load(V1_FIT)
+        logo_fam = {f: calibrate.fit(data, exclude=[g for g in data.gpus() if calibrate.family(g) == f],
+                                     max_nfev=args.max_nfev) for f in FAMILIES}
+        logo = {g: logo_fam[calibrate.family(g)] for g in every.gpus()}
+        fits = {"two-GPU fit (v1)": v1, "calibrated": fit, "leave-one-GPU-out": logo}
+        rows, classes = evaluate(data, fits)
+        krows = kernel_errors(every.kernels, {"roofline": None, **fits})
+        configs = {p.stem: neusight.read_device_config(p) for p in (root / "neusight" / "device_configs").glob("*.json")}
+        h100 = calibrate.spec_of(configs[NEWER])
+        newer = gpu_report.newer_gpu_table(data.graphs, h100, {"two-GPU fit (v1)": v1, "calibrated": fit})
         profs = [pipedream.read_profile(p) for p in sorted((root / "pipedream").glob("*.graph.txt"))]
         graphs = [pipedream.pipedream_graph(p) for p in profs]
         v100 = load_topology("1x_v100_pcie_32gb").devices[0]
-        spec = GpuSpec(v100.peak_flops, v100.mem_bandwidth, v100.sm_count, v100.l2_bytes)
+        spec = spec_of_device(v100)
         pd_lines, factors = gpu_report.pipedream_rows(profs, graphs, spec, {"roofline": None, "calibrated": fit})
         series = [s for d in sorted((root / "sailor").glob("*/")) for s in sailor.read_system(d)]
         series += [s for d in sorted((root / "vidur").glob("*/")) for s in vidur.read_system(d)]
         coll_lines, coll_sum = gpu_report.collective_table(series, collective_fits.shipped_fits_for(series))
         sim_lines, sim_sum = gpu_report.simulator_collective_table(series)
-        proj = [] if args.quick else project_graph_rows(root, logo_arch)
+        proj = [] if args.quick else project_graph_rows(root, logo)
         cnn = [] if args.quick else cnn_mapping_rows(root)
     except PlacementRLError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    wins, total, losses = gpu_report.class_wins(classes, "leave-one-arch-out")
+    atomic_write_text(Path(args.out), "\n".join(report(rows, classes, krows, newer, fit, pd_lines, factors, coll_lines,
+                                                        coll_sum, sim_lines, sim_sum, proj, cnn, root)) + "\n")
+    for m in MODELS[1:]:
+        for train in (True, False):
+            a, b = mape(rows, m, train=train)
+            print(f"{m:22s} {'training ' if train else 'inference'} MAPE {a:5.1f}%  max {b:5.1f}%")
+    for op in gpu_report.KERNEL_OPS_ORDER:
+        sel = [r for r in krows if r.op == op]
+        print(f"kernel {op:8s} " + "  ".join(f"{m} {sum(r.mape[m] for r in sel) / len(sel):5.1f}%"
+                                              for m in MODELS))
+    worse = [f"{r.gpu} {r.op}" for r in krows if r.mape["leave-one-GPU-out"] > r.mape["roofline"]]
+    print(f"kernel tables where leave-one-GPU-out is worse than the roofline: {len(worse)}/{len(krows)} "
+          f"{', '.join(worse)}; wrote {args.out}")
+    return 0
+
+
+def report(rows, classes, krows, newer, fit, pd_lines, factors, coll_lines, coll_sum, sim_lines, sim_sum, proj, cnn,
+           root) -> list[str]:
+    logo = "leave-one-GPU-out"
+    wins, total, losses = gpu_report.class_wins(classes, logo)
+    k_worse = [f"{gpu_report.GPU_LABEL.get(r.gpu, r.gpu)} {r.op}" for r in krows if r.mape[logo] > r.mape["roofline"]]
     lines = ["# GPU fidelity: the cost model against public GPU measurements", "",
              "Written by `python scripts/fidelity_gpu.py` from `../shared/gpu-measurements/` (NeuSight, PipeDream, "
-             "Sailor, Vidur; MIT licence, see `placement_rl/data/NOTICE`). Every measured figure below was measured "
-             "by those projects on the GPU named; nothing here ran on a GPU of ours. Times are fp32 training steps "
-             "(forward + backward, no optimizer step), whole model = embedding + L x one layer + head.", "",
-             "Models: **roofline** = `max(flops/peak, bytes/bandwidth) + 8 us` per op (the old default); "
-             "**calibrated** = the shipped fit (`placement_rl/data/gpu_fit.json`, fitted on both GPUs); "
-             "**leave-one-GPU-out** = refitted without the predicted GPU's data; **leave-one-arch-out** = "
-             "refitted without any A100 (or any V100) data, the strict test of an unseen GPU.", "",
-             "## Whole-model training time (NeuSight workloads)", ""]
+             "Sailor, Vidur; MIT licence, see `placement_rl/data/NOTICE`; `python scripts/fit_gpu_costs.py "
+             "--list-files` names every file the fit reads). Every measured figure below was measured by those "
+             "projects on the GPU named; nothing here ran on a GPU of ours. All fp32.", "",
+             "Models: **roofline** = `max(flops/peak, bytes/bandwidth) + 8 us` per op (`cost_model: roofline`); "
+             "**two-GPU fit (v1)** = the previous shipped fit (A100 + V100 only, no tiles, no architecture terms; "
+             "`placement_rl/data/gpu_fit_two_gpu_v1.json`); **calibrated** = the shipped fit "
+             f"(`{fit.name}`, fitted on all five GPUs); **leave-one-GPU-out** = refitted without any data of the "
+             "predicted GPU (the A100's 40GB and 80GB PCIe tables leave together), the test of an unseen GPU.", "",
+             "## The model (fit version 2)", "",
+             "Per op class, a function of the op's features and the GPU's datasheet (`placement_rl/cost/"
+             "calibrated.py`); every fitted parameter is shared by all GPUs:", "",
+             "* **GEMM-like ops** (linear, bmm, conv as implicit GEMM): the node's `batch x (M x K) @ (K x N)` comes "
+             "from its FLOPs and bytes (`gemm_dims`). Per CTA tile (128x128 ... 32x128) and split-K factor, the "
+             "model counts CTAs, waves over the SMs (a partial last wave costs `frac ** w_wave` of a full one), "
+             "per-tile prologue / epilogue (`k0` K-steps) and the operand traffic of the tiles (`l2_reuse`), and "
+             "takes the fastest configuration, as the library's heuristic aims to. Backward: dX and dW GEMMs with "
+             "their own shapes.",
+             "* **Architecture terms**, the same slope for every GPU: pre-Volta SMs (`arch < 7`: P100, P4) run SIMT "
+             "GEMMs and memory-bound kernels at a lower fraction of peak; GDDR memory reaches a lower fraction of "
+             "its bandwidth than HBM; a <= 75 W card (T4, P4; L4) runs cuBLAS GEMMs below boost and slows down as a "
+             "kernel runs on (`t (1 + lp_slow t / (t + lp_tau))`, the board power limit).",
+             "* **Memory-bound ops** (norm, softmax, element-wise, embedding, loss, pool): bytes / (bandwidth x the "
+             "architecture term) x a per-class byte factor, plus one kernel launch; L2 warmth only for isolated "
+             "timings.",
+             "* **Overheads**: a per-kernel launch / framework cost in a training step (`launch`), the per-op "
+             "harness floor of the label files (`node_offset`) and of the kernel files (`kernel_offset`) when "
+             "predicting isolated timings.", "",
+             "## What a newer GPU does differently", "",
+             "The symptom: the two-GPU fit predicted an H100 6-14% too fast. From the five GPUs' trends, reasoned "
+             "physically (no H100 measurement is fitted or checked here):", "",
+             "* **FP32 lanes per SM.** All five fitted GPUs have 64 FP32 lanes per SM (NeuSight's configs); the "
+             "H100 (like the L4) has 128, and its datasheet peak counts all of them. An SM issues 4 x 32 thread "
+             "instructions per cycle; a SIMT GEMM's instruction stream is not all FFMA (shared-memory loads, "
+             "address arithmetic), so with 128 lanes the FFMA rate is issue-bound at the FFMA share of the stream. "
+             "`issue_ffma` = 0.85 is fixed from that argument (an 8x8 register tile issues 64 FFMA per ~75 "
+             "instructions), not fitted: no fitted GPU can identify it. Tensor-core GEMMs (tf32 / bf16) do not get "
+             "it.",
+             "* **Small shapes.** With 132 SMs a GEMM needs 132 CTAs per wave: the tile / wave model prices the "
+             "partial waves and per-tile prologues that a faster GPU pays proportionally more of (the two-GPU fit "
+             "used one continuous wave factor).",
+             "* **Per-kernel overhead.** The launch / framework cost per kernel is a host cost in seconds, fitted on "
+             "all five GPUs; it does not shrink with a faster GPU, so it is a larger share of the H100's step.",
+             "* **Memory-bound ops** scale with bandwidth times the architecture term (HBM, Volta or newer: the "
+             "H100 gets the A100 / V100 fraction), and keep their launch cost: they do not speed up with the FP32 "
+             "peak.",
+             "* **Optimizer step**: not in these files (NeuSight times forward + backward); `simulate_pipeline` "
+             "prices it as a memory-bound pass over the parameters and optimizer state (unchanged here).", "",
+             "## Per kernel: the NeuSight kernel tables (every row >= 50 us)", "",
+             "Mean absolute percentage error of the predicted single-kernel time over every row of each table "
+             "(thousands of shapes per table; rows under 50 us are dominated by the timing harness's floor, 25-57 "
+             "us depending on the host, and are left out of fit and check alike). The kernel tables include the "
+             "harness floor of their host; the model adds one fitted offset for it, the same for every GPU.", "",
+             "Mean over the five GPUs per op (worst GPU in brackets):", ""]
+    lines += gpu_report.kernel_summary(krows, MODELS)
+    lines += ["", f"Leave-one-GPU-out is worse than the roofline on {len(k_worse)} of {len(krows)} tables"
+              + (f": {', '.join(k_worse)}." if k_worse else "."), ""]
+    lines += gpu_report.kernel_table(krows, MODELS, model=logo)
+    lines += ["", "## Whole-model inference (forward only), every GPU with label runs", ""]
+    lines += gpu_report.per_gpu_whole(rows, MODELS, train=False)
+    lines += [""]
+    lines += gpu_report.whole_table(rows, MODELS, train=False)
+    lines += ["", "## Whole-model training (forward + backward, no optimizer step): A100 80GB PCIe and V100", ""]
+    lines += gpu_report.per_gpu_whole(rows, MODELS, train=True)
+    lines += [""]
     lines += gpu_report.whole_table(rows, MODELS)
     lines += ["", "The per-node measurements summed (embedding + L x layer + head) miss the measured whole model by "
-              + ", ".join(f"{r.key}@{gpu_report.GPU_LABEL.get(r.gpu, r.gpu)} "
-                          f"{100 * (float(s.weights @ (s.fwd + s.bwd)) / s.whole - 1):+.0f}%"
-                          for r, s in zip(rows, data.graphs) if r.train)
-              + ". Split into forward and backward (below), the whole difference on the A100 host is in the forward "
-              "of some runs: the backward of the same runs matches its per-node sum. The excess is no per-kernel "
-              "launch or host cost (same kernels, very different excess per kernel: bert_large at batch 2 and 8), "
-              "not a clock limit (the backward right after runs at the per-node speed), and no monotone function "
-              "of the workload (gpt2_large is slow at batch 1 and not at 4, opt_13 the other way round): it is "
-              "run-to-run state of that host that a model of GPUs and ops cannot predict, and it bounds the "
-              "whole-model error of any per-op predictor on these files.", ""]
+              + ", ".join(f"{r.key}@{gpu_report.GPU_LABEL.get(r.gpu, r.gpu)} {100 * (r.node_sum / r.measured - 1):+.0f}%"
+                          for r in rows if r.train)
+              + ". In 5 of the 8 A100 runs the whole difference is in the forward (below): run-to-run state of "
+              "that host that a model of GPUs and ops cannot predict; it bounds the whole-model error of any per-op "
+              "predictor on these files (the oracles below).", ""]
     lines += gpu_report.split_lines(root / "neusight")
-    lines += ["", "### What these files allow a per-op predictor", "",
-              "A model of GPUs and ops predicts per-op times; at its very best it knows every per-node time these "
-              "runs measured. The oracles below know exactly that, and turn it into a whole-model time. Even "
-              "chosen on the very runs they are scored on, none reaches MAPE 8%: the two hosts' whole-model times "
-              "sit on opposite sides of their per-node sums (A100 above, V100 below), so a factor learned on one "
-              "GPU moves the other the wrong way, and only a factor chosen on the predicted GPU's own whole-model "
-              "times (which no model of an unseen GPU has) gets below it.", ""]
+    lines += ["", "### What these files allow a per-op predictor", ""]
     lines += gpu_report.floor_table(rows)
-    lines += ["", "### The GPU work, op by op: per-op predictions summed against the measured per-node sums", "",
-              "The same runs, against the truth a per-op model predicts: each model's per-op (isolated-timing) "
-              "times summed over the step, against the run's own per-node measurements summed.", ""]
+    lines += ["", "### The GPU work, op by op: per-op predictions summed against the measured per-node sums", ""]
     lines += gpu_report.work_table(rows, MODELS)
-    lines += ["", "## Inference workloads (V100, forward only)", ""]
-    lines += gpu_report.whole_table(rows, MODELS, train=False)
-    lines += ["", "## Per op class (sum over all workloads; isolated per-op timings vs the model's isolated mode)", "",
-              f"Leave-one-arch-out beats the roofline on {wins} of {total} (GPU, class) rows"
+    lines += ["", "## Per op class over the label workloads (isolated per-op timings, class totals)", "",
+              f"Leave-one-GPU-out beats the roofline on {wins} of {total} (GPU, class) rows"
               + (f"; not on: {', '.join(losses)}." if losses else "."), ""]
     lines += gpu_report.class_table(classes, MODELS)
+    lines += ["", "## A newer GPU: H100 80GB HBM3 (no measurements here; what the fits predict)", "",
+              "The training workloads' shapes priced on NeuSight's H100 datasheet (132 SMs, 128 FP32 lanes per SM, "
+              "66.9 TFLOP/s fp32, 3.43 TB/s, 50 MB L2). The issue-slot limit of 128-lane SMs (`issue_ffma`), the "
+              "tile / wave model at 132 SMs and the kernel overheads make the five-GPU fit slower than the two-GPU "
+              "fit on every workload; the size of that change is not checked against an H100 measurement here.", ""]
+    lines += newer
     lines += ["", "## The project's captured graphs, mapped onto the measured nodes", "",
-              "gpt2_hf / bert_hf / opt_hf captured with the workload's configuration and one layer (whole model = non-layer "
-              "nodes + L x layer-0 nodes). Views need no kernel and map to zero; unmapped nodes (mask building, "
-              "the loss, which NeuSight's traces do not hold) take the calibrated estimate in the mapped profile, "
-              "whose `cost_source` is `measured:neusight-<GPU>-<workload>.json:gpu0`.", ""]
+              "gpt2_hf / bert_hf / opt_hf captured with the workload's configuration and one layer (whole model = "
+              "non-layer nodes + L x layer-0 nodes); the last column prices the mapped nodes from the measured "
+              "profile (`measured:neusight-<GPU>-<workload>.json:gpu0`). The leave-one-GPU-out column is the "
+              "zoo graph priced by the fit that never saw the GPU.", ""]
     lines += proj or ["(skipped: --quick)"]
     lines += ["", "CNN zoo graphs mapped onto PipeDream's layers by class order (the unmapped loss takes the "
               "calibrated estimate; PipeDream's Input layer is data loading and is dropped):", ""]
     lines += cnn or ["(skipped: --quick)"]
-    lines += ["", "## PipeDream per-layer profiles (GPU unnamed; V100 PCIe datasheet times one fitted speed factor per cost model)", "",
+    lines += ["", "## PipeDream per-layer profiles (GPU unnamed; V100 PCIe datasheet times one fitted speed factor "
+              "per cost model)", "",
               "Speed factors (total measured / total predicted over all 14 profiles): "
               + ", ".join(f"{k} {v:.2f}" for k, v in factors.items())
               + ". Layer errors are time-weighted over layers above 0.1 ms.", ""]
@@ -182,28 +259,56 @@ def main() -> int:
               "Share of rows within 10%: " + ", ".join(f"{k} {v:.0f}%" for k, v in coll_sum.items()
                                                        if not k.endswith("_mean"))
               + "; mean absolute error: " + ", ".join(f"{k[:-5]} {v:.1f}%" for k, v in coll_sum.items()
-                                                      if k.endswith("_mean")) + ". The last column is the "
-              "table's own noise: the share of rows within 10% of the median of their four nearest sizes (time per "
-              "byte). Where it is low (Vidur's pairwise-NVLink machines across nodes), neighbouring message sizes "
-              "differ by more than 10% and no smooth curve can be within 10% of every row.", ""]
+                                                      if k.endswith("_mean")) + ".", ""]
     lines += coll_lines
     lines += ["", "## Collectives inside the simulators (presets naming a measured system)", "",
-              "Presets with `collective_fit: <system>` price `simulate()`'s link transfers and `simulate_pipeline()`'s "
-              "data-parallel / sharded collectives from the fitted curves (`placement_rl/cost/comm_fit.py`); other "
-              "topologies, and collective kinds a system did not measure, keep the analytic alpha-beta model. "
-              "The simulators' prices against the tables, one node, messages >= 1 MiB, and the preset's analytic "
-              "alpha-beta price for comparison. Share within 10%: "
-              + ", ".join(f"{k} {v:.0f}%" for k, v in sim_sum.items()) + ".", ""]
+              "Share within 10%: " + ", ".join(f"{k} {v:.0f}%" for k, v in sim_sum.items()) + ".", ""]
     lines += sim_lines
-    atomic_write_text(Path(args.out), "\n".join(lines) + "\n")
-    for m in MODELS:
-        a, b = mape(rows, m)
-        c, d = mape(rows, m, work=True)
-        print(f"{m:22s} training MAPE {a:5.1f}%  max {b:5.1f}%   vs per-node sums {c:5.1f}%  max {d:5.1f}%")
-    for f in per_node_floor(rows):
-        print(f"oracle {f.predictor:45s} MAPE {f.mape:5.1f}%  max {f.max:5.1f}%")
-    print(f"class rows where leave-one-arch-out beats the roofline: {wins}/{total}; wrote {args.out}")
-    return 0
+    lines += ["", "## Proposed README section", "", "```markdown"] + readme_text(rows, krows, fit) + ["```"]
+    return lines
+
+
+def readme_text(rows, krows, fit) -> list[str]:
+    """The README's GPU-fidelity paragraph, with this run's figures."""
+    def m(model: str, train: bool) -> str:
+        a, b = mape(rows, model, train=train)
+        return f"{a:.1f}% / {b:.1f}%"
+
+    def k(model: str, ops) -> str:
+        sel = [r.mape[model] for r in krows if r.op in ops]
+        return f"{sum(sel) / len(sel):.1f}%"
+
+    gemm, rest = ("linear", "bmm", "conv"), ("ln", "softmax", "gelu", "add")
+    worse = sum(r.mape["leave-one-GPU-out"] > r.mape["roofline"] for r in krows)
+    return [
+        "### GPU fidelity: the cost model against public GPU measurements (`python scripts/fidelity_gpu.py`)", "",
+        f"GPU presets default to a calibrated cost model (`cost_source` `calibrated:{fit.name}`): a model of GPUs "
+        "whose fitted parameters are shared by all GPUs, a GPU entering only through its datasheet (FP32 peak, "
+        "bandwidth, SMs, L2) and architecture (compute capability, HBM / GDDR, FP32 lanes per SM, <= 75 W board). "
+        "GEMMs are priced per CTA tile and wave from the node's M, N, K. `scripts/fit_gpu_costs.py` fits it on "
+        "NeuSight's kernel tables and label runs of five GPUs (A100, V100, P100, P4, T4; MIT licence, "
+        "`placement_rl/data/NOTICE`; `--list-files` names every public file it reads, none ships). Nothing here "
+        "ran on a GPU of ours.", "",
+        "| model | training, A100 + V100 (11 runs): MAPE / max | inference, V100 P100 P4 T4 (21 runs) | per-kernel "
+        "MAPE, GEMM tables / memory-bound tables (35 tables, five GPUs) |",
+        "|---|---|---|---|",
+        f"| plain roofline (`cost_model: roofline`) | {m('roofline', True)} | {m('roofline', False)} | "
+        f"{k('roofline', gemm)} / {k('roofline', rest)} |",
+        f"| two-GPU fit (v1, the previous default) | {m('two-GPU fit (v1)', True)} | "
+        f"{m('two-GPU fit (v1)', False)} | {k('two-GPU fit (v1)', gemm)} / {k('two-GPU fit (v1)', rest)} |",
+        f"| five-GPU fit, in-sample | {m('calibrated', True)} | {m('calibrated', False)} | "
+        f"{k('calibrated', gemm)} / {k('calibrated', rest)} |",
+        f"| **five-GPU fit, leave-one-GPU-out** | **{m('leave-one-GPU-out', True)}** | "
+        f"**{m('leave-one-GPU-out', False)}** | **{k('leave-one-GPU-out', gemm)} / "
+        f"{k('leave-one-GPU-out', rest)}** |", "",
+        "Leave-one-GPU-out refits without any data of the predicted GPU. Per-kernel errors are far from the "
+        f"targets (<= 10% GEMM, <= 15% other): single kernels keep 20-40% errors on unseen GPUs, and leave-one-"
+        f"GPU-out is worse than the roofline on {worse} of {len(krows)} kernel tables; whole-model errors are "
+        "bounded by host effects in the end-to-end runs (docs/fidelity_gpu.md, 'What these files allow'). "
+        "For a newer GPU (H100) the model applies the issue-slot limit of 128-lane SMs and prices small shapes "
+        "per wave: it predicts the NeuSight training workloads on an H100 datasheet 10-20% slower than the two-GPU "
+        "fit did (which was 6-14% too fast on published H100 runs); no H100 measurement is fitted or checked "
+        "here. [docs/fidelity_gpu.md](docs/fidelity_gpu.md)"]
 
 
 if __name__ == "__main__":
