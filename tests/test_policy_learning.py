@@ -165,3 +165,37 @@ def test_policy_iteration_improves_an_untrained_student() -> None:
         gains.append(geomean(np.array(after) / np.array(before)))
         assert len(report["rounds"]) == 2 and report["rounds"][0]["teacher_completions"] > 0
     assert max(gains) < 0.9 and geomean(gains) < 0.8, gains  # measured 0.34-0.66 over seeds 0-5
+
+
+def test_the_shipped_checkpoint_loads_with_its_provenance_and_decodes_the_same_compiled_and_in_torch() -> None:
+    """The packaged policy matches this release (features, window), says where it comes from, and its compiled
+    greedy decode takes the torch head's choice at every state of a torch greedy episode (states where the top two
+    scores are within float noise are not counted)."""
+    from agents.constructive import graph_tensors
+    from agents.constructive_train import default_checkpoint, load_policy
+    from agents.fast_decode import Head
+
+    torch.set_num_threads(1)
+    policy, cfg, data = load_policy(default_checkpoint())
+    assert cfg.window == policy.window >= 0
+    prov = data["config"]["provenance"]
+    assert prov["commit"] and prov["cost_model_sha"] and prov["fits_sha"] and prov["dataset"]["train_tasks"] > 0
+    for family, n, seed, topo in CASES:
+        g, t, c = _case(family, n, seed, topo)
+        task = ConstructiveTask(g, t, c)
+        tr = rollout(policy, task, samples=1, greedy=True, record=True).trace
+        with torch.no_grad():
+            node_h = policy.embed(*graph_tensors(task)).double().numpy()
+        head = Head(policy, node_h)
+        counted = 0
+        for i, v in enumerate(tr.nodes):
+            z = head.scores(tr.feats[i, 0].astype(np.float32), int(v), tr.masks[i, 0])
+            top = np.sort(z[np.isfinite(z)])[::-1]
+            if len(top) > 1 and top[0] - top[1] < 1e-4:
+                continue
+            counted += 1
+            assert int(np.argmax(z)) == int(tr.actions[i, 0]), (family, i)
+        assert counted >= 0.9 * len(tr.nodes)
+        fast = rollout(policy, task, samples=1, greedy=True)
+        assert fast.feasible[0] and fast.times[0] == pytest.approx(simulate(g, c, t, fast.devices[0]).step_time,
+                                                                   rel=1e-9)
