@@ -214,6 +214,18 @@ def part_speed(policy, cfg) -> None:
               f"{res.greedy_time * 1e3:.2f} ms")
 
 
+def _finetune_config(cfg):
+    """What ``placement-rl train`` fine-tunes with: the agent group's values over the checkpoint's config."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    agent = OmegaConf.to_container(OmegaConf.load(Path(__file__).resolve().parent.parent / "conf" / "agent"
+                                                  / "constructive.yaml"))
+    known = {f.name for f in dataclasses.fields(cfg)}
+    return dataclasses.replace(cfg, **{k: v for k, v in agent.items() if k in known and v is not None})
+
+
 def part_finetune(policy, cfg, out: Path | None, budget: int) -> None:
     """Fine-tuning at ``budget`` simulator calls vs ``eft_rollout`` + local search at the same calls (eft_rollout's
     N x D completions counted), on the cases where local search beats the best one-pass heuristic by >= 3%."""
@@ -232,6 +244,10 @@ def part_finetune(policy, cfg, out: Path | None, budget: int) -> None:
              ({"family": "series_parallel", "num_nodes": 300, "seed": 15}, "cpu_2gpu"),
              ({"family": "layered", "num_nodes": 300, "seed": 16}, "cpu_2gpu"),
              ({"zoo": "moe"}, "8x_a100_nvswitch"), ({"zoo": "nmt"}, "2x_k80"), ({"zoo": "inception"}, "2x_k80")]
+    ft_cfg = _finetune_config(cfg)
+    print(f"fine-tuning recipe (conf/agent/constructive.yaml over the checkpoint's): {ft_cfg.pi_rounds} policy-"
+          f"iteration rounds, then {ft_cfg.rl_algo} with {ft_cfg.samples} samples per iteration, lr {ft_cfg.rl_lr}, "
+          f"{ft_cfg.ppo_epochs} passes; at most {budget} simulator calls in all")
     rows, curves = [], []
     for gspec, tname in cases:
         graph, topo = _graph(gspec), _topology(tname)
@@ -239,10 +255,8 @@ def part_finetune(policy, cfg, out: Path | None, budget: int) -> None:
         t0 = time.perf_counter()
         ls = baselines.get("local_search")(graph, costs, topo, budget=budget, seed=0)
         ls_t, ls_s = simulate(graph, costs, topo, ls).step_time, time.perf_counter() - t0
-        fixed = 2 * 17  # zero-shot and fine-tuned greedy + best of 16
-        iters = max(1, (budget - fixed) // cfg.samples)
-        res = finetune(graph, topo, costs, copy.deepcopy(policy), dataclasses.replace(cfg, rl_iters=iters), samples=16,
-                       log=lambda _: None)
+        res = finetune(graph, topo, costs, copy.deepcopy(policy), dataclasses.replace(ft_cfg, rl_iters=budget),
+                       samples=16, budget=budget, log=lambda _: None)
         ref = min(res.task.refs[n][0] for n in ("heft", "m_etf", "m_sct", "metis"))
         best = res.best("learned")
         calls = max(r.sim_calls for r in res.rows if r.kind == "learned")

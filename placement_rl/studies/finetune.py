@@ -14,6 +14,8 @@ exclude building the heuristics' rows) and its computed feasibility.
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -54,7 +56,11 @@ class FinetuneResult:
 
 def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, policy: DevicePolicy,
              config: ConstructiveConfig, *, samples: int = 16, search_budget: int = 0, seed: int = 0,
-             log: Callable[[str], None] = print) -> FinetuneResult:
+             budget: int | None = None, log: Callable[[str], None] = print) -> FinetuneResult:
+    """Zero-shot rows, then policy iteration and expert iteration on this task, then the fine-tuned rows (and
+    local search from the best learned placement with ``search_budget`` more calls: a search row). With
+    ``budget``, the learned rows together spend at most that many simulator calls (policy iteration's rollout
+    completions counted): expert iteration gets what is left."""
     task = ConstructiveTask.build(graph, topology, costs, id=f"{graph.name}@{topology.name}")
     secs, calls = task.meta.get("ref_seconds", {}), task.meta.get("ref_calls", {})
     rows = [LearnedRow(name, "heuristic", t, ok, dev, int(calls.get(name, 1)), float(secs.get(name, 0.0)))
@@ -87,6 +93,10 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
             log(f"  fine-tune {i}/{n}: best sampled {task.meta['best_known'][0] * 1e3:.3f} ms "
                 f"({time.perf_counter() - t0:.1f} s)")
 
+    if budget is not None:  # what is left after the final greedy + best-of-``samples`` evaluation
+        left = budget - n_calls - (1 + samples)
+        config = dataclasses.replace(config, rl_iters=max(0, min(config.rl_iters, left // config.samples)))
+        trainer.cfg = config
     if config.rl_iters > 0:
         trainer.improve([task], iters=config.rl_iters, progress=prog)
     n_calls += config.rl_iters * config.samples
