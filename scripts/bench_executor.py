@@ -51,6 +51,8 @@ from placement_rl.plans import StagePlan
 from placement_rl.graph import zoo
 from placement_rl.graph.capture import capture
 from placement_rl.profiling import ProfileDB, local_link_benchmarks, measured_costs, predict_step_time, profile_graph
+from placement_rl.profiling.dist_overhead import (DistOverheads, fit_dist_overheads, measure_dist_overheads,
+                                                  predict_deploy_step)
 from placement_rl.profiling.fidelity import fidelity_stats
 from placement_rl.profiling.run import select_devices
 
@@ -267,6 +269,13 @@ def micro_batch(plan: StagePlan) -> int:
     return int(plan.batch_size) // (plan.num_microbatches * len(plan.stage_devices[0]))
 
 
+def tensors_per_param_node(name: str, graph) -> float:
+    """Trainable parameter tensors of zoo model ``name`` per node of its graph that owns parameters."""
+    module, _ = zoo.build(name, **MODELS[name])
+    tensors = sum(1 for p in module.parameters() if p.requires_grad)
+    return tensors / max(int(np.count_nonzero(graph.param_bytes)), 1)
+
+
 def profile_model(name: str, sizes: set[int], *, db: ProfileDB, repeats: int) -> dict[int, object]:
     """Capture and profile zoo model ``name`` at each batch size (thread CPU clock, one thread) into ``db``."""
     cpu = select_devices(["cpu"])[0]
@@ -288,8 +297,10 @@ def profile_model(name: str, sizes: set[int], *, db: ProfileDB, repeats: int) ->
 class Predictor:
     """Predictions for one model: per-micro-batch costs + step overhead (new) and full-batch linear (old)."""
 
-    def __init__(self, graphs: dict[int, object], full_batch: int, topology, db: ProfileDB) -> None:
+    def __init__(self, graphs: dict[int, object], full_batch: int, topology, db: ProfileDB, *,
+                 overheads: DistOverheads | None = None, tensors_per_node: float = 2.0) -> None:
         self.graph, self.topology, self.db = graphs[full_batch], topology, db
+        self.overheads, self.tensors_per_node = overheads, tensors_per_node
         self.linear_costs = measured_costs(self.graph, topology, db, backend="gloo")
         self.micro: dict[int, tuple] = {}
         for b, g in graphs.items():
@@ -311,8 +322,12 @@ class Predictor:
         sim = simulate_pipeline(self.graph, costs, self.topology, plan, cost_batch_size=b).step_time
         linear = simulate_pipeline(self.graph, self.linear_costs, self.topology, plan).step_time
         opt = self.adam_share(plan)
-        return {"simulated_s": sim, "predicted_s": sim + opt, "linear_s": linear + opt, "micro_batch": b,
-                "step_overhead_s": overhead}
+        model = predict_deploy_step(sim, plan=plan, graph=self.graph, adam_seconds=self.adam, overheads=self.overheads,
+                                    tensors_per_node=self.tensors_per_node)
+        return {"simulated_s": sim, "predicted_old_s": sim + opt, "predicted_s": model["predicted_s"],
+                "linear_s": linear + opt, "micro_batch": b, "step_overhead_s": overhead,
+                "wrapper_s": model["wrapper_s"], "optimizer_s": model["optimizer_s"],
+                "oversubscription": model["oversubscription"]}
 
 
 def bench_fidelity(graphs, *, steps: int, work: Path, predictors: dict) -> dict:
@@ -341,6 +356,7 @@ def bench_fidelity(graphs, *, steps: int, work: Path, predictors: dict) -> dict:
         return np.array([r[key] for r in rows if sel is None or r["model"] == sel])
 
     stats = {"with_optimizer": fidelity_stats(col("predicted_s"), meas),
+             "before_wrapper_model": fidelity_stats(col("predicted_old_s"), meas),
              "linear_with_optimizer": fidelity_stats(col("linear_s"), meas),
              "simulator_only_vs_no_optimizer": fidelity_stats(col("simulated_s"), col("measured_no_opt_s"))}
     per_model = {m: fidelity_stats(col("predicted_s", m), col("measured_s", m)) for m in graphs}
@@ -370,14 +386,21 @@ def write_report(out: Path, a_rows: list[dict], b: dict, meta: dict) -> None:
         lines += ["", "## (b) measured vs predicted (simulate_pipeline, measured CPU profiles)", "",
                   "Predicted: costs profiled (thread CPU clock) at the plan's per-replica micro-batch + that "
                   "profile's step overhead + Adam share. Linear: full-batch costs scaled by 1/(m p), + Adam share.", "",
-                  "| model | plan | procs | micro-batch | measured (ms) | predicted +opt (ms) | linear +opt (ms) | "
-                  "sim only (ms) | measured - Adam (ms) |", "|---|---|---|---|---|---|---|---|---|"]
+                  "Model: the same + the wrappers' measured per-pass costs (DDP / FSDP2), Adam over DTensor shards and "
+                  "the oversubscription of the cores (`profiling.dist_overhead`).", "",
+                  "| model | plan | procs | micro-batch | measured (ms) | model (ms) | wrappers (ms) | Adam (ms) | "
+                  "predicted +opt, before (ms) | linear +opt (ms) | sim only (ms) | measured - Adam (ms) | "
+                  "measured Adam (ms) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {r['model']} | {r['plan']} | {r['world']} | {r['micro_batch']} | {r['measured_s'] * 1e3:.2f} | "
-                  f"{r['predicted_s'] * 1e3:.2f} | {r['linear_s'] * 1e3:.2f} | {r['simulated_s'] * 1e3:.2f} | "
-                  f"{r['measured_no_opt_s'] * 1e3:.2f} |" for r in b["rows"]]
+                  f"{r['predicted_s'] * 1e3:.2f} | {r['wrapper_s'] * 1e3:.2f} | {r['optimizer_s'] * 1e3:.2f} | "
+                  f"{r['predicted_old_s'] * 1e3:.2f} | {r['linear_s'] * 1e3:.2f} | {r['simulated_s'] * 1e3:.2f} | "
+                  f"{r['measured_no_opt_s'] * 1e3:.2f} | {(r['measured_s'] - r['measured_no_opt_s']) * 1e3:.2f} |"
+                  for r in b["rows"]]
         s = b["stats"]
         lines += ["", f"All {s['with_optimizer']['n']} plans: MAPE {s['with_optimizer']['mape']:.1f}%, Spearman "
-                  f"{s['with_optimizer']['spearman']:.3f} (prediction + Adam vs measured step); linear model: MAPE "
+                  f"{s['with_optimizer']['spearman']:.3f} (the model vs measured step); before the wrapper model "
+                  f"(simulated + plain Adam share): MAPE {s['before_wrapper_model']['mape']:.1f}%, Spearman "
+                  f"{s['before_wrapper_model']['spearman']:.3f}; linear model: MAPE "
                   f"{s['linear_with_optimizer']['mape']:.1f}%, Spearman {s['linear_with_optimizer']['spearman']:.3f}; "
                   "simulator alone vs measured step minus Adam: MAPE "
                   f"{s['simulator_only_vs_no_optimizer']['mape']:.1f}%, "
@@ -419,12 +442,20 @@ def main() -> None:
         for fit in local_link_benchmarks(["cpu"], repeats=5 if args.quick else 10):
             db.put_link(fit.src, fit.dst, fit.backend, fit.sizes, fit.times, fit.latency, fit.bandwidth)
         db.save()
-        predictors = {name: Predictor(by_batch, MODELS[name]["batch_size"], topology, db)
+        overheads = None
+        if "b" in args.parts:
+            print("measuring DDP / FSDP2 wrapper costs and gloo collectives (2 processes)")
+            overheads = fit_dist_overheads(measure_dist_overheads("gloo", repeats=5 if args.quick else 9))
+            print(f"  DDP per pass {overheads.ddp_pass}, FSDP per pass {overheads.fsdp_pass}, "
+                  f"FSDP Adam {overheads.fsdp_adam} (a, b per tensor; seconds)")
+        predictors = {name: Predictor(by_batch, MODELS[name]["batch_size"], topology, db, overheads=overheads,
+                                      tensors_per_node=tensors_per_param_node(name, graphs[name]))
                       for name, by_batch in predictors.items()}
         a_rows = bench_overhead(graphs, steps=steps, repeats=args.repeats, work=work) if "a" in args.parts else []
         b = bench_fidelity(graphs, steps=steps, work=work, predictors=predictors) if "b" in args.parts else \
             {"rows": [], "stats": {}, "per_model": {}, "per_model_linear": {}}
-    meta = {"machine": f"{os.cpu_count()} CPU cores", "steps": steps, "models": MODELS, "profile_clock": "thread"}
+    meta = {"machine": f"{os.cpu_count()} CPU cores", "steps": steps, "models": MODELS, "profile_clock": "thread",
+            "dist_overheads": None if overheads is None else overheads.to_dict()}
     write_report(out, a_rows, b, meta)
     print((out / "bench_executor.md").read_text())
 
