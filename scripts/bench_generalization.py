@@ -72,8 +72,10 @@ def part_dev(policy, out: Path | None, workers, cache: str | None) -> None:
         print(f"wrote {out / 'dev_split.md'} and .csv")
 
 
-def part_test(runs: list[str], out: Path | None, workers, cache: str | None) -> None:
-    """Every phase checkpoint of every run on the test split; the ablation table; the final figures."""
+def part_test(runs: list[str], out: Path | None, workers, cache: str | None, stem: str = "ablation_learning") -> None:
+    """Every phase checkpoint of every run on the test split; the ablation table; the final figures. A run that
+    skipped a phase (``pi_rounds=0`` or ``rl_iters=0``) has no row for it: its final checkpoint is the last
+    phase it ran."""
     from agents.constructive_train import load_policy
     from agents.scaleout import evaluate_tasks
     from placement_rl.studies.pretrain import build_tasks, result_rows, split_specs, summarise, write_report
@@ -92,11 +94,14 @@ def part_test(runs: list[str], out: Path | None, workers, cache: str | None) -> 
             if not path.is_file():
                 continue
             policy, cfg, _ = load_policy(path)
+            if (fname == "checkpoint_pi.pt" and not cfg.pi_rounds) or (fname == "checkpoint.pt" and not cfg.rl_iters):
+                continue  # the phase did not run: this file repeats an earlier phase's policy
             rows = result_rows(evaluate_tasks(policy, tasks, samples=16, seed=cfg.seed, workers=workers))
             s = summarise(rows)
             per_seed.append(s)
             _print_summary(s, f"[{label}, {Path(run).name}] ")
-            if out is not None and fname == "checkpoint.pt":
+            if out is not None and (fname == "checkpoint.pt" or (fname == "checkpoint_imitation.pt"
+                                                                 and not cfg.pi_rounds and not cfg.rl_iters)):
                 write_report(rows, out, title=f"Test split, pretraining run {Path(run).name} (final policy)",
                              stem=f"test_split_{Path(run).name}")
         if not per_seed:
@@ -114,11 +119,11 @@ def part_test(runs: list[str], out: Path | None, workers, cache: str | None) -> 
         from placement_rl.report import markdown_table
 
         cols = ("phase", "seeds") + SUMMARY + ("max_greedy_over_eft_rollout",)
-        atomic_write_text(out / "ablation_learning.md",
+        atomic_write_text(out / f"{stem}.md",
                           "# What each phase of pretraining earns, on the test split (mean over pretraining seeds)\n\n"
                           "Ratios are geometric means over the 32 test pairs; seconds and calls are per pair.\n\n"
                           + markdown_table(table, cols, cols) + "\n")
-        print(f"wrote {out / 'ablation_learning.md'}")
+        print(f"wrote {out / (stem + '.md')}")
 
 
 def part_scale(policy) -> None:
@@ -321,6 +326,7 @@ def main() -> None:
     ap.add_argument("--workers", default="auto", help="building and evaluating the dev / test pairs: 1 (this "
                     "process), N or auto (Ray workers; placement_rl.scale)")
     ap.add_argument("--address", default=None, help="a Ray cluster to join (auto or host:port)")
+    ap.add_argument("--stem", default="ablation_learning", help="file name of the test part's ablation table")
     ap.add_argument("--cache", default=None, help="folder keeping built tasks between runs")
     a = ap.parse_args()
     from agents.constructive_train import default_checkpoint, load_policy
@@ -336,7 +342,7 @@ def main() -> None:
             if a.part in ("all", "dev"):
                 part_dev(policy, out, workers, a.cache)
             if a.part == "test":
-                part_test(a.runs, out, workers, a.cache)
+                part_test(a.runs, out, workers, a.cache, stem=a.stem)
     if a.part in ("all", "scale"):
         part_scale(policy)
     if a.part in ("all", "speed"):

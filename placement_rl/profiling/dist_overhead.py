@@ -118,7 +118,7 @@ def _worker(rank: int, backend: str, port: int, layers: Sequence[int], sizes: Se
             for kind in ("plain", "ddp", "fsdp"):
                 m = make(k)
                 if kind == "ddp":
-                    m = DistributedDataParallel(m, broadcast_buffers=False)
+                    m = DistributedDataParallel(m)  # a Linear stack has no buffers to broadcast
                 elif kind == "fsdp":
                     fully_shard(m, mesh=mesh)
                 opt = torch.optim.Adam(m.parameters(), lr=1e-3)
