@@ -31,7 +31,7 @@ from agents.checkpoint import load_checkpoint, save_checkpoint
 from agents.constructive import (REGRET_UNIT, Demo, Rollout, eft_labels, imitation_loss, ppo_loss, rewards,
                                  rollout)
 from agents.device_policy import DevicePolicy
-from agents.scaleout import LabelJob, label_states
+from agents.scaleout import LabelJob, label_states, lookahead_labels
 from envs.constructive_task import NUM_NODE_FEATURES, REACTIVE, ConstructiveTask
 from placement_rl.cost.lookahead import eft_rollout
 from placement_rl.cost.schedule import DEFAULT_WINDOW, NUM_DEVICE_FEATURES
@@ -200,19 +200,22 @@ class ConstructiveTrainer:
         current = demos
         for rnd in range(cfg.dagger_rounds + 1):
             if rnd > 0:  # DAgger: the student's states, the teacher's labels
+                ros = [rollout(self.policy, d.task, samples=1, greedy=True, record=True) if react else None
+                       for d, react in zip(demos, reactive)]
+                look = [i for i, (d, ro) in enumerate(zip(demos, ros))
+                        if ro is not None and "eft_rollout" in d.task.refs]
+                labelled = dict(zip(look, lookahead_labels([(demos[i].task, ros[i].devices[0]) for i in look],
+                                                           self.workers)))  # O(N^2 D) each: on the workers
                 current = []
-                for demo, react in zip(demos, reactive):
-                    t = demo.task
-                    if react:  # a reactive teacher: label the student's own states (lookahead where it ran)
-                        ro = rollout(self.policy, t, samples=1, greedy=True, record=True)
-                        if "eft_rollout" in t.refs:
-                            _, lab, reg = eft_rollout(t.graph, t.costs, t.topology, actions=ro.devices[0])
-                            current.append(Demo(t, ro.trace, lab[:, None],
-                                                reg[:, None] if cfg.regret_coef > 0 else None))
-                        else:
-                            current.append(Demo(t, ro.trace, eft_labels(ro.trace)))
-                    else:  # a fixed placement's device indices mean nothing in other states: its own states
+                for i, (demo, ro) in enumerate(zip(demos, ros)):
+                    if ro is None:  # a fixed placement's device indices mean nothing in other states
                         current.append(demo)
+                    elif i in labelled:  # a reactive teacher labels the student's own states (lookahead where it ran)
+                        lab, reg = labelled[i]
+                        current.append(Demo(demo.task, ro.trace, lab[:, None],
+                                            reg[:, None] if cfg.regret_coef > 0 else None))
+                    else:
+                        current.append(Demo(demo.task, ro.trace, eft_labels(ro.trace)))
                 self.policy.train()
             for _ in range(cfg.bc_epochs if rnd == 0 else max(1, cfg.bc_epochs // 2)):
                 order = self.rng.permutation(len(demos))

@@ -6,6 +6,8 @@
   the offset, the window), drawn by the trainer before dispatch, so the labels do not depend on the worker count.
   On Ray a trajectory's labelled states are split over several jobs (each state's label depends only on the
   followed placement, so the merged labels are the same).
+* ``lookahead_labels(trajectories, workers)``: the lookahead teacher (``eft_rollout``) on the student's own
+  trajectories, one job per trajectory (DAgger's relabelling in imitation).
 * ``evaluate_tasks(policy, tasks, samples=, seed=, workers=)``: greedy and best-of-k placements of every task
   (``agents.constructive_train.evaluate`` per task, with a seed derived from ``seed`` and the task's index).
 * ``weights_digest(state_dict)``: a hash of a policy's weights (checkpoints of 1 and N workers are compared by it).
@@ -101,6 +103,25 @@ def _merge(parts: Sequence[Any]) -> Any:
         out.labelled |= p.labelled
     out.completions = sum(p.completions for p in parts)
     return out
+
+
+def _lookahead_labels(item: tuple[Any, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    from placement_rl.cost.lookahead import eft_rollout
+
+    task, actions = item
+    _, labels, regret = eft_rollout(task.graph, task.costs, task.topology, actions=actions)
+    return labels, regret
+
+
+def lookahead_labels(trajectories: Sequence[tuple[ConstructiveTask, np.ndarray]], workers: Workers | None = None,
+                     ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(labels [N], regret [N, D])`` of the lookahead teacher (``eft_rollout``) on each ``(task, placement)``
+    trajectory, in order, one job per trajectory (DAgger's relabelling of the student's states). The labels are
+    a pure function of the task and the placement, so any worker count gives the same."""
+    workers = workers if workers is not None else Workers(1)
+    items = [(workers.put(t, ship=shippable), np.asarray(a)) for t, a in trajectories]
+    cost = [float(t.graph.num_nodes) ** 2 * t.topology.num_devices for t, _ in trajectories]
+    return workers.map(_lookahead_labels, items, cost=cost)
 
 
 def label_states(policy: Any, jobs: Sequence[LabelJob], workers: Workers | None = None, *,

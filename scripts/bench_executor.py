@@ -322,8 +322,8 @@ class Predictor:
         sim = simulate_pipeline(self.graph, costs, self.topology, plan, cost_batch_size=b).step_time
         linear = simulate_pipeline(self.graph, self.linear_costs, self.topology, plan).step_time
         opt = self.adam_share(plan)
-        model = predict_deploy_step(sim, plan=plan, graph=self.graph, adam_seconds=self.adam, overheads=self.overheads,
-                                    tensors_per_node=self.tensors_per_node)
+        model = predict_deploy_step(sim, plan=plan, graph=self.graph, adam_seconds=self.adam,
+                                    overheads=self.overheads, tensors_per_node=self.tensors_per_node)
         return {"simulated_s": sim, "predicted_old_s": sim + opt, "predicted_s": model["predicted_s"],
                 "linear_s": linear + opt, "micro_batch": b, "step_overhead_s": overhead,
                 "wrapper_s": model["wrapper_s"], "optimizer_s": model["optimizer_s"],
