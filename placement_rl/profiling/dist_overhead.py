@@ -23,7 +23,6 @@ Not modelled: pipeline-schedule overhead per micro-batch beyond the send/recv li
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import time
 from typing import Any, Sequence
@@ -139,38 +138,12 @@ def _worker(rank: int, backend: str, port: int, layers: Sequence[int], sizes: Se
 def measure_dist_overheads(backend: str = "gloo", *, layers: Sequence[int] = LAYERS, sizes: Sequence[int] = SIZES,
                            repeats: int = 9, timeout_s: float = 600.0) -> dict[str, Any]:
     """Raw medians of the two-process measurement (see the module docstring). CPU ``gloo`` only."""
-    import torch.multiprocessing as mp
-
-    from placement_rl.profiling.links import _free_port
+    from placement_rl.profiling.links import run_pair
 
     if backend != "gloo":
         raise ProfileError(f"the wrapper-overhead measurement runs on CPU processes over gloo, not '{backend}'")
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    port = _free_port()
-    old = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        procs = [ctx.Process(target=_worker, args=(r, backend, port, tuple(layers), tuple(sizes), repeats, queue))
-                 for r in range(2)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + timeout_s
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        alive = [p for p in procs if p.is_alive()]
-        for p in alive:
-            p.terminate()
-            p.join()
-        if alive or any(p.exitcode != 0 for p in procs) or queue.empty():
-            raise ProfileError(f"{backend} wrapper-overhead measurement failed (worker exit codes "
-                               f"{[p.exitcode for p in procs]}{', timed out' if alive else ''})")
-        raw = queue.get()
-    finally:
-        if old is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = old
+    raw = run_pair(_worker, (backend, tuple(layers), tuple(sizes), repeats), timeout_s=timeout_s,
+                   what=f"{backend} wrapper-overhead measurement")
     raw["sizes"], raw["backend"] = list(sizes), backend
     return raw
 

@@ -18,7 +18,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -175,23 +175,19 @@ def _pingpong_worker(rank: int, backend: str, port: int, sizes: Sequence[int], r
         dist.destroy_process_group()
 
 
-def bench_sendrecv(backend: str, *, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 10,
-                   timeout_s: float = 120.0) -> LinkFit:
-    """send/recv between two processes on this host over ``gloo`` (CPU) or ``nccl`` (GPU 0 <-> GPU 1)."""
+def run_pair(worker: Callable[..., None], args: tuple, *, timeout_s: float, what: str) -> Any:
+    """Run ``worker(rank, args[0], port, *args[1:], queue)`` in two spawned processes (``args[0]``: the backend;
+    one torch thread each) and return what rank 0 put on the queue. A failure or a time-out is a ``ProfileError``
+    naming ``what``; the workers are stopped, never left behind."""
     import torch.multiprocessing as mp
 
-    if backend not in ("gloo", "nccl"):
-        raise ProfileError(f"unknown process-group backend '{backend}' (use gloo or nccl)")
-    if backend == "nccl" and (not torch.cuda.is_available() or torch.cuda.device_count() < 2):
-        raise ProfileError("the NCCL send/recv benchmark needs two CUDA GPUs on this host")
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     port = _free_port()
     env_backup = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"
     try:
-        procs = [ctx.Process(target=_pingpong_worker, args=(r, backend, port, tuple(sizes), repeats, queue))
-                 for r in range(2)]
+        procs = [ctx.Process(target=worker, args=(r, args[0], port, *args[1:], queue)) for r in range(2)]
         for p in procs:
             p.start()
         deadline = time.monotonic() + timeout_s
@@ -203,14 +199,24 @@ def bench_sendrecv(backend: str, *, sizes: Sequence[int] = DEFAULT_SIZES, repeat
             p.join()
         if alive or any(p.exitcode != 0 for p in procs) or queue.empty():
             codes = [p.exitcode for p in procs]
-            raise ProfileError(f"{backend} send/recv benchmark failed (worker exit codes {codes}"
-                               f"{', timed out' if alive else ''})")
-        times = queue.get()
+            raise ProfileError(f"{what} failed (worker exit codes {codes}{', timed out' if alive else ''})")
+        return queue.get()
     finally:
         if env_backup is None:
             os.environ.pop("OMP_NUM_THREADS", None)
         else:
             os.environ["OMP_NUM_THREADS"] = env_backup
+
+
+def bench_sendrecv(backend: str, *, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 10,
+                   timeout_s: float = 120.0) -> LinkFit:
+    """send/recv between two processes on this host over ``gloo`` (CPU) or ``nccl`` (GPU 0 <-> GPU 1)."""
+    if backend not in ("gloo", "nccl"):
+        raise ProfileError(f"unknown process-group backend '{backend}' (use gloo or nccl)")
+    if backend == "nccl" and (not torch.cuda.is_available() or torch.cuda.device_count() < 2):
+        raise ProfileError("the NCCL send/recv benchmark needs two CUDA GPUs on this host")
+    times = run_pair(_pingpong_worker, (backend, tuple(sizes), repeats), timeout_s=timeout_s,
+                     what=f"{backend} send/recv benchmark")
     lat, bw = fit_link(sizes, times)
     src, dst = ("cuda:0", "cuda:1") if backend == "nccl" else ("cpu", "cpu")
     return LinkFit(src, dst, backend, lat, bw, tuple(map(float, sizes)), tuple(times))
