@@ -137,12 +137,15 @@ def main() -> None:
     label_calls = one.jobs("_label")
     pi_calls, q_calls = label_calls[:cfg.pi_rounds], label_calls[cfg.pi_rounds:]
     label_wall = sum(sum(c) for c in label_calls)
+    dagger_calls = one.jobs("_lookahead_labels")  # DAgger's eft_rollout relabelling, one call per round
+    dagger_wall = sum(sum(c) for c in dagger_calls)
     build_wall = sum(build_jobs)
-    serial = total - build_wall - label_wall
+    serial = total - build_wall - label_wall - dagger_wall
     n_pi = len(pi_calls[0]) if pi_calls else 0
     print(f"\n1. pretraining of {metrics['train_tasks']} + {metrics['val_tasks']} tasks on 1 worker: {total:.1f} s = "
           f"build {build_wall:.1f} s ({len(build_jobs)} jobs, mean {np.mean(build_jobs):.2f} s, max "
-          f"{max(build_jobs):.2f} s) + labelling {label_wall:.1f} s ({len(pi_calls)} PI rounds x {n_pi} jobs, "
+          f"{max(build_jobs):.2f} s) + DAgger relabelling {dagger_wall:.1f} s ({len(dagger_calls)} rounds) + "
+          f"labelling {label_wall:.1f} s ({len(pi_calls)} PI rounds x {n_pi} jobs, "
           f"{len(q_calls)} RL iterations x {len(q_calls[0]) if q_calls else 0} jobs; max job "
           f"{max(max(c) for c in label_calls) if label_calls else 0:.2f} s) + the driver's serial work {serial:.1f} s")
     for when, line in marks:
@@ -220,7 +223,9 @@ def main() -> None:
     at = {key: next((w - t0 for w, line in marks if line.startswith(key)), None)
           for key in ("imitation:", "policy iteration:", "RL (")}
     pi_end = at["RL ("] if at["RL ("] is not None else total
-    imitation = (at["policy iteration:"] or pi_end) - at["imitation:"]  # BC + DAgger (eft_rollout relabelling)
+    imitation = (at["policy iteration:"] or pi_end) - at["imitation:"] - dagger_wall  # BC, student rollouts
+    per_dagger = dagger_wall / metrics["train_tasks"]  # every DAgger round of one task
+    longest_dagger = max([max(c) for c in dagger_calls if c], default=0.0)
     pi_serial = (pi_end - (at["policy iteration:"] or pi_end)) - sum(sum(c) for c in pi_calls)
     rl_serial = serial - imitation - pi_serial  # RL updates, student rollouts, validation: fixed tasks per iteration
     serial_per_task = (imitation + pi_serial) / metrics["train_tasks"]
@@ -231,7 +236,8 @@ def main() -> None:
     base = spec0.train_tasks + spec0.val_tasks
     print(f"\n4. cost model (per task, measured above): build {per_build:.2f} s, labelling {per_label:.2f} s per PI "
           f"round, driver's serial work {serial_per_task:.2f} s (imitation {imitation / metrics['train_tasks']:.2f} s "
-          f"with its DAgger relabelling, policy iteration's rollouts, distillation and validation "
+          f"without its DAgger relabelling ({per_dagger:.2f} s, on the workers), policy iteration's rollouts, "
+          f"distillation and validation "
           f"{pi_serial / metrics['train_tasks']:.2f} s); RL: serial {rl_serial:.1f} s and labelling {q_wall:.1f} s "
           f"in all (fixed: {cfg.tasks_per_iter} tasks per iteration); evaluation {per_eval:.2f} s; longest jobs: "
           f"build {longest_build:.2f} s, labelling {longest:.2f} s; Ray {over * 1e3:.2f} ms per job, start {start:.1f} s")
@@ -239,12 +245,15 @@ def main() -> None:
     def project(n: int, cores: int) -> tuple[float, float]:
         """Modelled wall time of pretraining ``n`` tasks on ``cores`` (one worker per core), serial share."""
         if cores == 1:
-            return serial_per_task * n + rl_serial + n * (per_build + cfg.pi_rounds * per_label) + q_wall, 0.0
+            return (serial_per_task * n + rl_serial + n * (per_build + per_dagger + cfg.pi_rounds * per_label)
+                    + q_wall, 0.0)
         split = 1 + 48 // CHUNK  # labelling jobs per trajectory on Ray (at most pi_max_labels states)
-        par = n * per_build / min(cores, n) + n * cfg.pi_rounds * per_label / min(cores, split * n)
+        par = (n * (per_build + per_dagger) / min(cores, n)
+               + n * cfg.pi_rounds * per_label / min(cores, split * n))
         par += q_wall / min(cores, split * cfg.tasks_per_iter)
-        straggler = longest_build + (cfg.pi_rounds + cfg.rl_iters) * longest / split  # the last job of each call
-        jobs_ = n + split * (n * cfg.pi_rounds + cfg.rl_iters * cfg.tasks_per_iter)
+        straggler = (longest_build + cfg.dagger_rounds * longest_dagger
+                     + (cfg.pi_rounds + cfg.rl_iters) * longest / split)  # the last job of each call
+        jobs_ = n * (1 + cfg.dagger_rounds) + split * (n * cfg.pi_rounds + cfg.rl_iters * cfg.tasks_per_iter)
         t = serial_per_task * n + rl_serial + par + straggler + jobs_ * over + start
         return t, (serial_per_task * n + rl_serial) / t
 
@@ -255,7 +264,8 @@ def main() -> None:
         for cores in (8, 64, 256):
             t, share = project(mult * base, cores)
             print(f"   {mult:>3d}x{mult * base:<5d} {cores:6d} {t / 3600:8.2f} h {share:12.0%}")
-    print("   (serial share: the driver's imitation (its DAgger relabelling included), distillation, student rollouts, "
+    print("   (serial share: the driver's imitation (behaviour cloning; its DAgger relabelling runs on the workers), "
+          "distillation, student rollouts, "
           "validation and RL updates, which do not spread over workers)")
     import shutil
 
