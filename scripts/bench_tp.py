@@ -14,8 +14,11 @@ simulated vs measured TP step time on gloo.
 (b) Deploy vs hand-written: our executor's step (``PartRunner``: export split, ``_tp.apply_tp`` on the stage
     program, mesh, Adam) against a hand-written DTensor TP step of the same zoo model on the same 1-D TP mesh --
     the eager ``nn.Module`` parallelized with ``parallelize_module`` and the same Megatron styles (as in the
-    torch TP tutorial; tied embedding / LM head re-tied), Adam. Both in the same processes, steps interleaved
-    (the 2-core machine is shared), slowest rank per step; ratio of medians (target <= 1.05).
+    torch TP tutorial; tied embedding / LM head re-tied), Adam; for the TP x PP plan the eager model cut by hand
+    at the same block into two stage modules, each parallelized over its TP group of a (pp, tp) mesh,
+    ``PipelineStage`` + GPipe over ``pp``, the loss under ``loss_parallel``, the tied embedding / head gradients
+    summed across the stages (``HandWrittenTPxPP``). Both in the same processes, steps interleaved (the 2-core
+    machine is shared), slowest rank per step; ratio of medians (target <= 1.05).
 (c) Fidelity on gloo: measured step time of TP plans (and DP / PP plans of the same model for reference) deployed
     on this machine's CPU processes, against ``simulate_pipeline`` on ``2x_cpu`` with per-op CPU profiles of the
     model at the plan's micro-batch (``placement_rl.profiling``: thread CPU clock, gloo link fit), the profile's
@@ -153,12 +156,117 @@ class HandWrittenTP:
         return time.perf_counter() - t0
 
 
+class _Stage0(torch.nn.Module):
+    """Embeddings and the first blocks of the eager zoo GPT; passes the targets on to the last stage."""
+
+    def __init__(self, lm, blocks) -> None:
+        super().__init__()
+        self.wte, self.wpe, self.drop, self.blocks = lm.wte, lm.wpe, lm.drop, torch.nn.ModuleList(blocks)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.drop(self.wte(idx) + self.wpe(torch.arange(idx.shape[1])))
+        for block in self.blocks:
+            x, _ = block(x)
+        return x, targets
+
+
+class _Stage1(torch.nn.Module):
+    """The last blocks, final norm, LM head (its own copy of the tied weight) and the vocabulary-parallel loss."""
+
+    def __init__(self, lm, blocks) -> None:
+        super().__init__()
+        self.blocks, self.ln_f = torch.nn.ModuleList(blocks), lm.ln_f
+        self.lm_head = torch.nn.Linear(lm.lm_head.in_features, lm.lm_head.out_features, bias=False)
+        self.lm_head.weight = torch.nn.Parameter(lm.lm_head.weight.detach().clone())
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        import torch.nn.functional as F
+        from torch.distributed.tensor import DTensor
+
+        for block in self.blocks:
+            x, _ = block(x)
+        loss = F.cross_entropy(self.lm_head(self.ln_f(x)).flatten(0, 1), targets.flatten())
+        return loss.full_tensor() if isinstance(loss, DTensor) else loss
+
+
+class HandWrittenTPxPP:
+    """The eager zoo GPT cut into two stage modules by hand at the same block as the plan, each parallelized over
+    its TP group of a (pp, tp) mesh with the same Megatron styles, ``PipelineStage`` + GPipe over ``pp``, the
+    loss under ``loss_parallel``, the tied embedding / LM head gradients summed across the two stages, Adam."""
+
+    def __init__(self, part_dir: Path, rank: int) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        part = json.loads((part_dir / "part.json").read_text())
+        dims = part["dims"]
+        model = part["model"]
+        lm, inputs = zoo.build(model["zoo"], **{**model["overrides"], "batch_size": part["batch_size"]})
+        tp = int(dims["tp"])
+        mesh = init_device_mesh("cpu", (2, tp), mesh_dim_names=("pp", "tp"))
+        self.stage_index = rank // tp
+        half = len(lm.blocks) // 2
+        plan = {}
+        for i in range(half):
+            plan.update({f"blocks.{i}.attn.qkv": ColwiseParallel(use_local_output=False),
+                         f"blocks.{i}.attn.proj": RowwiseParallel(input_layouts=Shard(-1)),
+                         f"blocks.{i}.ffn.fc1": ColwiseParallel(use_local_output=False),
+                         f"blocks.{i}.ffn.fc2": RowwiseParallel(input_layouts=Shard(-1))})
+        if self.stage_index == 0:
+            module = _Stage0(lm, lm.blocks[:half])
+            plan["wte"] = RowwiseParallel(input_layouts=Replicate())
+            self.tied = module.wte
+        else:
+            module = _Stage1(lm, lm.blocks[half:])
+            plan["lm_head"] = ColwiseParallel(use_local_output=False)
+            self.tied = module.lm_head
+        parallelize_module(module, mesh["tp"], plan)
+        self.m = int(dims["num_microbatches"])
+        b = inputs[0].shape[0] // self.m
+        idx, targets = (t[:b] for t in inputs)
+        x = torch.zeros(b, idx.shape[1], lm.ln_f.normalized_shape[0])
+        if self.stage_index == 0:
+            ins, outs = (idx, targets), (x, targets)
+            stage = PipelineStage(module, 0, 2, torch.device("cpu"), input_args=ins, output_args=outs,
+                                  output_grads=(torch.zeros_like(x), None), group=mesh.get_group("pp"))
+        else:
+            ins = (x.clone().requires_grad_(True), targets)
+            stage = PipelineStage(module, 1, 2, torch.device("cpu"), input_args=ins, output_args=torch.zeros(()),
+                                  input_grads=(torch.zeros_like(x), None), group=mesh.get_group("pp"))
+        self.schedule = ScheduleGPipe(stage, n_microbatches=self.m, loss_fn=lambda out, target: out)
+        self.opt = torch.optim.Adam(module.parameters(), lr=1e-3)
+        self.module, self.batch, self.pp_group = module, inputs, mesh.get_group("pp")
+
+    def step(self) -> float:
+        from torch.distributed.tensor.experimental import implicit_replication
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        self.opt.zero_grad(set_to_none=True)
+        dist.barrier()
+        t0 = time.perf_counter()
+        with implicit_replication(), loss_parallel():
+            if self.stage_index == 0:
+                self.schedule.step(*self.batch, return_outputs=False)
+            else:
+                self.schedule.step(target=torch.zeros(self.m), losses=[], return_outputs=False)
+        for p in self.module.parameters():  # the embedding's gradient comes back partial: give it its shards
+            if hasattr(p, "placements") and p.grad is not None and tuple(p.grad.placements) != tuple(p.placements):
+                p.grad = p.grad.redistribute(p.device_mesh, p.placements)
+        g = self.tied.weight.grad  # tied embedding / head: the two stages' gradients summed
+        dist.all_reduce(g.to_local() if hasattr(g, "to_local") else g, group=self.pp_group)
+        self.opt.step()
+        return time.perf_counter() - t0
+
+
 def _ab_worker(rank: int, world: int, port: int, part_dir: str, steps: int, warmup: int, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     ours = PartRunner({"lr": 1e-3}, Path(part_dir), rank=rank, device=torch.device("cpu"))
-    hand = HandWrittenTP(Path(part_dir), rank)
+    stages = json.loads((Path(part_dir) / "part.json").read_text())["dims"]["num_stages"]
+    hand = HandWrittenTP(Path(part_dir), rank) if stages == 1 else HandWrittenTPxPP(Path(part_dir), rank)
     t_ours, t_hand = [], []
     for step in range(warmup + steps):
         order = (ours, hand) if step % 2 == 0 else (hand, ours)
@@ -193,11 +301,12 @@ def bench_overhead(*, steps: int, work: Path) -> list[dict]:
     rows = []
     for label, plan in (("tp2 m=1", StagePlan(np.zeros(graph.num_nodes, dtype=np.int64), ((0, 1),), tp=(2,))),
                         ("tp2 m=2", StagePlan(np.zeros(graph.num_nodes, dtype=np.int64), ((0, 1),), tp=(2,),
-                                              num_microbatches=2))):
+                                              num_microbatches=2)),
+                        ("tp2 x pp2 gpipe m=2", fid_plan(graph, 2, 1, 2, 2))):
         job = work / f"a_{label.replace(' ', '_')}"
         deployed = deploy_stage_plans([DeploySpec(plan=plan, graph=graph, model="gpt", overrides=SMALL)],
                                       config=DeployConfig(steps=steps, warmup=2, timeout_s=900), job_dir=job)[0]
-        ours, hand = run_ab(job / "part0", steps=steps, warmup=2, world=2)
+        ours, hand = run_ab(job / "part0", steps=steps, warmup=2, world=plan.world_size)
         rows.append({"model": "gpt", "overrides": SMALL, "plan": label, "deploy_ms": deployed.step_time * 1e3,
                      "ours_ms": float(np.median(ours)) * 1e3, "hand_ms": float(np.median(hand)) * 1e3,
                      "ratio": float(np.median(ours) / np.median(hand)),
