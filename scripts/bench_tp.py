@@ -56,6 +56,7 @@ from placement_rl.graph.capture import capture_zoo
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.plans import StagePlan
 from placement_rl.profiling import ProfileDB, measured_costs, predict_step_time, profile_graph
+from placement_rl.profiling.dist_overhead import fit_dist_overheads, measure_dist_overheads, predict_deploy_step
 from placement_rl.profiling.fidelity import fidelity_stats
 from placement_rl.profiling.run import select_devices
 from placement_rl.topology import DeviceTopology, conf_dir, load_topology
@@ -359,6 +360,12 @@ def bench_fidelity(*, steps: int, work: Path, repeats: int) -> dict:
         g = capture_zoo("gpt", **ov)
         profile_graph(module, inputs, g, cpu, db=db, warmup=3, repeats=repeats, progress=False, clock="thread")
         costs_at[b] = (g, module)
+    print("(c) measuring DDP / FSDP2 / TP wrapper costs on 2 gloo processes (profiling.dist_overhead)")
+    overheads = fit_dist_overheads(measure_dist_overheads("gloo"))
+    module, _ = zoo.build("gpt", **SMALL)
+    tensors = sum(1 for p in module.parameters() if p.requires_grad)
+    per_node = tensors / max(int(np.count_nonzero(graph.param_bytes)), 1)  # parameter tensors per parameter node
+    split = tpmod.annotation(graph).frac_params > 0
     rows = []
     for world in sorted({p.world_size for _, p in plans}):
         idx = [i for i, (_, p) in enumerate(plans) if p.world_size == world]
@@ -381,16 +388,24 @@ def bench_fidelity(*, steps: int, work: Path, repeats: int) -> dict:
             if plan.sharding == "fsdp":
                 share /= plan.dp_degrees[0]
             opt = adam * share / float(graph.param_bytes.sum())
+            model = predict_deploy_step(sim.step_time, plan=plan, graph=graph, adam_seconds=adam, overheads=overheads,
+                                        tensors_per_node=per_node, tp_split=split)
             rows.append({"plan": label, "world": world, "micro_batch": b, "measured_ms": res.step_time * 1e3,
                          "predicted_ms": (sim.step_time + opt) * 1e3, "simulated_ms": sim.step_time * 1e3,
-                         "adam_ms": opt * 1e3, "tp": int(plan.tp[0])})
+                         "adam_ms": opt * 1e3, "tp": int(plan.tp[0]), "model_ms": model["predicted_s"] * 1e3,
+                         "wrapper_ms": model["wrapper_s"] * 1e3})
             r = rows[-1]
-            print(f"(c) {label}: measured {r['measured_ms']:.2f} ms, predicted {r['predicted_ms']:.2f} ms")
+            print(f"(c) {label}: measured {r['measured_ms']:.2f} ms, predicted {r['predicted_ms']:.2f} ms, with the "
+                  f"wrapper model {r['model_ms']:.2f} ms")
     meas = np.array([r["measured_ms"] for r in rows])
     pred = np.array([r["predicted_ms"] for r in rows])
+    model = np.array([r["model_ms"] for r in rows])
     tp_rows = [i for i, r in enumerate(rows) if r["tp"] > 1]
     return {"rows": rows, "stats": fidelity_stats(pred, meas),
-            "tp_stats": fidelity_stats(pred[tp_rows], meas[tp_rows]) if len(tp_rows) > 1 else None}
+            "tp_stats": fidelity_stats(pred[tp_rows], meas[tp_rows]) if len(tp_rows) > 1 else None,
+            "model_stats": fidelity_stats(model, meas),
+            "model_tp_stats": fidelity_stats(model[tp_rows], meas[tp_rows]) if len(tp_rows) > 1 else None,
+            "overheads": overheads.to_dict()}
 
 
 def dtensor_overhead(steps: int) -> dict:
@@ -464,12 +479,15 @@ def write_report(out: Path, data: dict) -> None:
     if data.get("fidelity"):
         f = data["fidelity"]
         lines += ["## (c) simulated vs measured on gloo (2 CPU cores, one thread per process)", "",
-                  "| plan | procs | micro-batch | measured (ms) | predicted (ms) | simulated (ms) | Adam share (ms) |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| plan | procs | micro-batch | measured (ms) | with the wrapper model (ms) | predicted (ms) | "
+                  "simulated (ms) | Adam share (ms) |", "|---|---|---|---|---|---|---|---|"]
         for r in f["rows"]:
             lines.append(f"| {r['plan']} | {r['world']} | {r['micro_batch']} | {r['measured_ms']:.2f} | "
-                         f"{r['predicted_ms']:.2f} | {r['simulated_ms']:.2f} | {r['adam_ms']:.2f} |")
-        lines += ["", f"All plans: {json.dumps(f['stats'])}", f"TP plans: {json.dumps(f['tp_stats'])}", ""]
+                         f"{r.get('model_ms', float('nan')):.2f} | {r['predicted_ms']:.2f} | {r['simulated_ms']:.2f} | "
+                         f"{r['adam_ms']:.2f} |")
+        lines += ["", f"All plans: {json.dumps(f['stats'])}", f"TP plans: {json.dumps(f['tp_stats'])}",
+                  f"With the wrapper model: all plans {json.dumps(f.get('model_stats'))}, TP plans "
+                  f"{json.dumps(f.get('model_tp_stats'))}", ""]
         if f.get("dtensor"):
             d = f["dtensor"]
             lines += [f"DTensor dispatch (1 process, no communication): eager step {d['eager_ms']:.2f} ms, the same "

@@ -13,14 +13,16 @@ from placement_rl.profiling.dist_overhead import (KINDS, DistOverheads, fit_dist
 
 
 def synthetic_raw(a: float, b: float, c: float, d: float) -> dict:
-    """Medians as a host with per-pass DDP cost a/2 + b/2 per tensor, FSDP a + b per tensor, DTensor Adam c + d."""
+    """Medians as a host with per-pass DDP cost a/2 + b/2 per tensor, FSDP a + b per tensor, DTensor Adam c + d;
+    TP 2a + 2b per tensor per pass and Adam c + d over its DTensors."""
     rows = []
     for k in (2, 8, 32):
         t = 2 * k
         plain, adam = 1e-4 * k, 5e-5 * k
         rows.append({"k": k, "tensors": t, "plain_pass": plain, "ddp_pass": plain + a / 2 + b / 2 * t,
                      "fsdp_pass": plain + a + b * t, "plain_adam": adam, "ddp_adam": adam,
-                     "fsdp_adam": adam / 2 + c + d * t})
+                     "fsdp_adam": adam / 2 + c + d * t, "half_pass": plain / 2,
+                     "tp_pass": plain / 2 + 2 * a + 2 * b * t, "half_adam": adam / 2, "tp_adam": adam / 2 + c + d * t})
     sizes = [2 ** 10, 2 ** 16, 2 ** 22]
     return {"rows": rows, "sizes": sizes, "backend": "gloo",
             "collectives": {k: [1e-5 + s / 1e9 for s in sizes] for k in KINDS}}
@@ -31,6 +33,8 @@ def test_fit_recovers_the_per_tensor_lines_and_round_trips():
     np.testing.assert_allclose(o.fsdp_pass, (2e-3, 5e-5), rtol=1e-6)
     np.testing.assert_allclose(o.ddp_pass, (1e-3, 2.5e-5), rtol=1e-6)
     np.testing.assert_allclose(o.fsdp_adam, (1e-4, 3e-4), rtol=1e-6)
+    np.testing.assert_allclose(o.tp_pass, (4e-3, 1e-4), rtol=1e-6)
+    np.testing.assert_allclose(o.tp_adam, (1e-4, 3e-4), rtol=1e-6)
     assert o.collective_seconds("all_gather", 2 ** 16) == pytest.approx(1e-5 + 2 ** 16 / 1e9, rel=1e-9)
     assert o.collective_seconds("all_reduce", 2 ** 24) > o.collective_seconds("all_reduce", 2 ** 22)
     assert DistOverheads.from_dict(o.to_dict()) == o
@@ -58,6 +62,13 @@ def test_prediction_adds_wrappers_adam_and_oversubscription():
     assert got["predicted_s"] == pytest.approx(0.05 + got["wrapper_s"] + got["optimizer_s"])
     d = predict_deploy_step(0.05, plan=ddp, graph=g, adam_seconds=0.01, overheads=o, cores=2)
     assert d["wrapper_s"] == pytest.approx(2 * (1e-3 + 2.5e-5 * tensors)) and d["optimizer_s"] == pytest.approx(0.01)
+    # TP: the split nodes pay the TP terms, the stage's plain Adam is one rank's share of the split parameters
+    split = g.param_bytes > 0
+    tp = StagePlan(stage_of_node=np.zeros(n, dtype=np.int64), stage_devices=((0, 1),), num_microbatches=2,
+                   schedule="gpipe", batch_size=16, tp=(2,))
+    t = predict_deploy_step(0.05, plan=tp, graph=g, adam_seconds=0.01, overheads=o, tp_split=split, cores=2)
+    assert t["wrapper_s"] == pytest.approx(2 * (4e-3 + 1e-4 * tensors))
+    assert t["optimizer_s"] == pytest.approx(0.005 + 1e-4 + 3e-4 * tensors)
     # the same plan on one core: two processes share it
     assert predict_deploy_step(0.05, plan=ddp, graph=g, adam_seconds=0.01, overheads=o, cores=1)["predicted_s"] == \
         pytest.approx(2 * d["predicted_s"])
@@ -74,7 +85,7 @@ def test_real_measurement_on_two_gloo_processes():
     raw = measure_dist_overheads("gloo", layers=(2, 8), sizes=(2 ** 10, 2 ** 16), repeats=3)
     assert [r["k"] for r in raw["rows"]] == [2, 8]
     for r in raw["rows"]:
-        assert all(r[f"{k}_{w}"] > 0 for k in ("plain", "ddp", "fsdp") for w in ("pass", "adam"))
+        assert all(r[f"{k}_{w}"] > 0 for k in ("plain", "ddp", "fsdp", "half", "tp") for w in ("pass", "adam"))
         assert r["fsdp_pass"] > r["plain_pass"]
     o = fit_dist_overheads(raw)
     assert all(len(o.collectives[k][1]) == 2 and min(o.collectives[k][1]) > 0 for k in KINDS)

@@ -3,14 +3,15 @@
 ``measure_dist_overheads(backend="gloo")`` runs two processes (one torch thread each) and times, on a stack of
 ``k`` ``Linear(width, width)`` layers for several ``k`` (2 parameter tensors per layer):
 
-* the forward + backward of one micro-batch with no wrapper, under DDP, and under FSDP2 ``fully_shard``
-  (one unit, as ``executor._runner.apply_fsdp`` shards a stage);
+* the forward + backward of one micro-batch with no wrapper, under DDP, under FSDP2 ``fully_shard`` (one unit,
+  as ``executor._runner.apply_fsdp`` shards a stage), and as ``k / 2`` Megatron column / row pairs under TP
+  (``parallelize_module`` over the 2 ranks) against one rank's shards as plain Linears;
 * the Adam step over plain parameters and over the FSDP2 shards (DTensors);
 * the collectives FSDP and DDP issue: all-reduce, all-gather and reduce-scatter of a range of buffer sizes.
 
 ``fit_dist_overheads`` turns the medians into a ``DistOverheads``: per pass (forward + backward of one
-micro-batch) the extra seconds of DDP and of FSDP as ``a + b * tensors``, and the extra seconds of Adam over
-DTensor shards as ``c + d * tensors`` beyond plain Adam over the same elements. These are CPU-side costs of
+micro-batch) the extra seconds of DDP, FSDP and TP as ``a + b * tensors``, and the extra seconds of Adam over
+DTensor shards (FSDP's, TP's) as ``c + d * tensors`` beyond plain Adam over the same elements. These are CPU-side costs of
 the wrappers (hooks, DTensor dispatch per parameter, copy-in / copy-out, waiting on the process group), which
 per-op profiles cannot see. Collective times are kept as measured curves (``collective_seconds``).
 
@@ -47,6 +48,8 @@ class DistOverheads:
     ddp_pass: tuple[float, float]  # per forward + backward of one micro-batch: a + b * tensors
     fsdp_pass: tuple[float, float]
     fsdp_adam: tuple[float, float]  # Adam over DTensor shards beyond plain Adam over the same elements
+    tp_pass: tuple[float, float]  # TP (column / row pairs) per pass beyond one rank's shards as plain Linears
+    tp_adam: tuple[float, float]  # Adam over TP's DTensor parameters beyond plain Adam over the local shards
     collectives: dict[str, tuple[tuple[float, ...], tuple[float, ...]]]  # kind -> (bytes, seconds), 2 ranks
     raw: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -67,7 +70,8 @@ class DistOverheads:
     def from_dict(cls, d: dict[str, Any]) -> "DistOverheads":
         try:
             return cls(backend=str(d["backend"]), ddp_pass=tuple(d["ddp_pass"]), fsdp_pass=tuple(d["fsdp_pass"]),
-                       fsdp_adam=tuple(d["fsdp_adam"]),
+                       fsdp_adam=tuple(d["fsdp_adam"]), tp_pass=tuple(d["tp_pass"]),
+                       tp_adam=tuple(d["tp_adam"]),
                        collectives={k: (tuple(v[0]), tuple(v[1])) for k, v in d["collectives"].items()},
                        raw=dict(d.get("raw", {})))
         except (KeyError, TypeError, ValueError, IndexError) as e:
@@ -93,6 +97,7 @@ def _worker(rank: int, backend: str, port: int, layers: Sequence[int], sizes: Se
     from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
@@ -108,14 +113,21 @@ def _worker(rank: int, backend: str, port: int, layers: Sequence[int], sizes: Se
         mesh = init_device_mesh("cpu", (2,))
         inp = torch.randn(BATCH, WIDTH)
 
-        def make(k: int) -> nn.Module:
+        def make(k: int, kind: str) -> nn.Module:
             torch.manual_seed(0)
-            return nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(k)])
+            if kind == "half":  # one TP rank's shards of k / 2 Megatron pairs, as plain Linears
+                return nn.Sequential(*[nn.Linear(WIDTH, WIDTH // 2) if i % 2 == 0 else nn.Linear(WIDTH // 2, WIDTH)
+                                       for i in range(k)])
+            m = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(k)])
+            if kind == "tp":  # k / 2 column / row pairs over the 2 ranks
+                parallelize_module(m, mesh, {str(i): ColwiseParallel() if i % 2 == 0 else RowwiseParallel()
+                                             for i in range(k)})
+            return m
 
         for k in layers:
             row = {"k": k, "tensors": 2 * k}
-            for kind in ("plain", "ddp", "fsdp"):
-                m = make(k)
+            for kind in ("plain", "ddp", "fsdp", "half", "tp"):
+                m = make(k, kind)
                 if kind == "ddp":
                     m = DistributedDataParallel(m)  # a Linear stack has no buffers to broadcast
                 elif kind == "fsdp":
@@ -165,34 +177,47 @@ def fit_dist_overheads(raw: dict[str, Any]) -> DistOverheads:
     ddp = _line(t, np.array([r["ddp_pass"] for r in rows]) - plain)
     fsdp = _line(t, np.array([r["fsdp_pass"] for r in rows]) - plain)
     adam = _line(t, np.array([r["fsdp_adam"] - r["plain_adam"] / 2.0 for r in rows]))
+    tp = _line(t, np.array([r["tp_pass"] - r["half_pass"] for r in rows]))
+    tp_adam = _line(t, np.array([r["tp_adam"] - r["half_adam"] for r in rows]))
     coll = {k: (tuple(float(s) for s in raw["sizes"]), tuple(float(v) for v in raw["collectives"][k]))
             for k in KINDS}
-    return DistOverheads(backend=raw["backend"], ddp_pass=ddp, fsdp_pass=fsdp, fsdp_adam=adam, collectives=coll,
-                         raw=raw)
+    return DistOverheads(backend=raw["backend"], ddp_pass=ddp, fsdp_pass=fsdp, fsdp_adam=adam, tp_pass=tp,
+                         tp_adam=tp_adam, collectives=coll, raw=raw)
 
 
 def predict_deploy_step(simulated: float, *, plan, graph, adam_seconds: float, overheads: DistOverheads | None,
-                        tensors_per_node: float = 2.0, cores: int | None = None) -> dict[str, float]:
+                        tensors_per_node: float = 2.0, tp_split: np.ndarray | None = None,
+                        cores: int | None = None) -> dict[str, float]:
     """Step time of ``plan`` as ``placement_rl.executor`` runs it on CPU processes: the simulated schedule
     (``simulated``: ``simulate_pipeline`` with measured per-op costs) + the wrappers' per-pass costs of the
     slowest stage over its micro-batches + Adam (``adam_seconds``: plain Adam over the whole model, measured;
     the largest stage's share, over DTensor shards for FSDP) and the oversubscription of ``cores``.
     ``tensors_per_node``: parameter tensors per node that owns parameters (the graph records bytes, not
-    tensors; a Linear has 2).
+    tensors; a Linear has 2). ``tp_split``: bool [N], the nodes whose parameters TP splits (the ``graph.tp``
+    annotation's ``frac_params > 0``): a stage of TP degree t > 1 pays the TP per-pass and DTensor Adam terms for
+    those, and its plain Adam share is one rank's (split parameters over t).
     Without ``overheads``: the simulated schedule and plain Adam only (what the bench reported before)."""
     m = int(plan.num_microbatches)
     total = float(graph.param_bytes.sum()) or 1.0
     worst_wrap = worst_opt = 0.0
+    tps = tuple(plan.tp) if plan.tp else (1,) * plan.num_stages
+    split = np.zeros(graph.num_nodes, dtype=bool) if tp_split is None else np.asarray(tp_split, dtype=bool)
     for s in range(plan.num_stages):
         sel = plan.stage_of_node == s
-        share = float(graph.param_bytes[sel].sum()) / total
+        t = int(tps[s])
+        share = float((graph.param_bytes[sel] / np.where(split[sel] & (t > 1), t, 1)).sum()) / total
         tensors = float(np.count_nonzero(graph.param_bytes[sel])) * tensors_per_node
-        p = len(plan.stage_devices[s])
+        p = len(plan.stage_devices[s]) // t
         opt = adam_seconds * share / (p if plan.sharding == "fsdp" else 1)
         wrap = 0.0
+        if overheads is not None and t > 1:
+            tp_tensors = float(np.count_nonzero(graph.param_bytes[sel] * split[sel])) * tensors_per_node
+            a, b = overheads.tp_pass
+            c, d = overheads.tp_adam
+            wrap, opt = wrap + m * (a + b * tp_tensors), opt + c + d * tp_tensors
         if overheads is not None and p > 1 and tensors > 0:
             a, b = overheads.ddp_pass if plan.sharding != "fsdp" else overheads.fsdp_pass
-            wrap = m * (a + b * tensors)
+            wrap += m * (a + b * tensors)
             if plan.sharding == "fsdp":
                 c, d = overheads.fsdp_adam
                 opt += c + d * tensors
