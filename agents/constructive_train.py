@@ -11,8 +11,8 @@
 2. ``improve(tasks)``: PPO with a per-task group baseline (``agents.constructive.ppo_loss``): each iteration
    draws ``tasks_per_iter`` tasks, samples K placements of each, rewards ``log(T_ref / T)``, takes
    ``ppo_epochs`` clipped steps, plus self-imitation of samples that beat the reference.
-3. ``evaluate(tasks)``: greedy and best-of-k step time over the reference, per task. With ``val`` tasks
-   given, ``improve`` keeps the weights of the best held-out geometric mean (early stopping).
+With ``val`` tasks given, ``improve`` keeps the weights of the best validation geometric mean (early
+stopping; ``agents.constructive_eval.evaluate`` scores greedy and best-of-k placements).
 
 Checkpoints (``save`` / ``load_policy``) are ``agents.checkpoint`` files with ``algo="constructive"``.
 """
@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from agents.checkpoint import load_checkpoint, save_checkpoint
-from agents.constructive import (REGRET_UNIT, Demo, Rollout, eft_labels, imitation_loss, ppo_loss, rewards,
+from agents.constructive_eval import evaluate, geomean
+from agents.constructive import (REGRET_UNIT, Demo, eft_labels, imitation_loss, ppo_loss, rewards,
                                  rollout)
 from agents.device_policy import DevicePolicy
 from agents.scaleout import LabelJob, label_states, lookahead_labels
@@ -96,56 +97,6 @@ def build_policy(cfg: ConstructiveConfig) -> DevicePolicy:
                           hidden=cfg.hidden, layers=cfg.layers)
     policy.window = int(cfg.window)  # the states it reads are built with this lookahead window
     return policy
-
-
-def geomean(x: Sequence[float]) -> float:
-    return float(np.exp(np.mean(np.log(np.asarray(x, dtype=np.float64))))) if len(x) else float("nan")
-
-
-@dataclass
-class TaskResult:
-    """One task's learned results: greedy and best-of-k step times and placements, and the references."""
-
-    task: ConstructiveTask
-    greedy: Rollout
-    sampled: Rollout | None
-    greedy_seconds: float = 0.0  # the greedy placement's own seconds (encoder + decisions + simulate)
-    sampled_seconds: float = 0.0  # the samples' own seconds
-
-    @property
-    def greedy_time(self) -> float:
-        return float(self.greedy.times[0])
-
-    @property
-    def best_time(self) -> float:
-        if self.sampled is None:
-            return self.greedy_time
-        t = np.where(self.sampled.feasible, self.sampled.times, np.inf)
-        return float(min(self.greedy_time, t.min()))
-
-    @property
-    def best_devices(self) -> np.ndarray:
-        if self.sampled is None or self.greedy_time <= self.best_time:
-            return self.greedy.devices[0]
-        t = np.where(self.sampled.feasible, self.sampled.times, np.inf)
-        return self.sampled.devices[int(np.argmin(t))]
-
-
-def evaluate(policy: DevicePolicy, tasks: Sequence[ConstructiveTask], *, samples: int = 16,
-             seed: int = 0) -> list[TaskResult]:
-    """Greedy and best-of-``samples`` placements of every task (``samples=0``: greedy only)."""
-    import time
-
-    policy.eval()
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for t in tasks:
-        t0 = time.perf_counter()
-        g = rollout(policy, t, samples=1, greedy=True)
-        t1 = time.perf_counter()
-        s = rollout(policy, t, samples=samples, greedy=False, generator=gen) if samples > 0 else None
-        out.append(TaskResult(t, g, s, t1 - t0, time.perf_counter() - t1))
-    return out
 
 
 class ConstructiveTrainer:

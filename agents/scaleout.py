@@ -9,7 +9,7 @@
 * ``lookahead_labels(trajectories, workers)``: the lookahead teacher (``eft_rollout``) on the student's own
   trajectories, one job per trajectory (DAgger's relabelling in imitation).
 * ``evaluate_tasks(policy, tasks, samples=, seed=, workers=)``: greedy and best-of-k placements of every task
-  (``agents.constructive_train.evaluate`` per task, with a seed derived from ``seed`` and the task's index).
+  (``agents.constructive_eval.evaluate`` per task, with a seed derived from ``seed`` and the task's index).
 * ``weights_digest(state_dict)``: a hash of a policy's weights (checkpoints of 1 and N workers are compared by it).
 
 The policy's weights go to the object store once per call (per policy-iteration round), each task once per
@@ -179,7 +179,7 @@ def task_seed(seed: int, index: int) -> int:
 
 
 def _evaluate(item: tuple, policy: Any) -> tuple:
-    from agents.constructive_train import evaluate
+    from agents.constructive_eval import evaluate
 
     task, samples, seed, window = item
     task.window = window
@@ -191,7 +191,7 @@ def evaluate_tasks(policy: Any, tasks: Sequence[ConstructiveTask], *, samples: i
                    workers: Workers | None = None, progress: Callable[[int, int], None] | None = None) -> list[Any]:
     """``TaskResult`` of every task (greedy and best of ``samples``), task ``i`` sampled with
     ``task_seed(seed, i)``: the same results for any worker count."""
-    from agents.constructive_train import TaskResult
+    from agents.constructive_eval import TaskResult
 
     workers = workers if workers is not None else Workers(1)
     items = [(workers.put(t, ship=shippable), int(samples), task_seed(seed, i), t.window) for i, t in enumerate(tasks)]

@@ -52,7 +52,7 @@ from placement_rl.graph import zoo
 from placement_rl.graph.capture import capture
 from placement_rl.profiling import ProfileDB, local_link_benchmarks, measured_costs, predict_step_time, profile_graph
 from placement_rl.profiling.dist_overhead import (DistOverheads, fit_dist_overheads, measure_dist_overheads,
-                                                  predict_deploy_step)
+                                                  predict_deploy_step, tensors_per_param_node)
 from placement_rl.profiling.fidelity import fidelity_stats
 from placement_rl.profiling.run import select_devices
 
@@ -269,13 +269,6 @@ def micro_batch(plan: StagePlan) -> int:
     return int(plan.batch_size) // (plan.num_microbatches * len(plan.stage_devices[0]))
 
 
-def tensors_per_param_node(name: str, graph) -> float:
-    """Trainable parameter tensors of zoo model ``name`` per node of its graph that owns parameters."""
-    module, _ = zoo.build(name, **MODELS[name])
-    tensors = sum(1 for p in module.parameters() if p.requires_grad)
-    return tensors / max(int(np.count_nonzero(graph.param_bytes)), 1)
-
-
 def profile_model(name: str, sizes: set[int], *, db: ProfileDB, repeats: int) -> dict[int, object]:
     """Capture and profile zoo model ``name`` at each batch size (thread CPU clock, one thread) into ``db``."""
     cpu = select_devices(["cpu"])[0]
@@ -449,7 +442,8 @@ def main() -> None:
             print(f"  DDP per pass {overheads.ddp_pass}, FSDP per pass {overheads.fsdp_pass}, "
                   f"FSDP Adam {overheads.fsdp_adam} (a, b per tensor; seconds)")
         predictors = {name: Predictor(by_batch, MODELS[name]["batch_size"], topology, db, overheads=overheads,
-                                      tensors_per_node=tensors_per_param_node(name, graphs[name]))
+                                      tensors_per_node=tensors_per_param_node(zoo.build(name, **MODELS[name])[0],
+                                                                              graphs[name]))
                       for name, by_batch in predictors.items()}
         a_rows = bench_overhead(graphs, steps=steps, repeats=args.repeats, work=work) if "a" in args.parts else []
         b = bench_fidelity(graphs, steps=steps, work=work, predictors=predictors) if "b" in args.parts else \

@@ -128,7 +128,7 @@ def part_test(runs: list[str], out: Path | None, workers, cache: str | None, ste
 
 def part_scale(policy) -> None:
     """2,000 and 10,000 nodes, where eft_rollout is too slow to use: greedy vs sim_eft and seconds."""
-    from agents.constructive_train import evaluate
+    from agents.constructive_eval import evaluate
     from envs.constructive_task import ConstructiveTask, sim_eft
     from placement_rl.cost import resolve_costs, simulate
     from placement_rl.graph import synthetic
@@ -158,7 +158,8 @@ def part_scale(policy) -> None:
 
 def part_speed(policy, cfg) -> None:
     from agents.constructive import rollout
-    from agents.constructive_train import ConstructiveTrainer, evaluate
+    from agents.constructive_eval import evaluate
+    from agents.constructive_train import ConstructiveTrainer
     from envs.constructive_task import ConstructiveTask
     from placement_rl.cost import resolve_costs
     from placement_rl.graph import synthetic

@@ -56,7 +56,8 @@ from placement_rl.graph.capture import capture_zoo
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.plans import StagePlan
 from placement_rl.profiling import ProfileDB, measured_costs, predict_step_time, profile_graph
-from placement_rl.profiling.dist_overhead import fit_dist_overheads, measure_dist_overheads, predict_deploy_step
+from placement_rl.profiling.dist_overhead import (fit_dist_overheads, measure_dist_overheads, predict_deploy_step,
+                                                  tensors_per_param_node)
 from placement_rl.profiling.fidelity import fidelity_stats
 from placement_rl.profiling.run import select_devices
 from placement_rl.topology import DeviceTopology, conf_dir, load_topology
@@ -112,25 +113,35 @@ def bench_planners(budget: int) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------ (b) hand-written DTensor TP
+def megatron_plan(blocks: range, *, embedding: bool = False, head: bool = False) -> dict:
+    """``parallelize_module`` styles of the zoo GPT: column / row pairs of the given blocks' attention and MLP,
+    the vocabulary-parallel embedding and LM head when asked (the same styles as ``executor._tp``)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan = {"wte": RowwiseParallel(input_layouts=Replicate())} if embedding else {}
+    if head:
+        plan["lm_head"] = ColwiseParallel(use_local_output=False)
+    for i in blocks:
+        plan.update({f"blocks.{i}.attn.qkv": ColwiseParallel(use_local_output=False),
+                     f"blocks.{i}.attn.proj": RowwiseParallel(input_layouts=Shard(-1)),
+                     f"blocks.{i}.ffn.fc1": ColwiseParallel(use_local_output=False),
+                     f"blocks.{i}.ffn.fc2": RowwiseParallel(input_layouts=Shard(-1))})
+    return plan
+
+
 class HandWrittenTP:
     """The eager zoo GPT on a 1-D TP mesh: ``parallelize_module`` with Megatron styles, tied head re-tied, Adam."""
 
     def __init__(self, part_dir: Path, rank: int) -> None:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor import Replicate, Shard
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        from torch.distributed.tensor.parallel import parallelize_module
 
         part = json.loads((part_dir / "part.json").read_text())
         model = part["model"]
         module, inputs = zoo.build(model["zoo"], **{**model["overrides"], "batch_size": part["batch_size"]})
         mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-        plan = {"wte": RowwiseParallel(input_layouts=Replicate()), "lm_head": ColwiseParallel(use_local_output=False)}
-        for i in range(len(module.blocks)):
-            plan.update({f"blocks.{i}.attn.qkv": ColwiseParallel(use_local_output=False),
-                         f"blocks.{i}.attn.proj": RowwiseParallel(input_layouts=Shard(-1)),
-                         f"blocks.{i}.ffn.fc1": ColwiseParallel(use_local_output=False),
-                         f"blocks.{i}.ffn.fc2": RowwiseParallel(input_layouts=Shard(-1))})
-        parallelize_module(module, mesh, plan)
+        parallelize_module(module, mesh, megatron_plan(range(len(module.blocks)), embedding=True, head=True))
         module.lm_head.weight = module.wte.weight  # tie again (both Shard(0))
         self.model = module.train()
         self.m = int(part["dims"]["num_microbatches"])
@@ -198,8 +209,7 @@ class HandWrittenTPxPP:
     def __init__(self, part_dir: Path, rank: int) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-        from torch.distributed.tensor import Replicate, Shard
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        from torch.distributed.tensor.parallel import parallelize_module
 
         part = json.loads((part_dir / "part.json").read_text())
         dims = part["dims"]
@@ -208,22 +218,12 @@ class HandWrittenTPxPP:
         tp = int(dims["tp"])
         mesh = init_device_mesh("cpu", (2, tp), mesh_dim_names=("pp", "tp"))
         self.stage_index = rank // tp
-        half = len(lm.blocks) // 2
-        plan = {}
-        for i in range(half):
-            plan.update({f"blocks.{i}.attn.qkv": ColwiseParallel(use_local_output=False),
-                         f"blocks.{i}.attn.proj": RowwiseParallel(input_layouts=Shard(-1)),
-                         f"blocks.{i}.ffn.fc1": ColwiseParallel(use_local_output=False),
-                         f"blocks.{i}.ffn.fc2": RowwiseParallel(input_layouts=Shard(-1))})
-        if self.stage_index == 0:
-            module = _Stage0(lm, lm.blocks[:half])
-            plan["wte"] = RowwiseParallel(input_layouts=Replicate())
-            self.tied = module.wte
-        else:
-            module = _Stage1(lm, lm.blocks[half:])
-            plan["lm_head"] = ColwiseParallel(use_local_output=False)
-            self.tied = module.lm_head
-        parallelize_module(module, mesh["tp"], plan)
+        half = len(lm.blocks) // 2  # each stage module numbers its own blocks from 0
+        first = self.stage_index == 0
+        module = _Stage0(lm, lm.blocks[:half]) if first else _Stage1(lm, lm.blocks[half:])
+        self.tied = module.wte if first else module.lm_head
+        parallelize_module(module, mesh["tp"], megatron_plan(range(len(module.blocks)), embedding=first,
+                                                             head=not first))
         self.m = int(dims["num_microbatches"])
         b = inputs[0].shape[0] // self.m
         idx, targets = (t[:b] for t in inputs)
@@ -362,9 +362,7 @@ def bench_fidelity(*, steps: int, work: Path, repeats: int) -> dict:
         costs_at[b] = (g, module)
     print("(c) measuring DDP / FSDP2 / TP wrapper costs on 2 gloo processes (profiling.dist_overhead)")
     overheads = fit_dist_overheads(measure_dist_overheads("gloo"))
-    module, _ = zoo.build("gpt", **SMALL)
-    tensors = sum(1 for p in module.parameters() if p.requires_grad)
-    per_node = tensors / max(int(np.count_nonzero(graph.param_bytes)), 1)  # parameter tensors per parameter node
+    per_node = tensors_per_param_node(zoo.build("gpt", **SMALL)[0], graph)
     split = tpmod.annotation(graph).frac_params > 0
     rows = []
     for world in sorted({p.world_size for _, p in plans}):
@@ -414,9 +412,9 @@ def dtensor_overhead(steps: int) -> dict:
     import tempfile as _tf
 
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.experimental import implicit_replication
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import parallelize_module
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{_tf.mktemp()}")
@@ -425,14 +423,8 @@ def dtensor_overhead(steps: int) -> dict:
         for label in ("eager", "dtensor_tp1"):
             module, inputs = zoo.build("gpt", **SMALL)
             if label != "eager":
-                plan = {"wte": RowwiseParallel(input_layouts=Replicate()),
-                        "lm_head": ColwiseParallel(use_local_output=False)}
-                for i in range(len(module.blocks)):
-                    plan.update({f"blocks.{i}.attn.qkv": ColwiseParallel(use_local_output=False),
-                                 f"blocks.{i}.attn.proj": RowwiseParallel(input_layouts=Shard(-1)),
-                                 f"blocks.{i}.ffn.fc1": ColwiseParallel(use_local_output=False),
-                                 f"blocks.{i}.ffn.fc2": RowwiseParallel(input_layouts=Shard(-1))})
-                parallelize_module(module, init_device_mesh("cpu", (1,)), plan)
+                parallelize_module(module, init_device_mesh("cpu", (1,)),
+                                   megatron_plan(range(len(module.blocks)), embedding=True, head=True))
                 module.lm_head.weight = module.wte.weight
             opt = torch.optim.Adam(module.parameters(), lr=1e-3)
             times = []

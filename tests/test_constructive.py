@@ -8,7 +8,8 @@ import torch
 
 import envs  # noqa: F401 - registers the environments
 from agents.constructive import rollout
-from agents.constructive_train import ConstructiveConfig, ConstructiveTrainer, evaluate, load_policy
+from agents.constructive_eval import evaluate
+from agents.constructive_train import ConstructiveConfig, ConstructiveTrainer, load_policy
 from envs.constructive_task import ConstructiveTask
 from envs.topology_sampler import random_topology
 from placement_rl.cost import resolve_costs, simulate

@@ -147,7 +147,8 @@ def test_rollout_over_the_student_is_never_worse_than_the_student() -> None:
 def test_policy_iteration_improves_an_untrained_student() -> None:
     """Two rounds of approximate policy iteration from random weights (no teacher, no imitation): distilling the
     rollout over the student makes the student's own greedy placements faster, over three seeds."""
-    from agents.constructive_train import ConstructiveTrainer, evaluate, geomean
+    from agents.constructive_eval import evaluate, geomean
+    from agents.constructive_train import ConstructiveTrainer
 
     rng = np.random.default_rng(7)
     tasks = []

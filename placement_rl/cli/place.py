@@ -17,7 +17,8 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     """A constructive (schedule-aware) policy: greedy and best of ``samples`` sampled placements, each a row."""
     import torch
 
-    from agents.constructive_train import evaluate, load_policy
+    from agents.constructive_eval import evaluate
+    from agents.constructive_train import load_policy
     from envs.constructive_task import ConstructiveTask
     from placement_rl.cost import resolve_costs
 

@@ -54,14 +54,14 @@ class DistOverheads:
     raw: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def collective_seconds(self, kind: str, nbytes: float) -> float:
-        """Measured time of a 2-rank collective of ``nbytes`` (log-log interpolation, linear past the ends)."""
-        sizes, times = (np.asarray(x, dtype=np.float64) for x in self.collectives[kind])
+        """Measured time of a 2-rank collective of ``nbytes``, read as ``comm_fit`` reads a fitted series
+        (log-log between the measured sizes, the last octave's bandwidth past the end)."""
+        from placement_rl.cost.comm_fit import evaluate_fit
+
         if nbytes <= 0:
             return 0.0
-        if nbytes >= sizes[-1]:
-            slope = (times[-1] - times[-2]) / (sizes[-1] - sizes[-2])
-            return float(times[-1] + max(slope, 0.0) * (nbytes - sizes[-1]))
-        return float(np.exp(np.interp(np.log(max(nbytes, sizes[0])), np.log(sizes), np.log(times))))
+        sizes, times = self.collectives[kind]
+        return float(evaluate_fit({"log2_bytes": np.log2(sizes), "log_seconds": np.log(times)}, nbytes))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -139,7 +139,6 @@ def _worker(rank: int, backend: str, port: int, layers: Sequence[int], sizes: Se
 
                 row[f"{kind}_pass"] = _median(passes, repeats)
                 row[f"{kind}_adam"] = _median(opt.step, repeats)
-                del m, opt
             res["rows"].append(row)
         if rank == 0:
             queue.put(res)
@@ -183,6 +182,13 @@ def fit_dist_overheads(raw: dict[str, Any]) -> DistOverheads:
             for k in KINDS}
     return DistOverheads(backend=raw["backend"], ddp_pass=ddp, fsdp_pass=fsdp, fsdp_adam=adam, tp_pass=tp,
                          tp_adam=tp_adam, collectives=coll, raw=raw)
+
+
+def tensors_per_param_node(module: torch.nn.Module, graph: Any) -> float:
+    """Trainable parameter tensors of ``module`` per node of its captured ``graph`` that owns parameters (the
+    graph records bytes, not tensors; ``predict_deploy_step`` counts tensors)."""
+    tensors = sum(1 for p in module.parameters() if p.requires_grad)
+    return tensors / max(int(np.count_nonzero(graph.param_bytes)), 1)
 
 
 def predict_deploy_step(simulated: float, *, plan, graph, adam_seconds: float, overheads: DistOverheads | None,
@@ -230,4 +236,5 @@ def predict_deploy_step(simulated: float, *, plan, graph, adam_seconds: float, o
             "oversubscription": factor}
 
 
-__all__ = ["DistOverheads", "fit_dist_overheads", "measure_dist_overheads", "predict_deploy_step"]
+__all__ = ["DistOverheads", "fit_dist_overheads", "measure_dist_overheads", "predict_deploy_step",
+           "tensors_per_param_node"]

@@ -23,7 +23,8 @@ from typing import Any, Callable
 import numpy as np
 
 from agents.constructive import rollout
-from agents.constructive_train import ConstructiveConfig, ConstructiveTrainer, evaluate
+from agents.constructive_eval import evaluate
+from agents.constructive_train import ConstructiveConfig, ConstructiveTrainer
 from agents.device_policy import DevicePolicy
 from envs.constructive_task import ONE_PASS, ConstructiveTask
 from placement_rl.cost import simulate

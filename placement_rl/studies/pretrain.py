@@ -230,7 +230,7 @@ def result_rows(results: Sequence[Any]) -> list[dict[str, Any]]:
 
 
 def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    from agents.constructive_train import geomean
+    from agents.constructive_eval import geomean
 
     g = [r["greedy"] for r in rows]
     b = [r["best_of_k"] for r in rows]
