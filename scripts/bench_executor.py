@@ -52,7 +52,7 @@ from placement_rl.graph import zoo
 from placement_rl.graph.capture import capture
 from placement_rl.profiling import ProfileDB, local_link_benchmarks, measured_costs, predict_step_time, profile_graph
 from placement_rl.profiling.dist_overhead import (DistOverheads, fit_dist_overheads, measure_dist_overheads,
-                                                  predict_deploy_step, tensors_per_param_node)
+                                                  predict_deploy_step, tensors_per_param_node, with_pipeline_overhead)
 from placement_rl.profiling.fidelity import fidelity_stats
 from placement_rl.profiling.run import select_devices
 
@@ -312,12 +312,14 @@ class Predictor:
     def __call__(self, plan: StagePlan) -> dict[str, float]:
         b = micro_batch(plan)
         costs, overhead = self.micro[b]
-        sim = simulate_pipeline(self.graph, costs, self.topology, plan, cost_batch_size=b).step_time
+        sim_old = simulate_pipeline(self.graph, costs, self.topology, plan, cost_batch_size=b).step_time
+        staged = with_pipeline_overhead(costs, plan, self.graph, self.overheads)
+        sim = simulate_pipeline(self.graph, staged, self.topology, plan, cost_batch_size=b).step_time
         linear = simulate_pipeline(self.graph, self.linear_costs, self.topology, plan).step_time
         opt = self.adam_share(plan)
         model = predict_deploy_step(sim, plan=plan, graph=self.graph, adam_seconds=self.adam,
                                     overheads=self.overheads, tensors_per_node=self.tensors_per_node)
-        return {"simulated_s": sim, "predicted_old_s": sim + opt, "predicted_s": model["predicted_s"],
+        return {"simulated_s": sim_old, "predicted_old_s": sim_old + opt, "predicted_s": model["predicted_s"],
                 "linear_s": linear + opt, "micro_batch": b, "step_overhead_s": overhead,
                 "wrapper_s": model["wrapper_s"], "optimizer_s": model["optimizer_s"],
                 "oversubscription": model["oversubscription"]}
@@ -440,7 +442,8 @@ def main() -> None:
             print("measuring DDP / FSDP2 wrapper costs and gloo collectives (2 processes)")
             overheads = fit_dist_overheads(measure_dist_overheads("gloo", repeats=5 if args.quick else 9))
             print(f"  DDP per pass {overheads.ddp_pass}, FSDP per pass {overheads.fsdp_pass}, "
-                  f"FSDP Adam {overheads.fsdp_adam} (a, b per tensor; seconds)")
+                  f"FSDP Adam {overheads.fsdp_adam} (a, b per tensor; seconds), pipeline stage {overheads.pp_stage} "
+                  "(per step, per micro-batch, per boundary byte per micro-batch)")
         predictors = {name: Predictor(by_batch, MODELS[name]["batch_size"], topology, db, overheads=overheads,
                                       tensors_per_node=tensors_per_param_node(zoo.build(name, **MODELS[name])[0],
                                                                               graphs[name]))

@@ -8,8 +8,11 @@ import pytest
 from placement_rl.errors import ProfileError
 from placement_rl.graph import synthetic
 from placement_rl.plans import StagePlan
+from placement_rl.cost import CostTable, simulate_pipeline
+from placement_rl.graph.ir import make_graph
 from placement_rl.profiling.dist_overhead import (KINDS, DistOverheads, fit_dist_overheads, measure_dist_overheads,
-                                                  predict_deploy_step)
+                                                  predict_deploy_step, stage_boundary_bytes, with_pipeline_overhead)
+from placement_rl.topology import load_topology
 
 
 def synthetic_raw(a: float, b: float, c: float, d: float) -> dict:
@@ -24,7 +27,10 @@ def synthetic_raw(a: float, b: float, c: float, d: float) -> dict:
                      "fsdp_adam": adam / 2 + c + d * t, "half_pass": plain / 2,
                      "tp_pass": plain / 2 + 2 * a + 2 * b * t, "half_adam": adam / 2, "tp_adam": adam / 2 + c + d * t})
     sizes = [2 ** 10, 2 ** 16, 2 ** 22]
-    return {"rows": rows, "sizes": sizes, "backend": "gloo",
+    pipeline = [{"widen": w, "m": m, "bytes": 2048.0 * w,
+                 "pipe": [1e-4 * m + 3e-4 + m * (5e-4 + 2e-9 * 2048 * w) + j * 1e-5 for j in range(2)],
+                 "plain": [1e-4 * m + j * 1e-5 for j in range(2)]} for w in (1, 32) for m in (1, 2, 4, 8)]
+    return {"rows": rows, "sizes": sizes, "backend": "gloo", "pipeline": pipeline,
             "collectives": {k: [1e-5 + s / 1e9 for s in sizes] for k in KINDS}}
 
 
@@ -37,7 +43,10 @@ def test_fit_recovers_the_per_tensor_lines_and_round_trips():
     np.testing.assert_allclose(o.tp_adam, (1e-4, 3e-4), rtol=1e-6)
     assert o.collective_seconds("all_gather", 2 ** 16) == pytest.approx(1e-5 + 2 ** 16 / 1e9, rel=1e-9)
     assert o.collective_seconds("all_reduce", 2 ** 24) > o.collective_seconds("all_reduce", 2 ** 22)
+    np.testing.assert_allclose(o.pp_stage, (3e-4, 5e-4, 2e-9), rtol=1e-6)
     assert DistOverheads.from_dict(o.to_dict()) == o
+    old = {k: v for k, v in o.to_dict().items() if k != "pp_stage"}  # a record written before the pipeline term
+    assert DistOverheads.from_dict(old).pp_stage == (0.0, 0.0, 0.0)
     with pytest.raises(ProfileError, match="malformed"):
         DistOverheads.from_dict({"backend": "gloo"})
 
@@ -74,6 +83,55 @@ def test_prediction_adds_wrappers_adam_and_oversubscription():
         pytest.approx(2 * d["predicted_s"])
 
 
+def chain(n: int, out_bytes: float = 1e3):
+    nodes = [dict(name=f"n{i}", fwd_flops=1.0, bwd_flops=2.0, out_bytes=out_bytes, param_bytes=1e3, act_bytes=1e3)
+             for i in range(n)]
+    edges = [(f"n{i}", f"n{i + 1}", out_bytes) for i in range(n - 1)] + [("n0", "n3", out_bytes)]
+    return make_graph(nodes, edges, name="chain")
+
+
+def test_boundary_bytes_count_a_value_once_per_consuming_stage_at_the_micro_batch():
+    g = chain(6)  # n0 feeds n1 (stage 0) and n3 (stage 1); n2 feeds n3: two values cross the cut
+    cut = np.array([0, 0, 0, 1, 1, 1])
+    plan = StagePlan(stage_of_node=cut, stage_devices=((0,), (1,)), num_microbatches=2, schedule="gpipe",
+                     batch_size=8)
+    np.testing.assert_allclose(stage_boundary_bytes(plan, g), [1e3, 1e3])  # 2 values x 1e3 bytes / 2 micro-batches
+    dp = StagePlan(stage_of_node=cut, stage_devices=((0, 2), (1, 3)), num_microbatches=1, schedule="gpipe",
+                   batch_size=8)
+    np.testing.assert_allclose(stage_boundary_bytes(dp, g), [1e3, 1e3])  # per replica: half the batch
+    one = StagePlan(stage_of_node=np.zeros(6, dtype=np.int64), stage_devices=((0,),), num_microbatches=2,
+                    schedule="gpipe", batch_size=8)
+    np.testing.assert_allclose(stage_boundary_bytes(one, g), [0.0])
+
+
+def test_pipeline_overhead_is_paid_per_micro_batch_by_each_stage():
+    """Each stage's nodes carry its schedule cost per micro-batch (half forward, half backward); a simulated
+    GPipe step of two stages grows by at least m and at most m + 1 per-micro-batch costs."""
+    g, n = chain(6), 6
+    o = fit_dist_overheads(synthetic_raw(2e-3, 5e-5, 1e-4, 3e-4))
+    costs = CostTable(fwd_time=np.full((n, 2), 1e-3), bwd_time=np.full((n, 2), 2e-3),
+                      link_latency=np.array([[0.0, 1e-5], [1e-5, 0.0]]),
+                      link_bandwidth=np.array([[np.inf, 1e9], [1e9, np.inf]]), source=("hand", "hand"))
+    topo = load_topology("2x_cpu")
+    for m in (1, 2, 4):
+        plan = StagePlan(stage_of_node=np.array([0, 0, 0, 1, 1, 1]), stage_devices=((0,), (1,)), num_microbatches=m,
+                         schedule="gpipe", batch_size=8)
+        per_mb = np.array([o.pp_microbatch_seconds(b) for b in stage_boundary_bytes(plan, g)])
+        staged = with_pipeline_overhead(costs, plan, g, o)
+        for s in (0, 1):
+            sel = plan.stage_of_node == s
+            added = (staged.fwd_time - costs.fwd_time)[sel].sum(0) + (staged.bwd_time - costs.bwd_time)[sel].sum(0)
+            np.testing.assert_allclose(added, per_mb[s], rtol=1e-12)
+        base = simulate_pipeline(g, costs, topo, plan, cost_batch_size=8 / m).step_time
+        more = simulate_pipeline(g, staged, topo, plan, cost_batch_size=8 / m).step_time
+        assert m * per_mb.min() - 1e-12 <= more - base <= (m + 1) * per_mb.max() + 1e-12
+        got = predict_deploy_step(more, plan=plan, graph=g, adam_seconds=0.0, overheads=o, cores=2)
+        assert got["predicted_s"] == pytest.approx(more + o.pp_stage[0])  # + the per-step term
+    single = StagePlan(stage_of_node=np.zeros(n, dtype=np.int64), stage_devices=((0,),), num_microbatches=2,
+                       schedule="gpipe", batch_size=8)
+    assert with_pipeline_overhead(costs, single, g, o) is costs
+
+
 def test_only_gloo_is_measured():
     with pytest.raises(ProfileError, match="gloo"):
         measure_dist_overheads("nccl")
@@ -90,3 +148,5 @@ def test_real_measurement_on_two_gloo_processes():
     o = fit_dist_overheads(raw)
     assert all(len(o.collectives[k][1]) == 2 and min(o.collectives[k][1]) > 0 for k in KINDS)
     assert o.fsdp_pass[0] + o.fsdp_pass[1] * 4 > 0
+    assert len(raw["pipeline"]) == 8 and all(min(r["pipe"]) > 0 and min(r["plain"]) > 0 for r in raw["pipeline"])
+    assert min(o.pp_stage) >= 0

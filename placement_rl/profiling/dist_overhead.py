@@ -7,18 +7,25 @@
   as ``executor._runner.apply_fsdp`` shards a stage), and as ``k / 2`` Megatron column / row pairs under TP
   (``parallelize_module`` over the 2 ranks) against one rank's shards as plain Linears;
 * the Adam step over plain parameters and over the FSDP2 shards (DTensors);
-* the collectives FSDP and DDP issue: all-reduce, all-gather and reduce-scatter of a range of buffer sizes.
+* the collectives FSDP and DDP issue: all-reduce, all-gather and reduce-scatter of a range of buffer sizes;
+* a two-stage pipeline (``PipelineStage`` + ``ScheduleGPipe``, one stage per process) of ``Linear`` stacks at
+  ``m`` micro-batches and two boundary sizes, against the same stage's ``m`` plain passes: the CPU seconds each
+  rank spends on the schedule (send / recv and their copies, the stage's autograd bookkeeping, the per-micro-batch
+  python) beyond its ops.
 
 ``fit_dist_overheads`` turns the medians into a ``DistOverheads``: per pass (forward + backward of one
 micro-batch) the extra seconds of DDP, FSDP and TP as ``a + b * tensors``, and the extra seconds of Adam over
-DTensor shards (FSDP's, TP's) as ``c + d * tensors`` beyond plain Adam over the same elements. These are CPU-side costs of
+DTensor shards (FSDP's, TP's) as ``c + d * tensors`` beyond plain Adam over the same elements, and a pipeline
+stage's schedule cost as ``e + m * (f + g * boundary_bytes)`` per step (``boundary_bytes``: activations a stage
+sends and receives per micro-batch). These are CPU-side costs of
 the wrappers (hooks, DTensor dispatch per parameter, copy-in / copy-out, waiting on the process group), which
 per-op profiles cannot see. Collective times are kept as measured curves (``collective_seconds``).
 
-``predict_deploy_step`` adds them to a ``simulate_pipeline`` prediction of a stage plan deployed by
-``placement_rl.executor`` on CPU processes, and scales the result when the plan runs more processes than the
+``with_pipeline_overhead`` puts a plan's per-micro-batch schedule cost on its stages' nodes before
+``simulate_pipeline`` runs (so the bubbles see it), and ``predict_deploy_step`` adds the rest to that prediction
+of a stage plan deployed by ``placement_rl.executor`` on CPU processes, and scales the result when the plan runs more processes than the
 host has cores (each process runs one thread; ``k`` processes on ``c < k`` cores take ``k / c`` as long).
-Not modelled: pipeline-schedule overhead per micro-batch beyond the send/recv link fit, DDP bucket rebuilds.
+Not modelled: DDP bucket rebuilds; schedules other than GPipe are priced with GPipe's per-micro-batch cost.
 """
 
 from __future__ import annotations
@@ -38,6 +45,9 @@ WIDTH = 64
 BATCH = 8
 SIZES = tuple(2 ** k for k in range(10, 25, 2))  # 1 KiB .. 16 MiB
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
+PP_MICRO = (1, 2, 4, 8)  # micro-batches of the pipeline measurement
+PP_WIDEN = (1, 32)  # boundary tensor: BATCH x WIDTH x widen floats (2 KiB and 64 KiB per micro-batch)
+PP_LAYERS = 4  # Linear layers per stage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +62,12 @@ class DistOverheads:
     tp_adam: tuple[float, float]  # Adam over TP's DTensor parameters beyond plain Adam over the local shards
     collectives: dict[str, tuple[tuple[float, ...], tuple[float, ...]]]  # kind -> (bytes, seconds), 2 ranks
     raw: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # pipeline schedule per stage and step: e + m * (f + g * boundary bytes per micro-batch) CPU seconds
+    pp_stage: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    def pp_microbatch_seconds(self, boundary_bytes: float) -> float:
+        """A pipeline stage's schedule cost per micro-batch that moves ``boundary_bytes`` in and out."""
+        return self.pp_stage[1] + self.pp_stage[2] * max(float(boundary_bytes), 0.0)
 
     def collective_seconds(self, kind: str, nbytes: float) -> float:
         """Measured time of a 2-rank collective of ``nbytes``, read as ``comm_fit`` reads a fitted series
@@ -73,7 +89,7 @@ class DistOverheads:
                        fsdp_adam=tuple(d["fsdp_adam"]), tp_pass=tuple(d["tp_pass"]),
                        tp_adam=tuple(d["tp_adam"]),
                        collectives={k: (tuple(v[0]), tuple(v[1])) for k, v in d["collectives"].items()},
-                       raw=dict(d.get("raw", {})))
+                       raw=dict(d.get("raw", {})), pp_stage=tuple(float(x) for x in d.get("pp_stage", (0, 0, 0))))
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise ProfileError(f"malformed distributed-overhead record ({e}); re-run the measurement") from None
 
@@ -89,6 +105,22 @@ def _median(fn, repeats: int) -> float:
         if r >= 2:
             out.append(time.perf_counter() - t0)
     return float(np.median(out))
+
+
+def _interleaved(fns: dict[str, Any], repeats: int) -> dict[str, float]:
+    """Median seconds of each callable over ``repeats`` rounds (after 2 warm-up rounds); every round runs every
+    callable once, all ranks together (a barrier before each)."""
+    import torch.distributed as dist
+
+    got: dict[str, list[float]] = {k: [] for k in fns}
+    for r in range(repeats + 2):
+        for key, fn in fns.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            if r >= 2:
+                got[key].append(time.perf_counter() - t0)
+    return {k: float(np.median(v)) for k, v in got.items()}
 
 
 def _worker(rank: int, backend: str, port: int, layers: Sequence[int], sizes: Sequence[int], repeats: int,
@@ -124,26 +156,86 @@ def _worker(rank: int, backend: str, port: int, layers: Sequence[int], sizes: Se
                                              for i in range(k)})
             return m
 
+        configs = {}
         for k in layers:
-            row = {"k": k, "tensors": 2 * k}
             for kind in ("plain", "ddp", "fsdp", "half", "tp"):
                 m = make(k, kind)
                 if kind == "ddp":
                     m = DistributedDataParallel(m)  # a Linear stack has no buffers to broadcast
                 elif kind == "fsdp":
                     fully_shard(m, mesh=mesh)
-                opt = torch.optim.Adam(m.parameters(), lr=1e-3)
-
-                def passes() -> None:
-                    m(inp).sum().backward()
-
-                row[f"{kind}_pass"] = _median(passes, repeats)
-                row[f"{kind}_adam"] = _median(opt.step, repeats)
-            res["rows"].append(row)
+                configs[(k, kind)] = (m, torch.optim.Adam(m.parameters(), lr=1e-3))
+        # rounds over every configuration, so a slow spell of a shared host lands on all of them alike
+        times = _interleaved({f"{k}_{kind}_{what}": (lambda m=m: m(inp).sum().backward()) if what == "pass" else opt.step
+                              for (k, kind), (m, opt) in configs.items() for what in ("pass", "adam")}, repeats)
+        for k in layers:
+            res["rows"].append({"k": k, "tensors": 2 * k, **{f"{kind}_{what}": times[f"{k}_{kind}_{what}"]
+                                                           for kind in ("plain", "ddp", "fsdp", "half", "tp")
+                                                           for what in ("pass", "adam")}})
+        res["pipeline"] = _pipeline_rows(rank, repeats)
         if rank == 0:
             queue.put(res)
     finally:
         dist.destroy_process_group()
+
+
+class _PipeHalf(torch.nn.Module):
+    """One stage of the pipeline measurement: ``PP_LAYERS`` Linears; stage 0 widens its output to ``widen``
+    copies (the boundary tensor), stage 1 reads the first ``WIDTH`` columns."""
+
+    def __init__(self, first: bool, widen: int) -> None:
+        super().__init__()
+        self.first, self.widen = first, widen
+        self.body = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(PP_LAYERS)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x).repeat(1, self.widen) if self.first else self.body(x[:, :WIDTH])
+
+
+def _pipeline_rows(rank: int, repeats: int) -> list[dict[str, Any]]:
+    """Per (widen, m): this rank's and the peer's CPU seconds of a pipelined GPipe step and of ``m`` plain passes
+    of the same stage (process CPU clock: the schedule's threads count, waiting does not)."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    configs = {}
+    for widen in PP_WIDEN:
+        bw = BATCH * WIDTH * widen
+        for m in PP_MICRO:
+            torch.manual_seed(0)
+            mod = _PipeHalf(rank == 0, widen)
+            inp = torch.zeros(BATCH, WIDTH if rank == 0 else bw // BATCH, requires_grad=rank == 1)
+            out = torch.zeros(BATCH, bw // BATCH if rank == 0 else WIDTH)
+            stage = PipelineStage(mod, rank, 2, torch.device("cpu"), input_args=(inp,), output_args=out,
+                                  input_grads=None if rank == 0 else (torch.zeros_like(inp),),
+                                  output_grads=(torch.zeros_like(out),) if rank == 0 else None)
+            sched = ScheduleGPipe(stage, m, loss_fn=lambda o, t: o.sum())
+            x, target = torch.randn(BATCH * m, WIDTH), torch.zeros(m)
+
+            def step(sched=sched, x=x, target=target) -> None:
+                sched.step(x) if rank == 0 else sched.step(target=target)
+
+            def plain(mod=mod, inp=inp, m=m) -> None:
+                for _ in range(m):
+                    mod(torch.randn_like(inp).requires_grad_(rank == 1)).sum().backward()
+
+            configs[(widen, m)] = (4.0 * bw, step, plain)
+    got: dict[tuple, dict[str, list[float]]] = {key: {"pipe": [], "plain": []} for key in configs}
+    for r in range(repeats + 2):  # rounds over every configuration (see ``_interleaved``); process CPU clock
+        for key, (_, step, plain) in configs.items():
+            for name, fn in (("pipe", step), ("plain", plain)):
+                dist.barrier()
+                c0 = time.process_time()
+                fn()
+                if r >= 2:
+                    got[key][name].append(time.process_time() - c0)
+    rows = []
+    for (widen, m), (nbytes, _, _) in configs.items():
+        row = {"widen": widen, "m": m, "bytes": nbytes, **{k: float(np.median(v)) for k, v in got[(widen, m)].items()}}
+        both = [None, None]
+        dist.all_gather_object(both, row)
+        rows.append({**row, "pipe": [b["pipe"] for b in both], "plain": [b["plain"] for b in both]})
+    return rows
 
 
 def measure_dist_overheads(backend: str = "gloo", *, layers: Sequence[int] = LAYERS, sizes: Sequence[int] = SIZES,
@@ -181,7 +273,57 @@ def fit_dist_overheads(raw: dict[str, Any]) -> DistOverheads:
     coll = {k: (tuple(float(s) for s in raw["sizes"]), tuple(float(v) for v in raw["collectives"][k]))
             for k in KINDS}
     return DistOverheads(backend=raw["backend"], ddp_pass=ddp, fsdp_pass=fsdp, fsdp_adam=adam, tp_pass=tp,
-                         tp_adam=tp_adam, collectives=coll, raw=raw)
+                         tp_adam=tp_adam, collectives=coll, raw=raw, pp_stage=_fit_pipeline(raw.get("pipeline", [])))
+
+
+def _fit_pipeline(rows: Sequence[dict[str, Any]]) -> tuple[float, float, float]:
+    """Non-negative least squares of a stage's extra CPU seconds per step (pipelined minus plain, both ranks)
+    on ``(1, m, m * bytes)``: per step, per micro-batch, per boundary byte per micro-batch."""
+    from scipy.optimize import nnls
+
+    if not rows:
+        return 0.0, 0.0, 0.0
+    a, y = [], []
+    for r in rows:
+        for pipe, plain in zip(r["pipe"], r["plain"]):
+            a.append([1.0, r["m"], r["m"] * r["bytes"]])
+            y.append(pipe - plain)
+    scale = np.array([1.0, 1.0, 1e-6])  # bytes in MB for the solver's conditioning
+    coef, _ = nnls(np.array(a) / scale, np.array(y))
+    e, f, g = coef / scale
+    return float(e), float(f), float(g)
+
+
+def stage_boundary_bytes(plan, graph) -> np.ndarray:
+    """Bytes each stage of ``plan`` sends and receives per micro-batch per replica: every value that crosses a
+    stage boundary counted once per (producer, consuming stage), at the plan's micro-batch."""
+    s_of = np.asarray(plan.stage_of_node)
+    out = np.zeros(plan.num_stages)
+    if plan.num_stages < 2 or len(graph.edges) == 0:
+        return out
+    src, dst = graph.edges[:, 0], graph.edges[:, 1]
+    cross = s_of[src] != s_of[dst]
+    for u, t in {(int(u), int(s_of[v])) for u, v in zip(src[cross], dst[cross])}:
+        b = float(graph.out_bytes[u])
+        out[s_of[u]] += b
+        out[t] += b
+    dp = np.array([len(d) // (int(plan.tp[i]) if plan.tp else 1) for i, d in enumerate(plan.stage_devices)])
+    return out / (int(plan.num_microbatches) * np.maximum(dp, 1))
+
+
+def with_pipeline_overhead(costs, plan, graph, overheads: DistOverheads | None):
+    """``costs`` with each stage's measured schedule cost per micro-batch (``DistOverheads.pp_stage``) spread over
+    the stage's nodes (half on forward, half on backward, as launch overhead: every micro-batch pays it), so the
+    simulated pipeline's bubbles see it. Plans of one stage, or without ``overheads``, get ``costs`` back."""
+    if overheads is None or plan.num_stages < 2 or not any(overheads.pp_stage[1:]):
+        return costs
+    s_of = np.asarray(plan.stage_of_node)
+    per_mb = np.array([overheads.pp_microbatch_seconds(b) for b in stage_boundary_bytes(plan, graph)])
+    count = np.bincount(s_of, minlength=plan.num_stages).astype(np.float64)
+    add = (per_mb / (2.0 * np.maximum(count, 1.0)))[s_of][:, None]
+    return dataclasses.replace(costs, fwd_time=costs.fwd_time + add, bwd_time=costs.bwd_time + add,
+                               launch_overhead=costs.launch_overhead + add,
+                               meta={**dict(costs.meta), "pipeline_overhead_per_microbatch": per_mb.tolist()})
 
 
 def tensors_per_param_node(module: torch.nn.Module, graph: Any) -> float:
@@ -197,7 +339,8 @@ def predict_deploy_step(simulated: float, *, plan, graph, adam_seconds: float, o
     """Step time of ``plan`` as ``placement_rl.executor`` runs it on CPU processes: the simulated schedule
     (``simulated``: ``simulate_pipeline`` with measured per-op costs) + the wrappers' per-pass costs of the
     slowest stage over its micro-batches + Adam (``adam_seconds``: plain Adam over the whole model, measured;
-    the largest stage's share, over DTensor shards for FSDP) and the oversubscription of ``cores``.
+    the largest stage's share, over DTensor shards for FSDP), a pipeline's per-step schedule cost (its per-micro-batch
+cost belongs in the simulated costs: ``with_pipeline_overhead``) and the oversubscription of ``cores``.
     ``tensors_per_node``: parameter tensors per node that owns parameters (the graph records bytes, not
     tensors; a Linear has 2). ``tp_split``: bool [N], the nodes whose parameters TP splits (the ``graph.tp``
     annotation's ``frac_params > 0``): a stage of TP degree t > 1 pays the TP per-pass and DTensor Adam terms for
@@ -228,6 +371,8 @@ def predict_deploy_step(simulated: float, *, plan, graph, adam_seconds: float, o
                 c, d = overheads.fsdp_adam
                 opt += c + d * tensors
         worst_wrap, worst_opt = max(worst_wrap, wrap), max(worst_opt, opt)
+    if overheads is not None and plan.num_stages > 1:  # the schedule's per-step cost (per micro-batch: in costs)
+        worst_wrap += overheads.pp_stage[0]
     step = simulated + worst_wrap + worst_opt
     procs = int(plan.world_size)
     cores = cores or os.cpu_count() or 1
@@ -237,4 +382,4 @@ def predict_deploy_step(simulated: float, *, plan, graph, adam_seconds: float, o
 
 
 __all__ = ["DistOverheads", "fit_dist_overheads", "measure_dist_overheads", "predict_deploy_step",
-           "tensors_per_param_node"]
+           "stage_boundary_bytes", "tensors_per_param_node", "with_pipeline_overhead"]
