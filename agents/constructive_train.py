@@ -64,6 +64,7 @@ class ConstructiveConfig:
     sil_coef: float = 0.5
     regret_coef: float = 1.0  # imitation of the lookahead teacher: weight of the expected regret (0: plain cloning)
     window: int = DEFAULT_WINDOW  # lookahead window W of the state's features (0: the node alone)
+    teacher_search: int = 0  # > 0: clone the best teacher's placement refined by annealing with this many sim calls
     pi_rounds: int = 0  # approximate policy iteration: rounds of relabelling with the rollout over the student
     pi_epochs: int = 3  # distillation epochs per round
     pi_label_every: int = 4  # label every k-th state of the student's trajectory (the teacher costs D completions)
@@ -77,7 +78,7 @@ class ConstructiveConfig:
         for key in ("hidden", "layers", "samples", "tasks_per_iter", "ppo_epochs", "eval_every", "eval_samples"):
             if int(getattr(self, key)) < 1:
                 raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)!r}")
-        for key in ("bc_epochs", "dagger_rounds", "rl_iters", "window", "pi_rounds", "pi_epochs"):
+        for key in ("bc_epochs", "dagger_rounds", "rl_iters", "window", "pi_rounds", "pi_epochs", "teacher_search"):
             if int(getattr(self, key)) < 0:
                 raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)!r}")
         if not float(self.regret_coef) >= 0:
@@ -136,11 +137,24 @@ class ConstructiveTrainer:
         self.policy.train()
         demos: list[Demo] = []  # each task's best teacher on its own trajectory
         reactive: list[bool] = []  # whether that teacher can label any state (DAgger)
-        for t in tasks:
-            name, dev = t.teacher()
+        best = [t.teacher() for t in tasks]
+        searched = [False] * len(tasks)
+        if cfg.teacher_search > 0:  # a searched teacher: annealing from the best teacher's placement
+            from agents.scaleout import refine_teachers
+
+            got = refine_teachers([(t, dev) for t, (_, dev) in zip(tasks, best)], cfg.teacher_search,
+                                  seed=cfg.seed, workers=self.workers)
+            for i, (t, (dev, step, feasible)) in enumerate(zip(tasks, got)):
+                name, old = best[i]
+                ref = t.refs.get(name)
+                if feasible and ref is not None and step < ref[0] * (1 - 1e-9):
+                    best[i], searched[i] = (name, dev), True
+            self.history.append({"phase": "teacher_search", "budget": cfg.teacher_search,
+                                 "improved": int(sum(searched)), "tasks": len(tasks)})
+        for t, (name, dev), srch in zip(tasks, best, searched):
             tr = rollout(None, t, forced=dev, record=True).trace
             reg = None
-            if name == "eft_rollout" and cfg.regret_coef > 0:  # kept from building the task's teachers
+            if name == "eft_rollout" and cfg.regret_coef > 0 and not srch:  # kept from building the teachers
                 reg = t.meta.get("eft_rollout_regret")
                 reg = (eft_rollout(t.graph, t.costs, t.topology, actions=dev)[2] if reg is None else reg)[:, None]
             demos.append(Demo(t, tr, tr.actions, reg))

@@ -8,6 +8,8 @@
   followed placement, so the merged labels are the same).
 * ``lookahead_labels(trajectories, workers)``: the lookahead teacher (``eft_rollout``) on the student's own
   trajectories, one job per trajectory (DAgger's relabelling in imitation).
+* ``refine_teachers(starts, budget, workers=)``: simulated annealing from each task's teacher placement (the
+  searched teacher of ``agent.teacher_search``), one job per task.
 * ``evaluate_tasks(policy, tasks, samples=, seed=, workers=)``: greedy and best-of-k placements of every task
   (``agents.constructive_eval.evaluate`` per task, with a seed derived from ``seed`` and the task's index).
 * ``weights_digest(state_dict)``: a hash of a policy's weights (checkpoints of 1 and N workers are compared by it).
@@ -111,6 +113,24 @@ def _lookahead_labels(item: tuple[Any, np.ndarray]) -> tuple[np.ndarray, np.ndar
     task, actions = item
     _, labels, regret = eft_rollout(task.graph, task.costs, task.topology, actions=actions)
     return labels, regret
+
+
+def _refine_teacher(item: tuple[Any, np.ndarray, int, int]) -> tuple[np.ndarray, float, bool]:
+    from placement_rl.baselines.search import refine
+
+    task, start, budget, seed = item
+    p = refine(task.graph, task.costs, task.topology, start, budget=budget, seed=seed)
+    return np.asarray(p.device_of_node), float(p.meta["step_time"]), bool(p.meta["feasible"])
+
+
+def refine_teachers(starts: Sequence[tuple[ConstructiveTask, np.ndarray]], budget: int, *, seed: int = 0,
+                    workers: Workers | None = None) -> list[tuple[np.ndarray, float, bool]]:
+    """``(placement, step time, feasible)`` of simulated annealing (``baselines.search.refine``, ``budget``
+    simulator calls, seed ``seed + i``) from each ``(task, placement)``, one job per task, in order: a searched
+    teacher for imitation. Never worse than its start; the same for any worker count."""
+    workers = workers if workers is not None else Workers(1)
+    items = [(workers.put(t, ship=shippable), np.asarray(a), int(budget), seed + i) for i, (t, a) in enumerate(starts)]
+    return workers.map(_refine_teacher, items, cost=[float(t.graph.num_nodes) * budget for t, _ in starts])
 
 
 def lookahead_labels(trajectories: Sequence[tuple[ConstructiveTask, np.ndarray]], workers: Workers | None = None,

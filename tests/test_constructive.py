@@ -73,6 +73,30 @@ def test_imitation_reaches_the_teacher(seed) -> None:
     assert float(np.exp(np.mean(np.log(ratios)))) <= 1.01, ratios
 
 
+def test_searched_teacher_is_never_worse_and_is_what_cloning_sees() -> None:
+    """``teacher_search``: annealing from each task's best teacher with its own budget; a task's demo is the
+    searched placement only where it is strictly better, the same for 1 worker and any seed of the same draw."""
+    from agents.scaleout import refine_teachers
+    from placement_rl.cost import simulate
+
+    tasks = [task("layered", 30, 0, "4x_v100_nvlink"), task("dataflow", 30, 1, "2x4_v100_ib")]
+    starts = [(t, t.teacher()[1]) for t in tasks]
+    got = refine_teachers(starts, 300, seed=0)
+    assert [np.array_equal(a[0], b[0]) for a, b in zip(got, refine_teachers(starts, 300, seed=0))] == [True, True]
+    for t, (dev, step, feasible) in zip(tasks, got):
+        name, _ = t.teacher()
+        assert feasible and step <= t.refs[name][0] * (1 + 1e-9)
+        assert step == pytest.approx(simulate(t.graph, t.costs, t.topology, dev).step_time, rel=1e-12)
+    assert any(step < t.refs[t.teacher()[0]][0] * (1 - 1e-9) for t, (_, step, _) in zip(tasks, got))
+    trainer = ConstructiveTrainer(ConstructiveConfig(hidden=16, layers=1, bc_epochs=1, dagger_rounds=0, rl_iters=0,
+                                                     teacher_search=300))
+    trainer.imitate(tasks)
+    rec = [h for h in trainer.history if h["phase"] == "teacher_search"]
+    assert rec == [{"phase": "teacher_search", "budget": 300, "tasks": 2,
+                    "improved": sum(step < t.refs[t.teacher()[0]][0] * (1 - 1e-9) for t, (_, step, _) in
+                                    zip(tasks, got))}]
+
+
 def test_one_checkpoint_places_on_any_device_count(tmp_path) -> None:
     cfg = ConstructiveConfig(hidden=16, layers=1, bc_epochs=1, dagger_rounds=0, rl_iters=0)
     trainer = ConstructiveTrainer(cfg)
