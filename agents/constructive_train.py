@@ -67,6 +67,7 @@ class ConstructiveConfig:
     teacher_search: int = 0  # > 0: clone the best teacher's placement refined by annealing with this many sim calls
     pi_rounds: int = 0  # approximate policy iteration: rounds of relabelling with the rollout over the student
     pi_epochs: int = 3  # distillation epochs per round
+    pi_lr: float = 0.0  # learning rate of the distillation (0: the imitation rate ``lr``)
     pi_label_every: int = 4  # label every k-th state of the student's trajectory (the teacher costs D completions)
     pi_max_nodes: int = 400  # tasks larger than this are not relabelled (the teacher is O(N^2 W D^2))
     pi_max_labels: int = 48  # at most this many labelled states per task and round (larger tasks: sparser labels)
@@ -88,6 +89,8 @@ class ConstructiveConfig:
                               f"{self.pi_max_nodes!r}")
         if self.rl_algo not in RL_ALGOS:
             raise ConfigError(f"rl_algo must be one of {', '.join(RL_ALGOS)}, got {self.rl_algo!r}")
+        if not float(self.pi_lr) >= 0:
+            raise ConfigError(f"pi_lr must be >= 0, got {self.pi_lr!r}")
         for key in ("lr", "rl_lr", "temperature"):
             if not float(getattr(self, key)) > 0:
                 raise ConfigError(f"{key} must be > 0, got {getattr(self, key)!r}")
@@ -235,7 +238,7 @@ class ConstructiveTrainer:
                     own = ro.trace.actions[:, 0]
                     gain.append(float((lab.labels[keep] != own[keep]).mean()))
             self.policy.train()
-            self._set_lr(cfg.lr)
+            self._set_lr(cfg.pi_lr if cfg.pi_lr > 0 else cfg.lr)
             agree = 0.0
             for _ in range(cfg.pi_epochs):
                 agrees = []
