@@ -5,21 +5,22 @@ enters only through its datasheet (peak FLOP/s for the run's dtype, memory bandw
 The parameters ship as package data (``placement_rl/data/gpu_fit.json``, fitted by
 ``scripts/fit_gpu_costs.py`` on public measurements, see ``placement_rl/data/NOTICE``).
 
-Per node ``v`` of class ``c`` (from its ``op_type``; see ``op_class``), on device ``d``::
+Per node ``v`` of class ``c`` (``placement_rl.cost.op_classes.op_class``), on a GPU described by its datasheet
+(``placement_rl.cost.gpu_spec.GpuSpec``)::
 
-    GEMM-like (linear, bmm, conv):  t = max(F / (peak * util), bytes / (bw * e_mem)) + launch
-        util  = e_max[c] * wave_eff ** w_wave * k / (k + k0[c])
-        tiles = out_elems / tile;  waves = tiles / SMs;  wave_eff = waves / ceil(waves)
-        k     = F / (2 * out_elems)   (inner dimension)
-        backward: one GEMM per input that needs a gradient (dX, out = that input) and one for the
-        weights (dW, out = the parameters), each with the forward's FLOPs
+    GEMM-like (linear, bmm, conv): batch x (M x K) @ (K x N) from the node's FLOPs and bytes (``gemm_dims``);
+        the fastest CTA tile / split-K configuration of a wave model over the SMs (``_gemm_time``), at
+        e_max[c] x trend(GPU) of peak, memory traffic of the operand tiles at bw x e_mem_gemm; + launch.
+        backward: one GEMM per input that needs a gradient (dX) and one for the weights (dW), at their shapes
     memory-bound (norm, softmax, element-wise, embedding, loss, pool):
         t_fwd = kf[c] * (in + out) / bw_eff + launch,   t_bwd = kb[c] * (in + out) / bw_eff + nb[c] * launch
         (embedding: in + 2 out, the gathered table rows are read as well as the output written)
-        bw_eff = bw * e_bw * (1 + l2_gain / (1 + (working set / L2) ** 2))
+        bw_eff = bw * e_bw * trend(GPU) (isolated timings: x (1 + l2_gain / (1 + (working set / L2) ** 2)))
     views (view, reshape, transpose, ...): no kernel, 0
     parameter gradients: + acc * param_bytes / bw on the backward of the node holding them
 
+``trend`` makes a GPU's achieved fraction of its peaks a function of its architecture (slopes shared by every
+GPU); a version-1 fit (no tiles, no trend) is still read and priced by ``_gemm_time_v1``.
 Backward is 0 where ``needs_grad`` says no gradient flows. dtype: ``fp32`` (default) uses ``peak_flops``;
 ``tf32`` / ``bf16`` use the tensor-core peaks (``peak_flops_tf32`` / ``peak_flops_bf16`` of the device or
 topology) for GEMM-like ops, and ``bf16`` halves the bytes moved. Only fp32 is measured in the fit data.
@@ -36,6 +37,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from placement_rl.cost.gpu_spec import GpuSpec, arch_of, datasheet, spec_of_device  # noqa: F401 - re-exported
+from placement_rl.cost.op_classes import CLASSES, GEMM_CLASSES, MEM_CLASSES, op_class  # noqa: F401 - re-exported
 from placement_rl.errors import ProfileError
 
 FIT_SCHEMA = "placement_rl.gpu_fit"
@@ -46,59 +49,6 @@ OPTIONAL = {"g_old_gemm": 0.0, "g_lp_gemm": 0.0, "lp_slow": 0.0, "lp_tau": 1e-3,
             "l2_reuse": 8.0, "tile_area": 16384.0}
 DTYPES = ("fp32", "tf32", "bf16")
 BWD_SLACK = 2.0  # a GEMM-like backward may run at half the forward's achieved rate, no slower
-CLASSES = ("view", "linear", "bmm", "conv", "norm", "softmax", "ew", "ew_pass", "embedding", "loss", "pool")
-GEMM_CLASSES = ("linear", "bmm", "conv")
-MEM_CLASSES = ("norm", "softmax", "ew", "ew_pass", "embedding", "loss", "pool")
-
-_VIEW = {"view", "reshape", "_reshape_alias", "transpose", "permute", "unsqueeze", "squeeze", "expand", "alias",
-         "split", "split_with_sizes", "slice", "select", "t", "detach", "size", "getitem", "getattr", "flatten",
-         "chunk", "unbind", "unflatten", "view_as", "expand_as", "to", "type", "type_as", "long", "bool", "float",
-         "contiguous_view", "input", "placeholder", "output", "get_attr", "dim", "finfo", "numel", "lift_fresh_copy",
-         "_assert_tensor_metadata", "_assert_scalar", "sym_size", "_unsafe_view", "movedim", "as_strided", "identity",
-         "dropout_eval", "setitem", "masked_fill_", "zero_", "new_zeros", "tensor", "scalar_tensor"}
-_LINEAR = {"linear", "addmm", "mm", "matmul_param", "conv1d_hf"}
-_BMM = {"bmm", "baddbmm", "matmul", "einsum", "scaled_dot_product_attention"}
-_CONV = {"conv", "conv1d", "conv2d", "conv3d", "convolution", "_convolution", "cudnn_convolution",
-         "conv_transpose2d"}
-_NORM = {"layer_norm", "native_layer_norm", "batch_norm", "native_batch_norm", "_native_batch_norm_legit",
-         "_native_batch_norm_legit_no_training", "group_norm", "native_group_norm", "instance_norm", "rms_norm",
-         "local_response_norm", "lrn"}
-_SOFTMAX = {"softmax", "_softmax", "log_softmax", "_log_softmax", "_safe_softmax"}
-_EMBED = {"embedding", "embedding_bag"}
-_LOSS = {"cross_entropy_loss", "cross_entropy", "nll_loss", "nll_loss_nd", "nll_loss_forward", "mse_loss",
-         "l1_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "smooth_l1_loss"}
-_POOL = {"max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d",
-         "adaptive_avg_pool2d", "adaptive_max_pool2d", "max_pool2d_with_indices", "mean", "sum"}
-# element-wise ops whose backward is a pass-through (no kernel) or a view
-_EW_PASS = {"add", "add_", "sub", "rsub", "neg", "iadd", "cat", "concat", "stack", "pad", "constant_pad_nd",
-            "clone", "contiguous", "copy", "copy_", "repeat"}
-
-
-def op_class(op_type: str, param_bytes: float = 0.0, flops: float = 0.0) -> str:
-    """The cost class of an op type (``aten``-style name as captured, e.g. ``addmm``, ``layer_norm``).
-
-    An unknown op type (hand-written or synthetic graphs) that carries FLOPs is priced as a GEMM
-    (``linear``); without FLOPs it is element-wise."""
-    name = op_type.rsplit(".", 1)[-1].lower()
-    if name.endswith("_default") or name.endswith(".default"):
-        name = name[:-8]
-    if name in _VIEW or name.startswith("_assert"):
-        return "view"
-    if name in _BMM:
-        return "linear" if (name == "matmul" and param_bytes > 0) else "bmm"
-    for cls, names in (("linear", _LINEAR), ("conv", _CONV), ("norm", _NORM), ("softmax", _SOFTMAX),
-                       ("embedding", _EMBED), ("loss", _LOSS), ("pool", _POOL), ("ew_pass", _EW_PASS)):
-        if name in names:
-            return cls
-    if "conv" in name:
-        return "conv"
-    if "pool" in name:
-        return "pool"
-    if "norm" in name:
-        return "norm"
-    return "linear" if flops > 0 else "ew"
-
-
 @dataclass(frozen=True)
 class GpuFit:
     """Fitted parameters (shared by every GPU). ``params`` maps a name to a float; see the module docstring."""
@@ -168,61 +118,6 @@ def shipped_fit() -> GpuFit | None:
     if not path.is_file():
         return None
     return GpuFit.load(path)
-
-
-@dataclass(frozen=True)
-class GpuSpec:
-    """The datasheet figures the model uses: FLOP/s, bytes/s, SM count, L2 bytes, and the architecture
-    (``arch``: CUDA compute capability, 6.0 P100 ... 9.0 H100; ``gddr``: GDDR rather than HBM memory;
-    ``fp32_lanes``: FP32 units per SM, 64 or 128; ``low_power``: a board power of at most 75 W, the cards
-    powered by the PCIe slot alone, T4 / P4 / L4). ``datasheet(name)`` fills the last four from a product name;
-    0 / False mean unknown (priced like a Volta-or-newer HBM GPU with 64 lanes and power to spare)."""
-
-    peak_flops: float
-    mem_bandwidth: float
-    sm_count: int = 0
-    l2_bytes: float = 0.0
-    arch: float = 0.0
-    gddr: bool = False
-    fp32_lanes: int = 0
-    low_power: bool = False
-
-
-# Per product family (longest name match first): CUDA compute capability (NVIDIA's CUDA GPUs list), memory kind,
-# FP32 units per SM (the architecture whitepapers: 64 on GP100 / GV100 / TU10x / GA100, 128 on GP10x, GA10x,
-# AD10x and GH100) and whether the board is a <= 75 W card (the product datasheets: T4 70 W, P4 75 W, L4 72 W,
-# A2 60 W).
-_ARCH: tuple[tuple[str, float, bool, int, bool], ...] = (
-    ("GH200", 9.0, False, 128, False), ("H100", 9.0, False, 128, False), ("H200", 9.0, False, 128, False),
-    ("H800", 9.0, False, 128, False), ("L40", 8.9, True, 128, False), ("L4", 8.9, True, 128, True),
-    ("RTX 40", 8.9, True, 128, False), ("A100", 8.0, False, 64, False), ("A800", 8.0, False, 64, False),
-    ("A30", 8.0, False, 64, False), ("A40", 8.6, True, 128, False), ("A10", 8.6, True, 128, False),
-    ("A2", 8.6, True, 128, True), ("RTX 30", 8.6, True, 128, False), ("A6000", 8.6, True, 128, False),
-    ("T4", 7.5, True, 64, True), ("RTX 20", 7.5, True, 64, False), ("V100", 7.0, False, 64, False),
-    ("P100", 6.0, False, 64, False), ("P40", 6.1, True, 128, False), ("P4", 6.1, True, 128, True),
-    ("K80", 3.7, True, 192, False))
-
-
-def datasheet(name: str) -> tuple[float, bool, int, bool]:
-    """``(arch, gddr, fp32_lanes, low_power)`` of a GPU from its product name (``Tesla_P100-PCIE-16GB``,
-    ``H100-SXM5-80GB``); ``(0.0, False, 0, False)`` if the name is not recognised."""
-    up = " " + name.upper().replace("_", " ").replace("-", " ") + " "
-    for key, cc, gddr, lanes, low in sorted(_ARCH, key=lambda r: -len(r[0])):
-        k = key.upper()
-        if k in up and (len(k) > 2 or f" {k} " in up):  # a two-letter name (T4, L4) only as a word
-            return cc, gddr, lanes, low
-    return 0.0, False, 0, False
-
-
-def arch_of(name: str) -> float:
-    """Compute capability of a GPU from its product name; 0 if not recognised."""
-    return datasheet(name)[0]
-
-
-def spec_of_device(dev: Any) -> "GpuSpec":
-    """``GpuSpec`` of a topology ``Device`` (datasheet figures, architecture from its ``model`` or name)."""
-    arch, gddr, lanes, low = datasheet(str(getattr(dev, "model", "") or dev.name))
-    return GpuSpec(dev.peak_flops, dev.mem_bandwidth, dev.sm_count, dev.l2_bytes, arch, gddr, lanes, low)
 
 
 def trend(spec: GpuSpec, fit: "GpuFit", simt: bool = True) -> tuple[float, float]:
@@ -370,7 +265,6 @@ def _gemm_time(flops: np.ndarray, dims: np.ndarray, cls: np.ndarray, fit: GpuFit
     sm = float(spec.sm_count) if spec.sm_count > 0 else max(peak / (2 * 64 * 1.4e9), 1.0)
     w = fit.p("w_wave")
     known = dims[:, 3] > 0
-    out_el = np.maximum(flops / (2.0 * np.maximum(dims[:, 3], 1.0)), 1.0)
     side = np.sqrt(np.maximum(flops, 2.0) / 2.0) ** (2.0 / 3.0)  # unknown: a cube of the same FLOPs
     bt = np.where(known, dims[:, 0], 1.0)
     mm = np.where(known, dims[:, 1], side)

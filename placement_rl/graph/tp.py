@@ -54,7 +54,7 @@ SCHEMA_VERSION = 1
 
 
 def _classes(graph: CompGraph) -> list[str]:
-    from placement_rl.cost.calibrated import op_class
+    from placement_rl.cost.op_classes import op_class
 
     return [op_class(t, p, f) for t, p, f in zip(graph.op_types, graph.param_bytes, graph.fwd_flops)]
 

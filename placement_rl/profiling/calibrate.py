@@ -238,7 +238,7 @@ def needed_files() -> list[str]:
 
 def spec_of(config) -> GpuSpec:
     """A ``GpuSpec`` from a NeuSight ``DeviceConfig`` (its datasheet figures)."""
-    from placement_rl.cost.calibrated import datasheet
+    from placement_rl.cost.gpu_spec import datasheet
 
     arch, gddr, _, low = datasheet(config.name)
     lanes = int(round(config.peak_flops / (2e6 * config.sm_count * config.clock_mhz))) if config.clock_mhz else 0

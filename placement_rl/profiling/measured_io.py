@@ -37,7 +37,7 @@ def read_measurements(path: str | Path) -> tuple[list[str], object | None]:
         return [_series_line(s) for s in vidur.read_table(p)], None
     if p.suffix == ".csv" and p.parent.parent.name == "kernels":
         from placement_rl.profiling.calibrate import load_kernels
-        from placement_rl.cost.calibrated import GpuSpec
+        from placement_rl.cost.gpu_spec import GpuSpec
 
         k = load_kernels(p, p.parent.name, p.stem, GpuSpec(1.0, 1.0), max_rows=10**9, min_latency=0.0)
         return [f"neusight kernels {p.parent.name} on {p.stem}: {len(k.fwd)} rows, median "

@@ -1,0 +1,62 @@
+"""The GPU datasheet figures the calibrated cost model reads (``GpuSpec``), and the architecture facts it derives
+from a product name (``datasheet``: compute capability, memory kind, FP32 lanes per SM, board power class)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """The datasheet figures the model uses: FLOP/s, bytes/s, SM count, L2 bytes, and the architecture
+    (``arch``: CUDA compute capability, 6.0 P100 ... 9.0 H100; ``gddr``: GDDR rather than HBM memory;
+    ``fp32_lanes``: FP32 units per SM, 64 or 128; ``low_power``: a board power of at most 75 W, the cards
+    powered by the PCIe slot alone, T4 / P4 / L4). ``datasheet(name)`` fills the last four from a product name;
+    0 / False mean unknown (priced like a Volta-or-newer HBM GPU with 64 lanes and power to spare)."""
+
+    peak_flops: float
+    mem_bandwidth: float
+    sm_count: int = 0
+    l2_bytes: float = 0.0
+    arch: float = 0.0
+    gddr: bool = False
+    fp32_lanes: int = 0
+    low_power: bool = False
+
+
+# Per product family (longest name match first): CUDA compute capability (NVIDIA's CUDA GPUs list), memory kind,
+# FP32 units per SM (the architecture whitepapers: 64 on GP100 / GV100 / TU10x / GA100, 128 on GP10x, GA10x,
+# AD10x and GH100) and whether the board is a <= 75 W card (the product datasheets: T4 70 W, P4 75 W, L4 72 W,
+# A2 60 W).
+_ARCH: tuple[tuple[str, float, bool, int, bool], ...] = (
+    ("GH200", 9.0, False, 128, False), ("H100", 9.0, False, 128, False), ("H200", 9.0, False, 128, False),
+    ("H800", 9.0, False, 128, False), ("L40", 8.9, True, 128, False), ("L4", 8.9, True, 128, True),
+    ("RTX 40", 8.9, True, 128, False), ("A100", 8.0, False, 64, False), ("A800", 8.0, False, 64, False),
+    ("A30", 8.0, False, 64, False), ("A40", 8.6, True, 128, False), ("A10", 8.6, True, 128, False),
+    ("A2", 8.6, True, 128, True), ("RTX 30", 8.6, True, 128, False), ("A6000", 8.6, True, 128, False),
+    ("T4", 7.5, True, 64, True), ("RTX 20", 7.5, True, 64, False), ("V100", 7.0, False, 64, False),
+    ("P100", 6.0, False, 64, False), ("P40", 6.1, True, 128, False), ("P4", 6.1, True, 128, True),
+    ("K80", 3.7, True, 192, False))
+
+
+def datasheet(name: str) -> tuple[float, bool, int, bool]:
+    """``(arch, gddr, fp32_lanes, low_power)`` of a GPU from its product name (``Tesla_P100-PCIE-16GB``,
+    ``H100-SXM5-80GB``); ``(0.0, False, 0, False)`` if the name is not recognised."""
+    up = " " + name.upper().replace("_", " ").replace("-", " ") + " "
+    for key, cc, gddr, lanes, low in sorted(_ARCH, key=lambda r: -len(r[0])):
+        k = key.upper()
+        if k in up and (len(k) > 2 or f" {k} " in up):  # a two-letter name (T4, L4) only as a word
+            return cc, gddr, lanes, low
+    return 0.0, False, 0, False
+
+
+def arch_of(name: str) -> float:
+    """Compute capability of a GPU from its product name; 0 if not recognised."""
+    return datasheet(name)[0]
+
+
+def spec_of_device(dev: Any) -> "GpuSpec":
+    """``GpuSpec`` of a topology ``Device`` (datasheet figures, architecture from its ``model`` or name)."""
+    arch, gddr, lanes, low = datasheet(str(getattr(dev, "model", "") or dev.name))
+    return GpuSpec(dev.peak_flops, dev.mem_bandwidth, dev.sm_count, dev.l2_bytes, arch, gddr, lanes, low)
