@@ -201,6 +201,22 @@ def report(rows, classes, krows, newer, fit, pd_lines, factors, coll_lines, coll
              "peak.",
              "* **Optimizer step**: not in these files (NeuSight times forward + backward); `simulate_pipeline` "
              "prices it as a memory-bound pass over the parameters and optimizer state (unchanged here).", "",
+             '## Tried and left out (measured, not shipped)',
+             '',
+             "* **The power limit on the SMs' work only** (the low-power throttle applied to a GEMM "
+             "configuration's compute time, not to its memory time: a memory-bound kernel does not draw the power "
+             'that slows the clock). Refitted on all five GPUs and leave-one-out for the P4 and T4: P4 / T4 bmm '
+             '44.2% / 25.1% -> 39.9% / 21.3%, T4 linear 23.9% -> 21.8%, but P4 conv leave-one-out 36.5% -> 47.3% '
+             'and whole-model inference P4 12.3% -> 13.3%, T4 4.0% -> 5.7%: no better overall.',
+             "* **A gradient-boosted residual over this model** (scikit-learn's histogram GBM on the log ratio "
+             "measured / predicted, trained on four GPUs' kernel tables, checked on the fifth, over the five-GPU "
+             "fit, so if anything optimistic; with the shapes alone, with the datasheet figures added, or with "
+             'shapes relative to the GPU). It helps where one '
+             "GPU's cuBLAS / cuDNN choices resemble another's and hurts where they do not: linear 12.8-30.4%, bmm "
+             '19.3-38.3%, conv 18.4-38.7% per GPU depending on the features, e.g. V100 bmm 21.3% -> 28.8-38.3%, T4'
+             ' linear 23.9% -> 26.7-30.4%. What is left in the GEMM tables is per-GPU library behaviour that five '
+             'GPUs do not let a model transfer; it stays out.',
+             '',
              "## Per kernel: the NeuSight kernel tables (every row >= 50 us)", "",
              "Mean absolute percentage error of the predicted single-kernel time over every row of each table "
              "(thousands of shapes per table; rows under 50 us are dominated by the timing harness's floor, 25-57 "
