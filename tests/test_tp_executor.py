@@ -127,3 +127,31 @@ def test_tp_x_dp_tp_x_pp_tp_x_fsdp_gradients_equal_one_process(gpt):
     for plan, res in zip(plans, results):
         assert res.tp == 2 and res.world_size == 4
         check(plan, res)
+
+
+def test_fused_qkv_region_runs_on_local_shards(gpt):
+    """The fused QKV projection's region (split, per-head views, scores, softmax, weighted sum, merge) gets local
+    shapes at TP 2, so the heads run split as the cost model prices them; the MLP's region has no split and keeps the
+    DTensor path. The interleaved row order puts each rank's q, k and v rows in its contiguous shard."""
+    from placement_rl.executor._tp import _interleave, local_region, node_kinds
+
+    module, inputs = zoo.build("gpt", **GPT)
+    gm = torch.export.export(module, tuple(inputs), strict=False).module()
+    kinds = node_kinds(gpt)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    cols = [n for n in gm.graph.nodes if kinds.get(n.name) == "column"]
+    got = {n.name: local_region(gm, n, kinds, 2) for n in cols}
+    fused = [name for name, r in got.items() if r is not None]
+    assert len(fused) == GPT["n_layers"] and all(got[name][1] == 3 for name in fused)
+    rewrites, _ = got[fused[0]]
+    d, h = GPT["d_model"], GPT["n_heads"]
+    split = next(n for n in rewrites if "split" in str(n.target))
+    assert rewrites[split][1] == d // 2
+    views = [a[1] for n, a in rewrites.items() if "view" in str(n.target) or "reshape" in str(n.target)]
+    b, t = GPT["batch_size"], GPT["seq_len"]
+    assert views.count([b, t, h // 2, d // h]) == 3 and [b, t, d // 2] in views
+    assert local_region(gm, nodes[fused[0]], kinds, 4) is None  # 4 ranks do not divide 2 heads
+    perm = _interleave(torch.zeros(3 * d, d), 3, 2)
+    half = d // 2
+    assert perm[:3 * half].tolist() == (list(range(0, half)) + list(range(d, d + half))
+                                        + list(range(2 * d, 2 * d + half)))

@@ -229,8 +229,13 @@ class PartRunner:
             stages = [pipeline_stage(mod, sp, dims, device, part["value_meta"], mesh["pp"].get_group())
                       for mod, sp in zip(modules, self.splits)]
             self.schedule = build_schedule(dims, stages)
+        self.row_perm: dict[str, torch.Tensor] = {}  # TP: rows interleaved for a fused GEMM (``_tp.ROW_PERM``)
         if named is not None:  # read after FSDP, which replaces the parameters it shards
+            from placement_rl.executor._tp import ROW_PERM
+
             self.named = [{k: mod._parameters[a] for k, (mod, a) in per.items()} for per in named]
+            self.row_perm = {k: getattr(mod, ROW_PERM) for per in named for k, (mod, a) in per.items()
+                             if hasattr(mod, ROW_PERM)}
         else:
             self.named = [stage_parameters(sp) for sp in self.splits]
         self.params = [p for per in self.named for p in per.values()]
@@ -309,6 +314,8 @@ class PartRunner:
                 if p.grad is None:
                     continue
                 g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                if name in self.row_perm:  # back to the original row order
+                    g = g[torch.argsort(self.row_perm[name])]
                 out[name] = g.detach().cpu().clone()
         return out
 

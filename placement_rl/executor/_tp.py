@@ -14,6 +14,13 @@ dimension with the Megatron styles:
 * vocab-parallel embedding: ``RowwiseParallel(input_layouts=Replicate())`` on the embedding -- table
   ``Shard(0)``, masked lookup, output all-reduced.
 
+A column GEMM whose output is split into equal chunks on its sharded dimension (a fused QKV projection) would
+make DTensor all-gather before the split and run the heads replicated. There the region up to the row GEMM runs
+on local shards instead (:func:`local_region`: split sizes, view / reshape shapes divided by the TP degree along
+the tracked sharded dimension, the GEMM's output rows interleaved so that each rank's contiguous shard holds its
+heads of every chunk, Megatron's layout); :class:`PartRunner.grads` un-permutes those rows (``ROW_PERM``). A region
+with an op this rewrite has no rule for keeps the DTensor path.
+
 The step runs under ``implicit_replication`` (forward and backward; plain tensors meeting DTensors -- masks, targets, the residual
 stream -- count as replicated) and its outputs are plain tensors (a DTensor output, e.g. the loss computed from
 vocab-sharded logits, is made whole). Parameters tied within a stage (GPT's embedding and LM head) are tied
@@ -37,6 +44,10 @@ from placement_rl.graph.ir import CompGraph
 
 _COLUMN = ("column", "vocab_head")
 _SHARDED_OUT = ("column", "sharded", "vocab_head")
+ROW_PERM = "_tp_row_perm"  # attribute of a column nn.Linear whose output rows were interleaved (fused chunks)
+_PASS = ("aten.dropout.", "aten.gelu.", "aten.relu.", "aten.silu.", "aten.tanh.", "aten.sigmoid.", "aten.alias.",
+         "aten.clone.", "aten.contiguous.", "aten.mul.", "aten.div.", "aten.add.", "aten.sub.", "aten.masked_fill.",
+         "aten.where.", "aten.neg.", "aten.exp.", "aten.pow.")  # element-wise: the sharded dim stays put
 
 
 def node_kinds(graph: CompGraph) -> dict[str, str]:
@@ -95,6 +106,113 @@ def check_program(gm: fx.GraphModule, kinds: Mapping[str, str], tp: int,
                                         "(before a column-parallel or after a row-parallel GEMM)")
 
 
+def _shape(x: Any) -> tuple[int, ...] | None:
+    v = x.meta.get("val") if isinstance(x, fx.Node) else None
+    return tuple(int(d) for d in v.shape) if hasattr(v, "shape") else None
+
+
+def _regroup(s_in: tuple[int, ...], d: int, s_out: tuple[int, ...], tp: int) -> int | None:
+    """The output dim of a view from ``s_in`` (sharded on ``d``) to ``s_out`` that carries the shard: the first
+    output dim after the same leading elements; the shard must be the outermost of its (un)merged group."""
+    lead, acc = 1, 1
+    for x in s_in[:d]:
+        lead *= x
+    for j, x in enumerate(s_out):
+        if acc == lead:
+            return j if x % tp == 0 and (x <= s_in[d] and s_in[d] % x == 0 or x % s_in[d] == 0) else None
+        acc *= x
+    return None
+
+
+def local_region(gm: fx.GraphModule, col: fx.Node, kinds: Mapping[str, str], tp: int
+                 ) -> tuple[dict[fx.Node, tuple], int] | None:
+    """For column GEMM ``col`` whose output is split into ``k`` equal chunks on its last dim: the new args of every
+    op of its TP region when it runs on local shards (``{node: args}``) and ``k``; None if the output is not split
+    so, or an op of the region has no rule here (then the DTensor path stays)."""
+    out = _shape(col)
+    if out is None:
+        return None
+    sdim: dict[fx.Node, int] = {col: len(out) - 1}
+    new: dict[fx.Node, tuple] = {}
+    k = 0
+    for n in gm.graph.nodes:
+        ins = [a for a in n.all_input_nodes if a in sdim]
+        if not ins or n is col:
+            continue
+        t = str(n.target)
+        name = getattr(n.target, "__name__", "")
+        if kinds.get(n.name) == "row":
+            if len(ins) != 1 or n.args[0] is not ins[0] or sdim[ins[0]] != len(_shape(ins[0]) or ()) - 1:
+                return None
+            continue
+        shp = _shape(n)
+        if name == "getitem":
+            sdim[n] = sdim[n.args[0]]
+            continue
+        x = n.args[0]
+        sx = _shape(x)
+        split = t.startswith(("aten.split.Tensor", "aten.split_with_sizes"))  # its value is a list of tensors
+        if kinds.get(n.name) != "sharded" or sx is None or (shp is None and not split):
+            return None  # the sharded tensor leaves the region some other way
+        if split:
+            dim = (n.args[2] if len(n.args) > 2 else 0) % len(sx)
+            sizes = [n.args[1]] * (sx[dim] // n.args[1]) if isinstance(n.args[1], int) else list(n.args[1])
+            if x is not col or dim != sdim[x] or len(set(sizes)) != 1 or sum(sizes) != sx[dim] or sizes[0] % tp:
+                return None
+            k = len(sizes)
+            size = sizes[0] // tp
+            new[n] = (x, size if isinstance(n.args[1], int) else [size] * k, *n.args[2:])
+            sdim[n] = dim
+        elif t.startswith(("aten.view.", "aten._unsafe_view.", "aten.reshape.")):
+            if not isinstance(n.args[1], (list, tuple)) or any(not isinstance(v, int) or v < 0 for v in n.args[1]):
+                return None
+            j = _regroup(sx, sdim[x], shp, tp)
+            if j is None:
+                return None
+            target = list(n.args[1])
+            target[j] //= tp
+            new[n] = (x, target)
+            sdim[n] = j
+        elif t.startswith("aten.transpose.int"):
+            a, b = (int(v) % len(sx) for v in n.args[1:3])
+            d = sdim[x]
+            sdim[n] = b if d == a else a if d == b else d
+        elif t.startswith(("aten.matmul.", "aten.bmm.")):
+            a, b = n.args[0], n.args[1]
+            if a not in sdim or b not in sdim:
+                return None
+            da, db = sdim[a] - len(_shape(a)), sdim[b] - len(_shape(b))
+            if da != db or da > -3:
+                return None  # both sharded on the same batch dim
+            sdim[n] = len(shp) + da
+        elif t.startswith(("aten.softmax.", "aten._softmax.", "aten.log_softmax.", "aten._log_softmax.")):
+            if int(n.args[1]) % len(sx) == sdim[x]:
+                return None
+            sdim[n] = sdim[x]
+        elif t.startswith(_PASS):
+            d = sdim[ins[0]] - len(_shape(ins[0]))
+            for a in n.args:
+                sa = _shape(a)
+                if isinstance(a, fx.Node) and a not in sdim and sa is not None and len(sa) >= -d and sa[d] != 1:
+                    return None  # a replicated operand spans the sharded dim
+                if isinstance(a, fx.Node) and a in sdim and sdim[a] - len(sa) != d:
+                    return None
+            if len(shp) < -d:
+                return None
+            sdim[n] = len(shp) + d
+        else:
+            return None
+    return (new, k) if k > 1 else None
+
+
+def _interleave(w: torch.Tensor, k: int, tp: int) -> torch.Tensor:
+    """Row order that puts rank r's rows of each of the ``k`` chunks in its contiguous shard: index [P] with
+    ``P = W[perm]``."""
+    c = w.shape[0] // k
+    return torch.cat([torch.arange(j * c + r * (c // tp), j * c + (r + 1) * (c // tp))
+                      for r in range(tp) for j in range(k)])
+
+
 class TPStage(nn.Module):
     """A stage module that returns plain tensors; run it (forward and backward) under ``implicit_replication``."""
 
@@ -125,6 +243,13 @@ def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
 
     plan: dict[str, Any] = {}
     made: list[tuple[str, nn.Module, str, list[int]]] = []  # (path, module, kind, ids of its original params)
+    tp = int(tp_mesh.size())
+    local: dict[str, tuple[dict[fx.Node, tuple], int]] = {}
+    for n in gm.graph.nodes:
+        if kinds.get(n.name) == "column" and n.op == "call_function" and _gemm(n) == "linear":
+            got = local_region(gm, n, kinds, tp)
+            if got is not None:
+                local[n.name] = got
     for n in list(gm.graph.nodes):
         kind = kinds.get(n.name)
         if kind not in ("column", "row", "vocab_head", "vocab_embedding") or n.op != "call_function":
@@ -158,7 +283,18 @@ def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
         call.meta = dict(n.meta)
         n.replace_all_uses_with(call)
         gm.graph.erase_node(n)
-        if kind in _COLUMN:
+        if n.name in local:  # a fused column GEMM: its region runs on local shards
+            rewrites, k = local[n.name]
+            perm = _interleave(mod.weight, k, tp)
+            with torch.no_grad():
+                mod.weight.data = mod.weight.data[perm].clone()
+                if mod.bias is not None:
+                    mod.bias.data = mod.bias.data[perm].clone()
+            setattr(mod, ROW_PERM, perm)
+            for m, args in rewrites.items():  # the split reads the new module call, not the erased node
+                m.args = tuple(call if a is n else a for a in args)
+            plan[path] = ColwiseParallel(use_local_output=True)
+        elif kind in _COLUMN:
             plan[path] = ColwiseParallel(use_local_output=False)
         elif kind == "row":
             plan[path] = RowwiseParallel(input_layouts=Shard(-1))
