@@ -31,6 +31,7 @@ Not modelled: DDP bucket rebuilds; schedules other than GPipe are priced with GP
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import time
 from typing import Any, Sequence
@@ -175,6 +176,7 @@ def _worker(rank: int, backend: str, port: int, layers: Sequence[int], sizes: Se
         res["pipeline"] = _pipeline_rows(rank, repeats)
         if rank == 0:
             queue.put(res)
+        dist.barrier()  # no rank tears the group down while the other still has work on it
     finally:
         dist.destroy_process_group()
 
@@ -235,6 +237,9 @@ def _pipeline_rows(rank: int, repeats: int) -> list[dict[str, Any]]:
         both = [None, None]
         dist.all_gather_object(both, row)
         rows.append({**row, "pipe": [b["pipe"] for b in both], "plain": [b["plain"] for b in both]})
+    configs.clear()  # the stages and schedules go before the process group does
+    gc.collect()
+    dist.barrier()
     return rows
 
 
