@@ -23,8 +23,9 @@ per-op profiles cannot see. Collective times are kept as measured curves (``coll
 
 ``with_pipeline_overhead`` puts a plan's per-micro-batch schedule cost on its stages' nodes before
 ``simulate_pipeline`` runs (so the bubbles see it), and ``predict_deploy_step`` adds the rest to that prediction
-of a stage plan deployed by ``placement_rl.executor`` on CPU processes, and scales the result when the plan runs more processes than the
-host has cores (each process runs one thread; ``k`` processes on ``c < k`` cores take ``k / c`` as long).
+of a stage plan deployed by ``placement_rl.executor`` on CPU processes, and scales the result when the plan runs
+more processes than the host has cores (each process runs one thread; ``k`` processes on ``c < k`` cores take
+``k / c`` as long).
 Not modelled: DDP bucket rebuilds; schedules other than GPipe are priced with GPipe's per-micro-batch cost.
 """
 
@@ -167,8 +168,11 @@ def _worker(rank: int, backend: str, port: int, layers: Sequence[int], sizes: Se
                     fully_shard(m, mesh=mesh)
                 configs[(k, kind)] = (m, torch.optim.Adam(m.parameters(), lr=1e-3))
         # rounds over every configuration, so a slow spell of a shared host lands on all of them alike
-        times = _interleaved({f"{k}_{kind}_{what}": (lambda m=m: m(inp).sum().backward()) if what == "pass" else opt.step
-                              for (k, kind), (m, opt) in configs.items() for what in ("pass", "adam")}, repeats)
+        fns = {}
+        for (k, kind), (m, opt) in configs.items():
+            fns[f"{k}_{kind}_pass"] = lambda m=m: m(inp).sum().backward()
+            fns[f"{k}_{kind}_adam"] = opt.step
+        times = _interleaved(fns, repeats)
         for k in layers:
             res["rows"].append({"k": k, "tensors": 2 * k, **{f"{kind}_{what}": times[f"{k}_{kind}_{what}"]
                                                            for kind in ("plain", "ddp", "fsdp", "half", "tp")
