@@ -148,7 +148,7 @@ class ConstructiveTrainer:
             got = refine_teachers([(t, dev) for t, (_, dev) in zip(tasks, best)], cfg.teacher_search,
                                   seed=cfg.seed, workers=self.workers)
             for i, (t, (dev, step, feasible)) in enumerate(zip(tasks, got)):
-                name, old = best[i]
+                name = best[i][0]
                 ref = t.refs.get(name)
                 if feasible and ref is not None and step < ref[0] * (1 - 1e-9):
                     best[i], searched[i] = (name, dev), True

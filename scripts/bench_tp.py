@@ -57,7 +57,7 @@ from placement_rl.graph.io import atomic_write_text
 from placement_rl.plans import StagePlan
 from placement_rl.profiling import ProfileDB, measured_costs, predict_step_time, profile_graph
 from placement_rl.profiling.dist_overhead import (fit_dist_overheads, measure_dist_overheads, predict_deploy_step,
-                                                  tensors_per_param_node)
+                                                  tensors_per_param_node, with_pipeline_overhead)
 from placement_rl.profiling.fidelity import fidelity_stats
 from placement_rl.profiling.run import select_devices
 from placement_rl.topology import DeviceTopology, conf_dir, load_topology
@@ -386,7 +386,9 @@ def bench_fidelity(*, steps: int, work: Path, repeats: int) -> dict:
             if plan.sharding == "fsdp":
                 share /= plan.dp_degrees[0]
             opt = adam * share / float(graph.param_bytes.sum())
-            model = predict_deploy_step(sim.step_time, plan=plan, graph=graph, adam_seconds=adam, overheads=overheads,
+            staged = with_pipeline_overhead(costs, plan, graph, overheads)  # the pipeline schedule's cost
+            sim_model = simulate_pipeline(graph, staged, topo, plan, cost_batch_size=b).step_time
+            model = predict_deploy_step(sim_model, plan=plan, graph=graph, adam_seconds=adam, overheads=overheads,
                                         tensors_per_node=per_node, tp_split=split)
             rows.append({"plan": label, "world": world, "micro_batch": b, "measured_ms": res.step_time * 1e3,
                          "predicted_ms": (sim.step_time + opt) * 1e3, "simulated_ms": sim.step_time * 1e3,

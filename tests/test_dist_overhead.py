@@ -90,7 +90,7 @@ def chain(n: int, out_bytes: float = 1e3):
     return make_graph(nodes, edges, name="chain")
 
 
-def test_boundary_bytes_count_a_value_once_per_consuming_stage_at_the_micro_batch():
+def test_boundary_bytes_follow_the_simulators_rule_at_the_micro_batch():
     g = chain(6)  # n0 feeds n1 (stage 0) and n3 (stage 1); n2 feeds n3: two values cross the cut
     cut = np.array([0, 0, 0, 1, 1, 1])
     plan = StagePlan(stage_of_node=cut, stage_devices=((0,), (1,)), num_microbatches=2, schedule="gpipe",
@@ -102,6 +102,10 @@ def test_boundary_bytes_count_a_value_once_per_consuming_stage_at_the_micro_batc
     one = StagePlan(stage_of_node=np.zeros(6, dtype=np.int64), stage_devices=((0,),), num_microbatches=2,
                     schedule="gpipe", batch_size=8)
     np.testing.assert_allclose(stage_boundary_bytes(one, g), [0.0])
+    three = StagePlan(stage_of_node=np.array([0, 0, 1, 2, 2, 2]), stage_devices=((0,), (1,), (2,)),
+                      num_microbatches=1, schedule="gpipe", batch_size=8)
+    # boundary 0|1: n0 (to n3, passed along) and n1; boundary 1|2: n0 and n2. Stage 1 receives 2 and sends 2
+    np.testing.assert_allclose(stage_boundary_bytes(three, g), [2e3, 4e3, 2e3])
 
 
 def test_pipeline_overhead_is_paid_per_micro_batch_by_each_stage():

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 
@@ -336,6 +337,15 @@ def simulate_pipeline(graph: CompGraph, costs: CostTable, topology: DeviceTopolo
     return PipelineSimulator(graph, costs, topology, cost_batch_size=cost_batch_size).run(plan, timeline=timeline)
 
 
+def with_node_overhead(costs: CostTable, seconds: np.ndarray, **meta: Any) -> CostTable:
+    """``costs`` plus fixed ``seconds`` on every node's forward and on its backward (``[N, 1]`` or ``[N, D]``),
+    counted as launch overhead (every micro-batch pays it in full, it does not scale with the batch); ``meta``
+    is recorded in the table's meta."""
+    add = np.broadcast_to(np.asarray(seconds, dtype=np.float64), costs.fwd_time.shape)
+    return dataclasses.replace(costs, fwd_time=costs.fwd_time + add, bwd_time=costs.bwd_time + add,
+                               launch_overhead=costs.launch_overhead + add, meta={**dict(costs.meta), **meta})
+
+
 def with_step_overhead(costs: CostTable, overhead: float | np.ndarray) -> CostTable:
     """``costs`` plus a per-pass overhead no op owns, spread evenly over the nodes as fixed time.
 
@@ -347,7 +357,4 @@ def with_step_overhead(costs: CostTable, overhead: float | np.ndarray) -> CostTa
     per = np.broadcast_to(np.asarray(overhead, dtype=np.float64), (costs.num_devices,))
     if not np.all(np.isfinite(per)) or np.any(per < 0):
         raise ProfileError(f"step overhead must be finite and >= 0 seconds, got {np.asarray(overhead).tolist()}")
-    add = np.broadcast_to(per / (2.0 * max(costs.num_nodes, 1)), costs.fwd_time.shape)
-    return dataclasses.replace(costs, fwd_time=costs.fwd_time + add, bwd_time=costs.bwd_time + add,
-                               launch_overhead=costs.launch_overhead + add,
-                               meta={**dict(costs.meta), "step_overhead": per.tolist()})
+    return with_node_overhead(costs, per[None, :] / (2.0 * max(costs.num_nodes, 1)), step_overhead=per.tolist())

@@ -304,35 +304,40 @@ def _fit_pipeline(rows: Sequence[dict[str, Any]]) -> tuple[float, float, float]:
 
 
 def stage_boundary_bytes(plan, graph) -> np.ndarray:
-    """Bytes each stage of ``plan`` sends and receives per micro-batch per replica: every value that crosses a
-    stage boundary counted once per (producer, consuming stage), at the plan's micro-batch."""
+    """Bytes each stage of ``plan`` receives and sends per micro-batch per replica, by ``simulate_pipeline``'s
+    rule: boundary s|s+1 carries every tensor produced at or before s and consumed after it, once per producer
+    (its largest crossing edge); stage s moves its two boundaries."""
     s_of = np.asarray(plan.stage_of_node)
-    out = np.zeros(plan.num_stages)
-    if plan.num_stages < 2 or len(graph.edges) == 0:
-        return out
-    src, dst = graph.edges[:, 0], graph.edges[:, 1]
-    cross = s_of[src] != s_of[dst]
-    for u, t in {(int(u), int(s_of[v])) for u, v in zip(src[cross], dst[cross])}:
-        b = float(graph.out_bytes[u])
-        out[s_of[u]] += b
-        out[t] += b
+    cut = np.zeros(plan.num_stages + 1)
+    if plan.num_stages > 1 and len(graph.edges):
+        src, dst = graph.edges[:, 0], graph.edges[:, 1]
+        fwd = s_of[dst] > s_of[src]
+        last = np.full(graph.num_nodes, -1)
+        big = np.zeros(graph.num_nodes)
+        np.maximum.at(last, src[fwd], s_of[dst[fwd]])
+        np.maximum.at(big, src[fwd], np.asarray(graph.edge_bytes, dtype=np.float64)[fwd])
+        u = np.flatnonzero(last >= 0)
+        np.add.at(cut, s_of[u], big[u])  # from the producer's boundary ...
+        np.add.at(cut, last[u], -big[u])  # ... up to the last consumer's
+        cut = np.cumsum(cut)
+    per_stage = cut[:-1] + np.concatenate([[0.0], cut[:-2]])
     dp = np.array([len(d) // (int(plan.tp[i]) if plan.tp else 1) for i, d in enumerate(plan.stage_devices)])
-    return out / (int(plan.num_microbatches) * np.maximum(dp, 1))
+    return per_stage / (int(plan.num_microbatches) * np.maximum(dp, 1))
 
 
 def with_pipeline_overhead(costs, plan, graph, overheads: DistOverheads | None):
     """``costs`` with each stage's measured schedule cost per micro-batch (``DistOverheads.pp_stage``) spread over
     the stage's nodes (half on forward, half on backward, as launch overhead: every micro-batch pays it), so the
     simulated pipeline's bubbles see it. Plans of one stage, or without ``overheads``, get ``costs`` back."""
+    from placement_rl.cost.pipeline import with_node_overhead
+
     if overheads is None or plan.num_stages < 2 or not any(overheads.pp_stage[1:]):
         return costs
     s_of = np.asarray(plan.stage_of_node)
     per_mb = np.array([overheads.pp_microbatch_seconds(b) for b in stage_boundary_bytes(plan, graph)])
     count = np.bincount(s_of, minlength=plan.num_stages).astype(np.float64)
-    add = (per_mb / (2.0 * np.maximum(count, 1.0)))[s_of][:, None]
-    return dataclasses.replace(costs, fwd_time=costs.fwd_time + add, bwd_time=costs.bwd_time + add,
-                               launch_overhead=costs.launch_overhead + add,
-                               meta={**dict(costs.meta), "pipeline_overhead_per_microbatch": per_mb.tolist()})
+    return with_node_overhead(costs, (per_mb / (2.0 * np.maximum(count, 1.0)))[s_of][:, None],
+                              pipeline_overhead_per_microbatch=per_mb.tolist())
 
 
 def tensors_per_param_node(module: torch.nn.Module, graph: Any) -> float:
