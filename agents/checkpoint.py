@@ -41,9 +41,11 @@ def save_checkpoint(path: str | os.PathLike, *, algo: str, config: dict[str, Any
 
 
 def provenance(**dataset: Any) -> dict[str, Any]:
-    """Where a checkpoint comes from: the code's git commit (or ``unknown`` outside a checkout), hashes of the cost
-    model (the modules that turn a graph and topology into costs and step times) and its shipped fits (``placement_rl/data/*.json``, the rewards it was trained on), library versions and
-    the ``dataset`` spec given. Plain values only (``weights_only`` loading)."""
+    """Where a checkpoint comes from: the code's git commit (or ``unknown`` outside a checkout) and whether tracked
+    files differed from it (``dirty``); hashes of the cost model (the modules that turn a graph and topology into
+    costs and step times), of the state the policy reads (``state_sha``: its feature modules) and of the shipped
+    fits (``placement_rl/data/*.json``, the rewards it was trained on); library versions; the ``dataset`` spec
+    given. Plain values only (``weights_only`` loading)."""
     import hashlib
     import platform
     import subprocess
@@ -55,20 +57,24 @@ def provenance(**dataset: Any) -> dict[str, Any]:
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                                 timeout=10).stdout.strip() or "unknown"
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
     except (OSError, subprocess.SubprocessError):
-        commit = "unknown"
+        commit, dirty = "unknown", None
     data = root / "placement_rl" / "data"
     fits = {f.name: hashlib.sha256(f.read_bytes()).hexdigest()[:16] for f in sorted(data.glob("*.json"))}
     cost = root / "placement_rl" / "cost"
     model_files = ("resolve.py", "calibrated.py", "comm_fit.py", "collectives.py", "simulate.py", "_op_kernel.py")
     model = hashlib.sha256(b"".join((cost / f).read_bytes() for f in model_files if (cost / f).is_file())).hexdigest()[:16]
+    state_files = ("schedule.py", "window.py", "decode.py")  # the policy's state: its features and their order
+    state = hashlib.sha256(b"".join((cost / f).read_bytes() for f in state_files if (cost / f).is_file())).hexdigest()[:16]
     versions = {"python": platform.python_version(), "torch": str(torch.__version__), "numpy": str(numpy.__version__)}
     for pkg in ("numba", "placement-rl"):
         try:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             versions[pkg] = "unknown"
-    return {"commit": commit, "cost_model_sha": model, "fits_sha": fits, "versions": versions,
+    return {"commit": commit, "dirty": dirty, "cost_model_sha": model, "state_sha": state, "fits_sha": fits, "versions": versions,
             "dataset": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataset.items()}}
 
 

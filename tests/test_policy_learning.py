@@ -86,6 +86,35 @@ def test_window_features_are_a_real_branch_and_leave_the_state_alone(window) -> 
     assert np.allclose(feats[0, ok, F["la_load"]], (loads[ok] - loads[ok].min()) / st.scale, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_step_features_are_the_teachers_completed_step_times(case) -> None:
+    """Once the window reaches the last decision, ``la_step`` is each device's full step time (forward + backward
+    of the completed placement) over the best one's, the quantity ``eft_rollout`` compares; before, it repeats
+    ``la_end`` and ``la_full`` is 0."""
+    g, t, c = _case(*case)
+    nd, window = t.num_devices, 12
+    rng = np.random.default_rng(1)
+    prefix = list(rng.integers(0, nd, size=g.num_nodes - window - 1))
+    early = _replay(g, t, c, prefix[:5], window=window)
+    feats, _ = early.features()
+    assert np.array_equal(feats[0, :, F["la_step"]], feats[0, :, F["la_end"]]) and not feats[0, :, F["la_full"]].any()
+    st = _replay(g, t, c, prefix, window=window)
+    feats, mask = st.features()
+    times = np.full(nd, np.inf)
+    for d in np.flatnonzero(mask[0]):
+        br = _replay(g, t, c, prefix + [d], window=0)
+        while not br.done:
+            f, m = br.features()
+            br.place(int(np.argmin(np.where(m[0], f[0, :, F["eft_gap"]], np.inf))))
+        times[d] = br.finish()[0]
+        full = simulate(g, c, t, br.devices[0])  # the reference simulator agrees on the completed placement
+        assert full.step_time == pytest.approx(times[d], rel=1e-9)
+    ok = mask[0]
+    gap = (times[ok] - times[ok].min()) / st.scale
+    assert np.allclose(feats[0, ok, F["la_step"]], gap, rtol=1e-5, atol=1e-6)
+    assert (feats[0, ok, F["la_full"]] == 1.0).all() and gap.max() > 1e-6  # devices differ: not vacuous
+
+
 def test_topology_features_tell_apart_devices_the_one_step_features_cannot() -> None:
     """On the DGX-1 quad (``4x_v100_nvlink``: 0-3, 1-2, 2-3 at 50 GB/s, 0-1, 0-2, 1-3 at 25 GB/s), with every
     producer on GPU 3, GPUs 1 and 2 are alike one step ahead of a small transfer but not in their links."""

@@ -44,6 +44,10 @@ devices or its total work over the device count, whichever is larger):
 ``prod_link``          log1p of the byte-weighted time per byte from the node's producers' devices to d (over the
                        fastest link's)
 ``cons_link``          the same from d to the devices holding the node's consumers' other inputs
+``la_step``            once the window reaches the last decision: the completed placement's full step time (forward
+                       + backward) minus the best device's, the quantity the lookahead teacher compares; before
+                       that, ``la_end`` again
+``la_full``            1 once the window reaches the last decision (``la_step`` is then the full step time), else 0
 =====================  ==========================================================================
 """
 
@@ -139,17 +143,18 @@ def _batch_features(v, progress, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, 
 
 @njit(cache=True, nogil=True)
 def _batch_extra(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, fwd,
-                 bwd, link_upper, link_coef, static_mem, capacity, inv_scale, tpb, conn, finish, arrive, sent, dev_free,
-                 link_free, busy, mem, acc, bload, mask, save, undo_slot, undo_val, scratch, est, eft, nb, lb, stats,
-                 feats, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
-    """The window and topology-position columns of every episode's feature block (after ``_batch_features``)."""
+                 bwd, link_upper, link_coef, grad, static_mem, capacity, inv_scale, tpb, conn, finish, arrive, sent,
+                 dev_free, link_free, busy, mem, acc, bload, mask, save, undo_slot, undo_val, scratch, est, eft, nb, lb,
+                 bscr, btouched, stats, feats, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
+    """The window, topology-position and step columns of every episode's feature block (after
+    ``_batch_features``)."""
     v = order[t]
     for k in range(dev.shape[0]):
-        window_features(t, order, window, dev[k], pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, link_upper,
-                        link_coef, static_mem, capacity, inv_scale, finish[k], arrive[k], sent[k], dev_free[k],
-                        link_free[k], busy[k], mem[k], acc[k], bload[k], mask[k], save, undo_slot, undo_val, scratch,
-                        est, eft, nb, lb, stats, feats[k], 19, rec_n, rec_kind, rec_res, rec_start, rec_end,
-                        rec_label)
+        window_features(t, order, window, dev[k], pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid,
+                        edge_bytes, fwd, bwd, link_upper, link_coef, grad, static_mem, capacity, inv_scale, finish[k],
+                        arrive[k], sent[k], dev_free[k], link_free[k], busy[k], mem[k], acc[k], bload[k], mask[k],
+                        save, undo_slot, undo_val, scratch, est, eft, nb, lb, bscr, btouched, stats, feats[k], 19, 26,
+                        rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
         topology_features(v, dev[k], pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, tpb, conn,
                           feats[k], 23)
 
@@ -246,7 +251,8 @@ class ScheduleState:
         self._save = np.zeros(4 * d + d * d + 2)
         cap = undo_capacity(graph.pred_ptr, self.order, self.window)
         self._undo_slot, self._undo_val = np.zeros(cap, i64), np.zeros((cap, 2))
-        self._stats = np.zeros((d, 4))
+        self._stats = np.zeros((d, 5))
+        self._bscr, self._btouched = np.zeros(n + 2 * d), np.zeros(d, i64)  # the window's backward pass
         self.step = 0
         self.reset()
 
@@ -300,18 +306,20 @@ class ScheduleState:
     def kernel_state(self) -> tuple:
         """The state's arrays in the order the decode kernel (``placement_rl.cost.decode``) takes them."""
         return (self.devices, *self._g[:3], *self._succ, self._g[3], self._fwd, self._bwd, self._link_upper,
-                self._link_coef, self._static, self.capacity, self._speed, 1.0 / self.scale, self._tpb, self._conn,
-                self._finish, self._arrive, self._sent, self._dev_free, self._link_free, self.busy, self.memory,
-                self._acc, self.bwd_busy, self._scratch, self._est, self._eft, self._nb, self._lb, self.feats,
-                self.mask, self._save, self._undo_slot, self._undo_val, self._stats, *_NO_REC)
+                self._link_coef, self._grad, self._static, self.capacity, self._speed, 1.0 / self.scale, self._tpb,
+                self._conn, self._finish, self._arrive, self._sent, self._dev_free, self._link_free, self.busy,
+                self.memory, self._acc, self.bwd_busy, self._scratch, self._est, self._eft, self._nb, self._lb,
+                self.feats, self.mask, self._save, self._undo_slot, self._undo_val, self._bscr, self._btouched,
+                self._stats, *_NO_REC)
 
     def extra_args(self) -> tuple:
         """The arguments of ``_batch_extra`` at the current step (the compiled decoders pass them on)."""
         return (self.step, self.order, self.window, self.devices, *self._g[:3], *self._succ, self._g[3], self._fwd,
-                self._bwd, self._link_upper, self._link_coef, self._static, self.capacity, 1.0 / self.scale, self._tpb,
-                self._conn, self._finish, self._arrive, self._sent, self._dev_free, self._link_free, self.busy,
-                self.memory, self._acc, self.bwd_busy, self.mask, self._save, self._undo_slot, self._undo_val,
-                self._scratch, self._est, self._eft, self._nb, self._lb, self._stats, self.feats, *_NO_REC)
+                self._bwd, self._link_upper, self._link_coef, self._grad, self._static, self.capacity, 1.0 / self.scale,
+                self._tpb, self._conn, self._finish, self._arrive, self._sent, self._dev_free, self._link_free,
+                self.busy, self.memory, self._acc, self.bwd_busy, self.mask, self._save, self._undo_slot,
+                self._undo_val, self._scratch, self._est, self._eft, self._nb, self._lb, self._bscr, self._btouched,
+                self._stats, self.feats, *_NO_REC)
 
     def place(self, actions) -> None:
         """Put the next node on ``actions[k]`` in episode k (an int applies to every episode)."""
@@ -346,5 +354,6 @@ class ScheduleState:
         return np.all(self.memory <= self.capacity, axis=1)
 
 
-assert NUM_BASE_FEATURES == 19 and DEVICE_FEATURES.index("la_end") == 19 and DEVICE_FEATURES.index("conn") == 23, \
-    "_batch_extra writes the window block at column 19 and the topology block at 23"
+assert (NUM_BASE_FEATURES == 19 and DEVICE_FEATURES.index("la_end") == 19 and DEVICE_FEATURES.index("conn") == 23
+        and DEVICE_FEATURES.index("la_step") == 26), \
+    "_batch_extra writes the window block at column 19, the topology block at 23 and the step block at 26"

@@ -10,6 +10,11 @@ These features give the student that evidence at O(W D) node placements per deci
   Reported per device, as gaps to the best device (over the task's time scale): the forward end, the peak
   forward + backward load of any device (a lower bound of the step time), the communication time so far, and
   whether the window overflowed a device's memory. ``W = 0`` prices the node alone (one step).
+* **Step** (``la_step``, ``la_full``, written by ``window_features`` too): when the window reaches the end of the
+  decision order, every node is placed and the backward pass is run on the completed placement: ``la_step`` is the
+  full step time's gap to the best device, exactly the quantity the lookahead teacher compares, and ``la_full``
+  is 1. Before that, ``la_step`` repeats ``la_end`` and ``la_full`` is 0. The backward costs O(N) per device in
+  the last ``W + 1`` decisions only (O(W N D) per episode).
 * **Topology position** (``topology_features``): how well d is linked to the other devices (its mean bandwidth
   over the best device's), and how well to the node's producers and to the devices holding its consumers'
   other inputs (where the consumers are likely to run): byte-weighted time per byte from those devices to d over
@@ -25,11 +30,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from placement_rl.cost._op_kernel import fwd_candidates, fwd_place
+from placement_rl.cost._op_kernel import bwd_pass, fwd_candidates, fwd_place
 
 WINDOW_FEATURES = ("la_end", "la_load", "la_comm", "la_over")
 TOPOLOGY_FEATURES = ("conn", "prod_link", "cons_link")
-EXTRA_FEATURES = WINDOW_FEATURES + TOPOLOGY_FEATURES
+STEP_FEATURES = ("la_step", "la_full")
+EXTRA_FEATURES = WINDOW_FEATURES + TOPOLOGY_FEATURES + STEP_FEATURES
 
 
 @njit(cache=True, nogil=True)
@@ -50,19 +56,22 @@ def eft_choice(x, mem, static_mem, capacity, nb, eft):
 
 
 @njit(cache=True, nogil=True)
-def window_features(t, order, window, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, link_upper, link_coef,
-                    static_mem, capacity, inv_scale, finish, arrive, sent, dev_free, link_free, busy, mem, acc, bload,
-                    allowed, save, undo_slot, undo_val, scratch, est, eft, nb, lb, stats, out, col, rec_n, rec_kind,
-                    rec_res, rec_start, rec_end, rec_label):
-    """Fill ``out[:, col:col + 4]`` (one episode's [D, F] feature block) with the window features of the node
-    ``order[t]``; the state arrays are left exactly as they were. ``save`` [4 D + D * D + 2] and the undo
-    buffers (length >= in-degree sum of any W + 1 consecutive nodes) are work space; ``stats`` [D, 4]; ``rec_*``
-    the (unused) timeline buffers of ``fwd_place``."""
+def window_features(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes,
+                    fwd, bwd, link_upper, link_coef, grad, static_mem, capacity, inv_scale, finish, arrive, sent,
+                    dev_free, link_free, busy, mem, acc, bload, allowed, save, undo_slot, undo_val, scratch, est, eft,
+                    nb, lb, bscr, btouched, stats, out, col, col_step, rec_n, rec_kind, rec_res, rec_start, rec_end,
+                    rec_label):
+    """Fill ``out[:, col:col + 4]`` and ``out[:, col_step:col_step + 2]`` (one episode's [D, F] feature block)
+    with the window and step features of the node ``order[t]``; the state arrays are left exactly as they were.
+    ``save`` [4 D + D * D + 2] and the undo buffers (length >= in-degree sum of any W + 1 consecutive nodes) are
+    work space, as are ``bscr`` [N + 2 D] and ``btouched`` [D] (the backward pass's); ``stats`` [D, 5];
+    ``rec_*`` the (unused) timeline buffers of ``fwd_place``."""
     n = order.shape[0]
     nd = dev_free.shape[0]
     end = t + 1 + window
     if end > n:
         end = n
+    full = end == n
     # save the small arrays
     for j in range(nd):
         save[j] = dev_free[j]
@@ -110,6 +119,13 @@ def window_features(t, order, window, dev, pred_ptr, pred_idx, pred_eid, edge_by
         stats[d, 1] = load
         stats[d, 2] = acc[0]
         stats[d, 3] = over
+        if full:  # every node is placed: the step time the teacher compares (changes busy, acc, the free times)
+            stats[d, 4] = bwd_pass(dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd, link_upper, link_coef,
+                                   grad, finish, bscr[:n], dev_free, link_free, bscr[n:n + nd], bscr[n + nd:],
+                                   btouched, busy, acc, False, rec_n, rec_kind, rec_res, rec_start, rec_end,
+                                   rec_label)
+        else:
+            stats[d, 4] = acc[1]
         # undo
         for i in range(nu - 1, -1, -1):
             slot = undo_slot[i]
@@ -128,15 +144,17 @@ def window_features(t, order, window, dev, pred_ptr, pred_idx, pred_eid, edge_by
             link_free[j] = save[4 * nd + j]
         acc[0] = save[4 * nd + nd * nd]
         acc[1] = save[4 * nd + nd * nd + 1]
-    for c in range(3):
+    for c in (0, 1, 2, 4):
         best = np.inf
         for d in range(nd):
             if allowed[d] and stats[d, c] < best:
                 best = stats[d, c]
+        at = col + c if c < 4 else col_step
         for d in range(nd):
-            out[d, col + c] = (stats[d, c] - best) * inv_scale if allowed[d] else 0.0
+            out[d, at] = (stats[d, c] - best) * inv_scale if allowed[d] else 0.0
     for d in range(nd):
         out[d, col + 3] = stats[d, 3] if allowed[d] else 0.0
+        out[d, col_step + 1] = 1.0 if (full and allowed[d]) else 0.0
 
 
 @njit(cache=True, nogil=True)
