@@ -145,7 +145,7 @@ def _batch_features(v, progress, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, 
 def _batch_extra(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, fwd,
                  bwd, link_upper, link_coef, grad, static_mem, capacity, inv_scale, tpb, conn, finish, arrive, sent,
                  dev_free, link_free, busy, mem, acc, bload, mask, save, undo_slot, undo_val, scratch, est, eft, nb, lb,
-                 bscr, btouched, stats, feats, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
+                 stats, feats, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
     """The window, topology-position and step columns of every episode's feature block (after
     ``_batch_features``)."""
     v = order[t]
@@ -153,7 +153,7 @@ def _batch_extra(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, 
         window_features(t, order, window, dev[k], pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid,
                         edge_bytes, fwd, bwd, link_upper, link_coef, grad, static_mem, capacity, inv_scale, finish[k],
                         arrive[k], sent[k], dev_free[k], link_free[k], busy[k], mem[k], acc[k], bload[k], mask[k],
-                        save, undo_slot, undo_val, scratch, est, eft, nb, lb, bscr, btouched, stats, feats[k], 19, 26,
+                        save, undo_slot, undo_val, scratch, est, eft, nb, lb, stats, feats[k], 19, 26,
                         rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
         topology_features(v, dev[k], pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, tpb, conn,
                           feats[k], 23)
@@ -252,7 +252,6 @@ class ScheduleState:
         cap = undo_capacity(graph.pred_ptr, self.order, self.window)
         self._undo_slot, self._undo_val = np.zeros(cap, i64), np.zeros((cap, 2))
         self._stats = np.zeros((d, 5))
-        self._bscr, self._btouched = np.zeros(n + 2 * d), np.zeros(d, i64)  # the window's backward pass
         self.step = 0
         self.reset()
 
@@ -309,8 +308,8 @@ class ScheduleState:
                 self._link_coef, self._grad, self._static, self.capacity, self._speed, 1.0 / self.scale, self._tpb,
                 self._conn, self._finish, self._arrive, self._sent, self._dev_free, self._link_free, self.busy,
                 self.memory, self._acc, self.bwd_busy, self._scratch, self._est, self._eft, self._nb, self._lb,
-                self.feats, self.mask, self._save, self._undo_slot, self._undo_val, self._bscr, self._btouched,
-                self._stats, *_NO_REC)
+                self.feats, self.mask, self._save, self._undo_slot, self._undo_val, self._stats,
+                *_NO_REC)
 
     def extra_args(self) -> tuple:
         """The arguments of ``_batch_extra`` at the current step (the compiled decoders pass them on)."""
@@ -318,8 +317,8 @@ class ScheduleState:
                 self._bwd, self._link_upper, self._link_coef, self._grad, self._static, self.capacity, 1.0 / self.scale,
                 self._tpb, self._conn, self._finish, self._arrive, self._sent, self._dev_free, self._link_free,
                 self.busy, self.memory, self._acc, self.bwd_busy, self.mask, self._save, self._undo_slot,
-                self._undo_val, self._scratch, self._est, self._eft, self._nb, self._lb, self._bscr, self._btouched,
-                self._stats, self.feats, *_NO_REC)
+                self._undo_val, self._scratch, self._est, self._eft, self._nb, self._lb, self._stats,
+                self.feats, *_NO_REC)
 
     def place(self, actions) -> None:
         """Put the next node on ``actions[k]`` in episode k (an int applies to every episode)."""

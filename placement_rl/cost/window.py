@@ -59,12 +59,11 @@ def eft_choice(x, mem, static_mem, capacity, nb, eft):
 def window_features(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes,
                     fwd, bwd, link_upper, link_coef, grad, static_mem, capacity, inv_scale, finish, arrive, sent,
                     dev_free, link_free, busy, mem, acc, bload, allowed, save, undo_slot, undo_val, scratch, est, eft,
-                    nb, lb, bscr, btouched, stats, out, col, col_step, rec_n, rec_kind, rec_res, rec_start, rec_end,
-                    rec_label):
+                    nb, lb, stats, out, col, col_step, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
     """Fill ``out[:, col:col + 4]`` and ``out[:, col_step:col_step + 2]`` (one episode's [D, F] feature block)
     with the window and step features of the node ``order[t]``; the state arrays are left exactly as they were.
     ``save`` [4 D + D * D + 2] and the undo buffers (length >= in-degree sum of any W + 1 consecutive nodes) are
-    work space, as are ``bscr`` [N + 2 D] and ``btouched`` [D] (the backward pass's); ``stats`` [D, 5];
+    work space; ``stats`` [D, 5];
     ``rec_*`` the (unused) timeline buffers of ``fwd_place``."""
     n = order.shape[0]
     nd = dev_free.shape[0]
@@ -72,6 +71,8 @@ def window_features(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_pt
     if end > n:
         end = n
     full = end == n
+    m = n if full else 0  # the backward pass's work space (only when it runs)
+    bfinish, gtime, gbytes, btouched = np.empty(m), np.empty(nd), np.empty(nd), np.empty(nd, np.int64)
     # save the small arrays
     for j in range(nd):
         save[j] = dev_free[j]
@@ -121,9 +122,8 @@ def window_features(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_pt
         stats[d, 3] = over
         if full:  # every node is placed: the step time the teacher compares (changes busy, acc, the free times)
             stats[d, 4] = bwd_pass(dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd, link_upper, link_coef,
-                                   grad, finish, bscr[:n], dev_free, link_free, bscr[n:n + nd], bscr[n + nd:],
-                                   btouched, busy, acc, False, rec_n, rec_kind, rec_res, rec_start, rec_end,
-                                   rec_label)
+                                   grad, finish, bfinish, dev_free, link_free, gtime, gbytes, btouched, busy, acc,
+                                   False, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
         else:
             stats[d, 4] = acc[1]
         # undo
