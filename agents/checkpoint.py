@@ -54,28 +54,33 @@ def provenance(**dataset: Any) -> dict[str, Any]:
     import numpy
 
     root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+
+    def digest(folder: Path, names) -> str:
+        blob = b"".join((folder / f).read_bytes() for f in names if (folder / f).is_file())
+        return hashlib.sha256(blob).hexdigest()[:16]
+
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                timeout=10).stdout.strip() or "unknown"
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                    capture_output=True, text=True, timeout=10).stdout.strip())
+        commit = git("rev-parse", "HEAD") or "unknown"
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):
         commit, dirty = "unknown", None
     data = root / "placement_rl" / "data"
-    fits = {f.name: hashlib.sha256(f.read_bytes()).hexdigest()[:16] for f in sorted(data.glob("*.json"))}
+    fits = {f.name: digest(data, [f.name]) for f in sorted(data.glob("*.json"))}
     cost = root / "placement_rl" / "cost"
-    model_files = ("resolve.py", "calibrated.py", "comm_fit.py", "collectives.py", "simulate.py", "_op_kernel.py")
-    model = hashlib.sha256(b"".join((cost / f).read_bytes() for f in model_files if (cost / f).is_file())).hexdigest()[:16]
-    state_files = ("schedule.py", "window.py", "decode.py")  # the policy's state: its features and their order
-    state = hashlib.sha256(b"".join((cost / f).read_bytes() for f in state_files if (cost / f).is_file())).hexdigest()[:16]
+    model = digest(cost, ("resolve.py", "calibrated.py", "comm_fit.py", "collectives.py", "simulate.py",
+                          "_op_kernel.py"))
+    state = digest(cost, ("schedule.py", "window.py", "decode.py"))  # the policy's state: its features, their order
     versions = {"python": platform.python_version(), "torch": str(torch.__version__), "numpy": str(numpy.__version__)}
     for pkg in ("numba", "placement-rl"):
         try:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             versions[pkg] = "unknown"
-    return {"commit": commit, "dirty": dirty, "cost_model_sha": model, "state_sha": state, "fits_sha": fits, "versions": versions,
-            "dataset": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataset.items()}}
+    return {"commit": commit, "dirty": dirty, "cost_model_sha": model, "state_sha": state, "fits_sha": fits,
+            "versions": versions, "dataset": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataset.items()}}
 
 
 def load_checkpoint(path: str | os.PathLike, *, expect_algo: str | None = None) -> dict[str, Any]:

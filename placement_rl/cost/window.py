@@ -63,8 +63,7 @@ def window_features(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_pt
     """Fill ``out[:, col:col + 4]`` and ``out[:, col_step:col_step + 2]`` (one episode's [D, F] feature block)
     with the window and step features of the node ``order[t]``; the state arrays are left exactly as they were.
     ``save`` [4 D + D * D + 2] and the undo buffers (length >= in-degree sum of any W + 1 consecutive nodes) are
-    work space; ``stats`` [D, 5];
-    ``rec_*`` the (unused) timeline buffers of ``fwd_place``."""
+    work space; ``stats`` [D, 5]; ``rec_*`` the (unused) timeline buffers of ``fwd_place``."""
     n = order.shape[0]
     nd = dev_free.shape[0]
     end = t + 1 + window
