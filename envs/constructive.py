@@ -19,7 +19,8 @@ final reward penalises).
 ``envs.constructive_task.NODE_FEATURES``), ``edge_index [2, E_max]`` (padding -1), ``num_nodes [1]``,
 ``num_edges [1]``, ``num_devices [1]``, ``node [1]`` (index of the node to place), ``device_features
 [D_max, F_dev]`` (``placement_rl.cost.schedule.DEVICE_FEATURES``: the one-step schedule features, the truncated
-lookahead over the next ``window`` nodes and the topology-position features; zero for padded devices), ``action_mask
+lookahead over the next ``window`` nodes, the topology-position features and the step features: the completed
+step in the tail and the branch's backward at every decision; zero for padded devices), ``action_mask
 [D_max]``.
 
 ## Rewards
@@ -33,7 +34,8 @@ Terminates after ``N`` steps (one per node); never truncated.
 
 ## Version History
 * v0: initial version (the device features gained the window and topology-position columns in place; policies
-  trained on the older 19-column block are refused at load with a clear error).
+  trained on the older 19-column block are refused at load with a clear error; later the step columns
+  ``la_step``, ``la_full`` and ``la_back`` were added the same way: 29 columns, a 28-column policy is refused).
 """
 
 from __future__ import annotations

@@ -229,3 +229,48 @@ def test_the_shipped_checkpoint_loads_with_its_provenance_and_decodes_the_same_c
         fast = rollout(policy, task, samples=1, greedy=True)
         assert fast.feasible[0] and fast.times[0] == pytest.approx(simulate(g, c, t, fast.devices[0]).step_time,
                                                                    rel=1e-9)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_back_feature_is_the_step_time_of_the_branch_placed_so_far(case) -> None:
+    """Before the tail, ``la_back`` is each device's backward of the branch's placed nodes (the node's window placed
+    by earliest finish) as a gap to the best device: while the range still starts at the first node, exactly the
+    step time ``simulate()`` gives the subgraph of the placed nodes under the branch's placement. In the tail it is
+    ``la_step``."""
+    from placement_rl.cost.types import CostTable
+    from placement_rl.cost.window import BACK
+    from placement_rl.graph.ir import CompGraph
+
+    g, t, c = _case(*case)
+    nd, window = t.num_devices, 3
+    rng = np.random.default_rng(2)
+    prefix = list(rng.integers(0, nd, size=BACK * window - 1))
+    st = _replay(g, t, c, prefix, window=window)
+    feats, mask = st.features()
+    end = st.step + 1 + window
+    keep = st.order[:end]
+    new = np.full(g.num_nodes, -1)
+    new[keep] = np.arange(end)
+    e = g.edges
+    inside = (new[e[:, 0]] >= 0) & (new[e[:, 1]] >= 0)
+    sub = CompGraph(names=tuple(g.names[i] for i in keep), op_types=tuple(g.op_types[i] for i in keep),
+                    module_paths=tuple(g.module_paths[i] for i in keep), fwd_flops=g.fwd_flops[keep],
+                    bwd_flops=g.bwd_flops[keep], out_bytes=g.out_bytes[keep], param_bytes=g.param_bytes[keep],
+                    act_bytes=g.act_bytes[keep], edges=new[e[inside]], edge_bytes=g.edge_bytes[inside], name="prefix")
+    assert np.array_equal(sub.topo_order, np.arange(end))  # the same decision order
+    sc = CostTable(fwd_time=c.fwd_time[keep], bwd_time=c.bwd_time[keep], link_latency=c.link_latency,
+                   link_bandwidth=c.link_bandwidth, source=c.source, launch_overhead=c.launch_overhead[keep])
+    steps = np.full(nd, np.inf)
+    for d in np.flatnonzero(mask[0]):
+        br = _replay(g, t, c, prefix + [d], window=window)
+        for _ in range(window):
+            f, m = br.features()
+            br.place(int(np.argmin(np.where(m[0], f[0, :, F["eft_gap"]], np.inf))))
+        steps[d] = simulate(sub, sc, t, br.devices[0][keep]).step_time
+    ok = mask[0]
+    gap = (steps[ok] - steps[ok].min()) / st.scale
+    assert np.allclose(feats[0, ok, F["la_back"]], gap, rtol=1e-5, atol=1e-6), (gap, feats[0, ok, F["la_back"]])
+    assert gap.max() > 1e-6 and not feats[0, :, F["la_full"]].any()  # devices differ; not yet the tail
+    late = _replay(g, t, c, list(rng.integers(0, nd, size=g.num_nodes - window - 1)), window=window)
+    feats, _ = late.features()
+    assert np.array_equal(feats[0, :, F["la_back"]], feats[0, :, F["la_step"]]) and feats[0, :, F["la_full"]].all()

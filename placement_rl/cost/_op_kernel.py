@@ -4,7 +4,8 @@ The forward pass is a list scheduler over a fixed order, so it is written as one
 (``fwd_place``) that ``simulate_ops`` loops over and that the constructive environment calls one decision at a
 time (``placement_rl.cost.schedule``): both run the same code on the same state, so an episode's final step
 time equals ``simulate()`` of its placement. ``fwd_candidates`` prices placing the next node on every device
-without changing the state. ``bwd_pass`` runs the backward in reverse order from the forward state.
+without changing the state. ``bwd_pass`` runs the backward in reverse order from the forward state (``bwd_range``
+the backward of a placed prefix's last nodes).
 
 Allocation-free: every array, work buffers included, is passed in. Timeline records go to ``rec_*`` arrays
 when ``record`` is true (kind 0 fwd op, 1 bwd op, 2 fwd transfer, 3 bwd gradient transfer; resource = device
@@ -154,12 +155,24 @@ def bwd_pass(dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd, link_upp
              finish, bfinish, dev_free, link_free, gtime, gbytes, touched, busy, acc,
              record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
     """The backward pass in reverse ``order`` after the forward state; returns the step time."""
-    n = order.shape[0]
+    return bwd_range(0, order.shape[0], dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd, link_upper,
+                     link_coef, grad, finish, bfinish, dev_free, link_free, gtime, gbytes, touched, busy, acc,
+                     record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
+
+
+@njit(cache=True, nogil=True)
+def bwd_range(lo, hi, dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd, link_upper, link_coef, grad,
+              finish, bfinish, dev_free, link_free, gtime, gbytes, touched, busy, acc,
+              record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
+    """The backward pass of the nodes ``order[lo:hi]`` in reverse order, after the forward state, where
+    ``order[:hi]`` are the placed nodes; returns the latest backward finish among them. A successor that is not
+    placed (``dev < 0``) sends no gradient. ``(0, N)`` on a complete placement is the whole step (``bwd_pass``);
+    on a partial one, the backward of the placed prefix (``lo = 0``) or of its last ``hi - lo`` nodes."""
     nd = dev_free.shape[0]
     for j in range(nd):
         gtime[j] = -1.0
     step = 0.0
-    for k in range(n - 1, -1, -1):
+    for k in range(hi - 1, lo - 1, -1):
         u = order[k]
         du = dev[u]
         ready = finish[u]
@@ -168,6 +181,8 @@ def bwd_pass(dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd, link_upp
             for q in range(succ_ptr[u], succ_ptr[u + 1]):
                 w = succ_idx[q]
                 dw = dev[w]
+                if dw < 0:
+                    continue
                 t = bfinish[w]
                 if dw == du:
                     if t > ready:

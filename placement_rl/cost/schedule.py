@@ -48,6 +48,9 @@ devices or its total work over the device count, whichever is larger):
                        + backward) minus the best device's, the quantity the lookahead teacher compares; before
                        that, ``la_end`` again
 ``la_full``            1 once the window reaches the last decision (``la_step`` is then the full step time), else 0
+``la_back``            the backward pass of the branch's last placed nodes (the 3 W before the node, the node and its
+                       window; ``window.BACK``) from the branch's forward state: its latest finish minus the best
+                       device's; once the window reaches the last decision, ``la_step`` again
 =====================  ==========================================================================
 """
 
@@ -145,7 +148,7 @@ def _batch_features(v, progress, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, 
 def _batch_extra(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, fwd,
                  bwd, link_upper, link_coef, grad, static_mem, capacity, inv_scale, tpb, conn, finish, arrive, sent,
                  dev_free, link_free, busy, mem, acc, bload, mask, save, undo_slot, undo_val, scratch, est, eft, nb, lb,
-                 stats, feats, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
+                 stats, bfinish, feats, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
     """The window, topology-position and step columns of every episode's feature block (after
     ``_batch_features``)."""
     v = order[t]
@@ -153,7 +156,7 @@ def _batch_extra(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, 
         window_features(t, order, window, dev[k], pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid,
                         edge_bytes, fwd, bwd, link_upper, link_coef, grad, static_mem, capacity, inv_scale, finish[k],
                         arrive[k], sent[k], dev_free[k], link_free[k], busy[k], mem[k], acc[k], bload[k], mask[k],
-                        save, undo_slot, undo_val, scratch, est, eft, nb, lb, stats, feats[k], 19, 26,
+                        save, undo_slot, undo_val, scratch, est, eft, nb, lb, stats, bfinish, feats[k], 19, 26,
                         rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
         topology_features(v, dev[k], pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, tpb, conn,
                           feats[k], 23)
@@ -251,7 +254,7 @@ class ScheduleState:
         self._save = np.zeros(4 * d + d * d + 2)
         cap = undo_capacity(graph.pred_ptr, self.order, self.window)
         self._undo_slot, self._undo_val = np.zeros(cap, i64), np.zeros((cap, 2))
-        self._stats = np.zeros((d, 5))
+        self._stats, self._bfinish = np.zeros((d, 6)), np.zeros(n)
         self.step = 0
         self.reset()
 
@@ -308,7 +311,7 @@ class ScheduleState:
                 self._link_coef, self._grad, self._static, self.capacity, self._speed, 1.0 / self.scale, self._tpb,
                 self._conn, self._finish, self._arrive, self._sent, self._dev_free, self._link_free, self.busy,
                 self.memory, self._acc, self.bwd_busy, self._scratch, self._est, self._eft, self._nb, self._lb,
-                self.feats, self.mask, self._save, self._undo_slot, self._undo_val, self._stats,
+                self.feats, self.mask, self._save, self._undo_slot, self._undo_val, self._stats, self._bfinish,
                 *_NO_REC)
 
     def extra_args(self) -> tuple:
@@ -317,7 +320,7 @@ class ScheduleState:
                 self._bwd, self._link_upper, self._link_coef, self._grad, self._static, self.capacity, 1.0 / self.scale,
                 self._tpb, self._conn, self._finish, self._arrive, self._sent, self._dev_free, self._link_free,
                 self.busy, self.memory, self._acc, self.bwd_busy, self.mask, self._save, self._undo_slot,
-                self._undo_val, self._scratch, self._est, self._eft, self._nb, self._lb, self._stats,
+                self._undo_val, self._scratch, self._est, self._eft, self._nb, self._lb, self._stats, self._bfinish,
                 self.feats, *_NO_REC)
 
     def place(self, actions) -> None:
@@ -354,5 +357,5 @@ class ScheduleState:
 
 
 assert (NUM_BASE_FEATURES == 19 and DEVICE_FEATURES.index("la_end") == 19 and DEVICE_FEATURES.index("conn") == 23
-        and DEVICE_FEATURES.index("la_step") == 26), \
+        and DEVICE_FEATURES.index("la_step") == 26 and DEVICE_FEATURES.index("la_back") == 28), \
     "_batch_extra writes the window block at column 19, the topology block at 23 and the step block at 26"
