@@ -33,6 +33,15 @@ def _replay(g, t, c, order_devs, window=4):
     return st
 
 
+def _place_eft(st, steps: int) -> None:
+    """Place up to ``steps`` more nodes of ``st`` by the earliest-finish rule (memory-masked)."""
+    for _ in range(steps):
+        if st.done:
+            break
+        f, m = st.features()
+        st.place(int(np.argmin(np.where(m[0], f[0, :, F["eft_gap"]], np.inf))))
+
+
 CASES = [("dataflow", 60, 1, "4x_v100_nvlink"), ("layered", 50, 2, "2x4_v100_ib"), ("series_parallel", 40, 3, "cpu_2gpu")]
 
 
@@ -74,11 +83,7 @@ def test_window_features_are_a_real_branch_and_leave_the_state_alone(window) -> 
     ends, loads = np.full(4, np.inf), np.full(4, np.inf)
     for d in np.flatnonzero(mask[0]):
         br = _replay(g, t, c, prefix + [d], window=window)
-        for _ in range(window):  # the next W nodes by the earliest-finish rule (memory-masked)
-            if br.done:
-                break
-            f, m = br.features()
-            br.place(int(np.argmin(np.where(m[0], f[0, :, F["eft_gap"]], np.inf))))
+        _place_eft(br, window)  # the next W nodes by the earliest-finish rule (memory-masked)
         ends[d] = br.forward_end[0]
         loads[d] = (br.busy[0] + br.bwd_busy[0]).max()
     ok = mask[0]
@@ -103,9 +108,7 @@ def test_step_features_are_the_teachers_completed_step_times(case) -> None:
     times = np.full(nd, np.inf)
     for d in np.flatnonzero(mask[0]):
         br = _replay(g, t, c, prefix + [d], window=0)
-        while not br.done:
-            f, m = br.features()
-            br.place(int(np.argmin(np.where(m[0], f[0, :, F["eft_gap"]], np.inf))))
+        _place_eft(br, g.num_nodes)
         times[d] = br.finish()[0]
         full = simulate(g, c, t, br.devices[0])  # the reference simulator agrees on the completed placement
         assert full.step_time == pytest.approx(times[d], rel=1e-9)
@@ -263,9 +266,7 @@ def test_back_feature_is_the_step_time_of_the_branch_placed_so_far(case) -> None
     steps = np.full(nd, np.inf)
     for d in np.flatnonzero(mask[0]):
         br = _replay(g, t, c, prefix + [d], window=window)
-        for _ in range(window):
-            f, m = br.features()
-            br.place(int(np.argmin(np.where(m[0], f[0, :, F["eft_gap"]], np.inf))))
+        _place_eft(br, window)
         steps[d] = simulate(sub, sc, t, br.devices[0][keep]).step_time
     ok = mask[0]
     gap = (steps[ok] - steps[ok].min()) / st.scale

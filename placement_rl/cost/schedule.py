@@ -339,16 +339,15 @@ class ScheduleState:
         """[K] step times (forward + backward) of the finished placements; the state stays as it was."""
         if not self.done:
             raise PlanError(f"{self.graph.num_nodes - self.step} nodes are still unplaced")
-        n, d = self.graph.num_nodes, self.topology.num_devices
+        d = self.topology.num_devices
         out = np.zeros(self.episodes)
-        bfinish, gtime, gbytes, touched = np.zeros(n), np.zeros(d), np.zeros(d), np.zeros(d, np.int64)
+        gtime, gbytes, touched = np.zeros(d), np.zeros(d), np.zeros(d, np.int64)
         for k in range(self.episodes):
             dev_free, link_free, busy, acc = (self._dev_free[k].copy(), self._link_free[k].copy(),
                                               self.busy[k].copy(), self._acc[k].copy())
             out[k] = bwd_pass(self.devices[k], self.order, *self._succ, self._g[3], self._bwd, self._link_upper,
-                              self._link_coef,
-                              self._grad, self._finish[k], bfinish, dev_free, link_free, gtime, gbytes, touched,
-                              busy, acc, False, *_NO_REC)
+                              self._link_coef, self._grad, self._finish[k], self._bfinish, dev_free, link_free, gtime,
+                              gbytes, touched, busy, acc, False, *_NO_REC)
         return out
 
     def feasible(self) -> np.ndarray:

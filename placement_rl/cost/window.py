@@ -18,7 +18,8 @@ These features give the student that evidence at O(W D) node placements per deci
 * **Backward of the branch** (``la_back``, at every decision): the backward pass of the branch's last placed nodes
   (the ``BACK x W`` nodes placed before the node, the node and its window: ``bwd_range``), started from the
   branch's forward state, as a gap to the best device. The forward end alone is not what the teacher compares
-  (it compares forward + backward); this is the backward the branch already implies, O(W) more per device. Once the
+  (it compares forward + backward); this is the backward the branch already implies, O((BACK + 1) W) more node
+  steps per device. Once the
   window reaches the last decision it is the whole backward, i.e. ``la_step``.
   Following one feature with no learning (``scripts/probe_features.py``: its ``argmin`` at every decision, W = 256,
   the dev split's 16 synthetic pairs of 449-857 nodes): ``la_end`` 0.951 x ``sim_eft``, ``la_step`` (``la_end``
@@ -68,7 +69,8 @@ def eft_choice(x, mem, static_mem, capacity, nb, eft):
 def window_features(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes,
                     fwd, bwd, link_upper, link_coef, grad, static_mem, capacity, inv_scale, finish, arrive, sent,
                     dev_free, link_free, busy, mem, acc, bload, allowed, save, undo_slot, undo_val, scratch, est, eft,
-                    nb, lb, stats, bfinish, out, col, col_step, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
+                    nb, lb, stats, bfinish, out, col, col_step, rec_n, rec_kind, rec_res, rec_start, rec_end,
+                    rec_label):
     """Fill ``out[:, col:col + 4]`` and ``out[:, col_step:col_step + 3]`` (one episode's [D, F] feature block)
     with the window and step features of the node ``order[t]``; the state arrays are left exactly as they were.
     ``save`` [4 D + D * D + 2] and the undo buffers (length >= in-degree sum of any W + 1 consecutive nodes) are
@@ -79,9 +81,7 @@ def window_features(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_pt
     if end > n:
         end = n
     full = end == n
-    lo = t - BACK * window  # la_back's range: order[lo:end] (the whole prefix once full)
-    if lo < 0:
-        lo = 0
+    lo = 0 if full else max(0, t - BACK * window)  # la_back's range order[lo:end]: the whole prefix once full
     gtime, gbytes, btouched = np.empty(nd), np.empty(nd), np.empty(nd, np.int64)
     # save the small arrays
     for j in range(nd):
@@ -132,7 +132,7 @@ def window_features(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_pt
         stats[d, 3] = over
         # the backward of the branch's last placed nodes; in the tail (every node placed) the whole backward, the
         # step time the teacher compares (changes busy, acc, the free times: undone below)
-        stats[d, 5] = bwd_range(0 if full else lo, end, dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd,
+        stats[d, 5] = bwd_range(lo, end, dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd,
                                 link_upper, link_coef, grad, finish, bfinish, dev_free, link_free, gtime, gbytes,
                                 btouched, busy, acc, False, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
         if full:
