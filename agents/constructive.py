@@ -24,6 +24,28 @@ from agents.device_policy import DevicePolicy
 from envs.constructive_task import ConstructiveTask
 
 INFEASIBLE_PENALTY = 1.0  # reward (log-ratio units) taken off a placement that does not fit in memory
+FULL_WINDOW = 2048  # placing a graph of at most this many nodes, the window covers the rest of the graph
+
+
+def state_window(policy: DevicePolicy, num_nodes: int, *, record: bool = False) -> int:
+    """The lookahead window of the states ``policy`` reads on a graph of ``num_nodes``: its trained window W, or,
+    placing (``record=False``: no state is kept for training) a graph of at most ``policy.full_window`` nodes,
+    the whole rest of the graph (``W >= N``). Then every decision sees the completed step of each device's
+    earliest-finish completion (``la_step``), the criterion of the ``eft_rollout`` teacher, which a W-node
+    window shows only in the last W + 1 decisions; the cost is the teacher's (N x D completions, O(N^2 D^2)),
+    hence the size limit. Recorded (training) states keep W, the states the policy was trained on."""
+    w = int(getattr(policy, "window", 0))
+    if not record and 0 < num_nodes <= int(getattr(policy, "full_window", 0)):
+        return max(w, int(num_nodes))
+    return w
+
+
+def episode_calls(task: ConstructiveTask) -> int:
+    """Simulator calls of one episode on ``task`` at the window it was last placed with: the final simulate, plus,
+    with the window over the whole rest of the graph, every device's completion at every decision (N x D,
+    counted as ``eft_rollout``'s are; a shorter window's branches are no completions)."""
+    n = task.graph.num_nodes
+    return 1 + n * task.topology.num_devices if int(task.window) >= n else 1
 
 
 @dataclass
@@ -82,7 +104,7 @@ def rollout(policy: DevicePolicy | None, task: ConstructiveTask, *, samples: int
     ``forced`` [N] device per node (a teacher's placement). Samples are
     drawn at ``temperature`` (> 1 explores more); the recorded log-probabilities are at temperature 1."""
     if policy is not None:  # the states the policy reads are built with its lookahead window
-        task.window = int(getattr(policy, "window", task.window))
+        task.window = state_window(policy, task.graph.num_nodes, record=record)
     st = task.state(samples)
     n, k = task.graph.num_nodes, samples
     if record:

@@ -29,7 +29,7 @@ import torch
 
 from agents.checkpoint import load_checkpoint, save_checkpoint
 from agents.constructive_eval import evaluate, geomean
-from agents.constructive import (REGRET_UNIT, Demo, eft_labels, imitation_loss, ppo_loss, rewards,
+from agents.constructive import (FULL_WINDOW, REGRET_UNIT, Demo, eft_labels, imitation_loss, ppo_loss, rewards,
                                  rollout)
 from agents.device_policy import DevicePolicy
 from agents.scaleout import LabelJob, label_states, lookahead_labels
@@ -64,6 +64,7 @@ class ConstructiveConfig:
     sil_coef: float = 0.5
     regret_coef: float = 1.0  # imitation of the lookahead teacher: weight of the expected regret (0: plain cloning)
     window: int = DEFAULT_WINDOW  # lookahead window W of the state's features (0: the node alone)
+    full_window: int = FULL_WINDOW  # placing (not training): graphs of at most this many nodes read the whole rest
     teacher_search: int = 0  # > 0: clone the best teacher's placement refined by annealing with this many sim calls
     pi_rounds: int = 0  # approximate policy iteration: rounds of relabelling with the rollout over the student
     pi_epochs: int = 3  # distillation epochs per round
@@ -79,7 +80,8 @@ class ConstructiveConfig:
         for key in ("hidden", "layers", "samples", "tasks_per_iter", "ppo_epochs", "eval_every", "eval_samples"):
             if int(getattr(self, key)) < 1:
                 raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)!r}")
-        for key in ("bc_epochs", "dagger_rounds", "rl_iters", "window", "pi_rounds", "pi_epochs", "teacher_search"):
+        for key in ("bc_epochs", "dagger_rounds", "rl_iters", "window", "full_window", "pi_rounds", "pi_epochs",
+                    "teacher_search"):
             if int(getattr(self, key)) < 0:
                 raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)!r}")
         if not float(self.regret_coef) >= 0:
@@ -100,6 +102,7 @@ def build_policy(cfg: ConstructiveConfig) -> DevicePolicy:
     policy = DevicePolicy(node_dim=NUM_NODE_FEATURES, dev_dim=NUM_DEVICE_FEATURES, encoder=cfg.encoder,
                           hidden=cfg.hidden, layers=cfg.layers)
     policy.window = int(cfg.window)  # the states it reads are built with this lookahead window
+    policy.full_window = int(cfg.full_window)  # ... and, placing a graph this small, the whole rest of the graph
     return policy
 
 

@@ -33,7 +33,17 @@ torch.set_num_threads(1)
 SUMMARY = ("greedy_geomean", "best_of_k_geomean", "sim_eft_geomean", "eft_rollout_geomean",
            "greedy_over_sim_eft_geomean", "greedy_over_eft_rollout_geomean", "best_of_k_over_eft_rollout_geomean",
            "greedy_le_eft_rollout_frac", "mean_greedy_s", "mean_best_of_k_s", "mean_eft_rollout_s",
-           "mean_eft_rollout_calls")
+           "mean_greedy_calls", "mean_best_of_k_calls", "mean_eft_rollout_calls")
+
+
+FULL_WINDOW_OVERRIDE: int | None = None  # --full-window
+
+
+def _with_window(loaded):
+    """A loaded ``(policy, config, raw)`` with ``--full-window`` applied to the policy."""
+    if FULL_WINDOW_OVERRIDE is not None:
+        loaded[0].full_window = int(FULL_WINDOW_OVERRIDE)
+    return loaded
 
 
 def _print_rows(rows) -> None:
@@ -50,7 +60,8 @@ def _print_summary(s: dict, label: str = "") -> None:
           f"{s.get('greedy_over_eft_rollout_geomean', float('nan')):.4f} (target <= 1.00), best of 16 / eft_rollout "
           f"{s.get('best_of_k_over_eft_rollout_geomean', float('nan')):.4f} (target <= 0.98); greedy <= eft_rollout "
           f"on {s.get('greedy_le_eft_rollout_frac', float('nan')):.0%}; greedy vs best one-pass {s['greedy_geomean']:.4f}"
-          f"; mean seconds greedy {s['mean_greedy_s']:.3f}, eft_rollout {s.get('mean_eft_rollout_s', float('nan')):.3f} "
+          f"; mean seconds greedy {s['mean_greedy_s']:.3f} ({s.get('mean_greedy_calls', float('nan')):.0f} calls), "
+          f"eft_rollout {s.get('mean_eft_rollout_s', float('nan')):.3f} "
           f"({s.get('mean_eft_rollout_calls', float('nan')):.0f} calls)")
 
 
@@ -93,7 +104,7 @@ def part_test(runs: list[str], out: Path | None, workers, cache: str | None, ste
             path = Path(run) / fname
             if not path.is_file():
                 continue
-            policy, cfg, _ = load_policy(path)
+            policy, cfg, _ = _with_window(load_policy(path))
             if (fname == "checkpoint_pi.pt" and not cfg.pi_rounds) or (fname == "checkpoint.pt" and not cfg.rl_iters):
                 continue  # the phase did not run: this file repeats an earlier phase's policy
             rows = result_rows(evaluate_tasks(policy, tasks, samples=16, seed=cfg.seed, workers=workers))
@@ -329,12 +340,16 @@ def main() -> None:
     ap.add_argument("--address", default=None, help="a Ray cluster to join (auto or host:port)")
     ap.add_argument("--stem", default="ablation_learning", help="file name of the test part's ablation table")
     ap.add_argument("--cache", default=None, help="folder keeping built tasks between runs")
+    ap.add_argument("--full-window", type=int, default=None, help="placing graphs of at most this many nodes with "
+                    "the window over the whole graph (default: the checkpoint's, 2048; 0: the trained window W only)")
     a = ap.parse_args()
+    global FULL_WINDOW_OVERRIDE
+    FULL_WINDOW_OVERRIDE = a.full_window
     from agents.constructive_train import default_checkpoint, load_policy
 
     ckpt = a.checkpoint or str(default_checkpoint())
-    policy, cfg, _ = load_policy(ckpt)
-    print(f"checkpoint {ckpt}")
+    policy, cfg, _ = _with_window(load_policy(ckpt))
+    print(f"checkpoint {ckpt} (whole-graph window up to {policy.full_window} nodes)")
     out = Path(a.out) if a.out else None
     from placement_rl.scale import Workers
 

@@ -89,8 +89,9 @@ def test_more_fp32_lanes_per_sm_lower_the_simt_gemm_efficiency():
 
 
 def test_gemm_tiles_price_small_ragged_and_thin_shapes():
-    """Tiles and waves: one more column (N = 129) never costs less than N = 128; a GEMM that fills a fraction of
-    one wave runs far below the rate of a large one; a thin GEMM (M = 8) is bound by reading its weight."""
+    """Tiles and waves: one more output column (K = 129 in NeuSight's naming) never costs less than K = 128; a GEMM
+    that fills a fraction of one wave runs far below the rate of a large one; a thin GEMM (M = 8) is bound by
+    reading its weight."""
     from placement_rl.profiling.calibrate import kernel_features
 
     fit = shipped_fit()
@@ -101,11 +102,27 @@ def test_gemm_tiles_price_small_ragged_and_thin_shapes():
                                              "K": np.array([float(k)])})
         return float(node_times(feat, spec, fit)[0][0] - fit.p("launch"))
 
-    assert t(4096, 129, 4096) >= t(4096, 128, 4096)
+    assert t(4096, 4096, 129) >= t(4096, 4096, 128)
     rate_small = 2 * 256**3 / t(256, 256, 256)
     rate_big = 2 * 4096**3 / t(4096, 4096, 4096)
     assert rate_small < 0.5 * rate_big
     assert t(8, 8192, 8192) >= 8192 * 8192 * 4 / 900e9
+
+
+def test_kernel_tables_are_read_in_neusight_naming():
+    """NeuSight's GEMM tables name (B, M, N) @ (N, K) -> (B, M, K): N is reduced. Their launch grids say so (a
+    V100 row M = 58, N = 13, K = 141 on a 32x128 tile launches ceil(141 / 32) = 5 CTAs), so the output holds
+    M K elements, the linear weight N K, and the GEMM's (batch, M, N, K) dims put K in the output's columns."""
+    from placement_rl.profiling.calibrate import kernel_features
+
+    one = np.ones(1)
+    lin, _ = kernel_features("linear", {"B": one * 2, "M": one * 58, "N": one * 13, "K": one * 141})
+    assert lin.out_bytes[0] == 4 * 2 * 58 * 141 and lin.in_bytes[0] == 4 * 2 * 58 * 13
+    assert lin.param_bytes[0] == 4 * (13 * 141 + 141)
+    assert lin.dims[0].tolist() == [1, 2 * 58, 141, 13]  # one GEMM over the flattened rows
+    bmm, _ = kernel_features("bmm", {"B": one * 3, "M": one * 27, "N": one * 15, "K": one * 29})
+    assert bmm.out_bytes[0] == 4 * 3 * 27 * 29 and bmm.in_bytes[0] == 4 * 3 * (27 * 15 + 15 * 29)
+    assert bmm.dims[0].tolist() == [3, 27, 29, 15] and bmm.flops[0] == 2 * 3 * 27 * 15 * 29
 
 
 def test_gemm_dims_of_captured_shapes():

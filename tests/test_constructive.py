@@ -79,10 +79,11 @@ def test_searched_teacher_is_never_worse_and_is_what_cloning_sees() -> None:
     from agents.scaleout import refine_teachers
     from placement_rl.cost import simulate
 
-    tasks = [task("layered", 30, 0, "4x_v100_nvlink"), task("dataflow", 30, 1, "2x4_v100_ib")]
+    tasks = [task("layered", 30, 0, "4x_v100_nvlink"), task("dataflow", 30, 1, "2x4_v100_ib"),
+             task("layered", 30, 2, "2x4_v100_ib")]  # three: whether annealing improves one task is luck
     starts = [(t, t.teacher()[1]) for t in tasks]
     got = refine_teachers(starts, 300, seed=0)
-    assert [np.array_equal(a[0], b[0]) for a, b in zip(got, refine_teachers(starts, 300, seed=0))] == [True, True]
+    assert [np.array_equal(a[0], b[0]) for a, b in zip(got, refine_teachers(starts, 300, seed=0))] == [True] * 3
     for t, (dev, step, feasible) in zip(tasks, got):
         name, _ = t.teacher()
         assert feasible and step <= t.refs[name][0] * (1 + 1e-9)
@@ -92,7 +93,7 @@ def test_searched_teacher_is_never_worse_and_is_what_cloning_sees() -> None:
                                                      teacher_search=300))
     trainer.imitate(tasks)
     rec = [h for h in trainer.history if h["phase"] == "teacher_search"]
-    assert rec == [{"phase": "teacher_search", "budget": 300, "tasks": 2,
+    assert rec == [{"phase": "teacher_search", "budget": 300, "tasks": 3,
                     "improved": sum(step < t.refs[t.teacher()[0]][0] * (1 - 1e-9) for t, (_, step, _) in
                                     zip(tasks, got))}]
 
@@ -150,6 +151,10 @@ def test_compiled_greedy_decode_matches_torch() -> None:
     policy = build_policy(ConstructiveConfig(hidden=16, layers=1))
     t = task("dataflow", 80, 4, "2x4_v100_ib")
     fast = rollout(policy, t, samples=1, greedy=True)
-    slow = rollout(policy, t, samples=1, greedy=True, record=True)  # record=True takes the torch path
+    slow = rollout(policy, t, samples=2, greedy=True)  # two episodes take the torch path (same window: placing)
+    assert np.array_equal(fast.devices[0], slow.devices[0]) and fast.times[0] == slow.times[0]
+    policy.full_window = 0  # and at the trained window, as the recorded (torch) path reads it
+    fast = rollout(policy, t, samples=1, greedy=True)
+    slow = rollout(policy, t, samples=1, greedy=True, record=True)
     assert np.array_equal(fast.devices, slow.devices) and fast.times[0] == slow.times[0]
     assert graph_tensors(t)[0].shape == (80, t.x.shape[1])

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from agents.constructive import rollout
+from agents.constructive import rollout, state_window
 from agents.constructive_train import ConstructiveConfig, build_policy
 from agents.policy_rollout import rollout_over_student
 from envs.constructive_task import ConstructiveTask
@@ -155,6 +155,26 @@ def test_compiled_scores_match_the_torch_head(hidden) -> None:
         bias = float(policy.rho[2].bias.detach())
         assert np.array_equal(np.isfinite(z), mask)
         assert np.allclose(z[mask] + bias, ref[mask], rtol=1e-4, atol=1e-4)
+
+
+def test_placing_reads_the_whole_graph_and_training_keeps_the_trained_window() -> None:
+    """A policy trained at W places a graph of at most ``full_window`` nodes with the window over the whole rest of
+    the graph (the completed step from the first decision on); recorded (training) states keep W, as does a
+    larger graph or ``full_window = 0``."""
+    policy = build_policy(ConstructiveConfig(hidden=16, layers=1, window=4, full_window=100))
+    g, t, c = _case("layered", 30, 0, "4x_v100_nvlink")
+    assert state_window(policy, 30) == 30 and state_window(policy, 30, record=True) == 4
+    assert state_window(policy, 101) == 4
+    task = ConstructiveTask(g, t, c)
+    rollout(policy, task, samples=1, greedy=True)
+    assert task.window == 30
+    rollout(policy, task, samples=2, greedy=False, record=True)
+    assert task.window == 4
+    for w, full in ((30, 1.0), (4, 0.0)):
+        feats, mask = ScheduleState(g, c, t, episodes=1, window=w).features()
+        assert (feats[0, mask[0], F["la_full"]] == full).all()
+    policy.full_window = 0
+    assert state_window(policy, 30) == 4
 
 
 def test_rollout_over_the_student_is_never_worse_than_the_student() -> None:

@@ -163,7 +163,7 @@ GROUPS: dict[str, dict[str, Key]] = {
         "rl_algo": Key(str, choices=("sil", "ppo", "q")), "rl_lr": positive(), "rl_iters": count(0),
         "temperature": positive(), "tasks_per_iter": count(1), "samples": count(1), "ppo_epochs": count(1),
         "clip": fraction(open_low=True), "sil_coef": Key(float, low=0), "regret_coef": Key(float, low=0),
-        "window": count(0, null=True), "pi_rounds": count(0), "pi_epochs": count(0), "pi_label_every": count(1),
+        "window": count(0, null=True), "full_window": count(0, null=True), "pi_rounds": count(0), "pi_epochs": count(0), "pi_label_every": count(1),
         "pi_lr": Key(float, low=0), "pi_max_nodes": count(1), "pi_max_labels": count(1), "eval_every": count(1),
         "eval_samples": count(0), "search_budget": count(0), "teacher_search": count(0),
     },

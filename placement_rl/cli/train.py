@@ -61,7 +61,7 @@ def constructive_config(cfg: DictConfig, base=None):
     known = {f.name for f in dataclasses.fields(ConstructiveConfig)}
     fields = dataclasses.asdict(base) if base is not None else {
         "encoder": str(cfg.encoder.name), "hidden": int(cfg.encoder.hidden), "layers": int(cfg.encoder.layers)}
-    fields.update({k: v for k, v in to_container(cfg.agent).items() if k in known and not (k == "window" and v is None)})
+    fields.update({k: v for k, v in to_container(cfg.agent).items() if k in known and not (k in ("window", "full_window") and v is None)})
     if base is not None and int(fields.get("window", base.window)) != int(base.window):
         raise ConfigError(f"agent.window={fields['window']} does not match the checkpoint's lookahead window "
                           f"{base.window}: drop the override (a policy reads the states it was trained on)")

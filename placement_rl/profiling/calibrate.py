@@ -80,11 +80,13 @@ def kernel_features(op: str, cols: dict[str, np.ndarray]) -> tuple[NodeFeatures,
     def f(*keys: str) -> np.ndarray:
         return np.prod([cols[k] for k in keys], axis=0)
     if op in ("linear", "bmm"):
+        # NeuSight's naming: (B, M, N) @ (N, K) -> (B, M, K); N is the reduced dimension, K the output's columns
+        # (the tables' launch grids confirm it: ceil(K / tile_m) x ceil(B M / tile_n) CTAs for linear)
         b, m, n, k = (cols[c] for c in ("B", "M", "N", "K"))
-        flops, out, inp = 2 * b * m * n * k, 4 * b * m * n, 4 * b * m * k
-        params = 4 * (n * k + n) if op == "linear" else np.zeros_like(b)
+        flops, out, inp = 2 * b * m * n * k, 4 * b * m * k, 4 * b * m * n
+        params = 4 * (n * k + k) if op == "linear" else np.zeros_like(b)
         if op == "bmm":
-            inp = inp + 4 * b * k * n
+            inp = inp + 4 * b * n * k
         cls = op
     elif op == "conv":
         b, ci, co = cols["B"], cols["Input_Channel"], cols["Output_Channel"]
@@ -100,8 +102,10 @@ def kernel_features(op: str, cols: dict[str, np.ndarray]) -> tuple[NodeFeatures,
         inp = out * (2 if op == "add" else 1)
         params = 8 * cols["H"] if op == "ln" else params
     n_rows = len(out)
-    if op in ("linear", "bmm"):
-        dims = np.stack([b, m, n, k], axis=1).astype(float)
+    if op == "linear":  # one GEMM over the flattened rows (the weight is shared by the batch)
+        dims = np.stack([np.ones(n_rows), b * m, k, n], axis=1).astype(float)
+    elif op == "bmm":
+        dims = np.stack([b, m, k, n], axis=1).astype(float)
     elif op == "conv":
         dims = np.stack([np.ones(n_rows), b * ho * ho, co, ci * ks * ks], axis=1).astype(float)
     else:

@@ -209,16 +209,20 @@ class PretrainSpec:
 def result_rows(results: Sequence[Any]) -> list[dict[str, Any]]:
     """One row per evaluated task: the learned rows (greedy, best of k) and every heuristic, as ratios to the
     best one-pass heuristic (min of HEFT, m-ETF, m-SCT, METIS)."""
+    from agents.constructive import episode_calls
+
     rows = []
     for r in results:
         t = r.task
         ref_name, ref = best_of(t.refs)
         k = 0 if r.sampled is None else len(r.sampled.times)
+        per = episode_calls(t)  # a window over the whole graph: N x D completions per episode
         row = {"pair": t.meta.get("id", t.graph.name), "nodes": t.graph.num_nodes, "devices": t.topology.num_devices,
                "best_one_pass": ref_name, "best_one_pass_ms": ref * 1e3,
                "greedy": r.greedy_time / ref if bool(r.greedy.feasible[0]) else float("nan"),
                "best_of_k": r.best_time / ref, "greedy_s": r.greedy_seconds,
-               "best_of_k_s": r.greedy_seconds + r.sampled_seconds, "best_of_k_calls": 1 + k}
+               "greedy_calls": per, "best_of_k_s": r.greedy_seconds + r.sampled_seconds,
+               "best_of_k_calls": per * (1 + k)}
         for name, (time_, feasible, _) in t.refs.items():
             row[name] = time_ / ref if feasible else float("nan")
         for name in ("sim_eft", "eft_rollout"):
@@ -247,7 +251,7 @@ def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
         out["greedy_over_eft_rollout_geomean"] = geomean([r["greedy"] / r["eft_rollout"] for r in roll])
         out["best_of_k_over_eft_rollout_geomean"] = geomean([r["best_of_k"] / r["eft_rollout"] for r in roll])
         out["greedy_le_eft_rollout_frac"] = float(np.mean([r["greedy"] <= r["eft_rollout"] + 1e-9 for r in roll]))
-    for key in ("greedy_s", "best_of_k_s", "eft_rollout_s", "best_of_k_calls", "eft_rollout_calls"):
+    for key in ("greedy_s", "best_of_k_s", "eft_rollout_s", "greedy_calls", "best_of_k_calls", "eft_rollout_calls"):
         vals = [r[key] for r in rows if key in r]
         if vals:
             out[f"mean_{key}"] = float(np.mean(vals))
@@ -255,8 +259,8 @@ def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 COLUMNS = ("pair", "nodes", "devices", "best_one_pass", "best_one_pass_ms", "greedy", "best_of_k", "heft", "m_etf",
-           "m_sct", "metis", "sim_eft", "eft_rollout", "greedy_s", "best_of_k_s", "best_of_k_calls", "eft_rollout_s",
-           "eft_rollout_calls")
+           "m_sct", "metis", "sim_eft", "eft_rollout", "greedy_s", "greedy_calls", "best_of_k_s", "best_of_k_calls",
+           "eft_rollout_s", "eft_rollout_calls")
 
 
 def write_report(rows: Sequence[dict[str, Any]], out: Path, *, title: str, stem: str = "generalization") -> str:
