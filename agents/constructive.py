@@ -33,9 +33,11 @@ def state_window(policy: DevicePolicy, num_nodes: int, *, record: bool = False) 
     the whole rest of the graph (``W >= N``). Then every decision sees the completed step of each device's
     earliest-finish completion (``la_step``), the criterion of the ``eft_rollout`` teacher, which a W-node
     window shows only in the last W + 1 decisions; the cost is the teacher's (N x D completions, O(N^2 D^2)),
-    hence the size limit. Recorded (training) states keep W, the states the policy was trained on."""
+    hence the size limit. Recorded (training) states keep W, the states the policy was trained on, unless it is
+    trained on whole-graph states as well (``policy.full_window_train``)."""
     w = int(getattr(policy, "window", 0))
-    if not record and 0 < num_nodes <= int(getattr(policy, "full_window", 0)):
+    placing = not record or bool(getattr(policy, "full_window_train", False))
+    if placing and 0 < num_nodes <= int(getattr(policy, "full_window", 0)):
         return max(w, int(num_nodes))
     return w
 

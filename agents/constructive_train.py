@@ -65,6 +65,7 @@ class ConstructiveConfig:
     regret_coef: float = 1.0  # imitation of the lookahead teacher: weight of the expected regret (0: plain cloning)
     window: int = DEFAULT_WINDOW  # lookahead window W of the state's features (0: the node alone)
     full_window: int = FULL_WINDOW  # placing (not training): graphs of at most this many nodes read the whole rest
+    full_window_train: bool = False  # ... and the training states too (the states recorded for imitation)
     teacher_search: int = 0  # > 0: clone the best teacher's placement refined by annealing with this many sim calls
     pi_rounds: int = 0  # approximate policy iteration: rounds of relabelling with the rollout over the student
     pi_epochs: int = 3  # distillation epochs per round
@@ -103,6 +104,7 @@ def build_policy(cfg: ConstructiveConfig) -> DevicePolicy:
                           hidden=cfg.hidden, layers=cfg.layers)
     policy.window = int(cfg.window)  # the states it reads are built with this lookahead window
     policy.full_window = int(cfg.full_window)  # ... and, placing a graph this small, the whole rest of the graph
+    policy.full_window_train = bool(cfg.full_window_train)  # ... training on such states as well
     return policy
 
 

@@ -173,8 +173,10 @@ def test_placing_reads_the_whole_graph_and_training_keeps_the_trained_window() -
     for w, full in ((30, 1.0), (4, 0.0)):
         feats, mask = ScheduleState(g, c, t, episodes=1, window=w).features()
         assert (feats[0, mask[0], F["la_full"]] == full).all()
+    policy.full_window_train = True  # a policy trained on whole-graph states records them too
+    assert state_window(policy, 30, record=True) == 30 and state_window(policy, 101, record=True) == 4
     policy.full_window = 0
-    assert state_window(policy, 30) == 4
+    assert state_window(policy, 30) == 4 and state_window(policy, 30, record=True) == 4
 
 
 def test_rollout_over_the_student_is_never_worse_than_the_student() -> None:

@@ -61,7 +61,8 @@ def constructive_config(cfg: DictConfig, base=None):
     known = {f.name for f in dataclasses.fields(ConstructiveConfig)}
     fields = dataclasses.asdict(base) if base is not None else {
         "encoder": str(cfg.encoder.name), "hidden": int(cfg.encoder.hidden), "layers": int(cfg.encoder.layers)}
-    fields.update({k: v for k, v in to_container(cfg.agent).items() if k in known and not (k in ("window", "full_window") and v is None)})
+    keep = ("window", "full_window", "full_window_train")  # null: the checkpoint's
+    fields.update({k: v for k, v in to_container(cfg.agent).items() if k in known and not (k in keep and v is None)})
     if base is not None and int(fields.get("window", base.window)) != int(base.window):
         raise ConfigError(f"agent.window={fields['window']} does not match the checkpoint's lookahead window "
                           f"{base.window}: drop the override (a policy reads the states it was trained on)")
@@ -125,6 +126,7 @@ def run_constructive(cfg: DictConfig) -> dict:
     ckpt = str(cfg.checkpoint) if cfg.checkpoint else str(default_checkpoint())
     policy, base, _ = load_policy(ckpt)
     fcfg = constructive_config(cfg, base)
+    policy.full_window, policy.full_window_train = int(fcfg.full_window), bool(fcfg.full_window_train)  # placing
     costs = resolve_costs(graph, topology)
     out = output_dir()
     print(f"fine-tuning the policy {ckpt} on {graph.name} ({graph.num_nodes} nodes) / {topology.name} "
