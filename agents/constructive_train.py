@@ -14,98 +14,31 @@
 With ``val`` tasks given, ``improve`` keeps the weights of the best validation geometric mean (early
 stopping; ``agents.constructive_eval.evaluate`` scores greedy and best-of-k placements).
 
-Checkpoints (``save`` / ``load_policy``) are ``agents.checkpoint`` files with ``algo="constructive"``.
+Checkpoints (``save``; ``load_policy`` in ``agents.constructive_config``, re-exported here) are ``agents.checkpoint``
+files with ``algo="constructive"``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
-from agents.checkpoint import load_checkpoint, save_checkpoint
+from agents.checkpoint import save_checkpoint
+from agents.constructive import REGRET_UNIT, Demo, eft_labels, imitation_loss, ppo_loss, rewards, rollout
+from agents.constructive_config import (ALGO, PRETRAINED, RL_ALGOS, ConstructiveConfig,  # noqa: F401 - re-exported
+                                        _obs_dims, build_policy, default_checkpoint, load_policy, set_windows)
 from agents.constructive_eval import evaluate, geomean
-from agents.constructive import (FULL_WINDOW, REGRET_UNIT, Demo, eft_labels, imitation_loss, ppo_loss, rewards,
-                                 rollout)
 from agents.device_policy import DevicePolicy
 from agents.scaleout import LabelJob, label_states, lookahead_labels
-from envs.constructive_task import NUM_NODE_FEATURES, REACTIVE, ConstructiveTask
+from envs.constructive_task import REACTIVE, ConstructiveTask
 from placement_rl.cost.lookahead import eft_rollout
-from placement_rl.cost.schedule import DEFAULT_WINDOW, NUM_DEVICE_FEATURES
-from placement_rl.errors import CheckpointError, ConfigError
 from placement_rl.scale import Workers
 
-ALGO = "constructive"
-RL_ALGOS = ("sil", "ppo", "q")
 Progress = Callable[[str, int, int, dict[str, float]], None]
-
-
-@dataclass(frozen=True, kw_only=True)
-class ConstructiveConfig:
-    encoder: str = "sage"
-    hidden: int = 64
-    layers: int = 3
-    lr: float = 1e-3  # imitation
-    bc_epochs: int = 8
-    dagger_rounds: int = 2
-    rl_algo: str = "sil"  # sil (expert iteration: clone the best placement found so far) | ppo
-    rl_lr: float = 3e-4
-    rl_iters: int = 200
-    temperature: float = 1.0  # sampling temperature of RL rollouts (2.0 was tried: too random over 200 decisions)
-    tasks_per_iter: int = 4
-    samples: int = 16
-    ppo_epochs: int = 2
-    clip: float = 0.2
-    ent_coef: float = 0.003
-    sil_coef: float = 0.5
-    regret_coef: float = 1.0  # imitation of the lookahead teacher: weight of the expected regret (0: plain cloning)
-    window: int = DEFAULT_WINDOW  # lookahead window W of the state's features (0: the node alone)
-    full_window: int = FULL_WINDOW  # placing (not training): graphs of at most this many nodes read the whole rest
-    full_window_train: bool = False  # ... and the training states too (the states recorded for imitation)
-    teacher_search: int = 0  # > 0: clone the best teacher's placement refined by annealing with this many sim calls
-    pi_rounds: int = 0  # approximate policy iteration: rounds of relabelling with the rollout over the student
-    pi_epochs: int = 3  # distillation epochs per round
-    pi_lr: float = 0.0  # learning rate of the distillation (0: the imitation rate ``lr``)
-    pi_label_every: int = 4  # label every k-th state of the student's trajectory (the teacher costs D completions)
-    pi_max_nodes: int = 400  # tasks larger than this are not relabelled (the teacher is O(N^2 W D^2))
-    pi_max_labels: int = 48  # at most this many labelled states per task and round (larger tasks: sparser labels)
-    eval_every: int = 20
-    eval_samples: int = 16
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for key in ("hidden", "layers", "samples", "tasks_per_iter", "ppo_epochs", "eval_every", "eval_samples"):
-            if int(getattr(self, key)) < 1:
-                raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)!r}")
-        for key in ("bc_epochs", "dagger_rounds", "rl_iters", "window", "full_window", "pi_rounds", "pi_epochs",
-                    "teacher_search"):
-            if int(getattr(self, key)) < 0:
-                raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)!r}")
-        if not float(self.regret_coef) >= 0:
-            raise ConfigError(f"regret_coef must be >= 0, got {self.regret_coef!r}")
-        if int(self.pi_label_every) < 1 or int(self.pi_max_nodes) < 1 or int(self.pi_max_labels) < 1:
-            raise ConfigError(f"pi_label_every and pi_max_nodes must be >= 1, got {self.pi_label_every!r}, "
-                              f"{self.pi_max_nodes!r}")
-        if self.rl_algo not in RL_ALGOS:
-            raise ConfigError(f"rl_algo must be one of {', '.join(RL_ALGOS)}, got {self.rl_algo!r}")
-        if not float(self.pi_lr) >= 0:
-            raise ConfigError(f"pi_lr must be >= 0, got {self.pi_lr!r}")
-        for key in ("lr", "rl_lr", "temperature"):
-            if not float(getattr(self, key)) > 0:
-                raise ConfigError(f"{key} must be > 0, got {getattr(self, key)!r}")
-
-
-def build_policy(cfg: ConstructiveConfig) -> DevicePolicy:
-    policy = DevicePolicy(node_dim=NUM_NODE_FEATURES, dev_dim=NUM_DEVICE_FEATURES, encoder=cfg.encoder,
-                          hidden=cfg.hidden, layers=cfg.layers)
-    policy.window = int(cfg.window)  # the states it reads are built with this lookahead window
-    policy.full_window = int(cfg.full_window)  # ... and, placing a graph this small, the whole rest of the graph
-    policy.full_window_train = bool(cfg.full_window_train)  # ... training on such states as well
-    return policy
 
 
 class ConstructiveTrainer:
@@ -415,41 +348,3 @@ class ConstructiveTrainer:
         return save_checkpoint(path, algo=ALGO, config=config, obs=_obs_dims(), num_timesteps=self.decisions,
                                policy=self.policy.state_dict(),
                                optimizer=self.opt.state_dict() if with_optimizer else None)
-
-
-def _obs_dims() -> dict[str, int]:
-    return {"num_node_features": NUM_NODE_FEATURES, "num_device_features": NUM_DEVICE_FEATURES}
-
-
-PRETRAINED = ("data", "policy", "pretrained.pt")
-
-
-def default_checkpoint() -> Path:
-    """The pretrained general checkpoint shipped with the package."""
-    from importlib.resources import files
-
-    p = Path(str(files("placement_rl").joinpath(*PRETRAINED)))
-    if not p.is_file():
-        raise CheckpointError(f"no pretrained checkpoint is installed ({p}): run `placement-rl train trainer=pretrain` "
-                              f"and pass checkpoint=<its checkpoint.pt>")
-    return p
-
-
-def load_policy(path: str | Path) -> tuple[DevicePolicy, ConstructiveConfig, dict[str, Any]]:
-    """A constructive policy checkpoint: ``(policy, config, raw checkpoint)``; ``CheckpointError`` if it is not
-    one or does not match this release's features."""
-    data = load_checkpoint(path, expect_algo=ALGO)
-    for k, v in _obs_dims().items():
-        if data["obs"].get(k) != v:
-            raise CheckpointError(f"checkpoint '{path}' was made with {k}={data['obs'].get(k)!r}; this release "
-                                  f"uses {v}: train a new policy")
-    known = {f.name for f in dataclasses.fields(ConstructiveConfig)}
-    try:
-        cfg = ConstructiveConfig(**{k: v for k, v in data["config"].items() if k in known})
-        policy = build_policy(cfg)
-        policy.load_state_dict(data["policy"])
-    except (ConfigError, RuntimeError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint '{path}' does not hold a constructive policy this release can load "
-                              f"({str(exc).splitlines()[0]})") from None
-    policy.eval()
-    return policy, cfg, data

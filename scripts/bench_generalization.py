@@ -36,14 +36,14 @@ SUMMARY = ("greedy_geomean", "best_of_k_geomean", "sim_eft_geomean", "eft_rollou
            "mean_greedy_calls", "mean_best_of_k_calls", "mean_eft_rollout_calls")
 
 
-FULL_WINDOW_OVERRIDE: int | None = None  # --full-window
+def _load(path, full_window: int | None):
+    """``load_policy(path)`` with ``--full-window`` (None: the checkpoint's) applied to the policy."""
+    from agents.constructive_train import load_policy
 
-
-def _with_window(loaded):
-    """A loaded ``(policy, config, raw)`` with ``--full-window`` applied to the policy."""
-    if FULL_WINDOW_OVERRIDE is not None:
-        loaded[0].full_window = int(FULL_WINDOW_OVERRIDE)
-    return loaded
+    policy, cfg, raw = load_policy(path)
+    if full_window is not None:
+        policy.full_window = int(full_window)
+    return policy, cfg, raw
 
 
 def _print_rows(rows) -> None:
@@ -83,11 +83,11 @@ def part_dev(policy, out: Path | None, workers, cache: str | None) -> None:
         print(f"wrote {out / 'dev_split.md'} and .csv")
 
 
-def part_test(runs: list[str], out: Path | None, workers, cache: str | None, stem: str = "ablation_learning") -> None:
+def part_test(runs: list[str], out: Path | None, workers, cache: str | None, stem: str = "ablation_learning",
+              full_window: int | None = None) -> None:
     """Every phase checkpoint of every run on the test split; the ablation table; the final figures. A run that
     skipped a phase (``pi_rounds=0`` or ``rl_iters=0``) has no row for it: its final checkpoint is the last
     phase it ran."""
-    from agents.constructive_train import load_policy
     from agents.scaleout import evaluate_tasks
     from placement_rl.studies.pretrain import build_tasks, result_rows, split_specs, summarise, write_report
 
@@ -104,7 +104,7 @@ def part_test(runs: list[str], out: Path | None, workers, cache: str | None, ste
             path = Path(run) / fname
             if not path.is_file():
                 continue
-            policy, cfg, _ = _with_window(load_policy(path))
+            policy, cfg, _ = _load(path, full_window)
             if (fname == "checkpoint_pi.pt" and not cfg.pi_rounds) or (fname == "checkpoint.pt" and not cfg.rl_iters):
                 continue  # the phase did not run: this file repeats an earlier phase's policy
             rows = result_rows(evaluate_tasks(policy, tasks, samples=16, seed=cfg.seed, workers=workers))
@@ -343,12 +343,10 @@ def main() -> None:
     ap.add_argument("--full-window", type=int, default=None, help="placing graphs of at most this many nodes with "
                     "the window over the whole graph (default: the checkpoint's, 2048; 0: the trained window W only)")
     a = ap.parse_args()
-    global FULL_WINDOW_OVERRIDE
-    FULL_WINDOW_OVERRIDE = a.full_window
-    from agents.constructive_train import default_checkpoint, load_policy
+    from agents.constructive_train import default_checkpoint
 
     ckpt = a.checkpoint or str(default_checkpoint())
-    policy, cfg, _ = _with_window(load_policy(ckpt))
+    policy, cfg, _ = _load(ckpt, a.full_window)
     print(f"checkpoint {ckpt} (whole-graph window up to {policy.full_window} nodes)")
     out = Path(a.out) if a.out else None
     from placement_rl.scale import Workers
@@ -358,7 +356,7 @@ def main() -> None:
             if a.part in ("all", "dev"):
                 part_dev(policy, out, workers, a.cache)
             if a.part == "test":
-                part_test(a.runs, out, workers, a.cache, stem=a.stem)
+                part_test(a.runs, out, workers, a.cache, stem=a.stem, full_window=a.full_window)
     if a.part in ("all", "scale"):
         part_scale(policy)
     if a.part in ("all", "speed"):

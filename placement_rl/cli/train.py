@@ -115,7 +115,7 @@ def run_constructive(cfg: DictConfig) -> dict:
     """``env=constructive``: fine-tune the pretrained policy (or ``checkpoint=``) on one graph and topology."""
     import torch
 
-    from agents.constructive_train import default_checkpoint, load_policy
+    from agents.constructive_train import default_checkpoint, load_policy, set_windows
     from placement_rl.cost import resolve_costs
     from placement_rl.studies.finetune import describe, finetune
 
@@ -126,7 +126,7 @@ def run_constructive(cfg: DictConfig) -> dict:
     ckpt = str(cfg.checkpoint) if cfg.checkpoint else str(default_checkpoint())
     policy, base, _ = load_policy(ckpt)
     fcfg = constructive_config(cfg, base)
-    policy.full_window, policy.full_window_train = int(fcfg.full_window), bool(fcfg.full_window_train)  # placing
+    set_windows(policy, fcfg)  # the agent's full_window / full_window_train over the checkpoint's
     costs = resolve_costs(graph, topology)
     out = output_dir()
     print(f"fine-tuning the policy {ckpt} on {graph.name} ({graph.num_nodes} nodes) / {topology.name} "
