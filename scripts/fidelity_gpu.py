@@ -258,7 +258,9 @@ def report(rows, classes, krows, newer, fit, pd_lines, factors, coll_lines, coll
               "The training workloads' shapes priced on NeuSight's H100 datasheet (132 SMs, 128 FP32 lanes per SM, "
               "66.9 TFLOP/s fp32, 3.43 TB/s, 50 MB L2). The issue-slot limit of 128-lane SMs (`issue_ffma`), the "
               "tile / wave model at 132 SMs and the kernel overheads make the five-GPU fit slower than the two-GPU "
-              "fit on every workload; the size of that change is not checked against an H100 measurement here.", ""]
+              "fit on every workload; the size of that change is not checked against an H100 measurement here. "
+              "The same Hopper chip with faster memory, an H200 we measured, is the held-out check: "
+              "docs/fidelity_h200.md (`scripts/fidelity_measured_gpu.py`).", ""]
     lines += newer
     lines += ["", "## The project's captured graphs, mapped onto the measured nodes", "",
               "gpt2_hf / bert_hf / opt_hf captured with the workload's configuration and one layer (whole model = "

@@ -1,0 +1,122 @@
+"""GPU measurements this project made itself (``placement_rl/data/measured/<gpu>/``, written by
+``scripts/measure_gpu.py``), read in NeuSight's formats, and the held-out check of the calibrated cost model on
+them: single-kernel tables per op class and whole-model times against the model's predictions for a GPU that no
+fit has seen.
+
+A measured folder holds ``device_configs/<GPU>.json`` (datasheet figures), ``kernels/<op>/<GPU>.csv``
+(``Latency`` ms and the shape columns of NeuSight's tables) and ``labels/<GPU>/<workload>.json`` (whole-model
+``fw_latency`` / ``bwall_latency`` / ``e2e_latency`` ms, no per-node file: the whole-model prediction prices the
+workload's graph from NeuSight's label files, whose shapes do not depend on the GPU).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from placement_rl.cost.calibrated import GpuFit, GpuSpec, node_times
+from placement_rl.errors import ProfileError
+from placement_rl.profiling import calibrate, neusight
+from placement_rl.profiling.gpu_fidelity import kernel_times
+
+MEASURED_DIR = Path(__file__).resolve().parents[1] / "data" / "measured"
+
+
+def measured_folders(base: str | Path = MEASURED_DIR) -> list[Path]:
+    """Every measured GPU folder under ``base`` (one with a ``device_configs/`` folder)."""
+    b = Path(base)
+    return sorted(p for p in b.iterdir() if (p / "device_configs").is_dir()) if b.is_dir() else []
+
+
+def gpu_of(folder: str | Path) -> tuple[str, GpuSpec]:
+    """``(GPU file name, GpuSpec)`` of a measured folder's single device config."""
+    configs = sorted((Path(folder) / "device_configs").glob("*.json"))
+    if len(configs) != 1:
+        raise ProfileError(f"{folder}: expected one device_configs/<GPU>.json, found {len(configs)}")
+    return configs[0].stem, calibrate.spec_of(neusight.read_device_config(configs[0]))
+
+
+@dataclass
+class WholeRun:
+    key: str            # <model>-<train|inf>-<seq>-<batch>
+    train: bool
+    measured: float     # seconds, forward (+ backward for training)
+    predicted: dict[str, float] = field(default_factory=dict)
+
+
+def read_whole_runs(folder: str | Path) -> list[WholeRun]:
+    """The whole-model runs of a measured folder (``labels/<GPU>/*.json``)."""
+    gpu, _ = gpu_of(folder)
+    out = []
+    for p in sorted((Path(folder) / "labels" / gpu).glob("*.json")):
+        try:
+            d = json.loads(p.read_text())
+            e2e = float(d["e2e_latency"]) * 1e-3
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
+            raise ProfileError(f"{p}: expected a JSON object with a numeric e2e_latency (ms)") from None
+        parts = p.stem.split("-")
+        if len(parts) != 4 or parts[1] not in ("train", "inf") or not math.isfinite(e2e) or e2e <= 0:
+            raise ProfileError(f"{p}: expected <model>-<train|inf>-<seq>-<batch>.json with e2e_latency > 0")
+        out.append(WholeRun(key=p.stem, train=parts[1] == "train", measured=e2e))
+    return out
+
+
+def predict_whole(runs: Sequence[WholeRun], graphs: Sequence, spec: GpuSpec,
+                  fits: Mapping[str, GpuFit]) -> list[WholeRun]:
+    """Fill each run's ``predicted`` with every fit's whole-model time on ``spec``, pricing the workload's graph
+    (``calibrate.GraphSample`` of the same key, from any GPU's label files). Runs without a graph are dropped."""
+    by_key = {}
+    for s in graphs:
+        by_key.setdefault(s.key, s)
+    out = []
+    for r in runs:
+        s = by_key.get(r.key)
+        if s is None:
+            continue
+        for label, fit in fits.items():
+            f, b, _ = node_times(s.feat, spec, fit)
+            r.predicted[label] = float(s.weights @ (f + b if r.train else f))
+        out.append(r)
+    return out
+
+
+def whole_mape(runs: Sequence[WholeRun], model: str, train: bool | None = None) -> tuple[float, float]:
+    """``(MAPE %, mean predicted / measured)`` of one model over the runs (``train`` None: all)."""
+    sel = [r for r in runs if train is None or r.train == train]
+    if not sel:
+        return float("nan"), float("nan")
+    ratio = np.array([r.predicted[model] / r.measured for r in sel])
+    return float(100 * np.mean(np.abs(ratio - 1))), float(ratio.mean())
+
+
+@dataclass
+class KernelCheck:
+    op: str
+    rows: int
+    mape: dict[str, float]
+    ratio: dict[str, float]   # geometric mean of predicted / measured
+
+
+def check_kernels(folder: str | Path, fits: Mapping[str, GpuFit | None], *, min_latency: float = 5e-5,
+                  ops: Sequence[str] = calibrate.KERNEL_OPS) -> list[KernelCheck]:
+    """Per op class: MAPE and geometric-mean ratio of each model (``None``: the roofline) over the measured
+    kernel rows of at least ``min_latency`` seconds (below it the timing harness's floor dominates)."""
+    gpu, spec = gpu_of(folder)
+    out = []
+    for op in ops:
+        p = Path(folder) / "kernels" / op / f"{gpu}.csv"
+        if not p.is_file():
+            continue
+        k = calibrate.load_kernels(p, op, gpu, spec, max_rows=10**7, min_latency=min_latency)
+        mape, ratio = {}, {}
+        for label, fit in fits.items():
+            r = kernel_times(k, fit) / k.fwd
+            mape[label] = float(100 * np.mean(np.abs(r - 1)))
+            ratio[label] = float(np.exp(np.mean(np.log(r))))
+        out.append(KernelCheck(op=op, rows=len(k.fwd), mape=mape, ratio=ratio))
+    return out

@@ -1,0 +1,210 @@
+"""Held-out check of the calibrated GPU cost model on a GPU this project measured itself (no fit has seen it).
+
+    python scripts/fidelity_measured_gpu.py [--gpu nvidia_h200] [--data ../shared/gpu-measurements]
+                                            [--fit extra_fit.json ...] [--out docs/fidelity_h200.md]
+
+Reads ``placement_rl/data/measured/<gpu>/`` (written by ``scripts/measure_gpu.py`` on the GPU; see its README):
+single-kernel tables per op class, whole-model forward / forward + backward times of the NeuSight workloads, an
+AdamW step per model and the executor's CPU + GPU fidelity run. Prices the same kernels and workloads on the
+GPU's datasheet with the roofline, the two-GPU fit (v1), the shipped fit and any ``--fit`` given, and writes a
+Markdown report. The whole-model part needs NeuSight's label files (``neusight/labels/``, for the workloads'
+graphs: ``--data`` or ``$PLACEMENT_RL_GPU_DATA``); without them only the kernel part is written. Seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from placement_rl.cost.calibrated import GpuFit, shipped_fit
+from placement_rl.errors import PlacementRLError
+from placement_rl.graph.io import atomic_write_text
+from placement_rl.profiling import calibrate, neusight
+from placement_rl.profiling.measured_gpu import (MEASURED_DIR, check_kernels, gpu_of, predict_whole,
+                                                 read_whole_runs, whole_mape)
+
+ROOT = Path(__file__).resolve().parent.parent
+V1_FIT = ROOT / "placement_rl" / "data" / "gpu_fit_two_gpu_v1.json"
+
+
+def kernel_lines(checks, models) -> list[str]:
+    out = ["| op class | rows | " + " | ".join(f"{m} MAPE" for m in models) + " | "
+           + " | ".join(f"{m} pred/meas" for m in models) + " |", "|---|---:|" + "---:|" * (2 * len(models))]
+    for c in checks:
+        out.append(f"| {c.op} | {c.rows} | " + " | ".join(f"{c.mape[m]:.1f}%" for m in models) + " | "
+                   + " | ".join(f"{c.ratio[m]:.2f}" for m in models) + " |")
+    return out
+
+
+def whole_lines(runs, models) -> list[str]:
+    out = ["| workload | measured ms | " + " | ".join(f"{m} ms (ratio)" for m in models) + " |",
+           "|---|---:|" + "---:|" * len(models)]
+    for r in sorted(runs, key=lambda r: (not r.train, r.key)):
+        out.append(f"| {r.key} | {1e3 * r.measured:.1f} | " + " | ".join(
+            f"{1e3 * r.predicted[m]:.1f} ({r.predicted[m] / r.measured:.3f})" for m in models) + " |")
+    out += ["", "| model | training MAPE | training mean ratio | inference MAPE | inference mean ratio |",
+            "|---|---:|---:|---:|---:|"]
+    for m in models:
+        a, b = whole_mape(runs, m, True)
+        c, d = whole_mape(runs, m, False)
+        out.append(f"| {m} | {a:.1f}% | {b:.3f} | {c:.1f}% | {d:.3f} |")
+    return out
+
+
+def optimizer_lines(folder: Path, env: dict) -> list[str]:
+    p = folder / "optimizer.json"
+    if not p.is_file():
+        return []
+    rows = json.loads(p.read_text())
+    copy = float(env.get("copy_bytes_per_s", 0.0))
+    out = ["| model | parameters | AdamW step ms | bytes moved (28 per parameter) | achieved GB/s | of the copy rate |",
+           "|---|---:|---:|---:|---:|---:|"]
+    for name, r in rows.items():
+        moved = 28.0 * r["params"]  # read p, g, m, v; write p, m, v (fp32)
+        rate = moved / (r["adamw_step_ms"] * 1e-3)
+        out.append(f"| {name} | {r['params'] / 1e6:.0f} M | {r['adamw_step_ms']:.1f} | {moved / 1e9:.1f} GB | "
+                   f"{rate / 1e9:.0f} | {100 * rate / copy:.0f}% |" if copy else "| - |")
+    return out
+
+
+def executor_split(folder: Path) -> tuple[float, int, float, int]:
+    """MAPE of the executor fidelity run over single-device and over multi-device placements."""
+    import csv
+
+    p = folder / "executor" / "fidelity.csv"
+    if not p.is_file():
+        return float("nan"), 0, float("nan"), 0
+    rows = list(csv.DictReader(p.open()))
+    one = [abs(float(r["error_pct"])) for r in rows if int(r["devices_used"]) == 1]
+    two = [abs(float(r["error_pct"])) for r in rows if int(r["devices_used"]) > 1]
+    return (sum(one) / max(len(one), 1), len(one), sum(two) / max(len(two), 1), len(two))
+
+
+def findings(checks, runs, folder: Path, env: dict) -> list[str]:
+    """What the measurements say about the model, with the figures computed above."""
+    k = {c.op: c for c in checks}
+    out = ["## What this GPU shows", ""]
+    if {"linear", "bmm", "conv"} <= set(k):
+        g = [k[o] for o in ("linear", "bmm", "conv")]
+        out.append("* **GEMM classes, held out:** calibrated " + " / ".join(f"{c.mape['calibrated']:.1f}%" for c in g)
+                   + " (linear / bmm / conv) against the roofline's " + " / ".join(f"{c.mape['roofline']:.1f}%"
+                                                                                  for c in g)
+                   + "; the same size of error as leave-one-GPU-out on the five fit GPUs (docs/fidelity_gpu.md), "
+                   "so the per-kernel form does not get worse on a Hopper GPU, and it stays far from the 10% target. "
+                   "Bias (predicted / measured): " + ", ".join(f"{c.op} {c.ratio['calibrated']:.2f}" for c in g)
+                   + ": this GPU's fp32 GEMMs (cuBLAS of CUDA 13) run faster than predicted, its convolutions "
+                   "(cuDNN 9) slower.")
+    if {"gelu", "add"} <= set(k):
+        out.append(f"* **Element-wise kernels:** the roofline is within {k['add'].mape['roofline']:.0f}-"
+                   f"{k['gelu'].mape['roofline']:.0f}% and the calibrated model {k['gelu'].ratio['calibrated']:.2f}x "
+                   "too slow. A row of at least 50 us moves about 200 MB or more (50 us at 4 TB/s); the largest stream at "
+                   "83-86% of the datasheet bandwidth, near the measured copy rate "
+                   f"({env.get('copy_bytes_per_s', 0) / 1e12:.2f} TB/s); the model adds to each kernel the per-kernel "
+                   "launch cost and the kernel-harness offset fitted on NeuSight's hosts (19 us and 26 us), where "
+                   "this host's harness floor is about 15 us. The launch cost belongs to the host CPU and framework "
+                   "version, not to the GPU's datasheet, and the fit carries NeuSight's.")
+    if runs:
+        a, ra = whole_mape(runs, "calibrated", True)
+        b, rb = whole_mape(runs, "calibrated", False)
+        c, rc = whole_mape(runs, "calibrated, launch 0", True)
+        v, rv = whole_mape(runs, "two-GPU fit (v1)", False)
+        out.append(f"* **Whole models:** the symptom of the issue (a newer GPU predicted too fast) is gone: "
+                   f"inference {b:.1f}% (mean ratio {rb:.3f}; the two-GPU fit {v:.1f}%, ratio {rv:.3f}); training "
+                   f"{a:.1f}% but now too slow (mean ratio {ra:.3f}), most on the smallest workloads. With the "
+                   f"per-kernel launch cost at 0 training is {c:.1f}% (ratio {rc:.3f}): the over-prediction is the "
+                   "host launch cost of the fit, not the GPU. A refit that lets a kernel hide its launch behind the "
+                   "previous kernel (`work + launch - h min(work, launch)`, h fitted at 0.48) left these figures "
+                   "where they are (training 10.7%, inference 4.4%) and was not shipped.")
+    if (folder / "optimizer.json").is_file():
+        out.append("* **Optimizer step:** AdamW (foreach, fp32) moves 28 bytes per parameter at about 30% of the "
+                   "copy rate on every model size: a bandwidth-bound step at a fixed low efficiency (the "
+                   "multi-tensor kernels). The simulator's step time leaves the optimizer out today; this is the "
+                   "measured rule for adding it (28 B per parameter / (0.3 x bandwidth) on this GPU).")
+    e1, n1, e2, n2 = executor_split(folder)
+    if n1:
+        out.append(f"* **Our executor on CPU + GPU:** single-device placements {e1:.1f}% MAPE ({n1}), placements "
+                   f"that cross the CPU-GPU boundary {e2:.1f}% ({n2}), all under-predicted: a CPU-GPU transfer in "
+                   "the executor synchronises the two devices and costs more than the copy benchmark's bandwidth "
+                   "and latency say.")
+    return out + [""]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpu", default="nvidia_h200", help="folder under placement_rl/data/measured/")
+    ap.add_argument("--data", default=None, help="the public gpu-measurements folder (for the workloads' graphs)")
+    ap.add_argument("--fit", nargs="*", default=[], help="more fit files to compare (label = file stem)")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "fidelity_h200.md"))
+    args = ap.parse_args()
+    folder = MEASURED_DIR / args.gpu
+    try:
+        if not folder.is_dir():
+            raise PlacementRLError(f"no measured GPU folder '{folder}' (have: "
+                                   f"{', '.join(p.name for p in MEASURED_DIR.iterdir() if p.is_dir())})")
+        gpu, spec = gpu_of(folder)
+        fit = shipped_fit()
+        if fit is None:
+            raise PlacementRLError("no shipped fit: run scripts/fit_gpu_costs.py first")
+        fits = {"two-GPU fit (v1)": GpuFit.load(V1_FIT), "calibrated": fit}
+        for f in args.fit:
+            fits[Path(f).stem] = GpuFit.load(f)
+        no_launch = GpuFit(name="no-launch", params=dict(fit.params, launch=0.0), meta={})
+        checks = check_kernels(folder, {"roofline": None, **fits})
+        root = Path(args.data) if args.data else neusight.default_data_dir()
+        runs = []
+        if root is not None and (root / "neusight" / "labels").is_dir():
+            graphs = calibrate.load_neusight(root / "neusight", kernels=False).graphs
+            runs = predict_whole(read_whole_runs(folder), graphs, spec,
+                                 {**fits, "calibrated, launch 0": no_launch})
+    except PlacementRLError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    env = json.loads((folder / "env.json").read_text()) if (folder / "env.json").is_file() else {}
+    smi = env.get("nvidia_smi", {}) if isinstance(env.get("nvidia_smi"), dict) else {}
+    lines = [f"# Held-out check on a GPU we measured: {gpu}", "",
+             "Written by `python scripts/fidelity_measured_gpu.py`; the data is "
+             f"`placement_rl/data/measured/{args.gpu}/` (its README says how it was measured). No fit has seen "
+             "this GPU: every prediction below uses the GPU's datasheet alone "
+             f"({spec.sm_count} SMs, {spec.peak_flops / 1e12:.1f} TFLOP/s fp32, {spec.mem_bandwidth / 1e12:.1f} "
+             f"TB/s, {spec.l2_bytes / 2**20:.0f} MiB L2, compute capability {spec.arch}).", "",
+             f"Measured with torch {env.get('torch', '?')}, CUDA {env.get('cuda', '?')}, cuDNN {env.get('cudnn', '?')}, "
+             f"driver {smi.get('driver_version', '?')}, power limit {smi.get('power.limit', '?')}; a "
+             f"device-to-device copy moved {env.get('copy_bytes_per_s', 0) / 1e12:.2f} TB/s (read + write) and an "
+             f"8192^3 fp32 matrix product (TF32 off) ran at {env.get('fp32_matmul_flops', 0) / 1e12:.1f} TFLOP/s.",
+             "", "## Single kernels (rows of at least 50 us; fp32, TF32 off)", "",
+             "The kernel shapes are those of NeuSight's tables for the five fit GPUs. Predicted / measured is a "
+             "geometric mean; the fits' kernel-harness offset (`kernel_offset`) is the one fitted on NeuSight's "
+             "harness.", ""]
+    lines += kernel_lines(checks, ["roofline", *fits])
+    if runs:
+        lines += ["", "## Whole models (NeuSight's workloads, Hugging Face models, eager attention, fp32)", "",
+                  "Training is forward + backward (no optimizer step), inference the forward under `no_grad`, "
+                  "median of 5 steps after 2 warm-up. `calibrated, launch 0` is the shipped fit with its per-kernel "
+                  "launch cost set to 0: the part of the prediction that is host launch overhead.", ""]
+        lines += whole_lines(runs, [*fits, "calibrated, launch 0"])
+    else:
+        lines += ["", "(Whole-model part skipped: NeuSight's label files were not found; pass --data.)"]
+    lines += [""] + findings(checks, runs, folder, env)
+    opt = optimizer_lines(folder, env)
+    if opt:
+        lines += ["", "## Optimizer step (AdamW, PyTorch's default foreach implementation, fp32)", ""] + opt
+    ex = folder / "executor" / "fidelity.md"
+    if ex.is_file():
+        body = ex.read_text().splitlines()
+        lines += ["", "## Our executor on CPU + this GPU (`python scripts/fidelity.py --models mlp gpt resnet18 "
+                  "gpt2_hf`)", ""] + [ln for ln in body[1:] if not ln.startswith("# ")]
+    atomic_write_text(Path(args.out), "\n".join(lines) + "\n")
+    for c in checks:
+        print(f"kernel {c.op:8s} rows {c.rows:6d} " + "  ".join(f"{m} {c.mape[m]:5.1f}%" for m in c.mape))
+    for m in [*fits, "calibrated, launch 0"] if runs else []:
+        a, b = whole_mape(runs, m, True)
+        c, d = whole_mape(runs, m, False)
+        print(f"whole {m:22s} training MAPE {a:5.1f}% (ratio {b:.3f})  inference MAPE {c:5.1f}% (ratio {d:.3f})")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
