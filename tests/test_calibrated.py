@@ -20,8 +20,8 @@ from placement_rl.topology import DeviceTopology, load_topology
 DATA = neusight.default_data_dir()
 needs_data = pytest.mark.skipif(DATA is None or not Path(DATA).is_dir(),
                                 reason="../shared/gpu-measurements is absent (set PLACEMENT_RL_GPU_DATA)")
-GPU_PRESETS = ["1x_a100_80gb_pcie", "1x_a100_40gb_pcie", "1x_v100_pcie_32gb", "1x_h100_sxm", "1x_l4", "1x_t4",
-               "8x_a100_dgx", "8x_h100_dgx", "2x_a100_nvlink_pair", "2x_h100_nvlink_pair", "8x_a100_nvswitch"]
+GPU_PRESETS = ["1x_a100_80gb_pcie", "1x_a100_40gb_pcie", "1x_v100_pcie_32gb", "1x_h100_sxm", "1x_h200", "1x_l4",
+               "1x_t4", "8x_a100_dgx", "8x_h100_dgx", "2x_a100_nvlink_pair", "2x_h100_nvlink_pair", "8x_a100_nvswitch"]
 
 
 @pytest.fixture(scope="module")

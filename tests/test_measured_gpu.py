@@ -89,3 +89,16 @@ def test_measure_gpu_script_without_a_gpu_says_what_to_do():
                         "env"], capture_output=True, text=True, timeout=120,
                        env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"})
     assert r.returncode == 2 and "no CUDA GPU" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_h200_preset_matches_the_measured_device():
+    """conf/topology/1x_h200.yaml and the measured folder's device config describe the same GPU."""
+    from placement_rl.cost.calibrated import spec_of_device
+    from placement_rl.topology import load_topology
+
+    _, measured = gpu_of(H200)
+    preset = spec_of_device(load_topology("1x_h200").devices[0])
+    assert preset.arch == measured.arch == 9.0 and preset.fp32_lanes == measured.fp32_lanes == 128
+    assert preset.sm_count == measured.sm_count and preset.l2_bytes == measured.l2_bytes
+    assert preset.peak_flops == pytest.approx(measured.peak_flops, rel=1e-3)
+    assert preset.mem_bandwidth == pytest.approx(measured.mem_bandwidth, rel=1e-3)
