@@ -15,8 +15,8 @@ import pytest
 from placement_rl.cost.calibrated import shipped_fit
 from placement_rl.errors import ProfileError
 from placement_rl.profiling import calibrate
-from placement_rl.profiling.measured_gpu import (MEASURED_DIR, check_kernels, gpu_of, measured_folders,
-                                                 read_whole_runs)
+from placement_rl.profiling.measured_gpu import (MEASURED_DIR, check_kernels, gpu_of, harness_floor, kernel_bins,
+                                                 measured_folders, read_whole_runs)
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = MEASURED_DIR / "nvidia_h200"
@@ -102,3 +102,14 @@ def test_h200_preset_matches_the_measured_device():
     assert preset.sm_count == measured.sm_count and preset.l2_bytes == measured.l2_bytes
     assert preset.peak_flops == pytest.approx(measured.peak_flops, rel=1e-3)
     assert preset.mem_bandwidth == pytest.approx(measured.mem_bandwidth, rel=1e-3)
+
+
+def test_harness_floor_and_duration_bins_of_the_h200():
+    floor = harness_floor(H200)
+    assert 5e-6 < floor < 4e-5  # the host's dispatch interval between timed calls (15 us measured)
+    fit = shipped_fit()
+    (c,) = check_kernels(H200, {"calibrated": fit}, ops=("add",), floor_fits={"own floor": fit})
+    assert set(c.mape) == {"calibrated", "own floor"} and c.mape["own floor"] < c.mape["calibrated"]
+    bins = kernel_bins(H200, fit, "linear")
+    assert sum(b[2] for b in bins) == next(k.rows for k in check_kernels(H200, {"c": fit}, ops=("linear",)))
+    assert all(lo < hi for lo, hi, *_ in bins)

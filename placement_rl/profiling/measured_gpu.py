@@ -102,11 +102,32 @@ class KernelCheck:
     ratio: dict[str, float]   # geometric mean of predicted / measured
 
 
+def harness_floor(folder: str | Path, max_elements: int = 100_000) -> float:
+    """Seconds the folder's timing harness reads for a kernel that does almost nothing: the median of its ``add``
+    rows of fewer than ``max_elements`` elements (the host's dispatch interval between timed calls)."""
+    import csv
+
+    gpu, _ = gpu_of(folder)
+    p = Path(folder) / "kernels" / "add" / f"{gpu}.csv"
+    try:
+        with p.open(newline="") as fh:
+            lat = [float(r["Latency"]) for r in csv.DictReader(fh) if float(r["B"]) * float(r["H"]) < max_elements]
+    except (OSError, KeyError, ValueError) as exc:
+        raise ProfileError(f"{p}: cannot read the tiny add kernels for the harness floor ({exc})") from None
+    if not lat:
+        raise ProfileError(f"{p}: no add kernel under {max_elements} elements to read the harness floor from")
+    return float(np.median(lat)) * 1e-3
+
+
 def check_kernels(folder: str | Path, fits: Mapping[str, GpuFit | None], *, min_latency: float = 5e-5,
-                  ops: Sequence[str] = calibrate.KERNEL_OPS) -> list[KernelCheck]:
+                  ops: Sequence[str] = calibrate.KERNEL_OPS,
+                  floor_fits: Mapping[str, GpuFit] | None = None) -> list[KernelCheck]:
     """Per op class: MAPE and geometric-mean ratio of each model (``None``: the roofline) over the measured
-    kernel rows of at least ``min_latency`` seconds (below it the timing harness's floor dominates)."""
+    kernel rows of at least ``min_latency`` seconds (below it the timing harness's floor dominates).
+    ``floor_fits``: models priced with this folder's own harness floor (``harness_floor``) as each kernel's fixed
+    cost, in place of the fit's launch cost and kernel-harness offset (both fitted on NeuSight's harness)."""
     gpu, spec = gpu_of(folder)
+    floor = harness_floor(folder) if floor_fits else 0.0
     out = []
     for op in ops:
         p = Path(folder) / "kernels" / op / f"{gpu}.csv"
@@ -114,9 +135,30 @@ def check_kernels(folder: str | Path, fits: Mapping[str, GpuFit | None], *, min_
             continue
         k = calibrate.load_kernels(p, op, gpu, spec, max_rows=10**7, min_latency=min_latency)
         mape, ratio = {}, {}
-        for label, fit in fits.items():
-            r = kernel_times(k, fit) / k.fwd
+        preds = {label: kernel_times(k, fit) for label, fit in fits.items()}
+        for label, fit in (floor_fits or {}).items():
+            preds[label] = kernel_times(k, fit) - fit.p("launch") - fit.p("kernel_offset") + floor
+        for label, pred in preds.items():
+            r = pred / k.fwd
             mape[label] = float(100 * np.mean(np.abs(r - 1)))
             ratio[label] = float(np.exp(np.mean(np.log(r))))
         out.append(KernelCheck(op=op, rows=len(k.fwd), mape=mape, ratio=ratio))
+    return out
+
+
+def kernel_bins(folder: str | Path, fit: GpuFit, op: str,
+                edges: Sequence[float] = (5e-5, 2e-4, 1e-3, 1e-2, math.inf)
+                ) -> list[tuple[float, float, int, float, float]]:
+    """One op class's kernels by measured duration: ``(low s, high s, rows, MAPE %, geometric-mean predicted /
+    measured)`` of ``fit`` per bin (empty bins left out)."""
+    gpu, spec = gpu_of(folder)
+    k = calibrate.load_kernels(Path(folder) / "kernels" / op / f"{gpu}.csv", op, gpu, spec, max_rows=10**7,
+                               min_latency=edges[0])
+    r = kernel_times(k, fit) / k.fwd
+    out = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        m = (k.fwd >= lo) & (k.fwd < hi)
+        if m.any():
+            out.append((lo, hi, int(m.sum()), float(100 * np.mean(np.abs(r[m] - 1))),
+                        float(np.exp(np.mean(np.log(r[m]))))))
     return out
