@@ -149,3 +149,24 @@ def test_zeroshot_quick_mode_tiny_budget(tmp_path):
     assert len(summary) == len(cases) * 4 and all(r["seeds"] == "2" for r in summary)
     assert "zero-shot" in page.read_text() and (tmp_path / "zeroshot_curves.png").is_file()
     assert len(read_runs(tmp_path / "zeroshot_runs.json", ZeroShotRow)) == len(rows)
+
+
+def test_budgeted_finetune_keeps_every_learned_row_within_the_budget():
+    """A graph within the lookahead window pays N x D + 1 calls per placement: the evaluations shrink and every
+    sampled episode is charged, so no learned row passes the budget (moe on 8 GPUs: 15,213 calls before)."""
+    import torch
+
+    from agents.constructive_config import default_checkpoint, load_policy
+    from placement_rl.cost import resolve_costs
+    from placement_rl.studies.finetune import finetune
+    from placement_rl.studies.pretrain import _graph, _topology
+
+    torch.set_num_threads(1)
+    graph, topo = _graph({"zoo": "moe"}), _topology("8x_a100_nvswitch")
+    policy, cfg, _ = load_policy(default_checkpoint())
+    budget = 5000
+    res = finetune(graph, topo, resolve_costs(graph, topo), policy, dataclasses.replace(cfg, rl_iters=budget),
+                   samples=16, budget=budget, log=lambda _: None)
+    learned = [r for r in res.rows if r.kind == "learned"]
+    assert graph.num_nodes * topo.num_devices + 1 > budget // 34  # 16 samples twice would not fit here
+    assert learned and max(r.sim_calls for r in learned) <= budget

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from agents.constructive import episode_calls, rollout
+from agents.constructive import episode_calls, rollout, state_window
 from agents.constructive_eval import evaluate
 from agents.constructive_train import ConstructiveConfig, ConstructiveTrainer
 from agents.device_policy import DevicePolicy
@@ -61,13 +61,18 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
     """Zero-shot rows, then policy iteration and expert iteration on this task, then the fine-tuned rows (and
     local search from the best learned placement with ``search_budget`` more calls: a search row). With
     ``budget``, the learned rows together spend at most that many simulator calls (policy iteration's rollout
-    completions counted): expert iteration gets what is left."""
+    completions counted): the two evaluations (zero-shot, fine-tuned) take at most ``samples`` placements each,
+    fewer where a placement reads the whole graph (N x D + 1 calls each), policy iteration keeps the rounds that
+    surely fit, and expert iteration gets what is left, each sampled episode charged as a placement is."""
     task = ConstructiveTask.build(graph, topology, costs, id=f"{graph.name}@{topology.name}")
     secs, calls = task.meta.get("ref_seconds", {}), task.meta.get("ref_calls", {})
     rows = [LearnedRow(name, "heuristic", t, ok, dev, int(calls.get(name, 1)), float(secs.get(name, 0.0)))
             for name, (t, ok, dev) in task.refs.items()]
     if budget is not None:  # the whole-graph window costs N x D calls per placement: at a budget, read W only
         policy.full_window = 0
+        n, d = graph.num_nodes, topology.num_devices
+        cost = 1 + n * d if state_window(policy, n) >= n else 1  # a graph within W still reads all of it
+        samples = max(1, min(samples, budget // (2 * cost) - 1))  # both evaluations (zero-shot, fine-tuned) fit
     t0 = time.perf_counter()  # the learned rows' own seconds: not the heuristics' (teachers are not needed here)
     zs = evaluate(policy, [task], samples=samples, seed=seed)[0]
     per = episode_calls(task)  # calls per evaluated placement (N x D completions with the whole-graph window)
@@ -77,6 +82,10 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
                            zs.greedy.devices[0], per, t_zs))
     rows.append(LearnedRow(f"policy zero-shot (best of {samples})", "learned", zs.best_time,
                            _feasible(graph, costs, topology, zs.best_devices), zs.best_devices, n_calls, t_zs))
+    if budget is not None and config.pi_rounds > 0:  # a round labels at most N x D completions (+ its check):
+        per_round = graph.num_nodes * topology.num_devices + 1  # keep only the rounds that surely fit the budget
+        fit = max(0, (budget - n_calls - per * (1 + samples)) // per_round)
+        config = dataclasses.replace(config, pi_rounds=int(min(config.pi_rounds, fit)))
     trainer = ConstructiveTrainer(config, policy=policy)
     curve = [(n_calls, min(zs.greedy_time, zs.best_time))]
     if config.pi_rounds > 0:  # approximate policy iteration on this task: the rollout over the student relabels it
@@ -85,13 +94,17 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
         curve.append((n_calls, min(curve[-1][1], rep.get("val_greedy_geomean", np.inf) * task.reference)))
         log(f"  policy iteration: {config.pi_rounds} rounds, greedy {rep['val_greedy_geomean'] * task.reference * 1e3:.3f}"
             f" ms ({time.perf_counter() - t0:.1f} s)")
-    # expert iteration on this task, from the policy's own greedy placement
+    # expert iteration on this task, from the policy's own greedy placement; a sampled training episode reads
+    # the trained window, so it is charged N x D + 1 calls where that window covers the graph
+    n_nodes = graph.num_nodes
+    per_sample = 1 + n_nodes * topology.num_devices if state_window(trainer.policy, n_nodes, record=True) >= n_nodes \
+        else 1
     own = rollout(trainer.policy, task, samples=1, greedy=True, record=True)
-    n_calls += 1
+    n_calls += per_sample
     task.meta["best_known"] = (float(own.times[0]), own.trace)
 
     def prog(phase: str, i: int, n: int, info: dict[str, float]) -> None:
-        calls = n_calls + i * config.samples
+        calls = n_calls + i * config.samples * per_sample
         curve.append((calls, min(curve[-1][1], task.meta["best_known"][0])))
         if i == n or i % max(1, n // 10) == 0:
             log(f"  fine-tune {i}/{n}: best sampled {task.meta['best_known'][0] * 1e3:.3f} ms "
@@ -99,11 +112,12 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
 
     if budget is not None:  # what is left after the final greedy + best-of-``samples`` evaluation
         left = budget - n_calls - per * (1 + samples)
-        config = dataclasses.replace(config, rl_iters=max(0, min(config.rl_iters, left // config.samples)))
+        its = left // (config.samples * per_sample)
+        config = dataclasses.replace(config, rl_iters=max(0, min(config.rl_iters, its)))
         trainer.cfg = config
     if config.rl_iters > 0:
         trainer.improve([task], iters=config.rl_iters, progress=prog)
-    n_calls += config.rl_iters * config.samples
+    n_calls += config.rl_iters * config.samples * per_sample
     best_t, best_trace = task.meta["best_known"]
     sampled = best_trace.actions[:, 0]
     dev = np.empty(graph.num_nodes, np.int64)
