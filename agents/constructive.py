@@ -42,12 +42,19 @@ def state_window(policy: DevicePolicy, num_nodes: int, *, record: bool = False) 
     return w
 
 
-def episode_calls(task: ConstructiveTask) -> int:
-    """Simulator calls of one episode on ``task`` at the window it was last placed with: the final simulate, plus,
-    with the window over the whole rest of the graph, every device's completion at every decision (N x D,
-    counted as ``eft_rollout``'s are; a shorter window's branches are no completions)."""
+def episode_calls(task: ConstructiveTask, window: int | None = None) -> int:
+    """Simulator calls of one episode on ``task`` at ``window`` (None: the window it was last placed with): the
+    final simulate, plus, with the window over the whole rest of the graph, every device's completion at every
+    decision (N x D, counted as ``eft_rollout``'s are; a shorter window's branches are no completions)."""
     n = task.graph.num_nodes
-    return 1 + n * task.topology.num_devices if int(task.window) >= n else 1
+    w = int(task.window) if window is None else int(window)
+    return 1 + n * task.topology.num_devices if w >= n else 1
+
+
+def placement_calls(policy: DevicePolicy, task: ConstructiveTask, *, record: bool = False) -> int:
+    """Simulator calls of one episode of ``policy`` on ``task``, before it runs (``episode_calls`` at the
+    ``state_window`` the policy will read)."""
+    return episode_calls(task, state_window(policy, task.graph.num_nodes, record=record))
 
 
 @dataclass

@@ -160,7 +160,8 @@ def main() -> int:
             fits[Path(f).stem] = GpuFit.load(f)
         no_launch = GpuFit(name="no-launch", params=dict(fit.params, launch=0.0), meta={})
         floor = harness_floor(folder)
-        checks = check_kernels(folder, {"roofline": None, **fits}, floor_fits={"calibrated, our floor": fit})
+        checks = check_kernels(folder, {"roofline": None, **fits}, floor_fits={"calibrated, our floor": fit},
+                               floor=floor)
         root = Path(args.data) if args.data else neusight.default_data_dir()
         runs = []
         if root is not None and (root / "neusight" / "labels").is_dir():

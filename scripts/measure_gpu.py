@@ -29,9 +29,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import median
 
 import torch
 import torch.nn.functional as F
+
+from placement_rl.profiling.timing import synchronize as sync
 
 # The NeuSight workloads: Hugging Face architecture and sizes read off the label files' one-layer traces
 # (hidden size, heads, layers, vocabulary, head).
@@ -55,11 +58,6 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
 def timed(fn, dev: torch.device, *, warmup: int, repeats: int) -> list[float]:
     """Seconds of each of ``repeats`` calls of ``fn`` (CUDA events between calls; wall clock on the CPU)."""
     for _ in range(warmup):
@@ -79,12 +77,6 @@ def timed(fn, dev: torch.device, *, warmup: int, repeats: int) -> list[float]:
         ev[i + 1].record()
     torch.cuda.synchronize(dev)
     return [1e-3 * ev[i].elapsed_time(ev[i + 1]) for i in range(repeats)]
-
-
-def median(xs: list[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
 # ---------------------------------------------------------------------------------------------------- env

@@ -102,6 +102,15 @@ class KernelCheck:
     ratio: dict[str, float]   # geometric mean of predicted / measured
 
 
+def load_table(folder: str | Path, op: str, min_latency: float = 5e-5) -> calibrate.KernelSample | None:
+    """Every row of at least ``min_latency`` seconds of the folder's ``op`` kernel table (None: no table)."""
+    gpu, spec = gpu_of(folder)
+    p = Path(folder) / "kernels" / op / f"{gpu}.csv"
+    if not p.is_file():
+        return None
+    return calibrate.load_kernels(p, op, gpu, spec, max_rows=10**7, min_latency=min_latency)
+
+
 def harness_floor(folder: str | Path, max_elements: int = 100_000) -> float:
     """Seconds the folder's timing harness reads for a kernel that does almost nothing: the median of its ``add``
     rows of fewer than ``max_elements`` elements (the host's dispatch interval between timed calls)."""
@@ -121,19 +130,19 @@ def harness_floor(folder: str | Path, max_elements: int = 100_000) -> float:
 
 def check_kernels(folder: str | Path, fits: Mapping[str, GpuFit | None], *, min_latency: float = 5e-5,
                   ops: Sequence[str] = calibrate.KERNEL_OPS,
-                  floor_fits: Mapping[str, GpuFit] | None = None) -> list[KernelCheck]:
+                  floor_fits: Mapping[str, GpuFit] | None = None, floor: float | None = None) -> list[KernelCheck]:
     """Per op class: MAPE and geometric-mean ratio of each model (``None``: the roofline) over the measured
     kernel rows of at least ``min_latency`` seconds (below it the timing harness's floor dominates).
     ``floor_fits``: models priced with this folder's own harness floor (``harness_floor``) as each kernel's fixed
-    cost, in place of the fit's launch cost and kernel-harness offset (both fitted on NeuSight's harness)."""
-    gpu, spec = gpu_of(folder)
-    floor = harness_floor(folder) if floor_fits else 0.0
+    cost, in place of the fit's launch cost and kernel-harness offset (both fitted on NeuSight's harness);
+    ``floor``: that floor if already read."""
+    if floor_fits and floor is None:
+        floor = harness_floor(folder)
     out = []
     for op in ops:
-        p = Path(folder) / "kernels" / op / f"{gpu}.csv"
-        if not p.is_file():
+        k = load_table(folder, op, min_latency)
+        if k is None:
             continue
-        k = calibrate.load_kernels(p, op, gpu, spec, max_rows=10**7, min_latency=min_latency)
         mape, ratio = {}, {}
         preds = {label: kernel_times(k, fit) for label, fit in fits.items()}
         for label, fit in (floor_fits or {}).items():
@@ -151,9 +160,9 @@ def kernel_bins(folder: str | Path, fit: GpuFit, op: str,
                 ) -> list[tuple[float, float, int, float, float]]:
     """One op class's kernels by measured duration: ``(low s, high s, rows, MAPE %, geometric-mean predicted /
     measured)`` of ``fit`` per bin (empty bins left out)."""
-    gpu, spec = gpu_of(folder)
-    k = calibrate.load_kernels(Path(folder) / "kernels" / op / f"{gpu}.csv", op, gpu, spec, max_rows=10**7,
-                               min_latency=edges[0])
+    k = load_table(folder, op, edges[0])
+    if k is None:
+        return []
     r = kernel_times(k, fit) / k.fwd
     out = []
     for lo, hi in zip(edges[:-1], edges[1:]):

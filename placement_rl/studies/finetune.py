@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from agents.constructive import episode_calls, rollout, state_window
+from agents.constructive import episode_calls, placement_calls, rollout
 from agents.constructive_eval import evaluate
 from agents.constructive_train import ConstructiveConfig, ConstructiveTrainer
 from agents.device_policy import DevicePolicy
@@ -69,9 +69,8 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
     rows = [LearnedRow(name, "heuristic", t, ok, dev, int(calls.get(name, 1)), float(secs.get(name, 0.0)))
             for name, (t, ok, dev) in task.refs.items()]
     if budget is not None:  # the whole-graph window costs N x D calls per placement: at a budget, read W only
-        policy.full_window = 0
-        n, d = graph.num_nodes, topology.num_devices
-        cost = 1 + n * d if state_window(policy, n) >= n else 1  # a graph within W still reads all of it
+        policy.full_window = 0  # (a graph within W still reads all of it)
+        cost = placement_calls(policy, task)
         samples = max(1, min(samples, budget // (2 * cost) - 1))  # both evaluations (zero-shot, fine-tuned) fit
     t0 = time.perf_counter()  # the learned rows' own seconds: not the heuristics' (teachers are not needed here)
     zs = evaluate(policy, [task], samples=samples, seed=seed)[0]
@@ -83,7 +82,7 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
     rows.append(LearnedRow(f"policy zero-shot (best of {samples})", "learned", zs.best_time,
                            _feasible(graph, costs, topology, zs.best_devices), zs.best_devices, n_calls, t_zs))
     if budget is not None and config.pi_rounds > 0:  # a round labels at most N x D completions (+ its check):
-        per_round = graph.num_nodes * topology.num_devices + 1  # keep only the rounds that surely fit the budget
+        per_round = episode_calls(task, graph.num_nodes)  # keep only the rounds that surely fit the budget
         fit = max(0, (budget - n_calls - per * (1 + samples)) // per_round)
         config = dataclasses.replace(config, pi_rounds=int(min(config.pi_rounds, fit)))
     trainer = ConstructiveTrainer(config, policy=policy)
@@ -96,9 +95,7 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
             f" ms ({time.perf_counter() - t0:.1f} s)")
     # expert iteration on this task, from the policy's own greedy placement; a sampled training episode reads
     # the trained window, so it is charged N x D + 1 calls where that window covers the graph
-    n_nodes = graph.num_nodes
-    per_sample = 1 + n_nodes * topology.num_devices if state_window(trainer.policy, n_nodes, record=True) >= n_nodes \
-        else 1
+    per_sample = placement_calls(trainer.policy, task, record=True)
     own = rollout(trainer.policy, task, samples=1, greedy=True, record=True)
     n_calls += per_sample
     task.meta["best_known"] = (float(own.times[0]), own.trace)
