@@ -18,7 +18,9 @@ import json
 import sys
 from pathlib import Path
 
-from placement_rl.cost.calibrated import GpuFit, shipped_fit
+import numpy as np
+
+from placement_rl.cost.calibrated import CLASSES, HARNESS_CLASSES, GpuFit, harness_offset, shipped_fit
 from placement_rl.errors import PlacementRLError
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.profiling import calibrate, neusight
@@ -82,37 +84,47 @@ def executor_split(folder: Path) -> tuple[float, int, float, int]:
     return (sum(one) / max(len(one), 1), len(one), sum(two) / max(len(two), 1), len(two))
 
 
-def findings(checks, runs, folder: Path, env: dict) -> list[str]:
+def findings(checks, runs, folder: Path, env: dict, fit: GpuFit) -> list[str]:
     """What the measurements say about the model, with the figures computed above."""
     k = {c.op: c for c in checks}
     out = ["## What this GPU shows", ""]
     if {"linear", "bmm", "conv"} <= set(k):
         g = [k[o] for o in ("linear", "bmm", "conv")]
+        bins = {lo: (e, r) for lo, hi, n, e, r in kernel_bins(folder, fit, "linear")}
+        long = [bins[lo] for lo in (1e-3, 1e-2) if lo in bins]
+        short = bins.get(5e-5)
         out.append("* **GEMM classes, held out:** calibrated " + " / ".join(f"{c.mape['calibrated']:.1f}%" for c in g)
                    + " (linear / bmm / conv) against the roofline's " + " / ".join(f"{c.mape['roofline']:.1f}%"
                                                                                   for c in g)
                    + "; the same size of error as leave-one-GPU-out on the five fit GPUs (docs/fidelity_gpu.md). "
                    "By duration the error sits in the short kernels: linear kernels of 1 ms and more are at "
-                   "7.4 / 6.9% MAPE (1-10 ms / longer; bias 0.94 / 0.93), those of 50-200 us 1.46x too slow, "
-                   "where the fixed per-kernel cost (the "
-                   "fit's launch cost + NeuSight's harness offset) is as large as the kernel. With this harness's own "
-                   "floor in its place the GPU part alone gives " + " / ".join(
-                       f"{c.mape['calibrated, our floor']:.1f}%" for c in g) + ". bmm stays 1.1-1.2x too slow at "
-                   "every length (this GPU's batched fp32 GEMMs of cuBLAS 13 beat the tile model), conv 0.67-0.75x "
-                   "too fast from 200 us up (cuDNN 9's fp32 convolutions here reach 27-37% of peak).")
+                   + " / ".join(f"{e:.1f}" for e, _ in long) + "% MAPE (1-10 ms / longer; bias "
+                   + " / ".join(f"{r:.2f}" for _, r in long) + ")"
+                   + (f", those of 50-200 us {short[1]:.2f}x too slow" if short else "")
+                   + ", where the fixed per-kernel cost (the fit's launch cost + NeuSight's harness offset for a GEMM "
+                   "library call) is as large as the kernel. With this harness's own floor in its place the GPU part "
+                   "alone gives " + " / ".join(f"{c.mape['calibrated, our floor']:.1f}%" for c in g)
+                   + ". bmm stays 1.1-1.2x too slow at every length (this GPU's batched fp32 GEMMs of cuBLAS 13 beat "
+                   "the tile model), conv 0.66-0.76x too fast from 200 us up (cuDNN 9's fp32 convolutions here reach "
+                   "27-37% of peak).")
     if {"gelu", "add"} <= set(k):
         out.append(f"* **Memory-bound kernels:** the roofline is within {k['add'].mape['roofline']:.0f}-"
-                   f"{k['gelu'].mape['roofline']:.0f}% on add / gelu and the calibrated model "
-                   f"{k['gelu'].ratio['calibrated']:.2f}x "
-                   "too slow; with this harness's floor in place of the fit's fixed per-kernel cost it is "
+                   f"{k['gelu'].mape['roofline']:.0f}% on add / gelu, the calibrated model "
+                   f"{k['gelu'].mape['calibrated']:.1f} / {k['add'].mape['calibrated']:.1f}% (ratio "
+                   f"{k['gelu'].ratio['calibrated']:.2f} / {k['add'].ratio['calibrated']:.2f}) with NeuSight's "
+                   f"per-class harness floors ({harness_text(fit)}, launch included), and "
                    f"{k['gelu'].mape['calibrated, our floor']:.1f} / {k['add'].mape['calibrated, our floor']:.1f}% "
-                   f"(gelu / add) and {k['ln'].mape['calibrated, our floor']:.1f}% on layer norm: the bandwidth part "
-                   "transfers to HBM3e. A row of at least 50 us moves about 200 MB or more (50 us at 4 TB/s); the "
-                   "largest stream at 83-86% of the datasheet bandwidth, near the measured copy rate "
-                   f"({env.get('copy_bytes_per_s', 0) / 1e12:.2f} TB/s). The fixed cost the fit adds (launch + "
-                   "NeuSight's harness offset, 45 us) against this host's 15 us floor is the whole error; the launch "
-                   "cost belongs to the host CPU and framework version, not to the GPU's datasheet, and the fit "
-                   "carries NeuSight's hosts'. Softmax is the exception (30% with our floor, 18% without).")
+                   f"with this harness's floor in their place ({k['ln'].mape['calibrated, our floor']:.1f}% on "
+                   "layer norm). A row of at least 50 us moves about 200 MB or more (50 us at 4 TB/s); the largest "
+                   "stream near the measured copy rate "
+                   f"({env.get('copy_bytes_per_s', 0) / 1e12:.2f} TB/s). What is left with our floor is the "
+                   "achieved fraction of bandwidth the five fit GPUs give an HBM card of Volta or later (NeuSight's "
+                   "V100 and A100 stream element-wise kernels at about 92% of their datasheet bandwidth): the H200 "
+                   "streams them closer to its datasheet bandwidth (gelu / add predicted "
+                   f"{k['gelu'].ratio['calibrated, our floor']:.2f} / {k['add'].ratio['calibrated, our floor']:.2f}x "
+                   "too slow). The launch cost belongs to "
+                   "the host CPU and framework version, not to the GPU's datasheet, and the fit carries NeuSight's "
+                   "hosts'.")
     if runs:
         a, ra = whole_mape(runs, "calibrated", True)
         b, rb = whole_mape(runs, "calibrated", False)
@@ -120,11 +132,14 @@ def findings(checks, runs, folder: Path, env: dict) -> list[str]:
         v, rv = whole_mape(runs, "two-GPU fit (v1)", False)
         out.append(f"* **Whole models:** the symptom of the issue (a newer GPU predicted too fast) is gone: "
                    f"inference {b:.1f}% (mean ratio {rb:.3f}; the two-GPU fit {v:.1f}%, ratio {rv:.3f}); training "
-                   f"{a:.1f}% but now too slow (mean ratio {ra:.3f}), most on the smallest workloads. With the "
-                   f"per-kernel launch cost at 0 training is {c:.1f}% (ratio {rc:.3f}): the over-prediction is the "
-                   "host launch cost of the fit, not the GPU. A refit that lets a kernel hide its launch behind the "
-                   "previous kernel (`work + launch - h min(work, launch)`, h fitted at 0.48) left these figures "
-                   "where they are (training 10.7%, inference 4.4%) and was not shipped.")
+                   f"{a:.1f}% (mean ratio {ra:.3f}; {'too slow' if ra > 1 else 'too fast'} on average, most on the "
+                   f"smallest workloads). With the per-kernel launch cost at 0 training is {c:.1f}% (ratio "
+                   f"{rc:.3f}). The fit before per-class harness floors carried a launch cost of 19 us (the memory-"
+                   "bound kernel rows pulled it up): training 10.2% (ratio 1.102), inference 4.6% (0.994); the "
+                   "current fit's launch cost is "
+                   f"{1e6 * fit.p('launch'):.1f} us. A refit that lets a kernel hide its launch behind the previous "
+                   "kernel (`work + launch - h min(work, launch)`, h fitted at 0.48, on the fit before the floors) "
+                   "left training at 10.7% and inference at 4.4% and was not shipped.")
     if (folder / "optimizer.json").is_file():
         out.append("* **Optimizer step:** AdamW (foreach, fp32) moves 28 bytes per parameter at about 30% of the "
                    "copy rate on every model size: a bandwidth-bound step at a fixed low efficiency (the "
@@ -137,6 +152,16 @@ def findings(checks, runs, folder: Path, env: dict) -> list[str]:
                    "the executor synchronises the two devices and costs more than the copy benchmark's bandwidth "
                    "and latency say.")
     return out + [""]
+
+
+def harness_text(fit) -> str:
+    """The fit's fixed cost per kernel row (launch + harness offset), per class where it has per-class floors."""
+    names = {"norm": "ln", "softmax": "softmax", "ew": "gelu", "ew_pass": "add"}
+    cls = np.array([CLASSES.index("linear")] + [CLASSES.index(c) for c in HARNESS_CLASSES])
+    us = 1e6 * (fit.p("launch") + harness_offset(cls, fit))
+    if np.all(us == us[0]):
+        return f"{us[0]:.0f} us"
+    return "GEMMs " + f"{us[0]:.0f} us, " + ", ".join(f"{names[c]} {u:.0f}" for c, u in zip(HARNESS_CLASSES, us[1:])) + " us"
 
 
 def main() -> int:
@@ -186,12 +211,12 @@ def main() -> int:
              f"8192^3 fp32 matrix product (TF32 off) ran at {env.get('fp32_matmul_flops', 0) / 1e12:.1f} TFLOP/s.",
              "", "## Single kernels (rows of at least 50 us; fp32, TF32 off)", "",
              "The kernel shapes are those of NeuSight's tables for the five fit GPUs. Predicted / measured is a "
-             "geometric mean; the fits' kernel-harness offset (`kernel_offset`) is the one fitted on NeuSight's "
-             "harness. `calibrated, our floor` is the shipped fit with this harness's own floor "
-             f"({1e6 * floor:.1f} us, "
+             "geometric mean; the fits' kernel-harness offsets (`kernel_offset`, and per memory-bound class "
+             "`koff_<class>` where the fit has them) are the ones fitted on NeuSight's harness. `calibrated, our "
+             f"floor` is the shipped fit with this harness's own floor ({1e6 * floor:.1f} us, "
              "the median of the tiniest add kernels: the host's dispatch interval between two timed calls) as each "
              "kernel's fixed cost in place of the fit's launch cost + NeuSight's harness offset "
-             f"({1e6 * (fit.p('launch') + fit.p('kernel_offset')):.0f} us): the GPU part of the model alone.", ""]
+             f"({harness_text(fit)}): the GPU part of the model alone.", ""]
     lines += kernel_lines(checks, ["roofline", *fits, "calibrated, our floor"])
     lines += ["", "GEMM classes by measured kernel duration (shipped fit): the short kernels carry the fixed "
               "per-kernel cost, the long ones the GPU model.", "",
@@ -208,7 +233,7 @@ def main() -> int:
         lines += whole_lines(runs, [*fits, "calibrated, launch 0"])
     else:
         lines += ["", "(Whole-model part skipped: NeuSight's label files were not found; pass --data.)"]
-    lines += [""] + findings(checks, runs, folder, env)
+    lines += [""] + findings(checks, runs, folder, env, fit)
     opt = optimizer_lines(folder, env)
     if opt:
         lines += ["", "## Optimizer step (AdamW, PyTorch's default foreach implementation, fp32)", ""] + opt

@@ -4,14 +4,15 @@ and a few predictions against NeuSight's measurements in ../shared (skipped with
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from placement_rl.cost import resolve_costs
-from placement_rl.cost.calibrated import (CLASSES, GpuFit, GpuSpec, features, node_times, op_class,
-                                          required_params, shipped_fit)
+from placement_rl.cost.calibrated import (CLASSES, GpuFit, GpuSpec, features, harness_offset, node_times, op_class,
+                                          required_params, shipped_fit, trend)
 from placement_rl.errors import ProfileError, TopologyError
 from placement_rl.graph import coarsen, synthetic
 from placement_rl.profiling import neusight
@@ -60,13 +61,47 @@ def test_a_version_1_fit_still_loads_and_prices_as_before(tmp_path):
     p = tmp_path / "v1.json"
     p.write_text(json.dumps({**fit, "version": 1, "params": v1}))
     old = GpuFit.load(p)
-    from placement_rl.cost.calibrated import trend
 
     assert trend(GpuSpec(67e12, 3.35e12, 132, 50 * 2**20, 9.0, False, 128), old) == (1.0, 1.0)
     assert trend(GpuSpec(8e12, 320e9, 40, 4 * 2**20, 7.5, True, 64, True), old) == (1.0, 1.0)
     g = synthetic.sample("transformer_like", num_nodes=30, seed=1)
     f, b, _ = node_times(features(g), GpuSpec(19.5e12, 1935e9, 108, 40 * 2**20), old)
     assert np.all(np.isfinite(f)) and f.sum() > 0
+
+
+def test_memory_penalties_do_not_add_in_fits_that_say_so():
+    """``mem_terms = 1`` (fits from this release on): a card both pre-Volta and GDDR (P4) gets the larger of the
+    two memory penalties, as NeuSight's tables show (P100, T4 and P4 all stream at about 75% of their bandwidth);
+    a fit without the flag keeps their sum, so older fits price as before."""
+    base = {k: v for k, v in shipped_fit().params.items() if k != "mem_terms"}
+    base.update(g_old_mem=-0.2, g_gddr_mem=-0.1)
+    p4 = GpuSpec(5.5e12, 192e9, 20, 2 * 2**20, 6.1, True, 128, True)
+    p100 = GpuSpec(9.3e12, 732e9, 56, 4 * 2**20, 6.0, False, 64)
+    t4 = GpuSpec(8.1e12, 320e9, 40, 4 * 2**20, 7.5, True, 64, True)
+    v100 = GpuSpec(14e12, 900e9, 80, 6 * 2**20, 7.0, False, 64)
+    new, old = GpuFit("new", {**base, "mem_terms": 1.0}, {}), GpuFit("old", base, {})
+    assert trend(p4, new)[1] == pytest.approx(math.exp(-0.2)) and trend(p4, old)[1] == pytest.approx(math.exp(-0.3))
+    assert trend(p100, new)[1] == pytest.approx(math.exp(-0.2)) == trend(p100, old)[1]
+    assert trend(t4, new)[1] == pytest.approx(math.exp(-0.1)) == trend(t4, old)[1]
+    assert trend(v100, new)[1] == 1.0 == trend(v100, old)[1]
+
+
+def test_kernel_tables_carry_a_harness_floor_per_class():
+    """``harness_offset``: ``kernel_offset`` for GEMM rows and for every row of a fit without per-class floors;
+    ``koff_<class>`` for the memory-bound classes of a fit that has them. The floors belong to the kernel tables'
+    timing harness: no prediction of an op (in a step or isolated) depends on them."""
+    params = {k: v for k, v in shipped_fit().params.items() if not k.startswith("koff_")}
+    cls = np.array([CLASSES.index(c) for c in ("linear", "ew", "norm", "softmax", "ew_pass", "conv")])
+    old = GpuFit("old", params, {})
+    assert np.all(harness_offset(cls, old) == params["kernel_offset"])
+    new = GpuFit("new", {**params, "koff_ew": 5e-6, "koff_ew_pass": 4e-6, "koff_norm": 3e-5, "koff_softmax": 2e-5}, {})
+    k = params["kernel_offset"]
+    assert harness_offset(cls, new).tolist() == pytest.approx([k, 5e-6, 3e-5, 2e-5, 4e-6, k])
+    feat, spec = features(synthetic.sample("transformer_like", num_nodes=30, seed=1)), GpuSpec(19.5e12, 1935e9, 108,
+                                                                                                 40 * 2**20)
+    for isolated in (False, True):
+        a, b = node_times(feat, spec, old, isolated=isolated), node_times(feat, spec, new, isolated=isolated)
+        assert all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
 def test_more_fp32_lanes_per_sm_lower_the_simt_gemm_efficiency():

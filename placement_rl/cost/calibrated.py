@@ -18,6 +18,8 @@ Per node ``v`` of class ``c`` (``placement_rl.cost.op_classes.op_class``), on a 
         bw_eff = bw * e_bw * trend(GPU) (isolated timings: x (1 + l2_gain / (1 + (working set / L2) ** 2)))
     views (view, reshape, transpose, ...): no kernel, 0
     parameter gradients: + acc * param_bytes / bw on the backward of the node holding them
+    isolated timings (per-op profiles, single-kernel tables): + the timing harness's floor (``node_offset`` for
+        per-op profiles; ``harness_offset`` per class for NeuSight's kernel tables), never part of a step
 
 ``trend`` makes a GPU's achieved fraction of its peaks a function of its architecture (slopes shared by every
 GPU); a version-1 fit (no tiles, no trend) is still read and priced by ``_gemm_time_v1``.
@@ -46,7 +48,9 @@ FIT_VERSION = 2
 READS_VERSIONS = (1, 2)  # a version-1 fit is the version-2 model with the datasheet-trend terms at 0
 # parameters added after version 1, with the value that reproduces the version-1 model
 OPTIONAL = {"g_old_gemm": 0.0, "g_lp_gemm": 0.0, "lp_slow": 0.0, "lp_tau": 1e-3, "g_old_mem": 0.0, "g_gddr_mem": 0.0, "issue_ffma": 1.0,
-            "l2_reuse": 8.0, "tile_area": 16384.0}
+            "l2_reuse": 8.0, "tile_area": 16384.0, "mem_terms": 0.0}
+# memory-bound classes whose kernel tables carry a harness floor of their own (``koff_<class>``; see ``harness_offset``)
+HARNESS_CLASSES = ("norm", "softmax", "ew", "ew_pass")
 DTYPES = ("fp32", "tf32", "bf16")
 BWD_SLACK = 2.0  # a GEMM-like backward may run at half the forward's achieved rate, no slower
 @dataclass(frozen=True)
@@ -123,8 +127,11 @@ def shipped_fit() -> GpuFit | None:
 def trend(spec: GpuSpec, fit: "GpuFit", simt: bool = True) -> tuple[float, float]:
     """``(gemm, mem)``: the GPU's achieved fraction of its datasheet peaks relative to the fitted class
     efficiencies -- a function of its architecture alone, with slopes shared by every GPU:
-    ``gemm = exp(g_old_gemm [arch < 7] + g_lp_gemm [low power]) * issue``, ``mem = exp(g_old_mem [arch < 7] +
-    g_gddr_mem [GDDR])``, where ``issue = min(1, issue_ffma * 128 / fp32_lanes)``: an SM issues 4 x 32 thread
+    ``gemm = exp(g_old_gemm [arch < 7] + g_lp_gemm [low power]) * issue``, ``mem = exp(min(0, g_old_mem [arch < 7],
+    g_gddr_mem [GDDR]))`` (fits with ``mem_terms = 1``: a Pascal HBM2 card, a GDDR card and a Pascal GDDR card all
+    stream element-wise kernels at about 75% of their datasheet bandwidth in NeuSight's tables, against about 92%
+    for Volta / Ampere HBM2, so the two penalties do not add; older fits: ``exp(g_old_mem [arch < 7] + g_gddr_mem
+    [GDDR])``), where ``issue = min(1, issue_ffma * 128 / fp32_lanes)``: an SM issues 4 x 32 thread
     instructions per cycle, so an SM with 128 FP32 lanes runs a SIMT GEMM at most at the FFMA share of its
     instruction stream (``issue_ffma``), one with 64 lanes has issue slots to spare (``simt=False``: tensor-core
     GEMMs, no such limit). A low-power card also slows down as a GEMM runs on (``throttle``). The low-power terms
@@ -136,7 +143,10 @@ def trend(spec: GpuSpec, fit: "GpuFit", simt: bool = True) -> tuple[float, float
     lanes = spec.fp32_lanes if spec.fp32_lanes > 0 else 64
     issue = min(1.0, fit.q("issue_ffma") * 128.0 / lanes) if simt else 1.0
     gemm = math.exp(fit.q("g_old_gemm") * old + fit.q("g_lp_gemm") * low) * issue
-    mem = math.exp(fit.q("g_old_mem") * old + fit.q("g_gddr_mem") * gddr)
+    if fit.q("mem_terms") >= 0.5:  # the weaker of the two memory systems bounds the card, the penalties do not add
+        mem = math.exp(min(0.0, fit.q("g_old_mem") * old, fit.q("g_gddr_mem") * gddr))
+    else:
+        mem = math.exp(fit.q("g_old_mem") * old + fit.q("g_gddr_mem") * gddr)
     return gemm, mem
 
 
@@ -147,6 +157,21 @@ def throttle(t: np.ndarray, spec: GpuSpec, fit: "GpuFit") -> np.ndarray:
     if not spec.low_power or fit.q("lp_slow") == 0.0:
         return t
     return t * (1.0 + fit.q("lp_slow") * t / (t + fit.q("lp_tau")))
+
+
+def harness_offset(cls: np.ndarray, fit: "GpuFit") -> np.ndarray:
+    """[rows] the fixed time a single-kernel table's timing harness adds to each row of class ``cls`` (not a GPU
+    cost, so never part of a training step's prediction): ``kernel_offset`` for a GEMM library call, and for the
+    memory-bound classes of ``HARNESS_CLASSES`` their own ``koff_<class>`` where the fit has one. NeuSight's
+    tables show per-class floors (an affine fit of time on bytes per GPU: 14-23 us for gelu / add, 22-52 us for
+    softmax, 42-51 us for layer norm, over 45 us for GEMMs); one shared offset priced the element-wise rows near
+    50 us up to twice too slow."""
+    off = np.full(np.shape(cls), fit.p("kernel_offset"), dtype=np.float64)
+    for c in HARNESS_CLASSES:
+        key = f"koff_{c}"
+        if key in fit.params:
+            off[np.asarray(cls) == CLASSES.index(c)] = fit.p(key)
+    return off
 
 
 @dataclass(frozen=True, eq=False)

@@ -17,8 +17,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from placement_rl.cost.calibrated import (CLASSES, MEM_CLASSES, GpuFit, GpuSpec, NodeFeatures,
-                                          features, node_times)
+from placement_rl.cost.calibrated import (CLASSES, HARNESS_CLASSES, MEM_CLASSES, GpuFit, GpuSpec, NodeFeatures,
+                                          features, harness_offset, node_times)
 from placement_rl.errors import ProfileError
 
 # name, initial value, lower, upper
@@ -31,9 +31,10 @@ PARAMS: list[tuple[str, float, float, float]] = [
 ] + [(f"kf_{c}", 1.0, 0.05, 10.0) for c in MEM_CLASSES] + [(f"kb_{c}", 2.0, 0.0, 20.0) for c in MEM_CLASSES] \
   + [(f"nb_{c}", 1.0, 0.0, 4.0) for c in MEM_CLASSES] \
   + [("g_old_gemm", 0.0, -2.0, 2.0), ("g_lp_gemm", 0.0, -2.0, 2.0), ("lp_slow", 0.3, 0.0, 3.0),
-     ("lp_tau", 2e-3, 1e-5, 0.1), ("g_old_mem", 0.0, -2.0, 2.0),
-     ("g_gddr_mem", 0.0, -2.0, 2.0), ("l2_reuse", 8.0, 1.0, 64.0), ("tile_area", 16384.0, 4096.0, 65536.0)]
-FIXED = {"kb_ew_pass": 0.0, "nb_ew_pass": 0.0, "tile": 128 * 128, "e_bw": 1.0, "issue_ffma": 0.85}
+     ("lp_tau", 2e-3, 1e-5, 0.1), ("g_old_mem", -0.2, -2.0, 2.0),  # (min-form memory terms: start off their kink at 0)
+     ("g_gddr_mem", -0.2, -2.0, 2.0), ("l2_reuse", 8.0, 1.0, 64.0), ("tile_area", 16384.0, 4096.0, 65536.0)] \
+  + [(f"koff_{c}", 2e-5, 0.0, 8e-5) for c in HARNESS_CLASSES]
+FIXED = {"kb_ew_pass": 0.0, "nb_ew_pass": 0.0, "tile": 128 * 128, "e_bw": 1.0, "issue_ffma": 0.85, "mem_terms": 1.0}
 
 
 @dataclass
@@ -143,7 +144,7 @@ def residuals(fit: GpuFit, data: FitData, *, w_whole: float = 1.0, w_kernel: flo
         parts.append(np.array([np.sqrt(w_whole) * np.log(pred_whole / s.whole)]))
     for k in data.kernels:
         f, _, _ = node_times(k.feat, k.spec, fit, isolated=True)
-        f = f - fit.p("node_offset") + fit.p("kernel_offset")  # the kernel files' harness adds a fixed offset (not a GPU cost)
+        f = f - fit.p("node_offset") + harness_offset(k.feat.cls, fit)  # the kernel files' harness floor (not a GPU cost)
         parts.append(np.sqrt(w_kernel / len(f)) * np.log(np.maximum(f, 1e-9) / k.fwd))
     return np.concatenate(parts)
 

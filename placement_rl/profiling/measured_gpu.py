@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from placement_rl.cost.calibrated import GpuFit, GpuSpec, node_times
+from placement_rl.cost.calibrated import GpuFit, GpuSpec, harness_offset, node_times
 from placement_rl.errors import ProfileError
 from placement_rl.profiling import calibrate, neusight
 from placement_rl.profiling.gpu_fidelity import kernel_times
@@ -146,7 +146,7 @@ def check_kernels(folder: str | Path, fits: Mapping[str, GpuFit | None], *, min_
         mape, ratio = {}, {}
         preds = {label: kernel_times(k, fit) for label, fit in fits.items()}
         for label, fit in (floor_fits or {}).items():
-            preds[label] = kernel_times(k, fit) - fit.p("launch") - fit.p("kernel_offset") + floor
+            preds[label] = kernel_times(k, fit) - fit.p("launch") - harness_offset(k.feat.cls, fit) + floor
         for label, pred in preds.items():
             r = pred / k.fwd
             mape[label] = float(100 * np.mean(np.abs(r - 1)))
