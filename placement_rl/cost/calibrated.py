@@ -174,6 +174,13 @@ def harness_offset(cls: np.ndarray, fit: "GpuFit") -> np.ndarray:
     return off
 
 
+def table_times(feat: "NodeFeatures", spec: GpuSpec, fit: "GpuFit") -> np.ndarray:
+    """[rows] a single-kernel table's times as its harness reads them: the isolated forward time with the kernel
+    tables' harness floor (``harness_offset``) in place of the per-op profiles' (``node_offset``)."""
+    t, _, _ = node_times(feat, spec, fit, isolated=True)
+    return t - fit.p("node_offset") + harness_offset(feat.cls, fit)
+
+
 @dataclass(frozen=True, eq=False)
 class NodeFeatures:
     """Per-node arrays the model needs, computed once per graph (N nodes, E edges)."""

@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from placement_rl.cost.calibrated import (CLASSES, HARNESS_CLASSES, MEM_CLASSES, GpuFit, GpuSpec, NodeFeatures,
-                                          features, harness_offset, node_times)
+                                          features, node_times, table_times)
 from placement_rl.errors import ProfileError
 
 # name, initial value, lower, upper
@@ -143,8 +143,7 @@ def residuals(fit: GpuFit, data: FitData, *, w_whole: float = 1.0, w_kernel: flo
             parts.append(w * np.log(np.maximum(pred[m], 1e-9) / meas[m]))
         parts.append(np.array([np.sqrt(w_whole) * np.log(pred_whole / s.whole)]))
     for k in data.kernels:
-        f, _, _ = node_times(k.feat, k.spec, fit, isolated=True)
-        f = f - fit.p("node_offset") + harness_offset(k.feat.cls, fit)  # the kernel files' harness floor (not a GPU cost)
+        f = table_times(k.feat, k.spec, fit)  # with the kernel files' harness floor (not a GPU cost)
         parts.append(np.sqrt(w_kernel / len(f)) * np.log(np.maximum(f, 1e-9) / k.fwd))
     return np.concatenate(parts)
 

@@ -12,7 +12,7 @@ from typing import Mapping
 
 import numpy as np
 
-from placement_rl.cost.calibrated import CLASSES, GpuFit, GpuSpec, harness_offset, node_times
+from placement_rl.cost.calibrated import CLASSES, GpuFit, GpuSpec, node_times, table_times
 from placement_rl.profiling.calibrate import FitData, GraphSample
 
 # NeuSight's published end-to-end training-latency errors on the workloads in shared/ (README of the data)
@@ -180,8 +180,7 @@ def kernel_times(k, fit: GpuFit | None) -> np.ndarray:
     if fit is None:
         moved = f.in_bytes + f.out_bytes + f.param_bytes
         return np.maximum(f.flops / k.spec.peak_flops, moved / k.spec.mem_bandwidth) + 8e-6
-    t, _, _ = node_times(f, k.spec, fit, isolated=True)
-    return t - fit.p("node_offset") + harness_offset(f.cls, fit)
+    return table_times(f, k.spec, fit)
 
 
 def kernel_errors(kernels, fits: Mapping[str, GpuFit | None | Mapping[str, GpuFit]]) -> list[KernelRow]:

@@ -70,11 +70,11 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
             for name, (t, ok, dev) in task.refs.items()]
     if budget is not None:  # the whole-graph window costs N x D calls per placement: at a budget, read W only
         policy.full_window = 0  # (a graph within W still reads all of it)
-        cost = placement_calls(policy, task)
-        samples = max(1, min(samples, budget // (2 * cost) - 1))  # both evaluations (zero-shot, fine-tuned) fit
+    per = placement_calls(policy, task)  # calls per evaluated placement (N x D completions with the whole-graph window)
+    if budget is not None:
+        samples = max(1, min(samples, budget // (2 * per) - 1))  # both evaluations (zero-shot, fine-tuned) fit
     t0 = time.perf_counter()  # the learned rows' own seconds: not the heuristics' (teachers are not needed here)
     zs = evaluate(policy, [task], samples=samples, seed=seed)[0]
-    per = episode_calls(task)  # calls per evaluated placement (N x D completions with the whole-graph window)
     n_calls = per * (1 + samples)
     t_zs = time.perf_counter() - t0
     rows.append(LearnedRow("policy zero-shot (greedy)", "learned", zs.greedy_time, bool(zs.greedy.feasible[0]),
@@ -122,7 +122,7 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
     rows.append(LearnedRow(f"policy fine-tuning (best of its {config.rl_iters * config.samples} samples)", "learned",
                            best_t, _feasible(graph, costs, topology, dev), dev, n_calls, time.perf_counter() - t0))
     ft = evaluate(trainer.policy, [task], samples=samples, seed=seed + 1)[0]
-    n_calls += episode_calls(task) * (1 + samples)
+    n_calls += per * (1 + samples)
     secs_ft = time.perf_counter() - t0
     rows.append(LearnedRow("policy fine-tuned (greedy)", "learned", ft.greedy_time, bool(ft.greedy.feasible[0]),
                            ft.greedy.devices[0], n_calls, secs_ft))
