@@ -6,7 +6,8 @@ core's one numba decode kernel with the head's weights as float64 arrays, so a d
 of a torch call. ``device_scores`` (numba) computes ``DevicePolicy.logits`` up to the constant output bias; the two
 are parity-tested at the shipped width.
 
-* ``greedy_devices(policy, state, node_h)``: place every node of a fresh state greedily (zero-shot).
+* ``greedy_devices(policy, state, node_h)``: place every node of a fresh state greedily (zero-shot); each
+  decision's device branches run on threads where that pays (``placement_rl.cost.split``: the same placement).
 * ``complete_greedy(head, state)``: place ``state``'s remaining nodes greedily in every episode from its current
   step (the base policy of the rollout teacher, ``agents.policy_rollout``).
 """
@@ -17,6 +18,7 @@ import numpy as np
 
 from placement_rl.cost.decode import POLICY, decode, device_scores
 from placement_rl.cost.schedule import ScheduleState
+from placement_rl.cost.split import decode_split, split_threads
 
 
 class Head:
@@ -48,7 +50,13 @@ def complete_greedy(head: Head, st: ScheduleState) -> None:
     decode(st, POLICY, head.arrays())
 
 
-def greedy_devices(policy, st: ScheduleState, node_h: np.ndarray) -> None:
-    """Place every node of ``st`` greedily from a fresh state; ``node_h`` [N, H]."""
+def greedy_devices(policy, st: ScheduleState, node_h: np.ndarray, *, threads: int | None = None) -> None:
+    """Place every node of ``st`` greedily from a fresh state; ``node_h`` [N, H]. ``threads``: how many threads
+    branch each decision's devices (None: ``split_threads``; 1: the serial kernel). The placement is the same."""
     st.reset()
-    complete_greedy(Head(policy, node_h), st)
+    head = Head(policy, node_h)
+    threads = split_threads(st) if threads is None else int(threads)
+    if threads > 1 and st.episodes == 1:
+        decode_split(st, head.arrays(), threads)
+    else:
+        complete_greedy(head, st)

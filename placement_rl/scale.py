@@ -72,9 +72,11 @@ def _project_path() -> str:
 
 
 def _single_thread() -> None:
+    import numba
     import torch
 
     torch.set_num_threads(1)
+    numba.set_num_threads(1)  # a worker per core: the greedy decode does not split its branches over threads
 
 
 class _Packed:

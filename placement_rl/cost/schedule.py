@@ -76,6 +76,8 @@ BASE_FEATURES = ("est_gap", "eft_gap", "exec", "slowdown", "bwd", "local_frac", 
 NUM_BASE_FEATURES = len(BASE_FEATURES)
 DEVICE_FEATURES = BASE_FEATURES + EXTRA_FEATURES
 NUM_DEVICE_FEATURES = len(DEVICE_FEATURES)
+# where _batch_extra writes its blocks (compile-time constants of the kernels)
+WINDOW_COL, TOPOLOGY_COL, STEP_COL = (DEVICE_FEATURES.index(c) for c in ("la_end", "conn", "la_step"))
 DEFAULT_WINDOW = 16
 _NO_REC = (np.zeros(1, np.int64), np.zeros(0, np.int8), np.zeros(0, np.int64), np.zeros(0), np.zeros(0),
            np.zeros(0, np.int64))
@@ -156,10 +158,10 @@ def _batch_extra(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, 
         window_features(t, order, window, dev[k], pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid,
                         edge_bytes, fwd, bwd, link_upper, link_coef, grad, static_mem, capacity, inv_scale, finish[k],
                         arrive[k], sent[k], dev_free[k], link_free[k], busy[k], mem[k], acc[k], bload[k], mask[k],
-                        save, undo_slot, undo_val, scratch, est, eft, nb, lb, stats, bfinish, feats[k], 19, 26,
-                        rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
+                        save, undo_slot, undo_val, scratch, est, eft, nb, lb, stats, bfinish, feats[k], WINDOW_COL,
+                        STEP_COL, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
         topology_features(v, dev[k], pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, tpb, conn,
-                          feats[k], 23)
+                          feats[k], TOPOLOGY_COL)
 
 
 @njit(cache=True, nogil=True)
@@ -355,6 +357,6 @@ class ScheduleState:
         return np.all(self.memory <= self.capacity, axis=1)
 
 
-assert (NUM_BASE_FEATURES == 19 and DEVICE_FEATURES.index("la_end") == 19 and DEVICE_FEATURES.index("conn") == 23
-        and DEVICE_FEATURES.index("la_step") == 26 and DEVICE_FEATURES.index("la_back") == 28), \
-    "_batch_extra writes the window block at column 19, the topology block at 23 and the step block at 26"
+assert (NUM_BASE_FEATURES == WINDOW_COL and TOPOLOGY_COL == WINDOW_COL + 4 and STEP_COL == TOPOLOGY_COL + 3
+        and DEVICE_FEATURES.index("la_back") == STEP_COL + 2), \
+    "window_features writes 4 window columns at WINDOW_COL and 3 step columns at STEP_COL (la_step, la_full, la_back)"

@@ -74,7 +74,25 @@ def window_features(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_pt
     """Fill ``out[:, col:col + 4]`` and ``out[:, col_step:col_step + 3]`` (one episode's [D, F] feature block)
     with the window and step features of the node ``order[t]``; the state arrays are left exactly as they were.
     ``save`` [4 D + D * D + 2] and the undo buffers (length >= in-degree sum of any W + 1 consecutive nodes) are
-    work space; ``stats`` [D, 6] and ``bfinish`` [N] too; ``rec_*`` the (unused) timeline buffers of ``fwd_place``."""
+    work space; ``stats`` [D, 6] and ``bfinish`` [N] too; ``rec_*`` the (unused) timeline buffers of ``fwd_place``.
+    It is ``window_stats`` over every allowed device, then ``window_write``."""
+    window_stats(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, fwd,
+                 bwd, link_upper, link_coef, grad, static_mem, capacity, finish, arrive, sent, dev_free, link_free,
+                 busy, mem, acc, bload, allowed, save, undo_slot, undo_val, scratch, est, eft, nb, lb, stats, bfinish,
+                 rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
+    window_write(stats, allowed, t + 1 + window >= order.shape[0], inv_scale, out, col, col_step)
+
+
+@njit(cache=True, nogil=True)
+def window_stats(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes,
+                 fwd, bwd, link_upper, link_coef, grad, static_mem, capacity, finish, arrive, sent, dev_free,
+                 link_free, busy, mem, acc, bload, branches, save, undo_slot, undo_val, scratch, est, eft, nb, lb,
+                 stats, bfinish, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
+    """``stats[d]`` (forward end, peak load, communication, overflow, completed step, branch backward; raw times)
+    of the branch that puts node ``order[t]`` on each device d with ``branches[d]``; the rows of the other devices
+    are not touched, nor are the state arrays (every branch is undone). Branches are independent: two calls on
+    two copies of one state with disjoint ``branches`` fill what one call with their union fills
+    (``placement_rl.cost.split`` runs them on threads)."""
     n = order.shape[0]
     nd = dev_free.shape[0]
     end = t + 1 + window
@@ -94,7 +112,7 @@ def window_features(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_pt
     save[4 * nd + nd * nd] = acc[0]
     save[4 * nd + nd * nd + 1] = acc[1]
     for d in range(nd):
-        if not allowed[d]:
+        if not branches[d]:
             continue
         nu = 0
         for s in range(t, end):
@@ -157,6 +175,13 @@ def window_features(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_pt
             link_free[j] = save[4 * nd + j]
         acc[0] = save[4 * nd + nd * nd]
         acc[1] = save[4 * nd + nd * nd + 1]
+
+
+@njit(cache=True, nogil=True)
+def window_write(stats, allowed, full, inv_scale, out, col, col_step):
+    """The window and step columns of ``out`` [D, F] from ``window_stats``' rows: gaps to the best allowed
+    device over the task's time scale, the overflow flag, and ``la_full`` (``full``: the window reached the end)."""
+    nd = out.shape[0]
     for c in (0, 1, 2, 4, 5):
         best = np.inf
         for d in range(nd):

@@ -1,0 +1,106 @@
+"""The greedy decode with each decision's device branches on threads (``placement_rl.cost.split``) places exactly
+what the serial kernel places: from a fresh state and from the middle of one, with the whole-graph window and a
+truncated one, on devices that split unevenly over the threads, and where memory masks devices out."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from agents.constructive import graph_tensors, state_window
+from agents.constructive_train import ConstructiveConfig, build_policy
+from agents.fast_decode import Head, complete_greedy, greedy_devices
+from envs.constructive_task import ConstructiveTask
+from placement_rl.cost import resolve_costs
+from placement_rl.cost.schedule import ScheduleState
+from placement_rl.cost.split import MIN_WORK, decode_split, split_threads
+from placement_rl.graph import synthetic
+from placement_rl.topology import DeviceTopology, load_topology
+
+
+def _policy(seed: int, window: int):
+    torch.manual_seed(seed)
+    return build_policy(ConstructiveConfig(window=window, seed=seed)).eval()
+
+
+def _tight(name: str, frac: float, g) -> DeviceTopology:
+    """``name`` with every device's memory cut so that the graph needs about ``frac`` of all of it."""
+    from placement_rl.cost.memory import static_memory
+
+    d = load_topology(name).to_dict()
+    per = float(static_memory(g).sum()) / frac / sum(int(x.get("count", 1)) for x in d["devices"])
+    for dev in d["devices"]:
+        dev["memory_bytes"] = per
+    return DeviceTopology.from_dict({**d, "name": f"{name}_tight"})
+
+
+def _task(family, n, seed, topo, window, policy):
+    g = synthetic.sample(family, num_nodes=n, seed=seed)
+    t = _tight(topo, 0.6, g) if seed % 2 else load_topology(topo)
+    task = ConstructiveTask(g, t, resolve_costs(g, t))
+    task.window = window if window is not None else state_window(policy, n)
+    return task
+
+
+CASES = [  # family, nodes, seed, topology, window (None: the policy's, i.e. the whole graph here), threads
+    ("layered", 120, 0, "8x_a100_nvswitch", None, 2),
+    ("dataflow", 150, 1, "4x_v100_nvlink", 24, 3),  # memory-tight (odd seed), 4 devices over 3 threads
+    ("series_parallel", 100, 3, "cpu_2gpu", None, 2),  # 3 devices over 2 threads, memory-tight
+    ("transformer_like", 130, 2, "2x4_v100_ib", 40, 8),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_split_decode_places_what_the_serial_kernel_places(case) -> None:
+    fam, n, seed, topo, window, threads = case
+    policy = _policy(seed, 256)
+    task = _task(fam, n, seed, topo, window, policy)
+    with torch.no_grad():
+        h = policy.embed(*graph_tensors(task)).double().numpy()
+    serial = ScheduleState(task.graph, task.costs, task.topology, episodes=1, window=task.window)
+    greedy_devices(policy, serial, h, threads=1)
+    split = ScheduleState(task.graph, task.costs, task.topology, episodes=1, window=task.window)
+    greedy_devices(policy, split, h, threads=threads)
+    assert (serial.devices >= 0).all() and split.done
+    np.testing.assert_array_equal(split.devices, serial.devices)
+    np.testing.assert_array_equal(split.finish(), serial.finish())  # bit for bit: the same arithmetic
+    np.testing.assert_array_equal(split.feasible(), serial.feasible())
+    assert len(np.unique(serial.devices)) > 1  # a real placement problem, not one device for everything
+
+
+def test_split_decode_continues_a_state_from_its_current_step() -> None:
+    policy = _policy(5, 256)
+    task = _task("dataflow", 140, 4, "2x4_v100_ib", 32, policy)
+    with torch.no_grad():
+        h = policy.embed(*graph_tensors(task)).double().numpy()
+    rng = np.random.default_rng(0)
+    prefix = rng.integers(0, task.topology.num_devices, size=45)
+    states = []
+    for _ in range(2):
+        st = ScheduleState(task.graph, task.costs, task.topology, episodes=1, window=task.window)
+        for d in prefix:
+            st.place(int(d))
+        states.append(st)
+    complete_greedy(Head(policy, h), states[0])
+    decode_split(states[1], Head(policy, h).arrays(), 2)
+    np.testing.assert_array_equal(states[1].devices, states[0].devices)
+    np.testing.assert_array_equal(states[1].finish(), states[0].finish())
+    np.testing.assert_array_equal(states[1].devices[0, task.state(1).order[:45]], prefix)
+
+
+def test_split_threads_only_where_the_branches_are_worth_threads() -> None:
+    g = synthetic.sample("layered", num_nodes=400, seed=0)
+    t = load_topology("8x_a100_nvswitch")
+    c = resolve_costs(g, t)
+    big = ScheduleState(g, c, t, episodes=1, window=400)
+    assert 400 * 400 * 64 >= MIN_WORK
+    import numba
+
+    assert split_threads(big) == min(numba.get_num_threads(), 8)
+    assert split_threads(ScheduleState(g, c, t, episodes=1, window=0)) == 1  # no branches
+    assert split_threads(ScheduleState(g, c, t, episodes=4, window=400)) == 1  # batched episodes: serial kernel
+    small = synthetic.sample("layered", num_nodes=40, seed=0)
+    assert split_threads(ScheduleState(small, resolve_costs(small, t), t, episodes=1, window=40)) == 1
+    with pytest.raises(ValueError, match="one episode"):
+        decode_split(ScheduleState(g, c, t, episodes=2, window=16), (np.zeros((1, 1)), ()), 2)
