@@ -11,7 +11,9 @@
 
 ``--checkpoint`` defaults to the packaged pretrained policy. ``--out docs`` writes the reports there. The dev and test
 parts build and evaluate their pairs on ``--workers`` (default ``auto``: every core, on Ray; best of 16 is sampled
-with a seed per pair, so any worker count gives the same rows). Every row
+with a seed per pair, so any worker count gives the same rows). A zero-shot decode branches each decision's devices
+on every core (``PLACEMENT_RL_DECODE_THREADS=auto``, as ``placement-rl`` does; ``=1``: the serial kernel, the same
+placements; ``placement_rl.cost.split``). Every row
 carries its own simulator calls (complete placements evaluated; ``eft_rollout``: one per tried device and decision)
 and seconds.
 """
@@ -217,6 +219,10 @@ def part_speed(policy, cfg) -> None:
     big = DeviceTopology.from_dict({"name": "8x_a100_1TiB", "devices": [  # a 20,000-node graph needs ~2.4 TB
         {"name": "gpu", "count": 8, "kind": "gpu", "peak_flops": 19.5e12, "mem_bandwidth": 1.555e12,
          "memory_bytes": 2.0**40}], "links": {"intra_host": {"bandwidth": 300e9, "latency": 3e-6}}})
+    from placement_rl.cost.split import THREADS_ENV, requested_threads
+
+    import os
+
     for n_nodes, target in ((2000, 1.0), (20000, 10.0)):
         g = synthetic.sample("layered", num_nodes=n_nodes, seed=0)
         topo = big
@@ -226,9 +232,17 @@ def part_speed(policy, cfg) -> None:
         task = ConstructiveTask(g, topo, costs)
         res = evaluate(policy, [task], samples=0)[0]
         t3 = time.perf_counter()
-        print(f"zero-shot greedy, {n_nodes} nodes on 8 devices: {t3 - t2:.2f} s (features + encoder + {n_nodes} "
-              f"decisions + simulate; target < {target:g} s); resolve_costs {t2 - t1:.2f} s; step time "
-              f"{res.greedy_time * 1e3:.2f} ms")
+        asked = os.environ.get(THREADS_ENV, "1")
+        os.environ[THREADS_ENV] = "1"  # the serial kernel on the same graph: the reference, the same placement
+        try:
+            ref = evaluate(policy, [ConstructiveTask(g, topo, costs)], samples=0)[0]
+        finally:
+            os.environ[THREADS_ENV] = asked
+        same = bool(np.array_equal(ref.greedy.devices, res.greedy.devices))
+        print(f"zero-shot greedy, {n_nodes} nodes on 8 devices: {t3 - t2:.2f} s with {THREADS_ENV}={asked} "
+              f"({requested_threads()} threads; features + encoder + {n_nodes} decisions + simulate; target < "
+              f"{target:g} s); serial kernel {ref.greedy_seconds:.2f} s ({ref.greedy_seconds / (t3 - t2):.2f}x; same "
+              f"placement: {same}); resolve_costs {t2 - t1:.2f} s; step time {res.greedy_time * 1e3:.2f} ms")
 
 
 def _finetune_config(cfg):
@@ -329,6 +343,9 @@ def part_finetune(policy, cfg, out: Path | None, budget: int) -> None:
 
 
 def main() -> None:
+    import os
+
+    os.environ.setdefault("PLACEMENT_RL_DECODE_THREADS", "auto")  # as `placement-rl` does (placement_rl.cost.split)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", choices=("all", "dev", "test", "scale", "speed", "finetune"), default="all")
     ap.add_argument("--checkpoint", default=None)

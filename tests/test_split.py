@@ -14,7 +14,8 @@ from agents.fast_decode import Head, complete_greedy, greedy_devices
 from envs.constructive_task import ConstructiveTask
 from placement_rl.cost import resolve_costs
 from placement_rl.cost.schedule import ScheduleState
-from placement_rl.cost.split import MIN_WORK, decode_split, split_threads
+from placement_rl.cost.split import MIN_WORK, THREADS_ENV, decode_split, split_threads
+from placement_rl.errors import ConfigError
 from placement_rl.graph import synthetic
 from placement_rl.topology import DeviceTopology, load_topology
 
@@ -89,7 +90,7 @@ def test_split_decode_continues_a_state_from_its_current_step() -> None:
     np.testing.assert_array_equal(states[1].devices[0, task.state(1).order[:45]], prefix)
 
 
-def test_split_threads_only_where_the_branches_are_worth_threads() -> None:
+def test_split_threads_only_where_asked_and_worth_threads(monkeypatch) -> None:
     g = synthetic.sample("layered", num_nodes=400, seed=0)
     t = load_topology("8x_a100_nvswitch")
     c = resolve_costs(g, t)
@@ -97,7 +98,17 @@ def test_split_threads_only_where_the_branches_are_worth_threads() -> None:
     assert 400 * 400 * 64 >= MIN_WORK
     import numba
 
+    monkeypatch.delenv(THREADS_ENV, raising=False)
+    assert split_threads(big) == 1  # the library default: the serial kernel (fork-safe)
+    monkeypatch.setenv(THREADS_ENV, "auto")
     assert split_threads(big) == min(numba.get_num_threads(), 8)
+    monkeypatch.setenv(THREADS_ENV, "64")
+    assert split_threads(big) == min(numba.get_num_threads(), 8)  # never more than the devices or numba's threads
+    for bad in ("0", "many", "-2"):
+        monkeypatch.setenv(THREADS_ENV, bad)
+        with pytest.raises(ConfigError, match=THREADS_ENV):
+            split_threads(big)
+    monkeypatch.setenv(THREADS_ENV, "auto")
     assert split_threads(ScheduleState(g, c, t, episodes=1, window=0)) == 1  # no branches
     assert split_threads(ScheduleState(g, c, t, episodes=4, window=400)) == 1  # batched episodes: serial kernel
     small = synthetic.sample("layered", num_nodes=40, seed=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 # subcommand -> (module, one-line help). Only subcommands that exist are listed.
@@ -30,6 +31,8 @@ def main(argv: list[str] | None = None) -> None:
     if cmd not in COMMANDS:
         print(f"error: unknown subcommand '{cmd}' (choose one of: {', '.join(COMMANDS)})", file=sys.stderr)
         sys.exit(2)
+    # this process does not fork after placing: its greedy decodes may branch on threads (placement_rl.cost.split)
+    os.environ.setdefault("PLACEMENT_RL_DECODE_THREADS", "auto")
     module = importlib.import_module(COMMANDS[cmd][0])
     sys.argv = [f"placement-rl {cmd}", *rest]
     module.main()

@@ -10,13 +10,23 @@ devices ``d % T == k`` on copy k (``window_stats``); the rows are then merged an
 copy. Each branch does exactly the arithmetic of the serial kernel on an identical state, so the placement is the
 serial decode's, bit for bit (tested); only the seconds change (about T x on T idle cores for T <= D).
 
-``split_threads(state)`` says how many threads a greedy decode of ``state`` uses: numba's thread count
-(``NUMBA_NUM_THREADS``, default the machine's cores), at most the device count, 1 (the serial kernel) for a state
-without a window, with several episodes, or so small (N x W x D^2 under ``MIN_WORK``) that the threads' start-up
-costs more than they save.
+``split_threads(state)`` says how many threads a greedy decode of ``state`` uses. The environment variable
+``PLACEMENT_RL_DECODE_THREADS`` asks: unset or ``1``, the serial kernel (the library default); ``auto``, numba's
+thread count (``NUMBA_NUM_THREADS``, default the machine's cores); ``N``, N threads. The ``placement-rl`` command
+sets ``auto`` for itself. Whatever is asked, at most the device count, and 1 for a state without a window, with
+several episodes, so small (N x W x D^2 under ``MIN_WORK``) that the threads' start-up costs more than they save,
+or in a ``multiprocessing`` child. Why not threads by default: the fast threading layer here is GNU OpenMP, which
+torch shares and which is not fork-safe. Measured: after one threaded decode, a ``fork`` ``Pool`` child hangs in its
+first torch layer norm even with ``torch.set_num_threads(1)`` in the parent (without the threaded decode it
+returns); numba's fork-safe ``workqueue`` layer wakes its threads too slowly for a launch per decision (no gain at
+4,000 nodes). A library user who forks after placing keeps the serial kernel; a process that does not fork (the
+command, a script) can ask for threads. Ray workers run one thread each (``placement_rl.scale``).
 """
 
 from __future__ import annotations
+
+import multiprocessing
+import os
 
 import numba
 import numpy as np
@@ -26,9 +36,11 @@ from placement_rl.cost._op_kernel import fwd_place
 from placement_rl.cost.decode import device_scores
 from placement_rl.cost.schedule import STEP_COL, TOPOLOGY_COL, WINDOW_COL, ScheduleState, _batch_features
 from placement_rl.cost.window import topology_features, window_stats, window_write
+from placement_rl.errors import ConfigError
 
 SPREAD = 4  # copy c is episode c x SPREAD of the replicated state: copies written by two threads never share a
 # cache line (a copy's smallest per-episode arrays are 16 bytes, 4 rows apart is 64; adjacent, the writes thrash a line)
+THREADS_ENV = "PLACEMENT_RL_DECODE_THREADS"
 MIN_WORK = 2_000_000  # node-device evaluations (about N x W x D^2) below which one thread decodes
 
 
@@ -79,14 +91,29 @@ def _decode_split(start, order, window, node_h, w1, b1, w2, b2, w3, b3, w4a, w4b
                       False, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
 
 
+def requested_threads() -> int:
+    """Threads ``PLACEMENT_RL_DECODE_THREADS`` asks for (1 when unset; ``auto``: numba's thread count)."""
+    raw = os.environ.get(THREADS_ENV, "1").strip().lower()
+    if raw == "auto":
+        return int(numba.get_num_threads())
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ConfigError(f"{THREADS_ENV}={raw!r}: use a thread count >= 1 or 'auto'")
+    return 1 if n == 1 else min(n, int(numba.get_num_threads()))  # 1: the threading layer is never started
+
+
 def split_threads(st: ScheduleState) -> int:
     """Threads a greedy decode of ``st`` would use (1: the serial kernel; see the module doc)."""
     nd, n = st.topology.num_devices, st.num_nodes
-    if st.episodes != 1 or st.window <= 0 or nd < 2:
+    asked = requested_threads()
+    if asked < 2 or st.episodes != 1 or st.window <= 0 or nd < 2 or multiprocessing.parent_process() is not None:
         return 1
     if (n - st.step) * min(st.window, n) * nd * nd < MIN_WORK:
         return 1
-    return max(1, min(int(numba.get_num_threads()), nd))
+    return min(asked, nd)
 
 
 def decode_split(st: ScheduleState, head: tuple, threads: int) -> None:
