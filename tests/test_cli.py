@@ -48,6 +48,16 @@ def test_unknown_subcommand_exits_2(tmp_path):
     assert r.returncode == 2 and "unknown subcommand 'fly'" in r.stderr
 
 
+def test_bad_decode_threads_exits_2_before_any_work(tmp_path):
+    import os
+
+    env = {**os.environ, "PLACEMENT_RL_DECODE_THREADS": "lots"}
+    r = subprocess.run([sys.executable, "-m", "placement_rl.cli.main", "place", f"hydra.run.dir={tmp_path}/run"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "PLACEMENT_RL_DECODE_THREADS='lots'" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "run").exists()
+
+
 def test_inspect_writes_graph_json(tmp_path, tiny_graph):
     r = cli(tmp_path, "inspect", f"graph.path={tiny_graph}")
     assert r.returncode == 0, r.stderr

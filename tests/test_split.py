@@ -108,6 +108,7 @@ def test_split_threads_only_where_asked_and_worth_threads(monkeypatch) -> None:
         monkeypatch.setenv(THREADS_ENV, bad)
         with pytest.raises(ConfigError, match=THREADS_ENV):
             split_threads(big)
+        assert split_threads(ScheduleState(g, c, t, episodes=1, window=0)) == 1  # nothing to split: not read
     monkeypatch.setenv(THREADS_ENV, "auto")
     assert split_threads(ScheduleState(g, c, t, episodes=1, window=0)) == 1  # no branches
     assert split_threads(ScheduleState(g, c, t, episodes=4, window=400)) == 1  # batched episodes: serial kernel

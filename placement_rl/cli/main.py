@@ -33,6 +33,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     # this process does not fork after placing: its greedy decodes may branch on threads (placement_rl.cost.split)
     os.environ.setdefault("PLACEMENT_RL_DECODE_THREADS", "auto")
+    raw = os.environ["PLACEMENT_RL_DECODE_THREADS"].strip().lower()
+    if raw != "auto" and not (raw.isdigit() and int(raw) >= 1):
+        print(f"error: PLACEMENT_RL_DECODE_THREADS={raw!r}: use a thread count >= 1 or 'auto'", file=sys.stderr)
+        sys.exit(2)
     module = importlib.import_module(COMMANDS[cmd][0])
     sys.argv = [f"placement-rl {cmd}", *rest]
     module.main()

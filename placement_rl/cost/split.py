@@ -108,12 +108,13 @@ def requested_threads() -> int:
 def split_threads(st: ScheduleState) -> int:
     """Threads a greedy decode of ``st`` would use (1: the serial kernel; see the module doc)."""
     nd, n = st.topology.num_devices, st.num_nodes
-    asked = requested_threads()
-    if asked < 2 or st.episodes != 1 or st.window <= 0 or nd < 2 or multiprocessing.parent_process() is not None:
+    if os.environ.get(THREADS_ENV, "1").strip() == "1":  # the default: numba's threading layer is never started
+        return 1
+    if st.episodes != 1 or st.window <= 0 or nd < 2 or multiprocessing.parent_process() is not None:
         return 1
     if (n - st.step) * min(st.window, n) * nd * nd < MIN_WORK:
         return 1
-    return min(asked, nd)
+    return max(1, min(requested_threads(), nd))
 
 
 def decode_split(st: ScheduleState, head: tuple, threads: int) -> None:
@@ -128,7 +129,7 @@ def decode_split(st: ScheduleState, head: tuple, threads: int) -> None:
     for name in ScheduleState._EPISODE_ARRAYS:
         getattr(rep, name)[:] = getattr(st, name)[0]
     nd, n = st.topology.num_devices, st.num_nodes
-    cap = rep._undo_slot.shape[0]
+    cap = st._undo_slot.shape[0]  # sized for st's own decision order (the one the kernel follows)
     work = (np.zeros((rows, rep._save.shape[0])), np.zeros((rows, cap), np.int64), np.zeros((rows, cap, 2)),
             np.zeros((rows, nd)), np.zeros((rows, nd)), np.zeros((rows, nd)), np.zeros((rows, nd)),
             np.zeros((rows, nd)), np.zeros((rows,) + rep._stats.shape), np.zeros((rows, n)),
