@@ -164,6 +164,23 @@ def test_train_finetunes_the_pretrained_policy_and_place_uses_it(tmp_path):
     assert len(json.loads((tmp_path / "place" / "placement.json").read_text())["device_of_node"]) == 50
 
 
+def test_place_window_overrides_and_honest_calls(tmp_path):
+    """The shipped policy places a 50-node graph with the whole-graph window by default (every placement: N x D
+    completions + 1 simulate); ``full_window=0 window=8`` reads an 8-node window (1 call per placement)."""
+    r = cli(tmp_path, "place", "graph=synthetic", "graph.num_nodes=50", "topology=2x4_v100_ib", "samples=1",
+            "compare=false", run="full")
+    assert r.returncode == 0, r.stderr
+    m = json.loads((tmp_path / "full" / "metrics.json").read_text())
+    assert m["window"] >= 50 and m["sim_calls"] == 2 * (50 * 8 + 1)
+    r = cli(tmp_path, "place", "graph=synthetic", "graph.num_nodes=50", "topology=2x4_v100_ib", "samples=1",
+            "compare=false", "full_window=0", "window=8", run="short")
+    assert r.returncode == 0, r.stderr
+    m2 = json.loads((tmp_path / "short" / "metrics.json").read_text())
+    assert m2["window"] == 8 and m2["sim_calls"] == 2 and m2["step_time"] > 0
+    r = cli(tmp_path, "place", "window=-1", run="bad")
+    assert r.returncode == 2 and "window" in r.stderr and not (tmp_path / "bad").exists()
+
+
 def test_place_with_a_corrupted_checkpoint_exits_2(tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"\x00garbage")

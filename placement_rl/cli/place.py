@@ -22,8 +22,16 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     from envs.constructive_task import ConstructiveTask
     from placement_rl.cost import resolve_costs
 
+    from agents.constructive import placement_calls, state_window
+
     torch.set_num_threads(1)
     policy, _, _ = load_policy(ckpt_path)
+    for key in ("window", "full_window"):  # trade quality for seconds: the states' lookahead window
+        value = cfg.get(key)
+        if value is not None:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{key} must be an integer >= 0 (or null: the checkpoint's), got {value!r}")
+            setattr(policy, key, int(value))
     graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
     costs = resolve_costs(graph, topology)
     t0 = time.perf_counter()
@@ -35,9 +43,11 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     chosen = f"best of {int(cfg.samples)} samples" if use_best else "greedy"
     out = output_dir()
     plan, plan_file = save_plan(res.best_devices, graph, topology, out)
-    calls = 1 + int(cfg.samples)
+    # every placement's simulator calls: N x D + 1 with the whole-graph window (its completions), else 1
+    calls = placement_calls(policy, task) * (1 + int(cfg.samples))
     metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, "checkpoint": ckpt_path,
-               "policy": "constructive", "samples": int(cfg.samples), "greedy_step_time": res.greedy_time,
+               "policy": "constructive", "window": state_window(policy, graph.num_nodes),
+               "samples": int(cfg.samples), "greedy_step_time": res.greedy_time,
                "best_of_k_step_time": res.best_time, "step_time": step_time, "chosen": chosen,
                "feasible": bool(res.greedy.feasible[0]) or use_best, "sim_calls": calls, "wall_seconds": wall,
                "cost_source": costs.describe_source(topology.device_names)}

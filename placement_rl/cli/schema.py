@@ -186,7 +186,7 @@ COMMANDS: dict[str, dict[str, Key]] = {
               "ray.address": OPTIONAL_STR, "resume": FLAG},
     "place": {
         "checkpoint": OPTIONAL_STR, "decode": Key(str, choices=("one_pass", "sequential")), "samples": count(0),
-        "seed": SEED, "compare": FLAG,
+        "seed": SEED, "compare": FLAG, "window": count(0, null=True), "full_window": count(0, null=True),
     },
     "profile": {
         "devices": Key(list, null=True), "warmup": count(0), "repeats": count(1), "links": FLAG, "processes": FLAG,
