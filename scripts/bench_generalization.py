@@ -183,6 +183,22 @@ def part_speed(policy, cfg) -> None:
     for i, fam in enumerate(("layered", "dataflow", "transformer_like", "cnn_like")):
         g = synthetic.sample(fam, num_nodes=200, seed=i)
         tasks.append(ConstructiveTask.build(g, topo, resolve_costs(g, topo)))
+    import os
+
+    from placement_rl.cost.split import THREADS_ENV
+
+    asked = os.environ.get(THREADS_ENV, "1")
+    if asked != "1":  # the episodes of a step on threads (placement_rl.cost.split.episodes_extra): same samples
+        os.environ[THREADS_ENV] = asked
+        rollout(policy, tasks[0], samples=2, greedy=False)  # compile / warm up
+        t0 = time.perf_counter()
+        n = 0
+        for t in tasks:
+            rollout(policy, t, samples=32, greedy=False, record=True)
+            n += 32 * t.graph.num_nodes
+        print(f"rollouts (32 samples x 200-node graphs on 8 devices, recorded) with {THREADS_ENV}={asked}: "
+              f"{n / (time.perf_counter() - t0):,.0f} decisions/s wall")
+    os.environ[THREADS_ENV] = "1"  # the one-thread figures below (the training target is per core)
     rollout(policy, tasks[0], samples=2, greedy=False)  # compile / warm up
     t0, c0 = time.perf_counter(), time.process_time()
     n = 0
@@ -191,8 +207,8 @@ def part_speed(policy, cfg) -> None:
             rollout(policy, t, samples=32, greedy=False, record=True)
             n += 32 * t.graph.num_nodes
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    print(f"rollouts (32 samples x 200-node graphs on 8 devices, recorded): {n / wall:,.0f} decisions/s wall, "
-          f"{n / cpu:,.0f} per CPU-second")
+    print(f"rollouts (32 samples x 200-node graphs on 8 devices, recorded), one thread: {n / wall:,.0f} decisions/s "
+          f"wall, {n / cpu:,.0f} per CPU-second")
     import dataclasses
 
     trainer = ConstructiveTrainer(dataclasses.replace(cfg, samples=32, tasks_per_iter=4, ppo_epochs=2, rl_algo="sil"),
@@ -219,10 +235,9 @@ def part_speed(policy, cfg) -> None:
     big = DeviceTopology.from_dict({"name": "8x_a100_1TiB", "devices": [  # a 20,000-node graph needs ~2.4 TB
         {"name": "gpu", "count": 8, "kind": "gpu", "peak_flops": 19.5e12, "mem_bandwidth": 1.555e12,
          "memory_bytes": 2.0**40}], "links": {"intra_host": {"bandwidth": 300e9, "latency": 3e-6}}})
-    from placement_rl.cost.split import THREADS_ENV, requested_threads
+    from placement_rl.cost.split import requested_threads
 
-    import os
-
+    os.environ[THREADS_ENV] = asked
     for n_nodes, target in ((2000, 1.0), (20000, 10.0)):
         g = synthetic.sample("layered", num_nodes=n_nodes, seed=0)
         topo = big

@@ -116,3 +116,30 @@ def test_split_threads_only_where_asked_and_worth_threads(monkeypatch) -> None:
     assert split_threads(ScheduleState(small, resolve_costs(small, t), t, episodes=1, window=40)) == 1
     with pytest.raises(ValueError, match="one episode"):
         decode_split(ScheduleState(g, c, t, episodes=2, window=16), (np.zeros((1, 1)), ()), 2)
+
+
+@pytest.mark.parametrize("case", [("layered", 160, 0, "8x_a100_nvswitch", None, 16),
+                                  ("dataflow", 150, 1, "4x_v100_nvlink", 48, 16)], ids=["whole-graph", "tight-W48"])
+def test_episode_threads_give_the_serial_features_and_samples(case, monkeypatch) -> None:
+    """Sampled episodes (``rollout(..., greedy=False)``) with every step's episodes on threads: the same feature
+    blocks at every step, hence the same samples, as the serial kernel."""
+    from agents.constructive import rollout
+
+    from placement_rl.cost.split import episode_threads
+
+    fam, n, seed, topo, window, k = case
+    policy = _policy(seed, 256)
+    runs = []
+    for threads in ("1", "2"):
+        monkeypatch.setenv(THREADS_ENV, threads)
+        task = _task(fam, n, seed, topo, window, policy)
+        st = task.state(k) if window is not None else None
+        if threads == "2" and st is not None:
+            assert episode_threads(st) == 2
+        gen = torch.Generator().manual_seed(7)
+        runs.append(rollout(policy, task, samples=k, greedy=False, record=True, generator=gen))
+    a, b = runs
+    np.testing.assert_array_equal(a.devices, b.devices)
+    np.testing.assert_array_equal(a.times, b.times)
+    np.testing.assert_array_equal(a.trace.feats, b.trace.feats)
+    assert len({tuple(r) for r in a.devices}) > 1  # the samples differ: a real batch of episodes
