@@ -20,7 +20,11 @@ and seconds.
 
 from __future__ import annotations
 
-import argparse
+import os
+
+os.environ.setdefault("GOMP_SPINCOUNT", "30000")  # before torch / numba load OpenMP (as `placement-rl` does)
+
+import argparse  # noqa: E402
 import copy
 import time
 import warnings
@@ -183,8 +187,6 @@ def part_speed(policy, cfg) -> None:
     for i, fam in enumerate(("layered", "dataflow", "transformer_like", "cnn_like")):
         g = synthetic.sample(fam, num_nodes=200, seed=i)
         tasks.append(ConstructiveTask.build(g, topo, resolve_costs(g, topo)))
-    import os
-
     from placement_rl.cost.split import THREADS_ENV
 
     asked = os.environ.get(THREADS_ENV, "1")
@@ -358,8 +360,6 @@ def part_finetune(policy, cfg, out: Path | None, budget: int) -> None:
 
 
 def main() -> None:
-    import os
-
     os.environ.setdefault("PLACEMENT_RL_DECODE_THREADS", "auto")  # as `placement-rl` does (placement_rl.cost.split)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", choices=("all", "dev", "test", "scale", "speed", "finetune"), default="all")

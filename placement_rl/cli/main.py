@@ -31,8 +31,12 @@ def main(argv: list[str] | None = None) -> None:
     if cmd not in COMMANDS:
         print(f"error: unknown subcommand '{cmd}' (choose one of: {', '.join(COMMANDS)})", file=sys.stderr)
         sys.exit(2)
-    # this process does not fork after placing: its greedy decodes may branch on threads (placement_rl.cost.split)
+    # this process does not fork after placing: its greedy decodes may branch on threads (placement_rl.cost.split);
+    # idle OpenMP threads spin briefly, then sleep (set before torch and numba load the runtime; measured: with the
+    # default spin, serial work after a threaded decode kept a second core busy, CPU 1.7x wall; passive waiting
+    # cost a third of the threads' gain at 20,000 nodes; 30,000 spins: CPU 1.1x wall, the gain kept)
     os.environ.setdefault("PLACEMENT_RL_DECODE_THREADS", "auto")
+    os.environ.setdefault("GOMP_SPINCOUNT", "30000")
     raw = os.environ["PLACEMENT_RL_DECODE_THREADS"].strip().lower()
     if raw != "auto" and not (raw.isdigit() and int(raw) >= 1):
         print(f"error: PLACEMENT_RL_DECODE_THREADS={raw!r}: use a thread count >= 1 or 'auto'", file=sys.stderr)
