@@ -37,9 +37,13 @@ def main(argv: list[str] | None = None) -> None:
     # cost a third of the threads' gain at 20,000 nodes; 30,000 spins: CPU 1.1x wall, the gain kept)
     os.environ.setdefault("PLACEMENT_RL_DECODE_THREADS", "auto")
     os.environ.setdefault("GOMP_SPINCOUNT", "30000")
-    raw = os.environ["PLACEMENT_RL_DECODE_THREADS"].strip().lower()
-    if raw != "auto" and not (raw.isdigit() and int(raw) >= 1):
-        print(f"error: PLACEMENT_RL_DECODE_THREADS={raw!r}: use a thread count >= 1 or 'auto'", file=sys.stderr)
+    from placement_rl.cost.split import parse_threads
+    from placement_rl.errors import ConfigError
+
+    try:
+        parse_threads(os.environ["PLACEMENT_RL_DECODE_THREADS"])
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     module = importlib.import_module(COMMANDS[cmd][0])
     sys.argv = [f"placement-rl {cmd}", *rest]

@@ -26,12 +26,9 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
 
     torch.set_num_threads(1)
     policy, _, _ = load_policy(ckpt_path)
-    for key in ("window", "full_window"):  # trade quality for seconds: the states' lookahead window
-        value = cfg.get(key)
-        if value is not None:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"{key} must be an integer >= 0 (or null: the checkpoint's), got {value!r}")
-            setattr(policy, key, int(value))
+    for key in ("window", "full_window"):  # trade quality for seconds (typed by cli.schema: ints >= 0 or null)
+        if cfg.get(key) is not None:
+            setattr(policy, key, int(cfg.get(key)))
     graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
     costs = resolve_costs(graph, topology)
     t0 = time.perf_counter()

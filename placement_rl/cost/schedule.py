@@ -295,12 +295,13 @@ class ScheduleState:
                         self._finish, self._arrive, self._sent, self._dev_free, self._link_free, self.busy,
                         self.memory, self._acc, self.bwd_busy, self._scratch, self._est, self._eft, self._nb, self._lb,
                         self.feats, self.mask)
-        from placement_rl.cost.split import episode_threads, episodes_extra  # (split builds on this module)
+        if self.window > 0 and self.episodes > 1:
+            from placement_rl.cost.split import episode_threads, episodes_extra  # (split builds on this module)
 
-        if self.window > 0 and episode_threads(self) > 1:  # asked for threads (PLACEMENT_RL_DECODE_THREADS)
-            episodes_extra(self)
-        else:
-            _batch_extra(*self.extra_args())
+            if episode_threads(self) > 1:  # asked for threads (PLACEMENT_RL_DECODE_THREADS)
+                episodes_extra(self)
+                return self.feats, self.mask
+        _batch_extra(*self.extra_args())
         return self.feats, self.mask
 
     _EPISODE_ARRAYS = ("devices", "_finish", "_arrive", "_sent", "_dev_free", "_link_free", "busy", "memory", "_acc",

@@ -118,27 +118,18 @@ MIN_STEP_WORK = 10_000  # node-device evaluations of one step's window features 
 def episode_threads(st: ScheduleState) -> int:
     """Threads ``st.features()`` spreads its episodes' window features over (1: the serial kernel): as
     ``split_threads`` asks (``PLACEMENT_RL_DECODE_THREADS``), for at least two episodes and a step worth it."""
-    if os.environ.get(THREADS_ENV, "1").strip() == "1":
-        return 1
     k, nd = st.episodes, st.topology.num_devices
-    if k < 2 or st.window <= 0 or st.done or multiprocessing.parent_process() is not None:
+    if k < 2 or st.window <= 0 or st.done:
         return 1
-    if k * min(st.window, st.num_nodes - st.step) * nd * nd < MIN_STEP_WORK:
-        return 1
-    return max(1, min(requested_threads(), k))
+    return _threads(k * min(st.window, st.num_nodes - st.step) * nd * nd, MIN_STEP_WORK, k)
 
 
 def episodes_extra(st: ScheduleState) -> None:
     """The window, topology and step columns of every episode of ``st`` at its current step, the episodes on
     threads (the same values as ``schedule._batch_extra``: each episode's arithmetic is unchanged)."""
     work = st.__dict__.get("_episode_work")
-    k, nd, n = st.episodes, st.topology.num_devices, st.num_nodes
     if work is None:
-        cap = st._undo_slot.shape[0]
-        work = (np.zeros((k, st._save.shape[0])), np.zeros((k, cap), np.int64), np.zeros((k, cap, 2)),
-                np.zeros((k, nd)), np.zeros((k, nd)), np.zeros((k, nd)), np.zeros((k, nd)), np.zeros((k, nd)),
-                np.zeros((k,) + st._stats.shape), np.zeros((k, n)))
-        st._episode_work = work
+        work = st._episode_work = _work_buffers(st, st.episodes)
     a = st.extra_args()  # (..., mask, save, undo_slot, undo_val, scratch, est, eft, nb, lb, stats, bfinish, feats, rec)
     i = _MASK_AT  # the shared work buffers between ``mask`` and ``feats`` are replaced by the per-episode ones
     if a[i] is not st.mask or a[i + 11] is not st.feats:
@@ -146,30 +137,47 @@ def episodes_extra(st: ScheduleState) -> None:
     _episodes_extra(*a[:i + 1], *work, *a[i + 11:])
 
 
-def requested_threads() -> int:
-    """Threads ``PLACEMENT_RL_DECODE_THREADS`` asks for (1 when unset; ``auto``: numba's thread count)."""
-    raw = os.environ.get(THREADS_ENV, "1").strip().lower()
+def _work_buffers(st: ScheduleState, rows: int) -> tuple[np.ndarray, ...]:
+    """Per-row copies of ``st``'s window work buffers (save, undo log, scratch, est, eft, nb, lb, stats,
+    bfinish); the undo log is sized for ``st``'s own decision order."""
+    nd, cap = st.topology.num_devices, st._undo_slot.shape[0]
+    return (np.zeros((rows, st._save.shape[0])), np.zeros((rows, cap), np.int64), np.zeros((rows, cap, 2)),
+            *(np.zeros((rows, nd)) for _ in range(5)), np.zeros((rows,) + st._stats.shape),
+            np.zeros((rows, st.num_nodes)))
+
+
+def parse_threads(raw: str) -> int:
+    """A ``PLACEMENT_RL_DECODE_THREADS`` value: ``auto`` -> 0 (numba's thread count), ``N`` >= 1 -> N;
+    ``ConfigError`` otherwise."""
+    raw = raw.strip().lower()
     if raw == "auto":
-        return int(numba.get_num_threads())
-    try:
-        n = int(raw)
-    except ValueError:
-        n = 0
+        return 0
+    n = int(raw) if raw.isdigit() else 0
     if n < 1:
         raise ConfigError(f"{THREADS_ENV}={raw!r}: use a thread count >= 1 or 'auto'")
-    return 1 if n == 1 else min(n, int(numba.get_num_threads()))  # 1: the threading layer is never started
+    return n
+
+
+def requested_threads() -> int:
+    """Threads ``PLACEMENT_RL_DECODE_THREADS`` asks for (1 when unset; ``auto``: numba's thread count)."""
+    n = parse_threads(os.environ.get(THREADS_ENV, "1"))
+    return 1 if n == 1 else min(n or int(numba.get_num_threads()), int(numba.get_num_threads()))
+
+
+def _threads(work: int, threshold: int, most: int) -> int:
+    """Threads for ``work`` node-device evaluations: 1 unless asked (the default: numba's threading layer is never
+    started), in a ``multiprocessing`` child (see the module doc), or under ``threshold``; at most ``most``."""
+    if os.environ.get(THREADS_ENV, "1").strip() == "1" or multiprocessing.parent_process() is not None:
+        return 1
+    return 1 if work < threshold else max(1, min(requested_threads(), most))
 
 
 def split_threads(st: ScheduleState) -> int:
     """Threads a greedy decode of ``st`` would use (1: the serial kernel; see the module doc)."""
     nd, n = st.topology.num_devices, st.num_nodes
-    if os.environ.get(THREADS_ENV, "1").strip() == "1":  # the default: numba's threading layer is never started
+    if st.episodes != 1 or st.window <= 0 or nd < 2:
         return 1
-    if st.episodes != 1 or st.window <= 0 or nd < 2 or multiprocessing.parent_process() is not None:
-        return 1
-    if (n - st.step) * min(st.window, n) * nd * nd < MIN_WORK:
-        return 1
-    return max(1, min(requested_threads(), nd))
+    return _threads((n - st.step) * min(st.window, n) * nd * nd, MIN_WORK, nd)
 
 
 def decode_split(st: ScheduleState, head: tuple, threads: int) -> None:
@@ -183,15 +191,10 @@ def decode_split(st: ScheduleState, head: tuple, threads: int) -> None:
     rep = ScheduleState(st.graph, st.costs, st.topology, episodes=rows, window=st.window)
     for name in ScheduleState._EPISODE_ARRAYS:
         getattr(rep, name)[:] = getattr(st, name)[0]
-    nd, n = st.topology.num_devices, st.num_nodes
-    cap = st._undo_slot.shape[0]  # sized for st's own decision order (the one the kernel follows)
-    work = (np.zeros((rows, rep._save.shape[0])), np.zeros((rows, cap), np.int64), np.zeros((rows, cap, 2)),
-            np.zeros((rows, nd)), np.zeros((rows, nd)), np.zeros((rows, nd)), np.zeros((rows, nd)),
-            np.zeros((rows, nd)), np.zeros((rows,) + rep._stats.shape), np.zeros((rows, n)),
-            np.zeros((rows, nd), np.bool_))
+    part = np.zeros((rows, st.topology.num_devices), np.bool_)
     node_h, weights = head
-    _decode_split(st.step, st.order, st.window, node_h, *weights, *rep.kernel_state(), *work)
+    _decode_split(st.step, st.order, st.window, node_h, *weights, *rep.kernel_state(), *_work_buffers(st, rows), part)
     for name in ScheduleState._EPISODE_ARRAYS:
         getattr(st, name)[0] = getattr(rep, name)[0]
     st.feats[0], st.mask[0] = rep.feats[0], rep.mask[0]
-    st.step = n
+    st.step = st.num_nodes
