@@ -1,7 +1,7 @@
 """Held-out check of the calibrated GPU cost model on a GPU this project measured itself (no fit has seen it).
 
     python scripts/fidelity_measured_gpu.py [--gpu nvidia_h200] [--data ../shared/gpu-measurements]
-                                            [--fit extra_fit.json ...] [--out docs/fidelity_h200.md]
+                                            [--fit extra_fit.json ...] [--out docs/fidelity_<gpu>.md]
 
 Reads ``placement_rl/data/measured/<gpu>/`` (written by ``scripts/measure_gpu.py`` on the GPU; see its README):
 single-kernel tables per op class, whole-model forward / forward + backward times of the NeuSight workloads, an
@@ -71,6 +71,20 @@ def optimizer_lines(folder: Path, env: dict) -> list[str]:
     return out
 
 
+def optimizer_fraction(folder: Path, env: dict) -> tuple[float, float]:
+    """Lowest and highest fraction of the measured copy rate an AdamW step reaches (28 bytes per parameter)."""
+    rows = json.loads((folder / "optimizer.json").read_text())
+    copy = float(env.get("copy_bytes_per_s", 0.0)) or float("nan")
+    f = [28.0 * r["params"] / (r["adamw_step_ms"] * 1e-3) / copy for r in rows.values()]
+    return (min(f), max(f)) if f else (float("nan"), float("nan"))
+
+
+def span(folder: Path, fit: GpuFit, op: str) -> str:
+    """Range of the shipped fit's predicted / measured over an op class's kernels of 200 us and longer."""
+    r = [g for lo, hi, n, e, g in kernel_bins(folder, fit, op) if lo >= 2e-4 and n >= 5]
+    return f"{min(r):.2f}-{max(r):.2f}" if r else "-"
+
+
 def executor_split(folder: Path) -> tuple[float, int, float, int]:
     """MAPE of the executor fidelity run over single-device and over multi-device placements."""
     import csv
@@ -104,9 +118,9 @@ def findings(checks, runs, folder: Path, env: dict, fit: GpuFit) -> list[str]:
                    + ", where the fixed per-kernel cost (the fit's launch cost + NeuSight's harness offset for a GEMM "
                    "library call) is as large as the kernel. With this harness's own floor in its place the GPU part "
                    "alone gives " + " / ".join(f"{c.mape['calibrated, our floor']:.1f}%" for c in g)
-                   + ". bmm stays 1.1-1.2x too slow at every length (this GPU's batched fp32 GEMMs of cuBLAS 13 beat "
-                   "the tile model), conv 0.66-0.76x too fast from 200 us up (cuDNN 9's fp32 convolutions here reach "
-                   "27-37% of peak).")
+                   + f". bmm stays {span(folder, fit, 'bmm')}x predicted / measured from 200 us up (cuBLAS's batched "
+                   f"fp32 GEMMs here against the tile model), conv {span(folder, fit, 'conv')}x (cuDNN's fp32 "
+                   "convolutions here).")
     if {"gelu", "add"} <= set(k):
         out.append(f"* **Memory-bound kernels:** the roofline is within {k['add'].mape['roofline']:.0f}-"
                    f"{k['gelu'].mape['roofline']:.0f}% on add / gelu, the calibrated model "
@@ -119,7 +133,7 @@ def findings(checks, runs, folder: Path, env: dict, fit: GpuFit) -> list[str]:
                    "stream near the measured copy rate "
                    f"({env.get('copy_bytes_per_s', 0) / 1e12:.2f} TB/s). What is left with our floor is the "
                    "achieved fraction of bandwidth the five fit GPUs give an HBM card of Volta or later (NeuSight's "
-                   "V100 and A100 stream element-wise kernels at about 92% of their datasheet bandwidth): the H200 "
+                   "V100 and A100 stream element-wise kernels at about 92% of their datasheet bandwidth): this GPU "
                    "streams them closer to its datasheet bandwidth (gelu / add predicted "
                    f"{k['gelu'].ratio['calibrated, our floor']:.2f} / {k['add'].ratio['calibrated, our floor']:.2f}x "
                    "too slow). The launch cost belongs to "
@@ -132,19 +146,20 @@ def findings(checks, runs, folder: Path, env: dict, fit: GpuFit) -> list[str]:
         v, rv = whole_mape(runs, "two-GPU fit (v1)", False)
         out.append(f"* **Whole models:** the symptom of the issue (a newer GPU predicted too fast) is gone: "
                    f"inference {b:.1f}% (mean ratio {rb:.3f}; the two-GPU fit {v:.1f}%, ratio {rv:.3f}); training "
-                   f"{a:.1f}% (mean ratio {ra:.3f}; {'too slow' if ra > 1 else 'too fast'} on average, most on the "
-                   f"smallest workloads). With the per-kernel launch cost at 0 training is {c:.1f}% (ratio "
-                   f"{rc:.3f}). The fit before per-class harness floors carried a launch cost of 19 us (the memory-"
-                   "bound kernel rows pulled it up): training 10.2% (ratio 1.102), inference 4.6% (0.994); the "
-                   "current fit's launch cost is "
-                   f"{1e6 * fit.p('launch'):.1f} us. A refit that lets a kernel hide its launch behind the previous "
-                   "kernel (`work + launch - h min(work, launch)`, h fitted at 0.48, on the fit before the floors) "
-                   "left training at 10.7% and inference at 4.4% and was not shipped.")
+                   f"{a:.1f}% (mean ratio {ra:.3f}; {'too slow' if ra > 1 else 'too fast'} on average). With the per-kernel launch cost at 0 training is {c:.1f}% (ratio "
+                   f"{rc:.3f}). The current fit's launch cost is {1e6 * fit.p('launch'):.1f} us; the fit before per-class "
+                   "harness floors carried 19 us (the memory-bound kernel rows pulled it up) and gave the H200 "
+                   "training 10.2% (ratio 1.102), inference 4.6% (0.994); a refit that lets a kernel hide its launch "
+                   "behind the previous kernel (`work + launch - h min(work, launch)`, h fitted at 0.48, on the fit "
+                   "before the floors) left the H200's training at 10.7% and inference at 4.4% and was not shipped.")
     if (folder / "optimizer.json").is_file():
-        out.append("* **Optimizer step:** AdamW (foreach, fp32) moves 28 bytes per parameter at about 30% of the "
-                   "copy rate on every model size: a bandwidth-bound step at a fixed low efficiency (the "
-                   "multi-tensor kernels). The simulator's step time leaves the optimizer out today; this is the "
-                   "measured rule for adding it (28 B per parameter / (0.3 x bandwidth) on this GPU).")
+        frac = optimizer_fraction(folder, env)
+        pct = (f"{100 * frac[0]:.0f}" if round(100 * frac[0]) == round(100 * frac[1])
+               else f"{100 * frac[0]:.0f}-{100 * frac[1]:.0f}")
+        out.append(f"* **Optimizer step:** AdamW (foreach, fp32) moves 28 bytes per parameter at {pct}% of the copy rate on every model size: a bandwidth-bound step at a fixed low "
+                   "efficiency (the multi-tensor kernels). The simulator's step time leaves the optimizer out today; "
+                   f"this is the measured rule for adding it (28 B per parameter / ({frac[0]:.2f} x copy rate) on this "
+                   "GPU).")
     e1, n1, e2, n2 = executor_split(folder)
     if n1:
         out.append(f"* **Our executor on CPU + GPU:** single-device placements {e1:.1f}% MAPE ({n1}), placements "
@@ -169,9 +184,11 @@ def main() -> int:
     ap.add_argument("--gpu", default="nvidia_h200", help="folder under placement_rl/data/measured/")
     ap.add_argument("--data", default=None, help="the public gpu-measurements folder (for the workloads' graphs)")
     ap.add_argument("--fit", nargs="*", default=[], help="more fit files to compare (label = file stem)")
-    ap.add_argument("--out", default=str(ROOT / "docs" / "fidelity_h200.md"))
+    ap.add_argument("--out", default=None, help="default docs/fidelity_<gpu without 'nvidia_'>.md")
     args = ap.parse_args()
     folder = MEASURED_DIR / args.gpu
+    if args.out is None:
+        args.out = str(ROOT / "docs" / f"fidelity_{args.gpu.removeprefix('nvidia_')}.md")
     try:
         if not folder.is_dir():
             raise PlacementRLError(f"no measured GPU folder '{folder}' (have: "
