@@ -1,6 +1,7 @@
 """Fidelity report: simulator (with measured profiles) against the local executor, for every zoo model.
 
     python scripts/fidelity.py --out outputs/fidelity [--models mlp gpt] [--random 4] [--steps 5]
+    python scripts/fidelity.py --replay placement_rl/data/measured/nvidia_h200/executor [--out DIR]
 
 For each model (small options so the whole run takes minutes on 2 CPU cores): capture, profile each
 physical device of the topology (``placement_rl.profiling``), benchmark the ``copy`` link, then for a set
@@ -8,6 +9,13 @@ of placements (every single device, each baseline placer, random ones) predict t
 (``predict_step_time``) and measure it (``run_placement``). Writes ``fidelity.csv``, ``fidelity.md``,
 ``fidelity.png`` and the profiles (``profiles.json``) to ``--out``. Topology: ``local`` when a CUDA GPU is
 present, else ``2x_cpu`` (two logical devices sharing the CPU; see ``placement_rl.profiling.fidelity``).
+
+``--replay DIR`` runs nothing: it reads a shipped ``DIR/profiles.json`` and ``DIR/fidelity.csv`` (made by this
+script on another machine), re-captures each model of the csv, rebuilds the same placements (the placers run on
+the shipped profiles' costs, same budget and seed) and re-predicts every row, against the csv's measured times.
+The topology is the recorded machine's ``local`` one (its profiled devices, links from the profile's fits). A
+model whose graph captures differently here (other torch / transformers: another fingerprint) is reported and
+skipped. Writes ``replay.csv`` (shipped and replayed prediction per row) to ``--out`` when given.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from placement_rl.graph import zoo
 from placement_rl.graph.capture import capture
 from placement_rl.profiling import ProfileDB, bench_copy, measured_costs, physical_topology, profile_graph
 from placement_rl.profiling.fidelity import evaluate_placements, summarize, write_report
-from placement_rl.topology import load_topology
+from placement_rl.topology import Device, DeviceTopology, load_topology
 
 # Small configurations: each model profiles and runs a step in well under a second on one CPU thread.
 SMALL = {
@@ -60,9 +68,94 @@ def placements_for(graph, costs, topology, *, num_random: int, budget: int, seed
     return out
 
 
+def recorded_topology(db: ProfileDB, name: str = "local") -> DeviceTopology:
+    """The topology a shipped profile was measured on: one device per profiled device (``cpu`` first), linked by
+    the profile's measured ``copy`` fits (``apply_links``). Only what the prediction and the placers read matters
+    here: measured times replace the devices' peak figures; memory is not a constraint for these small models."""
+    devs = db.data["devices"]
+    names = sorted(devs, key=lambda n: (devs[n].get("kind") != "cpu", n))
+    devices = tuple(Device(name=n, kind=devs[n]["kind"], torch_device=devs[n]["torch_device"], peak_flops=1e12,
+                           mem_bandwidth=1e11, memory_bytes=1e12, host=0, model=str(devs[n].get("model", "")))
+                    for n in names)
+    k = len(devices)
+    bw, lat = np.full((k, k), np.inf), np.zeros((k, k))
+    kinds = tuple(tuple("local" if i == j else "pcie" for j in range(k)) for i in range(k))
+    for i in range(k):
+        for j in range(k):
+            if i != j:
+                bw[i, j], lat[i, j] = 16e9, 1e-5  # replaced by the measured fits below
+    topo = DeviceTopology(name=name, devices=devices, link_bandwidth=bw, link_latency=lat, link_kind=kinds,
+                          description=f"recorded: {', '.join(d.model or d.name for d in devices)}")
+    return db.apply_links(topo)
+
+
+def replay(folder: Path, out: Path | None, *, models: list[str] | None, num_random: int, budget: int,
+           seed: int) -> list[dict]:
+    """Re-predict every row of ``folder/fidelity.csv`` from ``folder/profiles.json`` (see the module docstring)."""
+    import csv
+
+    from placement_rl.profiling.fidelity import fidelity_stats, predict_step_time
+
+    db = ProfileDB.load(folder / "profiles.json")
+    topology = recorded_topology(db)
+    phys, _ = physical_topology(topology)
+    with open(folder / "fidelity.csv", newline="") as fh:
+        shipped = list(csv.DictReader(fh))
+    order = list(dict.fromkeys(r["model"] for r in shipped))
+    out_rows: list[dict] = []
+    for name in order:
+        if models and name not in models:
+            continue
+        module, inputs = zoo.build(name, **SMALL.get(name, {}))
+        graph = capture(module, inputs, name=name)
+        if db.graph_entry(graph) is None:
+            entries = [fp for fp, e in db.data["graphs"].items() if e["name"] == name]
+            recorded = db.data["graphs"][entries[0]] if entries else None
+            print(f"{name}: SKIPPED, captured graph {graph.fingerprint()} ({graph.num_nodes} nodes) is not in the "
+                  f"profile (recorded: {entries or 'none'}"
+                  + (f", {len(recorded['nodes'])} nodes" if recorded else "") + "): the graph captures differently "
+                  "here (torch / transformers versions), so its placements cannot be rebuilt")
+            continue
+        costs = measured_costs(graph, topology, db)
+        places = placements_for(graph, costs, topology, num_random=num_random, budget=budget, seed=seed)
+        phys_costs = measured_costs(graph, phys, db)
+        for r in (r for r in shipped if r["model"] == name):
+            if r["placement"] not in places:
+                print(f"  {name}/{r['placement']}: not rebuilt here")
+                continue
+            dev = places[r["placement"]]
+            pred = predict_step_time(graph, topology, dev, db, costs=phys_costs)
+            old = float(r["predicted_s"])
+            out_rows.append({"model": name, "placement": r["placement"], "transfers": pred.num_transfers,
+                             "transfers_shipped": int(r["transfers"]),
+                             "devices_used": int(len(set(np.asarray(dev).tolist()))),
+                             "predicted_shipped_s": old, "predicted_s": pred.step_time,
+                             "measured_s": float(r["measured_s"]), "rel_diff": (pred.step_time - old) / old,
+                             "device_of_node": np.asarray(dev).tolist()})
+    if out_rows:
+        worst = max(abs(r["rel_diff"]) for r in out_rows)
+        same_t = all(r["transfers"] == r["transfers_shipped"] for r in out_rows)
+        print(f"replayed {len(out_rows)} of {len(shipped)} rows; max |relative difference| from the shipped "
+              f"predicted_s {worst:.2e}; transfer counts {'all equal' if same_t else 'DIFFER'}")
+        for label, sel in (("all", out_rows), ("crossing", [r for r in out_rows if r["transfers"] > 0])):
+            for key in ("predicted_shipped_s", "predicted_s"):
+                st = fidelity_stats(np.array([r[key] for r in sel]), np.array([r["measured_s"] for r in sel]))
+                print(f"  {label:8s} {key:20s} n={st['n']:3d} MAPE {st['mape']:5.1f}% Spearman {st['spearman']:.3f}")
+    if out is not None and out_rows:
+        out.mkdir(parents=True, exist_ok=True)
+        keys = [k for k in out_rows[0] if k != "device_of_node"]
+        with open(out / "replay.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=keys, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(out_rows)
+    return out_rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="outputs/fidelity")
+    ap.add_argument("--out", default=None, help="default outputs/fidelity (none with --replay)")
+    ap.add_argument("--replay", default=None,
+                    help="folder with a shipped profiles.json and fidelity.csv: re-predict its rows, run nothing")
     ap.add_argument("--models", nargs="*", default=None)
     ap.add_argument("--topology", default=None)
     ap.add_argument("--random", type=int, default=4)
@@ -77,6 +170,11 @@ def main() -> None:
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
+    if args.replay:
+        replay(Path(args.replay), Path(args.out) if args.out else None, models=args.models, num_random=args.random,
+               budget=args.budget, seed=args.seed)
+        return
+    args.out = args.out or "outputs/fidelity"
     topo_name = args.topology or ("local" if torch.cuda.is_available() else "2x_cpu")
     topology = load_topology(topo_name)
     phys, _ = physical_topology(topology)
