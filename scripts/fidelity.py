@@ -90,11 +90,16 @@ def recorded_topology(db: ProfileDB, name: str = "local") -> DeviceTopology:
 
 
 def replay(folder: Path, out: Path | None, *, models: list[str] | None, num_random: int, budget: int,
-           seed: int) -> list[dict]:
-    """Re-predict every row of ``folder/fidelity.csv`` from ``folder/profiles.json`` (see the module docstring)."""
+           seed: int, fit_crossing: bool = False) -> list[dict]:
+    """Re-predict every row of ``folder/fidelity.csv`` from ``folder/profiles.json`` (see the module docstring).
+
+    Each row is predicted twice: ``crossing=False`` (the model the csv was made with: must reproduce its
+    ``predicted_s``) and with the host timeline for CPU + GPU placements (``HOST_CROSSING_FACTOR``).
+    ``fit_crossing``: also print the factor that minimises the MAPE over these rows (grid 0-6, step 0.05).
+    """
     import csv
 
-    from placement_rl.profiling.fidelity import fidelity_stats, predict_step_time
+    from placement_rl.profiling import fidelity as fid
 
     db = ProfileDB.load(folder / "profiles.json")
     topology = recorded_topology(db)
@@ -103,6 +108,7 @@ def replay(folder: Path, out: Path | None, *, models: list[str] | None, num_rand
         shipped = list(csv.DictReader(fh))
     order = list(dict.fromkeys(r["model"] for r in shipped))
     out_rows: list[dict] = []
+    cases = []
     for name in order:
         if models and name not in models:
             continue
@@ -114,7 +120,8 @@ def replay(folder: Path, out: Path | None, *, models: list[str] | None, num_rand
             print(f"{name}: SKIPPED, captured graph {graph.fingerprint()} ({graph.num_nodes} nodes) is not in the "
                   f"profile (recorded: {entries or 'none'}"
                   + (f", {len(recorded['nodes'])} nodes" if recorded else "") + "): the graph captures differently "
-                  "here (torch / transformers versions), so its placements cannot be rebuilt")
+                  "here (torch / transformers versions; the shipped gpt2_hf graphs were captured with "
+                  "transformers 5.10), so its placements cannot be rebuilt")
             continue
         costs = measured_costs(graph, topology, db)
         places = placements_for(graph, costs, topology, num_random=num_random, budget=budget, seed=seed)
@@ -124,28 +131,46 @@ def replay(folder: Path, out: Path | None, *, models: list[str] | None, num_rand
                 print(f"  {name}/{r['placement']}: not rebuilt here")
                 continue
             dev = places[r["placement"]]
-            pred = predict_step_time(graph, topology, dev, db, costs=phys_costs)
+            before = fid.predict_step_time(graph, topology, dev, db, costs=phys_costs, crossing=False)
+            after = fid.predict_step_time(graph, topology, dev, db, costs=phys_costs)
             old = float(r["predicted_s"])
-            out_rows.append({"model": name, "placement": r["placement"], "transfers": pred.num_transfers,
+            cases.append((graph, dev, phys_costs, float(r["measured_s"]), after.host_serial))
+            out_rows.append({"model": name, "placement": r["placement"], "transfers": before.num_transfers,
                              "transfers_shipped": int(r["transfers"]),
                              "devices_used": int(len(set(np.asarray(dev).tolist()))),
-                             "predicted_shipped_s": old, "predicted_s": pred.step_time,
-                             "measured_s": float(r["measured_s"]), "rel_diff": (pred.step_time - old) / old,
-                             "device_of_node": np.asarray(dev).tolist()})
+                             "crossing": before.num_transfers > 0, "host_serial": after.host_serial,
+                             "crossings": after.crossings, "crossing_cost_s": after.crossing_cost,
+                             "predicted_shipped_s": old, "predicted_s": before.step_time,
+                             "predicted_host_s": after.step_time, "measured_s": float(r["measured_s"]),
+                             "rel_diff": (before.step_time - old) / old})
     if out_rows:
         worst = max(abs(r["rel_diff"]) for r in out_rows)
         same_t = all(r["transfers"] == r["transfers_shipped"] for r in out_rows)
-        print(f"replayed {len(out_rows)} of {len(shipped)} rows; max |relative difference| from the shipped "
-              f"predicted_s {worst:.2e}; transfer counts {'all equal' if same_t else 'DIFFER'}")
-        for label, sel in (("all", out_rows), ("crossing", [r for r in out_rows if r["transfers"] > 0])):
-            for key in ("predicted_shipped_s", "predicted_s"):
-                st = fidelity_stats(np.array([r[key] for r in sel]), np.array([r["measured_s"] for r in sel]))
-                print(f"  {label:8s} {key:20s} n={st['n']:3d} MAPE {st['mape']:5.1f}% Spearman {st['spearman']:.3f}")
+        print(f"replayed {len(out_rows)} of {len(shipped)} rows; max |relative difference| of the crossing=False "
+              f"prediction from the shipped predicted_s {worst:.2e}; transfer counts {'all equal' if same_t else 'DIFFER'}")
+        print(f"{'rows':10s} {'n':>3s}  {'MAPE before':>11s} {'Spearman':>8s}  {'MAPE after':>10s} {'Spearman':>8s}")
+        groups = [("all", out_rows), ("crossing", [r for r in out_rows if r["crossing"]])]
+        groups += [(m, [r for r in out_rows if r["model"] == m]) for m in dict.fromkeys(r["model"] for r in out_rows)]
+        for label, sel in groups:
+            m = np.array([r["measured_s"] for r in sel])
+            b = fid.fidelity_stats(np.array([r["predicted_s"] for r in sel]), m)
+            a = fid.fidelity_stats(np.array([r["predicted_host_s"] for r in sel]), m)
+            print(f"{label:10s} {b['n']:3d}  {b['mape']:10.1f}% {b['spearman']:8.3f}  {a['mape']:9.1f}% {a['spearman']:8.3f}")
+    if fit_crossing and cases:
+        grid = np.round(np.arange(0.0, 6.0001, 0.05), 2)
+        meas = np.array([c[3] for c in cases])
+        errs = []
+        for f in grid:
+            pred = np.array([fid.predict_step_time(g, topology, d, db, costs=pc, crossing_factor=float(f)).step_time
+                             for g, d, pc, _, _ in cases])
+            errs.append(fid.mape(pred, meas))
+        k = int(np.argmin(errs))
+        print(f"crossing factor minimising the MAPE over these {len(cases)} rows: {grid[k]:.2f} "
+              f"(MAPE {errs[k]:.2f}%; factor 0: {errs[0]:.2f}%; in use: {fid.HOST_CROSSING_FACTOR})")
     if out is not None and out_rows:
         out.mkdir(parents=True, exist_ok=True)
-        keys = [k for k in out_rows[0] if k != "device_of_node"]
         with open(out / "replay.csv", "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=keys, extrasaction="ignore")
+            w = csv.DictWriter(fh, fieldnames=list(out_rows[0]))
             w.writeheader()
             w.writerows(out_rows)
     return out_rows
@@ -156,6 +181,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="default outputs/fidelity (none with --replay)")
     ap.add_argument("--replay", default=None,
                     help="folder with a shipped profiles.json and fidelity.csv: re-predict its rows, run nothing")
+    ap.add_argument("--fit-crossing", action="store_true",
+                    help="with --replay: print the host-crossing factor that minimises the MAPE over the rows")
     ap.add_argument("--models", nargs="*", default=None)
     ap.add_argument("--topology", default=None)
     ap.add_argument("--random", type=int, default=4)
@@ -172,7 +199,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.replay:
         replay(Path(args.replay), Path(args.out) if args.out else None, models=args.models, num_random=args.random,
-               budget=args.budget, seed=args.seed)
+               budget=args.budget, seed=args.seed, fit_crossing=args.fit_crossing)
         return
     args.out = args.out or "outputs/fidelity"
     topo_name = args.topology or ("local" if torch.cuda.is_available() else "2x_cpu")

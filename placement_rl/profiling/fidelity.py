@@ -21,6 +21,22 @@ What the prediction assumes about the executor it is compared with (``predict_st
   predicted), added once (``step_overhead``; the one-process executor pays it on one host thread).
   Negative residuals (noise) count as 0.
 
+* **A CPU and a CUDA GPU on one host** (topology ``local``), when a placement uses both: the executor is one
+  Python thread, and every crossing synchronises it with the GPU stream (a GPU -> CPU ``.to()`` is a
+  synchronous copy that waits for the GPU queue to drain; a CPU -> GPU copy from pageable memory syncs the
+  stream before it starts and blocks the host while it stages), so CPU and GPU work do not overlap across
+  a crossing, and between crossings the GPU only runs behind the host's launches (at these sizes the GPU
+  ops are launch-bound: their measured times are host time). The simulator's two free-running devices are
+  replaced by one host timeline (``host_serial_step``): every op's measured fwd + bwd time, plus each forward
+  transfer and each gradient transfer (``needs_grad``) at the measured link fit, plus ``crossing_cost`` per
+  CPU<->GPU transfer in either pass: what the copy benchmark (one warm ``.to()``, CUDA events) does not see,
+  i.e. the wait for the stream and, in backward, the autograd engine's hand-off between its CPU thread and
+  its CUDA device thread. That cost is ``HOST_CROSSING_FACTOR`` x the GPU's measured engine start
+  (``bwd_call_overhead`` of the profiled GPU, which is one such hand-off and back); the factor is the one
+  free constant, fitted on the H200's executor rows only (``scripts/fidelity.py --replay ... --fit-crossing``),
+  the H100's rows held out. The optimizer steps of the two devices run one after the other on that thread
+  (summed, not the maximum).
+
 ``fidelity_stats`` gives MAPE and Spearman's rank correlation.
 """
 
@@ -30,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from placement_rl.cost import resolve_costs, simulate
+from placement_rl.cost import needs_grad, resolve_costs, simulate
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import ProfileError
 from placement_rl.graph.ir import CompGraph
@@ -77,15 +93,24 @@ def measured_costs(graph: CompGraph, topology: DeviceTopology, db: ProfileDB, *,
                      launch_overhead=costs.launch_overhead)
 
 
+# Crossing cost of the one-thread executor (see the module docstring), in units of the GPU's measured autograd
+# engine start (``bwd_call_overhead``). Fitted (MAPE over the 60 rows) on the H200 executor rows only:
+# placement_rl/data/measured/nvidia_h200/executor, ``scripts/fidelity.py --replay <it> --fit-crossing``.
+HOST_CROSSING_FACTOR = 1.80
+
+
 @dataclass(frozen=True)
 class Prediction:
     step_time: float  # simulated + shared-device transfers + optimizer
-    simulated: float  # simulator step time on the physical topology
+    simulated: float  # simulator step time on the physical topology (the host timeline when host_serial)
     shared_transfers: float  # seconds of transfers between logical devices on one torch device
-    optimizer: float  # seconds of the optimizer step (slowest physical device)
+    optimizer: float  # seconds of the optimizer step (slowest physical device; summed when host_serial)
     step_overhead: float  # measured whole step minus the sum of per-op times (largest over used devices)
     num_transfers: int  # cross-device transfers of the placement (logical devices)
     source: tuple[str, ...]  # cost source per physical device
+    host_serial: bool = False  # a CPU and a CUDA device of one host both used: one host timeline (docstring)
+    crossings: int = 0  # CPU<->GPU transfers, forward and gradient, charged crossing_cost each
+    crossing_cost: float = 0.0  # seconds per crossing (HOST_CROSSING_FACTOR x the GPU's engine start)
 
 
 def _transfers(graph: CompGraph, dev: np.ndarray) -> list[tuple[int, int, float]]:
@@ -98,19 +123,80 @@ def _transfers(graph: CompGraph, dev: np.ndarray) -> list[tuple[int, int, float]
     return [(s, d, b) for (s, d), b in out.items()]
 
 
+def _torch_type(td: str) -> str:
+    return "cuda" if td.startswith("cuda") else td.split(":", 1)[0]
+
+
+def mixes_host_cpu_and_cuda(topology: DeviceTopology, used: np.ndarray | list[int]) -> bool:
+    """True when the devices ``used`` include a CPU and a CUDA device on one host (one executor thread)."""
+    kinds: dict[int, set[str]] = {}
+    for j in sorted(set(np.asarray(used).tolist())):
+        d = topology.devices[int(j)]
+        kinds.setdefault(d.host, set()).add(_torch_type(d.torch_device))
+    return any({"cpu", "cuda"} <= k for k in kinds.values())
+
+
+def gpu_crossing_cost(db: ProfileDB, gpu, factor: float = HOST_CROSSING_FACTOR) -> float:
+    """Seconds one CPU<->GPU crossing costs the one-thread executor beyond the link fit: ``factor`` x the GPU's
+    measured autograd engine start (``bwd_call_overhead``, recorded by ``profile_graph``)."""
+    name = db.resolve_device(gpu)
+    got = db.data["devices"].get(name, {}).get("bwd_call_overhead") if name is not None else None
+    if got is None:
+        raise ProfileError(f"profile {db.label} has no 'bwd_call_overhead' for device '{gpu.name}': profile a graph "
+                           "there (profile_graph records it)")
+    return factor * float(got)
+
+
+def host_serial_step(graph: CompGraph, costs: CostTable, phys: DeviceTopology, pdev: np.ndarray,
+                     crossing_cost: dict[int, float]) -> tuple[float, int, float]:
+    """Forward + backward time of a placement on physical devices as one host thread runs it (module docstring).
+
+    Every op's fwd + bwd on its device, plus each transfer (one per source value and destination device, the
+    largest edge's bytes) at ``latency + bytes / bandwidth`` of the cost table's link, once forward and once
+    more for its gradient when the value needs one, plus ``crossing_cost[gpu index]`` for each of those between
+    a CPU and a CUDA device. Returns ``(seconds, crossings, seconds of crossing costs)``.
+    """
+    pdev = np.asarray(pdev, dtype=np.int64)
+    idx = np.arange(graph.num_nodes)
+    total = float(costs.fwd_time[idx, pdev].sum() + costs.bwd_time[idx, pdev].sum())
+    need = needs_grad(graph)
+    crossings, extra = 0, 0.0
+    for s, d, nbytes in _transfers(graph, pdev):
+        a, b = int(pdev[s]), int(d)
+        passes = 2 if need[s] else 1
+        total += passes * (float(costs.link_latency[a, b]) + nbytes / float(costs.link_bandwidth[a, b]))
+        ta, tb = _torch_type(phys.devices[a].torch_device), _torch_type(phys.devices[b].torch_device)
+        if {ta, tb} == {"cpu", "cuda"} and phys.devices[a].host == phys.devices[b].host:
+            crossings += passes
+            extra += passes * crossing_cost[a if ta == "cuda" else b]
+    return total + extra, crossings, extra
+
+
 def predict_step_time(graph: CompGraph, topology: DeviceTopology, placement: Placement | np.ndarray, db: ProfileDB,
                       *, costs: CostTable | None = None, optimizer: bool = True,
-                      step_overhead: bool = True) -> Prediction:
+                      step_overhead: bool = True, crossing: bool = True,
+                      crossing_factor: float = HOST_CROSSING_FACTOR) -> Prediction:
     """Predicted training-step time of ``placement`` as the local executor runs it (see module docstring).
 
     ``costs``: a cost table already resolved for the physical topology (``measured_costs(graph,
-    physical_topology(topology)[0], db)``), to save resolving it per placement.
+    physical_topology(topology)[0], db)``), to save resolving it per placement. ``crossing=False``: the
+    simulator's free-running devices even where a CPU and a GPU of one host are both used (the model before
+    the host timeline; ``scripts/fidelity.py --replay`` reproduces shipped predictions with it).
     """
     dev = np.asarray(placement.device_of_node if isinstance(placement, Placement) else placement, dtype=np.int64)
     phys, phys_of = physical_topology(topology)
     if costs is None:
         costs = measured_costs(graph, phys, db)
-    sim = float(simulate(graph, costs, phys, Placement(phys_of[dev])).step_time)
+    pdev = phys_of[dev]
+    host_serial = crossing and mixes_host_cpu_and_cuda(phys, pdev)
+    crossings, per_crossing = 0, 0.0
+    if host_serial:
+        cost_of = {j: gpu_crossing_cost(db, d, crossing_factor) for j, d in enumerate(phys.devices)
+                   if _torch_type(d.torch_device) == "cuda" and j in set(pdev.tolist())}
+        sim, crossings, extra = host_serial_step(graph, costs, phys, pdev, cost_of)
+        per_crossing = extra / crossings if crossings else 0.0
+    else:
+        sim = float(simulate(graph, costs, phys, Placement(pdev)).step_time)
     transfers = _transfers(graph, dev)
     shared = 0.0
     for s, d, nbytes in transfers:
@@ -143,9 +229,11 @@ def predict_step_time(graph: CompGraph, topology: DeviceTopology, placement: Pla
             if got is None:
                 raise ProfileError(f"profile {db.label} has no optimizer time for graph '{graph.name}' on device "
                                    f"'{d.name}': profile this graph there (profile_graph)")
-            opt = max(opt, got[0] * per_phys[j] / max(total, 1.0))
+            share = got[0] * per_phys[j] / max(total, 1.0)
+            opt = opt + share if host_serial else max(opt, share)  # one thread steps each device in turn
     return Prediction(step_time=sim + shared + opt + overhead, simulated=sim, shared_transfers=shared,
-                      optimizer=opt, step_overhead=overhead, num_transfers=len(transfers), source=costs.source)
+                      optimizer=opt, step_overhead=overhead, num_transfers=len(transfers), source=costs.source,
+                      host_serial=host_serial, crossings=crossings, crossing_cost=per_crossing)
 
 
 def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
