@@ -147,7 +147,8 @@ def replay(folder: Path, out: Path | None, *, models: list[str] | None, num_rand
         worst = max(abs(r["rel_diff"]) for r in out_rows)
         same_t = all(r["transfers"] == r["transfers_shipped"] for r in out_rows)
         print(f"replayed {len(out_rows)} of {len(shipped)} rows; max |relative difference| of the crossing=False "
-              f"prediction from the shipped predicted_s {worst:.2e}; transfer counts {'all equal' if same_t else 'DIFFER'}")
+              f"prediction from the shipped predicted_s {worst:.2e}; "
+              f"transfer counts {'all equal' if same_t else 'DIFFER'}")
         print(f"{'rows':10s} {'n':>3s}  {'MAPE before':>11s} {'Spearman':>8s}  {'MAPE after':>10s} {'Spearman':>8s}")
         groups = [("all", out_rows), ("crossing", [r for r in out_rows if r["crossing"]])]
         groups += [(m, [r for r in out_rows if r["model"] == m]) for m in dict.fromkeys(r["model"] for r in out_rows)]
@@ -155,7 +156,8 @@ def replay(folder: Path, out: Path | None, *, models: list[str] | None, num_rand
             m = np.array([r["measured_s"] for r in sel])
             b = fid.fidelity_stats(np.array([r["predicted_s"] for r in sel]), m)
             a = fid.fidelity_stats(np.array([r["predicted_host_s"] for r in sel]), m)
-            print(f"{label:10s} {b['n']:3d}  {b['mape']:10.1f}% {b['spearman']:8.3f}  {a['mape']:9.1f}% {a['spearman']:8.3f}")
+            print(f"{label:10s} {b['n']:3d}  {b['mape']:10.1f}% {b['spearman']:8.3f}  "
+                  f"{a['mape']:9.1f}% {a['spearman']:8.3f}")
     if fit_crossing and cases:
         grid = np.round(np.arange(0.0, 6.0001, 0.05), 2)
         meas = np.array([c[3] for c in cases])
