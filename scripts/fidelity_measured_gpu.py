@@ -163,9 +163,10 @@ def findings(checks, runs, folder: Path, env: dict, fit: GpuFit) -> list[str]:
     e1, n1, e2, n2 = executor_split(folder)
     if n1:
         out.append(f"* **Our executor on CPU + GPU:** single-device placements {e1:.1f}% MAPE ({n1}), placements "
-                   f"that cross the CPU-GPU boundary {e2:.1f}% ({n2}), all under-predicted: a CPU-GPU transfer in "
-                   "the executor synchronises the two devices and costs more than the copy benchmark's bandwidth "
-                   "and latency say.")
+                   f"that cross the CPU-GPU boundary {e2:.1f}% ({n2}), all under-predicted as measured: a CPU-GPU "
+                   "transfer in the executor synchronises the two devices and costs more than the copy benchmark's "
+                   "bandwidth and latency say. The prediction now puts such placements on one host timeline with a "
+                   "cost per crossing (docs/fidelity_crossing.md, `scripts/fidelity.py --replay`).")
     return out + [""]
 
 

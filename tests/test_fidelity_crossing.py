@@ -115,3 +115,23 @@ def test_replay_reproduces_shipped_mlp_rows(gpu):
             assert r["host_serial"] and r["predicted_host_s"] > r["predicted_s"]
         else:
             assert r["predicted_host_s"] == pytest.approx(r["predicted_s"], rel=1e-12)
+
+
+def test_measure_crossing_script_runs_on_the_cpu_and_refuses_without_a_gpu(tmp_path):
+    """scripts/measure_crossing.py: the CPU smoke run writes every field; asking for CUDA without one exits 2."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "measure_crossing.py"
+    out = tmp_path / "c.json"
+    r = subprocess.run([sys.executable, str(script), "--out", str(out), "--device", "cpu", "--steps", "2",
+                        "--rounds", "1", "--width", "32", "--batch", "4"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads(out.read_text())
+    assert set(d["step_s"]) == {"1", "3", "7", "15", "31"} and all(v > 0 for v in d["step_s"].values())
+    assert d["grad_call_overhead_s"] > 0 and d["d2h_after_op_s"] > 0 and "per_crossing_s" in d
+    r = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "x.json")], capture_output=True,
+                       text=True, timeout=120, env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 2 and "no CUDA GPU" in r.stderr and not (tmp_path / "x.json").exists()
