@@ -17,6 +17,35 @@ from agents.device_policy import DevicePolicy
 from envs.constructive_task import ConstructiveTask
 
 
+def warm_kernels(policy: DevicePolicy) -> float:
+    """Run the decodes ``evaluate`` runs (greedy, sampled; with threads where ``PLACEMENT_RL_DECODE_THREADS``
+    asks for them, ``placement_rl.cost.split``) and ``simulate`` once on a 48-node graph, so that numba compiles or
+    loads its kernels before anything is timed. Returns its seconds: on the first run after an install numba
+    compiles (15-20 s on a 2-core machine), afterwards it loads them from its cache (well under 1 s)."""
+    import time
+
+    from agents.constructive import graph_tensors
+    from agents.fast_decode import greedy_devices
+    from placement_rl.cost import resolve_costs, simulate
+    from placement_rl.cost.split import threads_asked
+    from placement_rl.graph import synthetic
+    from placement_rl.topology import load_topology
+
+    t0 = time.perf_counter()
+    g, topo = synthetic.sample("layered", num_nodes=48, seed=0), load_topology("8x_a100_nvswitch")
+    costs = resolve_costs(g, topo)
+    task = ConstructiveTask(g, topo, costs)
+    was = policy.training
+    res = evaluate(policy, [task], samples=4)[0]  # 4 x 48 x 8^2 node-device steps: the episodes go on threads
+    simulate(g, costs, topo, res.greedy.devices[0])
+    if threads_asked() > 1:  # the threaded decode runs only above a work threshold: forced here
+        with torch.no_grad():
+            h = policy.embed(*graph_tensors(task)).double().numpy()
+        greedy_devices(policy, task.state(1), h, threads=2)
+    policy.train(was)
+    return time.perf_counter() - t0
+
+
 def geomean(x: Sequence[float]) -> float:
     return float(np.exp(np.mean(np.log(np.asarray(x, dtype=np.float64))))) if len(x) else float("nan")
 

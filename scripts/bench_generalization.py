@@ -143,35 +143,15 @@ def part_test(runs: list[str], out: Path | None, workers, cache: str | None, ste
         print(f"wrote {out / (stem + '.md')}")
 
 
-def _warm_decodes(policy) -> None:
-    """Compile the zero-shot decode kernels (threaded and serial) on a 400-node graph before anything is timed: on
-    a fresh checkout numba compiles them on first use (seconds, cached afterwards), which is not a decode's time."""
-    from agents.constructive import rollout
-    from envs.constructive_task import ConstructiveTask
-    from placement_rl.cost import resolve_costs
-    from placement_rl.cost.split import THREADS_ENV
-    from placement_rl.graph import synthetic
-    from placement_rl.topology import load_topology
-
-    g, topo = synthetic.sample("layered", num_nodes=400, seed=9), load_topology("8x_a100_nvswitch")
-    asked = os.environ.get(THREADS_ENV, "1")
-    try:
-        for threads in {asked, "1"}:
-            os.environ[THREADS_ENV] = threads
-            rollout(policy, ConstructiveTask(g, topo, resolve_costs(g, topo)), samples=1, greedy=True)
-    finally:
-        os.environ[THREADS_ENV] = asked
-
-
 def part_scale(policy) -> None:
     """2,000 and 10,000 nodes, where eft_rollout is too slow to use: greedy vs sim_eft and seconds."""
-    from agents.constructive_eval import evaluate
+    from agents.constructive_eval import evaluate, warm_kernels
     from envs.constructive_task import ConstructiveTask, sim_eft
     from placement_rl.cost import resolve_costs, simulate
     from placement_rl.graph import synthetic
     from placement_rl.topology import DeviceTopology, load_topology
 
-    _warm_decodes(policy)
+    warm_kernels(policy)  # numba's first compile on a fresh checkout is not a decode's time
     ratios = {}
     for n_nodes, target in ((2000, 1.0), (10000, 10.0)):
         for fam, tname in (("layered", "2x4_v100_ib"), ("dataflow", "8x_v100_dgx1"), ("series_parallel", "8x_a100_nvswitch")):
@@ -196,7 +176,7 @@ def part_scale(policy) -> None:
 
 def part_speed(policy, cfg) -> None:
     from agents.constructive import rollout
-    from agents.constructive_eval import evaluate
+    from agents.constructive_eval import evaluate, warm_kernels
     from agents.constructive_train import ConstructiveTrainer
     from envs.constructive_task import ConstructiveTask
     from placement_rl.cost import resolve_costs
@@ -261,7 +241,7 @@ def part_speed(policy, cfg) -> None:
     from placement_rl.cost.split import requested_threads
 
     os.environ[THREADS_ENV] = asked
-    _warm_decodes(policy)
+    warm_kernels(policy)  # numba's first compile on a fresh checkout is not a decode's time
     for n_nodes, target in ((2000, 1.0), (20000, 10.0)):
         g = synthetic.sample("layered", num_nodes=n_nodes, seed=0)
         topo = big

@@ -172,6 +172,7 @@ def test_place_window_overrides_and_honest_calls(tmp_path):
     assert r.returncode == 0, r.stderr
     m = json.loads((tmp_path / "full" / "metrics.json").read_text())
     assert m["window"] >= 50 and m["sim_calls"] == 2 * (50 * 8 + 1)
+    assert m["warm_up_seconds"] > 0.0  # numba's compile / cache load, kept out of the placement's own seconds
     r = cli(tmp_path, "place", "graph=synthetic", "graph.num_nodes=50", "topology=2x4_v100_ib", "samples=1",
             "compare=false", "full_window=0", "window=8", run="short")
     assert r.returncode == 0, r.stderr

@@ -14,7 +14,7 @@ from agents.fast_decode import Head, complete_greedy, greedy_devices
 from envs.constructive_task import ConstructiveTask
 from placement_rl.cost import resolve_costs
 from placement_rl.cost.schedule import ScheduleState
-from placement_rl.cost.split import MIN_WORK, THREADS_ENV, decode_split, split_threads
+from placement_rl.cost.split import MIN_WORK, THREADS_ENV, decode_split, split_threads, threads_asked
 from placement_rl.errors import ConfigError
 from placement_rl.graph import synthetic
 from placement_rl.topology import DeviceTopology, load_topology
@@ -116,6 +116,38 @@ def test_split_threads_only_where_asked_and_worth_threads(monkeypatch) -> None:
     assert split_threads(ScheduleState(small, resolve_costs(small, t), t, episodes=1, window=40)) == 1
     with pytest.raises(ValueError, match="one episode"):
         decode_split(ScheduleState(g, c, t, episodes=2, window=16), (np.zeros((1, 1)), ()), 2)
+
+
+def test_threads_asked_follows_the_decode_rule(monkeypatch) -> None:
+    """``threads_asked`` (what a large decode would use; ``warm_kernels`` warms the threaded kernels only then)
+    reads the same environment rule as ``split_threads``."""
+    import numba
+
+    monkeypatch.delenv(THREADS_ENV, raising=False)
+    assert threads_asked() == 1
+    monkeypatch.setenv(THREADS_ENV, "auto")
+    assert threads_asked() == numba.get_num_threads()
+    monkeypatch.setenv(THREADS_ENV, "1")
+    assert threads_asked() == 1
+    monkeypatch.setenv(THREADS_ENV, "none")
+    with pytest.raises(ConfigError, match=THREADS_ENV):
+        threads_asked()
+
+
+def test_warm_kernels_leaves_the_policy_as_it_was(monkeypatch) -> None:
+    """The warm-up before a timed placement runs the decodes on its own small graph: the policy's mode and weights
+    are unchanged, and a placement after it is the one without it."""
+    from agents.constructive_eval import evaluate, warm_kernels
+
+    monkeypatch.delenv(THREADS_ENV, raising=False)
+    policy = _policy(4, 16).train()
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    task = _task("layered", 60, 0, "4x_v100_nvlink", None, policy)
+    first = evaluate(policy, [task], samples=0)[0].greedy.devices
+    policy.train()
+    assert warm_kernels(policy) > 0.0 and policy.training
+    assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
+    np.testing.assert_array_equal(evaluate(policy, [task], samples=0)[0].greedy.devices, first)
 
 
 @pytest.mark.parametrize("case", [("layered", 160, 0, "8x_a100_nvswitch", None, 16),

@@ -17,7 +17,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     """A constructive (schedule-aware) policy: greedy and best of ``samples`` sampled placements, each a row."""
     import torch
 
-    from agents.constructive_eval import evaluate
+    from agents.constructive_eval import evaluate, warm_kernels
     from agents.constructive_train import load_policy
     from envs.constructive_task import ConstructiveTask
     from placement_rl.cost import resolve_costs
@@ -31,6 +31,10 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
             setattr(policy, key, int(cfg.get(key)))
     graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
     costs = resolve_costs(graph, topology)
+    compile_s = warm_kernels(policy)  # numba compiles on the first run after an install: not the placement's time
+    if compile_s > 2.0:
+        print(f"compiled the simulator and decode kernels in {compile_s:.1f} s (first run after an install; numba "
+              f"caches them)")
     t0 = time.perf_counter()
     task = ConstructiveTask.build(graph, topology, costs, teachers=False)
     res = evaluate(policy, [task], samples=int(cfg.samples), seed=int(cfg.seed))[0]
@@ -47,6 +51,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
                "samples": int(cfg.samples), "greedy_step_time": res.greedy_time,
                "best_of_k_step_time": res.best_time, "step_time": step_time, "chosen": chosen,
                "feasible": bool(res.greedy.feasible[0]) or use_best, "sim_calls": calls, "wall_seconds": wall,
+               "warm_up_seconds": compile_s,
                "cost_source": costs.describe_source(topology.device_names)}
     if cfg.compare:
         from placement_rl.cli.evaluate import compare_learned

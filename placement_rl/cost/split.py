@@ -172,6 +172,11 @@ def _threads(work: int, threshold: int, most: int) -> int:
     return 1 if work < threshold else max(1, min(requested_threads(), most))
 
 
+def threads_asked() -> int:
+    """Threads a decode large enough to be worth it would use in this process (1: the serial kernel)."""
+    return _threads(MIN_WORK, MIN_WORK, int(numba.get_num_threads()))
+
+
 def split_threads(st: ScheduleState) -> int:
     """Threads a greedy decode of ``st`` would use (1: the serial kernel; see the module doc)."""
     nd, n = st.topology.num_devices, st.num_nodes
