@@ -206,3 +206,15 @@ def build_topology(tcfg: DictConfig | str) -> DeviceTopology:
         return detect_local()
     data = {k: v for k, v in to_container(tcfg).items() if k != "path"}
     return DeviceTopology.from_dict(data, where=f"topology '{data.get('name', '?')}'")
+
+
+def warm_up(policy) -> float:
+    """Compile or load the numba kernels before anything is timed (``agents.constructive_eval.warm_kernels``); say
+    so when it took long (the first run after an install). Returns its seconds."""
+    from agents.constructive_eval import warm_kernels
+
+    seconds = warm_kernels(policy)
+    if seconds > 2.0:
+        print(f"compiled the simulator and decode kernels in {seconds:.1f} s (first run after an install; numba "
+              f"caches them)")
+    return seconds

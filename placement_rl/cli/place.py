@@ -8,7 +8,7 @@ import time
 import numpy as np
 from omegaconf import DictConfig
 
-from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir, save_plan
+from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir, save_plan, warm_up
 from placement_rl.errors import ConfigError
 from placement_rl.graph.io import atomic_write_text
 
@@ -17,7 +17,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     """A constructive (schedule-aware) policy: greedy and best of ``samples`` sampled placements, each a row."""
     import torch
 
-    from agents.constructive_eval import evaluate, warm_kernels
+    from agents.constructive_eval import evaluate
     from agents.constructive_train import load_policy
     from envs.constructive_task import ConstructiveTask
     from placement_rl.cost import resolve_costs
@@ -31,10 +31,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
             setattr(policy, key, int(cfg.get(key)))
     graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
     costs = resolve_costs(graph, topology)
-    compile_s = warm_kernels(policy)  # numba compiles on the first run after an install: not the placement's time
-    if compile_s > 2.0:
-        print(f"compiled the simulator and decode kernels in {compile_s:.1f} s (first run after an install; numba "
-              f"caches them)")
+    compile_s = warm_up(policy)  # numba compiles on the first run after an install: not the placement's time
     t0 = time.perf_counter()
     task = ConstructiveTask.build(graph, topology, costs, teachers=False)
     res = evaluate(policy, [task], samples=int(cfg.samples), seed=int(cfg.seed))[0]

@@ -6,7 +6,8 @@ import json
 
 from omegaconf import DictConfig
 
-from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir, save_plan, to_container
+from placement_rl.cli.common import (build_graph, build_topology, hydra_app, output_dir, save_plan, to_container,
+                                     warm_up)
 from placement_rl.errors import ConfigError
 from placement_rl.graph.io import atomic_write_text
 
@@ -129,6 +130,7 @@ def run_constructive(cfg: DictConfig) -> dict:
     set_windows(policy, fcfg)  # the agent's full_window / full_window_train over the checkpoint's
     costs = resolve_costs(graph, topology)
     out = output_dir()
+    warm_s = warm_up(policy)  # numba's first compile after an install is no row's seconds
     print(f"fine-tuning the policy {ckpt} on {graph.name} ({graph.num_nodes} nodes) / {topology.name} "
           f"({topology.num_devices} devices): {fcfg.rl_iters} iterations x {fcfg.samples} samples")
     res = finetune(graph, topology, costs, policy, fcfg, samples=int(cfg.agent.eval_samples),
@@ -140,7 +142,7 @@ def run_constructive(cfg: DictConfig) -> dict:
     rows = describe(res)
     metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, "checkpoint": ckpt,
                "cost_source": costs.describe_source(topology.device_names), "rows": rows,
-               "learned_step_time": best.step_time, "learned_row": best.label}
+               "learned_step_time": best.step_time, "learned_row": best.label, "warm_up_seconds": warm_s}
     files = ["checkpoint.pt", plan_file, "metrics.json", "learned.md", "training.png"]
     if any(r.kind == "search" for r in res.rows):
         s = res.best("search")
