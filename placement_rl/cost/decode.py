@@ -47,9 +47,8 @@ def device_scores(f, hv, mask, w1, b1, w2, b2, w3, b3, w4a, w4b, b4, w5, out):
 def _decode(start, chooser, order, window, node_h, w1, b1, w2, b2, w3, b3, w4a, w4b, b4, w5,
             dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, fwd, bwd, link_upper,
             link_coef, grad, static_mem, capacity, speed, inv_scale, tpb, conn, finish, arrive, sent, dev_free,
-            link_free, busy, mem, acc, bload, scratch, est, eft, nb, lb, feats, mask, save, undo_slot, undo_val, stats,
-            bfinish,
-            rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
+            link_free, busy, mem, acc, bload, memo_i, memo_stats, scratch, est, eft, nb, lb, feats, mask,
+            save, undo_slot, undo_val, stats, bfinish, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
     n = order.shape[0]
     k_eps, nd = dev_free.shape
     act = np.zeros(k_eps, np.int64)
@@ -62,9 +61,9 @@ def _decode(start, chooser, order, window, node_h, w1, b1, w2, b2, w3, b3, w4a, 
         if chooser == 1:
             _batch_extra(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid,
                          edge_bytes, fwd, bwd, link_upper, link_coef, grad, static_mem, capacity, inv_scale, tpb, conn,
-                         finish, arrive, sent, dev_free, link_free, busy, mem, acc, bload, mask, save, undo_slot,
-                         undo_val, scratch, est, eft, nb, lb, stats, bfinish, feats, rec_n, rec_kind, rec_res,
-                         rec_start, rec_end, rec_label)
+                         finish, arrive, sent, dev_free, link_free, busy, mem, acc, bload, memo_i,
+                         memo_stats, mask, save, undo_slot, undo_val, scratch, est, eft, nb, lb, stats, bfinish, feats,
+                         rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
         for k in range(k_eps):
             if chooser == 1:
                 device_scores(feats[k], node_h[v], mask[k], w1, b1, w2, b2, w3, b3, w4a, w4b, b4, w5, z)

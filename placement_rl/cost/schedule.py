@@ -149,17 +149,19 @@ def _batch_features(v, progress, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, 
 @njit(cache=True, nogil=True)
 def _batch_extra(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, fwd,
                  bwd, link_upper, link_coef, grad, static_mem, capacity, inv_scale, tpb, conn, finish, arrive, sent,
-                 dev_free, link_free, busy, mem, acc, bload, mask, save, undo_slot, undo_val, scratch, est, eft, nb, lb,
-                 stats, bfinish, feats, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
+                 dev_free, link_free, busy, mem, acc, bload, memo_i, memo_stats, mask, save, undo_slot,
+                 undo_val, scratch, est, eft, nb, lb, stats, bfinish, feats, rec_n, rec_kind, rec_res, rec_start,
+                 rec_end, rec_label):
     """The window, topology-position and step columns of every episode's feature block (after
     ``_batch_features``)."""
     v = order[t]
     for k in range(dev.shape[0]):
         window_features(t, order, window, dev[k], pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid,
                         edge_bytes, fwd, bwd, link_upper, link_coef, grad, static_mem, capacity, inv_scale, finish[k],
-                        arrive[k], sent[k], dev_free[k], link_free[k], busy[k], mem[k], acc[k], bload[k], mask[k],
-                        save, undo_slot, undo_val, scratch, est, eft, nb, lb, stats, bfinish, feats[k], WINDOW_COL,
-                        STEP_COL, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
+                        arrive[k], sent[k], dev_free[k], link_free[k], busy[k], mem[k], acc[k], bload[k], memo_i[k],
+                        memo_stats[k], mask[k], save, undo_slot, undo_val, scratch, est, eft, nb, lb,
+                        stats, bfinish, feats[k], WINDOW_COL, STEP_COL, rec_n, rec_kind, rec_res, rec_start, rec_end,
+                        rec_label)
         topology_features(v, dev[k], pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, tpb, conn,
                           feats[k], TOPOLOGY_COL)
 
@@ -257,6 +259,11 @@ class ScheduleState:
         cap = undo_capacity(graph.pred_ptr, self.order, self.window)
         self._undo_slot, self._undo_val = np.zeros(cap, i64), np.zeros((cap, 2))
         self._stats, self._bfinish = np.zeros((d, 6)), np.zeros(n)
+        # each episode's branch memo (window.window_stats): the window branches of its last step, when they reached
+        # the end of the order; one of them is the next step's branch of the device the episode then took
+        memo = self.window > 0  # (any window reaches the end in the last W + 1 steps)
+        self._memo_i = np.full((k, 1 + d if memo else 0), -1, i64)
+        self._memo_stats = np.zeros((k, d if memo else 0, 6))
         self.step = 0
         self.reset()
 
@@ -285,6 +292,8 @@ class ScheduleState:
     def reset(self) -> None:
         _batch_reset(self.devices, self._finish, self._arrive, self._sent, self._dev_free, self._link_free,
                      self.busy, self.memory, self._acc, self.bwd_busy)
+        if self._memo_i.shape[1]:
+            self._memo_i[:, 0] = -1
         self.step = 0
 
     def features(self) -> tuple[np.ndarray, np.ndarray]:
@@ -305,7 +314,7 @@ class ScheduleState:
         return self.feats, self.mask
 
     _EPISODE_ARRAYS = ("devices", "_finish", "_arrive", "_sent", "_dev_free", "_link_free", "busy", "memory", "_acc",
-                       "bwd_busy")
+                       "bwd_busy", "_memo_i", "_memo_stats")
 
     def branch_from(self, other: "ScheduleState", k: int = 0) -> None:
         """Copy episode ``k`` of ``other`` (same task) into every episode of this state, at its step."""
@@ -318,16 +327,17 @@ class ScheduleState:
         return (self.devices, *self._g[:3], *self._succ, self._g[3], self._fwd, self._bwd, self._link_upper,
                 self._link_coef, self._grad, self._static, self.capacity, self._speed, 1.0 / self.scale, self._tpb,
                 self._conn, self._finish, self._arrive, self._sent, self._dev_free, self._link_free, self.busy,
-                self.memory, self._acc, self.bwd_busy, self._scratch, self._est, self._eft, self._nb, self._lb,
-                self.feats, self.mask, self._save, self._undo_slot, self._undo_val, self._stats, self._bfinish,
-                *_NO_REC)
+                self.memory, self._acc, self.bwd_busy, self._memo_i, self._memo_stats, self._scratch,
+                self._est, self._eft, self._nb, self._lb, self.feats, self.mask, self._save, self._undo_slot,
+                self._undo_val, self._stats, self._bfinish, *_NO_REC)
 
     def extra_args(self) -> tuple:
         """The arguments of ``_batch_extra`` at the current step (the compiled decoders pass them on)."""
         return (self.step, self.order, self.window, self.devices, *self._g[:3], *self._succ, self._g[3], self._fwd,
                 self._bwd, self._link_upper, self._link_coef, self._grad, self._static, self.capacity, 1.0 / self.scale,
                 self._tpb, self._conn, self._finish, self._arrive, self._sent, self._dev_free, self._link_free,
-                self.busy, self.memory, self._acc, self.bwd_busy, self.mask, self._save, self._undo_slot,
+                self.busy, self.memory, self._acc, self.bwd_busy, self._memo_i, self._memo_stats,
+                self.mask, self._save, self._undo_slot,
                 self._undo_val, self._scratch, self._est, self._eft, self._nb, self._lb, self._stats, self._bfinish,
                 self.feats, *_NO_REC)
 

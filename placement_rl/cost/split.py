@@ -48,13 +48,15 @@ MIN_WORK = 2_000_000  # node-device evaluations (about N x W x D^2) below which 
 def _decode_split(start, order, window, node_h, w1, b1, w2, b2, w3, b3, w4a, w4b, b4, w5,
                   dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, fwd, bwd, link_upper,
                   link_coef, grad, static_mem, capacity, speed, inv_scale, tpb, conn, finish, arrive, sent, dev_free,
-                  link_free, busy, mem, acc, bload, scratch, est, eft, nb, lb, feats, mask, save, undo_slot, undo_val,
-                  stats, bfinish, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label,
+                  link_free, busy, mem, acc, bload, memo_i, memo_stats, scratch, est, eft, nb, lb, feats,
+                  mask, save, undo_slot, undo_val, stats, bfinish, rec_n, rec_kind, rec_res, rec_start, rec_end,
+                  rec_label,
                   t_save, t_undo_slot, t_undo_val, t_scratch, t_est, t_eft, t_nb, t_lb, t_stats, t_bfinish, part):
     n = order.shape[0]
     rows, nd = dev_free.shape
     copies = rows // SPREAD
     z = np.zeros(nd)
+    no_memo = memo_i[0, :0]  # each copy holds only its share of the branches: no memo here
     for t in range(start, n):
         v = order[t]
         # the one-step features of copy 0 (every copy holds the same schedule)
@@ -68,7 +70,8 @@ def _decode_split(start, order, window, node_h, w1, b1, w2, b2, w3, b3, w4a, w4b
                 part[k, d] = mask[0, d] and d % copies == c
             window_stats(t, order, window, dev[k], pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid,
                          edge_bytes, fwd, bwd, link_upper, link_coef, grad, static_mem, capacity, finish[k],
-                         arrive[k], sent[k], dev_free[k], link_free[k], busy[k], mem[k], acc[k], bload[k], part[k],
+                         arrive[k], sent[k], dev_free[k], link_free[k], busy[k], mem[k], acc[k], bload[k], no_memo,
+                         memo_stats[0, :0], part[k],
                          t_save[k], t_undo_slot[k], t_undo_val[k], t_scratch[k], t_est[k], t_eft[k], t_nb[k], t_lb[k],
                          t_stats[k], t_bfinish[k], rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
         for d in range(nd):
@@ -94,7 +97,8 @@ def _decode_split(start, order, window, node_h, w1, b1, w2, b2, w3, b3, w4a, w4b
 @njit(parallel=True, cache=True, nogil=True)
 def _episodes_extra(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes,
                     fwd, bwd, link_upper, link_coef, grad, static_mem, capacity, inv_scale, tpb, conn, finish, arrive,
-                    sent, dev_free, link_free, busy, mem, acc, bload, mask, e_save, e_undo_slot, e_undo_val,
+                    sent, dev_free, link_free, busy, mem, acc, bload, memo_i, memo_stats, mask, e_save,
+                    e_undo_slot, e_undo_val,
                     e_scratch, e_est, e_eft, e_nb, e_lb, e_stats, e_bfinish, feats, rec_n, rec_kind, rec_res,
                     rec_start, rec_end, rec_label):
     """``schedule._batch_extra`` with the episodes on threads (contiguous blocks of episodes per thread, so two
@@ -103,7 +107,8 @@ def _episodes_extra(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_pt
     for k in prange(dev.shape[0]):
         window_features(t, order, window, dev[k], pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid,
                         edge_bytes, fwd, bwd, link_upper, link_coef, grad, static_mem, capacity, inv_scale, finish[k],
-                        arrive[k], sent[k], dev_free[k], link_free[k], busy[k], mem[k], acc[k], bload[k], mask[k],
+                        arrive[k], sent[k], dev_free[k], link_free[k], busy[k], mem[k], acc[k], bload[k], memo_i[k],
+                        memo_stats[k], mask[k],
                         e_save[k], e_undo_slot[k], e_undo_val[k], e_scratch[k], e_est[k], e_eft[k], e_nb[k], e_lb[k],
                         e_stats[k], e_bfinish[k], feats[k], WINDOW_COL, STEP_COL, rec_n, rec_kind, rec_res,
                         rec_start, rec_end, rec_label)
@@ -111,7 +116,7 @@ def _episodes_extra(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_pt
                           conn, feats[k], TOPOLOGY_COL)
 
 
-_MASK_AT = 30  # index of ``mask`` in ``ScheduleState.extra_args()``
+_MASK_AT = 32  # index of ``mask`` in ``ScheduleState.extra_args()``
 MIN_STEP_WORK = 10_000  # node-device evaluations of one step's window features (K x W x D^2) worth a thread launch
 
 

@@ -68,31 +68,41 @@ def eft_choice(x, mem, static_mem, capacity, nb, eft):
 @njit(cache=True, nogil=True)
 def window_features(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes,
                     fwd, bwd, link_upper, link_coef, grad, static_mem, capacity, inv_scale, finish, arrive, sent,
-                    dev_free, link_free, busy, mem, acc, bload, allowed, save, undo_slot, undo_val, scratch, est, eft,
-                    nb, lb, stats, bfinish, out, col, col_step, rec_n, rec_kind, rec_res, rec_start, rec_end,
-                    rec_label):
+                    dev_free, link_free, busy, mem, acc, bload, memo_i, memo_stats, allowed, save, undo_slot,
+                    undo_val, scratch, est, eft, nb, lb, stats, bfinish, out, col, col_step, rec_n, rec_kind, rec_res,
+                    rec_start, rec_end, rec_label):
     """Fill ``out[:, col:col + 4]`` and ``out[:, col_step:col_step + 3]`` (one episode's [D, F] feature block)
     with the window and step features of the node ``order[t]``; the state arrays are left exactly as they were.
     ``save`` [4 D + D * D + 2] and the undo buffers (length >= in-degree sum of any W + 1 consecutive nodes) are
-    work space; ``stats`` [D, 6] and ``bfinish`` [N] too; ``rec_*`` the (unused) timeline buffers of ``fwd_place``.
-    It is ``window_stats`` over every allowed device, then ``window_write``."""
+    work space; ``stats`` [D, 6] and ``bfinish`` [N] too; ``rec_*`` the (unused) timeline buffers of ``fwd_place``;
+    ``memo_*`` the episode's branch memo (see ``window_stats``). It is ``window_stats`` over every allowed device,
+    then ``window_write``."""
     window_stats(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, fwd,
                  bwd, link_upper, link_coef, grad, static_mem, capacity, finish, arrive, sent, dev_free, link_free,
-                 busy, mem, acc, bload, allowed, save, undo_slot, undo_val, scratch, est, eft, nb, lb, stats, bfinish,
-                 rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
+                 busy, mem, acc, bload, memo_i, memo_stats, allowed, save, undo_slot, undo_val, scratch, est,
+                 eft, nb, lb, stats, bfinish, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
     window_write(stats, allowed, t + 1 + window >= order.shape[0], inv_scale, out, col, col_step)
 
 
 @njit(cache=True, nogil=True)
 def window_stats(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes,
                  fwd, bwd, link_upper, link_coef, grad, static_mem, capacity, finish, arrive, sent, dev_free,
-                 link_free, busy, mem, acc, bload, branches, save, undo_slot, undo_val, scratch, est, eft, nb, lb,
-                 stats, bfinish, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
+                 link_free, busy, mem, acc, bload, memo_i, memo_stats, branches, save, undo_slot, undo_val,
+                 scratch, est, eft, nb, lb, stats, bfinish, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
     """``stats[d]`` (forward end, peak load, communication, overflow, completed step, branch backward; raw times)
     of the branch that puts node ``order[t]`` on each device d with ``branches[d]``; the rows of the other devices
     are not touched, nor are the state arrays (every branch is undone). Branches are independent: two calls on
     two copies of one state with disjoint ``branches`` fill what one call with their union fills
-    (``placement_rl.cost.split`` runs them on threads)."""
+    (``placement_rl.cost.split`` runs them on threads, with an empty memo).
+
+    **Branch memo** (``memo_i`` [1 + D] int64, ``memo_stats`` [D, 6]: one episode's; empty arrays switch it off).
+    With a window that reaches the end of the order, the branch that put node ``order[t - 1]`` on the device ``a``
+    the episode then took went on to put ``order[t]`` on its earliest-finish device e, from the very state the
+    episode is in now: the branch that puts ``order[t]`` on e is that same schedule, so its row is copied instead
+    of recomputed (1 of D branches; the same arithmetic on the same state, so the same row bit for bit). e is found
+    again here (one node's candidates). ``memo_i[0]`` is the step whose rows are kept (-1: none; a state changed
+    other than by placing its next node is reset or copied with its memo), ``memo_i[1 + d]`` whether row d is
+    kept, ``memo_stats[d]`` the row."""
     n = order.shape[0]
     nd = dev_free.shape[0]
     end = t + 1 + window
@@ -101,6 +111,28 @@ def window_stats(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, 
     full = end == n
     lo = 0 if full else max(0, t - BACK * window)  # la_back's range order[lo:end]: the whole prefix once full
     gtime, gbytes, btouched = np.empty(nd), np.empty(nd), np.empty(nd, np.int64)
+    memo = full and memo_i.shape[0] > 0
+    reuse = -1
+    if memo:
+        if t > 0 and memo_i[0] == t - 1:
+            a = dev[order[t - 1]]
+            if memo_i[1 + a] == 1:  # that branch's earliest-finish choice for this node, on this very state
+                fwd_candidates(order[t], dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, link_upper, link_coef,
+                               finish, arrive, sent, dev_free, link_free, scratch, est, eft, nb, lb)
+                e = eft_choice(order[t], mem, static_mem, capacity, nb, eft)
+                if branches[e]:
+                    reuse = e
+                    for j in range(stats.shape[1]):
+                        stats[e, j] = memo_stats[a, j]
+        for j in range(nd):
+            memo_i[1 + j] = 0
+        if reuse >= 0:
+            for j in range(stats.shape[1]):
+                memo_stats[reuse, j] = stats[reuse, j]
+            memo_i[1 + reuse] = 1
+        memo_i[0] = t
+    elif memo_i.shape[0] > 0:
+        memo_i[0] = -1
     # save the small arrays
     for j in range(nd):
         save[j] = dev_free[j]
@@ -112,7 +144,7 @@ def window_stats(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, 
     save[4 * nd + nd * nd] = acc[0]
     save[4 * nd + nd * nd + 1] = acc[1]
     for d in range(nd):
-        if not branches[d]:
+        if not branches[d] or d == reuse:
             continue
         nu = 0
         for s in range(t, end):
@@ -157,6 +189,10 @@ def window_stats(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, 
             stats[d, 4] = stats[d, 5]
         else:
             stats[d, 4] = acc[1]
+        if memo:
+            for j in range(stats.shape[1]):
+                memo_stats[d, j] = stats[d, j]
+            memo_i[1 + d] = 1
         # undo
         for i in range(nu - 1, -1, -1):
             slot = undo_slot[i]
