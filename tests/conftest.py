@@ -24,3 +24,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+def tight_topology(name: str, frac: float, graph):
+    """Preset ``name`` with every device's memory cut so that ``graph`` needs about ``frac`` of all of it (memory
+    masks devices out of some decisions)."""
+    from placement_rl.cost.memory import static_memory
+    from placement_rl.topology import DeviceTopology, load_topology
+
+    d = load_topology(name).to_dict()
+    per = float(static_memory(graph).sum()) / frac / sum(int(x.get("count", 1)) for x in d["devices"])
+    for dev in d["devices"]:
+        dev["memory_bytes"] = per
+    return DeviceTopology.from_dict({**d, "name": f"{name}_tight"})

@@ -12,17 +12,8 @@ import pytest
 from placement_rl.cost import resolve_costs
 from placement_rl.cost.schedule import ScheduleState
 from placement_rl.graph import synthetic
-from placement_rl.topology import DeviceTopology, load_topology
-
-
-def _tight(name: str, frac: float, g) -> DeviceTopology:
-    from placement_rl.cost.memory import static_memory
-
-    d = load_topology(name).to_dict()
-    per = float(static_memory(g).sum()) / frac / sum(int(x.get("count", 1)) for x in d["devices"])
-    for dev in d["devices"]:
-        dev["memory_bytes"] = per
-    return DeviceTopology.from_dict({**d, "name": f"{name}_tight"})
+from conftest import tight_topology
+from placement_rl.topology import load_topology
 
 
 def _without_memo(st: ScheduleState) -> ScheduleState:
@@ -53,7 +44,7 @@ CASES = [  # family, nodes, seed, topology, window, memory-tight
 def test_memo_gives_the_features_computed_without_it(case) -> None:
     family, n, seed, topo_name, window, tight = case
     g = synthetic.sample(family, num_nodes=n, seed=seed)
-    topo = _tight(topo_name, 0.6, g) if tight else load_topology(topo_name)
+    topo = tight_topology(topo_name, 0.6, g) if tight else load_topology(topo_name)
     costs = resolve_costs(g, topo)
     a = ScheduleState(g, costs, topo, episodes=3, window=window)
     b = _without_memo(ScheduleState(g, costs, topo, episodes=3, window=window))

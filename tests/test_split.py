@@ -17,7 +17,8 @@ from placement_rl.cost.schedule import ScheduleState
 from placement_rl.cost.split import MIN_WORK, THREADS_ENV, decode_split, split_threads, threads_asked
 from placement_rl.errors import ConfigError
 from placement_rl.graph import synthetic
-from placement_rl.topology import DeviceTopology, load_topology
+from conftest import tight_topology
+from placement_rl.topology import load_topology
 
 
 def _policy(seed: int, window: int):
@@ -25,20 +26,9 @@ def _policy(seed: int, window: int):
     return build_policy(ConstructiveConfig(window=window, seed=seed)).eval()
 
 
-def _tight(name: str, frac: float, g) -> DeviceTopology:
-    """``name`` with every device's memory cut so that the graph needs about ``frac`` of all of it."""
-    from placement_rl.cost.memory import static_memory
-
-    d = load_topology(name).to_dict()
-    per = float(static_memory(g).sum()) / frac / sum(int(x.get("count", 1)) for x in d["devices"])
-    for dev in d["devices"]:
-        dev["memory_bytes"] = per
-    return DeviceTopology.from_dict({**d, "name": f"{name}_tight"})
-
-
 def _task(family, n, seed, topo, window, policy):
     g = synthetic.sample(family, num_nodes=n, seed=seed)
-    t = _tight(topo, 0.6, g) if seed % 2 else load_topology(topo)
+    t = tight_topology(topo, 0.6, g) if seed % 2 else load_topology(topo)
     task = ConstructiveTask(g, t, resolve_costs(g, t))
     task.window = window if window is not None else state_window(policy, n)
     return task
