@@ -12,8 +12,9 @@ import pytest
 from placement_rl.cost import resolve_costs
 from placement_rl.cost.schedule import ScheduleState
 from placement_rl.graph import synthetic
-from conftest import tight_topology
 from placement_rl.topology import load_topology
+
+from conftest import tight_topology
 
 
 def _without_memo(st: ScheduleState) -> ScheduleState:

@@ -17,8 +17,9 @@ from placement_rl.cost.schedule import ScheduleState
 from placement_rl.cost.split import MIN_WORK, THREADS_ENV, decode_split, split_threads, threads_asked
 from placement_rl.errors import ConfigError
 from placement_rl.graph import synthetic
-from conftest import tight_topology
 from placement_rl.topology import load_topology
+
+from conftest import tight_topology
 
 
 def _policy(seed: int, window: int):

@@ -31,7 +31,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
             setattr(policy, key, int(cfg.get(key)))
     graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
     costs = resolve_costs(graph, topology)
-    compile_s = warm_up(policy)  # numba compiles on the first run after an install: not the placement's time
+    warm_s = warm_up(policy)  # numba compiles on the first run after an install: not the placement's time
     t0 = time.perf_counter()
     task = ConstructiveTask.build(graph, topology, costs, teachers=False)
     res = evaluate(policy, [task], samples=int(cfg.samples), seed=int(cfg.seed))[0]
@@ -48,7 +48,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
                "samples": int(cfg.samples), "greedy_step_time": res.greedy_time,
                "best_of_k_step_time": res.best_time, "step_time": step_time, "chosen": chosen,
                "feasible": bool(res.greedy.feasible[0]) or use_best, "sim_calls": calls, "wall_seconds": wall,
-               "warm_up_seconds": compile_s,
+               "warm_up_seconds": warm_s,
                "cost_source": costs.describe_source(topology.device_names)}
     if cfg.compare:
         from placement_rl.cli.evaluate import compare_learned

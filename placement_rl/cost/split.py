@@ -56,7 +56,7 @@ def _decode_split(start, order, window, node_h, w1, b1, w2, b2, w3, b3, w4a, w4b
     rows, nd = dev_free.shape
     copies = rows // SPREAD
     z = np.zeros(nd)
-    no_memo = memo_i[0, :0]  # each copy holds only its share of the branches: no memo here
+    no_memo, no_rows = memo_i[0, :0], memo_stats[0, :0]  # a copy holds only its share of the branches: no memo
     for t in range(start, n):
         v = order[t]
         # the one-step features of copy 0 (every copy holds the same schedule)
@@ -71,7 +71,7 @@ def _decode_split(start, order, window, node_h, w1, b1, w2, b2, w3, b3, w4a, w4b
             window_stats(t, order, window, dev[k], pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid,
                          edge_bytes, fwd, bwd, link_upper, link_coef, grad, static_mem, capacity, finish[k],
                          arrive[k], sent[k], dev_free[k], link_free[k], busy[k], mem[k], acc[k], bload[k], no_memo,
-                         memo_stats[0, :0], part[k],
+                         no_rows, part[k],
                          t_save[k], t_undo_slot[k], t_undo_val[k], t_scratch[k], t_est[k], t_eft[k], t_nb[k], t_lb[k],
                          t_stats[k], t_bfinish[k], rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
         for d in range(nd):

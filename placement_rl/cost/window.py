@@ -114,22 +114,19 @@ def window_stats(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, 
     memo = full and memo_i.shape[0] > 0
     reuse = -1
     if memo:
-        if t > 0 and memo_i[0] == t - 1:
-            a = dev[order[t - 1]]
-            if memo_i[1 + a] == 1:  # that branch's earliest-finish choice for this node, on this very state
-                fwd_candidates(order[t], dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, link_upper, link_coef,
-                               finish, arrive, sent, dev_free, link_free, scratch, est, eft, nb, lb)
-                e = eft_choice(order[t], mem, static_mem, capacity, nb, eft)
-                if branches[e]:
-                    reuse = e
-                    for j in range(stats.shape[1]):
-                        stats[e, j] = memo_stats[a, j]
+        a = dev[order[t - 1]] if t > 0 else -1  # the device the episode took at the step before
+        if memo_i[0] == t - 1 and a >= 0 and memo_i[1 + a] == 1:
+            # that branch's earliest-finish choice for this node, on this very state
+            fwd_candidates(order[t], dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, link_upper, link_coef,
+                           finish, arrive, sent, dev_free, link_free, scratch, est, eft, nb, lb)
+            e = eft_choice(order[t], mem, static_mem, capacity, nb, eft)
+            if branches[e]:
+                reuse = e
+                for j in range(stats.shape[1]):
+                    stats[e, j] = memo_stats[a, j]
+                    memo_stats[e, j] = stats[e, j]
         for j in range(nd):
-            memo_i[1 + j] = 0
-        if reuse >= 0:
-            for j in range(stats.shape[1]):
-                memo_stats[reuse, j] = stats[reuse, j]
-            memo_i[1 + reuse] = 1
+            memo_i[1 + j] = 1 if j == reuse else 0
         memo_i[0] = t
     elif memo_i.shape[0] > 0:
         memo_i[0] = -1
