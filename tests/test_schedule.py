@@ -73,3 +73,17 @@ def test_memory_mask_and_fits_nowhere() -> None:
         masked += int((~mask[0]).sum())
         st.place(int(np.flatnonzero(mask[0])[0]))
     assert masked > 0 and st.feasible()[0]
+
+
+def test_window_time_unit_only_above_the_unit_size() -> None:
+    """The window columns' time unit is the task's up to ``WINDOW_UNIT_NODES`` nodes (the same placements as
+    before there, bit for bit) and ``scale x WINDOW_UNIT_NODES / N`` above; the one-step columns keep ``scale``."""
+    from placement_rl.cost import schedule as sch
+
+    ref = sch.WINDOW_UNIT_NODES
+    assert sch.window_time_scale(3.0, ref) == 3.0 and sch.window_time_scale(3.0, 10) == 3.0
+    assert sch.window_time_scale(3.0, 4 * ref) == pytest.approx(0.75)
+    g = synthetic.sample("layered", num_nodes=60, seed=0)
+    topo = random_topology(np.random.default_rng(0), 4)
+    st = ScheduleState(g, resolve_costs(g, topo), topo, window=8)
+    assert st.window_scale == st.scale

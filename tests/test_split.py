@@ -166,3 +166,52 @@ def test_episode_threads_give_the_serial_features_and_samples(case, monkeypatch)
     np.testing.assert_array_equal(a.times, b.times)
     np.testing.assert_array_equal(a.trace.feats, b.trace.feats)
     assert len({tuple(r) for r in a.devices}) > 1  # the samples differ: a real batch of episodes
+
+
+def test_window_unit_above_its_size_reaches_every_decode(monkeypatch) -> None:
+    """Above ``WINDOW_UNIT_NODES`` nodes (lowered here so a small graph is above it) the window and step columns
+    are the same branch statistics over the smaller unit ``scale x WINDOW_UNIT_NODES / N``, the one-step columns
+    are unchanged, and the Python-loop decode (``features`` + the head), the compiled kernel and the split decode
+    all read them: the same placement from each."""
+    from placement_rl.cost import schedule as sch
+    from placement_rl.cost.schedule import DEVICE_FEATURES, STEP_COL, WINDOW_COL
+
+    policy = _policy(3, 256)
+    task = _task("layered", 120, 0, "8x_a100_nvswitch", 24, policy)
+    with torch.no_grad():
+        h = policy.embed(*graph_tensors(task)).double().numpy()
+    prefix = np.random.default_rng(1).integers(0, task.topology.num_devices, size=30)
+
+    def state():
+        st = ScheduleState(task.graph, task.costs, task.topology, episodes=1, window=task.window)
+        for d in prefix:
+            st.place(int(d))
+        return st
+
+    base = state()
+    f0 = base.features()[0].copy()
+    monkeypatch.setattr(sch, "WINDOW_UNIT_NODES", 40)
+    st = state()
+    assert st.window_scale == pytest.approx(st.scale * 40 / 120)
+    f1 = st.features()[0].copy()
+    scaled = [DEVICE_FEATURES.index(c) for c in ("la_end", "la_load", "la_comm", "la_step", "la_back")]
+    assert WINDOW_COL in scaled and STEP_COL in scaled
+    rest = [j for j in range(f0.shape[-1]) if j not in scaled]
+    np.testing.assert_array_equal(f1[..., rest], f0[..., rest])
+    np.testing.assert_allclose(f1[..., scaled], f0[..., scaled] * 3.0, rtol=1e-5, atol=1e-7)
+    assert np.abs(f0[..., scaled]).max() > 0  # the branches differ: a real check of the scaling
+
+    head = Head(policy, h)
+    loop = state()
+    while not loop.done:
+        feats, mask = loop.features()
+        loop.place(int(np.argmax(np.where(mask[0], head.scores(feats[0], loop.node, mask[0]), -np.inf))))
+    kernel, split = state(), state()
+    complete_greedy(head, kernel)
+    decode_split(split, head.arrays(), 3)
+    np.testing.assert_array_equal(kernel.devices, loop.devices)
+    np.testing.assert_array_equal(split.devices, kernel.devices)
+    monkeypatch.setattr(sch, "WINDOW_UNIT_NODES", 0)  # off: the placement read over the whole-graph unit
+    off = state()
+    complete_greedy(head, off)
+    assert off.window_scale == off.scale

@@ -46,8 +46,8 @@ def device_scores(f, hv, mask, w1, b1, w2, b2, w3, b3, w4a, w4b, b4, w5, out):
 @njit(cache=True, nogil=True)
 def _decode(start, chooser, order, window, node_h, w1, b1, w2, b2, w3, b3, w4a, w4b, b4, w5,
             dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, fwd, bwd, link_upper,
-            link_coef, grad, static_mem, capacity, speed, inv_scale, tpb, conn, finish, arrive, sent, dev_free,
-            link_free, busy, mem, acc, bload, memo_i, memo_stats, scratch, est, eft, nb, lb, feats, mask,
+            link_coef, grad, static_mem, capacity, speed, inv_scale, inv_scale_w, tpb, conn, finish, arrive, sent,
+            dev_free, link_free, busy, mem, acc, bload, memo_i, memo_stats, scratch, est, eft, nb, lb, feats, mask,
             save, undo_slot, undo_val, stats, bfinish, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
     n = order.shape[0]
     k_eps, nd = dev_free.shape
@@ -60,8 +60,8 @@ def _decode(start, chooser, order, window, node_h, w1, b1, w2, b2, w3, b3, w4a, 
                         acc, bload, scratch, est, eft, nb, lb, feats, mask)
         if chooser == 1:
             _batch_extra(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid,
-                         edge_bytes, fwd, bwd, link_upper, link_coef, grad, static_mem, capacity, inv_scale, tpb, conn,
-                         finish, arrive, sent, dev_free, link_free, busy, mem, acc, bload, memo_i,
+                         edge_bytes, fwd, bwd, link_upper, link_coef, grad, static_mem, capacity, inv_scale_w, tpb,
+                         conn, finish, arrive, sent, dev_free, link_free, busy, mem, acc, bload, memo_i,
                          memo_stats, mask, save, undo_slot, undo_val, scratch, est, eft, nb, lb, stats, bfinish, feats,
                          rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
         for k in range(k_eps):

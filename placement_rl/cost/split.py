@@ -47,9 +47,9 @@ MIN_WORK = 2_000_000  # node-device evaluations (about N x W x D^2) below which 
 @njit(parallel=True, cache=True, nogil=True)
 def _decode_split(start, order, window, node_h, w1, b1, w2, b2, w3, b3, w4a, w4b, b4, w5,
                   dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, fwd, bwd, link_upper,
-                  link_coef, grad, static_mem, capacity, speed, inv_scale, tpb, conn, finish, arrive, sent, dev_free,
-                  link_free, busy, mem, acc, bload, memo_i, memo_stats, scratch, est, eft, nb, lb, feats,
-                  mask, save, undo_slot, undo_val, stats, bfinish, rec_n, rec_kind, rec_res, rec_start, rec_end,
+                  link_coef, grad, static_mem, capacity, speed, inv_scale, inv_scale_w, tpb, conn, finish, arrive,
+                  sent, dev_free, link_free, busy, mem, acc, bload, memo_i, memo_stats, scratch, est, eft, nb, lb,
+                  feats, mask, save, undo_slot, undo_val, stats, bfinish, rec_n, rec_kind, rec_res, rec_start, rec_end,
                   rec_label,
                   t_save, t_undo_slot, t_undo_val, t_scratch, t_est, t_eft, t_nb, t_lb, t_stats, t_bfinish, part):
     n = order.shape[0]
@@ -77,7 +77,7 @@ def _decode_split(start, order, window, node_h, w1, b1, w2, b2, w3, b3, w4a, w4b
         for d in range(nd):
             for j in range(stats.shape[1]):
                 stats[d, j] = t_stats[(d % copies) * SPREAD, d, j]
-        window_write(stats, mask[0], t + 1 + window >= n, inv_scale, feats[0], WINDOW_COL, STEP_COL)
+        window_write(stats, mask[0], t + 1 + window >= n, inv_scale_w, feats[0], WINDOW_COL, STEP_COL)
         topology_features(v, dev[0], pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, tpb,
                           conn, feats[0], TOPOLOGY_COL)
         device_scores(feats[0], node_h[v], mask[0], w1, b1, w2, b2, w3, b3, w4a, w4b, b4, w5, z)

@@ -7,9 +7,10 @@ These features give the student that evidence at O(W D) node placements per deci
 * **Window** (``window_features``): for every device d the node fits on, the node is placed on d, then the next
   ``W`` nodes of the decision order are placed by the earliest-finish rule (memory-masked, exactly as
   ``complete_eft`` does), and the branch is undone (an undo log of the touched link slots, O(W x in-degree)).
-  Reported per device, as gaps to the best device (over the task's time scale): the forward end, the peak
-  forward + backward load of any device (a lower bound of the step time), the communication time so far, and
-  whether the window overflowed a device's memory. ``W = 0`` prices the node alone (one step).
+  Reported per device, as gaps to the best device (over the window's time unit, ``schedule.window_time_scale``):
+  the forward end, the peak forward + backward load of any device (a lower bound of the step time), the
+  communication time so far, and whether the window overflowed a device's memory. ``W = 0`` prices the node
+  alone (one step).
 * **Step** (``la_step``, ``la_full``, written by ``window_features`` too): when the window reaches the end of the
   decision order, every node is placed and the backward pass is run on the completed placement: ``la_step`` is the
   full step time's gap to the best device, exactly the quantity the lookahead teacher compares, and ``la_full``
