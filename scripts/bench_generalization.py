@@ -5,6 +5,7 @@
                                                              # the test split (final figures only): every phase of
                                                              # every pretraining run (imitation / + policy iteration /
                                                              # + RL), mean over the runs' seeds: the ablation table
+    python scripts/bench_generalization.py --part test       # the test split, --checkpoint alone (the shipped one)
     python scripts/bench_generalization.py --part scale      # 2,000 and 10,000 nodes: greedy vs sim_eft, seconds
     python scripts/bench_generalization.py --part speed      # decisions/s in training; zero-shot at 2,000 / 20,000 nodes
     python scripts/bench_generalization.py --part finetune   # fine-tuning vs eft_rollout + local search, equal calls
@@ -141,6 +142,21 @@ def part_test(runs: list[str], out: Path | None, workers, cache: str | None, ste
                           "Ratios are geometric means over the 32 test pairs; seconds and calls are per pair.\n\n"
                           + markdown_table(table, cols, cols) + "\n")
         print(f"wrote {out / (stem + '.md')}")
+
+
+def part_test_checkpoint(policy, seed: int, out: Path | None, workers, cache: str | None) -> None:
+    """One checkpoint (``--checkpoint``, default the shipped one) on the test split, when no ``--runs`` are given."""
+    from agents.scaleout import evaluate_tasks
+    from placement_rl.studies.pretrain import build_tasks, result_rows, split_specs, summarise, write_report
+
+    tasks = build_tasks(split_specs("test"), workers=workers, cache=cache)
+    rows = result_rows(evaluate_tasks(policy, tasks, samples=16, seed=seed, workers=workers))
+    _print_rows(rows)
+    _print_summary(summarise(rows), "[test split, one checkpoint] ")
+    if out is not None:
+        write_report(rows, out, title="Test split, one checkpoint (the shipped one unless --checkpoint)",
+                     stem="test_split_checkpoint")
+        print(f"wrote {out / 'test_split_checkpoint.md'} and .csv")
 
 
 def part_scale(policy) -> None:
@@ -366,7 +382,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", choices=("all", "dev", "test", "scale", "speed", "finetune"), default="all")
     ap.add_argument("--checkpoint", default=None)
-    ap.add_argument("--runs", nargs="*", default=[], help="pretraining run folders (test part)")
+    ap.add_argument("--runs", nargs="*", default=[], help="pretraining run folders (test part; none: "
+                    "--checkpoint alone)")
     ap.add_argument("--out", default=None, help="folder for the reports (e.g. docs)")
     ap.add_argument("--budget", type=int, default=5000, help="simulator calls for fine-tuning and its comparison")
     ap.add_argument("--workers", default="auto", help="building and evaluating the dev / test pairs: 1 (this "
@@ -389,8 +406,10 @@ def main() -> None:
         with Workers(a.workers, address=a.address) as workers:
             if a.part in ("all", "dev"):
                 part_dev(policy, out, workers, a.cache)
-            if a.part == "test":
+            if a.part == "test" and a.runs:
                 part_test(a.runs, out, workers, a.cache, stem=a.stem, full_window=a.full_window)
+            elif a.part == "test":  # no pretraining runs given: the checkpoint alone
+                part_test_checkpoint(policy, cfg.seed, out, workers, a.cache)
     if a.part in ("all", "scale"):
         part_scale(policy)
     if a.part in ("all", "speed"):
