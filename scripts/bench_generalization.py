@@ -72,22 +72,24 @@ def _print_summary(s: dict, label: str = "") -> None:
           f"({s.get('mean_eft_rollout_calls', float('nan')):.0f} calls)")
 
 
-def part_dev(policy, out: Path | None, workers, cache: str | None) -> None:
+def part_split(policy, split: str, out: Path | None, workers, cache: str | None, *, seed: int = 0,
+               title: str = "Zero-shot placement of the dev split by the pretrained policy",
+               stem: str = "dev_split") -> None:
+    """One policy on the ``split`` pairs (``dev``: every choice; ``test``: one checkpoint's final figures)."""
     from agents.scaleout import evaluate_tasks
     from placement_rl.studies.pretrain import build_tasks, result_rows, split_specs, summarise, write_report
 
     t0 = time.perf_counter()
-    tasks = build_tasks(split_specs("dev"), workers=workers, cache=cache)
-    print(f"built {len(tasks)} dev-split tasks in {time.perf_counter() - t0:.0f} s")
+    tasks = build_tasks(split_specs(split), workers=workers, cache=cache)
+    print(f"built {len(tasks)} {split}-split tasks in {time.perf_counter() - t0:.0f} s")
     t0 = time.perf_counter()
-    rows = result_rows(evaluate_tasks(policy, tasks, samples=16, seed=0, workers=workers))
+    rows = result_rows(evaluate_tasks(policy, tasks, samples=16, seed=seed, workers=workers))
     print(f"evaluated them in {time.perf_counter() - t0:.1f} s on {workers.describe()}")
     _print_rows(rows)
-    s = summarise(rows)
-    _print_summary(s)
+    _print_summary(summarise(rows), "" if split == "dev" else f"[{split} split, one checkpoint] ")
     if out is not None:
-        write_report(rows, out, title="Zero-shot placement of the dev split by the pretrained policy", stem="dev_split")
-        print(f"wrote {out / 'dev_split.md'} and .csv")
+        write_report(rows, out, title=title, stem=stem)
+        print(f"wrote {out / (stem + '.md')} and .csv")
 
 
 def part_test(runs: list[str], out: Path | None, workers, cache: str | None, stem: str = "ablation_learning",
@@ -142,21 +144,6 @@ def part_test(runs: list[str], out: Path | None, workers, cache: str | None, ste
                           "Ratios are geometric means over the 32 test pairs; seconds and calls are per pair.\n\n"
                           + markdown_table(table, cols, cols) + "\n")
         print(f"wrote {out / (stem + '.md')}")
-
-
-def part_test_checkpoint(policy, seed: int, out: Path | None, workers, cache: str | None) -> None:
-    """One checkpoint (``--checkpoint``, default the shipped one) on the test split, when no ``--runs`` are given."""
-    from agents.scaleout import evaluate_tasks
-    from placement_rl.studies.pretrain import build_tasks, result_rows, split_specs, summarise, write_report
-
-    tasks = build_tasks(split_specs("test"), workers=workers, cache=cache)
-    rows = result_rows(evaluate_tasks(policy, tasks, samples=16, seed=seed, workers=workers))
-    _print_rows(rows)
-    _print_summary(summarise(rows), "[test split, one checkpoint] ")
-    if out is not None:
-        write_report(rows, out, title="Test split, one checkpoint (the shipped one unless --checkpoint)",
-                     stem="test_split_checkpoint")
-        print(f"wrote {out / 'test_split_checkpoint.md'} and .csv")
 
 
 def part_scale(policy) -> None:
@@ -405,11 +392,12 @@ def main() -> None:
     if a.part in ("all", "dev", "test"):
         with Workers(a.workers, address=a.address) as workers:
             if a.part in ("all", "dev"):
-                part_dev(policy, out, workers, a.cache)
+                part_split(policy, "dev", out, workers, a.cache)
             if a.part == "test" and a.runs:
                 part_test(a.runs, out, workers, a.cache, stem=a.stem, full_window=a.full_window)
             elif a.part == "test":  # no pretraining runs given: the checkpoint alone
-                part_test_checkpoint(policy, cfg.seed, out, workers, a.cache)
+                part_split(policy, "test", out, workers, a.cache, seed=cfg.seed, stem="test_split_checkpoint",
+                           title="Test split, one checkpoint (the shipped one unless --checkpoint)")
     if a.part in ("all", "scale"):
         part_scale(policy)
     if a.part in ("all", "speed"):

@@ -76,8 +76,8 @@ def test_memory_mask_and_fits_nowhere() -> None:
 
 
 def test_window_time_unit_only_above_the_unit_size() -> None:
-    """The window columns' time unit is the task's up to ``WINDOW_UNIT_NODES`` nodes (the same placements as
-    before there, bit for bit) and ``scale x WINDOW_UNIT_NODES / N`` above; the one-step columns keep ``scale``."""
+    """The window columns' time unit is the task's up to ``WINDOW_UNIT_NODES`` nodes and ``scale x
+    WINDOW_UNIT_NODES / N`` above (what each column reads: ``tests/test_split.py``)."""
     from placement_rl.cost import schedule as sch
 
     ref = sch.WINDOW_UNIT_NODES

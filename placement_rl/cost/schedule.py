@@ -213,9 +213,10 @@ def window_time_scale(scale: float, num_nodes: int) -> float:
     while one decision moves the completed step by about one node's time, so on a large graph the branches' gaps
     over the whole graph's unit are squeezed towards 0 (and a W-node window covers only W / N of the graph): the
     policy then leaves the completed-step argmin on 13.4% of the decisions of a 1,200-node transformer on
-    ``cpu_2gpu``, against 6.5% at 400 nodes (6.1% at 1,200 with this unit). The unit of a 400-node graph keeps them in range (chosen on dev graphs:
-    greedy / ``eft_rollout`` 1.0095 -> 1.0008 on 1,200-node transformers, 1.0033 -> 1.0004 on 1,300-node CNNs,
-    the dev split 1.0018 -> 1.0005; at 10,000 nodes greedy / ``sim_eft`` 0.973-0.988 -> 0.938-0.963)."""
+    ``cpu_2gpu``, against 6.5% at 400 nodes (6.1% at 1,200 with this unit). The unit of a 400-node graph keeps
+    them in range (chosen on dev graphs: greedy / ``eft_rollout`` 1.0095 -> 1.0008 on 1,200-node transformers,
+    1.0033 -> 1.0004 on 1,300-node CNNs, the dev split 1.0018 -> 1.0005; at 10,000 nodes greedy / ``sim_eft``
+    0.973-0.988 -> 0.938-0.963)."""
     ref = int(WINDOW_UNIT_NODES)
     if ref <= 0 or num_nodes <= ref:
         return scale
