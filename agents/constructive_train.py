@@ -268,6 +268,9 @@ class ConstructiveTrainer:
             if ro.feasible[k] and ro.times[k] < known[0] * (1 - 1e-9):
                 t.meta["best_known"] = (float(ro.times[k]), ro.trace.select([k]))
                 improved += 1
+            own = t.meta.get("best_sampled")  # the best placement the policy itself produced (a learned result)
+            if ro.feasible[k] and (own is None or ro.times[k] < own[0]):
+                t.meta["best_sampled"] = (float(ro.times[k]), ro.devices[k].copy())
             data.append((t, t.meta["best_known"][1]))
         self.policy.train()
         info: dict[str, float] = {}
@@ -284,6 +287,27 @@ class ConstructiveTrainer:
         rec: dict[str, Any] = {"phase": "rl", "iter": it, "best_sample_reward": float(np.mean(stats)),
                                "improved": float(improved), **info, "decisions": self.decisions}
         return rec
+
+    def clone(self, task: ConstructiveTask, trace, target: float, *, max_epochs: int, check_every: int = 5,
+              on_check: Callable[[float, np.ndarray], None] | None = None) -> tuple[int, float]:
+        """Behaviour-clone one trajectory (``trace``, step time ``target``) until the policy's greedy placement
+        is as fast (checked every ``check_every`` epochs; ``on_check(time, devices)`` sees each greedy
+        placement: one simulator call each) or ``max_epochs`` have passed. Returns (epochs, last agreement)."""
+        self._set_lr(self.cfg.lr)
+        epochs, agree = 0, 0.0
+        while epochs < max_epochs:
+            self.policy.train()
+            for _ in range(min(check_every, max_epochs - epochs)):
+                loss, agree = imitation_loss(self.policy, task, trace)
+                self._step(loss)
+                epochs += 1
+            self.policy.eval()
+            ro = rollout(self.policy, task, samples=1, greedy=True)
+            if on_check is not None:
+                on_check(float(ro.times[0]) if ro.feasible[0] else float("inf"), ro.devices[0])
+            if ro.feasible[0] and ro.times[0] <= target * (1 + 1e-9):
+                break
+        return epochs, agree
 
     def _q_iteration(self, tasks: Sequence[ConstructiveTask], it: int) -> dict[str, Any]:
         """One iteration of ``rl_algo="q"`` (see ``improve``)."""

@@ -27,6 +27,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "30000")  # before torch / numba load Op
 
 import argparse  # noqa: E402
 import copy
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -279,9 +280,29 @@ def _finetune_config(cfg):
     return dataclasses.replace(cfg, **{k: v for k, v in agent.items() if k in known and v is not None})
 
 
-def part_finetune(policy, cfg, out: Path | None, budget: int) -> None:
+FINETUNE_CASES = {  # (graph spec, topology); ``dev`` has the same families and clusters with other graph seeds
+    "test": [({"family": "dataflow", "num_nodes": 300, "seed": 11}, "4x_v100_nvlink"),
+             ({"family": "dataflow", "num_nodes": 300, "seed": 12}, "2x4_v100_ib"),
+             ({"family": "layered", "num_nodes": 300, "seed": 13}, "8x_a100_nvswitch"),
+             ({"family": "series_parallel", "num_nodes": 300, "seed": 14}, "4x_v100_nvlink"),
+             ({"family": "series_parallel", "num_nodes": 300, "seed": 15}, "cpu_2gpu"),
+             ({"family": "layered", "num_nodes": 300, "seed": 16}, "cpu_2gpu"),
+             ({"zoo": "moe"}, "8x_a100_nvswitch"), ({"zoo": "nmt"}, "2x_k80"), ({"zoo": "inception"}, "2x_k80")],
+    "dev": [({"family": "dataflow", "num_nodes": 300, "seed": 21}, "4x_v100_nvlink"),
+            ({"family": "dataflow", "num_nodes": 300, "seed": 22}, "2x4_v100_ib"),
+            ({"family": "layered", "num_nodes": 300, "seed": 23}, "8x_a100_nvswitch"),
+            ({"family": "series_parallel", "num_nodes": 300, "seed": 24}, "4x_v100_nvlink"),
+            ({"family": "series_parallel", "num_nodes": 300, "seed": 25}, "cpu_2gpu"),
+            ({"family": "layered", "num_nodes": 300, "seed": 26}, "cpu_2gpu")],
+}
+
+
+def part_finetune(policy, cfg, out: Path | None, budget: int, cases: str = "test",
+                  overrides: dict | None = None) -> None:
     """Fine-tuning at ``budget`` simulator calls vs ``eft_rollout`` + local search at the same calls (eft_rollout's
-    N x D completions counted), on the cases where local search beats the best one-pass heuristic by >= 3%."""
+    N x D completions counted), on the cases where local search beats the best one-pass heuristic by >= 3%.
+    ``cases="dev"``: other graph seeds of the same families and clusters, for choosing the recipe (``overrides``:
+    fine-tuning config values over conf/agent/constructive.yaml's)."""
     import dataclasses
 
     from placement_rl import baselines
@@ -290,19 +311,12 @@ def part_finetune(policy, cfg, out: Path | None, budget: int) -> None:
     from placement_rl.studies.finetune import finetune
     from placement_rl.studies.pretrain import _graph, _topology
 
-    cases = [({"family": "dataflow", "num_nodes": 300, "seed": 11}, "4x_v100_nvlink"),
-             ({"family": "dataflow", "num_nodes": 300, "seed": 12}, "2x4_v100_ib"),
-             ({"family": "layered", "num_nodes": 300, "seed": 13}, "8x_a100_nvswitch"),
-             ({"family": "series_parallel", "num_nodes": 300, "seed": 14}, "4x_v100_nvlink"),
-             ({"family": "series_parallel", "num_nodes": 300, "seed": 15}, "cpu_2gpu"),
-             ({"family": "layered", "num_nodes": 300, "seed": 16}, "cpu_2gpu"),
-             ({"zoo": "moe"}, "8x_a100_nvswitch"), ({"zoo": "nmt"}, "2x_k80"), ({"zoo": "inception"}, "2x_k80")]
-    ft_cfg = _finetune_config(cfg)
+    ft_cfg = dataclasses.replace(_finetune_config(cfg), **(overrides or {}))
     print(f"fine-tuning recipe (conf/agent/constructive.yaml over the checkpoint's): {ft_cfg.pi_rounds} policy-"
           f"iteration rounds, then {ft_cfg.rl_algo} with {ft_cfg.samples} samples per iteration, lr {ft_cfg.rl_lr}, "
           f"{ft_cfg.ppo_epochs} passes; at most {budget} simulator calls in all")
     rows, curves = [], []
-    for gspec, tname in cases:
+    for gspec, tname in FINETUNE_CASES[cases]:
         graph, topo = _graph(gspec), _topology(tname)
         costs = resolve_costs(graph, topo)
         t0 = time.perf_counter()
@@ -377,6 +391,10 @@ def main() -> None:
                     "process), N or auto (Ray workers; placement_rl.scale)")
     ap.add_argument("--address", default=None, help="a Ray cluster to join (auto or host:port)")
     ap.add_argument("--stem", default="ablation_learning", help="file name of the test part's ablation table")
+    ap.add_argument("--finetune-cases", choices=("test", "dev"), default="test", help="fine-tuning cases: the "
+                    "reported ones (test) or other graph seeds for choosing the recipe (dev)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="fine-tuning config values over "
+                    "conf/agent/constructive.yaml's (e.g. temperature=0.5)")
     ap.add_argument("--cache", default=None, help="folder keeping built tasks between runs")
     ap.add_argument("--full-window", type=int, default=None, help="placing graphs of at most this many nodes with "
                     "the window over the whole graph (default: the checkpoint's, 2048; 0: the trained window W only)")
@@ -403,7 +421,20 @@ def main() -> None:
     if a.part in ("all", "speed"):
         part_speed(policy, cfg)
     if a.part in ("all", "finetune"):
-        part_finetune(policy, cfg, out, a.budget)
+        import yaml
+
+        overrides = {}
+        for kv in a.set:
+            key, sep, val = kv.partition("=")
+            if not sep or not key:
+                sys.exit(f"--set expects KEY=VALUE, got {kv!r}")
+            overrides[key] = yaml.safe_load(val)
+        import dataclasses
+
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(cfg)}
+        if unknown:
+            sys.exit(f"--set: unknown fine-tuning config keys {sorted(unknown)} (see agents/constructive_config.py)")
+        part_finetune(policy, cfg, out, a.budget, cases=a.finetune_cases, overrides=overrides)
 
 
 if __name__ == "__main__":

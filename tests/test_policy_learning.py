@@ -297,3 +297,46 @@ def test_back_feature_is_the_step_time_of_the_branch_placed_so_far(case) -> None
     late = _replay(g, t, c, list(rng.integers(0, nd, size=g.num_nodes - window - 1)), window=window)
     feats, _ = late.features()
     assert np.array_equal(feats[0, :, F["la_back"]], feats[0, :, F["la_step"]]) and feats[0, :, F["la_full"]].all()
+
+
+def _finetune_cases():
+    rng = np.random.default_rng(11)
+    out = []
+    for i, (fam, n) in enumerate([("dataflow", 36), ("layered", 32), ("transformer_like", 30)]):
+        g = synthetic.sample(fam, num_nodes=n, seed=20 + i)
+        topo = random_topology(rng, (3, 5))
+        out.append((g, topo, resolve_costs(g, topo)))
+    return out
+
+
+def test_finetuning_policy_iteration_clones_its_rollout_and_reports_only_what_the_policy_placed() -> None:
+    """Fine-tuning's policy iteration on one task: the rollout over the student (a search row) is never slower
+    than the student's zero-shot greedy placement; cloning it makes the policy's own placements faster than
+    zero-shot on every task; and with no cloning and no sampling, the learned rows are exactly what the policy
+    placed zero-shot (the rollout's better placement is not reported as learned)."""
+    import dataclasses
+
+    from placement_rl.studies.finetune import finetune
+
+    torch.set_num_threads(1)
+    for g, topo, costs in _finetune_cases():
+        for clone_epochs, rl_iters in ((100, 2), (0, 0)):
+            torch.manual_seed(0)
+            policy = build_policy(ConstructiveConfig(hidden=16, layers=1, window=4))
+            cfg = ConstructiveConfig(hidden=16, layers=1, window=4, pi_rounds=2, clone_epochs=clone_epochs,
+                                     rl_iters=rl_iters, samples=4, pi_max_nodes=100)
+            res = finetune(g, topo, costs, policy, cfg, samples=4, log=lambda _: None)
+            rows = {r.label: r for r in res.rows}
+            zs = rows["policy zero-shot (greedy)"].step_time
+            teacher = rows["rollout over the policy (policy iteration's teacher)"]
+            assert teacher.kind == "search" and teacher.step_time < zs * (1 - 1e-9)
+            assert simulate(g, costs, topo, teacher.devices).step_time == pytest.approx(teacher.step_time, rel=1e-9)
+            learned = [r for r in res.rows if r.kind == "learned"]
+            for r in learned:  # every learned row is a real placement of its reported time
+                assert simulate(g, costs, topo, r.devices).step_time == pytest.approx(r.step_time, rel=1e-9)
+            tuning = next(r for r in learned if r.label.startswith("policy fine-tuning"))
+            if clone_epochs:
+                assert tuning.step_time < zs * (1 - 1e-9)
+            else:
+                zero = min(r.step_time for r in learned if "zero-shot" in r.label)
+                assert tuning.step_time >= zero * (1 - 1e-9)

@@ -1,11 +1,13 @@
 """Per-graph fine-tuning of a (pretrained) constructive policy, reported row by row.
 
 ``finetune(graph, topology, costs, policy, config)`` places one (graph, topology) with the policy as it is
-(zero-shot), fine-tunes it on that task (``config.pi_rounds`` rounds of approximate policy iteration: the rollout
-over the student relabels the student's states and the labels are distilled; then expert iteration started from
-**its own** greedy placement, never from a heuristic's), places again, and optionally runs a local search seeded by the policy's best placement. Every
-result is its own named row (``LearnedRow``): the policy's greedy and best-of-k before and after fine-tuning and
-the best placement it sampled while fine-tuning are learned; ``learned + local search`` is a search row; the
+(zero-shot), fine-tunes it on that task (up to ``config.pi_rounds`` rounds of policy iteration: the rollout over
+the student on its own trajectory, whose placement the student then clones until its greedy decode reproduces it;
+then expert iteration from the best placement known, never from a heuristic's), places again, and optionally runs a
+local search seeded by the policy's best placement. Every result is its own named row (``LearnedRow``): the
+policy's greedy and best-of-k before and after fine-tuning and the best placement **it produced** while
+fine-tuning (a sample or a greedy decode) are learned; the rollout's own placement (policy iteration's teacher) and
+``learned + local search`` are search rows; the
 one-pass heuristics (HEFT, m-ETF, m-SCT, METIS), ``sim_eft`` and ``eft_rollout`` are heuristic rows. Simulator
 calls are counted as complete placements evaluated (a one-pass rule: 1; ``eft_rollout``: one per tried device and
 decision, about N x D; a learned row: its episodes), and every row carries its own seconds (the learned rows'
@@ -22,7 +24,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from agents.constructive import episode_calls, placement_calls, rollout
+from agents.constructive import placement_calls, rollout, state_window
+from agents.policy_rollout import rollout_over_student
 from agents.constructive_eval import evaluate
 from agents.constructive_train import ConstructiveConfig, ConstructiveTrainer
 from agents.device_policy import DevicePolicy
@@ -81,48 +84,54 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
                            zs.greedy.devices[0], per, t_zs))
     rows.append(LearnedRow(f"policy zero-shot (best of {samples})", "learned", zs.best_time,
                            _feasible(graph, costs, topology, zs.best_devices), zs.best_devices, n_calls, t_zs))
-    if budget is not None and config.pi_rounds > 0:  # a round labels at most N x D completions (+ its check):
-        per_round = episode_calls(task, graph.num_nodes)  # keep only the rounds that surely fit the budget
-        fit = max(0, (budget - n_calls - per * (1 + samples)) // per_round)
-        config = dataclasses.replace(config, pi_rounds=int(min(config.pi_rounds, fit)))
     trainer = ConstructiveTrainer(config, policy=policy)
     curve = [(n_calls, min(zs.greedy_time, zs.best_time))]
-    if config.pi_rounds > 0:  # approximate policy iteration on this task: the rollout over the student relabels it
-        rep = trainer.policy_iteration([task], val=[task], rounds=config.pi_rounds)
-        n_calls += sum(int(r["teacher_completions"]) + 1 for r in rep["rounds"])  # + one greedy check per round
-        curve.append((n_calls, min(curve[-1][1], rep.get("val_greedy_geomean", np.inf) * task.reference)))
-        log(f"  policy iteration: {config.pi_rounds} rounds, greedy {rep['val_greedy_geomean'] * task.reference * 1e3:.3f}"
-            f" ms ({time.perf_counter() - t0:.1f} s)")
-    # expert iteration on this task, from the policy's own greedy placement; a sampled training episode reads
-    # the trained window, so it is charged N x D + 1 calls where that window covers the graph
-    per_sample = placement_calls(trainer.policy, task, record=True)
+    # fine-tuning trains and decodes at the trained window W, and the fine-tuned policy keeps placing at W (the
+    # states it was fitted on; its checkpoint says so): the whole-graph window is the zero-shot placement's
+    policy.full_window = 0
+    trainer.cfg = config = dataclasses.replace(config, full_window=0)
+    per_ft = placement_calls(policy, task)  # calls per placement of the fine-tuned policy
+    # the best placement the policy itself produced so far (greedy, sampled, or a greedy check while cloning)
     own = rollout(trainer.policy, task, samples=1, greedy=True, record=True)
-    n_calls += per_sample
-    task.meta["best_known"] = (float(own.times[0]), own.trace)
+    n_calls += placement_calls(trainer.policy, task, record=True)
+    cands = [(zs.greedy_time, zs.greedy.devices[0]), (zs.best_time, zs.best_devices), (float(own.times[0]),
+             own.devices[0])]
+    task.meta["best_sampled"] = min(((t, d) for t, d in cands if _feasible(graph, costs, topology, d)),
+                                    key=lambda x: x[0], default=(np.inf, own.devices[0]))
+    task.meta["best_known"] = (float(own.times[0]), own.trace)  # what expert iteration clones
+    reserve = per_ft * (1 + samples)  # the final greedy + best-of-``samples`` evaluation
+    if config.pi_rounds > 0 and graph.num_nodes <= config.pi_max_nodes and topology.num_devices > 1:
+        n_calls, teacher = _own_policy_iteration(trainer, task, config, n_calls, budget, reserve, curve, log, t0)
+        if teacher is not None:  # the rollout's own placement: a search row (the policy was trained towards it)
+            rows.append(LearnedRow("rollout over the policy (policy iteration's teacher)", "search", teacher[0],
+                                   _feasible(graph, costs, topology, teacher[1]), teacher[1], teacher[2],
+                                   time.perf_counter() - t0))
+    # expert iteration on this task: clone the best placement known (the policy's own, or its rollout's), sample;
+    # a sampled training episode reads the trained window, so it is charged N x D + 1 calls where that window
+    # covers the graph
+    per_sample = placement_calls(trainer.policy, task, record=True)
 
     def prog(phase: str, i: int, n: int, info: dict[str, float]) -> None:
         calls = n_calls + i * config.samples * per_sample
-        curve.append((calls, min(curve[-1][1], task.meta["best_known"][0])))
+        curve.append((calls, min(curve[-1][1], task.meta["best_sampled"][0])))
         if i == n or i % max(1, n // 10) == 0:
-            log(f"  fine-tune {i}/{n}: best sampled {task.meta['best_known'][0] * 1e3:.3f} ms "
+            log(f"  fine-tune {i}/{n}: best sampled {task.meta['best_sampled'][0] * 1e3:.3f} ms "
                 f"({time.perf_counter() - t0:.1f} s)")
 
     if budget is not None:  # what is left after the final greedy + best-of-``samples`` evaluation
-        left = budget - n_calls - per * (1 + samples)
+        left = budget - n_calls - reserve
         its = left // (config.samples * per_sample)
         config = dataclasses.replace(config, rl_iters=max(0, min(config.rl_iters, its)))
         trainer.cfg = config
     if config.rl_iters > 0:
         trainer.improve([task], iters=config.rl_iters, progress=prog)
     n_calls += config.rl_iters * config.samples * per_sample
-    best_t, best_trace = task.meta["best_known"]
-    sampled = best_trace.actions[:, 0]
-    dev = np.empty(graph.num_nodes, np.int64)
-    dev[best_trace.nodes] = sampled
-    rows.append(LearnedRow(f"policy fine-tuning (best of its {config.rl_iters * config.samples} samples)", "learned",
-                           best_t, _feasible(graph, costs, topology, dev), dev, n_calls, time.perf_counter() - t0))
+    best_t, dev = task.meta["best_sampled"]
+    rows.append(LearnedRow(f"policy fine-tuning (best of its {config.rl_iters * config.samples} samples and "
+                           f"greedy placements)", "learned", best_t, _feasible(graph, costs, topology, dev), dev,
+                           n_calls, time.perf_counter() - t0))
     ft = evaluate(trainer.policy, [task], samples=samples, seed=seed + 1)[0]
-    n_calls += per * (1 + samples)
+    n_calls += per_ft * (1 + samples)
     secs_ft = time.perf_counter() - t0
     rows.append(LearnedRow("policy fine-tuned (greedy)", "learned", ft.greedy_time, bool(ft.greedy.feasible[0]),
                            ft.greedy.devices[0], n_calls, secs_ft))
@@ -139,6 +148,52 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
                                np.asarray(p.device_of_node), n_calls + int(p.meta.get("sim_calls", search_budget)),
                                time.perf_counter() - t1))
     return FinetuneResult(task, rows, curve, trainer)
+
+
+def _own_policy_iteration(trainer: ConstructiveTrainer, task: ConstructiveTask, config: ConstructiveConfig,
+                          n_calls: int, budget: int | None, reserve: int, curve: list, log: Callable[[str], None],
+                          t0: float) -> tuple[int, tuple[float, np.ndarray, int] | None]:
+    """Policy iteration on one task: each round runs the rollout over the student on **its own** trajectory
+    (``agents.policy_rollout``: at every decision each device is tried and the rest completed by the student's
+    greedy decode; fortified, so never slower than the student's greedy placement), then clones that placement
+    until the student's greedy decode reproduces it (at most ``clone_epochs``; each check is a greedy placement
+    of the policy's own, charged one placement). Rounds stop when the rollout no longer improves on the best
+    placement known, at ``pi_rounds``, or when the next round would not fit ``budget`` (the rollout charged N x
+    D completions, each as a placement at the trained window, plus the checks). Returns the calls spent so far
+    and the best rollout placement ``(time, devices, calls)`` (None without a round)."""
+    graph, topo = task.graph, task.topology
+    n, nd = graph.num_nodes, topo.num_devices
+    per_check = placement_calls(trainer.policy, task, record=False)
+    checks = per_check * (config.clone_epochs // 5 + 1)
+    round_calls = n * nd * placement_calls(trainer.policy, task, record=True) + 1
+    teacher = None
+
+    def seen(t: float, dev: np.ndarray) -> None:
+        nonlocal n_calls
+        n_calls += per_check
+        if t < task.meta["best_sampled"][0] and _feasible(graph, task.costs, topo, dev):
+            task.meta["best_sampled"] = (t, dev.copy())
+        curve.append((n_calls, min(curve[-1][1], task.meta["best_sampled"][0])))
+
+    for rnd in range(1, config.pi_rounds + 1):
+        if budget is not None and n_calls + round_calls + checks + reserve > budget:
+            break
+        trainer.policy.eval()
+        task.window = state_window(trainer.policy, n, record=True)
+        lab = rollout_over_student(trainer.policy, task)
+        fr = rollout(None, task, samples=1, forced=lab.devices, record=True)
+        n_calls += lab.completions + 1
+        t_r = float(fr.times[0]) if fr.feasible[0] else float("inf")
+        if not t_r < task.meta["best_known"][0] * (1 - 1e-9):
+            log(f"  policy iteration {rnd}: the rollout over the policy gains nothing ({t_r * 1e3:.3f} ms); stop")
+            break
+        task.meta["best_known"] = (t_r, fr.trace)
+        teacher = (t_r, lab.devices.copy(), n_calls)
+        epochs, agree = trainer.clone(task, fr.trace, t_r, max_epochs=config.clone_epochs, on_check=seen)
+        log(f"  policy iteration {rnd}: rollout {t_r * 1e3:.3f} ms, cloned in {epochs} epochs (agreement "
+            f"{agree:.3f}); the policy's best {task.meta['best_sampled'][0] * 1e3:.3f} ms "
+            f"({time.perf_counter() - t0:.1f} s)")
+    return n_calls, teacher
 
 
 def _feasible(graph: CompGraph, costs: CostTable, topology: DeviceTopology, devices: np.ndarray) -> bool:
