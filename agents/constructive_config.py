@@ -53,6 +53,7 @@ class ConstructiveConfig:
     pi_max_nodes: int = 400  # tasks larger than this are not relabelled (the teacher is O(N^2 W D^2))
     pi_max_labels: int = 48  # at most this many labelled states per task and round (larger tasks: sparser labels)
     clone_epochs: int = 200  # fine-tuning: at most this many epochs to clone a round's rollout-over-student placement
+    pi_max_completions: int = 4000  # fine-tuning: no policy iteration where one round's N x D completions exceed this
     eval_every: int = 20
     eval_samples: int = 16
     seed: int = 0
@@ -62,7 +63,7 @@ class ConstructiveConfig:
             if int(getattr(self, key)) < 1:
                 raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)!r}")
         for key in ("bc_epochs", "dagger_rounds", "rl_iters", "window", "full_window", "pi_rounds", "pi_epochs",
-                    "teacher_search", "clone_epochs"):
+                    "teacher_search", "clone_epochs", "pi_max_completions"):
             if int(getattr(self, key)) < 0:
                 raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)!r}")
         if not float(self.regret_coef) >= 0:

@@ -340,3 +340,19 @@ def test_finetuning_policy_iteration_clones_its_rollout_and_reports_only_what_th
             else:
                 zero = min(r.step_time for r in learned if "zero-shot" in r.label)
                 assert tuning.step_time >= zero * (1 - 1e-9)
+
+
+def test_finetuning_skips_policy_iteration_above_its_size_limit() -> None:
+    """A round of the rollout over the student is O(N^2 W D^2): above ``pi_max_completions`` (N x D) fine-tuning
+    says so and goes straight to expert iteration (no rollout row, no round)."""
+    from placement_rl.studies.finetune import finetune
+
+    torch.set_num_threads(1)
+    g, topo, costs = _finetune_cases()[0]
+    policy = build_policy(ConstructiveConfig(hidden=16, layers=1, window=4))
+    cfg = ConstructiveConfig(hidden=16, layers=1, window=4, pi_rounds=2, rl_iters=1, samples=4,
+                             pi_max_completions=g.num_nodes * topo.num_devices - 1)
+    said: list[str] = []
+    res = finetune(g, topo, costs, policy, cfg, samples=2, log=said.append)
+    assert not any(r.kind == "search" for r in res.rows)
+    assert any("no policy iteration" in line and "pi_max_completions" in line for line in said)

@@ -132,7 +132,8 @@ def run_constructive(cfg: DictConfig) -> dict:
     out = output_dir()
     warm_s = warm_up(policy)  # numba's first compile after an install is no row's seconds
     print(f"fine-tuning the policy {ckpt} on {graph.name} ({graph.num_nodes} nodes) / {topology.name} "
-          f"({topology.num_devices} devices): {fcfg.rl_iters} iterations x {fcfg.samples} samples")
+          f"({topology.num_devices} devices): up to {fcfg.pi_rounds} policy-iteration rounds (rollout over the "
+          f"policy, cloned), then {fcfg.rl_iters} iterations x {fcfg.samples} samples")
     res = finetune(graph, topology, costs, policy, fcfg, samples=int(cfg.agent.eval_samples),
                    search_budget=int(cfg.agent.get("search_budget", 0)), seed=int(cfg.seed),
                    log=print if cfg.progress else (lambda _: None))

@@ -100,7 +100,13 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
                                     key=lambda x: x[0], default=(np.inf, own.devices[0]))
     task.meta["best_known"] = (float(own.times[0]), own.trace)  # what expert iteration clones
     reserve = per_ft * (1 + samples)  # the final greedy + best-of-``samples`` evaluation
-    if config.pi_rounds > 0 and graph.num_nodes <= config.pi_max_nodes and topology.num_devices > 1:
+    pi_size = graph.num_nodes <= config.pi_max_nodes and graph.num_nodes * topology.num_devices <= \
+        config.pi_max_completions
+    if config.pi_rounds > 0 and topology.num_devices > 1 and not pi_size:
+        log(f"  no policy iteration: {graph.num_nodes} nodes x {topology.num_devices} devices is above "
+            f"agent.pi_max_nodes={config.pi_max_nodes} / agent.pi_max_completions={config.pi_max_completions} "
+            f"(a round is O(N^2 W D^2)); expert iteration only")
+    if config.pi_rounds > 0 and topology.num_devices > 1 and pi_size:
         n_calls, teacher = _own_policy_iteration(trainer, task, config, n_calls, budget, reserve, curve, log, t0)
         if teacher is not None:  # the rollout's own placement: a search row (the policy was trained towards it)
             rows.append(LearnedRow("rollout over the policy (policy iteration's teacher)", "search", teacher[0],
