@@ -17,6 +17,7 @@ O(N W D^2) per state, O(N^2 W D^2) for a whole trajectory. ``label_every`` label
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +27,7 @@ from agents.fast_decode import Head, complete_greedy
 from envs.constructive_task import ConstructiveTask
 from placement_rl.cost.lookahead import MAX_REGRET, TIE
 from placement_rl.cost.schedule import ScheduleState
+from placement_rl.cost.split import MIN_WORK, threads_asked
 
 
 @dataclass
@@ -61,7 +63,7 @@ def rollout_over_student(policy, task: ConstructiveTask, *, actions: np.ndarray 
     nd, n = topo.num_devices, g.num_nodes
     window = task.window
     main = ScheduleState(g, task.costs, topo, episodes=1, window=window)
-    branch = ScheduleState(g, task.costs, topo, episodes=nd, window=window)
+    branches = _branches(task, window)
     labels = np.full(n, -1, dtype=np.int64)
     regret = np.zeros((n, nd), dtype=np.float32)
     labelled = np.zeros(n, dtype=bool)
@@ -75,13 +77,11 @@ def rollout_over_student(policy, task: ConstructiveTask, *, actions: np.ndarray 
         ok = mask[0].copy()
         own = int(np.argmax(head.scores(feats[0], v, ok)))
         if step % every == (offset % every) and ok.sum() > 1:
-            branch.branch_from(main, 0)
-            branch.place(trial)
-            complete_greedy(head, branch)
+            finish, feasible, devices = _complete(head, main, branches, trial)
             completions += int(ok.sum())
-            times = np.where(ok & branch.feasible(), branch.finish(), np.inf)
+            times = np.where(ok & feasible, finish, np.inf)
             if actions is None and np.isfinite(times).any() and times.min() < best_seen:
-                best_seen, best_devices = float(times.min()), branch.devices[int(np.argmin(times))].copy()
+                best_seen, best_devices = float(times.min()), devices[int(np.argmin(times))].copy()
             if np.isfinite(times).any():
                 best = times.min()
                 near = times <= best * (1.0 + TIE)
@@ -98,3 +98,40 @@ def rollout_over_student(policy, task: ConstructiveTask, *, actions: np.ndarray 
     if actions is None and best_devices is not None and best_seen < float(main.finish()[0]) * (1.0 - 1e-12):
         devices = best_devices  # following the labels is not always best for a base policy that is not consistent
     return RolloutLabels(devices, labels, regret, labelled, completions)
+
+
+def _branches(task: ConstructiveTask, window: int) -> list[tuple[ScheduleState, slice]]:
+    """The branch states of one decision: every device's completion, split over the threads this process may use
+    (``placement_rl.cost.split.threads_asked``: 1 unless ``PLACEMENT_RL_DECODE_THREADS`` asks, as the command
+    does) when the graph is large enough to pay for them; each state holds a contiguous share of the devices."""
+    g, topo = task.graph, task.topology
+    nd, n = topo.num_devices, g.num_nodes
+    threads = threads_asked() if n * min(max(window, 1), n) * nd * nd >= MIN_WORK // 4 else 1
+    threads = max(1, min(threads, nd))
+    cuts = np.linspace(0, nd, threads + 1).round().astype(int)
+    return [(ScheduleState(g, task.costs, topo, episodes=int(b - a), window=window), slice(int(a), int(b)))
+            for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def _complete(head: Head, main: ScheduleState, branches: list, trial: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Place the decision's node on every device (one branch episode each) and complete every branch with the
+    student's greedy decode; the shares run on threads (the compiled kernel releases the GIL; each episode's
+    arithmetic is the serial one, so the result is the same). Returns (finish [D], feasible [D], devices [D, N])."""
+    for st, part in branches:
+        st.branch_from(main, 0)
+        st.place(trial[part])
+    if len(branches) == 1:
+        complete_greedy(head, branches[0][0])
+    else:
+        list(_pool(len(branches)).map(lambda b: complete_greedy(head, b[0]), branches))
+    return (np.concatenate([st.finish() for st, _ in branches]), np.concatenate([st.feasible() for st, _ in branches]),
+            np.concatenate([st.devices for st, _ in branches]))
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    if threads not in _POOLS:
+        _POOLS[threads] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rollout")
+    return _POOLS[threads]

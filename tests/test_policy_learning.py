@@ -356,3 +356,25 @@ def test_finetuning_skips_policy_iteration_above_its_size_limit() -> None:
     res = finetune(g, topo, costs, policy, cfg, samples=2, log=said.append)
     assert not any(r.kind == "search" for r in res.rows)
     assert any("no policy iteration" in line and "pi_max_completions" in line for line in said)
+
+
+def test_rollout_over_the_student_on_threads_is_the_serial_rollout(monkeypatch) -> None:
+    """The rollout's device completions split over threads (``PLACEMENT_RL_DECODE_THREADS``) give the serial
+    rollout's placement, labels and regrets exactly: each branch episode's arithmetic is unchanged."""
+    import numba
+
+    from agents import policy_rollout
+
+    torch.manual_seed(0)
+    policy = build_policy(ConstructiveConfig(hidden=16, layers=1, window=8))
+    g, t, c = _case("dataflow", 50, 4, "2x4_v100_ib")
+    task = ConstructiveTask(g, t, c)
+    task.window = 8
+    monkeypatch.setattr(policy_rollout, "MIN_WORK", 0)  # a graph this small would not use threads
+    monkeypatch.setenv("PLACEMENT_RL_DECODE_THREADS", "1")
+    serial = rollout_over_student(policy, task)
+    monkeypatch.setenv("PLACEMENT_RL_DECODE_THREADS", "2")
+    assert len(policy_rollout._branches(task, 8)) == min(2, numba.get_num_threads())
+    threaded = rollout_over_student(policy, task)
+    assert np.array_equal(serial.devices, threaded.devices) and np.array_equal(serial.labels, threaded.labels)
+    assert np.array_equal(serial.regret, threaded.regret) and serial.completions == threaded.completions
