@@ -213,3 +213,23 @@ def test_window_unit_above_its_size_reaches_every_decode(monkeypatch) -> None:
     np.testing.assert_array_equal(split.devices, kernel.devices)
     monkeypatch.setattr(sch, "WINDOW_UNIT_NODES", 0)  # off: the whole-graph unit at any size
     assert state().window_scale == base.scale
+
+
+def test_asking_numba_for_threads_keeps_torchs_thread_count(monkeypatch):
+    """Starting numba's threading layer (GNU OpenMP, shared with torch) resets torch's intra-op thread count; asking
+    how many threads to use must leave the count a training process or the thread clock set (it did not: the
+    profiling tests then failed after a rollout over the student ran)."""
+    import torch
+
+    from placement_rl.cost.split import requested_threads, threads_asked
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for asked in ("1", "2", "auto"):
+            monkeypatch.setenv("PLACEMENT_RL_DECODE_THREADS", asked)
+            threads_asked()
+            requested_threads()
+            assert torch.get_num_threads() == 1, asked
+    finally:
+        torch.set_num_threads(before)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 
 import numba
 import numpy as np
@@ -163,10 +164,25 @@ def parse_threads(raw: str) -> int:
     return n
 
 
+def _numba_threads() -> int:
+    """numba's thread count. Asking starts numba's threading layer, and that (GNU OpenMP here, shared with torch)
+    resets the intra-op thread count torch reads in this thread: torch's count is put back, so a process that set
+    ``torch.set_num_threads(1)`` (training, the thread clock of profiling) keeps it."""
+    torch = sys.modules.get("torch")
+    keep = torch.get_num_threads() if torch is not None else None
+    n = int(numba.get_num_threads())
+    if keep is not None and torch.get_num_threads() != keep:
+        torch.set_num_threads(keep)
+    return n
+
+
 def requested_threads() -> int:
     """Threads ``PLACEMENT_RL_DECODE_THREADS`` asks for (1 when unset; ``auto``: numba's thread count)."""
     n = parse_threads(os.environ.get(THREADS_ENV, "1"))
-    return 1 if n == 1 else min(n or int(numba.get_num_threads()), int(numba.get_num_threads()))
+    if n == 1:
+        return 1
+    most = _numba_threads()
+    return min(n or most, most)
 
 
 def _threads(work: int, threshold: int, most: int) -> int:
@@ -179,7 +195,7 @@ def _threads(work: int, threshold: int, most: int) -> int:
 
 def threads_asked() -> int:
     """Threads a decode large enough to be worth it would use in this process (1: the serial kernel)."""
-    return _threads(MIN_WORK, MIN_WORK, int(numba.get_num_threads()))
+    return _threads(MIN_WORK, MIN_WORK, MIN_WORK)  # at most what ``requested_threads`` gives
 
 
 def split_threads(st: ScheduleState) -> int:
