@@ -421,6 +421,8 @@ def main() -> None:
     if a.part in ("all", "speed"):
         part_speed(policy, cfg)
     if a.part in ("all", "finetune"):
+        import dataclasses
+
         import yaml
 
         overrides = {}
@@ -429,8 +431,6 @@ def main() -> None:
             if not sep or not key:
                 sys.exit(f"--set expects KEY=VALUE, got {kv!r}")
             overrides[key] = yaml.safe_load(val)
-        import dataclasses
-
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cfg)}
         if unknown:
             sys.exit(f"--set: unknown fine-tuning config keys {sorted(unknown)} (see agents/constructive_config.py)")

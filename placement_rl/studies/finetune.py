@@ -36,6 +36,9 @@ from placement_rl.graph.ir import CompGraph
 from placement_rl.topology import DeviceTopology
 
 
+CLONE_CHECK_EVERY = 5  # epochs between the greedy checks while a round's rollout placement is cloned
+
+
 @dataclass
 class LearnedRow:
     label: str
@@ -94,10 +97,11 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
     # the best placement the policy itself produced so far (greedy, sampled, or a greedy check while cloning)
     own = rollout(trainer.policy, task, samples=1, greedy=True, record=True)
     n_calls += placement_calls(trainer.policy, task, record=True)
-    cands = [(zs.greedy_time, zs.greedy.devices[0]), (zs.best_time, zs.best_devices), (float(own.times[0]),
-             own.devices[0])]
-    task.meta["best_sampled"] = min(((t, d) for t, d in cands if _feasible(graph, costs, topology, d)),
-                                    key=lambda x: x[0], default=(np.inf, own.devices[0]))
+    cands = [(zs.greedy_time, zs.greedy.devices[0], bool(zs.greedy.feasible[0])),
+             (zs.best_time, zs.best_devices, rows[-1].feasible),
+             (float(own.times[0]), own.devices[0], bool(own.feasible[0]))]
+    task.meta["best_sampled"] = min(((t, d) for t, d, ok in cands if ok), key=lambda x: x[0],
+                                    default=(np.inf, own.devices[0]))
     task.meta["best_known"] = (float(own.times[0]), own.trace)  # what expert iteration clones
     reserve = per_ft * (1 + samples)  # the final greedy + best-of-``samples`` evaluation
     pi_size = graph.num_nodes <= config.pi_max_nodes and graph.num_nodes * topology.num_devices <= \
@@ -106,7 +110,7 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
         log(f"  no policy iteration: {graph.num_nodes} nodes x {topology.num_devices} devices is above "
             f"agent.pi_max_nodes={config.pi_max_nodes} / agent.pi_max_completions={config.pi_max_completions} "
             f"(a round is O(N^2 W D^2)); expert iteration only")
-    if config.pi_rounds > 0 and topology.num_devices > 1 and pi_size:
+    elif config.pi_rounds > 0 and topology.num_devices > 1:
         n_calls, teacher = _own_policy_iteration(trainer, task, config, n_calls, budget, reserve, curve, log, t0)
         if teacher is not None:  # the rollout's own placement: a search row (the policy was trained towards it)
             rows.append(LearnedRow("rollout over the policy (policy iteration's teacher)", "search", teacher[0],
@@ -170,14 +174,14 @@ def _own_policy_iteration(trainer: ConstructiveTrainer, task: ConstructiveTask, 
     graph, topo = task.graph, task.topology
     n, nd = graph.num_nodes, topo.num_devices
     per_check = placement_calls(trainer.policy, task, record=False)
-    checks = per_check * (config.clone_epochs // 5 + 1)
+    checks = per_check * (config.clone_epochs // CLONE_CHECK_EVERY + 1)
     round_calls = n * nd * placement_calls(trainer.policy, task, record=True) + 1
     teacher = None
 
     def seen(t: float, dev: np.ndarray) -> None:
         nonlocal n_calls
         n_calls += per_check
-        if t < task.meta["best_sampled"][0] and _feasible(graph, task.costs, topo, dev):
+        if t < task.meta["best_sampled"][0]:  # an infeasible check reports t = inf
             task.meta["best_sampled"] = (t, dev.copy())
         curve.append((n_calls, min(curve[-1][1], task.meta["best_sampled"][0])))
 
@@ -195,7 +199,8 @@ def _own_policy_iteration(trainer: ConstructiveTrainer, task: ConstructiveTask, 
             break
         task.meta["best_known"] = (t_r, fr.trace)
         teacher = (t_r, lab.devices.copy(), n_calls)
-        epochs, agree = trainer.clone(task, fr.trace, t_r, max_epochs=config.clone_epochs, on_check=seen)
+        epochs, agree = trainer.clone(task, fr.trace, t_r, max_epochs=config.clone_epochs,
+                                      check_every=CLONE_CHECK_EVERY, on_check=seen)
         log(f"  policy iteration {rnd}: rollout {t_r * 1e3:.3f} ms, cloned in {epochs} epochs (agreement "
             f"{agree:.3f}); the policy's best {task.meta['best_sampled'][0] * 1e3:.3f} ms "
             f"({time.perf_counter() - t0:.1f} s)")
