@@ -310,6 +310,22 @@ def test_faulty_rank_ends_the_job(graphs, tmp_path, kind, timeout_s, pattern):
     assert _workers_of(tmp_path) == []
 
 
+@pytest.mark.distributed
+def test_a_crash_in_teardown_after_the_results_loses_nothing(graphs, tmp_path):
+    """A rank that aborts after it wrote every result (gloo's threads can abort the interpreter's teardown) ends a
+    finished job: the results stand; a signal before ``done`` still fails the job."""
+    plan = make_plan(graphs["mlp"], stages=2, dp=1, m=2, schedule="gpipe", layout="single")
+    res = deploy_stage_plan(plan, graphs["mlp"], model="mlp", overrides=MLP, job_dir=tmp_path,
+                            config=DeployConfig(steps=1, warmup=0, timeout_s=60.0),
+                            extra_env={"PLACEMENT_RL_FAULT": "abort_at_exit:1"})
+    assert len(res.ranks) == 2 and all(r["step_times"] for r in res.ranks)
+    (tmp_path / "progress").mkdir(exist_ok=True)
+    (tmp_path / "progress" / "rank0").write_text("7 part0 step 0 end")
+    assert not _launch._finished(tmp_path, 0, -6) and _launch._finished(tmp_path, 0, 0)
+    (tmp_path / "progress" / "rank0").write_text("8 done")
+    assert _launch._finished(tmp_path, 0, -6) and not _launch._finished(tmp_path, 0, 3)
+
+
 @pytest.mark.gpu
 @pytest.mark.distributed
 def test_nccl_single_gpu_matches_reference(graphs):

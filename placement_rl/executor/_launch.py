@@ -9,6 +9,8 @@ Watchdog rules (checked every 50 ms):
 
 * a rank exits with a non-zero code -> after a short grace period every other rank is killed and
   ``ExecutionError`` names the culprit (:func:`blame`);
+* a rank killed by a signal after it marked ``done`` (every result written; a crash in process teardown)
+  counts as finished;
 * no rank has made progress for ``timeout_s`` seconds -> every rank is killed and the rank(s) that
   got least far are named as hung. The process groups use the same timeout, so under a bare
   torchrun a hung peer also ends the job.
@@ -103,6 +105,14 @@ def blame(states: Sequence[RankState], *, hung: bool, timeout_s: float) -> str:
     return f"{where(s)} ended with exit code {s.exit_code}"
 
 
+def _finished(job_dir: Path, rank: int, code: int | None) -> bool:
+    """Whether a rank ended after its work: exit code 0, or killed by a signal (negative code) after it marked
+    ``done``, i.e. after every result file was written (a crash in process teardown loses nothing)."""
+    if code == 0:
+        return True
+    return code is not None and code < 0 and read_progress(job_dir, rank)[1] == "done"
+
+
 def _kill(procs: Sequence[subprocess.Popen]) -> None:
     for p in procs:
         if p.poll() is None:
@@ -151,9 +161,9 @@ def run_ranks(job_dir: Path, *, nprocs: int, timeout_s: float, threads: int = 1,
         hung = False
         while True:
             codes = [p.poll() for p in procs]
-            if all(c == 0 for c in codes):
+            if all(_finished(job_dir, r, c) for r, c in enumerate(codes)):
                 return time.monotonic() - start
-            if any(c not in (None, 0) for c in codes):
+            if any(c not in (None, 0) and not _finished(job_dir, r, c) for r, c in enumerate(codes)):
                 end = time.monotonic() + GRACE_S
                 while time.monotonic() < end and any(p.poll() is None for p in procs):
                     time.sleep(POLL_S)
