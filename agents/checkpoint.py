@@ -70,7 +70,7 @@ def provenance(**dataset: Any) -> dict[str, Any]:
     data = root / "placement_rl" / "data"
     fits = {f.name: digest(data, [f.name]) for f in sorted(data.glob("*.json"))}
     cost = root / "placement_rl" / "cost"
-    model = digest(cost, ("resolve.py", "calibrated.py", "gpu_fit.py", "gemm_time.py", "comm_fit.py",
+    model = digest(cost, ("resolve.py", "calibrated.py", "gpu_fit.py", "gpu_spec.py", "gemm_time.py", "comm_fit.py",
                           "collectives.py", "simulate.py", "_op_kernel.py"))
     state = digest(cost, ("schedule.py", "window.py", "decode.py"))  # the policy's state: its features, their order
     versions = {"python": platform.python_version(), "torch": str(torch.__version__), "numpy": str(numpy.__version__)}

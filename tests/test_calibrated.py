@@ -47,6 +47,13 @@ def test_datasheet_of_product_names():
     assert datasheet("A100-SXM4-80GB")[0] == 8.0 and datasheet("NVIDIA_L4") == (8.9, True, 128, True)
     assert datasheet("Tesla_P40")[3] is False and datasheet("A10G")[0] == 8.6
     assert datasheet("my accelerator") == (0.0, False, 0, False)
+    # newer and workstation parts; the longer names win over their prefixes (H200 over H20, L40 over L4)
+    assert datasheet("NVIDIA B200") == (10.0, False, 128, False) and datasheet("GB200")[0] == 10.0
+    assert datasheet("H200")[0] == 9.0 and datasheet("NVIDIA H20") == (9.0, False, 128, False)
+    assert datasheet("L40S") == (8.9, True, 128, False) and datasheet("RTX A5000") == (8.6, True, 128, False)
+    assert datasheet("GeForce RTX 5090")[0] == 12.0 and datasheet("RTX 6000 Ada Generation")[0] == 8.9
+    assert datasheet("Tesla K40m")[2] == 192 and datasheet("TITAN V") == (7.0, False, 64, False)
+    assert datasheet("GeForce GTX 1050")[3] is True and datasheet("GeForce GTX 1080")[3] is False
     spec = spec_of_device(load_topology("1x_h100_sxm").devices[0])
     assert (spec.arch, spec.fp32_lanes, spec.sm_count) == (9.0, 128, 132)
 
@@ -250,6 +257,27 @@ def test_bad_fit_files_are_one_line_errors(tmp_path):
     with pytest.raises(ProfileError, match="lacks parameter 'launch'") as e:
         GpuFit.load(p)
     assert "\n" not in str(e.value)
+
+
+def test_every_preset_names_its_gpus_product():
+    """Each preset's GPUs carry a product name the datasheet table knows: without one an H100 preset was priced
+    as a 64-lane GPU (the FFMA issue limit of 128-lane SMs off) and a K80 without its Kepler facts."""
+    from placement_rl.cost.gpu_spec import spec_of_device
+    from placement_rl.topology import load_topology
+
+    presets = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "topology").glob("*.yaml"))
+    assert len(presets) >= 20
+    for name in presets:
+        for dev in load_topology(name).devices:
+            if dev.kind == "gpu":
+                assert spec_of_device(dev).arch > 0, (name, dev.name, dev.model)
+    h100 = [spec_of_device(d) for d in load_topology("4x_h100_nvlink").devices]
+    assert {(s.arch, s.fp32_lanes) for s in h100} == {(9.0, 128)}
+    # the FFMA issue limit: 128-lane SMs (Pascal GP10x, Ampere GA10x, Ada, Hopper) issue 128 per cycle; Kepler's
+    # 192-lane SMX dual-issues 256, so it has slots to spare like a 64-lane SM
+    fit = GpuFit(name="t", params={"issue_ffma": 0.85}, meta={})
+    k80 = spec_of_device(load_topology("2x_k80").devices[0])
+    assert trend(h100[0], fit)[0] == pytest.approx(0.85) and trend(k80, fit)[0] == pytest.approx(1.0)
 
 
 def test_gemm_time_follows_the_datasheet():

@@ -104,8 +104,9 @@ def trend(spec: GpuSpec, fit: "GpuFit", simt: bool = True) -> tuple[float, float
     g_gddr_mem [GDDR]))`` (fits with ``mem_terms = 1``: a Pascal HBM2 card, a GDDR card and a Pascal GDDR card all
     stream element-wise kernels at about 75% of their datasheet bandwidth in NeuSight's tables, against about 92%
     for Volta / Ampere HBM2, so the two penalties do not add; older fits: ``exp(g_old_mem [arch < 7] + g_gddr_mem
-    [GDDR])``), where ``issue = min(1, issue_ffma * 128 / fp32_lanes)``: an SM issues 4 x 32 thread
-    instructions per cycle, so an SM with 128 FP32 lanes runs a SIMT GEMM at most at the FFMA share of its
+    [GDDR])``), where ``issue = min(1, issue_ffma * slots / fp32_lanes)``: an SM issues 4 x 32 thread
+    instructions per cycle (``slots`` = 128; a Kepler SMX dual-issues, 4 x 2 x 32 = 256 for its 192 lanes), so an SM
+    with 128 FP32 lanes runs a SIMT GEMM at most at the FFMA share of its
     instruction stream (``issue_ffma``), one with 64 lanes has issue slots to spare (``simt=False``: tensor-core
     GEMMs, no such limit). A low-power card also slows down as a GEMM runs on (``throttle``). The low-power terms
     apply to cuBLAS GEMMs (linear, bmm): on the P4 and T4 tables cuDNN's convolutions show neither (fitted with
@@ -114,7 +115,8 @@ def trend(spec: GpuSpec, fit: "GpuFit", simt: bool = True) -> tuple[float, float
     gddr = 1.0 if spec.gddr else 0.0
     low = 1.0 if spec.low_power else 0.0
     lanes = spec.fp32_lanes if spec.fp32_lanes > 0 else 64
-    issue = min(1.0, fit.q("issue_ffma") * 128.0 / lanes) if simt else 1.0
+    slots = 256.0 if 0.0 < spec.arch < 5.0 else 128.0  # Kepler: 4 schedulers x 2 dispatch units x 32 per cycle
+    issue = min(1.0, fit.q("issue_ffma") * slots / lanes) if simt else 1.0
     gemm = math.exp(fit.q("g_old_gemm") * old + fit.q("g_lp_gemm") * low) * issue
     if fit.q("mem_terms") >= 0.5:  # the weaker of the two memory systems bounds the card, the penalties do not add
         mem = math.exp(min(0.0, fit.q("g_old_mem") * old, fit.q("g_gddr_mem") * gddr))

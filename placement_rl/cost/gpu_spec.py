@@ -37,7 +37,17 @@ _ARCH: tuple[tuple[str, float, bool, int, bool], ...] = (
     ("A2", 8.6, True, 128, True), ("RTX 30", 8.6, True, 128, False), ("A6000", 8.6, True, 128, False),
     ("T4", 7.5, True, 64, True), ("RTX 20", 7.5, True, 64, False), ("V100", 7.0, False, 64, False),
     ("P100", 6.0, False, 64, False), ("P40", 6.1, True, 128, False), ("P4", 6.1, True, 128, True),
-    ("K80", 3.7, True, 192, False))
+    ("K80", 3.7, True, 192, False),
+    # Blackwell (B200 / GB200 / B100: compute capability 10.0, HBM3e; GeForce RTX 50: 12.0, GDDR7), Hopper H20 and
+    # Ada L20 / RTX 6000 Ada, Ampere RTX A-series workstation cards, Turing Quadro / Titan RTX, Volta Titan V,
+    # Pascal GeForce GTX 10 (the GTX 1050 a 75 W card), Maxwell M40 / M60, Kepler K40: NVIDIA's CUDA GPUs list and
+    # the architecture whitepapers (FP32 lanes per SM: 128 on GB100 / GB20x, like GH100 and AD10x; 192 on Kepler)
+    ("B200", 10.0, False, 128, False), ("B100", 10.0, False, 128, False), ("RTX 50", 12.0, True, 128, False),
+    ("H20", 9.0, False, 128, False), ("L20", 8.9, True, 128, False), ("6000 ADA", 8.9, True, 128, False),
+    ("RTX A", 8.6, True, 128, False), ("QUADRO RTX", 7.5, True, 64, False), ("TITAN RTX", 7.5, True, 64, False),
+    ("TITAN V", 7.0, False, 64, False), ("GTX 10", 6.1, True, 128, False), ("GTX 1050", 6.1, True, 128, True), ("M40", 5.2, True, 128, False),
+    ("M60", 5.2, True, 128, False), ("K40", 3.5, True, 192, False))
+_UNKNOWN: set[str] = set()
 
 
 def datasheet(name: str) -> tuple[float, bool, int, bool]:
@@ -58,5 +68,13 @@ def arch_of(name: str) -> float:
 
 def spec_of_device(dev: Any) -> "GpuSpec":
     """``GpuSpec`` of a topology ``Device`` (datasheet figures, architecture from its ``model`` or name)."""
-    arch, gddr, lanes, low = datasheet(str(getattr(dev, "model", "") or dev.name))
+    name = str(getattr(dev, "model", "") or dev.name)
+    arch, gddr, lanes, low = datasheet(name)
+    if arch == 0.0 and not _UNKNOWN and str(getattr(dev, "kind", "gpu")) == "gpu":
+        _UNKNOWN.add(name)  # once per process
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "GPU model '%s' is not in the datasheet table (placement_rl/cost/gpu_spec.py): priced as a Volta-or-newer "
+            "HBM GPU with 64 FP32 lanes per SM; set the device's 'model' to its product name (e.g. H100, L4)", name)
     return GpuSpec(dev.peak_flops, dev.mem_bandwidth, dev.sm_count, dev.l2_bytes, arch, gddr, lanes, low)

@@ -156,8 +156,13 @@ def build_tasks(specs: Sequence[dict[str, Any]], *, workers: int | str | Workers
 
         from agents.checkpoint import provenance
 
+        from placement_rl.topology import conf_dir
+
         prov = provenance()  # the cost model's code and fits: a cache entry is only reused under the same rewards
-        key = hashlib.sha256(json.dumps([list(specs), prov["cost_model_sha"], prov["fits_sha"]],
+        presets = sorted({s["topology"] for s in specs if isinstance(s.get("topology"), str)})
+        topo = {n: hashlib.sha256(f.read_bytes()).hexdigest()[:16]  # and the same preset files (their figures)
+                for n in presets if (f := conf_dir() / "topology" / f"{n}.yaml").is_file()}
+        key = hashlib.sha256(json.dumps([list(specs), prov["cost_model_sha"], prov["fits_sha"], topo],
                                         sort_keys=True).encode()).hexdigest()[:16]
         path = Path(cache) / f"tasks-{key}.pkl"
         if path.is_file():
