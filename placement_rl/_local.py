@@ -305,8 +305,11 @@ def _detect_gpu(index: int, measure: bool, nvml: _NVML, sources: dict[str, dict[
     info = {"model": props.name, "cc_major": int(props.major), "handle": handle,
             "bus": nvml.bus_id(handle) if handle is not None else None,
             "pcie": nvml.pcie(handle) if handle is not None else None}
+    # the product name, SM count and L2 size: the calibrated cost model's architecture facts and wave model
     dev = Device(name=name, kind="gpu", torch_device=td, peak_flops=float(peak), mem_bandwidth=float(bandwidth),
-                 memory_bytes=float(props.total_memory), host=0, launch_overhead=DEFAULT_LAUNCH_OVERHEAD["gpu"])
+                 memory_bytes=float(props.total_memory), host=0, launch_overhead=DEFAULT_LAUNCH_OVERHEAD["gpu"],
+                 sm_count=int(getattr(props, "multi_processor_count", 0) or 0),
+                 l2_bytes=float(getattr(props, "L2_cache_size", 0) or 0), model=str(props.name))
     return dev, info
 
 

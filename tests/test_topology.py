@@ -200,6 +200,8 @@ def test_local_detection_sees_gpus():
     for d in topo.devices[1:]:
         assert d.kind == "gpu" and d.torch_device.startswith("cuda:") and d.memory_bytes > 2**30
         assert topo.meta["sources"][d.name]["peak_flops"] in ("table", "measured")
+        # what the calibrated cost model reads: the product name (architecture facts), SMs and L2
+        assert d.model == torch.cuda.get_device_name(d.torch_device) and d.sm_count > 0 and d.l2_bytes > 0
 
 
 # ------------------------------------------------------------------ errors
