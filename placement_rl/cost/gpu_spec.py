@@ -40,12 +40,14 @@ _ARCH: tuple[tuple[str, float, bool, int, bool], ...] = (
     ("K80", 3.7, True, 192, False),
     # Blackwell (B200 / GB200 / B100: compute capability 10.0, HBM3e; GeForce RTX 50: 12.0, GDDR7), Hopper H20 and
     # Ada L20 / RTX 6000 Ada, Ampere RTX A-series workstation cards, Turing Quadro / Titan RTX, Volta Titan V,
-    # Pascal GeForce GTX 10 (the GTX 1050 a 75 W card), Maxwell M40 / M60, Kepler K40: NVIDIA's CUDA GPUs list and
-    # the architecture whitepapers (FP32 lanes per SM: 128 on GB100 / GB20x, like GH100 and AD10x; 192 on Kepler)
+    # Pascal GeForce GTX 10, Maxwell M40 / M60, Kepler K40: NVIDIA's CUDA GPUs list and the architecture whitepapers
+    # (FP32 lanes per SM: 128 on GB100 / GB20x, like GH100 and AD10x; 192 on Kepler). ``low_power`` marks the cards
+    # whose board power is low for their peak (P4 14 W, T4 9 W, L4 2.4 W per FP32 TFLOP/s against the V100's 19): a
+    # GTX 1050 draws 75 W for 1.9 TFLOP/s (40 W per TFLOP/s) and holds its clock
     ("B200", 10.0, False, 128, False), ("B100", 10.0, False, 128, False), ("RTX 50", 12.0, True, 128, False),
     ("H20", 9.0, False, 128, False), ("L20", 8.9, True, 128, False), ("6000 ADA", 8.9, True, 128, False),
     ("RTX A", 8.6, True, 128, False), ("QUADRO RTX", 7.5, True, 64, False), ("TITAN RTX", 7.5, True, 64, False),
-    ("TITAN V", 7.0, False, 64, False), ("GTX 10", 6.1, True, 128, False), ("GTX 1050", 6.1, True, 128, True), ("M40", 5.2, True, 128, False),
+    ("TITAN V", 7.0, False, 64, False), ("GTX 10", 6.1, True, 128, False), ("M40", 5.2, True, 128, False),
     ("M60", 5.2, True, 128, False), ("K40", 3.5, True, 192, False))
 _UNKNOWN: set[str] = set()
 
