@@ -240,7 +240,7 @@ def part_speed(policy, cfg) -> None:
     from placement_rl.topology import DeviceTopology
 
     big = DeviceTopology.from_dict({"name": "8x_a100_1TiB", "devices": [  # a 20,000-node graph needs ~2.4 TB
-        {"name": "gpu", "count": 8, "kind": "gpu", "peak_flops": 19.5e12, "mem_bandwidth": 1.555e12,
+        {"name": "gpu", "count": 8, "kind": "gpu", "model": "A100-SXM4", "peak_flops": 19.5e12, "mem_bandwidth": 1.555e12,
          "memory_bytes": 2.0**40}], "links": {"intra_host": {"bandwidth": 300e9, "latency": 3e-6}}})
     from placement_rl.cost.split import requested_threads
 
