@@ -287,6 +287,17 @@ def test_pipeline_batch_size_constrains_dp_degrees():
         run_pipe("pp_uniform", graph, topo, costs=costs, num_microbatches=4, batch_size=6)
 
 
+def test_a_batch_that_admits_no_whole_cluster_plan_is_a_config_error():
+    """Batch 4 on 8 devices: no DP replica set and no pipeline of whole micro-batches over all of them; the planners
+    that need one say so (a one-line ConfigError, which ``evaluate`` reports per planner), not an IndexError."""
+    graph = random_dag(6, 6)
+    topo = topology(8)
+    costs = resolve_costs(graph, topo)
+    for name in ("dp", "fsdp", "hybrid"):
+        with pytest.raises(ConfigError, match="batch_size 4"):
+            run_pipe(name, graph, topo, costs=costs, batch_size=4)
+
+
 def test_pp_exhaustive_too_large_names_the_size():
     graph, topo = CASES["dag30"]()
     with pytest.raises(ConfigError, match="simulations"):

@@ -184,6 +184,10 @@ class PipeProblem:
 
     def best_of(self, cands: list[Plan]) -> Plan:
         """The best simulated candidate (in the given order while the budget lasts; else the first)."""
+        if not cands:
+            raise ConfigError(f"batch_size {self.batch_size} admits no plan of this planner over the {self.d} devices "
+                              f"of topology '{self.topology.name}' (every replica needs whole micro-batches, a "
+                              f"pipeline at least one per stage): use a batch size with more divisors or fewer devices")
         best, best_key = cands[0], None
         for cand in cands:
             s = self.score(*cand)
