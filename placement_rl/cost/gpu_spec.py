@@ -3,6 +3,7 @@ from a product name (``datasheet``: compute capability, memory kind, FP32 lanes 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,8 +75,6 @@ def spec_of_device(dev: Any) -> "GpuSpec":
     arch, gddr, lanes, low = datasheet(name)
     if arch == 0.0 and not _UNKNOWN and str(getattr(dev, "kind", "gpu")) == "gpu":
         _UNKNOWN.add(name)  # once per process
-        import logging
-
         logging.getLogger(__name__).warning(
             "GPU model '%s' is not in the datasheet table (placement_rl/cost/gpu_spec.py): priced as a Volta-or-newer "
             "HBM GPU with 64 FP32 lanes per SM; set the device's 'model' to its product name (e.g. H100, L4)", name)
