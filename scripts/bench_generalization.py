@@ -27,7 +27,6 @@ os.environ.setdefault("GOMP_SPINCOUNT", "30000")  # before torch / numba load Op
 
 import argparse  # noqa: E402
 import copy
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -429,11 +428,11 @@ def main() -> None:
         for kv in a.set:
             key, sep, val = kv.partition("=")
             if not sep or not key:
-                sys.exit(f"--set expects KEY=VALUE, got {kv!r}")
+                ap.error(f"--set expects KEY=VALUE, got {kv!r}")
             overrides[key] = yaml.safe_load(val)
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cfg)}
         if unknown:
-            sys.exit(f"--set: unknown fine-tuning config keys {sorted(unknown)} (see agents/constructive_config.py)")
+            ap.error(f"--set: unknown fine-tuning config keys {sorted(unknown)} (see agents/constructive_config.py)")
         part_finetune(policy, cfg, out, a.budget, cases=a.finetune_cases, overrides=overrides)
 
 

@@ -175,7 +175,10 @@ def _own_policy_iteration(trainer: ConstructiveTrainer, task: ConstructiveTask, 
     n, nd = graph.num_nodes, topo.num_devices
     per_check = placement_calls(trainer.policy, task, record=False)
     checks = per_check * (config.clone_epochs // CLONE_CHECK_EVERY + 1)
-    round_calls = n * nd * placement_calls(trainer.policy, task, record=True) + 1
+    # each completion of the rollout is a decode of the student at its trained window: charged as one placement
+    # there (an upper bound: it starts at the decision, not at the first node), in the budget and the count alike
+    per_completion = placement_calls(trainer.policy, task, record=True)
+    round_calls = n * nd * per_completion + 1
     teacher = None
 
     def seen(t: float, dev: np.ndarray) -> None:
@@ -192,7 +195,7 @@ def _own_policy_iteration(trainer: ConstructiveTrainer, task: ConstructiveTask, 
         task.window = state_window(trainer.policy, n, record=True)
         lab = rollout_over_student(trainer.policy, task)
         fr = rollout(None, task, samples=1, forced=lab.devices, record=True)
-        n_calls += lab.completions + 1
+        n_calls += lab.completions * per_completion + 1
         t_r = float(fr.times[0]) if fr.feasible[0] else float("inf")
         if not t_r < task.meta["best_known"][0] * (1 - 1e-9):
             log(f"  policy iteration {rnd}: the rollout over the policy gains nothing ({t_r * 1e3:.3f} ms); stop")
