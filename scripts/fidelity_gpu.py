@@ -172,8 +172,10 @@ def report(rows, classes, krows, newer, fit, pd_lines, factors, coll_lines, coll
              "takes the fastest configuration, as the library's heuristic aims to. Backward: dX and dW GEMMs with "
              "their own shapes.",
              "* **Architecture terms**, the same slope for every GPU: pre-Volta SMs (`arch < 7`: P100, P4) run SIMT "
-             "GEMMs and memory-bound kernels at a lower fraction of peak; GDDR memory reaches a lower fraction of "
-             "its bandwidth than HBM (the two memory penalties do not add: the larger applies, `mem_terms = 1`); a "
+             "GEMMs and memory-bound kernels at a lower fraction of peak; GDDR memory on a <= 75 W board (T4, P4; "
+             "L4) reaches a lower fraction of its bandwidth than HBM (the fitted GDDR cards are both such boards, "
+             "so memory kind and board power cannot be told apart; a GDDR card with power to spare is priced like "
+             "HBM; the two memory penalties do not add: the larger applies, `mem_terms = 1`); a "
              "<= 75 W card (T4, P4; L4) runs cuBLAS GEMMs below boost and slows down as a "
              "kernel runs on (`t (1 + lp_slow t / (t + lp_tau))`, the board power limit).",
              "* **Memory-bound ops** (norm, softmax, element-wise, embedding, loss, pool): bytes / (bandwidth x the "

@@ -349,3 +349,68 @@ def test_whole_model_floor_of_the_neusight_files():
     floor = per_node_floor(rows)
     assert min(f.mape for f in floor[:4]) > 8.0
     assert mape(rows, "calibrated", work=True)[0] < 6.0  # the shipped fit predicts the GPU work op by op
+
+
+def test_product_names_match_whole_model_numbers():
+    """A product number matches only as a whole number and a series only as a four-digit model's first digits:
+    'A1000' is not an A100, 'RTX 2000 Ada' not a Turing RTX 20, 'RTX 4090' has no T4 in it; names written
+    without spaces match as with them; GB200 is not read as B200 by accident."""
+    from placement_rl.cost.gpu_spec import datasheet
+
+    assert datasheet("NVIDIA A1000")[0] == 0.0 and datasheet("NVIDIA RTX A1000")[0] == 8.6
+    assert datasheet("NVIDIA RTX 2000 Ada Generation") == (8.9, True, 128, False)
+    assert datasheet("RTX 5000 Ada")[0] == 8.9 and datasheet("GeForce RTX 2080 Ti") == (7.5, True, 64, False)
+    for name in ("NVIDIA GeForce RTX 4090", "rtx4090", "RTX-4090", "geforce_rtx_4070_ti"):
+        assert datasheet(name) == (8.9, True, 128, False), name
+    assert datasheet("RTX3090")[0] == 8.6 and datasheet("GTX 1660 SUPER") == (7.5, True, 64, False)
+    assert datasheet("NVIDIA GB200")[0] == 10.0 and datasheet("B300 SXM6")[0] == 10.3
+    assert datasheet("NVIDIA A10G")[0] == 8.6 and datasheet("A100-PCIE-40GB")[2] == 64
+    assert datasheet("L4")[3] is True and datasheet("L40S")[3] is False and datasheet("T4G")[3] is True
+    assert datasheet("H100 NVL") == datasheet("NVIDIA H100 80GB HBM3") == (9.0, False, 128, False)
+    assert datasheet("AMD Instinct MI300X")[0] == 0.0  # not a CUDA GPU: unknown, with a warning when priced
+
+
+def test_unknown_gpu_warns_once_per_name(caplog):
+    from placement_rl.cost import gpu_spec
+    from placement_rl.topology import Device
+
+    gpu_spec._UNKNOWN.clear()
+    with caplog.at_level("WARNING", logger="placement_rl.cost.gpu_spec"):
+        for name in ("accel-x", "accel-x", "accel-y"):
+            gpu_spec.spec_of_device(Device(name=name, kind="gpu", torch_device="cuda:0", peak_flops=1e13,
+                                           mem_bandwidth=1e12, memory_bytes=8 << 30, model=name))
+    assert sum("not in the datasheet table" in r.message for r in caplog.records) == 2
+
+
+def test_sm_estimate_reads_the_fp32_peak_not_a_tensor_peak():
+    """Without a datasheet SM count the GEMM model estimates one from the FP32 peak and lanes: a bf16 run (tensor
+    peak 16x the FP32 one) must not price the card as thousands of SMs; the estimate lands near the real count."""
+    from placement_rl.cost.calibrated import node_times
+    from placement_rl.cost.gemm_time import sm_estimate
+    from placement_rl.cost.gpu_fit import shipped_fit
+
+    h100 = GpuSpec(peak_flops=67e12, mem_bandwidth=3.35e12, arch=9.0, fp32_lanes=128)
+    a100 = GpuSpec(peak_flops=19.5e12, mem_bandwidth=1.55e12, arch=8.0, fp32_lanes=64)
+    assert 100 <= sm_estimate(a100) <= 120 and 100 <= sm_estimate(h100) <= 200
+    g = synthetic.sample("layered", num_nodes=40, seed=0)
+    from placement_rl.cost.calibrated import features
+
+    feat, fit = features(g), shipped_fit()
+    known = GpuSpec(peak_flops=67e12, mem_bandwidth=3.35e12, sm_count=132, l2_bytes=50 << 20, arch=9.0,
+                    fp32_lanes=128)
+    unknown = GpuSpec(peak_flops=67e12, mem_bandwidth=3.35e12, l2_bytes=50 << 20, arch=9.0, fp32_lanes=128)
+    t_known = node_times(feat, known, fit, dtype="bf16", tensor_peak=989e12)[0].sum()
+    t_unknown = node_times(feat, unknown, fit, dtype="bf16", tensor_peak=989e12)[0].sum()
+    assert 0.8 < t_unknown / t_known < 1.25
+
+
+def test_gddr_penalty_reaches_low_power_boards_only():
+    """The fitted GDDR cards (T4, P4) are <= 75 W boards: their memory penalty stays; a GDDR card with power to
+    spare (an RTX 4090, an L40S) streams at the HBM cards' fraction of its bandwidth."""
+    from placement_rl.cost.gpu_spec import datasheet
+
+    fit = shipped_fit()
+    spec = lambda name: GpuSpec(1e13, 1e12, 40, 4 << 20, *datasheet(name))  # noqa: E731
+    hbm = trend(spec("A100-SXM4-80GB"), fit)[1]
+    assert trend(spec("Tesla_T4"), fit)[1] < 0.95 * hbm and trend(spec("NVIDIA L4"), fit)[1] < 0.95 * hbm
+    assert trend(spec("GeForce RTX 4090"), fit)[1] == hbm == trend(spec("L40S"), fit)[1]

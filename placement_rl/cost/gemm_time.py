@@ -43,6 +43,13 @@ def gemm_dims(cls: np.ndarray, flops: np.ndarray, in_b: np.ndarray, out_b: np.nd
     return out
 
 
+def sm_estimate(spec: GpuSpec) -> float:
+    """SM count of a GPU whose datasheet does not give it: the FP32 peak (never a tensor-core peak, which would
+    count thousands of SMs) over its FP32 lanes per SM (64 if unknown) at 1.4 GHz (A100: 108)."""
+    lanes = spec.fp32_lanes if spec.fp32_lanes > 0 else 64
+    return max(spec.peak_flops / (2 * lanes * 1.4e9), 1.0)
+
+
 TILES = ((128, 128), (128, 64), (64, 128), (64, 64), (128, 32), (32, 128))  # CTA output tiles of SIMT GEMMs
 SPLITS = (1, 4)  # split-K factors
 
@@ -70,7 +77,7 @@ def _gemm_time(flops: np.ndarray, dims: np.ndarray, cls: np.ndarray, fit: GpuFit
     e_mem = fit.p("e_mem_gemm")
     reuse = fit.q("l2_reuse")
     area = fit.q("tile_area")
-    sm = float(spec.sm_count) if spec.sm_count > 0 else max(peak / (2 * 64 * 1.4e9), 1.0)
+    sm = float(spec.sm_count) if spec.sm_count > 0 else sm_estimate(spec)
     w = fit.p("w_wave")
     known = dims[:, 3] > 0
     side = np.sqrt(np.maximum(flops, 2.0) / 2.0) ** (2.0 / 3.0)  # unknown: a cube of the same FLOPs

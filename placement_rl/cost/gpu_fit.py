@@ -110,9 +110,12 @@ def trend(spec: GpuSpec, fit: "GpuFit", simt: bool = True) -> tuple[float, float
     instruction stream (``issue_ffma``), one with 64 lanes has issue slots to spare (``simt=False``: tensor-core
     GEMMs, no such limit). A low-power card also slows down as a GEMM runs on (``throttle``). The low-power terms
     apply to cuBLAS GEMMs (linear, bmm): on the P4 and T4 tables cuDNN's convolutions show neither (fitted with
-    them, they made conv worse on both cards), so conv keeps the architecture term alone."""
+    them, they made conv worse on both cards), so conv keeps the architecture term alone. The GDDR term applies
+    to GDDR cards on a low-power board only: the fitted GDDR cards (T4, P4) are both <= 75 W boards, so the data
+    cannot tell memory kind from board power, and a GDDR6 / GDDR6X card with power to spare (RTX 30 / 40, A10,
+    A40, L40S) is priced like HBM (the fit is the same either way; no such card is in the public tables)."""
     old = 1.0 if 0.0 < spec.arch < 7.0 else 0.0
-    gddr = 1.0 if spec.gddr else 0.0
+    gddr = 1.0 if spec.gddr and spec.low_power else 0.0  # the only GDDR cards fitted are <= 75 W boards
     low = 1.0 if spec.low_power else 0.0
     lanes = spec.fp32_lanes if spec.fp32_lanes > 0 else 64
     slots = 256.0 if 0.0 < spec.arch < 5.0 else 128.0  # Kepler: 4 schedulers x 2 dispatch units x 32 per cycle

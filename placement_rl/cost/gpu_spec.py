@@ -4,6 +4,7 @@ from a product name (``datasheet``: compute capability, memory kind, FP32 lanes 
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,22 +46,41 @@ _ARCH: tuple[tuple[str, float, bool, int, bool], ...] = (
     # (FP32 lanes per SM: 128 on GB100 / GB20x, like GH100 and AD10x; 192 on Kepler). ``low_power`` marks the cards
     # whose board power is low for their peak (P4 14 W, T4 9 W, L4 2.4 W per FP32 TFLOP/s against the V100's 19): a
     # GTX 1050 draws 75 W for 1.9 TFLOP/s (40 W per TFLOP/s) and holds its clock
-    ("B200", 10.0, False, 128, False), ("B100", 10.0, False, 128, False), ("RTX 50", 12.0, True, 128, False),
-    ("H20", 9.0, False, 128, False), ("L20", 8.9, True, 128, False), ("6000 ADA", 8.9, True, 128, False),
+    ("B200", 10.0, False, 128, False), ("GB200", 10.0, False, 128, False), ("B100", 10.0, False, 128, False),
+    ("RTX 50", 12.0, True, 128, False), ("H20", 9.0, False, 128, False), ("L20", 8.9, True, 128, False),
     ("RTX A", 8.6, True, 128, False), ("QUADRO RTX", 7.5, True, 64, False), ("TITAN RTX", 7.5, True, 64, False),
     ("TITAN V", 7.0, False, 64, False), ("GTX 10", 6.1, True, 128, False), ("M40", 5.2, True, 128, False),
-    ("M60", 5.2, True, 128, False), ("K40", 3.5, True, 192, False))
+    ("M60", 5.2, True, 128, False), ("K40", 3.5, True, 192, False),
+    # Blackwell Ultra B300 (10.3, HBM3e), RTX PRO Blackwell workstation cards (12.0, GDDR7), Ada workstation cards
+    # named by their number (RTX 2000 ... 6000 Ada: 8.9, GDDR6), Turing GeForce GTX 16 (7.5, 64 lanes), Ampere A16
+    # (8.6), Pascal Titan X / Xp (6.1): NVIDIA's CUDA GPUs list and the whitepapers
+    ("B300", 10.3, False, 128, False), ("RTX PRO", 12.0, True, 128, False), ("2000 ADA", 8.9, True, 128, False),
+    ("4000 ADA", 8.9, True, 128, False), ("4500 ADA", 8.9, True, 128, False), ("5000 ADA", 8.9, True, 128, False),
+    ("6000 ADA", 8.9, True, 128, False), ("GTX 16", 7.5, True, 64, False), ("A16", 8.6, True, 128, False),
+    ("TITAN X", 6.1, True, 128, False))
+# A product number (A100, T4, L40) matches only as a whole number (A100 not in A1000, T4 not in RTX 4090, L4 not
+# in L40); a series (RTX 40, GTX 10) only as the first digits of a four-digit model number (RTX 4090, GTX 1050).
+_SERIES = ("RTX 20", "RTX 30", "RTX 40", "RTX 50", "GTX 10", "GTX 16")
+
+
+def _pattern(key: str) -> re.Pattern[str]:
+    words = key.upper().split()
+    body = r"\s*".join(re.escape(w) for w in words)  # "RTX4090" and "RTX 4090" alike
+    tail = r"(?=\d\d(?!\d))" if key in _SERIES else r"(?=\d)" if key == "RTX A" else r"(?!\d)"
+    return re.compile(r"(?<![A-Z0-9])" + body + tail)
+
+
+_PATTERNS = tuple((_pattern(r[0]), r[1:]) for r in sorted(_ARCH, key=lambda r: -len(r[0])))
 _UNKNOWN: set[str] = set()
 
 
 def datasheet(name: str) -> tuple[float, bool, int, bool]:
     """``(arch, gddr, fp32_lanes, low_power)`` of a GPU from its product name (``Tesla_P100-PCIE-16GB``,
     ``H100-SXM5-80GB``); ``(0.0, False, 0, False)`` if the name is not recognised."""
-    up = " " + name.upper().replace("_", " ").replace("-", " ") + " "
-    for key, cc, gddr, lanes, low in sorted(_ARCH, key=lambda r: -len(r[0])):
-        k = key.upper()
-        if k in up and (len(k) > 2 or f" {k} " in up):  # a two-letter name (T4, L4) only as a word
-            return cc, gddr, lanes, low
+    up = name.upper().replace("_", " ").replace("-", " ")
+    for pat, facts in _PATTERNS:  # the longest name first (H200 before H20)
+        if pat.search(up):
+            return facts
     return 0.0, False, 0, False
 
 
@@ -73,8 +93,8 @@ def spec_of_device(dev: Any) -> "GpuSpec":
     """``GpuSpec`` of a topology ``Device`` (datasheet figures, architecture from its ``model`` or name)."""
     name = str(getattr(dev, "model", "") or dev.name)
     arch, gddr, lanes, low = datasheet(name)
-    if arch == 0.0 and not _UNKNOWN and str(getattr(dev, "kind", "gpu")) == "gpu":
-        _UNKNOWN.add(name)  # once per process
+    if arch == 0.0 and name not in _UNKNOWN and str(getattr(dev, "kind", "gpu")) == "gpu":
+        _UNKNOWN.add(name)  # once per name and process
         logging.getLogger(__name__).warning(
             "GPU model '%s' is not in the datasheet table (placement_rl/cost/gpu_spec.py): priced as a Volta-or-newer "
             "HBM GPU with 64 FP32 lanes per SM; set the device's 'model' to its product name (e.g. H100, L4)", name)
