@@ -84,6 +84,24 @@ def test_shard_graph_divides_split_ops_only(gpt):
     assert half.num_nodes == gpt.num_nodes and half.num_edges == gpt.num_edges
 
 
+def test_a_coarsened_shard_is_priced_as_its_members_shards(gpt):
+    """A TP rank of a coarsened graph: its members are sharded with their own split kinds and each group is
+    priced as its sharded members' sum, so a coarse plan's TP stage costs what the uncoarsened plan's does
+    (counting members, a group's split share was off by up to 20%, and the shard fell back to group pricing)."""
+    coarse = coarsen.coarsen(gpt, max_nodes=12)
+    topo = load_topology("4x_v100_nvlink")
+    for t in (2, 4):
+        shard = tp.shard_graph(coarse, t)
+        got = coarsen.member_graph(shard)
+        assert got is not None, t
+        fine_shard, gof = got
+        assert fine_shard.fingerprint() == tp.shard_graph(gpt, t).fingerprint()
+        want = resolve_costs(tp.shard_graph(gpt, t), topo).fwd_time[:, 0]
+        have = resolve_costs(shard, topo).fwd_time[:, 0]
+        assert np.allclose(have, np.bincount(gof, weights=want, minlength=coarse.num_nodes), rtol=1e-12)
+        assert shard.fwd_flops.sum() == pytest.approx(tp.shard_graph(gpt, t).fwd_flops.sum(), rel=1e-9)
+
+
 # ------------------------------------------------------------------------------------------ plans
 def test_tp_field_defaults_validates_and_round_trips(gpt):
     topo = load_topology("4x_v100_nvlink")

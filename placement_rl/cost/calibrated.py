@@ -97,7 +97,7 @@ def features(graph: Any) -> NodeFeatures:
     cls = np.array([CLASSES.index(op_class(t, p, f)) for t, p, f in
                     zip(graph.op_types, graph.param_bytes, graph.fwd_flops)], dtype=np.int64)
     ops = np.ones(n)
-    if graph.members is not None:  # a coarsened group is priced by its dominant member's class
+    if graph.members is not None:  # a group without its members' graph (resolve): its dominant member's class
         ops = np.array([max(len(m), 1) for m in graph.members], dtype=np.float64)
         cls[(ops > 1) & (cls == CLASSES.index("view"))] = CLASSES.index("ew")
     in_b = np.zeros(n)

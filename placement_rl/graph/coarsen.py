@@ -31,6 +31,11 @@ Each producer node ``u`` in A sends its output to B once, however many members o
 B counts once while distinct outputs of a multi-output op still add up. ``bytes(A -> B)`` is the sum of
 ``sent(u, B)`` over ``u`` in A. Edges inside a group vanish, so total ``edge_bytes`` shrinks.
 
+The coarse graph keeps the graph it was made from in ``meta["member_graph"]`` (a graph JSON object, so it
+survives ``to_json``): ``member_graph`` returns it with each original node's group, and the cost model prices a
+group as the sum of its members (``placement_rl.cost.resolve``). A graph written before that record was kept, or
+changed since, is priced group by group.
+
 Output nodes are ordered topologically (ties: earliest original node first). ``members`` holds the
 original node names (flattened when the input was itself coarsened); ``meta["original_names"]`` keeps
 the original node order for ``expand_placement``.
@@ -46,7 +51,10 @@ import numpy as np
 from placement_rl.errors import GraphError
 from placement_rl.graph.ir import NODE_ARRAYS, CompGraph
 
-__all__ = ["coarsen", "expand_placement"]
+__all__ = ["coarsen", "expand_placement", "member_graph"]
+
+FINE_KEY = "member_graph"  # meta key: the original graph (graph JSON object) a coarsened graph was made from
+_MEMBER_CACHE: dict[tuple[int, int], tuple] = {}  # (record, members) -> (record, members, parsed)
 
 
 def coarsen(graph: CompGraph, *, depth: int | None = None, fold_param_free: bool = True,
@@ -114,6 +122,51 @@ def expand_placement(coarse: CompGraph, device_of_group: Sequence[int] | np.ndar
 
 
 # --------------------------------------------------------------------------------------------- helpers
+def member_graph(graph: CompGraph) -> "tuple[CompGraph, np.ndarray] | None":
+    """``(original graph, group of each original node)`` of a coarsened graph that carries the graph it was made
+    from (``meta["member_graph"]``, written by ``coarsen``) and still matches it: every original node in exactly
+    one group and each group's FLOPs and parameter bytes the sum of its members'. None for an uncoarsened graph,
+    one without that record (written before it was kept) or one changed since (e.g. split for tensor
+    parallelism). The cost model prices a group as the sum of its members (``placement_rl.cost.resolve``)."""
+    fine = graph.meta.get(FINE_KEY)
+    if graph.members is None or not isinstance(fine, dict):
+        return None
+    key = (id(fine), id(graph.members))
+    hit = _MEMBER_CACHE.get(key)
+    if hit is None or hit[0] is not fine or hit[1] is not graph.members:
+        hit = (fine, graph.members, _members_of(graph, fine))
+        if len(_MEMBER_CACHE) > 256:
+            _MEMBER_CACHE.clear()
+        _MEMBER_CACHE[key] = hit
+    if hit[2] is None:
+        return None
+    g, gof = hit[2]
+    n = graph.num_nodes
+    for k in ("fwd_flops", "param_bytes"):  # checked on every call: the arrays may have been replaced
+        if not np.allclose(np.bincount(gof, weights=getattr(g, k), minlength=n), getattr(graph, k), rtol=1e-6,
+                           atol=1e-3):
+            return None
+    return g, gof
+
+
+def _members_of(graph: CompGraph, fine: dict) -> "tuple[CompGraph, np.ndarray] | None":
+    from placement_rl.graph.io import graph_from_dict
+
+    try:
+        g = graph_from_dict(fine, where=f"graph '{graph.name}' meta.member_graph")
+    except Exception:  # noqa: BLE001 -- a damaged record: price the groups themselves
+        return None
+    index = {nm: i for i, nm in enumerate(g.names)}
+    gof = np.full(g.num_nodes, -1, dtype=np.int64)
+    for k, grp in enumerate(graph.members):
+        for nm in grp:
+            i = index.get(nm, -1)
+            if i < 0 or gof[i] >= 0:
+                return None
+            gof[i] = k
+    return (g, gof) if (gof >= 0).all() else None
+
+
 def _check_target(target: tuple[int, int]) -> tuple[int, int]:
     try:
         lo, hi = (int(x) for x in target)
@@ -337,7 +390,12 @@ def _assemble(graph: CompGraph, q: _Quotient, *, depth: int | str, fold: bool) -
     original = graph.meta.get("original_names")
     if original is None:
         original = [m for grp in inner for m in grp]
-    meta = {**graph.meta, "original_names": list(original),
+    fine = graph.meta.get(FINE_KEY)
+    if fine is None:  # the graph the groups' members name, kept so that a group is priced as its members' sum
+        from placement_rl.graph.io import graph_to_dict
+
+        fine = graph_to_dict(graph)
+    meta = {**graph.meta, FINE_KEY: fine, "original_names": list(original),
             "coarsen": {"depth": depth, "fold_param_free": fold, "source_nodes": n,
                         "source_name": graph.name}}
     return CompGraph(

@@ -359,13 +359,27 @@ def _from_dict(graph: CompGraph, data: Mapping[str, Any]) -> TPAnnotation:
             fa[v] = 1.0 if k in (COLUMN, ROW, SHARDED, VOCAB_HEAD, VOCAB_LOSS) else 0.0
             fo[v] = 1.0 if k in _SPLIT_OUT else 0.0
             continue
-        # a coarsened group: the split share of its members is unknown per member size; count members
+        # a coarsened group: counted by members here; by their sizes below where the members' graph is kept
         split = [k != REPLICATED for k in ks]
         share = sum(split) / len(ks)
         kind[v] = max(set(ks), key=ks.count) if any(split) else REPLICATED
         ff[v] = fa[v] = share
         fp[v] = 1.0 if any(k in (COLUMN, ROW, VOCAB_HEAD, VOCAB_EMB) for k in ks) else 0.0
         fo[v] = 1.0 if ks[-1] in _SPLIT_OUT else 0.0
+    if graph.members is not None:  # the graph it was coarsened from, where kept: each member's share by its size
+        from placement_rl.graph.coarsen import member_graph
+
+        fine = member_graph(graph)
+        if fine is not None:
+            g0, gof = fine
+            a0 = annotation(g0)
+
+            def share(w: np.ndarray, f: np.ndarray) -> np.ndarray:
+                num, den = np.bincount(gof, weights=w * f, minlength=n), np.bincount(gof, weights=w, minlength=n)
+                return np.divide(num, den, out=np.zeros(n), where=den > 0)
+
+            ff, fp, fa = share(g0.fwd_flops, a0.frac_flops), share(g0.param_bytes, a0.frac_params), \
+                share(g0.act_bytes, a0.frac_act)
     edge_split = fo[graph.edges[:, 0]] if graph.num_edges else np.zeros(0)
     return TPAnnotation(kind, ff, fp, fa, fo, a_f, a_b, edge_split,
                         tuple(int(d) for d in data.get("divisors", ())), dict(data.get("heads", {})),
@@ -405,13 +419,21 @@ def shard_graph(graph: CompGraph, tp: int, ann: TPAnnotation | None = None) -> C
     def scale(arr: np.ndarray, frac: np.ndarray) -> np.ndarray:
         return arr * (1.0 - frac + frac * k)
 
+    meta = dict(graph.meta)
+    from placement_rl.graph.coarsen import FINE_KEY, member_graph
+
+    fine = member_graph(graph)
+    if fine is not None:  # a coarsened graph: its members are sharded too, so a group stays priced as their sum
+        from placement_rl.graph.io import graph_to_dict
+
+        meta[FINE_KEY] = graph_to_dict(shard_graph(fine[0], tp))
     return graph.replace(fwd_flops=scale(graph.fwd_flops, ann.frac_flops),
                          bwd_flops=scale(graph.bwd_flops, ann.frac_flops),
                          param_bytes=scale(graph.param_bytes, ann.frac_params),
                          act_bytes=scale(graph.act_bytes, ann.frac_act),
                          out_bytes=scale(graph.out_bytes, ann.frac_out),
                          edge_bytes=scale(graph.edge_bytes, ann.edge_split),
-                         name=f"{graph.name}@tp{tp}")
+                         name=f"{graph.name}@tp{tp}", meta=meta)
 
 
 def without_tp(graph: CompGraph) -> CompGraph:
