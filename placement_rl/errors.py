@@ -33,3 +33,12 @@ class CheckpointError(PlacementRLError):
 
 class ExecutionError(PlacementRLError):
     """Running a placement or plan for real failed (out of memory, a rank died or hung)."""
+
+
+def fmt_bytes(n: float) -> str:
+    """Bytes for a message, in the largest binary unit that keeps the value >= 1 (``1.50 GiB``, ``12.0 KiB``)."""
+    n = float(n)
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"

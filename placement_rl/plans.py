@@ -1,7 +1,10 @@
 """``Placement`` (op-level: a device per node) and ``StagePlan`` (pipeline stages x data parallelism).
 
 Both validate against a graph and a topology (``PlanError`` naming the problem) and round-trip through JSON.
-JSON stores device *names*, so a plan loaded against a topology that lacks a device fails clearly.
+JSON stores device *names*, so a plan loaded against a topology that lacks a device fails clearly. Written with
+its graph, a plan also stores the graph's name and ``fingerprint()``; loaded with a graph, it is refused for any
+other graph, even one with as many nodes (files without a fingerprint, written before plans carried one, are
+checked by ``validate`` alone).
 """
 
 from __future__ import annotations
@@ -51,6 +54,22 @@ def _check_schema(data: Mapping[str, Any], schema: str) -> None:
         raise PlanError(f"unknown {schema} version {data.get('version')!r} (this release reads {VERSION})")
     if not isinstance(data.get("meta") or {}, dict):
         raise PlanError(f"field 'meta' must be a JSON object, got {data.get('meta')!r}")
+
+
+def _check_graph(data: Mapping[str, Any], graph: CompGraph, what: str, num_nodes: int) -> None:
+    """A plan file names the graph it was made for by ``graph_fingerprint``: refuse it for any other graph, even
+    one with as many nodes (its node indices would silently mean other ops). Files without one (written before
+    plans carried it, or without a graph) are checked by ``validate`` alone."""
+    fp = data.get("graph_fingerprint")
+    if fp is None:
+        return
+    if not isinstance(fp, str):
+        raise PlanError(f"{what} JSON field 'graph_fingerprint' must be a string, got {fp!r}")
+    if fp != graph.fingerprint():
+        raise PlanError(f"{what} was made for graph '{data.get('graph')}' (fingerprint {fp}, {num_nodes} nodes), "
+                        f"not this one: graph '{graph.name}' has fingerprint {graph.fingerprint()} "
+                        f"({graph.num_nodes} nodes); give the graph it was made for (the graph.json written beside "
+                        "it), or make a new plan")
 
 
 def _device_map(names: Sequence[str], topology: DeviceTopology | None, what: str) -> np.ndarray:
@@ -130,10 +149,7 @@ class Placement:
         p = Placement(mapping[np.array(dev, dtype=np.int64)] if dev else np.zeros(0, np.int64),
                       meta=data.get("meta") or {})
         if graph is not None:
-            fp = data.get("graph_fingerprint")
-            if fp is not None and fp != graph.fingerprint() and len(dev) != graph.num_nodes:
-                raise PlanError(f"placement was made for graph '{data.get('graph')}' with "
-                                f"{len(dev)} nodes, not for '{graph.name}' ({graph.num_nodes} nodes)")
+            _check_graph(data, graph, "placement", len(dev))
             if topology is not None:
                 p.validate(graph, topology)
         return p
@@ -346,8 +362,10 @@ class StagePlan:
                              meta=data.get("meta") or {}, sharding=str(data.get("sharding", "dp")))
         except (TypeError, ValueError, OverflowError) as exc:
             raise PlanError(f"stage plan JSON has an invalid field ({exc})") from None
-        if graph is not None and topology is not None:
-            plan.validate(graph, topology)
+        if graph is not None:
+            _check_graph(data, graph, "stage plan", len(stages))
+            if topology is not None:
+                plan.validate(graph, topology)
         return plan
 
 

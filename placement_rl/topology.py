@@ -19,8 +19,14 @@ YAML schema (presets live in ``conf/topology/<name>.yaml``)::
       pairs:                                                         # overrides, symmetric
         - {between: [gpu0, gpu1], bandwidth: 25e9, latency: 5.0e-6, kind: nvlink}
 
-Units: FLOP/s, bytes/s, bytes, seconds. A topology-level ``peak_flops_tf32`` / ``peak_flops_bf16`` is the
-default of every GPU that does not set its own.
+Units: FLOP/s, bytes/s, bytes, seconds. A topology-level ``peak_flops_tf32`` / ``peak_flops_bf16`` / ``l2_bytes`` is
+the default of every GPU that does not set its own. A device entry may also set ``index_start`` (the first CUDA
+index of its ``count`` devices) and ``numbered: true`` (number its name even when ``count`` is 1).
+
+A device entry, ``links``, ``links.intra_host`` / ``inter_host`` and a ``links.pairs`` entry accept only the
+fields above: any other (a typo such as ``modle``) is a ``TopologyError`` listing the valid ones. Two
+``links.pairs`` entries for the same pair (in either order) must agree. Other top-level keys are kept in
+``meta`` (free-form notes, detection sources).
 """
 
 from __future__ import annotations
@@ -36,6 +42,12 @@ import numpy as np
 from placement_rl.errors import TopologyError
 
 DEVICE_KINDS = ("cpu", "gpu")
+DEVICE_FIELDS = ("name", "count", "kind", "torch_device", "host", "index_start", "numbered", "model", "peak_flops",
+                 "mem_bandwidth", "memory_bytes", "launch_overhead", "sm_count", "l2_bytes", "peak_flops_tf32",
+                 "peak_flops_bf16")
+LINKS_FIELDS = ("intra_host", "inter_host", "pairs")
+LINK_FIELDS = ("bandwidth", "latency", "kind")
+PAIR_FIELDS = ("between",) + LINK_FIELDS
 DEFAULT_LAUNCH_OVERHEAD = {"cpu": 2e-6, "gpu": 8e-6}
 
 
@@ -208,6 +220,17 @@ def _num(entry: Mapping[str, Any], key: str, where: str, default: float | None =
     return f
 
 
+def _check_fields(entry: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
+    """``TopologyError`` naming the first key of ``entry`` not in ``allowed`` (a typo is never dropped silently)."""
+    import difflib
+
+    for key in entry:
+        if key not in allowed:
+            near = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"did you mean '{near[0]}'? " if near else ""
+            raise TopologyError(f"{where}: unknown field {str(key)!r}; {hint}valid fields: {', '.join(allowed)}")
+
+
 def _from_dict(data: Any, where: str) -> DeviceTopology:
     if not isinstance(data, dict):
         raise TopologyError(f"{where}: top level must be a mapping with 'name', 'devices' and 'links'")
@@ -219,6 +242,9 @@ def _from_dict(data: Any, where: str) -> DeviceTopology:
         w = f"{where}: devices[{k}]"
         if not isinstance(entry, dict) or "name" not in entry:
             raise TopologyError(f"{w} must be a mapping with a 'name'")
+        _check_fields(entry, DEVICE_FIELDS, w)
+        if not isinstance(entry.get("numbered", False), bool):
+            raise TopologyError(f"{w}: field 'numbered' must be true or false, got {entry['numbered']!r}")
         kind = entry.get("kind", "gpu")
         if not isinstance(kind, str) or kind not in DEVICE_KINDS:
             raise TopologyError(f"{w}: field 'kind' is {kind!r}, expected one of {DEVICE_KINDS}")
@@ -260,6 +286,7 @@ def _from_dict(data: Any, where: str) -> DeviceTopology:
     links = data.get("links", {}) or {}
     if not isinstance(links, dict):
         raise TopologyError(f"{where}: field 'links' must be a mapping")
+    _check_fields(links, LINKS_FIELDS, f"{where}: links")
     bw = np.full((n, n), np.nan)
     lat = np.full((n, n), np.nan)
     kind_m = [["" for _ in range(n)] for _ in range(n)]
@@ -270,6 +297,7 @@ def _from_dict(data: Any, where: str) -> DeviceTopology:
         w = f"{where}: links.{key}"
         if not isinstance(spec, dict):
             raise TopologyError(f"{w} must be a mapping with 'bandwidth' and 'latency'")
+        _check_fields(spec, LINK_FIELDS, w)
         b, l_ = _num(spec, "bandwidth", w), _num(spec, "latency", w)
         for i in range(n):
             for j in range(n):
@@ -277,10 +305,12 @@ def _from_dict(data: Any, where: str) -> DeviceTopology:
                     bw[i, j], lat[i, j], kind_m[i][j] = b, l_, str(spec.get("kind", key))
     if not isinstance(links.get("pairs", []) or [], list):
         raise TopologyError(f"{where}: field 'links.pairs' must be a list of {{between, bandwidth, latency}}")
+    given: dict[tuple[int, int], tuple[int, float, float, str]] = {}  # pair -> (entry, bandwidth, latency, kind)
     for k, spec in enumerate(links.get("pairs", []) or []):
         w = f"{where}: links.pairs[{k}]"
         if not isinstance(spec, dict) or not isinstance(spec.get("between"), list) or len(spec["between"]) != 2:
             raise TopologyError(f"{w} must be a mapping with 'between: [dev_a, dev_b]'")
+        _check_fields(spec, PAIR_FIELDS, w)
         a, b_ = spec["between"]
         for d in (a, b_):
             if d not in names:
@@ -288,9 +318,14 @@ def _from_dict(data: Any, where: str) -> DeviceTopology:
         i, j = names.index(a), names.index(b_)
         if i == j:
             raise TopologyError(f"{w}: a link must join two different devices, got '{a}' twice")
-        bv, lv = _num(spec, "bandwidth", w), _num(spec, "latency", w)
+        bv, lv, kv = _num(spec, "bandwidth", w), _num(spec, "latency", w), str(spec.get("kind", "link"))
+        first = given.setdefault((min(i, j), max(i, j)), (k, bv, lv, kv))
+        if first[1:] != (bv, lv, kv):
+            raise TopologyError(f"{w}: link {a} <-> {b_} (bandwidth {bv:g}, latency {lv:g}, kind {kv}) contradicts "
+                                f"links.pairs[{first[0]}] (bandwidth {first[1]:g}, latency {first[2]:g}, kind "
+                                f"{first[3]}): give each pair once")
         for x, y in ((i, j), (j, i)):
-            bw[x, y], lat[x, y], kind_m[x][y] = bv, lv, str(spec.get("kind", "link"))
+            bw[x, y], lat[x, y], kind_m[x][y] = bv, lv, kv
     for i in range(n):
         bw[i, i], lat[i, i], kind_m[i][i] = np.inf, 0.0, "local"
     missing = np.argwhere(np.isnan(bw))

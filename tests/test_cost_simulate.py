@@ -146,3 +146,11 @@ def test_bad_inputs_raise_domain_errors() -> None:
         sim.step_time(np.array([0, 5, 1]))
     with pytest.raises(ProfileError, match="resolve_costs"):
         Simulator(g, table([1.0] * 4, [1.0] * 4), topo)
+
+
+def test_memory_messages_show_small_sizes():
+    """A memory error names sizes in a unit that shows them (it said '0.00 GiB' for a few MiB)."""
+    from placement_rl.errors import fmt_bytes
+
+    assert fmt_bytes(10) == "10 B" and fmt_bytes(1536) == "1.50 KiB" and fmt_bytes(3 * 2**20) == "3.00 MiB"
+    assert fmt_bytes(2.5 * 2**30) == "2.50 GiB"

@@ -159,6 +159,42 @@ def test_graph_json_mutations_give_graph_error(doc):
         assert np.all(np.isfinite(g.fwd_flops)) and g.num_nodes == len(doc["nodes"])
 
 
+def _annotated_graph_doc() -> dict:
+    """``GRAPH`` coarsened by hand (members) with the meta fields planners read: batch size, zoo options, TP."""
+    doc = json.loads(GRAPH.to_json())
+    for nd in doc["nodes"]:
+        nd["members"] = [nd["name"], nd["name"] + "_act"]
+    doc["meta"] = {"batch_size": 8, "zoo_options": {"batch_size": 8, "n_heads": 2},
+                   "tp": {"version": 1, "nodes": {"b": "column", "b_act": "sharded", "d": "row"},
+                          "ar_fwd": {"d": 4096.0}, "ar_bwd": {"b": 4096.0},
+                          "pairs": [{"columns": ["b"], "row": "d", "sharded_ops": 1, "head_dim": None}],
+                          "divisors": [2, 64], "heads": {"n_heads": 2}, "vocab": None, "note": ""}}
+    return doc
+
+
+ANNOTATED_DOC = _annotated_graph_doc()
+
+
+@FUZZ
+@given(mutated(ANNOTATED_DOC))
+def test_graph_meta_and_members_mutations_give_graph_error(doc):
+    """Whatever the reader accepts, the planners can read: a batch size or none, a TP annotation, members that
+    partition the original ops."""
+    from placement_rl.graph import tp
+    from placement_rl.plans import graph_batch_size
+
+    text = json.dumps(doc)
+    g = _expect(lambda: CompGraph.from_json(text), GraphError)
+    if g is not None:
+        batch = graph_batch_size(g)
+        assert batch is None or (isinstance(batch, int) and batch >= 1)
+        ann = tp.annotation(g)
+        assert ann.kind.shape == (g.num_nodes,) and all(isinstance(d, int) and d >= 1 for d in ann.divisors)
+        if g.members is not None:
+            flat = [m for grp in g.members for m in grp]
+            assert all(g.members) and len(flat) == len(set(flat))
+
+
 @FUZZ
 @given(truncated(GRAPH.to_json()))
 def test_graph_json_truncations_give_graph_error(text):
@@ -359,6 +395,31 @@ def test_bad_files_through_the_cli_are_one_line_exit_2_and_write_nothing(tmp_pat
         (["evaluate", "graph.path=graph.json", "topology=2x_cpu", "plan=plan.json"], "device_of_node"),
         (["evaluate", "graph.path=graph.json", "topology.path=topo.yaml"], "topo.yaml"),
         (["place", "checkpoint=cut.json", "graph.path=graph.json", "topology=2x_cpu"], "checkpoint"),
+    ]
+    for args, words in cases:
+        r = _cli(tmp_path, *args)
+        assert r.returncode == 2, (args, r.stderr[-2000:])
+        assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ") and words in r.stderr, (args, r.stderr)
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_mismatched_inputs_through_the_cli_are_one_line_exit_2(tmp_path):
+    """A plan made for another graph with as many nodes, a topology field with a typo and a graph's unusable batch
+    size: each is named on one line (exit 2), never scored or ignored."""
+    other = GRAPH.replace(fwd_flops=GRAPH.fwd_flops * 3)
+    (tmp_path / "graph.json").write_text(GRAPH.to_json())
+    Placement([0, 1, 0, 1]).to_json(tmp_path / "placement.json", graph=other, topology=TOPOLOGY)
+    bad_batch = json.loads(GRAPH.to_json())
+    bad_batch["meta"]["batch_size"] = "two"
+    (tmp_path / "batch.json").write_text(json.dumps(bad_batch))
+    typo = copy.deepcopy(TOPOLOGY_DOC)
+    typo["devices"][0]["modle"] = typo["devices"][0].pop("model")
+    (tmp_path / "topo.yaml").write_text(yaml.safe_dump(typo))
+    cases = [
+        (["evaluate", "graph.path=graph.json", "topology=2x_cpu", "plan=placement.json"],
+         f"placement was made for graph 'diamond' (fingerprint {other.fingerprint()}"),
+        (["inspect", "graph.path=batch.json"], "field 'meta.batch_size' must be a positive integer"),
+        (["evaluate", "graph.path=graph.json", "topology.path=topo.yaml"], "unknown field 'modle'"),
     ]
     for args, words in cases:
         r = _cli(tmp_path, *args)

@@ -122,3 +122,80 @@ def test_members_round_trip():
     back = CompGraph.from_json(g.to_json())
     assert back.members == g.members
     assert graph_to_dict(back)["nodes"][1]["members"] == ["left", "x"]
+
+
+TP_OK = {"version": 1, "nodes": {"left": "column", "right": "sharded"}, "ar_fwd": {"loss": 12.0}, "ar_bwd": {},
+         "pairs": [{"columns": ["left"], "row": "loss"}], "divisors": [4], "heads": {"n_heads": 4}, "vocab": None}
+
+
+@pytest.mark.parametrize("meta, match", [
+    ({"batch_size": "two"}, r"field 'meta.batch_size' must be a positive integer .* got 'two'"),
+    ({"batch_size": 0}, r"field 'meta.batch_size' must be a positive integer .* got 0"),
+    ({"batch_size": True}, r"field 'meta.batch_size'"),
+    ({"batch_size": 2.5}, r"field 'meta.batch_size'"),
+    ({"zoo_options": {"batch_size": -4}}, r"field 'meta.zoo_options.batch_size'"),
+    ({"zoo_options": "mlp"}, r"field 'meta.zoo_options' must be an object"),
+    ({"tp": "yes"}, r"field 'meta.tp' must be an object .* got 'yes'"),
+    ({"tp": {**TP_OK, "version": 7}}, r"field 'meta.tp.version' is 7, expected 1"),
+    ({"tp": {**TP_OK, "nodes": {"ghost": "column"}}}, r"field 'meta.tp.nodes' names op 'ghost', which the graph"),
+    ({"tp": {**TP_OK, "ar_bwd": {"ghost": 4.0}}}, r"field 'meta.tp.ar_bwd' names op 'ghost'"),
+    ({"tp": {**TP_OK, "pairs": [{"columns": ["left"], "row": "ghost"}]}}, r"field 'meta.tp.pairs' names op 'ghost'"),
+    ({"tp": {**TP_OK, "nodes": {"left": "diagonal"}}}, r"gives op 'left' kind 'diagonal'"),
+    ({"tp": {**TP_OK, "ar_fwd": {"loss": "lots"}}}, r"field 'meta.tp.ar_fwd' gives op 'loss' 'lots'"),
+    ({"tp": {**TP_OK, "nodes": ["left"]}}, r"field 'meta.tp.nodes' must be an object"),
+    ({"tp": {**TP_OK, "divisors": ["x"]}}, r"field 'meta.tp.divisors'"),
+    ({"tp": {**TP_OK, "heads": {"n_heads": 0}}}, r"field 'meta.tp.heads'"),
+    ({"tp": {**TP_OK, "vocab": "big"}}, r"field 'meta.tp.vocab'"),
+])
+def test_bad_meta_fields_are_graph_errors(meta, match):
+    data = as_json(diamond())
+    data["meta"].update(meta)
+    with pytest.raises(GraphError, match=match):
+        CompGraph.from_json(json.dumps(data))
+    with pytest.raises(GraphError, match=match):  # the constructor checks them too
+        diamond(meta=meta)
+
+
+def test_good_meta_fields_are_kept():
+    g = CompGraph.from_json(diamond(meta={"batch_size": 8, "zoo_options": {"batch_size": 8}, "tp": TP_OK}).to_json())
+    assert g.meta["batch_size"] == 8 and g.meta["tp"] == TP_OK
+    assert diamond(meta={"batch_size": None, "tp": None}).meta["batch_size"] is None
+    # a coarsened graph's TP annotation names its members (the original ops), not the groups
+    coarse = diamond(members=(("in",), ("left", "x"), ("right",), ("loss",)),
+                     meta={"tp": {**TP_OK, "nodes": {"x": "column"}}})
+    assert coarse.meta["tp"]["nodes"] == {"x": "column"}
+
+
+@pytest.mark.parametrize("members, match", [
+    ((("in",), ("left", "x"), ("right", "x"), ("loss",)),
+     r"nodes 'left' \(#1\) and 'right' \(#2\) both list member 'x'"),
+    ((("in",), ("left", "x"), ("left", "x"), ("loss",)), r"both list member 'left'"),
+    ((("in",), ("left", "left"), ("right",), ("loss",)), r"node 'left' \(#1\) lists member 'left' twice"),
+    ((("in",), (), ("right",), ("loss",)), r"node 'left' \(#1\) has empty 'members'"),
+])
+def test_coarse_nodes_must_not_share_members(members, match):
+    data = as_json(diamond())
+    for nd, grp in zip(data["nodes"], members):
+        nd["members"] = list(grp)
+    with pytest.raises(GraphError, match=match):
+        CompGraph.from_json(json.dumps(data))
+
+
+def test_atomic_write_gives_the_mode_open_would(tmp_path):
+    import os
+    import stat
+
+    from placement_rl.graph.io import atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        new = atomic_write_text(tmp_path / "g.json", diamond().to_json())
+        assert stat.S_IMODE(new.stat().st_mode) == 0o644
+        os.chmod(new, 0o640)  # an existing file keeps its mode, as open(path, "w") would leave it
+        atomic_write_text(new, "{}")
+        assert stat.S_IMODE(new.stat().st_mode) == 0o640 and new.read_text() == "{}"
+        os.umask(0o077)
+        assert stat.S_IMODE(atomic_write_text(tmp_path / "p.json", "{}").stat().st_mode) == 0o600
+    finally:
+        os.umask(old)
+    assert not list(tmp_path.glob(".*.tmp"))

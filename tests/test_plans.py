@@ -113,3 +113,52 @@ def test_other_plan_errors(g, topo, tmp_path) -> None:
 def _write(path, data):
     path.write_text(json.dumps(data))
     return path
+
+
+def _twin(g):
+    """A graph with ``g``'s node count (and names and edges) but other sizes: another graph to a plan."""
+    return g.replace(fwd_flops=g.fwd_flops * 2)
+
+
+def test_plan_for_another_graph_with_as_many_nodes_is_refused(g, topo, tmp_path) -> None:
+    other = _twin(g)
+    assert other.num_nodes == g.num_nodes and other.fingerprint() != g.fingerprint()
+    placement, stage_plan = Placement([0, 1, 2, 3, 0, 1]), StagePlan(stage_of_node=[0, 0, 0, 1, 1, 1],
+                                                                     stage_devices=[(0,), (1,)])
+    placement.to_json(tmp_path / "placement.json", graph=g, topology=topo)
+    stage_plan.to_json(tmp_path / "plan.json", graph=g, topology=topo)
+    for path, what in ((tmp_path / "placement.json", "placement"), (tmp_path / "plan.json", "stage plan")):
+        with pytest.raises(PlanError, match=rf"^{what} was made for graph 'graph' \(fingerprint {g.fingerprint()}, "
+                                            rf"6 nodes\), not this one"):
+            load_plan(path, topology=topo, graph=other)
+        assert load_plan(path, topology=topo, graph=g) is not None
+    with pytest.raises(PlanError, match="made for graph"):  # checked without a topology too
+        StagePlan.from_json(stage_plan.to_json(graph=g), graph=other)
+    with pytest.raises(PlanError, match="made for graph"):
+        Placement.from_json(placement.to_json(graph=g), graph=other)
+
+
+def test_plans_without_a_fingerprint_still_load(g, topo) -> None:
+    for text in (Placement([0, 1, 2, 3, 0, 1]).to_json(graph=g, topology=topo),
+                 StagePlan(stage_of_node=[0, 0, 0, 1, 1, 1], stage_devices=[(0,), (1,)]).to_json(graph=g,
+                                                                                               topology=topo)):
+        data = json.loads(text)
+        del data["graph_fingerprint"]  # a file written before plans carried one
+        assert load_plan_text(data, topo, _twin(g)) is not None
+        data["graph_fingerprint"] = 12
+        with pytest.raises(PlanError, match="'graph_fingerprint' must be a string"):
+            load_plan_text(data, topo, g)
+
+
+def load_plan_text(data, topo, graph):
+    cls = StagePlan if data["schema"] == "placement_rl.stage_plan" else Placement
+    return cls.from_json(json.dumps(data), topology=topo, graph=graph)
+
+
+def test_every_plan_the_cli_writes_carries_the_graph_fingerprint(g, topo, tmp_path) -> None:
+    from placement_rl.cli.common import save_plan
+
+    stage_plan = StagePlan(stage_of_node=[0, 0, 0, 1, 1, 1], stage_devices=[(0,), (1,)])
+    for value in (np.array([0, 1, 2, 3, 0, 1]), stage_plan):
+        _, name = save_plan(value, g, topo, tmp_path)
+        assert json.loads((tmp_path / name).read_text())["graph_fingerprint"] == g.fingerprint()

@@ -326,3 +326,51 @@ def test_arrays_and_summary():
     assert topo.index_of("gpu1") == 2
     assert "cpu_2gpu" in topo.summary() and "gpu1" in topo.summary()
     assert not topo.link_bandwidth.flags.writeable
+
+
+@pytest.mark.parametrize("mutate, needle", [
+    (lambda d: d["devices"][0].update(modle="H100"), "devices[0]: unknown field 'modle'; did you mean 'model'?"),
+    (lambda d: d["devices"][0].update(peak_flop=1e13), "unknown field 'peak_flop'; did you mean 'peak_flops'?"),
+    (lambda d: d["devices"][0].update(peak_flops_tf23=1e14), "unknown field 'peak_flops_tf23'"),
+    (lambda d: d["links"].update(intra_hots={"bandwidth": 1e9, "latency": 0}), "links: unknown field 'intra_hots'"),
+    (lambda d: d["links"]["intra_host"].update(bandwith=1e9), "links.intra_host: unknown field 'bandwith'"),
+    (lambda d: d["links"].update(pairs=[{"between": ["gpu0", "gpu1"], "bandwidth": 1e9, "latency": 0,
+                                         "knd": "nvlink"}]), "links.pairs[0]: unknown field 'knd'"),
+    (lambda d: d["devices"][0].update(numbered="yes"), "field 'numbered' must be true or false"),
+])
+def test_unknown_fields_are_named_with_the_valid_ones(mutate, needle):
+    data = _two_gpu()
+    mutate(data)
+    with pytest.raises(TopologyError, match=needle.replace("[", r"\[").replace("?", r"\?")) as err:
+        DeviceTopology.from_dict(data)
+    assert "valid fields:" in str(err.value) or "numbered" in needle
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_device_field_in_a_yaml_file(tmp_path: Path):
+    text = (conf_dir() / "topology" / "4x_h100_nvlink.yaml").read_text().replace("model: H100", "modle: H100")
+    (tmp_path / "typo.yaml").write_text(text)
+    with pytest.raises(TopologyError, match=r"typo.yaml: devices\[0\]: unknown field 'modle'.*valid fields: name"):
+        load_topology(tmp_path / "typo.yaml")
+
+
+def test_contradictory_duplicate_pairs_are_refused():
+    data = _two_gpu()
+    data["links"]["pairs"] = [{"between": ["gpu0", "gpu1"], "bandwidth": 1e10, "latency": 1e-5},
+                              {"between": ["gpu1", "gpu0"], "bandwidth": 2e10, "latency": 1e-5}]
+    with pytest.raises(TopologyError, match=r"links.pairs\[1\]: link gpu1 <-> gpu0 \(bandwidth 2e\+10.*contradicts "
+                                            r"links.pairs\[0\] \(bandwidth 1e\+10"):
+        DeviceTopology.from_dict(data)
+    data["links"]["pairs"][1]["bandwidth"] = 1e10  # the same link twice says nothing contradictory
+    assert DeviceTopology.from_dict(data).link_bandwidth[0, 1] == 1e10
+    data["links"]["pairs"][1]["kind"] = "nvlink"
+    with pytest.raises(TopologyError, match="contradicts"):
+        DeviceTopology.from_dict(data)
+
+
+def test_every_preset_and_test_yaml_still_loads():
+    here = Path(__file__).parent
+    files = [*sorted((conf_dir() / "topology").glob("*.yaml")), *sorted(here.rglob("*.yaml")),
+             *sorted(here.rglob("*.yml"))]
+    loaded = [load_topology(p) for p in files if p.stem != "local" and "devices" in p.read_text()]
+    assert len(loaded) >= len(preset_names())

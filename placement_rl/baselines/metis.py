@@ -5,9 +5,21 @@ undirected sum of both directions); target partition weights are proportional to
 that will receive the partition. For every ``k = 2 .. D`` the ``k`` fastest devices are used, the heaviest
 partition goes to the fastest device, and each candidate is simulated; the best (feasible first) is kept.
 ``k = 1`` (all on the fastest device) is tried too, so METIS never loses to its own trivial case.
+
+The METIS C library ``printf``s ``***Cannot bisect a graph with 0 vertices!`` whenever its initial recursive
+bisection leaves a side with fewer vertices than parts (a small graph, heavy vertices, many devices: the partition
+then just has empty parts, which is fine here). Each call runs with the process's stdout (file descriptor 1)
+pointed at ``os.devnull`` so that chatter never reaches the user; a lock keeps concurrent calls from restoring
+each other's descriptor. The partitions, and so the placements, are unchanged.
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from typing import Iterator
 
 import numpy as np
 import pymetis
@@ -16,6 +28,32 @@ from placement_rl.baselines.common import Problem
 from placement_rl.baselines.memory import repair
 
 SCALE = 10_000  # integer resolution of the METIS weights
+_STDOUT_LOCK = threading.Lock()  # one redirect of file descriptor 1 at a time (see the module doc)
+
+
+@contextlib.contextmanager
+def _quiet_c_stdout() -> Iterator[None]:
+    """Send what C code writes to file descriptor 1 to ``os.devnull`` for the duration (Python's own buffered
+    output is flushed first, so nothing printed before is lost); a no-op where fd 1 cannot be duplicated."""
+    with _STDOUT_LOCK:
+        try:
+            sys.stdout.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+        try:
+            saved = os.dup(1)
+        except OSError:
+            yield
+            return
+        try:
+            with open(os.devnull, "w") as sink:
+                os.dup2(sink.fileno(), 1)
+                try:
+                    yield
+                finally:
+                    os.dup2(saved, 1)
+        finally:
+            os.close(saved)
 
 
 def _csr_undirected(prob: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -56,8 +94,9 @@ def metis(prob: Problem) -> np.ndarray:
         tp = speed[devs] / speed[devs].sum()
         tp[-1] = 1.0 - tp[:-1].sum()
         opts = pymetis.Options(seed=prob.seed % (2**31), ufactor=30)
-        _, parts = pymetis.part_graph(k, pymetis.CSRAdjacency(xadj, adjncy), vweights=vw, eweights=ew,
-                                      tpwgts=tp.tolist(), options=opts)
+        with _quiet_c_stdout():
+            _, parts = pymetis.part_graph(k, pymetis.CSRAdjacency(xadj, adjncy), vweights=vw, eweights=ew,
+                                          tpwgts=tp.tolist(), options=opts)
         parts = np.asarray(parts, dtype=np.int64)
         # heaviest partition -> fastest device
         weight = np.bincount(parts, weights=work, minlength=k)

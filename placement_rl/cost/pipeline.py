@@ -76,7 +76,7 @@ from placement_rl.cost.comm_fit import pad_segments, split_segments
 from placement_rl.cost.memory import BUCKET_BYTES
 from placement_rl.cost.simulate import _inverse_bandwidth, _owned, check_costs
 from placement_rl.cost.types import CostTable, Interval, SimResult
-from placement_rl.errors import PlanError, ProfileError
+from placement_rl.errors import PlanError, ProfileError, fmt_bytes
 from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import StagePlan
 from placement_rl.topology import DeviceTopology
@@ -310,8 +310,8 @@ class PipelineSimulator:
         over = np.flatnonzero(mem > self._capacity)
         if over.size:
             names = self.topology.device_names
-            meta["memory_errors"] = [f"{names[d]} needs {mem[d] / 2**30:.2f} GiB, has "
-                                     f"{self._capacity[d] / 2**30:.2f} GiB" for d in over]
+            meta["memory_errors"] = [f"{names[d]} needs {fmt_bytes(mem[d])}, has "
+                                     f"{fmt_bytes(self._capacity[d])}" for d in over]
         return SimResult(step_time=step, feasible=not over.size,
                          device_busy=busy, peak_memory=mem, comm_time=float(self._out[2]),
                          timeline=self._timeline(rec, lay, plan) if timeline else None, meta=meta)

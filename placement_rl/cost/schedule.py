@@ -68,7 +68,7 @@ from placement_rl.cost.comm_fit import link_segments, split_segments
 from placement_rl.cost.simulate import _owned, check_costs, priority_order
 from placement_rl.cost.types import CostTable
 from placement_rl.cost.window import EXTRA_FEATURES, link_position, topology_features, undo_capacity, window_features
-from placement_rl.errors import PlanError
+from placement_rl.errors import PlanError, fmt_bytes
 from placement_rl.graph.ir import CompGraph
 from placement_rl.topology import DeviceTopology
 
@@ -227,8 +227,8 @@ def check_fits(graph: CompGraph, topology: DeviceTopology) -> None:
     """``PlanError`` when the graph's placement-independent memory exceeds all devices' memory together."""
     need, have = float(static_memory(graph).sum()), float(topology.array("memory_bytes").sum())
     if need > have:
-        raise PlanError(f"graph '{graph.name}' needs {need / 2**30:.2f} GiB for parameters, optimizer state and "
-                        f"activations but topology '{topology.name}' has {have / 2**30:.2f} GiB in all: "
+        raise PlanError(f"graph '{graph.name}' needs {fmt_bytes(need)} for parameters, optimizer state and "
+                        f"activations but topology '{topology.name}' has {fmt_bytes(have)} in all: "
                         f"use a smaller batch or model, or a topology with more memory")
 
 

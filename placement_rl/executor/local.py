@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import fx
 
-from placement_rl.errors import ExecutionError, PlanError, ProfileError
+from placement_rl.errors import ExecutionError, PlanError, ProfileError, fmt_bytes
 from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import Placement
 from placement_rl.profiling.program import Program, export_program, is_tensor, mutated_args, retarget, transfer
@@ -222,9 +222,9 @@ def check_memory(graph: CompGraph, placement: Placement | Sequence[int], topolog
     mem = memory_estimate(graph, placement, topology, optimizer=optimizer)
     for j, d in enumerate(topology.devices):
         if mem[j] > d.memory_bytes:
-            raise ExecutionError(f"placement does not fit device '{d.name}': it needs ~{mem[j] / 2**30:.2f} GiB "
+            raise ExecutionError(f"placement does not fit device '{d.name}': it needs ~{fmt_bytes(mem[j])} "
                                  f"(params, grads, {optimizer} state, activations, received tensors) but has "
-                                 f"{d.memory_bytes / 2**30:.2f} GiB; move nodes off '{d.name}'")
+                                 f"{fmt_bytes(d.memory_bytes)}; move nodes off '{d.name}'")
     return mem
 
 
