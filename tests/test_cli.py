@@ -258,3 +258,98 @@ def test_deploy_refuses_bad_dp_plans_before_any_process(tmp_path):
         lines = [x for x in r.stderr.strip().splitlines() if x.strip()]
         assert len(lines) == 1 and message in lines[0], (name, r.stderr)
         assert not (tmp_path / name / "deploy.json").exists()
+
+
+def _one_line(r: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, (r.returncode, r.stderr)
+    return lines[0]
+
+
+def test_place_refuses_a_run_folder_it_cannot_write_before_any_work(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    line = _one_line(cli(tmp_path, "place", "graph=mlp", "topology=4x_v100_nvlink", run="afile/sub"))
+    assert f"hydra.run.dir={tmp_path}/afile/sub" in line and "is a file, not a folder" in line
+    (tmp_path / "run" / "placement.json").mkdir(parents=True)
+    line = _one_line(cli(tmp_path, "place", "graph=mlp", "topology=4x_v100_nvlink", "compare=false"))
+    assert "placement.json is a folder" in line
+    assert not (tmp_path / "run" / "graph.json").exists()  # refused before anything was written
+
+
+def test_profile_with_an_unknown_device_leaves_no_run_folder(tmp_path):
+    line = _one_line(cli(tmp_path, "profile", "devices=[nope]"))
+    assert "no local device 'nope'" in line and not (tmp_path / "run").exists()
+
+
+def test_errors_write_numbers_plainly(tmp_path, tiny_graph):
+    data = json.loads(tiny_graph.read_text())
+    data["edges"][0][2] = -5.0
+    bad = tmp_path / "neg.json"
+    bad.write_text(json.dumps(data))
+    line = _one_line(cli(tmp_path, "inspect", f"graph.path={bad}"))
+    assert "edge_bytes=-5.0" in line and "np." not in line
+
+
+def test_evaluate_metrics_are_strict_json_and_every_file_is_listed(tmp_path):
+    """A placer that cannot run has no step time: null in metrics.json (bare NaN is not JSON)."""
+    r = cli(tmp_path, "evaluate", "graph=synthetic", "graph.num_nodes=30", "topology=2x_k80", "placers=[exhaustive]",
+            "pipeline=false", "budget=8", "progress=false")
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "run" / "metrics.json").read_text()
+    rows = json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in metrics.json"))["rows"]
+    assert next(row for row in rows if row["placer"] == "exhaustive")["step_time"] is None
+    listed = r.stdout.strip().splitlines()[-1].split(": ", 1)[1].split(", ")
+    assert any(name.startswith("timeline_") for name in listed)
+    assert all((tmp_path / "run" / name).is_file() for name in listed), listed
+
+
+def test_place_shows_its_phases_and_lists_what_it_writes(tmp_path):
+    """Each long phase says when it starts and how long it took; the artifact line names every file written
+    (graph.json and the comparison plots too); samples=0 is greedy only; one device is '1 device'."""
+    r = cli(tmp_path, "place", "graph=synthetic", "graph.num_nodes=12", "topology=1x_t4", "samples=0")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "(1 device)" in out and "1 devices" not in out
+    assert "best of 0" not in out and "greedy only" in out
+    assert "greedy placement (window" in out and "sampled placement" not in out
+    assert "baselines" in r.stderr  # the bar over the baselines, as evaluate shows one over its cases
+    listed = [ln for ln in out.splitlines() if ln.startswith("artifacts in")][0].split(": ", 1)[1].split(", ")
+    assert {"graph.json", "placement.json", "metrics.json", "speedup.png"} <= set(listed)
+    assert any(name.startswith("timeline_") for name in listed)
+    written = {p.name for p in (tmp_path / "run").iterdir() if p.name != ".hydra" and not p.name.endswith(".log")}
+    assert written == set(listed)
+
+
+def test_place_samples_in_their_own_phase_give_what_evaluate_gives(tmp_path):
+    """place reports the greedy decode and the samples as two phases; the samples draw what
+    agents.constructive_eval.evaluate(samples=k) draws."""
+    import torch
+
+    from agents.constructive_eval import evaluate
+    from agents.constructive_train import default_checkpoint, load_policy
+    from envs.constructive_task import ConstructiveTask
+    from placement_rl.cost import resolve_costs
+    from placement_rl.graph import synthetic
+
+    torch.set_num_threads(1)
+    r = cli(tmp_path, "place", "graph=synthetic", "graph.num_nodes=20", "topology=2x4_v100_ib", "samples=3",
+            "seed=4", "compare=false")
+    assert r.returncode == 0, r.stderr
+    assert "3 sampled placements ..." in r.stdout and "3 sampled placements:" in r.stdout
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    policy, _, _ = load_policy(str(default_checkpoint()))
+    graph, topology = synthetic.sample("layered", num_nodes=20, seed=0), load_topology("2x4_v100_ib")
+    task = ConstructiveTask.build(graph, topology, resolve_costs(graph, topology), teachers=False)
+    res = evaluate(policy, [task], samples=3, seed=4)[0]
+    assert m["greedy_step_time"] == pytest.approx(res.greedy_time, rel=1e-12)
+    assert m["best_of_k_step_time"] == pytest.approx(res.best_time, rel=1e-12)
+
+
+def test_place_multirun_sweeps_a_config_group(tmp_path):
+    r = cli(tmp_path, "place", "-m", "graph=synthetic", "graph.num_nodes=10", "topology=2x_k80,2x_cpu", "samples=0",
+            "compare=false", f"hydra.sweep.dir={tmp_path}/sweep")
+    assert r.returncode == 0, r.stderr
+    placed = [json.loads((tmp_path / "sweep" / str(k) / "placement.json").read_text()) for k in (0, 1)]
+    assert [p["devices"] for p in placed] == [["gpu0", "gpu1"], ["cpu0", "cpu1"]]
+    line = _one_line(cli(tmp_path, "place", "-m", "topology=2x_k80,2x_cuh", f"hydra.sweep.dir={tmp_path}/bad"))
+    assert "topology=2x_cuh" in line and not (tmp_path / "bad").exists()

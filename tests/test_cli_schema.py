@@ -118,3 +118,96 @@ def test_cli_exit_2_one_line_and_no_run_directory(tmp_path, args):
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: "), r.stderr
     assert "Traceback" not in r.stderr
     assert not (tmp_path / "outputs").exists()
+
+
+# ------------------------------------------------------------------- multirun sweeps over config groups
+@pytest.mark.parametrize("command,overrides,extra", [
+    ("place", ["-m", "graph=mlp", "topology=2x_k80,4x_v100_pcie"], []),
+    ("place", ["--multirun", "graph=mlp,gpt", "seed=0,1"], []),
+    ("place", ["-m", "graph=choice(mlp,gpt)", "seed=range(0,2)"], []),
+    ("evaluate", ["-m", "graph=mlp,gpt"], ["suite=single"]),
+])
+def test_sweeps_over_a_group_pass(command, overrides, extra):
+    assert preflight(command, overrides) == extra
+
+
+@pytest.mark.parametrize("command,overrides,words", [
+    ("place", ["-m", "topology=2x_k80,4x_v100_pcei"], ["topology=4x_v100_pcei", "no such topology", "2x_k80"]),
+    ("evaluate", ["-m", "graph=choice(mlp,gtp)"], ["graph=gtp", "no such graph"]),
+    ("place", ["-m", "graph=mlp", "samples=2,-1"], ["samples=-1", ">= 0"]),
+])
+def test_a_misspelt_sweep_value_is_one_line_naming_it(command, overrides, words):
+    with pytest.raises(ConfigError) as info:
+        preflight(command, overrides)
+    assert "\n" not in str(info.value) and all(w in str(info.value) for w in words), str(info.value)
+
+
+# ------------------------------------------------------------------------------------- output paths
+def _refused(command: str, overrides: list[str], *words: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        preflight(command, overrides)
+    message = str(info.value)
+    assert "\n" not in message and all(w in message for w in words), message
+    return message
+
+
+def test_a_run_folder_under_a_file_is_refused(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    _refused("place", [f"hydra.run.dir={tmp_path}/afile/sub"], f"hydra.run.dir={tmp_path}/afile/sub",
+             "is a file, not a folder")
+    _refused("place", [f"hydra.run.dir={tmp_path}/afile"], "is a file, not a folder")
+    _refused("place", ["-m", "seed=0,1", f"hydra.sweep.dir={tmp_path}/afile/sub"], "hydra.sweep.dir=")
+    assert preflight("place", [f"hydra.run.dir={tmp_path}/new/run"]) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # the probe leaves nothing behind
+
+
+@pytest.mark.skipif(not (Path("/proc").is_dir() and Path("/sys").is_dir()), reason="needs Linux /proc and /sys")
+@pytest.mark.parametrize("path", ["/proc/x", "/sys/x"])
+def test_a_run_folder_that_cannot_be_made_is_refused(path):
+    _refused("place", [f"hydra.run.dir={path}"], f"hydra.run.dir={path}", "cannot create files in")
+
+
+def test_profile_output_is_checked_before_any_work(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    _refused("profile", [f"output={tmp_path}/afile/profile.json"], f"output={tmp_path}/afile/profile.json",
+             "is a file, not a folder")
+    _refused("profile", [f"output={tmp_path}"], "is a folder; give a file path")
+    if Path("/proc").is_dir():
+        _refused("profile", ["output=/proc/x/profile.json"], "output=/proc/x/profile.json", "cannot create")
+
+
+def test_profile_refuses_a_graph_file_with_its_own_message(tmp_path):
+    _refused("profile", [f"graph.path={tmp_path}/g.json"], "profile needs a zoo model")
+    _refused("profile", ["graph=synthetic"], "profile needs a zoo model")
+
+
+def test_a_graph_path_that_is_a_folder_says_so(tmp_path):
+    _refused("inspect", [f"graph.path={tmp_path}"], f"graph.path={tmp_path} is a folder")
+
+
+def test_a_folder_where_a_command_writes_a_file_is_refused(tmp_path):
+    (tmp_path / "placement.json").mkdir()
+    with pytest.raises(ConfigError, match="placement.json is a folder"):
+        schema.check_not_folders(tmp_path, ["graph.json", "placement.json"])
+    schema.check_not_folders(tmp_path, ["graph.json"])
+
+
+# -------------------------------------------------------------------------------------- small things
+def test_messages_and_files_write_numbers_plainly(tmp_path):
+    import json
+
+    import numpy as np
+
+    from placement_rl.cli.common import plain_numbers, plural, write_json
+
+    assert plain_numbers("edge_bytes=np.float64(-5.0): must be >= 0, got np.int64(3)") == \
+        "edge_bytes=-5.0: must be >= 0, got 3"
+    assert (plural(1, "device"), plural(4, "device"), plural(0, "sample")) == ("1 device", "4 devices", "0 samples")
+    write_json(tmp_path / "m.json", {"a": float("nan"), "b": [np.float32(1.5), float("inf")], "c": np.int64(2)})
+    text = (tmp_path / "m.json").read_text()
+    strict = json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in {text}"))
+    assert strict == {"a": None, "b": [1.5, None], "c": 2}
+
+
+def test_a_sweep_without_multirun_is_one_line_saying_how():
+    _refused("place", ["seed=0,1"], "seed=0,1 lists several values", "-m", "seed=[...]")

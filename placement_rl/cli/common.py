@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
+import math
+import re
 import shutil
 import sys
+import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -34,10 +39,62 @@ def config_path() -> str:
     return f"pkg://{CONF_PACKAGE}"
 
 
+_NUMPY_SCALAR = re.compile(r"\bnp\.(?:float|int|uint|bool|str|complex)\w*\(([^()]*)\)")
+
+
+def plain_numbers(text: str) -> str:
+    """``np.float64(-5.0)`` -> ``-5.0``: numpy 2 writes its scalars' type into ``repr``, not a reader's business."""
+    return _NUMPY_SCALAR.sub(r"\1", text)
+
+
 def fail(message: str) -> None:
     """Print one line on stderr and exit with code 2."""
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {plain_numbers(message)}", file=sys.stderr)
     sys.exit(2)
+
+
+def plural(n: int, word: str) -> str:
+    """``1 device``, ``4 devices``."""
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _strict(x: Any) -> Any:
+    import numpy as np
+
+    if isinstance(x, dict):
+        return {k: _strict(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, np.ndarray)):
+        return [_strict(v) for v in (x.tolist() if isinstance(x, np.ndarray) else x)]
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def write_json(path: Path, data: Any) -> Path:
+    """Write ``data`` as strict JSON (NaN and infinities as null, numpy scalars as numbers), atomically."""
+    from placement_rl.graph.io import atomic_write_text
+
+    return atomic_write_text(path, json.dumps(_strict(data), indent=1, allow_nan=False, default=float))
+
+
+class Phases:
+    """Progress of a command's long phases on stdout: a line when one starts (with ``detail``), a line with its
+    seconds when it ends (``with phases("greedy placement") as note: ...; note.append("12.3 ms")``)."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+
+    @contextlib.contextmanager
+    def __call__(self, label: str, detail: str = "") -> Iterator[list[str]]:
+        note: list[str] = []
+        if self.enabled:
+            print(f"{label} ..." + (f" ({detail})" if detail else ""), flush=True)
+        t0 = time.perf_counter()
+        yield note
+        if self.enabled:
+            print(f"{label}: {time.perf_counter() - t0:.1f} s" + (f", {'; '.join(note)}" if note else ""), flush=True)
 
 
 def _discard_run_dir() -> None:
@@ -64,9 +121,9 @@ def _discard_run_dir() -> None:
 _FLAGS_WITH_VALUE = ("--config-dir", "-cd", "--config-name", "-cn", "--config-path", "-cp", "--experimental-rerun")
 
 
-def _split_args(args: list[str]) -> tuple[list[str], list[str], bool]:
-    """(overrides, --config-dir values, whether other Hydra flags such as --help or -m are present)."""
-    overrides, dirs, other = [], [], False
+def _split_args(args: list[str]) -> tuple[list[str], list[str], set[str]]:
+    """(overrides, --config-dir values, the other Hydra flags such as --help or -m)."""
+    overrides, dirs, flags = [], [], set()
     it = iter(args)
     for a in it:
         if a.startswith("-"):
@@ -74,34 +131,65 @@ def _split_args(args: list[str]) -> tuple[list[str], list[str], bool]:
             if name in ("--config-dir", "-cd"):
                 dirs.append(value if eq else next(it, ""))
             else:
-                other = True
+                flags.add(name)
                 if name in _FLAGS_WITH_VALUE and not eq:
                     next(it, None)
         else:
             overrides.append(a)
-    return overrides, dirs, other
+    return overrides, dirs, flags
+
+
+_MULTIRUN = {"-m", "--multirun"}
+_SWEEP_CHECKS = 64  # composes a multirun's check may take (each ~0.1 s); the jobs check the rest themselves
 
 
 def preflight(config_name: str, args: list[str]) -> list[str]:
-    """Check a command line before Hydra runs (no run directory yet): group options exist, the composed config
-    fits ``schema``; returns overrides to add (``schema.implied_overrides``). Raises ``ConfigError``."""
+    """Check a command line before Hydra runs (no run directory yet): group options exist (each value of a
+    multirun sweep), the composed config fits ``schema`` (once per sweep value), the run folder can be written;
+    returns overrides to add (``schema.implied_overrides``). Raises ``ConfigError``."""
     from placement_rl.cli import schema
 
-    overrides, dirs, other = _split_args(args)
+    overrides, dirs, flags = _split_args(args)
     schema.set_config_dirs(dirs)
     for o in overrides:
-        schema.check_group_choice(o)
+        schema.check_override(config_name, o)
     extra = schema.implied_overrides(config_name, overrides)
-    if other or any("," in o.split("=", 1)[-1] and not o.split("=", 1)[-1].startswith("[") for o in overrides):
-        return extra  # --help, --cfg, multirun sweeps: Hydra handles them; each job is checked in the task
-    cfg = _compose(config_name, overrides + extra, dirs)
-    schema.validate(config_name, cfg)
+    if flags - _MULTIRUN:
+        return extra  # --help, --cfg, ...: Hydra handles them
+    multirun = bool(flags & _MULTIRUN)
+    sweeps = {i: v for i, o in enumerate(overrides) if (v := schema.sweep_values(o)) is not None}
+    if sweeps and not multirun:
+        o = overrides[min(sweeps)]
+        raise ConfigError(f"{o} lists several values: add -m to sweep over them, write {o.split('=', 1)[0]}=[...] "
+                          "for a list, or quote the value for a string")
+    if not all(sweeps.values()):
+        return extra  # glob(): Hydra expands it against the options; each job is checked in the task
+    base = [f"{o.split('=', 1)[0]}={sweeps[i][0]}" if i in sweeps else o for i, o in enumerate(overrides)]
+    jobs = [base] + [base[:i] + [f"{overrides[i].split('=', 1)[0]}={v}"] + base[i + 1:]
+                     for i, values in sweeps.items() for v in values[1:]]
+    for k, job in enumerate(jobs[:_SWEEP_CHECKS]):
+        cfg, hydra_dirs = _compose(config_name, job + extra, dirs)
+        if k == 0:
+            key = "sweep" if multirun else "run"
+            schema.check_output_dir(_static_dir(str(hydra_dirs[key]["dir"])), f"hydra.{key}.dir")
+        schema.validate(config_name, cfg)
     return extra
 
 
-def _compose(config_name: str, overrides: list[str], dirs: list[str]) -> dict:
+def _static_dir(raw: str) -> Path:
+    """The folder of a Hydra run-dir pattern that exists before any interpolation (``outputs/place/${now:...}``
+    -> ``outputs/place``)."""
+    if "${" not in raw:
+        return Path(raw)
+    prefix = raw.split("${", 1)[0]
+    return Path(prefix) if prefix.endswith("/") else Path(prefix or ".").parent
+
+
+def _compose(config_name: str, overrides: list[str], dirs: list[str]) -> tuple[dict, dict]:
+    """The composed config (resolved) and Hydra's ``run`` / ``sweep`` settings (unresolved)."""
     from hydra import compose, initialize_config_dir, initialize_config_module
     from hydra.errors import HydraException
+    from omegaconf import open_dict
     from omegaconf.errors import OmegaConfBaseException
 
     path = config_path()
@@ -110,8 +198,12 @@ def _compose(config_name: str, overrides: list[str], dirs: list[str]) -> dict:
     search = [f"hydra.searchpath=[{','.join('file://' + str(Path(d).resolve()) for d in dirs)}]"] if dirs else []
     try:
         with init:
-            cfg = compose(config_name, overrides=[*search, *overrides])
-        return OmegaConf.to_container(cfg, resolve=True)
+            cfg = compose(config_name, overrides=[*search, *overrides], return_hydra_config=True)
+        OmegaConf.set_readonly(cfg, False)
+        with open_dict(cfg):
+            hydra_cfg = cfg.pop("hydra")
+        dirs_cfg = {key: OmegaConf.to_container(hydra_cfg[key], resolve=False) for key in ("run", "sweep")}
+        return OmegaConf.to_container(cfg, resolve=True), dirs_cfg
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(_one_line(exc)) from None
 
@@ -127,11 +219,21 @@ def _one_line(exc: BaseException) -> str:
     return text
 
 
-def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[], None]]:
+def _os_error_line(exc: OSError) -> str:
+    path = exc.filename2 if getattr(exc, "filename2", None) else exc.filename
+    return f"{path}: {exc.strerror}" if path and exc.strerror else (str(exc).splitlines() or [type(exc).__name__])[0]
+
+
+def hydra_app(config_name: str, *, writes: Iterable[str] = ()) -> Callable[[Callable[[DictConfig], Any]],
+                                                                         Callable[[], None]]:
     """Turn ``run(cfg)`` into a Hydra ``main``. The command line is checked first (``preflight``: group options,
-    typed values, see ``placement_rl.cli.schema``); domain errors become one line on stderr and exit code 2,
-    and a config that fails to compose (bad override) also exits 2."""
+    typed values, see ``placement_rl.cli.schema``; the run folder); domain errors become one line on stderr and
+    exit code 2, and a config that fails to compose (bad override) also exits 2. ``writes``: file names the
+    command writes in its run folder, refused before any work where a folder of that name is in the way; a file
+    it still cannot write is one line as well."""
     import hydra
+
+    writes = tuple(writes)
 
     def wrap(run: Callable[[DictConfig], Any]) -> Callable[[], None]:
         @functools.wraps(run)
@@ -142,10 +244,14 @@ def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Calla
                 from placement_rl.cli import schema
 
                 schema.validate(config_name, OmegaConf.to_container(cfg, resolve=True))
+                schema.check_not_folders(output_dir(), writes)
                 run(cfg)
             except PlacementRLError as exc:
                 _discard_run_dir()
                 fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            except OSError as exc:  # a file it cannot write after all (disk full, a folder in the way)
+                _discard_run_dir()
+                fail(_os_error_line(exc))
             except KeyboardInterrupt:
                 print("interrupted", file=sys.stderr)
                 sys.exit(130)

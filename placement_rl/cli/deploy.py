@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
 from omegaconf import DictConfig
 
-from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir
+from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir, write_json
 from placement_rl.errors import ConfigError, ExecutionError
-from placement_rl.graph.io import atomic_write_text
 from placement_rl.graph.ir import CompGraph
 
 
@@ -105,11 +103,11 @@ def run(cfg: DictConfig) -> dict:
     report = {"plan": str(cfg.plan), "kind": kind, "graph": graph.name, "topology": topology.name,
               "measured_step_time": measured, "predicted_step_time": predicted, "prediction_source": source,
               "ratio_measured_to_predicted": measured / predicted if predicted > 0 else None, "result": result}
-    atomic_write_text(out / "deploy.json", json.dumps(report, indent=1, default=float))
+    write_json(out / "deploy.json", report)
     print(f"measured {measured * 1e3:.3f} ms per step, predicted {predicted * 1e3:.3f} ms ({source}); "
           f"ratio {measured / predicted:.2f}")
     print(f"wrote {out / 'deploy.json'}")
     return report
 
 
-main = hydra_app("deploy")(run)
+main = hydra_app("deploy", writes=("deploy.json",))(run)

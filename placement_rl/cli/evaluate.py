@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from omegaconf import DictConfig
 
-from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir
+from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir, write_json
 from placement_rl.cost import resolve_costs, simulate, simulate_pipeline
 from placement_rl.errors import ConfigError
 from placement_rl.evaluate import (DEFAULT_PIPELINE_CASES, DEFAULT_SUITE, Row, best_row, compare, pipeline_summary,
@@ -34,8 +33,15 @@ def table_rows(rows: list[Row]) -> list[dict]:
     return out
 
 
-def write_comparison(rows: list[Row], problems: dict, out: Path, *, title: str) -> str:
-    """comparison.md / comparison.csv / speedup.png / timeline_<case>.png; returns the markdown."""
+# the files write_comparison writes (and timeline_<case>.png per case)
+COMPARISON_FILES = ("comparison.md", "comparison.csv", "speedup.png")
+
+
+def write_comparison(rows: list[Row], problems: dict, out: Path, *, title: str,
+                     files: list[str] | None = None) -> str:
+    """comparison.md / comparison.csv / speedup.png / timeline_<case>.png; returns the markdown and appends the
+    names of the files it wrote to ``files``."""
+    written = list(COMPARISON_FILES)
     trows = table_rows(rows)
     md = f"# {title}\n\n" + markdown_table(trows, COLUMNS, HEADERS)
     summary = pipeline_summary(rows)
@@ -54,25 +60,42 @@ def write_comparison(rows: list[Row], problems: dict, out: Path, *, title: str) 
         safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in case)
         gantt(res.timeline or (), out / f"timeline_{safe}.png",
               title=f"{case}: best = {best.placer} ({best.step_time * 1e3:.3f} ms)")
+        written.append(f"timeline_{safe}.png")
+    if files is not None:
+        files.extend(written)
     return md
 
 
 def compare_learned(graph, costs, topology, out: Path, *, label: str, plan, step_time: float, feasible: bool,
-                    seconds: float, sim_calls: int, seed: int, what: str) -> dict:
+                    seconds: float, sim_calls: int, seed: int, what: str, files: list[str] | None = None,
+                    progress: bool = False) -> dict:
     """Run the baselines with the learned result's simulator-call budget, append its row, write the comparison
-    files; return metrics (best single device, best baseline and the ratio to it)."""
+    files (their names appended to ``files``; ``progress``: a bar over the baselines, as ``evaluate`` shows);
+    return metrics (best single device, best baseline and the ratio to it)."""
+    from tqdm.auto import tqdm
+
     from placement_rl import baselines
 
     case = f"{graph.name}/{topology.name}"
     pipeline = isinstance(plan, StagePlan)
-    rows = compare(graph, costs, topology, budget=max(sim_calls, 1), seed=seed, case=case,
-                   partitioners=baselines.pipeline_names() if pipeline else ())
+    names = baselines.names()
+    partitioners = baselines.pipeline_names() if pipeline else ()
+    total = len(names) + ("single_device" not in names) + len(partitioners)
+    with tqdm(total=total, desc=f"baselines ({max(sim_calls, 1)} simulator calls each)", unit="placer",
+              disable=not progress, dynamic_ncols=True) as bar:
+        def done(row: Row) -> None:
+            bar.set_postfix_str(f"{row.placer} {row.step_time * 1e3:.3f} ms")
+            bar.update(1)
+
+        rows = compare(graph, costs, topology, budget=max(sim_calls, 1), seed=seed, case=case,
+                       partitioners=partitioners, on_done=done)
+        bar.update(total - bar.n)  # placers that cannot run on this case report no row to on_done
     single = next((r.step_time for r in rows if r.placer == "single_device"), float("nan"))
     base = best_row(rows, kind=None)
     rows.append(Row(case, label, "pipeline" if pipeline else "placement", step_time, single / step_time, feasible,
                     seconds, sim_calls, plan=plan))
     write_comparison(rows, {case: (graph, costs, topology)}, out,
-                     title=f"{what} vs baselines on {case} (budget {sim_calls} simulator calls)")
+                     title=f"{what} vs baselines on {case} (budget {sim_calls} simulator calls)", files=files)
     metrics = {"best_single_device_time": single}
     if base is not None:
         metrics.update(best_baseline=base.placer, best_baseline_time=base.step_time,
@@ -112,13 +135,14 @@ def run(cfg: DictConfig) -> list[Row]:
     else:
         raise ConfigError(f"suite is '{cfg.suite}': choose default or single")
     sources = sorted({s for (_, costs, _) in problems.values() for s in costs.source})
+    files: list[str] = []
     md = write_comparison(rows, problems, out, title=f"placer comparison (budget {budget} simulator calls, "
-                                                     f"seed {seed}, costs: {', '.join(sources)})")
+                                                     f"seed {seed}, costs: {', '.join(sources)})", files=files)
     metrics = {"budget": budget, "seed": seed, "rows": table_rows(rows)}
-    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1, default=float))
+    write_json(out / "metrics.json", metrics)  # a placer that cannot run has step time NaN: null here
     print(md)
-    print(f"wrote {out}/comparison.md, comparison.csv, speedup.png, timeline_*.png, metrics.json")
+    print(f"wrote {out}: {', '.join([*files, 'metrics.json'])}")
     return rows
 
 
-main = hydra_app("evaluate")(run)
+main = hydra_app("evaluate", writes=(*COMPARISON_FILES, "metrics.json"))(run)

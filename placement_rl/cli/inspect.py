@@ -50,4 +50,4 @@ def run(cfg: DictConfig) -> CompGraph:
     return graph
 
 
-main = hydra_app("inspect")(run)
+main = hydra_app("inspect", writes=("graph.json",))(run)

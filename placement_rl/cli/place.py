@@ -2,66 +2,94 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 import numpy as np
 from omegaconf import DictConfig
 
-from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir, save_plan, warm_up
+from placement_rl.cli.common import (Phases, build_graph, build_topology, hydra_app, output_dir, plural, save_plan,
+                                     warm_up, write_json)
 from placement_rl.errors import ConfigError
-from placement_rl.graph.io import atomic_write_text
+
+# every file place may write in its run folder (a StagePlan policy writes plan.json, others placement.json)
+WRITES = ("graph.json", "placement.json", "plan.json", "metrics.json", "comparison.md", "comparison.csv",
+          "speedup.png")
+
+
+def _artifacts(out, plan_file: str, compared: list[str]) -> str:
+    return f"artifacts in {out}: " + ", ".join(["graph.json", plan_file, "metrics.json", *compared])
 
 
 def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     """A constructive (schedule-aware) policy: greedy and best of ``samples`` sampled placements, each a row."""
     import torch
 
-    from agents.constructive_eval import evaluate
+    from agents.constructive import placement_calls, rollout, state_window
+    from agents.constructive_eval import TaskResult, evaluate
     from agents.constructive_train import load_policy
     from envs.constructive_task import ConstructiveTask
     from placement_rl.cost import resolve_costs
 
-    from agents.constructive import placement_calls, state_window
-
     torch.set_num_threads(1)
+    phases = Phases(bool(cfg.get("progress", True)))
     policy, _, _ = load_policy(ckpt_path)
     for key in ("window", "full_window"):  # trade quality for seconds (typed by cli.schema: ints >= 0 or null)
         if cfg.get(key) is not None:
             setattr(policy, key, int(cfg.get(key)))
     graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
-    costs = resolve_costs(graph, topology)
+    samples, seed = int(cfg.samples), int(cfg.seed)
+    where = f"{graph.name} ({plural(graph.num_nodes, 'node')}) on {topology.name} " \
+            f"({plural(topology.num_devices, 'device')})"
     warm_s = warm_up(policy)  # numba compiles on the first run after an install: not the placement's time
     t0 = time.perf_counter()
-    task = ConstructiveTask.build(graph, topology, costs, teachers=False)
-    res = evaluate(policy, [task], samples=int(cfg.samples), seed=int(cfg.seed))[0]
+    with phases(f"costs and schedule state of {where}"):
+        costs = resolve_costs(graph, topology)
+        task = ConstructiveTask.build(graph, topology, costs, teachers=False)
+    window = state_window(policy, graph.num_nodes)
+    # greedy, then the samples (the same draws as evaluate(samples=k): the greedy decode draws nothing), so that
+    # each phase reports when it starts and ends
+    with phases(f"greedy placement (window {window})") as note:
+        greedy = evaluate(policy, [task], samples=0, seed=seed)[0]
+        note.append(f"{greedy.greedy_time * 1e3:.3f} ms")
+    res = greedy
+    if samples > 0:
+        with phases(plural(samples, "sampled placement"), f"the greedy one took {greedy.greedy_seconds:.1f} s") \
+                as note:
+            t1 = time.perf_counter()
+            sampled = rollout(policy, task, samples=samples, greedy=False,
+                              generator=torch.Generator().manual_seed(seed))
+            res = TaskResult(task, greedy.greedy, sampled, greedy.greedy_seconds, time.perf_counter() - t1)
+            note.append(f"best {res.best_time * 1e3:.3f} ms")
     wall = time.perf_counter() - t0
     use_best = res.best_time < res.greedy_time
     step_time = res.best_time if use_best else res.greedy_time
-    chosen = f"best of {int(cfg.samples)} samples" if use_best else "greedy"
+    chosen = f"best of {plural(samples, 'sample')}" if use_best else "greedy"
     out = output_dir()
     plan, plan_file = save_plan(res.best_devices, graph, topology, out)
     # every placement's simulator calls: N x D + 1 with the whole-graph window (its completions), else 1
-    calls = placement_calls(policy, task) * (1 + int(cfg.samples))
+    calls = placement_calls(policy, task) * (1 + samples)
     metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, "checkpoint": ckpt_path,
-               "policy": "constructive", "window": state_window(policy, graph.num_nodes),
-               "samples": int(cfg.samples), "greedy_step_time": res.greedy_time,
+               "policy": "constructive", "window": window,
+               "samples": samples, "greedy_step_time": res.greedy_time,
                "best_of_k_step_time": res.best_time, "step_time": step_time, "chosen": chosen,
                "feasible": bool(res.greedy.feasible[0]) or use_best, "sim_calls": calls, "wall_seconds": wall,
                "warm_up_seconds": warm_s,
                "cost_source": costs.describe_source(topology.device_names)}
+    compared: list[str] = []
     if cfg.compare:
         from placement_rl.cli.evaluate import compare_learned
 
         metrics.update(compare_learned(graph, costs, topology, out, label=f"zero-shot policy ({chosen})", plan=plan,
                                        step_time=step_time, feasible=metrics["feasible"], seconds=wall,
-                                       sim_calls=calls, seed=int(cfg.seed), what="zero-shot placement"))
-    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1, default=float))
-    print(f"zero-shot placement of {graph.name} ({graph.num_nodes} nodes) on {topology.name} ({topology.num_devices} "
-          f"devices), {wall:.2f} s: greedy {res.greedy_time * 1e3:.3f} ms, best of {int(cfg.samples)} samples "
-          f"{res.best_time * 1e3:.3f} ms" + (f"; best baseline {metrics['best_baseline']} "
-                                             f"{metrics['best_baseline_time'] * 1e3:.3f} ms" if "best_baseline" in metrics else ""))
-    print(f"artifacts in {out}: {plan_file}, metrics.json" + (", comparison.md, comparison.csv" if cfg.compare else ""))
+                                       sim_calls=calls, seed=seed, what="zero-shot placement", files=compared,
+                                       progress=phases.enabled))
+    write_json(out / "metrics.json", metrics)
+    found = (f"best of {plural(samples, 'sample')} {res.best_time * 1e3:.3f} ms" if samples > 0
+             else "no samples (samples=0: greedy only)")
+    print(f"zero-shot placement of {where}, {wall:.2f} s: greedy {res.greedy_time * 1e3:.3f} ms, {found}"
+          + (f"; best baseline {metrics['best_baseline']} {metrics['best_baseline_time'] * 1e3:.3f} ms"
+             if "best_baseline" in metrics else ""))
+    print(_artifacts(out, plan_file, compared))
     return metrics
 
 
@@ -83,6 +111,7 @@ def run(cfg: DictConfig) -> dict:
     ckpt = load_checkpoint(str(cfg.checkpoint))
     if ckpt.get("algo") == "constructive":
         return run_constructive(cfg, str(cfg.checkpoint))
+    phases = Phases(bool(cfg.get("progress", True)))
     graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
     env_id = ckpt["config"]["env_id"]
     enc = dict(ckpt["config"]["encoder"])
@@ -101,15 +130,22 @@ def run(cfg: DictConfig) -> dict:
     if cfg.decode == "one_pass" and not pipeline:
         from agents.rollout import zero_shot_place
 
-        res = zero_shot_place(policy, env, samples=samples, seed=int(cfg.seed))
+        with phases(f"{cfg.decode} decode of {graph.name} ({plural(graph.num_nodes, 'node')}), greedy and "
+                    f"{plural(samples, 'sample')}"):
+            res = zero_shot_place(policy, env, samples=samples, seed=int(cfg.seed))
         infeasible, step_time, value, calls = not res.feasible, res.step_time, res.device_of_node, res.sim_calls
         chosen = res.chosen
     else:
-        results = []
-        for k in range(samples + 1):
+        def episode(k: int) -> tuple[bool, float, int, object]:  # k = 0: greedy
             info = rollout(policy, env, deterministic=(k == 0), rng=rng, seed=int(cfg.seed) + k)
-            results.append((not bool(info.get("feasible", True)), float(info["step_time"]), k,
-                            info.get("plan", info.get("placement"))))
+            return (not bool(info.get("feasible", True)), float(info["step_time"]), k,
+                    info.get("plan", info.get("placement")))
+
+        with phases(f"greedy rollout of {graph.name} ({plural(graph.num_nodes, 'node')})"):
+            results = [episode(0)]
+        if samples > 0:
+            with phases(f"{plural(samples, 'sampled rollout')}"):
+                results += [episode(k) for k in range(1, samples + 1)]
         infeasible, step_time, k, value = min(results, key=lambda r: (r[0], r[1]))
         calls = int(getattr(env.unwrapped.state.source, "calls", samples + 1))
         chosen = "greedy" if k == 0 else f"sample {k}"
@@ -121,19 +157,21 @@ def run(cfg: DictConfig) -> dict:
                str(cfg.checkpoint), "decode": cfg.decode, "samples": samples, "step_time": step_time,
                "feasible": not infeasible, "chosen": chosen, "sim_calls": calls,
                "wall_seconds": wall}
+    compared: list[str] = []
     if cfg.compare:
         from placement_rl.cli.evaluate import compare_learned
 
         metrics.update(compare_learned(graph, costs, topology, out, label="zero-shot policy", plan=plan,
                                        step_time=step_time, feasible=not infeasible, seconds=wall, sim_calls=calls,
-                                       seed=int(cfg.seed), what="zero-shot placement"))
-    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1, default=float))
+                                       seed=int(cfg.seed), what="zero-shot placement", files=compared,
+                                       progress=phases.enabled))
+    write_json(out / "metrics.json", metrics)
     print(f"zero-shot placement of {graph.name} ({graph.num_nodes} nodes) on {topology.name}: "
           f"{step_time * 1e3:.3f} ms ({'feasible' if not infeasible else 'INFEASIBLE'}), {wall:.2f} s"
           + (f"; best baseline {metrics['best_baseline']} {metrics['best_baseline_time'] * 1e3:.3f} ms"
              if "best_baseline" in metrics else ""))
-    print(f"artifacts in {out}: {plan_file}, metrics.json" + (", comparison.md, comparison.csv" if cfg.compare else ""))
+    print(_artifacts(out, plan_file, compared))
     return metrics
 
 
-main = hydra_app("place")(run)
+main = hydra_app("place", writes=WRITES)(run)

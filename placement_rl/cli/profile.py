@@ -19,13 +19,17 @@ def run(cfg: DictConfig):
         if db is not None:
             print(f"wrote {db.save(cfg.output or output_dir() / 'profile.json')}")
         return db
+    from placement_rl.profiling.run import select_devices
+
     g = cfg.graph
     if g.get("path") or g.get("source", "zoo") != "zoo":
         raise ConfigError("profile needs a zoo model (graph=<name>): profiling runs the model's real ops")
+    devices = list(cfg.devices) if cfg.devices else None
+    select_devices(devices)  # an unknown device name: one line before the graph is captured or anything written
     out = output_dir()
     target = cfg.output or out / "profile.json"
     res = run_profile(str(g.name), output=target, overrides=to_container(g.get("overrides")) or {},
-                      devices=list(cfg.devices) if cfg.devices else None, warmup=int(cfg.warmup),
+                      devices=devices, warmup=int(cfg.warmup),
                       repeats=int(cfg.repeats), links=bool(cfg.links), processes=bool(cfg.processes),
                       threads=cfg.threads, progress=bool(cfg.progress), graph_out=out / "graph.json")
     from placement_rl.topology import detect_local
@@ -45,4 +49,4 @@ def run(cfg: DictConfig):
     return res
 
 
-main = hydra_app("profile")(run)
+main = hydra_app("profile", writes=("graph.json", "profile.json"))(run)

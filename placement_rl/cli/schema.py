@@ -187,6 +187,7 @@ COMMANDS: dict[str, dict[str, Key]] = {
     "place": {
         "checkpoint": OPTIONAL_STR, "decode": Key(str, choices=("one_pass", "sequential")), "samples": count(0),
         "seed": SEED, "compare": FLAG, "window": count(0, null=True), "full_window": count(0, null=True),
+        "progress": FLAG,  # +progress=false: no phase lines or baseline bar
     },
     "profile": {
         "devices": Key(list, null=True), "warmup": count(0), "repeats": count(1), "links": FLAG, "processes": FLAG,
@@ -237,8 +238,27 @@ def is_group(name: str) -> bool:
     return any((base / name).is_dir() for base in (conf_dir(), *_extra_dirs))
 
 
+def sweep_values(override: str) -> list[str] | None:
+    """The values a Hydra sweep override lists (``k=a,b``, ``k=choice(a,b)``, ``k=range(0,3)``), each as Hydra
+    passes it to a job; ``[]`` for ``k=glob(...)`` (Hydra expands it against the options); None for a plain
+    override or one Hydra's parser refuses (Hydra reports that itself)."""
+    if "=" not in override or override.startswith("~"):
+        return None
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Glob
+
+    try:
+        parsed = OverridesParser.create().parse_override(override)
+        if not parsed.is_sweep_override():
+            return None
+        return [] if isinstance(parsed.value(), Glob) else list(parsed.sweep_string_iterator())
+    except Exception:  # noqa: BLE001 - a syntax error: Hydra's own message when it parses the command line
+        return None
+
+
 def check_group_choice(override: str) -> None:
-    """Refuse ``group=<option>`` (also ``+group=``, ``group@pkg=``) when no such YAML file exists."""
+    """Refuse ``group=<option>`` (also ``+group=``, ``group@pkg=``, and each value of a sweep ``group=a,b``,
+    ``group=choice(a,b)``) when no such YAML file exists."""
     if "=" not in override or override.startswith("~"):
         return
     key, value = override.split("=", 1)
@@ -246,8 +266,72 @@ def check_group_choice(override: str) -> None:
     if "." in key or "/" in key or not key or not is_group(key) or value in ("", "null"):
         return
     options = group_options(key)
-    if value not in options:
-        raise ConfigError(f"{key}={value}: no such {key}; choose one of {', '.join(options)}")
+    values = sweep_values(override)
+    for v in values if values is not None else [value]:  # glob(): []
+        if v not in options:
+            within = f" (in {key}={value})" if values is not None else ""
+            raise ConfigError(f"{key}={v}{within}: no such {key}; choose one of {', '.join(options)}")
+
+
+# overrides a command refuses before Hydra composes (a key its config does not have, with what to do instead)
+REFUSED: dict[str, dict[str, str]] = {
+    "profile": {"graph.path": "profile needs a zoo model (graph=<name>): profiling runs the model's real ops"},
+}
+
+
+def check_override(command: str, override: str) -> None:
+    """``check_group_choice``, and refuse an override ``REFUSED`` lists for ``command``."""
+    if "=" in override and not override.startswith("~"):
+        key = override.split("=", 1)[0].lstrip("+")
+        why = REFUSED.get(command, {}).get(key)
+        if why is not None:
+            raise ConfigError(f"{override}: {why}")
+    check_group_choice(override)
+
+
+# ------------------------------------------------------------------------------------------- paths
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:  # exists() is False under a file as well
+        path = path.parent
+    return path
+
+
+def check_output_dir(path: str | Path, what: str, *, shown: str | Path | None = None) -> None:
+    """Refuse a folder that cannot be made or written in (``what``: the key naming it, e.g. ``hydra.run.dir``,
+    ``shown``: its value when that is not ``path``): a file on its way, a read-only or virtual file system
+    (/proc, /sys). Probes with a temporary folder, removed at once."""
+    import os
+    import tempfile
+
+    shown = path if shown is None else shown
+    base = _nearest_existing(Path(path).absolute())
+    if not base.is_dir():
+        raise ConfigError(f"{what}={shown}: {base} is a file, not a folder; choose another {what}")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=base, prefix=".placement-rl-probe-"))
+    except OSError as exc:
+        raise ConfigError(f"{what}={shown}: cannot create files in {base} ({exc.strerror or exc}); choose another "
+                          f"{what}") from None
+
+
+def check_output_file(path: str | Path, what: str) -> None:
+    """Refuse a file path that cannot be written: a folder of that name, or a folder that cannot be made."""
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"{what}={path} is a folder; give a file path")
+    check_output_dir(target.absolute().parent, what, shown=path)
+
+
+def check_not_folders(folder: Path, names: Iterable[str]) -> None:
+    """Refuse a run folder that holds a folder where a command will write file ``name`` (before any work)."""
+    for name in names:
+        if (folder / name).is_dir():
+            raise ConfigError(f"{folder / name} is a folder but this command writes a file there: remove it or "
+                              "choose another hydra.run.dir")
+
+
+# files a command's config names that it writes (checked before any work)
+OUTPUT_FILES: dict[str, tuple[str, ...]] = {"profile": ("output",)}
 
 
 # ------------------------------------------------------------------------------------------ checking
@@ -293,12 +377,21 @@ def validate(command: str, cfg: Mapping[str, Any]) -> None:
         sub = cfg.get(group)
         if isinstance(sub, Mapping):
             _check(f"{group}.", table, sub)
+    for key in OUTPUT_FILES.get(command, ()):
+        if cfg.get(key):
+            check_output_file(str(cfg[key]), key)
     topology = cfg.get("topology")
     if isinstance(topology, Mapping) and topology.get("path"):
         from placement_rl.topology import load_topology
 
         load_topology(str(topology["path"]))  # a bad file: its reader's one-line TopologyError, before any work
     graph = cfg.get("graph")
+    if isinstance(graph, Mapping) and graph.get("path") and Path(str(graph["path"])).is_dir():
+        raise ConfigError(f"graph.path={graph['path']} is a folder; give a graph JSON file (e.g. the graph.json "
+                          "that inspect, train or place write)")
+    if command == "profile" and isinstance(graph, Mapping) and not cfg.get("measurements") \
+            and (graph.get("path") or graph.get("source", "zoo") != "zoo"):
+        raise ConfigError(REFUSED["profile"]["graph.path"])
     if isinstance(graph, Mapping) and not graph.get("path") and graph.get("source", "zoo") == "zoo" \
             and "name" in graph:
         names = _zoo_names()

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 from omegaconf import DictConfig
 
-from placement_rl.cli.common import (build_graph, build_topology, hydra_app, output_dir, save_plan, to_container,
-                                     warm_up)
+from placement_rl.cli.common import (build_graph, build_topology, hydra_app, output_dir, plural, save_plan,
+                                     to_container, warm_up, write_json)
 from placement_rl.errors import ConfigError
 from placement_rl.graph.io import atomic_write_text
 
@@ -131,9 +129,9 @@ def run_constructive(cfg: DictConfig) -> dict:
     costs = resolve_costs(graph, topology)
     out = output_dir()
     warm_s = warm_up(policy)  # numba's first compile after an install is no row's seconds
-    print(f"fine-tuning the policy {ckpt} on {graph.name} ({graph.num_nodes} nodes) / {topology.name} "
-          f"({topology.num_devices} devices): up to {fcfg.pi_rounds} policy-iteration rounds (rollout over the "
-          f"policy, cloned), then {fcfg.rl_iters} iterations x {fcfg.samples} samples")
+    print(f"fine-tuning the policy {ckpt} on {graph.name} ({plural(graph.num_nodes, 'node')}) / {topology.name} "
+          f"({plural(topology.num_devices, 'device')}): up to {fcfg.pi_rounds} policy-iteration rounds (rollout "
+          f"over the policy, cloned), then {fcfg.rl_iters} iterations x {fcfg.samples} samples")
     res = finetune(graph, topology, costs, policy, fcfg, samples=int(cfg.agent.eval_samples),
                    search_budget=int(cfg.agent.get("search_budget", 0)), seed=int(cfg.seed),
                    log=print if cfg.progress else (lambda _: None))
@@ -144,7 +142,7 @@ def run_constructive(cfg: DictConfig) -> dict:
     metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, "checkpoint": ckpt,
                "cost_source": costs.describe_source(topology.device_names), "rows": rows,
                "learned_step_time": best.step_time, "learned_row": best.label, "warm_up_seconds": warm_s}
-    files = ["checkpoint.pt", plan_file, "metrics.json", "learned.md", "training.png"]
+    files = ["checkpoint.pt", "graph.json", plan_file, "metrics.json", "learned.md", "training.png"]
     if any(r.kind == "search" for r in res.rows):
         s = res.best("search")
         s_plan, _ = save_plan(s.devices, graph, topology, out / "search")
@@ -166,10 +164,10 @@ def run_constructive(cfg: DictConfig) -> dict:
 
         got = compare_learned(graph, costs, topology, out, label=f"learned: {best.label}", plan=plan,
                               step_time=best.step_time, feasible=best.feasible, seconds=best.seconds,
-                              sim_calls=best.sim_calls, seed=int(cfg.seed), what="learned")
+                              sim_calls=best.sim_calls, seed=int(cfg.seed), what="learned", files=files,
+                              progress=bool(cfg.progress))
         metrics.update(got)
-        files += ["comparison.md", "comparison.csv"]
-    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1, default=float))
+    write_json(out / "metrics.json", metrics)
     print(md.split("\n\n", 2)[2])
     print(f"artifacts in {out}: {', '.join(files)}")
     return metrics
@@ -192,8 +190,9 @@ def run(cfg: DictConfig) -> dict:
     agent, encoder = make_specs(cfg)
     out = output_dir()
     tcfg = cfg.trainer
-    print(f"training {agent.algo} + {encoder.name} on {cfg.env.id}: graph {graph.name} ({graph.num_nodes} nodes), "
-          f"topology {topology.name} ({topology.num_devices} devices), {int(tcfg.total_steps)} steps")
+    print(f"training {agent.algo} + {encoder.name} on {cfg.env.id}: graph {graph.name} "
+          f"({plural(graph.num_nodes, 'node')}), topology {topology.name} ({plural(topology.num_devices, 'device')}), "
+          f"{int(tcfg.total_steps)} steps")
     trainer = Trainer(env_id=str(cfg.env.id), env_kwargs=env_kwargs(cfg, graph, topology), agent=agent,
                       encoder=encoder, seed=int(cfg.seed), config=to_container(cfg),
                       tensorboard_dir=str(out / "tb") if tcfg.tensorboard else None)
@@ -215,27 +214,31 @@ def run(cfg: DictConfig) -> dict:
                "policy_greedy_time": best["policy_greedy_time"],
                "policy_best_of_k_time": best["policy_best_of_k_time"]}
     refs = {"best single device": single}
+    compared: list[str] = []
     if tcfg.compare:
         from placement_rl.cli.evaluate import compare_learned
 
         got = compare_learned(graph, trainer.unwrapped_env.task.costs, topology, out,
                               label=f"learned:{agent.algo}+{encoder.name}", plan=plan, step_time=best["step_time"],
                               feasible=bool(best["feasible"]), seconds=trainer.train_seconds, sim_calls=tr.sim_calls,
-                              seed=int(cfg.seed), what="learned")
+                              seed=int(cfg.seed), what="learned", files=compared,
+                              progress=bool(cfg.progress))
         got.pop("best_single_device_time")
         metrics.update(got)
         if "best_baseline" in got:
             refs[f"best baseline ({got['best_baseline']})"] = got["best_baseline_time"]
     training_curve(tr.curve, out / "training.png", references=refs,
                    title=f"{agent.algo} + {encoder.name} on {graph.name} / {topology.name}")
-    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1, default=float))
+    write_json(out / "metrics.json", metrics)
     print(f"best step time {best['step_time'] * 1e3:.3f} ms (single device {single * 1e3:.3f} ms, "
           f"speed-up {metrics['speedup_over_single_device']:.3f}x)"
           + (f"; best baseline {metrics['best_baseline']} {metrics['best_baseline_time'] * 1e3:.3f} ms"
              if "best_baseline" in metrics else ""))
-    print(f"artifacts in {out}: checkpoint.pt, {plan_file}, metrics.json, training.png"
-          + (", comparison.md, comparison.csv" if tcfg.compare else "") + (", tb/" if tcfg.tensorboard else ""))
+    print(f"artifacts in {out}: " + ", ".join(["checkpoint.pt", "graph.json", plan_file, "metrics.json",
+                                                "training.png", *compared] + (["tb/"] if tcfg.tensorboard else [])))
     return metrics
 
 
-main = hydra_app("train")(run)
+# files train may write in its run folder: a folder of such a name there is refused before training
+main = hydra_app("train", writes=("checkpoint.pt", "metrics.json", "graph.json", "placement.json", "plan.json",
+                                  "training.png"))(run)
