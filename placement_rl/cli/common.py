@@ -320,7 +320,7 @@ def warm_up(policy) -> float:
     from agents.constructive_eval import warm_kernels
 
     seconds = warm_kernels(policy)
-    if seconds > 2.0:
+    if seconds > 8.0:
         print(f"compiled the simulator and decode kernels in {seconds:.1f} s (first run after an install; numba "
               f"caches them)")
     return seconds

@@ -116,7 +116,7 @@ class CompGraph:
             bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0))
             if bad.size:
                 i = int(bad[0])
-                raise GraphError(f"node '{self.names[i]}' (#{i}) has invalid {key}={arr[i]!r}: "
+                raise GraphError(f"node '{self.names[i]}' (#{i}) has invalid {key}={float(arr[i])!r}: "
                                  "costs must be finite and non-negative")
         if len(set(self.names)) != n:
             seen: set[str] = set()
@@ -128,7 +128,7 @@ class CompGraph:
         bad = np.flatnonzero(~np.isfinite(self.edge_bytes) | (self.edge_bytes < 0))
         if bad.size:
             raise GraphError(f"edge #{int(bad[0])} {self._edge_str(int(bad[0]))} has invalid "
-                             f"edge_bytes={self.edge_bytes[bad[0]]!r}: must be finite and non-negative")
+                             f"edge_bytes={float(self.edge_bytes[bad[0]])!r}: must be finite and non-negative")
         if self.num_edges:
             out_of_range = np.flatnonzero((self.edges < 0).any(1) | (self.edges >= n).any(1))
             if out_of_range.size:
