@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from placement_rl.errors import CheckpointError
+from placement_rl.graph.io import file_mode
 
 FORMAT = "placement_rl.checkpoint"
 FORMAT_VERSION = 1
@@ -33,6 +34,7 @@ def save_checkpoint(path: str | os.PathLike, *, algo: str, config: dict[str, Any
     try:
         with open(tmp, "wb") as fh:  # a file object: the archive's inner name is fixed, so equal checkpoints are
             torch.save(payload, fh)  # equal bytes (a path would name it after the random temporary file)
+        os.chmod(tmp, file_mode(path))  # what open(path, "w") would give it, not mkstemp's private 0600
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

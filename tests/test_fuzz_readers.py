@@ -426,3 +426,21 @@ def test_mismatched_inputs_through_the_cli_are_one_line_exit_2(tmp_path):
         assert r.returncode == 2, (args, r.stderr[-2000:])
         assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ") and words in r.stderr, (args, r.stderr)
     assert not (tmp_path / "outputs").exists()
+
+
+def test_checkpoint_file_gets_the_umask_permissions(tmp_path):
+    """checkpoint.pt is written through a temporary file like every artifact: it must not stay private (0600)."""
+    import os
+    import stat
+
+    import torch
+
+    from agents.checkpoint import save_checkpoint
+
+    old = os.umask(0o022)
+    try:
+        p = save_checkpoint(tmp_path / "checkpoint.pt", algo="x", config={}, obs={}, num_timesteps=0,
+                            policy={"w": torch.zeros(1)}, optimizer=None)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(p.stat().st_mode) == 0o644

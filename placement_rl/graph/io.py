@@ -40,7 +40,7 @@ def _umask() -> int:
     return mask
 
 
-def _open_mode(path: Path) -> int:
+def file_mode(path: Path) -> int:
     """The permission bits ``open(path, "w")`` would leave: an existing file keeps its own, a new one gets
     ``0o666`` less the umask."""
     try:
@@ -57,7 +57,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as fh:
-            os.chmod(fh.fileno() if os.chmod in os.supports_fd else tmp, _open_mode(path))
+            os.chmod(fh.fileno() if os.chmod in os.supports_fd else tmp, file_mode(path))
             fh.write(text)
         os.replace(tmp, path)
     except BaseException:
