@@ -238,3 +238,23 @@ def test_a_group_is_priced_as_the_sum_of_its_members(preset: str) -> None:
     changed = c.replace(fwd_flops=c.fwd_flops * 0.5)  # e.g. split for tensor parallelism
     assert coarsen.member_graph(changed) is None
     assert coarsen.member_graph(g) is None and coarsen.coarsen(c).meta["member_graph"] is c.meta["member_graph"]
+
+
+def test_a_coarsened_file_is_merged_further_when_max_nodes_asks(tmp_path) -> None:
+    """graph.path=<a graph.json the tool wrote> graph.coarsen.max_nodes=10: the groups are merged down to 10 (the
+    option was ignored on a coarsened file), members still name the original ops and pricing still sums them."""
+    from placement_rl.cost import resolve_costs
+    from placement_rl.graph.spec import graph_from_spec
+    from placement_rl.topology import load_topology
+
+    g = synthetic.sample("transformer_like", num_nodes=300, seed=3)
+    c = coarsen.coarsen(g)
+    path = tmp_path / "graph.json"
+    c.to_json(path)
+    same = graph_from_spec({"path": str(path), "coarsen": {"enabled": True, "max_nodes": None}})
+    assert same.num_nodes == c.num_nodes
+    m = graph_from_spec({"path": str(path), "coarsen": {"enabled": True, "max_nodes": 10}})
+    assert m.num_nodes <= 10
+    _assert_conserved(g, m)
+    topo = load_topology("1x_h100_sxm")
+    assert resolve_costs(m, topo).fwd_time.sum() == pytest.approx(resolve_costs(g, topo).fwd_time.sum(), rel=1e-9)

@@ -6,7 +6,8 @@ synthetic family, then the configured coarsening.
     graph_from_spec({"path": "graph.json"})
     graph_from_spec({"source": "synthetic", "family": "layered", "num_nodes": 200, "seed": 0})
 
-A graph file that is already coarsened (its nodes carry ``members``) is used as it is.
+A graph file that is already coarsened (its nodes carry ``members``) is used as it is, merged further only
+when ``coarsen.max_nodes`` asks for fewer groups than it has.
 """
 
 from __future__ import annotations
@@ -40,8 +41,12 @@ def graph_from_spec(spec: Mapping[str, Any]) -> CompGraph:
         else:
             raise ConfigError(f"graph.source is '{source}': choose zoo or synthetic, or set graph.path")
     opts = dict(spec.get("coarsen") or {})
-    if opts.pop("enabled", False) and graph.members is None:
+    if opts.pop("enabled", False):
         from placement_rl.graph.coarsen import coarsen
 
-        graph = coarsen(graph, **{k: v for k, v in opts.items() if v is not None})
+        cap = opts.get("max_nodes")
+        if graph.members is None:
+            graph = coarsen(graph, **{k: v for k, v in opts.items() if v is not None})
+        elif cap is not None and graph.num_nodes > int(cap):  # already coarsened: only merged further
+            graph = coarsen(graph, max_nodes=int(cap))
     return graph
