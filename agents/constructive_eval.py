@@ -79,21 +79,33 @@ class TaskResult:
         return self.sampled.devices[int(np.argmin(t))]
 
 
-def evaluate(policy: DevicePolicy, tasks: Sequence[ConstructiveTask], *, samples: int = 16,
-             seed: int = 0) -> list[TaskResult]:
-    """Greedy and best-of-``samples`` placements of every task (``samples=0``: greedy only)."""
+def greedy_result(policy: DevicePolicy, task: ConstructiveTask) -> TaskResult:
+    """The task's greedy placement, timed (no samples yet)."""
     import time
 
     policy.eval()
+    t0 = time.perf_counter()
+    g = rollout(policy, task, samples=1, greedy=True)
+    return TaskResult(task, g, None, time.perf_counter() - t0)
+
+
+def with_samples(policy: DevicePolicy, res: TaskResult, samples: int, generator: torch.Generator) -> TaskResult:
+    """``res`` with ``samples`` sampled placements drawn from ``generator`` added, timed (0: unchanged)."""
+    import time
+
+    if samples <= 0:
+        return res
+    policy.eval()
+    t0 = time.perf_counter()
+    s = rollout(policy, res.task, samples=samples, greedy=False, generator=generator)
+    return TaskResult(res.task, res.greedy, s, res.greedy_seconds, time.perf_counter() - t0)
+
+
+def evaluate(policy: DevicePolicy, tasks: Sequence[ConstructiveTask], *, samples: int = 16,
+             seed: int = 0) -> list[TaskResult]:
+    """Greedy and best-of-``samples`` placements of every task (``samples=0``: greedy only)."""
     gen = torch.Generator().manual_seed(seed)
-    out = []
-    for t in tasks:
-        t0 = time.perf_counter()
-        g = rollout(policy, t, samples=1, greedy=True)
-        t1 = time.perf_counter()
-        s = rollout(policy, t, samples=samples, greedy=False, generator=gen) if samples > 0 else None
-        out.append(TaskResult(t, g, s, t1 - t0, time.perf_counter() - t1))
-    return out
+    return [with_samples(policy, greedy_result(policy, t), samples, gen) for t in tasks]
 
 
-__all__ = ["TaskResult", "evaluate", "geomean"]
+__all__ = ["TaskResult", "evaluate", "geomean", "greedy_result", "with_samples"]

@@ -24,8 +24,8 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     """A constructive (schedule-aware) policy: greedy and best of ``samples`` sampled placements, each a row."""
     import torch
 
-    from agents.constructive import placement_calls, rollout, state_window
-    from agents.constructive_eval import TaskResult, evaluate
+    from agents.constructive import placement_calls, state_window
+    from agents.constructive_eval import greedy_result, with_samples
     from agents.constructive_train import load_policy
     from envs.constructive_task import ConstructiveTask
     from placement_rl.cost import resolve_costs
@@ -49,16 +49,11 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     # greedy, then the samples (the same draws as evaluate(samples=k): the greedy decode draws nothing), so that
     # each phase reports when it starts and ends
     with phases(f"greedy placement (window {window})") as note:
-        greedy = evaluate(policy, [task], samples=0, seed=seed)[0]
-        note.append(f"{greedy.greedy_time * 1e3:.3f} ms")
-    res = greedy
+        res = greedy_result(policy, task)
+        note.append(f"{res.greedy_time * 1e3:.3f} ms")
     if samples > 0:
-        with phases(plural(samples, "sampled placement"), f"the greedy one took {greedy.greedy_seconds:.1f} s") \
-                as note:
-            t1 = time.perf_counter()
-            sampled = rollout(policy, task, samples=samples, greedy=False,
-                              generator=torch.Generator().manual_seed(seed))
-            res = TaskResult(task, greedy.greedy, sampled, greedy.greedy_seconds, time.perf_counter() - t1)
+        with phases(plural(samples, "sampled placement"), f"the greedy one took {res.greedy_seconds:.1f} s") as note:
+            res = with_samples(policy, res, samples, torch.Generator().manual_seed(seed))
             note.append(f"best {res.best_time * 1e3:.3f} ms")
     wall = time.perf_counter() - t0
     use_best = res.best_time < res.greedy_time

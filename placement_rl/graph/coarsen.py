@@ -44,17 +44,18 @@ the original node order for ``expand_placement``.
 from __future__ import annotations
 
 import heapq
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from placement_rl.errors import GraphError
 from placement_rl.graph.ir import NODE_ARRAYS, CompGraph
 
-__all__ = ["coarsen", "expand_placement", "member_graph"]
+__all__ = ["coarsen", "expand_placement", "member_graph", "member_record"]
 
 FINE_KEY = "member_graph"  # meta key: the original graph (graph JSON object) a coarsened graph was made from
-_MEMBER_CACHE: dict[tuple[int, int], tuple] = {}  # (record, members) -> (record, members, parsed)
+_RECORDS: dict[int, tuple[dict, "CompGraph | None"]] = {}  # record -> (record, its graph): built or parsed once
+_MEMBER_CACHE: dict[tuple[int, int], tuple] = {}  # (record, members) -> (record, members, (graph, group of node))
 
 
 def coarsen(graph: CompGraph, *, depth: int | None = None, fold_param_free: bool = True,
@@ -134,10 +135,7 @@ def member_graph(graph: CompGraph) -> "tuple[CompGraph, np.ndarray] | None":
     key = (id(fine), id(graph.members))
     hit = _MEMBER_CACHE.get(key)
     if hit is None or hit[0] is not fine or hit[1] is not graph.members:
-        hit = (fine, graph.members, _members_of(graph, fine))
-        if len(_MEMBER_CACHE) > 256:
-            _MEMBER_CACHE.clear()
-        _MEMBER_CACHE[key] = hit
+        hit = _remember(_MEMBER_CACHE, key, (fine, graph.members, _members_of(graph, fine)))
     if hit[2] is None:
         return None
     g, gof = hit[2]
@@ -149,12 +147,39 @@ def member_graph(graph: CompGraph) -> "tuple[CompGraph, np.ndarray] | None":
     return g, gof
 
 
-def _members_of(graph: CompGraph, fine: dict) -> "tuple[CompGraph, np.ndarray] | None":
-    from placement_rl.graph.io import graph_from_dict
+def member_record(fine: CompGraph) -> dict:
+    """The ``meta["member_graph"]`` record of ``fine`` (its graph JSON object), remembered with ``fine`` itself so
+    that ``member_graph`` reads it back without parsing it."""
+    from placement_rl.graph.io import graph_to_dict
 
-    try:
-        g = graph_from_dict(fine, where=f"graph '{graph.name}' meta.member_graph")
-    except Exception:  # noqa: BLE001 -- a damaged record: price the groups themselves
+    record = graph_to_dict(fine)
+    _remember(_RECORDS, id(record), (record, fine))
+    return record
+
+
+def _remember(cache: dict, key: Any, value: tuple) -> tuple:
+    if len(cache) > 256:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+def _record_graph(graph: CompGraph, record: dict) -> "CompGraph | None":
+    hit = _RECORDS.get(id(record))
+    if hit is None or hit[0] is not record:  # read from a file or another process: parsed once
+        from placement_rl.graph.io import graph_from_dict
+
+        try:
+            g = graph_from_dict(record, where=f"graph '{graph.name}' meta.member_graph")
+        except Exception:  # noqa: BLE001 -- a damaged record: price the groups themselves
+            g = None
+        hit = _remember(_RECORDS, id(record), (record, g))
+    return hit[1]
+
+
+def _members_of(graph: CompGraph, fine: dict) -> "tuple[CompGraph, np.ndarray] | None":
+    g = _record_graph(graph, fine)
+    if g is None:
         return None
     index = {nm: i for i, nm in enumerate(g.names)}
     gof = np.full(g.num_nodes, -1, dtype=np.int64)
@@ -392,9 +417,7 @@ def _assemble(graph: CompGraph, q: _Quotient, *, depth: int | str, fold: bool) -
         original = [m for grp in inner for m in grp]
     fine = graph.meta.get(FINE_KEY)
     if fine is None:  # the graph the groups' members name, kept so that a group is priced as its members' sum
-        from placement_rl.graph.io import graph_to_dict
-
-        fine = graph_to_dict(graph)
+        fine = member_record(graph)
     meta = {**graph.meta, FINE_KEY: fine, "original_names": list(original),
             "coarsen": {"depth": depth, "fold_param_free": fold, "source_nodes": n,
                         "source_name": graph.name}}

@@ -158,13 +158,14 @@ class CompGraph:
         for i, grp in enumerate(self.members):
             if not grp:
                 raise GraphError(f"node '{self.names[i]}' (#{i}) has empty 'members': list the original ops it groups")
-            for m in grp:
-                j = owner.setdefault(m, i)
-                if j != i:
+            for m in grp:  # one pass: a member seen before is either this node's twice or another node's
+                j = owner.get(m)
+                if j == i:
+                    raise GraphError(f"node '{self.names[i]}' (#{i}) lists member '{m}' twice")
+                if j is not None:
                     raise GraphError(f"nodes '{self.names[j]}' (#{j}) and '{self.names[i]}' (#{i}) both list member "
                                      f"'{m}': each original op belongs to exactly one coarse node")
-                if grp.count(m) > 1:
-                    raise GraphError(f"node '{self.names[i]}' (#{i}) lists member '{m}' twice")
+                owner[m] = i
 
     def _check_meta(self) -> None:
         """The ``meta`` fields planners read: ``batch_size`` (and ``zoo_options.batch_size``), a positive integer
