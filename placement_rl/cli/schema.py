@@ -145,7 +145,10 @@ def _yaml_names(group: str) -> Callable[[], list[str]]:
 
 GROUPS: dict[str, dict[str, Key]] = {
     "graph": {
-        "path": OPTIONAL_STR, "source": Key(str, choices=("zoo", "synthetic")), "overrides": Key(dict, null=True),
+        "path": OPTIONAL_STR, "source": Key(str, choices=("zoo", "synthetic", "hf")), "overrides": Key(dict, null=True),
+        "config": OPTIONAL_STR, "model_type": OPTIONAL_STR,
+        "task": Key(str, choices=("auto", "causal_lm", "masked_lm", "seq2seq_lm", "image_classification")),
+        "batch_size": count(1), "seq_len": count(1),
         "family": Key(str, choices=_families), "num_nodes": count(3), "seed": SEED,
         "coarsen.enabled": FLAG, "coarsen.depth": count(0, null=True), "coarsen.max_nodes": count(1, null=True),
     },

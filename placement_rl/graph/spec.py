@@ -5,6 +5,8 @@ synthetic family, then the configured coarsening.
                      "coarsen": {"enabled": True, "depth": None, "max_nodes": None}})
     graph_from_spec({"path": "graph.json"})
     graph_from_spec({"source": "synthetic", "family": "layered", "num_nodes": 200, "seed": 0})
+    graph_from_spec({"source": "hf", "config": "config.json", "overrides": {"num_hidden_layers": 4},
+                     "batch_size": 1, "seq_len": 2048})   # any transformers model (graph/models/hf_auto.py)
 
 A graph file that is already coarsened (its nodes carry ``members``) is used as it is, merged further only
 when ``coarsen.max_nodes`` asks for fewer groups than it has.
@@ -38,8 +40,10 @@ def graph_from_spec(spec: Mapping[str, Any]) -> CompGraph:
                                          seed=int(spec.get("seed", 0)))
             except KeyError as exc:
                 raise ConfigError(f"a synthetic graph needs graph.{exc.args[0]}") from None
+        elif source == "hf":
+            graph = _hf_graph(spec)
         else:
-            raise ConfigError(f"graph.source is '{source}': choose zoo or synthetic, or set graph.path")
+            raise ConfigError(f"graph.source is '{source}': choose zoo, synthetic or hf, or set graph.path")
     opts = dict(spec.get("coarsen") or {})
     if opts.pop("enabled", False):
         from placement_rl.graph.coarsen import coarsen
@@ -50,3 +54,18 @@ def graph_from_spec(spec: Mapping[str, Any]) -> CompGraph:
         elif cap is not None and graph.num_nodes > int(cap):  # already coarsened: only merged further
             graph = coarsen(graph, max_nodes=int(cap))
     return graph
+
+
+HF_KEYS = ("config", "model_type", "task", "overrides", "batch_size", "seq_len", "seed")
+
+
+def _hf_graph(spec: Mapping[str, Any]) -> CompGraph:
+    """Capture a transformers model built from its config on the meta device (``graph.source=hf``)."""
+    from placement_rl.graph.capture import capture
+    from placement_rl.graph.models import hf_auto
+
+    opts = {k: spec[k] for k in HF_KEYS if spec.get(k) is not None}
+    opts["overrides"] = dict(opts.get("overrides") or {})
+    module, inputs, desc = hf_auto.build(**opts)
+    name = f"hf:{desc['model_type']}"
+    return capture(module, inputs, name=name, meta={"hf": desc, "hf_spec": {k: v for k, v in opts.items()}})

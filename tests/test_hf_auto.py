@@ -1,0 +1,131 @@
+"""graph.source=hf: any transformers model from its config, built on the meta device and captured."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from placement_rl.cost import resolve_costs, simulate  # noqa: E402
+from placement_rl.errors import GraphError  # noqa: E402
+from placement_rl.graph.capture import capture_zoo  # noqa: E402
+from placement_rl.graph.models import hf_auto  # noqa: E402
+from placement_rl.graph.spec import graph_from_spec  # noqa: E402
+from placement_rl.topology import load_topology  # noqa: E402
+
+torch.set_num_threads(1)
+
+SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=500)
+LLAMA = dict(hidden_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+             intermediate_size=1408, vocab_size=32000, tie_word_embeddings=False)
+
+
+def _hf(**spec):
+    return graph_from_spec({"source": "hf", "batch_size": 2, "seq_len": 16, **spec})
+
+
+def test_same_graph_as_the_zoo_builder_with_the_same_config():
+    """A Llama / Mixtral config through graph.source=hf (meta device) gives the zoo's (real weights) graph:
+    same nodes, FLOPs, parameter and activation bytes; overrides re-derive the head size from the hidden size."""
+    for zoo_name, kind, extra, opts in (("llama_hf", "llama", {}, {}),
+                                        ("mixtral_hf", "mixtral", dict(num_local_experts=8, num_experts_per_tok=2,
+                                                                       router_aux_loss_coef=0.0), {})):
+        z = capture_zoo(zoo_name, batch_size=2, seq_len=64, n_layers=2, **opts)
+        h = graph_from_spec({"source": "hf", "model_type": kind, "overrides": {**LLAMA, **extra},
+                             "batch_size": 2, "seq_len": 64})
+        assert h.num_nodes == z.num_nodes
+        for key in ("fwd_flops", "bwd_flops", "param_bytes", "out_bytes"):
+            assert getattr(h, key).sum() == pytest.approx(getattr(z, key).sum(), rel=1e-9), (kind, key)
+        assert h.meta["hf"]["task"] == "causal_lm" and h.meta["hf"]["params"] * 4 == pytest.approx(
+            z.param_bytes.sum(), rel=1e-9)
+
+
+@pytest.mark.parametrize("kind,task,extra", [
+    ("qwen2", "causal_lm", dict(num_key_value_heads=2)),
+    ("bert", "masked_lm", {}),
+    ("t5", "seq2seq_lm", dict(d_model=64, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4, d_kv=16)),
+    ("vit", "image_classification", dict(image_size=32, patch_size=8)),
+])
+def test_architectures_capture_and_place(kind, task, extra):
+    """Decoder, encoder, encoder-decoder and vision models: the task is read from the config, the graph has the
+    training step's work (backward about twice the forward), and a placement of it simulates."""
+    small = {k: v for k, v in SMALL.items() if kind != "t5" or k == "vocab_size"}
+    if kind == "vit":
+        small.pop("vocab_size")
+    g = _hf(model_type=kind, overrides={**small, **extra})
+    assert g.meta["hf"]["task"] == task
+    assert g.fwd_flops.sum() > 0 and 1.5 < g.bwd_flops.sum() / g.fwd_flops.sum() < 2.5
+    n_params = g.meta["hf"]["params"]
+    assert g.param_bytes.sum() == pytest.approx(4 * n_params, rel=0.01)  # fp32, every parameter claimed once
+    topo = load_topology("4x_h100_nvlink")
+    costs = resolve_costs(g, topo)
+    res = simulate(g, costs, topo, np.arange(g.num_nodes) % topo.num_devices)
+    assert np.isfinite(res.step_time) and res.step_time > 0
+
+
+def test_a_large_config_captures_without_its_weights(tmp_path: Path):
+    """A 0.5B-parameter config.json (as save_pretrained writes it) with 4 of its 24 layers: built on the meta
+    device, its FLOPs are the dense-transformer count (2 x params x tokens, within the attention's share)."""
+    from transformers import Qwen2Config
+
+    Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+                architectures=["Qwen2ForCausalLM"]).save_pretrained(tmp_path / "qwen")
+    g = graph_from_spec({"source": "hf", "config": str(tmp_path / "qwen"), "overrides": {"num_hidden_layers": 4},
+                         "batch_size": 1, "seq_len": 512})
+    desc = g.meta["hf"]
+    assert desc["task"] == "causal_lm" and desc["config"]["num_hidden_layers"] == 4
+    layer = 4 * (896 * 896 * 2 + 896 * 128 * 2 + 3 * 896 * 4864)  # q, o, k, v (2 KV heads of 64) and the MLP
+    dense = 2 * 512 * (layer + 896 * 151936)  # + the tied LM head
+    assert 1.0 < g.fwd_flops.sum() / dense < 1.15  # attention scores and values add a few percent at 512 tokens
+
+
+@pytest.mark.parametrize("spec,needle", [
+    ({"model_type": "nosuch"}, "knows no such model type"),
+    ({"model_type": None}, "needs graph.config"),
+    ({"config": "missing.json"}, "no such config.json"),
+    ({"model_type": "llama", "overrides": {"nosuch": 1}}, "has no field 'nosuch'"),
+    ({"model_type": "vit", "task": "causal_lm"}, "no AutoModelForCausalLM"),
+    ({"model_type": "gpt2", "seq_len": 5000}, "longer than the config's 1024 positions"),
+    ({"model_type": "llama", "task": "regression"}, "choose one of"),
+])
+def test_bad_specs_name_what_to_fix(spec, needle):
+    with pytest.raises(GraphError, match=needle.replace("(", r"\(")):
+        graph_from_spec({"source": "hf", "batch_size": 1, "seq_len": 16, **spec})
+
+
+def test_bad_config_file(tmp_path: Path):
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    with pytest.raises(GraphError, match="not a JSON config"):
+        hf_auto.load_config(str(tmp_path), None, None)
+    bad.write_text(json.dumps({"hidden_size": 3}))
+    with pytest.raises(GraphError, match="names its 'model_type'"):
+        hf_auto.load_config(str(bad), None, None)
+
+
+def test_cli_places_a_config(tmp_path: Path):
+    """The README's line for one's own model: exit 0 and a placement of the graph it names; a bad field: one line,
+    exit 2."""
+    from transformers import LlamaConfig
+
+    LlamaConfig(**{**SMALL, "num_key_value_heads": 2}).save_pretrained(tmp_path / "cfg")
+    base = [sys.executable, "-m", "placement_rl.cli.main", "place", "graph=hf", f"graph.config={tmp_path / 'cfg'}",
+            "topology=4x_v100_nvlink", "samples=2", "compare=false", "progress=false"]
+    r = subprocess.run(base + [f"hydra.run.dir={tmp_path}/run"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    plan = json.loads((tmp_path / "run" / "placement.json").read_text())
+    graph = json.loads((tmp_path / "run" / "graph.json").read_text())
+    assert plan["graph"] == graph["name"] == "hf:llama" and len(plan["device_of_node"]) == len(graph["nodes"])
+    assert graph["meta"]["hf"]["task"] == "causal_lm"
+    r = subprocess.run(base + ["+graph.overrides.hiden_size=3", f"hydra.run.dir={tmp_path}/bad"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "hiden_size" in r.stderr
+    assert not (tmp_path / "bad" / "placement.json").exists()
