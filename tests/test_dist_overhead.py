@@ -10,8 +10,9 @@ from placement_rl.graph import synthetic
 from placement_rl.plans import StagePlan
 from placement_rl.cost import CostTable, simulate_pipeline
 from placement_rl.graph.ir import make_graph
-from placement_rl.profiling.dist_overhead import (KINDS, DistOverheads, fit_dist_overheads, measure_dist_overheads,
-                                                  predict_deploy_step, stage_boundary_bytes, with_pipeline_overhead)
+from placement_rl.profiling.dist_overhead import (KINDS, PP_MICRO, PP_WIDEN, DistOverheads, fit_dist_overheads,
+                                                  measure_dist_overheads, predict_deploy_step, stage_boundary_bytes,
+                                                  with_pipeline_overhead)
 from placement_rl.topology import load_topology
 
 
@@ -152,5 +153,6 @@ def test_real_measurement_on_two_gloo_processes():
     o = fit_dist_overheads(raw)
     assert all(len(o.collectives[k][1]) == 2 and min(o.collectives[k][1]) > 0 for k in KINDS)
     assert o.fsdp_pass[0] + o.fsdp_pass[1] * 4 > 0
-    assert len(raw["pipeline"]) == 8 and all(min(r["pipe"]) > 0 and min(r["plain"]) > 0 for r in raw["pipeline"])
+    assert len(raw["pipeline"]) == len(PP_WIDEN) * len(PP_MICRO)
+    assert all(min(r["pipe"]) > 0 and min(r["plain"]) > 0 for r in raw["pipeline"])
     assert min(o.pp_stage) >= 0

@@ -48,7 +48,9 @@ BATCH = 8
 SIZES = tuple(2 ** k for k in range(10, 25, 2))  # 1 KiB .. 16 MiB
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 PP_MICRO = (1, 2, 4, 8)  # micro-batches of the pipeline measurement
-PP_WIDEN = (1, 32)  # boundary tensor: BATCH x WIDTH x widen floats (2 KiB and 64 KiB per micro-batch)
+# boundary tensor: BATCH x WIDTH x widen floats: 2 KiB, 64 KiB, 1 MiB and 4 MiB per micro-batch (the plans a
+# user deploys move 0.1-10 MiB per micro-batch; a slope fitted on 2-64 KiB alone was noise, 0 on some hosts)
+PP_WIDEN = (1, 32, 512, 2048)
 PP_LAYERS = 4  # Linear layers per stage
 
 
