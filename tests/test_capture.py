@@ -184,3 +184,34 @@ def test_capture_of_defaults_for_cheap_models():
         g = capture.capture_zoo(name)
         assert g.meta["zoo_overrides"] == {} and g.meta["bwd_flops_fallback"] == []
         assert np.isclose(g.fwd_flops.sum(), {"mlp": 2.1173e9, "resnet18": 1.1610e11}[name], rtol=1e-4)
+
+
+class _TransposedWeights(nn.Module):
+    """``x @ self.weight.T`` layers (Falcon's linear, hand-written models): the transpose touches the weight
+    first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(64, 32))
+        self.w2 = nn.Parameter(torch.randn(32, 64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (torch.relu(x @ self.w1.T) @ self.w2.T).pow(2).mean()
+
+
+def test_a_transposed_weight_belongs_to_its_matmul():
+    """The matmul owns the weight (priced as a linear with its weight gradient, split by TP as a Megatron pair);
+    the transpose is folded into it (no weight-sized edge, no parameter on a view). Mutation check: without the
+    fold the matmuls carry no parameters and TP finds no pair."""
+    from placement_rl.cost.op_classes import op_class
+    from placement_rl.graph import tp
+
+    for method in ("export", "fx"):
+        g = capture.capture(_TransposedWeights(), (torch.randn(8, 32),), method=method)
+        mm = [v for v in range(g.num_nodes) if g.op_types[v] in ("matmul", "linear", "mm")]
+        assert len(mm) == 2, (method, g.op_types)
+        assert [g.param_bytes[v] for v in mm] == [64 * 32 * 4, 32 * 64 * 4]
+        assert {op_class(g.op_types[v], g.param_bytes[v], g.fwd_flops[v]) for v in mm} == {"linear"}
+        assert g.param_bytes.sum() == (64 * 32 + 32 * 64) * 4 and g.num_nodes == 5
+        kinds = tp.annotation(g).kind
+        assert [tp.KINDS[kinds[v]] for v in mm] == ["column", "row"]

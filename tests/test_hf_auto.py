@@ -129,3 +129,18 @@ def test_cli_places_a_config(tmp_path: Path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "hiden_size" in r.stderr
     assert not (tmp_path / "bad" / "placement.json").exists()
+
+
+@pytest.mark.parametrize("kind,overrides", [
+    ("qwen2", dict(SMALL, num_key_value_heads=2)),
+    ("gpt2", dict(n_embd=64, n_layer=2, n_head=4, vocab_size=500)),
+    ("falcon", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=500)),  # x @ W.T
+])
+def test_tensor_parallel_pairs_are_found(kind, overrides):
+    """Two layers: an attention pair and an MLP pair each (Falcon's linears are ``x @ self.weight.T``: found
+    once the transpose is folded into its matmul)."""
+    from placement_rl.graph import tp
+
+    g = _hf(model_type=kind, overrides=overrides)
+    kinds = [tp.KINDS[k] for k in tp.annotation(g).kind]
+    assert kinds.count("row") == 4 and kinds.count("column") >= 4

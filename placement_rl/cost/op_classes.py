@@ -15,7 +15,8 @@ _VIEW = {"view", "reshape", "_reshape_alias", "transpose", "permute", "unsqueeze
          "chunk", "unbind", "unflatten", "view_as", "expand_as", "to", "type", "type_as", "long", "bool", "float",
          "contiguous_view", "input", "placeholder", "output", "get_attr", "dim", "finfo", "numel", "lift_fresh_copy",
          "_assert_tensor_metadata", "_assert_scalar", "sym_size", "_unsafe_view", "movedim", "as_strided", "identity",
-         "dropout_eval", "setitem", "masked_fill_", "zero_", "new_zeros", "tensor", "scalar_tensor"}
+         "dropout_eval", "setitem", "masked_fill_", "zero_", "new_zeros", "tensor", "scalar_tensor", "numpy_t", "mt",
+         "mh", "adjoint", "swapaxes", "swapdims"}
 _LINEAR = {"linear", "addmm", "mm", "matmul_param", "conv1d_hf"}
 _BMM = {"bmm", "baddbmm", "matmul", "einsum", "scaled_dot_product_attention"}
 _CONV = {"conv", "conv1d", "conv2d", "conv3d", "convolution", "_convolution", "cudnn_convolution",
