@@ -125,6 +125,10 @@ def test_cli_places_a_config(tmp_path: Path):
     graph = json.loads((tmp_path / "run" / "graph.json").read_text())
     assert plan["graph"] == graph["name"] == "hf:llama" and len(plan["device_of_node"]) == len(graph["nodes"])
     assert graph["meta"]["hf"]["task"] == "causal_lm"
+    r = subprocess.run([sys.executable, "-m", "placement_rl.cli.main", "deploy",
+                        f"plan={tmp_path / 'run' / 'placement.json'}", "topology=4x_v100_nvlink",
+                        f"hydra.run.dir={tmp_path}/deploy"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "without weights" in r.stderr and r.stderr.strip().count("\n") == 0
     r = subprocess.run(base + ["+graph.overrides.hiden_size=3", f"hydra.run.dir={tmp_path}/bad"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "hiden_size" in r.stderr

@@ -22,6 +22,10 @@ def _graph(cfg: DictConfig) -> CompGraph:
 
 def _model(graph: CompGraph) -> tuple[str, dict]:
     zoo_name = graph.meta.get("zoo")
+    if not zoo_name and graph.meta.get("hf"):
+        raise ConfigError(f"graph '{graph.name}' is a transformers config captured without weights (graph=hf): "
+                          "deploy runs built-in zoo models; build the model with weights and call "
+                          "placement_rl.executor from Python")
     if not zoo_name:
         raise ConfigError(f"graph '{graph.name}' does not name a zoo model (meta.zoo): deploy runs built-in models; "
                           "for your own module call placement_rl.executor from Python")
