@@ -130,7 +130,7 @@ def infer_task(cfg) -> str:
 
 
 def build(*, config: str | None = None, model_type: str | None = None, task: str = "auto",
-          overrides: Mapping[str, Any] | None = None, batch_size: int = 1, seq_len: int = 512,
+          overrides: Mapping[str, Any] | None = None, batch_size: int = 8, seq_len: int = 512,
           seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...], dict[str, Any]]:
     """``(module, example inputs, description)``: the model on the meta device wrapped as a loss step, and what
     was built (model type, task, class, parameter count, config fields that size it)."""
