@@ -148,3 +148,27 @@ def test_tensor_parallel_pairs_are_found(kind, overrides):
     g = _hf(model_type=kind, overrides=overrides)
     kinds = [tp.KINDS[k] for k in tp.annotation(g).kind]
     assert kinds.count("row") == 4 and kinds.count("column") >= 4
+
+
+def test_fused_attention_keeps_the_flops_and_drops_the_seq_by_seq_memory():
+    """attention=sdpa: one op per attention with the eager graph's FLOPs; its saved activations are a fused
+    kernel's (inputs, output, log-sum-exp), so the seq x seq probabilities eager keeps per layer are gone; the
+    config's head counts still bound the TP degree (the fused op hides the score matmul)."""
+    from placement_rl.graph import tp
+
+    b, s, heads = 2, 512, 8
+    opts = dict(model_type="llama", overrides=dict(LLAMA, num_attention_heads=heads), batch_size=b, seq_len=s)
+    eager = graph_from_spec({"source": "hf", **opts})
+    sdpa = graph_from_spec({"source": "hf", "attention": "sdpa", **opts})
+    assert sdpa.fwd_flops.sum() == pytest.approx(eager.fwd_flops.sum(), rel=1e-9)
+    assert sdpa.bwd_flops.sum() == pytest.approx(eager.bwd_flops.sum(), rel=1e-9)
+    fused = [v for v in range(sdpa.num_nodes) if "scaled_dot_product" in sdpa.op_types[v]]
+    assert len(fused) == 2 and "softmax" not in {t.split(".")[-1] for t in sdpa.op_types}
+    probs = b * heads * s * s * 4  # one layer's fp32 attention probabilities
+    assert eager.act_bytes.sum() - sdpa.act_bytes.sum() > 2 * 0.5 * probs  # less the fused op's own inputs
+    for v in fused:  # below one layer's probabilities
+        assert sdpa.act_bytes[v] < probs  # q, k, v (repeated to all heads), output, the mask the model passes
+    ann = tp.annotation(sdpa)
+    assert {4, 8} <= set(ann.divisors) and [tp.KINDS[k] for k in ann.kind].count("row") == 4
+    with pytest.raises(GraphError, match="graph.attention=flash: choose one of"):
+        graph_from_spec({"source": "hf", "attention": "flash", **opts})

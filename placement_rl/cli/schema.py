@@ -148,7 +148,7 @@ GROUPS: dict[str, dict[str, Key]] = {
         "path": OPTIONAL_STR, "source": Key(str, choices=("zoo", "synthetic", "hf")), "overrides": Key(dict, null=True),
         "config": OPTIONAL_STR, "model_type": OPTIONAL_STR,
         "task": Key(str, choices=("auto", "causal_lm", "masked_lm", "seq2seq_lm", "image_classification")),
-        "batch_size": count(1), "seq_len": count(1),
+        "batch_size": count(1), "seq_len": count(1), "attention": Key(str, choices=("eager", "sdpa")),
         "family": Key(str, choices=_families), "num_nodes": count(3), "seed": SEED,
         "coarsen.enabled": FLAG, "coarsen.depth": count(0, null=True), "coarsen.max_nodes": count(1, null=True),
     },

@@ -56,7 +56,7 @@ def graph_from_spec(spec: Mapping[str, Any]) -> CompGraph:
     return graph
 
 
-HF_KEYS = ("config", "model_type", "task", "overrides", "batch_size", "seq_len", "seed")
+HF_KEYS = ("config", "model_type", "task", "overrides", "batch_size", "seq_len", "seed", "attention")
 
 
 def _hf_graph(spec: Mapping[str, Any]) -> CompGraph:
@@ -68,4 +68,7 @@ def _hf_graph(spec: Mapping[str, Any]) -> CompGraph:
     opts["overrides"] = dict(opts.get("overrides") or {})
     module, inputs, desc = hf_auto.build(**opts)
     name = f"hf:{desc['model_type']}"
-    return capture(module, inputs, name=name, meta={"hf": desc, "hf_spec": {k: v for k, v in opts.items()}})
+    graph = capture(module, inputs, name=name, meta={"hf": desc, "hf_spec": {k: v for k, v in opts.items()}})
+    if desc["attention"] == "sdpa":
+        graph = hf_auto.fused_attention_memory(graph, desc["head_dim"])
+    return graph

@@ -27,7 +27,7 @@ tensor: Megatron's ``f`` operator) and of the LM head.
 (derived from FLOPs and bytes: ``tokens = 2 out_bytes in_bytes / (F e^2)`` with ``e`` the parameter element
 size), the vocabulary, and heads (the zoo model's ``n_heads`` / ``n_kv_heads`` where known, else derived from
 the attention score / value matmuls when the graph has them; fused SDPA hides them: then ``heads`` is absent
-and only the feature sizes are checked).
+and only the feature sizes are checked, unless a ``graph=hf`` config names them).
 """
 
 from __future__ import annotations
@@ -261,6 +261,10 @@ def detect(graph: CompGraph) -> dict[str, Any]:
         divisors.add(int(vocab))
     opts = graph.meta.get("zoo_options") or {}
     heads = {k: int(opts[k]) for k in ("n_heads", "n_kv_heads") if isinstance(opts.get(k), int)}
+    hf = (graph.meta.get("hf") or {}).get("config") or {}  # graph=hf: the config's head counts
+    for key, name in (("n_heads", "num_attention_heads"), ("n_kv_heads", "num_key_value_heads")):
+        if key not in heads and isinstance(hf.get(name), int) and hf[name] > 0:
+            heads[key] = int(hf[name])
     divisors.update(heads.values())
     split = int((kind != REPLICATED).sum())
     note = "" if pairs or vocab else ("nothing to split: no column-parallel -> row-parallel GEMM pair and no "

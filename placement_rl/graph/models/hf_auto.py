@@ -4,10 +4,16 @@
     build(model_type="qwen2", overrides={"hidden_size": 896, ...})
 
 The config comes from a ``config.json`` (or a folder holding one, as ``save_pretrained`` writes it) or, when no
-file is given, from a ``model_type`` with the library's defaults; ``overrides`` set config fields (each must be one the config has).
+file is given, from a ``model_type`` with the library's defaults; ``overrides`` set config fields (each must be
+one the config has).
 The model is built on the **meta device** (``AutoModelFor<task>.from_config``): no parameter memory is allocated,
-so a 70B-parameter config captures on a laptop, and ``capture`` runs its ops on meta tensors. Attention is the
-``eager`` implementation (explicit matmuls, whose FLOPs ``FlopCounterMode`` sees) and the KV cache is off.
+so a 70B-parameter config captures on a laptop, and ``capture`` runs its ops on meta tensors. The KV cache is off.
+Attention: ``eager`` (default: explicit score / softmax / value ops, each priced by the cost model; the backward
+keeps the seq x seq scores and probabilities, as eager PyTorch does) or ``sdpa`` (one
+``scaled_dot_product_attention`` op per attention, its FLOPs counted by ``FlopCounterMode``; its saved
+activations are set to what a fused kernel such as FlashAttention keeps for the backward: its inputs (query,
+key, value, and the mask where the model passes one), output and one log-sum-exp per row
+(``fused_attention_memory``), not the seq x seq matrix the CPU math kernel saves under capture; the fused kernel's time is priced as one GEMM-like op of its FLOPs, not measured).
 
 Tasks and the training step captured (the forward returns the loss):
 
@@ -33,6 +39,7 @@ from torch import nn
 from placement_rl.errors import GraphError
 
 TASKS = ("auto", "causal_lm", "masked_lm", "seq2seq_lm", "image_classification")
+ATTENTION = ("eager", "sdpa")
 _AUTO_CLASS = {"causal_lm": "AutoModelForCausalLM", "masked_lm": "AutoModelForMaskedLM",
                "seq2seq_lm": "AutoModelForSeq2SeqLM", "image_classification": "AutoModelForImageClassification"}
 _SUFFIX = (("ForCausalLM", "causal_lm"), ("LMHeadModel", "causal_lm"), ("ForMaskedLM", "masked_lm"),
@@ -129,13 +136,32 @@ def infer_task(cfg) -> str:
     return "causal_lm"
 
 
+def fused_attention_memory(graph, head_dim: float):
+    """``graph`` with each ``scaled_dot_product_attention`` node's saved activations set to a fused kernel's:
+    its inputs (query, key, value, mask) and output, plus one fp32 log-sum-exp per query row and head
+    (``out_bytes / head_dim`` of fp32 output)."""
+    import numpy as np
+
+    act = np.array(graph.act_bytes, dtype=np.float64)
+    hit = [v for v in range(graph.num_nodes) if graph.op_types[v].split(".")[-1].startswith("scaled_dot_product")]
+    if not hit:
+        return graph
+    dst = graph.edges[:, 1] if graph.num_edges else np.zeros(0, dtype=np.int64)
+    for v in hit:
+        inputs = float(np.asarray(graph.edge_bytes)[dst == v].sum())
+        act[v] = inputs + float(graph.out_bytes[v]) * (1.0 + 1.0 / max(head_dim, 1.0))
+    return graph.replace(act_bytes=act)
+
+
 def build(*, config: str | None = None, model_type: str | None = None, task: str = "auto",
           overrides: Mapping[str, Any] | None = None, batch_size: int = 8, seq_len: int = 512,
-          seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...], dict[str, Any]]:
+          seed: int = 0, attention: str = "eager") -> tuple[nn.Module, tuple[torch.Tensor, ...], dict[str, Any]]:
     """``(module, example inputs, description)``: the model on the meta device wrapped as a loss step, and what
     was built (model type, task, class, parameter count, config fields that size it)."""
     if task not in TASKS:
         raise GraphError(f"graph.task={task}: choose one of {', '.join(TASKS)}")
+    if attention not in ATTENTION:
+        raise GraphError(f"graph.attention={attention}: choose one of {', '.join(ATTENTION)}")
     for key, val in (("batch_size", batch_size), ("seq_len", seq_len)):
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
             raise GraphError(f"graph.{key}={val!r} must be an integer >= 1")
@@ -152,7 +178,7 @@ def build(*, config: str | None = None, model_type: str | None = None, task: str
     auto = getattr(tf, _AUTO_CLASS[task])
     try:
         with torch.device("meta"):
-            model = auto.from_config(cfg, attn_implementation="eager")
+            model = auto.from_config(cfg, attn_implementation=attention)
     except ValueError as exc:
         raise GraphError(f"graph.task={task}: a '{cfg.model_type}' config has no {_AUTO_CLASS[task]} model "
                          f"({str(exc).splitlines()[0][:120]}); set graph.task") from None
@@ -180,9 +206,13 @@ def build(*, config: str | None = None, model_type: str | None = None, task: str
         labels = inputs.clone()
     inputs, labels = inputs.to("meta"), labels.to("meta")  # beside the meta weights (capture runs on meta tensors)
     params = sum(p.numel() for p in model.parameters())
-    sizing = {k: getattr(cfg, k) for k in ("num_hidden_layers", "hidden_size", "intermediate_size",
-                                            "num_attention_heads", "num_key_value_heads", "vocab_size",
-                                            "num_local_experts", "num_experts") if isinstance(getattr(cfg, k, None), int)}
+    keys = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+            "vocab_size", "num_local_experts", "num_experts")
+    sizing = {k: getattr(cfg, k) for k in keys if isinstance(getattr(cfg, k, None), int)}
+    heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", None) or 0
+    hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", None) or 0
+    head_dim = getattr(cfg, "head_dim", None) or (hidden / heads if heads else 64.0)
     desc = {"model_type": cfg.model_type, "task": task, "class": type(model).__name__, "params": int(params),
-            "batch_size": batch_size, "seq_len": seq_len, "config": sizing}
+            "batch_size": batch_size, "seq_len": seq_len, "attention": attention, "head_dim": float(head_dim),
+            "config": sizing}
     return LossStep(model, task), (inputs, labels), desc
