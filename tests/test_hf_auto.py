@@ -71,17 +71,21 @@ def test_architectures_capture_and_place(kind, task, extra):
 
 
 def test_a_large_config_captures_without_its_weights(tmp_path: Path):
-    """A 0.5B-parameter config.json (as save_pretrained writes it) with 4 of its 24 layers: built on the meta
-    device, its FLOPs are the dense-transformer count (2 x params x tokens, within the attention's share)."""
+    """A 0.5B-parameter config.json (as save_pretrained writes it, bfloat16 as on the hub) with 4 of its 24
+    layers: built on the meta device in fp32, its FLOPs are the dense-transformer count (2 x params x tokens,
+    within the attention's share)."""
     from transformers import Qwen2Config
 
     Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
                 architectures=["Qwen2ForCausalLM"]).save_pretrained(tmp_path / "qwen")
+    path = tmp_path / "qwen" / "config.json"  # as on the hub: the weights' dtype is bfloat16
+    path.write_text(json.dumps({**json.loads(path.read_text()), "dtype": "bfloat16", "torch_dtype": "bfloat16"}))
     g = graph_from_spec({"source": "hf", "config": str(tmp_path / "qwen"), "overrides": {"num_hidden_layers": 4},
                          "batch_size": 1, "seq_len": 512})
     desc = g.meta["hf"]
     assert desc["task"] == "causal_lm" and desc["config"]["num_hidden_layers"] == 4
+    assert g.param_bytes.sum() == 4 * desc["params"]  # captured in fp32 whatever the config's dtype
     layer = 4 * (896 * 896 * 2 + 896 * 128 * 2 + 3 * 896 * 4864)  # q, o, k, v (2 KV heads of 64) and the MLP
     dense = 2 * 512 * (layer + 896 * 151936)  # + the tied LM head
     assert 1.0 < g.fwd_flops.sum() / dense < 1.15  # attention scores and values add a few percent at 512 tokens

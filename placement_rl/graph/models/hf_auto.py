@@ -15,6 +15,9 @@ activations are set to what a fused kernel such as FlashAttention keeps for the 
 key, value, and the mask where the model passes one), output and one log-sum-exp per row
 (``fused_attention_memory``), not the seq x seq matrix the CPU math kernel saves under capture; the fused kernel's time is priced as one GEMM-like op of its FLOPs, not measured).
 
+The graph is captured in fp32, whatever dtype the config names (hub configs say ``bfloat16``): the project's
+graphs count fp32 bytes and the topology's ``dtype`` (``+topology.dtype=bf16``) prices a bf16 run.
+
 Tasks and the training step captured (the forward returns the loss):
 
 * ``causal_lm``: ``input_ids`` [batch, seq_len], ``labels`` = the same ids (shifted inside the model);
@@ -173,12 +176,15 @@ def build(*, config: str | None = None, model_type: str | None = None, task: str
         raise GraphError(f"graph.seq_len={seq_len} is longer than the config's {limit} positions "
                          "(max_position_embeddings): lower it or raise that field in graph.overrides")
     cfg.use_cache = False
+    for key in ("torch_dtype", "dtype"):  # hub configs say bfloat16: graphs are fp32 (the topology sets the dtype)
+        if getattr(cfg, key, None) is not None:
+            setattr(cfg, key, torch.float32)
     if task == "seq2seq_lm" and getattr(cfg, "decoder_start_token_id", None) is None:
         cfg.decoder_start_token_id = getattr(cfg, "pad_token_id", None) or 0  # T5's default config leaves it out
     auto = getattr(tf, _AUTO_CLASS[task])
     try:
         with torch.device("meta"):
-            model = auto.from_config(cfg, attn_implementation=attention)
+            model = auto.from_config(cfg, attn_implementation=attention, dtype=torch.float32)
     except ValueError as exc:
         raise GraphError(f"graph.task={task}: a '{cfg.model_type}' config has no {_AUTO_CLASS[task]} model "
                          f"({str(exc).splitlines()[0][:120]}); set graph.task") from None
