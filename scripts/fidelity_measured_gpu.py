@@ -7,7 +7,9 @@ Reads ``placement_rl/data/measured/<gpu>/`` (written by ``scripts/measure_gpu.py
 single-kernel tables per op class, whole-model forward / forward + backward times of the NeuSight workloads, an
 AdamW step per model and the executor's CPU + GPU fidelity run. Prices the same kernels and workloads on the
 GPU's datasheet with the roofline, the two-GPU fit (v1), the shipped fit and any ``--fit`` given, and writes a
-Markdown report. The whole-model part needs NeuSight's label files (``neusight/labels/``, for the workloads'
+Markdown report; tables measured with ``--dtype tf32|bf16`` (``kernels_<dtype>/``) get a section each, priced at
+the preset's datasheet tensor-core peak (``--preset``). The whole-model part needs NeuSight's label files
+(``neusight/labels/``, for the workloads'
 graphs: ``--data`` or ``$PLACEMENT_RL_GPU_DATA``); without them only the kernel part is written. Seconds.
 """
 
@@ -28,6 +30,31 @@ from placement_rl.profiling.measured_gpu import (MEASURED_DIR, check_kernels, gp
                                                  predict_whole, read_whole_runs, whole_mape)
 
 ROOT = Path(__file__).resolve().parent.parent
+PRESETS = {"nvidia_h100": "1x_h100_sxm", "nvidia_h200": "1x_h200"}  # datasheet tensor-core peaks of each folder
+
+
+def tensor_sections(folder: Path, gpu_dir: str, preset: str | None, fit: GpuFit) -> list[str]:
+    """Kernel tables measured with ``scripts/measure_gpu.py --dtype tf32|bf16`` (``kernels_<dtype>/``) against
+    the model at that dtype: GEMM classes at the preset's datasheet tensor-core peak, bf16 moving half the bytes."""
+    from placement_rl.topology import load_topology
+
+    out = []
+    for dtype in ("tf32", "bf16"):
+        if not (folder / f"kernels_{dtype}").is_dir():
+            continue
+        name = preset or PRESETS.get(gpu_dir)
+        peak = getattr(load_topology(name).devices[0], f"peak_flops_{dtype}", 0.0) if name else 0.0
+        out += ["", f"## Single kernels, {dtype} (tensor cores; rows of at least 50 us)", ""]
+        if not peak:
+            out.append(f"(not priced: no {dtype} datasheet peak; pass --preset <topology with peak_flops_{dtype}>)")
+            continue
+        checks = check_kernels(folder, {"roofline": None, "calibrated": fit}, dtype=dtype, tensor_peak=peak)
+        out += [f"GEMM classes at the datasheet's dense {dtype} peak ({peak / 1e12:.0f} TFLOP/s, preset `{name}`); "
+                "the fit was made on fp32 tables only (its tile and operand-traffic terms are fp32 SIMT's).", ""]
+        out += kernel_lines(checks, ["roofline", "calibrated"])
+        for c in checks:
+            print(f"kernel {dtype} {c.op:8s} rows {c.rows:6d} " + "  ".join(f"{m} {c.mape[m]:5.1f}%" for m in c.mape))
+    return out
 V1_FIT = ROOT / "placement_rl" / "data" / "gpu_fit_two_gpu_v1.json"
 
 
@@ -186,6 +213,8 @@ def main() -> int:
     ap.add_argument("--data", default=None, help="the public gpu-measurements folder (for the workloads' graphs)")
     ap.add_argument("--fit", nargs="*", default=[], help="more fit files to compare (label = file stem)")
     ap.add_argument("--out", default=None, help="default docs/fidelity_<gpu without 'nvidia_'>.md")
+    ap.add_argument("--preset", default=None, help="topology preset with the GPU's tensor-core peaks, for the "
+                    "tf32 / bf16 kernel tables (default: known for nvidia_h100 / nvidia_h200)")
     args = ap.parse_args()
     folder = MEASURED_DIR / args.gpu
     if args.out is None:
@@ -251,6 +280,11 @@ def main() -> int:
         lines += whole_lines(runs, [*fits, "calibrated, launch 0"])
     else:
         lines += ["", "(Whole-model part skipped: NeuSight's label files were not found; pass --data.)"]
+    try:
+        lines += tensor_sections(folder, args.gpu, args.preset, fit)
+    except PlacementRLError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     lines += [""] + findings(checks, runs, folder, env, fit)
     opt = optimizer_lines(folder, env)
     if opt:

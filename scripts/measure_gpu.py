@@ -18,6 +18,12 @@ Writes under ``--out``:
 
 Timing: CUDA events, after warm-up; TF32 off for matrix products and cuDNN (fp32 as NeuSight measured);
 ``cudnn.benchmark`` on. Progress lines go to stdout.
+
+``--dtype tf32`` (TF32 on for matrix products and cuDNN) or ``--dtype bf16`` (kernels on bf16 tensors, models
+under ``torch.autocast(bfloat16)``) measures the tensor-core paths the cost model prices from datasheet peaks
+alone (no public table has them): the kernels go to ``kernels_<dtype>/``, the models to ``labels_<dtype>/``, and
+``env.json`` gains ``<dtype>_matmul_flops``; ``scripts/fidelity_measured_gpu.py`` checks them against the model
+with ``dtype=<dtype>`` when the folder has them.
 """
 
 from __future__ import annotations
@@ -52,6 +58,12 @@ WORKLOADS = [
     "gpt3_xl-inf-2048-2", "gpt3_27-inf-2048-2", "opt_13-inf-2048-2", "opt_13-inf-2048-8",
 ]
 OPS = ("linear", "bmm", "conv", "ln", "softmax", "gelu", "add")
+DTYPES = ("fp32", "tf32", "bf16")
+
+
+def suffix(dtype: str) -> str:
+    """Folder suffix of a dtype's files: fp32 keeps NeuSight's names (``kernels``, ``labels``)."""
+    return "" if dtype == "fp32" else f"_{dtype}"
 
 
 def log(msg: str) -> None:
@@ -82,7 +94,7 @@ def timed(fn, dev: torch.device, *, warmup: int, repeats: int) -> list[float]:
 # ---------------------------------------------------------------------------------------------------- env
 
 
-def part_env(out: Path, dev: torch.device) -> None:
+def part_env(out: Path, dev: torch.device, dtype: str = "fp32") -> None:
     env: dict = {"torch": torch.__version__, "python": sys.version.split()[0], "device": str(dev)}
     if dev.type == "cuda":
         p = torch.cuda.get_device_properties(dev)
@@ -111,7 +123,17 @@ def part_env(out: Path, dev: torch.device) -> None:
     x, y = torch.randn(m, m, device=dev), torch.randn(m, m, device=dev)
     t = median(timed(lambda: x @ y, dev, warmup=3, repeats=10))
     env["fp32_matmul_flops"] = 2 * m ** 3 / t
-    (out / "env.json").write_text(json.dumps(env, indent=1))
+    if dtype != "fp32":  # the same product on the tensor-core path measured
+        torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+        xd, yd = (x, y) if dtype == "tf32" else (x.bfloat16(), y.bfloat16())
+        t = median(timed(lambda: xd @ yd, dev, warmup=3, repeats=10))
+        env[f"{dtype}_matmul_flops"] = 2 * m ** 3 / t
+        torch.backends.cuda.matmul.allow_tf32 = False
+        xd = yd = None
+    prev = out / "env.json"
+    if prev.is_file():  # a later call for another dtype keeps what an earlier call measured
+        env = {**json.loads(prev.read_text()), **env}
+    prev.write_text(json.dumps(env, indent=1))
     log(f"env: copy {env['copy_bytes_per_s'] / 1e9:.0f} GB/s, fp32 matmul {env['fp32_matmul_flops'] / 1e12:.1f} "
         f"TFLOP/s")
 
@@ -147,9 +169,13 @@ def build_model(name: str, dev: torch.device, scale: float = 1.0):
     return model.float(), c["layers"], c["vocab"], getattr(cfg, "_attn_implementation", "?")
 
 
-def part_models(out: Path, dev: torch.device, names: list[str], *, steps: int, warmup: int, scale: float) -> None:
-    lab = out / "labels"
+def part_models(out: Path, dev: torch.device, names: list[str], *, steps: int, warmup: int, scale: float,
+                dtype: str = "fp32") -> None:
+    import contextlib
+
+    lab = out / f"labels{suffix(dtype)}"
     lab.mkdir(exist_ok=True)
+    cast = (lambda: torch.autocast(dev.type, dtype=torch.bfloat16)) if dtype == "bf16" else contextlib.nullcontext
     opt_rows = {}
     for w in WORKLOADS:
         model_name, mode, seq, batch = w.split("-")
@@ -166,7 +192,8 @@ def part_models(out: Path, dev: torch.device, names: list[str], *, steps: int, w
             model.train(train)
 
             def fwd():
-                o = model(input_ids=ids)
+                with cast():
+                    o = model(input_ids=ids)
                 return o.logits
 
             if train:
@@ -208,7 +235,7 @@ def part_models(out: Path, dev: torch.device, names: list[str], *, steps: int, w
                     fw = timed(fwd, dev, warmup=warmup, repeats=steps)
                 rec = {"num_layer": layers, "fw_latency": 1e3 * median(fw), "bwall_latency": 0.0}
                 rec["e2e_latency"] = rec["fw_latency"]
-            rec.update(steps=steps, samples_ms=[1e3 * x for x in fw], attn=attn,
+            rec.update(steps=steps, samples_ms=[1e3 * x for x in fw], attn=attn, dtype=dtype,
                        peak_mem_gb=(torch.cuda.max_memory_allocated(dev) / 1e9 if dev.type == "cuda" else None))
             (lab / f"{w}.json").write_text(json.dumps(rec, indent=1))
             log(f"{w}: e2e {rec['e2e_latency']:.1f} ms (fw {rec['fw_latency']:.1f}, bw {rec['bwall_latency']:.1f}; "
@@ -220,16 +247,17 @@ def part_models(out: Path, dev: torch.device, names: list[str], *, steps: int, w
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(dev)
-        (out / "optimizer.json").write_text(json.dumps(opt_rows, indent=1))
+        (out / f"optimizer{suffix(dtype)}.json").write_text(json.dumps(opt_rows, indent=1))
 
 
 # ---------------------------------------------------------------------------------------------------- kernels
 
 
-def kernel_fn(op: str, r: dict[str, int], dev: torch.device):
+def kernel_fn(op: str, r: dict[str, int], dev: torch.device, dtype: str = "fp32"):
     """A closure running one forward kernel of ``op`` at row ``r``'s shape (NeuSight's naming: a linear or bmm
-    row is ``(B, M, N) @ (N, K) -> (B, M, K)``)."""
-    g = lambda *s: torch.randn(*s, device=dev)  # noqa: E731
+    row is ``(B, M, N) @ (N, K) -> (B, M, K)``), on bf16 tensors for ``dtype="bf16"``."""
+    kind = torch.bfloat16 if dtype == "bf16" else torch.float32
+    g = lambda *s: torch.randn(*s, device=dev, dtype=kind)  # noqa: E731
     if op in ("linear", "bmm"):
         b, m, n, k = r["B"], r["M"], r["N"], r["K"]
         if op == "linear":
@@ -256,8 +284,8 @@ def kernel_fn(op: str, r: dict[str, int], dev: torch.device):
 
 
 def part_kernels(out: Path, dev: torch.device, shapes: Path, ops: list[str], *, seconds: float,
-                 max_rows: int) -> None:
-    kd = out / "kernels"
+                 max_rows: int, dtype: str = "fp32") -> None:
+    kd = out / f"kernels{suffix(dtype)}"
     kd.mkdir(exist_ok=True)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     for op in ops:
@@ -275,7 +303,7 @@ def part_kernels(out: Path, dev: torch.device, shapes: Path, ops: list[str], *, 
             if time.perf_counter() > t_end:
                 break
             try:
-                fn = kernel_fn(op, r, dev)
+                fn = kernel_fn(op, r, dev, dtype)
                 t = median(timed(fn, dev, warmup=3, repeats=7))
                 done.append([op, 1e3 * t, name] + [r[c] for c in cols])
             except Exception:  # noqa: BLE001 - a shape that does not fit (memory) is skipped and counted
@@ -304,6 +332,8 @@ def main() -> int:
     ap.add_argument("--max-rows", type=int, default=100000)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="small stand-in models (a CPU smoke test of this script)")
+    ap.add_argument("--dtype", default="fp32", choices=DTYPES,
+                    help="fp32 (TF32 off, as NeuSight), tf32 (TF32 on) or bf16 (bf16 kernels, autocast models)")
     args = ap.parse_args()
     dev = torch.device(args.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -318,11 +348,15 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if "env" in args.parts:
-        part_env(out, dev)
+        part_env(out, dev, args.dtype)
+    tf32 = args.dtype == "tf32"  # TF32 for the models' and kernels' matrix products and convolutions
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
     if "models" in args.parts:
-        part_models(out, dev, args.models, steps=args.steps, warmup=args.warmup, scale=0.01 if args.tiny else 1.0)
+        part_models(out, dev, args.models, steps=args.steps, warmup=args.warmup, scale=0.01 if args.tiny else 1.0,
+                    dtype=args.dtype)
     if "kernels" in args.parts:
-        part_kernels(out, dev, Path(args.shapes), args.ops, seconds=args.kernel_seconds, max_rows=args.max_rows)
+        part_kernels(out, dev, Path(args.shapes), args.ops, seconds=args.kernel_seconds, max_rows=args.max_rows,
+                     dtype=args.dtype)
     return 0
 
 

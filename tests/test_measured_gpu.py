@@ -119,3 +119,44 @@ def test_harness_floor_and_duration_bins_of_the_h200():
     bins = kernel_bins(H200, fit, "linear")
     assert sum(b[2] for b in bins) == next(k.rows for k in check_kernels(H200, {"c": fit}, ops=("linear",)))
     assert all(lo < hi for lo, hi, *_ in bins)
+
+
+def test_tensor_core_tables_round_trip_and_are_priced_at_their_dtype(tmp_path):
+    """measure_gpu.py --dtype bf16 (on the CPU: the format) writes kernels_bf16/ and the bf16 matmul rate; a
+    measured folder holding such a table is checked at that dtype: the GEMM rows at the tensor-core peak and half
+    the bytes (the same rows priced as fp32 are slower), the rest at half the bytes."""
+    import shutil
+
+    from placement_rl.profiling.gpu_fidelity import kernel_times
+    from placement_rl.profiling.measured_gpu import load_table
+    from placement_rl.topology import load_topology
+
+    shapes = tmp_path / "shapes"
+    shapes.mkdir()
+    with open(shapes / "shapes_linear.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows([["B", "M", "N", "K"], [1, 512, 512, 512], [2, 256, 128, 256]])
+    with open(shapes / "shapes_gelu.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows([["B", "H"], [64, 4096], [8, 1024]])
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "measure_gpu.py"), "--out", str(out), "--device",
+                        "cpu", "--shapes", str(shapes), "--ops", "linear", "gelu", "--parts", "env", "kernels",
+                        "--dtype", "bf16"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    env = json.loads((out / "env.json").read_text())
+    assert env["bf16_matmul_flops"] > 0 and env["fp32_matmul_flops"] > 0
+    folder = tmp_path / "gpu"  # the shipped layout: device_configs/<GPU>.json, kernels_<dtype>/<op>/<GPU>.csv
+    shutil.copytree(H200 / "device_configs", folder / "device_configs")
+    for op in ("linear", "gelu"):
+        (folder / "kernels_bf16" / op).mkdir(parents=True)
+        shutil.copy(out / "kernels_bf16" / f"{op}.csv", folder / "kernels_bf16" / op / "NVIDIA_H200.csv")
+    peak = load_topology("1x_h200").devices[0].peak_flops_bf16
+    fit = shipped_fit()
+    checks = check_kernels(folder, {"roofline": None, "calibrated": fit}, min_latency=0.0, dtype="bf16",
+                           tensor_peak=peak)
+    assert [c.op for c in checks] == ["linear", "gelu"] and all(c.rows == 2 for c in checks)
+    assert all(np.isfinite(v) for c in checks for v in c.mape.values())
+    lin = load_table(folder, "linear", 0.0, "bf16")
+    bf16 = kernel_times(lin, fit, dtype="bf16", tensor_peak=peak)
+    fp32 = kernel_times(lin, fit)
+    assert np.all(bf16 < fp32) and bf16[0] < 0.9 * fp32[0]
+    assert load_table(folder, "linear", 0.0) is None  # the fp32 tables are another folder

@@ -65,10 +65,12 @@ def harness_offset(cls: np.ndarray, fit: "GpuFit") -> np.ndarray:
     return off
 
 
-def table_times(feat: "NodeFeatures", spec: GpuSpec, fit: "GpuFit") -> np.ndarray:
+def table_times(feat: "NodeFeatures", spec: GpuSpec, fit: "GpuFit", *, dtype: str = "fp32",
+                tensor_peak: float | None = None) -> np.ndarray:
     """[rows] a single-kernel table's times as its harness reads them: the isolated forward time with the kernel
-    tables' harness floor (``harness_offset``) in place of the per-op profiles' (``node_offset``)."""
-    t, _, _ = node_times(feat, spec, fit, isolated=True)
+    tables' harness floor (``harness_offset``) in place of the per-op profiles' (``node_offset``); ``dtype`` /
+    ``tensor_peak`` as in ``node_times`` (a table measured on tf32 / bf16 kernels)."""
+    t, _, _ = node_times(feat, spec, fit, isolated=True, dtype=dtype, tensor_peak=tensor_peak)
     return t - fit.p("node_offset") + harness_offset(feat.cls, fit)
 
 

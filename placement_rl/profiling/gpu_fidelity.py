@@ -12,7 +12,7 @@ from typing import Mapping
 
 import numpy as np
 
-from placement_rl.cost.calibrated import CLASSES, GpuFit, GpuSpec, node_times, table_times
+from placement_rl.cost.calibrated import CLASSES, GEMM_CLASSES, GpuFit, GpuSpec, node_times, table_times
 from placement_rl.profiling.calibrate import FitData, GraphSample
 
 # NeuSight's published end-to-end training-latency errors on the workloads in shared/ (README of the data)
@@ -173,14 +173,18 @@ class KernelRow:
     mape: dict[str, float] = field(default_factory=dict)
 
 
-def kernel_times(k, fit: GpuFit | None) -> np.ndarray:
+def kernel_times(k, fit: GpuFit | None, *, dtype: str = "fp32", tensor_peak: float | None = None) -> np.ndarray:
     """Predicted times of a kernel table's rows: the roofline (``fit`` None, ``+ 8 us``) or a fit's isolated
-    time with the kernel files' harness floor (``harness_offset``, per class) instead of the label files'."""
+    time with the kernel files' harness floor (``harness_offset``, per class) instead of the label files'.
+    ``dtype`` tf32 / bf16 with ``tensor_peak``: GEMM classes at that peak, bf16 moving half the bytes."""
     f = k.feat
     if fit is None:
-        moved = f.in_bytes + f.out_bytes + f.param_bytes
-        return np.maximum(f.flops / k.spec.peak_flops, moved / k.spec.mem_bandwidth) + 8e-6
-    return table_times(f, k.spec, fit)
+        scale = 0.5 if dtype == "bf16" else 1.0
+        peak = np.where(np.isin(f.cls, [CLASSES.index(c) for c in GEMM_CLASSES]) & (dtype != "fp32")
+                        & bool(tensor_peak), tensor_peak or k.spec.peak_flops, k.spec.peak_flops)
+        moved = (f.in_bytes + f.out_bytes + f.param_bytes) * scale
+        return np.maximum(f.flops / peak, moved / k.spec.mem_bandwidth) + 8e-6
+    return table_times(f, k.spec, fit, dtype=dtype, tensor_peak=tensor_peak)
 
 
 def kernel_errors(kernels, fits: Mapping[str, GpuFit | None | Mapping[str, GpuFit]]) -> list[KernelRow]:

@@ -102,10 +102,16 @@ class KernelCheck:
     ratio: dict[str, float]   # geometric mean of predicted / measured
 
 
-def load_table(folder: str | Path, op: str, min_latency: float = 5e-5) -> calibrate.KernelSample | None:
+def kernel_dir(dtype: str = "fp32") -> str:
+    """The folder of a dtype's kernel tables (``scripts/measure_gpu.py --dtype``): fp32 in ``kernels``."""
+    return "kernels" if dtype == "fp32" else f"kernels_{dtype}"
+
+
+def load_table(folder: str | Path, op: str, min_latency: float = 5e-5,
+               dtype: str = "fp32") -> calibrate.KernelSample | None:
     """Every row of at least ``min_latency`` seconds of the folder's ``op`` kernel table (None: no table)."""
     gpu, spec = gpu_of(folder)
-    p = Path(folder) / "kernels" / op / f"{gpu}.csv"
+    p = Path(folder) / kernel_dir(dtype) / op / f"{gpu}.csv"
     if not p.is_file():
         return None
     return calibrate.load_kernels(p, op, gpu, spec, max_rows=10**7, min_latency=min_latency)
@@ -130,23 +136,26 @@ def harness_floor(folder: str | Path, max_elements: int = 100_000) -> float:
 
 def check_kernels(folder: str | Path, fits: Mapping[str, GpuFit | None], *, min_latency: float = 5e-5,
                   ops: Sequence[str] = calibrate.KERNEL_OPS,
-                  floor_fits: Mapping[str, GpuFit] | None = None, floor: float | None = None) -> list[KernelCheck]:
+                  floor_fits: Mapping[str, GpuFit] | None = None, floor: float | None = None,
+                  dtype: str = "fp32", tensor_peak: float | None = None) -> list[KernelCheck]:
     """Per op class: MAPE and geometric-mean ratio of each model (``None``: the roofline) over the measured
     kernel rows of at least ``min_latency`` seconds (below it the timing harness's floor dominates).
     ``floor_fits``: models priced with this folder's own harness floor (``harness_floor``) as each kernel's fixed
     cost, in place of the fit's launch cost and kernel-harness offset (both fitted on NeuSight's harness);
-    ``floor``: that floor if already read."""
+    ``floor``: that floor if already read. ``dtype`` tf32 / bf16: the folder's tables of that dtype
+    (``kernels_<dtype>/``), priced at ``tensor_peak`` for the GEMM classes (bf16 moving half the bytes)."""
     if floor_fits and floor is None:
         floor = harness_floor(folder)
     out = []
     for op in ops:
-        k = load_table(folder, op, min_latency)
+        k = load_table(folder, op, min_latency, dtype)
         if k is None:
             continue
         mape, ratio = {}, {}
-        preds = {label: kernel_times(k, fit) for label, fit in fits.items()}
+        kw = dict(dtype=dtype, tensor_peak=tensor_peak)
+        preds = {label: kernel_times(k, fit, **kw) for label, fit in fits.items()}
         for label, fit in (floor_fits or {}).items():
-            preds[label] = kernel_times(k, fit) - fit.p("launch") - harness_offset(k.feat.cls, fit) + floor
+            preds[label] = kernel_times(k, fit, **kw) - fit.p("launch") - harness_offset(k.feat.cls, fit) + floor
         for label, pred in preds.items():
             r = pred / k.fwd
             mape[label] = float(100 * np.mean(np.abs(r - 1)))
