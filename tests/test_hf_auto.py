@@ -97,6 +97,8 @@ def test_a_large_config_captures_without_its_weights(tmp_path: Path):
     ({"config": "missing.json"}, "no such config.json"),
     ({"model_type": "llama", "overrides": {"nosuch": 1}}, "has no field 'nosuch'"),
     ({"model_type": "vit", "task": "causal_lm"}, "no AutoModelForCausalLM"),
+    ({"model_type": "llama", "overrides": {"num_hidden_layers": 0}}, "must be >= 1"),
+    ({"model_type": "llama", "overrides": {"hidden_size": 100, "num_attention_heads": 3}}, "refuses these fields"),
     ({"model_type": "gpt2", "seq_len": 5000}, "longer than the config's 1024 positions"),
     ({"model_type": "llama", "task": "regression"}, "choose one of"),
 ])

@@ -100,9 +100,13 @@ def load_config(config: str | None, model_type: str | None, overrides: Mapping[s
         raise GraphError("graph.source=hf needs graph.config=<config.json> or graph.model_type=<type> (e.g. llama)")
     base = _for_model(tf, kind, data)
     overrides = dict(overrides or {})
-    for key in overrides:
+    for key, value in overrides.items():
         if not hasattr(base, key):
             raise GraphError(f"graph.overrides.{key}: the '{kind}' config has no field '{key}'")
+        was = getattr(base, key)
+        if (isinstance(was, int) and not isinstance(was, bool) and was > 0 and isinstance(value, int)
+                and not isinstance(value, bool) and value < 1):  # a count (layers, heads, width ...)
+            raise GraphError(f"graph.overrides.{key}={value}: must be >= 1 (the '{kind}' default is {was})")
     if not overrides:
         return base
     fields = {**data, **overrides}
@@ -114,12 +118,20 @@ def load_config(config: str | None, model_type: str | None, overrides: Mapping[s
     return _for_model(tf, kind, fields)
 
 
+def _reason(exc: BaseException, limit: int = 200) -> str:
+    """One line of an exception: its last non-empty line (validation errors put the cause last)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return (lines[-1] if lines else type(exc).__name__)[:limit]
+
+
 def _for_model(tf, kind: str, kwargs: dict):
+    if kind not in tf.models.auto.configuration_auto.CONFIG_MAPPING:
+        raise GraphError(f"graph.model_type={kind}: transformers {tf.__version__} knows no such model type "
+                         "(e.g. llama, qwen2, mistral, gpt2, bert, t5, vit)")
     try:
         return tf.AutoConfig.for_model(kind, **kwargs)
-    except (ValueError, KeyError):
-        raise GraphError(f"graph.model_type={kind}: transformers {tf.__version__} knows no such model type "
-                         "(e.g. llama, qwen2, mistral, gpt2, bert, t5, vit)") from None
+    except Exception as exc:  # noqa: BLE001 -- the config's own checks (e.g. heads dividing the width)
+        raise GraphError(f"the '{kind}' config refuses these fields: {_reason(exc)}") from None
 
 
 def infer_task(cfg) -> str:
@@ -185,12 +197,12 @@ def build(*, config: str | None = None, model_type: str | None = None, task: str
     try:
         with torch.device("meta"):
             model = auto.from_config(cfg, attn_implementation=attention, dtype=torch.float32)
-    except ValueError as exc:
-        raise GraphError(f"graph.task={task}: a '{cfg.model_type}' config has no {_AUTO_CLASS[task]} model "
-                         f"({str(exc).splitlines()[0][:120]}); set graph.task") from None
-    except (TypeError, AttributeError, RuntimeError) as exc:
+    except Exception as exc:  # noqa: BLE001 -- no head for the task, or a field the model's code refuses
+        if isinstance(exc, ValueError) and "Unrecognized configuration class" in str(exc):
+            raise GraphError(f"graph.task={task}: a '{cfg.model_type}' config has no {_AUTO_CLASS[task]} model; "
+                             "set graph.task") from None
         raise GraphError(f"the '{cfg.model_type}' model cannot be built from this config: "
-                         f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}") from None
+                         f"{type(exc).__name__}: {_reason(exc, 160)}") from None
     model.train()
     from placement_rl.graph.models.hf_decoders import register_moe_flops
 
