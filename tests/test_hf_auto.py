@@ -45,6 +45,9 @@ def test_same_graph_as_the_zoo_builder_with_the_same_config():
             assert getattr(h, key).sum() == pytest.approx(getattr(z, key).sum(), rel=1e-9), (kind, key)
         assert h.meta["hf"]["task"] == "causal_lm" and h.meta["hf"]["params"] * 4 == pytest.approx(
             z.param_bytes.sum(), rel=1e-9)
+    from placement_rl.cli.inspect import summarize
+
+    assert "transformers MixtralForCausalLM (causal_lm): " in summarize(h)  # what inspect says was built
 
 
 @pytest.mark.parametrize("kind,task,extra", [

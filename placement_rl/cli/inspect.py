@@ -28,8 +28,13 @@ def summarize(graph: CompGraph, *, top: int = 8) -> str:
         f"  forward {_fmt(t['fwd_flops'], 'FLOP')}   backward {_fmt(t['bwd_flops'], 'FLOP')}",
         f"  parameters {_fmt(t['param_bytes'], 'B')}   activations kept for backward {_fmt(t['act_bytes'], 'B')}",
         f"  edge traffic {_fmt(t['edge_bytes'], 'B')}",
-        "  top op types (by forward FLOPs):",
     ]
+    hf = graph.meta.get("hf")
+    if isinstance(hf, dict) and hf.get("model_type"):  # graph=hf: what was built from the config
+        lines.append(f"  transformers {hf.get('class', hf['model_type'])} ({hf.get('task', '?')}): "
+                     f"{_fmt(float(hf.get('params', 0)))} parameters, {hf.get('batch_size', '?')} x "
+                     f"{hf.get('seq_len', '?')} tokens, {hf.get('attention', 'eager')} attention")
+    lines.append("  top op types (by forward FLOPs):")
     flops: Counter[str] = Counter()
     count: Counter[str] = Counter()
     for op, f in zip(graph.op_types, graph.fwd_flops.tolist()):
