@@ -196,7 +196,10 @@ def build(*, config: str | None = None, model_type: str | None = None, task: str
     auto = getattr(tf, _AUTO_CLASS[task])
     try:
         with torch.device("meta"):
-            model = auto.from_config(cfg, attn_implementation=attention, dtype=torch.float32)
+            try:
+                model = auto.from_config(cfg, attn_implementation=attention, dtype=torch.float32)
+            except TypeError:  # transformers < 4.56 names it torch_dtype
+                model = auto.from_config(cfg, attn_implementation=attention, torch_dtype=torch.float32)
     except Exception as exc:  # noqa: BLE001 -- no head for the task, or a field the model's code refuses
         if isinstance(exc, ValueError) and "Unrecognized configuration class" in str(exc):
             raise GraphError(f"graph.task={task}: a '{cfg.model_type}' config has no {_AUTO_CLASS[task]} model; "
