@@ -30,6 +30,7 @@ import numpy as np
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import ProfileError
 from placement_rl.graph.ir import CompGraph
+from placement_rl.graph.members import member_graph
 from placement_rl.topology import Device, DeviceTopology
 
 
@@ -105,10 +106,8 @@ GPU_MODELS = ("calibrated", "roofline")
 def _estimator(graph: CompGraph, topology: DeviceTopology, gpu_model: str | None):
     """``estimate(device) -> (fwd, bwd, overhead, label)``: the calibrated model for GPUs, else the roofline. A
     coarsened group is priced as the sum of its members on the graph it was made from, where the coarse graph
-    carries it (``coarsen.member_graph``): priced as one op of its dominant member's class with the members'
-    summed FLOPs and bytes, a transformer block's group came out 1.2-1.6x its members' sum on a GPU."""
-    from placement_rl.graph.coarsen import member_graph
-
+    carries it (``placement_rl.graph.members``): priced as one op of its dominant member's class with the
+    members' summed FLOPs and bytes, a transformer block's group came out 1.2-1.6x its members' sum on a GPU."""
     fine = member_graph(graph)
     if fine is not None:
         inner, gof, n = _estimator(fine[0], topology, gpu_model), fine[1], graph.num_nodes

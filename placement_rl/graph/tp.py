@@ -20,6 +20,7 @@ import numpy as np
 
 from placement_rl.errors import PlanError
 from placement_rl.graph.ir import CompGraph
+from placement_rl.graph.members import FINE_KEY, member_graph, member_record
 from placement_rl.graph.tp_detect import (COLUMN, KINDS, REPLICATED, ROW, SCHEMA_VERSION, SHARDED, VOCAB_EMB,
                                           VOCAB_HEAD, VOCAB_LOSS, detect)
 
@@ -120,11 +121,9 @@ def _from_dict(graph: CompGraph, data: Mapping[str, Any]) -> TPAnnotation:
 
 def _member_shares(graph: CompGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """``(frac_flops, frac_params, frac_act)`` of a coarsened graph's groups weighted by their members' sizes, from
-    the graph it was coarsened from where it is kept (``coarsen.member_graph``); None otherwise."""
+    the graph it was coarsened from where it is kept (``placement_rl.graph.members``); None otherwise."""
     if graph.members is None:
         return None
-    from placement_rl.graph.coarsen import member_graph
-
     fine = member_graph(graph)
     if fine is None:
         return None
@@ -172,8 +171,6 @@ def shard_graph(graph: CompGraph, tp: int, ann: TPAnnotation | None = None) -> C
         return arr * (1.0 - frac + frac * k)
 
     meta = dict(graph.meta)
-    from placement_rl.graph.coarsen import FINE_KEY, member_graph, member_record
-
     fine = member_graph(graph)
     if fine is not None:  # a coarsened graph: its members are sharded too, so a group stays priced as their sum
         meta[FINE_KEY] = member_record(shard_graph(fine[0], tp))
