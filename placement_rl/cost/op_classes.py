@@ -35,14 +35,18 @@ _EW_PASS = {"add", "add_", "sub", "rsub", "neg", "iadd", "cat", "concat", "stack
             "clone", "contiguous", "copy", "copy_", "repeat"}
 
 
+def base_name(op_type: str) -> str:
+    """The op's name as the class tables list it: the last dotted part, lower case, without ``_default``
+    (``aten.addmm.default`` -> ``addmm``, ``numpy_T`` -> ``numpy_t``)."""
+    return op_type.rsplit(".", 1)[-1].lower().removesuffix("_default")
+
+
 def op_class(op_type: str, param_bytes: float = 0.0, flops: float = 0.0) -> str:
     """The cost class of an op type (``aten``-style name as captured, e.g. ``addmm``, ``layer_norm``).
 
     An unknown op type (hand-written or synthetic graphs) that carries FLOPs is priced as a GEMM
     (``linear``); without FLOPs it is element-wise."""
-    name = op_type.rsplit(".", 1)[-1].lower()
-    if name.endswith("_default") or name.endswith(".default"):
-        name = name[:-8]
+    name = base_name(op_type)
     if name in _VIEW or name.startswith("_assert"):
         return "view"
     if name in _BMM:

@@ -206,16 +206,14 @@ _WEIGHT_VIEWS = {"t", "numpy_t", "transpose", "permute", "mt", "adjoint", "swapa
 _WEIGHT_USERS = {"matmul", "mm", "bmm", "linear", "addmm", "baddbmm", "einsum"}
 
 
-def _short(op_type: str) -> str:
-    return op_type.rsplit(".", 1)[-1].lower().removesuffix("_default")
-
-
 def _weights_to_their_gemm(records: list[NodeRecord]) -> list[NodeRecord]:
     """``x @ self.weight.T`` (Falcon's linear, hand-written layers): the transpose is the first op to touch the
     weight and so claims its bytes, leaving a parameter-free ``matmul`` (priced as a batched matmul with no
     weight gradient, never split by TP) fed by a weight "activation". A transpose-like view whose only input is
     a parameter (no producer node) and whose one consumer is a matmul is folded into that matmul, as
     ``F.linear`` folds it: the matmul owns the weight, the view node and its edge go."""
+    from placement_rl.cost.op_classes import base_name
+
     users: dict[str, list[NodeRecord]] = {}
     for r in records:
         for src in r.inputs:
@@ -223,8 +221,8 @@ def _weights_to_their_gemm(records: list[NodeRecord]) -> list[NodeRecord]:
     folded = set()
     for r in records:
         got = users.get(r.name, [])
-        if (r.param_bytes > 0 and not r.inputs and r.fwd_flops == 0 and _short(r.op_type) in _WEIGHT_VIEWS
-                and len(got) == 1 and _short(got[0].op_type) in _WEIGHT_USERS):
+        if (r.param_bytes > 0 and not r.inputs and r.fwd_flops == 0 and base_name(r.op_type) in _WEIGHT_VIEWS
+                and len(got) == 1 and base_name(got[0].op_type) in _WEIGHT_USERS):
             got[0].param_bytes += r.param_bytes
             got[0].inputs.pop(r.name)
             folded.add(r.name)

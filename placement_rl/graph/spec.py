@@ -68,7 +68,7 @@ def _hf_graph(spec: Mapping[str, Any]) -> CompGraph:
     opts["overrides"] = dict(opts.get("overrides") or {})
     module, inputs, desc = hf_auto.build(**opts)
     name = f"hf:{desc['model_type']}"
-    graph = capture(module, inputs, name=name, meta={"hf": desc, "hf_spec": {k: v for k, v in opts.items()}})
+    graph = capture(module, inputs, name=name, meta={"hf": desc, "hf_spec": dict(opts)})
     if desc["attention"] == "sdpa":
         graph = hf_auto.fused_attention_memory(graph, desc["head_dim"])
     return graph

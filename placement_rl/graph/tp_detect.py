@@ -55,8 +55,9 @@ _MATMULS = ("linear", "addmm", "mm", "matmul", "conv1d_hf")
 
 def _is_matmul(op_type: str) -> bool:
     """A captured GEMM op (``aten`` linear / addmm / mm / matmul); synthetic op types never split."""
-    name = op_type.rsplit(".", 1)[-1].lower()
-    return name.removesuffix("_default") in _MATMULS
+    from placement_rl.cost.op_classes import base_name
+
+    return base_name(op_type) in _MATMULS
 
 
 def _elem_size(graph: CompGraph) -> float:

@@ -180,8 +180,9 @@ def kernel_times(k, fit: GpuFit | None, *, dtype: str = "fp32", tensor_peak: flo
     f = k.feat
     if fit is None:
         scale = 0.5 if dtype == "bf16" else 1.0
-        peak = np.where(np.isin(f.cls, [CLASSES.index(c) for c in GEMM_CLASSES]) & (dtype != "fp32")
-                        & bool(tensor_peak), tensor_peak or k.spec.peak_flops, k.spec.peak_flops)
+        peak = np.full(f.cls.shape, k.spec.peak_flops)
+        if dtype != "fp32" and tensor_peak:  # GEMM classes on the tensor cores
+            peak[np.isin(f.cls, [CLASSES.index(c) for c in GEMM_CLASSES])] = tensor_peak
         moved = (f.in_bytes + f.out_bytes + f.param_bytes) * scale
         return np.maximum(f.flops / peak, moved / k.spec.mem_bandwidth) + 8e-6
     return table_times(f, k.spec, fit, dtype=dtype, tensor_peak=tensor_peak)

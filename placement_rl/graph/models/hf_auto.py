@@ -36,6 +36,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -155,16 +156,12 @@ def fused_attention_memory(graph, head_dim: float):
     """``graph`` with each ``scaled_dot_product_attention`` node's saved activations set to a fused kernel's:
     its inputs (query, key, value, mask) and output, plus one fp32 log-sum-exp per query row and head
     (``out_bytes / head_dim`` of fp32 output)."""
-    import numpy as np
-
     act = np.array(graph.act_bytes, dtype=np.float64)
     hit = [v for v in range(graph.num_nodes) if graph.op_types[v].split(".")[-1].startswith("scaled_dot_product")]
     if not hit:
         return graph
-    dst = graph.edges[:, 1] if graph.num_edges else np.zeros(0, dtype=np.int64)
-    for v in hit:
-        inputs = float(np.asarray(graph.edge_bytes)[dst == v].sum())
-        act[v] = inputs + float(graph.out_bytes[v]) * (1.0 + 1.0 / max(head_dim, 1.0))
+    inputs = np.bincount(graph.edges[:, 1], weights=graph.edge_bytes, minlength=graph.num_nodes)
+    act[hit] = inputs[hit] + graph.out_bytes[hit] * (1.0 + 1.0 / max(head_dim, 1.0))
     return graph.replace(act_bytes=act)
 
 
