@@ -14,7 +14,7 @@ from typing import Any
 
 from agents.checkpoint import load_checkpoint
 from agents.constructive import FULL_WINDOW
-from agents.device_policy import DevicePolicy, EnsemblePolicy
+from agents.device_policy import DevicePolicy
 from envs.constructive_task import NUM_NODE_FEATURES
 from placement_rl.cost.schedule import DEFAULT_WINDOW, NUM_DEVICE_FEATURES
 from placement_rl.errors import CheckpointError, ConfigError
@@ -57,11 +57,9 @@ class ConstructiveConfig:
     eval_every: int = 20
     eval_samples: int = 16
     seed: int = 0
-    members: int = 1  # > 1: an ensemble of this many pretrained seeds (``agents.ensemble``; set by the checkpoint)
 
     def __post_init__(self) -> None:
-        for key in ("hidden", "layers", "members", "samples", "tasks_per_iter", "ppo_epochs", "eval_every",
-                    "eval_samples"):
+        for key in ("hidden", "layers", "samples", "tasks_per_iter", "ppo_epochs", "eval_every", "eval_samples"):
             if int(getattr(self, key)) < 1:
                 raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)!r}")
         for key in ("bc_epochs", "dagger_rounds", "rl_iters", "window", "full_window", "pi_rounds", "pi_epochs",
@@ -82,14 +80,9 @@ class ConstructiveConfig:
                 raise ConfigError(f"{key} must be > 0, got {getattr(self, key)!r}")
 
 
-def build_policy(cfg: ConstructiveConfig) -> DevicePolicy | EnsemblePolicy:
-    """A fresh policy for ``cfg``: one ``DevicePolicy``, or with ``members`` > 1 an ``EnsemblePolicy`` of that many
-    (a checkpoint of one is loaded into it)."""
-    def one() -> DevicePolicy:
-        return DevicePolicy(node_dim=NUM_NODE_FEATURES, dev_dim=NUM_DEVICE_FEATURES, encoder=cfg.encoder,
-                            hidden=cfg.hidden, layers=cfg.layers)
-
-    policy = one() if int(cfg.members) == 1 else EnsemblePolicy([one() for _ in range(int(cfg.members))])
+def build_policy(cfg: ConstructiveConfig) -> DevicePolicy:
+    policy = DevicePolicy(node_dim=NUM_NODE_FEATURES, dev_dim=NUM_DEVICE_FEATURES, encoder=cfg.encoder,
+                          hidden=cfg.hidden, layers=cfg.layers)
     set_windows(policy, cfg)
     return policy
 

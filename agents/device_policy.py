@@ -45,30 +45,3 @@ class DevicePolicy(nn.Module):
         ctx = (h * m).sum(1) / m.sum(1).clamp(min=1.0)  # [B, H]
         out = self.rho(torch.cat([h, ctx.unsqueeze(1).expand_as(h)], dim=-1)).squeeze(-1)
         return out.masked_fill(~mask, float("-inf"))
-
-
-class EnsemblePolicy(nn.Module):
-    """M ``DevicePolicy`` members of one architecture (independently pretrained seeds) acting as one policy: the
-    node embedding is the members' embeddings side by side [N, M * H], a device's logit the mean of the members'
-    logits. Greedy decodes the argmax of that mean (one decode, one state: the features are computed once, the M
-    small heads scored on them), samples draw from its softmax; fine-tuning trains the members through the mean.
-    Averaging seeds that imitate the same teacher cancels part of each seed's own imitation errors (dev split:
-    ``docs/constructive.md``, 'An ensemble of pretraining seeds')."""
-
-    def __init__(self, members: list[DevicePolicy]) -> None:
-        super().__init__()
-        if not members:
-            raise ValueError("an ensemble needs at least one member")
-        shapes = {(m.node_dim, m.dev_dim, m.hidden) for m in members}
-        if len(shapes) > 1:
-            raise ValueError(f"ensemble members differ in (node_dim, dev_dim, hidden): {sorted(shapes)}")
-        self.members = nn.ModuleList(members)
-        self.node_dim, self.dev_dim, self.hidden = members[0].node_dim, members[0].dev_dim, members[0].hidden
-
-    def embed(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
-        return torch.cat([m.embed(x, edge_index) for m in self.members], dim=-1)
-
-    def logits(self, node_h: torch.Tensor, dev_feats: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        h = self.hidden
-        out = [m.logits(node_h[..., i * h:(i + 1) * h], dev_feats, mask) for i, m in enumerate(self.members)]
-        return torch.stack(out).mean(0)

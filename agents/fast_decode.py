@@ -22,14 +22,18 @@ from placement_rl.cost.split import decode_split, split_threads
 
 
 class Head:
-    """A policy's device head as float64 arrays (``device_scores``' weights, stacked over the members of an
-    ``EnsemblePolicy``; one member for a ``DevicePolicy``) and its node embeddings [N, M * H]."""
+    """A policy's device head as float64 arrays (``device_scores``' weights) and its node embeddings."""
 
     def __init__(self, policy, node_h: np.ndarray) -> None:
+        w = {k: np.ascontiguousarray(v.detach().double().numpy()) for k, v in policy.state_dict().items()
+             if not k.startswith("encoder.")}
+        hdim = w["phi.1.weight"].shape[0]
+        w4 = np.ascontiguousarray(w["rho.0.weight"].T)
         t = np.ascontiguousarray
-        per = [_member_weights(m) for m in getattr(policy, "members", [policy])]
         self.node_h = t(np.asarray(node_h, np.float64))
-        self.weights = tuple(t(np.stack([w[i] for w in per])) for i in range(len(per[0])))
+        self.weights = (t(w["dev_in.0.weight"].T), w["dev_in.0.bias"], t(w["dev_in.2.weight"].T), w["dev_in.2.bias"],
+                        t(w["phi.1.weight"].T), w["phi.1.bias"], t(w4[:hdim]), t(w4[hdim:]), w["rho.0.bias"],
+                        t(w["rho.2.weight"].T))
 
     def arrays(self) -> tuple:
         return self.node_h, self.weights
@@ -39,17 +43,6 @@ class Head:
         out = np.zeros(feats.shape[0])
         device_scores(np.ascontiguousarray(feats), self.node_h[v], np.ascontiguousarray(mask), *self.weights, out)
         return out
-
-
-def _member_weights(policy) -> tuple:
-    w = {k: np.ascontiguousarray(v.detach().double().numpy()) for k, v in policy.state_dict().items()
-         if not k.startswith("encoder.")}
-    hdim = w["phi.1.weight"].shape[0]
-    w4 = np.ascontiguousarray(w["rho.0.weight"].T)
-    t = np.ascontiguousarray
-    return (t(w["dev_in.0.weight"].T), w["dev_in.0.bias"], t(w["dev_in.2.weight"].T), w["dev_in.2.bias"],
-            t(w["phi.1.weight"].T), w["phi.1.bias"], t(w4[:hdim]), t(w4[hdim:]), w["rho.0.bias"],
-            t(w["rho.2.weight"].T))
 
 
 def complete_greedy(head: Head, st: ScheduleState) -> None:

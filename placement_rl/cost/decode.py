@@ -17,42 +17,30 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from placement_rl.cost.schedule import ScheduleState, _batch_extra, _batch_features, _batch_place
+from placement_rl.cost.schedule import _NO_REC, ScheduleState, _batch_extra, _batch_features, _batch_place
 
 EARLIEST_FINISH, POLICY = 0, 1
-_M, _W, _V = np.zeros((1, 1)), np.zeros((1, 1, 1)), np.zeros((1, 1))
-_NO_HEAD = (_M, _W, _V, _W, _V, _W, _V, _W, _W, _V, _W)  # node_h, w1, b1, w2, b2, w3, b3, w4a, w4b, b4, w5
+_M, _V = np.zeros((1, 1)), np.zeros(1)
+_NO_HEAD = (_M, _M, _V, _M, _V, _M, _V, _M, _M, _V, _M)  # node_h, w1, b1, w2, b2, w3, b3, w4a, w4b, b4, w5
 
 
 @njit(cache=True, nogil=True)
 def device_scores(f, hv, mask, w1, b1, w2, b2, w3, b3, w4a, w4b, b4, w5, out):
     """``out[d]``: the head's score of every device from its features ``f`` [D, F] and the node embedding ``hv``
-    [M * H]; masked devices get -inf (``DevicePolicy.logits`` without the constant output bias). The weights are
-    stacked over the M members of an ensemble (``agents.device_policy.EnsemblePolicy``; M = 1 for one policy:
-    ``w1`` [M, F, H], ``w2``, ``w3``, ``w4a``, ``w4b`` [M, H, H], the biases [M, H], ``w5`` [M, H, 1]); the score is
-    the mean of the members' scores, as ``EnsemblePolicy.logits`` averages their logits."""
+    [H]; masked devices get -inf (``DevicePolicy.logits`` without the constant output bias)."""
     nd = f.shape[0]
-    nm, hd = w2.shape[0], w2.shape[1]
-    x0 = f.astype(np.float64)
+    x = np.maximum(f.astype(np.float64) @ w1 + b1, 0.0) @ w2 + b2 + hv
+    h = np.maximum(np.maximum(x, 0.0) @ w3 + b3, 0.0)
+    ctx = np.zeros(h.shape[1])
+    cnt = 0.0
     for d in range(nd):
-        out[d] = 0.0
-    ctx = np.zeros(hd)
-    for m in range(nm):
-        x = np.maximum(x0 @ w1[m] + b1[m], 0.0) @ w2[m] + b2[m] + hv[m * hd:(m + 1) * hd]
-        h = np.maximum(np.maximum(x, 0.0) @ w3[m] + b3[m], 0.0)
-        ctx[:] = 0.0
-        cnt = 0.0
-        for d in range(nd):
-            if mask[d]:
-                ctx += h[d]
-                cnt += 1.0
-        ctx /= max(cnt, 1.0)
-        z = np.maximum(h @ w4a[m] + ctx @ w4b[m] + b4[m], 0.0) @ w5[m]
-        for d in range(nd):
-            out[d] += z[d, 0] / nm
+        if mask[d]:
+            ctx += h[d]
+            cnt += 1.0
+    ctx /= max(cnt, 1.0)
+    z = np.maximum(h @ w4a + ctx @ w4b + b4, 0.0) @ w5
     for d in range(nd):
-        if not mask[d]:
-            out[d] = -np.inf
+        out[d] = z[d, 0] if mask[d] else -np.inf
 
 
 @njit(cache=True, nogil=True)
