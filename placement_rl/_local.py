@@ -6,7 +6,7 @@ Every figure records how it was obtained in ``topology.meta["sources"]``:
 * ``measured`` -- timed here (fp32 matmul for FLOP/s, a large tensor copy for bytes/s, tiny ops for overhead);
 * ``nvml``     -- read through NVML (``pynvml`` from nvidia-ml-py): memory clock x bus width, PCIe generation
   x width, active NVLink links;
-* ``table``    -- the vendor datasheet figure for the GPU model (``GPU_SPECS``);
+* ``table``    -- the vendor datasheet figure for the GPU model (``placement_rl.datasheets``);
 * ``os`` / ``torch`` -- memory sizes from ``os.sysconf`` (or ``/proc/meminfo``, capped by a cgroup limit) and
   ``torch.cuda.get_device_properties``;
 * ``default``  -- a conservative constant, used when nothing better is available or ``measure=False``.
@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from placement_rl.datasheets import lookup
 from placement_rl.topology import DEFAULT_LAUNCH_OVERHEAD, Device, DeviceTopology
 
 # Conservative CPU constants (per torch thread) used when measure=False: an AVX2 core sustains well over this.
@@ -35,42 +36,11 @@ NVLINK_LATENCY = 5.0e-6                  # typical GPU-to-GPU small-message late
 # Usable PCIe bytes/s per lane per direction after line coding (PCI-SIG base specifications 1.0 .. 6.0).
 PCIE_LANE_BANDWIDTH = {1: 0.25e9, 2: 0.5e9, 3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9}
 
-# (substrings that must all appear in the upper-cased torch device name, FP32 non-tensor FLOP/s, memory B/s)
-# from the vendor datasheets; the first match wins, so specific variants come before their family.
-GPU_SPECS: tuple[tuple[tuple[str, ...], float, float], ...] = (
-    (("GH200",), 67e12, 4.0e12),             # NVIDIA GH200 datasheet: 67 TFLOPS FP32, 4 TB/s HBM3
-    (("H200",), 67e12, 4.8e12),              # NVIDIA H200 datasheet (SXM): 67 TFLOPS FP32, 4.8 TB/s
-    (("H100", "PCIE"), 51e12, 2.0e12),       # NVIDIA H100 datasheet (PCIe): 51 TFLOPS FP32, 2 TB/s
-    (("H100", "NVL"), 60e12, 3.9e12),        # NVIDIA H100 datasheet (NVL): 60 TFLOPS FP32, 3.9 TB/s
-    (("H100",), 67e12, 3.35e12),             # NVIDIA H100 datasheet (SXM): 67 TFLOPS FP32, 3.35 TB/s
-    (("A100", "80GB", "PCIE"), 19.5e12, 1.935e12),  # NVIDIA A100 datasheet: 19.5 TFLOPS FP32, 1,935 GB/s
-    (("A100", "80GB"), 19.5e12, 2.039e12),   # NVIDIA A100 datasheet (80GB SXM): 2,039 GB/s
-    (("A100",), 19.5e12, 1.555e12),          # NVIDIA A100 datasheet (40GB): 1,555 GB/s
-    (("A10G",), 31.2e12, 0.6e12),            # AWS G5 / NVIDIA A10 datasheet: 31.2 TFLOPS FP32, 600 GB/s
-    (("A10",), 31.2e12, 0.6e12),             # NVIDIA A10 datasheet: 31.2 TFLOPS FP32, 600 GB/s
-    (("L40S",), 91.6e12, 0.864e12),          # NVIDIA L40S datasheet: 91.6 TFLOPS FP32, 864 GB/s
-    (("L40",), 90.5e12, 0.864e12),           # NVIDIA L40 datasheet: 90.5 TFLOPS FP32, 864 GB/s
-    (("L4",), 30.3e12, 0.3e12),              # NVIDIA L4 datasheet: 30.3 TFLOPS FP32, 300 GB/s
-    (("V100S",), 16.4e12, 1.134e12),         # NVIDIA V100S datasheet: 16.4 TFLOPS FP32, 1,134 GB/s
-    (("V100", "PCIE"), 14e12, 0.9e12),       # NVIDIA V100 datasheet (PCIe): 14 TFLOPS FP32, 900 GB/s
-    (("V100",), 15.7e12, 0.9e12),            # NVIDIA V100 datasheet (SXM2): 15.7 TFLOPS FP32, 900 GB/s
-    (("T4",), 8.1e12, 0.32e12),              # NVIDIA T4 datasheet: 8.1 TFLOPS FP32, 320 GB/s
-    (("P100", "PCIE"), 9.3e12, 0.732e12),    # NVIDIA P100 datasheet (PCIe): 9.3 TFLOPS FP32, 732 GB/s
-    (("P100",), 10.6e12, 0.732e12),          # NVIDIA P100 datasheet (NVLink): 10.6 TFLOPS FP32, 732 GB/s
-    (("K80",), 4.37e12, 0.24e12),            # NVIDIA K80 datasheet: 8.74 TFLOPS / 480 GB/s per board of 2 GPUs
-    (("RTX 4090",), 82.6e12, 1.008e12),      # GeForce RTX 4090 specifications: 82.6 TFLOPS, 1,008 GB/s
-    (("RTX 3090",), 35.6e12, 0.936e12),      # GeForce RTX 3090 specifications: 35.6 TFLOPS, 936 GB/s
-    (("RTX A6000",), 38.7e12, 0.768e12),     # NVIDIA RTX A6000 datasheet: 38.7 TFLOPS FP32, 768 GB/s
-)
-
-
 def gpu_spec(name: str) -> tuple[float, float] | None:
-    """(FP32 FLOP/s, memory bytes/s) from ``GPU_SPECS`` for a torch device name, or None if unknown."""
-    upper = name.upper()
-    for keys, flops, bandwidth in GPU_SPECS:
-        if all(k in upper for k in keys):
-            return flops, bandwidth
-    return None
+    """(FP32 FLOP/s, memory bytes/s) of a torch device name from the datasheet table (``placement_rl.datasheets``),
+    or None if unknown."""
+    sheet = lookup(name)
+    return None if sheet is None else (sheet.peak_flops, sheet.mem_bandwidth)
 
 
 # ---------------------------------------------------------------- measurements
@@ -305,11 +275,17 @@ def _detect_gpu(index: int, measure: bool, nvml: _NVML, sources: dict[str, dict[
     info = {"model": props.name, "cc_major": int(props.major), "handle": handle,
             "bus": nvml.bus_id(handle) if handle is not None else None,
             "pcie": nvml.pcie(handle) if handle is not None else None}
-    # the product name, SM count and L2 size: the calibrated cost model's architecture facts and wave model
+    # the product name, SM count and L2 size: the calibrated cost model's architecture facts and wave model; the
+    # tensor-core peaks (dtype tf32 / bf16) from the datasheet
+    sheet = lookup(props.name)
+    tensor = {} if sheet is None else {"peak_flops_tf32": sheet.peak_flops_tf32,
+                                       "peak_flops_bf16": sheet.peak_flops_bf16}
+    if sheet is not None:
+        src.update({k: "table" for k in tensor})
     dev = Device(name=name, kind="gpu", torch_device=td, peak_flops=float(peak), mem_bandwidth=float(bandwidth),
                  memory_bytes=float(props.total_memory), host=0, launch_overhead=DEFAULT_LAUNCH_OVERHEAD["gpu"],
                  sm_count=int(getattr(props, "multi_processor_count", 0) or 0),
-                 l2_bytes=float(getattr(props, "L2_cache_size", 0) or 0), model=str(props.name))
+                 l2_bytes=float(getattr(props, "L2_cache_size", 0) or 0), model=str(props.name), **tensor)
     return dev, info
 
 

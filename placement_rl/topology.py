@@ -20,7 +20,10 @@ YAML schema (presets live in ``conf/topology/<name>.yaml``)::
         - {between: [gpu0, gpu1], bandwidth: 25e9, latency: 5.0e-6, kind: nvlink}
 
 Units: FLOP/s, bytes/s, bytes, seconds. A topology-level ``peak_flops_tf32`` / ``peak_flops_bf16`` / ``l2_bytes`` is
-the default of every GPU that does not set its own. A device entry may also set ``index_start`` (the first CUDA
+the default of every GPU that does not set its own. A GPU whose ``model`` is a product ``placement_rl.datasheets``
+knows (``- {name: gpu, count: 8, model: L40S}``) may leave out any of ``peak_flops``, ``mem_bandwidth``,
+``memory_bytes``, ``sm_count``, ``l2_bytes`` and the tensor-core peaks: they come from its datasheet (a figure
+given on the device or at the top level wins). A device entry may also set ``index_start`` (the first CUDA
 index of its ``count`` devices) and ``numbered: true`` (number its name even when ``count`` is 1).
 
 A device entry, ``links``, ``links.intra_host`` / ``inter_host`` and a ``links.pairs`` entry accept only the
@@ -31,6 +34,7 @@ fields above: any other (a typo such as ``modle``) is a ``TopologyError`` listin
 
 from __future__ import annotations
 
+import logging
 import numbers
 import os
 from dataclasses import dataclass, field
@@ -220,6 +224,27 @@ def _num(entry: Mapping[str, Any], key: str, where: str, default: float | None =
     return f
 
 
+def _with_datasheet(entry: Mapping[str, Any], kind: str, data: Mapping[str, Any], where: str) -> Mapping[str, Any]:
+    """A GPU entry with the figures it leaves out taken from its ``model``'s datasheet (``placement_rl.datasheets``;
+    a figure given on the device, or a topology-level L2 / tensor-core peak, wins). A required figure that is
+    neither given nor known is a one-line error saying so."""
+    from placement_rl.datasheets import lookup
+
+    model = str(entry.get("model", "") or "")
+    sheet = lookup(model) if kind == "gpu" and model else None
+    if sheet is None:
+        for key in ("peak_flops", "mem_bandwidth", "memory_bytes"):
+            if key not in entry and kind == "gpu":
+                hint = (f"model '{model}' is not a GPU placement_rl.datasheets knows" if model else
+                        "or name the product in 'model:', e.g. H100-SXM5-80GB or L40S, to take its datasheet figures")
+                raise TopologyError(f"{where}: missing field '{key}' ({hint})")
+        return entry
+    filled = {k: v for k, v in sheet.fields().items() if k not in entry and k not in data}
+    if filled:
+        logging.getLogger(__name__).info("%s: %s from the datasheet of %s", where, ", ".join(filled), sheet.product)
+    return {**filled, **entry}
+
+
 def _check_fields(entry: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
     """``TopologyError`` naming the first key of ``entry`` not in ``allowed`` (a typo is never dropped silently)."""
     import difflib
@@ -254,6 +279,7 @@ def _from_dict(data: Any, where: str) -> DeviceTopology:
         host = entry.get("host", 0)
         if not isinstance(host, int) or isinstance(host, bool) or host < 0:
             raise TopologyError(f"{w}: field 'host' must be a non-negative integer, got {host!r}")
+        entry = _with_datasheet(entry, kind, data, w)
         vals = {key: _num(entry, key, w) for key in ("peak_flops", "mem_bandwidth", "memory_bytes")}
         for key, v in vals.items():
             if v <= 0:

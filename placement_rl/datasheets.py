@@ -1,0 +1,111 @@
+"""GPU datasheet figures by product name, so that a topology can name its GPUs instead of copying their figures.
+
+``lookup(name)`` -> ``Datasheet`` (or None): FP32 peak (no tensor cores), memory bandwidth, memory, SM count, L2
+and the dense TF32 / BF16 tensor-core peaks (0 where the GPU has none), for a product name as people write it or
+as ``torch.cuda.get_device_name`` reports it (``H100-SXM5-80GB``, ``NVIDIA H100 80GB HBM3``, ``Tesla T4``,
+``rtx4090``). A topology YAML device with ``kind: gpu`` and a known ``model`` may leave out any of these fields
+(``placement_rl.topology``); ``placement_rl._local`` reads the same table for a detected GPU.
+
+Figures are the vendors' datasheets and architecture whitepapers (tensor-core peaks: the datasheet's "with
+sparsity" figure halved); memory in the vendor's GB taken as GiB, as the presets do, except where a row says the
+figure is what the device itself reports (the H200 we measured). A family name without its variant (``A100``,
+``V100``, ``P100``) gets the base variant's memory (40 / 16 / 16 GB): give ``memory_bytes`` for the larger one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+GiB, MiB = 2**30, 2**20
+
+
+@dataclass(frozen=True)
+class Datasheet:
+    product: str
+    peak_flops: float       # FP32 FLOP/s without tensor cores
+    mem_bandwidth: float    # bytes/s
+    memory_bytes: float
+    sm_count: int
+    l2_bytes: float
+    peak_flops_tf32: float  # dense tensor-core FLOP/s (0: none)
+    peak_flops_bf16: float
+
+    def fields(self) -> dict[str, float | int]:
+        return {"peak_flops": self.peak_flops, "mem_bandwidth": self.mem_bandwidth, "memory_bytes": self.memory_bytes,
+                "sm_count": self.sm_count, "l2_bytes": self.l2_bytes, "peak_flops_tf32": self.peak_flops_tf32,
+                "peak_flops_bf16": self.peak_flops_bf16}
+
+
+# (words that must all appear in the name, product, FP32, bytes/s, memory, SMs, L2, TF32 dense, BF16 dense); the
+# first row whose words all appear wins, so a variant comes before its family. A word matches whole: not inside a
+# longer model number (A10 is not in A100, L4 not in L40, T4 not in RTX 4090).
+_ROWS: tuple[tuple[tuple[str, ...], str, float, float, float, int, float, float, float], ...] = (
+    # Hopper: NVIDIA H100 / H200 / GH200 datasheets; SXM unless the name says PCIe or NVL
+    (("GH200",), "GH200 96GB", 67e12, 4.0e12, 96 * GiB, 132, 50 * MiB, 494.7e12, 989.4e12),
+    (("H200", "NVL"), "H200 NVL", 60e12, 4.8e12, 141 * GiB, 132, 50 * MiB, 417.5e12, 835.5e12),
+    # the H200 we measured: FP32 132 SMs x 128 lanes x 2 x 1.98 GHz (datasheet 67), memory and L2 as it reports them
+    (("H200",), "H200 SXM 141GB", 66.9e12, 4.8e12, 150109880320, 132, 60 * MiB, 494.7e12, 989.4e12),
+    (("H100", "PCIE"), "H100 PCIe 80GB", 51e12, 2.0e12, 80 * GiB, 114, 50 * MiB, 378e12, 756e12),
+    (("H100", "NVL"), "H100 NVL 94GB", 60e12, 3.9e12, 94 * GiB, 132, 50 * MiB, 417.5e12, 835.5e12),
+    (("H100",), "H100 SXM5 80GB", 67e12, 3.35e12, 80 * GiB, 132, 50 * MiB, 494.7e12, 989.4e12),
+    # Ampere: NVIDIA A100 / A30 / A40 / A10 datasheets, the GA100 / GA102 whitepapers
+    (("A100", "80GB", "PCIE"), "A100 80GB PCIe", 19.5e12, 1.935e12, 80 * GiB, 108, 40 * MiB, 156e12, 312e12),
+    (("A100", "80GB"), "A100 SXM4 80GB", 19.5e12, 2.039e12, 80 * GiB, 108, 40 * MiB, 156e12, 312e12),
+    (("A100",), "A100 40GB", 19.5e12, 1.555e12, 40 * GiB, 108, 40 * MiB, 156e12, 312e12),
+    (("A30",), "A30 24GB", 10.3e12, 933e9, 24 * GiB, 56, 24 * MiB, 82e12, 165e12),
+    (("A40",), "A40 48GB", 37.4e12, 696e9, 48 * GiB, 84, 6 * MiB, 74.8e12, 149.7e12),
+    (("A10G",), "A10G 24GB (AWS G5; the A10's figures)", 31.2e12, 600e9, 24 * GiB, 72, 6 * MiB, 62.5e12, 125e12),
+    (("A10",), "A10 24GB", 31.2e12, 600e9, 24 * GiB, 72, 6 * MiB, 62.5e12, 125e12),
+    (("A6000",), "RTX A6000 48GB", 38.7e12, 768e9, 48 * GiB, 84, 6 * MiB, 77.4e12, 154.8e12),
+    (("RTX", "3090"), "GeForce RTX 3090 24GB", 35.6e12, 936e9, 24 * GiB, 82, 6 * MiB, 35.6e12, 71e12),
+    # Ada: NVIDIA L40S / L40 / L4 / RTX 6000 Ada datasheets, the Ada whitepaper
+    (("L40S",), "L40S 48GB", 91.6e12, 864e9, 48 * GiB, 142, 96 * MiB, 183e12, 366e12),
+    (("L40",), "L40 48GB", 90.5e12, 864e9, 48 * GiB, 142, 96 * MiB, 90.5e12, 181e12),
+    (("L4",), "L4 24GB", 30.3e12, 300e9, 24 * GiB, 58, 48 * MiB, 60e12, 121e12),
+    (("6000", "ADA"), "RTX 6000 Ada 48GB", 91.1e12, 960e9, 48 * GiB, 142, 96 * MiB, 182.1e12, 364.2e12),
+    (("RTX", "4090"), "GeForce RTX 4090 24GB", 82.6e12, 1.008e12, 24 * GiB, 128, 72 * MiB, 82.6e12, 165.2e12),
+    # Turing, Volta, Pascal, Kepler: NVIDIA T4 / V100 / P100 / P40 / P4 / K80 datasheets and whitepapers (no TF32 /
+    # BF16 tensor cores)
+    (("T4",), "T4 16GB", 8.1e12, 320e9, 16 * GiB, 40, 4 * MiB, 0.0, 0.0),
+    (("V100S",), "V100S PCIe 32GB", 16.4e12, 1.134e12, 32 * GiB, 80, 6 * MiB, 0.0, 0.0),
+    (("V100", "PCIE", "32GB"), "V100 PCIe 32GB", 14e12, 900e9, 32 * GiB, 80, 6 * MiB, 0.0, 0.0),
+    (("V100", "PCIE"), "V100 PCIe 16GB", 14e12, 900e9, 16 * GiB, 80, 6 * MiB, 0.0, 0.0),
+    (("V100", "32GB"), "V100 SXM2 32GB", 15.7e12, 900e9, 32 * GiB, 80, 6 * MiB, 0.0, 0.0),
+    (("V100",), "V100 SXM2 16GB", 15.7e12, 900e9, 16 * GiB, 80, 6 * MiB, 0.0, 0.0),
+    (("P100", "12GB"), "P100 PCIe 12GB", 9.3e12, 549e9, 12 * GiB, 56, 3 * MiB, 0.0, 0.0),
+    (("P100", "PCIE"), "P100 PCIe 16GB", 9.3e12, 732e9, 16 * GiB, 56, 4 * MiB, 0.0, 0.0),
+    (("P100",), "P100 SXM2 16GB", 10.6e12, 732e9, 16 * GiB, 56, 4 * MiB, 0.0, 0.0),
+    (("P40",), "P40 24GB", 11.76e12, 346e9, 24 * GiB, 30, 3 * MiB, 0.0, 0.0),
+    (("P4",), "P4 8GB", 5.5e12, 192e9, 8 * GiB, 20, 2 * MiB, 0.0, 0.0),
+    (("GTX", "1050"), "GeForce GTX 1050 2GB", 1.862e12, 112e9, 2 * GiB, 5, 1 * MiB, 0.0, 0.0),
+    (("K80",), "K80 (one of the board's two GPUs)", 4.37e12, 240e9, 12 * GiB, 13, 1.5 * MiB, 0.0, 0.0),
+)
+
+
+def _word(w: str) -> re.Pattern[str]:
+    return re.compile(r"(?<![A-Z0-9])" + re.escape(w) + r"(?![0-9])")
+
+
+_TABLE = tuple((tuple(_word(w) for w in words), Datasheet(*rest)) for words, *rest in _ROWS)
+
+
+def _normalise(name: str) -> str:
+    up = name.upper().replace("_", " ").replace("-", " ")
+    return re.sub(r"(RTX|GTX)(?=\d)", r"\1 ", up)  # "rtx4090" -> "RTX 4090"
+
+
+def lookup(name: str) -> Datasheet | None:
+    """The datasheet of the GPU product ``name`` (None if the table does not know it)."""
+    up = _normalise(str(name))
+    for words, sheet in _TABLE:
+        if all(w.search(up) for w in words):
+            return sheet
+    return None
+
+
+def products() -> list[str]:
+    return [sheet.product for _, sheet in _TABLE]
+
+
+__all__ = ["Datasheet", "lookup", "products"]

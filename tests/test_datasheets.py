@@ -1,0 +1,91 @@
+"""GPU datasheets by product name: the table agrees with every preset, a topology may name its GPUs instead of
+copying their figures, a given figure wins, an unknown product without figures is one clear line."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from placement_rl.datasheets import lookup, products
+from placement_rl.errors import TopologyError
+from placement_rl.topology import DeviceTopology, conf_dir, load_topology, preset_names
+
+
+@pytest.mark.parametrize("name,product", [
+    ("H100-SXM5-80GB", "H100 SXM5 80GB"), ("NVIDIA H100 80GB HBM3", "H100 SXM5 80GB"),
+    ("NVIDIA H100 PCIe", "H100 PCIe 80GB"), ("NVIDIA H100 NVL", "H100 NVL 94GB"), ("GH200", "GH200 96GB"),
+    ("NVIDIA A100-SXM4-80GB", "A100 SXM4 80GB"), ("NVIDIA A100 80GB PCIe", "A100 80GB PCIe"),
+    ("A100-40GB-PCIe", "A100 40GB"), ("NVIDIA A10G", "A10G 24GB (AWS G5; the A10's figures)"),
+    ("NVIDIA A10", "A10 24GB"), ("NVIDIA L40S", "L40S 48GB"), ("L40", "L40 48GB"), ("NVIDIA L4", "L4 24GB"),
+    ("rtx4090", "GeForce RTX 4090 24GB"), ("NVIDIA GeForce RTX 4090", "GeForce RTX 4090 24GB"),
+    ("NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada 48GB"), ("NVIDIA RTX A6000", "RTX A6000 48GB"),
+    ("Tesla T4", "T4 16GB"), ("Tesla V100S-PCIE-32GB", "V100S PCIe 32GB"), ("Tesla V100-PCIE-16GB", "V100 PCIe 16GB"),
+    ("Tesla V100-SXM2-32GB", "V100 SXM2 32GB"), ("Tesla P100-PCIE-12GB", "P100 PCIe 12GB"), ("Tesla P4", "P4 8GB"),
+    ("Tesla P40", "P40 24GB"), ("Tesla K80", "K80 (one of the board's two GPUs)"),
+])
+def test_product_names_as_written_and_as_torch_reports_them(name, product):
+    assert lookup(name).product == product
+
+
+@pytest.mark.parametrize("name", ["A1000", "RTX A4000", "Quadro P4000", "GeForce RTX 4080", "MI300X", "TPU v5e", ""])
+def test_a_model_number_matches_whole_or_not_at_all(name):
+    """A100 is not in A1000, A40 not in A4000, P4 not in P4000, T4 not in RTX 4080; products the table lacks are
+    unknown, not a near miss."""
+    assert lookup(name) is None
+
+
+def test_every_preset_gpu_has_its_datasheet_figures():
+    """The table and the presets (whose every number cites its source) say the same of every GPU they share."""
+    seen = set()
+    for name in preset_names():
+        data = yaml.safe_load((conf_dir() / "topology" / f"{name}.yaml").read_text())
+        for dev in data.get("devices", []):
+            if dev.get("kind", "gpu") != "gpu" or "model" not in dev:
+                continue
+            sheet = lookup(dev["model"])
+            assert sheet is not None, (name, dev["model"])
+            seen.add(sheet.product)
+            assert sheet.peak_flops == pytest.approx(float(dev["peak_flops"]), rel=0.01), (name, dev["model"])
+            assert sheet.mem_bandwidth == pytest.approx(float(dev["mem_bandwidth"]), rel=0.01), (name, dev["model"])
+            assert sheet.memory_bytes == pytest.approx(float(dev["memory_bytes"]), rel=0.01), (name, dev["model"])
+            assert sheet.sm_count == dev["sm_count"] and sheet.l2_bytes == float(dev["l2_bytes"]), (name, dev["model"])
+            for key in ("peak_flops_tf32", "peak_flops_bf16"):
+                if key in data:
+                    assert getattr(sheet, key) == pytest.approx(float(data[key]), rel=0.01), (name, key)
+    assert len(seen) >= 8 and set(seen) <= set(products())
+
+
+def _topo(tmp_path, device: dict, **top) -> DeviceTopology:
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", **top, "devices": [device],
+                                    "links": {"intra_host": {"bandwidth": 64e9, "latency": 5e-6}}}))
+    return load_topology(path)
+
+
+def test_a_topology_may_name_its_gpus_instead_of_copying_their_figures(tmp_path):
+    t = _topo(tmp_path, {"name": "g", "count": 4, "kind": "gpu", "model": "L40S"})
+    d = t.devices[0]
+    assert t.num_devices == 4 and d.model == "L40S"
+    assert (d.peak_flops, d.mem_bandwidth, d.memory_bytes, d.sm_count) == (91.6e12, 864e9, 48 * 2**30, 142)
+    assert (d.peak_flops_tf32, d.peak_flops_bf16, d.l2_bytes) == (183e12, 366e12, 96 * 2**20)
+    # a figure the user gives wins, device by device; a topology-level tensor peak wins over the datasheet's
+    t = _topo(tmp_path, {"name": "g", "count": 2, "kind": "gpu", "model": "A100", "memory_bytes": 80 * 2**30,
+                         "peak_flops": 19.0e12}, peak_flops_bf16=300e12)
+    d = t.devices[1]
+    assert (d.memory_bytes, d.peak_flops, d.mem_bandwidth, d.peak_flops_bf16, d.peak_flops_tf32) == (
+        80 * 2**30, 19.0e12, 1.555e12, 300e12, 156e12)
+    # the round trip writes every figure out
+    again = DeviceTopology.from_dict(t.to_dict())
+    assert again.devices[1] == d
+
+
+@pytest.mark.parametrize("device,needle", [
+    ({"name": "g", "kind": "gpu", "model": "MI300X"}, r"missing field 'peak_flops' \(model 'MI300X' is not a GPU"),
+    ({"name": "g", "kind": "gpu"}, r"missing field 'peak_flops' \(or name the product in 'model:'"),
+    ({"name": "g", "kind": "gpu", "model": "MI300X", "peak_flops": 1e14}, r"missing field 'mem_bandwidth'"),
+    ({"name": "c", "kind": "cpu", "model": "H100"}, r"missing field 'peak_flops'"),  # a CPU takes no GPU datasheet
+])
+def test_a_figure_neither_given_nor_known_is_one_line(tmp_path, device, needle):
+    with pytest.raises(TopologyError, match=needle) as err:
+        _topo(tmp_path, device)
+    assert "\n" not in str(err.value)
