@@ -181,3 +181,91 @@ def test_fused_attention_keeps_the_flops_and_drops_the_seq_by_seq_memory():
     assert {4, 8} <= set(ann.divisors) and [tp.KINDS[k] for k in ann.kind].count("row") == 4
     with pytest.raises(GraphError, match="graph.attention=flash: choose one of"):
         graph_from_spec({"source": "hf", "attention": "flash", **opts})
+
+
+TINY_VIT = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32,
+                patch_size=8)
+TINY_S2S = dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                encoder_ffn_dim=128, decoder_ffn_dim=128)
+
+
+@pytest.mark.parametrize("kind,overrides,task,cls", [
+    # the task is one the type has a class for: BEiT has a vocabulary (masked image modelling) but only an image
+    # classifier; Whisper is an encoder-decoder config whose only text head is the decoder's causal LM
+    ("beit", TINY_VIT, "image_classification", "BeitForImageClassification"),
+    ("whisper", TINY_S2S, "causal_lm", "WhisperForCausalLM"),
+    # two image classifiers for one type and no architectures (transformers iterates None)
+    ("deit", TINY_VIT, "image_classification", "DeiTForImageClassification"),
+    # one head count per stage (a tuple): the head size is not read from it
+    ("swin", dict(embed_dim=32, depths=[1, 1], num_heads=[2, 4], image_size=32, patch_size=4, window_size=4),
+     "image_classification", "SwinForImageClassification"),
+    # no image size in a convolutional net's config: 224 x 224
+    ("resnet", dict(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1]), "image_classification",
+     "ResNetForImageClassification"),
+    # LayerDrop on by default (a random layer skip export cannot trace): off, every layer captured by export
+    ("m2m_100", dict(TINY_S2S, vocab_size=500), "seq2seq_lm", "M2M100ForConditionalGeneration"),
+    # max_position_embeddings = -1 (no limit) and torch.FloatTensor parameters made off the meta device
+    ("xlnet", dict(d_model=64, n_layer=2, n_head=4, d_inner=128, vocab_size=500), "causal_lm", "XLNetLMHeadModel"),
+    # a fixed 54-entry default layer-type list: cut to the 2 layers asked for
+    ("zamba2", dict(SMALL, mamba_d_state=16, mamba_headdim=16, n_mamba_heads=8), "causal_lm", "Zamba2ForCausalLM"),
+    # a heterogeneous config: reading its per-layer head_dim raises (not an AttributeError)
+    ("gemma4_text", dict(SMALL, num_key_value_heads=2, head_dim=16, vocab_size_per_layer_input=500,
+                         hidden_size_per_layer_input=16), "causal_lm", "Gemma4ForCausalLM"),
+])
+def test_families_the_builder_refused_or_crashed_on(kind, overrides, task, cls):
+    g = _hf(model_type=kind, overrides=overrides)
+    desc = g.meta["hf"]
+    assert (desc["task"], desc["class"], g.meta["capture_method"]) == (task, cls, "export")
+    assert g.fwd_flops.sum() > 0 and g.bwd_flops.sum() > 0
+    assert 0.99 * 4 * desc["params"] <= g.param_bytes.sum() + g.meta["unused_param_bytes"] <= 4 * desc["params"]
+
+
+def test_composite_config_overrides_reach_its_text_model(tmp_path: Path):
+    """gemma3 (Gemma3ForConditionalGeneration) keeps its language model in text_config: a top-level field it
+    lacks is set there, a mapping sets a sub-config's fields, the vocabulary is the text model's; from a file, the
+    file's other text fields stay and its per-layer list follows the layer count. Captured on text alone."""
+    text = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                vocab_size=500, head_dim=16)
+    g = _hf(model_type="gemma3", overrides={**text, "num_hidden_layers": 2,
+                                            "vision_config": {"num_hidden_layers": 1}})
+    desc = g.meta["hf"]
+    assert desc["task"] == "causal_lm" and desc["class"] == "Gemma3ForConditionalGeneration"
+    assert desc["config"]["num_hidden_layers"] == 2 and desc["config"]["vocab_size"] == 500
+    assert g.param_bytes.sum() < 4 * desc["params"]  # the vision tower's parameters are unused on text
+    assert 4 * desc["unused_params"] == pytest.approx(g.meta["unused_param_bytes"], rel=0.01)  # and said so
+    cfg = hf_auto.load_config(None, "gemma3", {"vision_config": {"num_hidden_layers": 1}})
+    assert cfg.vision_config.num_hidden_layers == 1 and cfg.text_config.num_hidden_layers == 26  # the default
+    from transformers import Gemma3Config
+
+    Gemma3Config(text_config=dict(text, num_hidden_layers=6), architectures=["Gemma3ForConditionalGeneration"]
+                 ).save_pretrained(tmp_path / "g3")
+    cfg = hf_auto.load_config(str(tmp_path / "g3"), None, {"num_hidden_layers": 3})
+    assert cfg.text_config.num_hidden_layers == 3 and cfg.text_config.hidden_size == 64
+    assert len(cfg.text_config.layer_types) == 3
+    with pytest.raises(GraphError, match="has no field 'vision_config.nosuch'"):
+        hf_auto.load_config(None, "gemma3", {"vision_config": {"nosuch": 1}})
+
+
+def test_per_layer_fields_follow_a_smaller_layer_count(tmp_path: Path):
+    """gemma4's text config keys per-layer overrides by layer index ({"05": {"head_dim": 512}, ...}): with fewer
+    layers the indices past the last go, whether the text config is the file's or the composite's default."""
+    from transformers import Gemma4TextConfig
+
+    Gemma4TextConfig().save_pretrained(tmp_path / "g4")
+    assert "05" in json.loads((tmp_path / "g4" / "config.json").read_text())["per_layer_config"]
+    cfg = hf_auto.load_config(str(tmp_path / "g4"), None, {"num_hidden_layers": 8})
+    assert cfg.num_hidden_layers == 8 and len(cfg.layer_types) == 8
+    assert sorted(int(k) for k in cfg.to_dict()["per_layer_config"]) == [5]
+    cfg = hf_auto.load_config(None, "gemma4", {"num_hidden_layers": 2})  # routed to the default text_config
+    assert cfg.text_config.num_hidden_layers == 2  # its per-layer fields derived again for 2 layers
+    assert {int(k) for k in cfg.text_config.to_dict()["per_layer_config"]} <= {0, 1}
+
+
+@pytest.mark.parametrize("spec,needle", [
+    ({"model_type": "wav2vec2"}, "'wav2vec2' model type has no causal-LM, masked-LM, seq2seq-LM or image-class"),
+    ({"model_type": "beit", "task": "causal_lm"}, "no AutoModelForCausalLM model (it has: image_classification)"),
+])
+def test_types_without_a_supported_head_are_one_line(spec, needle):
+    with pytest.raises(GraphError, match=needle.replace("(", r"\(").replace(")", r"\)")) as err:
+        graph_from_spec({"source": "hf", "batch_size": 1, "seq_len": 16, **spec})
+    assert "\n" not in str(err.value)

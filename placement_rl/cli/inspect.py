@@ -34,6 +34,9 @@ def summarize(graph: CompGraph, *, top: int = 8) -> str:
         lines.append(f"  transformers {hf.get('class', hf['model_type'])} ({hf.get('task', '?')}): "
                      f"{_fmt(float(hf.get('params', 0)))} parameters, {hf.get('batch_size', '?')} x "
                      f"{hf.get('seq_len', '?')} tokens, {hf.get('attention', 'eager')} attention")
+        if hf.get("unused_params"):
+            lines.append(f"  text input only: {_fmt(float(hf['unused_params']))} parameters of its vision / audio "
+                         "towers take no part in the step and are not in the graph")
     lines.append("  top op types (by forward FLOPs):")
     flops: Counter[str] = Counter()
     count: Counter[str] = Counter()

@@ -5,7 +5,10 @@
 
 The config comes from a ``config.json`` (or a folder holding one, as ``save_pretrained`` writes it) or, when no
 file is given, from a ``model_type`` with the library's defaults; ``overrides`` set config fields (each must be
-one the config has).
+one the config has). A composite (multimodal) config keeps its language model in ``text_config``: a field the
+top level lacks but ``text_config`` has (``num_hidden_layers`` of gemma3, llama4 ...) is set there, and a mapping
+value (``overrides={"vision_config": {"num_hidden_layers": 2}}``) sets fields of that sub-config. Per-layer lists
+(``layer_types`` ...) follow a changed layer count. LayerDrop is off (a captured step runs every layer).
 The model is built on the **meta device** (``AutoModelFor<task>.from_config``): no parameter memory is allocated,
 so a 70B-parameter config captures on a laptop, and ``capture`` runs its ops on meta tensors. The KV cache is off.
 Attention: ``eager`` (default: explicit score / softmax / value ops, each priced by the cost model; the backward
@@ -23,16 +26,25 @@ Tasks and the training step captured (the forward returns the loss):
 * ``causal_lm``: ``input_ids`` [batch, seq_len], ``labels`` = the same ids (shifted inside the model);
 * ``masked_lm``: ``input_ids`` and ``labels`` [batch, seq_len];
 * ``seq2seq_lm``: ``input_ids`` and ``labels`` [batch, seq_len] (the decoder's inputs are the shifted labels);
-* ``image_classification``: ``pixel_values`` [batch, channels, image_size, image_size], ``labels`` [batch].
+* ``image_classification``: ``pixel_values`` [batch, channels, image_size, image_size] (224 where the config
+  names no image size, as convolutional nets), ``labels`` [batch].
 
-``task: auto`` reads it from the config's ``architectures`` (``...ForCausalLM`` -> ``causal_lm`` ...), else from
+Multimodal models with a language-model head (gemma3, llama4 ... ``ForConditionalGeneration``) are captured on text
+alone: the vocabulary is the ``text_config``'s and the vision / audio towers' parameters are left unused.
+
+``task: auto`` is one the model type has a class for in transformers' auto mappings: the one whose class the
+config's ``architectures`` names, else read from its suffix (``...ForCausalLM`` -> ``causal_lm`` ...) or from
 what the config is (encoder-decoder -> ``seq2seq_lm``; an image size and no vocabulary ->
-``image_classification``; a type with a masked-LM head (BERT, RoBERTa) -> ``masked_lm``; else ``causal_lm``).
+``image_classification``; a type with a masked-LM head (BERT, RoBERTa) -> ``masked_lm``; else ``causal_lm``); when
+that guess has no class, the first task (in ``TASKS`` order) that has one. A type with none of the four heads
+(audio, detection, segmentation ... models) is refused with one line.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -49,6 +61,13 @@ _AUTO_CLASS = {"causal_lm": "AutoModelForCausalLM", "masked_lm": "AutoModelForMa
 _SUFFIX = (("ForCausalLM", "causal_lm"), ("LMHeadModel", "causal_lm"), ("ForMaskedLM", "masked_lm"),
            ("ForConditionalGeneration", "seq2seq_lm"), ("ForSeq2SeqLM", "seq2seq_lm"),
            ("ForImageClassification", "image_classification"))
+_MAPPING_NAMES = {"causal_lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "masked_lm": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+                  "seq2seq_lm": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+                  "image_classification": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"}
+# the parameter paths of a multimodal model's non-text towers (gemma3's vision_tower, qwen2_audio's audio_tower ...)
+_TOWER = re.compile(r"(^|\.)(vision_tower|vision_model|visual|audio_tower|audio_model|audio_encoder|"
+                    r"multi_modal_projector|mm_projector)(\.|$)")
+_DEFAULT_IMAGE_SIZE = 224  # configs of convolutional nets (ResNet, RegNet ...) name no input resolution
 
 
 class LossStep(nn.Module):
@@ -101,22 +120,129 @@ def load_config(config: str | None, model_type: str | None, overrides: Mapping[s
         raise GraphError("graph.source=hf needs graph.config=<config.json> or graph.model_type=<type> (e.g. llama)")
     base = _for_model(tf, kind, data)
     overrides = dict(overrides or {})
-    for key, value in overrides.items():
-        if not hasattr(base, key):
-            raise GraphError(f"graph.overrides.{key}: the '{kind}' config has no field '{key}'")
-        was = getattr(base, key)
-        if (isinstance(was, int) and not isinstance(was, bool) and was > 0 and isinstance(value, int)
-                and not isinstance(value, bool) and value < 1):  # a count (layers, heads, width ...)
-            raise GraphError(f"graph.overrides.{key}={value}: must be >= 1 (the '{kind}' default is {was})")
     if not overrides:
         return base
+    top: dict[str, Any] = {}  # top-level fields
+    nested: dict[str, dict[str, Any]] = {}  # sub-config name -> its fields
+    text = _text_field(base)
+    for key, value in overrides.items():
+        sub = _get(base, key)
+        if isinstance(value, Mapping) and _is_config(sub):
+            for k, v in value.items():
+                _check_override(kind, f"{key}.{k}", sub, k, v)
+            nested.setdefault(key, {}).update(value)
+        elif not _has(base, key) and text and _has(_get(base, text), key):
+            _check_override(kind, f"{key}", _get(base, text), key, value)  # composite config: the text model's
+            nested.setdefault(text, {})[key] = value
+        else:
+            _check_override(kind, key, base, key, value)
+            top[key] = value
+    subs = {}
+    for name, sub_fields in nested.items():
+        sub = _get(base, name)
+        sub_data = data.get(name) if isinstance(data.get(name), dict) else _sub_defaults(sub)
+        subs[name] = _follow_layers(sub, sub_data, sub_fields, derived=True)
+    fields = {**_follow_layers(base, data, top), **subs}
+    try:
+        return _for_model(tf, kind, fields)
+    except GraphError:  # the defaults' per-layer lists (zamba2's layer types) kept the old count: cut them too
+        retry = {**_follow_layers(base, data, top, derived=True), **subs}
+        if retry == fields:
+            raise
+        return _for_model(tf, kind, retry)
+
+
+def _get(cfg, key: str) -> Any:
+    """``cfg.key`` or None: heterogeneous configs (gemma4) raise a RuntimeError for per-layer fields."""
+    try:
+        return getattr(cfg, key, None)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _has(cfg, key: str) -> bool:
+    try:
+        return hasattr(cfg, key)
+    except Exception:  # noqa: BLE001 -- a per-layer field of a heterogeneous config: it is one of its fields
+        return True
+
+
+def _is_config(obj: Any) -> bool:
+    return hasattr(obj, "to_dict") and hasattr(obj, "to_diff_dict") and hasattr(obj, "model_type")
+
+
+def _text_field(cfg) -> str | None:
+    """The attribute holding a composite config's language model (``text_config``), or None."""
+    return "text_config" if _is_config(_get(cfg, "text_config")) and _get(cfg, "text_config") is not cfg else None
+
+
+def _text_config(cfg):
+    """The config of the model's text (decoder) side: ``text_config`` of a composite config, else the config."""
+    try:
+        sub = cfg.get_text_config(decoder=True)
+    except Exception:  # noqa: BLE001 -- older transformers, or several text configs (musicgen)
+        sub = _get(cfg, "text_config")
+    return sub if _is_config(sub) else cfg
+
+
+def _sub_defaults(sub) -> dict[str, Any]:
+    """A default sub-config as constructor fields: those that differ from its class's defaults (a composite config
+    may pick its own, as PaliGemma's text model), so that fields derived from the layer count are derived again."""
+    try:
+        ref = type(sub)().to_dict()
+        fields = {k: v for k, v in sub.to_dict().items() if k not in ref or ref[k] != v}
+    except Exception:  # noqa: BLE001
+        fields = sub.to_diff_dict()
+    fields["model_type"] = sub.model_type
+    return fields
+
+
+def _check_override(kind: str, label: str, cfg, key: str, value: Any) -> None:
+    if not _has(cfg, key):
+        raise GraphError(f"graph.overrides.{label}: the '{kind}' config has no field '{label}'")
+    was = _get(cfg, key)
+    if (isinstance(was, int) and not isinstance(was, bool) and was > 0 and isinstance(value, int)
+            and not isinstance(value, bool) and value < 1):  # a count (layers, heads, width ...)
+        raise GraphError(f"graph.overrides.{label}={value}: must be >= 1 (the '{kind}' default is {was})")
+
+
+def _layer_key(cfg) -> str:
+    """The field that holds the layer count (``num_layers`` where ``num_hidden_layers`` is its alias)."""
+    alias = getattr(cfg, "attribute_map", None) or {}
+    return str(alias.get("num_hidden_layers", "num_hidden_layers"))
+
+
+def _follow_layers(cfg, data: Mapping[str, Any], overrides: Mapping[str, Any], derived: bool = False) -> dict[str, Any]:
+    """``{**data, **overrides}`` with per-layer lists (``layer_types`` ...) cut or repeated to a changed layer count:
+    the lists of ``data`` (the config file) and, with ``derived``, the lists of layer-type names ``cfg`` holds
+    (derived at construction, or fixed defaults such as zamba2's), which would otherwise keep the old count."""
     fields = {**data, **overrides}
-    old_layers, layers = getattr(base, "num_hidden_layers", None), overrides.get("num_hidden_layers")
-    if isinstance(old_layers, int) and isinstance(layers, int):
-        for key, value in data.items():  # per-layer lists (layer_types ...) follow a changed layer count
-            if key not in overrides and isinstance(value, list) and len(value) == old_layers:
-                fields[key] = (value * (layers // max(old_layers, 1) + 1))[:layers]
-    return _for_model(tf, kind, fields)
+    old_layers = _get(cfg, "num_hidden_layers")
+    layers = next((overrides[k] for k in ("num_hidden_layers", _layer_key(cfg)) if k in overrides), None)
+    if not (isinstance(old_layers, int) and isinstance(layers, int)) or layers == old_layers:
+        return fields
+    try:
+        defaults = cfg.to_dict() if derived else {}
+    except Exception:  # noqa: BLE001
+        defaults = {}
+    lists = {k: v for k, v in defaults.items() if k not in data and isinstance(v, list) and v
+             and all(isinstance(x, str) for x in v)}
+    lists.update({k: v for k, v in data.items() if isinstance(v, list)})
+    for key, value in lists.items():
+        if key not in overrides and len(value) == old_layers:
+            fields[key] = (value * (layers // max(old_layers, 1) + 1))[:layers]
+    for key, value in data.items():  # {layer index: fields} (gemma4's per_layer_config): the layers that remain
+        if key not in overrides and isinstance(value, dict) and value and all(_index(k) >= 0 for k in value):
+            if max(_index(k) for k in value) < old_layers:
+                fields[key] = {k: v for k, v in value.items() if _index(k) < layers}
+    return fields
+
+
+def _index(key: Any) -> int:
+    """A layer index as a JSON key (``"05"``) or an int, else -1."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key
+    return int(key) if isinstance(key, str) and key.isdigit() else -1
 
 
 def _reason(exc: BaseException, limit: int = 200) -> str:
@@ -135,21 +261,80 @@ def _for_model(tf, kind: str, kwargs: dict):
         raise GraphError(f"the '{kind}' config refuses these fields: {_reason(exc)}") from None
 
 
+def task_classes(cfg) -> dict[str, tuple[str, ...]]:
+    """The tasks the config's model type has a class for in transformers' auto mappings, with the class names
+    (in ``TASKS`` order)."""
+    auto = _transformers().models.auto.modeling_auto
+    out: dict[str, tuple[str, ...]] = {}
+    for task, attr in _MAPPING_NAMES.items():
+        names = getattr(auto, attr, {}).get(getattr(cfg, "model_type", None))
+        if names:
+            out[task] = tuple(names) if isinstance(names, (list, tuple)) else (str(names),)
+    return out
+
+
 def infer_task(cfg) -> str:
     """The training task of a config (see the module doc)."""
-    for arch in getattr(cfg, "architectures", None) or ():
-        for suffix, task in _SUFFIX:
-            if str(arch).endswith(suffix):
+    has = task_classes(cfg)
+    archs = [str(a) for a in (_get(cfg, "architectures") or ())]
+    for arch in archs:  # the class the config names
+        for task, names in has.items():
+            if arch in names:
                 return task
-    if getattr(cfg, "is_encoder_decoder", False):
+    guess = _guess_task(cfg, archs)
+    if not has or guess in has:
+        return guess
+    return next(iter(has))  # the guess has no class for this type (an image model with a vocabulary: BEiT ...)
+
+
+def _guess_task(cfg, archs: list[str]) -> str:
+    for arch in archs:
+        for suffix, task in _SUFFIX:
+            if arch.endswith(suffix):
+                return task
+    if _get(cfg, "is_encoder_decoder"):
         return "seq2seq_lm"
-    if getattr(cfg, "image_size", None) and not getattr(cfg, "vocab_size", None):
+    if _get(cfg, "image_size") and not _get(cfg, "vocab_size"):
         return "image_classification"
     tf = _transformers()
     auto = tf.models.auto.modeling_auto
     if type(cfg) in auto.MODEL_FOR_MASKED_LM_MAPPING:  # BERT-like encoders also have a causal head: not their task
         return "masked_lm"
     return "causal_lm"
+
+
+def _int(value: Any) -> int:
+    """``value`` if it is a positive int (not a bool, list or None), else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _registered(auto, cfg) -> bool:
+    """Whether ``auto`` (an ``AutoModelFor...`` class) knows the config's class (as one registered at run time)."""
+    try:
+        return type(cfg) in auto._model_mapping
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _no_layerdrop(cfg) -> None:
+    """LayerDrop off (``layerdrop``, ``encoder_layerdrop`` ...) on the config and its sub-configs: a training step
+    skips each layer at random (a data-dependent branch torch.export cannot trace); the graph has them all."""
+    for obj in [cfg] + [v for v in vars(cfg).values() if _is_config(v)]:
+        for key, value in list(vars(obj).items()):
+            if key.endswith("layerdrop") and isinstance(value, (int, float)) and value:
+                setattr(obj, key, 0.0)
+
+
+def _params_to_meta(model: nn.Module) -> None:
+    """Parameters made off the meta device (XLNet's legacy ``torch.FloatTensor(...)`` constructors ignore the
+    device context) moved to it: meta inputs and a CPU weight cannot meet in one op. Buffers stay where they are."""
+    moved: dict[int, nn.Parameter] = {}
+    for mod in model.modules():
+        for name, par in list(mod._parameters.items()):
+            if par is not None and not par.is_meta:
+                if id(par) not in moved:
+                    moved[id(par)] = nn.Parameter(par.detach().to("meta"), requires_grad=par.requires_grad)
+                mod._parameters[name] = moved[id(par)]
 
 
 def fused_attention_memory(graph, head_dim: float):
@@ -180,8 +365,19 @@ def build(*, config: str | None = None, model_type: str | None = None, task: str
     tf = _transformers()
     cfg = load_config(config, model_type, overrides)
     task = infer_task(cfg) if task == "auto" else task
-    limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
-    if task != "image_classification" and isinstance(limit, int) and seq_len > limit:
+    auto = getattr(tf, _AUTO_CLASS[task])
+    has = task_classes(cfg)
+    if task not in has and not _registered(auto, cfg):
+        if has:
+            raise GraphError(f"graph.task={task}: a '{cfg.model_type}' config has no {_AUTO_CLASS[task]} model "
+                             f"(it has: {', '.join(has)}); set graph.task")
+        raise GraphError(f"the '{cfg.model_type}' model type has no causal-LM, masked-LM, seq2seq-LM or "
+                         f"image-classification class in transformers {tf.__version__}: graph=hf captures those "
+                         "training steps (not audio, detection, segmentation ... heads)")
+    text = cfg if task == "image_classification" else _text_config(cfg)  # a composite config's language model
+    limit = _get(text, "max_position_embeddings") or _get(text, "n_positions")
+    if (task != "image_classification" and isinstance(limit, int) and not isinstance(limit, bool)
+            and 0 < limit < seq_len):  # XLNet says -1: no limit
         raise GraphError(f"graph.seq_len={seq_len} is longer than the config's {limit} positions "
                          "(max_position_embeddings): lower it or raise that field in graph.overrides")
     cfg.use_cache = False
@@ -190,7 +386,9 @@ def build(*, config: str | None = None, model_type: str | None = None, task: str
             setattr(cfg, key, torch.float32)
     if task == "seq2seq_lm" and getattr(cfg, "decoder_start_token_id", None) is None:
         cfg.decoder_start_token_id = getattr(cfg, "pad_token_id", None) or 0  # T5's default config leaves it out
-    auto = getattr(tf, _AUTO_CLASS[task])
+    _no_layerdrop(cfg)
+    if getattr(cfg, "architectures", None) is None:  # auto classes with several candidates (DeiT) iterate it
+        cfg.architectures = []
     try:
         with torch.device("meta"):
             try:
@@ -203,21 +401,25 @@ def build(*, config: str | None = None, model_type: str | None = None, task: str
                              "set graph.task") from None
         raise GraphError(f"the '{cfg.model_type}' model cannot be built from this config: "
                          f"{type(exc).__name__}: {_reason(exc, 160)}") from None
+    _params_to_meta(model)
     model.train()
     from placement_rl.graph.models.hf_decoders import register_moe_flops
 
     register_moe_flops()  # FLOP formulas for transformers' grouped-matmul expert ops (after the model class loaded)
     gen = torch.Generator().manual_seed(seed)
     if task == "image_classification":
-        size = getattr(cfg, "image_size", None)
-        size = size[0] if isinstance(size, (list, tuple)) else size
+        vision = _get(cfg, "vision_config") if _is_config(_get(cfg, "vision_config")) else cfg  # CLIP, SigLIP
+        named = _has(cfg, "image_size") or _has(vision, "image_size")
+        size = _get(cfg, "image_size") or _get(vision, "image_size") or (None if named else _DEFAULT_IMAGE_SIZE)
+        size = size[0] if isinstance(size, (list, tuple)) and size else size
         if not isinstance(size, int):
             raise GraphError(f"the '{cfg.model_type}' config has no integer image_size: set graph.overrides.image_size")
-        chans = int(getattr(cfg, "num_channels", 3) or 3)
+        chans = int(_get(cfg, "num_channels") or _get(vision, "num_channels") or 3)
         inputs = torch.randn(batch_size, chans, size, size, generator=gen)
         labels = torch.randint(0, max(int(getattr(cfg, "num_labels", 2)), 1), (batch_size,), generator=gen)
     else:
-        vocab = int(getattr(cfg, "vocab_size", 0) or 0)
+        vocab = _get(text, "vocab_size")
+        vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else 0
         if vocab < 2:
             raise GraphError(f"the '{cfg.model_type}' config has no vocab_size: set graph.overrides.vocab_size")
         inputs = torch.randint(0, vocab, (batch_size, seq_len), generator=gen)
@@ -226,11 +428,20 @@ def build(*, config: str | None = None, model_type: str | None = None, task: str
     params = sum(p.numel() for p in model.parameters())
     keys = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
             "vocab_size", "num_local_experts", "num_experts")
-    sizing = {k: getattr(cfg, k) for k in keys if isinstance(getattr(cfg, k, None), int)}
-    heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", None) or 0
-    hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", None) or 0
-    head_dim = getattr(cfg, "head_dim", None) or (hidden / heads if heads else 64.0)
+    sized = text if task != "image_classification" else vision
+    sizing = {k: _get(sized, k) for k in keys if _int(_get(sized, k))}
+    heads = _int(_get(sized, "num_attention_heads")) or _int(_get(sized, "n_head"))  # Swin: one count per stage
+    hidden = _int(_get(sized, "hidden_size")) or _int(_get(sized, "n_embd"))
+    head_dim = _int(_get(sized, "head_dim")) or (hidden / heads if heads and hidden else 64.0)
     desc = {"model_type": cfg.model_type, "task": task, "class": type(model).__name__, "params": int(params),
             "batch_size": batch_size, "seq_len": seq_len, "attention": attention, "head_dim": float(head_dim),
             "config": sizing}
+    if task != "image_classification":  # a multimodal model captured on text: its towers take no part in the step
+        towers = sum(p.numel() for n, p in model.named_parameters() if _TOWER.search(n))
+        if towers:
+            desc["unused_params"] = int(towers)
+            logging.getLogger(__name__).warning(
+                "%s is captured on text input: the %.1f M parameters of its vision / audio towers take no part in the "
+                "step and are not in the graph (not placed, not in memory or gradient traffic)", type(model).__name__,
+                towers / 1e6)
     return LossStep(model, task), (inputs, labels), desc
