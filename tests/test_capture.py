@@ -215,3 +215,20 @@ def test_a_transposed_weight_belongs_to_its_matmul():
         assert g.param_bytes.sum() == (64 * 32 + 32 * 64) * 4 and g.num_nodes == 5
         kinds = tp.annotation(g).kind
         assert [tp.KINDS[kinds[v]] for v in mm] == ["column", "row"]
+
+
+@pytest.mark.parametrize("method", ["export", "fx"])
+def test_a_grouped_convolution_backward_counts_its_groups(method):
+    """torch's FLOP formula for ``convolution_backward`` ignores ``groups``: a depthwise conv's backward came out
+    C x its forward. Each gradient (input, weight) costs the forward's multiply-adds, grouped or not; the first
+    conv reads the model input (no gradient), so only its weight gradient is counted."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.ReLU(), nn.Conv2d(16, 32, 1),
+                      nn.Conv2d(32, 32, 3, groups=4), nn.ConvTranspose2d(32, 32, 2, stride=2, groups=8))
+    g = capture.capture(m, (torch.randn(2, 16, 8, 8),), method=method)
+    convs = [i for i, op in enumerate(g.op_types) if "conv" in op]
+    assert len(convs) == 4
+    ratios = [g.bwd_flops[i] / g.fwd_flops[i] for i in convs]
+    assert ratios == pytest.approx([1.0, 2.0, 2.0, 2.0])
+    dw = 2 * 2 * 16 * 8 * 8 * 9  # the depthwise conv: batch x channels x 8 x 8 outputs x 3 x 3 taps, 2 FLOPs each
+    assert g.fwd_flops[convs[0]] == dw

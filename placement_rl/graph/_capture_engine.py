@@ -7,7 +7,9 @@ and ``saved_tensors_hooks``, then ``autograd.grad`` of its outputs w.r.t. those 
 parameters the call owns) runs under a second ``FlopCounterMode``. So per node:
 
 * ``fwd_flops``: FLOPs of the op (the sum over nodes is the module's forward count);
-* ``bwd_flops``: FLOPs of the op's backward, measured. Fallback where the backward cannot run
+* ``bwd_flops``: FLOPs of the op's backward, measured (a convolution's with ``groups`` counted: torch's own
+  formula for ``convolution_backward`` ignores them, so a depthwise conv's backward came out C x too large;
+  ``_conv_backward_flops``). Fallback where the backward cannot run
   (no derivative, no meta kernel): ``2 x fwd`` if the op consumes trainable parameters (grads of
   inputs and weights), ``1 x fwd`` otherwise; such nodes are listed by the caller in ``meta``;
 * ``act_bytes``: bytes of the storages saved for backward, each storage counted once over the
@@ -36,7 +38,7 @@ import torch
 from torch import fx
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,7 @@ class _Measure:
             rec.fwd_flops, rec.bwd_flops, rec.bwd_measured = cached
         elif outs and wrt:
             try:
-                with FlopCounterMode(display=False) as counter:
+                with FlopCounterMode(display=False, custom_mapping=_FLOPS) as counter:
                     torch.autograd.grad(outs, wrt, [torch.ones_like(t) for t in outs], allow_unused=True)
                 rec.bwd_flops = float(counter.get_total_flops())
             except Exception:
@@ -181,9 +183,20 @@ class _Measure:
         with saved_tensors_hooks(pack, lambda t: t):
             if not count:
                 return call.fn(*args, **kwargs), list(leaves.values()), saved, 0
-            with FlopCounterMode(display=False) as counter:
+            with FlopCounterMode(display=False, custom_mapping=_FLOPS) as counter:
                 out = call.fn(*args, **kwargs)
         return out, list(leaves.values()), saved, counter.get_total_flops()
+
+
+def _conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
+                         _output_padding, _groups, output_mask, out_shape=None) -> int:
+    """``aten.convolution_backward``: each gradient asked for (input, weight) costs the forward convolution's
+    multiply-adds, whose count reads the weight's ``C_in / groups`` (torch 2.13's formula does not)."""
+    fwd = conv_flop_count(list(x_shape), list(w_shape), list(grad_out_shape), transposed=bool(transposed))
+    return fwd * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
+
+
+_FLOPS = {torch.ops.aten.convolution_backward: _conv_backward_flops}
 
 
 class _PerItem(tuple):
