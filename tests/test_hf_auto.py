@@ -216,6 +216,7 @@ def test_families_the_builder_refused_or_crashed_on(kind, overrides, task, cls):
     g = _hf(model_type=kind, overrides=overrides)
     desc = g.meta["hf"]
     assert (desc["task"], desc["class"], g.meta["capture_method"]) == (task, cls, "export")
+    assert desc.get("image_size") == ({"resnet": 224}.get(kind, 32) if task == "image_classification" else None)
     assert g.fwd_flops.sum() > 0 and g.bwd_flops.sum() > 0
     assert 0.99 * 4 * desc["params"] <= g.param_bytes.sum() + g.meta["unused_param_bytes"] <= 4 * desc["params"]
 

@@ -31,9 +31,11 @@ def summarize(graph: CompGraph, *, top: int = 8) -> str:
     ]
     hf = graph.meta.get("hf")
     if isinstance(hf, dict) and hf.get("model_type"):  # graph=hf: what was built from the config
+        size = hf.get("image_size")
+        shape = (f"{hf.get('batch_size', '?')} images of {size} x {size}" if size else
+                 f"{hf.get('batch_size', '?')} x {hf.get('seq_len', '?')} tokens")
         lines.append(f"  transformers {hf.get('class', hf['model_type'])} ({hf.get('task', '?')}): "
-                     f"{_fmt(float(hf.get('params', 0)))} parameters, {hf.get('batch_size', '?')} x "
-                     f"{hf.get('seq_len', '?')} tokens, {hf.get('attention', 'eager')} attention")
+                     f"{_fmt(float(hf.get('params', 0)))} parameters, {shape}, {hf.get('attention', 'eager')} attention")
         if hf.get("unused_params"):
             lines.append(f"  text input only: {_fmt(float(hf['unused_params']))} parameters of its vision / audio "
                          "towers take no part in the step and are not in the graph")

@@ -436,6 +436,8 @@ def build(*, config: str | None = None, model_type: str | None = None, task: str
     desc = {"model_type": cfg.model_type, "task": task, "class": type(model).__name__, "params": int(params),
             "batch_size": batch_size, "seq_len": seq_len, "attention": attention, "head_dim": float(head_dim),
             "config": sizing}
+    if task == "image_classification":
+        desc["image_size"] = int(size)
     if task != "image_classification":  # a multimodal model captured on text: its towers take no part in the step
         towers = sum(p.numel() for n, p in model.named_parameters() if _TOWER.search(n))
         if towers:
