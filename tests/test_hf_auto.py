@@ -270,3 +270,14 @@ def test_types_without_a_supported_head_are_one_line(spec, needle):
     with pytest.raises(GraphError, match=needle.replace("(", r"\(").replace(")", r"\)")) as err:
         graph_from_spec({"source": "hf", "batch_size": 1, "seq_len": 16, **spec})
     assert "\n" not in str(err.value)
+
+
+def test_a_model_export_cannot_capture_is_one_line_without_capture_options():
+    """flaubert calls .item() (no value on meta tensors): the error names the model and export's reason, not
+    capture's method= / exec_mode= hints, which graph=hf does not take."""
+    with pytest.raises(GraphError) as err:
+        graph_from_spec({"source": "hf", "model_type": "flaubert", "batch_size": 1, "seq_len": 16,
+                         "overrides": {"n_layers": 1, "emb_dim": 64, "n_heads": 4, "vocab_size": 300}})
+    msg = str(err.value)
+    assert msg.startswith("graph=hf: FlaubertWithLMHeadModel ('flaubert', masked_lm) cannot be captured")
+    assert "item" in msg and "method=" not in msg and "exec_mode" not in msg and "\n" not in msg

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from placement_rl.errors import ConfigError
+from placement_rl.errors import ConfigError, GraphError
 from placement_rl.graph.ir import CompGraph
 
 
@@ -68,7 +68,14 @@ def _hf_graph(spec: Mapping[str, Any]) -> CompGraph:
     opts["overrides"] = dict(opts.get("overrides") or {})
     module, inputs, desc = hf_auto.build(**opts)
     name = f"hf:{desc['model_type']}"
-    graph = capture(module, inputs, name=name, meta={"hf": desc, "hf_spec": dict(opts)})
+    try:
+        graph = capture(module, inputs, name=name, meta={"hf": desc, "hf_spec": dict(opts)})
+    except GraphError as exc:  # capture's hints (method=, exec_mode=) are not graph=hf options: the model's limit
+        reason = str(exc).split("; try method=")[0]
+        if "; export failed too (" in reason:  # export's reason, not the fx fallback's (fx cannot trace transformers)
+            reason = "torch.export: " + reason.split("; export failed too (", 1)[1].removesuffix(")")
+        raise GraphError(f"graph=hf: {desc['class']} ('{desc['model_type']}', {desc['task']}) cannot be captured "
+                         f"on meta tensors: {reason}") from None
     if desc["attention"] == "sdpa":
         graph = hf_auto.fused_attention_memory(graph, desc["head_dim"])
     return graph
