@@ -217,4 +217,8 @@ def evaluate_tasks(policy: Any, tasks: Sequence[ConstructiveTask], *, samples: i
     items = [(workers.put(t, ship=shippable), int(samples), task_seed(seed, i), t.window) for i, t in enumerate(tasks)]
     cost = [t.graph.num_nodes * (1 + samples) for t in tasks]
     got = workers.map(_evaluate, items, shared=(policy,), progress=progress, cost=cost)
+    from agents.constructive import state_window
+
+    for t in tasks:  # the window the placements read (a worker's copy of the task was set, not this one): the
+        t.window = state_window(policy, t.graph.num_nodes)  # rows count its completions (``episode_calls``)
     return [TaskResult(t, g, s, gs, ss) for t, (g, s, gs, ss) in zip(tasks, got)]

@@ -128,7 +128,15 @@ def test_labelling_and_evaluation_equal_for_1_and_2_workers(ray_local):
     with Workers(2) as w2:
         assert w2.on_ray
         labs = [label_states(policy, jobs, w) for w in (Workers(1), w2)]
-        evals = [evaluate_tasks(policy, tasks, samples=4, seed=3, workers=w) for w in (Workers(1), w2)]
+        for t in tasks:
+            t.window = 0  # fresh from a cache: never placed (on Ray only a worker's copy is placed)
+        from agents.constructive import episode_calls
+
+        on_ray = evaluate_tasks(policy, tasks, samples=4, seed=3, workers=w2)
+        ray_calls = [episode_calls(r.task) for r in on_ray]  # before a local run places the tasks themselves
+        evals = [evaluate_tasks(policy, tasks, samples=4, seed=3, workers=Workers(1)), on_ray]
+    # each row counts the whole-graph window's completions, N x D + 1 per placement, on Ray too
+    assert ray_calls == [1 + t.graph.num_nodes * t.topology.num_devices for t in tasks]
     for a, b in zip(*labs):
         assert a.completions == b.completions > 0
         np.testing.assert_array_equal(a.labels, b.labels)
