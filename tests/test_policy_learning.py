@@ -334,6 +334,10 @@ def test_finetuning_policy_iteration_clones_its_rollout_and_reports_only_what_th
             learned = [r for r in res.rows if r.kind == "learned"]
             for r in learned:  # every learned row is a real placement of its reported time
                 assert simulate(g, costs, topo, r.devices).step_time == pytest.approx(r.step_time, rel=1e-9)
+            for stage in ("zero-shot", "fine-tuned"):  # a greedy row is charged its own placement, not the samples
+                greedy, best = rows[f"policy {stage} (greedy)"], rows[f"policy {stage} (best of 4)"]
+                assert best.sim_calls - greedy.sim_calls == 4 * (greedy.sim_calls if stage == "zero-shot" else 1)
+                assert 0 < greedy.seconds < best.seconds
             tuning = next(r for r in learned if r.label.startswith("policy fine-tuning"))
             if clone_epochs:
                 assert tuning.step_time < zs * (1 - 1e-9)

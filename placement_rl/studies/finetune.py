@@ -84,7 +84,7 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
     n_calls = per * (1 + samples)
     t_zs = time.perf_counter() - t0
     rows.append(LearnedRow("policy zero-shot (greedy)", "learned", zs.greedy_time, bool(zs.greedy.feasible[0]),
-                           zs.greedy.devices[0], per, t_zs))
+                           zs.greedy.devices[0], per, zs.greedy_seconds))  # its own seconds (the samples' are not)
     rows.append(LearnedRow(f"policy zero-shot (best of {samples})", "learned", zs.best_time,
                            _feasible(graph, costs, topology, zs.best_devices), zs.best_devices, n_calls, t_zs))
     trainer = ConstructiveTrainer(config, policy=policy)
@@ -141,10 +141,11 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
                            f"greedy placements)", "learned", best_t, _feasible(graph, costs, topology, dev), dev,
                            n_calls, time.perf_counter() - t0))
     ft = evaluate(trainer.policy, [task], samples=samples, seed=seed + 1)[0]
+    greedy_calls = n_calls + per_ft  # the greedy row: fine-tuning and its own placement, not the samples
     n_calls += per_ft * (1 + samples)
     secs_ft = time.perf_counter() - t0
     rows.append(LearnedRow("policy fine-tuned (greedy)", "learned", ft.greedy_time, bool(ft.greedy.feasible[0]),
-                           ft.greedy.devices[0], n_calls, secs_ft))
+                           ft.greedy.devices[0], greedy_calls, secs_ft - ft.sampled_seconds))
     rows.append(LearnedRow(f"policy fine-tuned (best of {samples})", "learned", ft.best_time,
                            _feasible(graph, costs, topology, ft.best_devices), ft.best_devices, n_calls, secs_ft))
     if search_budget > 0:
