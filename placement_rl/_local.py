@@ -254,7 +254,8 @@ def _detect_gpu(index: int, measure: bool, nvml: _NVML, sources: dict[str, dict[
     name, td = f"gpu{index}", f"cuda:{index}"
     uuid = getattr(props, "uuid", None)
     handle = nvml.handle(index, str(uuid) if uuid is not None else None)
-    spec = gpu_spec(props.name)
+    sheet = lookup(props.name)
+    spec = None if sheet is None else (sheet.peak_flops, sheet.mem_bandwidth)
     src: dict[str, str] = {"memory_bytes": "torch", "launch_overhead": "default"}
     if spec is not None:
         peak, src["peak_flops"] = spec[0], "table"
@@ -277,7 +278,6 @@ def _detect_gpu(index: int, measure: bool, nvml: _NVML, sources: dict[str, dict[
             "pcie": nvml.pcie(handle) if handle is not None else None}
     # the product name, SM count and L2 size: the calibrated cost model's architecture facts and wave model; the
     # tensor-core peaks (dtype tf32 / bf16) from the datasheet
-    sheet = lookup(props.name)
     tensor = {} if sheet is None else {"peak_flops_tf32": sheet.peak_flops_tf32,
                                        "peak_flops_bf16": sheet.peak_flops_bf16}
     if sheet is not None:

@@ -19,6 +19,15 @@ class PlanError(PlacementRLError):
     """A Placement or StagePlan does not fit its graph or topology."""
 
 
+class CaptureError(GraphError):
+    """A module could not be traced or measured; ``reason`` says why without the hints meant for ``capture``'s own
+    options (``method``, ``exec_mode``), for callers that do not expose them (``graph=hf``)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class ProfileError(PlacementRLError):
     """A ProfileDB file is missing, corrupted or does not match."""
 

@@ -230,14 +230,16 @@ def _with_datasheet(entry: Mapping[str, Any], kind: str, data: Mapping[str, Any]
     neither given nor known is a one-line error saying so."""
     from placement_rl.datasheets import lookup
 
+    if kind != "gpu":
+        return entry
     model = str(entry.get("model", "") or "")
-    sheet = lookup(model) if kind == "gpu" and model else None
+    sheet = lookup(model) if model else None
     if sheet is None:
-        for key in ("peak_flops", "mem_bandwidth", "memory_bytes"):
-            if key not in entry and kind == "gpu":
-                hint = (f"model '{model}' is not a GPU placement_rl.datasheets knows" if model else
-                        "or name the product in 'model:', e.g. H100-SXM5-80GB or L40S, to take its datasheet figures")
-                raise TopologyError(f"{where}: missing field '{key}' ({hint})")
+        missing = next((k for k in ("peak_flops", "mem_bandwidth", "memory_bytes") if k not in entry), None)
+        if missing:
+            hint = (f"model '{model}' is not a GPU placement_rl.datasheets knows" if model else
+                    "or name the product in 'model:', e.g. H100-SXM5-80GB or L40S, to take its datasheet figures")
+            raise TopologyError(f"{where}: missing field '{missing}' ({hint})")
         return entry
     filled = {k: v for k, v in sheet.fields().items() if k not in entry and k not in data}
     if filled:

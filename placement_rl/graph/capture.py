@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import fx, nn
 
-from placement_rl.errors import GraphError
+from placement_rl.errors import CaptureError, GraphError
 from placement_rl.graph._capture_engine import NodeFailure, NodeRecord, OpCall, measure_graph, tensor_bytes
 from placement_rl.graph.hop import RegionOp, base_op, flatten_wrappers
 from placement_rl.graph.ir import CompGraph
@@ -153,7 +153,8 @@ def _measure_export(module: nn.Module, inputs: tuple, exec_mode: str):
             failure = exc
             continue
         return records, dict(counts, unused_param_bytes=unused, exec=mode)
-    raise GraphError(f"cannot measure the exported graph ({failure}); try method='fx' or exec_mode='real'")
+    reason = f"cannot measure the exported graph ({failure})"
+    raise CaptureError(f"{reason}; try method='fx' or exec_mode='real'", reason)
 
 
 # ----------------------------------------------------------------------------------------------- fx
@@ -286,7 +287,8 @@ def capture(module: nn.Module, example_inputs: Any, *, method: str = "export", n
         except Exception as exc:
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             extra = f"; export failed too ({info['export_error']})" if info else ""
-            raise GraphError(f"cannot trace {type(module).__name__} with torch.fx ({why}){extra}") from None
+            raise CaptureError(f"cannot trace {type(module).__name__} with torch.fx ({why}){extra}",
+                               f"torch.export: {info['export_error']}" if info else f"torch.fx: {why}") from None
     full_meta: dict[str, Any] = {
         "capture_method": used, "torch_version": torch.__version__, **counts, **info,
         "bwd_flops_fallback": [r.name for r in records if not r.bwd_measured],

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from placement_rl.errors import ConfigError, GraphError
+from placement_rl.errors import CaptureError, ConfigError, GraphError
 from placement_rl.graph.ir import CompGraph
 
 
@@ -70,12 +70,9 @@ def _hf_graph(spec: Mapping[str, Any]) -> CompGraph:
     name = f"hf:{desc['model_type']}"
     try:
         graph = capture(module, inputs, name=name, meta={"hf": desc, "hf_spec": dict(opts)})
-    except GraphError as exc:  # capture's hints (method=, exec_mode=) are not graph=hf options: the model's limit
-        reason = str(exc).split("; try method=")[0]
-        if "; export failed too (" in reason:  # export's reason, not the fx fallback's (fx cannot trace transformers)
-            reason = "torch.export: " + reason.split("; export failed too (", 1)[1].removesuffix(")")
+    except CaptureError as exc:  # its reason, not capture's method= / exec_mode= hints (not graph=hf options)
         raise GraphError(f"graph=hf: {desc['class']} ('{desc['model_type']}', {desc['task']}) cannot be captured "
-                         f"on meta tensors: {reason}") from None
+                         f"on meta tensors: {exc.reason}") from None
     if desc["attention"] == "sdpa":
         graph = hf_auto.fused_attention_memory(graph, desc["head_dim"])
     return graph
