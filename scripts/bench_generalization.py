@@ -9,6 +9,9 @@
     python scripts/bench_generalization.py --part scale      # 2,000 and 10,000 nodes: greedy vs sim_eft, seconds
     python scripts/bench_generalization.py --part speed      # decisions/s in training; zero-shot at 2,000 / 20,000 nodes
     python scripts/bench_generalization.py --part finetune   # fine-tuning vs eft_rollout + local search, equal calls
+    python scripts/bench_generalization.py --part headroom --split test --budget 100000
+                                                             # how far below eft_rollout a long search gets on a
+                                                             # split: the room the zero-shot targets need
 
 ``--checkpoint`` defaults to the packaged pretrained policy. ``--out docs`` writes the reports there. The dev and test
 parts build and evaluate their pairs on ``--workers`` (default ``auto``: every core, on Ray; best of 16 is sampled
@@ -377,15 +380,57 @@ def part_finetune(policy, cfg, out: Path | None, budget: int, cases: str = "test
         print(f"wrote {out / 'finetune.md'} and finetune_curves.png")
 
 
+def part_headroom(split: str, out: Path | None, workers, cache: str | None, budget: int) -> None:
+    """Simulated annealing (``baselines.search.refine``, ``budget`` simulator calls, seed per pair) from each pair's
+    ``eft_rollout`` placement: the best placement a long search finds near the teacher's, against the teacher and
+    ``sim_eft``. A zero-shot target below this bound asks the policy for more than ``budget`` calls of search find."""
+    from agents.constructive_eval import geomean
+    from agents.scaleout import refine_teachers
+    from placement_rl.studies.pretrain import build_tasks, split_specs
+
+    tasks = build_tasks(split_specs(split), workers=workers, cache=cache)
+    t0 = time.perf_counter()
+    found = refine_teachers([(t, t.refs["eft_rollout"][2]) for t in tasks], budget, workers=workers)
+    wall = time.perf_counter() - t0
+    rows = []
+    for t, (_, v, ok) in zip(tasks, found):
+        er, se = t.refs["eft_rollout"][0], t.refs["sim_eft"][0]
+        rows.append((str(t.meta.get("id", t.graph.name)), t.graph.num_nodes, t.topology.num_devices, er / se, v / er,
+                     v / se, bool(ok)))
+    lines = [f"# Room below `eft_rollout` on the {split} split: {budget:,} calls of annealing from its placement", "",
+             f"`python scripts/bench_generalization.py --part headroom --split {split} --budget {budget}` "
+             f"({wall:.0f} s on {workers.describe()}). Simulated annealing (`baselines.search.refine`, the "
+             "local-search placer's moves and temperature) started from each pair's `eft_rollout` placement: the "
+             "best placement it simulates is never worse than the start.", "",
+             "| pair | nodes | devices | eft_rollout / sim_eft | search / eft_rollout | search / sim_eft |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.4f} | {r[4]:.4f} | {r[5]:.4f} |" for r in rows]
+    g_er, g_rs, g_ss = geomean([r[4] for r in rows]), geomean([r[3] for r in rows]), geomean([r[5] for r in rows])
+    better = sum(r[4] < 1.0 - 1e-4 for r in rows)
+    lines += ["", f"Geometric mean over {len(rows)} pairs: search / `eft_rollout` **{g_er:.4f}** (better than the "
+              f"start on {better} of {len(rows)} pairs; best {min(r[4] for r in rows):.4f}), `eft_rollout` / "
+              f"`sim_eft` {g_rs:.4f}, search / `sim_eft` **{g_ss:.4f}**; all feasible: "
+              f"{all(r[6] for r in rows)}."]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"headroom_{split}.md").write_text(text)
+        print(f"wrote {out / f'headroom_{split}.md'}")
+
+
 def main() -> None:
     os.environ.setdefault("PLACEMENT_RL_DECODE_THREADS", "auto")  # as `placement-rl` does (placement_rl.cost.split)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("all", "dev", "test", "scale", "speed", "finetune"), default="all")
+    ap.add_argument("--part", choices=("all", "dev", "test", "scale", "speed", "finetune", "headroom"),
+                    default="all")
     ap.add_argument("--checkpoint", default=None)
     ap.add_argument("--runs", nargs="*", default=[], help="pretraining run folders (test part; none: "
                     "--checkpoint alone)")
     ap.add_argument("--out", default=None, help="folder for the reports (e.g. docs)")
-    ap.add_argument("--budget", type=int, default=5000, help="simulator calls for fine-tuning and its comparison")
+    ap.add_argument("--budget", type=int, default=None, help="simulator calls for fine-tuning and its comparison "
+                    "(default 5000) or for the headroom search (default 100000)")
+    ap.add_argument("--split", choices=("dev", "test"), default="dev", help="the headroom part's split")
     ap.add_argument("--workers", default="auto", help="building and evaluating the dev / test pairs: 1 (this "
                     "process), N or auto (Ray workers; placement_rl.scale)")
     ap.add_argument("--address", default=None, help="a Ray cluster to join (auto or host:port)")
@@ -415,6 +460,9 @@ def main() -> None:
             elif a.part == "test":  # no pretraining runs given: the checkpoint alone
                 part_split(policy, "test", out, workers, a.cache, seed=cfg.seed, stem="test_split_checkpoint",
                            title="Test split, one checkpoint (the shipped one unless --checkpoint)")
+    if a.part == "headroom":
+        with Workers(a.workers, address=a.address) as workers:
+            part_headroom(a.split, out, workers, a.cache, a.budget or 100_000)
     if a.part in ("all", "scale"):
         part_scale(policy)
     if a.part in ("all", "speed"):
@@ -433,7 +481,7 @@ def main() -> None:
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cfg)}
         if unknown:
             ap.error(f"--set: unknown fine-tuning config keys {sorted(unknown)} (see agents/constructive_config.py)")
-        part_finetune(policy, cfg, out, a.budget, cases=a.finetune_cases, overrides=overrides)
+        part_finetune(policy, cfg, out, a.budget or 5000, cases=a.finetune_cases, overrides=overrides)
 
 
 if __name__ == "__main__":
