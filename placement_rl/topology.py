@@ -29,7 +29,8 @@ index of its ``count`` devices) and ``numbered: true`` (number its name even whe
 A device entry, ``links``, ``links.intra_host`` / ``inter_host`` and a ``links.pairs`` entry accept only the
 fields above: any other (a typo such as ``modle``) is a ``TopologyError`` listing the valid ones. Two
 ``links.pairs`` entries for the same pair (in either order) must agree. Other top-level keys are kept in
-``meta`` (free-form notes, detection sources).
+``meta`` (free-form notes, detection sources), except one that looks like a field (``link:``, ``dtpye:``) or a
+device / links field at the top (``hosts: 2``, ``memory_bytes:``): that is a ``TopologyError`` naming it.
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ LINKS_FIELDS = ("intra_host", "inter_host", "pairs")
 LINK_FIELDS = ("bandwidth", "latency", "kind")
 PAIR_FIELDS = ("between",) + LINK_FIELDS
 DEFAULT_LAUNCH_OVERHEAD = {"cpu": 2e-6, "gpu": 8e-6}
+# top-level fields the loader reads; any other top-level key is kept in ``meta`` unless it is a near miss of one of
+# these or of a device / links field (a typo such as ``link:`` or a device field such as ``hosts:`` at the top)
+TOP_FIELDS = ("name", "description", "devices", "links", "dtype", "cost_model", "collective_fit", "l2_bytes",
+              "peak_flops_tf32", "peak_flops_bf16")
+NOTE_FIELDS = ("peak_flops_fp64", "peak_flops_base", "peak_flops_tensor")  # datasheet notes in presets, not read
 
 
 @dataclass(frozen=True)
@@ -258,9 +264,28 @@ def _check_fields(entry: Mapping[str, Any], allowed: Sequence[str], where: str) 
             raise TopologyError(f"{where}: unknown field {str(key)!r}; {hint}valid fields: {', '.join(allowed)}")
 
 
+def _check_top_level(data: Mapping[str, Any], where: str) -> None:
+    """``TopologyError`` for a top-level key that is not a field but looks like one (free-form notes stay)."""
+    import difflib
+
+    for key in data:
+        k = str(key)
+        if k in TOP_FIELDS or k in NOTE_FIELDS:
+            continue
+        near = difflib.get_close_matches(k, TOP_FIELDS, n=1, cutoff=0.8)
+        dev = [k] if k in DEVICE_FIELDS + LINKS_FIELDS else \
+            difflib.get_close_matches(k, DEVICE_FIELDS + LINKS_FIELDS, n=1, cutoff=0.8)
+        if near and not (dev and dev[0] == k):
+            raise TopologyError(f"{where}: unknown top-level field {k!r}; did you mean '{near[0]}'?")
+        if dev:
+            place = "each device entry" if dev[0] in DEVICE_FIELDS else "'links'"
+            raise TopologyError(f"{where}: top-level field {k!r} is not read; '{dev[0]}' belongs in {place}")
+
+
 def _from_dict(data: Any, where: str) -> DeviceTopology:
     if not isinstance(data, dict):
         raise TopologyError(f"{where}: top level must be a mapping with 'name', 'devices' and 'links'")
+    _check_top_level(data, where)
     devs_in = data.get("devices")
     if not isinstance(devs_in, list) or not devs_in:
         raise TopologyError(f"{where}: field 'devices' must be a non-empty list")

@@ -347,6 +347,29 @@ def test_unknown_fields_are_named_with_the_valid_ones(mutate, needle):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("extra, needle", [
+    ({"link": {}}, "unknown top-level field 'link'; did you mean 'links'?"),
+    ({"dtpye": "bf16"}, "unknown top-level field 'dtpye'; did you mean 'dtype'?"),
+    ({"hosts": 2}, "top-level field 'hosts' is not read; 'host' belongs in each device entry"),
+    ({"memory_bytes": 8e9}, "top-level field 'memory_bytes' is not read; 'memory_bytes' belongs in each device entry"),
+    ({"peak_flops": 1e13}, "top-level field 'peak_flops' is not read; 'peak_flops' belongs in each device entry"),
+    ({"model": "H100"}, "top-level field 'model' is not read; 'model' belongs in each device entry"),
+    ({"inter_host": {"bandwidth": 1e9, "latency": 0}}, "'inter_host' belongs in 'links'"),
+])
+def test_a_top_level_key_that_looks_like_a_field_is_refused(extra, needle):
+    data = {**_two_gpu(), **extra}
+    with pytest.raises(TopologyError, match=needle.replace("?", r"\?")) as err:
+        DeviceTopology.from_dict(data)
+    assert "\n" not in str(err.value)
+
+
+def test_free_form_top_level_notes_stay_in_meta():
+    data = {**_two_gpu(), "notes": "rack 3", "peak_flops_fp64": 7.8e12, "sources": {"gpu0": "nvml"}}
+    topo = DeviceTopology.from_dict(data)
+    assert topo.meta["notes"] == "rack 3" and topo.meta["sources"] == {"gpu0": "nvml"}
+    assert DeviceTopology.from_dict(topo.to_dict()).meta["notes"] == "rack 3"
+
+
 def test_unknown_device_field_in_a_yaml_file(tmp_path: Path):
     text = (conf_dir() / "topology" / "4x_h100_nvlink.yaml").read_text().replace("model: H100", "modle: H100")
     (tmp_path / "typo.yaml").write_text(text)
