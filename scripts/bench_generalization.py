@@ -434,7 +434,8 @@ def main() -> None:
     ap.add_argument("--workers", default="auto", help="building and evaluating the dev / test pairs: 1 (this "
                     "process), N or auto (Ray workers; placement_rl.scale)")
     ap.add_argument("--address", default=None, help="a Ray cluster to join (auto or host:port)")
-    ap.add_argument("--stem", default="ablation_learning", help="file name of the test part's ablation table")
+    ap.add_argument("--stem", default="ablation_learning", help="file name of the test part's ablation table "
+                    "(dev part: of its table, default dev_split)")
     ap.add_argument("--finetune-cases", choices=("test", "dev"), default="test", help="fine-tuning cases: the "
                     "reported ones (test) or other graph seeds for choosing the recipe (dev)")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="fine-tuning config values over "
@@ -454,7 +455,8 @@ def main() -> None:
     if a.part in ("all", "dev", "test"):
         with Workers(a.workers, address=a.address) as workers:
             if a.part in ("all", "dev"):
-                part_split(policy, "dev", out, workers, a.cache)
+                part_split(policy, "dev", out, workers, a.cache,
+                           stem="dev_split" if a.stem == "ablation_learning" else a.stem)
             if a.part == "test" and a.runs:
                 part_test(a.runs, out, workers, a.cache, stem=a.stem, full_window=a.full_window)
             elif a.part == "test":  # no pretraining runs given: the checkpoint alone
