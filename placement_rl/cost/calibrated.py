@@ -12,6 +12,8 @@ Per node ``v`` of class ``c`` (``placement_rl.cost.op_classes.op_class``), on a 
         the fastest CTA tile / split-K configuration of a wave model over the SMs (``_gemm_time``), at
         e_max[c] x trend(GPU) of peak, memory traffic of the operand tiles at bw x e_mem_gemm; + launch.
         backward: one GEMM per input that needs a gradient (dX) and one for the weights (dW), at their shapes
+        a 3x3 stride-1 conv (``wino`` tiles > 0) and its dX: the faster of that and Winograd F(4x4, 3x3)
+        (``gemm_time._wino_time``: 36 GEMMs over the output's 4x4 tiles x ``wino`` + the transforms' traffic)
     memory-bound (norm, softmax, element-wise, embedding, loss, pool):
         t_fwd = kf[c] * (in + out) / bw_eff + launch,   t_bwd = kb[c] * (in + out) / bw_eff + nb[c] * launch
         (embedding: in + 2 out, the gathered table rows are read as well as the output written)
@@ -35,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from placement_rl.cost.gemm_time import _bwd_dims, _gemm_time, _gemm_time_v1, _weight_bytes, gemm_dims
+from placement_rl.cost.gemm_time import _bwd_dims, _gemm_time, _gemm_time_v1, _weight_bytes, _wino_time, gemm_dims, \
+    wino_tiles
 from placement_rl.cost.gpu_fit import OPTIONAL, GpuFit, required_params, shipped_fit, trend
 from placement_rl.cost.gpu_spec import GpuSpec, arch_of, datasheet, spec_of_device
 from placement_rl.cost.op_classes import CLASSES, GEMM_CLASSES, MEM_CLASSES, op_class
@@ -89,6 +92,7 @@ class NodeFeatures:
     ops: np.ndarray | None = None  # [N] original ops per node (coarsened groups), None = 1 each
     bwd_flops: np.ndarray | None = None  # [N] measured backward FLOPs (0 / None: unknown)
     dims: np.ndarray | None = None  # [N, 4] batch, M, N, K of each GEMM-like node (elements; see gemm_dims)
+    wino: np.ndarray | None = None  # [N] Winograd F(4x4, 3x3) output tiles of a 3x3 stride-1 conv (0: not one)
 
 
 def features(graph: Any) -> NodeFeatures:
@@ -123,12 +127,40 @@ def features(graph: Any) -> NodeFeatures:
                      np.asarray(graph.param_bytes, dtype=np.float64), first, second)
     if graph.members is not None:
         dims[ops > 1] = 0.0  # a group's summed shapes are no GEMM's: priced without tile quantisation
+    wino = conv_wino_tiles(cls, dims, in_b, graph.meta.get("batch_size"))
     return NodeFeatures(cls=cls, flops=np.asarray(graph.fwd_flops, dtype=np.float64), in_bytes=in_b,
                         out_bytes=np.asarray(graph.out_bytes, dtype=np.float64),
                         param_bytes=np.asarray(graph.param_bytes, dtype=np.float64), grad=grad,
                         edge_dst=dst[keep], edge_bytes=np.asarray(graph.edge_bytes)[keep],
                         ops=ops if graph.members is not None else None,
-                        bwd_flops=np.asarray(graph.bwd_flops, dtype=np.float64), dims=dims)
+                        bwd_flops=np.asarray(graph.bwd_flops, dtype=np.float64), dims=dims, wino=wino)
+
+
+def conv_wino_tiles(cls: np.ndarray, dims: np.ndarray, in_b: np.ndarray, batch: Any = None) -> np.ndarray:
+    """[N] Winograd output tiles of each conv node that is a 3x3 stride-1 convolution with same padding, else 0.
+    A graph node knows M = batch x H x W (output), K = C_in x k^2 and its input bytes = 4 x batch x C_in x H_in x
+    W_in: with stride 1 and same padding H_in W_in = H W, so C_in = in / 4M and k^2 = K / C_in (a stride-2 or 1x1
+    convolution gives k^2 of 2.25 or 1). The tiles need H and W: from ``batch`` (the graph's ``batch_size``) as a
+    square image, else M / 16 (no partial tiles)."""
+    out = np.zeros(cls.shape[0])
+    conv = (cls == CLASSES.index("conv")) & (dims[:, 3] > 0) & (dims[:, 1] > 0)
+    if not conv.any():
+        return out
+    m, k = dims[:, 1], dims[:, 3]
+    ci = np.where(conv, in_b / 4.0 / np.maximum(m, 1.0), 0.0)
+    k2 = np.where(ci > 0, k / np.maximum(ci, 1e-30), 0.0)
+    ok = conv & (np.abs(k2 - 9.0) < 0.5) & (np.abs(k / 9.0 - np.round(k / 9.0)) < 1e-6)
+    try:
+        b = float(batch) if batch is not None else 0.0
+    except (TypeError, ValueError):
+        b = 0.0
+    if b >= 1:
+        side = np.sqrt(np.maximum(m / b, 1.0))
+        tiles = wino_tiles(np.full_like(m, b), side, side)
+    else:
+        tiles = m / 16.0
+    out[ok] = tiles[ok]
+    return out
 
 
 def node_times(feat: NodeFeatures, spec: GpuSpec, fit: GpuFit, *, dtype: str = "fp32",
@@ -177,6 +209,10 @@ def node_times(feat: NodeFeatures, spec: GpuSpec, fit: GpuFit, *, dtype: str = "
         if tiled:
             dims = feat.dims[gi]
             fwd[gi] = _gemm_time(feat.flops[gi], dims, cls[gi], fit, spec, peak, elem, gpu) + launch
+            if feat.wino is not None and fit.q("wino") > 0 and peak == spec.peak_flops:
+                # a 3x3 stride-1 conv: the faster of the direct (implicit GEMM) and the Winograd algorithm
+                wt = _wino_time(feat.wino[gi], dims, fit, spec, peak, elem, gpu, CLASSES.index("conv"))
+                fwd[gi] = np.minimum(fwd[gi], wt + launch)
             _, dwd = _bwd_dims(dims, cls[gi], np.zeros(gi.size))
             dw = _gemm_time(feat.flops[gi] * (w_b > 0), dwd, cls[gi], fit, spec, peak, elem, gpu)
         else:
@@ -190,6 +226,12 @@ def node_times(feat: NodeFeatures, spec: GpuSpec, fit: GpuFit, *, dtype: str = "
             if tiled:
                 dxd, _ = _bwd_dims(feat.dims[d], cls[d], feat.edge_bytes / 4.0)
                 dx = _gemm_time(feat.flops[d], dxd, cls[d], fit, spec, peak, elem, gpu)
+                if feat.wino is not None and fit.q("wino") > 0 and peak == spec.peak_flops:
+                    # the data gradient of a 3x3 stride-1 conv is one too (C_in and C_out swapped): Winograd as well
+                    fd = feat.dims[d]
+                    swapped = np.stack([fd[:, 0], fd[:, 1], fd[:, 3] / 9.0, 9.0 * fd[:, 2]], axis=1)
+                    dx = np.minimum(dx, _wino_time(feat.wino[d], swapped, fit, spec, peak, elem, gpu,
+                                                   CLASSES.index("conv")))
             else:
                 dx = _gemm_time_v1(feat.flops[d], eb, moved[d], cls[d], fit, spec, peak, elem)
             np.add.at(bwd, d, dx)

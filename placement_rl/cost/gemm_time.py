@@ -102,6 +102,37 @@ def _gemm_time(flops: np.ndarray, dims: np.ndarray, cls: np.ndarray, fit: GpuFit
     return np.where(flops > 0, np.where(conv, best, throttle(best, spec, fit)), 0.0)
 
 
+WINO_OUT, WINO_IN = 4, 6  # Winograd F(4x4, 3x3): a 6 x 6 transformed input tile per 4 x 4 output tile
+
+
+def wino_tiles(batch: np.ndarray, h_out: np.ndarray, w_out: np.ndarray) -> np.ndarray:
+    """Output tiles of a Winograd F(4x4, 3x3) convolution: ``batch x ceil(h / 4) x ceil(w / 4)``."""
+    return batch * np.ceil(h_out / WINO_OUT) * np.ceil(w_out / WINO_OUT)
+
+
+def _wino_time(tiles: np.ndarray, dims: np.ndarray, fit: GpuFit, spec: GpuSpec, peak: float, elem: float,
+               gpu: tuple[float, float], conv_cls: int) -> np.ndarray:
+    """Time of 3x3 stride-1 convolutions (``dims`` rows: 1, M, C_out, 9 C_in) by Winograd F(4x4, 3x3), the
+    algorithm cuDNN picks on most such rows of every fitted GPU: 36 GEMMs ``(tiles x C_in) @ (C_in x C_out)``
+    (a quarter of the direct convolution's multiplies, priced by the same tile / wave model) times ``wino``, plus
+    the transforms' memory traffic (the input read and its 36 / 16 transformed copy written, the GEMMs' outputs
+    read and the output written, the filter transformed) at the memory-bound classes' bandwidth. ``tiles`` 0:
+    not a 3x3 stride-1 convolution (inf)."""
+    ok = (tiles > 0) & (dims[:, 3] > 0)
+    t_n = np.where(ok, tiles, 1.0)
+    ci = np.maximum(dims[:, 3] / 9.0, 1.0)
+    co = np.maximum(dims[:, 2], 1.0)
+    sq = WINO_IN * WINO_IN
+    wd = np.stack([np.full_like(t_n, sq), t_n, co, ci], axis=1)
+    flops = 2.0 * sq * t_n * ci * co
+    t_g = _gemm_time(flops, wd, np.full(t_n.shape, conv_cls), fit, spec, peak, elem, gpu)
+    m = dims[:, 1]
+    moved = ci * m + sq * t_n * ci + sq * t_n * co + co * m + sq * ci * co + 9.0 * ci * co
+    bw = spec.mem_bandwidth * fit.p("e_bw") * gpu[1]
+    t = t_g * fit.q("wino") + moved * elem / bw
+    return np.where(ok, t, np.inf)
+
+
 def _gemm_time_v1(flops: np.ndarray, out_bytes: np.ndarray, moved: np.ndarray, cls: np.ndarray, fit: GpuFit,
                   spec: GpuSpec, peak: float, elem: float) -> np.ndarray:
     """The version-1 GEMM model (no tile choice), kept to evaluate a version-1 fit."""

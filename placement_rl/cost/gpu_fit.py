@@ -25,7 +25,7 @@ FIT_VERSION = 2
 READS_VERSIONS = (1, 2)  # a version-1 fit is the version-2 model with the datasheet-trend terms at 0
 # parameters added after version 1, with the value that reproduces the version-1 model
 OPTIONAL = {"g_old_gemm": 0.0, "g_lp_gemm": 0.0, "lp_slow": 0.0, "lp_tau": 1e-3, "g_old_mem": 0.0, "g_gddr_mem": 0.0, "issue_ffma": 1.0,
-            "l2_reuse": 8.0, "tile_area": 16384.0, "mem_terms": 0.0}
+            "l2_reuse": 8.0, "tile_area": 16384.0, "mem_terms": 0.0, "wino": 0.0}
 @dataclass(frozen=True)
 class GpuFit:
     """Fitted parameters (shared by every GPU). ``params`` maps a name to a float; see the module docstring."""

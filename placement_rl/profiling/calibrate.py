@@ -19,6 +19,7 @@ import numpy as np
 
 from placement_rl.cost.calibrated import (CLASSES, HARNESS_CLASSES, MEM_CLASSES, GpuFit, GpuSpec, NodeFeatures,
                                           features, node_times, table_times)
+from placement_rl.cost.gemm_time import wino_tiles
 from placement_rl.errors import ProfileError
 
 # name, initial value, lower, upper
@@ -32,7 +33,8 @@ PARAMS: list[tuple[str, float, float, float]] = [
   + [(f"nb_{c}", 1.0, 0.0, 4.0) for c in MEM_CLASSES] \
   + [("g_old_gemm", 0.0, -2.0, 2.0), ("g_lp_gemm", 0.0, -2.0, 2.0), ("lp_slow", 0.3, 0.0, 3.0),
      ("lp_tau", 2e-3, 1e-5, 0.1), ("g_old_mem", -0.2, -2.0, 2.0),  # (min-form memory terms: start off their kink at 0)
-     ("g_gddr_mem", -0.2, -2.0, 2.0), ("l2_reuse", 8.0, 1.0, 64.0), ("tile_area", 16384.0, 4096.0, 65536.0)] \
+     ("g_gddr_mem", -0.2, -2.0, 2.0), ("l2_reuse", 8.0, 1.0, 64.0), ("tile_area", 16384.0, 4096.0, 65536.0),
+     ("wino", 1.5, 0.2, 5.0)] \
   + [(f"koff_{c}", 2e-5, 0.0, 8e-5) for c in HARNESS_CLASSES]
 FIXED = {"kb_ew_pass": 0.0, "nb_ew_pass": 0.0, "tile": 128 * 128, "e_bw": 1.0, "issue_ffma": 0.85, "mem_terms": 1.0}
 
@@ -111,9 +113,12 @@ def kernel_features(op: str, cols: dict[str, np.ndarray]) -> tuple[NodeFeatures,
         dims = np.stack([np.ones(n_rows), b * ho * ho, co, ci * ks * ks], axis=1).astype(float)
     else:
         dims = np.zeros((n_rows, 4))
+    wino = None
+    if op == "conv":  # a 3x3 stride-1 convolution can run as Winograd F(4x4, 3x3) (``gemm_time._wino_time``)
+        wino = np.where((ks == 3) & (st == 1), wino_tiles(b, ho, ho), 0.0).astype(float)
     feat = NodeFeatures(cls=np.full(n_rows, CLASSES.index(cls)), flops=flops.astype(float), in_bytes=inp.astype(float),
                         out_bytes=out.astype(float), param_bytes=params.astype(float), grad=np.zeros(n_rows, bool),
-                        edge_dst=np.zeros(0, np.int64), edge_bytes=np.zeros(0), dims=dims)
+                        edge_dst=np.zeros(0, np.int64), edge_bytes=np.zeros(0), dims=dims, wino=wino)
     return feat, cls
 
 
