@@ -265,6 +265,13 @@ def report(rows, classes, krows, newer, fit, pd_lines, factors, coll_lines, coll
              'that slows the clock). Refitted on all five GPUs and leave-one-out for the P4 and T4: P4 / T4 bmm '
              '44.2% / 25.1% -> 39.9% / 21.3%, T4 linear 23.9% -> 21.8%, but P4 conv leave-one-out 36.5% -> 47.3% '
              'and whole-model inference P4 12.3% -> 13.3%, T4 4.0% -> 5.7%: no better overall.',
+             '* **No split-K for convolutions** (2026-11-27, third session, on top of the Winograd '
+             "candidate): cuDNN's forward / data-gradient kernels do not split the reduction as cuBLAS's "
+             "GEMMs can, and the tile model's split-K candidate priced small-image, long-K convolutions too "
+             'fast (batch <= 17: measured / predicted 1.20-1.55 on four GPUs). Without it for conv rows and '
+             'refitted: in-sample conv 27.0% -> 25.3% (A100 22.2, P100 31.8, P4 32.0, T4 17.9, V100 22.7), '
+             'but leave-one-GPU-out conv 28.6% -> 28.4%, bmm 31.7% -> 32.7%, and 2 kernel tables worse than '
+             'the roofline instead of 0 (P4 bmm, P4 conv): not shipped.',
              "* **A gradient-boosted residual over this model** (scikit-learn's histogram GBM on the log ratio "
              "measured / predicted, trained on four GPUs' kernel tables, checked on the fifth, over the five-GPU "
              "fit, so if anything optimistic; with the shapes alone, with the datasheet figures added, or with "
