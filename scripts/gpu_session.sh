@@ -9,8 +9,11 @@
 # 2. tensor-core kernels: scripts/measure_gpu.py --dtype bf16 (linear, bmm, softmax, gelu, add) and --dtype tf32
 #    (linear), with each dtype's 8192^3 matmul rate (env.json) -- no public table has them, and the cost model
 #    prices them from datasheet peaks with the fp32 fit's tile and traffic terms;
-# 3. the tests marked gpu (CUDA timing, local GPU detection, the executor on CUDA).
-# Every step is time-boxed and logged; a failed step does not stop the others. The tarball holds bf16/, tf32/
+# 3. fp32 conv kernels with the kernels every 4th shape launched (--kernel-names-every): does cuDNN run the lent
+#    GPU's 3x3 stride-1 convolutions as Winograd, as it did on NeuSight's five GPUs (the cost model assumes it may);
+# 4. the tests marked gpu (CUDA timing, local GPU detection, the executor on CUDA).
+# Every step is time-boxed and logged; a failed step does not stop the others. The tarball holds bf16/, tf32/,
+# conv_names/
 # (measure_gpu.py's layout: kernels_<dtype>/<op>.csv, env.json) and the logs. To ship the tables: copy
 # kernels_<dtype>/<op>.csv to placement_rl/data/measured/<gpu>/kernels_<dtype>/<op>/<GPU name>.csv (the name of
 # its device_configs/ file) and run python scripts/fidelity_measured_gpu.py --gpu <gpu>.
@@ -50,6 +53,9 @@ log "bf16 kernels: exit $? ($(tail -1 "$W/bf16.log"))"
 timeout $((PER_OP + 60)) $PY scripts/measure_gpu.py --out "$W/tf32" --shapes "$W/shapes" --device "$DEVICE" \
   --parts env kernels --dtype tf32 --ops linear --kernel-seconds "$PER_OP" > "$W/tf32.log" 2>&1
 log "tf32 kernels: exit $? ($(tail -1 "$W/tf32.log"))"
+timeout $((PER_OP + 60)) $PY scripts/measure_gpu.py --out "$W/conv_names" --shapes "$W/shapes" --device "$DEVICE" \
+  --parts kernels --ops conv --kernel-seconds "$PER_OP" --kernel-names-every 4 > "$W/conv_names.log" 2>&1
+log "fp32 conv kernels with their names: exit $? ($(tail -1 "$W/conv_names.log"))"
 timeout 150 $PY -m pytest -q -m gpu -p no:cacheprovider tests/ > "$W/pytest_gpu.log" 2>&1
 log "tests marked gpu: exit $? ($(tail -1 "$W/pytest_gpu.log"))"
 tar czf "$OUT/gpu_session.tgz" -C "$W" --exclude=shapes .

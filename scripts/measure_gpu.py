@@ -14,7 +14,9 @@ Writes under ``--out``:
   AdamW step over each trained model's parameters;
 * ``kernels/<op>.csv``: single-kernel fp32 forward times (ms, ``Latency``) of linear, bmm, conv, ln, softmax,
   gelu and add at the shapes listed in ``--shapes`` (the columns of NeuSight's kernel tables), in the listed order
-  until ``--kernel-seconds`` per op class run out.
+  until ``--kernel-seconds`` per op class run out; with ``--kernel-names-every N`` every N-th shape also records
+  the kernels one call launched (``Kernels``, as NeuSight's tables do: e.g. whether cuDNN ran a convolution as
+  Winograd).
 
 Timing: CUDA events, after warm-up; TF32 off for matrix products and cuDNN (fp32 as NeuSight measured);
 ``cudnn.benchmark`` on. Progress lines go to stdout.
@@ -283,8 +285,27 @@ def kernel_fn(op: str, r: dict[str, int], dev: torch.device, dtype: str = "fp32"
     return lambda: x + y
 
 
+def kernel_names(fn, dev: torch.device) -> str:
+    """The kernels one call of ``fn`` launches, ';'-joined in launch order without repeats (the format of
+    NeuSight's ``Kernels`` column), from ``torch.profiler``: CUDA kernels on a GPU (which algorithm cuDNN / cuBLAS
+    ran: Winograd, implicit GEMM, split-K ...), the aten ops on a CPU (a smoke test of the plumbing)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = dev.type == "cuda"
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        fn()
+        sync(dev)
+    want = DeviceType.CUDA if cuda else DeviceType.CPU
+    names: list[str] = []
+    for e in prof.events():
+        if e.device_type == want and e.name not in names:
+            names.append(e.name.replace(";", ","))
+    return ";".join(names)
+
+
 def part_kernels(out: Path, dev: torch.device, shapes: Path, ops: list[str], *, seconds: float,
-                 max_rows: int, dtype: str = "fp32") -> None:
+                 max_rows: int, dtype: str = "fp32", names_every: int = 0) -> None:
     kd = out / f"kernels{suffix(dtype)}"
     kd.mkdir(exist_ok=True)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
@@ -299,13 +320,16 @@ def part_kernels(out: Path, dev: torch.device, shapes: Path, ops: list[str], *, 
             rows = [{c: int(float(v)) for c, v in r.items()} for r in rd][:max_rows]
         t_end = time.perf_counter() + seconds
         done, failed = [], 0
-        for r in rows:
+        for i, r in enumerate(rows):
             if time.perf_counter() > t_end:
                 break
             try:
                 fn = kernel_fn(op, r, dev, dtype)
                 t = median(timed(fn, dev, warmup=3, repeats=7))
-                done.append([op, 1e3 * t, name] + [r[c] for c in cols])
+                row = [op, 1e3 * t, name] + [r[c] for c in cols]
+                if names_every > 0:  # after the timing, so the profiler never slows a timed call
+                    row.append(kernel_names(fn, dev) if i % names_every == 0 else "")
+                done.append(row)
             except Exception:  # noqa: BLE001 - a shape that does not fit (memory) is skipped and counted
                 failed += 1
             fn = None
@@ -313,7 +337,7 @@ def part_kernels(out: Path, dev: torch.device, shapes: Path, ops: list[str], *, 
             torch.cuda.empty_cache()
         with open(kd / f"{op}.csv", "w", newline="") as fh:
             w = csv.writer(fh)
-            w.writerow(["OPName", "Latency", "Device"] + cols)
+            w.writerow(["OPName", "Latency", "Device"] + cols + (["Kernels"] if names_every > 0 else []))
             w.writerows(done)
         log(f"{op}: {len(done)} of {len(rows)} shapes timed ({failed} failed)")
 
@@ -330,6 +354,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--kernel-seconds", type=float, default=20.0, help="time budget per op class")
     ap.add_argument("--max-rows", type=int, default=100000)
+    ap.add_argument("--kernel-names-every", type=int, default=0, metavar="N",
+                    help="record the kernels of every N-th timed shape in a Kernels column (torch.profiler, after "
+                    "its timing; 0: none): which algorithm the library ran")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="small stand-in models (a CPU smoke test of this script)")
     ap.add_argument("--dtype", default="fp32", choices=DTYPES,
@@ -356,7 +383,7 @@ def main() -> int:
                     dtype=args.dtype)
     if "kernels" in args.parts:
         part_kernels(out, dev, Path(args.shapes), args.ops, seconds=args.kernel_seconds, max_rows=args.max_rows,
-                     dtype=args.dtype)
+                     dtype=args.dtype, names_every=args.kernel_names_every)
     return 0
 
 

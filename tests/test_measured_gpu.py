@@ -88,6 +88,28 @@ def test_measure_gpu_script_round_trip_on_cpu(tmp_path):
     assert len(calibrate.load_kernels(out / "kernels" / "ln.csv", "ln", "cpu", spec, min_latency=0.0).fwd) == 2
 
 
+def test_measure_gpu_records_the_kernels_every_nth_shape(tmp_path):
+    """``--kernel-names-every N`` adds NeuSight's ``Kernels`` column (which algorithm the library ran) for every
+    N-th timed shape, after its timing; on the CPU it names the aten ops (the plumbing); the readers still load
+    the table."""
+    shapes = tmp_path / "shapes"
+    shapes.mkdir()
+    cols = ["B", "Input_Channel", "Output_Channel", "Kernel_Szie", "Input_Size", "Stride", "Padding"]
+    with open(shapes / "shapes_conv.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows([cols] + [[2, 4, 4, 3, 8, 1, 1]] * 5)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "measure_gpu.py"), "--out", str(out), "--device",
+                        "cpu", "--shapes", str(shapes), "--parts", "kernels", "--ops", "conv",
+                        "--kernel-names-every", "2"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    with open(out / "kernels" / "conv.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 5
+    assert ["conv2d" in row["Kernels"] for row in rows] == [True, False, True, False, True]
+    _, spec = gpu_of(H200)
+    assert len(calibrate.load_kernels(out / "kernels" / "conv.csv", "conv", "cpu", spec, min_latency=0.0).fwd) == 5
+
+
 def test_measure_gpu_script_without_a_gpu_says_what_to_do():
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "measure_gpu.py"), "--out", "unused", "--parts",
                         "env"], capture_output=True, text=True, timeout=120,
