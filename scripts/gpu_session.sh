@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU work still owed, as the one prepared command a session lent a GPU runs (the device tool: one call,
-# timeout 600 s; about 8 minutes of work here):
+# timeout 600 s; about 9 minutes of work here):
 #
 #   bash scripts/gpu_session.sh                # writes $OUT/gpu_session.tgz ($OUT: the device tool's folder)
 #   OUT=/tmp/x DEVICE=cpu SECONDS_PER_OP=2 bash scripts/gpu_session.sh    # a smoke run of the plumbing on a CPU
