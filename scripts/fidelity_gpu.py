@@ -233,7 +233,13 @@ def report(rows, classes, krows, newer, fit, pd_lines, factors, coll_lines, coll
              "13.3 -> 13.4), training 11.0 -> 11.2% (A100 12.1 -> 12.1, V100 8.1 -> 8.9); in-sample training 9.9 -> "
              "9.9%, inference 5.2 -> 5.3%. What is left in the conv tables: per-GPU offsets of the library (T4 "
              "rows 1.2-1.5x slower than predicted, P100 / P4 faster) and small convolutions (batch <= 17 or "
-             "images <= 8 px: 1.2-1.6x slower than predicted on every GPU).",
+             "images <= 8 px: 1.2-1.6x slower than predicted on every GPU)."
+             " The refit lowers the conv class's own efficiency (`e_max_conv` 0.97 -> 0.54: what the non-"
+             'Winograd 3x3 rows run at); a 1x1 stride-1 convolution, a plain GEMM of which the tables hold '
+             "none, is priced with linear's terms instead (`pointwise`), so the zoo CNNs' summed GPU time "
+             'moves by -5% to +2% against the fit before (resnet18 / resnet50 / inception: 0.967 / 0.966 / '
+             "0.953 on the A100 80GB PCIe datasheet, 1.021 / 0.985 / 0.979 on the H100's; with 1x1 "
+             'convolutions at the conv terms resnet50 came out 1.18x).',
              "",
              "## Harness floors per op class, and memory penalties that do not add",
              "",

@@ -196,6 +196,29 @@ def test_winograd_prices_3x3_stride_1_convolutions():
     assert np.array_equal(fw[~w], fo[~w]) and np.array_equal(bw[~w], bo[~w])
 
 
+def test_pointwise_convolutions_are_priced_as_gemms():
+    """A 1x1 stride-1 convolution is a plain GEMM; the conv class's terms are fitted on 3x3 convolutions only, so it
+    is priced with linear's (resnet50: its 33 stride-1 1x1 convolutions; the stride-2 downsamples stay convs)."""
+    from placement_rl.cost.calibrated import conv_kernel_area, spec_of_device
+    from placement_rl.graph.capture import capture_zoo
+
+    g = capture_zoo("resnet50")
+    f = features(g)
+    conv = f.cls == CLASSES.index("conv")
+    area = conv_kernel_area(f.cls, f.dims, f.in_bytes)
+    assert conv.sum() == 53 and f.pointwise.sum() == 33 and (area == 9).sum() == 13
+    assert not (f.pointwise & ~conv).any() and np.array_equal(f.pointwise, area == 1)
+    fit = shipped_fit()
+    spec = spec_of_device(load_topology("1x_a100_80gb_pcie").devices[0])
+    fw, bw, _ = node_times(f, spec, fit)
+    as_linear = GpuFit(name="lin", params={**fit.params, "e_max_conv": fit.p("e_max_linear"),
+                                           "k0_conv": fit.p("k0_linear")}, meta={})
+    fl, bl, _ = node_times(f, spec, as_linear)
+    p = f.pointwise
+    assert np.allclose(fw[p], fl[p]) and np.allclose(bw[p], bl[p])  # priced with linear's terms exactly
+    assert not np.allclose(fw[conv & ~p], fl[conv & ~p])  # the other convolutions keep the conv terms
+
+
 @needs_data
 def test_winograd_and_implicit_gemm_rows_are_priced_alike_on_every_gpu():
     """Priced as implicit GEMMs only, the conv rows cuDNN ran as Winograd were predicted slower than measured and

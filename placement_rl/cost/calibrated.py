@@ -13,7 +13,9 @@ Per node ``v`` of class ``c`` (``placement_rl.cost.op_classes.op_class``), on a 
         e_max[c] x trend(GPU) of peak, memory traffic of the operand tiles at bw x e_mem_gemm; + launch.
         backward: one GEMM per input that needs a gradient (dX) and one for the weights (dW), at their shapes
         a 3x3 stride-1 conv (``wino`` tiles > 0) and its dX: the faster of that and Winograd F(4x4, 3x3)
-        (``gemm_time._wino_time``: 36 GEMMs over the output's 4x4 tiles x ``wino`` + the transforms' traffic)
+        (``gemm_time._wino_time``: 36 GEMMs over the output's 4x4 tiles x ``wino`` + the transforms' traffic);
+        a 1x1 stride-1 conv (``pointwise``) is a plain GEMM priced with linear's terms (the conv terms are fitted on
+        3x3 convolutions only)
     memory-bound (norm, softmax, element-wise, embedding, loss, pool):
         t_fwd = kf[c] * (in + out) / bw_eff + launch,   t_bwd = kb[c] * (in + out) / bw_eff + nb[c] * launch
         (embedding: in + 2 out, the gathered table rows are read as well as the output written)
@@ -93,6 +95,7 @@ class NodeFeatures:
     bwd_flops: np.ndarray | None = None  # [N] measured backward FLOPs (0 / None: unknown)
     dims: np.ndarray | None = None  # [N, 4] batch, M, N, K of each GEMM-like node (elements; see gemm_dims)
     wino: np.ndarray | None = None  # [N] Winograd F(4x4, 3x3) output tiles of a 3x3 stride-1 conv (0: not one)
+    pointwise: np.ndarray | None = None  # bool [N] a 1x1 stride-1 conv: a plain GEMM, priced with linear's terms
 
 
 def features(graph: Any) -> NodeFeatures:
@@ -128,12 +131,34 @@ def features(graph: Any) -> NodeFeatures:
     if graph.members is not None:
         dims[ops > 1] = 0.0  # a group's summed shapes are no GEMM's: priced without tile quantisation
     wino = conv_wino_tiles(cls, dims, in_b, graph.meta.get("batch_size"))
+    pointwise = conv_kernel_area(cls, dims, in_b) == 1.0
     return NodeFeatures(cls=cls, flops=np.asarray(graph.fwd_flops, dtype=np.float64), in_bytes=in_b,
                         out_bytes=np.asarray(graph.out_bytes, dtype=np.float64),
                         param_bytes=np.asarray(graph.param_bytes, dtype=np.float64), grad=grad,
                         edge_dst=dst[keep], edge_bytes=np.asarray(graph.edge_bytes)[keep],
                         ops=ops if graph.members is not None else None,
-                        bwd_flops=np.asarray(graph.bwd_flops, dtype=np.float64), dims=dims, wino=wino)
+                        bwd_flops=np.asarray(graph.bwd_flops, dtype=np.float64), dims=dims, wino=wino,
+                        pointwise=pointwise)
+
+
+def conv_kernel_area(cls: np.ndarray, dims: np.ndarray, in_b: np.ndarray) -> np.ndarray:
+    """[N] k^2 of each conv node that is a stride-1, same-padding convolution (1 for 1x1, 9 for 3x3, ...), else 0.
+    A graph node knows M = batch x H x W (output), K = C_in x k^2 and its input bytes = 4 x batch x C_in x H_in x
+    W_in: with stride 1 and same padding H_in W_in = H W, so C_in = in / 4M and k^2 = K / C_in (a strided
+    convolution gives a k^2 below its kernel's, not a whole square: 0)."""
+    out = np.zeros(cls.shape[0])
+    conv = (cls == CLASSES.index("conv")) & (dims[:, 3] > 0) & (dims[:, 1] > 0)
+    if not conv.any():
+        return out
+    m, k = dims[:, 1], dims[:, 3]
+    ci = np.where(conv, in_b / 4.0 / np.maximum(m, 1.0), 0.0)
+    k2 = np.where(ci > 0, k / np.maximum(ci, 1e-30), 0.0)
+    side = np.round(np.sqrt(np.maximum(k2, 0.0)))
+    area = side * side
+    whole = np.abs(k / np.maximum(area, 1.0) - np.round(k / np.maximum(area, 1.0))) < 1e-6
+    ok = conv & (side >= 1) & (np.abs(k2 - area) < 0.05 * np.maximum(area, 1.0)) & whole
+    out[ok] = area[ok]
+    return out
 
 
 def conv_wino_tiles(cls: np.ndarray, dims: np.ndarray, in_b: np.ndarray, batch: Any = None) -> np.ndarray:
@@ -143,13 +168,10 @@ def conv_wino_tiles(cls: np.ndarray, dims: np.ndarray, in_b: np.ndarray, batch: 
     convolution gives k^2 of 2.25 or 1). The tiles need H and W: from ``batch`` (the graph's ``batch_size``) as a
     square image, else M / 16 (no partial tiles)."""
     out = np.zeros(cls.shape[0])
-    conv = (cls == CLASSES.index("conv")) & (dims[:, 3] > 0) & (dims[:, 1] > 0)
-    if not conv.any():
+    ok = conv_kernel_area(cls, dims, in_b) == 9.0
+    if not ok.any():
         return out
-    m, k = dims[:, 1], dims[:, 3]
-    ci = np.where(conv, in_b / 4.0 / np.maximum(m, 1.0), 0.0)
-    k2 = np.where(ci > 0, k / np.maximum(ci, 1e-30), 0.0)
-    ok = conv & (np.abs(k2 - 9.0) < 0.5) & (np.abs(k / 9.0 - np.round(k / 9.0)) < 1e-6)
+    m = dims[:, 1]
     try:
         b = float(batch) if batch is not None else 0.0
     except (TypeError, ValueError):
@@ -206,15 +228,20 @@ def node_times(feat: NodeFeatures, spec: GpuSpec, fit: GpuFit, *, dtype: str = "
         moved = i_b + o_b + p_b
         w_b = _weight_bytes(feat.flops[gi], i_b[gi], o_b[gi], p_b[gi], cls[gi], elem)
         tiled = "tile_area" in fit.params and feat.dims is not None
+        # a 1x1 stride-1 conv is a plain GEMM: the conv class's terms are fitted on 3x3 convolutions (cuDNN's
+        # implicit GEMM and Winograd), so a fit that has the Winograd term prices it with linear's
+        gcls = cls.copy()
+        if feat.pointwise is not None and fit.q("wino") > 0:
+            gcls[feat.pointwise] = CLASSES.index("linear")
         if tiled:
             dims = feat.dims[gi]
-            fwd[gi] = _gemm_time(feat.flops[gi], dims, cls[gi], fit, spec, peak, elem, gpu) + launch
+            fwd[gi] = _gemm_time(feat.flops[gi], dims, gcls[gi], fit, spec, peak, elem, gpu) + launch
             if feat.wino is not None and fit.q("wino") > 0 and peak == spec.peak_flops:
                 # a 3x3 stride-1 conv: the faster of the direct (implicit GEMM) and the Winograd algorithm
                 wt = _wino_time(feat.wino[gi], dims, fit, spec, peak, elem, gpu, CLASSES.index("conv"))
                 fwd[gi] = np.minimum(fwd[gi], wt + launch)
             _, dwd = _bwd_dims(dims, cls[gi], np.zeros(gi.size))
-            dw = _gemm_time(feat.flops[gi] * (w_b > 0), dwd, cls[gi], fit, spec, peak, elem, gpu)
+            dw = _gemm_time(feat.flops[gi] * (w_b > 0), dwd, gcls[gi], fit, spec, peak, elem, gpu)
         else:
             fwd[gi] = _gemm_time_v1(feat.flops[gi], o_b[gi], moved[gi], cls[gi], fit, spec, peak, elem) + launch
             dw = _gemm_time_v1(feat.flops[gi] * (w_b > 0), w_b, moved[gi], cls[gi], fit, spec, peak, elem)
@@ -225,7 +252,7 @@ def node_times(feat: NodeFeatures, spec: GpuSpec, fit: GpuFit, *, dtype: str = "
             eb = feat.edge_bytes * scale
             if tiled:
                 dxd, _ = _bwd_dims(feat.dims[d], cls[d], feat.edge_bytes / 4.0)
-                dx = _gemm_time(feat.flops[d], dxd, cls[d], fit, spec, peak, elem, gpu)
+                dx = _gemm_time(feat.flops[d], dxd, gcls[d], fit, spec, peak, elem, gpu)
                 if feat.wino is not None and fit.q("wino") > 0 and peak == spec.peak_flops:
                     # the data gradient of a 3x3 stride-1 conv is one too (C_in and C_out swapped): Winograd as well
                     fd = feat.dims[d]
