@@ -30,12 +30,12 @@ A device entry, ``links``, ``links.intra_host`` / ``inter_host`` and a ``links.p
 fields above: any other (a typo such as ``modle``) is a ``TopologyError`` listing the valid ones. Two
 ``links.pairs`` entries for the same pair (in either order) must agree. Other top-level keys are kept in
 ``meta`` (free-form notes, detection sources), except one that looks like a field (``link:``, ``dtpye:``) or a
-device / links field at the top (``hosts: 2``, ``memory_bytes:``): that is a ``TopologyError`` naming it.
+device / links field at the top (``hosts: 2``, ``memory_bytes:``): that is a ``TopologyError`` naming it. The
+reader and its checks are ``placement_rl._topology_reader``.
 """
 
 from __future__ import annotations
 
-import logging
 import numbers
 import os
 from dataclasses import dataclass, field
@@ -47,18 +47,7 @@ import numpy as np
 from placement_rl.errors import TopologyError
 
 DEVICE_KINDS = ("cpu", "gpu")
-DEVICE_FIELDS = ("name", "count", "kind", "torch_device", "host", "index_start", "numbered", "model", "peak_flops",
-                 "mem_bandwidth", "memory_bytes", "launch_overhead", "sm_count", "l2_bytes", "peak_flops_tf32",
-                 "peak_flops_bf16")
-LINKS_FIELDS = ("intra_host", "inter_host", "pairs")
-LINK_FIELDS = ("bandwidth", "latency", "kind")
-PAIR_FIELDS = ("between",) + LINK_FIELDS
 DEFAULT_LAUNCH_OVERHEAD = {"cpu": 2e-6, "gpu": 8e-6}
-# top-level fields the loader reads; any other top-level key is kept in ``meta`` unless it is a near miss of one of
-# these or of a device / links field (a typo such as ``link:`` or a device field such as ``hosts:`` at the top)
-TOP_FIELDS = ("name", "description", "devices", "links", "dtype", "cost_model", "collective_fit", "l2_bytes",
-              "peak_flops_tf32", "peak_flops_bf16")
-NOTE_FIELDS = ("peak_flops_fp64", "peak_flops_base", "peak_flops_tensor")  # datasheet notes in presets, not read
 
 
 @dataclass(frozen=True)
@@ -186,7 +175,9 @@ class DeviceTopology:
     # ----------------------------------------------------------------- YAML
     @staticmethod
     def from_dict(data: Any, *, where: str = "topology") -> "DeviceTopology":
-        return _from_dict(data, where)
+        from placement_rl._topology_reader import read_topology
+
+        return read_topology(data, where)
 
     @staticmethod
     def from_yaml(path: str | os.PathLike) -> "DeviceTopology":
@@ -199,7 +190,9 @@ class DeviceTopology:
             data = yaml.safe_load(p.read_text())
         except yaml.YAMLError as exc:
             raise TopologyError(f"{p}: malformed YAML ({str(exc).splitlines()[0]})") from None
-        return _from_dict(data, str(p))
+        from placement_rl._topology_reader import read_topology
+
+        return read_topology(data, str(p))
 
     def to_dict(self) -> dict[str, Any]:
         n = self.num_devices
@@ -215,197 +208,7 @@ class DeviceTopology:
                 "links": {"pairs": pairs}}
 
 
-def _num(entry: Mapping[str, Any], key: str, where: str, default: float | None = None) -> float:
-    if key not in entry:
-        if default is not None:
-            return default
-        raise TopologyError(f"{where}: missing field '{key}'")
-    v = entry[key]
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        raise TopologyError(f"{where}: field '{key}' must be a number, got {v!r}") from None
-    if isinstance(v, bool) or not np.isfinite(f):
-        raise TopologyError(f"{where}: field '{key}' must be a finite number, got {v!r}")
-    return f
-
-
-def _with_datasheet(entry: Mapping[str, Any], kind: str, data: Mapping[str, Any], where: str) -> Mapping[str, Any]:
-    """A GPU entry with the figures it leaves out taken from its ``model``'s datasheet (``placement_rl.datasheets``;
-    a figure given on the device, or a topology-level L2 / tensor-core peak, wins). A required figure that is
-    neither given nor known is a one-line error saying so."""
-    from placement_rl.datasheets import lookup
-
-    if kind != "gpu":
-        return entry
-    model = str(entry.get("model", "") or "")
-    sheet = lookup(model) if model else None
-    if sheet is None:
-        missing = next((k for k in ("peak_flops", "mem_bandwidth", "memory_bytes") if k not in entry), None)
-        if missing:
-            hint = (f"model '{model}' is not a GPU placement_rl.datasheets knows" if model else
-                    "or name the product in 'model:', e.g. H100-SXM5-80GB or L40S, to take its datasheet figures")
-            raise TopologyError(f"{where}: missing field '{missing}' ({hint})")
-        return entry
-    filled = {k: v for k, v in sheet.fields().items() if k not in entry and k not in data}
-    if filled:
-        logging.getLogger(__name__).info("%s: %s from the datasheet of %s", where, ", ".join(filled), sheet.product)
-    return {**filled, **entry}
-
-
-def _check_fields(entry: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
-    """``TopologyError`` naming the first key of ``entry`` not in ``allowed`` (a typo is never dropped silently)."""
-    import difflib
-
-    for key in entry:
-        if key not in allowed:
-            near = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f"did you mean '{near[0]}'? " if near else ""
-            raise TopologyError(f"{where}: unknown field {str(key)!r}; {hint}valid fields: {', '.join(allowed)}")
-
-
-def _check_top_level(data: Mapping[str, Any], where: str) -> None:
-    """``TopologyError`` for a top-level key that is not a field but looks like one (free-form notes stay)."""
-    import difflib
-
-    for key in data:
-        k = str(key)
-        if k in TOP_FIELDS or k in NOTE_FIELDS:
-            continue
-        near = difflib.get_close_matches(k, TOP_FIELDS, n=1, cutoff=0.8)
-        dev = [k] if k in DEVICE_FIELDS + LINKS_FIELDS else \
-            difflib.get_close_matches(k, DEVICE_FIELDS + LINKS_FIELDS, n=1, cutoff=0.8)
-        if near and not (dev and dev[0] == k):
-            raise TopologyError(f"{where}: unknown top-level field {k!r}; did you mean '{near[0]}'?")
-        if dev:
-            place = "each device entry" if dev[0] in DEVICE_FIELDS else "'links'"
-            raise TopologyError(f"{where}: top-level field {k!r} is not read; '{dev[0]}' belongs in {place}")
-
-
-def _from_dict(data: Any, where: str) -> DeviceTopology:
-    if not isinstance(data, dict):
-        raise TopologyError(f"{where}: top level must be a mapping with 'name', 'devices' and 'links'")
-    _check_top_level(data, where)
-    devs_in = data.get("devices")
-    if not isinstance(devs_in, list) or not devs_in:
-        raise TopologyError(f"{where}: field 'devices' must be a non-empty list")
-    devices: list[Device] = []
-    for k, entry in enumerate(devs_in):
-        w = f"{where}: devices[{k}]"
-        if not isinstance(entry, dict) or "name" not in entry:
-            raise TopologyError(f"{w} must be a mapping with a 'name'")
-        _check_fields(entry, DEVICE_FIELDS, w)
-        if not isinstance(entry.get("numbered", False), bool):
-            raise TopologyError(f"{w}: field 'numbered' must be true or false, got {entry['numbered']!r}")
-        kind = entry.get("kind", "gpu")
-        if not isinstance(kind, str) or kind not in DEVICE_KINDS:
-            raise TopologyError(f"{w}: field 'kind' is {kind!r}, expected one of {DEVICE_KINDS}")
-        count = entry.get("count", 1)
-        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_DEVICE_COUNT:
-            raise TopologyError(f"{w}: field 'count' must be an integer in [1, {MAX_DEVICE_COUNT}], got {count!r}")
-        host = entry.get("host", 0)
-        if not isinstance(host, int) or isinstance(host, bool) or host < 0:
-            raise TopologyError(f"{w}: field 'host' must be a non-negative integer, got {host!r}")
-        entry = _with_datasheet(entry, kind, data, w)
-        vals = {key: _num(entry, key, w) for key in ("peak_flops", "mem_bandwidth", "memory_bytes")}
-        for key, v in vals.items():
-            if v <= 0:
-                raise TopologyError(f"{w}: field '{key}' must be positive, got {v!r}")
-        overhead = _num(entry, "launch_overhead", w, DEFAULT_LAUNCH_OVERHEAD[kind])
-        extra = {key: _num(entry, key, w, _num(data, key, where, 0.0))
-                 for key in ("l2_bytes", "peak_flops_tf32", "peak_flops_bf16")}
-        for key, v in extra.items():
-            if v < 0:
-                raise TopologyError(f"{w}: field '{key}' must be >= 0, got {v!r}")
-        sm = entry.get("sm_count", 0)
-        if not isinstance(sm, int) or isinstance(sm, bool) or sm < 0:
-            raise TopologyError(f"{w}: field 'sm_count' must be a non-negative integer, got {sm!r}")
-        extra["sm_count"] = sm
-        extra["model"] = str(entry.get("model", ""))
-        base_td = str(entry.get("torch_device", "cpu" if kind == "cpu" else "cuda"))
-        start = entry.get("index_start", 0)
-        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
-            raise TopologyError(f"{w}: field 'index_start' must be a non-negative integer, got {start!r}")
-        for c in range(count):
-            name = f"{entry['name']}{c}" if count > 1 or entry.get("numbered", False) else str(entry["name"])
-            td = base_td if (":" in base_td or base_td == "cpu") else f"{base_td}:{start + c}"
-            devices.append(Device(name=name, kind=kind, torch_device=td, host=host, launch_overhead=overhead,
-                                  **vals, **extra))
-    n = len(devices)
-    names = [d.name for d in devices]
-    if len(set(names)) != n:
-        dup = next(x for x in names if names.count(x) > 1)
-        raise TopologyError(f"{where}: duplicate device name '{dup}'")
-    links = data.get("links", {}) or {}
-    if not isinstance(links, dict):
-        raise TopologyError(f"{where}: field 'links' must be a mapping")
-    _check_fields(links, LINKS_FIELDS, f"{where}: links")
-    bw = np.full((n, n), np.nan)
-    lat = np.full((n, n), np.nan)
-    kind_m = [["" for _ in range(n)] for _ in range(n)]
-    for key, same in (("intra_host", True), ("inter_host", False)):
-        spec = links.get(key)
-        if spec is None:
-            continue
-        w = f"{where}: links.{key}"
-        if not isinstance(spec, dict):
-            raise TopologyError(f"{w} must be a mapping with 'bandwidth' and 'latency'")
-        _check_fields(spec, LINK_FIELDS, w)
-        b, l_ = _num(spec, "bandwidth", w), _num(spec, "latency", w)
-        for i in range(n):
-            for j in range(n):
-                if i != j and (devices[i].host == devices[j].host) == same:
-                    bw[i, j], lat[i, j], kind_m[i][j] = b, l_, str(spec.get("kind", key))
-    if not isinstance(links.get("pairs", []) or [], list):
-        raise TopologyError(f"{where}: field 'links.pairs' must be a list of {{between, bandwidth, latency}}")
-    given: dict[tuple[int, int], tuple[int, float, float, str]] = {}  # pair -> (entry, bandwidth, latency, kind)
-    for k, spec in enumerate(links.get("pairs", []) or []):
-        w = f"{where}: links.pairs[{k}]"
-        if not isinstance(spec, dict) or not isinstance(spec.get("between"), list) or len(spec["between"]) != 2:
-            raise TopologyError(f"{w} must be a mapping with 'between: [dev_a, dev_b]'")
-        _check_fields(spec, PAIR_FIELDS, w)
-        a, b_ = spec["between"]
-        for d in (a, b_):
-            if d not in names:
-                raise TopologyError(f"{w}: unknown device '{d}' (devices: {', '.join(names)})")
-        i, j = names.index(a), names.index(b_)
-        if i == j:
-            raise TopologyError(f"{w}: a link must join two different devices, got '{a}' twice")
-        bv, lv, kv = _num(spec, "bandwidth", w), _num(spec, "latency", w), str(spec.get("kind", "link"))
-        first = given.setdefault((min(i, j), max(i, j)), (k, bv, lv, kv))
-        if first[1:] != (bv, lv, kv):
-            raise TopologyError(f"{w}: link {a} <-> {b_} (bandwidth {bv:g}, latency {lv:g}, kind {kv}) contradicts "
-                                f"links.pairs[{first[0]}] (bandwidth {first[1]:g}, latency {first[2]:g}, kind "
-                                f"{first[3]}): give each pair once")
-        for x, y in ((i, j), (j, i)):
-            bw[x, y], lat[x, y], kind_m[x][y] = bv, lv, kv
-    for i in range(n):
-        bw[i, i], lat[i, i], kind_m[i][i] = np.inf, 0.0, "local"
-    missing = np.argwhere(np.isnan(bw))
-    if missing.size:
-        i, j = missing[0]
-        raise TopologyError(f"{where}: no link between '{names[i]}' and '{names[j]}': "
-                            "add links.intra_host / links.inter_host or a links.pairs entry")
-    if np.any(bw <= 0):
-        i, j = np.argwhere(bw <= 0)[0]
-        raise TopologyError(f"{where}: link '{names[i]}' <-> '{names[j]}' has non-positive bandwidth")
-    if np.any(lat < 0):
-        i, j = np.argwhere(lat < 0)[0]
-        raise TopologyError(f"{where}: link '{names[i]}' <-> '{names[j]}' has negative latency")
-    dtype = data.get("dtype", "fp32")
-    if dtype not in ("fp32", "tf32", "bf16"):
-        raise TopologyError(f"{where}: field 'dtype' is {dtype!r}, expected fp32, tf32 or bf16")
-    model = data.get("cost_model", "calibrated")
-    if model not in ("calibrated", "roofline"):
-        raise TopologyError(f"{where}: field 'cost_model' is {model!r}, expected calibrated or roofline")
-    return DeviceTopology(name=str(data.get("name", Path(where).stem)), devices=tuple(devices),
-                          link_bandwidth=bw, link_latency=lat, link_kind=tuple(tuple(r) for r in kind_m),
-                          description=str(data.get("description", "")),
-                          meta={k: v for k, v in data.items() if k not in ("name", "devices", "links", "description")})
-
-
 # ------------------------------------------------------------------ presets
-MAX_DEVICE_COUNT = 65536  # devices per entry: a larger count is a typo, not a cluster (and would not fit in memory)
 CONF_PACKAGE = "placement_rl.conf"  # where a wheel carries conf/ (pyproject.toml maps it at build time)
 
 

@@ -130,8 +130,9 @@ def features(graph: Any) -> NodeFeatures:
                      np.asarray(graph.param_bytes, dtype=np.float64), first, second)
     if graph.members is not None:
         dims[ops > 1] = 0.0  # a group's summed shapes are no GEMM's: priced without tile quantisation
-    wino = conv_wino_tiles(cls, dims, in_b, graph.meta.get("batch_size"))
-    pointwise = conv_kernel_area(cls, dims, in_b) == 1.0
+    area = conv_kernel_area(cls, dims, in_b)
+    wino = conv_wino_tiles(area, dims, graph.meta.get("batch_size"))
+    pointwise = area == 1.0
     return NodeFeatures(cls=cls, flops=np.asarray(graph.fwd_flops, dtype=np.float64), in_bytes=in_b,
                         out_bytes=np.asarray(graph.out_bytes, dtype=np.float64),
                         param_bytes=np.asarray(graph.param_bytes, dtype=np.float64), grad=grad,
@@ -161,14 +162,12 @@ def conv_kernel_area(cls: np.ndarray, dims: np.ndarray, in_b: np.ndarray) -> np.
     return out
 
 
-def conv_wino_tiles(cls: np.ndarray, dims: np.ndarray, in_b: np.ndarray, batch: Any = None) -> np.ndarray:
-    """[N] Winograd output tiles of each conv node that is a 3x3 stride-1 convolution with same padding, else 0.
-    A graph node knows M = batch x H x W (output), K = C_in x k^2 and its input bytes = 4 x batch x C_in x H_in x
-    W_in: with stride 1 and same padding H_in W_in = H W, so C_in = in / 4M and k^2 = K / C_in (a stride-2 or 1x1
-    convolution gives k^2 of 2.25 or 1). The tiles need H and W: from ``batch`` (the graph's ``batch_size``) as a
+def conv_wino_tiles(area: np.ndarray, dims: np.ndarray, batch: Any = None) -> np.ndarray:
+    """[N] Winograd output tiles of each conv node that is a 3x3 stride-1 convolution with same padding (``area``
+    9: ``conv_kernel_area``), else 0. The tiles need H and W: from ``batch`` (the graph's ``batch_size``) as a
     square image, else M / 16 (no partial tiles)."""
-    out = np.zeros(cls.shape[0])
-    ok = conv_kernel_area(cls, dims, in_b) == 9.0
+    out = np.zeros(area.shape[0])
+    ok = area == 9.0
     if not ok.any():
         return out
     m = dims[:, 1]
@@ -233,13 +232,13 @@ def node_times(feat: NodeFeatures, spec: GpuSpec, fit: GpuFit, *, dtype: str = "
         gcls = cls.copy()
         if feat.pointwise is not None and fit.q("wino") > 0:
             gcls[feat.pointwise] = CLASSES.index("linear")
+        # a 3x3 stride-1 conv and its data gradient: the faster of the direct (implicit GEMM) and Winograd
+        wino = feat.wino is not None and fit.q("wino") > 0 and peak == spec.peak_flops
         if tiled:
             dims = feat.dims[gi]
             fwd[gi] = _gemm_time(feat.flops[gi], dims, gcls[gi], fit, spec, peak, elem, gpu) + launch
-            if feat.wino is not None and fit.q("wino") > 0 and peak == spec.peak_flops:
-                # a 3x3 stride-1 conv: the faster of the direct (implicit GEMM) and the Winograd algorithm
-                wt = _wino_time(feat.wino[gi], dims, fit, spec, peak, elem, gpu, CLASSES.index("conv"))
-                fwd[gi] = np.minimum(fwd[gi], wt + launch)
+            if wino:
+                fwd[gi] = np.minimum(fwd[gi], _wino_time(feat.wino[gi], dims, fit, spec, peak, elem, gpu) + launch)
             _, dwd = _bwd_dims(dims, cls[gi], np.zeros(gi.size))
             dw = _gemm_time(feat.flops[gi] * (w_b > 0), dwd, gcls[gi], fit, spec, peak, elem, gpu)
         else:
@@ -253,12 +252,10 @@ def node_times(feat: NodeFeatures, spec: GpuSpec, fit: GpuFit, *, dtype: str = "
             if tiled:
                 dxd, _ = _bwd_dims(feat.dims[d], cls[d], feat.edge_bytes / 4.0)
                 dx = _gemm_time(feat.flops[d], dxd, gcls[d], fit, spec, peak, elem, gpu)
-                if feat.wino is not None and fit.q("wino") > 0 and peak == spec.peak_flops:
-                    # the data gradient of a 3x3 stride-1 conv is one too (C_in and C_out swapped): Winograd as well
+                if wino:  # the data gradient of a 3x3 stride-1 conv is one too, C_in and C_out swapped
                     fd = feat.dims[d]
                     swapped = np.stack([fd[:, 0], fd[:, 1], fd[:, 3] / 9.0, 9.0 * fd[:, 2]], axis=1)
-                    dx = np.minimum(dx, _wino_time(feat.wino[d], swapped, fit, spec, peak, elem, gpu,
-                                                   CLASSES.index("conv")))
+                    dx = np.minimum(dx, _wino_time(feat.wino[d], swapped, fit, spec, peak, elem, gpu))
             else:
                 dx = _gemm_time_v1(feat.flops[d], eb, moved[d], cls[d], fit, spec, peak, elem)
             np.add.at(bwd, d, dx)

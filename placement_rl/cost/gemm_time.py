@@ -111,7 +111,7 @@ def wino_tiles(batch: np.ndarray, h_out: np.ndarray, w_out: np.ndarray) -> np.nd
 
 
 def _wino_time(tiles: np.ndarray, dims: np.ndarray, fit: GpuFit, spec: GpuSpec, peak: float, elem: float,
-               gpu: tuple[float, float], conv_cls: int) -> np.ndarray:
+               gpu: tuple[float, float]) -> np.ndarray:
     """Time of 3x3 stride-1 convolutions (``dims`` rows: 1, M, C_out, 9 C_in) by Winograd F(4x4, 3x3), the
     algorithm cuDNN picks on most such rows of every fitted GPU: 36 GEMMs ``(tiles x C_in) @ (C_in x C_out)``
     (a quarter of the direct convolution's multiplies, priced by the same tile / wave model) times ``wino``, plus
@@ -125,7 +125,7 @@ def _wino_time(tiles: np.ndarray, dims: np.ndarray, fit: GpuFit, spec: GpuSpec, 
     sq = WINO_IN * WINO_IN
     wd = np.stack([np.full_like(t_n, sq), t_n, co, ci], axis=1)
     flops = 2.0 * sq * t_n * ci * co
-    t_g = _gemm_time(flops, wd, np.full(t_n.shape, conv_cls), fit, spec, peak, elem, gpu)
+    t_g = _gemm_time(flops, wd, np.full(t_n.shape, CLASSES.index("conv")), fit, spec, peak, elem, gpu)
     m = dims[:, 1]
     moved = ci * m + sq * t_n * ci + sq * t_n * co + co * m + sq * ci * co + 9.0 * ci * co
     bw = spec.mem_bandwidth * fit.p("e_bw") * gpu[1]
