@@ -49,22 +49,46 @@ _ROWS: tuple[tuple[tuple[str, ...], str, float, float, float, int, float, float,
     (("H100", "PCIE"), "H100 PCIe 80GB", 51e12, 2.0e12, 80 * GiB, 114, 50 * MiB, 378e12, 756e12),
     (("H100", "NVL"), "H100 NVL 94GB", 60e12, 3.9e12, 94 * GiB, 132, 50 * MiB, 417.5e12, 835.5e12),
     (("H100",), "H100 SXM5 80GB", 67e12, 3.35e12, 80 * GiB, 132, 50 * MiB, 494.7e12, 989.4e12),
+    # H800 / A800: the export variants of the H100 / A100 (NVLink cut to 400 GB/s, compute and memory the same)
+    (("H800", "PCIE"), "H800 PCIe 80GB", 51e12, 2.0e12, 80 * GiB, 114, 50 * MiB, 378e12, 756e12),
+    (("H800",), "H800 SXM5 80GB", 67e12, 3.35e12, 80 * GiB, 132, 50 * MiB, 494.7e12, 989.4e12),
     # Ampere: NVIDIA A100 / A30 / A40 / A10 datasheets, the GA100 / GA102 whitepapers
     (("A100", "80GB", "PCIE"), "A100 80GB PCIe", 19.5e12, 1.935e12, 80 * GiB, 108, 40 * MiB, 156e12, 312e12),
     (("A100", "80GB"), "A100 SXM4 80GB", 19.5e12, 2.039e12, 80 * GiB, 108, 40 * MiB, 156e12, 312e12),
     (("A100",), "A100 40GB", 19.5e12, 1.555e12, 40 * GiB, 108, 40 * MiB, 156e12, 312e12),
+    (("A800", "80GB", "PCIE"), "A800 80GB PCIe", 19.5e12, 1.935e12, 80 * GiB, 108, 40 * MiB, 156e12, 312e12),
+    (("A800", "40GB"), "A800 40GB PCIe", 19.5e12, 1.555e12, 40 * GiB, 108, 40 * MiB, 156e12, 312e12),
+    (("A800",), "A800 SXM4 80GB", 19.5e12, 2.039e12, 80 * GiB, 108, 40 * MiB, 156e12, 312e12),
     (("A30",), "A30 24GB", 10.3e12, 933e9, 24 * GiB, 56, 24 * MiB, 82e12, 165e12),
     (("A40",), "A40 48GB", 37.4e12, 696e9, 48 * GiB, 84, 6 * MiB, 74.8e12, 149.7e12),
     (("A10G",), "A10G 24GB (AWS G5; the A10's figures)", 31.2e12, 600e9, 24 * GiB, 72, 6 * MiB, 62.5e12, 125e12),
     (("A10",), "A10 24GB", 31.2e12, 600e9, 24 * GiB, 72, 6 * MiB, 62.5e12, 125e12),
     (("A6000",), "RTX A6000 48GB", 38.7e12, 768e9, 48 * GiB, 84, 6 * MiB, 77.4e12, 154.8e12),
+    # RTX A5000 / A4000 datasheets (workstation Ampere: tensor cores at the full rate)
+    (("A5000",), "RTX A5000 24GB", 27.8e12, 768e9, 24 * GiB, 64, 6 * MiB, 55.6e12, 111.1e12),
+    (("A4000",), "RTX A4000 16GB", 19.2e12, 448e9, 16 * GiB, 48, 4 * MiB, 38.4e12, 76.7e12),
+    # GeForce Ampere (the GA102 / GA104 whitepaper; GeForce tensor cores: TF32 at the FP32 rate, BF16 twice it)
     (("RTX", "3090"), "GeForce RTX 3090 24GB", 35.6e12, 936e9, 24 * GiB, 82, 6 * MiB, 35.6e12, 71e12),
+    (("RTX", "3080", "TI"), "GeForce RTX 3080 Ti 12GB", 34.1e12, 912e9, 12 * GiB, 80, 6 * MiB, 34.1e12, 68.2e12),
+    (("RTX", "3080"), "GeForce RTX 3080 10GB", 29.8e12, 760e9, 10 * GiB, 68, 5 * MiB, 29.8e12, 59.5e12),
+    (("RTX", "3070"), "GeForce RTX 3070 8GB", 20.3e12, 448e9, 8 * GiB, 46, 4 * MiB, 20.3e12, 40.6e12),
     # Ada: NVIDIA L40S / L40 / L4 / RTX 6000 Ada datasheets, the Ada whitepaper
     (("L40S",), "L40S 48GB", 91.6e12, 864e9, 48 * GiB, 142, 96 * MiB, 183e12, 366e12),
     (("L40",), "L40 48GB", 90.5e12, 864e9, 48 * GiB, 142, 96 * MiB, 90.5e12, 181e12),
     (("L4",), "L4 24GB", 30.3e12, 300e9, 24 * GiB, 58, 48 * MiB, 60e12, 121e12),
     (("6000", "ADA"), "RTX 6000 Ada 48GB", 91.1e12, 960e9, 48 * GiB, 142, 96 * MiB, 182.1e12, 364.2e12),
     (("RTX", "4090"), "GeForce RTX 4090 24GB", 82.6e12, 1.008e12, 24 * GiB, 128, 72 * MiB, 82.6e12, 165.2e12),
+    (("RTX", "4080", "SUPER"), "GeForce RTX 4080 SUPER 16GB", 52.2e12, 736e9, 16 * GiB, 80, 64 * MiB, 52.2e12,
+     104.4e12),
+    (("RTX", "4080"), "GeForce RTX 4080 16GB", 48.7e12, 716.8e9, 16 * GiB, 76, 64 * MiB, 48.7e12, 97.5e12),
+    # Turing and Volta GeForce / Titan (the Turing and Volta whitepapers; FP16 tensor cores only: no TF32 / BF16)
+    (("TITAN", "RTX"), "TITAN RTX 24GB", 16.3e12, 672e9, 24 * GiB, 72, 6 * MiB, 0.0, 0.0),
+    (("TITAN", "V"), "TITAN V 12GB", 14.9e12, 652.8e9, 12 * GiB, 80, 4.5 * MiB, 0.0, 0.0),
+    (("RTX", "2080", "TI"), "GeForce RTX 2080 Ti 11GB", 13.45e12, 616e9, 11 * GiB, 68, 5.5 * MiB, 0.0, 0.0),
+    (("RTX", "2080", "SUPER"), "GeForce RTX 2080 SUPER 8GB", 11.15e12, 496e9, 8 * GiB, 48, 4 * MiB, 0.0, 0.0),
+    (("RTX", "2080"), "GeForce RTX 2080 8GB", 10.07e12, 448e9, 8 * GiB, 46, 4 * MiB, 0.0, 0.0),
+    (("RTX", "2070", "SUPER"), "GeForce RTX 2070 SUPER 8GB", 9.06e12, 448e9, 8 * GiB, 40, 4 * MiB, 0.0, 0.0),
+    (("RTX", "2070"), "GeForce RTX 2070 8GB", 7.46e12, 448e9, 8 * GiB, 36, 4 * MiB, 0.0, 0.0),
     # Turing, Volta, Pascal, Kepler: NVIDIA T4 / V100 / P100 / P40 / P4 / K80 datasheets and whitepapers (no TF32 /
     # BF16 tensor cores)
     (("T4",), "T4 16GB", 8.1e12, 320e9, 16 * GiB, 40, 4 * MiB, 0.0, 0.0),
@@ -78,6 +102,10 @@ _ROWS: tuple[tuple[tuple[str, ...], str, float, float, float, int, float, float,
     (("P100",), "P100 SXM2 16GB", 10.6e12, 732e9, 16 * GiB, 56, 4 * MiB, 0.0, 0.0),
     (("P40",), "P40 24GB", 11.76e12, 346e9, 24 * GiB, 30, 3 * MiB, 0.0, 0.0),
     (("P4",), "P4 8GB", 5.5e12, 192e9, 8 * GiB, 20, 2 * MiB, 0.0, 0.0),
+    # Pascal GeForce and Quadro (the GP102 / GP104 whitepaper and product pages)
+    (("GTX", "1080", "TI"), "GeForce GTX 1080 Ti 11GB", 11.34e12, 484e9, 11 * GiB, 28, 2.75 * MiB, 0.0, 0.0),
+    (("GTX", "1080"), "GeForce GTX 1080 8GB", 8.87e12, 320e9, 8 * GiB, 20, 2 * MiB, 0.0, 0.0),
+    (("P4000",), "Quadro P4000 8GB", 5.3e12, 243e9, 8 * GiB, 14, 2 * MiB, 0.0, 0.0),
     (("GTX", "1050"), "GeForce GTX 1050 2GB", 1.862e12, 112e9, 2 * GiB, 5, 1 * MiB, 0.0, 0.0),
     (("K80",), "K80 (one of the board's two GPUs)", 4.37e12, 240e9, 12 * GiB, 13, 1.5 * MiB, 0.0, 0.0),
 )
@@ -92,7 +120,8 @@ _TABLE = tuple((tuple(_word(w) for w in words), Datasheet(*rest)) for words, *re
 
 def _normalise(name: str) -> str:
     up = name.upper().replace("_", " ").replace("-", " ")
-    return re.sub(r"(RTX|GTX)(?=\d)", r"\1 ", up)  # "rtx4090" -> "RTX 4090"
+    up = re.sub(r"(RTX|GTX)(?=\d)", r"\1 ", up)  # "rtx4090" -> "RTX 4090"
+    return re.sub(r"(?<=\d)(TI|SUPER)\b", r" \1", up)  # "2080Ti" -> "2080 TI"
 
 
 def lookup(name: str) -> Datasheet | None:

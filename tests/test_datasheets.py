@@ -22,16 +22,42 @@ from placement_rl.topology import DeviceTopology, conf_dir, load_topology, prese
     ("Tesla T4", "T4 16GB"), ("Tesla V100S-PCIE-32GB", "V100S PCIe 32GB"), ("Tesla V100-PCIE-16GB", "V100 PCIe 16GB"),
     ("Tesla V100-SXM2-32GB", "V100 SXM2 32GB"), ("Tesla P100-PCIE-12GB", "P100 PCIe 12GB"), ("Tesla P4", "P4 8GB"),
     ("Tesla P40", "P40 24GB"), ("Tesla K80", "K80 (one of the board's two GPUs)"),
+    ("NVIDIA H800", "H800 SXM5 80GB"), ("NVIDIA H800 PCIe", "H800 PCIe 80GB"), ("NVIDIA A800-SXM4-80GB",
+    "A800 SXM4 80GB"), ("NVIDIA A800 80GB PCIe", "A800 80GB PCIe"), ("NVIDIA RTX A4000", "RTX A4000 16GB"),
+    ("A5000", "RTX A5000 24GB"), ("NVIDIA GeForce RTX 3080 Ti", "GeForce RTX 3080 Ti 12GB"),
+    ("NVIDIA GeForce RTX 3080", "GeForce RTX 3080 10GB"), ("rtx3070", "GeForce RTX 3070 8GB"),
+    ("NVIDIA GeForce RTX 4080", "GeForce RTX 4080 16GB"), ("NVIDIA GeForce RTX 4080 SUPER",
+    "GeForce RTX 4080 SUPER 16GB"), ("NVIDIA TITAN RTX", "TITAN RTX 24GB"), ("NVIDIA TITAN V", "TITAN V 12GB"),
+    ("NVIDIA GeForce RTX 2080 Ti", "GeForce RTX 2080 Ti 11GB"), ("rtx2080ti", "GeForce RTX 2080 Ti 11GB"),
+    ("GeForce RTX 2080", "GeForce RTX 2080 8GB"), ("RTX 2080 Super", "GeForce RTX 2080 SUPER 8GB"),
+    ("NVIDIA GeForce RTX 2070", "GeForce RTX 2070 8GB"), ("RTX 2070 SUPER", "GeForce RTX 2070 SUPER 8GB"),
+    ("GeForce GTX 1080 Ti", "GeForce GTX 1080 Ti 11GB"), ("GTX1080", "GeForce GTX 1080 8GB"),
+    ("Quadro P4000", "Quadro P4000 8GB"),
 ])
 def test_product_names_as_written_and_as_torch_reports_them(name, product):
     assert lookup(name).product == product
 
 
-@pytest.mark.parametrize("name", ["A1000", "RTX A4000", "Quadro P4000", "GeForce RTX 4080", "MI300X", "TPU v5e", ""])
+@pytest.mark.parametrize("name", ["A1000", "RTX A2000", "Quadro P2000", "GeForce RTX 4060", "RTX 3060 Ti", "MI300X",
+                                  "TPU v5e", ""])
 def test_a_model_number_matches_whole_or_not_at_all(name):
-    """A100 is not in A1000, A40 not in A4000, P4 not in P4000, T4 not in RTX 4080; products the table lacks are
-    unknown, not a near miss."""
+    """A100 is not in A1000, A40 / A4000 not in A2000, P4 / P4000 not in P2000, T4 / RTX 4080 not in RTX 4060, RTX
+    3080 not in 3060; products the table lacks are unknown, not a near miss."""
     assert lookup(name) is None
+
+
+def test_every_product_in_the_table_has_its_architecture():
+    """The figures (``datasheets``) and the architecture facts the cost model reads (``cost.gpu_spec``) come from
+    two tables: every product with figures must be known to the second, or the calibrated model would price it as
+    an unknown architecture."""
+    from placement_rl.cost.gpu_spec import datasheet
+
+    for product in products():
+        arch, gddr, lanes, _ = datasheet(product)
+        assert arch > 0 and lanes in (64, 128, 192), product
+        hbm = product.split()[0] in ("GH200", "H200", "H100", "H800", "A100", "A800", "A30", "V100", "V100S", "P100",
+                                     "TITAN") and product != "TITAN RTX 24GB"
+        assert gddr == (not hbm), product
 
 
 def test_every_preset_gpu_has_its_datasheet_figures():

@@ -57,7 +57,10 @@ _ARCH: tuple[tuple[str, float, bool, int, bool], ...] = (
     ("B300", 10.3, False, 128, False), ("RTX PRO", 12.0, True, 128, False), ("2000 ADA", 8.9, True, 128, False),
     ("4000 ADA", 8.9, True, 128, False), ("4500 ADA", 8.9, True, 128, False), ("5000 ADA", 8.9, True, 128, False),
     ("6000 ADA", 8.9, True, 128, False), ("GTX 16", 7.5, True, 64, False), ("A16", 8.6, True, 128, False),
-    ("TITAN X", 6.1, True, 128, False))
+    ("TITAN X", 6.1, True, 128, False),
+    # Quadro Pascal (P4000 ... P6000: GP104 / GP102) and RTX A-series named without "RTX" (A4000, A5000)
+    ("P4000", 6.1, True, 128, False), ("P5000", 6.1, True, 128, False), ("P6000", 6.1, True, 128, False),
+    ("A4000", 8.6, True, 128, False), ("A5000", 8.6, True, 128, False))
 # A product number (A100, T4, L40) matches only as a whole number (A100 not in A1000, T4 not in RTX 4090, L4 not
 # in L40); a series (RTX 40, GTX 10) only as the first digits of a four-digit model number (RTX 4090, GTX 1050).
 _SERIES = ("RTX 20", "RTX 30", "RTX 40", "RTX 50", "GTX 10", "GTX 16")
