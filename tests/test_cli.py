@@ -320,6 +320,40 @@ def test_place_shows_its_phases_and_lists_what_it_writes(tmp_path):
     assert written == set(listed)
 
 
+def test_place_compares_with_the_policys_own_heuristics_at_their_own_calls(tmp_path):
+    """place's comparison holds the bar a learned row must clear: ``sim_eft`` and its lookahead ``eft_rollout`` (the
+    policy's teacher) with their own calls (1; N x D completions) and seconds, and the greedy placement as its own
+    row beside the best of greedy and the samples; the best baseline counts the two heuristics."""
+    import csv
+
+    from envs.constructive_task import reference_times
+    from placement_rl.cost import resolve_costs
+    from placement_rl.graph import synthetic
+
+    r = cli(tmp_path, "place", "graph=synthetic", "graph.num_nodes=20", "topology=4x_v100_nvlink", "samples=2",
+            "progress=false")
+    assert r.returncode == 0, r.stderr
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    rows = {row["placer"].split(" (")[0] if not row["placer"].startswith("zero-shot") else row["placer"]: row
+            for row in csv.DictReader(open(tmp_path / "run" / "comparison.csv"))}
+    graph, topology = synthetic.sample("layered", num_nodes=20, seed=0), load_topology("4x_v100_nvlink")
+    extras: dict = {}
+    refs = reference_times(graph, topology=topology, costs=resolve_costs(graph, topology), names=(), extras=extras)
+    for name in ("sim_eft", "eft_rollout"):
+        assert float(rows[name]["step_time_ms"]) * 1e-3 == pytest.approx(refs[name][0], rel=1e-12), name
+        assert int(rows[name]["sim_calls"]) == extras["ref_calls"][name] == m["heuristics"][name]["sim_calls"]
+    assert extras["ref_calls"]["eft_rollout"] >= 20  # at least one completion per decision (about N x D)
+    greedy = rows["zero-shot policy (greedy)"]
+    assert float(greedy["step_time_ms"]) * 1e-3 == pytest.approx(m["greedy_step_time"], rel=1e-12)
+    assert int(greedy["sim_calls"]) * 3 == m["sim_calls"]  # greedy + 2 samples, each a placement's calls
+    best = rows["zero-shot policy (best of greedy + 2 samples)"]
+    assert float(best["step_time_ms"]) * 1e-3 == pytest.approx(m["step_time"], rel=1e-12)
+    base = 1e-3 * min(float(row["step_time_ms"]) for name, row in rows.items()
+               if not name.startswith("zero-shot") and row["feasible"] == "True")
+    assert m["best_baseline_time"] == pytest.approx(base, rel=1e-12)
+    assert "eft_rollout (the teacher)" in r.stdout
+
+
 def test_place_samples_in_their_own_phase_give_what_evaluate_gives(tmp_path):
     """place reports the greedy decode and the samples as two phases; the samples draw what
     agents.constructive_eval.evaluate(samples=k) draws."""

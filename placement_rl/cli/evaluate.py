@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Sequence
 
 from omegaconf import DictConfig
 
@@ -66,12 +68,28 @@ def write_comparison(rows: list[Row], problems: dict, out: Path, *, title: str,
     return md
 
 
+@dataclass(frozen=True)
+class ExtraRow:
+    """A row the caller computed: its label, step time, feasibility, own seconds, simulator calls and plan."""
+
+    label: str
+    step_time: float
+    feasible: bool
+    seconds: float
+    sim_calls: int
+    plan: Any = None
+
+
 def compare_learned(graph, costs, topology, out: Path, *, label: str, plan, step_time: float, feasible: bool,
                     seconds: float, sim_calls: int, seed: int, what: str, files: list[str] | None = None,
-                    progress: bool = False) -> dict:
+                    progress: bool = False, heuristics: Sequence[ExtraRow] = (),
+                    learned: Sequence[ExtraRow] = ()) -> dict:
     """Run the baselines with the learned result's simulator-call budget, append its row, write the comparison
     files (their names appended to ``files``; ``progress``: a bar over the baselines, as ``evaluate`` shows);
-    return metrics (best single device, best baseline and the ratio to it)."""
+    return metrics (best single device, best baseline and the ratio to it). ``heuristics``: rows computed by the
+    caller that count as baselines (``sim_eft``, ``eft_rollout``: the constructive placer's own heuristics, with
+    their own calls and seconds); ``learned``: more of the learned result's rows (the greedy placement beside the
+    best of k), listed before it and not baselines."""
     from tqdm.auto import tqdm
 
     from placement_rl import baselines
@@ -91,9 +109,16 @@ def compare_learned(graph, costs, topology, out: Path, *, label: str, plan, step
                        partitioners=partitioners, on_done=done)
         bar.update(total - bar.n)  # placers that cannot run on this case report no row to on_done
     single = next((r.step_time for r in rows if r.placer == "single_device"), float("nan"))
+    kind = "pipeline" if pipeline else "placement"
+
+    def row(x: ExtraRow) -> Row:
+        return Row(case, x.label, kind, x.step_time, single / x.step_time, x.feasible, x.seconds, x.sim_calls,
+                   plan=x.plan)
+
+    rows += [row(x) for x in heuristics]
     base = best_row(rows, kind=None)
-    rows.append(Row(case, label, "pipeline" if pipeline else "placement", step_time, single / step_time, feasible,
-                    seconds, sim_calls, plan=plan))
+    rows += [row(x) for x in learned]
+    rows.append(row(ExtraRow(label, step_time, feasible, seconds, sim_calls, plan)))
     write_comparison(rows, {case: (graph, costs, topology)}, out,
                      title=f"{what} vs baselines on {case} (budget {sim_calls} simulator calls)", files=files)
     metrics = {"best_single_device_time": single}
