@@ -17,7 +17,8 @@ import numpy as np
 
 from placement_rl import baselines
 from placement_rl.cost import simulate
-from placement_rl.cost.lookahead import complete_eft, eft_rollout
+from placement_rl.baselines.eft import ROLLOUT_MAX_NODES, sim_eft_devices
+from placement_rl.cost.lookahead import eft_rollout
 from placement_rl.cost.resolve import needs_grad
 from placement_rl.cost.schedule import DEFAULT_WINDOW, ScheduleState, time_scale
 from placement_rl.cost.simulate import _inverse_bandwidth, priority_order
@@ -31,7 +32,6 @@ NUM_NODE_FEATURES = len(NODE_FEATURES)
 ONE_PASS = ("heft", "m_etf", "m_sct", "metis")  # the heuristics the learned policy is measured against
 TEACHERS = ONE_PASS + ("sim_eft", "eft_rollout")  # what imitation may copy (the best of them per task)
 REACTIVE = ("sim_eft", "eft_rollout")  # teachers that can label any state (DAgger)
-ROLLOUT_MAX_NODES = 4000
 
 
 def _rel(x: np.ndarray) -> np.ndarray:
@@ -83,9 +83,7 @@ def node_features(graph: CompGraph, costs: CostTable, *, scale: float | None = N
 
 def sim_eft(graph: CompGraph, costs: CostTable, topology: DeviceTopology) -> np.ndarray:
     """The earliest-finish-time rule in the simulator's order, on the constructive state (memory-masked)."""
-    st = ScheduleState(graph, costs, topology, episodes=1, window=0)
-    complete_eft(st)
-    return st.devices[0].copy()
+    return sim_eft_devices(graph, costs, topology)
 
 
 def reference_times(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,

@@ -18,7 +18,7 @@ from placement_rl.plans import Placement, StagePlan
 from placement_rl.topology import DeviceTopology, load_topology
 
 GB = 1e9
-OP_PLACERS = [n for n in baselines.names() if n != "exhaustive"]
+OP_PLACERS = [n for n in baselines.names() if n not in ("exhaustive", "eft_rollout")]  # those two need budgets
 
 
 def topology(d: int, *, memory: float = 16 * GB, flops: list[float] | None = None, bw: float = 10 * GB,
@@ -68,7 +68,7 @@ def run(name: str, graph, topo, *, budget: int = 60, seed: int = 0, costs=None):
 # ------------------------------------------------------------------ registry
 def test_registry_names_and_unknown():
     assert set(baselines.names()) == {"single_device", "round_robin", "random", "metis", "heft", "m_topo",
-                                      "m_etf", "m_sct", "local_search", "exhaustive"}
+                                      "m_etf", "m_sct", "sim_eft", "eft_rollout", "local_search", "exhaustive"}
     with pytest.raises(ConfigError, match="heft"):
         baselines.get("nope")
     with pytest.raises(ConfigError, match="budget"):
@@ -99,6 +99,27 @@ def test_small_budgets_are_respected(name, budget):
     assert p.meta["sim_calls"] <= budget
     if budget == 0:
         assert "step_time" not in p.meta
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_eft_rollout_counts_its_completions_and_is_never_worse_than_sim_eft(case):
+    """The policy's teacher as a baseline: the placement of ``cost.lookahead.eft_rollout``, its completed
+    placements counted as simulator calls (at most N x D, + 1 for the final score), not slower than ``sim_eft``
+    on the step it simulates (up to its tie tolerance); below a budget of N x D + 1 it is one line naming the budget it needs."""
+    from placement_rl.cost.lookahead import TIE, eft_rollout
+
+    graph, topo = CASES[case]()
+    costs = resolve_costs(graph, topo)
+    n, d = graph.num_nodes, topo.num_devices
+    stats: dict = {}
+    want, _, _ = eft_rollout(graph, costs, topo, stats=stats)
+    p, res = run("eft_rollout", graph, topo, budget=n * d + 1, costs=costs)
+    assert np.array_equal(p.device_of_node, want) and res.feasible
+    assert p.meta["sim_calls"] == stats["completions"] + 1 <= n * d + 1
+    _, base = run("sim_eft", graph, topo, costs=costs)
+    assert res.step_time <= base.step_time * (1 + TIE * n)  # a decision may take a device within TIE of the best
+    with pytest.raises(ConfigError, match=f"budget of {n * d + 1}"):
+        run("eft_rollout", graph, topo, budget=n * d, costs=costs)
 
 
 def test_search_spends_the_budget():

@@ -18,7 +18,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from placement_rl.baselines import baechi, heft, metis, search, simple
+from placement_rl.baselines import baechi, eft, heft, metis, search, simple
 from placement_rl.baselines.common import Problem
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import ConfigError
@@ -47,6 +47,8 @@ _PLACERS: dict[str, Callable[[Problem], np.ndarray]] = {
     "m_topo": baechi.m_topo,
     "m_etf": baechi.m_etf,
     "m_sct": baechi.m_sct,
+    "sim_eft": eft.sim_eft,
+    "eft_rollout": eft.eft_rollout,
     "local_search": search.local_search,
     "exhaustive": search.exhaustive,
 }

@@ -56,6 +56,7 @@ class Problem:
         self.sim = Simulator(graph, costs, topology)
         self.start = time.perf_counter()
         self._scored: dict[bytes, Score] = {}
+        self._charged = 0
 
     # ------------------------------------------------------------ summaries
     @property
@@ -97,7 +98,11 @@ class Problem:
     # -------------------------------------------------------------- scoring
     @property
     def calls(self) -> int:
-        return int(self.sim.calls)
+        return int(self.sim.calls) + self._charged
+
+    def charge(self, calls: int) -> None:
+        """Count ``calls`` simulations a placer ran outside ``score`` (``eft_rollout``'s completed placements)."""
+        self._charged += int(calls)
 
     @property
     def left(self) -> int:

@@ -82,14 +82,12 @@ class ExtraRow:
 
 def compare_learned(graph, costs, topology, out: Path, *, label: str, plan, step_time: float, feasible: bool,
                     seconds: float, sim_calls: int, seed: int, what: str, files: list[str] | None = None,
-                    progress: bool = False, heuristics: Sequence[ExtraRow] = (),
-                    learned: Sequence[ExtraRow] = ()) -> dict:
+                    progress: bool = False, learned: Sequence[ExtraRow] = ()) -> dict:
     """Run the baselines with the learned result's simulator-call budget, append its row, write the comparison
     files (their names appended to ``files``; ``progress``: a bar over the baselines, as ``evaluate`` shows);
-    return metrics (best single device, best baseline and the ratio to it). ``heuristics``: rows computed by the
-    caller that count as baselines (``sim_eft``, ``eft_rollout``: the constructive placer's own heuristics, with
-    their own calls and seconds); ``learned``: more of the learned result's rows (the greedy placement beside the
-    best of k), listed before it and not baselines."""
+    return metrics (best single device, best baseline and the ratio to it, and under ``heuristics`` the step
+    time, calls and seconds of ``sim_eft`` and ``eft_rollout``: the bar of a constructive policy). ``learned``:
+    more of the learned result's rows (the greedy placement beside the best of k), listed before it."""
     from tqdm.auto import tqdm
 
     from placement_rl import baselines
@@ -115,13 +113,15 @@ def compare_learned(graph, costs, topology, out: Path, *, label: str, plan, step
         return Row(case, x.label, kind, x.step_time, single / x.step_time, x.feasible, x.seconds, x.sim_calls,
                    plan=x.plan)
 
-    rows += [row(x) for x in heuristics]
     base = best_row(rows, kind=None)
+    own = {r.placer: {"step_time": r.step_time, "feasible": r.feasible, "sim_calls": r.sim_calls,
+                      "seconds": r.search_seconds} for r in rows
+           if r.placer in ("sim_eft", "eft_rollout") and r.step_time == r.step_time}
     rows += [row(x) for x in learned]
     rows.append(row(ExtraRow(label, step_time, feasible, seconds, sim_calls, plan)))
     write_comparison(rows, {case: (graph, costs, topology)}, out,
                      title=f"{what} vs baselines on {case} (budget {sim_calls} simulator calls)", files=files)
-    metrics = {"best_single_device_time": single}
+    metrics = {"best_single_device_time": single, "heuristics": own}
     if base is not None:
         metrics.update(best_baseline=base.placer, best_baseline_time=base.step_time,
                        ratio_to_best_baseline=step_time / base.step_time)

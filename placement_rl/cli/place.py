@@ -20,25 +20,6 @@ def _artifacts(out, plan_file: str, compared: list[str]) -> str:
     return f"artifacts in {out}: " + ", ".join(["graph.json", plan_file, "metrics.json", *compared])
 
 
-def _own_heuristics(graph, costs, topology, phases) -> list:
-    """The constructive placer's own heuristics as comparison rows, each with its own seconds and simulator calls:
-    ``sim_eft`` (earliest finish in the simulator's order, 1 call) and, up to ``ROLLOUT_MAX_NODES`` nodes,
-    ``eft_rollout`` (its one-step lookahead, the policy's teacher: N x D completions). The learned policy's bar."""
-    from envs.constructive_task import ROLLOUT_MAX_NODES, reference_times
-    from placement_rl.cli.evaluate import ExtraRow
-    from placement_rl.plans import Placement
-
-    what = "sim_eft" + (f" and eft_rollout ({graph.num_nodes} x {topology.num_devices} completions)"
-                        if graph.num_nodes <= ROLLOUT_MAX_NODES else "")
-    extras: dict = {}
-    with phases(what):
-        refs = reference_times(graph, costs, topology, names=(), extras=extras)
-    labels = {"sim_eft": "sim_eft (heuristic: earliest finish in the simulator's order)",
-              "eft_rollout": "eft_rollout (heuristic: one-step lookahead over sim_eft, the policy's teacher)"}
-    return [ExtraRow(labels[k], t, bool(ok), float(extras["ref_seconds"][k]), int(extras["ref_calls"][k]),
-                     Placement(np.asarray(dev))) for k, (t, ok, dev) in refs.items()]
-
-
 def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     """A constructive (schedule-aware) policy: greedy and best of ``samples`` sampled placements, each a row."""
     import torch
@@ -94,10 +75,6 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     if cfg.compare:
         from placement_rl.cli.evaluate import ExtraRow, compare_learned
 
-        heuristics = _own_heuristics(graph, costs, topology, phases)
-        metrics["heuristics"] = {h.label.split()[0]: {"step_time": h.step_time, "feasible": h.feasible,
-                                                      "sim_calls": h.sim_calls, "seconds": h.seconds}
-                                 for h in heuristics}
         one = placement_calls(policy, task)
         greedy_row = [ExtraRow("zero-shot policy (greedy)", res.greedy_time, bool(res.greedy.feasible[0]),
                                res.greedy_seconds, one, Placement(res.greedy.devices[0]))] if samples > 0 else []
@@ -106,7 +83,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         metrics.update(compare_learned(graph, costs, topology, out, label=label, plan=plan,
                                        step_time=step_time, feasible=metrics["feasible"], seconds=wall,
                                        sim_calls=calls, seed=seed, what="zero-shot placement", files=compared,
-                                       progress=phases.enabled, heuristics=heuristics, learned=greedy_row))
+                                       progress=phases.enabled, learned=greedy_row))
     write_json(out / "metrics.json", metrics)
     found = (f"best of {plural(samples, 'sample')} {res.best_time * 1e3:.3f} ms" if samples > 0
              else "no samples (samples=0: greedy only)")

@@ -160,17 +160,12 @@ def run_constructive(cfg: DictConfig) -> dict:
     training_curve([(c, t, t) for c, t in res.curve], out / "training.png",
                    references=refs, title=f"fine-tuning on {graph.name} / {topology.name}")
     if cfg.trainer.compare:
-        import numpy as np
+        from placement_rl.cli.evaluate import compare_learned
 
-        from placement_rl.cli.evaluate import ExtraRow, compare_learned
-        from placement_rl.plans import Placement
-
-        own = [ExtraRow(r.label, r.step_time, r.feasible, r.seconds, r.sim_calls, Placement(np.asarray(r.devices)))
-               for r in res.rows if r.kind == "heuristic" and r.label in ("sim_eft", "eft_rollout")]
         got = compare_learned(graph, costs, topology, out, label=f"learned: {best.label}", plan=plan,
                               step_time=best.step_time, feasible=best.feasible, seconds=best.seconds,
                               sim_calls=best.sim_calls, seed=int(cfg.seed), what="learned", files=files,
-                              progress=bool(cfg.progress), heuristics=own)
+                              progress=bool(cfg.progress))
         metrics.update(got)
     write_json(out / "metrics.json", metrics)
     print(md.split("\n\n", 2)[2])

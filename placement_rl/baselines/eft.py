@@ -1,0 +1,47 @@
+"""The constructive placer's own heuristics, as baselines: the bar the learned policy must clear.
+
+* ``sim_eft``: each node, in the simulator's own order, on the device where its forward pass ends first given
+  everything placed before it (transfers over the links included; devices it does not fit on are masked). One
+  pass over the schedule state; 1 simulator call (the final placement's).
+* ``eft_rollout``: one-step lookahead over ``sim_eft`` (``placement_rl.cost.lookahead``): at every decision each
+  device the node fits on is tried and the rest of the graph completed by ``sim_eft``; the device whose completed
+  step is shortest wins. Never worse than ``sim_eft`` on the step it sees; it is the pretrained policy's teacher.
+  It evaluates up to N x D completed placements, each counted as a simulator call, and costs O(N^2 D): it runs
+  only when the budget covers N x D + 1 calls and the graph has at most ``ROLLOUT_MAX_NODES`` nodes (otherwise a
+  one-line ``ConfigError``, a row with a note in a comparison).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from placement_rl.baselines.common import Problem
+from placement_rl.cost.lookahead import complete_eft, eft_rollout as _eft_rollout
+from placement_rl.cost.schedule import ScheduleState
+from placement_rl.errors import ConfigError
+
+ROLLOUT_MAX_NODES = 4000  # O(N^2 D): about 10 s at 4,000 nodes on 8 devices on one core
+
+
+def sim_eft_devices(graph, costs, topology) -> np.ndarray:
+    """The earliest-finish-time rule in the simulator's order, on the constructive state (memory-masked)."""
+    st = ScheduleState(graph, costs, topology, episodes=1, window=0)
+    complete_eft(st)
+    return st.devices[0].copy()
+
+
+def sim_eft(prob: Problem) -> np.ndarray:
+    return sim_eft_devices(prob.graph, prob.costs, prob.topology)
+
+
+def eft_rollout(prob: Problem) -> np.ndarray:
+    n, d = prob.n, prob.d
+    if n > ROLLOUT_MAX_NODES:
+        raise ConfigError(f"eft_rollout is O(N^2 D): skipped above {ROLLOUT_MAX_NODES} nodes ({n} here)")
+    if prob.budget < n * d + 1:
+        raise ConfigError(f"eft_rollout completes up to N x D = {n * d} placements: it needs a budget of {n * d + 1} "
+                          f"simulator calls (the budget is {prob.budget})")
+    stats: dict[str, int] = {}
+    devices, _, _ = _eft_rollout(prob.graph, prob.costs, prob.topology, stats=stats)
+    prob.charge(int(stats["completions"]))
+    return devices
