@@ -93,7 +93,7 @@ def reference_times(graph: CompGraph, costs: CostTable, topology: DeviceTopology
     ``eft_rollout`` (the latter only up to ``ROLLOUT_MAX_NODES`` nodes). With ``extras`` given, it receives
     ``eft_rollout_regret`` (per-step regrets), ``ref_seconds`` (each heuristic's own seconds) and ``ref_calls``
     (its simulator calls, counted as complete placements evaluated: 1 for a one-pass rule, one per tried device
-    and decision for ``eft_rollout``, i.e. about N x D)."""
+    and decision for ``eft_rollout`` + 1 for its final placement, i.e. about N x D + 1)."""
     import time
 
     out: dict[str, tuple[float, bool, np.ndarray]] = {}
@@ -119,7 +119,8 @@ def reference_times(graph: CompGraph, costs: CostTable, topology: DeviceTopology
             extras["eft_rollout_regret"] = regret
         r = simulate(graph, costs, topology, dev)
         out["eft_rollout"] = (r.step_time, r.feasible, dev)
-        seconds["eft_rollout"], calls["eft_rollout"] = time.perf_counter() - t0, stats["completions"]
+        # every completed placement a call, + 1 for the final placement's simulation (as a policy's is counted)
+        seconds["eft_rollout"], calls["eft_rollout"] = time.perf_counter() - t0, stats["completions"] + 1
     if extras is not None:
         extras["ref_seconds"], extras["ref_calls"] = seconds, calls
     return out
