@@ -356,6 +356,31 @@ def test_place_compares_with_the_policys_own_heuristics_at_their_own_calls(tmp_p
     assert "eft_rollout (the teacher)" in r.stdout
 
 
+def test_place_search_budget_refines_the_learned_placement_as_its_own_row(tmp_path):
+    """search_budget=N: local search from the best learned placement, N more calls, its own search row and
+    search/placement.json (the policy's placement stays placement.json); the baselines get the same calls."""
+    import csv
+
+    r = cli(tmp_path, "place", "graph=synthetic", "graph.num_nodes=20", "topology=4x_v100_nvlink", "samples=2",
+            "search_budget=300", "progress=false")
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "run"
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["search"]["step_time"] <= m["step_time"] + 1e-15  # annealing never returns worse than its start
+    assert m["search"]["sim_calls"] == m["sim_calls"] + 300
+    rows = list(csv.DictReader(open(out / "comparison.csv")))
+    srow = [row for row in rows if row["placer"].startswith("search:")][0]
+    assert int(srow["sim_calls"]) == m["search"]["sim_calls"]
+    assert int([row for row in rows if row["placer"] == "random"][0]["sim_calls"]) == m["search"]["sim_calls"]
+    placed = json.loads((out / "search" / "placement.json").read_text())["device_of_node"]
+    assert len(placed) == 20 and "search/placement.json" in r.stdout
+    (tmp_path / "f").mkdir()
+    (tmp_path / "f" / "search").write_text("x")
+    r = cli(tmp_path, "place", "graph=synthetic", "graph.num_nodes=20", "topology=4x_v100_nvlink", "samples=0",
+            "search_budget=10", "compare=false", run="f")
+    assert r.returncode == 2 and "search_budget" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_place_samples_in_their_own_phase_give_what_evaluate_gives(tmp_path):
     """place reports the greedy decode and the samples as two phases; the samples draw what
     agents.constructive_eval.evaluate(samples=k) draws."""

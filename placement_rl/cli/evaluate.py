@@ -82,28 +82,31 @@ class ExtraRow:
 
 def compare_learned(graph, costs, topology, out: Path, *, label: str, plan, step_time: float, feasible: bool,
                     seconds: float, sim_calls: int, seed: int, what: str, files: list[str] | None = None,
-                    progress: bool = False, learned: Sequence[ExtraRow] = ()) -> dict:
+                    progress: bool = False, learned: Sequence[ExtraRow] = (), after: Sequence[ExtraRow] = ()) -> dict:
     """Run the baselines with the learned result's simulator-call budget, append its row, write the comparison
     files (their names appended to ``files``; ``progress``: a bar over the baselines, as ``evaluate`` shows);
     return metrics (best single device, best baseline and the ratio to it, and under ``heuristics`` the step
     time, calls and seconds of ``sim_eft`` and ``eft_rollout``: the bar of a constructive policy). ``learned``:
-    more of the learned result's rows (the greedy placement beside the best of k), listed before it."""
+    more of the learned result's rows (the greedy placement beside the best of k), listed before it; ``after``:
+    rows listed after it that spent more calls (a search seeded by it): the baselines then get the most calls any
+    row spent."""
     from tqdm.auto import tqdm
 
     from placement_rl import baselines
 
     case = f"{graph.name}/{topology.name}"
     pipeline = isinstance(plan, StagePlan)
+    sim_calls_all = max([int(sim_calls)] + [int(x.sim_calls) for x in after])
     names = baselines.names()
     partitioners = baselines.pipeline_names() if pipeline else ()
     total = len(names) + ("single_device" not in names) + len(partitioners)
-    with tqdm(total=total, desc=f"baselines ({max(sim_calls, 1)} simulator calls each)", unit="placer",
+    with tqdm(total=total, desc=f"baselines ({max(sim_calls_all, 1)} simulator calls each)", unit="placer",
               disable=not progress, dynamic_ncols=True) as bar:
         def done(row: Row) -> None:
             bar.set_postfix_str(f"{row.placer} {row.step_time * 1e3:.3f} ms")
             bar.update(1)
 
-        rows = compare(graph, costs, topology, budget=max(sim_calls, 1), seed=seed, case=case,
+        rows = compare(graph, costs, topology, budget=max(sim_calls_all, 1), seed=seed, case=case,
                        partitioners=partitioners, on_done=done)
         bar.update(total - bar.n)  # placers that cannot run on this case report no row to on_done
     single = next((r.step_time for r in rows if r.placer == "single_device"), float("nan"))
@@ -119,8 +122,9 @@ def compare_learned(graph, costs, topology, out: Path, *, label: str, plan, step
            if r.placer in ("sim_eft", "eft_rollout") and r.step_time == r.step_time}
     rows += [row(x) for x in learned]
     rows.append(row(ExtraRow(label, step_time, feasible, seconds, sim_calls, plan)))
+    rows += [row(x) for x in after]
     write_comparison(rows, {case: (graph, costs, topology)}, out,
-                     title=f"{what} vs baselines on {case} (budget {sim_calls} simulator calls)", files=files)
+                     title=f"{what} vs baselines on {case} (budget {sim_calls_all} simulator calls)", files=files)
     metrics = {"best_single_device_time": single, "heuristics": own}
     if base is not None:
         metrics.update(best_baseline=base.placer, best_baseline_time=base.step_time,

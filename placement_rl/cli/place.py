@@ -16,8 +16,9 @@ WRITES = ("graph.json", "placement.json", "plan.json", "metrics.json", "comparis
           "speedup.png")
 
 
-def _artifacts(out, plan_file: str, compared: list[str]) -> str:
-    return f"artifacts in {out}: " + ", ".join(["graph.json", plan_file, "metrics.json", *compared])
+def _artifacts(out, plan_file: str, compared: list[str], searched: bool = False) -> str:
+    return f"artifacts in {out}: " + ", ".join(["graph.json", plan_file, "metrics.json",
+                                                *(["search/placement.json"] if searched else []), *compared])
 
 
 def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
@@ -41,6 +42,10 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     samples, seed = int(cfg.samples), int(cfg.seed)
     where = f"{graph.name} ({plural(graph.num_nodes, 'node')}) on {topology.name} " \
             f"({plural(topology.num_devices, 'device')})"
+    budget = int(cfg.get("search_budget", 0) or 0)
+    if budget > 0 and (output_dir() / "search").exists() and not (output_dir() / "search").is_dir():
+        raise ConfigError(f"search_budget={budget}: {output_dir() / 'search'} is a file; the search's placement goes "
+                          f"in a folder of that name (remove the file or choose another hydra.run.dir)")
     warm_s = warm_up(policy)  # numba compiles on the first run after an install: not the placement's time
     t0 = time.perf_counter()
     with phases(f"costs and schedule state of {where}"):
@@ -71,6 +76,22 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
                "feasible": bool(res.greedy.feasible[0]) or use_best, "sim_calls": calls, "wall_seconds": wall,
                "warm_up_seconds": warm_s,
                "cost_source": costs.describe_source(topology.device_names)}
+    search = None
+    if budget > 0:
+        from placement_rl.baselines.search import refine
+        from placement_rl.cost import simulate
+
+        with phases(f"local search from the learned placement ({budget} more simulator calls)") as note:
+            t1 = time.perf_counter()
+            p = refine(graph, costs, topology, res.best_devices, budget=budget, seed=seed)
+            sres = simulate(graph, costs, topology, p)
+            search = {"step_time": float(sres.step_time), "feasible": bool(sres.feasible),
+                      "sim_calls": calls + int(p.meta.get("sim_calls", budget)),
+                      "seconds": wall + time.perf_counter() - t1, "devices": np.asarray(p.device_of_node)}
+            note.append(f"{search['step_time'] * 1e3:.3f} ms")
+        (out / "search").mkdir(exist_ok=True)
+        save_plan(search["devices"], graph, topology, out / "search")
+        metrics["search"] = {k: v for k, v in search.items() if k != "devices"}
     compared: list[str] = []
     if cfg.compare:
         from placement_rl.cli.evaluate import ExtraRow, compare_learned
@@ -80,20 +101,26 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
                                res.greedy_seconds, one, Placement(res.greedy.devices[0]))] if samples > 0 else []
         label = f"zero-shot policy (best of greedy + {plural(samples, 'sample')})" if samples > 0 else \
             "zero-shot policy (greedy)"
+        searched = [] if search is None else [ExtraRow(
+            "search: local search from the learned placement", search["step_time"], search["feasible"],
+            search["seconds"], search["sim_calls"], Placement(search["devices"]))]
         metrics.update(compare_learned(graph, costs, topology, out, label=label, plan=plan,
                                        step_time=step_time, feasible=metrics["feasible"], seconds=wall,
                                        sim_calls=calls, seed=seed, what="zero-shot placement", files=compared,
-                                       progress=phases.enabled, learned=greedy_row))
+                                       progress=phases.enabled, learned=greedy_row, after=searched))
     write_json(out / "metrics.json", metrics)
     found = (f"best of {plural(samples, 'sample')} {res.best_time * 1e3:.3f} ms" if samples > 0
              else "no samples (samples=0: greedy only)")
+    if search is not None:
+        print(f"local search from the learned placement: {search['step_time'] * 1e3:.3f} ms "
+              f"({search['sim_calls']} simulator calls in all; the baselines had the same)")
     teacher = metrics.get("heuristics", {}).get("eft_rollout")
     print(f"zero-shot placement of {where}, {wall:.2f} s: greedy {res.greedy_time * 1e3:.3f} ms, {found}"
           + (f"; eft_rollout (the teacher) {teacher['step_time'] * 1e3:.3f} ms in {teacher['seconds']:.2f} s"
              if teacher else "")
           + (f"; best baseline {metrics['best_baseline']} {metrics['best_baseline_time'] * 1e3:.3f} ms"
              if "best_baseline" in metrics else ""))
-    print(_artifacts(out, plan_file, compared))
+    print(_artifacts(out, plan_file, compared, searched=search is not None))
     return metrics
 
 

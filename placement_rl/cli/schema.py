@@ -191,6 +191,7 @@ COMMANDS: dict[str, dict[str, Key]] = {
         "checkpoint": OPTIONAL_STR, "decode": Key(str, choices=("one_pass", "sequential")), "samples": count(0),
         "seed": SEED, "compare": FLAG, "window": count(0, null=True), "full_window": count(0, null=True),
         "progress": FLAG,  # +progress=false: no phase lines or baseline bar
+        "search_budget": count(0),
     },
     "profile": {
         "devices": Key(list, null=True), "warmup": count(0), "repeats": count(1), "links": FLAG, "processes": FLAG,
