@@ -119,6 +119,21 @@ def test_evaluate_single_case_scores_given_plan(tmp_path, tiny_graph):
     assert all(r["step_time"] >= exhaustive["step_time"] - 1e-12 for r in rows
                if r["kind"] == "placement" and r["feasible"])
     assert (out / "speedup.png").stat().st_size > 0 and list(out.glob("timeline_*.png"))
+    # one case: its best placement and best stage plan as files deploy takes, each beside its graph.json
+    m = json.loads((out / "metrics.json").read_text())
+    from placement_rl.cost import resolve_costs, simulate, simulate_pipeline
+    from placement_rl.graph.ir import CompGraph
+    from placement_rl.plans import load_plan
+
+    graph = CompGraph.from_json(out / "best_plan" / "graph.json")
+    for kind, file in (("placement", "best_placement/placement.json"), ("pipeline", "best_plan/plan.json")):
+        best = min((r for r in rows if r["kind"] == kind and r["feasible"]), key=lambda r: r["step_time"])
+        assert m["best"][kind] == {"placer": best["placer"], "step_time": best["step_time"], "file": file}
+        plan = load_plan(str(out / file), topology=topo, graph=graph)
+        assert isinstance(plan, StagePlan) == (kind == "pipeline")
+        sim = simulate_pipeline if kind == "pipeline" else simulate
+        assert sim(graph, resolve_costs(graph, topo), topo, plan).step_time == pytest.approx(best["step_time"],
+                                                                                           rel=1e-9)
 
 
 def test_train_quick_then_place_zero_shot(tmp_path):

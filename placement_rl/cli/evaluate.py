@@ -168,10 +168,30 @@ def run(cfg: DictConfig) -> list[Row]:
     md = write_comparison(rows, problems, out, title=f"placer comparison (budget {budget} simulator calls, "
                                                      f"seed {seed}, costs: {', '.join(sources)})", files=files)
     metrics = {"budget": budget, "seed": seed, "rows": table_rows(rows)}
+    if len(problems) == 1:  # one case: its best plans as files `placement-rl deploy plan=<file>` takes
+        metrics["best"] = _write_best(rows, *next(iter(problems.values())), out, files)
     write_json(out / "metrics.json", metrics)  # a placer that cannot run has step time NaN: null here
     print(md)
     print(f"wrote {out}: {', '.join([*files, 'metrics.json'])}")
     return rows
+
+
+def _write_best(rows: list[Row], graph, costs, topology, out: Path, files: list[str]) -> dict:
+    """The fastest feasible op-level placement and stage plan of a single case as ``best_placement/placement.json``
+    and ``best_plan/plan.json`` (each beside its ``graph.json``); returns their placer and step time."""
+    from placement_rl.cli.common import save_plan
+
+    got = {}
+    for kind, folder in (("placement", "best_placement"), ("pipeline", "best_plan")):
+        best = best_row([r for r in rows if r.plan is not None], kind=kind)
+        if best is None:
+            continue
+        (out / folder).mkdir(exist_ok=True)
+        value = best.plan.device_of_node if isinstance(best.plan, Placement) else best.plan
+        _, name = save_plan(value, graph, topology, out / folder)
+        files.append(f"{folder}/{name}")
+        got[kind] = {"placer": best.placer, "step_time": best.step_time, "file": f"{folder}/{name}"}
+    return got
 
 
 main = hydra_app("evaluate", writes=(*COMPARISON_FILES, "metrics.json"))(run)
