@@ -141,6 +141,10 @@ def run(cfg: DictConfig) -> list[Row]:
                                    pipeline_cases=DEFAULT_PIPELINE_CASES if cfg.pipeline else (),
                                    num_microbatches=int(cfg.num_microbatches), progress=bool(cfg.progress))
     elif cfg.suite in ("single", "default"):
+        for folder in ("best_placement", "best_plan"):  # written at the end: refused before any work
+            if (out / folder).exists() and not (out / folder).is_dir():
+                raise ConfigError(f"{out / folder} is a file; evaluate writes the case's best plan in a folder of "
+                                  f"that name (remove the file or choose another hydra.run.dir)")
         graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
         case = f"{graph.name}/{topology.name}"
         extra = None
