@@ -113,7 +113,8 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
              else "no samples (samples=0: greedy only)")
     if search is not None:
         print(f"local search from the learned placement: {search['step_time'] * 1e3:.3f} ms "
-              f"({search['sim_calls']} simulator calls in all; the baselines had the same)")
+              f"({search['sim_calls']} simulator calls in all" + ("; the baselines had the same)" if cfg.compare
+                                                                   else ")"))
     teacher = metrics.get("heuristics", {}).get("eft_rollout")
     print(f"zero-shot placement of {where}, {wall:.2f} s: greedy {res.greedy_time * 1e3:.3f} ms, {found}"
           + (f"; eft_rollout (the teacher) {teacher['step_time'] * 1e3:.3f} ms in {teacher['seconds']:.2f} s"
