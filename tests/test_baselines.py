@@ -18,7 +18,7 @@ from placement_rl.plans import Placement, StagePlan
 from placement_rl.topology import DeviceTopology, load_topology
 
 GB = 1e9
-OP_PLACERS = [n for n in baselines.names() if n not in ("exhaustive", "eft_rollout")]  # those two need budgets
+OP_PLACERS = [n for n in baselines.names() if n not in ("exhaustive", "eft_rollout", "eft_rollout_search")]  # budgets
 
 
 def topology(d: int, *, memory: float = 16 * GB, flops: list[float] | None = None, bw: float = 10 * GB,
@@ -68,7 +68,8 @@ def run(name: str, graph, topo, *, budget: int = 60, seed: int = 0, costs=None):
 # ------------------------------------------------------------------ registry
 def test_registry_names_and_unknown():
     assert set(baselines.names()) == {"single_device", "round_robin", "random", "metis", "heft", "m_topo",
-                                      "m_etf", "m_sct", "sim_eft", "eft_rollout", "local_search", "exhaustive"}
+                                      "m_etf", "m_sct", "sim_eft", "eft_rollout", "eft_rollout_search", "local_search",
+                                      "exhaustive"}
     with pytest.raises(ConfigError, match="heft"):
         baselines.get("nope")
     with pytest.raises(ConfigError, match="budget"):
@@ -120,6 +121,11 @@ def test_eft_rollout_counts_its_completions_and_is_never_worse_than_sim_eft(case
     assert res.step_time <= base.step_time * (1 + TIE * n)  # a decision may take a device within TIE of the best
     with pytest.raises(ConfigError, match=f"budget of {n * d + 1}"):
         run("eft_rollout", graph, topo, budget=n * d, costs=costs)
+    # + annealing with the rest of the budget: never worse than eft_rollout, within the budget, seeded
+    s1, r1 = run("eft_rollout_search", graph, topo, budget=n * d + 80, costs=costs, seed=3)
+    s2, _ = run("eft_rollout_search", graph, topo, budget=n * d + 80, costs=costs, seed=3)
+    assert r1.step_time <= res.step_time + 1e-15 and s1.meta["sim_calls"] <= n * d + 80 and r1.feasible
+    assert np.array_equal(s1.device_of_node, s2.device_of_node)
 
 
 def test_search_spends_the_budget():

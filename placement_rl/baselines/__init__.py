@@ -49,6 +49,7 @@ _PLACERS: dict[str, Callable[[Problem], np.ndarray]] = {
     "m_sct": baechi.m_sct,
     "sim_eft": eft.sim_eft,
     "eft_rollout": eft.eft_rollout,
+    "eft_rollout_search": eft.eft_rollout_search,
     "local_search": search.local_search,
     "exhaustive": search.exhaustive,
 }

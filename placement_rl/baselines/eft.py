@@ -9,12 +9,17 @@
   It evaluates up to N x D completed placements, each counted as a simulator call, and costs O(N^2 D): it runs
   only when the budget covers N x D + 1 calls and the graph has at most ``ROLLOUT_MAX_NODES`` nodes (otherwise a
   one-line ``ConfigError``, a row with a note in a comparison).
+* ``eft_rollout_search``: ``eft_rollout``, then simulated annealing (``search.anneal``, the local-search placer's
+  moves and temperature) from its placement with the rest of the budget: the cheap heuristic + search a learned
+  placer is measured against in fine-tuning (``scripts/bench_generalization.py --part finetune``). Never worse
+  than ``eft_rollout``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from placement_rl.baselines import search
 from placement_rl.baselines.common import Problem
 from placement_rl.cost.lookahead import complete_eft, eft_rollout as _eft_rollout
 from placement_rl.cost.schedule import ScheduleState
@@ -45,3 +50,9 @@ def eft_rollout(prob: Problem) -> np.ndarray:
     devices, _, _ = _eft_rollout(prob.graph, prob.costs, prob.topology, stats=stats)
     prob.charge(int(stats["completions"]))
     return devices
+
+
+def eft_rollout_search(prob: Problem) -> np.ndarray:
+    start = eft_rollout(prob)
+    score = prob.score(start)
+    return start if score is None else search.anneal(prob, start, score)
