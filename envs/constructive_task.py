@@ -17,7 +17,7 @@ import numpy as np
 
 from placement_rl import baselines
 from placement_rl.cost import simulate
-from placement_rl.baselines.eft import ROLLOUT_MAX_NODES, sim_eft_devices
+from placement_rl.baselines.eft import ROLLOUT_MAX_NODES, sim_eft_devices as sim_eft
 from placement_rl.cost.lookahead import eft_rollout
 from placement_rl.cost.resolve import needs_grad
 from placement_rl.cost.schedule import DEFAULT_WINDOW, ScheduleState, time_scale
@@ -79,11 +79,6 @@ def node_features(graph: CompGraph, costs: CostTable, *, scale: float | None = N
     f[:, 12] = np.log1p(out_bytes * mean_inv / np.maximum(costs.fwd_time.mean(axis=1), 1e-12))
     f[:, 13] = (cp - tl - bl) <= 1e-9 * max(cp, 1e-30)
     return np.clip(f, -50.0, 50.0)
-
-
-def sim_eft(graph: CompGraph, costs: CostTable, topology: DeviceTopology) -> np.ndarray:
-    """The earliest-finish-time rule in the simulator's order, on the constructive state (memory-masked)."""
-    return sim_eft_devices(graph, costs, topology)
 
 
 def reference_times(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,

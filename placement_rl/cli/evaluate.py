@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -119,7 +120,7 @@ def compare_learned(graph, costs, topology, out: Path, *, label: str, plan, step
     base = best_row(rows, kind=None)
     own = {r.placer: {"step_time": r.step_time, "feasible": r.feasible, "sim_calls": r.sim_calls,
                       "seconds": r.search_seconds} for r in rows
-           if r.placer in ("sim_eft", "eft_rollout") and r.step_time == r.step_time}
+           if r.placer in ("sim_eft", "eft_rollout") and math.isfinite(r.step_time)}
     rows += [row(x) for x in learned]
     rows.append(row(ExtraRow(label, step_time, feasible, seconds, sim_calls, plan)))
     rows += [row(x) for x in after]
@@ -141,10 +142,9 @@ def run(cfg: DictConfig) -> list[Row]:
                                    pipeline_cases=DEFAULT_PIPELINE_CASES if cfg.pipeline else (),
                                    num_microbatches=int(cfg.num_microbatches), progress=bool(cfg.progress))
     elif cfg.suite in ("single", "default"):
-        for folder in ("best_placement", "best_plan"):  # written at the end: refused before any work
-            if (out / folder).exists() and not (out / folder).is_dir():
-                raise ConfigError(f"{out / folder} is a file; evaluate writes the case's best plan in a folder of "
-                                  f"that name (remove the file or choose another hydra.run.dir)")
+        from placement_rl.cli.schema import check_not_files
+
+        check_not_files(out, ("best_placement", "best_plan"), "evaluate writes the case's best plans")
         graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
         case = f"{graph.name}/{topology.name}"
         extra = None

@@ -43,9 +43,10 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     where = f"{graph.name} ({plural(graph.num_nodes, 'node')}) on {topology.name} " \
             f"({plural(topology.num_devices, 'device')})"
     budget = int(cfg.get("search_budget", 0) or 0)
-    if budget > 0 and (output_dir() / "search").exists() and not (output_dir() / "search").is_dir():
-        raise ConfigError(f"search_budget={budget}: {output_dir() / 'search'} is a file; the search's placement goes "
-                          f"in a folder of that name (remove the file or choose another hydra.run.dir)")
+    if budget > 0:
+        from placement_rl.cli.schema import check_not_files
+
+        check_not_files(output_dir(), ("search",), f"search_budget={budget} writes the search's placement")
     warm_s = warm_up(policy)  # numba compiles on the first run after an install: not the placement's time
     t0 = time.perf_counter()
     with phases(f"costs and schedule state of {where}"):
@@ -79,13 +80,11 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     search = None
     if budget > 0:
         from placement_rl.baselines.search import refine
-        from placement_rl.cost import simulate
 
         with phases(f"local search from the learned placement ({budget} more simulator calls)") as note:
             t1 = time.perf_counter()
-            p = refine(graph, costs, topology, res.best_devices, budget=budget, seed=seed)
-            sres = simulate(graph, costs, topology, p)
-            search = {"step_time": float(sres.step_time), "feasible": bool(sres.feasible),
+            p = refine(graph, costs, topology, res.best_devices, budget=budget, seed=seed)  # meta: its best's score
+            search = {"step_time": float(p.meta["step_time"]), "feasible": bool(p.meta["feasible"]),
                       "sim_calls": calls + int(p.meta.get("sim_calls", budget)),
                       "seconds": wall + time.perf_counter() - t1, "devices": np.asarray(p.device_of_node)}
             note.append(f"{search['step_time'] * 1e3:.3f} ms")

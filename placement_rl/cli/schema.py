@@ -334,6 +334,14 @@ def check_not_folders(folder: Path, names: Iterable[str]) -> None:
                               "choose another hydra.run.dir")
 
 
+def check_not_files(folder: Path, names: Iterable[str], why: str) -> None:
+    """Refuse a run folder that holds a file where a command will make folder ``name`` (before any work)."""
+    for name in names:
+        if (folder / name).exists() and not (folder / name).is_dir():
+            raise ConfigError(f"{folder / name} is a file; {why} in a folder of that name (remove the file or choose "
+                              "another hydra.run.dir)")
+
+
 # files a command's config names that it writes (checked before any work)
 OUTPUT_FILES: dict[str, tuple[str, ...]] = {"profile": ("output",)}
 
