@@ -167,6 +167,47 @@ def test_kernel_tables_are_read_in_neusight_naming():
     assert bmm.dims[0].tolist() == [3, 27, 29, 15] and bmm.flops[0] == 2 * 3 * 27 * 15 * 29
 
 
+def test_named_kernel_tiles_are_read_oriented_and_never_beat_the_fastest(tmp_path):
+    """``kernel_choice`` reads the cuBLAS tile and split-K factor a table row names (rows under 50 us left out,
+    as the fit leaves them), prices a row on that tile in the model's orientation (cuBLAS names output columns x
+    rows), never faster than the model's fastest candidate when the tile is one of them, and counts two tables'
+    agreement on shared shapes."""
+    from placement_rl.profiling import kernel_choice as kc
+    from placement_rl.profiling.calibrate import load_kernels
+    from placement_rl.profiling.gpu_fidelity import kernel_times
+
+    head = "OPName,Latency,Kernel Name,Grid x,Grid y,Grid z,B,M,N,K\n"
+    rows = ["linear,0.30,volta_sgemm_32x128_tn,1,32,1,1,4096,512,32",  # 32 output columns, 4,096 rows
+            "linear,0.30,volta_sgemm_128x32_tn,1,128,1,1,4096,512,32",
+            "linear,0.20,volta_sgemm_128x64_tn,2,8,3,1,512,4096,256",   # split-K 3
+            "linear,0.01,volta_sgemm_64x64_tn,1,1,1,1,8,8,8",           # under 50 us
+            "linear,0.40,volta_sgemm_32x32_sliced1x4_tn,1,1,1,1,64,8192,64",
+            "linear,0.40,splitKreduce_kernel,1,1,1,1,64,64,64"]
+    path = tmp_path / "Tesla_V100-PCIE-32GB.csv"
+    path.write_text(head + "\n".join(rows) + "\n")
+    tiles, shapes = kc.named_tiles(path)
+    assert tiles == ["32x128/1", "128x32/1", "128x64/3", "32x32_sliced1x4/1", "other"]
+    assert shapes[2] == (1, 512, 4096, 256)
+    assert kc.shares(tiles)["32x128"] == pytest.approx(0.2)
+    spec = GpuSpec(peak_flops=14e12, mem_bandwidth=900e9, sm_count=80, l2_bytes=6e6, arch=7.0, fp32_lanes=64)
+    k = load_kernels(path, "linear", "Tesla_V100-PCIE-32GB", spec, max_rows=100)
+    fit = shipped_fit()
+    named = kc.named_tile_times(k, tiles, fit)
+    fastest = kernel_times(k, fit)
+    assert np.isnan(named[4]) and np.all(np.isfinite(named[:4]))
+    assert named[0] < named[1]  # 32 output columns: the tile 32 columns wide wastes nothing, 128 wide wastes 3/4
+    assert np.all(named[:2] >= fastest[:2] * (1 - 1e-12))  # both tiles are candidates of the model at split 1
+    assert named[2] != kc.named_tile_times(k, ["128x64/1"] * 4 + ["other"], fit)[2]  # the split-K factor is priced
+    other = tmp_path / "Tesla_T4.csv"
+    other.write_text(head + "\n".join([rows[1], rows[2].replace("128x64", "64x64"), "linear,0.3,volta_sgemm_"
+                                        "64x64_tn,1,1,1,1,7,7,7"]) + "\n")  # a shape timed twice: its last row
+    assert kc.agreement((tiles, shapes), kc.named_tiles(other)) == (2, 0.5)
+    with pytest.raises(ProfileError, match="column"):
+        bad = tmp_path / "bad.csv"
+        bad.write_text("Latency,B\n1,2\n")
+        kc.named_tiles(bad)
+
+
 def test_winograd_prices_3x3_stride_1_convolutions():
     """cuDNN runs most 3x3 stride-1 convolutions as Winograd (61-81% of NeuSight's conv rows): the model takes the
     faster of the implicit GEMM and Winograd F(4x4, 3x3) for exactly those convolutions (forward and data

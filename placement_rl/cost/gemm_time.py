@@ -6,6 +6,7 @@ the version-1 model that older fits are priced with. ``placement_rl.cost.calibra
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
 
@@ -55,7 +56,8 @@ SPLITS = (1, 4)  # split-K factors
 
 
 def _gemm_time(flops: np.ndarray, dims: np.ndarray, cls: np.ndarray, fit: GpuFit, spec: GpuSpec, peak: float,
-               elem: float, gpu: tuple[float, float]) -> np.ndarray:
+               elem: float, gpu: tuple[float, float], *, tiles: Sequence[tuple[int, int]] = TILES,
+               splits: Sequence[int] = SPLITS) -> np.ndarray:
     """Time of GEMM-like nodes ``batch x (M x K) @ (K x N)`` (``dims`` rows; 0 = unknown shape).
 
     Per candidate CTA tile ``tm x tn`` and split-K factor ``s`` (the library picks the fastest, so does the
@@ -64,7 +66,8 @@ def _gemm_time(flops: np.ndarray, dims: np.ndarray, cls: np.ndarray, fit: GpuFit
     prologue / epilogue in K-steps), a last partial wave ``frac ** w_wave`` of a full one. Memory: the operand
     tiles (A read once per column of tiles, B once per row, ``/ l2_reuse``) plus the output, at ``bw x
     e_mem_gemm``; split-K adds writing and reading ``s`` partial outputs. Time = max(compute, memory).
-    ``e = e_max[class] x trend(GPU)``."""
+    ``e = e_max[class] x trend(GPU)``. ``tiles`` / ``splits``: the candidates (a diagnostic prices one named
+    kernel's tile, ``placement_rl.profiling.kernel_choice``)."""
     e_max = np.ones_like(flops)
     k0 = np.ones_like(flops)
     for c in GEMM_CLASSES:
@@ -86,11 +89,11 @@ def _gemm_time(flops: np.ndarray, dims: np.ndarray, cls: np.ndarray, fit: GpuFit
     nn = np.where(known, dims[:, 2], side)
     kk = np.where(known, dims[:, 3], np.maximum(flops / (2.0 * side * side), 1.0))
     best = np.full(flops.shape, np.inf)
-    for tm, tn in TILES:
+    for tm, tn in tiles:
         gm = np.where(known, np.ceil(mm / tm), mm / tm)
         gn = np.where(known, np.ceil(nn / tn), nn / tn)
         per_sm = max(1.0, math.floor(area / (tm * tn)))
-        for s in SPLITS:
+        for s in splits:
             ks = np.ceil(kk / s) if s > 1 else kk
             waves = bt * gm * gn * s / (sm * per_sm)
             full = np.floor(waves)
