@@ -325,13 +325,18 @@ class Predictor:
                 "oversubscription": model["oversubscription"]}
 
 
-def bench_fidelity(graphs, *, steps: int, work: Path, predictors: dict) -> dict:
+def bench_fidelity(graphs, *, steps: int, work: Path, predictors: dict, refresh=None) -> dict:
+    """Deploy every plan (one job per model and world size) and predict it. ``refresh(name)``, when given,
+    returns a predictor from a profile made just then: called before each job, so a plan is predicted from a
+    profile taken seconds before it runs rather than at the start of the bench."""
     rows = []
     for name, graph in graphs.items():
         predictor = predictors[name]
         plans = [even_plan(graph.num_nodes, batch=MODELS[name]["batch_size"], **kw) for kw in PLANS]
         cfg = DeployConfig(steps=steps, warmup=2, timeout_s=600)
         for world in (1, 2, 4):
+            if refresh is not None:
+                predictor = refresh(name)
             idx = [i for i, p in enumerate(plans) if p.world_size == world]
             specs = [DeploySpec(plan=plans[i], graph=graph, model=name, overrides=MODELS[name]) for i in idx]
             results = deploy_stage_plans(specs, config=cfg, job_dir=work / f"b_{name}_{world}")
@@ -418,6 +423,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3, help="(a) runs repeats x steps interleaved steps per variant")
     ap.add_argument("--quick", action="store_true", help="fewer steps (smoke run)")
+    ap.add_argument("--fresh-profiles", action="store_true", help="(b) profile each model again right before each "
+                    "of its deployment jobs (one per world size) and predict those plans from that profile")
     ap.add_argument("--parts", default="ab", choices=("ab", "a", "b"), help="which parts to run")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -428,13 +435,15 @@ def main() -> None:
         work = Path(tmp)
         db, graphs, predictors = ProfileDB(work / "profile.json"), {}, {}
         topology = cpu_topology(4)
+        sizes_of = {}
         for name in MODELS:
             full = MODELS[name]["batch_size"]
-            sizes = {full} | {full // (kw["m"] * kw["dp"]) for kw in PLANS}
+            sizes_of[name] = sizes = {full} | {full // (kw["m"] * kw["dp"]) for kw in PLANS}
             by_batch = profile_model(name, sizes, db=db, repeats=5 if args.quick else 10)
             graphs[name] = by_batch[full]
             predictors[name] = by_batch
-        for fit in local_link_benchmarks(["cpu"], repeats=5 if args.quick else 10):
+        links = local_link_benchmarks(["cpu"], repeats=5 if args.quick else 10)
+        for fit in links:
             db.put_link(fit.src, fit.dst, fit.backend, fit.sizes, fit.times, fit.latency, fit.bandwidth)
         db.save()
         overheads = None
@@ -444,14 +453,27 @@ def main() -> None:
             print(f"  DDP per pass {overheads.ddp_pass}, FSDP per pass {overheads.fsdp_pass}, "
                   f"FSDP Adam {overheads.fsdp_adam} (a, b per tensor; seconds), pipeline stage {overheads.pp_stage} "
                   "(per step, per micro-batch, per boundary byte per micro-batch)")
+        per_node = {name: tensors_per_param_node(zoo.build(name, **MODELS[name])[0], graphs[name]) for name in MODELS}
         predictors = {name: Predictor(by_batch, MODELS[name]["batch_size"], topology, db, overheads=overheads,
-                                      tensors_per_node=tensors_per_param_node(zoo.build(name, **MODELS[name])[0],
-                                                                              graphs[name]))
+                                      tensors_per_node=per_node[name])
                       for name, by_batch in predictors.items()}
+        fresh = {"n": 0}
+
+        def refresh(name: str) -> "Predictor":
+            """A new profile of ``name`` at every size its plans deploy (a new database, the same link fits)."""
+            fresh["n"] += 1
+            new_db = ProfileDB(work / f"profile_{fresh['n']}.json")
+            for fit in links:
+                new_db.put_link(fit.src, fit.dst, fit.backend, fit.sizes, fit.times, fit.latency, fit.bandwidth)
+            by_batch = profile_model(name, sizes_of[name], db=new_db, repeats=5 if args.quick else 10)
+            return Predictor(by_batch, MODELS[name]["batch_size"], topology, new_db, overheads=overheads,
+                             tensors_per_node=per_node[name])
         a_rows = bench_overhead(graphs, steps=steps, repeats=args.repeats, work=work) if "a" in args.parts else []
-        b = bench_fidelity(graphs, steps=steps, work=work, predictors=predictors) if "b" in args.parts else \
+        b = bench_fidelity(graphs, steps=steps, work=work, predictors=predictors,
+                           refresh=refresh if args.fresh_profiles else None) if "b" in args.parts else \
             {"rows": [], "stats": {}, "per_model": {}, "per_model_linear": {}}
     meta = {"machine": f"{os.cpu_count()} CPU cores", "steps": steps, "models": MODELS, "profile_clock": "thread",
+            "fresh_profiles": bool(args.fresh_profiles),
             "dist_overheads": None if overheads is None else overheads.to_dict()}
     write_report(out, a_rows, b, meta)
     print((out / "bench_executor.md").read_text())
