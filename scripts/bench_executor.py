@@ -29,6 +29,7 @@ Writes ``bench_executor.json`` and ``bench_executor.md`` to ``--out``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import tempfile
@@ -435,14 +436,15 @@ def main() -> None:
         work = Path(tmp)
         db, graphs, predictors = ProfileDB(work / "profile.json"), {}, {}
         topology = cpu_topology(4)
+        repeats = 5 if args.quick else 10  # profile passes and link-benchmark repeats
         sizes_of = {}
         for name in MODELS:
             full = MODELS[name]["batch_size"]
             sizes_of[name] = sizes = {full} | {full // (kw["m"] * kw["dp"]) for kw in PLANS}
-            by_batch = profile_model(name, sizes, db=db, repeats=5 if args.quick else 10)
+            by_batch = profile_model(name, sizes, db=db, repeats=repeats)
             graphs[name] = by_batch[full]
             predictors[name] = by_batch
-        links = local_link_benchmarks(["cpu"], repeats=5 if args.quick else 10)
+        links = local_link_benchmarks(["cpu"], repeats=repeats)
         for fit in links:
             db.put_link(fit.src, fit.dst, fit.backend, fit.sizes, fit.times, fit.latency, fit.bandwidth)
         db.save()
@@ -457,15 +459,14 @@ def main() -> None:
         predictors = {name: Predictor(by_batch, MODELS[name]["batch_size"], topology, db, overheads=overheads,
                                       tensors_per_node=per_node[name])
                       for name, by_batch in predictors.items()}
-        fresh = {"n": 0}
+        fresh = itertools.count(1)
 
         def refresh(name: str) -> "Predictor":
             """A new profile of ``name`` at every size its plans deploy (a new database, the same link fits)."""
-            fresh["n"] += 1
-            new_db = ProfileDB(work / f"profile_{fresh['n']}.json")
+            new_db = ProfileDB(work / f"profile_{next(fresh)}.json")
             for fit in links:
                 new_db.put_link(fit.src, fit.dst, fit.backend, fit.sizes, fit.times, fit.latency, fit.bandwidth)
-            by_batch = profile_model(name, sizes_of[name], db=new_db, repeats=5 if args.quick else 10)
+            by_batch = profile_model(name, sizes_of[name], db=new_db, repeats=repeats)
             return Predictor(by_batch, MODELS[name]["batch_size"], topology, new_db, overheads=overheads,
                              tensors_per_node=per_node[name])
         a_rows = bench_overhead(graphs, steps=steps, repeats=args.repeats, work=work) if "a" in args.parts else []

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from placement_rl.cost.calibrated import GpuFit, harness_offset, trend
+from placement_rl.cost.calibrated import GpuFit, table_times, trend
 from placement_rl.cost.gemm_time import _gemm_time
 from placement_rl.errors import ProfileError
 
-TILE = re.compile(r"sgemm_(\d+)x(\d+)(_sliced1x4)?")
+TILE = re.compile(r"sgemm_(\d+)x(\d+)(_sliced1x4)?")  # in a cuBLAS kernel's name
+NAME = re.compile(r"(\d+)x(\d+)(_sliced1x4)?/(\d+)")  # a ``named_tiles`` name
 SHAPE = ("B", "M", "N", "K")
 
 
@@ -75,36 +76,41 @@ class NamedTileRow:
     scale: float  # that scale (median measured / named-tile time)
 
 
-def named_tile_times(k, tiles: list[str], fit: GpuFit) -> np.ndarray:
-    """Kernel-table times of ``k``'s rows (a ``calibrate.KernelSample`` of a linear / bmm table) priced as
-    ``table_times`` prices them, but each on the one tile and split-K factor its launch names instead of the
-    fastest candidate. cuBLAS names its tile column-major, ``<columns>x<rows>`` of the output: here (rows,
-    columns)."""
+def tile_of(name: str) -> tuple[tuple[int, int], int] | None:
+    """``((rows, columns), split-K)`` of a ``named_tiles`` name (cuBLAS writes its tile column-major,
+    ``<columns>x<rows>`` of the output); None for ``other``."""
+    m = NAME.fullmatch(name)
+    return None if m is None else ((int(m.group(2)), int(m.group(1))), int(m.group(4)))
+
+
+def named_tile_times(k, tiles: list[str], fit: GpuFit, *, model: np.ndarray | None = None) -> np.ndarray:
+    """Kernel-table times of ``k``'s rows (a ``calibrate.KernelSample`` of a linear / bmm table): the shipped
+    model's (``table_times``, or ``model`` when the caller has it) with its GEMM time on the fastest candidate
+    replaced by the GEMM time on the tile and split-K factor each row's launch names; NaN for a row whose kernel
+    names none."""
     f = k.feat
     if len(tiles) != len(f.flops):
         raise ProfileError(f"{k.gpu} {k.op}: {len(tiles)} kernel names for {len(f.flops)} rows")
-    gpu = trend(k.spec, fit)
+    model = table_times(f, k.spec, fit) if model is None else model
+    priced = (fit, k.spec, k.spec.peak_flops, 4.0, trend(k.spec, fit))  # fp32, as the tables were measured
+    fastest = _gemm_time(f.flops, f.dims, f.cls, *priced)
     out = np.full(len(tiles), np.nan)
     arr = np.asarray(tiles)
     for name in np.unique(arr):
-        m = TILE.search(f"sgemm_{name}")
-        if m is None:
+        got = tile_of(str(name))
+        if got is None:
             continue
         idx = np.flatnonzero(arr == name)
-        tile = ((int(m.group(2)), int(m.group(1))),)
-        split = int(name.split("/")[1]) if "/" in name else 1
-        out[idx] = _gemm_time(f.flops[idx], f.dims[idx], f.cls[idx], fit, k.spec, k.spec.peak_flops, 4.0, gpu,
-                              tiles=tile, splits=(split,))
-    return out + fit.p("launch") + harness_offset(f.cls, fit)
+        named = _gemm_time(f.flops[idx], f.dims[idx], f.cls[idx], *priced, tiles=(got[0],), splits=(got[1],))
+        out[idx] = model[idx] - fastest[idx] + named
+    return out
 
 
 def named_tile_errors(k, tiles: list[str], fit: GpuFit) -> NamedTileRow:
     """The shipped model's in-sample MAPE on ``k`` against the same model told each row's named tile (one scale
     per GPU: the fitted efficiencies belong to the fastest-tile choice, so their level does not carry over)."""
-    from placement_rl.profiling.gpu_fidelity import kernel_times
-
-    model = kernel_times(k, fit)
-    named = named_tile_times(k, tiles, fit)
+    model = table_times(k.feat, k.spec, fit)
+    named = named_tile_times(k, tiles, fit, model=model)
     ok = np.isfinite(named)
     scale = float(np.exp(np.median(np.log(k.fwd[ok] / named[ok]))))
     return NamedTileRow(gpu=k.gpu, op=k.op, rows=int(len(k.fwd)),
