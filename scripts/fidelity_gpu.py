@@ -243,7 +243,8 @@ def report(rows, classes, krows, newer, fit, pd_lines, factors, coll_lines, coll
              "no step-time prediction uses them.", "",
              "## What a newer GPU does differently", "",
              "The symptom: the two-GPU fit predicted an H100 6-14% too fast. From the five GPUs' trends, reasoned "
-             "physically (no H100 measurement is fitted or checked here):", "",
+             "physically (no H100 measurement is fitted or checked here, except the one conv term below, set from "
+             "the H100 and H200 we measured):", "",
              "* **FP32 lanes per SM.** All five fitted GPUs have 64 FP32 lanes per SM (NeuSight's configs); the "
              "H100 (like the L4) has 128, and its datasheet peak counts all of them. An SM issues 4 x 32 thread "
              "instructions per cycle; a SIMT GEMM's instruction stream is not all FFMA (shared-memory loads, "
@@ -251,6 +252,17 @@ def report(rows, classes, krows, newer, fit, pd_lines, factors, coll_lines, coll
              "`issue_ffma` = 0.85 is fixed from that argument (an 8x8 register tile issues 64 FFMA per ~75 "
              "instructions), not fitted: no fitted GPU can identify it. Tensor-core GEMMs (tf32 / bf16) do not get "
              "it.",
+             "* **FP32 convolutions on 128 lanes** (2026-11-28). cuDNN's fp32 convolutions do not reach that share: "
+             "on the H100 and H200 we measured (docs/fidelity_h100.md, docs/fidelity_h200.md) the long conv kernels "
+             "ran 1.6-1.8x slower than `issue_ffma` priced them (predicted / measured 0.57-0.64 with the harness's "
+             "own floor, the same in every duration bin from 50 us to 10 ms, on the rows the model prices as "
+             "Winograd and on those it prices as implicit GEMM), while cuBLAS's GEMMs there came within 0.93-1.2x. "
+             "That is the rate of 64 lanes at the same clock: the convolution kernels gain nothing from the second "
+             "half of the lanes. `issue_conv` = 0.5 states it (`gpu_fit.conv_issue`; no effect on a 64-lane GPU, so "
+             "the five-GPU fit is unchanged); it is set from those two GPUs' conv tables, one architecture, which "
+             "are therefore not a held-out check of conv (with the harness's floor conv goes from 38.5% / 40.0% to "
+             "23.5% / 23.6% MAPE there). Whether an Ada or GA10x card (128 lanes, half of them shared with integer "
+             "work) behaves alike is not measured.",
              "* **Small shapes.** With 132 SMs a GEMM needs 132 CTAs per wave: the tile / wave model prices the "
              "partial waves and per-tile prologues that a faster GPU pays proportionally more of (the two-GPU fit "
              "used one continuous wave factor).",

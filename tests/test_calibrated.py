@@ -130,6 +130,34 @@ def test_more_fp32_lanes_per_sm_lower_the_simt_gemm_efficiency():
         node_times(ln, GpuSpec(67e12, 3.35e12, 132, 0, 9.0, False, 128), fit)[0])
 
 
+def test_fp32_convolutions_run_at_the_rate_of_64_lanes_on_a_128_lane_sm():
+    """cuDNN's fp32 convolutions on a 128-lane SM (H100 / H200 measured) gain nothing from the second half of the
+    lanes: with ``issue_conv`` = 0.5 a long conv on a 128-lane GPU takes what the same SMs with 64 lanes at the
+    same clock (half the datasheet peak) give, on both algorithms, while a linear keeps ``issue_ffma``. A 64-lane
+    GPU and a fit without the term price conv as before."""
+    from placement_rl.cost.gpu_fit import GpuFit, conv_issue
+    from placement_rl.profiling.calibrate import kernel_features
+
+    fit = shipped_fit()
+    assert fit.q("issue_conv") == 0.5
+    cols = {"B": np.array([64.0, 64.0]), "Input_Channel": np.array([256.0, 256.0]),
+            "Output_Channel": np.array([256.0, 256.0]), "Kernel_Szie": np.array([3.0, 1.0]),
+            "Input_Size": np.array([56.0, 56.0]), "Stride": np.array([1.0, 1.0]), "Padding": np.array([1.0, 0.0])}
+    feat, _ = kernel_features("conv", cols)
+    full = GpuSpec(67e12, 3.35e12, 132, 50 * 2**20, 9.0, False, 128)
+    half = GpuSpec(33.5e12, 3.35e12, 132, 50 * 2**20, 9.0, False, 64)  # the same SMs, 64 lanes each
+    t128, t64 = node_times(feat, full, fit)[0], node_times(feat, half, fit)[0]
+    assert t128 == pytest.approx(t64, rel=0.01)  # a 3x3 (Winograd-eligible) and a 1x1 table row alike
+    assert conv_issue(full, fit) == pytest.approx(0.5 / 0.85)
+    assert conv_issue(half, fit) == conv_issue(full, fit, simt=False) == 1.0
+    old = GpuFit("old", {k: v for k, v in fit.params.items() if k != "issue_conv"}, {})
+    assert conv_issue(full, old) == 1.0
+    t_old = node_times(feat, full, old)[0]
+    assert np.all(t128 > 1.5 * t_old - fit.p("launch"))  # the long rows are compute-bound: about 1.7x slower
+    a100 = GpuSpec(19.5e12, 1.935e12, 108, 40 * 2**20, 8.0, False, 64)
+    assert np.array_equal(node_times(feat, a100, fit)[0], node_times(feat, a100, old)[0])
+
+
 def test_gemm_tiles_price_small_ragged_and_thin_shapes():
     """Tiles and waves: one more output column (K = 129 in NeuSight's naming) never costs less than K = 128; a GEMM
     that fills a fraction of one wave runs far below the rate of a large one; a thin GEMM (M = 8) is bound by

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from placement_rl.cost.gpu_fit import GpuFit, throttle
+from placement_rl.cost.gpu_fit import GpuFit, conv_issue, throttle
 from placement_rl.cost.gpu_spec import GpuSpec
 from placement_rl.cost.op_classes import CLASSES, GEMM_CLASSES
 
@@ -75,7 +75,8 @@ def _gemm_time(flops: np.ndarray, dims: np.ndarray, cls: np.ndarray, fit: GpuFit
         e_max[m], k0[m] = fit.p(f"e_max_{c}"), fit.p(f"k0_{c}")
     conv = cls == CLASSES.index("conv")
     lp = math.exp(fit.q("g_lp_gemm")) if spec.low_power else 1.0
-    e = e_max * gpu[0] / np.where(conv, lp, 1.0)  # cuDNN's conv algorithms: no low-power term (see trend)
+    # cuDNN's conv algorithms: no low-power term (see trend), the issue rate of 64 FP32 lanes (conv_issue)
+    e = e_max * gpu[0] / np.where(conv, lp / conv_issue(spec, fit, simt=peak == spec.peak_flops), 1.0)
     bw = spec.mem_bandwidth * gpu[1]
     e_mem = fit.p("e_mem_gemm")
     reuse = fit.q("l2_reuse")

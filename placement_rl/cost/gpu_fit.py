@@ -25,7 +25,8 @@ FIT_VERSION = 2
 READS_VERSIONS = (1, 2)  # a version-1 fit is the version-2 model with the datasheet-trend terms at 0
 # parameters added after version 1, with the value that reproduces the version-1 model
 OPTIONAL = {"g_old_gemm": 0.0, "g_lp_gemm": 0.0, "lp_slow": 0.0, "lp_tau": 1e-3, "g_old_mem": 0.0, "g_gddr_mem": 0.0, "issue_ffma": 1.0,
-            "l2_reuse": 8.0, "tile_area": 16384.0, "mem_terms": 0.0, "wino": 0.0}
+            "l2_reuse": 8.0, "tile_area": 16384.0, "mem_terms": 0.0, "wino": 0.0,
+            "issue_conv": 0.0}
 @dataclass(frozen=True)
 class GpuFit:
     """Fitted parameters (shared by every GPU). ``params`` maps a name to a float; see the module docstring."""
@@ -117,15 +118,36 @@ def trend(spec: GpuSpec, fit: "GpuFit", simt: bool = True) -> tuple[float, float
     old = 1.0 if 0.0 < spec.arch < 7.0 else 0.0
     gddr = 1.0 if spec.gddr and spec.low_power else 0.0  # the only GDDR cards fitted are <= 75 W boards
     low = 1.0 if spec.low_power else 0.0
-    lanes = spec.fp32_lanes if spec.fp32_lanes > 0 else 64
-    slots = 256.0 if 0.0 < spec.arch < 5.0 else 128.0  # Kepler: 4 schedulers x 2 dispatch units x 32 per cycle
-    issue = min(1.0, fit.q("issue_ffma") * slots / lanes) if simt else 1.0
+    issue = _issue(spec, fit.q("issue_ffma")) if simt else 1.0
     gemm = math.exp(fit.q("g_old_gemm") * old + fit.q("g_lp_gemm") * low) * issue
     if fit.q("mem_terms") >= 0.5:  # the weaker of the two memory systems bounds the card, the penalties do not add
         mem = math.exp(min(0.0, fit.q("g_old_mem") * old, fit.q("g_gddr_mem") * gddr))
     else:
         mem = math.exp(fit.q("g_old_mem") * old + fit.q("g_gddr_mem") * gddr)
     return gemm, mem
+
+
+def conv_issue(spec: GpuSpec, fit: "GpuFit", simt: bool = True) -> float:
+    """Factor on the GEMM efficiency of a SIMT convolution (cuDNN's fp32 implicit GEMM and Winograd kernels) over
+    that of a cuBLAS GEMM on the same GPU: ``min(1, issue_conv * slots / lanes) / min(1, issue_ffma * slots /
+    lanes)``. On an SM of 64 FP32 lanes both are 1 (every fitted GPU). The H100 and H200 we measured (128 lanes,
+    docs/fidelity_h100.md) run their fp32 convolutions at the rate 64 lanes would give at the same clock -- their
+    long conv kernels measured 1.6-1.8x slower than ``issue_ffma`` prices them, uniformly over durations and on
+    both algorithms -- while cuBLAS's GEMMs there reach the ``issue_ffma`` share. ``issue_conv`` = 0.5 states that
+    (no gain from the second half of the lanes), not a fitted value; 0 (older fits): conv as the GEMMs."""
+    ic = fit.q("issue_conv")
+    if not simt or ic <= 0.0:
+        return 1.0
+    return _issue(spec, ic) / _issue(spec, fit.q("issue_ffma"))
+
+
+def _issue(spec: GpuSpec, share: float) -> float:
+    """Achieved fraction of the FP32 lanes' rate of a SIMT kernel whose instruction stream is ``share`` FFMA:
+    ``min(1, share * slots / lanes)`` (an SM issues ``slots`` thread instructions per cycle: 4 x 32, a Kepler
+    SMX 4 x 2 x 32)."""
+    lanes = spec.fp32_lanes if spec.fp32_lanes > 0 else 64
+    slots = 256.0 if 0.0 < spec.arch < 5.0 else 128.0
+    return min(1.0, share * slots / lanes)
 
 
 def throttle(t: np.ndarray, spec: GpuSpec, fit: "GpuFit") -> np.ndarray:

@@ -36,7 +36,8 @@ PARAMS: list[tuple[str, float, float, float]] = [
      ("g_gddr_mem", -0.2, -2.0, 2.0), ("l2_reuse", 8.0, 1.0, 64.0), ("tile_area", 16384.0, 4096.0, 65536.0),
      ("wino", 1.5, 0.2, 5.0)] \
   + [(f"koff_{c}", 2e-5, 0.0, 8e-5) for c in HARNESS_CLASSES]
-FIXED = {"kb_ew_pass": 0.0, "nb_ew_pass": 0.0, "tile": 128 * 128, "e_bw": 1.0, "issue_ffma": 0.85, "mem_terms": 1.0}
+FIXED = {"kb_ew_pass": 0.0, "nb_ew_pass": 0.0, "tile": 128 * 128, "e_bw": 1.0, "issue_ffma": 0.85, "mem_terms": 1.0,
+         "issue_conv": 0.5}
 
 
 @dataclass
