@@ -15,7 +15,7 @@ Per node ``v`` of class ``c`` (``placement_rl.cost.op_classes.op_class``), on a 
         a 3x3 stride-1 conv (``wino`` tiles > 0) and its dX: the faster of that and Winograd F(4x4, 3x3)
         (``gemm_time._wino_time``: 36 GEMMs over the output's 4x4 tiles x ``wino`` + the transforms' traffic);
         a 1x1 stride-1 conv (``pointwise``) is a plain GEMM priced with linear's terms (the conv terms are fitted on
-        3x3 convolutions only)
+        3x3 convolutions only); a conv on an SM of 128 FP32 lanes runs at the 64-lane rate (``gpu_fit.conv_issue``)
     memory-bound (norm, softmax, element-wise, embedding, loss, pool):
         t_fwd = kf[c] * (in + out) / bw_eff + launch,   t_bwd = kb[c] * (in + out) / bw_eff + nb[c] * launch
         (embedding: in + 2 out, the gathered table rows are read as well as the output written)
