@@ -445,9 +445,13 @@ def main() -> None:
             graphs[name] = by_batch[full]
             predictors[name] = by_batch
         links = local_link_benchmarks(["cpu"], repeats=repeats)
-        for fit in links:
-            db.put_link(fit.src, fit.dst, fit.backend, fit.sizes, fit.times, fit.latency, fit.bandwidth)
-        db.save()
+
+        def put_links(into: ProfileDB) -> ProfileDB:
+            for fit in links:
+                into.put_link(fit.src, fit.dst, fit.backend, fit.sizes, fit.times, fit.latency, fit.bandwidth)
+            return into
+
+        put_links(db).save()
         overheads = None
         if "b" in args.parts:
             print("measuring DDP / FSDP2 wrapper costs and gloo collectives (2 processes)")
@@ -456,19 +460,18 @@ def main() -> None:
                   f"FSDP Adam {overheads.fsdp_adam} (a, b per tensor; seconds), pipeline stage {overheads.pp_stage} "
                   "(per step, per micro-batch, per boundary byte per micro-batch)")
         per_node = {name: tensors_per_param_node(zoo.build(name, **MODELS[name])[0], graphs[name]) for name in MODELS}
-        predictors = {name: Predictor(by_batch, MODELS[name]["batch_size"], topology, db, overheads=overheads,
-                                      tensors_per_node=per_node[name])
-                      for name, by_batch in predictors.items()}
+
+        def predictor(name: str, by_batch: dict, pdb: ProfileDB) -> "Predictor":
+            return Predictor(by_batch, MODELS[name]["batch_size"], topology, pdb, overheads=overheads,
+                             tensors_per_node=per_node[name])
+
+        predictors = {name: predictor(name, by_batch, db) for name, by_batch in predictors.items()}
         fresh = itertools.count(1)
 
         def refresh(name: str) -> "Predictor":
             """A new profile of ``name`` at every size its plans deploy (a new database, the same link fits)."""
-            new_db = ProfileDB(work / f"profile_{next(fresh)}.json")
-            for fit in links:
-                new_db.put_link(fit.src, fit.dst, fit.backend, fit.sizes, fit.times, fit.latency, fit.bandwidth)
-            by_batch = profile_model(name, sizes_of[name], db=new_db, repeats=repeats)
-            return Predictor(by_batch, MODELS[name]["batch_size"], topology, new_db, overheads=overheads,
-                             tensors_per_node=per_node[name])
+            new_db = put_links(ProfileDB(work / f"profile_{next(fresh)}.json"))
+            return predictor(name, profile_model(name, sizes_of[name], db=new_db, repeats=repeats), new_db)
         a_rows = bench_overhead(graphs, steps=steps, repeats=args.repeats, work=work) if "a" in args.parts else []
         b = bench_fidelity(graphs, steps=steps, work=work, predictors=predictors,
                            refresh=refresh if args.fresh_profiles else None) if "b" in args.parts else \
