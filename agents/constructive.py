@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from agents.device_policy import DevicePolicy
-from envs.constructive_task import ConstructiveTask
+from placement_rl.agents.device_policy import DevicePolicy
+from placement_rl.envs.constructive_task import ConstructiveTask
 
 INFEASIBLE_PENALTY = 1.0  # reward (log-ratio units) taken off a placement that does not fit in memory
 FULL_WINDOW = 1536  # placing a graph of at most this many nodes, the window covers the rest of the graph (dev split:
@@ -123,7 +123,7 @@ def rollout(policy: DevicePolicy | None, task: ConstructiveTask, *, samples: int
         actions, logps = np.zeros((n, k), np.int64), np.zeros((n, k), np.float32)
     h = policy.embed(*graph_tensors(task)) if policy is not None and forced is None else None
     if h is not None and greedy and not record and k == 1:  # one compiled loop (agents.fast_decode)
-        from agents.fast_decode import greedy_devices
+        from placement_rl.agents.fast_decode import greedy_devices
 
         greedy_devices(policy, st, h.double().numpy())
         return Rollout(st.devices.copy(), st.finish(), st.feasible())

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agents.checkpoint import load_checkpoint
-from agents.constructive import FULL_WINDOW
-from agents.device_policy import DevicePolicy
-from envs.constructive_task import NUM_NODE_FEATURES
+from placement_rl.agents.checkpoint import load_checkpoint
+from placement_rl.agents.constructive import FULL_WINDOW
+from placement_rl.agents.device_policy import DevicePolicy
+from placement_rl.envs.constructive_task import NUM_NODE_FEATURES
 from placement_rl.cost.schedule import DEFAULT_WINDOW, NUM_DEVICE_FEATURES
 from placement_rl.errors import CheckpointError, ConfigError
 

@@ -12,9 +12,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from agents.constructive import Rollout, rollout
-from agents.device_policy import DevicePolicy
-from envs.constructive_task import ConstructiveTask
+from placement_rl.agents.constructive import Rollout, rollout
+from placement_rl.agents.device_policy import DevicePolicy
+from placement_rl.envs.constructive_task import ConstructiveTask
 
 
 def warm_kernels(policy: DevicePolicy) -> float:
@@ -24,8 +24,8 @@ def warm_kernels(policy: DevicePolicy) -> float:
     compiles (15-20 s on a 2-core machine), afterwards it loads them from its cache (well under 1 s)."""
     import time
 
-    from agents.constructive import graph_tensors
-    from agents.fast_decode import greedy_devices
+    from placement_rl.agents.constructive import graph_tensors
+    from placement_rl.agents.fast_decode import greedy_devices
     from placement_rl.cost import resolve_costs, simulate
     from placement_rl.cost.split import threads_asked
     from placement_rl.graph import synthetic

@@ -27,14 +27,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from agents.checkpoint import save_checkpoint
-from agents.constructive import REGRET_UNIT, Demo, eft_labels, imitation_loss, ppo_loss, rewards, rollout
-from agents.constructive_config import (ALGO, PRETRAINED, RL_ALGOS, ConstructiveConfig,  # noqa: F401 - re-exported
+from placement_rl.agents.checkpoint import save_checkpoint
+from placement_rl.agents.constructive import REGRET_UNIT, Demo, eft_labels, imitation_loss, ppo_loss, rewards, rollout
+from placement_rl.agents.constructive_config import (ALGO, PRETRAINED, RL_ALGOS, ConstructiveConfig,  # noqa: F401 - re-exported
                                         _obs_dims, build_policy, default_checkpoint, load_policy, set_windows)
-from agents.constructive_eval import evaluate, geomean
-from agents.device_policy import DevicePolicy
-from agents.scaleout import LabelJob, label_states, lookahead_labels
-from envs.constructive_task import REACTIVE, ConstructiveTask
+from placement_rl.agents.constructive_eval import evaluate, geomean
+from placement_rl.agents.device_policy import DevicePolicy
+from placement_rl.agents.scaleout import LabelJob, label_states, lookahead_labels
+from placement_rl.envs.constructive_task import REACTIVE, ConstructiveTask
 from placement_rl.cost.lookahead import eft_rollout
 from placement_rl.scale import Workers
 
@@ -81,7 +81,7 @@ class ConstructiveTrainer:
         best = [t.teacher() for t in tasks]
         searched = [False] * len(tasks)
         if cfg.teacher_search > 0:  # a searched teacher: annealing from the best teacher's placement
-            from agents.scaleout import refine_teachers
+            from placement_rl.agents.scaleout import refine_teachers
 
             got = refine_teachers([(t, dev) for t, (_, dev) in zip(tasks, best)], cfg.teacher_search,
                                   seed=cfg.seed, workers=self.workers)
@@ -311,7 +311,7 @@ class ConstructiveTrainer:
 
     def _q_iteration(self, tasks: Sequence[ConstructiveTask], it: int) -> dict[str, Any]:
         """One iteration of ``rl_algo="q"`` (see ``improve``)."""
-        from agents.constructive import _replay
+        from placement_rl.agents.constructive import _replay
 
         cfg = self.cfg
         pool = [i for i, t in enumerate(tasks) if t.graph.num_nodes <= cfg.pi_max_nodes and t.topology.num_devices > 1]
@@ -365,7 +365,7 @@ class ConstructiveTrainer:
 
     # ------------------------------------------------------------------------------------------ checkpoint
     def save(self, path: str | Path, *, extra: dict[str, Any] | None = None, with_optimizer: bool = True) -> Path:
-        from agents.checkpoint import provenance
+        from placement_rl.agents.checkpoint import provenance
 
         config = {**dataclasses.asdict(self.cfg), **(extra or {}),
                   "provenance": provenance(**(extra or {}).get("pretrain", {}))}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from agents.encoders import build_encoder
+from placement_rl.agents.encoders import build_encoder
 
 
 class DevicePolicy(nn.Module):

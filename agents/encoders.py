@@ -23,7 +23,7 @@ from torch import nn
 from torch_geometric.nn import GATv2Conv
 from torch_geometric.utils import to_dense_batch
 
-from agents.graph_batch import Adjacency
+from placement_rl.agents.graph_batch import Adjacency
 from placement_rl.errors import ConfigError
 
 ENCODERS: dict[str, type["Encoder"]] = {}

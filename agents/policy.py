@@ -20,8 +20,8 @@ from gymnasium import spaces
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
 
-from agents.encoders import build_encoder
-from agents.graph_batch import GraphBatch, batch_graphs
+from placement_rl.agents.encoders import build_encoder
+from placement_rl.agents.graph_batch import GraphBatch, batch_graphs
 
 OP_EMBED_DIM = 8
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agents.constructive import graph_tensors
-from agents.fast_decode import Head, complete_greedy
-from envs.constructive_task import ConstructiveTask
+from placement_rl.agents.constructive import graph_tensors
+from placement_rl.agents.fast_decode import Head, complete_greedy
+from placement_rl.envs.constructive_task import ConstructiveTask
 from placement_rl.cost.lookahead import MAX_REGRET, TIE
 from placement_rl.cost.schedule import ScheduleState
 from placement_rl.cost.split import MIN_WORK, threads_asked

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from agents.policy import GraphFeatures, NodeHead, action_mode, num_devices_of
+from placement_rl.agents.policy import GraphFeatures, NodeHead, action_mode, num_devices_of
 
 MASKED = -1e9
 

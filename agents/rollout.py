@@ -22,7 +22,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from agents.reinforce import MASKED, ReinforcePolicy, obs_to_tensors
+from placement_rl.agents.reinforce import MASKED, ReinforcePolicy, obs_to_tensors
 from placement_rl.errors import CheckpointError
 
 
@@ -122,7 +122,7 @@ def zero_shot_place(policy: Any, env: gym.Env, *, samples: int = 8, seed: int = 
     """Place the env's graph (its first task) with one forward pass: the greedy decoding of ``one_pass_logits``
     plus ``samples`` sampled ones (through ``decode_with_memory`` unless ``memory_aware=False``), each scored by
     the env's reward source; the best (feasible first) wins."""
-    from envs.base import node_memory
+    from placement_rl.envs.base import node_memory
 
     start = time.perf_counter()
     obs, _ = env.reset(seed=seed)

@@ -8,7 +8,7 @@ from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
 from stable_baselines3.common.policies import ActorCriticPolicy
 from torch import nn
 
-from agents.policy import GraphFeatures, NodeHead, action_mode, num_devices_of
+from placement_rl.agents.policy import GraphFeatures, NodeHead, action_mode, num_devices_of
 
 
 class _GraphPolicyMixin:

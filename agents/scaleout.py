@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from envs.constructive_task import ConstructiveTask
+from placement_rl.envs.constructive_task import ConstructiveTask
 from placement_rl.scale import Workers
 
 _CACHES = ("tensors", "best_known")  # per-process meta a worker rebuilds (or does not need)
@@ -77,7 +77,7 @@ CHUNK = 8  # labelled states per job on Ray workers (a task's states are split i
 
 
 def _label(item: tuple, policy: Any) -> Any:
-    from agents.policy_rollout import rollout_over_student
+    from placement_rl.agents.policy_rollout import rollout_over_student
 
     task, actions, every, offset, window = item
     task.window = window
@@ -199,7 +199,7 @@ def task_seed(seed: int, index: int) -> int:
 
 
 def _evaluate(item: tuple, policy: Any) -> tuple:
-    from agents.constructive_eval import evaluate
+    from placement_rl.agents.constructive_eval import evaluate
 
     task, samples, seed, window = item
     task.window = window
@@ -211,13 +211,13 @@ def evaluate_tasks(policy: Any, tasks: Sequence[ConstructiveTask], *, samples: i
                    workers: Workers | None = None, progress: Callable[[int, int], None] | None = None) -> list[Any]:
     """``TaskResult`` of every task (greedy and best of ``samples``), task ``i`` sampled with
     ``task_seed(seed, i)``: the same results for any worker count."""
-    from agents.constructive_eval import TaskResult
+    from placement_rl.agents.constructive_eval import TaskResult
 
     workers = workers if workers is not None else Workers(1)
     items = [(workers.put(t, ship=shippable), int(samples), task_seed(seed, i), t.window) for i, t in enumerate(tasks)]
     cost = [t.graph.num_nodes * (1 + samples) for t in tasks]
     got = workers.map(_evaluate, items, shared=(policy,), progress=progress, cost=cost)
-    from agents.constructive import state_window
+    from placement_rl.agents.constructive import state_window
 
     for t in tasks:  # the window the placements read (a worker's copy of the task was set, not this one): the
         t.window = state_window(policy, t.graph.num_nodes)  # rows count its completions (``episode_calls``)

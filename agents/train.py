@@ -23,13 +23,13 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-import envs  # noqa: F401 - registers the environments
-from agents.checkpoint import check_compatible, load_checkpoint, save_checkpoint
-from agents.policy import init_cut_prior
-from agents.reinforce import Reinforce, ReinforceConfig
-from agents.tracking import BestTracker, SimCallCounter
-from envs.warm_start import make_env
-from envs.graph_source import GraphSource
+from placement_rl import envs  # noqa: F401 - registers the environments
+from placement_rl.agents.checkpoint import check_compatible, load_checkpoint, save_checkpoint
+from placement_rl.agents.policy import init_cut_prior
+from placement_rl.agents.reinforce import Reinforce, ReinforceConfig
+from placement_rl.agents.tracking import BestTracker, SimCallCounter
+from placement_rl.envs.warm_start import make_env
+from placement_rl.envs.graph_source import GraphSource
 from placement_rl.errors import CheckpointError, ConfigError
 
 __all__ = ["ALGOS", "AgentSpec", "BestTracker", "EncoderSpec", "SimCallCounter", "Trainer", "final_plan",
@@ -86,7 +86,7 @@ def shared_env_kwargs(env_kwargs: dict[str, Any]) -> dict[str, Any]:
     env built from them shares its tasks (costs, reward source, warm start) instead of resolving its own."""
     kw = dict(env_kwargs)
     if "graph" in kw and not isinstance(kw["graph"], GraphSource):
-        from envs.base import DEFAULT_GRAPH, DEFAULT_TOPOLOGY
+        from placement_rl.envs.base import DEFAULT_GRAPH, DEFAULT_TOPOLOGY
 
         graph = kw.pop("graph")
         topology = kw.pop("topology", None)
@@ -157,7 +157,7 @@ class Trainer:
             from stable_baselines3 import PPO
             from stable_baselines3.common.logger import Logger, configure
 
-            from agents.sb3 import GraphPolicy, MaskableGraphPolicy
+            from placement_rl.agents.sb3 import GraphPolicy, MaskableGraphPolicy
 
             self.env = make_vec_env(env_id, self.env_kwargs, agent.n_envs, self.tracker, seed)
             cls, pol = (MaskablePPO, MaskableGraphPolicy) if agent.algo == "maskable_ppo" else (PPO, GraphPolicy)
@@ -276,7 +276,7 @@ def final_plan(trainer: Trainer, *, samples: int, seed: int) -> dict[str, Any]:
     """Score the trained policy: one greedy rollout plus ``samples`` sampled ones on a fresh env (their simulator
     calls count in ``trainer.tracker.sim_calls``); return the best of those and of everything evaluated during
     training (``source`` says which)."""
-    from agents.rollout import rollout
+    from placement_rl.agents.rollout import rollout
 
     env = trainer.make_eval_env()
     rng = np.random.default_rng(seed)

@@ -11,13 +11,13 @@
 
 from gymnasium.envs.registration import register, registry
 
-from envs.base import EnvConfig
-from envs.features import ObsLayout
-from envs.graph_source import GraphSource, Task
-from envs.oneshot import OneShotConfig, OneShotPlacementEnv
-from envs.pipeline import PipelineConfig, PipelineEnv
-from envs.placement import PlacementConfig, PlacementEnv
-from envs.reward import RewardSource, SimulatedReward
+from placement_rl.envs.base import EnvConfig
+from placement_rl.envs.features import ObsLayout
+from placement_rl.envs.graph_source import GraphSource, Task
+from placement_rl.envs.oneshot import OneShotConfig, OneShotPlacementEnv
+from placement_rl.envs.pipeline import PipelineConfig, PipelineEnv
+from placement_rl.envs.placement import PlacementConfig, PlacementEnv
+from placement_rl.envs.reward import RewardSource, SimulatedReward
 
 __all__ = ["ENV_IDS", "EnvConfig", "GraphSource", "ObsLayout", "OneShotConfig", "OneShotPlacementEnv",
            "PipelineConfig", "PipelineEnv", "PlacementConfig", "PlacementEnv", "RewardSource", "SimulatedReward",
@@ -26,10 +26,10 @@ __all__ = ["ENV_IDS", "EnvConfig", "GraphSource", "ObsLayout", "OneShotConfig", 
 # Episodes of PlacementEnv and PipelineEnv end by construction (passes x nodes, nodes - 1 + stages steps),
 # so only the one-step env gets a time limit.
 ENV_IDS = {
-    "placement_rl/PlacementEnv-v0": ("envs.placement:PlacementEnv", None),
-    "placement_rl/OneShotPlacementEnv-v0": ("envs.oneshot:OneShotPlacementEnv", 1),
-    "placement_rl/PipelineEnv-v0": ("envs.pipeline:PipelineEnv", None),
-    "placement_rl/ConstructivePlacementEnv-v0": ("envs.constructive:ConstructivePlacementEnv", None),
+    "placement_rl/PlacementEnv-v0": ("placement_rl.envs.placement:PlacementEnv", None),
+    "placement_rl/OneShotPlacementEnv-v0": ("placement_rl.envs.oneshot:OneShotPlacementEnv", 1),
+    "placement_rl/PipelineEnv-v0": ("placement_rl.envs.pipeline:PipelineEnv", None),
+    "placement_rl/ConstructivePlacementEnv-v0": ("placement_rl.envs.constructive:ConstructivePlacementEnv", None),
 }
 
 for _id, (_entry, _steps) in ENV_IDS.items():

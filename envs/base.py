@@ -25,9 +25,9 @@ import numpy as np
 from placement_rl.cost.memory import static_memory
 from placement_rl.errors import ConfigError
 
-from envs.features import ObsBuffer, ObsLayout, static_features
-from envs.graph_source import CostFn, GraphSource, Task
-from envs.reward import RewardSource
+from placement_rl.envs.features import ObsBuffer, ObsLayout, static_features
+from placement_rl.envs.graph_source import CostFn, GraphSource, Task
+from placement_rl.envs.reward import RewardSource
 
 __all__ = ["BaseEnv", "EnvConfig", "node_memory"]
 

@@ -46,8 +46,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from envs.constructive_task import NUM_NODE_FEATURES, ConstructiveTask
-from envs.graph_source import GraphSource
+from placement_rl.envs.constructive_task import NUM_NODE_FEATURES, ConstructiveTask
+from placement_rl.envs.graph_source import GraphSource
 from placement_rl.cost.schedule import DEFAULT_WINDOW, NUM_DEVICE_FEATURES, ScheduleState
 from placement_rl.errors import ConfigError
 from placement_rl.graph.ir import CompGraph

@@ -42,7 +42,7 @@ from placement_rl.errors import ConfigError
 from placement_rl.graph.ir import CompGraph
 from placement_rl.topology import DeviceTopology
 
-from envs.graph_source import Task
+from placement_rl.envs.graph_source import Task
 
 __all__ = ["NUM_STATIC", "ObsBuffer", "ObsLayout", "StaticFeatures", "op_type_id", "static_features"]
 

@@ -10,9 +10,9 @@ from gymnasium import spaces
 
 from placement_rl.errors import ConfigError
 
-from envs.base import BaseEnv, EnvConfig, TaskState, node_memory
-from envs.graph_source import Task
-from envs.reward import best_single_device, final_reward, make_reward_source
+from placement_rl.envs.base import BaseEnv, EnvConfig, TaskState, node_memory
+from placement_rl.envs.graph_source import Task
+from placement_rl.envs.reward import best_single_device, final_reward, make_reward_source
 
 __all__ = ["OneShotConfig", "OneShotPlacementEnv"]
 

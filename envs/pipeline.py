@@ -14,9 +14,9 @@ from placement_rl.cost.pipeline import PIPELINE_SCHEDULES, PipelineSimulator
 from placement_rl.errors import ConfigError
 from placement_rl.plans import SHARDINGS, StagePlan, graph_batch_size
 
-from envs.base import BaseEnv, EnvConfig, TaskState, node_memory
-from envs.graph_source import Task
-from envs.reward import final_reward
+from placement_rl.envs.base import BaseEnv, EnvConfig, TaskState, node_memory
+from placement_rl.envs.graph_source import Task
+from placement_rl.envs.reward import final_reward
 
 __all__ = ["PipelineConfig", "PipelineEnv"]
 

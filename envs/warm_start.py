@@ -19,9 +19,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-import envs  # noqa: F401 - registers the environments
-from envs.base import TaskState
-from envs.placement import PlacementEnv
+from placement_rl import envs  # noqa: F401 - registers the environments
+from placement_rl.envs.base import TaskState
+from placement_rl.envs.placement import PlacementEnv
 from placement_rl import baselines
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import ConfigError

@@ -48,7 +48,7 @@ SUMMARY = ("greedy_geomean", "best_of_k_geomean", "sim_eft_geomean", "eft_rollou
 
 def _load(path, full_window: int | None):
     """``load_policy(path)`` with ``--full-window`` (None: the checkpoint's) applied to the policy."""
-    from agents.constructive_train import load_policy
+    from placement_rl.agents.constructive_train import load_policy
 
     policy, cfg, raw = load_policy(path)
     if full_window is not None:
@@ -79,7 +79,7 @@ def part_split(policy, split: str, out: Path | None, workers, cache: str | None,
                title: str = "Zero-shot placement of the dev split by the pretrained policy",
                stem: str = "dev_split") -> None:
     """One policy on the ``split`` pairs (``dev``: every choice; ``test``: one checkpoint's final figures)."""
-    from agents.scaleout import evaluate_tasks
+    from placement_rl.agents.scaleout import evaluate_tasks
     from placement_rl.studies.pretrain import build_tasks, result_rows, split_specs, summarise, write_report
 
     t0 = time.perf_counter()
@@ -100,7 +100,7 @@ def part_test(runs: list[str], out: Path | None, workers, cache: str | None, ste
     """Every phase checkpoint of every run on the test split; the ablation table; the final figures. A run that
     skipped a phase (``pi_rounds=0`` or ``rl_iters=0``) has no row for it: its final checkpoint is the last
     phase it ran."""
-    from agents.scaleout import evaluate_tasks
+    from placement_rl.agents.scaleout import evaluate_tasks
     from placement_rl.studies.pretrain import build_tasks, result_rows, split_specs, summarise, write_report
 
     t0 = time.perf_counter()
@@ -151,8 +151,8 @@ def part_test(runs: list[str], out: Path | None, workers, cache: str | None, ste
 
 def part_scale(policy) -> None:
     """2,000 and 10,000 nodes, where eft_rollout is too slow to use: greedy vs sim_eft and seconds."""
-    from agents.constructive_eval import evaluate, warm_kernels
-    from envs.constructive_task import ConstructiveTask, sim_eft
+    from placement_rl.agents.constructive_eval import evaluate, warm_kernels
+    from placement_rl.envs.constructive_task import ConstructiveTask, sim_eft
     from placement_rl.cost import resolve_costs, simulate
     from placement_rl.graph import synthetic
     from placement_rl.topology import DeviceTopology, load_topology
@@ -181,10 +181,10 @@ def part_scale(policy) -> None:
 
 
 def part_speed(policy, cfg) -> None:
-    from agents.constructive import rollout
-    from agents.constructive_eval import evaluate, warm_kernels
-    from agents.constructive_train import ConstructiveTrainer
-    from envs.constructive_task import ConstructiveTask
+    from placement_rl.agents.constructive import rollout
+    from placement_rl.agents.constructive_eval import evaluate, warm_kernels
+    from placement_rl.agents.constructive_train import ConstructiveTrainer
+    from placement_rl.envs.constructive_task import ConstructiveTask
     from placement_rl.cost import resolve_costs
     from placement_rl.graph import synthetic
     from placement_rl.topology import load_topology
@@ -228,7 +228,7 @@ def part_speed(policy, cfg) -> None:
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     print(f"training (expert iteration: rollouts + updates), 200-node graphs, one thread: {d / wall:,.0f} "
           f"decisions/s wall, {d / cpu:,.0f} per CPU-second (target >= 5,000)")
-    from agents.policy_rollout import rollout_over_student
+    from placement_rl.agents.policy_rollout import rollout_over_student
 
     t0, c0 = time.perf_counter(), time.process_time()
     comp = dec = 0
@@ -384,8 +384,8 @@ def part_headroom(split: str, out: Path | None, workers, cache: str | None, budg
     """Simulated annealing (``baselines.search.refine``, ``budget`` simulator calls, seed per pair) from each pair's
     ``eft_rollout`` placement: the best placement a long search finds near the teacher's, against the teacher and
     ``sim_eft``. A zero-shot target below this bound asks the policy for more than ``budget`` calls of search find."""
-    from agents.constructive_eval import geomean
-    from agents.scaleout import refine_teachers
+    from placement_rl.agents.constructive_eval import geomean
+    from placement_rl.agents.scaleout import refine_teachers
     from placement_rl.studies.pretrain import build_tasks, split_specs
 
     tasks = build_tasks(split_specs(split), workers=workers, cache=cache)
@@ -444,7 +444,7 @@ def main() -> None:
     ap.add_argument("--full-window", type=int, default=None, help="placing graphs of at most this many nodes with "
                     "the window over the whole graph (default: the checkpoint's, 2048; 0: the trained window W only)")
     a = ap.parse_args()
-    from agents.constructive_train import default_checkpoint
+    from placement_rl.agents.constructive_train import default_checkpoint
 
     ckpt = a.checkpoint or str(default_checkpoint())
     policy, cfg, _ = _load(ckpt, a.full_window)

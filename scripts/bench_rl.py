@@ -27,10 +27,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from agents.rollout import load_policy_for, zero_shot_place  # noqa: E402
+from placement_rl.agents.rollout import load_policy_for, zero_shot_place  # noqa: E402
 from placement_rl.studies.suite import run_case, summarize  # noqa: E402
-from agents.train import AgentSpec, EncoderSpec, Trainer  # noqa: E402
-from envs.warm_start import make_env  # noqa: E402
+from placement_rl.agents.train import AgentSpec, EncoderSpec, Trainer  # noqa: E402
+from placement_rl.envs.warm_start import make_env  # noqa: E402
 from placement_rl.evaluate import DEFAULT_PIPELINE_CASES, DEFAULT_SUITE  # noqa: E402
 from placement_rl.graph import synthetic  # noqa: E402
 

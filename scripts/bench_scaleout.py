@@ -113,8 +113,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="the parallel side of the comparison")
     a = ap.parse_args()
     n_tasks = a.tasks or (12 if a.quick else 32)
-    from agents.constructive import rollout
-    from agents.scaleout import CHUNK, LabelJob, evaluate_tasks, label_states, shippable
+    from placement_rl.agents.constructive import rollout
+    from placement_rl.agents.scaleout import CHUNK, LabelJob, evaluate_tasks, label_states, shippable
     from placement_rl.studies.pretrain import build_tasks, pretrain, training_specs
 
     spec0, cfg = pretrain_settings()
@@ -153,7 +153,7 @@ def main() -> None:
             print(f"   {when - t0:7.1f} s  {line[:110]}")
 
     # 2. labelling and evaluation: 1 worker vs N -------------------------------------------------------------
-    from agents.constructive_train import load_policy
+    from placement_rl.agents.constructive_train import load_policy
 
     policy, _, _ = load_policy(tmp / "run" / "checkpoint.pt")
     policy.window = cfg.window

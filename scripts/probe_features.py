@@ -68,7 +68,7 @@ def main() -> None:
     ap.add_argument("--scale", type=int, default=0, help="probe synthetic graphs of this many nodes instead")
     args = ap.parse_args()
 
-    from envs.constructive_task import sim_eft
+    from placement_rl.envs.constructive_task import sim_eft
     from placement_rl.cost import simulate
     from placement_rl.cost.lookahead import eft_rollout
 

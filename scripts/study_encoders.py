@@ -21,8 +21,8 @@ torch.set_num_threads(1)
 
 
 def main() -> None:
-    from agents.constructive_eval import evaluate
-    from agents.constructive_train import ConstructiveConfig, ConstructiveTrainer
+    from placement_rl.agents.constructive_eval import evaluate
+    from placement_rl.agents.constructive_train import ConstructiveConfig, ConstructiveTrainer
     from placement_rl.graph.io import atomic_write_text
     from placement_rl.report import markdown_table, write_csv
     from placement_rl.studies.pretrain import build_tasks, heldout_specs, result_rows, summarise, training_specs

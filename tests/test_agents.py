@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-import envs  # noqa: F401 - registers the environments
-from agents.checkpoint import FORMAT_VERSION, load_checkpoint
-from agents.encoders import ENCODERS, build_encoder
-from agents.graph_batch import Adjacency, batch_graphs
-from agents.policy import GraphFeatures
-from agents.reinforce import ReinforceConfig, stack_obs
-from agents.rollout import load_policy_for, one_pass_logits, rollout, zero_shot_place
-from agents.train import AgentSpec, EncoderSpec, Trainer, final_plan
-from envs.warm_start import heuristic_start, make_env
+from placement_rl import envs  # noqa: F401 - registers the environments
+from placement_rl.agents.checkpoint import FORMAT_VERSION, load_checkpoint
+from placement_rl.agents.encoders import ENCODERS, build_encoder
+from placement_rl.agents.graph_batch import Adjacency, batch_graphs
+from placement_rl.agents.policy import GraphFeatures
+from placement_rl.agents.reinforce import ReinforceConfig, stack_obs
+from placement_rl.agents.rollout import load_policy_for, one_pass_logits, rollout, zero_shot_place
+from placement_rl.agents.train import AgentSpec, EncoderSpec, Trainer, final_plan
+from placement_rl.envs.warm_start import heuristic_start, make_env
 from placement_rl import baselines
 from placement_rl.cost import resolve_costs, simulate
 from placement_rl.errors import CheckpointError, ConfigError
@@ -113,7 +113,7 @@ def test_batch_graphs_is_the_per_graph_loop(k80):
 
 
 def _space(max_nodes: int, max_devices: int, max_edges: int):
-    from envs.features import ObsLayout
+    from placement_rl.envs.features import ObsLayout
 
     return ObsLayout(max_nodes=max_nodes, max_edges=max_edges, max_devices=max_devices).space()
 
@@ -287,7 +287,7 @@ def test_zero_shot_on_a_larger_graph(trained, k80):
 
 
 def test_memory_aware_decoding_fills_devices_in_preference_order():
-    from agents.rollout import decode_with_memory
+    from placement_rl.agents.rollout import decode_with_memory
 
     scores = np.array([[2.0, 1.0, 0.0]] * 5)  # every node prefers device 0, then 1
     mem = np.full(5, 10.0)

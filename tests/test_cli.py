@@ -341,7 +341,7 @@ def test_place_compares_with_the_policys_own_heuristics_at_their_own_calls(tmp_p
     greedy placement as its own row beside the best of greedy and the samples; the best baseline counts both."""
     import csv
 
-    from envs.constructive_task import reference_times
+    from placement_rl.envs.constructive_task import reference_times
     from placement_rl.cost import resolve_costs
     from placement_rl.graph import synthetic
 
@@ -401,9 +401,9 @@ def test_place_samples_in_their_own_phase_give_what_evaluate_gives(tmp_path):
     agents.constructive_eval.evaluate(samples=k) draws."""
     import torch
 
-    from agents.constructive_eval import evaluate
-    from agents.constructive_train import default_checkpoint, load_policy
-    from envs.constructive_task import ConstructiveTask
+    from placement_rl.agents.constructive_eval import evaluate
+    from placement_rl.agents.constructive_train import default_checkpoint, load_policy
+    from placement_rl.envs.constructive_task import ConstructiveTask
     from placement_rl.cost import resolve_costs
     from placement_rl.graph import synthetic
 

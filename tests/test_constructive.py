@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-import envs  # noqa: F401 - registers the environments
-from agents.constructive import rollout
-from agents.constructive_eval import evaluate
-from agents.constructive_train import ConstructiveConfig, ConstructiveTrainer, load_policy
-from envs.constructive_task import ConstructiveTask
-from envs.topology_sampler import random_topology
+from placement_rl import envs  # noqa: F401 - registers the environments
+from placement_rl.agents.constructive import rollout
+from placement_rl.agents.constructive_eval import evaluate
+from placement_rl.agents.constructive_train import ConstructiveConfig, ConstructiveTrainer, load_policy
+from placement_rl.envs.constructive_task import ConstructiveTask
+from placement_rl.envs.topology_sampler import random_topology
 from placement_rl.cost import resolve_costs, simulate
 from placement_rl.errors import CheckpointError
 from placement_rl.graph import synthetic
@@ -80,7 +80,7 @@ def test_imitation_reaches_the_teacher(seed) -> None:
 def test_searched_teacher_is_never_worse_and_is_what_cloning_sees() -> None:
     """``teacher_search``: annealing from each task's best teacher with its own budget; a task's demo is the
     searched placement only where it is strictly better, the same for 1 worker and any seed of the same draw."""
-    from agents.scaleout import refine_teachers
+    from placement_rl.agents.scaleout import refine_teachers
     from placement_rl.cost import simulate
 
     tasks = [task("layered", 30, 0, "4x_v100_nvlink"), task("dataflow", 30, 1, "2x4_v100_ib"),
@@ -126,7 +126,7 @@ def test_bad_checkpoints_are_one_clear_error(tmp_path) -> None:
     bad.write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="cannot be read"):
         load_policy(bad)
-    from agents.checkpoint import save_checkpoint
+    from placement_rl.agents.checkpoint import save_checkpoint
 
     other = save_checkpoint(tmp_path / "ppo.pt", algo="maskable_ppo", config={}, obs={}, num_timesteps=0, policy={},
                             optimizer=None)
@@ -148,8 +148,8 @@ def test_bad_checkpoints_are_one_clear_error(tmp_path) -> None:
 
 def test_compiled_greedy_decode_matches_torch() -> None:
     """The numba greedy decoder and the torch head choose the same devices."""
-    from agents.constructive import graph_tensors
-    from agents.constructive_train import build_policy
+    from placement_rl.agents.constructive import graph_tensors
+    from placement_rl.agents.constructive_train import build_policy
 
     torch.manual_seed(0)
     policy = build_policy(ConstructiveConfig(hidden=16, layers=1))

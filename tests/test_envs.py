@@ -10,10 +10,10 @@ import pytest
 from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
-import envs
+from placement_rl import envs
 from placement_rl.cost import simulate_pipeline
-from envs import GraphSource, OneShotPlacementEnv, PipelineEnv, PlacementEnv, SimulatedReward
-from envs.base import node_memory
+from placement_rl.envs import GraphSource, OneShotPlacementEnv, PipelineEnv, PlacementEnv, SimulatedReward
+from placement_rl.envs.base import node_memory
 from placement_rl.cost import Simulator, resolve_costs
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import ConfigError

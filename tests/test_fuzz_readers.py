@@ -310,7 +310,7 @@ def test_profile_truncations_give_profile_error(text):
 
 # ---------------------------------------------------------------------------------------- checkpoints
 def _checkpoint_doc() -> dict:
-    from agents.checkpoint import FORMAT, FORMAT_VERSION
+    from placement_rl.agents.checkpoint import FORMAT, FORMAT_VERSION
 
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "algo": "reinforce",
             "config": {"env_id": "placement_rl/PlacementEnv-v0", "encoder": {"name": "sage", "hidden": 8, "layers": 1}},
@@ -327,7 +327,7 @@ CHECKPOINT_DOC = _checkpoint_doc()
 
 
 def _read_checkpoint(payload: bytes | dict):
-    from agents.checkpoint import load_checkpoint
+    from placement_rl.agents.checkpoint import load_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "checkpoint.pt"
@@ -436,7 +436,7 @@ def test_checkpoint_file_gets_the_umask_permissions(tmp_path):
 
     import torch
 
-    from agents.checkpoint import save_checkpoint
+    from placement_rl.agents.checkpoint import save_checkpoint
 
     old = os.umask(0o022)
     try:

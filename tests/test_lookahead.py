@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from envs.constructive_task import sim_eft
-from envs.topology_sampler import random_topology
+from placement_rl.envs.constructive_task import sim_eft
+from placement_rl.envs.topology_sampler import random_topology
 from placement_rl.cost import resolve_costs, simulate
 from placement_rl.cost.lookahead import TIE, eft_rollout
 from placement_rl.cost.schedule import ScheduleState, check_fits

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from envs import PlacementEnv
-from envs.measured import MeasuredReward
+from placement_rl.envs import PlacementEnv
+from placement_rl.envs.measured import MeasuredReward
 from placement_rl.graph import zoo
 from placement_rl.graph.capture import capture
 from placement_rl.topology import DeviceTopology, load_topology

@@ -19,10 +19,15 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_every_package_directory_is_listed_in_pyproject():
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {".".join(p.parent.relative_to(ROOT).parts) for top in ("placement_rl", "envs", "agents")
-             for p in (ROOT / top).rglob("__init__.py")}
+    mapped = {"envs": "placement_rl.envs", "agents": "placement_rl.agents"}  # package-dir mapping
+    found = set()
+    for top in ("placement_rl", "envs", "agents"):
+        for p in (ROOT / top).rglob("__init__.py"):
+            parts = p.parent.relative_to(ROOT).parts
+            found.add(".".join([mapped.get(parts[0], parts[0]), *parts[1:]]))
     assert found - listed == set(), "add these packages to [tool.setuptools] packages in pyproject.toml"
     assert listed - found == {"placement_rl.conf"}
+    assert not any(name.split(".")[0] != "placement_rl" for name in listed), "only placement_rl is installed"
 
 
 def _run(cmd: list[str], cwd: Path, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:

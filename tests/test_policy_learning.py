@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from agents.constructive import rollout, state_window
-from agents.constructive_train import ConstructiveConfig, build_policy
-from agents.policy_rollout import rollout_over_student
-from envs.constructive_task import ConstructiveTask
-from envs.topology_sampler import random_topology
+from placement_rl.agents.constructive import rollout, state_window
+from placement_rl.agents.constructive_train import ConstructiveConfig, build_policy
+from placement_rl.agents.policy_rollout import rollout_over_student
+from placement_rl.envs.constructive_task import ConstructiveTask
+from placement_rl.envs.topology_sampler import random_topology
 from placement_rl.cost import resolve_costs, simulate
 from placement_rl.cost.schedule import DEVICE_FEATURES, ScheduleState
 from placement_rl.graph import synthetic
@@ -137,7 +137,7 @@ def test_topology_features_tell_apart_devices_the_one_step_features_cannot() -> 
 def test_compiled_scores_match_the_torch_head(hidden) -> None:
     """``device_scores`` (numba) is ``DevicePolicy.logits`` (torch) up to its constant output bias, at the shipped
     width too."""
-    from agents.fast_decode import Head
+    from placement_rl.agents.fast_decode import Head
 
     torch.manual_seed(hidden)
     policy = build_policy(ConstructiveConfig(hidden=hidden, layers=3 if hidden == 64 else 1))
@@ -201,8 +201,8 @@ def test_rollout_over_the_student_is_never_worse_than_the_student() -> None:
 def test_policy_iteration_improves_an_untrained_student() -> None:
     """Two rounds of approximate policy iteration from random weights (no teacher, no imitation): distilling the
     rollout over the student makes the student's own greedy placements faster, over three seeds."""
-    from agents.constructive_eval import evaluate, geomean
-    from agents.constructive_train import ConstructiveTrainer
+    from placement_rl.agents.constructive_eval import evaluate, geomean
+    from placement_rl.agents.constructive_train import ConstructiveTrainer
 
     rng = np.random.default_rng(7)
     tasks = []
@@ -226,9 +226,9 @@ def test_the_shipped_checkpoint_loads_with_its_provenance_and_decodes_the_same_c
     """The packaged policy matches this release (features, window), says where it comes from, and its compiled
     greedy decode takes the torch head's choice at every state of a torch greedy episode (states where the top two
     scores are within float noise are not counted)."""
-    from agents.constructive import graph_tensors
-    from agents.constructive_train import default_checkpoint, load_policy
-    from agents.fast_decode import Head
+    from placement_rl.agents.constructive import graph_tensors
+    from placement_rl.agents.constructive_train import default_checkpoint, load_policy
+    from placement_rl.agents.fast_decode import Head
 
     torch.set_num_threads(1)
     policy, cfg, data = load_policy(default_checkpoint())
@@ -367,7 +367,7 @@ def test_rollout_over_the_student_on_threads_is_the_serial_rollout(monkeypatch) 
     rollout's placement, labels and regrets exactly: each branch episode's arithmetic is unchanged."""
     import numba
 
-    from agents import policy_rollout
+    from placement_rl.agents import policy_rollout
 
     torch.manual_seed(0)
     policy = build_policy(ConstructiveConfig(hidden=16, layers=1, window=8))

@@ -116,9 +116,9 @@ def _tiny_tasks(n=3):
 def test_labelling_and_evaluation_equal_for_1_and_2_workers(ray_local):
     import torch
 
-    from agents.constructive import rollout
-    from agents.constructive_train import ConstructiveConfig, build_policy
-    from agents.scaleout import LabelJob, _parts, evaluate_tasks, label_states
+    from placement_rl.agents.constructive import rollout
+    from placement_rl.agents.constructive_train import ConstructiveConfig, build_policy
+    from placement_rl.agents.scaleout import LabelJob, _parts, evaluate_tasks, label_states
 
     tasks = _tiny_tasks()
     torch.manual_seed(0)
@@ -130,7 +130,7 @@ def test_labelling_and_evaluation_equal_for_1_and_2_workers(ray_local):
         labs = [label_states(policy, jobs, w) for w in (Workers(1), w2)]
         for t in tasks:
             t.window = 0  # fresh from a cache: never placed (on Ray only a worker's copy is placed)
-        from agents.constructive import episode_calls
+        from placement_rl.agents.constructive import episode_calls
 
         on_ray = evaluate_tasks(policy, tasks, samples=4, seed=3, workers=w2)
         ray_calls = [episode_calls(r.task) for r in on_ray]  # before a local run places the tasks themselves
@@ -151,9 +151,9 @@ def test_labelling_and_evaluation_equal_for_1_and_2_workers(ray_local):
 def test_dagger_lookahead_labels_on_workers_equal_the_teacher(ray_local):
     """DAgger's relabelling (``eft_rollout`` on the student's trajectories) as jobs: 1 and 2 workers give exactly
     the lookahead teacher's labels and regrets, in task order."""
-    from agents.constructive import rollout
-    from agents.constructive_train import ConstructiveConfig, build_policy
-    from agents.scaleout import lookahead_labels
+    from placement_rl.agents.constructive import rollout
+    from placement_rl.agents.constructive_train import ConstructiveConfig, build_policy
+    from placement_rl.agents.scaleout import lookahead_labels
     from placement_rl.cost.lookahead import eft_rollout
 
     tasks = _tiny_tasks()
@@ -177,7 +177,7 @@ import os, signal, sys
 from pathlib import Path
 import torch
 torch.set_num_threads(1)
-from agents.constructive_train import ConstructiveConfig
+from placement_rl.agents.constructive_train import ConstructiveConfig
 from placement_rl.studies.pretrain import PretrainSpec, pretrain
 
 def log(line):
@@ -190,7 +190,7 @@ pretrain(PretrainSpec(**{tiny}), ConstructiveConfig(**{agent}), Path(sys.argv[1]
 
 
 def _pretrain(out: Path, workers, **kw):
-    from agents.constructive_train import ConstructiveConfig
+    from placement_rl.agents.constructive_train import ConstructiveConfig
     from placement_rl.studies.pretrain import PretrainSpec, pretrain
 
     return pretrain(PretrainSpec(**TINY), ConstructiveConfig(**AGENT), out, workers=workers, log=lambda _: None, **kw)
@@ -233,7 +233,7 @@ def test_killed_pretraining_resumes_without_relabelling(ray_local, uninterrupted
 
 
 def test_resume_refuses_another_configuration(uninterrupted, tmp_path):
-    from agents.constructive_train import ConstructiveConfig
+    from placement_rl.agents.constructive_train import ConstructiveConfig
     from placement_rl.studies.pretrain import STATE, PretrainSpec, _save_phase
 
     class Stub:  # just enough trainer for a state file

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from test_cost_reference import random_graph, random_topology
 
-from envs.topology_sampler import random_topology as sampled_topology
+from placement_rl.envs.topology_sampler import random_topology as sampled_topology
 from placement_rl.cost import resolve_costs, simulate
 from placement_rl.cost.schedule import DEVICE_FEATURES, NUM_DEVICE_FEATURES, ScheduleState, check_fits
 from placement_rl.errors import PlanError

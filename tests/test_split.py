@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from agents.constructive import graph_tensors, state_window
-from agents.constructive_train import ConstructiveConfig, build_policy
-from agents.fast_decode import Head, complete_greedy, greedy_devices
-from envs.constructive_task import ConstructiveTask
+from placement_rl.agents.constructive import graph_tensors, state_window
+from placement_rl.agents.constructive_train import ConstructiveConfig, build_policy
+from placement_rl.agents.fast_decode import Head, complete_greedy, greedy_devices
+from placement_rl.envs.constructive_task import ConstructiveTask
 from placement_rl.cost import resolve_costs
 from placement_rl.cost.schedule import ScheduleState
 from placement_rl.cost.split import MIN_WORK, THREADS_ENV, decode_split, split_threads, threads_asked
@@ -128,7 +128,7 @@ def test_threads_asked_follows_the_decode_rule(monkeypatch) -> None:
 def test_warm_kernels_leaves_the_policy_as_it_was(monkeypatch) -> None:
     """The warm-up before a timed placement runs the decodes on its own small graph: the policy's mode and weights
     are unchanged, and a placement after it is the one without it."""
-    from agents.constructive_eval import evaluate, warm_kernels
+    from placement_rl.agents.constructive_eval import evaluate, warm_kernels
 
     monkeypatch.delenv(THREADS_ENV, raising=False)
     policy = _policy(4, 16).train()
@@ -146,7 +146,7 @@ def test_warm_kernels_leaves_the_policy_as_it_was(monkeypatch) -> None:
 def test_episode_threads_give_the_serial_features_and_samples(case, monkeypatch) -> None:
     """Sampled episodes (``rollout(..., greedy=False)``) with every step's episodes on threads: the same feature
     blocks at every step, hence the same samples, as the serial kernel."""
-    from agents.constructive import rollout
+    from placement_rl.agents.constructive import rollout
 
     from placement_rl.cost.split import episode_threads
 

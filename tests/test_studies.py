@@ -12,7 +12,7 @@ from placement_rl.studies.ablation import Cell, RunResult, StudySpec, build_prob
 from placement_rl.studies.config import experiment_names, load_study
 from placement_rl.studies.report import read_runs, write_study
 from placement_rl.studies.stats import curve_band, mean_std, step_curve, summarise
-from agents.train import AgentSpec, Trainer
+from placement_rl.agents.train import AgentSpec, Trainer
 from placement_rl.errors import ConfigError
 
 # Tiny budgets: a 12-node synthetic graph and one short rollout per PPO update. The swept key of each study
@@ -156,7 +156,7 @@ def test_budgeted_finetune_keeps_every_learned_row_within_the_budget():
     sampled episode is charged, so no learned row passes the budget (moe on 8 GPUs: 15,213 calls before)."""
     import torch
 
-    from agents.constructive_config import default_checkpoint, load_policy
+    from placement_rl.agents.constructive_config import default_checkpoint, load_policy
     from placement_rl.cost import resolve_costs
     from placement_rl.studies.finetune import finetune
     from placement_rl.studies.pretrain import _graph, _topology

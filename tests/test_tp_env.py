@@ -7,7 +7,7 @@ import pytest
 import torch
 from gymnasium.utils.env_checker import check_env as gym_check_env
 
-from envs import PipelineEnv
+from placement_rl.envs import PipelineEnv
 from placement_rl.cost import simulate_pipeline
 from placement_rl.graph.capture import capture_zoo
 from placement_rl.topology import load_topology

@@ -317,7 +317,7 @@ def build_topology(tcfg: DictConfig | str) -> DeviceTopology:
 def warm_up(policy) -> float:
     """Compile or load the numba kernels before anything is timed (``agents.constructive_eval.warm_kernels``); say
     so when it took long (the first run after an install). Returns its seconds."""
-    from agents.constructive_eval import warm_kernels
+    from placement_rl.agents.constructive_eval import warm_kernels
 
     seconds = warm_kernels(policy)
     if seconds > 8.0:

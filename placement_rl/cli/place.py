@@ -25,10 +25,10 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     """A constructive (schedule-aware) policy: greedy and best of ``samples`` sampled placements, each a row."""
     import torch
 
-    from agents.constructive import placement_calls, state_window
-    from agents.constructive_eval import greedy_result, with_samples
-    from agents.constructive_train import load_policy
-    from envs.constructive_task import ConstructiveTask
+    from placement_rl.agents.constructive import placement_calls, state_window
+    from placement_rl.agents.constructive_eval import greedy_result, with_samples
+    from placement_rl.agents.constructive_train import load_policy
+    from placement_rl.envs.constructive_task import ConstructiveTask
     from placement_rl.cost import resolve_costs
     from placement_rl.plans import Placement
 
@@ -127,16 +127,16 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
 def run(cfg: DictConfig) -> dict:
     import gymnasium as gym
 
-    import envs  # noqa: F401 - registers the environments
-    from agents.checkpoint import load_checkpoint
-    from agents.rollout import load_policy_for, rollout
+    from placement_rl import envs  # noqa: F401 - registers the environments
+    from placement_rl.agents.checkpoint import load_checkpoint
+    from placement_rl.agents.rollout import load_policy_for, rollout
 
     if cfg.decode not in ("one_pass", "sequential"):
         raise ConfigError(f"decode is '{cfg.decode}': choose one_pass or sequential")
     if int(cfg.samples) < 0:
         raise ConfigError(f"samples must be >= 0, got {cfg.samples}")
     if not cfg.checkpoint:
-        from agents.constructive_train import default_checkpoint
+        from placement_rl.agents.constructive_train import default_checkpoint
 
         return run_constructive(cfg, str(default_checkpoint()))
     ckpt = load_checkpoint(str(cfg.checkpoint))
@@ -159,7 +159,7 @@ def run(cfg: DictConfig) -> dict:
     rng = np.random.default_rng(int(cfg.seed))
     samples = int(cfg.samples)
     if cfg.decode == "one_pass" and not pipeline:
-        from agents.rollout import zero_shot_place
+        from placement_rl.agents.rollout import zero_shot_place
 
         with phases(f"{cfg.decode} decode of {graph.name} ({plural(graph.num_nodes, 'node')}), greedy and "
                     f"{plural(samples, 'sample')}"):

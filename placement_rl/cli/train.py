@@ -11,8 +11,8 @@ from placement_rl.graph.io import atomic_write_text
 
 
 def make_specs(cfg: DictConfig):
-    from agents.reinforce import ReinforceConfig
-    from agents.train import AgentSpec, EncoderSpec
+    from placement_rl.agents.reinforce import ReinforceConfig
+    from placement_rl.agents.train import AgentSpec, EncoderSpec
 
     a = dict(to_container(cfg.agent))
     try:
@@ -55,7 +55,7 @@ def constructive_config(cfg: DictConfig, base=None):
     """The ``ConstructiveConfig`` of the agent and encoder groups (over ``base``, a checkpoint's config)."""
     import dataclasses
 
-    from agents.constructive_train import ConstructiveConfig
+    from placement_rl.agents.constructive_train import ConstructiveConfig
 
     known = {f.name for f in dataclasses.fields(ConstructiveConfig)}
     fields = dataclasses.asdict(base) if base is not None else {
@@ -114,7 +114,7 @@ def run_constructive(cfg: DictConfig) -> dict:
     """``env=constructive``: fine-tune the pretrained policy (or ``checkpoint=``) on one graph and topology."""
     import torch
 
-    from agents.constructive_train import default_checkpoint, load_policy, set_windows
+    from placement_rl.agents.constructive_train import default_checkpoint, load_policy, set_windows
     from placement_rl.cost import resolve_costs
     from placement_rl.studies.finetune import describe, finetune
 
@@ -174,7 +174,7 @@ def run_constructive(cfg: DictConfig) -> dict:
 
 
 def run(cfg: DictConfig) -> dict:
-    from agents.train import Trainer, final_plan
+    from placement_rl.agents.train import Trainer, final_plan
     from placement_rl.report import training_curve
 
     if cfg.trainer.get("pretrain"):

@@ -21,8 +21,8 @@ import numpy as np
 
 # Agent modules are imported here, not inside functions: a long study must not mix module versions when
 # files change while it runs.
-from agents.rollout import rollout
-from agents.train import AgentSpec, EncoderSpec, Trainer
+from placement_rl.agents.rollout import rollout
+from placement_rl.agents.train import AgentSpec, EncoderSpec, Trainer
 from placement_rl.cost import resolve_costs, simulate
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import ConfigError

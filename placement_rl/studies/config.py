@@ -25,9 +25,9 @@ import itertools
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from agents.reinforce import ReinforceConfig
+from placement_rl.agents.reinforce import ReinforceConfig
 from placement_rl.studies.ablation import Cell, StudySpec
-from agents.train import AgentSpec, EncoderSpec
+from placement_rl.agents.train import AgentSpec, EncoderSpec
 from placement_rl.errors import ConfigError
 from placement_rl.topology import conf_dir
 

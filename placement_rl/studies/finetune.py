@@ -24,12 +24,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from agents.constructive import placement_calls, rollout, state_window
-from agents.policy_rollout import rollout_over_student
-from agents.constructive_eval import evaluate
-from agents.constructive_train import ConstructiveConfig, ConstructiveTrainer
-from agents.device_policy import DevicePolicy
-from envs.constructive_task import ONE_PASS, ConstructiveTask
+from placement_rl.agents.constructive import placement_calls, rollout, state_window
+from placement_rl.agents.policy_rollout import rollout_over_student
+from placement_rl.agents.constructive_eval import evaluate
+from placement_rl.agents.constructive_train import ConstructiveConfig, ConstructiveTrainer
+from placement_rl.agents.device_policy import DevicePolicy
+from placement_rl.envs.constructive_task import ONE_PASS, ConstructiveTask
 from placement_rl.cost import simulate
 from placement_rl.cost.types import CostTable
 from placement_rl.graph.ir import CompGraph

@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from agents.rollout import load_policy_for, zero_shot_place
-from agents.train import AgentSpec, EncoderSpec, Trainer
-from envs.warm_start import make_env
-from envs.graph_source import GraphSource
+from placement_rl.agents.rollout import load_policy_for, zero_shot_place
+from placement_rl.agents.train import AgentSpec, EncoderSpec, Trainer
+from placement_rl.envs.warm_start import make_env
+from placement_rl.envs.graph_source import GraphSource
 from placement_rl.errors import ConfigError
 from placement_rl.graph.ir import CompGraph
 from placement_rl.graph.io import atomic_write_text

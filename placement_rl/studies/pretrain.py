@@ -27,8 +27,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from envs.constructive_task import ConstructiveTask, best_of
-from envs.topology_sampler import random_topology
+from placement_rl.envs.constructive_task import ConstructiveTask, best_of
+from placement_rl.envs.topology_sampler import random_topology
 from placement_rl.cost import resolve_costs
 from placement_rl.errors import ConfigError
 from placement_rl.graph.spec import graph_from_spec
@@ -154,7 +154,7 @@ def build_tasks(specs: Sequence[dict[str, Any]], *, workers: int | str | Workers
         import json
         import pickle
 
-        from agents.checkpoint import provenance
+        from placement_rl.agents.checkpoint import provenance
 
         from placement_rl.topology import conf_dir
 
@@ -214,7 +214,7 @@ class PretrainSpec:
 def result_rows(results: Sequence[Any]) -> list[dict[str, Any]]:
     """One row per evaluated task: the learned rows (greedy, best of k) and every heuristic, as ratios to the
     best one-pass heuristic (min of HEFT, m-ETF, m-SCT, METIS)."""
-    from agents.constructive import episode_calls
+    from placement_rl.agents.constructive import episode_calls
 
     rows = []
     for r in results:
@@ -239,7 +239,7 @@ def result_rows(results: Sequence[Any]) -> list[dict[str, Any]]:
 
 
 def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    from agents.constructive_eval import geomean
+    from placement_rl.agents.constructive_eval import geomean
 
     g = [r["greedy"] for r in rows]
     b = [r["best_of_k"] for r in rows]
@@ -356,8 +356,8 @@ def pretrain(spec: PretrainSpec, cfg: Any, out: Path, *, workers: int | str | Wo
 
     import torch
 
-    from agents.constructive_train import ConstructiveTrainer
-    from agents.scaleout import evaluate_tasks, weights_digest
+    from placement_rl.agents.constructive_train import ConstructiveTrainer
+    from placement_rl.agents.scaleout import evaluate_tasks, weights_digest
     from placement_rl.graph.io import atomic_write_text
 
     torch.set_num_threads(1)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from agents.train import AgentSpec, EncoderSpec, Trainer, final_plan
+from placement_rl.agents.train import AgentSpec, EncoderSpec, Trainer, final_plan
 from placement_rl import baselines
 from placement_rl.cost import resolve_costs, simulate, simulate_pipeline
 from placement_rl.cost.types import CostTable

@@ -24,13 +24,13 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from agents.checkpoint import load_checkpoint
-from agents.rollout import load_policy_for, rollout
+from placement_rl.agents.checkpoint import load_checkpoint
+from placement_rl.agents.rollout import load_policy_for, rollout
 from placement_rl.studies.ablation import BaselineRef, Cell, Problem, baseline_reference, build_problem, train_to_budget
 from placement_rl.studies.config import cell_from_config, compose_train, mode_settings, study_block
-from agents.tracking import BestTracker, SimCallCounter
-from agents.train import Trainer
-from envs.warm_start import make_env
+from placement_rl.agents.tracking import BestTracker, SimCallCounter
+from placement_rl.agents.train import Trainer
+from placement_rl.envs.warm_start import make_env
 from placement_rl.errors import ConfigError
 from placement_rl.graph import synthetic
 from placement_rl.graph.ir import CompGraph
