@@ -30,8 +30,10 @@ def _coll(coll, s, kind, nbytes):
 
 
 @njit(cache=True, nogil=True)
-def _fsdp_pass(coll, s, nu, uf, ub, ubytes):
+def _fsdp_pass(coll, s, nu, uf, ub, ubytes, train):
     """Per-micro-batch forward and backward span of an FSDP stage with ``nu`` units, and its collective time.
+
+    ``train == 0`` (inference): the forward all-gathers only (no backward, no reduce-scatter).
 
     One communication channel and one compute stream: forward all-gathers unit k (prefetched while unit
     k-1 computes, at most one ahead) before computing it; backward all-gathers again in reverse order and
@@ -50,6 +52,8 @@ def _fsdp_pass(coll, s, nu, uf, ub, ubytes):
         t = cs + uf[k]
         gate = cs
     fwd = t
+    if train == 0:
+        return fwd, 0.0, comm
     ag = _coll(coll, s, ALLGATHER, ubytes[nu - 1])
     c = ag
     comm += ag
@@ -83,9 +87,13 @@ def work_sizes(n: int, s: int, m: int, p_total: int, g: int) -> tuple[int, int]:
 @njit(cache=True, nogil=True)
 def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, sgroup, G, src, dst, ebytes,
                   fvar, ffix, bvar, bfix, batch_ratio, param, act,
-                  lat, inv_bw, order, shard, coll, cap, fw, iw, out_stage, out_group, out,
+                  lat, inv_bw, order, shard, coll, cap, train, fw, iw, out_stage, out_group, out,
                   record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
     """Simulate one pipelined training step. ``out`` = (step_time, status, comm_time).
+
+    ``train == 0`` (inference): forward only -- backward ops take no time and send nothing, no DP gradient
+    sync, state = the parameters alone (no gradients or optimizer state), activations are not kept (a
+    micro-batch holds its received buffer only while its forward runs).
 
     ``batch_ratio``: plan batch size / batch size the node times were measured at; a stage's variable
     node time is scaled by ``batch_ratio / (m * p)`` (1 when the costs were measured at its micro-batch).
@@ -193,7 +201,8 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
             if tbd[x] > tbd[xr]:
                 xr = x
         sref[s] = gdev[xr]
-        sstate[s] = STATE_FACTOR * sparam[s]
+        sf = STATE_FACTOR if train == 1 else 1.0
+        sstate[s] = sf * sparam[s]
         ar[s] = 0.0
         if p > 1 and shard == 1:  # FSDP units: contiguous in the order, cut at ``cap`` parameter bytes
             nu = 0
@@ -207,9 +216,6 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
                 if stage[v] != s:
                     continue
                 seen += 1
-                gr = gdev[xr]
-                uf[nu] += fvar[gr, v] * sscale[s] + ffix[gr, v]
-                ub[nu] += bvar[gr, v] * sscale[s] + bfix[gr, v]
                 uby[nu] += param[v]
                 if uby[nu] >= cap or seen == ncount[s]:
                     if uby[nu] > largest:
@@ -219,11 +225,40 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
                         uf[nu] = 0.0
                         ub[nu] = 0.0
                         uby[nu] = 0.0
-            tf, tb, cm = _fsdp_pass(coll, s, nu, uf, ub, uby)
+            # every unit's all-gather synchronises the group: each unit's forward and its backward are paced by
+            # the slowest replica of that unit (not by the replica with the largest total backward)
+            for x in range(gptr[s], gptr[s + 1]):
+                gr = gdev[x]
+                k = 0
+                fsum = 0.0
+                bsum = 0.0
+                bys = 0.0
+                seen = 0
+                for pos in range(n):
+                    v = order[pos]
+                    if stage[v] != s:
+                        continue
+                    seen += 1
+                    fsum += fvar[gr, v] * sscale[s] + ffix[gr, v]
+                    bsum += bvar[gr, v] * sscale[s] + bfix[gr, v]
+                    bys += param[v]
+                    if bys >= cap or seen == ncount[s]:
+                        if fsum > uf[k]:
+                            uf[k] = fsum
+                        if bsum > ub[k]:
+                            ub[k] = bsum
+                        k += 1
+                        fsum = 0.0
+                        bsum = 0.0
+                        bys = 0.0
+            tf, tb, cm = _fsdp_pass(coll, s, nu, uf, ub, uby, train)
+            if train == 0:
+                tb = 0.0
             out_stage[0, s] = tf
             out_stage[1, s] = tb
             ar[s] = m * cm
-            sstate[s] = STATE_FACTOR * sparam[s] / p + FSDP_GATHER_FACTOR * largest
+            gf = FSDP_GATHER_FACTOR if train == 1 else FSDP_GATHER_FACTOR - 1.0  # no unsharded gradient
+            sstate[s] = sf * sparam[s] / p + gf * largest
         srecv[s] = 0.0
         ct[s] = 0.0
         if s > 0:
@@ -240,7 +275,9 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
                     if inv_bw[gdev[x], gdev[y]] > minv:
                         minv = inv_bw[gdev[x], gdev[y]]
             ct[s] = mlat + cut[s] / (m * pmin) * minv
-        cur_mb[s] = sact[s] / (m * p) + srecv[s]
+        cur_mb[s] = sact[s] / (m * p) + srecv[s] if train == 1 else srecv[s]
+        if train == 0:
+            out_stage[1, s] = 0.0
     # ------------------------------------------------------------------- event simulation
     for x in range(sm):
         fend[x] = -1.0
@@ -279,6 +316,8 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
             cur[g] += cur_mb[s]
             if cur[g] > peak[g]:
                 peak[g] = cur[g]
+            if train == 0:  # nothing kept for a backward
+                cur[g] -= cur_mb[s]
             if s + 1 < S:
                 h = sgroup[s + 1]
                 if h == g:
@@ -292,10 +331,11 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
                     if record:
                         _rec(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, 2, link, a, a + ct[s], j)
         else:
-            cur[g] -= cur_mb[s]
+            if train == 1:
+                cur[g] -= cur_mb[s]
             if s > 0:
                 h = sgroup[s - 1]
-                if h == g:
+                if h == g or train == 0:
                     barr[j - m] = en
                 else:
                     link = g * G + h
@@ -312,7 +352,7 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
                 p = gptr[s + 1] - gptr[s]
                 if p > 1 and shard == 1:
                     comm += ar[s]  # FSDP's collectives are inside its forward / backward spans
-                elif p > 1:
+                elif p > 1 and train == 1:
                     # DDP: gradient buckets (reverse order, ``cap`` bytes) all-reduced as the last
                     # micro-batch's backward produces them; bucket all-reduces of a group serialise
                     gr = int(sref[s])

@@ -51,6 +51,14 @@ Not modelled: slowdown of compute by concurrent communication (shared SMs / memo
 first-iteration bucket rebuild and its bucket memory copy, FSDP's CPU-side overhead per unit, the
 optimizer step's time, contention between pipeline sends and collectives on a shared link, mixed precision.
 
+Inference (``mode="inference"``, or costs from ``cost.modes.inference_costs``): forward only. Backward ops take no
+time and send nothing, there is no DP gradient sync, the micro-batches stream through the stages (GPipe's forward
+order whatever the plan's schedule: nothing waits for a backward), each device holds its stages' parameters
+(FSDP: a shard plus the gathered units) and, per micro-batch, its received buffer while the forward runs.
+
+Stages need not be cuts of one topological order: any stage numbering where no edge goes backwards (stage s is
+the difference of two nested downward-closed sets of the DAG, an ideal difference) is simulated as such.
+
 ``zb1p`` (zero-bubble) plans are rejected with a ``PlanError``: its split backward is not modelled.
 
 Tensor parallelism (``plan.tp``; see ``cost.tensor_parallel`` for what is and is not modelled): a stage with TP
@@ -74,6 +82,7 @@ from placement_rl.cost._pipe_schedule import GPIPE, INTERLEAVED, ONE_F_ONE_B, sc
 from placement_rl.cost.collectives import KINDS, coeff_array
 from placement_rl.cost.comm_fit import pad_segments, split_segments
 from placement_rl.cost.memory import BUCKET_BYTES
+from placement_rl.cost.modes import check_mode, mode_of
 from placement_rl.cost.simulate import _inverse_bandwidth, _owned, check_costs
 from placement_rl.cost.types import CostTable, Interval, SimResult
 from placement_rl.errors import PlanError, ProfileError, fmt_bytes
@@ -88,7 +97,7 @@ _KINDS = ("fwd", "bwd", "transfer", "grad_transfer", "allreduce")
 class _Layout:
     """Device-group arrays of one (stage_devices, schedule, m, batch_size): validated once, then reused."""
 
-    def __init__(self, plan: StagePlan, topology: DeviceTopology, costs: CostTable) -> None:
+    def __init__(self, plan: StagePlan, topology: DeviceTopology, costs: CostTable, train: bool = True) -> None:
         groups = plan.stage_devices
         # collective prices per stage: [S, kind, segment, (upper bytes, alpha, beta)]
         tables = pad_segments([coeff_array(k, grp, topology, costs) for grp in groups for k in KINDS])
@@ -118,7 +127,8 @@ class _Layout:
             if m % g:
                 raise PlanError(f"interleaved1f1b needs num_microbatches ({m}) divisible by the number of "
                                 f"device groups ({g})")
-        *self.order, ok = schedule_order(s, m, PIPELINE_SCHEDULES[plan.schedule], self.sgroup, g)
+        sched = PIPELINE_SCHEDULES[plan.schedule] if train else GPIPE  # inference: forwards stream, none waits
+        *self.order, ok = schedule_order(s, m, sched, self.sgroup, g)
         if not ok:
             raise RuntimeError(f"schedule '{plan.schedule}' deadlocks for {s} stages on {g} groups with {m} "
                                "micro-batches: this is a bug in the pipeline simulator")
@@ -138,8 +148,13 @@ class PipelineSimulator:
     """
 
     def __init__(self, graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
-                 cost_batch_size: float | None = None) -> None:
+                 cost_batch_size: float | None = None, mode: str | None = None) -> None:
         check_costs(graph, costs, topology)
+        self.mode = check_mode(mode) if mode is not None else mode_of(costs)
+        if self.mode == "inference":  # forward only: no backward time whatever the table holds
+            from placement_rl.cost.modes import inference_costs
+
+            costs = inference_costs(costs)
         self.graph, self.costs, self.topology = graph, costs, topology
         cbs = cost_batch_size if cost_batch_size is not None else costs.meta.get("batch_size")
         if cbs is not None and (isinstance(cbs, bool) or not isinstance(cbs, (int, float)) or not math.isfinite(cbs)
@@ -165,26 +180,28 @@ class PipelineSimulator:
         self._capacity = topology.array("memory_bytes")
         self._order = _owned(graph.topo_order, i64)
         self._source = costs.describe_source(topology.device_names)
-        self._tp: dict[int, tuple[np.ndarray, ...]] = {}
+        self._tp: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
         self._tp_ann = None
         self._tp_coll: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
 
     # ------------------------------------------------------------------ tensor parallelism
-    def _tp_arrays(self, t: int) -> tuple[np.ndarray, ...]:
-        """Node arrays of one rank of a TP group of ``t``: (fvar, ffix, bvar, bfix [D, N], param, act [N])."""
-        if t not in self._tp:
+    def _tp_arrays(self, t: int, divisible_by: int = 128) -> tuple[np.ndarray, ...]:
+        """Node arrays of one rank of a TP group of ``t``: (fvar, ffix, bvar, bfix [D, N], param, act [N]); the
+        vocabulary padded to a multiple of ``divisible_by x t`` (``graph.tp.padded_vocab``)."""
+        key = (t, divisible_by)
+        if key not in self._tp:
             from placement_rl.cost.tensor_parallel import tp_cost_table
             from placement_rl.graph.tp import annotation
 
             if self._tp_ann is None:
                 self._tp_ann = annotation(self.graph)
-            c, shard = tp_cost_table(self.graph, self.costs, self.topology, t, self._tp_ann)
+            c, shard = tp_cost_table(self.graph, self.costs, self.topology, t, self._tp_ann, divisible_by=divisible_by)
             ff, fb = np.minimum(c.launch_overhead, c.fwd_time), np.minimum(c.launch_overhead, c.bwd_time)
-            self._tp[t] = ((c.fwd_time - ff).T.copy(), ff.T.copy(), (c.bwd_time - fb).T.copy(), fb.T.copy(),
-                           np.array(shard.param_bytes), np.array(shard.act_bytes))
-        return self._tp[t]
+            self._tp[key] = ((c.fwd_time - ff).T.copy(), ff.T.copy(), (c.bwd_time - fb).T.copy(), fb.T.copy(),
+                             np.array(shard.param_bytes), np.array(shard.act_bytes))
+        return self._tp[key]
 
-    def node_arrays(self, tp: int = 1) -> tuple[np.ndarray, ...]:
+    def node_arrays(self, tp: int = 1, divisible_by: int = 128) -> tuple[np.ndarray, ...]:
         """``(fvar, ffix, bvar, bfix [D, N], param, act [N], ar_fwd, ar_bwd [N])`` of one rank at TP degree ``tp``:
         variable (shrinks with micro-batches and replicas) and fixed node times, per-rank sizes, and the TP
         all-reduce bytes per node at the whole batch (zero at ``tp = 1``). For planners; read-only."""
@@ -195,7 +212,7 @@ class PipelineSimulator:
         if tp == 1:
             z = np.zeros(self.graph.num_nodes)
             return (*self._graph_arrays[3:], *self._size_arrays[:2], z, z)
-        return (*self._tp_arrays(tp), self._tp_ann.ar_fwd, self._tp_ann.ar_bwd)
+        return (*self._tp_arrays(tp, divisible_by), self._tp_ann.ar_fwd, self._tp_ann.ar_bwd)
 
     def _tp_collective(self, group: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         """Segment tables of an all-reduce over a TP group, forward and backward (the same group)."""
@@ -218,7 +235,7 @@ class PipelineSimulator:
             if t == 1:
                 continue
             nodes = np.flatnonzero(plan.stage_of_node == s)
-            a = self._tp_arrays(t)
+            a = self._tp_arrays(t, plan.make_vocab_size_divisible_by)
             fvar[:, nodes], ffix[:, nodes], bvar[:, nodes], bfix[:, nodes] = (x[:, nodes] for x in a[:4])
             param[nodes], act[nodes] = a[4][nodes], a[5][nodes]
             tab_f, tab_b = self._tp_collective(plan.tp_groups(s)[0])
@@ -238,7 +255,7 @@ class PipelineSimulator:
                 raise PlanError(f"simulate_pipeline models schedules {', '.join(PIPELINE_SCHEDULES)}; "
                                 f"'{plan.schedule}' is not modelled")
             plan.validate(self.graph, self.topology)
-            lay = _Layout(plan, self.topology, self.costs)
+            lay = _Layout(plan, self.topology, self.costs, self.mode == "train")
             if len(self._layouts) >= 256:
                 self._layouts.clear()
             self._layouts[key] = lay
@@ -268,7 +285,8 @@ class PipelineSimulator:
             plan.validate(self.graph, self.topology)
         simulate_pipe(stage, s, m, *lay.order, lay.gptr, lay.gdev, lay.sgroup,
                       lay.num_groups, *graph_arrays, ratio, *size_arrays, self._order,
-                      1 if plan.sharding == "fsdp" else 0, lay.coll, BUCKET_BYTES, lay.fw, lay.iw,
+                      1 if plan.sharding == "fsdp" else 0, lay.coll, BUCKET_BYTES, 1 if self.mode == "train" else 0,
+                      lay.fw, lay.iw,
                       lay.out_stage, lay.out_group,
                       self._out, len(rec[1]) > 0, *rec)
         self.calls += 1
@@ -306,7 +324,7 @@ class PipelineSimulator:
                 "stage_end": st[2].tolist(), "stage_last_backward": st[3].tolist(),
                 "allreduce_time": st[4].tolist(), "microbatch_bytes": st[5].tolist(),
                 "bubble_fraction": bubble, "cost_batch_size": self.cost_batch_size,
-                "cost_source": self._source, "sharding": plan.sharding, "tp": list(plan.tp)}
+                "cost_source": self._source, "sharding": plan.sharding, "tp": list(plan.tp), "mode": self.mode}
         over = np.flatnonzero(mem > self._capacity)
         if over.size:
             names = self.topology.device_names
@@ -332,9 +350,12 @@ class PipelineSimulator:
 
 
 def simulate_pipeline(graph: CompGraph, costs: CostTable, topology: DeviceTopology, plan: StagePlan, *,
-                      timeline: bool = False, cost_batch_size: float | None = None) -> SimResult:
-    """Simulated training step of a pipeline ``plan`` (``cost_batch_size``: see ``PipelineSimulator``)."""
-    return PipelineSimulator(graph, costs, topology, cost_batch_size=cost_batch_size).run(plan, timeline=timeline)
+                      timeline: bool = False, cost_batch_size: float | None = None,
+                      mode: str | None = None) -> SimResult:
+    """Simulated training step (``mode="inference"``: forward pass) of a pipeline ``plan`` (``cost_batch_size``
+    and ``mode``: see ``PipelineSimulator``; the mode defaults to the cost table's, ``cost.modes``)."""
+    return PipelineSimulator(graph, costs, topology, cost_batch_size=cost_batch_size,
+                             mode=mode).run(plan, timeline=timeline)
 
 
 def with_node_overhead(costs: CostTable, seconds: np.ndarray, **meta: Any) -> CostTable:
