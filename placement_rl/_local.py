@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from placement_rl.datasheets import lookup
-from placement_rl.topology import DEFAULT_LAUNCH_OVERHEAD, Device, DeviceTopology
+from placement_rl.devices import DEFAULT_LAUNCH_OVERHEAD, Device
 
 # Conservative CPU constants (per torch thread) used when measure=False: an AVX2 core sustains well over this.
 CPU_DEFAULT_FLOPS_PER_THREAD = 2.0e10
@@ -328,8 +328,9 @@ def gpu_pair_links(infos: list[dict], peers: list[dict[str, int]], gpu_buses: se
     return out
 
 
-def detect(*, measure: bool = True) -> DeviceTopology:
-    """The local machine as a topology named ``local``: ``cpu`` plus ``gpu<i>`` for every CUDA GPU.
+def detect(*, measure: bool = True) -> dict[str, Any]:
+    """The ``DeviceTopology`` fields of the local machine, a topology named ``local``: ``cpu`` plus ``gpu<i>`` for
+    every CUDA GPU.
 
     ``measure=True`` times the CPU (well under a second); ``measure=False`` uses conservative constants.
     ``meta["sources"]`` says where each figure came from (see the module docstring).
@@ -370,6 +371,6 @@ def detect(*, measure: bool = True) -> DeviceTopology:
             "gpu_models": {devices[g].name: info["model"] for g, info in enumerate(infos, start=1)},
             "measured": bool(measure)}
     gpus = f" + {len(infos)} CUDA GPU(s)" if infos else ""
-    return DeviceTopology(name="local", devices=tuple(devices), link_bandwidth=bw, link_latency=lat,
-                          link_kind=tuple(tuple(r) for r in kinds),
-                          description=f"this machine: {meta['cpu_model']}{gpus}", meta=meta)
+    return dict(name="local", devices=tuple(devices), link_bandwidth=bw, link_latency=lat,
+                link_kind=tuple(tuple(r) for r in kinds), description=f"this machine: {meta['cpu_model']}{gpus}",
+                meta=meta)

@@ -1,5 +1,5 @@
-"""Reading a topology mapping (a YAML file's contents) into a ``DeviceTopology``: the schema's fields, datasheet
-fill for GPUs that name their product, per-field checks with one-line ``TopologyError``s, and the links matrix
+"""Reading a topology mapping (a YAML file's contents) into ``DeviceTopology`` fields: the schema's fields,
+datasheet fill for GPUs that name their product, per-field checks with one-line ``TopologyError``s, and the links matrix
 (the schema is in ``placement_rl.topology``'s docstring). ``DeviceTopology.from_dict`` / ``from_yaml`` call it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from placement_rl.errors import TopologyError
-from placement_rl.topology import DEFAULT_LAUNCH_OVERHEAD, DEVICE_KINDS, Device, DeviceTopology
+from placement_rl.devices import DEFAULT_LAUNCH_OVERHEAD, DEVICE_KINDS, Device
 
 DEVICE_FIELDS = ("name", "count", "kind", "torch_device", "host", "index_start", "numbered", "model", "peak_flops",
                  "mem_bandwidth", "memory_bytes", "launch_overhead", "sm_count", "l2_bytes", "peak_flops_tf32",
@@ -94,7 +94,8 @@ def _check_top_level(data: Mapping[str, Any], where: str) -> None:
             raise TopologyError(f"{where}: top-level field {k!r} is not read; '{dev[0]}' belongs in {place}")
 
 
-def read_topology(data: Any, where: str) -> DeviceTopology:
+def read_topology(data: Any, where: str) -> dict[str, Any]:
+    """The ``DeviceTopology`` fields ``data`` describes (``DeviceTopology(**read_topology(...))``)."""
     if not isinstance(data, dict):
         raise TopologyError(f"{where}: top level must be a mapping with 'name', 'devices' and 'links'")
     _check_top_level(data, where)
@@ -210,7 +211,7 @@ def read_topology(data: Any, where: str) -> DeviceTopology:
     model = data.get("cost_model", "calibrated")
     if model not in ("calibrated", "roofline"):
         raise TopologyError(f"{where}: field 'cost_model' is {model!r}, expected calibrated or roofline")
-    return DeviceTopology(name=str(data.get("name", Path(where).stem)), devices=tuple(devices),
-                          link_bandwidth=bw, link_latency=lat, link_kind=tuple(tuple(r) for r in kind_m),
-                          description=str(data.get("description", "")),
-                          meta={k: v for k, v in data.items() if k not in ("name", "devices", "links", "description")})
+    return dict(name=str(data.get("name", Path(where).stem)), devices=tuple(devices),
+                link_bandwidth=bw, link_latency=lat, link_kind=tuple(tuple(r) for r in kind_m),
+                description=str(data.get("description", "")),
+                meta={k: v for k, v in data.items() if k not in ("name", "devices", "links", "description")})

@@ -44,27 +44,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from placement_rl import _local
+from placement_rl._topology_reader import read_topology
+from placement_rl.devices import DEFAULT_LAUNCH_OVERHEAD, DEVICE_KINDS, Device  # noqa: F401 (re-exported)
 from placement_rl.errors import TopologyError
-
-DEVICE_KINDS = ("cpu", "gpu")
-DEFAULT_LAUNCH_OVERHEAD = {"cpu": 2e-6, "gpu": 8e-6}
-
-
-@dataclass(frozen=True)
-class Device:
-    name: str
-    kind: str
-    torch_device: str
-    peak_flops: float
-    mem_bandwidth: float
-    memory_bytes: float
-    host: int = 0
-    launch_overhead: float = 0.0
-    sm_count: int = 0               # streaming multiprocessors (0: unknown)
-    l2_bytes: float = 0.0           # L2 cache (0: unknown)
-    peak_flops_tf32: float = 0.0    # tensor-core peaks (0: unknown)
-    peak_flops_bf16: float = 0.0
-    model: str = ""                 # hardware model, e.g. "A100-80GB-PCIe"
 
 
 @dataclass(frozen=True, eq=False)
@@ -175,9 +158,7 @@ class DeviceTopology:
     # ----------------------------------------------------------------- YAML
     @staticmethod
     def from_dict(data: Any, *, where: str = "topology") -> "DeviceTopology":
-        from placement_rl._topology_reader import read_topology
-
-        return read_topology(data, where)
+        return DeviceTopology(**read_topology(data, where))
 
     @staticmethod
     def from_yaml(path: str | os.PathLike) -> "DeviceTopology":
@@ -190,9 +171,7 @@ class DeviceTopology:
             data = yaml.safe_load(p.read_text())
         except yaml.YAMLError as exc:
             raise TopologyError(f"{p}: malformed YAML ({str(exc).splitlines()[0]})") from None
-        from placement_rl._topology_reader import read_topology
-
-        return read_topology(data, str(p))
+        return DeviceTopology(**read_topology(data, str(p)))
 
     def to_dict(self) -> dict[str, Any]:
         n = self.num_devices
@@ -262,6 +241,4 @@ def load_topology(name_or_path: str | os.PathLike) -> DeviceTopology:
 
 def detect_local(*, measure: bool = True) -> DeviceTopology:
     """The local machine: the CPU always, plus every CUDA GPU (NVML figures where available)."""
-    from placement_rl import _local
-
-    return _local.detect(measure=measure)
+    return DeviceTopology(**_local.detect(measure=measure))
