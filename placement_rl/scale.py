@@ -4,11 +4,16 @@
 teachers, teacher labelling of policy iteration, evaluation of (graph, topology) pairs, ablation runs):
 
 * ``n == 1``: every job runs here, one after another; Ray is never imported.
-* ``n >= 2`` or ``"auto"``: jobs are Ray tasks. Without ``address`` a local Ray instance is started with ``n``
-  CPUs (``auto``: every core of the machine); ``address="auto"`` or ``"host:port"`` joins a running cluster
-  (``ray start --head`` on one machine, ``ray start --address=<head>:6379`` on the others), where ``auto``
-  means every CPU of the cluster. A Ray instance already running in this process is reused (and left running).
-  ``auto`` without Ray installed means one worker, here.
+* ``n >= 2`` or ``"auto"``: jobs are Ray tasks (``placement_rl.scale_ray``). Without ``address`` a **private**
+  local Ray instance is started with ``n`` CPUs (``auto``: every core of the machine), even when another Ray
+  instance runs on the machine (never joined by accident: ``describe()`` says it is there); ``address="auto"`` or
+  ``"host:port"`` joins a running cluster deliberately (``ray start --head`` on one machine, ``ray start
+  --address=<head>:6379`` on the others), where ``auto`` means every CPU of the cluster. A Ray instance already
+  running in this process is reused (and left running). ``auto`` without Ray installed means one worker, here.
+* The same code everywhere: a Ray instance this object starts or joins gets the driver's package shipped to every
+  worker (``runtime_env`` ``py_modules``; ``ship=False`` leaves the workers' own install), and one worker per node
+  reports its package version, source / config hashes and library versions: any difference is refused in one
+  line (``scale_ray.CodeMismatchError``) before any job runs. ``describe()`` is the run's first line.
 
 Results come back in input order. Work is split by job, never raced: a job's result depends only on its
 inputs (seeds are drawn by the caller, per job, before dispatch), so 1 and N workers give the same results.
@@ -18,7 +23,9 @@ object store once (``put``, or ``shared=`` per ``map``) instead of being shipped
 
 ``store``: a directory where ``map(..., keys=...)`` keeps each finished job's result (a pickle of this machine's
 own results, never one from elsewhere): a run started again with the same keys reuses them instead of
-redoing the work (resumed pretraining does not relabel).
+redoing the work (resumed pretraining does not relabel). Every stored file is named by its key and
+``code_key`` (the source, cost-model and fit hashes of ``placement_rl.results.code_hashes``): after a code
+change nothing is reused, and the results made by other code are counted in ``stale`` and recomputed.
 
     with Workers("auto") as w:
         results = w.map(fn, items, shared=(policy,), progress=lambda done, total: ...)
@@ -64,11 +71,6 @@ def check_workers(workers: int | str) -> int | str:
     if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or int(workers) < 1:
         raise ConfigError(f"workers must be a positive integer or auto, got {workers!r}")
     return int(workers)
-
-
-def _project_path() -> str:
-    """The folder holding this package (and ``agents``/``envs``): put on Ray workers' path for a checkout."""
-    return str(Path(__file__).resolve().parent.parent)
 
 
 def _single_thread() -> None:
@@ -130,7 +132,7 @@ class Workers:
     """Run ``fn(item, *shared)`` over items here (``n=1``) or as Ray tasks (see the module docstring)."""
 
     def __init__(self, n: int | str = 1, *, address: str | None = None, retries: int = RETRIES,
-                 store: str | Path | None = None) -> None:
+                 store: str | Path | None = None, ship: bool = True) -> None:
         n = check_workers(n)
         if address is not None and not str(address).strip():
             address = None
@@ -144,10 +146,15 @@ class Workers:
         self.retries = int(retries)
         self.store = Path(store) if store is not None else None
         self.reused = 0  # results taken from ``store`` instead of being computed
+        self.stale = 0  # results in ``store`` made by other code: recomputed, never reused
         self._ray = False
         self._owner = False  # this object started Ray (and shuts it down)
         self._puts: dict[int, tuple[Any, Any]] = {}
         self._remote: Any = None
+        self._conn: Any = None  # scale_ray.Connection on Ray
+        self._code_key: str | None = None
+        self.ship = bool(ship)  # a started / joined Ray gets the driver's package (runtime_env py_modules)
+        self.nodes_checked = 0
         self.note = ""
         if n == 1:
             self.count = 1
@@ -163,26 +170,19 @@ class Workers:
 
     # ------------------------------------------------------------------------------------------- Ray
     def _start_ray(self) -> None:
-        import logging
+        from placement_rl.scale_ray import check_code, connect, disconnect
 
         import ray
 
-        if not ray.is_initialized():
-            kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING,
-                                      "log_to_driver": True}
-            if self.address is not None:
-                try:
-                    ray.init(address=self.address, **kwargs)
-                except (ConnectionError, RuntimeError, ValueError) as exc:
-                    raise ConfigError(f"cannot join the Ray cluster at ray.address={self.address} "
-                                      f"({str(exc).splitlines()[0]}): start it with `ray start --head`") from None
-            else:
-                path = os.pathsep.join(p for p in (_project_path(), os.environ.get("PYTHONPATH", "")) if p)
-                ray.init(num_cpus=None if self.requested == AUTO else int(self.requested),
-                         runtime_env={"env_vars": {"PYTHONPATH": path}}, **kwargs)
-            self._owner = True
-        cpus = int(ray.cluster_resources().get("CPU", 1))
-        self.count = max(1, cpus if self.requested == AUTO else int(self.requested))
+        self._conn = connect(self.requested, self.address, ship=self.ship)
+        try:
+            self.nodes_checked = check_code(self._conn)  # before any job: every node runs the driver's code
+        except BaseException:
+            disconnect(self._conn)
+            self._conn = None
+            raise
+        self._owner = self._conn.owner
+        self.count = max(1, self._conn.cpus if self.requested == AUTO else int(self.requested))
         self._ray = True
         self._remote = ray.remote(num_cpus=1, max_retries=self.retries)(_call)
 
@@ -191,12 +191,32 @@ class Workers:
         return self._ray
 
     def describe(self) -> str:
+        """One line: where the jobs run (a private instance, a joined cluster with its CPUs and nodes, or this
+        process), whether the code was shipped and checked. The first line a run logs."""
         if not self._ray:
             return "1 worker (in this process)" + (f"; {self.note}" if self.note else "")
-        import ray
+        from placement_rl.scale_ray import cluster_size
 
-        where = f"the Ray cluster at {self.address}" if self.address else "a local Ray instance"
-        return f"{self.count} workers on {where} ({int(ray.cluster_resources().get('CPU', 0))} CPUs)"
+        cpus, nodes = cluster_size()
+        c = self._conn
+        return (f"{self.count} workers on {c.where} ({cpus} CPUs on {nodes} node{'s' if nodes != 1 else ''}){c.note}; "
+                f"placement-rl {c.identity['placement-rl']} source {c.identity['source_sha']} checked on "
+                f"{self.nodes_checked} node{'s' if self.nodes_checked != 1 else ''}")
+
+    @property
+    def code_key(self) -> str:
+        """A digest of what a stored result depends on besides its inputs: the code (``source_sha``), the cost
+        model and the shipped fits (``placement_rl.results.code_hashes``); part of every ``store`` key."""
+        if self._code_key is None:
+            import hashlib
+            import json
+
+            from placement_rl.results import code_hashes
+
+            h = code_hashes()
+            blob = json.dumps([h["source_sha"], h["cost_model_sha"], h["fits_sha"]], sort_keys=True)
+            self._code_key = hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return self._code_key
 
     def put(self, value: Any, *, ship: Callable[[Any], Any] | None = None) -> Any:
         """``value`` in Ray's object store, once per object (the same ref is returned again: for values that
@@ -302,14 +322,17 @@ class Workers:
     # ----------------------------------------------------------------------------------------- store
     def _path(self, key: str) -> Path:
         assert self.store is not None
-        return self.store / f"{key}.pkl"
+        return self.store / f"{key}.{self.code_key}.pkl"  # the code in every key: other code's results never match
 
     def lookup(self, key: str) -> tuple[bool, Any]:
-        """``(True, result)`` if ``store`` holds a finished result under ``key`` (counted in ``reused``)."""
+        """``(True, result)`` if ``store`` holds a finished result under ``key`` made by this code (counted in
+        ``reused``); one made by other code (source, cost model or fits) is not used: counted in ``stale``."""
         if self.store is None:
             return False, None
         p = self._path(key)
         if not p.is_file():
+            if any(self.store.glob(f"{key}.*.pkl")):
+                self.stale += 1
             return False, None
         try:
             with open(p, "rb") as fh:
@@ -337,10 +360,11 @@ class Workers:
     # ------------------------------------------------------------------------------------- lifetime
     def close(self) -> None:
         self._puts.clear()
-        if self._ray and self._owner:
-            import ray
+        if self._conn is not None:
+            from placement_rl.scale_ray import disconnect
 
-            ray.shutdown()
+            disconnect(self._conn)  # shuts Ray down only where this object started or joined it
+        self._conn = None
         self._ray = self._owner = False
 
     def __enter__(self) -> "Workers":

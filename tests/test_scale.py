@@ -29,7 +29,7 @@ def ray_local():
     from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the helpers below, on workers without tests/
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING",
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING",  # private: never another's
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     yield ray
     ray.shutdown()

@@ -317,12 +317,35 @@ def _save_phase(path: Path, trainer: Any, phases: dict[str, Any], run: dict[str,
     tmp.replace(path)
 
 
-def _load_phase(path: Path, run: dict[str, Any]) -> dict[str, Any] | None:
+def _run_code() -> dict[str, Any]:
+    """The resume key's code part: ``source_sha``, ``cost_model_sha``, ``fits_sha`` (``results.code_hashes``)."""
+    from placement_rl.results import code_hashes
+
+    h = code_hashes()
+    return {k: h[k] for k in ("source_sha", "cost_model_sha", "fits_sha")}
+
+
+def _load_phase(path: Path, run: dict[str, Any], log: Callable[[str], None] = print) -> dict[str, Any] | None:
+    """The state saved after a phase, or None. Saved by other code (``run["code"]`` differs): None, with a
+    one-line note, and every phase state and label of that code is removed (recomputed, never reused)."""
+    import shutil
+
     import torch
 
     if not path.is_file():
         return None
     data = torch.load(path, map_location="cpu", weights_only=False)  # written by this machine's own run
+    before = data["run"].get("code", {})
+    if before != run.get("code", {}) and {k: v for k, v in data["run"].items() if k != "code"} == \
+            {k: v for k, v in run.items() if k != "code"}:
+        changed = ", ".join(f"{k} {before.get(k)} -> {v}" for k, v in run.get("code", {}).items()
+                            if before.get(k) != v)
+        log(f"resume: the code changed since {path.parent.parent} was saved ({changed}): recomputing from the "
+            f"start, nothing of the earlier run reused")
+        for f in path.parent.glob("*.pt"):
+            f.unlink()
+        shutil.rmtree(path.parent / "labels", ignore_errors=True)
+        return None
     if data["run"] != run:
         raise ConfigError(f"cannot resume from {path.parent.parent}: it was started with another configuration "
                           f"(pretrain and agent keys must match; start a new run folder instead)")
@@ -363,7 +386,7 @@ def pretrain(spec: PretrainSpec, cfg: Any, out: Path, *, workers: int | str | Wo
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     state = out / STATE
-    run = {"pretrain": dataclasses.asdict(spec), "agent": dataclasses.asdict(cfg)}
+    run = {"pretrain": dataclasses.asdict(spec), "agent": dataclasses.asdict(cfg), "code": _run_code()}
     if not resume and state.exists():
         shutil.rmtree(state)  # a new run in this folder: nothing of an earlier one is reused
     cache = spec.cache if spec.cache is not None else state / "tasks"
@@ -399,7 +422,7 @@ def pretrain(spec: PretrainSpec, cfg: Any, out: Path, *, workers: int | str | Wo
         extra = {"pretrain": dataclasses.asdict(spec)}
         phases: dict[str, Any] = {}
         resumed = None
-        saved = _load_phase(state / "imitation.pt", run) if resume else None
+        saved = _load_phase(state / "imitation.pt", run, log) if resume else None
         if saved is not None:
             _restore(trainer, saved["trainer"])
             phases, resumed = saved["phases"], "imitation"
@@ -414,7 +437,7 @@ def pretrain(spec: PretrainSpec, cfg: Any, out: Path, *, workers: int | str | Wo
             _save_phase(state / "imitation.pt", trainer, phases, run)
         trainer.save(out / "checkpoint_imitation.pt", with_optimizer=False, extra={**extra, "phase": "imitation"})
         if cfg.pi_rounds:
-            saved = _load_phase(state / "policy_iteration.pt", run) if resume else None
+            saved = _load_phase(state / "policy_iteration.pt", run, log) if resume else None
             if saved is not None:
                 _restore(trainer, saved["trainer"])
                 phases, resumed = saved["phases"], "policy_iteration"

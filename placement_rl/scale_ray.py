@@ -1,0 +1,158 @@
+"""Ray for ``placement_rl.scale.Workers``: one behaviour in any Ray situation, the same code on every worker.
+
+``connect(requested, address)`` returns a ``Connection``:
+
+* ``address`` unset: a **private** local Ray instance with ``requested`` CPUs (``auto``: every core), started even
+  when another Ray instance runs on this machine (``ray start --head``, another training, a sweep's job): it is
+  never joined by accident, and its presence is said in the note (``ray.address=auto`` joins it deliberately).
+  Two trainings started at once each get their own instance.
+* ``address`` set (``auto`` or ``host:port``): the running cluster is joined, and the note says so with its CPUs
+  and nodes.
+* Ray already initialised in this process (by the caller): reused as it is, and left running.
+
+Unless reused, the driver ships its package to every worker (``runtime_env`` ``py_modules``: a copy staged by
+``scale_code.stage_package``), so a worker never runs another checkout's or another install's code. Then
+``check_code`` asks one worker on every node for its ``code_identity`` and refuses any difference in one line
+(``CodeMismatchError``) before any job runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from placement_rl.errors import ConfigError, PlacementRLError
+from placement_rl.scale_code import code_identity, mismatch, stage_package
+
+CHECK_TIMEOUT = 600.0  # seconds for every node to start a worker and report its code (imports, shipped package)
+
+
+class CodeMismatchError(PlacementRLError):
+    """A Ray worker runs other code than the driver (another version, source, configs or library versions)."""
+
+
+@dataclass(frozen=True)
+class Connection:
+    """How ``Workers`` reached Ray: ``how`` is ``private`` / ``joined`` / ``reused``; ``owner``: this process
+    started (or joined) it and shuts it down; ``staged``: the shipped copy's folder (removed at close)."""
+
+    how: str
+    where: str
+    cpus: int
+    nodes: int
+    owner: bool
+    note: str
+    identity: dict[str, str]
+    staged: str | None = None
+
+
+def other_instances() -> list[str]:
+    """GCS addresses of Ray instances running on this machine (any user's), best effort."""
+    try:
+        from ray._private.services import find_gcs_addresses
+
+        return sorted(set(find_gcs_addresses()))
+    except Exception:  # noqa: BLE001 -- a private Ray helper: no answer is no instance found
+        return []
+
+
+def _project_path() -> str:
+    """The folder holding this package (and ``agents``/``envs`` in a checkout): workers' path on a private instance."""
+    return str(Path(__file__).resolve().parent.parent)
+
+
+def cluster_size() -> tuple[int, int]:
+    """``(CPUs, alive nodes)`` of the Ray cluster this process is connected to."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    return int(ray.cluster_resources().get("CPU", 0)), len(nodes)
+
+
+def connect(requested: int | str, address: str | None, *, ship: bool = True) -> Connection:
+    """Reach Ray as the module doc says; ``ConfigError`` in one line when the cluster cannot be joined."""
+    import ray
+
+    identity = code_identity()
+    if ray.is_initialized():
+        cpus, nodes = cluster_size()
+        return Connection("reused", "the Ray instance already running in this process", cpus, nodes, False, "",
+                          identity)
+    kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": True}
+    staged = tempfile.mkdtemp(prefix="placement-rl-ship-") if ship else None
+    try:
+        env: dict[str, Any] = {"env_vars": {"PYTHONPATH": os.pathsep.join(
+            p for p in (_project_path(), os.environ.get("PYTHONPATH", "")) if p)}}
+        if staged is not None:
+            env = {"py_modules": [str(stage_package(Path(staged)))]}
+        if address is None:
+            others = other_instances()
+            ray.init(address="local", num_cpus=None if requested == "auto" else int(requested), runtime_env=env,
+                     **kwargs)
+            how, where = "private", "a private local Ray instance"
+            note = (f"; another Ray instance runs on this machine ({', '.join(others)}): not joined "
+                    f"(ray.address=auto joins it deliberately)" if others else "")
+        else:
+            try:
+                ray.init(address=address, runtime_env=env, **kwargs)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise ConfigError(f"cannot join the Ray cluster at ray.address={address} "
+                                  f"({str(exc).splitlines()[0]}): start it with `ray start --head`") from None
+            how, where, note = "joined", f"the Ray cluster at {address}, joined", ""
+    except BaseException:
+        if staged is not None:
+            shutil.rmtree(staged, ignore_errors=True)
+        raise
+    cpus, nodes = cluster_size()
+    shipped = "; the driver's package shipped to every worker" if staged is not None else ""
+    return Connection(how, where, cpus, nodes, True, f"{note}{shipped}", identity, staged)
+
+
+def _report() -> dict[str, str]:
+    """What a worker says about its code (a Ray task)."""
+    return code_identity()
+
+
+def check_code(conn: Connection, *, timeout: float = CHECK_TIMEOUT) -> int:
+    """One worker per alive node with CPUs reports its ``code_identity``; ``CodeMismatchError`` naming the node
+    and what differs when any is not the driver's. Returns the nodes checked."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
+    report = ray.remote(num_cpus=0, max_retries=2)(_report)
+    refs = [report.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+            for n in nodes]
+    try:
+        got = ray.get(refs, timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+        raise PlacementRLError(f"the Ray workers did not report their code within {timeout:.0f} s: check the "
+                               f"cluster (`ray status`)") from None
+    except ray.exceptions.RayTaskError as exc:
+        raise CodeMismatchError(f"a Ray worker cannot import this placement-rl ({str(exc).splitlines()[-1]}): "
+                                f"install it on every node, or join with ray.address so the driver ships it") from None
+    for node, there in zip(nodes, got):
+        diff = mismatch(conn.identity, there)
+        if diff:
+            raise CodeMismatchError(f"Ray node {node.get('NodeManagerAddress', '?')} runs other code than this "
+                                    f"driver ({diff}): refused before any job ran; run the same placement-rl "
+                                    f"everywhere (the driver ships its package when it starts or joins Ray)")
+    return len(nodes)
+
+
+def disconnect(conn: Connection) -> None:
+    import ray
+
+    if conn.owner:
+        ray.shutdown()
+    if conn.staged is not None:
+        shutil.rmtree(conn.staged, ignore_errors=True)
+
+
+__all__ = ["CodeMismatchError", "Connection", "check_code", "cluster_size", "connect", "disconnect",
+           "other_instances"]
