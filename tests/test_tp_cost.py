@@ -122,8 +122,9 @@ def test_tp_field_defaults_validates_and_round_trips(gpt):
 def test_tp_degree_must_divide_heads_vocab_and_stay_on_one_host():
     g = capture_zoo("gpt", **dict(TINY_LM, vocab_size=97))
     topo = load_topology("2x4_v100_ib")
-    with pytest.raises(PlanError, match=r"does not divide vocab=97"):
-        whole(g, (0, 1), 2).validate(g, topo)
+    with pytest.raises(PlanError, match=r"does not divide vocab=97 .*make_vocab_size_divisible_by > 0"):
+        whole(g, (0, 1), 2, make_vocab_size_divisible_by=0).validate(g, topo)  # padding off: refused
+    whole(g, (0, 1), 2).validate(g, topo)  # padded to 256 (Megatron's default 128 x TP 2)
     g6 = capture_zoo("gpt", **dict(TINY_LM, n_heads=2, d_model=32, vocab_size=96))
     with pytest.raises(PlanError, match=r"n_heads=2"):
         whole(g6, (0, 1, 2, 3), 4).validate(g6, topo)
@@ -150,9 +151,12 @@ def test_tp1_is_the_plain_plan_and_tp_splits_memory(gpt):
     t4 = simulate_pipeline(gpt, costs, topo, whole(gpt, (0, 1, 2, 3), 4))
     ann = tp.annotation(gpt)
     split = float((gpt.param_bytes * ann.frac_params).sum())
-    # parameters + gradients + Adam of split ops are divided by 4, replicated ones kept
+    vocab = float((gpt.param_bytes * ann.vocab_frac[1]).sum())  # the embedding table (tied with the LM head)
+    assert vocab == 96 * 32 * 4
+    # parameters + gradients + Adam of split ops are divided by 4, replicated ones kept; the vocabulary is
+    # padded to Megatron's multiple of 128 x 4 = 512 rows first
     state_1 = 4 * gpt.param_bytes.sum()
-    state_4 = 4 * (gpt.param_bytes.sum() - split + split / 4)
+    state_4 = 4 * (gpt.param_bytes.sum() - split + (split - vocab) / 4 + vocab * (512 / 96) / 4)
     act_saved = a.peak_memory[0] - state_1
     assert t4.peak_memory[0] < b.peak_memory[0]
     assert t4.peak_memory[0] == pytest.approx(state_4 + float((tp.shard_graph(gpt, 4).act_bytes).sum()), rel=0.05)
@@ -189,3 +193,44 @@ def test_tp_collectives_priced_on_the_tp_group_links():
                   + np.minimum(c2.launch_overhead, c2.bwd_time)[:, 0].sum())
     expect = compute + (m - 1) * fixed + m * comm  # m micro-batches on one replica, launch overhead per micro-batch
     assert two.step_time == pytest.approx(expect, rel=1e-9)
+
+
+# ------------------------------------------------------------------------------------------ vocabulary padding
+def test_padded_vocab_is_megatrons_rule():
+    assert [tp.padded_vocab(50257, t) for t in (1, 2, 4, 8)] == [50257, 50432, 50688, 51200]
+    assert tp.padded_vocab(50257, 4, 0) == 50257 and tp.padded_vocab(96, 2) == 256 and tp.padded_vocab(512, 4) == 512
+
+
+def test_gpt2_vocabulary_at_tp_2_4_8_is_padded_and_priced():
+    """GPT-2's 50,257 tokens split at TP 2 / 4 / 8 once padded (Megatron: to a multiple of 128 x TP); the vocab ops
+    (embedding table, LM head, logits, loss) cost their padded share, the rest is unchanged; padding off: refused."""
+    g = capture_zoo("gpt2_hf", **dict(zoo.tiny("gpt2_hf"), vocab_size=50257, batch_size=8, n_heads=8, d_model=64))
+    topo = load_topology("8x_a100_nvswitch")
+    costs = resolve_costs(g, topo)
+    ann = tp.annotation(g)
+    assert ann.vocab == 50257
+    head = int(np.flatnonzero(ann.kind == tp.VOCAB_HEAD)[0])
+    emb = int(np.flatnonzero(ann.kind == tp.VOCAB_EMB)[0])
+    col = int(np.flatnonzero(ann.kind == tp.COLUMN)[0])
+    steps = {}
+    for t in (2, 4, 8):
+        pad = tp.padded_vocab(50257, t) / 50257
+        shard = tp.shard_graph(g, t)
+        assert shard.fwd_flops[head] == pytest.approx(g.fwd_flops[head] * pad / t, rel=1e-12)
+        assert shard.param_bytes[emb] == pytest.approx(g.param_bytes[emb] * pad / t, rel=1e-12)
+        assert shard.fwd_flops[col] == pytest.approx(g.fwd_flops[col] / t, rel=1e-12)  # not a vocab op
+        unpadded = tp.shard_graph(g, t, divisible_by=0)
+        assert shard.fwd_flops.sum() > unpadded.fwd_flops.sum()
+        plan = whole(g, range(t), t).validate(g, topo)
+        res = simulate_pipeline(g, costs, topo, plan)
+        assert res.feasible and np.isfinite(res.step_time) and res.step_time > 0
+        steps[t] = res
+        with pytest.raises(PlanError, match="does not divide vocab=50257"):
+            whole(g, range(t), t, make_vocab_size_divisible_by=0).validate(g, topo)
+    # memory per rank shrinks with the degree even with the padded table
+    assert steps[2].peak_memory[0] > steps[4].peak_memory[0] > steps[8].peak_memory[0]
+    # the knob travels with the plan's JSON
+    p = whole(g, range(4), 4, make_vocab_size_divisible_by=64)
+    assert StagePlan.from_json(p.to_json(topology=topo), topology=topo).make_vocab_size_divisible_by == 64
+    with pytest.raises(PlanError, match="make_vocab_size_divisible_by"):
+        whole(g, range(4), 4, make_vocab_size_divisible_by=-1)

@@ -18,11 +18,14 @@ Modelled (Megatron-LM TP without sequence parallelism; annotations from ``placem
   ``bytes / (m x dp)``.
 * Memory: parameters, gradients and Adam state of split ops divided by ``t``, saved activations of split ops
   divided by ``t`` (replicated ones not), on top of which DP / FSDP shard as usual over the stage's DP group.
+* Vocabulary padding (Megatron's ``make_vocab_size_divisible_by``, ``StagePlan.make_vocab_size_divisible_by``,
+  default 128): the vocab-parallel embedding table, the LM head GEMM, the logits and the parallel cross-entropy
+  are priced at the padded vocabulary ``ceil(V / (128 t)) 128 t`` over ``t`` (``graph.tp.padded_vocab``).
 
 Not modelled: sequence parallelism (norm / dropout activations split, reduce-scatter + all-gather instead of
 all-reduce), overlap of TP communication with compute, contention between the TP groups of one host and the
 DP / pipeline traffic on shared links, the all-reduce's reduction compute, uneven splits (a degree that does
-not divide the split sizes is refused).
+not divide the heads / hidden sizes is refused; the vocabulary is padded instead).
 """
 
 from __future__ import annotations
@@ -33,19 +36,21 @@ import numpy as np
 
 from placement_rl.cost.types import CostTable
 from placement_rl.graph.ir import CompGraph
-from placement_rl.graph.tp import TPAnnotation, annotation, shard_graph
+from placement_rl.graph.tp import VOCAB_DIVISIBLE_BY, TPAnnotation, annotation, shard_graph
 from placement_rl.topology import DeviceTopology
 
 
 def tp_cost_table(graph: CompGraph, costs: CostTable, topology: DeviceTopology, tp: int,
-                  ann: TPAnnotation | None = None) -> tuple[CostTable, CompGraph]:
-    """``(costs, shard)``: per-node times of one rank of a TP group of ``tp`` and the graph it runs."""
+                  ann: TPAnnotation | None = None, *,
+                  divisible_by: int = VOCAB_DIVISIBLE_BY) -> tuple[CostTable, CompGraph]:
+    """``(costs, shard)``: per-node times of one rank of a TP group of ``tp`` and the graph it runs (vocabulary
+    padded to a multiple of ``divisible_by x tp``, Megatron's rule; 0: unpadded)."""
     if tp == 1:
         return costs, graph
     from placement_rl.cost.resolve import resolve_costs
 
     ann = ann if ann is not None else annotation(graph)
-    shard = shard_graph(graph, tp, ann)
+    shard = shard_graph(graph, tp, ann, divisible_by=divisible_by)
     whole, part = resolve_costs(graph, topology), resolve_costs(shard, topology)
     split = ((ann.frac_flops > 0) | (ann.frac_params > 0) | (ann.frac_act > 0) | (ann.frac_out > 0))[:, None]
 

@@ -7,6 +7,14 @@ parallelism, the collectives each adds and the sizes a degree must divide) is st
 is the graph one TP rank runs at degree ``t`` (split ops at their smaller shapes), priced by the same per-op
 cost model; ``check_degree(graph, t)`` raises ``PlanError`` when ``t`` does not divide the split sizes or the
 graph has nothing to split.
+
+**Vocabulary padding** (Megatron-LM's ``--make-vocab-size-divisible-by``, default 128): at TP degree ``t > 1`` the
+vocabulary ``V`` is padded to ``padded_vocab(V, t, d) = ceil(V / (d t)) d t`` rows (GPT-2's 50,257: 50,432 at
+t = 2, 50,688 at t = 4, 51,200 at t = 8), so a vocabulary no degree divides still splits. ``shard_graph`` then prices the vocabulary ops (vocab-parallel
+embedding table, LM head, the views and loss on vocab-sharded logits) at ``padded / V / t`` of their size. At
+``t = 1`` nothing is padded (the captured model is what runs). ``d = 0`` switches padding off: a degree that does
+not divide ``V`` is then refused. A split size equal to ``V`` by chance (a hidden size) is taken for the
+vocabulary.
 """
 
 from __future__ import annotations
@@ -25,6 +33,16 @@ from placement_rl.graph.tp_detect import (COLUMN, KINDS, REPLICATED, ROW, SCHEMA
                                           VOCAB_HEAD, VOCAB_LOSS, detect)
 
 _SPLIT_OUT = (COLUMN, SHARDED, VOCAB_HEAD)  # kinds whose output tensor is sharded over the TP group
+VOCAB_DIVISIBLE_BY = 128  # Megatron-LM's default --make-vocab-size-divisible-by
+
+
+def padded_vocab(vocab: int, tp: int, divisible_by: int = VOCAB_DIVISIBLE_BY) -> int:
+    """Megatron's padded vocabulary at TP degree ``tp``: the next multiple of ``divisible_by x tp`` (``vocab``
+    itself at ``tp = 1`` or with padding off, ``divisible_by = 0``)."""
+    if tp <= 1 or divisible_by <= 0:
+        return int(vocab)
+    unit = int(divisible_by) * int(tp)
+    return -(-int(vocab) // unit) * unit
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,7 +52,9 @@ class TPAnnotation:
     kind: int64 [N] (index into ``KINDS``; a coarsened group takes its most expensive member's kind);
     frac_flops / frac_params / frac_act / frac_out: share of the node's FLOPs, parameters, saved activations and
     output bytes that split over the TP group; ar_fwd / ar_bwd: all-reduce bytes per TP degree > 1 (whole batch);
-    edge_split: float64 [E], share of each edge's bytes that is sharded.
+    edge_split: float64 [E], share of each edge's bytes that is sharded; vocab_frac: float64 [4, N], share of the
+    node's FLOPs / parameters / saved activations / output bytes that is split along the vocabulary (padded at
+    TP > 1: ``padded_vocab``); edge_vocab: float64 [E], share of each edge's bytes split along the vocabulary.
     """
 
     kind: np.ndarray
@@ -50,6 +70,8 @@ class TPAnnotation:
     vocab: int | None
     pairs: tuple[Mapping[str, Any], ...]
     note: str
+    vocab_frac: np.ndarray | None = None
+    edge_vocab: np.ndarray | None = None
 
     @property
     def splittable(self) -> bool:
@@ -81,7 +103,7 @@ def _annotation(graph: CompGraph) -> TPAnnotation:
 def _empty(graph: CompGraph, note: str) -> TPAnnotation:
     z = np.zeros(graph.num_nodes)
     return TPAnnotation(np.zeros(graph.num_nodes, dtype=np.int64), z, z, z, z, z, z, np.zeros(graph.num_edges), (),
-                        {}, None, (), note)
+                        {}, None, (), note, np.zeros((4, graph.num_nodes)), np.zeros(graph.num_edges))
 
 
 def _from_dict(graph: CompGraph, data: Mapping[str, Any]) -> TPAnnotation:
@@ -114,9 +136,47 @@ def _from_dict(graph: CompGraph, data: Mapping[str, Any]) -> TPAnnotation:
     if sized is not None:
         ff, fp, fa = sized
     edge_split = fo[graph.edges[:, 0]] if graph.num_edges else np.zeros(0)
+    vf = _vocab_shares(graph, groups, kinds, kind, np.stack([ff, fp, fa, fo]))
+    edge_vocab = vf[3][graph.edges[:, 0]] if graph.num_edges else np.zeros(0)
     return TPAnnotation(kind, ff, fp, fa, fo, a_f, a_b, edge_split,
                         tuple(int(d) for d in data.get("divisors", ())), dict(data.get("heads", {})),
-                        data.get("vocab"), tuple(data.get("pairs", ())), str(data.get("note", "")))
+                        data.get("vocab"), tuple(data.get("pairs", ())), str(data.get("note", "")), vf, edge_vocab)
+
+
+_VOCAB_KINDS = (VOCAB_EMB, VOCAB_HEAD, VOCAB_LOSS)
+
+
+def _vocab_shares(graph: CompGraph, groups: tuple[tuple[str, ...], ...], kinds: Mapping[str, int], kind: np.ndarray,
+                  fracs: np.ndarray) -> np.ndarray:
+    """``[4, N]`` share of each node's FLOPs / parameters / activations / output split along the vocabulary: the
+    vocab-parallel embedding, LM head and loss and the sharded ops on the head -> loss path (whole nodes of an
+    uncoarsened graph; a group's share from its members' graph where kept, else its vocab-kind members' count)."""
+    n = graph.num_nodes
+    if graph.members is None:
+        on = np.isin(kind, _VOCAB_KINDS)
+        stack = [int(v) for v in np.flatnonzero(kind == VOCAB_HEAD)]
+        while stack:  # the views between the LM head and the loss carry vocab-sharded logits
+            u = stack.pop()
+            for w in graph.successors(u):
+                w = int(w)
+                if not on[w] and kind[w] == SHARDED:
+                    on[w] = True
+                    stack.append(w)
+        return fracs * on[None, :]
+    fine = member_graph(graph)
+    if fine is not None:
+        g0, gof = fine
+        a0 = annotation(g0)
+        out = np.zeros((4, n))
+        for q, w in enumerate((g0.fwd_flops, g0.param_bytes, g0.act_bytes)):
+            den = np.bincount(gof, weights=w, minlength=n)
+            out[q] = np.divide(np.bincount(gof, weights=w * a0.vocab_frac[q], minlength=n), den, out=np.zeros(n),
+                               where=den > 0)
+        last = np.array([g0.index[grp[-1]] for grp in groups])
+        out[3] = a0.vocab_frac[3][last]
+        return out
+    share = np.array([sum(kinds.get(m, REPLICATED) in _VOCAB_KINDS for m in grp) / len(grp) for grp in groups])
+    return np.minimum(fracs, share[None, :])
 
 
 def _member_shares(graph: CompGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -137,50 +197,62 @@ def _member_shares(graph: CompGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return share(g0.fwd_flops, a0.frac_flops), share(g0.param_bytes, a0.frac_params), share(g0.act_bytes, a0.frac_act)
 
 
-def check_degree(graph: CompGraph, tp: int, ann: TPAnnotation | None = None) -> None:
-    """``PlanError`` unless TP degree ``tp`` can split ``graph`` (1 always can)."""
+def check_degree(graph: CompGraph, tp: int, ann: TPAnnotation | None = None, *,
+                 divisible_by: int = VOCAB_DIVISIBLE_BY) -> None:
+    """``PlanError`` unless TP degree ``tp`` can split ``graph`` (1 always can). The vocabulary is padded
+    (``padded_vocab``) unless ``divisible_by`` is 0: only then must ``tp`` divide it."""
     if tp == 1:
         return
     ann = ann if ann is not None else annotation(graph)
     if not ann.splittable:
         raise PlanError(f"TP degree {tp} on graph '{graph.name}': {ann.note or 'nothing to split'}")
-    bad = [d for d in ann.divisors if d % tp]
+    padded = bool(ann.vocab) and divisible_by > 0
+    bad = [d for d in ann.divisors if d % tp and not (padded and d == ann.vocab)]
     if bad:
         what = []
         for k, h in ann.heads.items():
             if h % tp:
                 what.append(f"{k}={h}")
-        if ann.vocab and ann.vocab % tp:
+        if ann.vocab and ann.vocab % tp and not padded:
             what.append(f"vocab={ann.vocab}")
         rest = [d for d in bad if d not in ann.heads.values() and d != ann.vocab]
         if rest:
             what.append(f"split sizes {rest[:3]}")
+        keep = [d for d in ann.divisors if not (padded and d == ann.vocab)]
+        hint = (" (or pad the vocabulary: make_vocab_size_divisible_by > 0)"
+                if ann.vocab and ann.vocab % tp and not padded else "")
         raise PlanError(f"TP degree {tp} does not divide {', '.join(what)} of graph '{graph.name}'; choose a TP "
-                        f"degree dividing {math.gcd(*ann.divisors)}")
+                        f"degree dividing {math.gcd(*keep)}{hint}")
 
 
-def shard_graph(graph: CompGraph, tp: int, ann: TPAnnotation | None = None) -> CompGraph:
+def shard_graph(graph: CompGraph, tp: int, ann: TPAnnotation | None = None, *,
+                divisible_by: int = VOCAB_DIVISIBLE_BY) -> CompGraph:
     """What one rank of a TP group of ``tp`` runs: split ops at 1/tp of their FLOPs, parameters, saved
-    activations and sharded outputs / edges (the same nodes and edges, so costs line up node for node)."""
+    activations and sharded outputs / edges (the same nodes and edges, so costs line up node for node); the
+    vocabulary's share at ``padded_vocab / vocab / tp`` (Megatron's padding; ``divisible_by = 0``: none)."""
     ann = ann if ann is not None else annotation(graph)
     if tp == 1:
         return graph
     k = 1.0 / tp
+    pad = padded_vocab(ann.vocab, tp, divisible_by) / ann.vocab if ann.vocab else 1.0
 
-    def scale(arr: np.ndarray, frac: np.ndarray) -> np.ndarray:
-        return arr * (1.0 - frac + frac * k)
+    def scale(arr: np.ndarray, frac: np.ndarray, vocab: np.ndarray) -> np.ndarray:
+        return arr * (1.0 - frac + k * (frac - vocab) + k * pad * vocab)
 
+    vf = ann.vocab_frac if ann.vocab_frac is not None else np.zeros((4, graph.num_nodes))
+    ev = ann.edge_vocab if ann.edge_vocab is not None else np.zeros(graph.num_edges)
     meta = dict(graph.meta)
     fine = member_graph(graph)
     if fine is not None:  # a coarsened graph: its members are sharded too, so a group stays priced as their sum
-        meta[FINE_KEY] = member_record(shard_graph(fine[0], tp))
-    return graph.replace(fwd_flops=scale(graph.fwd_flops, ann.frac_flops),
-                         bwd_flops=scale(graph.bwd_flops, ann.frac_flops),
-                         param_bytes=scale(graph.param_bytes, ann.frac_params),
-                         act_bytes=scale(graph.act_bytes, ann.frac_act),
-                         out_bytes=scale(graph.out_bytes, ann.frac_out),
-                         edge_bytes=scale(graph.edge_bytes, ann.edge_split),
-                         name=f"{graph.name}@tp{tp}", meta=meta)
+        meta[FINE_KEY] = member_record(shard_graph(fine[0], tp, divisible_by=divisible_by))
+    suffix = "" if pad == 1.0 else f"v{padded_vocab(ann.vocab, tp, divisible_by)}"
+    return graph.replace(fwd_flops=scale(graph.fwd_flops, ann.frac_flops, vf[0]),
+                         bwd_flops=scale(graph.bwd_flops, ann.frac_flops, vf[0]),
+                         param_bytes=scale(graph.param_bytes, ann.frac_params, vf[1]),
+                         act_bytes=scale(graph.act_bytes, ann.frac_act, vf[2]),
+                         out_bytes=scale(graph.out_bytes, ann.frac_out, vf[3]),
+                         edge_bytes=scale(graph.edge_bytes, ann.edge_split, ev),
+                         name=f"{graph.name}@tp{tp}{suffix}", meta=meta)
 
 
 def without_tp(graph: CompGraph) -> CompGraph:
@@ -190,16 +262,20 @@ def without_tp(graph: CompGraph) -> CompGraph:
                                                     "split_nodes": 0, "note": "TP disabled for this study"}})
 
 
-def max_degree(graph: CompGraph, limit: int = 64) -> int:
+def max_degree(graph: CompGraph, limit: int = 64, *, divisible_by: int = VOCAB_DIVISIBLE_BY) -> int:
     """Largest TP degree <= ``limit`` that ``check_degree`` accepts (1 when nothing splits)."""
     ann = annotation(graph)
     if not ann.splittable:
         return 1
     best = 1
     for t in range(2, limit + 1):
-        if all(d % t == 0 for d in ann.divisors):
-            best = t
+        try:
+            check_degree(graph, t, ann, divisible_by=divisible_by)
+        except PlanError:
+            continue
+        best = t
     return best
 
 
-__all__ = ["KINDS", "TPAnnotation", "annotation", "check_degree", "detect", "max_degree", "shard_graph", "without_tp"]
+__all__ = ["KINDS", "TPAnnotation", "VOCAB_DIVISIBLE_BY", "annotation", "check_degree", "detect", "max_degree",
+           "padded_vocab", "shard_graph", "without_tp"]
