@@ -173,6 +173,9 @@ class StagePlan:
     ``meta["tp_across_hosts"]`` is true (priced, never deployed). ``tp_s`` must divide the split sizes of the
     graph's TP annotation (``placement_rl.graph.tp``: heads, hidden, vocabulary).
     ``batch_size`` (else the graph's own, ``graph_batch_size``) must be divisible by ``num_microbatches x dp_s``.
+    ``make_vocab_size_divisible_by`` (Megatron-LM's knob, default 128; JSON without it reads 128): a TP stage pads
+    the vocabulary to a multiple of it x its TP degree (``graph.tp.padded_vocab``); 0 switches padding off, and
+    then a TP degree must divide the vocabulary.
     """
 
     stage_of_node: np.ndarray
@@ -183,6 +186,7 @@ class StagePlan:
     meta: Mapping[str, Any] = field(default_factory=dict)
     sharding: str = "dp"
     tp: tuple[int, ...] = ()
+    make_vocab_size_divisible_by: int = 128
 
     def __post_init__(self) -> None:
         try:
@@ -219,6 +223,11 @@ class StagePlan:
                 raise PlanError(f"stage {k} has {len(grp)} devices, not a multiple of its TP degree {t} "
                                 "(a stage runs on dp x tp devices)")
         object.__setattr__(self, "tp", tp)
+        vd = self.make_vocab_size_divisible_by
+        if isinstance(vd, bool) or not isinstance(vd, (int, np.integer)) or vd < 0:
+            raise PlanError(f"make_vocab_size_divisible_by must be an integer >= 0 (0: no vocabulary padding), "
+                            f"got {vd!r}")
+        object.__setattr__(self, "make_vocab_size_divisible_by", int(vd))
 
     @property
     def num_stages(self) -> int:
@@ -302,7 +311,7 @@ class StagePlan:
 
         ann = tpmod.annotation(graph)
         for k, t in enumerate(self.tp):
-            tpmod.check_degree(graph, t, ann)
+            tpmod.check_degree(graph, t, ann, divisible_by=self.make_vocab_size_divisible_by)
             if t > 1 and not self.meta.get("tp_across_hosts"):
                 for grp in self.tp_groups(k):
                     hosts = sorted({topology.devices[d].host for d in grp})
@@ -319,6 +328,7 @@ class StagePlan:
                                "stage_devices": [[dname(d) for d in g] for g in self.stage_devices],
                                "num_microbatches": int(self.num_microbatches), "schedule": self.schedule,
                                "batch_size": self.batch_size, "sharding": self.sharding, "tp": list(self.tp),
+                               "make_vocab_size_divisible_by": self.make_vocab_size_divisible_by,
                                "meta": dict(self.meta)}
         if graph is not None:
             out.update(graph=graph.name, graph_fingerprint=graph.fingerprint())
@@ -359,7 +369,8 @@ class StagePlan:
             plan = StagePlan(stage_of_node=stages, stage_devices=tuple(idx_groups), tp=tuple(tp),
                              num_microbatches=int(data.get("num_microbatches", 1)),
                              schedule=str(data.get("schedule", "1f1b")), batch_size=data.get("batch_size"),
-                             meta=data.get("meta") or {}, sharding=str(data.get("sharding", "dp")))
+                             meta=data.get("meta") or {}, sharding=str(data.get("sharding", "dp")),
+                             make_vocab_size_divisible_by=data.get("make_vocab_size_divisible_by", 128))
         except (TypeError, ValueError, OverflowError) as exc:
             raise PlanError(f"stage plan JSON has an invalid field ({exc})") from None
         if graph is not None:
