@@ -203,7 +203,7 @@ def test_a_transposed_weight_belongs_to_its_matmul():
     """The matmul owns the weight (priced as a linear with its weight gradient, split by TP as a Megatron pair);
     the transpose is folded into it (no weight-sized edge, no parameter on a view). Mutation check: without the
     fold the matmuls carry no parameters and TP finds no pair."""
-    from placement_rl.cost.op_classes import op_class
+    from placement_rl.graph.op_classes import op_class
     from placement_rl.graph import tp
 
     for method in ("export", "fx"):

@@ -5,7 +5,7 @@ enters only through its datasheet (peak FLOP/s for the run's dtype, memory bandw
 The parameters ship as package data (``placement_rl/data/gpu_fit.json``, fitted by
 ``scripts/fit_gpu_costs.py`` on public measurements, see ``placement_rl/data/NOTICE``).
 
-Per node ``v`` of class ``c`` (``placement_rl.cost.op_classes.op_class``), on a GPU described by its datasheet
+Per node ``v`` of class ``c`` (``placement_rl.graph.op_classes.op_class``), on a GPU described by its datasheet
 (``placement_rl.cost.gpu_spec.GpuSpec``)::
 
     GEMM-like (linear, bmm, conv): batch x (M x K) @ (K x N) from the node's FLOPs and bytes (``gemm_dims``);
@@ -43,7 +43,7 @@ from placement_rl.cost.gemm_time import _bwd_dims, _gemm_time, _gemm_time_v1, _w
     wino_tiles
 from placement_rl.cost.gpu_fit import OPTIONAL, GpuFit, required_params, shipped_fit, trend
 from placement_rl.cost.gpu_spec import GpuSpec, arch_of, datasheet, spec_of_device
-from placement_rl.cost.op_classes import CLASSES, GEMM_CLASSES, MEM_CLASSES, op_class
+from placement_rl.graph.op_classes import CLASSES, GEMM_CLASSES, MEM_CLASSES, op_class
 from placement_rl.errors import ProfileError
 
 # the calibrated model's public names, whichever module defines them (importers read them from here)

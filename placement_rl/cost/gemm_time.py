@@ -12,7 +12,7 @@ import numpy as np
 
 from placement_rl.cost.gpu_fit import GpuFit, conv_issue, throttle
 from placement_rl.cost.gpu_spec import GpuSpec
-from placement_rl.cost.op_classes import CLASSES, GEMM_CLASSES
+from placement_rl.graph.op_classes import CLASSES, GEMM_CLASSES
 
 
 def gemm_dims(cls: np.ndarray, flops: np.ndarray, in_b: np.ndarray, out_b: np.ndarray, param_b: np.ndarray,

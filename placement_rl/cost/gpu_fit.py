@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from placement_rl.cost.gpu_spec import GpuSpec
-from placement_rl.cost.op_classes import GEMM_CLASSES, MEM_CLASSES
+from placement_rl.graph.op_classes import GEMM_CLASSES, MEM_CLASSES
 from placement_rl.errors import ProfileError
 
 FIT_SCHEMA = "placement_rl.gpu_fit"

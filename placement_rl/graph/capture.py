@@ -38,6 +38,7 @@ from placement_rl.errors import CaptureError, GraphError
 from placement_rl.graph._capture_engine import NodeFailure, NodeRecord, OpCall, measure_graph, tensor_bytes
 from placement_rl.graph.hop import RegionOp, base_op, flatten_wrappers
 from placement_rl.graph.ir import CompGraph
+from placement_rl.graph.op_classes import base_name
 
 METHODS = ("export", "fx")
 EXEC_MODES = ("auto", "meta", "real")
@@ -213,8 +214,6 @@ def _weights_to_their_gemm(records: list[NodeRecord]) -> list[NodeRecord]:
     weight gradient, never split by TP) fed by a weight "activation". A transpose-like view whose only input is
     a parameter (no producer node) and whose one consumer is a matmul is folded into that matmul, as
     ``F.linear`` folds it: the matmul owns the weight, the view node and its edge go."""
-    from placement_rl.cost.op_classes import base_name
-
     users: dict[str, list[NodeRecord]] = {}
     for r in records:
         for src in r.inputs:

@@ -1,161 +1,24 @@
-"""Versioned JSON for ``CompGraph`` (never pickle) and atomic file writes.
-
-Schema ``placement_rl.graph`` version 1::
-
-    {"schema": "placement_rl.graph", "version": 1, "name": str, "meta": {...},
-     "nodes": [{"name", "op_type", "module_path", "fwd_flops", "bwd_flops", "out_bytes",
-                "param_bytes", "act_bytes", ["members": [str, ...]]}, ...],
-     "edges": [[src_index, dst_index, bytes], ...]}
-
-Floats are written with ``repr`` precision, so a round trip is exact.
-"""
+"""Reading and writing graphs as versioned JSON (the schema is in ``placement_rl.graph.codec``), and atomic file
+writes (``placement_rl.graph.files``)."""
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import stat
-import tempfile
-from pathlib import Path
 from typing import Any
 
-from placement_rl.errors import GraphError
-from placement_rl.graph.ir import NODE_ARRAYS, CompGraph
-
-SCHEMA = "placement_rl.graph"
-VERSION = 1
-
-
-def _umask() -> int:
-    """The process's umask, read without changing it where the OS says it (Linux ``/proc``); else set and restored."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def file_mode(path: Path) -> int:
-    """The permission bits ``open(path, "w")`` would leave: an existing file keeps its own, a new one gets
-    ``0o666`` less the umask."""
-    try:
-        return stat.S_IMODE(path.stat().st_mode)
-    except OSError:
-        return 0o666 & ~_umask()
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file and a rename (never a half-written file). The file gets
-    the permissions a plain ``open(path, "w")`` would give it (``mkstemp`` alone would leave it private, 0600)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            os.chmod(fh.fileno() if os.chmod in os.supports_fd else tmp, file_mode(path))
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def _num(x: float) -> float | int:
-    return int(x) if float(x).is_integer() and abs(x) < 2**53 else float(x)
-
-
-def graph_to_dict(g: CompGraph) -> dict[str, Any]:
-    nodes = []
-    cols = {k: getattr(g, k).tolist() for k in NODE_ARRAYS}
-    for i, nm in enumerate(g.names):
-        nd: dict[str, Any] = {"name": nm, "op_type": g.op_types[i], "module_path": g.module_paths[i]}
-        nd.update({k: _num(cols[k][i]) for k in NODE_ARRAYS})
-        if g.members is not None:
-            nd["members"] = list(g.members[i])
-        nodes.append(nd)
-    edges = [[s, d, _num(b)] for (s, d), b in zip(g.edges.tolist(), g.edge_bytes.tolist())]
-    return {"schema": SCHEMA, "version": VERSION, "name": g.name, "meta": dict(g.meta),
-            "nodes": nodes, "edges": edges}
+from placement_rl.graph.codec import SCHEMA, VERSION, graph_fields, graph_to_dict  # noqa: F401 (re-exported)
+from placement_rl.graph.files import atomic_write_text, file_mode  # noqa: F401 (re-exported)
+from placement_rl.graph.ir import CompGraph
 
 
 def graph_to_json(g: CompGraph, path: str | os.PathLike | None = None) -> str:
-    text = json.dumps(graph_to_dict(g), indent=None, separators=(",", ":"), allow_nan=False)
-    if path is not None:
-        atomic_write_text(path, text)
-    return text
+    return g.to_json(path)
 
 
 def graph_from_dict(data: Any, *, where: str = "graph JSON") -> CompGraph:
-    if not isinstance(data, dict):
-        raise GraphError(f"{where}: top level must be an object with 'schema', 'version', 'nodes', 'edges'")
-    if data.get("schema") != SCHEMA:
-        raise GraphError(f"{where}: field 'schema' is {data.get('schema')!r}, expected '{SCHEMA}'")
-    if data.get("version") != VERSION:
-        raise GraphError(f"{where}: unknown schema version {data.get('version')!r} "
-                         f"(this release reads version {VERSION})")
-    nodes, edges = data.get("nodes"), data.get("edges")
-    if not isinstance(nodes, list):
-        raise GraphError(f"{where}: field 'nodes' must be a list")
-    if not isinstance(edges, list):
-        raise GraphError(f"{where}: field 'edges' must be a list")
-    if not isinstance(data.get("meta") or {}, dict):
-        raise GraphError(f"{where}: field 'meta' must be an object")
-    for i, nd in enumerate(nodes):
-        if not isinstance(nd, dict) or not isinstance(nd.get("name"), str):
-            raise GraphError(f"{where}: node #{i} must be an object with a string 'name'")
-        for k in ("op_type", "module_path"):
-            if k in nd and not isinstance(nd[k], str):
-                raise GraphError(f"{where}: node '{nd['name']}' (#{i}) has {k}={nd[k]!r}: must be a string")
-        if "members" in nd and (not isinstance(nd["members"], list)
-                                or not all(isinstance(m, str) for m in nd["members"])):
-            raise GraphError(f"{where}: node '{nd['name']}' (#{i}) has members={nd['members']!r}: "
-                             "must be a list of op names")
-        for k in NODE_ARRAYS:
-            if k not in nd:
-                raise GraphError(f"{where}: node '{nd['name']}' (#{i}) lacks field '{k}'")
-            v = nd[k]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise GraphError(f"{where}: node '{nd['name']}' (#{i}) has invalid {k}={v!r}: "
-                                 "costs must be finite and non-negative numbers")
-    for e, ed in enumerate(edges):
-        if (not isinstance(ed, list) or len(ed) != 3 or not all(isinstance(x, int) and not isinstance(x, bool)
-                                                                 for x in ed[:2])):
-            raise GraphError(f"{where}: edge #{e} must be [src_index, dst_index, bytes], got {ed!r}")
-    has_members = any("members" in nd for nd in nodes)
-    return CompGraph(
-        names=tuple(nd["name"] for nd in nodes),
-        op_types=tuple(nd.get("op_type", "op") for nd in nodes),
-        module_paths=tuple(nd.get("module_path", "") for nd in nodes),
-        **{k: [nd[k] for nd in nodes] for k in NODE_ARRAYS},
-        edges=[[ed[0], ed[1]] for ed in edges],
-        edge_bytes=[ed[2] for ed in edges],
-        name=str(data.get("name", "graph")),
-        members=[tuple(nd.get("members", (nd["name"],))) for nd in nodes] if has_members else None,
-        meta=data.get("meta") or {},
-    )
+    return CompGraph(**graph_fields(data, where=where))
 
 
 def graph_from_json(path_or_str: str | os.PathLike) -> CompGraph:
     """Load a graph from a JSON file path or a JSON string; any problem is a ``GraphError``."""
-    text: str
-    where = "graph JSON"
-    if isinstance(path_or_str, os.PathLike) or (isinstance(path_or_str, str)
-                                               and not path_or_str.lstrip().startswith("{")):
-        p = Path(path_or_str)
-        if not p.is_file():
-            raise GraphError(f"graph file '{p}' does not exist")
-        where = str(p)
-        text = p.read_text()
-    else:
-        text = str(path_or_str)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise GraphError(f"{where}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    return graph_from_dict(data, where=where)
+    return CompGraph.from_json(path_or_str)

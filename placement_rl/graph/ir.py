@@ -18,6 +18,8 @@ whose op names must be nodes of the graph (its members, when coarsened).
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Mapping, Sequence
@@ -25,8 +27,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from placement_rl.errors import GraphError
-
-NODE_ARRAYS = ("fwd_flops", "bwd_flops", "out_bytes", "param_bytes", "act_bytes")
+from placement_rl.graph.codec import NODE_ARRAYS, graph_fields, graph_to_dict, read_graph_json
+from placement_rl.graph.files import atomic_write_text
+from placement_rl.graph.tp_kinds import KINDS as TP_KINDS, SCHEMA_VERSION as TP_SCHEMA_VERSION
 
 
 def _is_int(x: Any, lo: int) -> bool:
@@ -183,14 +186,12 @@ class CompGraph:
             self._check_tp(meta["tp"])
 
     def _check_tp(self, tp: Any) -> None:
-        from placement_rl.graph.tp import KINDS, SCHEMA_VERSION
-
         g = f"graph '{self.name}'"
         if not isinstance(tp, Mapping):
             raise GraphError(f"{g}: field 'meta.tp' must be an object (the TP annotation capture writes) or absent, "
                              f"got {tp!r}")
-        if tp.get("version") != SCHEMA_VERSION:
-            raise GraphError(f"{g}: field 'meta.tp.version' is {tp.get('version')!r}, expected {SCHEMA_VERSION} "
+        if tp.get("version") != TP_SCHEMA_VERSION:
+            raise GraphError(f"{g}: field 'meta.tp.version' is {tp.get('version')!r}, expected {TP_SCHEMA_VERSION} "
                              "(capture the graph again, or drop 'meta.tp' to have it detected)")
         ops = set(self.names) if self.members is None else {m for grp in self.members for m in grp}
 
@@ -204,9 +205,9 @@ class CompGraph:
                 raise GraphError(f"{g}: field 'meta.tp.{key}' must be an object keyed by op name, got {table!r}")
             for name, val in table.items():
                 known(key, name)
-                if key == "nodes" and val not in KINDS:
+                if key == "nodes" and val not in TP_KINDS:
                     raise GraphError(f"{g}: field 'meta.tp.nodes' gives op '{name}' kind {val!r}, expected one of "
-                                     f"{', '.join(KINDS)}")
+                                     f"{', '.join(TP_KINDS)}")
                 if key != "nodes" and (isinstance(val, bool) or not isinstance(val, (int, float))
                                        or not np.isfinite(val) or val < 0):
                     raise GraphError(f"{g}: field 'meta.tp.{key}' gives op '{name}' {val!r}: must be a finite "
@@ -366,16 +367,18 @@ class CompGraph:
             g.add_edge(s, d, bytes=float(self.edge_bytes[e]))
         return g
 
-    def to_json(self, path=None) -> str:
-        from placement_rl.graph.io import graph_to_json
-
-        return graph_to_json(self, path)
+    def to_json(self, path: str | os.PathLike | None = None) -> str:
+        """The graph as versioned JSON (``placement_rl.graph.codec``), also written to ``path`` when given."""
+        text = json.dumps(graph_to_dict(self), indent=None, separators=(",", ":"), allow_nan=False)
+        if path is not None:
+            atomic_write_text(path, text)
+        return text
 
     @staticmethod
-    def from_json(path_or_str) -> "CompGraph":
-        from placement_rl.graph.io import graph_from_json
-
-        return graph_from_json(path_or_str)
+    def from_json(path_or_str: str | os.PathLike) -> "CompGraph":
+        """Load a graph from a JSON file path or a JSON string; any problem is a ``GraphError``."""
+        data, where = read_graph_json(path_or_str)
+        return CompGraph(**graph_fields(data, where=where))
 
     def replace(self, **changes: Any) -> "CompGraph":
         """A copy with some fields changed (validated again)."""

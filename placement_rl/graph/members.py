@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from placement_rl.graph.io import graph_from_dict, graph_to_dict
 from placement_rl.graph.ir import CompGraph
 
 __all__ = ["FINE_KEY", "member_graph", "member_record"]
@@ -47,8 +48,6 @@ def member_graph(graph: CompGraph) -> "tuple[CompGraph, np.ndarray] | None":
 def member_record(fine: CompGraph) -> dict:
     """The ``meta["member_graph"]`` record of ``fine`` (its graph JSON object), remembered with ``fine`` itself so
     that ``member_graph`` reads it back without parsing it."""
-    from placement_rl.graph.io import graph_to_dict
-
     record = graph_to_dict(fine)
     _remember(_RECORDS, id(record), (record, fine))
     return record
@@ -64,8 +63,6 @@ def _remember(cache: dict, key: Any, value: tuple) -> tuple:
 def _record_graph(graph: CompGraph, record: dict) -> "CompGraph | None":
     hit = _RECORDS.get(id(record))
     if hit is None or hit[0] is not record:  # read from a file or another process: parsed once
-        from placement_rl.graph.io import graph_from_dict
-
         try:
             g = graph_from_dict(record, where=f"graph '{graph.name}' meta.member_graph")
         except Exception:  # noqa: BLE001 -- a damaged record: price the groups themselves

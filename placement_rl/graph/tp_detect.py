@@ -39,14 +39,12 @@ import numpy as np
 from placement_rl.errors import PlanError
 from placement_rl.graph.ir import CompGraph
 
-KINDS = ("replicated", "column", "row", "sharded", "vocab_embedding", "vocab_head", "vocab_loss")
-REPLICATED, COLUMN, ROW, SHARDED, VOCAB_EMB, VOCAB_HEAD, VOCAB_LOSS = range(len(KINDS))
-SCHEMA_VERSION = 1
+from placement_rl.graph.op_classes import base_name, op_class
+from placement_rl.graph.tp_kinds import (COLUMN, KINDS, REPLICATED, ROW, SCHEMA_VERSION, SHARDED,  # noqa: F401
+                                         VOCAB_EMB, VOCAB_HEAD, VOCAB_LOSS)
 
 
 def _classes(graph: CompGraph) -> list[str]:
-    from placement_rl.cost.op_classes import op_class
-
     return [op_class(t, p, f) for t, p, f in zip(graph.op_types, graph.param_bytes, graph.fwd_flops)]
 
 
@@ -55,8 +53,6 @@ _MATMULS = ("linear", "addmm", "mm", "matmul", "conv1d_hf")
 
 def _is_matmul(op_type: str) -> bool:
     """A captured GEMM op (``aten`` linear / addmm / mm / matmul); synthetic op types never split."""
-    from placement_rl.cost.op_classes import base_name
-
     return base_name(op_type) in _MATMULS
 
 

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from placement_rl.cost.op_classes import op_class
+from placement_rl.graph.op_classes import op_class
 
 _LAYER = re.compile(r"\.(h|layer|layers)\.\d+(\.|$)")
 
