@@ -21,11 +21,10 @@ import numpy as np
 import torch
 
 from placement_rl.agents.device_policy import DevicePolicy
+from placement_rl.cost.window import FULL_WINDOW  # noqa: F401 - placing a graph this small, the window is the whole rest
 from placement_rl.envs.constructive_task import ConstructiveTask
 
 INFEASIBLE_PENALTY = 1.0  # reward (log-ratio units) taken off a placement that does not fit in memory
-FULL_WINDOW = 1536  # placing a graph of at most this many nodes, the window covers the rest of the graph (dev split:
-# better than W = 256 at 500-1,500 nodes, not at 2,000, where it takes 3-4x the seconds; docs/constructive.md)
 
 
 def state_window(policy: DevicePolicy, num_nodes: int, *, record: bool = False) -> int:

@@ -18,7 +18,8 @@ from placement_rl.plans import Placement, StagePlan
 from placement_rl.topology import DeviceTopology, load_topology
 
 GB = 1e9
-OP_PLACERS = [n for n in baselines.names() if n not in ("exhaustive", "eft_rollout", "eft_rollout_search")]  # budgets
+OP_PLACERS = [n for n in baselines.names()
+              if n not in ("exhaustive", "eft_rollout", "eft_rollout_search", "la_rule", "la_rule_search")]  # budgets
 
 
 def topology(d: int, *, memory: float = 16 * GB, flops: list[float] | None = None, bw: float = 10 * GB,
@@ -59,9 +60,9 @@ CASES = {
 }
 
 
-def run(name: str, graph, topo, *, budget: int = 60, seed: int = 0, costs=None):
+def run(name: str, graph, topo, *, budget: int = 60, seed: int = 0, costs=None, seconds=None):
     costs = costs if costs is not None else resolve_costs(graph, topo)
-    p = baselines.get(name)(graph, costs, topo, budget=budget, seed=seed)
+    p = baselines.get(name)(graph, costs, topo, budget=budget, seed=seed, seconds=seconds)
     return p, simulate(graph, costs, topo, p)
 
 
@@ -69,7 +70,7 @@ def run(name: str, graph, topo, *, budget: int = 60, seed: int = 0, costs=None):
 def test_registry_names_and_unknown():
     assert set(baselines.names()) == {"single_device", "round_robin", "random", "metis", "heft", "m_topo",
                                       "m_etf", "m_sct", "sim_eft", "eft_rollout", "eft_rollout_search", "local_search",
-                                      "exhaustive"}
+                                      "exhaustive", "la_rule", "la_rule_search"}
     with pytest.raises(ConfigError, match="heft"):
         baselines.get("nope")
     with pytest.raises(ConfigError, match="budget"):
@@ -126,6 +127,53 @@ def test_eft_rollout_counts_its_completions_and_is_never_worse_than_sim_eft(case
     s2, _ = run("eft_rollout_search", graph, topo, budget=n * d + 80, costs=costs, seed=3)
     assert r1.step_time <= res.step_time + 1e-15 and s1.meta["sim_calls"] <= n * d + 80 and r1.feasible
     assert np.array_equal(s1.device_of_node, s2.device_of_node)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_la_rule_follows_the_la_step_feature_and_counts_its_completions(case):
+    """``la_rule`` is the argmin of the state's ``la_step`` column at the whole-graph window (near-ties by the
+    earliest finish), replayed step by step here through ``ScheduleState.features``; it is charged its N x D
+    completions + the final score, refuses a smaller budget in one line, and ``la_rule_search`` anneals from it
+    (never worse, seeded, within the budget)."""
+    from placement_rl.cost.schedule import DEVICE_FEATURES, ScheduleState
+
+    graph, topo = CASES[case]()
+    costs = resolve_costs(graph, topo)
+    n, d = graph.num_nodes, topo.num_devices
+    col, eft = DEVICE_FEATURES.index("la_step"), DEVICE_FEATURES.index("eft_gap")
+    st = ScheduleState(graph, costs, topo, episodes=1, window=n)
+    while not st.done:
+        f, m = st.features()
+        key = np.where(m[0], f[0, :, col].astype(np.float64), np.inf)
+        near = key <= key.min() + 1e-9
+        st.place(int(np.argmin(np.where(near, f[0, :, eft], np.inf))))
+    p, res = run("la_rule", graph, topo, budget=n * d + 1, costs=costs)
+    assert np.array_equal(p.device_of_node, st.devices[0])
+    assert res.step_time == pytest.approx(float(st.finish()[0]), rel=1e-12)
+    assert p.meta["sim_calls"] == n * d + 1
+    with pytest.raises(ConfigError, match=f"budget of {n * d + 1}"):
+        run("la_rule", graph, topo, budget=n * d, costs=costs)
+    s1, r1 = run("la_rule_search", graph, topo, budget=n * d + 80, costs=costs, seed=3)
+    s2, _ = run("la_rule_search", graph, topo, budget=n * d + 80, costs=costs, seed=3)
+    assert r1.step_time <= res.step_time + 1e-15 and s1.meta["sim_calls"] <= n * d + 80
+    assert np.array_equal(s1.device_of_node, s2.device_of_node)
+
+
+def test_a_seconds_budget_stops_a_search_and_its_trace_is_anytime():
+    """``seconds=`` ends a search when the wall clock is spent whatever the call budget; ``trace`` holds the
+    improvements in order (seconds and calls increasing, step time decreasing), its last entry the result."""
+    import time
+
+    graph, topo = CASES["synthetic"]()
+    t0 = time.perf_counter()
+    p, res = run("local_search", graph, topo, budget=10**9, seconds=0.3)
+    took = time.perf_counter() - t0
+    assert took < 5.0 and p.meta["seconds_budget"] == 0.3
+    tr = np.asarray(p.meta["trace"])
+    assert len(tr) >= 1 and np.all(np.diff(tr[:, 0]) >= 0) and np.all(np.diff(tr[:, 1]) >= 0)
+    assert np.all(np.diff(tr[:, 2]) < 0) and tr[-1, 2] == pytest.approx(res.step_time, rel=1e-12)
+    with pytest.raises(ConfigError, match="seconds"):
+        run("local_search", graph, topo, budget=10, seconds=0.0)
 
 
 def test_search_spends_the_budget():
@@ -320,9 +368,12 @@ def test_a_batch_that_admits_no_whole_cluster_plan_is_a_config_error():
     graph = random_dag(6, 6)
     topo = topology(8)
     costs = resolve_costs(graph, topo)
-    for name in ("dp", "fsdp", "hybrid"):
+    for name in ("dp", "fsdp"):
         with pytest.raises(ConfigError, match="batch_size 4"):
             run_pipe(name, graph, topo, costs=costs, batch_size=4)
+    # hybrid need not use every device (issue 46): it falls back to a shape on fewer devices that the batch admits
+    plan, res = run_pipe("hybrid", graph, topo, costs=costs, batch_size=4)
+    assert plan.world_size < 8 and all(4 % (plan.num_microbatches * p) == 0 for p in plan.dp_degrees)
 
 
 def test_pp_exhaustive_too_large_names_the_size():

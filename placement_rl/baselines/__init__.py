@@ -1,10 +1,12 @@
 """Non-learned placers and pipeline partitioners: the bar a learned placer must clear, under the same budget.
 
 Op-level placers (``names()``, ``get(name)``), each called as
-``placer(graph, costs, topology, *, budget: int, seed: int) -> Placement``. ``budget`` is the number of
-simulator calls the placer may spend (heuristics use a few to check and repair memory; search uses all).
+``placer(graph, costs, topology, *, budget: int, seed: int, seconds=None) -> Placement``. ``budget`` is the number
+of simulator calls the placer may spend (heuristics use a few to check and repair memory; search uses all);
+``seconds`` a wall-clock budget as well (searches stop when it is spent: comparisons at equal seconds).
 The returned ``Placement.meta`` records ``placer``, ``budget``, ``seed``, ``sim_calls`` (counted by the
-``Simulator``), ``search_seconds`` and, when it was simulated, ``step_time`` and ``feasible``.
+``Simulator``), ``search_seconds``, ``trace`` (the anytime curve: ``[seconds, calls, best step time]`` at each
+improvement) and, when it was simulated, ``step_time`` and ``feasible``.
 
 Pipeline partitioners (``pipeline_names()``, ``get_pipeline(name)``), each called as
 ``partitioner(graph, costs, topology, *, budget, seed, num_microbatches=4, schedule="1f1b",
@@ -29,7 +31,7 @@ from placement_rl.topology import DeviceTopology
 
 class Placer(Protocol):
     def __call__(self, graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int,
-                 seed: int) -> Placement: ...
+                 seed: int, seconds: float | None = None) -> Placement: ...
 
 
 class Partitioner(Protocol):
@@ -49,6 +51,8 @@ _PLACERS: dict[str, Callable[[Problem], np.ndarray]] = {
     "m_sct": baechi.m_sct,
     "sim_eft": eft.sim_eft,
     "eft_rollout": eft.eft_rollout,
+    "la_rule": eft.la_rule,
+    "la_rule_search": eft.la_rule_search,
     "eft_rollout_search": eft.eft_rollout_search,
     "local_search": search.local_search,
     "exhaustive": search.exhaustive,
@@ -66,8 +70,8 @@ def get(name: str) -> Placer:
     fn = _PLACERS[name]
 
     def placer(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int,
-               seed: int) -> Placement:
-        prob = Problem(graph, costs, topology, budget=budget, seed=seed)
+               seed: int, seconds: float | None = None) -> Placement:
+        prob = Problem(graph, costs, topology, budget=budget, seed=seed, seconds=seconds)
         return prob.finish(fn(prob), name)
 
     placer.__name__ = placer.__qualname__ = name

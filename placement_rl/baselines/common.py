@@ -45,18 +45,26 @@ class Score:
 
 
 class Problem:
-    """One placement problem with a simulator-call budget (``budget`` calls at most)."""
+    """One placement problem with a simulator-call budget (``budget`` calls at most) and optionally a wall-clock
+    budget (``seconds``: once spent, ``left`` is 0 and a search stops at its next call, so searches compare at
+    equal seconds). ``trace`` records the anytime curve: ``(seconds since start, calls, best feasible step time)``
+    at every improvement."""
 
     def __init__(self, graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int,
-                 seed: int) -> None:
+                 seed: int, seconds: float | None = None) -> None:
         check_inputs(graph, costs, topology, budget)
+        if seconds is not None and not float(seconds) > 0:
+            raise ConfigError(f"seconds must be > 0, got {seconds!r}")
         self.graph, self.costs, self.topology = graph, costs, topology
         self.budget, self.seed = int(budget), int(seed)
+        self.seconds = None if seconds is None else float(seconds)
         self.rng = np.random.default_rng(seed)
         self.sim = Simulator(graph, costs, topology)
         self.start = time.perf_counter()
         self._scored: dict[bytes, Score] = {}
         self._charged = 0
+        self.trace: list[tuple[float, int, float]] = []
+        self._best = float("inf")
 
     # ------------------------------------------------------------ summaries
     @property
@@ -105,8 +113,20 @@ class Problem:
         self._charged += int(calls)
 
     @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    @property
     def left(self) -> int:
+        if self.seconds is not None and self.elapsed >= self.seconds:
+            return 0
         return self.budget - self.calls
+
+    def note(self, step_time: float, feasible: bool = True) -> None:
+        """Record a placement found outside ``score`` (e.g. a decode that simulated its own) on the anytime trace."""
+        if feasible and step_time < self._best:
+            self._best = float(step_time)
+            self.trace.append((self.elapsed, self.calls, self._best))
 
     def score(self, devices: np.ndarray) -> Score | None:
         """Simulate one placement (cached by content); None when the budget is spent."""
@@ -121,6 +141,7 @@ class Problem:
         s = Score(float(res.step_time), bool(res.feasible), 0.0 if res.feasible else max(over, 1.0),
                   np.asarray(res.peak_memory, dtype=np.float64))
         self._scored[key] = s
+        self.note(s.step_time, s.feasible)
         return s
 
     def estimate_fits(self, devices: np.ndarray) -> bool:
@@ -133,7 +154,10 @@ class Problem:
         s = self.score(devices)
         meta: dict[str, object] = {"placer": name, "budget": self.budget, "seed": self.seed,
                                    "sim_calls": self.calls,
-                                   "search_seconds": time.perf_counter() - self.start}
+                                   "search_seconds": time.perf_counter() - self.start,
+                                   "trace": [list(x) for x in self.trace]}
+        if self.seconds is not None:
+            meta["seconds_budget"] = self.seconds
         if s is not None:
             meta.update(step_time=s.step_time, feasible=s.feasible)
         meta.update(extra)

@@ -9,6 +9,12 @@
   It evaluates up to N x D completed placements, each counted as a simulator call, and costs O(N^2 D): it runs
   only when the budget covers N x D + 1 calls and the graph has at most ``ROLLOUT_MAX_NODES`` nodes (otherwise a
   one-line ``ConfigError``, a row with a note in a comparison).
+* ``la_rule``: at every decision (the simulator's order) the device with the smallest ``la_step``, the completed
+  step of each device's earliest-finish completion (near-ties by the earliest finish), at the learned policy's
+  window (the whole rest of the graph up to ``FULL_WINDOW`` nodes, else ``POLICY_WINDOW``): the rule the policy's
+  lookahead feature is, with no network (``cost.decode.LA_RULE``). Charged every completed placement it evaluates
+  (``window_completions``: N x D + 1 at the whole-graph window) like ``eft_rollout``; O(N^2 D^2).
+* ``la_rule_search``: ``la_rule``, then annealing from its placement with the rest of the budget (or seconds).
 * ``eft_rollout_search``: ``eft_rollout``, then simulated annealing (``search.anneal``, the local-search placer's
   moves and temperature) from its placement with the rest of the budget: the cheap heuristic + search a learned
   placer is measured against in fine-tuning (``scripts/bench_generalization.py --part finetune``). Never worse
@@ -22,10 +28,34 @@ import numpy as np
 from placement_rl.baselines import search
 from placement_rl.baselines.common import Problem
 from placement_rl.cost.lookahead import complete_eft, eft_rollout as _eft_rollout
+from placement_rl.cost.decode import LA_RULE, decode
 from placement_rl.cost.schedule import ScheduleState
+from placement_rl.cost.window import placing_window, window_completions
 from placement_rl.errors import ConfigError
 
 ROLLOUT_MAX_NODES = 4000  # O(N^2 D): about 10 s at 4,000 nodes on 8 devices on one core
+
+
+def la_rule_devices(graph, costs, topology, window: int | None = None) -> tuple[np.ndarray, int]:
+    """``(devices, completions)``: the ``la_step`` rule at ``window`` (default: the policy's placing window)."""
+    w = placing_window(graph.num_nodes) if window is None else int(window)
+    st = ScheduleState(graph, costs, topology, episodes=1, window=w)
+    decode(st, LA_RULE)
+    return st.devices[0].copy(), window_completions(graph.num_nodes, topology.num_devices, w)
+
+
+def la_rule(prob: Problem) -> np.ndarray:
+    n, d = prob.n, prob.d
+    if n > ROLLOUT_MAX_NODES:
+        raise ConfigError(f"la_rule is O(N^2 D^2) at the whole-graph window: skipped above {ROLLOUT_MAX_NODES} nodes "
+                          f"({n} here)")
+    need = window_completions(n, d, placing_window(n)) + 1
+    if prob.budget < need:
+        raise ConfigError(f"la_rule completes up to {need - 1} placements: it needs a budget of {need} simulator "
+                          f"calls (the budget is {prob.budget})")
+    devices, completions = la_rule_devices(prob.graph, prob.costs, prob.topology)
+    prob.charge(completions)
+    return devices
 
 
 def sim_eft_devices(graph, costs, topology) -> np.ndarray:
@@ -50,6 +80,13 @@ def eft_rollout(prob: Problem) -> np.ndarray:
     devices, _, _ = _eft_rollout(prob.graph, prob.costs, prob.topology, stats=stats)
     prob.charge(int(stats["completions"]))
     return devices
+
+
+def la_rule_search(prob: Problem) -> np.ndarray:
+    """``la_rule``, then annealing from its placement with the rest of the budget (never worse than ``la_rule``)."""
+    start = la_rule(prob)
+    score = prob.score(start)
+    return start if score is None else search.anneal(prob, start, score)
 
 
 def eft_rollout_search(prob: Problem) -> np.ndarray:

@@ -53,6 +53,8 @@ def anneal(prob: Problem, start: np.ndarray, start_score: Score) -> np.ndarray:
         return best
     cur, cur_s = best.copy(), best_s
     calls0, steps = prob.calls, max(prob.left, 1)
+    sec0 = prob.elapsed
+    span = None if prob.seconds is None else max(prob.seconds - sec0, 1e-9)
     t0 = T0_FRAC * max(best_s.step_time, 1e-12)
     t1 = 1e-4 * max(best_s.step_time, 1e-12)
     rng = prob.rng
@@ -60,7 +62,10 @@ def anneal(prob: Problem, start: np.ndarray, start_score: Score) -> np.ndarray:
     for _ in range(50 * prob.budget + 100):  # bounded even when moves keep hitting cached placements
         if prob.left <= 0 or stale > 20 * prob.n * prob.d + 100:
             break
-        temp = t0 * (t1 / t0) ** min(1.0, (prob.calls - calls0) / steps)
+        frac = (prob.calls - calls0) / steps  # the schedule runs over the calls, or the seconds when they end first
+        if span is not None:
+            frac = max(frac, (prob.elapsed - sec0) / span)
+        temp = t0 * (t1 / t0) ** min(1.0, frac)
         cand = _move(cur, prob, rng)
         calls_before = prob.calls
         s = prob.score(cand)

@@ -2,10 +2,21 @@
 
 ``decode(state, chooser, head=None)`` places ``state``'s remaining nodes (from ``state.step``) in every episode:
 
-* ``EARLIEST_FINISH``: the device where the node's forward ends first among those it fits on (``sim_eft``);
+* ``EARLIEST_FINISH``: the device where the node's forward ends first among those it fits on, counting the
+  node's backward time there too (``sim_eft``: a node with no forward time and a real backward does not go to a
+  slow idle device);
 * ``POLICY``: the argmax of a device head's scores (``device_scores``: the constructive policy's head as float64
   arrays, ``DevicePolicy.logits`` without its constant output bias; parity-tested against torch), over the full
-  feature block (window and topology features included).
+  feature block (window and topology features included);
+* ``SAMPLE``: a sample of the same head's softmax at ``temperature`` (Gumbel-max with numba's generator seeded by
+  ``seed``: the same seed, the same samples), independently per episode (``agents.policy_search``);
+* ``LA_RULE``: the device with the smallest ``la_step`` (the completed step of each device's earliest-finish
+  completion once the window reaches the end of the graph; ``la_end`` before), near-ties (1e-9 of the time unit)
+  by the earliest finish: the rule the lookahead feature is, with no network (``baselines.eft.la_rule``);
+* ``FORCED``: the device ``forced[node]`` (a given placement replayed, e.g. the prefix an incumbent fixes).
+
+``stop`` ends the decode at that step (default: the last), so a prefix can be replayed and the rest decoded by
+another chooser.
 
 Rollout over a base policy (``placement_rl.cost.lookahead.eft_rollout`` over ``EARLIEST_FINISH``,
 ``agents.policy_rollout`` over ``POLICY``) branches a state with ``ScheduleState.branch_from`` and completes each
@@ -17,10 +28,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from placement_rl.cost.schedule import _NO_REC, ScheduleState, _batch_extra, _batch_features, _batch_place
+from placement_rl.cost.schedule import _NO_REC, DEVICE_FEATURES, ScheduleState, _batch_extra, _batch_features, _batch_place
 
-EARLIEST_FINISH, POLICY = 0, 1
+EARLIEST_FINISH, POLICY, SAMPLE, FORCED, LA_RULE = 0, 1, 2, 3, 4
+LA_STEP_COL = DEVICE_FEATURES.index("la_step")
 _M, _V = np.zeros((1, 1)), np.zeros(1)
+_NO_FORCED = np.zeros(1, np.int64)
 _NO_HEAD = (_M, _M, _V, _M, _V, _M, _V, _M, _M, _V, _M)  # node_h, w1, b1, w2, b2, w3, b3, w4a, w4b, b4, w5
 
 
@@ -44,8 +57,8 @@ def device_scores(f, hv, mask, w1, b1, w2, b2, w3, b3, w4a, w4b, b4, w5, out):
 
 
 @njit(cache=True, nogil=True)
-def _decode(start, chooser, order, window, node_h, w1, b1, w2, b2, w3, b3, w4a, w4b, b4, w5,
-            dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, fwd, bwd, link_upper,
+def _decode(start, stop, chooser, temperature, seed, forced, order, window, node_h, w1, b1, w2, b2, w3, b3, w4a,
+            w4b, b4, w5, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, fwd, bwd, link_upper,
             link_coef, grad, static_mem, capacity, speed, inv_scale, inv_scale_w, tpb, conn, finish, arrive, sent,
             dev_free, link_free, busy, mem, acc, bload, memo_i, memo_stats, scratch, est, eft, nb, lb, feats, mask,
             save, undo_slot, undo_val, stats, bfinish, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
@@ -53,23 +66,40 @@ def _decode(start, chooser, order, window, node_h, w1, b1, w2, b2, w3, b3, w4a, 
     k_eps, nd = dev_free.shape
     act = np.zeros(k_eps, np.int64)
     z = np.zeros(nd)
-    for t in range(start, n):
+    if chooser == 2:
+        np.random.seed(seed)
+    inv_t = 1.0 / temperature
+    for t in range(start, stop):
         v = order[t]
         _batch_features(v, t / n, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, bwd, link_upper, link_coef,
                         static_mem, capacity, speed, inv_scale, finish, arrive, sent, dev_free, link_free, busy, mem,
                         acc, bload, scratch, est, eft, nb, lb, feats, mask)
-        if chooser == 1:
+        if chooser == 1 or chooser == 2 or chooser == 4:
             _batch_extra(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid,
                          edge_bytes, fwd, bwd, link_upper, link_coef, grad, static_mem, capacity, inv_scale_w, tpb,
                          conn, finish, arrive, sent, dev_free, link_free, busy, mem, acc, bload, memo_i,
                          memo_stats, mask, save, undo_slot, undo_val, scratch, est, eft, nb, lb, stats, bfinish, feats,
                          rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
         for k in range(k_eps):
-            if chooser == 1:
+            if chooser == 1 or chooser == 2:
                 device_scores(feats[k], node_h[v], mask[k], w1, b1, w2, b2, w3, b3, w4a, w4b, b4, w5, z)
+                if chooser == 2:
+                    for d in range(nd):
+                        z[d] = z[d] * inv_t - np.log(-np.log(np.random.random() * (1.0 - 1e-12) + 1e-12))
+            elif chooser == 4:
+                lo = np.inf
+                for d in range(nd):
+                    if mask[k, d] and feats[k, d, LA_STEP_COL] < lo:
+                        lo = feats[k, d, LA_STEP_COL]
+                for d in range(nd):
+                    near = mask[k, d] and feats[k, d, LA_STEP_COL] <= lo + 1e-9
+                    z[d] = -feats[k, d, 1] if near else -np.inf
+            elif chooser == 3:
+                for d in range(nd):
+                    z[d] = 1.0 if d == forced[v] else 0.0
             else:
                 for d in range(nd):
-                    z[d] = -feats[k, d, 1]  # earliest finish: the smallest eft gap
+                    z[d] = -(feats[k, d, 1] + feats[k, d, 4])  # earliest finish of the whole step: eft + bwd
             best, arg = -np.inf, 0
             for d in range(nd):
                 if mask[k, d] and z[d] > best:
@@ -80,16 +110,28 @@ def _decode(start, chooser, order, window, node_h, w1, b1, w2, b2, w3, b3, w4a, 
                      rec_res, rec_start, rec_end, rec_label)
 
 
-def decode(st: ScheduleState, chooser: int, head: tuple | None = None) -> None:
-    """Place ``st``'s remaining nodes in every episode by ``chooser``; ``head`` = ``(node_h [N, H], weights)`` for
-    ``POLICY`` (``agents.fast_decode.Head.arrays()``)."""
-    if chooser == POLICY:
+def decode(st: ScheduleState, chooser: int, head: tuple | None = None, *, stop: int | None = None,
+           temperature: float = 1.0, seed: int = 0, forced: np.ndarray | None = None) -> None:
+    """Place ``st``'s nodes from ``st.step`` up to step ``stop`` (default: all) in every episode by ``chooser``;
+    ``head`` = ``(node_h [N, H], weights)`` for ``POLICY`` / ``SAMPLE`` (``agents.fast_decode.Head.arrays()``),
+    ``forced`` [N] (a device per node) for ``FORCED``."""
+    if chooser in (POLICY, SAMPLE):
         if head is None:
-            raise ValueError("the POLICY chooser needs a head (node embeddings and weights)")
+            raise ValueError("the POLICY and SAMPLE choosers need a head (node embeddings and weights)")
         node_h, weights = head
-    elif chooser == EARLIEST_FINISH:
+    elif chooser in (EARLIEST_FINISH, FORCED, LA_RULE):
         node_h, weights = _NO_HEAD[0], _NO_HEAD[1:]
     else:
         raise ValueError(f"unknown chooser {chooser!r}")
-    _decode(st.step, chooser, st.order, st.window, node_h, *weights, *st.kernel_state())
-    st.step = st.num_nodes
+    if chooser == FORCED:
+        if forced is None or len(forced) != st.num_nodes:
+            raise ValueError("the FORCED chooser needs a device per node")
+        forced = np.ascontiguousarray(forced, dtype=np.int64)
+    else:
+        forced = _NO_FORCED
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    end = st.num_nodes if stop is None else max(st.step, min(int(stop), st.num_nodes))
+    _decode(st.step, end, chooser, float(temperature), int(seed) % (2**32), forced, st.order, st.window, node_h,
+            *weights, *st.kernel_state())
+    st.step = end

@@ -47,19 +47,37 @@ TOPOLOGY_FEATURES = ("conn", "prod_link", "cons_link")
 STEP_FEATURES = ("la_step", "la_full", "la_back")
 BACK = 3  # la_back's backward covers the 3 W placed nodes before the node, the node and its window
 EXTRA_FEATURES = WINDOW_FEATURES + TOPOLOGY_FEATURES + STEP_FEATURES
+POLICY_WINDOW = 256  # the window W the shipped policy is trained with (conf/trainer/pretrain.yaml)
+FULL_WINDOW = 1536  # placing a graph of at most this many nodes, the window covers the rest of the graph (dev split:
+# better than W = 256 at 500-1,500 nodes, not at 2,000, where it takes 3-4x the seconds; docs/constructive.md)
+
+
+def placing_window(num_nodes: int, window: int = POLICY_WINDOW, full_window: int = FULL_WINDOW) -> int:
+    """The window a placement of ``num_nodes`` reads: the whole rest of the graph up to ``full_window`` nodes,
+    else ``window``."""
+    return max(int(window), int(num_nodes)) if 0 < num_nodes <= int(full_window) else int(window)
+
+
+def window_completions(num_nodes: int, num_devices: int, window: int) -> int:
+    """Completed placements one decode at ``window`` evaluates: every device's completion in each of the last
+    ``window + 1`` decisions (where the window reaches the end of the graph and the step is run)."""
+    return min(int(num_nodes), int(window) + 1) * int(num_devices)
 
 
 @njit(cache=True, nogil=True)
-def eft_choice(x, mem, static_mem, capacity, nb, eft):
-    """The earliest-finish device of node ``x`` among those it fits on (the most room left if none)."""
+def eft_choice(x, mem, static_mem, capacity, nb, eft, bwd):
+    """The earliest-finish device of node ``x`` among those it fits on (the most room left if none), the finish
+    counted over the whole step: the forward's finish plus the node's backward time there (``sim_eft``'s key, so
+    a node with no forward time and a real backward does not go to a slow idle device)."""
     nd = eft.shape[0]
     best, arg = np.inf, -1
     room_best, room_arg = -np.inf, 0
     for j in range(nd):
         after = mem[j] + static_mem[x] + nb[j]
         if after <= capacity[j]:
-            if eft[j] < best:
-                best, arg = eft[j], j
+            key = eft[j] + bwd[x, j]
+            if key < best:
+                best, arg = key, j
         room = capacity[j] - after
         if room > room_best:
             room_best, room_arg = room, j
@@ -120,7 +138,7 @@ def window_stats(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, 
             # that branch's earliest-finish choice for this node, on this very state
             fwd_candidates(order[t], dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, link_upper, link_coef,
                            finish, arrive, sent, dev_free, link_free, scratch, est, eft, nb, lb)
-            e = eft_choice(order[t], mem, static_mem, capacity, nb, eft)
+            e = eft_choice(order[t], mem, static_mem, capacity, nb, eft, bwd)
             if branches[e]:
                 reuse = e
                 for j in range(stats.shape[1]):
@@ -152,7 +170,7 @@ def window_stats(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, 
             else:
                 fwd_candidates(x, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, link_upper, link_coef, finish,
                                arrive, sent, dev_free, link_free, scratch, est, eft, nb, lb)
-                dx = eft_choice(x, mem, static_mem, capacity, nb, eft)
+                dx = eft_choice(x, mem, static_mem, capacity, nb, eft, bwd)
             for p in range(pred_ptr[x], pred_ptr[x + 1]):
                 u = pred_idx[p]
                 if dev[u] != dx:
