@@ -43,6 +43,7 @@ from placement_rl.cost.gemm_time import _bwd_dims, _gemm_time, _gemm_time_v1, _w
     wino_tiles
 from placement_rl.cost.gpu_fit import OPTIONAL, GpuFit, required_params, shipped_fit, trend
 from placement_rl.cost.gpu_spec import GpuSpec, arch_of, datasheet, spec_of_device
+from placement_rl.cost.grad import needs_grad
 from placement_rl.graph.op_classes import CLASSES, GEMM_CLASSES, MEM_CLASSES, op_class
 from placement_rl.errors import ProfileError
 
@@ -100,8 +101,6 @@ class NodeFeatures:
 
 def features(graph: Any) -> NodeFeatures:
     """``NodeFeatures`` of a ``CompGraph``."""
-    from placement_rl.cost.resolve import needs_grad
-
     n = graph.num_nodes
     cls = np.array([CLASSES.index(op_class(t, p, f)) for t, p, f in
                     zip(graph.op_types, graph.param_bytes, graph.fwd_flops)], dtype=np.int64)

@@ -27,6 +27,8 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+import placement_rl.cost.calibrated as cal
+from placement_rl.cost.grad import needs_grad
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import ProfileError
 from placement_rl.graph.ir import CompGraph
@@ -56,16 +58,6 @@ def bytes_moved(graph: CompGraph) -> np.ndarray:
     if graph.num_edges:
         np.add.at(inputs, graph.edges[:, 1], graph.edge_bytes)
     return graph.out_bytes + inputs + graph.param_bytes
-
-
-def needs_grad(graph: CompGraph) -> np.ndarray:
-    """``True`` where a node's output needs a gradient: it or an ancestor has parameters or bwd flops."""
-    need = (graph.param_bytes > 0) | (graph.bwd_flops > 0)
-    pp, pi = graph.pred_ptr, graph.pred_idx
-    for v in graph.topo_order.tolist():
-        if not need[v] and pp[v + 1] > pp[v]:
-            need[v] = bool(need[pi[pp[v]:pp[v + 1]]].any())
-    return need
 
 
 def roofline_times(graph: CompGraph, device: Device) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -118,8 +110,6 @@ def _estimator(graph: CompGraph, topology: DeviceTopology, gpu_model: str | None
                     np.bincount(gof, weights=o, minlength=n), label)
 
         return estimate_groups
-    from placement_rl.cost import calibrated as cal
-
     model = gpu_model if gpu_model is not None else str(topology.meta.get("cost_model", "calibrated"))
     if model not in GPU_MODELS:
         raise ProfileError(f"unknown GPU cost model '{model}' (valid: {', '.join(GPU_MODELS)})")
