@@ -89,3 +89,33 @@ def test_inference_pipeline_sends_no_gradients_and_keeps_no_training_state() -> 
     assert inf.step_time < train.step_time
     assert np.all(inf.peak_memory[:2] == pytest.approx(2 * 40 * MIB + np.array([0.0, 1e6 / 4])))
     assert simulate_pipeline(g, inference_costs(costs), topo, plan).step_time == pytest.approx(inf.step_time)
+
+
+def slow_cpu_case(n: int = 12, fast: int = 6, slow: float = 23.0, batch: int | None = None):
+    topo = mixed_topology(fast)
+    nodes = [dict(name=f"l{i}", bwd_flops=1.0, param_bytes=1e6, act_bytes=1e6) for i in range(n)]
+    meta = {"batch_size": batch} if batch else {}
+    g = make_graph(nodes, [(i, i + 1, 1e5) for i in range(n - 1)], meta=meta)
+    fwd = np.ones((n, fast + 1)) * (1.0 + 0.1 * np.arange(n))[:, None]
+    fwd[:, -1] *= slow
+    return g, per_device(fwd, 2 * fwd, topo), topo
+
+
+@pytest.mark.parametrize("name", ["hybrid", "pp_params", "pp_uniform"])
+def test_fixed_shape_planners_leave_a_slow_device_out_on_a_prime_cluster(name: str) -> None:
+    """D = 7 (prime): 6 accelerators and a CPU 23x slower. The planner must do at least as well as on the 6
+    accelerators alone (it used to force pp x dp = 7, making the CPU a stage or a replica)."""
+    from placement_rl import baselines
+
+    g, costs, topo = slow_cpu_case()
+    sub = topo.subset(range(6))
+    sub_costs = CostTable(fwd_time=costs.fwd_time[:, :6], bwd_time=costs.bwd_time[:, :6],
+                          link_latency=costs.link_latency[:6, :6], link_bandwidth=costs.link_bandwidth[:6, :6],
+                          source=("hand",) * 6)
+    planner = baselines.get_pipeline(name)
+    full = planner(g, costs, topo, budget=5000, seed=0)
+    alone = planner(g, sub_costs, sub, budget=5000, seed=0)
+    t_full = simulate_pipeline(g, costs, topo, full).step_time
+    t_alone = simulate_pipeline(g, sub_costs, sub, alone).step_time
+    assert t_full <= t_alone * (1 + 1e-9)
+    assert 6 not in {d for grp in full.stage_devices for d in grp}

@@ -9,8 +9,9 @@ given) rules out DP degrees x micro-batch counts that do not divide it.
 
 Fixed micro-batch count (the ``num_microbatches`` argument), DDP replication:
 
-* ``pp_uniform``: stages = devices, equal node counts per stage, DP degree 1.
-* ``pp_params``: stages = devices, parameter bytes balanced (DeepSpeed ``partition_method="parameters"``:
+* ``pp_uniform``: stages = devices, equal node counts per stage, DP degree 1; also every smaller stage count
+  on the fastest devices (a slow device need not be a stage), the best simulated shape wins.
+* ``pp_params``: as ``pp_uniform`` with parameter bytes balanced (DeepSpeed ``partition_method="parameters"``:
   the contiguous split minimising the largest stage's parameters).
 * ``pp_time_dp``: for each stage count ``S <= D`` a dynamic program over cut points minimising the slowest
   stage (fwd + bwd time on its device + its outgoing boundary transfers, both directions); the ``S`` with
@@ -26,7 +27,7 @@ Whole-plan searches (they choose the micro-batch count among ``microbatch_choice
 * ``dp``: DDP -- one stage, the whole model replicated on every device, gradients all-reduced in buckets
   that overlap the backward; the best micro-batch count (gradient accumulation) is kept.
 * ``fsdp``: sharded DP (FSDP2 / ZeRO-3) over every device: one stage, ``sharding="fsdp"``.
-* ``hybrid``: DP x PP -- every factorisation ``pp x dp = D`` (equal DP degree per stage, as the executor's
+* ``hybrid``: DP x PP -- every ``pp x dp <= D`` on the fastest devices (equal DP degree per stage, as the executor's
   2-D mesh runs it), every micro-batch count, DDP or FSDP inside each stage, cuts from the time-balanced DP
   for that stage count; ``dp`` and ``fsdp`` are among its candidates, simulated first.
 * ``pp_exhaustive``: every stage count x cut set x DP-degree vector (sum <= D) x micro-batch count x
@@ -60,17 +61,39 @@ from placement_rl.topology import DeviceTopology
 Segments = list[int]  # cut positions: stage k covers topo positions [cuts[k], cuts[k + 1])
 
 
+def device_counts(pp: PipeProblem, *, fallback: bool = False) -> list[int]:
+    """How many of the fastest devices a fixed-shape planner may use, most first: all of them (its classic
+    shape); on a cluster of unequal devices (or with ``fallback``, when no shape over all of them fits) also
+    every count where the next device is slower (so a slow device can be left out), all but one, and the
+    powers of two (a prime count need not force a shape). Equal devices keep the classic shape alone."""
+    total = (pp.costs.fwd_time + pp.costs.bwd_time).sum(axis=0)[pp.devs]
+    slower = [k for k in range(1, pp.d) if total[k] > total[k - 1] * (1 + 1e-9)]
+    if not slower and not fallback:
+        return [pp.d]
+    out = {pp.d, max(pp.d - 1, 1), *slower}
+    out.update(2**k for k in range(pp.d.bit_length()) if 2**k <= pp.d)
+    return sorted(out, reverse=True)
+
+
+def _stage_counts(pp: PipeProblem) -> list[int]:
+    """Stage counts a fixed-shape planner tries: one per device first (its classic shape), then fewer stages on
+    the fastest devices (``device_counts``), the best simulated one wins."""
+    return [s for s in device_counts(pp) if s <= pp.n] or [min(pp.d, pp.n)]
+
+
 def pp_uniform(pp: PipeProblem) -> Plan:
-    s = min(pp.d, pp.n)
-    cuts = [int(round(k * pp.n / s)) for k in range(s + 1)]
-    return pp.choice(cuts, pp.fit_degrees((1,) * s))
+    cands = []
+    for s in _stage_counts(pp):
+        cuts = [int(round(k * pp.n / s)) for k in range(s + 1)]
+        cands.append(pp.choice(cuts, pp.fit_degrees((1,) * s)))
+    return pp.best_of(cands)
 
 
 def pp_params(pp: PipeProblem) -> Plan:
-    s = min(pp.d, pp.n)
     prefix = pp.param_prefix
-    cuts = minmax_partition(pp.n, s, lambda j, k: prefix[j] - prefix[:j])[-1]
-    return pp.choice(cuts, pp.fit_degrees((1,) * s))
+    all_cuts = minmax_partition(pp.n, min(pp.d, pp.n), lambda j, k: prefix[j] - prefix[:j])
+    return pp.best_of([pp.choice(all_cuts[s - 1], pp.fit_degrees((1,) * s)) for s in _stage_counts(pp)
+                       if s <= len(all_cuts)])
 
 
 def pp_time_dp(pp: PipeProblem) -> Plan:
@@ -107,12 +130,21 @@ def fsdp(pp: PipeProblem) -> Plan:
 
 
 def hybrid(pp: PipeProblem) -> Plan:
+    """Every ``pp x dp <= D`` on the fastest devices (a prime D or a slow device need not force a shape)."""
     n, d = pp.n, pp.d
     cands = _replicated(pp, "dp") + _replicated(pp, "fsdp")  # pp = 1 first: never worse than dp / fsdp
+    rest = _hybrid_shapes(pp, device_counts(pp))
+    if not cands and not rest:  # nothing over every device fits the batch: fewer devices
+        rest = _hybrid_shapes(pp, device_counts(pp, fallback=True))
+    return pp.best_of(cands + [c for _, c in rest])
+
+
+def _hybrid_shapes(pp: PipeProblem, counts: list[int]) -> list[tuple[float, Plan]]:
+    """``hybrid``'s pipelined and partly replicated shapes on ``counts`` devices, best estimate first."""
+    n, d = pp.n, pp.d
     rest = []
-    for r in (r for r in range(d, 0, -1) if d % r == 0):
-        s = d // r
-        if s == 1 or s > n:
+    for r, s in ((r, s) for used in counts for r in range(used, 0, -1) if used % r == 0 for s in [used // r]):
+        if (s == 1 and r == d) or s > n:
             continue
         for m in microbatch_choices(s, r, pp.batch_size, schedule=pp.schedule):
             all_cuts = minmax_partition(n, s, lambda j, k: pp.stage_time_vec(j, k * r, (k + 1) * r, r, m))
@@ -123,7 +155,7 @@ def hybrid(pp: PipeProblem) -> Plan:
             est *= (m + s - 1) / m  # the pipeline bubble
             rest += [(est, (cuts, (r,) * s, m, sh)) for sh in SHARDINGS]
     rest.sort(key=lambda c: c[0])
-    return pp.best_of(cands + [c for _, c in rest])
+    return rest
 
 
 def pipedream(pp: PipeProblem) -> Plan:
