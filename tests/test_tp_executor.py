@@ -81,7 +81,7 @@ def test_cli_refuses_tp_across_hosts_and_bad_vocab_with_exit_2(tmp_path):
     four = capture_zoo("gpt", **dict(GPT, n_heads=4, d_model=32))
     odd = capture_zoo("gpt", **dict(GPT, vocab_size=33))
     cases = {"hosts": (four, whole(four, (2, 3, 4, 5), 4), "spans hosts"),
-             "vocab": (odd, whole(odd, (0, 1), 2), "does not divide vocab=33")}
+             "vocab": (odd, whole(odd, (0, 1), 2, make_vocab_size_divisible_by=0), "does not divide vocab=33")}
     for name, (g, plan, msg) in cases.items():
         (tmp_path / name).mkdir()
         g.to_json(tmp_path / name / "graph.json")  # deploy reads the graph beside the plan
@@ -127,6 +127,25 @@ def test_tp_x_dp_tp_x_pp_tp_x_fsdp_gradients_equal_one_process(gpt):
     for plan, res in zip(plans, results):
         assert res.tp == 2 and res.world_size == 4
         check(plan, res)
+
+
+@pytest.mark.distributed
+def test_gpt2_vocabulary_padded_at_tp2_gradients_equal_one_process_on_the_real_vocabulary():
+    """GPT-2's 50,257 tokens at TP 2: the tied embedding / LM head padded to 50,432 rows (Megatron's 128 x TP), the
+    padded logits masked out of the loss; loss and gradients equal one unpadded process (the padded rows sliced off:
+    they get exactly zero gradient)."""
+    ov = dict(GPT, vocab_size=50257)
+    g = capture_zoo("gpt", **ov)
+    plan = whole(g, (0, 1), 2, num_microbatches=2)
+    res, = deploy_stage_plans([DeploySpec(plan=plan, graph=g, model="gpt", overrides=ov)],
+                              config=DeployConfig(steps=1, warmup=0, collect_grads=True, timeout_s=180))
+    module, inputs = zoo.build("gpt", **ov)
+    loss, grads = reference_step(module, inputs, chunks=2)
+    assert res.losses[0] == pytest.approx(loss, abs=1e-5) and set(res.grads) == set(grads)
+    for key, ref in grads.items():
+        torch.testing.assert_close(res.grads[key], ref, atol=1e-5, rtol=1e-5, msg=lambda m, k=key: f"{k}: {m}")
+    d = ov["d_model"]
+    assert all(r["local_params"] >= 50432 * d // 2 for r in res.ranks)  # each rank holds half the padded table
 
 
 def test_fused_qkv_region_runs_on_local_shards(gpt):

@@ -48,14 +48,15 @@ def build_mesh(dims: ParallelDims, device: torch.device) -> DeviceMesh:
 
 
 def apply_tp(splits: Sequence[StageSplit], modules: Sequence[nn.Module], tp_mesh: DeviceMesh,
-             kinds: dict[str, str]) -> tuple[list[nn.Module], list[dict[str, tuple[nn.Module, str]]]]:
+             kinds: dict[str, str], vocab: tuple[int, int] | None = None
+             ) -> tuple[list[nn.Module], list[dict[str, tuple[nn.Module, str]]]]:
     """Megatron TP of each stage over the ``tp`` mesh dimension (``_tp.apply_tp``); where each parameter sits."""
     from placement_rl.executor import _tp
 
     out, named = [], []
     for sp, mod in zip(splits, modules):
         ids = {id(p): name for name, p in stage_parameters(sp).items()}
-        wrapped, params = _tp.apply_tp(mod, kinds, tp_mesh, ids)
+        wrapped, params = _tp.apply_tp(mod, kinds, tp_mesh, ids, vocab=vocab)
         out.append(wrapped)
         named.append(params)
     return out, named
@@ -217,7 +218,8 @@ class PartRunner:
         modules = [sp.module for sp in self.splits]
         named = None
         if dims.tp > 1:
-            modules, named = apply_tp(self.splits, modules, mesh["tp"], dict(part["tp_kinds"]))
+            modules, named = apply_tp(self.splits, modules, mesh["tp"], dict(part["tp_kinds"]),
+                                      vocab=tuple(part.get("tp_vocab") or ()) or None)
         if dims.sharding == "fsdp":
             modules = apply_fsdp(modules, mesh["dp"])
         elif dims.tp == 1:
@@ -230,12 +232,15 @@ class PartRunner:
                       for mod, sp in zip(modules, self.splits)]
             self.schedule = build_schedule(dims, stages)
         self.row_perm: dict[str, torch.Tensor] = {}  # TP: rows interleaved for a fused GEMM (``_tp.ROW_PERM``)
+        self.real_rows: dict[str, int] = {}  # TP: a padded vocabulary's real rows (``_tp.REAL_ROWS``)
         if named is not None:  # read after FSDP, which replaces the parameters it shards
-            from placement_rl.executor._tp import ROW_PERM
+            from placement_rl.executor._tp import REAL_ROWS, ROW_PERM
 
             self.named = [{k: mod._parameters[a] for k, (mod, a) in per.items()} for per in named]
             self.row_perm = {k: getattr(mod, ROW_PERM) for per in named for k, (mod, a) in per.items()
                              if hasattr(mod, ROW_PERM)}
+            self.real_rows = {k: getattr(mod, REAL_ROWS) for per in named for k, (mod, a) in per.items()
+                              if hasattr(mod, REAL_ROWS)}
         else:
             self.named = [stage_parameters(sp) for sp in self.splits]
         self.params = [p for per in self.named for p in per.values()]
@@ -316,6 +321,8 @@ class PartRunner:
                 g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
                 if name in self.row_perm:  # back to the original row order
                     g = g[torch.argsort(self.row_perm[name])]
+                if name in self.real_rows:  # a padded vocabulary: the real vocabulary's rows
+                    g = g[:self.real_rows[name]]
                 out[name] = g.detach().cpu().clone()
         return out
 

@@ -45,6 +45,8 @@ from placement_rl.graph.ir import CompGraph
 _COLUMN = ("column", "vocab_head")
 _SHARDED_OUT = ("column", "sharded", "vocab_head")
 ROW_PERM = "_tp_row_perm"  # attribute of a column nn.Linear whose output rows were interleaved (fused chunks)
+REAL_ROWS = "_tp_real_rows"  # attribute of a vocab-parallel module whose table was padded: the real vocabulary
+_VOCAB = ("vocab_head", "vocab_embedding")
 _PASS = ("aten.dropout.", "aten.gelu.", "aten.relu.", "aten.silu.", "aten.tanh.", "aten.sigmoid.", "aten.alias.",
          "aten.clone.", "aten.contiguous.", "aten.mul.", "aten.div.", "aten.add.", "aten.sub.", "aten.masked_fill.",
          "aten.where.", "aten.neg.", "aten.exp.", "aten.pow.")  # element-wise: the sharded dim stays put
@@ -78,8 +80,9 @@ def _gemm(node: fx.Node) -> str | None:
 
 
 def check_program(gm: fx.GraphModule, kinds: Mapping[str, str], tp: int,
-                  stage_map: Mapping[str, int] | None = None) -> None:
-    """``PlanError`` (one line) when ``gm``'s annotated ops cannot run at TP degree ``tp``."""
+                  stage_map: Mapping[str, int] | None = None, vocab: tuple[int, int] | None = None) -> None:
+    """``PlanError`` (one line) when ``gm``'s annotated ops cannot run at TP degree ``tp`` (``vocab``: the
+    vocabulary and its padded size, when the plan pads it: the vocab-parallel tables are checked padded)."""
     if tp == 1:
         return
     nodes = {n.name: n for n in gm.graph.nodes}
@@ -93,6 +96,8 @@ def check_program(gm: fx.GraphModule, kinds: Mapping[str, str], tp: int,
             raise PlanError(f"TP needs '{name}' ({kind}) to be an nn.Linear / nn.Embedding call on a parameter, "
                             f"found {n.target}; GPT-2's Conv1D (addmm) layers cannot be split by the executor")
         size = w[1].shape[1] if kind == "row" else w[1].shape[0]
+        if vocab is not None and kind in _VOCAB and size == vocab[0]:
+            size = vocab[1]
         if size % tp:
             raise PlanError(f"TP degree {tp} does not divide the {'input' if kind == 'row' else 'output'} size "
                             f"{size} of '{w[0]}' ({kind}); choose a TP degree dividing it")
@@ -213,6 +218,48 @@ def _interleave(w: torch.Tensor, k: int, tp: int) -> torch.Tensor:
                       for r in range(tp) for j in range(k)])
 
 
+def pad_vocab(gm: fx.GraphModule, mod: nn.Module, call: fx.Node, kind: str, vocab: tuple[int, int],
+              padded: dict[int, nn.Parameter]) -> None:
+    """Pad vocab-parallel module ``mod`` (called by ``call``) from ``V`` to ``padded`` rows with zeros (a tied
+    table is padded once and shared); after the LM head, add a mask that is ``-inf`` on the padded columns and
+    widen the views between the head and the loss that name ``V``."""
+    v, vp = vocab
+    pid = id(mod.weight)
+    if pid not in padded:
+        w = mod.weight
+        padded[pid] = nn.Parameter(torch.cat([w.data, w.data.new_zeros(vp - v, *w.shape[1:])]),
+                                   requires_grad=w.requires_grad)
+    mod.weight = padded[pid]
+    setattr(mod, REAL_ROWS, v)
+    if isinstance(mod, nn.Embedding):
+        mod.num_embeddings = vp
+        return
+    mod.out_features = vp
+    if mod.bias is not None:
+        mod.bias = nn.Parameter(torch.cat([mod.bias.data, mod.bias.data.new_zeros(vp - v)]))
+    mask = torch.zeros(vp, dtype=mod.weight.dtype)
+    mask[v:] = float("-inf")
+    name = f"{call.target}_vocab_mask"
+    gm.register_buffer(name, mask)
+    with gm.graph.inserting_after(call):
+        ref = gm.graph.get_attr(name)
+    with gm.graph.inserting_after(ref):
+        masked = gm.graph.call_function(torch.ops.aten.add.Tensor, (call, ref))
+    call.replace_all_uses_with(masked, delete_user_cb=lambda u: u is not masked)
+    stack, seen = list(masked.users), set()
+    while stack:  # views of the logits that spell the vocabulary out: widen them to the padded size
+        u = stack.pop()
+        if u in seen or u.op != "call_function":
+            continue
+        seen.add(u)
+        t = str(u.target)
+        if t.startswith(("aten.view.", "aten._unsafe_view.", "aten.reshape.")) and isinstance(u.args[1], (list, tuple)):
+            u.args = (u.args[0], [vp if d == v else d for d in u.args[1]])
+            stack.extend(u.users)
+        elif t.startswith(("aten.flatten.", "aten.contiguous.", "aten.clone.", "aten.alias.", "aten.to.", "aten._to_copy.")):
+            stack.extend(u.users)
+
+
 class TPStage(nn.Module):
     """A stage module that returns plain tensors; run it (forward and backward) under ``implicit_replication``."""
 
@@ -232,8 +279,13 @@ class TPStage(nn.Module):
 
 
 def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
-             names: Mapping[int, str]) -> tuple[nn.Module, dict[str, tuple[nn.Module, str]]]:
+             names: Mapping[int, str], vocab: tuple[int, int] | None = None
+             ) -> tuple[nn.Module, dict[str, tuple[nn.Module, str]]]:
     """Parallelize stage ``gm`` over ``tp_mesh`` (see the module docstring).
+
+    ``vocab = (V, padded)``: the vocab-parallel embedding table and LM head get ``padded - V`` zero rows
+    (:func:`pad_vocab`), the logits' padded columns are masked to ``-inf`` before the loss, so the loss and the
+    real rows' gradients are those of the unpadded model (Megatron-LM's padded vocabulary).
 
     ``names``: ``id(parameter) -> original name`` before sharding. Returns the wrapped stage and, for every
     parameter it holds, original name -> (module, attribute) holding it (read it after FSDP wraps the stage).
@@ -245,6 +297,7 @@ def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
     made: list[tuple[str, nn.Module, str, list[int]]] = []  # (path, module, kind, ids of its original params)
     tp = int(tp_mesh.size())
     local: dict[str, tuple[dict[fx.Node, tuple], int]] = {}
+    padded: dict[int, nn.Parameter] = {}  # id of a vocab table -> its padded copy (one per tied parameter)
     for n in gm.graph.nodes:
         if kinds.get(n.name) == "column" and n.op == "call_function" and _gemm(n) == "linear":
             got = local_region(gm, n, kinds, tp)
@@ -283,6 +336,8 @@ def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
         call.meta = dict(n.meta)
         n.replace_all_uses_with(call)
         gm.graph.erase_node(n)
+        if vocab is not None and vocab[1] > vocab[0] and kind in _VOCAB and int(mod.weight.shape[0]) == vocab[0]:
+            pad_vocab(gm, mod, call, kind, vocab, padded)
         if n.name in local:  # a fused column GEMM: its region runs on local shards
             rewrites, k = local[n.name]
             perm = _interleave(mod.weight, k, tp)
@@ -324,7 +379,7 @@ def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
             else:
                 first[pid] = (mod, attr)
     out: dict[str, tuple[nn.Module, str]] = {}
-    replaced = {id(p) for ps in before.values() for p in ps}
+    replaced = {id(p) for ps in before.values() for p in ps} | {pid for *_, ids in made for pid in ids}
     for mod in gm.modules():
         for attr, p in mod._parameters.items():
             if p is None or id(p) in replaced:

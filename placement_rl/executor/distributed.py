@@ -238,7 +238,7 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
     if dims.tp > 1:
         from placement_rl.graph import tp as tpmod
 
-        tpmod.check_degree(graph, dims.tp)  # heads / hidden / vocabulary sizes of the annotation
+        tpmod.check_degree(graph, dims.tp, divisible_by=plan.make_vocab_size_divisible_by)  # heads / hidden / vocab
     if graph.meta.get("capture_method", "export") != "export":
         raise PlanError(f"graph '{graph.name}' was captured with torch.fx; the distributed executor splits the "
                         "torch.export program, so capture the model with method='export'")
@@ -262,11 +262,16 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
     gm = program_module(ep)
     stage_map = assign_stages(gm, graph, plan.stage_of_node)
     tp_kinds: dict[str, str] = {}
+    tp_vocab: list[int] = []  # [vocabulary, padded] when a TP plan pads it (Megatron's make_vocab_size_divisible_by)
     if dims.tp > 1:
         from placement_rl.executor._tp import check_program, node_kinds
+        from placement_rl.graph import tp as tpmod
 
         tp_kinds = node_kinds(graph)
-        check_program(gm, tp_kinds, dims.tp, stage_map)
+        vocab = tpmod.annotation(graph).vocab
+        if vocab:
+            tp_vocab = [int(vocab), tpmod.padded_vocab(int(vocab), dims.tp, plan.make_vocab_size_divisible_by)]
+        check_program(gm, tp_kinds, dims.tp, stage_map, vocab=tuple(tp_vocab) or None)
     aliases = param_aliases(module)
     splits = split_stages(gm, stage_map, dims.num_stages, aliases=aliases)
     metas = value_meta(program_module(ep), micro)
@@ -287,6 +292,7 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
     atomic_write_text(part_dir / "part.json", json.dumps({
         "dims": asdict(dims), "stage_map": stage_map, "param_aliases": aliases,
         "value_meta": {v: metas[v] for v in crossing}, "batch_size": size, "tp_kinds": tp_kinds,
+        "tp_vocab": tp_vocab,
         "tied": {k: list(v) for k, v in tied_parameters(splits).items()},
         "plan": plan.to_dict(graph), "model": {"zoo": spec.model, "overrides": dict(spec.overrides or {})}}, indent=1))
     return dims
