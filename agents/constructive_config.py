@@ -52,6 +52,11 @@ class ConstructiveConfig:
     pi_label_every: int = 4  # label every k-th state of the student's trajectory (the teacher costs D completions)
     pi_max_nodes: int = 400  # tasks larger than this are not relabelled (the teacher is O(N^2 W D^2))
     pi_max_labels: int = 48  # at most this many labelled states per task and round (larger tasks: sparser labels)
+    ei_rounds: int = 0  # expert iteration (agents.expert_iteration): rounds of multi-start search, then distillation
+    ei_search_budget: int = 3000  # simulator calls of one task's multi-start search per round
+    ei_epochs: int = 3  # distillation epochs per round
+    ei_lr: float = 0.0  # distillation learning rate (0: ``lr``)
+    ei_max_nodes: int = 1000  # tasks larger than this are not searched
     clone_epochs: int = 200  # fine-tuning: at most this many epochs to clone a round's rollout-over-student placement
     pi_max_completions: int = 4000  # fine-tuning: no policy iteration where one round's N x D completions exceed this
     eval_every: int = 20
@@ -63,7 +68,8 @@ class ConstructiveConfig:
             if int(getattr(self, key)) < 1:
                 raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)!r}")
         for key in ("bc_epochs", "dagger_rounds", "rl_iters", "window", "full_window", "pi_rounds", "pi_epochs",
-                    "teacher_search", "clone_epochs", "pi_max_completions"):
+                    "teacher_search", "clone_epochs", "pi_max_completions", "ei_rounds", "ei_epochs",
+                    "ei_search_budget", "ei_max_nodes"):
             if int(getattr(self, key)) < 0:
                 raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)!r}")
         if not float(self.regret_coef) >= 0:
@@ -75,6 +81,8 @@ class ConstructiveConfig:
             raise ConfigError(f"rl_algo must be one of {', '.join(RL_ALGOS)}, got {self.rl_algo!r}")
         if not float(self.pi_lr) >= 0:
             raise ConfigError(f"pi_lr must be >= 0, got {self.pi_lr!r}")
+        if not float(self.ei_lr) >= 0:
+            raise ConfigError(f"ei_lr must be >= 0, got {self.ei_lr!r}")
         for key in ("lr", "rl_lr", "temperature"):
             if not float(getattr(self, key)) > 0:
                 raise ConfigError(f"{key} must be > 0, got {getattr(self, key)!r}")

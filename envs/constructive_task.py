@@ -17,7 +17,7 @@ import numpy as np
 
 from placement_rl import baselines
 from placement_rl.cost import simulate
-from placement_rl.baselines.eft import ROLLOUT_MAX_NODES, sim_eft_devices as sim_eft
+from placement_rl.baselines.eft import ROLLOUT_MAX_NODES, la_rule_devices, sim_eft_devices as sim_eft
 from placement_rl.cost.lookahead import eft_rollout
 from placement_rl.cost.resolve import needs_grad
 from placement_rl.cost.schedule import DEFAULT_WINDOW, ScheduleState, time_scale
@@ -116,6 +116,11 @@ def reference_times(graph: CompGraph, costs: CostTable, topology: DeviceTopology
         out["eft_rollout"] = (r.step_time, r.feasible, dev)
         # every completed placement a call, + 1 for the final placement's simulation (as a policy's is counted)
         seconds["eft_rollout"], calls["eft_rollout"] = time.perf_counter() - t0, stats["completions"] + 1
+        t0 = time.perf_counter()  # the rule the policy's lookahead feature is (argmin la_step): the bar it must clear
+        dev, completions = la_rule_devices(graph, costs, topology)
+        r = simulate(graph, costs, topology, dev)
+        out["la_rule"] = (r.step_time, r.feasible, dev)
+        seconds["la_rule"], calls["la_rule"] = time.perf_counter() - t0, completions + 1
     if extras is not None:
         extras["ref_seconds"], extras["ref_calls"] = seconds, calls
     return out

@@ -36,6 +36,18 @@ def _digest(folder: Path, names) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def source_digest(*folders: str) -> str:
+    """sha256 (16 hex digits) of every ``.py`` file under the given folders of the checkout (``"placement_rl/cost"``,
+    ``"envs"``, ...), names and bytes, in path order."""
+    h = hashlib.sha256()
+    for name in folders:
+        top = ROOT / name
+        for f in sorted(top.rglob("*.py")) if top.is_dir() else ([top] if top.is_file() else []):
+            h.update(f.relative_to(ROOT).as_posix().encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def code_hashes() -> dict[str, Any]:
     """``cost_model_sha``, ``state_sha``, ``fits_sha`` (per shipped fit file) and ``source_sha`` (every ``.py`` file
     of the package, ``envs/`` and ``agents/``): what a checkpoint, a cached label or a figure depends on."""
@@ -127,4 +139,4 @@ def read_result(name: str, folder: Path | None = None) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-__all__ = ["code_hashes", "provenance", "read_result", "results_dir", "write_result"]
+__all__ = ["code_hashes", "provenance", "read_result", "results_dir", "source_digest", "write_result"]

@@ -170,6 +170,8 @@ GROUPS: dict[str, dict[str, Key]] = {
         "pi_rounds": count(0), "pi_epochs": count(0), "pi_label_every": count(1),
         "pi_lr": Key(float, low=0), "pi_max_nodes": count(1), "pi_max_labels": count(1), "eval_every": count(1),
         "eval_samples": count(0), "search_budget": count(0), "teacher_search": count(0),
+        "ei_rounds": count(0), "ei_search_budget": count(0), "ei_epochs": count(0), "ei_lr": Key(float, low=0),
+        "ei_max_nodes": count(1),
     },
     "encoder": {"name": Key(str, choices=_yaml_names("encoder")), "hidden": count(1), "layers": count(1)},
     "trainer": {"total_steps": count(0), "eval_samples": count(0), "compare": FLAG, "tensorboard": FLAG,

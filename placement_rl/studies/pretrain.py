@@ -162,7 +162,11 @@ def build_tasks(specs: Sequence[dict[str, Any]], *, workers: int | str | Workers
         presets = sorted({s["topology"] for s in specs if isinstance(s.get("topology"), str)})
         topo = {n: hashlib.sha256(f.read_bytes()).hexdigest()[:16]  # and the same preset files (their figures)
                 for n in presets if (f := conf_dir() / "topology" / f"{n}.yaml").is_file()}
-        key = hashlib.sha256(json.dumps([list(specs), prov["cost_model_sha"], prov["fits_sha"], topo],
+        from placement_rl.results import source_digest
+
+        teachers = source_digest("placement_rl/cost", "placement_rl/baselines", "placement_rl/graph",
+                                 "envs/constructive_task.py")  # and the code that built the tasks and teachers
+        key = hashlib.sha256(json.dumps([list(specs), prov["cost_model_sha"], prov["fits_sha"], topo, teachers],
                                         sort_keys=True).encode()).hexdigest()[:16]
         path = Path(cache) / f"tasks-{key}.pkl"
         if path.is_file():
@@ -230,7 +234,7 @@ def result_rows(results: Sequence[Any]) -> list[dict[str, Any]]:
                "best_of_k_calls": per * (1 + k)}
         for name, (time_, feasible, _) in t.refs.items():
             row[name] = time_ / ref if feasible else float("nan")
-        for name in ("sim_eft", "eft_rollout"):
+        for name in ("sim_eft", "eft_rollout", "la_rule"):
             if name in t.meta.get("ref_seconds", {}):
                 row[f"{name}_s"] = t.meta["ref_seconds"][name]
                 row[f"{name}_calls"] = t.meta["ref_calls"][name]
@@ -249,6 +253,12 @@ def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     if rows and "sim_eft" in rows[0]:
         out["sim_eft_geomean"] = geomean([r["sim_eft"] for r in rows])
         out["greedy_over_sim_eft_geomean"] = geomean([r["greedy"] / r["sim_eft"] for r in rows])
+    rule = [r for r in rows if np.isfinite(r.get("la_rule", float("nan")))]
+    if rule:  # the one-pass rule the policy's lookahead feature is: the bar a learned row must clear
+        out["la_rule_pairs"] = len(rule)
+        out["greedy_over_la_rule_geomean"] = geomean([r["greedy"] / r["la_rule"] for r in rule])
+        out["best_of_k_over_la_rule_geomean"] = geomean([r["best_of_k"] / r["la_rule"] for r in rule])
+        out["greedy_le_la_rule_frac"] = float(np.mean([r["greedy"] <= r["la_rule"] + 1e-9 for r in rule]))
     roll = [r for r in rows if np.isfinite(r.get("eft_rollout", float("nan")))]
     if roll:
         out["eft_rollout_pairs"] = len(roll)
@@ -264,8 +274,8 @@ def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 COLUMNS = ("pair", "nodes", "devices", "best_one_pass", "best_one_pass_ms", "greedy", "best_of_k", "heft", "m_etf",
-           "m_sct", "metis", "sim_eft", "eft_rollout", "greedy_s", "greedy_calls", "best_of_k_s", "best_of_k_calls",
-           "eft_rollout_s", "eft_rollout_calls")
+           "m_sct", "metis", "sim_eft", "eft_rollout", "la_rule", "greedy_s", "greedy_calls", "best_of_k_s",
+           "best_of_k_calls", "eft_rollout_s", "eft_rollout_calls", "la_rule_s", "la_rule_calls")
 
 
 def write_report(rows: Sequence[dict[str, Any]], out: Path, *, title: str, stem: str = "generalization") -> str:
@@ -448,6 +458,13 @@ def pretrain(spec: PretrainSpec, cfg: Any, out: Path, *, workers: int | str | Wo
                 phases["policy_iteration"] = trainer.policy_iteration(train, val=val, progress=prog)
                 _save_phase(state / "policy_iteration.pt", trainer, phases, run)
             trainer.save(out / "checkpoint_pi.pt", with_optimizer=False, extra={**extra, "phase": "policy_iteration"})
+        if cfg.ei_rounds:
+            from placement_rl.agents.expert_iteration import expert_iteration
+
+            log(f"expert iteration: {cfg.ei_rounds} rounds of multi-start search ({cfg.ei_search_budget} simulator "
+                f"calls per task, from the student's, la_rule's and the best known placements) then distillation")
+            phases["expert_iteration"] = expert_iteration(trainer, train, val=val, progress=prog)
+            trainer.save(out / "checkpoint_ei.pt", with_optimizer=False, extra={**extra, "phase": "expert_iteration"})
         if cfg.rl_iters:
             log(f"RL ({cfg.rl_algo}): {cfg.rl_iters} iterations, early stopping on {len(val)} validation tasks")
             phases["rl"] = trainer.improve(train, val=val, progress=prog)
