@@ -14,6 +14,7 @@ Shapes (N nodes, D devices):
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -26,8 +27,17 @@ from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import StagePlan, graph_batch_size
 from placement_rl.topology import DeviceTopology
 
-Plan = tuple  # (cuts, dp degrees, m, sharding[, tp degrees])
+Plan = tuple  # (cuts, dp degrees, m, sharding[, tp degrees]); cuts may be ``Stages`` (explicit stages and groups)
 MAX_MICROBATCHES = 32  # planners that choose m try powers of two up to this
+
+
+@dataclass(frozen=True)
+class Stages:
+    """Explicit stages in place of cuts of ``graph.topo_order``: a stage per node (stages are ideal differences of
+    the DAG, any of them) and the device group of each stage (any devices, in any order of speed)."""
+
+    stage_of_node: tuple[int, ...]
+    groups: tuple[tuple[int, ...], ...]
 
 
 def microbatch_choices(num_stages: int, dp: int, batch_size: int | None, *, schedule: str) -> list[int]:
@@ -45,8 +55,11 @@ def microbatch_choices(num_stages: int, dp: int, batch_size: int | None, *, sche
 
 class PipeProblem:
     def __init__(self, graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int, seed: int,
-                 num_microbatches: int, schedule: str, batch_size: int | None) -> None:
+                 num_microbatches: int, schedule: str, batch_size: int | None, objective: str = "step") -> None:
         check_inputs(graph, costs, topology, budget)
+        from placement_rl.cost.modes import check_objective
+
+        self.objective = check_objective(objective)
         if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, (int, np.integer)) \
                 or num_microbatches < 1:
             raise ConfigError(f"num_microbatches must be a positive integer, got {num_microbatches!r}")
@@ -81,6 +94,7 @@ class PipeProblem:
         self._cross: dict[int, np.ndarray] = {}
         self._groups: dict[tuple[int, int], tuple[float, float, float, float, np.ndarray]] = {}
         self._scored: dict[tuple, Score] = {}
+        self._step: dict[tuple, float] = {}  # simulated step time per scored plan (the score may be throughput)
         self.extra_meta: dict[str, object] = {}  # what a planner reports about its search (plan.meta)
 
     # --------------------------------------------------------------- costs
@@ -143,12 +157,15 @@ class PipeProblem:
     # -------------------------------------------------------------- scoring
     def plan(self, cuts: list[int], degrees: tuple[int, ...], meta: dict | None = None, m: int | None = None,
              sharding: str = "dp", tp: tuple[int, ...] | None = None) -> StagePlan:
-        stage = np.empty(self.n, dtype=np.int64)
-        for k in range(len(cuts) - 1):
-            stage[self.order[cuts[k]:cuts[k + 1]]] = k
         tp = tuple(tp) if tp else (1,) * len(degrees)
-        bounds = np.concatenate([[0], np.cumsum([r * t for r, t in zip(degrees, tp)])])
-        groups = tuple(tuple(int(x) for x in self.devs[bounds[k]:bounds[k + 1]]) for k in range(len(degrees)))
+        if isinstance(cuts, Stages):
+            stage, groups = np.array(cuts.stage_of_node, dtype=np.int64), cuts.groups
+        else:
+            stage = np.empty(self.n, dtype=np.int64)
+            for k in range(len(cuts) - 1):
+                stage[self.order[cuts[k]:cuts[k + 1]]] = k
+            bounds = np.concatenate([[0], np.cumsum([r * t for r, t in zip(degrees, tp)])])
+            groups = tuple(tuple(int(x) for x in self.devs[bounds[k]:bounds[k + 1]]) for k in range(len(degrees)))
         return StagePlan(stage_of_node=stage, stage_devices=groups, num_microbatches=self.m if m is None else int(m),
                          schedule=self.schedule, batch_size=self.batch_size, meta=meta or {}, sharding=sharding,
                          tp=tp)
@@ -169,7 +186,7 @@ class PipeProblem:
               sharding: str = "dp", tp: tuple[int, ...] | None = None) -> Score | None:
         m = self.m if m is None else int(m)
         tp = tuple(tp) if tp and any(t > 1 for t in tp) else None
-        key = (tuple(cuts), tuple(degrees), m, sharding, tp)
+        key = (cuts if isinstance(cuts, Stages) else tuple(cuts), tuple(degrees), m, sharding, tp)
         if key in self._scored:
             return self._scored[key]
         if self.left <= 0:
@@ -177,9 +194,10 @@ class PipeProblem:
         res = self.sim.run(self.plan(cuts, degrees, m=m, sharding=sharding, tp=tp))
         cap = self.topology.array("memory_bytes")
         over = float(np.maximum(res.peak_memory - cap, 0.0).sum())
-        s = Score(float(res.step_time), bool(res.feasible), 0.0 if res.feasible else max(over, 1.0),
-                  np.asarray(res.peak_memory))
+        value = float(res.step_time) if self.objective == "step" else float(res.meta["steady_time"])
+        s = Score(value, bool(res.feasible), 0.0 if res.feasible else max(over, 1.0), np.asarray(res.peak_memory))
         self._scored[key] = s
+        self._step[key] = float(res.step_time)
         return s
 
     def best_of(self, cands: list[Plan]) -> Plan:
@@ -205,7 +223,11 @@ class PipeProblem:
                                    "sim_calls": self.calls, "search_seconds": time.perf_counter() - self.start,
                                    **self.extra_meta}
         if s is not None:
-            meta.update(step_time=s.step_time, feasible=s.feasible)
+            key = (cuts if isinstance(cuts, Stages) else tuple(cuts), tuple(degrees), int(m), sharding,
+                   tuple(tp) if tp and any(t > 1 for t in tp) else None)
+            meta.update(step_time=self._step.get(key, s.step_time), feasible=s.feasible)
+            if self.objective != "step":
+                meta.update(objective=self.objective, steady_time=s.step_time)
         return self.plan(cuts, degrees, meta, m=m, sharding=sharding, tp=tp).validate(self.graph, self.topology)
 
 

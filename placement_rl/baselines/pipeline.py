@@ -49,7 +49,7 @@ from typing import Callable
 
 import numpy as np
 
-from placement_rl.baselines import pipe_tp
+import placement_rl.baselines.pipe_tp as pipe_tp
 from placement_rl.baselines.pipe_common import Plan, PipeProblem, cut_grid, microbatch_choices, minmax_partition
 from placement_rl.plans import SHARDINGS
 from placement_rl.cost.types import CostTable
@@ -235,6 +235,19 @@ def pp_exhaustive(pp: PipeProblem) -> Plan:
     return pp.best_of(cands)
 
 
+def exact(pp: PipeProblem) -> Plan:
+    """The full stage-plan space (``pipe_ideals``: any ideal differences as stages, any device group per stage,
+    any subset of devices) plus the DP x TP x PP configurations of ``pipe_tp.exact``; the best simulated plan
+    (by ``pp.objective``) wins, ties going to ``pipe_tp.exact``'s plan."""
+    from placement_rl.baselines.pipe_ideals import ideal_candidates
+
+    cands, info = ideal_candidates(pp)
+    head = pp.best_of([c for _, c in cands[:1]]) if cands else None  # the DP's best is simulated whatever the budget
+    legacy = pipe_tp.exact(pp)
+    pp.extra_meta = {**pp.extra_meta, **info}
+    return pp.best_of([legacy] + ([head] if head else []) + [c for _, c in cands[1:]])
+
+
 PARTITIONERS: dict[str, Callable[[PipeProblem], Plan]] = {
     "dp": dp,
     "fsdp": fsdp,
@@ -246,7 +259,7 @@ PARTITIONERS: dict[str, Callable[[PipeProblem], Plan]] = {
     "pp_exhaustive": pp_exhaustive,
     "tp": pipe_tp.tp_planner,
     "megatron": pipe_tp.megatron,
-    "exact": pipe_tp.exact,
+    "exact": exact,
 }
 
 
@@ -256,9 +269,10 @@ def get(name: str):
     fn = PARTITIONERS[name]
 
     def partitioner(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int, seed: int,
-                    num_microbatches: int = 4, schedule: str = "1f1b", batch_size: int | None = None) -> StagePlan:
+                    num_microbatches: int = 4, schedule: str = "1f1b", batch_size: int | None = None,
+                    objective: str = "step") -> StagePlan:
         pp = PipeProblem(graph, costs, topology, budget=budget, seed=seed, num_microbatches=num_microbatches,
-                         schedule=schedule, batch_size=batch_size)
+                         schedule=schedule, batch_size=batch_size, objective=objective)
         return pp.finish(fn(pp), name)
 
     partitioner.__name__ = partitioner.__qualname__ = name

@@ -391,6 +391,7 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
         out_stage[3, s] = lastb[s]
         out_stage[4, s] = ar[s]
         out_stage[5, s] = cur_mb[s]
+        out_stage[6, s] = ct[s]
         if send[s] > step:
             step = send[s]
     for g in range(G):

@@ -87,7 +87,7 @@ from placement_rl.cost.simulate import _inverse_bandwidth, _owned, check_costs
 from placement_rl.cost.types import CostTable, Interval, SimResult
 from placement_rl.errors import PlanError, ProfileError, fmt_bytes
 from placement_rl.graph.ir import CompGraph
-from placement_rl.plans import StagePlan
+from placement_rl.plans import StagePlan, graph_batch_size
 from placement_rl.topology import DeviceTopology
 
 PIPELINE_SCHEDULES = {"gpipe": GPIPE, "1f1b": ONE_F_ONE_B, "interleaved1f1b": INTERLEAVED}
@@ -134,7 +134,7 @@ class _Layout:
                                "micro-batches: this is a bug in the pipeline simulator")
         self.fw = np.zeros(0)
         self.iw = np.zeros(0, dtype=np.int64)
-        self.out_stage = np.zeros((6, s))
+        self.out_stage = np.zeros((7, s))
         self.out_group = np.zeros((2, g))
 
 
@@ -323,8 +323,13 @@ class PipelineSimulator:
                 "stage_fwd_time": st[0].tolist(), "stage_bwd_time": st[1].tolist(),
                 "stage_end": st[2].tolist(), "stage_last_backward": st[3].tolist(),
                 "allreduce_time": st[4].tolist(), "microbatch_bytes": st[5].tolist(),
-                "bubble_fraction": bubble, "cost_batch_size": self.cost_batch_size,
+                "bubble_fraction": bubble, "cost_batch_size": self.cost_batch_size, "link_time": st[6].tolist(),
                 "cost_source": self._source, "sharding": plan.sharding, "tp": list(plan.tp), "mode": self.mode}
+        from placement_rl.cost.throughput import pipeline_steady_time
+
+        meta["steady_time"] = pipeline_steady_time(plan, meta)
+        batch = plan.batch_size if plan.batch_size is not None else graph_batch_size(self.graph)
+        meta["time_per_sample"] = meta["steady_time"] / batch if batch else None
         over = np.flatnonzero(mem > self._capacity)
         if over.size:
             names = self.topology.device_names

@@ -1,0 +1,246 @@
+"""The full stage-plan space, searched exactly: a dynamic program over the ideals of the DAG.
+
+Space: stage ``s`` is any ideal difference ``I_{s+1} minus I_s`` (a contiguous set of the DAG, not a cut of one
+topological order, ``graph.ideals``); any device group serves any stage (a slow device may be any stage or
+none); a plan may use any subset of the devices. Devices with the same cost column, memory and restrictions
+form a class (a cluster of 6 accelerators and a CPU has 2); a stage's group is a *composition* (how many
+devices of each class), mixed groups allowed and paced by their slowest member in forward and backward alike.
+
+Objective minimised exactly: the bottleneck ``max`` over stages of the stage's per-micro-batch compute (forward
++ backward span on its slowest member, the simulator's ``tf + tb``) and its DDP gradient sync per micro-batch
+(``allreduce(params) / m``), and over boundaries of the transfer per micro-batch (``latency + bytes / (m
+min(p, p')) / bandwidth`` on the slowest link between the two groups), for every micro-batch count: ``m x`` that
+bottleneck is ``cost.throughput``'s steady time per batch. The state is (ideal, devices used per class, last
+stage's composition); a transition appends a stage. Work: ``pairs of nested ideals x device states x
+compositions^2`` per micro-batch count; over ``WORK_LIMIT`` the family of ideals falls back to the prefixes of one
+topological order (``meta["ideals"]`` says so, with the chain-cover bound on the ideal count).
+
+It is the simulator's steady state exactly when (a) devices of one class are interchangeable (same links to the
+others: one host, or a class per host), (b) a stage's parameters fit one DDP bucket (25 MiB; more buckets
+add a latency each), (c) a producer's edges out of an ideal carry the same bytes (one tensor), (d) memory does
+not bind (a stage is kept within its group's memory with ``min(m, D)`` micro-batches in flight, 1F1B holds at
+most the stages after it: conservative), (e) DDP; FSDP variants of the best plans are simulated too. Every
+final state (each set of devices used, each last composition) yields a plan; for the step-time objective they
+are simulated best estimate first (``(m - 1) x bottleneck + sum of stage times``), so ``exact`` is exact for
+time per sample and a strong search for step time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import numpy as np
+
+from placement_rl.baselines._ideal_kernel import ideal_dp
+from placement_rl.baselines.pipe_common import PipeProblem, Plan, Stages, microbatch_choices
+from placement_rl.cost.collectives import coeff_array
+from placement_rl.cost.comm_fit import pad_segments, split_segments
+from placement_rl.cost.modes import mode_of
+from placement_rl.graph.ideals import IdealFamily, ideal_family, prefix_ideals
+
+ENUM_LIMIT = 4096          # ideals listed at most before falling back to one order's prefixes
+WORK_LIMIT = 4e9           # nested pairs x device states x compositions^2 x micro-batch counts
+MAX_COMPOSITIONS = 64      # beyond: single-class groups of power-of-two sizes (and each whole class)
+FSDP_VARIANTS = 8          # the best plans with a replicated stage are also simulated sharded
+
+
+def restrictions(pp: PipeProblem) -> tuple[np.ndarray, list[list[int]]]:
+    """``allowed`` bool [N, D] and colocation groups (node indices) from the cost table (``cost.costs_file``)."""
+    allowed = np.ones((pp.n, pp.d), dtype=bool)
+    for node, devs in (pp.costs.meta.get("allowed") or {}).items():
+        allowed[int(node)] = False
+        allowed[int(node), [int(x) for x in devs]] = True
+    return allowed, [list(map(int, g)) for g in pp.costs.meta.get("colocate") or []]
+
+
+def device_classes(pp: PipeProblem, allowed: np.ndarray) -> list[list[int]]:
+    """Devices with identical cost columns, launch overheads, memory and restrictions, fastest class first."""
+    c = pp.costs
+    mem = pp.topology.array("memory_bytes")
+    keys: dict[bytes, list[int]] = {}
+    for d in range(pp.d):
+        key = np.concatenate([c.fwd_time[:, d], c.bwd_time[:, d], c.launch_overhead[:, d], [mem[d]],
+                              allowed[:, d].astype(float)]).tobytes()
+        keys.setdefault(key, []).append(d)
+    total = (c.fwd_time + c.bwd_time).sum(axis=0)
+    return sorted(keys.values(), key=lambda ds: (total[ds[0]], ds[0]))
+
+
+def compositions(avail: list[int]) -> np.ndarray:
+    """Group compositions ``[G, C]`` (devices per class, not all zero)."""
+    full = int(np.prod([a + 1 for a in avail])) - 1
+    if full <= MAX_COMPOSITIONS:
+        out = [v for v in itertools.product(*[range(a + 1) for a in avail]) if any(v)]
+    else:
+        out = []
+        for k, a in enumerate(avail):
+            sizes = sorted({2**e for e in range(a.bit_length()) if 2**e <= a} | {a})
+            out += [tuple(s if j == k else 0 for j in range(len(avail))) for s in sizes]
+    return np.array(out, dtype=np.int64).reshape(-1, len(avail))
+
+
+def _next_states(avail: list[int], comp: np.ndarray) -> np.ndarray:
+    radix = np.array([a + 1 for a in avail])
+    stride = np.concatenate([[1], np.cumprod(radix)[:-1]]).astype(np.int64)
+    ns = int(np.prod(radix))
+    digits = (np.arange(ns)[:, None] // stride[None, :]) % radix[None, :]
+    out = np.full((ns, comp.shape[0]), -1, dtype=np.int64)
+    for g, vec in enumerate(comp):
+        new = digits + vec[None, :]
+        ok = (new <= np.array(avail)[None, :]).all(axis=1)
+        out[ok, g] = (new[ok] * stride).sum(axis=1)
+    return out
+
+
+class IdealSearch:
+    """Arrays of the DP for one problem (classes, compositions, per-ideal prefix sums), reused per m."""
+
+    def __init__(self, pp: PipeProblem, *, enum_limit: int = ENUM_LIMIT, work_limit: float = WORK_LIMIT) -> None:
+        self.pp = pp
+        self.allowed, self.colocate = restrictions(pp)
+        self.classes = device_classes(pp, self.allowed)
+        self.avail = [len(c) for c in self.classes]
+        self.comp = compositions(self.avail)
+        self.nxt = _next_states(self.avail, self.comp)
+        self.train = mode_of(pp.costs) == "train"
+        self.ms = microbatch_choices(1, 1, pp.batch_size, schedule=pp.schedule) or [1]
+        per_pair = self.nxt.shape[0] * self.comp.shape[0] * (self.comp.shape[0] + 1) * len(self.ms)
+        limit = max(2, int(np.sqrt(2 * work_limit / per_pair)))
+        fam = ideal_family(pp.graph, limit=min(enum_limit, limit), colocate=self.colocate)
+        if not fam.complete and (fam.count**2 / 2) * per_pair > work_limit:
+            fam = IdealFamily(fam.members, False, fam.bound, fam.note + "; the prefix family is over the work "
+                              f"limit too ({fam.count} prefixes x {per_pair} per pair)")
+        self.family = fam
+        self.work = fam.count * (fam.count - 1) / 2 * per_pair
+        self._arrays()
+
+    def _arrays(self) -> None:
+        pp, mem = self.pp, self.family.members
+        fmem = mem.astype(np.float64)
+        c = pp.costs
+        ffix = np.minimum(c.launch_overhead, c.fwd_time)
+        bfix = np.minimum(c.launch_overhead, c.bwd_time)
+        rep = [cls[0] for cls in self.classes]
+        self.fv = np.ascontiguousarray((fmem @ (c.fwd_time - ffix)[:, rep]).T)
+        self.fx = np.ascontiguousarray((fmem @ ffix[:, rep]).T)
+        self.bv = np.ascontiguousarray((fmem @ (c.bwd_time - bfix)[:, rep]).T)
+        self.bx = np.ascontiguousarray((fmem @ bfix[:, rep]).T)
+        self.dis = np.ascontiguousarray((fmem @ (~self.allowed[:, rep]).astype(float)).T)
+        self.par = fmem @ pp.graph.param_bytes
+        self.act = fmem @ pp.graph.act_bytes
+        self.size = mem.sum(axis=1).astype(np.int64)
+        g = pp.graph
+        cut = np.zeros(mem.shape[0])
+        if g.num_edges:
+            src, dst, eb = g.edges[:, 0], g.edges[:, 1], g.edge_bytes
+            cross = mem[:, src] & ~mem[:, dst]
+            for u in np.unique(src):
+                es = np.flatnonzero(src == u)
+                cut += (cross[:, es] * eb[es][None, :]).max(axis=1)
+        self.cut = cut
+        packed = np.packbits(mem, axis=1, bitorder="little")
+        pad = (-packed.shape[1]) % 8
+        self.words = np.ascontiguousarray(np.pad(packed, ((0, 0), (0, pad)))).view(np.uint64)
+        # per composition: a concrete group (first devices of each class), capacity, links, all-reduce table
+        cap = pp.topology.array("memory_bytes")
+        lat, inv = c.link_latency, 1.0 / c.link_bandwidth
+        ncls = len(self.classes)
+        lat_c, inv_c = np.zeros((ncls, ncls)), np.zeros((ncls, ncls))
+        for a in range(ncls):
+            for b in range(ncls):
+                pairs = [(x, y) for x in self.classes[a] for y in self.classes[b] if x != y]
+                if pairs:
+                    lat_c[a, b] = max(lat[x, y] for x, y in pairs)
+                    inv_c[a, b] = max(inv[x, y] for x, y in pairs)
+        ng = self.comp.shape[0]
+        self.psize = self.comp.sum(axis=1)
+        present = [np.flatnonzero(v) for v in self.comp]
+        self.cap = np.array([min(cap[self.classes[k][0]] for k in ks) for ks in present])
+        self.lat = np.array([[lat_c[np.ix_(present[a], present[b])].max() for b in range(ng)] for a in range(ng)])
+        self.inv = np.array([[inv_c[np.ix_(present[a], present[b])].max() for b in range(ng)] for a in range(ng)])
+        tables = pad_segments([coeff_array("allreduce", self.concrete(g), pp.topology, c) for g in range(ng)])
+        self.ar_up, self.ar_coef = split_segments(tables.reshape(ng, 1, *tables.shape[1:]))
+        ratio = 1.0
+        if pp.sim.cost_batch_size is not None:
+            ratio = float(pp.batch_size) / pp.sim.cost_batch_size if pp.batch_size else 1.0
+        self.ratio = ratio
+
+    def concrete(self, g: int) -> tuple[int, ...]:
+        return tuple(d for k, cnt in enumerate(self.comp[g]) for d in self.classes[k][:cnt])
+
+    def run(self, m: int) -> tuple[np.ndarray, tuple[np.ndarray, ...], int]:
+        k, ns, ng = self.family.count, self.nxt.shape[0], self.comp.shape[0]
+        f = np.empty((k, ns, ng + 1))
+        parents = tuple(np.zeros((k, ns, ng), dtype=np.int64) for _ in range(3))
+        b = self.pp.batch_size
+        allowed = np.array([b is None or b % (m * int(p)) == 0 for p in self.psize])
+        inflight = float(m if self.pp.schedule == "gpipe" else min(m, self.pp.d))
+        pairs = ideal_dp(self.words, self.size, self.fv, self.fx, self.bv, self.bx, self.par, self.act, self.cut,
+                         self.dis, self.comp, self.psize, allowed, self.cap, self.lat, self.inv, self.ar_up,
+                         self.ar_coef, self.ratio, float(m), self.train, inflight, self.nxt, f, *parents)
+        return f, parents, int(pairs)
+
+    def plan_of(self, parents: tuple[np.ndarray, ...], ci: int, g: int) -> Stages:
+        p_i, p_c, p_g = parents
+        mem = self.family.members
+        j, chain = self.family.count - 1, []
+        while j > 0:
+            i, pc, pg = int(p_i[j, ci, g]), int(p_c[j, ci, g]), int(p_g[j, ci, g])
+            chain.append((i, j, g))
+            j, ci, g = i, pc, pg
+        chain.reverse()
+        stage = np.empty(self.pp.n, dtype=np.int64)
+        cursor = [0] * len(self.classes)
+        groups = []
+        for s, (i, j, gg) in enumerate(chain):
+            stage[mem[j] & ~mem[i]] = s
+            grp = []
+            for k, cnt in enumerate(self.comp[gg]):
+                grp += self.classes[k][cursor[k]:cursor[k] + cnt]
+                cursor[k] += cnt
+            groups.append(tuple(int(x) for x in grp))
+        return Stages(tuple(int(x) for x in stage), tuple(groups))
+
+
+def ideal_candidates(pp: PipeProblem) -> tuple[list[tuple[float, Plan]], dict[str, object]]:
+    """Plans from the DP over ideals with their estimates (best first) and what the search reports."""
+    t0 = time.perf_counter()
+    search = IdealSearch(pp)
+    fam = search.family
+    info: dict[str, object] = {"ideals": fam.count, "ideals_complete": fam.complete, "ideal_bound": fam.bound,
+                               "ideal_note": fam.note, "device_classes": len(search.classes),
+                               "compositions": int(search.comp.shape[0]), "dp_work": search.work}
+    if search.work > WORK_LIMIT:
+        info["ideal_search_seconds"] = time.perf_counter() - t0
+        info["ideal_note"] = (f"{fam.note}; skipped: {search.work:.3g} DP steps is over the limit {WORK_LIMIT:.3g} "
+                              "(coarsen the graph)")
+        return [], info
+    cands: list[tuple[float, Plan]] = []
+    seen: set[tuple[Stages, int]] = set()
+    best_bottleneck = np.inf
+    for m in search.ms:
+        f, parents, _ = search.run(m)
+        final = f[-1, :, :-1]
+        for ci, g in zip(*np.nonzero(np.isfinite(final))):
+            val = float(final[ci, g])
+            stages = search.plan_of(parents, int(ci), int(g))
+            est = m * val
+            best_bottleneck = min(best_bottleneck, est)
+            if pp.objective == "step":
+                s = max(stages.stage_of_node) + 1
+                est = val * (m + s - 1)
+            key = (stages, m)
+            if key in seen:
+                continue
+            seen.add(key)
+            degrees = tuple(len(gr) for gr in stages.groups)
+            cands.append((est, (stages, degrees, m, "dp")))
+    cands.sort(key=lambda c: c[0])
+    fsdp = [(est, (st, deg, m, "fsdp")) for est, (st, deg, m, _) in cands if max(deg) > 1][:FSDP_VARIANTS]
+    info.update(ideal_candidates=len(cands), ideal_best_steady=best_bottleneck,
+                ideal_search_seconds=time.perf_counter() - t0)
+    return cands[:1] + fsdp + cands[1:], info
+
+
+__all__ = ["IdealSearch", "compositions", "device_classes", "ideal_candidates", "prefix_ideals"]

@@ -1,0 +1,115 @@
+"""Downward-closed sets (ideals) of a DAG: the stage boundaries of a pipeline.
+
+A stage plan with no backward edge is a chain of ideals ``{} = I_0 < I_1 < ... < I_S = V``: stage ``s`` is the
+difference ``I_{s+1} minus I_s``, a contiguous set of the DAG (it contains every node on a path between two
+of its nodes). The cuts of one topological order are the chains of its prefixes, a small part of this space
+on a graph with parallel branches.
+
+``enumerate_ideals(graph, limit=...)`` lists them all (smallest first; optionally only those that split no
+colocation group) or returns None past ``limit``; ``ideal_bound(graph)`` is an upper bound on their number
+(a greedy chain cover: an ideal is a prefix of every chain, so there are at most ``prod(len(chain) + 1)``);
+``prefix_ideals(graph)`` is the fallback family, the prefixes of ``graph.topo_order``.
+
+Shapes (N nodes, K ideals): ``members`` bool [K, N], row 0 the empty set, row K-1 every node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from placement_rl.graph.ir import CompGraph
+
+
+@dataclass(frozen=True, eq=False)
+class IdealFamily:
+    """Ideals a planner may cut at: ``members`` bool [K, N] (smallest first), whether they are all of the graph's
+    ideals (``complete``), the upper bound on their number and a note saying what was done."""
+
+    members: np.ndarray
+    complete: bool
+    bound: int
+    note: str
+
+    @property
+    def count(self) -> int:
+        return int(self.members.shape[0])
+
+
+def ideal_bound(graph: CompGraph) -> int:
+    """Upper bound on the number of ideals: ``prod(len(c) + 1)`` over a greedy chain cover of the DAG."""
+    ends: dict[int, int] = {}  # node that ends a chain -> chain length
+    pp, pi = graph.pred_ptr, graph.pred_idx
+    for v in graph.topo_order.tolist():
+        tail = next((int(u) for u in pi[pp[v]:pp[v + 1]].tolist() if int(u) in ends), None)
+        ends[v] = (ends.pop(tail) + 1) if tail is not None else 1
+    bound = 1
+    for length in ends.values():
+        bound *= length + 1
+    return bound
+
+
+def _masks(graph: CompGraph) -> list[int]:
+    pp, pi = graph.pred_ptr, graph.pred_idx
+    return [sum(1 << int(u) for u in pi[pp[v]:pp[v + 1]].tolist()) for v in range(graph.num_nodes)]
+
+
+def _to_matrix(ideals: Sequence[int], n: int) -> np.ndarray:
+    nbytes = max(1, (n + 7) // 8)
+    raw = np.frombuffer(b"".join(x.to_bytes(nbytes, "little") for x in ideals), dtype=np.uint8)
+    bits = np.unpackbits(raw.reshape(len(ideals), nbytes), axis=1, bitorder="little")
+    return bits[:, :n].astype(bool)
+
+
+def enumerate_ideals(graph: CompGraph, *, limit: int, colocate: Sequence[Sequence[int]] = ()) -> np.ndarray | None:
+    """Every ideal (bool [K, N], smallest first), or None when there are more than ``limit`` (counting the
+    ones a colocation group splits, which are dropped at the end: a stage never splits a group)."""
+    n = graph.num_nodes
+    preds = _masks(graph)
+    level = {0}
+    out: list[int] = [0]
+    for _ in range(n):
+        nxt: set[int] = set()
+        for ideal in level:
+            for v in range(n):
+                bit = 1 << v
+                if not ideal & bit and preds[v] & ideal == preds[v]:
+                    nxt.add(ideal | bit)
+        if len(out) + len(nxt) > limit:
+            return None
+        level = nxt
+        out.extend(sorted(nxt))
+    groups = [sum(1 << int(v) for v in grp) for grp in colocate if len(grp) > 1]
+    if groups:
+        out = [x for x in out if all(x & g in (0, g) for g in groups)]
+    return _to_matrix(out, n)
+
+
+def prefix_ideals(graph: CompGraph, colocate: Sequence[Sequence[int]] = ()) -> np.ndarray:
+    """The prefixes of ``graph.topo_order`` (bool [N + 1, N]), minus those that split a colocation group."""
+    n = graph.num_nodes
+    members = np.zeros((n + 1, n), dtype=bool)
+    for k, v in enumerate(graph.topo_order.tolist()):
+        members[k + 1:, v] = True
+    keep = np.ones(n + 1, dtype=bool)
+    for grp in colocate:
+        if len(grp) > 1:
+            inside = members[:, list(grp)].sum(axis=1)
+            keep &= (inside == 0) | (inside == len(grp))
+    return members[keep]
+
+
+def ideal_family(graph: CompGraph, *, limit: int, colocate: Sequence[Sequence[int]] = ()) -> IdealFamily:
+    """All ideals when there are at most ``limit``, else the prefixes of one topological order (saying so)."""
+    bound = ideal_bound(graph)
+    members = enumerate_ideals(graph, limit=limit, colocate=colocate)
+    if members is not None:
+        return IdealFamily(members, True, bound, f"all {members.shape[0]} ideals of the graph (bound {bound})")
+    return IdealFamily(prefix_ideals(graph, colocate), False, bound,
+                       f"more than {limit} ideals (chain-cover bound {bound:.3g}): searched the prefixes of one "
+                       "topological order instead (coarsen the graph or raise the limit for the full space)")
+
+
+__all__ = ["IdealFamily", "enumerate_ideals", "ideal_bound", "ideal_family", "prefix_ideals"]
