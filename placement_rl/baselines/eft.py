@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from placement_rl.baselines import search
+import placement_rl.baselines.search as search
 from placement_rl.baselines.common import Problem
 from placement_rl.cost.lookahead import complete_eft, eft_rollout as _eft_rollout
 from placement_rl.cost.decode import LA_RULE, decode

@@ -20,7 +20,10 @@ import math
 
 import numpy as np
 
-from placement_rl.baselines import baechi, heft, metis, simple
+import placement_rl.baselines.baechi as baechi
+import placement_rl.baselines.heft as heft
+import placement_rl.baselines.metis as metis
+import placement_rl.baselines.simple as simple
 from placement_rl.baselines.common import Problem, Score
 from placement_rl.errors import ConfigError
 

@@ -61,25 +61,20 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from placement_rl.cost.episodes import episode_threads, episodes_extra
+from placement_rl.cost.features import (BASE_FEATURES, DEVICE_FEATURES, NUM_BASE_FEATURES,  # noqa: F401
+                                        NUM_DEVICE_FEATURES, STEP_COL, TOPOLOGY_COL, WINDOW_COL)
 from placement_rl.cost._op_kernel import bwd_pass, fwd_candidates, fwd_place, reset_state
 from placement_rl.cost.memory import static_memory
 from placement_rl.cost.resolve import needs_grad
 from placement_rl.cost.comm_fit import link_segments, split_segments
 from placement_rl.cost.simulate import _owned, check_costs, priority_order
 from placement_rl.cost.types import CostTable
-from placement_rl.cost.window import EXTRA_FEATURES, link_position, topology_features, undo_capacity, window_features
+from placement_rl.cost.window import link_position, topology_features, undo_capacity, window_features
 from placement_rl.errors import PlanError, fmt_bytes
 from placement_rl.graph.ir import CompGraph
 from placement_rl.topology import DeviceTopology
 
-BASE_FEATURES = ("est_gap", "eft_gap", "exec", "slowdown", "bwd", "local_frac", "recv_frac", "extends", "idle",
-                 "load", "mem_after", "mem_now", "best_eft", "best_est", "empty", "speed", "progress", "bwd_grow",
-                 "bwd_load")
-NUM_BASE_FEATURES = len(BASE_FEATURES)
-DEVICE_FEATURES = BASE_FEATURES + EXTRA_FEATURES
-NUM_DEVICE_FEATURES = len(DEVICE_FEATURES)
-# where _batch_extra writes its blocks (compile-time constants of the kernels)
-WINDOW_COL, TOPOLOGY_COL, STEP_COL = (DEVICE_FEATURES.index(c) for c in ("la_end", "conn", "la_step"))
 DEFAULT_WINDOW = 16
 WINDOW_UNIT_NODES = 400  # the window columns' time unit on larger graphs: the task's scale x WINDOW_UNIT_NODES / N
 # (``window_time_scale``; 0 switches it off)
@@ -327,8 +322,6 @@ class ScheduleState:
                         self.memory, self._acc, self.bwd_busy, self._scratch, self._est, self._eft, self._nb, self._lb,
                         self.feats, self.mask)
         if self.window > 0 and self.episodes > 1:
-            from placement_rl.cost.split import episode_threads, episodes_extra  # (split builds on this module)
-
             if episode_threads(self) > 1:  # asked for threads (PLACEMENT_RL_DECODE_THREADS)
                 episodes_extra(self)
                 return self.feats, self.mask

@@ -25,24 +25,20 @@ command, a script) can ask for threads. Ray workers run one thread each (``place
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import sys
-
-import numba
 import numpy as np
 from numba import njit, prange
 
 from placement_rl.cost._op_kernel import fwd_place
 from placement_rl.cost.decode import device_scores
-from placement_rl.cost.schedule import STEP_COL, TOPOLOGY_COL, WINDOW_COL, ScheduleState, _batch_features
-from placement_rl.cost.window import topology_features, window_features, window_stats, window_write
-from placement_rl.errors import ConfigError
+from placement_rl.cost.features import STEP_COL, TOPOLOGY_COL, WINDOW_COL
+from placement_rl.cost.schedule import ScheduleState, _batch_features
+from placement_rl.cost.episodes import MIN_STEP_WORK, _work_buffers, episode_threads, episodes_extra  # noqa: F401
+from placement_rl.cost.threads import (MIN_WORK, THREADS_ENV, _threads, parse_threads,  # noqa: F401 (re-exported)
+                                       requested_threads, threads_asked)
+from placement_rl.cost.window import topology_features, window_stats, window_write
 
 SPREAD = 4  # copy c is episode c x SPREAD of the replicated state: copies written by two threads never share a
 # cache line (a copy's smallest per-episode arrays are 16 bytes, 4 rows apart is 64; adjacent, the writes thrash a line)
-THREADS_ENV = "PLACEMENT_RL_DECODE_THREADS"
-MIN_WORK = 2_000_000  # node-device evaluations (about N x W x D^2) below which one thread decodes
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -95,107 +91,6 @@ def _decode_split(start, order, window, node_h, w1, b1, w2, b2, w3, b3, w4a, w4b
                       False, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label)
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def _episodes_extra(t, order, window, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes,
-                    fwd, bwd, link_upper, link_coef, grad, static_mem, capacity, inv_scale, tpb, conn, finish, arrive,
-                    sent, dev_free, link_free, busy, mem, acc, bload, memo_i, memo_stats, mask, e_save,
-                    e_undo_slot, e_undo_val,
-                    e_scratch, e_est, e_eft, e_nb, e_lb, e_stats, e_bfinish, feats, rec_n, rec_kind, rec_res,
-                    rec_start, rec_end, rec_label):
-    """``schedule._batch_extra`` with the episodes on threads (contiguous blocks of episodes per thread, so two
-    threads share at most the cache lines at one block boundary), each with its own work buffers."""
-    v = order[t]
-    for k in prange(dev.shape[0]):
-        window_features(t, order, window, dev[k], pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid,
-                        edge_bytes, fwd, bwd, link_upper, link_coef, grad, static_mem, capacity, inv_scale, finish[k],
-                        arrive[k], sent[k], dev_free[k], link_free[k], busy[k], mem[k], acc[k], bload[k], memo_i[k],
-                        memo_stats[k], mask[k],
-                        e_save[k], e_undo_slot[k], e_undo_val[k], e_scratch[k], e_est[k], e_eft[k], e_nb[k], e_lb[k],
-                        e_stats[k], e_bfinish[k], feats[k], WINDOW_COL, STEP_COL, rec_n, rec_kind, rec_res,
-                        rec_start, rec_end, rec_label)
-        topology_features(v, dev[k], pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, tpb,
-                          conn, feats[k], TOPOLOGY_COL)
-
-
-_MASK_AT = 32  # index of ``mask`` in ``ScheduleState.extra_args()``
-MIN_STEP_WORK = 10_000  # node-device evaluations of one step's window features (K x W x D^2) worth a thread launch
-
-
-def episode_threads(st: ScheduleState) -> int:
-    """Threads ``st.features()`` spreads its episodes' window features over (1: the serial kernel): as
-    ``split_threads`` asks (``PLACEMENT_RL_DECODE_THREADS``), for at least two episodes and a step worth it."""
-    k, nd = st.episodes, st.topology.num_devices
-    if k < 2 or st.window <= 0 or st.done:
-        return 1
-    return _threads(k * min(st.window, st.num_nodes - st.step) * nd * nd, MIN_STEP_WORK, k)
-
-
-def episodes_extra(st: ScheduleState) -> None:
-    """The window, topology and step columns of every episode of ``st`` at its current step, the episodes on
-    threads (the same values as ``schedule._batch_extra``: each episode's arithmetic is unchanged)."""
-    work = st.__dict__.get("_episode_work")
-    if work is None:
-        work = st._episode_work = _work_buffers(st, st.episodes)
-    a = st.extra_args()  # (..., mask, save, undo_slot, undo_val, scratch, est, eft, nb, lb, stats, bfinish, feats, rec)
-    i = _MASK_AT  # the shared work buffers between ``mask`` and ``feats`` are replaced by the per-episode ones
-    if a[i] is not st.mask or a[i + 11] is not st.feats:
-        raise RuntimeError("ScheduleState.extra_args changed its layout: update split._MASK_AT")
-    _episodes_extra(*a[:i + 1], *work, *a[i + 11:])
-
-
-def _work_buffers(st: ScheduleState, rows: int) -> tuple[np.ndarray, ...]:
-    """Per-row copies of ``st``'s window work buffers (save, undo log, scratch, est, eft, nb, lb, stats,
-    bfinish); the undo log is sized for ``st``'s own decision order."""
-    nd, cap = st.topology.num_devices, st._undo_slot.shape[0]
-    return (np.zeros((rows, st._save.shape[0])), np.zeros((rows, cap), np.int64), np.zeros((rows, cap, 2)),
-            *(np.zeros((rows, nd)) for _ in range(5)), np.zeros((rows,) + st._stats.shape),
-            np.zeros((rows, st.num_nodes)))
-
-
-def parse_threads(raw: str) -> int:
-    """A ``PLACEMENT_RL_DECODE_THREADS`` value: ``auto`` -> 0 (numba's thread count), ``N`` >= 1 -> N;
-    ``ConfigError`` otherwise."""
-    raw = raw.strip().lower()
-    if raw == "auto":
-        return 0
-    n = int(raw) if raw.isdigit() else 0
-    if n < 1:
-        raise ConfigError(f"{THREADS_ENV}={raw!r}: use a thread count >= 1 or 'auto'")
-    return n
-
-
-def _numba_threads() -> int:
-    """numba's thread count. Asking starts numba's threading layer, and that (GNU OpenMP here, shared with torch)
-    resets the intra-op thread count torch reads in this thread: torch's count is put back, so a process that set
-    ``torch.set_num_threads(1)`` (training, the thread clock of profiling) keeps it."""
-    torch = sys.modules.get("torch")
-    keep = torch.get_num_threads() if torch is not None else None
-    n = int(numba.get_num_threads())
-    if keep is not None and torch.get_num_threads() != keep:
-        torch.set_num_threads(keep)
-    return n
-
-
-def requested_threads() -> int:
-    """Threads ``PLACEMENT_RL_DECODE_THREADS`` asks for (1 when unset; ``auto``: numba's thread count)."""
-    n = parse_threads(os.environ.get(THREADS_ENV, "1"))
-    if n == 1:
-        return 1
-    most = _numba_threads()
-    return min(n or most, most)
-
-
-def _threads(work: int, threshold: int, most: int) -> int:
-    """Threads for ``work`` node-device evaluations: 1 unless asked (the default: numba's threading layer is never
-    started), in a ``multiprocessing`` child (see the module doc), or under ``threshold``; at most ``most``."""
-    if os.environ.get(THREADS_ENV, "1").strip() == "1" or multiprocessing.parent_process() is not None:
-        return 1
-    return 1 if work < threshold else max(1, min(requested_threads(), most))
-
-
-def threads_asked() -> int:
-    """Threads a decode large enough to be worth it would use in this process (1: the serial kernel)."""
-    return _threads(MIN_WORK, MIN_WORK, MIN_WORK)  # at most what ``requested_threads`` gives
 
 
 def split_threads(st: ScheduleState) -> int:
