@@ -11,7 +11,7 @@ teachers, teacher labelling of policy iteration, evaluation of (graph, topology)
   --address=<head>:6379`` on the others), where ``auto`` means every CPU of the cluster. A Ray instance already
   running in this process is reused (and left running). ``auto`` without Ray installed means one worker, here.
 * The same code everywhere: a Ray instance this object starts or joins gets the driver's package shipped to every
-  worker (``runtime_env`` ``py_modules``; ``ship=False`` leaves the workers' own install), and one worker per node
+  worker (``runtime_env`` ``working_dir``; ``ship=False`` leaves the workers' own install), and one worker per node
   reports its package version, source / config hashes and library versions: any difference is refused in one
   line (``scale_ray.CodeMismatchError``) before any job runs. ``describe()`` is the run's first line.
 
@@ -153,7 +153,7 @@ class Workers:
         self._remote: Any = None
         self._conn: Any = None  # scale_ray.Connection on Ray
         self._code_key: str | None = None
-        self.ship = bool(ship)  # a started / joined Ray gets the driver's package (runtime_env py_modules)
+        self.ship = bool(ship)  # a started / joined Ray gets the driver's package (runtime_env working_dir)
         self.nodes_checked = 0
         self.note = ""
         if n == 1:
@@ -199,7 +199,8 @@ class Workers:
 
         cpus, nodes = cluster_size()
         c = self._conn
-        return (f"{self.count} workers on {c.where} ({cpus} CPUs on {nodes} node{'s' if nodes != 1 else ''}){c.note}; "
+        return (f"{self.count} workers on {c.where} ({cpus} CPU{'s' if cpus != 1 else ''} on {nodes} "
+                f"node{'s' if nodes != 1 else ''}){c.note}; "
                 f"placement-rl {c.identity['placement-rl']} source {c.identity['source_sha']} checked on "
                 f"{self.nodes_checked} node{'s' if self.nodes_checked != 1 else ''}")
 

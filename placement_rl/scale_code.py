@@ -8,7 +8,7 @@ installed as a wheel or shipped as one folder) and ``conf_sha`` (the Hydra confi
 
 ``stage_package(folder)`` copies the package as it is installed here (the core, and ``envs`` / ``agents`` /
 ``conf`` wherever the install maps them from) into ``folder/placement_rl``: one self-contained folder for Ray's
-``runtime_env={"py_modules": [...]}``, so every worker of a cluster imports the driver's code.
+``runtime_env={"working_dir": folder}``, so every worker of a cluster imports the driver's code.
 """
 
 from __future__ import annotations
@@ -56,13 +56,19 @@ def _sha(files: list[tuple[str, Path]]) -> str:
     return h.hexdigest()[:16]
 
 
-def code_identity() -> dict[str, str]:
-    """What a job's result depends on besides its inputs (see the module doc). Plain strings."""
+def staged_roots(dest: Path) -> dict[str, Path]:
+    """``package_roots`` of a copy made by ``stage_package`` (every part nested in ``dest``)."""
+    return {"placement_rl": dest, **{s: dest / s for s in SUBPACKAGES if (dest / s).is_dir()}}
+
+
+def code_identity(roots: dict[str, Path] | None = None) -> dict[str, str]:
+    """What a job's result depends on besides its inputs (see the module doc), of the package imported here or
+    of the folders ``roots``. Plain strings."""
     from importlib import metadata
 
     import placement_rl
 
-    roots = package_roots()
+    roots = package_roots() if roots is None else roots
     src = [x for label in ("placement_rl", "envs", "agents") if label in roots for x in _files(roots, label, "*.py")]
     conf = _files(roots, "conf", "*.yaml") if "conf" in roots else []
     out = {"placement-rl": placement_rl.__version__, "python": ".".join(platform.python_version_tuple()[:2]),
@@ -103,4 +109,4 @@ def stage_package(folder: Path) -> Path:
     return dest
 
 
-__all__ = ["code_identity", "mismatch", "package_roots", "stage_package"]
+__all__ = ["code_identity", "mismatch", "package_roots", "stage_package", "staged_roots"]

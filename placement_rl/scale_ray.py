@@ -10,8 +10,10 @@
   and nodes.
 * Ray already initialised in this process (by the caller): reused as it is, and left running.
 
-Unless reused, the driver ships its package to every worker (``runtime_env`` ``py_modules``: a copy staged by
-``scale_code.stage_package``), so a worker never runs another checkout's or another install's code. Then
+Unless reused, the driver ships its package to every worker (``runtime_env`` ``working_dir``: a folder holding a
+copy staged by ``scale_code.stage_package``), so a worker never runs another checkout's or another install's code.
+(Not ``py_modules``: with it Ray also puts the driver's current folder at the front of every worker's path, and a
+driver started in a checkout would shadow the shipped copy with whatever that path holds on each node.) Then
 ``check_code`` asks one worker on every node for its ``code_identity`` and refuses any difference in one line
 (``CodeMismatchError``) before any job runs.
 """
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from placement_rl.errors import ConfigError, PlacementRLError
-from placement_rl.scale_code import code_identity, mismatch, stage_package
+from placement_rl.scale_code import code_identity, mismatch, stage_package, staged_roots
 
 CHECK_TIMEOUT = 600.0  # seconds for every node to start a worker and report its code (imports, shipped package)
 
@@ -78,7 +80,7 @@ def connect(requested: int | str, address: str | None, *, ship: bool = True) -> 
     """Reach Ray as the module doc says; ``ConfigError`` in one line when the cluster cannot be joined."""
     import ray
 
-    identity = code_identity()
+    identity = code_identity()  # the files this driver reads now; with shipping, those of the shipped copy
     if ray.is_initialized():
         cpus, nodes = cluster_size()
         return Connection("reused", "the Ray instance already running in this process", cpus, nodes, False, "",
@@ -89,7 +91,9 @@ def connect(requested: int | str, address: str | None, *, ship: bool = True) -> 
         env: dict[str, Any] = {"env_vars": {"PYTHONPATH": os.pathsep.join(
             p for p in (_project_path(), os.environ.get("PYTHONPATH", "")) if p)}}
         if staged is not None:
-            env = {"py_modules": [str(stage_package(Path(staged)))]}
+            shipped_code = stage_package(Path(staged))
+            identity = code_identity(staged_roots(shipped_code))  # what the workers get, byte for byte
+            env = {"working_dir": staged}  # not py_modules: Ray would put the driver's cwd (a checkout) first
         if address is None:
             others = other_instances()
             ray.init(address="local", num_cpus=None if requested == "auto" else int(requested), runtime_env=env,
@@ -103,7 +107,8 @@ def connect(requested: int | str, address: str | None, *, ship: bool = True) -> 
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise ConfigError(f"cannot join the Ray cluster at ray.address={address} "
                                   f"({str(exc).splitlines()[0]}): start it with `ray start --head`") from None
-            how, where, note = "joined", f"the Ray cluster at {address}, joined", ""
+            gcs = ray.get_runtime_context().gcs_address
+            how, where, note = "joined", f"the Ray cluster at {gcs} (ray.address={address}), joined", ""
     except BaseException:
         if staged is not None:
             shutil.rmtree(staged, ignore_errors=True)
