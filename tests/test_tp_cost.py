@@ -234,3 +234,33 @@ def test_gpt2_vocabulary_at_tp_2_4_8_is_padded_and_priced():
     assert StagePlan.from_json(p.to_json(topology=topo), topology=topo).make_vocab_size_divisible_by == 64
     with pytest.raises(PlanError, match="make_vocab_size_divisible_by"):
         whole(g, range(4), 4, make_vocab_size_divisible_by=-1)
+
+
+def test_tp_step_with_dp_computed_by_hand():
+    """TP 2 x DP 2, two micro-batches: each replica's micro-batch is batch / (m dp), so its TP all-reduces carry
+    that many bytes; forward and backward per micro-batch computed by hand from the TP rank's node costs and the
+    all-reduce price over the TP group; the step is the m micro-batches plus at most the DP gradient all-reduce."""
+    g = capture_zoo("gpt", batch_size=8, seq_len=128, vocab_size=4096, d_model=256, n_layers=2, n_heads=8)
+    topo = load_topology("2x4_v100_ib")
+    costs = resolve_costs(g, topo)
+    ann = tp.annotation(g)
+    m, dp = 2, 2
+    plan = whole(g, (0, 1, 2, 3), 2, num_microbatches=m)
+    assert plan.dp_degrees == (dp,) and plan.tp_groups(0)[0] == (0, 1)
+    res = simulate_pipeline(g, costs, topo, plan)
+    c2, _ = tp_cost_table(g, costs, topo, 2)
+    fix_f = np.minimum(c2.launch_overhead, c2.fwd_time)[:, 0]
+    fix_b = np.minimum(c2.launch_overhead, c2.bwd_time)[:, 0]
+    var_f, var_b = c2.fwd_time[:, 0] - fix_f, c2.bwd_time[:, 0] - fix_b
+
+    def ar(nbytes):
+        return sum(collective_time("allreduce", b / (m * dp), (0, 1), topo, costs) for b in nbytes if b > 0)
+
+    fwd = var_f.sum() / (m * dp) + fix_f.sum() + ar(ann.ar_fwd)
+    bwd = var_b.sum() / (m * dp) + fix_b.sum() + ar(ann.ar_bwd)
+    assert res.meta["stage_fwd_time"][0] == pytest.approx(fwd, rel=1e-12)
+    assert res.meta["stage_bwd_time"][0] == pytest.approx(bwd, rel=1e-12)
+    # the TP bytes shrink with the DP degree: priced at batch / m, the same plan's forward would be slower
+    assert ar(ann.ar_fwd) < sum(collective_time("allreduce", b / m, (0, 1), topo, costs) for b in ann.ar_fwd if b > 0)
+    compute = m * (fwd + bwd)
+    assert compute <= res.step_time <= compute + res.meta["allreduce_time"][0] + 1e-15

@@ -54,26 +54,61 @@ def test_exact_is_never_worse_than_the_plans_inside_its_space(case):
     assert best.batch_size == 16 and 16 % (best.num_microbatches * best.dp_degrees[0]) == 0
 
 
-def test_exact_matches_brute_force_cuts_on_a_small_graph():
-    """On a 12-group graph the exact search's best equals the best over *every* cut set of its configurations."""
+@pytest.fixture(scope="module")
+def small():
     from placement_rl.graph import coarsen
-    import itertools
 
     g = coarsen.coarsen(capture_zoo("gpt", batch_size=8, seq_len=64, vocab_size=1024, d_model=128, n_layers=2,
                                     n_heads=4), max_nodes=8)
-    topo = load_topology("4x_v100_nvlink")
+    topo = load_topology("4x_v100_nvlink")  # NVLink links of unequal width: each stage's own TP group matters
     c = resolve_costs(g, topo)
-    best, res = run("exact", g, c, topo, budget=5000)
-    pp = PipeProblem(g, c, topo, budget=10**6, seed=0, num_microbatches=1, schedule="1f1b", batch_size=None)
-    brute = np.inf
-    for s, dp, t, m in pipe_tp.configurations(pp):
-        for bars in itertools.combinations(range(1, g.num_nodes), s - 1):
-            for sh in ("dp", "fsdp"):
-                sc = pp.score([0, *bars, g.num_nodes], (dp,) * s, m, sh, (t,) * s)
-                if sc.feasible:
-                    brute = min(brute, sc.step_time)
-    # the DP's cut objective is analytic: allow the simulated optimum a small gap, report it exactly
-    assert res.step_time <= brute * 1.05
+    return g, c, topo, PipeProblem(g, c, topo, budget=10**6, seed=0, num_microbatches=1, schedule="1f1b",
+                                   batch_size=None)
+
+
+def every_cut_set(n, s):
+    import itertools
+
+    return [[0, *bars, n] for bars in itertools.combinations(range(1, n), s - 1)]
+
+
+def test_cut_objective_is_the_simulated_step_on_every_plan_of_a_brute_force(small):
+    """With one micro-batch per replica and DP degree 1, the analytic objective ``exact``'s cut search minimises is
+    the simulator's step time, to float error, on every cut set of every (stages, TP degree), both shardings: stage
+    compute on its own devices, the TP all-reduces over its own TP group, skip connections passed along every cut,
+    the boundary both ways. (Dropping the TP all-reduces, pricing every stage on the first TP group, or counting only
+    the last stage's tensors at a cut each break it.)"""
+    g, c, topo, pp = small
+    count = 0
+    for t in pipe_tp.tp_choices(pp):
+        assert t in (1, 2, 4)
+        for s in range(1, pp.d // t + 1):
+            for cuts in every_cut_set(g.num_nodes, s):
+                for sh in ("dp", "fsdp"):
+                    est = pipe_tp.cut_objective(pp, cuts, 1, 1, sh, t)
+                    sim = simulate_pipeline(g, c, topo, pp.plan(cuts, (1,) * s, m=1, sharding=sh, tp=(t,) * s))
+                    assert sim.feasible and est == pytest.approx(sim.step_time, rel=1e-12, abs=0), (t, cuts, sh)
+                    count += 1
+    assert count == 2 * (1 + 7 + 21 + 35 + 1 + 7 + 1)  # cut sets: TP 1 on 1-4 stages, TP 2 on 1-2, TP 4 on 1
+
+
+def test_exact_cut_search_finds_the_brute_force_optimum_exactly(small):
+    """For each (stages, TP) at one micro-batch, the cut DP's plan is the best of all cut sets (float error), and
+    ``exact``'s plan is never worse than any plan of that brute force."""
+    g, c, topo, pp = small
+    grid = np.arange(g.num_nodes + 1)
+    overall = np.inf
+    for t in pipe_tp.tp_choices(pp):
+        for s in range(2, pp.d // t + 1):
+            brute = min(simulate_pipeline(g, c, topo, pp.plan(cuts, (1,) * s, m=1, tp=(t,) * s)).step_time
+                        for cuts in every_cut_set(g.num_nodes, s))
+            got, _ = pipe_tp._pipeline_plans(pp, grid, s, t, 1, 1, shardings=("dp",))
+            est, plan = min(got, key=lambda x: x[0])
+            sim = simulate_pipeline(g, c, topo, pp.plan(plan[0], plan[1], m=1, tp=plan[4]))
+            assert est == pytest.approx(sim.step_time, rel=1e-12) and sim.step_time == pytest.approx(brute, rel=1e-12)
+            overall = min(overall, brute)
+    _, res = run("exact", g, c, topo, budget=5000)
+    assert res.step_time <= overall * (1 + 1e-12)
 
 
 def test_nothing_to_split_and_short_budget():

@@ -17,14 +17,18 @@ in that order (TP groups never span hosts) and the graph's split sizes (``graph.
   ``(m - 1) t_max + min sum`` cannot win. Each resulting plan (and the minimax-bottleneck cuts) is then simulated
   and the best simulated plan is kept.
 
-``tau_k`` (one micro-batch, forward + backward, on the stage's first device): variable node time / (m dp) +
-fixed (launch) time + the TP all-reduces at the micro-batch's bytes + both directions of the boundary transfer.
-Limits of ``exact``: it is exact over the discrete choices and over cuts *for that analytic objective*
-(the simulator's event-level schedule, DP / FSDP collective overlap and the DP gradient sync are only in the
-final simulated ranking); cut points are ``cut_grid(n, 128)`` (every position up to 128 nodes, evenly spaced
-beyond: coarsen big graphs or accept the grid); at most ``MAX_BOUNDS`` bounds per configuration are tried
-(``meta["bounds_capped"]`` counts configurations that hit it); heterogeneous devices are priced at the group's
-first device. Candidates are simulated best analytic estimate first; a budget smaller than the candidate count
+``tau_k`` (one micro-batch, forward + backward, on the ``k``-th device group, by the simulator's rules): variable
+node time / (m dp) + fixed (launch) time + the TP all-reduces at the micro-batch's bytes over the stage's own
+first TP group, forward and backward each paced by the slowest device of its first DP group, + both directions
+of the boundary transfer (every tensor produced before the cut and consumed after it, skip connections passed
+along, on the slowest link between the two groups). With one micro-batch and DP degree 1 the objective *is* the
+simulated step time (``cut_objective``; tested on every plan of a brute force). Limits of ``exact``: it is exact
+over the discrete choices and over cuts *for that analytic objective* (with m > 1 the simulator's event-level
+schedule, and DP / FSDP collectives and their overlap, are only in the final simulated ranking: on the brute
+force's small GPT the objective is 0-25% above the simulated step at m = 2-4); cut points are
+``cut_grid(n, 128)`` (every position up to 128 nodes, evenly spaced beyond: coarsen big graphs or accept the
+grid); at most ``MAX_BOUNDS`` bounds per configuration are tried (``meta["bounds_capped"]`` counts
+configurations that hit it). Candidates are simulated best analytic estimate first; a budget smaller than the candidate count
 simulates only the first ones (``meta["exhaustive"]`` is then false).
 """
 
@@ -92,29 +96,59 @@ def tp_planner(pp: PipeProblem) -> Plan:
 
 
 class _Stages:
-    """Per-micro-batch stage times ``tau[a, b]`` over the cut grid for one (tp, dp, m), and stage sizes."""
+    """Per-micro-batch stage times ``tau(k)[a, b]`` over the cut grid for one (tp, dp, m) on the ``k``-th device
+    group, stage sizes, and the bytes crossing each cut: the simulator's rules (``cost.pipeline``), so that with
+    one micro-batch the objective is the simulated step."""
 
     def __init__(self, pp: PipeProblem, grid: np.ndarray, t: int, dp: int, m: int) -> None:
-        fvar, ffix, bvar, bfix, param, act, arf, arb = pp.sim.node_arrays(t)
-        order, dev = pp.order, int(pp.devs[0])
-        var = (fvar[dev] + bvar[dev])[order] / (m * dp)
-        fixed = (ffix[dev] + bfix[dev])[order]
-        if t > 1:
-            tab = pp.sim._tp_collective(tuple(int(x) for x in pp.devs[:t]))[0]
-            fixed = fixed + segment_times(tab, arf[order] / (m * dp)) + segment_times(tab, arb[order] / (m * dp))
-        pre = np.concatenate([[0.0], np.cumsum(var + fixed)])
+        self.pp, self.grid, self.t, self.dp, self.m = pp, grid, t, dp, m
+        self.arrays = pp.sim.node_arrays(t)
+        param, act = self.arrays[4], self.arrays[5]
+        order, g = pp.order, grid
         ppar = np.concatenate([[0.0], np.cumsum(param[order])])
         pact = np.concatenate([[0.0], np.cumsum(act[order])])
-        g = grid
-        self.tau = pre[g][None, :] - pre[g][:, None]
         self.params = ppar[g][None, :] - ppar[g][:, None]
         self.act = (pact[g][None, :] - pact[g][:, None]) / (m * dp)
-        valid = g[None, :] > g[:, None]
-        self.tau = np.where(valid, self.tau, np.inf)
-        # boundary after the stage (activations out, gradients back), on the link to the next group
-        self.cross = np.zeros_like(self.tau)
+        self.valid = g[None, :] > g[:, None]
+        # a cut carries every tensor produced before it and consumed after it (skip connections passed along);
+        # activations out and gradients back, per micro-batch and replica
+        self.cross = np.zeros(len(g))
         for b in range(1, len(g) - 1):
-            self.cross[:b, b] = pp.crossing_out(int(g[b]))[g[:b]] / (m * dp)
+            self.cross[b] = pp.crossing_out(int(g[b]))[0] / (m * dp)
+        self._tau: dict[tuple[int, ...], np.ndarray] = {}
+
+    def group(self, k: int) -> tuple[int, ...]:
+        """Devices of the ``k``-th stage position: ``dp x tp`` of ``pp.devs``, TP innermost."""
+        w = self.dp * self.t
+        return tuple(int(x) for x in self.pp.devs[k * w:(k + 1) * w])
+
+    def tau(self, k: int) -> np.ndarray:
+        """``[G, G]`` forward + backward time of a stage between grid cuts, one micro-batch, on group ``k``: the
+        slowest replica of its first DP group, TP all-reduces over its first TP group (inf where a >= b)."""
+        grp = self.group(k)
+        if grp not in self._tau:
+            fvar, ffix, bvar, bfix, _, _, arf, arb = self.arrays
+            order, scale = self.pp.order, 1.0 / (self.m * self.dp)
+            f_comm = b_comm = 0.0
+            if self.t > 1:
+                tab = self.pp.sim._tp_collective(grp[:self.t])[0]
+                f_comm = segment_times(tab, arf[order] * scale)
+                b_comm = segment_times(tab, arb[order] * scale)
+            g = self.grid
+            fwd = bwd = None
+            for d in grp[::self.t]:
+                pf = np.concatenate([[0.0], np.cumsum(fvar[d][order] * scale + ffix[d][order] + f_comm)])[g]
+                pb = np.concatenate([[0.0], np.cumsum(bvar[d][order] * scale + bfix[d][order] + b_comm)])[g]
+                f, b = pf[None, :] - pf[:, None], pb[None, :] - pb[:, None]
+                fwd, bwd = (f, b) if fwd is None else (np.maximum(fwd, f), np.maximum(bwd, b))
+            self._tau[grp] = np.where(self.valid, fwd + bwd, np.inf)
+        return self._tau[grp]
+
+    def link(self, k: int) -> tuple[float, float]:
+        """Slowest latency and inverse bandwidth between the first DP groups of stage positions k and k + 1."""
+        a, b = self.group(k)[::self.t], self.group(k + 1)[::self.t]
+        lat, bw = self.pp.costs.link_latency, self.pp.costs.link_bandwidth
+        return (max(float(lat[x, y]) for x in a for y in b), max(float(1.0 / bw[x, y]) for x in a for y in b))
 
 
 def _dp_cuts(mats: list[np.ndarray], m: int, alpa: bool = True) -> tuple[list[int] | None, list[int] | None, int]:
@@ -160,30 +194,49 @@ def _dp_cuts(mats: list[np.ndarray], m: int, alpa: bool = True) -> tuple[list[in
     return best_cuts, mm[1], capped
 
 
+def _stage_mats(pp: PipeProblem, st: _Stages, s: int, t: int, dp: int, m: int, sh: str) -> list[np.ndarray]:
+    """Per stage position ``k`` of ``s``: ``tau[a, b]`` of a stage over grid cuts ``a..b`` on the ``k``-th device
+    group, with the boundary to the next group both ways; ``inf`` where the stage does not fit its memory."""
+    cap = pp.topology.array("memory_bytes")[pp.devs]
+    width = dp * t
+    mats = []
+    for k in range(s):
+        lo, hi = k * width, (k + 1) * width
+        tau = st.tau(k)
+        if k + 1 < s:
+            lat_n, inv_n = st.link(k)
+            tau = tau + 2.0 * (lat_n + st.cross[None, :] * inv_n)
+        if sh == "fsdp" and dp > 1:
+            state = STATE_FACTOR * st.params / dp + FSDP_GATHER_FACTOR * np.minimum(st.params, BUCKET_BYTES)
+        else:
+            state = STATE_FACTOR * st.params
+        inflight = m if pp.schedule == "gpipe" else min(m, s - k)
+        mem = state + st.act * inflight
+        mats.append(np.where(mem <= cap[lo:hi].min(), tau, np.inf))
+    return mats
+
+
+def cut_objective(pp: PipeProblem, cuts: list[int], dp: int, m: int, sharding: str = "dp", tp: int = 1) -> float:
+    """The analytic step time ``exact``'s cut search minimises for one plan (``cuts``: positions in
+    ``pp.order``, on ``cut_grid(pp.n, EXACT_GRID)``): ``sum_k tau_k + (m - 1) max_k tau_k``, ``inf`` over memory.
+    With one micro-batch and DP degree 1 it is the simulated step time (``simulate_pipeline``) of that plan."""
+    grid = cut_grid(pp.n, EXACT_GRID)
+    where = {int(x): i for i, x in enumerate(grid)}
+    if any(int(c) not in where for c in cuts):
+        raise ConfigError(f"cuts {list(cuts)} are not on the exact search's grid of {len(grid)} points")
+    s = len(cuts) - 1
+    mats = _stage_mats(pp, _Stages(pp, grid, tp, dp, m), s, tp, dp, m, sharding)
+    taus = [float(mats[k][where[int(cuts[k])], where[int(cuts[k + 1])]]) for k in range(s)]
+    return sum(taus) + (m - 1) * max(taus)
+
+
 def _pipeline_plans(pp: PipeProblem, grid: np.ndarray, s: int, t: int, dp: int, m: int,
                     shardings=SHARDINGS, alpa: bool = True) -> tuple[list[tuple[float, Plan]], int]:
     """Plans of ``s`` stages for one (tp, dp, m), each with its analytic estimate (inf: over memory)."""
     st = _Stages(pp, grid, t, dp, m)
-    cap = pp.topology.array("memory_bytes")[pp.devs]
-    width = dp * t
     out, capped = [], 0
     for sh in shardings:
-        mats = []
-        for k in range(s):
-            lo, hi = k * width, (k + 1) * width
-            lat_n, inv_n = 0.0, 0.0
-            if k + 1 < s:
-                lat, bw = pp.costs.link_latency, pp.costs.link_bandwidth
-                a, b = pp.devs[lo:hi:t][:1], pp.devs[hi:hi + width:t][:1]
-                lat_n, inv_n = float(lat[a, b].max()), float((1.0 / bw[a, b]).max())
-            tau = st.tau + (2.0 * (lat_n + st.cross * inv_n) if k + 1 < s else 0.0)
-            if sh == "fsdp" and dp > 1:
-                state = STATE_FACTOR * st.params / dp + FSDP_GATHER_FACTOR * np.minimum(st.params, BUCKET_BYTES)
-            else:
-                state = STATE_FACTOR * st.params
-            inflight = m if pp.schedule == "gpipe" else min(m, s - k)
-            mem = state + st.act * inflight
-            mats.append(np.where(mem <= cap[lo:hi].min(), tau, np.inf))
+        mats = _stage_mats(pp, st, s, t, dp, m, sh)
         if s == 1:
             est = float(mats[0][0, -1])
             out.append((m * est, ([0, pp.n], (dp,), m, sh, (t,))))
@@ -240,4 +293,4 @@ def exact(pp: PipeProblem) -> Plan:
     return pp.best_of([c for _, c in cands])
 
 
-__all__ = ["configurations", "exact", "host_size", "megatron", "tp_choices", "tp_planner"]
+__all__ = ["configurations", "cut_objective", "exact", "host_size", "megatron", "tp_choices", "tp_planner"]
