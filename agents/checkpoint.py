@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from placement_rl import results
 from placement_rl.errors import CheckpointError
 from placement_rl.graph.io import file_mode
 
@@ -43,46 +44,16 @@ def save_checkpoint(path: str | os.PathLike, *, algo: str, config: dict[str, Any
 
 
 def provenance(**dataset: Any) -> dict[str, Any]:
-    """Where a checkpoint comes from: the code's git commit (or ``unknown`` outside a checkout) and whether tracked
-    files differed from it (``dirty``); hashes of the cost model (the modules that turn a graph and topology into
-    costs and step times), of the state the policy reads (``state_sha``: its feature modules) and of the shipped
-    fits (``placement_rl/data/*.json``, the rewards it was trained on); library versions; the ``dataset`` spec
-    given. Plain values only (``weights_only`` loading)."""
-    import hashlib
-    import platform
-    import subprocess
-    from importlib import metadata
-
-    import numpy
-
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
-
-    def digest(folder: Path, names) -> str:
-        blob = b"".join((folder / f).read_bytes() for f in names if (folder / f).is_file())
-        return hashlib.sha256(blob).hexdigest()[:16]
-
-    try:
-        commit = git("rev-parse", "HEAD") or "unknown"
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    except (OSError, subprocess.SubprocessError):
-        commit, dirty = "unknown", None
-    data = root / "placement_rl" / "data"
-    fits = {f.name: digest(data, [f.name]) for f in sorted(data.glob("*.json"))}
-    cost = root / "placement_rl" / "cost"
-    model = digest(cost, ("resolve.py", "calibrated.py", "gpu_fit.py", "gpu_spec.py", "gemm_time.py", "comm_fit.py",
-                          "collectives.py", "simulate.py", "_op_kernel.py"))
-    state = digest(cost, ("schedule.py", "window.py", "decode.py"))  # the policy's state: its features, their order
-    versions = {"python": platform.python_version(), "torch": str(torch.__version__), "numpy": str(numpy.__version__)}
-    for pkg in ("numba", "placement-rl"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = "unknown"
-    return {"commit": commit, "dirty": dirty, "cost_model_sha": model, "state_sha": state, "fits_sha": fits,
-            "versions": versions, "dataset": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataset.items()}}
+    """Where a checkpoint comes from (``placement_rl.results``): the code's git commit (or ``unknown`` outside a
+    checkout) and whether tracked files differed from it (``dirty``); hashes of the cost model (the modules that turn
+    a graph and topology into costs and step times), of the state the policy reads (``state_sha``: its feature
+    modules) and of the shipped fits (``placement_rl/data/*.json``, the rewards it was trained on); library
+    versions; the ``dataset`` spec given. Plain values only (``weights_only`` loading)."""
+    commit, dirty = results.git_state()
+    hashes = results.code_hashes()
+    return {"commit": commit, "dirty": dirty, **{k: hashes[k] for k in ("cost_model_sha", "state_sha", "fits_sha")},
+            "versions": results.versions(),
+            "dataset": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataset.items()}}
 
 
 def load_checkpoint(path: str | os.PathLike, *, expect_algo: str | None = None) -> dict[str, Any]:

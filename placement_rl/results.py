@@ -28,7 +28,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 COST_MODEL_FILES = ("resolve.py", "calibrated.py", "gpu_fit.py", "gpu_spec.py", "gemm_time.py", "comm_fit.py",
                     "collectives.py", "simulate.py", "_op_kernel.py")
-STATE_FILES = ("schedule.py", "window.py", "decode.py")  # the policy's state: its features, their order
+STATE_FILES = ("schedule.py", "features.py", "episodes.py", "window.py", "decode.py")  # the policy's state:
+# its features, their order
 
 
 def _digest(folder: Path, names) -> str:
