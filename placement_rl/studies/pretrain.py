@@ -1,20 +1,10 @@
-"""Pretraining a general constructive placement policy, and the held-out set it is judged on.
+"""Pretraining a general constructive placement policy: task building, the training run, its reports.
 
-The training distribution (``training_specs``): synthetic DAG families ``layered``, ``transformer_like``,
-``cnn_like``, ``dataflow`` at 16-400 nodes (log-uniform), and the zoo models ``mlp``, ``resnet18``, ``gpt``,
-``nmt``, each on a freshly drawn random cluster (``envs.topology_sampler``: 2-16 devices, NVLink / NVSwitch /
-PCIe inside hosts, InfiniBand / Ethernet between them, mixed GPU kinds, CPUs, small memories). No preset
-topology is ever trained on.
-
-The dev split (``heldout_specs``, 32 pairs; it chose checkpoints before, so it is a dev set now): the ``series_parallel`` family (never trained on), the
-``layered`` and ``dataflow`` families at 600-1000 nodes (a size range never trained on), the zoo models
-``resnet50``, ``inception``, ``moe`` and ``bert_hf`` (never trained on), on the presets ``4x_v100_nvlink``,
-``2x4_v100_ib`` (8 devices, two hosts), ``8x_a100_nvswitch`` (8 devices) and ``cpu_2gpu`` (heterogeneous).
-
-The test split (``test_specs``, 32 pairs) is looked at only for final figures.
-
-A spec is a plain dict (``{"graph": {...}, "topology": preset | {"random": seed, ...}}``) so task building can
-run in worker processes; ``build_tasks`` captures / samples the graphs, resolves costs and runs the teachers.
+The pairs it trains on and is judged on are ``placement_rl.studies.splits`` (training distribution, the dev split
+for every choice, the former test split now a second dev split, the fresh test split for the final figures);
+its names are re-exported here. ``build_tasks`` captures / samples the graphs, resolves costs and runs the
+teachers (one job per spec on ``placement_rl.scale``); ``pretrain`` runs imitation, then (as configured) policy
+iteration, expert iteration with search as the teacher and RL, and writes checkpoints and reports.
 """
 
 from __future__ import annotations
@@ -28,101 +18,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from placement_rl.envs.constructive_task import ConstructiveTask, best_of
-from placement_rl.envs.topology_sampler import random_topology
 from placement_rl.cost import resolve_costs
 from placement_rl.errors import ConfigError
-from placement_rl.graph.spec import graph_from_spec
 from placement_rl.scale import Workers
-from placement_rl.topology import DeviceTopology, load_topology
 
-TRAIN_FAMILIES = ("layered", "transformer_like", "cnn_like", "dataflow")
-TRAIN_ZOO = ("mlp", "resnet18", "gpt", "nmt")
-HELDOUT_TOPOLOGIES = ("4x_v100_nvlink", "2x4_v100_ib", "8x_a100_nvswitch", "cpu_2gpu")
-HELDOUT_ZOO = ("resnet50", "inception", "moe", "bert_hf")
-
-
-def training_specs(n: int, *, seed: int = 0, size: tuple[int, int] = (16, 400), zoo_frac: float = 0.15,
-                   devices: tuple[int, int] = (2, 16)) -> list[dict[str, Any]]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        topo = {"random": int(rng.integers(2**31)), "devices": list(devices)}
-        if rng.random() < zoo_frac:
-            graph: dict[str, Any] = {"zoo": TRAIN_ZOO[int(rng.integers(len(TRAIN_ZOO)))]}
-        else:
-            nn_ = int(np.exp(rng.uniform(np.log(size[0]), np.log(size[1]))))
-            graph = {"family": TRAIN_FAMILIES[int(rng.integers(len(TRAIN_FAMILIES)))], "num_nodes": nn_,
-                     "seed": int(rng.integers(2**31))}
-        out.append({"graph": graph, "topology": topo, "id": f"train{i}"})
-    return out
-
-
-def heldout_specs(*, seed: int = 12345, hf: bool = True) -> list[dict[str, Any]]:
-    """The 28 held-out (graph, topology) pairs (24 without the ``hf`` extra's bert_hf)."""
-    rng = np.random.default_rng(seed)
-    graphs: list[dict[str, Any]] = []
-    for _ in range(2):
-        graphs.append({"family": "series_parallel", "num_nodes": int(rng.integers(100, 600)),
-                       "seed": int(rng.integers(2**31))})
-    graphs.append({"family": "layered", "num_nodes": int(rng.integers(600, 1000)), "seed": int(rng.integers(2**31))})
-    graphs.append({"family": "dataflow", "num_nodes": int(rng.integers(600, 1000)), "seed": int(rng.integers(2**31))})
-    zoo = [z for z in HELDOUT_ZOO if hf or not z.endswith("_hf")]
-    graphs += [{"zoo": z} for z in zoo]
-    out = []
-    for g in graphs:
-        for t in HELDOUT_TOPOLOGIES:
-            name = g.get("zoo") or f"{g['family']}-{g['num_nodes']}"
-            out.append({"graph": g, "topology": t, "id": f"{name}@{t}"})
-    return out
-
-
-TEST_TOPOLOGIES = ("8x_v100_dgx1", "4x_v100_pcie", "4x_h100_nvlink", "8x_h100_dgx")
-TEST_ZOO = ("llama_hf", "opt_hf", "gpt2_hf", "mixtral_hf")
-
-
-def test_specs(*, seed: int = 777, hf: bool = True) -> list[dict[str, Any]]:
-    """The test split (32 pairs; 16 without the ``hf`` extra), touched only for final figures: ``series_parallel``
-    (a family never trained on) at 200-600 nodes, ``transformer_like`` and ``cnn_like`` at 1,100-1,500 nodes (above
-    the training sizes), and four HuggingFace models never trained on (Llama, OPT, GPT-2, Mixtral) at operator
-    level (not coarsened: 185-510 nodes, attention and expert branches to place), each on four presets neither
-    trained nor used for development, one with links that differ pair by pair (the 8-GPU DGX-1 hybrid cube-mesh)."""
-    rng = np.random.default_rng(seed)
-    graphs: list[dict[str, Any]] = []
-    for _ in range(2):
-        graphs.append({"family": "series_parallel", "num_nodes": int(rng.integers(200, 600)),
-                       "seed": int(rng.integers(2**31))})
-    for fam in ("transformer_like", "cnn_like"):
-        graphs.append({"family": fam, "num_nodes": int(rng.integers(1100, 1500)), "seed": int(rng.integers(2**31))})
-    graphs += [{"zoo": z, "coarsen": False} for z in TEST_ZOO if hf]
-    out = []
-    for g in graphs:
-        for t in TEST_TOPOLOGIES:
-            name = g.get("zoo") or f"{g['family']}-{g['num_nodes']}"
-            out.append({"graph": g, "topology": t, "id": f"{name}@{t}"})
-    return out
-
-
-def split_specs(split: str) -> list[dict[str, Any]]:
-    """``dev`` (the 32 earlier held-out pairs: every choice is made on them) or ``test`` (final figures only)."""
-    if split == "dev":
-        return heldout_specs()
-    if split == "test":
-        return test_specs()
-    raise ConfigError(f"split must be dev or test, got {split!r}")
-
-
-def _graph(spec: dict[str, Any]):
-    if "zoo" in spec:
-        return graph_from_spec({"source": "zoo", "name": spec["zoo"],
-                                "coarsen": {"enabled": bool(spec.get("coarsen", True))}})
-    return graph_from_spec({"source": "synthetic", "family": spec["family"], "num_nodes": spec["num_nodes"],
-                            "seed": spec["seed"]})
-
-
-def _topology(spec: Any) -> DeviceTopology:
-    if isinstance(spec, dict):
-        return random_topology(np.random.default_rng(spec["random"]), tuple(spec.get("devices", (2, 16))))
-    return load_topology(spec)
+from placement_rl.studies.splits import (HELDOUT_TOPOLOGIES, HELDOUT_ZOO, SPLITS, TEST_TOPOLOGIES,  # noqa: F401
+                                         TEST_ZOO, TRAIN_FAMILIES, TRAIN_ZOO, comm_ratio, fresh_test_specs,
+                                         graph_of as _graph, heldout_specs, split_specs, test_specs,
+                                         topology_of as _topology, training_specs)
 
 
 def build_task(spec: dict[str, Any], *, teachers: bool = True) -> ConstructiveTask | None:
@@ -139,7 +42,8 @@ def build_task(spec: dict[str, Any], *, teachers: bool = True) -> ConstructiveTa
     except PlanError:
         return None
     costs = resolve_costs(graph, topo)
-    return ConstructiveTask.build(graph, topo, costs, teachers=teachers, id=spec.get("id", graph.name))
+    return ConstructiveTask.build(graph, topo, costs, teachers=teachers, id=spec.get("id", graph.name),
+                                  comm_ratio=comm_ratio(graph, costs))
 
 
 def build_tasks(specs: Sequence[dict[str, Any]], *, workers: int | str | Workers = 1, address: str | None = None,
