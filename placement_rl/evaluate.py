@@ -7,6 +7,7 @@ partitioners) on one case and returns ``Row``s; ``run_suite(cases, ...)`` does i
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Mapping
@@ -15,6 +16,7 @@ import numpy as np
 
 from placement_rl import baselines
 from placement_rl.cost import resolve_costs, simulate, simulate_pipeline
+from placement_rl.cost.throughput import op_steady_time
 from placement_rl.cost.types import CostTable, SimResult
 from placement_rl.errors import ConfigError
 from placement_rl.graph.ir import CompGraph
@@ -85,12 +87,20 @@ def _row(case: str, name: str, kind: str, plan: Placement | StagePlan, res: SimR
                plan=plan)
 
 
+def _as_steady(res: SimResult, steady: float) -> SimResult:
+    """``res`` with its steady-state time per batch in place of the step time (kept in ``meta``)."""
+    return dataclasses.replace(res, step_time=float(steady), meta={**dict(res.meta), "one_step_time": res.step_time})
+
+
 def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int, seed: int = 0,
             case: str = "", placers: Iterable[str] | None = None, partitioners: Iterable[str] | None = (),
-            num_microbatches: int = 4, on_done: Callable[[Row], None] | None = None) -> list[Row]:
+            num_microbatches: int = 4, on_done: Callable[[Row], None] | None = None,
+            objective: str = "step") -> list[Row]:
     """Run each placer (default: all) with ``budget`` simulator calls; ``single_device`` is the reference.
     A placer that cannot run on this case (e.g. exhaustive search on a large graph) gets a row with
-    ``note`` saying why and ``step_time`` NaN."""
+    ``note`` saying why and ``step_time`` NaN. ``objective="throughput"``: the partitioners minimise, and every
+    row's ``step_time`` holds, the steady-state time per batch (``cost.throughput``; the op placers still
+    minimise their step time)."""
     names = list(placers) if placers is not None else baselines.names()
     if "single_device" not in names:
         names.insert(0, "single_device")
@@ -105,6 +115,8 @@ def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, bud
             continue
         dt = time.perf_counter() - t0
         res = simulate(graph, costs, topology, p)
+        if objective == "throughput":
+            res = _as_steady(res, op_steady_time(graph, costs, p))
         if name == "single_device":
             single = float(res.step_time)
         rows.append(_row(case, name, "placement", p, res, single, dt))
@@ -114,12 +126,14 @@ def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, bud
         t0 = time.perf_counter()
         try:
             plan = baselines.get_pipeline(name)(graph, costs, topology, budget=budget, seed=seed,
-                                                num_microbatches=num_microbatches)
+                                                num_microbatches=num_microbatches, objective=objective)
         except ConfigError as exc:
             rows.append(Row(case, name, "pipeline", float("nan"), float("nan"), False, 0.0, 0, note=str(exc)))
             continue
         dt = time.perf_counter() - t0
         res = simulate_pipeline(graph, costs, topology, plan)
+        if objective == "throughput":
+            res = _as_steady(res, res.meta["steady_time"])
         rows.append(_row(case, name, "pipeline", plan, res, single, dt))
         if on_done:
             on_done(rows[-1])

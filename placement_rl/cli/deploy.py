@@ -32,13 +32,19 @@ def _model(graph: CompGraph) -> tuple[str, dict]:
     return str(zoo_name), dict(graph.meta.get("zoo_overrides") or {})
 
 
-def _predict(graph, topology, plan, profile: str | None) -> tuple[float, str]:
+def _predict(graph, topology, plan, profile: str | None, costs_file: str | None = None) -> tuple[float, str]:
     """Predicted step time: with a ProfileDB, the executor-aware prediction of ``placement_rl.profiling`` for
     op-level placements (devices sharing one torch device merged, optimizer and step overheads measured), the
     measured cost table for stage plans; without one, the topology's roofline."""
     from placement_rl.cost import resolve_costs, simulate, simulate_pipeline
     from placement_rl.plans import StagePlan
 
+    if costs_file:  # measured costs from a file (cost.costs_file) price the plan
+        from placement_rl.cost.costs_file import load_costs
+
+        graph, costs = load_costs(costs_file, graph, topology)
+        sim = simulate_pipeline if isinstance(plan, StagePlan) else simulate
+        return float(sim(graph, costs, topology, plan).step_time), costs.describe_source(topology.device_names)
     if profile and not isinstance(plan, StagePlan):
         from placement_rl.profiling import ProfileDB
         from placement_rl.profiling.fidelity import predict_step_time
@@ -62,7 +68,9 @@ def run(cfg: DictConfig) -> dict:
     plan = load_plan(str(cfg.plan), topology=topology, graph=graph)
     plan.validate(graph, topology)
     model, overrides = _model(graph)
-    predicted, source = _predict(graph, topology, plan, cfg.profile)
+    from placement_rl.cli.costs import costs_path
+
+    predicted, source = _predict(graph, topology, plan, cfg.profile, costs_path(cfg))
     out = output_dir()
     if isinstance(plan, StagePlan):
         from placement_rl.executor.distributed import (DeployConfig, build_torchrun_command, collect_results,

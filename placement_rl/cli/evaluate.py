@@ -10,6 +10,7 @@ from typing import Any, Sequence
 from omegaconf import DictConfig
 
 from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir, write_json
+from placement_rl.cli.costs import build_costs, costs_path
 from placement_rl.cost import resolve_costs, simulate, simulate_pipeline
 from placement_rl.errors import ConfigError
 from placement_rl.evaluate import (DEFAULT_PIPELINE_CASES, DEFAULT_SUITE, Row, best_row, compare, pipeline_summary,
@@ -137,6 +138,11 @@ def run(cfg: DictConfig) -> list[Row]:
     out = output_dir()
     budget, seed = int(cfg.budget), int(cfg.seed)
     placers = list(cfg.placers) if cfg.placers else None
+    objective = str(cfg.get("objective") or "step")
+    if cfg.suite == "default" and not cfg.plan and (costs_path(cfg) or str(cfg.get("mode") or "train") != "train"
+                                                     or objective != "step"):
+        raise ConfigError("costs.path, mode and objective apply to one case: add suite=single (with graph=... or "
+                          "graph.path=... and topology=...)")
     if cfg.suite == "default" and not cfg.plan:
         rows, problems = run_suite(DEFAULT_SUITE, budget=budget, seed=seed, placers=placers,
                                    pipeline_cases=DEFAULT_PIPELINE_CASES if cfg.pipeline else (),
@@ -148,7 +154,7 @@ def run(cfg: DictConfig) -> list[Row]:
         graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
         case = f"{graph.name}/{topology.name}"
         extra = None
-        costs = resolve_costs(graph, topology)
+        graph, costs = build_costs(cfg, graph, topology)
         if cfg.plan:
             plan = load_plan(str(cfg.plan), topology=topology, graph=graph)
             plan.validate(graph, topology)
@@ -157,7 +163,7 @@ def run(cfg: DictConfig) -> list[Row]:
         from placement_rl import baselines
 
         rows = compare(graph, costs, topology, budget=budget, seed=seed, case=case, placers=placers,
-                       partitioners=baselines.pipeline_names() if cfg.pipeline else ())
+                       partitioners=baselines.pipeline_names() if cfg.pipeline else (), objective=objective)
         if extra is not None:
             plan, res = extra
             single = next((r.step_time for r in rows if r.placer == "single_device"), float("nan"))
@@ -169,9 +175,12 @@ def run(cfg: DictConfig) -> list[Row]:
         raise ConfigError(f"suite is '{cfg.suite}': choose default or single")
     sources = sorted({s for (_, costs, _) in problems.values() for s in costs.source})
     files: list[str] = []
+    what = "" if objective == "step" else ", times are steady-state time per batch"
+    modes = sorted({str(c.meta.get("mode", "train")) for (_, c, _) in problems.values()})
     md = write_comparison(rows, problems, out, title=f"placer comparison (budget {budget} simulator calls, "
-                                                     f"seed {seed}, costs: {', '.join(sources)})", files=files)
-    metrics = {"budget": budget, "seed": seed, "rows": table_rows(rows)}
+                                                     f"seed {seed}, costs: {', '.join(sources)}, mode "
+                                                     f"{'/'.join(modes)}{what})", files=files)
+    metrics = {"budget": budget, "seed": seed, "mode": modes, "objective": objective, "rows": table_rows(rows)}
     if len(problems) == 1:  # one case: its best plans as files `placement-rl deploy plan=<file>` takes
         metrics["best"] = _write_best(rows, *next(iter(problems.values())), out, files)
     write_json(out / "metrics.json", metrics)  # a placer that cannot run has step time NaN: null here

@@ -29,7 +29,6 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     from placement_rl.agents.constructive_eval import greedy_result, with_samples
     from placement_rl.agents.constructive_train import load_policy
     from placement_rl.envs.constructive_task import ConstructiveTask
-    from placement_rl.cost import resolve_costs
     from placement_rl.plans import Placement
 
     torch.set_num_threads(1)
@@ -50,7 +49,9 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     warm_s = warm_up(policy)  # numba compiles on the first run after an install: not the placement's time
     t0 = time.perf_counter()
     with phases(f"costs and schedule state of {where}"):
-        costs = resolve_costs(graph, topology)
+        from placement_rl.cli.costs import build_costs
+
+        graph, costs = build_costs(cfg, graph, topology)  # costs.path= (measured) or estimates
         task = ConstructiveTask.build(graph, topology, costs, teachers=False)
     window = state_window(policy, graph.num_nodes)
     # greedy, then the samples (the same draws as evaluate(samples=k): the greedy decode draws nothing), so that

@@ -186,14 +186,17 @@ COMMANDS: dict[str, dict[str, Key]] = {
         "suite": Key(str, choices=("default", "single")), "budget": count(1), "seed": SEED,
         "placers": Key(list, choices=_placers, null=True), "pipeline": FLAG, "num_microbatches": count(1),
         "plan": OPTIONAL_STR, "progress": FLAG,
+        "costs.path": OPTIONAL_STR, "mode": Key(str, choices=("train", "inference")),  # issue 46
+        "objective": Key(str, choices=("step", "throughput")),
     },
     "train": {"seed": SEED, "checkpoint": OPTIONAL_STR, "progress": FLAG, "workers": WORKERS,
-              "ray.address": OPTIONAL_STR, "resume": FLAG},
+              "ray.address": OPTIONAL_STR, "resume": FLAG, "costs.path": OPTIONAL_STR},
     "place": {
         "checkpoint": OPTIONAL_STR, "decode": Key(str, choices=("one_pass", "sequential")), "samples": count(0),
         "seed": SEED, "compare": FLAG, "window": count(0, null=True), "full_window": count(0, null=True),
         "progress": FLAG,  # +progress=false: no phase lines or baseline bar
         "search_budget": count(0),
+        "costs.path": OPTIONAL_STR,
     },
     "profile": {
         "devices": Key(list, null=True), "warmup": count(0), "repeats": count(1), "links": FLAG, "processes": FLAG,
@@ -203,6 +206,7 @@ COMMANDS: dict[str, dict[str, Key]] = {
         "plan": Key(str), "profile": OPTIONAL_STR, "steps": count(1), "warmup": count(0), "lr": positive(),
         "device": Key(str, choices=("auto", "cpu", "cuda")), "timeout_s": positive(), "threads": count(1),
         "nnodes": count(1), "node_rank": count(0, null=True), "rdzv_endpoint": OPTIONAL_STR,
+        "costs.path": OPTIONAL_STR,
     },
 }
 

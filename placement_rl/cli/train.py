@@ -115,7 +115,6 @@ def run_constructive(cfg: DictConfig) -> dict:
     import torch
 
     from placement_rl.agents.constructive_train import default_checkpoint, load_policy, set_windows
-    from placement_rl.cost import resolve_costs
     from placement_rl.studies.finetune import describe, finetune
 
     if str(cfg.agent.get("algo")) != "constructive":
@@ -126,7 +125,9 @@ def run_constructive(cfg: DictConfig) -> dict:
     policy, base, _ = load_policy(ckpt)
     fcfg = constructive_config(cfg, base)
     set_windows(policy, fcfg)  # the agent's full_window / full_window_train over the checkpoint's
-    costs = resolve_costs(graph, topology)
+    from placement_rl.cli.costs import build_costs
+
+    graph, costs = build_costs(cfg, graph, topology)  # costs.path= (measured) or estimates
     out = output_dir()
     warm_s = warm_up(policy)  # numba's first compile after an install is no row's seconds
     print(f"fine-tuning the policy {ckpt} on {graph.name} ({plural(graph.num_nodes, 'node')}) / {topology.name} "

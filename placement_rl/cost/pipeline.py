@@ -335,7 +335,15 @@ class PipelineSimulator:
             names = self.topology.device_names
             meta["memory_errors"] = [f"{names[d]} needs {fmt_bytes(mem[d])}, has "
                                      f"{fmt_bytes(self._capacity[d])}" for d in over]
-        return SimResult(step_time=step, feasible=not over.size,
+        broken: list[str] = []
+        if self.costs.meta.get("allowed") or self.costs.meta.get("colocate"):
+            from placement_rl.cost.costs_file import stage_restriction_errors
+
+            broken = stage_restriction_errors(self.costs, plan.stage_of_node, plan.stage_devices, self.graph.names,
+                                              self.topology.device_names)
+            if broken:
+                meta["restriction_errors"] = broken
+        return SimResult(step_time=step, feasible=not over.size and not broken,
                          device_busy=busy, peak_memory=mem, comm_time=float(self._out[2]),
                          timeline=self._timeline(rec, lay, plan) if timeline else None, meta=meta)
 

@@ -19,6 +19,9 @@ Model (pure and deterministic):
   the same tensor are accumulated there and sent back once, after the last of them is computed. Edges out
   of a node whose output needs no gradient (see ``resolve.needs_grad``) carry none. Parameter gradients
   stay on their device.
+* Inference costs (``cost.modes.inference_costs``, ``mode=inference``): backward times are zero, no gradient is
+  sent and a node pins its parameters alone (no gradients, optimizer state or kept activations); received
+  buffers are still counted.
 * ``step_time`` = end of the last backward op. The optimizer update is not modelled (it is local to each
   device and does not depend on the placement beyond its parameter bytes).
 * Memory per device (``peak_memory``): 4 x param_bytes (params, grads, Adam's two moments) + act_bytes of
@@ -110,6 +113,16 @@ def priority_order(graph: CompGraph, costs: CostTable, order: str = "program") -
     return np.array(out, dtype=np.int64)
 
 
+def _grad_and_memory(graph: CompGraph, costs: CostTable) -> tuple[np.ndarray, np.ndarray]:
+    """Which outputs send a gradient back, and the bytes each node pins: training (``needs_grad``, 4 x params +
+    kept activations) or inference costs (``cost.modes``: no gradient, the parameters alone)."""
+    from placement_rl.cost.modes import mode_of
+
+    if mode_of(costs) == "inference":
+        return np.zeros(graph.num_nodes, dtype=np.uint8), np.array(graph.param_bytes, dtype=np.float64)
+    return needs_grad(graph).astype(np.uint8), static_memory(graph)
+
+
 class Simulator:
     """``simulate`` prepared once per (graph, costs, topology, order) for fast repeated evaluation.
 
@@ -130,7 +143,7 @@ class Simulator:
             _owned(graph.succ_ptr, i64), _owned(graph.succ_idx, i64),
             _owned(graph.succ_eid, i64), _owned(graph.edge_bytes, np.float64),
             _owned(costs.fwd_time), _owned(costs.bwd_time), *split_segments(link_segments(topology, costs)),
-            needs_grad(graph).astype(np.uint8), static_memory(graph))
+            *_grad_and_memory(graph, costs))
         self._work = (np.zeros(n), np.zeros(n), np.zeros(n * d), np.zeros(n * d), np.zeros(d), np.zeros(d * d),
                       np.zeros(d), np.zeros(d), np.zeros(d, i64), np.zeros(2))
         self._busy, self._mem, self._out = np.zeros(d), np.zeros(d), np.zeros(4)
@@ -177,11 +190,17 @@ class Simulator:
             rec = self._no_rec
         self._simulate(dev, rec)
         mem = self._mem.copy()
-        return SimResult(step_time=float(self._out[0]), feasible=bool(np.all(mem <= self._capacity)),
+        meta = {"order": self.order_name, "forward_time": float(self._out[2]), "cost_source": self._source}
+        broken: list[str] = []
+        if self.costs.meta.get("allowed") or self.costs.meta.get("colocate"):
+            from placement_rl.cost.costs_file import restriction_errors
+
+            broken = restriction_errors(self.costs, dev, self.graph.names, self.topology.device_names)
+            if broken:
+                meta["restriction_errors"] = broken
+        return SimResult(step_time=float(self._out[0]), feasible=bool(np.all(mem <= self._capacity)) and not broken,
                          device_busy=self._busy.copy(), peak_memory=mem, comm_time=float(self._out[1]),
-                         timeline=self._timeline(rec) if timeline else None,
-                         meta={"order": self.order_name, "forward_time": float(self._out[2]),
-                               "cost_source": self._source})
+                         timeline=self._timeline(rec) if timeline else None, meta=meta)
 
     def _timeline(self, rec: tuple) -> tuple[Interval, ...]:
         names, graph_names, d = self.topology.device_names, self.graph.names, self.topology.num_devices

@@ -1,0 +1,260 @@
+"""Measured costs from a file: per node and device kind forward / backward time and memory, per edge bytes or a
+measured transfer time, colocation groups and device restrictions -- what every command reads with
+``costs.path=<file>`` instead of estimating times from FLOPs.
+
+Format (JSON, or YAML with the same fields)::
+
+    schema: placement_rl.costs          # required
+    version: 1                          # required
+    time_unit: ms                       # s (default), ms or us: the unit of every time in the file
+    batch_size: 32                      # optional: the batch the times were measured at (pipelines rescale)
+    mode: train                         # optional: train (default) or inference (backward times may be omitted)
+    nodes:                              # one entry per graph node, by its name in the graph
+      layer0:
+        fwd: {gpu: 1.2, cpu: 30.0}      # per device: its name, else its model, else its kind (gpu / cpu)
+        bwd: {gpu: 2.4, cpu: 60.0}      # required in train mode
+        param_bytes: 4.0e6              # optional: replaces the graph's (training state is 4 x this)
+        act_bytes: 1.0e6                # optional: bytes kept for the backward, replaces the graph's
+        devices: [gpu0, gpu1]           # optional: the only devices this node may run on
+    edges:                              # optional: per edge the tensor's bytes or a measured transfer time
+      - {src: layer0, dst: layer1, bytes: 2.0e6}
+      - {src: layer1, dst: layer2, time: 0.4}
+    time_link: [gpu0, gpu1]             # the link edge times were measured on (default: the first two devices)
+    colocate: [[layer0, layer1]]        # optional: node groups that must share a device / a stage
+
+An edge time ``t`` becomes the bytes that take ``t`` on ``time_link``: ``(t - latency) x bandwidth``. Every node
+of the graph needs a forward time (and in train mode a backward time) for every device of the topology. Memory
+fields are written into the graph (``load_costs`` returns it with the table). A measured profile written by
+``placement-rl profile`` (schema ``placement_rl.profile``) is read as well: its times go through
+``resolve_costs``. Any problem is one ``ProfileError`` line naming the file and what to fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from placement_rl.cost.modes import MODES, inference_costs
+from placement_rl.cost.resolve import resolve_costs
+from placement_rl.cost.types import CostTable
+from placement_rl.errors import ProfileError
+from placement_rl.graph.ir import CompGraph
+from placement_rl.topology import DeviceTopology
+
+SCHEMA = "placement_rl.costs"
+VERSION = 1
+UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+
+
+def _read(path: str | os.PathLike) -> tuple[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ProfileError(f"costs file '{p}' does not exist")
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"{p}: cannot read costs file ({exc.__class__.__name__})") from None
+    if p.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            return str(p), yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ProfileError(f"{p}: malformed YAML ({str(exc).splitlines()[0]})") from None
+    try:
+        return str(p), json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"{p}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+
+
+def _number(where: str, value: Any, *, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ProfileError(f"{where}: {what} must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+def _per_device(where: str, value: Any, topology: DeviceTopology, what: str, scale: float) -> np.ndarray:
+    """One value per device from a number or a mapping keyed by device name, model or kind."""
+    if not isinstance(value, Mapping):
+        return np.full(topology.num_devices, _number(where, value, what=what) * scale)
+    out = np.empty(topology.num_devices)
+    for j, dev in enumerate(topology.devices):
+        key = next((k for k in (dev.name, dev.model, dev.kind) if k and k in value), None)
+        if key is None:
+            raise ProfileError(f"{where}: {what} has no entry for device '{dev.name}' (kind {dev.kind}"
+                               f"{', model ' + dev.model if dev.model else ''}): give one keyed by its name, model "
+                               "or kind")
+        out[j] = _number(where, value[key], what=f"{what}['{key}']") * scale
+    return out
+
+
+def load_costs(path: str | os.PathLike, graph: CompGraph, topology: DeviceTopology) -> tuple[CompGraph, CostTable]:
+    """The graph (memory fields and edge bytes from the file) and its ``CostTable`` from a costs file."""
+    where, data = _read(path)
+    if isinstance(data, Mapping) and data.get("schema") == "placement_rl.profile":
+        from placement_rl.profiling.db import ProfileDB
+
+        return graph, resolve_costs(graph, topology, profiles=ProfileDB.load(path))
+    if not isinstance(data, Mapping):
+        raise ProfileError(f"{where}: top level must be a mapping with schema '{SCHEMA}'")
+    if data.get("schema") != SCHEMA:
+        raise ProfileError(f"{where}: field 'schema' is {data.get('schema')!r}, expected '{SCHEMA}' (or a "
+                           "'placement_rl.profile' written by `placement-rl profile`)")
+    if data.get("version") != VERSION:
+        raise ProfileError(f"{where}: unknown costs file version {data.get('version')!r} (this release reads "
+                           f"{VERSION})")
+    unknown = set(data) - {"schema", "version", "time_unit", "batch_size", "mode", "nodes", "edges", "time_link",
+                           "colocate", "meta", "source"}
+    if unknown:
+        raise ProfileError(f"{where}: unknown field '{sorted(unknown)[0]}'")
+    unit = data.get("time_unit", "s")
+    if unit not in UNITS:
+        raise ProfileError(f"{where}: time_unit is {unit!r}: choose one of {', '.join(UNITS)}")
+    scale = UNITS[unit]
+    mode = data.get("mode", "train")
+    if mode not in MODES:
+        raise ProfileError(f"{where}: mode is {mode!r}: choose one of {', '.join(MODES)}")
+    batch = data.get("batch_size")
+    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+        raise ProfileError(f"{where}: batch_size must be a positive integer or absent, got {batch!r}")
+    nodes = data.get("nodes")
+    if not isinstance(nodes, Mapping) or not nodes:
+        raise ProfileError(f"{where}: field 'nodes' must map every node name of graph '{graph.name}' to its times")
+    index = {nm: i for i, nm in enumerate(graph.names)}
+    extra = [k for k in nodes if k not in index]
+    if extra:
+        raise ProfileError(f"{where}: node '{extra[0]}' is not in graph '{graph.name}' (fingerprint "
+                           f"{graph.fingerprint()})")
+    missing = [nm for nm in graph.names if nm not in nodes]
+    if missing:
+        raise ProfileError(f"{where}: node '{missing[0]}' of graph '{graph.name}' has no entry "
+                           f"({len(missing)} missing): give fwd (and bwd) times for every node")
+    n, d = graph.num_nodes, topology.num_devices
+    fwd, bwd = np.zeros((n, d)), np.zeros((n, d))
+    params, acts = np.array(graph.param_bytes, dtype=float), np.array(graph.act_bytes, dtype=float)
+    allowed: dict[int, list[int]] = {}
+    for nm, entry in nodes.items():
+        i, at = index[nm], f"{where}: node '{nm}'"
+        if not isinstance(entry, Mapping):
+            raise ProfileError(f"{at} must be a mapping with 'fwd' (and 'bwd') times")
+        bad = set(entry) - {"fwd", "bwd", "param_bytes", "act_bytes", "devices", "memory"}
+        if bad:
+            raise ProfileError(f"{at}: unknown field '{sorted(bad)[0]}'")
+        if "fwd" not in entry:
+            raise ProfileError(f"{at} has no 'fwd' time")
+        fwd[i] = _per_device(at, entry["fwd"], topology, "fwd", scale)
+        if "bwd" in entry:
+            bwd[i] = _per_device(at, entry["bwd"], topology, "bwd", scale)
+        elif mode == "train":
+            raise ProfileError(f"{at} has no 'bwd' time (required with mode train; set mode: inference for "
+                               "forward-only costs)")
+        for key, arr in (("param_bytes", params), ("act_bytes", acts)):
+            if key in entry:
+                arr[i] = _number(at, entry[key], what=key)
+        if "memory" in entry:  # total bytes the node pins (per device kind: the largest), as kept activations
+            acts[i] = float(_per_device(at, entry["memory"], topology, "memory", 1.0).max())
+            params[i] = params[i] if "param_bytes" in entry else 0.0
+        if "devices" in entry:
+            devs = entry["devices"]
+            if not isinstance(devs, list) or not devs:
+                raise ProfileError(f"{at}: 'devices' must be a non-empty list of device names")
+            names = topology.device_names
+            unknown_dev = [x for x in devs if x not in names]
+            if unknown_dev:
+                raise ProfileError(f"{at}: device '{unknown_dev[0]}' is not in topology '{topology.name}' "
+                                   f"(devices: {', '.join(names)})")
+            allowed[i] = sorted(names.index(x) for x in devs)
+    ebytes = np.array(graph.edge_bytes, dtype=float)
+    edges = data.get("edges") or []
+    if not isinstance(edges, list):
+        raise ProfileError(f"{where}: 'edges' must be a list of {{src, dst, bytes | time}}")
+    lookup = {(int(u), int(v)): e for e, (u, v) in enumerate(graph.edges.tolist())}
+    link = _time_link(where, data.get("time_link"), topology)
+    for k, e in enumerate(edges):
+        at = f"{where}: edges[{k}]"
+        if not isinstance(e, Mapping) or "src" not in e or "dst" not in e or ("bytes" in e) == ("time" in e):
+            raise ProfileError(f"{at} must be {{src, dst}} with exactly one of 'bytes' or 'time'")
+        if e["src"] not in index or e["dst"] not in index:
+            name = e["src"] if e["src"] not in index else e["dst"]
+            raise ProfileError(f"{at}: node '{name}' is not in graph '{graph.name}'")
+        key = (index[e["src"]], index[e["dst"]])
+        if key not in lookup:
+            raise ProfileError(f"{at}: graph '{graph.name}' has no edge {e['src']} -> {e['dst']}")
+        if "bytes" in e:
+            ebytes[lookup[key]] = _number(at, e["bytes"], what="bytes")
+        else:
+            lat, bw = link
+            ebytes[lookup[key]] = max(_number(at, e["time"], what="time") * scale - lat, 0.0) * bw
+    colocate = []
+    for k, grp in enumerate(data.get("colocate") or []):
+        if not isinstance(grp, list) or any(x not in index for x in grp):
+            bad_name = next((x for x in grp if x not in index), grp) if isinstance(grp, list) else grp
+            raise ProfileError(f"{where}: colocate[{k}] names '{bad_name}', not a node of graph '{graph.name}'")
+        colocate.append(sorted(index[x] for x in grp))
+    new_graph = graph
+    if (not np.array_equal(params, graph.param_bytes) or not np.array_equal(acts, graph.act_bytes)
+            or not np.array_equal(ebytes, graph.edge_bytes)):
+        new_graph = dataclasses.replace(graph, param_bytes=params, act_bytes=acts, edge_bytes=ebytes)
+        new_graph.validate()
+    meta: dict[str, Any] = {"costs_file": where, "colocate": colocate,
+                            "allowed": {str(i): v for i, v in allowed.items()}}
+    if batch is not None:
+        meta["batch_size"] = batch
+    base = resolve_costs(new_graph, topology)  # links (latency, bandwidth) of the topology
+    costs = CostTable(fwd_time=fwd, bwd_time=bwd, link_latency=base.link_latency, link_bandwidth=base.link_bandwidth,
+                      source=(f"measured:{Path(where).name}",) * d, graph_fingerprint=new_graph.fingerprint(),
+                      topology_name=topology.name, meta=meta)
+    return new_graph, (inference_costs(costs) if mode == "inference" else costs)
+
+
+def _time_link(where: str, value: Any, topology: DeviceTopology) -> tuple[float, float]:
+    names = topology.device_names
+    if topology.num_devices < 2:
+        return 0.0, math.inf
+    if value is None:
+        a, b = 0, 1
+    else:
+        if not isinstance(value, list) or len(value) != 2 or any(x not in names for x in value) or value[0] == value[1]:
+            raise ProfileError(f"{where}: time_link must name two devices of topology '{topology.name}', got {value!r}")
+        a, b = names.index(value[0]), names.index(value[1])
+    return float(topology.link_latency[a, b]), float(topology.link_bandwidth[a, b])
+
+
+def restriction_errors(costs: CostTable, device_of_node: np.ndarray, names: tuple[str, ...],
+                       devices: tuple[str, ...]) -> list[str]:
+    """What an op placement breaks of the costs file's device restrictions and colocation groups."""
+    out = []
+    for node, devs in (costs.meta.get("allowed") or {}).items():
+        i = int(node)
+        if int(device_of_node[i]) not in devs:
+            out.append(f"node '{names[i]}' may run only on {', '.join(devices[x] for x in devs)}, not on "
+                       f"{devices[int(device_of_node[i])]}")
+    for grp in costs.meta.get("colocate") or []:
+        if len({int(device_of_node[i]) for i in grp}) > 1:
+            out.append(f"colocated nodes {', '.join(names[i] for i in grp)} are on different devices")
+    return out
+
+
+def stage_restriction_errors(costs: CostTable, stage_of_node: np.ndarray, groups, names: tuple[str, ...],
+                             devices: tuple[str, ...]) -> list[str]:
+    """The same for a stage plan: every device of a node's stage must be allowed, a colocation group one stage."""
+    out = []
+    for node, devs in (costs.meta.get("allowed") or {}).items():
+        i = int(node)
+        bad = [d for d in groups[int(stage_of_node[i])] if d not in devs]
+        if bad:
+            out.append(f"node '{names[i]}' may run only on {', '.join(devices[x] for x in devs)}, but its stage "
+                       f"uses {devices[bad[0]]}")
+    for grp in costs.meta.get("colocate") or []:
+        if len({int(stage_of_node[i]) for i in grp}) > 1:
+            out.append(f"colocated nodes {', '.join(names[i] for i in grp)} are in different stages")
+    return out
+
+
+__all__ = ["SCHEMA", "load_costs", "restriction_errors", "stage_restriction_errors"]

@@ -1,0 +1,138 @@
+"""Measured costs from a file (``cost.costs_file``): reading, validation, restrictions, and the CLI end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from placement_rl import baselines
+from placement_rl.cost import simulate, simulate_pipeline
+from placement_rl.cost.costs_file import load_costs
+from placement_rl.errors import ProfileError
+from placement_rl.graph.ir import make_graph
+from placement_rl.plans import StagePlan
+
+from tests.test_cli import _one_line, cli
+from tests.test_pipe_hetero import mixed_topology
+
+
+def graph4():
+    nodes = [dict(name=n, fwd_flops=1e9, bwd_flops=2e9, param_bytes=1e6, act_bytes=1e5) for n in "abcd"]
+    return make_graph(nodes, [("a", "b", 1e5), ("a", "c", 1e5), ("b", "d", 2e5), ("c", "d", 2e5)], name="g4")
+
+
+def costs_doc(**over):
+    doc = {"schema": "placement_rl.costs", "version": 1, "time_unit": "ms",
+           "nodes": {n: {"fwd": {"gpu": 1.0 + k, "cpu": 10.0 + k}, "bwd": {"gpu": 2.0, "cpu": 20.0}}
+                     for k, n in enumerate("abcd")},
+           "edges": [{"src": "a", "dst": "b", "bytes": 3e5}, {"src": "b", "dst": "d", "time": 0.5}]}
+    doc.update(over)
+    return doc
+
+
+def write(tmp_path: Path, doc, name: str = "costs.json") -> Path:
+    p = tmp_path / name
+    p.write_text(json.dumps(doc) if name.endswith(".json") else yaml.safe_dump(doc))
+    return p
+
+
+def test_costs_file_gives_per_kind_times_edge_bytes_and_units(tmp_path):
+    topo = mixed_topology(2)
+    g, c = load_costs(write(tmp_path, costs_doc()), graph4(), topo)
+    np.testing.assert_allclose(c.fwd_time[:, 0], [1e-3, 2e-3, 3e-3, 4e-3])
+    np.testing.assert_allclose(c.fwd_time[:, 2], [10e-3, 11e-3, 12e-3, 13e-3])
+    np.testing.assert_allclose(c.bwd_time[1], [2e-3, 2e-3, 20e-3])
+    assert g.edge_bytes[0] == 3e5
+    lat, bw = topo.link_latency[0, 1], topo.link_bandwidth[0, 1]
+    assert g.edge_bytes[2] == pytest.approx((0.5e-3 - lat) * bw)  # a measured time becomes bytes on time_link
+    assert c.source[0].startswith("measured:costs.json")
+    gy, cy = load_costs(write(tmp_path, costs_doc(), "costs.yaml"), graph4(), topo)  # YAML reads the same
+    np.testing.assert_allclose(cy.fwd_time, c.fwd_time)
+
+
+def test_restrictions_and_colocation_are_kept_by_simulators_and_exact(tmp_path):
+    topo = mixed_topology(2)
+    doc = costs_doc(colocate=[["b", "c"]])
+    doc["nodes"]["a"]["devices"] = ["gpu0"]
+    g, c = load_costs(write(tmp_path, doc), graph4(), topo)
+    bad = simulate(g, c, topo, [1, 0, 0, 0])
+    assert not bad.feasible and "may run only on gpu0" in bad.meta["restriction_errors"][0]
+    split = simulate(g, c, topo, [0, 0, 1, 1])
+    assert not split.feasible and "colocated nodes b, c" in split.meta["restriction_errors"][0]
+    assert simulate(g, c, topo, [0, 1, 1, 1]).feasible
+    plan = StagePlan(stage_of_node=[0, 1, 0, 1], stage_devices=((0,), (1,)), num_microbatches=1)
+    assert not simulate_pipeline(g, c, topo, plan).feasible
+    best = baselines.get_pipeline("exact")(g, c, topo, budget=500, seed=0)
+    assert best.meta["feasible"] and best.stage_of_node[1] == best.stage_of_node[2]
+    assert all(d == 0 for d in best.stage_devices[best.stage_of_node[0]])
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d.update(schema="other"), "field 'schema' is 'other'"),
+    (lambda d: d.update(time_unit="h"), "time_unit is 'h'"),
+    (lambda d: d["nodes"].pop("c"), "node 'c' of graph 'g4' has no entry"),
+    (lambda d: d["nodes"].update(z={"fwd": 1.0, "bwd": 1.0}), "node 'z' is not in graph 'g4'"),
+    (lambda d: d["nodes"]["a"].update(fwd={"gpu": 1.0}), "has no entry for device 'cpu'"),
+    (lambda d: d["nodes"]["a"].pop("bwd"), "has no 'bwd' time"),
+    (lambda d: d["nodes"]["a"].update(fwd={"gpu": -1, "cpu": 1}), "must be a number >= 0"),
+    (lambda d: d["edges"].append({"src": "a", "dst": "d", "bytes": 1}), "has no edge a -> d"),
+    (lambda d: d["edges"].append({"src": "a", "dst": "b"}), "exactly one of 'bytes' or 'time'"),
+    (lambda d: d.update(colocate=[["a", "q"]]), "colocate[0] names 'q'"),
+    (lambda d: d["nodes"]["a"].update(devices=["tpu0"]), "device 'tpu0' is not in topology"),
+])
+def test_bad_costs_file_is_one_line(tmp_path, edit, message):
+    doc = costs_doc()
+    edit(doc)
+    with pytest.raises(ProfileError, match=None) as exc:
+        load_costs(write(tmp_path, doc), graph4(), mixed_topology(2))
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_inference_costs_file_needs_no_backward(tmp_path):
+    doc = costs_doc(mode="inference")
+    for entry in doc["nodes"].values():
+        entry.pop("bwd")
+    g, c = load_costs(write(tmp_path, doc), graph4(), mixed_topology(2))
+    assert c.meta["mode"] == "inference" and not c.bwd_time.any()
+
+
+@pytest.fixture
+def case_files(tmp_path):
+    graph_path = tmp_path / "g.json"
+    graph4().to_json(graph_path)
+    topo_path = tmp_path / "t.yaml"
+    topo_path.write_text(yaml.safe_dump(mixed_topology(2).to_dict()))
+    doc = costs_doc()
+    return graph_path, write(tmp_path, doc, "c.json"), topo_path
+
+
+def test_cli_evaluate_inference_with_a_costs_file_end_to_end(tmp_path, case_files):
+    g, c, t = case_files
+    r = cli(tmp_path, "evaluate", f"graph.path={g}", f"costs.path={c}", f"topology.path={t}", "mode=inference",
+            "placers=[single_device,round_robin]", "budget=50", "progress=false")
+    assert r.returncode == 0, r.stderr
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["mode"] == ["inference"]
+    rows = {row["placer"]: row for row in metrics["rows"]}
+    assert rows["single_device"]["step_time_ms"] == pytest.approx(1 + 2 + 3 + 4)  # forward only, on a GPU
+    assert rows["exact"]["feasible"] and "measured:c.json" in (tmp_path / "run" / "comparison.md").read_text()
+    r2 = cli(tmp_path, "evaluate", f"graph.path={g}", f"costs.path={c}", f"topology.path={t}",
+             "objective=throughput", "placers=[single_device]", "budget=50", "progress=false", run="thr")
+    assert r2.returncode == 0, r2.stderr
+
+
+def test_cli_bad_costs_file_is_one_line_exit_2(tmp_path, case_files):
+    g, c, t = case_files
+    doc = json.loads(c.read_text())
+    doc["nodes"].pop("b")
+    c.write_text(json.dumps(doc))
+    line = _one_line(cli(tmp_path, "evaluate", f"graph.path={g}", f"costs.path={c}", f"topology.path={t}"))
+    assert "node 'b' of graph 'g4' has no entry" in line
+    assert not (tmp_path / "run" / "metrics.json").exists()
+    line = _one_line(cli(tmp_path, "evaluate", f"graph.path={g}", f"costs.path={tmp_path}/none.json",
+                         f"topology.path={t}", run="none"))
+    assert "does not exist" in line
