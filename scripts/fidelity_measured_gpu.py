@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from placement_rl.cost.calibrated import CLASSES, HARNESS_CLASSES, GpuFit, harne
 from placement_rl.errors import PlacementRLError
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.profiling import calibrate, neusight
+from placement_rl.results import write_result
 from placement_rl.profiling.measured_gpu import (MEASURED_DIR, check_kernels, gpu_of, harness_floor, kernel_bins,
                                                  predict_whole, read_whole_runs, whole_mape)
 
@@ -56,6 +58,7 @@ def tensor_sections(folder: Path, gpu_dir: str, preset: str | None, fit: GpuFit)
             print(f"kernel {dtype} {c.op:8s} rows {c.rows:6d} " + "  ".join(f"{m} {c.mape[m]:5.1f}%" for m in c.mape))
     return out
 V1_FIT = ROOT / "placement_rl" / "data" / "gpu_fit_two_gpu_v1.json"
+SPAN_FROM = 2e-4  # s: the bias ranges quoted per class start at kernels this long
 
 
 def kernel_lines(checks, models) -> list[str]:
@@ -108,7 +111,7 @@ def optimizer_fraction(folder: Path, env: dict) -> tuple[float, float]:
 
 def span(folder: Path, fit: GpuFit, op: str) -> str:
     """Range of the shipped fit's predicted / measured over an op class's kernels of 200 us and longer."""
-    r = [g for lo, hi, n, e, g in kernel_bins(folder, fit, op) if lo >= 2e-4 and n >= 5]
+    r = [g for lo, hi, n, e, g in kernel_bins(folder, fit, op) if lo >= SPAN_FROM and n >= 5]
     return f"{min(r):.2f}-{max(r):.2f}" if r else "-"
 
 
@@ -131,21 +134,19 @@ def findings(checks, runs, folder: Path, env: dict, fit: GpuFit) -> list[str]:
     out = ["## What this GPU shows", ""]
     if {"linear", "bmm", "conv"} <= set(k):
         g = [k[o] for o in ("linear", "bmm", "conv")]
-        bins = {lo: (e, r) for lo, hi, n, e, r in kernel_bins(folder, fit, "linear")}
-        long = [bins[lo] for lo in (1e-3, 1e-2) if lo in bins]
-        short = bins.get(5e-5)
+        binned = kernel_bins(folder, fit, "linear")
+        short = binned[0] if binned and binned[0][0] < 2e-4 else None
         out.append("* **GEMM classes, held out:** calibrated " + " / ".join(f"{c.mape['calibrated']:.1f}%" for c in g)
                    + " (linear / bmm / conv) against the roofline's " + " / ".join(f"{c.mape['roofline']:.1f}%"
                                                                                   for c in g)
                    + "; the same size of error as leave-one-GPU-out on the five fit GPUs (docs/fidelity_gpu.md). "
-                   "By duration the error sits in the short kernels: linear kernels of 1 ms and more are at "
-                   + " / ".join(f"{e:.1f}" for e, _ in long) + "% MAPE (1-10 ms / longer; bias "
-                   + " / ".join(f"{r:.2f}" for _, r in long) + ")"
-                   + (f", those of 50-200 us {short[1]:.2f}x too slow" if short else "")
+                   "By duration the error sits in the short kernels: linear kernels by duration bin "
+                   + ", ".join(f"{_span(lo, hi)} {e:.1f}% (bias {r:.2f})" for lo, hi, n, e, r in binned if lo >= 1e-3)
+                   + (f"; those of {_span(short[0], short[1])} {short[4]:.2f}x too slow" if short else "")
                    + ", where the fixed per-kernel cost (the fit's launch cost + NeuSight's harness offset for a GEMM "
                    "library call) is as large as the kernel. With this harness's own floor in its place the GPU part "
                    "alone gives " + " / ".join(f"{c.mape['calibrated, our floor']:.1f}%" for c in g)
-                   + f". bmm stays {span(folder, fit, 'bmm')}x predicted / measured from 200 us up (cuBLAS's batched "
+                   + f". bmm stays {span(folder, fit, 'bmm')}x predicted / measured from {SPAN_FROM * 1e6:g} us up (cuBLAS's batched "
                    f"fp32 GEMMs here against the tile model), conv {span(folder, fit, 'conv')}x (cuDNN's fp32 "
                    "convolutions here)." + conv_lanes_text(folder, fit, k["conv"]))
     if {"gelu", "add"} <= set(k):
@@ -156,11 +157,10 @@ def findings(checks, runs, folder: Path, env: dict, fit: GpuFit) -> list[str]:
                    f"per-class harness floors ({harness_text(fit)}, launch included), and "
                    f"{k['gelu'].mape['calibrated, our floor']:.1f} / {k['add'].mape['calibrated, our floor']:.1f}% "
                    f"with this harness's floor in their place ({k['ln'].mape['calibrated, our floor']:.1f}% on "
-                   "layer norm). A row of at least 50 us moves about 200 MB or more (50 us at 4 TB/s); the largest "
-                   "stream near the measured copy rate "
+                   "layer norm). The largest rows stream near the measured copy rate "
                    f"({env.get('copy_bytes_per_s', 0) / 1e12:.2f} TB/s). What is left with our floor is the "
                    "achieved fraction of bandwidth the five fit GPUs give an HBM card of Volta or later (NeuSight's "
-                   "V100 and A100 stream element-wise kernels at about 92% of their datasheet bandwidth): this GPU "
+                   "V100 and A100 stream element-wise kernels below their datasheet bandwidth): this GPU "
                    "streams them closer to its datasheet bandwidth (gelu / add predicted "
                    f"{k['gelu'].ratio['calibrated, our floor']:.2f} / {k['add'].ratio['calibrated, our floor']:.2f}x "
                    "too slow). The launch cost belongs to "
@@ -174,11 +174,8 @@ def findings(checks, runs, folder: Path, env: dict, fit: GpuFit) -> list[str]:
         out.append(f"* **Whole models:** the symptom of the issue (a newer GPU predicted too fast) is gone: "
                    f"inference {b:.1f}% (mean ratio {rb:.3f}; the two-GPU fit {v:.1f}%, ratio {rv:.3f}); training "
                    f"{a:.1f}% (mean ratio {ra:.3f}; {'too slow' if ra > 1 else 'too fast'} on average). With the per-kernel launch cost at 0 training is {c:.1f}% (ratio "
-                   f"{rc:.3f}). The current fit's launch cost is {1e6 * fit.p('launch'):.1f} us; the fit before per-class "
-                   "harness floors carried 19 us (the memory-bound kernel rows pulled it up) and gave the H200 "
-                   "training 10.2% (ratio 1.102), inference 4.6% (0.994); a refit that lets a kernel hide its launch "
-                   "behind the previous kernel (`work + launch - h min(work, launch)`, h fitted at 0.48, on the fit "
-                   "before the floors) left the H200's training at 10.7% and inference at 4.4% and was not shipped.")
+                   f"{rc:.3f}). The current fit's launch cost is {1e6 * fit.p('launch'):.1f} us (earlier fits and "
+                   "what they gave here: CHANGELOG.md).")
     if (folder / "optimizer.json").is_file():
         frac = optimizer_fraction(folder, env)
         pct = (f"{100 * frac[0]:.0f}" if round(100 * frac[0]) == round(100 * frac[1])
@@ -195,6 +192,13 @@ def findings(checks, runs, folder: Path, env: dict, fit: GpuFit) -> list[str]:
                    "bandwidth and latency say. The prediction now puts such placements on one host timeline with a "
                    "cost per crossing (docs/fidelity_crossing.md, `scripts/fidelity.py --replay`).")
     return out + [""]
+
+
+def _span(lo: float, hi: float) -> str:
+    """A duration bin in words: ``50-200 us``, ``>= 10 ms``."""
+    def t(x: float) -> str:
+        return f"{x * 1e3:g} ms" if x >= 1e-3 else f"{x * 1e6:g} us"
+    return f">= {t(lo)}" if hi == float("inf") else f"{t(lo)}-{t(hi)}"
 
 
 def conv_lanes_text(folder: Path, fit: GpuFit, conv) -> str:
@@ -223,6 +227,24 @@ def harness_text(fit) -> str:
     return "GEMMs " + f"{us[0]:.0f} us, " + ", ".join(f"{names[c]} {u:.0f}" for c, u in zip(HARNESS_CLASSES, us[1:])) + " us"
 
 
+def figures(gpu: str, checks, runs, models: list[str], folder: Path) -> dict:
+    """This check's figures as data (``results/fidelity_<gpu>.json``): per kernel class the rows, MAPE % and
+    predicted / measured of every model; per model the whole-model training / inference MAPE % and mean ratio;
+    the executor run's MAPE % over single-device and over crossing placements."""
+    whole = {}
+    for m in models:
+        a, b = whole_mape(runs, m, True)
+        c, d = whole_mape(runs, m, False)
+        whole[m] = {"training_mape": round(a, 2), "training_ratio": round(b, 4), "inference_mape": round(c, 2),
+                    "inference_ratio": round(d, 4), "training_runs": sum(r.train for r in runs),
+                    "inference_runs": sum(not r.train for r in runs)}
+    e1, n1, e2, n2 = executor_split(folder)
+    return {"gpu": gpu, "kernels": {c.op: {"rows": c.rows, "mape": {m: round(v, 2) for m, v in c.mape.items()},
+                                           "ratio": {m: round(v, 4) for m, v in c.ratio.items()}} for c in checks},
+            "whole": whole, "executor": {"single_device_mape": round(e1, 2) if n1 else None, "single_device": n1,
+                                         "crossing_mape": round(e2, 2) if n2 else None, "crossing": n2}}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", default="nvidia_h200", help="folder under placement_rl/data/measured/")
@@ -232,6 +254,7 @@ def main() -> int:
     ap.add_argument("--preset", default=None, help="topology preset with the GPU's tensor-core peaks, for the "
                     "tf32 / bf16 kernel tables (default: known for nvidia_h100 / nvidia_h200)")
     args = ap.parse_args()
+    start = time.perf_counter()
     folder = MEASURED_DIR / args.gpu
     if args.out is None:
         args.out = str(ROOT / "docs" / f"fidelity_{args.gpu.removeprefix('nvidia_')}.md")
@@ -311,13 +334,16 @@ def main() -> int:
         lines += ["", "## Our executor on CPU + this GPU (`python scripts/fidelity.py --models mlp gpt resnet18 "
                   "gpt2_hf`)", ""] + [ln for ln in body[1:] if not ln.startswith("# ")]
     atomic_write_text(Path(args.out), "\n".join(lines) + "\n")
+    result = write_result(f"fidelity_{args.gpu.removeprefix('nvidia_')}",
+                          figures(gpu, checks, runs, [*fits, "calibrated, launch 0"] if runs else [], folder),
+                          seconds=round(time.perf_counter() - start, 1))
     for c in checks:
         print(f"kernel {c.op:8s} rows {c.rows:6d} " + "  ".join(f"{m} {c.mape[m]:5.1f}%" for m in c.mape))
     for m in [*fits, "calibrated, launch 0"] if runs else []:
         a, b = whole_mape(runs, m, True)
         c, d = whole_mape(runs, m, False)
         print(f"whole {m:22s} training MAPE {a:5.1f}% (ratio {b:.3f})  inference MAPE {c:5.1f}% (ratio {d:.3f})")
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out} and {result}")
     return 0
 
 
