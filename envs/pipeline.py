@@ -37,6 +37,11 @@ class PipelineConfig(EnvConfig):
     sharding: ``dp`` (DDP), ``fsdp`` (sharded DP inside each stage) or ``choose`` (default: the agent picks).
     tp: tensor-parallel degree of every stage; None (default): the agent chooses it when the graph has TP splits
         (``placement_rl.graph.tp``) and the topology has room (else 1, and the phase is skipped).
+    device_order: ``index`` (default: stages take devices in topology order) or ``fastest`` (fastest first by
+        total node time, so a slow device is the last handed out and a plan that uses fewer devices leaves it out).
+    mode: ``train`` (default) or ``inference`` (forward only, ``cost.modes``).
+    objective: ``step`` (default: reward from the step time) or ``throughput`` (from the steady-state time per
+        batch, ``cost.throughput``; the best single-device plan is measured the same way).
     """
 
     schedule: str = "1f1b"
@@ -45,9 +50,18 @@ class PipelineConfig(EnvConfig):
     max_stages: int | None = None
     sharding: str = "choose"
     tp: int | None = None
+    device_order: str = "index"
+    mode: str = "train"
+    objective: str = "step"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        from placement_rl.cost.modes import check_mode, check_objective
+
+        if self.device_order not in ("index", "fastest"):
+            raise ConfigError(f"device_order must be 'index' or 'fastest', got {self.device_order!r}")
+        check_mode(self.mode)
+        check_objective(self.objective)
         if self.schedule not in PIPELINE_SCHEDULES or self.schedule == "interleaved1f1b":
             raise ConfigError(f"schedule must be 'gpipe' or '1f1b' for PipelineEnv, got {self.schedule!r}")
         m = self.num_microbatches
@@ -127,6 +141,8 @@ class PipelineEnv(BaseEnv):
     * v0, issue 21: the TP degree is a decision (phase 4, ``tp=None``) on graphs with TP splits; observation key
       ``tp``. Graphs without splits (synthetic families) have the same episodes as before; pass ``tp=1`` for the
       old episodes on captured transformers.
+    * v0, issue 46: options ``device_order`` (``fastest``: a slow device is handed out last or not at all),
+      ``mode`` (``inference``) and ``objective`` (``throughput``); the defaults keep the old episodes.
     """
 
     config_cls = PipelineConfig
@@ -159,16 +175,18 @@ class PipelineEnv(BaseEnv):
         self._used = 0
         self._bounds: list[int] = []
         self._batch: int | None = None
+        self._devs = np.arange(d)
 
     def _state_key(self) -> Any:
         c = self.config
-        return (c.schedule, c.num_microbatches or 1, c.batch_size)
+        return (c.schedule, c.num_microbatches or 1, c.batch_size, c.mode, c.objective)
 
     def _plan(self, stage: np.ndarray, dp: list[int]) -> StagePlan:
         groups, start = [], 0
         t = int(self._tp[0])
+        devs = self._devs
         for p in dp:
-            groups.append(tuple(range(start, start + p * t)))
+            groups.append(tuple(int(x) for x in devs[start:start + p * t]))
             start += p * t
         c = self.config
         return StagePlan(stage_of_node=stage, stage_devices=tuple(groups), num_microbatches=self._m,
@@ -199,14 +217,14 @@ class PipelineEnv(BaseEnv):
 
     def _prepare(self, task: Task) -> TaskState:
         g, t = task.graph, task.topology
-        sim = PipelineSimulator(g, task.costs, t)
+        sim = PipelineSimulator(g, task.costs, t, mode=self.config.mode)
         best: tuple[int, float, int] | None = None
         for d in range(t.num_devices):
             plan = StagePlan(stage_of_node=np.zeros(g.num_nodes, np.int64), stage_devices=((d,),),
                              num_microbatches=self.config.num_microbatches or 1, schedule=self.config.schedule,
                              batch_size=self.config.batch_size)
             res = sim.run(plan)
-            cand = (0 if res.feasible else 1, float(res.step_time), d)
+            cand = (0 if res.feasible else 1, self._value(res), d)
             best = cand if best is None or cand < best else best
         assert best is not None
         return TaskState(task=task, source=sim, best_single=best[1], best_device=best[2],
@@ -220,6 +238,12 @@ class PipelineEnv(BaseEnv):
         n = st.task.graph.num_nodes
         self.stage = np.full(n, -1, dtype=np.int64)
         self._order = st.task.graph.topo_order
+        nd = st.task.topology.num_devices
+        if self.config.device_order == "fastest":
+            total = (st.task.costs.fwd_time + st.task.costs.bwd_time).sum(axis=0)
+            self._devs = np.lexsort((np.arange(nd), total))
+        else:
+            self._devs = np.arange(nd)
         d = st.task.topology.num_devices // (self.config.tp or 1)
         self._max_stages = min(d, self.config.max_stages or d)
         self._batch = self.config.batch_size if self.config.batch_size is not None else graph_batch_size(st.task.graph)
@@ -398,14 +422,19 @@ class PipelineEnv(BaseEnv):
         assert st is not None
         plan = self._plan(self.stage.copy(), [int(x) for x in self._stage_dp[:self._num_stages]])
         res = st.source.run(plan)
-        reward = final_reward(st.best_single, res.step_time, res.feasible, self.config.infeasible_penalty)
+        value = self._value(res)
+        reward = final_reward(st.best_single, value, res.feasible, self.config.infeasible_penalty)
         self.buf.set_current_rows(None, -1)
         self.buf.device_mask.fill(0)
         info = self._info()
-        best_time, best_plan = self._record_best(res.feasible, res.step_time, plan)
+        best_time, best_plan = self._record_best(res.feasible, value, plan)
         info.update(step_time=res.step_time, feasible=res.feasible, plan=plan, best_plan=best_plan,
-                    best_step_time=best_time)
+                    best_step_time=best_time, objective_value=value)
         return self._obs(), float(reward), True, False, info
+
+    def _value(self, res) -> float:
+        """What the episode minimises: the step time, or the steady-state time per batch."""
+        return float(res.step_time) if self.config.objective == "step" else float(res.meta["steady_time"])
 
     def _info(self) -> dict[str, Any]:
         st = self.state
