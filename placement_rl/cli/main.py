@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "place": ("placement_rl.cli.place", "zero-shot placement of a graph with a trained policy checkpoint"),
     "profile": ("placement_rl.cli.profile", "measure per-node times and link speeds on local devices (ProfileDB)"),
     "deploy": ("placement_rl.cli.deploy", "run a plan.json (DP x PP on torch.distributed) or placement.json for real"),
+    "export": ("placement_rl.cli.export", "write a plan.json as torchtitan's job config or Megatron-LM's arguments"),
 }
 
 USAGE = "usage: placement-rl <subcommand> [hydra overrides ...]   (placement-rl <subcommand> --help for its config)"

@@ -1,0 +1,83 @@
+"""``placement-rl export plan.json --to torchtitan|megatron``: a stage plan as torchtitan's job config or
+Megatron-LM's arguments (``placement_rl.export``; docs/export.md).
+
+A file conversion with no experiment to configure, so plain flags rather than Hydra overrides:
+``--graph`` (default: ``graph.json`` beside the plan), ``--topology`` (default: the preset the plan names, needed
+only to read its device names), ``--out`` (default: stdout; written whole or not at all), ``--snap`` (move a module
+the plan splits between stages whole to the stage holding most of its FLOPs). Bad input: one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from placement_rl.errors import PlacementRLError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
+        print(f"error: {message} (placement-rl export PLAN --to torchtitan|megatron)", file=sys.stderr)
+        sys.exit(2)
+
+
+def parser() -> argparse.ArgumentParser:
+    from placement_rl.export import FORMATS
+
+    p = _Parser(prog="placement-rl export", description=__doc__.split("\n\n")[0])
+    p.add_argument("plan", help="plan.json (a stage plan written by place / train / evaluate)")
+    p.add_argument("--to", required=True, choices=FORMATS, help="target trainer")
+    p.add_argument("--graph", help="the plan's graph JSON (default: graph.json beside the plan)")
+    p.add_argument("--topology", help="topology preset or YAML (default: the one the plan names)")
+    p.add_argument("--out", help="output file (default: stdout)")
+    p.add_argument("--snap", action="store_true", help="move modules split between stages to their main stage")
+    return p
+
+
+def run(args: argparse.Namespace) -> str:
+    from placement_rl.export import export_plan
+    from placement_rl.graph.ir import CompGraph
+    from placement_rl.graph.io import atomic_write_text
+    from placement_rl.plans import STAGE_PLAN_SCHEMA, StagePlan
+    from placement_rl.topology import load_topology
+
+    path = Path(args.plan)
+    if not path.is_file():
+        raise PlacementRLError(f"plan file {path} does not exist")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PlacementRLError(f"{path} is not JSON ({exc})") from None
+    if not isinstance(data, dict) or data.get("schema") != STAGE_PLAN_SCHEMA:
+        raise PlacementRLError(f"{path} is not a stage plan (schema '{STAGE_PLAN_SCHEMA}'); export takes a pipeline "
+                               "plan.json, not an op-level placement")
+    gpath = Path(args.graph) if args.graph else path.parent / "graph.json"
+    if not gpath.is_file():
+        raise PlacementRLError(f"graph file {gpath} does not exist: pass the plan's graph with --graph")
+    graph = CompGraph.from_json(gpath)
+    topo_name = args.topology or data.get("topology")
+    topology = load_topology(topo_name) if topo_name else None
+    plan = StagePlan.from_json(path, topology=topology, graph=graph)
+    text = export_plan(plan, graph, args.to, snap=args.snap)
+    if args.out:
+        atomic_write_text(args.out, text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        text = run(args)
+    except PlacementRLError as exc:
+        from placement_rl.cli.common import fail
+
+        fail(str(exc))
+        return
+    if not args.out:
+        sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,356 @@
+"""A ``StagePlan`` handed to the trainers people run: torchtitan's job config and Megatron-LM's arguments, and back.
+
+``to_torchtitan(plan, graph) -> str`` writes the ``[parallelism]`` and ``[training]`` tables of a torchtitan job
+config (TOML): ``data_parallel_replicate_degree`` / ``data_parallel_shard_degree`` (DDP or FSDP2 over the plan's
+DP degree), ``tensor_parallel_degree``, ``pipeline_parallel_degree`` (device groups), ``pipeline_parallel_schedule``
+by name (``GPipe``, ``1F1B``, ``Interleaved1F1B``, ``InterleavedZeroBubble``, ``ZBVZeroBubble``: torch's
+``torch.distributed.pipelining`` names), ``pipeline_parallel_microbatch_size`` and
+``module_fqns_per_model_part`` (the model's own module names per stage), ``local_batch_size`` /
+``global_batch_size``. Targets torchtitan's ``Parallelism`` / ``Training`` job-config fields as of its 2025
+releases (``module_fqns_per_model_part`` is the newest field used).
+
+``to_megatron(plan, graph) -> str`` writes Megatron-LM ``pretrain_gpt.py`` arguments: ``--tensor-model-parallel-size``,
+``--pipeline-model-parallel-size``, ``--pipeline-model-parallel-layout`` (the uneven layer layout, one
+``|``-separated entry per virtual stage in Megatron's order, virtual stage ``k`` on pipeline rank ``k mod pp``:
+``E`` embedding, ``t`` a transformer layer, ``L`` final norm, output layer and loss; the virtual stages per rank
+follow from it), ``--micro-batch-size`` / ``--global-batch-size``, ``--make-vocab-size-divisible-by``, and
+``--use-torch-fsdp2`` for FSDP plans. Targets Megatron-LM / Megatron-Core 0.13 and later (the layout argument;
+experimental there). Megatron runs 1F1B (interleaved with virtual stages) only: a ``gpipe`` or ``zb1p`` plan is
+refused. The plan carries no recomputation or sequence parallelism, so neither is written (Megatron's defaults:
+none, off).
+
+Stages are exported at module granularity: the transformer layers (the repeated ``<container>.<i>`` modules of
+the captured graph's ``module_paths``) and the modules around them. A module whose nodes the plan puts in two
+stages is refused (one line naming it) unless ``snap=True``, which moves it whole to the stage holding most of
+its forward FLOPs. ``from_torchtitan`` / ``from_megatron`` read the text back into a ``StagePlan`` for the same
+graph (devices ``0..world-1``, TP innermost, then DP, then pipeline rank; nodes outside every module follow their
+inputs' latest stage, those without inputs their consumers' earliest): a plan cut so round-trips exactly (tests).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from placement_rl.errors import PlanError
+from placement_rl.graph.ir import CompGraph
+from placement_rl.plans import StagePlan, graph_batch_size
+
+FORMATS = ("torchtitan", "megatron")
+_TITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved1f1b": "Interleaved1F1B",
+                    "zb1p": "InterleavedZeroBubble"}
+_LAYER = re.compile(r"^(.*?)\.(\d+)(?:\.|$)")
+
+
+@dataclass(frozen=True)
+class Modules:
+    """The graph's modules at export granularity: ``key[v]`` (None: a node of no such module, e.g. the loss),
+    ``order`` (keys in program order), ``layer`` (key -> layer index, transformer layers only)."""
+
+    key: tuple[str | None, ...]
+    order: tuple[str, ...]
+    layer: dict[str, int]
+    container: str
+
+
+def modules(graph: CompGraph) -> Modules:
+    """Find the repeated layer container (the ``prefix.<i>`` with the most distinct ``i``) and key every node."""
+    counts: dict[str, set[int]] = {}
+    for p in graph.module_paths:
+        m = _LAYER.match(p)
+        if m:
+            counts.setdefault(m.group(1), set()).add(int(m.group(2)))
+    if not counts:
+        raise PlanError(f"graph '{graph.name}' has no repeated layers (module paths like 'layers.0'): torchtitan and "
+                        "Megatron-LM split models between layers")
+    container = max(counts, key=lambda c: (len(counts[c]), -len(c)))
+    depth = container.count(".") + 1
+    keys: list[str | None] = []
+    layer: dict[str, int] = {}
+    for p in graph.module_paths:
+        if p.startswith(container + "."):
+            idx = p[len(container) + 1:].split(".")[0]
+            k = f"{container}.{idx}"
+            layer[k] = int(idx)
+        elif not p or container.startswith(p + "."):
+            k = None  # the root, or a module holding the layers: no stage of its own
+        else:
+            k = ".".join(p.split(".")[:depth])
+        keys.append(k)
+    order: list[str] = []
+    seen = set()
+    for v in graph.topo_order.tolist():
+        k = keys[v]
+        if k is not None and k not in seen:
+            seen.add(k)
+            order.append(k)
+    return Modules(tuple(keys), tuple(order), layer, container)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What both trainers need: degrees, schedule, batch split and each stage's modules (program order)."""
+
+    tp: int
+    dp: int
+    pp: int
+    num_stages: int
+    schedule: str
+    num_microbatches: int
+    batch_size: int
+    sharding: str
+    vocab_divisible_by: int
+    stage_modules: tuple[tuple[str, ...], ...]
+    mods: Modules
+
+    @property
+    def virtual(self) -> int:
+        return self.num_stages // self.pp
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.batch_size // (self.num_microbatches * self.dp)
+
+
+def layout(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> Layout:
+    """The plan at module granularity (``PlanError`` naming what cannot be exported)."""
+    from placement_rl.executor._mesh import parallel_dims
+
+    if len(plan.stage_of_node) != graph.num_nodes:
+        raise PlanError(f"plan has {len(plan.stage_of_node)} entries but graph '{graph.name}' has {graph.num_nodes} "
+                        "nodes: export it with the graph it was made for")
+    dims = parallel_dims(plan)  # one DP and one TP degree, groups equal or disjoint, a schedule torch runs
+    if dims.num_stages > 1 and dims.layout not in ("single", "loop") and plan.schedule != "zb1p":
+        raise PlanError("virtual stages must go round-robin over the device groups (stage k on group k mod pp)")
+    batch = plan.batch_size if plan.batch_size is not None else graph_batch_size(graph)
+    if batch is None:
+        raise PlanError(f"the plan and graph '{graph.name}' name no batch size: set the plan's batch_size")
+    mods = modules(graph)
+    where: dict[str, dict[int, float]] = {}
+    for v, k in enumerate(mods.key):
+        if k is not None:
+            d = where.setdefault(k, {})
+            s = int(plan.stage_of_node[v])
+            d[s] = d.get(s, 0.0) + float(graph.fwd_flops[v]) + 1e-9
+    stage_of: dict[str, int] = {}
+    last = 0
+    for k in mods.order:
+        d = where[k]
+        if len(d) > 1 and not snap:
+            raise PlanError(f"module '{k}' is split between stages {sorted(d)}: torchtitan and Megatron-LM cut between "
+                            "modules; move the cut to a layer boundary or export with --snap")
+        last = max(last, max(d, key=d.get))
+        stage_of[k] = last
+    per = [tuple(k for k in mods.order if stage_of[k] == s) for s in range(plan.num_stages)]
+    empty = [s for s, ms in enumerate(per) if not ms]
+    if empty:
+        raise PlanError(f"stage {empty[0]} holds no whole module after snapping: use fewer stages")
+    return Layout(tp=dims.tp, dp=dims.dp, pp=dims.pp, num_stages=dims.num_stages, schedule=plan.schedule,
+                  num_microbatches=dims.num_microbatches, batch_size=int(batch), sharding=plan.sharding,
+                  vocab_divisible_by=plan.make_vocab_size_divisible_by, stage_modules=tuple(per), mods=mods)
+
+
+def _header(plan: StagePlan, graph: CompGraph, what: str) -> list[str]:
+    return [f"# {what}: placement-rl stage plan for graph '{graph.name}' (fingerprint {graph.fingerprint()[:16]})",
+            f"# {plan.num_stages} stage(s), predicted step {plan.meta['step_time']:.6g} s"
+            if isinstance(plan.meta.get("step_time"), (int, float)) else f"# {plan.num_stages} stage(s)"]
+
+
+def to_torchtitan(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> str:
+    """torchtitan job-config TOML (``[parallelism]``, ``[training]``) for ``plan`` (see the module docstring)."""
+    lay = layout(plan, graph, snap=snap)
+    sched = _TITAN_SCHEDULES[plan.schedule]
+    if plan.schedule == "zb1p" and lay.virtual == 2 and lay.num_stages > lay.pp:
+        from placement_rl.executor._mesh import parallel_dims
+
+        if parallel_dims(plan).layout == "v":
+            sched = "ZBVZeroBubble"
+    fsdp = lay.sharding == "fsdp"
+    lines = _header(plan, graph, "torchtitan job config") + [
+        "# module names are the captured model's (torchtitan's Llama names them tok_embeddings, layers.<i>, norm,",
+        "# output); the vocabulary padding below is Megatron's rule, torchtitan shards unevenly instead",
+        f"# make_vocab_size_divisible_by = {lay.vocab_divisible_by}",
+        "", "[parallelism]",
+        f"data_parallel_replicate_degree = {1 if fsdp else lay.dp}",
+        f"data_parallel_shard_degree = {lay.dp if fsdp else 1}",
+        f"tensor_parallel_degree = {lay.tp}",
+        f"pipeline_parallel_degree = {lay.pp}"]
+    if lay.num_stages > 1:
+        parts = ", ".join("[" + ", ".join(f'"{m}"' for m in ms) + "]" for ms in lay.stage_modules)
+        lines += [f'pipeline_parallel_schedule = "{sched}"',
+                  f"pipeline_parallel_microbatch_size = {lay.micro_batch_size}",
+                  f"module_fqns_per_model_part = [{parts}]"]
+    lines += ["", "[training]", f"local_batch_size = {lay.batch_size // lay.dp}",
+              f"global_batch_size = {lay.batch_size}", ""]
+    return "\n".join(lines)
+
+
+def _megatron_stage(ms: tuple[str, ...], mods: Modules, first: bool, last: bool, k: int) -> str:
+    layers = [m for m in ms if m in mods.layer]
+    first = min(mods.order.index(m) for m in mods.layer)
+    pre = [m for m in ms if m not in mods.layer and mods.order.index(m) < first]
+    post = [m for m in ms if m not in mods.layer and m not in pre]
+    if pre and not first:
+        raise PlanError(f"stage {k} holds {pre[0]} (before the layers): Megatron-LM keeps the embedding in the first "
+                        "stage")
+    if post and not last:
+        raise PlanError(f"stage {k} holds {post[0]} (after the layers): Megatron-LM keeps the final norm, output layer "
+                        "and loss together in the last stage")
+    out = "E" if pre else ""
+    n = len(layers)
+    out += "t" * n if n <= 1 else f"t*{n}"
+    return out + ("L" if post else "")
+
+
+def to_megatron(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> str:
+    """Megatron-LM command-line arguments for ``plan`` (see the module docstring), one per line."""
+    if plan.schedule in ("gpipe", "zb1p"):
+        raise PlanError(f"Megatron-LM runs 1F1B (interleaved with virtual stages), not '{plan.schedule}': plan with "
+                        "schedule 1f1b or interleaved1f1b, or export --to torchtitan")
+    lay = layout(plan, graph, snap=snap)
+    mods = lay.mods
+    if mods.order[0] in mods.layer or mods.order[-1] in mods.layer:
+        raise PlanError(f"graph '{graph.name}' has no modules before and after its layers (embedding, head): "
+                        "Megatron-LM's layout needs both")
+    args = [("--tensor-model-parallel-size", lay.tp), ("--pipeline-model-parallel-size", lay.pp)]
+    if lay.num_stages > 1:
+        stages = [_megatron_stage(ms, mods, k == 0, k == lay.num_stages - 1, k)
+                  for k, ms in enumerate(lay.stage_modules)]
+        args.append(("--pipeline-model-parallel-layout", f'"{"|".join(stages)}"'))
+    args += [("--num-layers", len(mods.layer)), ("--micro-batch-size", lay.micro_batch_size),
+             ("--global-batch-size", lay.batch_size),
+             ("--make-vocab-size-divisible-by", max(lay.vocab_divisible_by, 1))]
+    lines = _header(plan, graph, "Megatron-LM arguments") + [
+        f"# data parallel: {lay.dp} ({'FSDP2' if lay.sharding == 'fsdp' else 'DDP'}); world size "
+        f"{lay.dp * lay.pp * lay.tp}; {lay.virtual} virtual stage(s) per pipeline rank; 1F1B"
+        + (" interleaved" if lay.virtual > 1 else "")]
+    body = [f"{k} {v}" for k, v in args]
+    if lay.sharding == "fsdp":
+        body.append("--use-torch-fsdp2")
+    return "\n".join(lines + [" \\\n".join(body), ""])
+
+
+# ----------------------------------------------------------------------------------------------- back to a plan
+def _plan(graph: CompGraph, parts: list[list[str]], *, tp: int, dp: int, pp: int, m: int, schedule: str,
+          sharding: str, batch: int, vocab: int) -> StagePlan:
+    mods = modules(graph)
+    stage_of: dict[str, int] = {}
+    for s, ms in enumerate(parts):
+        for k in ms:
+            if k not in mods.order:
+                raise PlanError(f"module '{k}' of stage {s} is not a module of graph '{graph.name}'")
+            if k in stage_of:
+                raise PlanError(f"module '{k}' is listed in stages {stage_of[k]} and {s}")
+            stage_of[k] = s
+    missing = [k for k in mods.order if k not in stage_of]
+    if missing:
+        raise PlanError(f"module '{missing[0]}' of graph '{graph.name}' is in no stage")
+    son = np.zeros(graph.num_nodes, dtype=np.int64)
+    for v in graph.topo_order.tolist():  # a node of no module follows its inputs' latest stage
+        k = mods.key[v]
+        preds = graph.predecessors(v)
+        son[v] = stage_of[k] if k is not None else int(son[preds].max()) if len(preds) else 0
+    for v in graph.topo_order.tolist()[::-1]:  # ... one without inputs (targets, positions) its consumers' earliest
+        succ = graph.successors(v)
+        if mods.key[v] is None and not len(graph.predecessors(v)) and len(succ):
+            son[v] = int(son[succ].min())
+    w = dp * tp
+    groups = tuple(tuple(range((s % pp) * w, (s % pp + 1) * w)) for s in range(len(parts)))
+    return StagePlan(son, groups, num_microbatches=m, schedule=schedule, batch_size=batch, sharding=sharding,
+                     tp=(tp,) * len(parts), make_vocab_size_divisible_by=vocab)
+
+
+def from_torchtitan(text: str, graph: CompGraph) -> StagePlan:
+    """The ``StagePlan`` a torchtitan job config (as ``to_torchtitan`` writes it) describes for ``graph``."""
+    try:
+        cfg = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PlanError(f"not a torchtitan TOML job config ({exc})") from None
+    par, tr = cfg.get("parallelism", {}), cfg.get("training", {})
+    rep, shard = int(par.get("data_parallel_replicate_degree", 1)), int(par.get("data_parallel_shard_degree", 1))
+    if rep > 1 and shard > 1:
+        raise PlanError("HSDP (replicate and shard degrees both > 1) has no stage-plan counterpart")
+    dp, pp, tp = max(rep, shard), int(par.get("pipeline_parallel_degree", 1)), int(par.get("tensor_parallel_degree", 1))
+    batch = int(tr.get("global_batch_size", -1))
+    if batch < 1:
+        batch = int(tr.get("local_batch_size", 8)) * dp
+    mods = modules(graph)
+    parts = par.get("module_fqns_per_model_part") or [list(mods.order)]
+    names = {v: k for k, v in _TITAN_SCHEDULES.items()} | {"ZBVZeroBubble": "zb1p"}
+    schedule = names.get(str(par.get("pipeline_parallel_schedule", "1F1B")))
+    if schedule is None:
+        raise PlanError(f"pipeline schedule '{par.get('pipeline_parallel_schedule')}' has no stage-plan counterpart "
+                        f"(choose one of {', '.join(names)})")
+    micro = int(par.get("pipeline_parallel_microbatch_size", batch // dp)) if len(parts) > 1 else batch // dp
+    vocab = re.search(r"make_vocab_size_divisible_by = (\d+)", text)
+    return _plan(graph, [list(p) for p in parts], tp=tp, dp=dp, pp=pp, m=max(batch // (dp * micro), 1),
+                 schedule=schedule, sharding="fsdp" if shard > 1 else "dp", batch=batch,
+                 vocab=int(vocab.group(1)) if vocab else 128)
+
+
+def _megatron_args(text: str) -> dict[str, Any]:
+    body = " ".join(x for x in text.splitlines() if not x.lstrip().startswith("#")).replace("\\", " ")
+    out: dict[str, Any] = {}
+    for m in re.finditer(r'--([a-z0-9-]+)(?:\s+("[^"]*"|[^-\s][^\s]*))?', body):
+        out[m.group(1)] = True if m.group(2) is None else m.group(2).strip('"')
+    return out
+
+
+def _expand(stage: str) -> list[str]:
+    out = []
+    for sym, rep in re.findall(r"([EtL])(?:\*(\d+))?", stage):
+        out += [sym] * (int(rep) if rep else 1)
+    if "".join(re.findall(r"[EtL]|\*\d+", stage)) != re.sub(r"\s", "", stage):
+        raise PlanError(f"layout entry '{stage}' uses symbols other than E, t, L (with *n)")
+    return out
+
+
+def from_megatron(text: str, graph: CompGraph) -> StagePlan:
+    """The ``StagePlan`` Megatron-LM arguments (as ``to_megatron`` writes them) describe for ``graph``."""
+    a = _megatron_args(text)
+    try:
+        tp, pp = int(a.get("tensor-model-parallel-size", 1)), int(a.get("pipeline-model-parallel-size", 1))
+        micro, batch = int(a["micro-batch-size"]), int(a["global-batch-size"])
+        vocab = int(a.get("make-vocab-size-divisible-by", 128))
+    except (KeyError, ValueError) as exc:
+        raise PlanError(f"Megatron-LM arguments need integer --micro-batch-size and --global-batch-size ({exc})") \
+            from None
+    world = re.search(r"world size (\d+)", text)
+    dp = int(world.group(1)) // (tp * pp) if world else 1
+    mods = modules(graph)
+    layers = sorted(mods.layer, key=mods.layer.get)
+    first = mods.order.index(layers[0])
+    pre = [k for k in mods.order[:first] if k not in mods.layer]
+    post = [k for k in mods.order[first:] if k not in mods.layer]
+    if "pipeline-model-parallel-layout" in a:
+        stages = [_expand(x) for x in str(a["pipeline-model-parallel-layout"]).split("|")]
+    else:
+        stages = [["E", *["t"] * len(layers), "L"]]
+    parts, it = [], iter(layers)
+    for st in stages:
+        part = []
+        for sym in st:
+            part += pre if sym == "E" else post if sym == "L" else [next(it, "")]
+        if "" in part:
+            raise PlanError(f"the layout has more layers than graph '{graph.name}' ({len(layers)})")
+        parts.append(part)
+    if next(it, None) is not None:
+        raise PlanError(f"the layout places fewer layers than graph '{graph.name}' has ({len(layers)})")
+    schedule = "1f1b" if len(stages) <= pp else "interleaved1f1b"
+    return _plan(graph, parts, tp=tp, dp=dp, pp=pp, m=batch // (dp * micro), schedule=schedule,
+                 sharding="fsdp" if a.get("use-torch-fsdp2") else "dp", batch=batch, vocab=vocab)
+
+
+def export_plan(plan: StagePlan, graph: CompGraph, fmt: str, *, snap: bool = False) -> str:
+    """``to_torchtitan`` or ``to_megatron`` by name."""
+    if fmt not in FORMATS:
+        raise PlanError(f"unknown export format '{fmt}' (choose one of {', '.join(FORMATS)})")
+    return (to_torchtitan if fmt == "torchtitan" else to_megatron)(plan, graph, snap=snap)
+
+
+__all__ = ["FORMATS", "Layout", "Modules", "export_plan", "from_megatron", "from_torchtitan", "layout", "modules",
+           "to_megatron", "to_torchtitan"]

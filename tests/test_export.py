@@ -1,0 +1,154 @@
+"""Export of stage plans to torchtitan's job config and Megatron-LM's arguments, the round trip back to a StagePlan,
+and the CLI (one line, exit 2 on bad input)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+
+import numpy as np
+import pytest
+import torch
+
+from placement_rl import export as ex
+from placement_rl.errors import PlanError
+from placement_rl.graph import zoo
+from placement_rl.graph.capture import capture_zoo
+from placement_rl.plans import StagePlan
+from placement_rl.topology import load_topology
+
+torch.set_num_threads(1)
+GPT = dict(batch_size=8, seq_len=8, vocab_size=50257, d_model=16, n_layers=4, n_heads=2, dropout=0.0)
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    return capture_zoo("gpt", **GPT)
+
+
+def cut_after(g, blocks):
+    """Stage of every node when stages end after the given blocks' residual adds (node order = program order)."""
+    ends = [max(i for i, p in enumerate(g.module_paths) if p == f"blocks.{b}") + 1 for b in blocks]
+    return np.searchsorted(np.array(ends), np.arange(g.num_nodes), side="right")
+
+
+def same(a: StagePlan, b: StagePlan) -> None:
+    assert np.array_equal(a.stage_of_node, b.stage_of_node)
+    assert (a.stage_devices, a.tp, a.num_microbatches, a.schedule, a.sharding, a.make_vocab_size_divisible_by) == \
+        (b.stage_devices, b.tp, b.num_microbatches, b.schedule, b.sharding, b.make_vocab_size_divisible_by)
+    assert (a.batch_size or GPT["batch_size"]) == (b.batch_size or GPT["batch_size"])
+
+
+def plans(g):
+    two = cut_after(g, [0])
+    four = cut_after(g, [0, 1, 2])
+    return {
+        "tp2 x pp2 1f1b m2": StagePlan(two, ((0, 1), (2, 3)), tp=(2, 2), num_microbatches=2, schedule="1f1b"),
+        "fsdp dp4": StagePlan(np.zeros(g.num_nodes, dtype=np.int64), ((0, 1, 2, 3),), sharding="fsdp"),
+        "tp2 x dp2": StagePlan(np.zeros(g.num_nodes, dtype=np.int64), ((0, 1, 2, 3),), tp=(2,)),
+        "interleaved pp2 x 2 virtual, vocab 64": StagePlan(four, ((0,), (1,), (0,), (1,)), num_microbatches=2,
+                                                          schedule="interleaved1f1b", make_vocab_size_divisible_by=64),
+    }
+
+
+@pytest.mark.parametrize("name", ["tp2 x pp2 1f1b m2", "fsdp dp4", "tp2 x dp2", "interleaved pp2 x 2 virtual, vocab 64"])
+def test_round_trip_through_both_formats(gpt, name):
+    plan = plans(gpt)[name]
+    topo = load_topology("8x_a100_nvswitch")
+    plan.validate(gpt, topo)
+    titan = ex.to_torchtitan(plan, gpt)
+    cfg = tomllib.loads(titan)["parallelism"]
+    assert cfg["tensor_parallel_degree"] == plan.tp[0]
+    same(ex.from_torchtitan(titan, gpt), plan)
+    megatron = ex.to_megatron(plan, gpt)
+    assert f"--tensor-model-parallel-size {plan.tp[0]}" in megatron
+    same(ex.from_megatron(megatron, gpt), plan)
+
+
+def test_what_each_trainer_is_told(gpt):
+    p = plans(gpt)
+    titan = tomllib.loads(ex.to_torchtitan(p["tp2 x pp2 1f1b m2"], gpt))
+    par = titan["parallelism"]
+    assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"], par["tensor_parallel_degree"],
+            par["pipeline_parallel_degree"], par["pipeline_parallel_schedule"],
+            par["pipeline_parallel_microbatch_size"]) == (1, 1, 2, 2, "1F1B", 4)
+    assert par["module_fqns_per_model_part"] == [["wte", "wpe", "drop", "blocks.0"],
+                                                 ["blocks.1", "blocks.2", "blocks.3", "ln_f", "lm_head"]]
+    assert titan["training"] == {"local_batch_size": 8, "global_batch_size": 8}
+    fsdp = tomllib.loads(ex.to_torchtitan(p["fsdp dp4"], gpt))["parallelism"]
+    assert (fsdp["data_parallel_replicate_degree"], fsdp["data_parallel_shard_degree"]) == (1, 4)
+    inter = ex.to_megatron(p["interleaved pp2 x 2 virtual, vocab 64"], gpt)
+    assert '--pipeline-model-parallel-layout "Et|t|t|tL"' in inter and "--pipeline-model-parallel-size 2" in inter
+    assert "--make-vocab-size-divisible-by 64" in inter and "2 virtual stage(s) per pipeline rank" in inter
+    assert "--micro-batch-size 4" in inter and "--global-batch-size 8" in inter
+    uneven = StagePlan(cut_after(gpt, [2]), ((0,), (1,)), num_microbatches=2)
+    assert '"Et*3|tL"' in ex.to_megatron(uneven, gpt)
+    assert "--use-torch-fsdp2" in ex.to_megatron(p["fsdp dp4"], gpt)
+
+
+def test_plans_megatron_cannot_run_are_refused_and_a_split_layer_needs_snap(gpt):
+    gpipe = StagePlan(cut_after(gpt, [1]), ((0,), (1,)), num_microbatches=2, schedule="gpipe")
+    with pytest.raises(PlanError, match="Megatron-LM runs 1F1B"):
+        ex.to_megatron(gpipe, gpt)
+    assert 'pipeline_parallel_schedule = "GPipe"' in ex.to_torchtitan(gpipe, gpt)
+    inside = np.zeros(gpt.num_nodes, dtype=np.int64)
+    inside[gpt.index["gelu_1"]:] = 1  # between block 1's MLP GEMMs
+    plan = StagePlan(inside, ((0,), (1,)), num_microbatches=2)
+    with pytest.raises(PlanError, match=r"module 'blocks.1' is split between stages \[0, 1\]"):
+        ex.to_torchtitan(plan, gpt)
+    snapped = ex.from_torchtitan(ex.to_torchtitan(plan, gpt, snap=True), gpt)
+    layer1 = [i for i, p in enumerate(gpt.module_paths) if p.startswith("blocks.1")]
+    assert set(snapped.stage_of_node[layer1].tolist()) == {0}  # most of block 1's FLOPs (attention) are in stage 0
+    unequal = StagePlan(cut_after(gpt, [1]), ((0, 1), (2,)), num_microbatches=2)
+    with pytest.raises(PlanError, match="unequal DP degrees"):
+        ex.to_megatron(unequal, gpt)
+
+
+def test_llama_modules_round_trip():
+    ov = dict(zoo.tiny("llama_hf"), vocab_size=96, batch_size=4)
+    g = capture_zoo("llama_hf", **ov)
+    mods = ex.modules(g)
+    assert mods.container == "model.model.layers" and mods.order[0] == "model.model.embed_tokens"
+    son = np.array([0 if (k is None or k in mods.order[:mods.order.index("model.model.layers.0") + 1]) else 1
+                    for k in mods.key])
+    plan = ex.from_torchtitan(ex.to_torchtitan(StagePlan(son, ((0,), (1,)), num_microbatches=2), g, snap=True), g)
+    again = ex.from_megatron(ex.to_megatron(plan, g), g)
+    same(again, plan)
+
+
+def test_cli_export_and_bad_input_one_line_exit_2(gpt, tmp_path):
+    topo = load_topology("8x_a100_nvswitch")
+    gpt.to_json(tmp_path / "graph.json")
+    plan = plans(gpt)["tp2 x pp2 1f1b m2"]
+    plan.to_json(tmp_path / "plan.json", graph=gpt, topology=topo)
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "placement_rl.cli.main", "export", *args], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300, env=env)
+
+    r = cli("plan.json", "--to", "megatron")
+    assert r.returncode == 0, r.stderr
+    same(ex.from_megatron(r.stdout, gpt), plan)
+    r = cli("plan.json", "--to", "torchtitan", "--out", "titan.toml")
+    assert r.returncode == 0 and (tmp_path / "titan.toml").is_file()
+    same(ex.from_torchtitan((tmp_path / "titan.toml").read_text(), gpt), plan)
+    (tmp_path / "place.json").write_text(json.dumps({"schema": "placement_rl.placement", "devices": []}))
+    inside = np.zeros(gpt.num_nodes, dtype=np.int64)
+    inside[gpt.index["gelu_1"]:] = 1
+    StagePlan(inside, ((0,), (1,)), num_microbatches=2).to_json(tmp_path / "split.json", graph=gpt, topology=topo)
+    gpipe = StagePlan(cut_after(gpt, [1]), ((0,), (1,)), num_microbatches=2, schedule="gpipe")
+    gpipe.to_json(tmp_path / "gpipe.json", graph=gpt, topology=topo)
+    for args, msg in ((("plan.json",), "--to"), (("plan.json", "--to", "deepspeed"), "invalid choice"),
+                      (("missing.json", "--to", "megatron"), "does not exist"),
+                      (("place.json", "--to", "megatron"), "not a stage plan"),
+                      (("plan.json", "--to", "megatron", "--graph", "nope.json"), "graph file"),
+                      (("split.json", "--to", "megatron", "--out", "bad.txt"), "split between stages"),
+                      (("gpipe.json", "--to", "megatron"), "runs 1F1B")):
+        r = cli(*args)
+        lines = [x for x in r.stderr.strip().splitlines() if x.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and msg in lines[0], (args, r.stderr)
+    assert not (tmp_path / "bad.txt").exists()
