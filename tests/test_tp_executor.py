@@ -150,8 +150,9 @@ def test_gpt2_vocabulary_padded_at_tp2_gradients_equal_one_process_on_the_real_v
 
 def test_fused_qkv_region_runs_on_local_shards(gpt):
     """The fused QKV projection's region (split, per-head views, scores, softmax, weighted sum, merge) gets local
-    shapes at TP 2, so the heads run split as the cost model prices them; the MLP's region has no split and keeps the
-    DTensor path. The interleaved row order puts each rank's q, k and v rows in its contiguous shard."""
+    shapes at TP 2, so the heads run split as the cost model prices them; the MLP's region (no split: k = 1, nothing
+    to rewrite) runs on local shards too. The interleaved row order puts each rank's q, k and v rows in its
+    contiguous shard."""
     from placement_rl.executor._tp import _interleave, local_region, node_kinds
 
     module, inputs = zoo.build("gpt", **GPT)
@@ -160,8 +161,10 @@ def test_fused_qkv_region_runs_on_local_shards(gpt):
     nodes = {n.name: n for n in gm.graph.nodes}
     cols = [n for n in gm.graph.nodes if kinds.get(n.name) == "column"]
     got = {n.name: local_region(gm, n, kinds, 2) for n in cols}
-    fused = [name for name, r in got.items() if r is not None]
+    assert all(r is not None for r in got.values())  # every region runs on local shards
+    fused = [name for name, r in got.items() if r[1] > 1]
     assert len(fused) == GPT["n_layers"] and all(got[name][1] == 3 for name in fused)
+    assert all(got[name] == ({}, 1) for name in got if name not in fused)  # the MLPs: nothing to rewrite
     rewrites, _ = got[fused[0]]
     d, h = GPT["d_model"], GPT["n_heads"]
     split = next(n for n in rewrites if "split" in str(n.target))

@@ -14,12 +14,14 @@ dimension with the Megatron styles:
 * vocab-parallel embedding: ``RowwiseParallel(input_layouts=Replicate())`` on the embedding -- table
   ``Shard(0)``, masked lookup, output all-reduced.
 
-A column GEMM whose output is split into equal chunks on its sharded dimension (a fused QKV projection) would
-make DTensor all-gather before the split and run the heads replicated. There the region up to the row GEMM runs
-on local shards instead (:func:`local_region`: split sizes, view / reshape shapes divided by the TP degree along
-the tracked sharded dimension, the GEMM's output rows interleaved so that each rank's contiguous shard holds its
-heads of every chunk, Megatron's layout); :class:`PartRunner.grads` un-permutes those rows (``ROW_PERM``). A region
-with an op this rewrite has no rule for keeps the DTensor path.
+Every column GEMM's region up to its row GEMM runs on local shards where :func:`local_region` has a rule for each
+of its ops (Megatron's way: no DTensor between the column and the row, so the executor runs what the cost model
+prices); a fused projection (a QKV whose output is split into equal chunks) would otherwise make DTensor
+all-gather before the split and run the heads replicated. Split sizes and view / reshape shapes are divided by the
+TP degree along the tracked sharded dimension, and a fused GEMM's output rows are interleaved so that each rank's
+contiguous shard holds its heads of every chunk (Megatron's layout); :class:`PartRunner.grads` un-permutes those
+rows (``ROW_PERM``). A region with an op this rewrite has no rule for (e.g. Llama's separate q / k / v, whose
+scores mix two columns) keeps the DTensor path.
 
 The step runs under ``implicit_replication`` (forward and backward; plain tensors meeting DTensors -- masks, targets, the residual
 stream -- count as replicated) and its outputs are plain tensors (a DTensor output, e.g. the loss computed from
@@ -131,9 +133,9 @@ def _regroup(s_in: tuple[int, ...], d: int, s_out: tuple[int, ...], tp: int) -> 
 
 def local_region(gm: fx.GraphModule, col: fx.Node, kinds: Mapping[str, str], tp: int
                  ) -> tuple[dict[fx.Node, tuple], int] | None:
-    """For column GEMM ``col`` whose output is split into ``k`` equal chunks on its last dim: the new args of every
-    op of its TP region when it runs on local shards (``{node: args}``) and ``k``; None if the output is not split
-    so, or an op of the region has no rule here (then the DTensor path stays)."""
+    """For column GEMM ``col`` (its output split into ``k`` equal chunks on its last dim when fused, else ``k = 1``):
+    the new args of every op of its TP region when it runs on local shards (``{node: args}``) and ``k``; None if an
+    op of the region has no rule here (then the DTensor path stays)."""
     out = _shape(col)
     if out is None:
         return None
@@ -207,7 +209,7 @@ def local_region(gm: fx.GraphModule, col: fx.Node, kinds: Mapping[str, str], tp:
             sdim[n] = len(shp) + d
         else:
             return None
-    return (new, k) if k > 1 else None
+    return new, max(k, 1)
 
 
 def _interleave(w: torch.Tensor, k: int, tp: int) -> torch.Tensor:
@@ -338,14 +340,15 @@ def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
         gm.graph.erase_node(n)
         if vocab is not None and vocab[1] > vocab[0] and kind in _VOCAB and int(mod.weight.shape[0]) == vocab[0]:
             pad_vocab(gm, mod, call, kind, vocab, padded)
-        if n.name in local:  # a fused column GEMM: its region runs on local shards
+        if n.name in local:  # a column GEMM whose region runs on local shards (a fused one: rows interleaved)
             rewrites, k = local[n.name]
-            perm = _interleave(mod.weight, k, tp)
-            with torch.no_grad():
-                mod.weight.data = mod.weight.data[perm].clone()
-                if mod.bias is not None:
-                    mod.bias.data = mod.bias.data[perm].clone()
-            setattr(mod, ROW_PERM, perm)
+            if k > 1:
+                perm = _interleave(mod.weight, k, tp)
+                with torch.no_grad():
+                    mod.weight.data = mod.weight.data[perm].clone()
+                    if mod.bias is not None:
+                        mod.bias.data = mod.bias.data[perm].clone()
+                setattr(mod, ROW_PERM, perm)
             for m, args in rewrites.items():  # the split reads the new module call, not the erased node
                 m.args = tuple(call if a is n else a for a in args)
             plan[path] = ColwiseParallel(use_local_output=True)
