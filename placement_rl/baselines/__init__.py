@@ -6,11 +6,14 @@ of simulator calls the placer may spend (heuristics use a few to check and repai
 ``seconds`` a wall-clock budget as well (searches stop when it is spent: comparisons at equal seconds).
 The returned ``Placement.meta`` records ``placer``, ``budget``, ``seed``, ``sim_calls`` (counted by the
 ``Simulator``), ``search_seconds``, ``trace`` (the anytime curve: ``[seconds, calls, best step time]`` at each
-improvement) and, when it was simulated, ``step_time`` and ``feasible``.
+improvement) and, when it was simulated, ``step_time`` and ``feasible``. ``objective="throughput"``: every
+simulated candidate is scored by its steady-state time per batch (``cost.throughput``), so searches minimise it
+(constructive heuristics still build for the step time); meta adds ``objective`` and ``steady_time``.
 
 Pipeline partitioners (``pipeline_names()``, ``get_pipeline(name)``), each called as
 ``partitioner(graph, costs, topology, *, budget, seed, num_microbatches=4, schedule="1f1b",
-batch_size=None) -> StagePlan``, with the same meta (calls counted by the ``PipelineSimulator``).
+batch_size=None, objective="step") -> StagePlan``, with the same meta (calls counted by the
+``PipelineSimulator``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from placement_rl.topology import DeviceTopology
 
 class Placer(Protocol):
     def __call__(self, graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int,
-                 seed: int, seconds: float | None = None) -> Placement: ...
+                 seed: int, seconds: float | None = None, objective: str = "step") -> Placement: ...
 
 
 class Partitioner(Protocol):
@@ -70,8 +73,8 @@ def get(name: str) -> Placer:
     fn = _PLACERS[name]
 
     def placer(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int,
-               seed: int, seconds: float | None = None) -> Placement:
-        prob = Problem(graph, costs, topology, budget=budget, seed=seed, seconds=seconds)
+               seed: int, seconds: float | None = None, objective: str = "step") -> Placement:
+        prob = Problem(graph, costs, topology, budget=budget, seed=seed, seconds=seconds, objective=objective)
         return prob.finish(fn(prob), name)
 
     placer.__name__ = placer.__qualname__ = name

@@ -51,8 +51,11 @@ class Problem:
     at every improvement."""
 
     def __init__(self, graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int,
-                 seed: int, seconds: float | None = None) -> None:
+                 seed: int, seconds: float | None = None, objective: str = "step") -> None:
         check_inputs(graph, costs, topology, budget)
+        from placement_rl.cost.modes import check_objective
+
+        self.objective = check_objective(objective)  # throughput: scores are steady-state times per batch
         if seconds is not None and not float(seconds) > 0:
             raise ConfigError(f"seconds must be > 0, got {seconds!r}")
         self.graph, self.costs, self.topology = graph, costs, topology
@@ -138,7 +141,12 @@ class Problem:
             return None
         res = self.sim.run(devices)
         over = float(np.maximum(np.asarray(res.peak_memory) - self.capacity, 0.0).sum())
-        s = Score(float(res.step_time), bool(res.feasible), 0.0 if res.feasible else max(over, 1.0),
+        value = float(res.step_time)
+        if self.objective == "throughput":
+            from placement_rl.cost.throughput import op_steady_time
+
+            value = op_steady_time(self.graph, self.costs, devices)
+        s = Score(value, bool(res.feasible), 0.0 if res.feasible else max(over, 1.0),
                   np.asarray(res.peak_memory, dtype=np.float64))
         self._scored[key] = s
         self.note(s.step_time, s.feasible)
@@ -160,6 +168,9 @@ class Problem:
             meta["seconds_budget"] = self.seconds
         if s is not None:
             meta.update(step_time=s.step_time, feasible=s.feasible)
+            if self.objective != "step":
+                meta.update(objective=self.objective, steady_time=s.step_time)
+                meta["step_time"] = float(self.sim.run(devices).step_time)
         meta.update(extra)
         return Placement(devices, meta=meta).validate(self.graph, self.topology)
 
