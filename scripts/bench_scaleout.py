@@ -16,7 +16,9 @@
    (on Ray a trajectory's labelling is split into jobs of ``agents.scaleout.CHUNK`` states).
 
 The last line reads ``speed-up <x>`` (labelling + evaluation, 2 workers over 1) and ``identical`` (or
-``NOT identical``).
+``NOT identical``); the figures go to ``results/bench_scaleout[_quick][_ray_running].json`` (``_ray_running``: a Ray
+instance was already running on the machine, e.g. ``ray start --head --num-cpus=1``; the bench's workers run on a
+private instance of their own, never on it).
 """
 
 from __future__ import annotations
@@ -112,6 +114,11 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=None)
     ap.add_argument("--workers", type=int, default=2, help="the parallel side of the comparison")
     a = ap.parse_args()
+    from placement_rl.scale_ray import other_instances
+
+    bench_t0 = time.perf_counter()
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    others = other_instances()  # a Ray instance already running on the machine (`ray start --head`): not joined
     n_tasks = a.tasks or (12 if a.quick else 32)
     from placement_rl.agents.constructive import rollout
     from placement_rl.agents.scaleout import CHUNK, LabelJob, evaluate_tasks, label_states, shippable
@@ -194,7 +201,8 @@ def main() -> None:
     evn = evaluate_tasks(policy, tasks, samples=16, seed=0, workers=wn)
     en = time.perf_counter() - t1
     same = identical_labels(lab1, labn) and identical_results(ev1, evn)
-    print(f"\n2. {len(jobs)} labelling jobs and {len(tasks)} evaluations (greedy + best of 16), {wn.describe()}:")
+    where = wn.describe()
+    print(f"\n2. {len(jobs)} labelling jobs and {len(tasks)} evaluations (greedy + best of 16), {where}:")
     print(f"   labelling:  1 worker {l1:6.2f} s, {wn.count} workers {ln:6.2f} s: x{l1 / ln:.2f}; labels "
           f"{'identical' if identical_labels(lab1, labn) else 'DIFFER'}")
     print(f"   evaluation: 1 worker {e1:6.2f} s, {wn.count} workers {en:6.2f} s: x{e1 / en:.2f}; placements "
@@ -271,6 +279,15 @@ def main() -> None:
 
     shutil.rmtree(tmp, ignore_errors=True)
     speed = (l1 + e1) / (ln + en)
+    from placement_rl.results import write_result
+
+    name = "bench_scaleout" + ("_quick" if a.quick else "") + ("_ray_running" if others else "")
+    write_result(name, {"tasks": n_tasks, "labelling_jobs": len(jobs), "workers": wn.count, "where": where,
+                        "ray_already_running": others, "labelling_s": {"1": l1, str(wn.count): ln},
+                        "evaluation_s": {"1": e1, str(wn.count): en}, "speed_up": speed, "identical": same,
+                        "ray_start_s": started, "workers_warm_up_s": warm, "ms_per_noop_job": over * 1e3,
+                        "load_start": load_start, "load_end": [round(x, 2) for x in os.getloadavg()]},
+                 seconds=time.perf_counter() - bench_t0)
     print(f"labelling + evaluation on {wn.count} workers vs 1: speed-up {speed:.2f}, "
           f"{'identical' if same else 'NOT identical'}")
 
