@@ -160,7 +160,9 @@ class StagePlan:
     """A pipeline plan: stage of each node, device group (its size is the DP degree) per stage.
 
     ``stage_of_node[i]`` in ``0..S-1``; every edge goes from a stage to the same or a later one, so each
-    stage is a contiguous block of a topological order. ``stage_devices[s]`` are device indices; for
+    stage is a contiguous set of the DAG: the difference of two nested downward-closed sets (ideals), not
+    necessarily a block of ``graph.topo_order`` (``graph.ideals``; the simulator and the executor's stage split
+    take any such numbering). ``stage_devices[s]`` are device indices; for
     ``interleaved1f1b`` several (virtual) stages may share a device group, otherwise groups are disjoint.
     ``sharding``: ``dp`` (every replica holds the stage's parameters, gradients all-reduced, DDP) or
     ``fsdp`` (parameters, gradients and optimizer state sharded over the stage's DP group, parameters
