@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -28,7 +29,8 @@ from placement_rl.graph.io import atomic_write_text
 from placement_rl.profiling import calibrate, collective_fits, gpu_report, measured_map, neusight, pipedream
 from placement_rl.profiling import sailor, vidur
 from placement_rl.profiling.gpu_fidelity import evaluate, kernel_errors, mape
-from placement_rl.topology import load_topology
+from placement_rl.results import read_result, write_result
+from placement_rl.topology import DEFAULT_LAUNCH_OVERHEAD, load_topology
 
 PRESET = {"NVIDIA_A100_80GB_PCIe": "1x_a100_80gb_pcie", "Tesla_V100-PCIE-32GB": "1x_v100_pcie_32gb"}
 MODELS = ["roofline", "two-GPU fit (v1)", "calibrated", "leave-one-GPU-out"]
@@ -100,11 +102,14 @@ def kernel_choice_section(every, root: Path, fit) -> list[str]:
 
     named = {}
     rows = []
+    told_bmm = []
     for k in every.kernels:
         if k.op not in ("linear", "bmm"):
             continue
         named[(k.op, k.gpu)] = kc.named_tiles(root / "neusight" / "kernels" / k.op / f"{k.gpu}.csv")
         r = kc.named_tile_errors(k, named[(k.op, k.gpu)][0], fit)
+        if k.op == "bmm":
+            told_bmm.append(r.named)
         top = ", ".join(f"{t} {100 * v:.0f}%" for t, v in list(kc.shares(named[(k.op, k.gpu)][0]).items())[:3])
         rows.append(f"| {gpu_report.GPU_LABEL.get(k.gpu, k.gpu)} | {k.op} | {r.rows} | {top} | {r.model:.1f}% | "
                     f"{r.named:.1f}% (x{r.scale:.2f}) |")
@@ -130,15 +135,35 @@ def kernel_choice_section(every, root: Path, fit) -> list[str]:
             "The same (B, M, N, K) run with the same tile and split-K factor on two GPUs: " + "; ".join(pairs) + ".",
             "",
             "Three of the five GPUs run every bmm row on one tile (the A100 128x128, the P100 and P4 128x64), which "
-            "the fastest-tile model does not reproduce: told the tile, bmm falls to 10-19% in-sample on every GPU. "
+            "the fastest-tile model does not reproduce: told the tile, bmm falls to "
+            f"{min(told_bmm):.0f}-{max(told_bmm):.0f}% in-sample on every GPU. "
             "The choice does not carry from one GPU to another except between the two Pascal cards' bmm: the "
             "V100 and the T4 (one kernel family, `volta_sgemm`) agree on a fifth of the shapes, the A100 and "
             "the V100 on almost none of the bmm shapes. A model of the library's choice would have to be learned per "
             "GPU from that GPU's own kernel names, which an unseen GPU does not have: that is the larger part of "
-            "what keeps leave-one-GPU-out bmm near 30% (the per-GPU scales differ as well, so with the tiles known "
+            "what keeps leave-one-GPU-out bmm far from the other classes (the per-GPU scales differ as well, so "
+            "with the tiles known "
             "the level would still have to come from the datasheet trend). For linear, told the tile and split-K "
             "factor, the V100, P100 and T4 improve and the A100 and P4 do not (the A100's sliced kernels; the P4's "
             "long kernels slow down, see below). Not modelled: nothing here transfers to an unseen GPU.", ""]
+
+
+def figures(rows, krows) -> dict:
+    """This report's figures as data (``results/fidelity_gpu.json``): per model the whole-model training and
+    inference MAPE % (mean, max), per kernel op the MAPE % of every model (mean over the GPUs' tables), and the
+    tables where leave-one-GPU-out is worse than the roofline."""
+    whole = {}
+    for m in MODELS:
+        (ta, tb), (ia, ib) = mape(rows, m, train=True), mape(rows, m, train=False)
+        whole[m] = {"training_mape": round(ta, 2), "training_max": round(tb, 2), "inference_mape": round(ia, 2),
+                    "inference_max": round(ib, 2), "training_runs": sum(r.train for r in rows),
+                    "inference_runs": sum(not r.train for r in rows)}
+    kernels = {}
+    for op in gpu_report.KERNEL_OPS_ORDER:
+        sel = [r for r in krows if r.op == op]
+        kernels[op] = {m: round(sum(r.mape[m] for r in sel) / len(sel), 2) for m in MODELS} if sel else {}
+    worse = [f"{r.gpu} {r.op}" for r in krows if r.mape["leave-one-GPU-out"] > r.mape["roofline"]]
+    return {"whole": whole, "kernels": kernels, "tables": len(krows), "worse_than_roofline": worse}
 
 
 def main() -> int:
@@ -149,6 +174,7 @@ def main() -> int:
     ap.add_argument("--max-nfev", type=int, default=calibrate.FIT_NFEV)
     ap.add_argument("--kernel-rows", type=int, default=calibrate.FIT_KERNEL_ROWS)
     args = ap.parse_args()
+    start = time.perf_counter()
     torch.set_num_threads(1)
     try:
         root = Path(args.data) if args.data else neusight.default_data_dir()
@@ -186,6 +212,9 @@ def main() -> int:
         return 2
     atomic_write_text(Path(args.out), "\n".join(report(rows, classes, krows, newer, fit, pd_lines, factors, coll_lines,
                                                         coll_sum, sim_lines, sim_sum, proj, cnn, root, choice)) + "\n")
+    result = write_result("fidelity_gpu", figures(rows, krows), seconds=round(time.perf_counter() - start, 1),
+                          command=" ".join(["python scripts/fidelity_gpu.py", *sys.argv[1:]]))
+    print(f"wrote {result}")
     for m in MODELS[1:]:
         for train in (True, False):
             a, b = mape(rows, m, train=train)
@@ -200,6 +229,17 @@ def main() -> int:
     return 0
 
 
+def measured_whole(name: str) -> str:
+    """``; training x%, mean ratio r; inference y%, r'`` of the shipped fit from ``results/<name>.json`` (written by
+    ``scripts/fidelity_measured_gpu.py``), or nothing when that file is absent."""
+    try:
+        w = read_result(name)["figures"]["whole"]["calibrated"]
+    except (OSError, KeyError, ValueError):
+        return ""
+    return (f"; training {w['training_mape']:.1f}%, mean ratio {w['training_ratio']:.3f}; inference "
+            f"{w['inference_mape']:.1f}%, {w['inference_ratio']:.3f}")
+
+
 def report(rows, classes, krows, newer, fit, pd_lines, factors, coll_lines, coll_sum, sim_lines, sim_sum, proj, cnn,
            root, choice: list[str]) -> list[str]:
     logo = "leave-one-GPU-out"
@@ -210,7 +250,8 @@ def report(rows, classes, krows, newer, fit, pd_lines, factors, coll_lines, coll
              "Sailor, Vidur; MIT licence, see `placement_rl/data/NOTICE`; `python scripts/fit_gpu_costs.py "
              "--list-files` names every file the fit reads). Every measured figure below was measured by those "
              "projects on the GPU named; nothing here ran on a GPU of ours. All fp32.", "",
-             "Models: **roofline** = `max(flops/peak, bytes/bandwidth) + 8 us` per op (`cost_model: roofline`); "
+             "Models: **roofline** = `max(flops/peak, bytes/bandwidth) + "
+             f"{DEFAULT_LAUNCH_OVERHEAD['gpu'] * 1e6:.0f} us` per op (`cost_model: roofline`); "
              "**two-GPU fit (v1)** = the previous shipped fit (A100 + V100 only, no tiles, no architecture terms; "
              "`placement_rl/data/gpu_fit_two_gpu_v1.json`); **calibrated** = the shipped fit "
              f"(`{fit.name}`, fitted on all five GPUs); **leave-one-GPU-out** = refitted without any data of the "
@@ -242,7 +283,7 @@ def report(rows, classes, krows, newer, fit, pd_lines, factors, coll_lines, coll
              "element-wise classes: `harness_offset`). The harness floors are the timing harness's, not the GPU's: "
              "no step-time prediction uses them.", "",
              "## What a newer GPU does differently", "",
-             "The symptom: the two-GPU fit predicted an H100 6-14% too fast. From the five GPUs' trends, reasoned "
+             "The symptom: the two-GPU fit predicted published H100 runs too fast. From the five GPUs' trends, reasoned "
              "physically (no H100 measurement is fitted or checked here, except the one conv term below, set from "
              "the H100 and H200 we measured):", "",
              "* **FP32 lanes per SM.** All five fitted GPUs have 64 FP32 lanes per SM (NeuSight's configs); the "
@@ -252,16 +293,13 @@ def report(rows, classes, krows, newer, fit, pd_lines, factors, coll_lines, coll
              "`issue_ffma` = 0.85 is fixed from that argument (an 8x8 register tile issues 64 FFMA per ~75 "
              "instructions), not fitted: no fitted GPU can identify it. Tensor-core GEMMs (tf32 / bf16) do not get "
              "it.",
-             "* **FP32 convolutions on 128 lanes** (2026-11-28). cuDNN's fp32 convolutions do not reach that share: "
-             "on the H100 and H200 we measured (docs/fidelity_h100.md, docs/fidelity_h200.md) the long conv kernels "
-             "ran 1.6-1.8x slower than `issue_ffma` priced them (predicted / measured 0.57-0.64 with the harness's "
-             "own floor, the same in every duration bin from 50 us to 10 ms, on the rows the model prices as "
-             "Winograd and on those it prices as implicit GEMM), while cuBLAS's GEMMs there came within 0.93-1.2x. "
-             "That is the rate of 64 lanes at the same clock: the convolution kernels gain nothing from the second "
-             "half of the lanes. `issue_conv` = 0.5 states it (`gpu_fit.conv_issue`; no effect on a 64-lane GPU, so "
-             "the five-GPU fit is unchanged); it is set from those two GPUs' conv tables, one architecture, which "
-             "are therefore not a held-out check of conv (with the harness's floor conv goes from 38.5% / 40.0% to "
-             "23.5% / 23.6% MAPE there). Whether an Ada or GA10x card (128 lanes, half of them shared with integer "
+             "* **FP32 convolutions on 128 lanes.** cuDNN's fp32 convolutions do not reach that share: on the H100 "
+             "and H200 we measured (docs/fidelity_h100.md, docs/fidelity_h200.md) the long conv kernels ran at the "
+             "rate of 64 lanes at the same clock, uniformly over durations and over the rows the model prices as "
+             "Winograd or as implicit GEMM, while cuBLAS's GEMMs there came close to `issue_ffma`'s rate. "
+             "`issue_conv` = 0.5 states it (`gpu_fit.conv_issue`; no effect on a 64-lane GPU, so the five-GPU fit "
+             "is unchanged); it is set from those two GPUs' conv tables, one architecture, which are therefore not "
+             "a held-out check of conv. Whether an Ada or GA10x card (128 lanes, half of them shared with integer "
              "work) behaves alike is not measured.",
              "* **Small shapes.** With 132 SMs a GEMM needs 132 CTAs per wave: the tile / wave model prices the "
              "partial waves and per-tile prologues that a faster GPU pays proportionally more of (the two-GPU fit "
@@ -275,123 +313,43 @@ def report(rows, classes, krows, newer, fit, pd_lines, factors, coll_lines, coll
              "prices it as a memory-bound pass over the parameters and optimizer state (unchanged here).", "",
              "## Reading the GEMM kernel tables",
              "",
-             "NeuSight's linear and bmm tables name a GEMM `(B, M, N) @ (N, K) -> (B, M, K)`: **N is the reduced dimension**, K the output's columns. The tables' own launch grids say so: on every row of the five GPUs' linear tables the grid's x * y is `ceil(K / tile_m) * ceil(B M / tile_n)` for the cuBLAS tile named in the kernel (cuBLAS is column-major, so its m is K), and on every bmm row `B * ceil(K / tile_m) * ceil(M / tile_n)`; with N and K the other way round 1-30% of rows match. Fits before this one read N as the output's columns, so the output and input bytes and the tile / wave quantisation of every linear and bmm kernel row were priced on the wrong shape (the FLOPs were right). `kernel_features` now reads NeuSight's naming (a linear is one GEMM over the `B M` flattened rows), `tests/test_calibrated.py::test_kernel_tables_are_read_in_neusight_naming` pins it, and the shipped fit was refitted: in-sample kernel MAPE linear 23.6% -> 22.5%, bmm 30.0% -> 27.3%; leave-one-GPU-out linear 25.6% -> 24.0%, bmm 31.6% -> 32.1% (P4 53.3% -> 64.6%), conv 37.1% -> 40.3% (conv rows read as before; the shared parameters moved); whole-model inference leave-one-GPU-out 7.5% -> 6.5% (P100 7.1% -> 2.6%, V100 5.9% -> 5.4%, T4 5.7% -> 6.7%, P4 15.2% -> 15.5%); training 11.7% -> 11.8%. The graphs of real models (`gemm_dims`) were read right before and are unchanged.",
+             "NeuSight's linear and bmm tables name a GEMM `(B, M, N) @ (N, K) -> (B, M, K)`: **N is the reduced "
+             "dimension**, K the output's columns. The tables' own launch grids say so: on every row of the five "
+             "GPUs' linear tables the grid's x * y is `ceil(K / tile_m) * ceil(B M / tile_n)` for the cuBLAS tile "
+             "named in the kernel (cuBLAS is column-major, so its m is K), and on every bmm row `B * ceil(K / "
+             "tile_m) * ceil(M / tile_n)`. `kernel_features` reads NeuSight's naming (a linear is one GEMM over the "
+             "`B M` flattened rows); `tests/test_calibrated.py::test_kernel_tables_are_read_in_neusight_naming` pins "
+             "it. The graphs of real models (`gemm_dims`) give M, N and K directly.",
              "",
              *choice,
              "## Convolutions: the Winograd algorithm",
              "",
              "Every row of the five GPUs' conv tables is a 3x3 stride-1 convolution with padding 1, and cuDNN runs "
-             "Winograd kernels (fused or not) on 61-81% of them (the tables' kernel names: A100 81%, P100 81%, V100 "
-             "76%, T4 67%, P4 61% of the rows >= 50 us). Priced as implicit GEMMs only, the Winograd rows were "
-             "predicted slower than measured and the others faster, by about the same factor on every GPU: the median "
-             "measured / predicted of the non-Winograd rows over the Winograd rows' was 1.18 (A100), 1.37 (P100), "
-             "1.31 (P4), 1.29 (T4), 1.30 (V100); now 1.09 / 1.00 / 1.04 / 1.04 / 0.98 (`tests/test_calibrated.py::"
-             "test_winograd_and_implicit_gemm_rows_are_priced_alike_on_every_gpu`). The model now prices both algorithms and takes the faster "
-             "(`gemm_time._wino_time`: a quarter of the multiplies as 36 GEMMs over the output's 4x4 tiles, times "
-             "`wino`, fitted 1.25 on the five GPUs, plus the input, output and filter transforms' traffic); a graph "
-             "node is a 3x3 stride-1 convolution when its input bytes and K = C_in k^2 give k^2 = 9 (same padding), "
-             "its tiles from the graph's batch size (`calibrated.conv_wino_tiles`; resnet18: the 13 of its 20 "
-             "convolutions that are 3x3 stride 1). Refitted on the five GPUs, against the fit before (leave-one-"
-             "GPU-out): conv 34.8% -> 28.6% (A100 30.5 -> 25.0, P100 47.6 -> 34.1, T4 29.5 -> 19.4, V100 36.2 -> "
-             "26.3, P4 30.1 -> 38.2), linear 23.9 -> 22.3, bmm 31.9 -> 31.7, softmax 19.6 -> 19.5, ln 11.7 -> 11.7, "
-             "gelu 8.3 -> 7.8, add 7.9 -> 8.1; tables worse than the roofline 1 -> **0** of 35 (the P100 conv "
-             "table was); whole-model inference 4.9 -> 5.4% (P100 2.2 -> 1.6, T4 4.1 -> 4.6, V100 3.9 -> 5.3, P4 "
-             "13.3 -> 13.4), training 11.0 -> 11.2% (A100 12.1 -> 12.1, V100 8.1 -> 8.9); in-sample training 9.9 -> "
-             "9.9%, inference 5.2 -> 5.3%. What is left in the conv tables: per-GPU offsets of the library (T4 "
-             "rows 1.2-1.5x slower than predicted, P100 / P4 faster) and small convolutions (batch <= 17 or "
-             "images <= 8 px: 1.2-1.6x slower than predicted on every GPU)."
-             " The refit lowers the conv class's own efficiency (`e_max_conv` 0.97 -> 0.54: what the non-"
-             'Winograd 3x3 rows run at); a 1x1 stride-1 convolution, a plain GEMM of which the tables hold '
-             "none, is priced with linear's terms instead (`pointwise`), so the zoo CNNs' summed GPU time "
-             'moves by -5% to +2% against the fit before (resnet18 / resnet50 / inception: 0.967 / 0.966 / '
-             "0.953 on the A100 80GB PCIe datasheet, 1.021 / 0.985 / 0.979 on the H100's; with 1x1 "
-             'convolutions at the conv terms resnet50 came out 1.18x).',
+             "Winograd kernels (fused or not) on most of them (the tables' kernel names). The model prices both "
+             "algorithms and takes the faster (`gemm_time._wino_time`: a quarter of the multiplies as 36 GEMMs over "
+             "the output's 4x4 tiles, times the fitted `wino`, plus the input, output and filter transforms' "
+             "traffic); a graph node is a 3x3 stride-1 convolution when its input bytes and K = C_in k^2 give "
+             "k^2 = 9 (same padding), its tiles from the graph's batch size (`calibrated.conv_wino_tiles`). A 1x1 "
+             "stride-1 convolution, a plain GEMM of which the tables hold none, is priced with linear's terms "
+             "(`pointwise`). `tests/test_calibrated.py::test_winograd_and_implicit_gemm_rows_are_priced_alike_on_"
+             "every_gpu` checks that Winograd and implicit-GEMM rows come out alike on every GPU.",
              "",
              "## Harness floors per op class, and memory penalties that do not add",
              "",
-             "Each GPU's element-wise kernel rows (gelu, add; rows of at least 50 us) are affine in the bytes moved "
-             "to within 0.2-1.2% (a least-squares line per GPU): a fixed 14-23 us plus bytes at 1.08-1.14x the "
-             "datasheet bandwidth's time on the V100 and A100 and 1.31-1.35x on the P100, P4 and T4. The same "
-             "lines give 42-51 us for layer norm and 22-52 us for softmax, and GEMM rows carry more than 45 us. "
-             "The fit before this one had one harness offset for every kernel row (`kernel_offset`, 26 us, + the "
-             "19 us launch cost), so the element-wise rows near 50 us were priced up to twice too slow and the fit "
-             "bought that back with a bandwidth factor near 1.0 (too fast on long rows); and its memory terms "
-             "added, so the P4 (Pascal and GDDR) was priced as twice penalised where its tables show the same "
-             "1.33x as the P100 (Pascal, HBM2) and the T4 (Turing, GDDR6). Now (`harness_offset`, `mem_terms`): "
-             "the memory-bound classes of the kernel tables carry a harness floor of their own (`koff_norm`, "
-             "`koff_softmax`, `koff_ew`, `koff_ew_pass`, shared by all GPUs; they never enter a step's prediction), "
-             "and the larger of the two memory penalties applies. Refitted on the five GPUs, against the fit "
-             "before: leave-one-GPU-out kernel MAPE ln 18.2% -> 11.7%, softmax 24.4% -> 19.6%, gelu 18.8% -> "
-             "8.4%, add 18.8% -> 8.1%, conv 40.3% -> 36.2%, linear 24.0% -> 23.9%, bmm 32.1% -> 32.3%; tables "
-             "worse than the roofline 7 -> 2 of 35; whole-model inference leave-one-GPU-out 6.5% -> 5.1% (max "
-             "29.4% -> 24.4%; P4 15.5% -> 13.5%), training 11.8% -> 11.3% (A100 11.3% -> 12.4%, V100 13.3% -> "
-             "8.3%); in-sample training 9.6% -> 9.9%, inference 5.0% -> 5.2%. The per-kernel launch cost the fit "
-             "finds drops from 19 to 13 us (the element-wise rows no longer pull it up); on the H200 we measured "
-             "(held out) whole-model training goes from 10.2% to 6.0%, inference from 4.6% to 4.3% "
-             "(docs/fidelity_h200.md).",
+             "Each GPU's element-wise kernel rows are affine in the bytes moved: a fixed floor plus bytes at a "
+             "multiple of the datasheet bandwidth's time, the floor differing per op class (layer norm, softmax, "
+             "element-wise; GEMM rows carry more). The memory-bound classes of the kernel tables carry a harness "
+             "floor of their own (`koff_norm`, `koff_softmax`, `koff_ew`, `koff_ew_pass`, shared by all GPUs; they "
+             "never enter a step's prediction), and of the two memory penalties (pre-Volta, GDDR) the larger "
+             "applies (`harness_offset`, `mem_terms`).",
              "",
-             '## Tried and left out (measured, not shipped)',
+             "What each change to the fit moved, and what was measured and left out: CHANGELOG.md.",
              '',
-             "* **The power limit on the SMs' work only** (the low-power throttle applied to a GEMM "
-             "configuration's compute time, not to its memory time: a memory-bound kernel does not draw the power "
-             'that slows the clock). Refitted on all five GPUs and leave-one-out for the P4 and T4: P4 / T4 bmm '
-             '44.2% / 25.1% -> 39.9% / 21.3%, T4 linear 23.9% -> 21.8%, but P4 conv leave-one-out 36.5% -> 47.3% '
-             'and whole-model inference P4 12.3% -> 13.3%, T4 4.0% -> 5.7%: no better overall.',
-             '* **No split-K for convolutions** (2026-11-27, third session, on top of the Winograd '
-             "candidate): cuDNN's forward / data-gradient kernels do not split the reduction as cuBLAS's "
-             "GEMMs can, and the tile model's split-K candidate priced small-image, long-K convolutions too "
-             'fast (batch <= 17: measured / predicted 1.20-1.55 on four GPUs). Without it for conv rows and '
-             'refitted: in-sample conv 27.0% -> 25.3% (A100 22.2, P100 31.8, P4 32.0, T4 17.9, V100 22.7), '
-             'but leave-one-GPU-out conv 28.6% -> 28.4%, bmm 31.7% -> 32.7%, and 2 kernel tables worse than '
-             'the roofline instead of 0 (P4 bmm, P4 conv): not shipped.',
-             "* **A gradient-boosted residual over this model** (scikit-learn's histogram GBM on the log ratio "
-             "measured / predicted, trained on four GPUs' kernel tables, checked on the fifth, over the five-GPU "
-             "fit, so if anything optimistic; with the shapes alone, with the datasheet figures added, or with "
-             'shapes relative to the GPU). It helps where one '
-             "GPU's cuBLAS / cuDNN choices resemble another's and hurts where they do not: linear 12.8-30.4%, bmm "
-             '19.3-38.3%, conv 18.4-38.7% per GPU depending on the features, e.g. V100 bmm 21.3% -> 28.8-38.3%, T4'
-             ' linear 23.9% -> 26.7-30.4%. What is left in the GEMM tables is per-GPU library behaviour that five '
-             'GPUs do not let a model transfer; it stays out.',
-             "* **Softmax by PyTorch's kernel** (2026-11-27). The softmax tables run two kernels: "
-             '`softmax_warp_forward` (one warp per row, rows of at most 1,024 elements: one read, one write) and '
-             '`cunn_SoftMaxForward` (a block per row above 1,024: max, sum and write passes). One byte factor for '
-             'both prices the warp kernel 1.14-1.37x too slow on four GPUs and the block kernel 0.74-1.02x. A '
-             'factor for the block kernel (rows over 1,024, `blk_softmax`, fitted 1.26) gives in-sample softmax '
-             '15.6% -> 13.5% (A100 16.9 -> 11.9%, V100 14.9 -> 11.5%) but leave-one-GPU-out only 19.6% -> 18.6% '
-             '(P100 28.5 -> 31.6%, P4 21.5 -> 23.8%), whole-model training 11.0 -> 11.2%: not shipped (it would '
-             "also need each softmax's row length in the graph, which capture does not keep). What is left is the "
-             'Pascal hosts (below).',
-             '* **The harness floor of each table measured instead of fitted** (2026-11-27). The fixed cost of a '
-             "timed call is the measuring host's, and it differs per host *and* per op: the smallest rows (37-423 "
-             "elements) take 25.6-27.0 us for `add` on the A100, P4 and T4 hosts, 32 us on the V100's and 45 us on "
-             "the P100's, whose `gelu` floor is 31-35 us and `softmax` floor 61 us (33-41 us elsewhere). Three "
-             'variants, each refitted and left out GPU by GPU (leave-one-GPU-out mean per class linear / bmm / '
-             'conv / ln / softmax / gelu / add; whole training / inference; tables worse than the roofline): '
-             'shipped 23.9 / 31.9 / 34.8 / 11.7 / 19.6 / 8.3 / 7.9; 11.0 / 4.9%; 1. One floor per host from its '
-             '`add` table added to every class: 22.9 / 32.8 / 36.6 / 12.0 / 14.3 / 6.2 / 5.5; 11.5 / 5.3%; P100 '
-             "gelu 2.0 -> 11.5%, P4 conv 30.1 -> 41.1% (the floors are per op, not per host). Each table's own "
-             "1st-percentile time as its floor (conv: the same host's linear floor; conv tables have no tiny "
-             'rows): 23.7 / 29.8 / 37.4 / 13.2 / 15.3 / 9.3 / 9.6; 11.3 / 5.2%; 2. The same floor as a lower bound '
-             "(`max(floor, GPU time)`: the host's dispatch overlaps the kernel): 23.5 / 29.7 / 39.2 / 14.4 / 15.8 "
-             '/ 8.6 / 9.1; 10.3 / 5.3%; 3. None is better on every class; softmax gets near 15% only by reading '
-             "the held-out table's own smallest rows. Not shipped.",
-             "* **The P4's GEMMs** (2026-11-27): the achieved fraction of peak falls with the kernel's duration "
-             'and does not level off: median 0.37 at 0.3-3 ms, 0.25 at 10-30 ms, 0.20 at 30-100 ms, 0.16 past 100 '
-             'ms (the T4, the other <= 75 W board, levels off at 0.36-0.39 from 3 ms). A power limit has a time '
-             "constant; this looks like the passively cooled card heating over the harness's repeated calls (a "
-             "longer kernel keeps it busy longer), a property of that host's cooling, not of the datasheet. The "
-             "low-power throttle (`lp_slow`, which levels off) is what the data allow; the P4's whole-model "
-             'inference (13.3%, bert 512-16 at 2.34x the time of 512-8) carries the same effect.',
-             "* **The P100's convolutions** (2026-11-27): all 4,952 rows are 3x3 stride-1 convolutions; cuDNN runs "
-             'Winograd on 2,013 of them; long convolutions are predicted 1.26x (1-3 ms) to 1.55x (over 3 ms) too '
-             'slow on the P100, where the roofline is 0.71-0.76x. A Winograd candidate (fewer multiplies for 3x3 '
-             "stride 1) would need the kernel size, which a graph node's FLOPs and bytes do not give (`gemm_dims` "
-             'knows only M, N and K = C_in k^2): not tried.',
              '',
              "## Per kernel: the NeuSight kernel tables (every row >= 50 us)", "",
              "Mean absolute percentage error of the predicted single-kernel time over every row of each table "
-             "(thousands of shapes per table; rows under 50 us are dominated by the timing harness's floor, 25-57 "
-             "us depending on the host, and are left out of fit and check alike). The kernel tables include the "
+             "(thousands of shapes per table; rows under 50 us are dominated by the timing harness's floor, which "
+             "differs from host to host, and are left out of fit and check alike). The kernel tables include the "
              "harness floor of their host; the model adds one fitted offset for it, the same for every GPU.", "",
              "Mean over the five GPUs per op (worst GPU in brackets):", ""]
     lines += gpu_report.kernel_summary(krows, MODELS)
@@ -425,7 +383,9 @@ def report(rows, classes, krows, newer, fit, pd_lines, factors, coll_lines, coll
               "The training workloads' shapes priced on NeuSight's H100 datasheet (132 SMs, 128 FP32 lanes per SM, "
               "66.9 TFLOP/s fp32, 3.43 TB/s, 50 MB L2). The issue-slot limit of 128-lane SMs (`issue_ffma`), the "
               "tile / wave model at 132 SMs and the kernel overheads make the five-GPU fit slower than the two-GPU "
-              "fit on every workload. An H100 80GB HBM3 we measured ourselves (NeuSight's workloads rebuilt from their configs) is a held-out check of that change: docs/fidelity_h100.md (`scripts/fidelity_measured_gpu.py --gpu nvidia_h100`; training 7.4%, mean ratio 1.074; inference 3.8%, 0.990). "
+              "fit on every workload. An H100 80GB HBM3 we measured ourselves (NeuSight's workloads rebuilt from their "
+              "configs) is a held-out check of that change: docs/fidelity_h100.md (`scripts/fidelity_measured_gpu.py "
+              f"--gpu nvidia_h100`{measured_whole('fidelity_h100')}). "
               "The same Hopper chip with faster memory, an H200 we measured, is the held-out check: "
               "docs/fidelity_h200.md (`scripts/fidelity_measured_gpu.py`).", ""]
     lines += newer
@@ -453,51 +413,7 @@ def report(rows, classes, krows, newer, fit, pd_lines, factors, coll_lines, coll
     lines += ["", "## Collectives inside the simulators (presets naming a measured system)", "",
               "Share within 10%: " + ", ".join(f"{k} {v:.0f}%" for k, v in sim_sum.items()) + ".", ""]
     lines += sim_lines
-    lines += ["", "## Proposed README section", "", "```markdown"] + readme_text(rows, krows, fit) + ["```"]
     return lines
-
-
-def readme_text(rows, krows, fit) -> list[str]:
-    """The README's GPU-fidelity paragraph, with this run's figures."""
-    def m(model: str, train: bool) -> str:
-        a, b = mape(rows, model, train=train)
-        return f"{a:.1f}% / {b:.1f}%"
-
-    def k(model: str, ops) -> str:
-        sel = [r.mape[model] for r in krows if r.op in ops]
-        return f"{sum(sel) / len(sel):.1f}%"
-
-    gemm, rest = ("linear", "bmm", "conv"), ("ln", "softmax", "gelu", "add")
-    worse = sum(r.mape["leave-one-GPU-out"] > r.mape["roofline"] for r in krows)
-    return [
-        "### GPU fidelity: the cost model against public GPU measurements (`python scripts/fidelity_gpu.py`)", "",
-        f"GPU presets default to a calibrated cost model (`cost_source` `calibrated:{fit.name}`): a model of GPUs "
-        "whose fitted parameters are shared by all GPUs, a GPU entering only through its datasheet (FP32 peak, "
-        "bandwidth, SMs, L2) and architecture (compute capability, HBM / GDDR, FP32 lanes per SM, <= 75 W board). "
-        "GEMMs are priced per CTA tile and wave from the node's M, N, K. `scripts/fit_gpu_costs.py` fits it on "
-        "NeuSight's kernel tables and label runs of five GPUs (A100, V100, P100, P4, T4; MIT licence, "
-        "`placement_rl/data/NOTICE`; `--list-files` names every public file it reads, none ships). Nothing here "
-        "ran on a GPU of ours.", "",
-        "| model | training, A100 + V100 (11 runs): MAPE / max | inference, V100 P100 P4 T4 (21 runs) | per-kernel "
-        "MAPE, GEMM tables / memory-bound tables (35 tables, five GPUs) |",
-        "|---|---|---|---|",
-        f"| plain roofline (`cost_model: roofline`) | {m('roofline', True)} | {m('roofline', False)} | "
-        f"{k('roofline', gemm)} / {k('roofline', rest)} |",
-        f"| two-GPU fit (v1, the previous default) | {m('two-GPU fit (v1)', True)} | "
-        f"{m('two-GPU fit (v1)', False)} | {k('two-GPU fit (v1)', gemm)} / {k('two-GPU fit (v1)', rest)} |",
-        f"| five-GPU fit, in-sample | {m('calibrated', True)} | {m('calibrated', False)} | "
-        f"{k('calibrated', gemm)} / {k('calibrated', rest)} |",
-        f"| **five-GPU fit, leave-one-GPU-out** | **{m('leave-one-GPU-out', True)}** | "
-        f"**{m('leave-one-GPU-out', False)}** | **{k('leave-one-GPU-out', gemm)} / "
-        f"{k('leave-one-GPU-out', rest)}** |", "",
-        "Leave-one-GPU-out refits without any data of the predicted GPU. Per-kernel errors are far from the "
-        f"targets (<= 10% GEMM, <= 15% other): single kernels keep 20-40% errors on unseen GPUs, and leave-one-"
-        f"GPU-out is worse than the roofline on {worse} of {len(krows)} kernel tables; whole-model errors are "
-        "bounded by host effects in the end-to-end runs (docs/fidelity_gpu.md, 'What these files allow'). "
-        "For a newer GPU (H100) the model applies the issue-slot limit of 128-lane SMs and prices small shapes "
-        "per wave: it predicts the NeuSight training workloads on an H100 datasheet 10-20% slower than the two-GPU "
-        "fit did (which was 6-14% too fast on published H100 runs); no H100 measurement is fitted or checked "
-        "here. [docs/fidelity_gpu.md](docs/fidelity_gpu.md)"]
 
 
 if __name__ == "__main__":

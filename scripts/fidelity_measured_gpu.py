@@ -336,7 +336,8 @@ def main() -> int:
     atomic_write_text(Path(args.out), "\n".join(lines) + "\n")
     result = write_result(f"fidelity_{args.gpu.removeprefix('nvidia_')}",
                           figures(gpu, checks, runs, [*fits, "calibrated, launch 0"] if runs else [], folder),
-                          seconds=round(time.perf_counter() - start, 1))
+                          seconds=round(time.perf_counter() - start, 1),
+                          command=" ".join(["python scripts/fidelity_measured_gpu.py", *sys.argv[1:]]))
     for c in checks:
         print(f"kernel {c.op:8s} rows {c.rows:6d} " + "  ".join(f"{m} {c.mape[m]:5.1f}%" for m in c.mape))
     for m in [*fits, "calibrated, launch 0"] if runs else []:

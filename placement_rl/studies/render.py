@@ -1,0 +1,188 @@
+"""Documents rendered from ``results/*.json`` (``placement_rl.results``): the README's headline figure table and
+``docs/results.md``, each between markers, so that a printed figure is always a value of a results file.
+
+``headline_rows(folder)`` builds one row per headline figure: what it is, its value (formatted from the JSON),
+when and on what machine it was measured (the file's provenance), and links to the JSON and the command that made
+it. ``render_block(text, name, body)`` replaces what lies between ``<!-- name:begin -->`` and ``<!-- name:end -->``;
+``render_all(root, check=...)`` renders (or, with ``check``, compares) every document. ``scripts/render.py`` is
+the command; ``tests/test_results.py`` fails when a document differs from its data.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from placement_rl.errors import PlacementRLError
+
+README_BLOCK = "figures"
+DOCS_BLOCK = "results"
+
+
+class RenderError(PlacementRLError):
+    """A document lacks its markers, or a results file lacks a figure a row reads."""
+
+
+@dataclass(frozen=True)
+class Row:
+    what: str
+    value: str
+    result: str  # results/<result>.json
+    command: str
+    measured: str
+
+
+def _load(folder: Path) -> dict[str, dict[str, Any]]:
+    out = {}
+    for p in sorted(folder.glob("*.json")):
+        try:
+            out[p.stem] = json.loads(p.read_text())
+        except json.JSONDecodeError as exc:
+            raise RenderError(f"{p}: malformed JSON at line {exc.lineno}: {exc.msg}") from None
+    return out
+
+
+def measured_on(doc: dict[str, Any]) -> str:
+    """``2026-11-28, AMD EPYC 7B13 (2 cores)``: the date and machine of a results file's provenance."""
+    prov = doc.get("provenance", {})
+    date = str(prov.get("date", "?")).split(" ")[0]
+    cpu = str(prov.get("cpu", "?"))
+    return f"{date}, {cpu} ({prov.get('cores', '?')} cores)" + (", uncommitted tree" if prov.get("dirty") else "")
+
+
+def _pct(x: float) -> str:
+    return f"{x:.1f}%"
+
+
+def _suite_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    fig = doc["figures"]
+    cases = fig["cases"]
+    op = {c: v["placement"] for c, v in cases.items() if v.get("placement")}
+    best_op = max(op, key=lambda c: op[c]["speedup"])
+    gains = sorted((c for c in op if op[c]["speedup"] > 1.005), key=lambda c: -op[c]["speedup"])
+    plans = {c: v["stage_plan"] for c, v in cases.items() if v.get("stage_plan")}
+    lo, hi = min(plans, key=lambda c: plans[c]["speedup"]), max(plans, key=lambda c: plans[c]["speedup"])
+    budget = fig["budget"]
+    return [
+        (f"op-level placement vs the best single device, benchmark suite ({len(cases)} cases, {budget:,} "
+         f"simulator calls per placer)",
+         f"up to {op[best_op]['speedup']:.2f}x ({best_op}: {op[best_op]['ms']:.2f} ms, "
+         f"{', '.join(op[best_op]['placers'][:3])}); > 1.00x on {len(gains)} of {len(op)} cases"),
+        (f"stage plan (DP / FSDP / DP x PP / TP) vs the best single device ({len(plans)} cases)",
+         f"{plans[lo]['speedup']:.2f}x ({lo}) to {plans[hi]['speedup']:.2f}x ({hi}: {plans[hi]['ms']:.2f} ms, "
+         f"{', '.join(plans[hi]['placers'][:2])})"),
+    ]
+
+
+def _measured_gpu_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    fig = doc["figures"]
+    w = fig["whole"]["calibrated"]
+    k = fig["kernels"]
+    gemm = " / ".join(_pct(k[o]["mape"]["calibrated"]) for o in ("linear", "bmm", "conv") if o in k)
+    return [(f"GPU cost model held out on an {fig['gpu'].replace('_', ' ')} we measured: whole-model MAPE "
+             f"(training / inference, {w['training_runs']} / {w['inference_runs']} runs)",
+             f"{_pct(w['training_mape'])} / {_pct(w['inference_mape'])} (mean predicted / measured "
+             f"{w['training_ratio']:.3f} / {w['inference_ratio']:.3f}); kernels linear / bmm / conv {gemm}")]
+
+
+def _fidelity_gpu_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    fig = doc["figures"]
+    w = fig["whole"]["leave-one-GPU-out"]
+    k = fig["kernels"]
+    mean = (lambda ops: sum(k[o]["leave-one-GPU-out"] for o in ops) / len(ops))
+    return [("GPU cost model on public measurements of five GPUs, leave-one-GPU-out: whole-model MAPE (training / "
+             "inference)", f"{_pct(w['training_mape'])} / {_pct(w['inference_mape'])}; kernel tables GEMM "
+             f"{_pct(mean(('linear', 'bmm', 'conv')))}, memory-bound {_pct(mean(('ln', 'softmax', 'gelu', 'add')))}; "
+             f"worse than the roofline on {len(fig['worse_than_roofline'])} of {fig['tables']} tables")]
+
+
+# results file -> the rows it gives, in the README's order
+HEADLINES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str]]]] = {
+    "evaluate_suite": _suite_rows,
+    "fidelity_h200": _measured_gpu_rows,
+    "fidelity_h100": _measured_gpu_rows,
+    "fidelity_gpu": _fidelity_gpu_rows,
+}
+
+
+def headline_rows(folder: Path) -> list[Row]:
+    docs = _load(folder)
+    rows = []
+    for name, make in HEADLINES.items():
+        if name not in docs:
+            continue
+        try:
+            made = make(docs[name])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RenderError(f"{folder / name}.json: no figure {exc} (run its command again)") from None
+        rows += [Row(what, value, name, str(docs[name].get("command", "?")), measured_on(docs[name]))
+                 for what, value in made]
+    return rows
+
+
+def readme_table(rows: list[Row], results_link: str = "results") -> str:
+    lines = ["| figure | value | measured | data / command |", "|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.what} | {r.value} | {r.measured} | [{r.result}.json]({results_link}/{r.result}.json): "
+                     f"`{r.command}` |")
+    return "\n".join(lines)
+
+
+def _flatten(x: Any, prefix: str = "") -> list[tuple[str, str]]:
+    if isinstance(x, dict):
+        return [kv for k, v in x.items() for kv in _flatten(v, f"{prefix}.{k}" if prefix else str(k))]
+    if isinstance(x, list) and not all(isinstance(v, (str, int, float)) for v in x):
+        return [kv for i, v in enumerate(x) for kv in _flatten(v, f"{prefix}[{i}]")]
+    if isinstance(x, float):
+        return [(prefix, "null" if not math.isfinite(x) else f"{x:g}")]
+    if isinstance(x, list):
+        return [(prefix, ", ".join(str(v) for v in x))]
+    return [(prefix, "null" if x is None else str(x))]
+
+
+def results_page(folder: Path, results_link: str = "../results") -> str:
+    """Every results file: its command, provenance and figures, one table each."""
+    out = []
+    for name, doc in _load(folder).items():
+        prov = doc.get("provenance", {})
+        out += [f"### {name}", "",
+                f"`{doc.get('command', '?')}` ([{name}.json]({results_link}/{name}.json)); measured "
+                f"{prov.get('date', '?')} on {prov.get('cpu', '?')} ({prov.get('cores', '?')} cores, load "
+                f"{prov.get('load', '?')}), commit `{str(prov.get('commit', '?'))[:10]}`"
+                + (" with uncommitted changes" if prov.get("dirty") else "")
+                + (f", {doc['seconds']} s" if doc.get("seconds") is not None else "")
+                + (f", {doc['sim_calls']:,} simulator calls" if doc.get("sim_calls") else "") + ".", "",
+                "| figure | value |", "|---|---|"]
+        out += [f"| {k} | {v} |" for k, v in _flatten(doc.get("figures", {}))]
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
+def render_block(text: str, name: str, body: str, *, where: str) -> str:
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    i, j = text.find(begin), text.find(end)
+    if i < 0 or j < i:
+        raise RenderError(f"{where}: no '{begin}' ... '{end}' markers to render between")
+    return text[:i + len(begin)] + "\n" + body + "\n" + text[j:]
+
+
+def render_all(root: Path, *, check: bool = False) -> list[Path]:
+    """Render the README's figure table and docs/results.md from ``root/results``; returns the files that changed
+    (``check``: that would change, writing nothing)."""
+    from placement_rl.graph.io import atomic_write_text
+
+    folder = root / "results"
+    targets = {root / "README.md": (README_BLOCK, readme_table(headline_rows(folder))),
+               root / "docs" / "results.md": (DOCS_BLOCK, results_page(folder))}
+    changed = []
+    for path, (block, body) in targets.items():
+        old = path.read_text()
+        new = render_block(old, block, body, where=str(path))
+        if new != old:
+            changed.append(path)
+            if not check:
+                atomic_write_text(path, new)
+    return changed

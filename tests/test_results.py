@@ -1,0 +1,120 @@
+"""Results as data: every figure the README and docs/results.md print is rendered from results/*.json
+(``placement_rl.studies.render``), and the report generators type in no percentage or time figure."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from placement_rl.results import provenance, read_result, write_result
+from placement_rl.studies.render import RenderError, headline_rows, render_all, render_block
+
+ROOT = Path(__file__).resolve().parent.parent
+GENERATORS = sorted((ROOT / "scripts").glob("*.py")) + sorted((ROOT / "placement_rl" / "studies").glob("*report*.py"))
+# a percentage or a time in microseconds / milliseconds / seconds, not part of a larger token
+FIGURE = re.compile(r"(?<![\w.{%/-])\d+(?:[.,]\d+)?\s?(?:%|ms\b|us\b)")
+# a threshold or a parameter stated in words, not a measured figure: "rows of at least 50 us", "within 10%"
+THRESHOLD = re.compile(r"(?:>=|<=|>|<|at least|at most|under|over|above|below|within|up to)\s*$")
+
+
+def typed_figures(source: str) -> list[tuple[int, str]]:
+    """``(line, text)`` of every figure typed into a string literal of ``source``: docstrings, f-string format
+    specs and thresholds (``THRESHOLD`` right before the figure) are not figures."""
+    tree = ast.parse(source)
+    skip = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body \
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            skip.add(id(body[0].value))
+        if isinstance(node, ast.FormattedValue) and node.format_spec is not None:
+            skip.update(id(n) for n in ast.walk(node.format_spec))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            for m in FIGURE.finditer(node.value):
+                if not THRESHOLD.search(node.value[max(0, m.start() - 12):m.start()]):
+                    found.append((node.lineno, m.group()))
+    return found
+
+
+def test_report_generators_type_in_no_figures():
+    assert any(p.name == "fidelity_gpu.py" for p in GENERATORS)
+    typed = {p.relative_to(ROOT).as_posix(): typed_figures(p.read_text()) for p in GENERATORS}
+    typed = {k: v for k, v in typed.items() if v}
+    assert not typed, f"figures typed into report generators (compute them or read them from results/): {typed}"
+
+
+def test_the_figure_scan_finds_typed_figures_and_spares_computed_ones():
+    src = ('"""Docstring: 12.5% is prose."""\n'
+           'x = f"{a:.1f}% and {b:5.0%}"\n'
+           'y = "conv 38.5% / 40.0% to 23.5%"\n'
+           'z = "rows of at least 50 us, share within 10%"\n'
+           'w = "took 3.2 ms"\n')
+    assert typed_figures(src) == [(3, "38.5%"), (3, "40.0%"), (3, "23.5%"), (5, "3.2 ms")]
+
+
+def test_documents_match_their_data():
+    changed = render_all(ROOT, check=True)
+    assert not changed, (f"{[str(p.relative_to(ROOT)) for p in changed]} differ from results/*.json: run "
+                         "python scripts/render.py")
+
+
+def _copy_tree(dest: Path) -> Path:
+    (dest / "docs").mkdir(parents=True)
+    shutil.copy(ROOT / "README.md", dest / "README.md")
+    shutil.copy(ROOT / "docs" / "results.md", dest / "docs" / "results.md")
+    shutil.copytree(ROOT / "results", dest / "results")
+    return dest
+
+
+def test_a_figure_that_moved_in_its_json_is_caught(tmp_path):
+    root = _copy_tree(tmp_path)
+    assert render_all(root, check=True) == []
+    p = root / "results" / "fidelity_h200.json"
+    doc = json.loads(p.read_text())
+    doc["figures"]["whole"]["calibrated"]["training_mape"] += 1.0
+    p.write_text(json.dumps(doc))
+    assert set(render_all(root, check=True)) == {root / "README.md", root / "docs" / "results.md"}
+    render_all(root)
+    assert render_all(root, check=True) == []
+    assert f"{doc['figures']['whole']['calibrated']['training_mape']:.1f}%" in (root / "README.md").read_text()
+
+
+def test_every_headline_row_links_its_json_and_carries_date_and_machine():
+    rows = headline_rows(ROOT / "results")
+    assert rows
+    for r in rows:
+        doc = read_result(r.result, folder=ROOT / "results")
+        assert re.match(r"\d{4}-\d{2}-\d{2}, .+ \(\d+ cores\)", r.measured), r.measured
+        assert r.command == doc["command"]
+        script = next(w for w in r.command.split() if w.endswith(".py") or w == "placement-rl")
+        assert script == "placement-rl" or (ROOT / "scripts" / Path(script).name).is_file(), r.command
+    block = (ROOT / "README.md").read_text().split("<!-- figures:begin -->")[1].split("<!-- figures:end -->")[0]
+    for link in re.findall(r"\]\((results/[\w.-]+\.json)\)", block):
+        assert (ROOT / link).is_file(), link
+
+
+def test_render_block_needs_its_markers():
+    assert render_block("a <!-- x:begin -->old<!-- x:end --> b", "x", "new", where="t") == \
+        "a <!-- x:begin -->\nnew\n<!-- x:end --> b"
+    with pytest.raises(RenderError, match="markers"):
+        render_block("no markers", "x", "new", where="README.md")
+
+
+def test_write_result_round_trip_with_provenance(tmp_path):
+    path = write_result("demo", {"a": 1.5, "b": [1, 2]}, seconds=0.5, sim_calls=3, command="python demo.py",
+                        folder=tmp_path)
+    doc = read_result("demo", folder=tmp_path)
+    assert path == tmp_path / "demo.json" and doc["figures"] == {"a": 1.5, "b": [1, 2]}
+    assert doc["seconds"] == 0.5 and doc["sim_calls"] == 3 and doc["command"] == "python demo.py"
+    prov = provenance()
+    assert set(prov) <= set(doc["provenance"]) and {"commit", "dirty", "cpu", "cores", "date", "cost_model_sha"} \
+        <= set(prov)
+    with pytest.raises(ValueError, match="plain file stem"):
+        write_result("../x", {}, folder=tmp_path)
