@@ -6,17 +6,18 @@ DP degree), ``tensor_parallel_degree``, ``pipeline_parallel_degree`` (device gro
 by name (``GPipe``, ``1F1B``, ``Interleaved1F1B``, ``InterleavedZeroBubble``, ``ZBVZeroBubble``: torch's
 ``torch.distributed.pipelining`` names), ``pipeline_parallel_microbatch_size`` and
 ``module_fqns_per_model_part`` (the model's own module names per stage), ``local_batch_size`` /
-``global_batch_size``. Targets torchtitan's ``Parallelism`` / ``Training`` job-config fields as of its 2025
+``global_batch_size`` (a one-stage plan's micro-batches as gradient-accumulation steps). Targets torchtitan's ``Parallelism`` / ``Training`` job-config fields as of its 2025
 releases (``module_fqns_per_model_part`` is the newest field used).
 
 ``to_megatron(plan, graph) -> str`` writes Megatron-LM ``pretrain_gpt.py`` arguments: ``--tensor-model-parallel-size``,
 ``--pipeline-model-parallel-size``, ``--pipeline-model-parallel-layout`` (the uneven layer layout, one
 ``|``-separated entry per virtual stage in Megatron's order, virtual stage ``k`` on pipeline rank ``k mod pp``:
 ``E`` embedding, ``t`` a transformer layer, ``L`` final norm, output layer and loss; the virtual stages per rank
-follow from it), ``--micro-batch-size`` / ``--global-batch-size``, ``--make-vocab-size-divisible-by``, and
+follow from it), ``--micro-batch-size`` / ``--global-batch-size`` (gradient accumulation when the plan's micro-batches
+exceed the pipeline's), ``--make-vocab-size-divisible-by``, and
 ``--use-torch-fsdp2`` for FSDP plans. Targets Megatron-LM / Megatron-Core 0.13 and later (the layout argument;
-experimental there). Megatron runs 1F1B (interleaved with virtual stages) only: a ``gpipe`` or ``zb1p`` plan is
-refused. The plan carries no recomputation or sequence parallelism, so neither is written (Megatron's defaults:
+experimental there). Megatron runs 1F1B (interleaved with virtual stages) only: a ``gpipe`` or ``zb1p`` pipeline
+is refused (a one-stage plan has no pipeline schedule and reads back as ``1f1b``). The plan carries no recomputation or sequence parallelism, so neither is written (Megatron's defaults:
 none, off).
 
 Stages are exported at module granularity: the transformer layers (the repeated ``<container>.<i>`` modules of
@@ -184,8 +185,10 @@ def to_torchtitan(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> s
         lines += [f'pipeline_parallel_schedule = "{sched}"',
                   f"pipeline_parallel_microbatch_size = {lay.micro_batch_size}",
                   f"module_fqns_per_model_part = [{parts}]"]
-    lines += ["", "[training]", f"local_batch_size = {lay.batch_size // lay.dp}",
-              f"global_batch_size = {lay.batch_size}", ""]
+    # torchtitan: a pipeline splits each DP rank's local batch into micro-batches; without one, micro-batches are
+    # gradient-accumulation steps (global = local x DP x steps)
+    local = lay.batch_size // lay.dp if lay.num_stages > 1 else lay.micro_batch_size
+    lines += ["", "[training]", f"local_batch_size = {local}", f"global_batch_size = {lay.batch_size}", ""]
     return "\n".join(lines)
 
 
@@ -208,7 +211,7 @@ def _megatron_stage(ms: tuple[str, ...], mods: Modules, first: bool, last: bool,
 
 def to_megatron(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> str:
     """Megatron-LM command-line arguments for ``plan`` (see the module docstring), one per line."""
-    if plan.schedule in ("gpipe", "zb1p"):
+    if plan.schedule in ("gpipe", "zb1p") and plan.num_stages > 1:
         raise PlanError(f"Megatron-LM runs 1F1B (interleaved with virtual stages), not '{plan.schedule}': plan with "
                         "schedule 1f1b or interleaved1f1b, or export --to torchtitan")
     lay = layout(plan, graph, snap=snap)
@@ -285,7 +288,8 @@ def from_torchtitan(text: str, graph: CompGraph) -> StagePlan:
     if schedule is None:
         raise PlanError(f"pipeline schedule '{par.get('pipeline_parallel_schedule')}' has no stage-plan counterpart "
                         f"(choose one of {', '.join(names)})")
-    micro = int(par.get("pipeline_parallel_microbatch_size", batch // dp)) if len(parts) > 1 else batch // dp
+    local = int(tr.get("local_batch_size", batch // dp))
+    micro = int(par.get("pipeline_parallel_microbatch_size", 1)) if len(parts) > 1 else local
     vocab = re.search(r"make_vocab_size_divisible_by = (\d+)", text)
     return _plan(graph, [list(p) for p in parts], tp=tp, dp=dp, pp=pp, m=max(batch // (dp * micro), 1),
                  schedule=schedule, sharding="fsdp" if shard > 1 else "dp", batch=batch,

@@ -87,6 +87,12 @@ def test_what_each_trainer_is_told(gpt):
     uneven = StagePlan(cut_after(gpt, [2]), ((0,), (1,)), num_microbatches=2)
     assert '"Et*3|tL"' in ex.to_megatron(uneven, gpt)
     assert "--use-torch-fsdp2" in ex.to_megatron(p["fsdp dp4"], gpt)
+    accumulate = StagePlan(np.zeros(gpt.num_nodes, dtype=np.int64), ((0, 1),), num_microbatches=2, schedule="gpipe")
+    assert tomllib.loads(ex.to_torchtitan(accumulate, gpt))["training"] == {"local_batch_size": 2,
+                                                                          "global_batch_size": 8}
+    back = ex.from_megatron(ex.to_megatron(accumulate, gpt), gpt)  # no pipeline: gradient accumulation, 1f1b
+    assert (back.num_microbatches, back.dp_degrees, back.schedule) == (2, (2,), "1f1b")
+    assert ex.from_torchtitan(ex.to_torchtitan(accumulate, gpt), gpt).num_microbatches == 2
 
 
 def test_plans_megatron_cannot_run_are_refused_and_a_split_layer_needs_snap(gpt):
