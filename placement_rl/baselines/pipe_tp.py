@@ -37,6 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from placement_rl.baselines.pipe_common import PipeProblem, Plan, cut_grid, microbatch_choices
+from placement_rl.cost.comm_fit import inverse_bandwidth
 from placement_rl.cost.memory import BUCKET_BYTES, FSDP_GATHER_FACTOR, STATE_FACTOR
 from placement_rl.cost.tensor_parallel import segment_times
 from placement_rl.errors import ConfigError, PlanError
@@ -147,8 +148,8 @@ class _Stages:
     def link(self, k: int) -> tuple[float, float]:
         """Slowest latency and inverse bandwidth between the first DP groups of stage positions k and k + 1."""
         a, b = self.group(k)[::self.t], self.group(k + 1)[::self.t]
-        lat, bw = self.pp.costs.link_latency, self.pp.costs.link_bandwidth
-        return (max(float(lat[x, y]) for x in a for y in b), max(float(1.0 / bw[x, y]) for x in a for y in b))
+        lat, inv = self.pp.costs.link_latency, inverse_bandwidth(self.pp.costs.link_bandwidth)
+        return max(float(lat[x, y]) for x in a for y in b), max(float(inv[x, y]) for x in a for y in b)
 
 
 def _dp_cuts(mats: list[np.ndarray], m: int, alpa: bool = True) -> tuple[list[int] | None, list[int] | None, int]:
