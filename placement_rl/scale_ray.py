@@ -6,8 +6,8 @@
   when another Ray instance runs on this machine (``ray start --head``, another training, a sweep's job): it is
   never joined by accident, and its presence is said in the note (``ray.address=auto`` joins it deliberately).
   Two trainings started at once each get their own instance.
-* ``address`` set (``auto`` or ``host:port``): the running cluster is joined, and the note says so with its CPUs
-  and nodes.
+* ``address`` set (``auto`` or ``host:port``), or Ray's ``RAY_ADDRESS`` variable set (as ``ray job submit``
+  does): the running cluster is joined, and the run's first line says so with its CPUs and nodes.
 * Ray already initialised in this process (by the caller): reused as it is, and left running.
 
 Unless reused, the driver ships its package to every worker (``runtime_env`` ``working_dir``: a folder holding a
@@ -85,6 +85,9 @@ def connect(requested: int | str, address: str | None, *, ship: bool = True) -> 
         cpus, nodes = cluster_size()
         return Connection("reused", "the Ray instance already running in this process", cpus, nodes, False, "",
                           identity)
+    via = "ray.address"
+    if address is None and os.environ.get("RAY_ADDRESS", "").strip():  # Ray's own way to name a cluster: a join
+        address, via = os.environ["RAY_ADDRESS"].strip(), "RAY_ADDRESS"
     kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": True}
     staged = tempfile.mkdtemp(prefix="placement-rl-ship-") if ship else None
     try:
@@ -105,10 +108,10 @@ def connect(requested: int | str, address: str | None, *, ship: bool = True) -> 
             try:
                 ray.init(address=address, runtime_env=env, **kwargs)
             except (ConnectionError, RuntimeError, ValueError) as exc:
-                raise ConfigError(f"cannot join the Ray cluster at ray.address={address} "
+                raise ConfigError(f"cannot join the Ray cluster at {via}={address} "
                                   f"({str(exc).splitlines()[0]}): start it with `ray start --head`") from None
             gcs = ray.get_runtime_context().gcs_address
-            how, where, note = "joined", f"the Ray cluster at {gcs} (ray.address={address}), joined", ""
+            how, where, note = "joined", f"the Ray cluster at {gcs} ({via}={address}), joined", ""
     except BaseException:
         if staged is not None:
             shutil.rmtree(staged, ignore_errors=True)

@@ -146,7 +146,7 @@ def ray_on_machine(tmp_path_factory):
             current.unlink()  # the machine's current cluster named the instance just stopped
 
 
-def test_existing_instance_is_not_joined_by_accident_and_address_joins_it(ray_on_machine):
+def test_existing_instance_is_not_joined_by_accident_and_address_joins_it(ray_on_machine, monkeypatch):
     """Before: ``ValueError: When connecting to an existing cluster, num_cpus and num_gpus must not be provided``."""
     with Workers(2) as w:
         first = w.describe()
@@ -159,6 +159,9 @@ def test_existing_instance_is_not_joined_by_accident_and_address_joins_it(ray_on
         joined = w.describe()
         assert w.map(abs, [-4, 5]) == [4, 5]
     assert f"the Ray cluster at {ray_on_machine}" in joined and "joined (1 CPU on 1 node)" in joined, joined
+    monkeypatch.setenv("RAY_ADDRESS", ray_on_machine)  # Ray's own variable (``ray job submit`` sets it): a join
+    with Workers(2) as w:
+        assert f"(RAY_ADDRESS={ray_on_machine}), joined" in w.describe(), w.describe()
 
 
 def test_worker_running_other_code_is_refused_before_any_job(snapshot, tmp_path):
