@@ -114,8 +114,10 @@ def bench_planners(budget: int) -> list[dict]:
 
 # ------------------------------------------------------------------------------ (b) hand-written DTensor TP
 def megatron_plan(blocks: range, *, embedding: bool = False, head: bool = False) -> dict:
-    """``parallelize_module`` styles of the zoo GPT: column / row pairs of the given blocks' attention and MLP,
-    the vocabulary-parallel embedding and LM head when asked (the same styles as ``executor._tp``)."""
+    """``parallelize_module`` styles of the zoo GPT as Megatron-LM runs it: column / row pairs of the given blocks'
+    attention and MLP on local shards (the column's output stays a plain local tensor, the row takes it as
+    ``Shard(-1)``; see :func:`megatron_attention` for the attention's local heads), the vocabulary-parallel
+    embedding and LM head when asked (the LM head's output a vocab-sharded DTensor for the loss)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
@@ -123,15 +125,44 @@ def megatron_plan(blocks: range, *, embedding: bool = False, head: bool = False)
     if head:
         plan["lm_head"] = ColwiseParallel(use_local_output=False)
     for i in blocks:
-        plan.update({f"blocks.{i}.attn.qkv": ColwiseParallel(use_local_output=False),
-                     f"blocks.{i}.attn.proj": RowwiseParallel(input_layouts=Shard(-1)),
-                     f"blocks.{i}.ffn.fc1": ColwiseParallel(use_local_output=False),
-                     f"blocks.{i}.ffn.fc2": RowwiseParallel(input_layouts=Shard(-1))})
+        plan.update({f"blocks.{i}.attn.qkv": ColwiseParallel(), f"blocks.{i}.attn.proj": RowwiseParallel(
+            input_layouts=Shard(-1)), f"blocks.{i}.ffn.fc1": ColwiseParallel(),
+            f"blocks.{i}.ffn.fc2": RowwiseParallel(input_layouts=Shard(-1))})
     return plan
 
 
+def _local_attention(self, x: torch.Tensor) -> torch.Tensor:
+    """The zoo GPT's attention on one TP rank: its ``n_heads / tp`` heads of the interleaved fused QKV shard."""
+    b, t, c = x.shape
+    tp, hd = self.tp_degree, c // self.n_heads
+    q, k, v = (z.view(b, t, self.n_heads // tp, hd).transpose(1, 2) for z in self.qkv(x).split(c // tp, 2))
+    att = (q @ k.transpose(-2, -1)) * hd ** -0.5
+    att = att.masked_fill(~self.mask[:t, :t], float("-inf"))
+    y = self.attn_drop(torch.softmax(att, -1)) @ v
+    return self.resid_drop(self.proj(y.transpose(1, 2).reshape(b, t, c // tp)))
+
+
+def megatron_attention(blocks, tp: int) -> None:
+    """Megatron's interleaved QKV, by hand: each block's fused QKV rows reordered so that rank r's contiguous shard
+    holds its heads of q, k and v, and the attention run on those local heads (call before ``parallelize_module``)."""
+    import types
+
+    for block in blocks:
+        attn = block.attn
+        c = attn.qkv.out_features // 3
+        perm = torch.cat([torch.arange(j * c + r * (c // tp), j * c + (r + 1) * (c // tp))
+                          for r in range(tp) for j in range(3)])
+        with torch.no_grad():
+            attn.qkv.weight.data = attn.qkv.weight.data[perm].clone()
+            attn.qkv.bias.data = attn.qkv.bias.data[perm].clone()
+        attn.tp_degree = tp
+        attn.forward = types.MethodType(_local_attention, attn)
+
+
 class HandWrittenTP:
-    """The eager zoo GPT on a 1-D TP mesh: ``parallelize_module`` with Megatron styles, tied head re-tied, Adam."""
+    """The eager zoo GPT on a 1-D TP mesh as Megatron runs it: interleaved fused QKV and local heads
+    (``megatron_attention``), ``parallelize_module`` with the Megatron styles on local shards, tied head re-tied,
+    Adam."""
 
     def __init__(self, part_dir: Path, rank: int) -> None:
         from torch.distributed.device_mesh import init_device_mesh
@@ -141,6 +172,7 @@ class HandWrittenTP:
         model = part["model"]
         module, inputs = zoo.build(model["zoo"], **{**model["overrides"], "batch_size": part["batch_size"]})
         mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        megatron_attention(module.blocks, dist.get_world_size())
         parallelize_module(module, mesh, megatron_plan(range(len(module.blocks)), embedding=True, head=True))
         module.lm_head.weight = module.wte.weight  # tie again (both Shard(0))
         self.model = module.train()
@@ -222,6 +254,7 @@ class HandWrittenTPxPP:
         first = self.stage_index == 0
         module = _Stage0(lm, lm.blocks[:half]) if first else _Stage1(lm, lm.blocks[half:])
         self.tied = module.wte if first else module.lm_head
+        megatron_attention(module.blocks, tp)
         parallelize_module(module, mesh["tp"], megatron_plan(range(len(module.blocks)), embedding=first,
                                                              head=not first))
         self.m = int(dims["num_microbatches"])
@@ -328,11 +361,15 @@ def cpu_topology(count: int) -> DeviceTopology:
     return DeviceTopology.from_dict(data)
 
 
-FID_PLANS = [("single m=1", 1, 1, 1, 1), ("dp2 m=1", 1, 2, 1, 1), ("tp2 m=1", 1, 1, 2, 1), ("tp2 m=2", 1, 1, 2, 2),
-             ("pp2 gpipe m=2", 2, 1, 1, 2), ("tp2 x pp2 gpipe m=2", 2, 1, 2, 2), ("tp2 x dp2 m=1", 1, 2, 2, 1)]
+FID_PLANS = [("single m=1", 1, 1, 1, 1), ("dp2 m=1", 1, 2, 1, 1), ("pp2 gpipe m=2", 2, 1, 1, 2),
+             ("tp2 m=1", 1, 1, 2, 1), ("tp2 m=2", 1, 1, 2, 2), ("tp2 m=4", 1, 1, 2, 4),
+             ("tp4 m=1", 1, 1, 4, 1), ("tp4 m=2", 1, 1, 4, 2),
+             ("tp2 x dp2 m=1", 1, 2, 2, 1), ("tp2 x dp2 m=2", 1, 2, 2, 2),
+             ("tp2 x pp2 gpipe m=2", 2, 1, 2, 2), ("tp2 x pp2 gpipe m=4", 2, 1, 2, 4),
+             ("tp2 x pp2 1f1b m=4", 2, 1, 2, 4, "1f1b")]
 
 
-def fid_plan(graph, stages: int, dp: int, t: int, m: int) -> StagePlan:
+def fid_plan(graph, stages: int, dp: int, t: int, m: int, schedule: str = "gpipe") -> StagePlan:
     n = graph.num_nodes
     if stages == 1:
         son = np.zeros(n, dtype=np.int64)
@@ -343,7 +380,7 @@ def fid_plan(graph, stages: int, dp: int, t: int, m: int) -> StagePlan:
         son[graph.topo_order[cut:]] = 1
     width = dp * t
     groups = tuple(tuple(range(k * width, (k + 1) * width)) for k in range(stages))
-    return StagePlan(son, groups, num_microbatches=m, tp=(t,) * stages, schedule="gpipe",
+    return StagePlan(son, groups, num_microbatches=m, tp=(t,) * stages, schedule=schedule,
                      batch_size=SMALL["batch_size"])
 
 
@@ -497,6 +534,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5, help="profiling repeats per op (c)")
     args = ap.parse_args()
+    start = time.perf_counter()
     torch.set_num_threads(1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -512,6 +550,9 @@ def main() -> None:
             data["fidelity"]["dtensor"] = dtensor_overhead(args.steps)
     data["load_after"] = os.getloadavg()[0]
     atomic_write_text(out / "bench_tp.json", json.dumps(data, indent=1, default=float))
+    from placement_rl.results import write_result
+
+    write_result("bench_tp", data, seconds=time.perf_counter() - start)
     write_report(out, data)
     print(f"wrote {out / 'bench_tp.md'}")
 
