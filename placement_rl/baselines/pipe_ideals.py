@@ -20,9 +20,9 @@ others: one host, or a class per host), (b) a stage's parameters fit one DDP buc
 add a latency each), (c) a producer's edges out of an ideal carry the same bytes (one tensor), (d) memory does
 not bind (a stage is kept within its group's memory with ``min(m, D)`` micro-batches in flight, 1F1B holds at
 most the stages after it: conservative), (e) DDP; FSDP variants of the best plans are simulated too. Every
-final state (each set of devices used, each last composition) yields a plan; for the step-time objective they
-are simulated best estimate first (``(m - 1) x bottleneck + sum of stage times``), so ``exact`` is exact for
-time per sample and a strong search for step time.
+final state (each set of devices used, each last composition) yields a plan; the best ``SIMULATED`` of them by
+estimate (time per sample: ``m x bottleneck``; step time: ``(m + S - 1) x bottleneck``) are simulated, so
+``exact`` is exact for time per sample and a strong search for step time.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ ENUM_LIMIT = 4096          # ideals listed at most before falling back to one or
 WORK_LIMIT = 4e9           # nested pairs x device states x compositions^2 x micro-batch counts
 MAX_COMPOSITIONS = 64      # beyond: single-class groups of power-of-two sizes (and each whole class)
 FSDP_VARIANTS = 8          # the best plans with a replicated stage are also simulated sharded
+SIMULATED = {"throughput": 8, "step": 64}  # DP plans handed to the simulator, best estimate first: the DP's
+# estimate is the steady time itself (a few suffice), the step time only ranks them (more are worth a look)
 
 
 def restrictions(pp: PipeProblem) -> tuple[np.ndarray, list[list[int]]]:
@@ -237,8 +239,10 @@ def ideal_candidates(pp: PipeProblem) -> tuple[list[tuple[float, Plan]], dict[st
             degrees = tuple(len(gr) for gr in stages.groups)
             cands.append((est, (stages, degrees, m, "dp")))
     cands.sort(key=lambda c: c[0])
+    total = len(cands)
+    cands = cands[:SIMULATED[pp.objective]]
     fsdp = [(est, (st, deg, m, "fsdp")) for est, (st, deg, m, _) in cands if max(deg) > 1][:FSDP_VARIANTS]
-    info.update(ideal_candidates=len(cands), ideal_best_steady=best_bottleneck,
+    info.update(ideal_candidates=total, ideal_best_steady=best_bottleneck,
                 ideal_search_seconds=time.perf_counter() - t0)
     return cands[:1] + fsdp + cands[1:], info
 

@@ -39,11 +39,18 @@ class IdealFamily:
 
 
 def ideal_bound(graph: CompGraph) -> int:
-    """Upper bound on the number of ideals: ``prod(len(c) + 1)`` over a greedy chain cover of the DAG."""
+    """Upper bound on the number of ideals: ``prod(len(c) + 1)`` over a greedy chain cover of the DAG (a node
+    extends the chain whose last node is its latest ancestor in topological order)."""
     ends: dict[int, int] = {}  # node that ends a chain -> chain length
     pp, pi = graph.pred_ptr, graph.pred_idx
-    for v in graph.topo_order.tolist():
-        tail = next((int(u) for u in pi[pp[v]:pp[v + 1]].tolist() if int(u) in ends), None)
+    order = graph.topo_order.tolist()
+    rank = {v: k for k, v in enumerate(order)}
+    anc: list[int] = [0] * graph.num_nodes
+    for v in order:
+        for u in pi[pp[v]:pp[v + 1]].tolist():
+            anc[v] |= anc[int(u)] | (1 << int(u))
+        tails = [u for u in ends if anc[v] >> u & 1]
+        tail = max(tails, key=rank.__getitem__) if tails else None
         ends[v] = (ends.pop(tail) + 1) if tail is not None else 1
     bound = 1
     for length in ends.values():
