@@ -1,24 +1,24 @@
 """A ``StagePlan`` handed to the trainers people run: torchtitan's job config and Megatron-LM's arguments, and back.
 
 ``to_torchtitan(plan, graph) -> str`` writes the ``[parallelism]`` and ``[training]`` tables of a torchtitan job
-config (TOML): ``data_parallel_replicate_degree`` / ``data_parallel_shard_degree`` (DDP or FSDP2 over the plan's
-DP degree), ``tensor_parallel_degree``, ``pipeline_parallel_degree`` (device groups), ``pipeline_parallel_schedule``
-by name (``GPipe``, ``1F1B``, ``Interleaved1F1B``, ``InterleavedZeroBubble``, ``ZBVZeroBubble``: torch's
-``torch.distributed.pipelining`` names), ``pipeline_parallel_microbatch_size`` and
-``module_fqns_per_model_part`` (the model's own module names per stage), ``local_batch_size`` /
-``global_batch_size`` (a one-stage plan's micro-batches as gradient-accumulation steps). Targets torchtitan's ``Parallelism`` / ``Training`` job-config fields as of its 2025
-releases (``module_fqns_per_model_part`` is the newest field used).
+config (TOML): ``data_parallel_replicate_degree`` / ``data_parallel_shard_degree`` (DDP or FSDP2 over the plan's DP
+degree), ``tensor_parallel_degree``, ``pipeline_parallel_degree`` (device groups), ``pipeline_parallel_schedule`` by
+name (``GPipe``, ``1F1B``, ``Interleaved1F1B``, ``InterleavedZeroBubble``, ``ZBVZeroBubble``: torch's
+``torch.distributed.pipelining`` names), ``pipeline_parallel_microbatch_size`` and ``module_fqns_per_model_part``
+(the model's own module names per stage), ``local_batch_size`` / ``global_batch_size`` (a one-stage plan's
+micro-batches as gradient-accumulation steps). Targets torchtitan's ``Parallelism`` / ``Training`` job-config fields
+as of its 2025 releases (``module_fqns_per_model_part`` is the newest field used).
 
-``to_megatron(plan, graph) -> str`` writes Megatron-LM ``pretrain_gpt.py`` arguments: ``--tensor-model-parallel-size``,
-``--pipeline-model-parallel-size``, ``--pipeline-model-parallel-layout`` (the uneven layer layout, one
-``|``-separated entry per virtual stage in Megatron's order, virtual stage ``k`` on pipeline rank ``k mod pp``:
-``E`` embedding, ``t`` a transformer layer, ``L`` final norm, output layer and loss; the virtual stages per rank
-follow from it), ``--micro-batch-size`` / ``--global-batch-size`` (gradient accumulation when the plan's micro-batches
-exceed the pipeline's), ``--make-vocab-size-divisible-by``, and
-``--use-torch-fsdp2`` for FSDP plans. Targets Megatron-LM / Megatron-Core 0.13 and later (the layout argument;
-experimental there). Megatron runs 1F1B (interleaved with virtual stages) only: a ``gpipe`` or ``zb1p`` pipeline
-is refused (a one-stage plan has no pipeline schedule and reads back as ``1f1b``). The plan carries no recomputation or sequence parallelism, so neither is written (Megatron's defaults:
-none, off).
+``to_megatron(plan, graph) -> str`` writes Megatron-LM ``pretrain_gpt.py`` arguments:
+``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``, ``--pipeline-model-parallel-layout`` (the
+uneven layer layout, one ``|``-separated entry per virtual stage in Megatron's order, virtual stage ``k`` on
+pipeline rank ``k mod pp``: ``E`` embedding, ``t`` a transformer layer, ``L`` final norm, output layer and loss; the
+virtual stages per rank follow from it), ``--micro-batch-size`` / ``--global-batch-size`` (gradient accumulation
+when the plan's micro-batches exceed the pipeline's), ``--make-vocab-size-divisible-by``, and ``--use-torch-fsdp2``
+for FSDP plans. Targets Megatron-LM / Megatron-Core 0.13 and later (the layout argument; experimental there).
+Megatron runs 1F1B (interleaved with virtual stages) only: a ``gpipe`` or ``zb1p`` pipeline is refused (a one-stage
+plan has no pipeline schedule and reads back as ``1f1b``). The plan carries no recomputation or sequence
+parallelism, so neither is written (Megatron's defaults: none, off).
 
 Stages are exported at module granularity: the transformer layers (the repeated ``<container>.<i>`` modules of
 the captured graph's ``module_paths``) and the modules around them. A module whose nodes the plan puts in two
@@ -39,57 +39,12 @@ import numpy as np
 
 from placement_rl.errors import PlanError
 from placement_rl.graph.ir import CompGraph
+from placement_rl.graph.layers import Modules, modules
 from placement_rl.plans import StagePlan, graph_batch_size
 
 FORMATS = ("torchtitan", "megatron")
 _TITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved1f1b": "Interleaved1F1B",
                     "zb1p": "InterleavedZeroBubble"}
-_LAYER = re.compile(r"^(.*?)\.(\d+)(?:\.|$)")
-
-
-@dataclass(frozen=True)
-class Modules:
-    """The graph's modules at export granularity: ``key[v]`` (None: a node of no such module, e.g. the loss),
-    ``order`` (keys in program order), ``layer`` (key -> layer index, transformer layers only)."""
-
-    key: tuple[str | None, ...]
-    order: tuple[str, ...]
-    layer: dict[str, int]
-    container: str
-
-
-def modules(graph: CompGraph) -> Modules:
-    """Find the repeated layer container (the ``prefix.<i>`` with the most distinct ``i``) and key every node."""
-    counts: dict[str, set[int]] = {}
-    for p in graph.module_paths:
-        m = _LAYER.match(p)
-        if m:
-            counts.setdefault(m.group(1), set()).add(int(m.group(2)))
-    if not counts:
-        raise PlanError(f"graph '{graph.name}' has no repeated layers (module paths like 'layers.0'): torchtitan and "
-                        "Megatron-LM split models between layers")
-    container = max(counts, key=lambda c: (len(counts[c]), -len(c)))
-    depth = container.count(".") + 1
-    keys: list[str | None] = []
-    layer: dict[str, int] = {}
-    for p in graph.module_paths:
-        if p.startswith(container + "."):
-            idx = p[len(container) + 1:].split(".")[0]
-            k = f"{container}.{idx}"
-            layer[k] = int(idx)
-        elif not p or container.startswith(p + "."):
-            k = None  # the root, or a module holding the layers: no stage of its own
-        else:
-            k = ".".join(p.split(".")[:depth])
-        keys.append(k)
-    order: list[str] = []
-    seen = set()
-    for v in graph.topo_order.tolist():
-        k = keys[v]
-        if k is not None and k not in seen:
-            seen.add(k)
-            order.append(k)
-    return Modules(tuple(keys), tuple(order), layer, container)
 
 
 @dataclass(frozen=True)

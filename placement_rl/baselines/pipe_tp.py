@@ -18,18 +18,18 @@ in that order (TP groups never span hosts) and the graph's split sizes (``graph.
   and the best simulated plan is kept.
 
 ``tau_k`` (one micro-batch, forward + backward, on the ``k``-th device group, by the simulator's rules): variable
-node time / (m dp) + fixed (launch) time + the TP all-reduces at the micro-batch's bytes over the stage's own
-first TP group, forward and backward each paced by the slowest device of its first DP group, + both directions
-of the boundary transfer (every tensor produced before the cut and consumed after it, skip connections passed
-along, on the slowest link between the two groups). With one micro-batch and DP degree 1 the objective *is* the
-simulated step time (``cut_objective``; tested on every plan of a brute force). Limits of ``exact``: it is exact
-over the discrete choices and over cuts *for that analytic objective* (with m > 1 the simulator's event-level
-schedule, and DP / FSDP collectives and their overlap, are only in the final simulated ranking: on the brute
-force's small GPT the objective is 0-25% above the simulated step at m = 2-4); cut points are
-``cut_grid(n, 128)`` (every position up to 128 nodes, evenly spaced beyond: coarsen big graphs or accept the
-grid); at most ``MAX_BOUNDS`` bounds per configuration are tried (``meta["bounds_capped"]`` counts
-configurations that hit it). Candidates are simulated best analytic estimate first; a budget smaller than the candidate count
-simulates only the first ones (``meta["exhaustive"]`` is then false).
+node time / (m dp) + fixed (launch) time + the TP all-reduces at the micro-batch's bytes over the stage's own first
+TP group, forward and backward each paced by the slowest device of its first DP group, + both directions of the
+boundary transfer (every tensor produced before the cut and consumed after it, skip connections passed along, on the
+slowest link between the two groups). With one micro-batch and DP degree 1 the objective *is* the simulated step
+time (``cut_objective``; tested on every plan of a brute force). Limits of ``exact``: it is exact over the discrete
+choices and over cuts *for that analytic objective* (with m > 1 the simulator's event-level schedule, and DP / FSDP
+collectives and their overlap, are only in the final simulated ranking: on the brute force's small GPT the objective
+is 0-25% above the simulated step at m = 2-4); cut points are ``cut_grid(n, 128)`` (every position up to 128 nodes,
+evenly spaced beyond: coarsen big graphs or accept the grid); at most ``MAX_BOUNDS`` bounds per configuration are
+tried (``meta["bounds_capped"]`` counts configurations that hit it). Candidates are simulated best analytic estimate
+first; a budget smaller than the candidate count simulates only the first ones (``meta["exhaustive"]`` is then
+false).
 """
 
 from __future__ import annotations

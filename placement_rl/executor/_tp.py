@@ -258,7 +258,8 @@ def pad_vocab(gm: fx.GraphModule, mod: nn.Module, call: fx.Node, kind: str, voca
         if t.startswith(("aten.view.", "aten._unsafe_view.", "aten.reshape.")) and isinstance(u.args[1], (list, tuple)):
             u.args = (u.args[0], [vp if d == v else d for d in u.args[1]])
             stack.extend(u.users)
-        elif t.startswith(("aten.flatten.", "aten.contiguous.", "aten.clone.", "aten.alias.", "aten.to.", "aten._to_copy.")):
+        elif t.startswith(("aten.flatten.", "aten.contiguous.", "aten.clone.", "aten.alias.", "aten.to.",
+                           "aten._to_copy.")):
             stack.extend(u.users)
 
 

@@ -10,8 +10,9 @@ graph has nothing to split.
 
 **Vocabulary padding** (Megatron-LM's ``--make-vocab-size-divisible-by``, default 128): at TP degree ``t > 1`` the
 vocabulary ``V`` is padded to ``padded_vocab(V, t, d) = ceil(V / (d t)) d t`` rows (GPT-2's 50,257: 50,432 at
-t = 2, 50,688 at t = 4, 51,200 at t = 8), so a vocabulary no degree divides still splits. ``shard_graph`` then prices the vocabulary ops (vocab-parallel
-embedding table, LM head, the views and loss on vocab-sharded logits) at ``padded / V / t`` of their size. At
+t = 2, 50,688 at t = 4, 51,200 at t = 8), so a vocabulary no degree divides still splits. ``shard_graph`` then
+prices the vocabulary ops (vocab-parallel embedding table, LM head, the views and loss on vocab-sharded logits)
+at ``padded / V / t`` of their size. At
 ``t = 1`` nothing is padded (the captured model is what runs). ``d = 0`` switches padding off: a degree that does
 not divide ``V`` is then refused. A split size equal to ``V`` by chance (a hidden size) is taken for the
 vocabulary.
