@@ -27,6 +27,7 @@ STAGE_PLAN_SCHEMA = "placement_rl.stage_plan"
 VERSION = 1
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "zb1p")
 SHARDINGS = ("dp", "fsdp")  # replicate each stage (DDP) or shard it over its DP group (FSDP2 / ZeRO-3)
+RECOMPUTE = ("none", "selective", "full")  # activation recomputation per stage (``placement_rl.cost.recompute``)
 
 
 def _read_json(path_or_str: str | os.PathLike, what: str) -> dict[str, Any]:
@@ -178,6 +179,8 @@ class StagePlan:
     ``make_vocab_size_divisible_by`` (Megatron-LM's knob, default 128; JSON without it reads 128): a TP stage pads
     the vocabulary to a multiple of it x its TP degree (``graph.tp.padded_vocab``); 0 switches padding off, and
     then a TP degree must divide the vocabulary.
+    ``recompute``: activation recomputation per stage, ``none`` / ``selective`` (the attention's core) / ``full``
+    (every layer), as ``placement_rl.cost.recompute`` prices it (default all ``none``; JSON without it reads so).
     """
 
     stage_of_node: np.ndarray
@@ -189,6 +192,7 @@ class StagePlan:
     sharding: str = "dp"
     tp: tuple[int, ...] = ()
     make_vocab_size_divisible_by: int = 128
+    recompute: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         try:
@@ -230,6 +234,15 @@ class StagePlan:
             raise PlanError(f"make_vocab_size_divisible_by must be an integer >= 0 (0: no vocabulary padding), "
                             f"got {vd!r}")
         object.__setattr__(self, "make_vocab_size_divisible_by", int(vd))
+        rc = tuple(self.recompute) if self.recompute is not None else ()
+        if not rc or all(r == "none" for r in rc):
+            rc = ("none",) * len(groups)
+        bad_rc = [r for r in rc if r not in RECOMPUTE]
+        if bad_rc:
+            raise PlanError(f"unknown recompute '{bad_rc[0]}' (choose one of {', '.join(RECOMPUTE)} per stage)")
+        if len(rc) != len(groups):
+            raise PlanError(f"recompute lists {len(rc)} entries for {len(groups)} stages: give one per stage")
+        object.__setattr__(self, "recompute", rc)
 
     @property
     def num_stages(self) -> int:
@@ -331,6 +344,7 @@ class StagePlan:
                                "num_microbatches": int(self.num_microbatches), "schedule": self.schedule,
                                "batch_size": self.batch_size, "sharding": self.sharding, "tp": list(self.tp),
                                "make_vocab_size_divisible_by": self.make_vocab_size_divisible_by,
+                               "recompute": list(self.recompute),
                                "meta": dict(self.meta)}
         if graph is not None:
             out.update(graph=graph.name, graph_fingerprint=graph.fingerprint())
@@ -372,7 +386,8 @@ class StagePlan:
                              num_microbatches=int(data.get("num_microbatches", 1)),
                              schedule=str(data.get("schedule", "1f1b")), batch_size=data.get("batch_size"),
                              meta=data.get("meta") or {}, sharding=str(data.get("sharding", "dp")),
-                             make_vocab_size_divisible_by=data.get("make_vocab_size_divisible_by", 128))
+                             make_vocab_size_divisible_by=data.get("make_vocab_size_divisible_by", 128),
+                             recompute=_recompute_field(data.get("recompute")))
         except (TypeError, ValueError, OverflowError) as exc:
             raise PlanError(f"stage plan JSON has an invalid field ({exc})") from None
         if graph is not None:
@@ -380,6 +395,14 @@ class StagePlan:
             if topology is not None:
                 plan.validate(graph, topology)
         return plan
+
+
+def _recompute_field(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise PlanError(f"stage plan JSON field 'recompute' must be a list of strings per stage, got {value!r}")
+    return tuple(value)
 
 
 def graph_batch_size(graph: CompGraph) -> int | None:

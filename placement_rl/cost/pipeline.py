@@ -67,6 +67,10 @@ the same per-op model, plus its blocking TP all-reduces per micro-batch over the
 parameters and saved activations per rank. The schedule, DP / FSDP collectives and pipeline transfers are then
 simulated on the stage's first DP group (device j = 0 of every TP group, p = dp); every device of a TP group
 reports that rank's memory and busy time. All TP groups of a stage are taken to be alike (their own links).
+
+Activation recomputation (``plan.recompute``, per stage ``none`` / ``selective`` / ``full``; see
+``cost.recompute``): a checkpointed region's forward runs again in its backward, and it keeps only its inputs plus,
+while recomputed, one micro-batch's activations.
 """
 
 from __future__ import annotations
@@ -247,6 +251,22 @@ class PipelineSimulator:
         arrays = (*self._graph_arrays[:3], fvar, ffix, bvar, bfix)
         return kernel_plan, (arrays, (param, act, *self._size_arrays[2:]))
 
+    def _recompute(self, plan: StagePlan, graph_arrays: tuple, size_arrays: tuple) -> tuple[tuple, tuple]:
+        """Node arrays with each stage's activation recomputation (``cost.recompute``): forward repeated in the
+        backward, saved activations of checkpointed regions replaced by their inputs and one micro-batch's
+        transient."""
+        from placement_rl.cost.recompute import apply_recompute
+        from placement_rl.graph.tp import shard_graph
+
+        plan.validate(self.graph, self.topology)
+
+        def run(s: int) -> CompGraph:
+            t = plan.tp[s]
+            return self.graph if t == 1 else shard_graph(self.graph, t, divisible_by=plan.make_vocab_size_divisible_by)
+
+        times, act = apply_recompute(plan, self.graph, run, graph_arrays[3:], size_arrays[1])
+        return (*graph_arrays[:3], *times), (size_arrays[0], act, *size_arrays[2:])
+
     def _layout(self, plan: StagePlan) -> _Layout:
         key = (plan.stage_devices, plan.schedule, plan.num_microbatches, plan.batch_size)
         lay = self._layouts.get(key)
@@ -273,8 +293,11 @@ class PipelineSimulator:
     def _simulate(self, plan: StagePlan, rec: tuple) -> _Layout:
         ratio = self.batch_ratio(plan)
         graph_arrays, size_arrays = self._graph_arrays, self._size_arrays
+        given = plan
         if plan.uses_tp:
             plan, (graph_arrays, size_arrays) = self._tp_plan(plan)
+        if any(r != "none" for r in given.recompute):
+            graph_arrays, size_arrays = self._recompute(given, graph_arrays, size_arrays)
         lay = self._layout(plan)
         s, m = plan.num_stages, int(plan.num_microbatches)
         nf, ni = work_sizes(self.graph.num_nodes, s, m, int(lay.gptr[-1]), lay.num_groups)
