@@ -120,10 +120,44 @@ def default_checkpoint() -> Path:
     return p
 
 
-def load_policy(path: str | Path) -> tuple[DevicePolicy, ConstructiveConfig, dict[str, Any]]:
+DRIFT_KEYS = ("state_sha", "cost_model_sha", "fits_sha")  # what a policy's decisions depend on besides its weights
+
+
+def checkpoint_drift(data: dict[str, Any]) -> list[str]:
+    """Which of the checkpoint's recorded hashes (the state the policy reads, the cost model that rewarded it,
+    the shipped fits) differ from this code's (``placement_rl.results.code_hashes``); ``["provenance"]`` when the
+    checkpoint records none."""
+    from placement_rl.results import code_hashes
+
+    prov = (data.get("config") or {}).get("provenance")
+    if not isinstance(prov, dict):
+        return ["provenance"]
+    now = code_hashes()
+    return [k for k in DRIFT_KEYS if prov.get(k) != now[k]]
+
+
+def drift_note(path: str | Path, drift: list[str]) -> str:
+    """One line saying how a checkpoint's code differs from this code's (empty when it does not)."""
+    if not drift:
+        return ""
+    what = {"state_sha": "the state features", "cost_model_sha": "the cost model", "fits_sha": "the GPU fits",
+            "provenance": "no code hashes recorded"}
+    return (f"note: checkpoint '{path}' was trained with other code ({', '.join(what[k] for k in drift)} differ): "
+            f"its placements are valid, its figures may not be this release's (strict_checkpoint=true refuses it)")
+
+
+def load_policy(path: str | Path, *, strict: bool = False,
+                log: Any = None) -> tuple[DevicePolicy, ConstructiveConfig, dict[str, Any]]:
     """A constructive policy checkpoint: ``(policy, config, raw checkpoint)``; ``CheckpointError`` if it is not
-    one or does not match this release's features."""
+    one or does not match this release's features. Its recorded state / cost-model / fit hashes are compared with
+    this code's: a difference is one line through ``log`` (when given), or a ``CheckpointError`` with ``strict``."""
     data = load_checkpoint(path, expect_algo=ALGO)
+    drift = checkpoint_drift(data)
+    if drift and strict:
+        raise CheckpointError(drift_note(path, drift).replace("note: ", "", 1).split(": its placements")[0]
+                              + ": retrain it, or drop strict_checkpoint")
+    if drift and log is not None:
+        log(drift_note(path, drift))
     for k, v in _obs_dims().items():
         if data["obs"].get(k) != v:
             raise CheckpointError(f"checkpoint '{path}' was made with {k}={data['obs'].get(k)!r}; this release "

@@ -64,19 +64,24 @@ class TaskResult:
     def greedy_time(self) -> float:
         return float(self.greedy.times[0])
 
+    def _best(self) -> tuple[float, np.ndarray]:
+        """The fastest feasible placement of greedy and samples (the greedy one when none is feasible)."""
+        g = self.greedy_time if bool(self.greedy.feasible[0]) else np.inf
+        if self.sampled is not None:
+            t = np.where(self.sampled.feasible, self.sampled.times, np.inf)
+            k = int(np.argmin(t))
+            if t[k] < g:
+                return float(t[k]), self.sampled.devices[k]
+        return self.greedy_time, self.greedy.devices[0]
+
     @property
     def best_time(self) -> float:
-        if self.sampled is None:
-            return self.greedy_time
-        t = np.where(self.sampled.feasible, self.sampled.times, np.inf)
-        return float(min(self.greedy_time, t.min()))
+        """Best of greedy and samples among the placements that fit (an infeasible greedy never counts)."""
+        return self._best()[0]
 
     @property
     def best_devices(self) -> np.ndarray:
-        if self.sampled is None or self.greedy_time <= self.best_time:
-            return self.greedy.devices[0]
-        t = np.where(self.sampled.feasible, self.sampled.times, np.inf)
-        return self.sampled.devices[int(np.argmin(t))]
+        return self._best()[1]
 
 
 def greedy_result(policy: DevicePolicy, task: ConstructiveTask) -> TaskResult:

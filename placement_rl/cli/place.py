@@ -33,7 +33,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
 
     torch.set_num_threads(1)
     phases = Phases(bool(cfg.get("progress", True)))
-    policy, _, _ = load_policy(ckpt_path)
+    policy, _, _ = load_policy(ckpt_path, strict=bool(cfg.get("strict_checkpoint", False)), log=print)
     for key in ("window", "full_window"):  # trade quality for seconds (typed by cli.schema: ints >= 0 or null)
         if cfg.get(key) is not None:
             setattr(policy, key, int(cfg.get(key)))

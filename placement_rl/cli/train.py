@@ -122,7 +122,7 @@ def run_constructive(cfg: DictConfig) -> dict:
     torch.set_num_threads(1)
     graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
     ckpt = str(cfg.checkpoint) if cfg.checkpoint else str(default_checkpoint())
-    policy, base, _ = load_policy(ckpt)
+    policy, base, _ = load_policy(ckpt, strict=bool(cfg.get("strict_checkpoint", False)), log=print)
     fcfg = constructive_config(cfg, base)
     set_windows(policy, fcfg)  # the agent's full_window / full_window_train over the checkpoint's
     from placement_rl.cli.costs import build_costs

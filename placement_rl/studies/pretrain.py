@@ -28,6 +28,13 @@ from placement_rl.studies.splits import (HELDOUT_TOPOLOGIES, HELDOUT_ZOO, SPLITS
                                          topology_of as _topology, training_specs)
 
 
+TEACHER_CODE = tuple(f"placement_rl/cost/{m}.py" for m in ("_op_kernel", "schedule", "window", "decode", "lookahead",
+                                                            "features", "episodes", "simulate", "memory")) + tuple(
+    f"placement_rl/baselines/{m}.py" for m in ("eft", "heft", "baechi", "metis", "common", "memory")) + (
+    "envs/constructive_task.py", "placement_rl/studies/splits.py")  # what a built task's figures depend on (with
+# the cost model's hash and the fits, ``agents.checkpoint.provenance``)
+
+
 def build_task(spec: dict[str, Any], *, teachers: bool = True) -> ConstructiveTask | None:
     """The task of one spec (``None`` when the graph cannot fit the drawn cluster's memory at all)."""
     import torch
@@ -68,8 +75,7 @@ def build_tasks(specs: Sequence[dict[str, Any]], *, workers: int | str | Workers
                 for n in presets if (f := conf_dir() / "topology" / f"{n}.yaml").is_file()}
         from placement_rl.results import source_digest
 
-        teachers = source_digest("placement_rl/cost", "placement_rl/baselines", "placement_rl/graph",
-                                 "envs/constructive_task.py")  # and the code that built the tasks and teachers
+        teachers = source_digest(*TEACHER_CODE)  # and the code that built the tasks and their teachers
         key = hashlib.sha256(json.dumps([list(specs), prov["cost_model_sha"], prov["fits_sha"], topo, teachers],
                                         sort_keys=True).encode()).hexdigest()[:16]
         path = Path(cache) / f"tasks-{key}.pkl"

@@ -1,0 +1,238 @@
+"""Is the learned placer worth its name? Zero-shot rows against the rules, and policy-guided search against search.
+
+    python scripts/bench_learned.py zeroshot --split dev --runs outputs/train/<run0> <run1> <run2>
+    python scripts/bench_learned.py zeroshot --split test --runs ...        # the fresh test split: final figures only
+    python scripts/bench_learned.py search --split dev --seconds 0.5 2 10 --pairs 8
+    python scripts/bench_learned.py search --scale 2000 --seconds 0.5 2 10 60
+
+``zeroshot``: per pair of the split (``placement_rl.studies.splits``), the lower bound (``baselines.bounds``: the
+path and work bounds), the one-pass rules ``sim_eft``, ``eft_rollout`` and ``la_rule`` (the argmin of the policy's
+own ``la_step`` feature), and each checkpoint's greedy and best-of-16 placements, with calls and seconds. Summary:
+geometric means of greedy / ``la_rule`` and best of 16 / ``la_rule`` per checkpoint and their mean over
+checkpoints, on all pairs and on the communication-heavy ones (``comm_ratio`` >= 1: a typical edge's transfer takes
+longer than its producer's compute), and greedy / ``sim_eft``, ``eft_rollout``. ``--runs`` takes run folders (their
+``checkpoint.pt``) or checkpoint files; default: the shipped checkpoint.
+
+``search``: per pair and wall-clock budget, ``policy_search`` (the first checkpoint's policy as the proposal,
+``agents.policy_search``) against the non-learned searches at the same seconds: ``local_search``,
+``eft_rollout_search`` and ``la_rule_search`` (annealing from ``la_rule``); the ratio of ``policy_search`` to the
+best of them per pair, its geometric mean per budget, the pair's lower bound beside every row, and an anytime plot
+(best step time over seconds, per method, one pair per panel).
+
+Each part writes ``results/learned_<split>.json`` / ``results/search_<split>.json`` (figures with provenance,
+``placement_rl.results``) and a markdown table under ``docs/`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+SEARCHES = ("local_search", "eft_rollout_search", "la_rule_search")
+
+
+def gm(x) -> float:
+    x = [v for v in x if np.isfinite(v)]
+    return float(np.exp(np.mean(np.log(x)))) if x else float("nan")
+
+
+def load_tasks(split: str, scale: int, cache: str | None, workers: int):
+    from placement_rl.studies.pretrain import build_tasks, split_specs
+
+    if scale:
+        specs = [{"graph": {"family": fam, "num_nodes": scale, "seed": 5}, "topology": t,
+                  "id": f"{fam}-{scale}@{t}"}
+                 for fam, t in (("layered", "2x4_v100_ib"), ("dataflow", "8x_v100_dgx1"),
+                                ("transformer_like", "4x_v100_nvlink"))]
+        return build_tasks(specs, workers=workers, cache=cache)
+    return build_tasks(split_specs(split), workers=workers, cache=cache)
+
+
+def checkpoints(runs: list[str]) -> list[Path]:
+    from placement_rl.agents.constructive_config import default_checkpoint
+
+    if not runs:
+        return [default_checkpoint()]
+    return [Path(r) / "checkpoint.pt" if Path(r).is_dir() else Path(r) for r in runs]
+
+
+def zeroshot(args) -> dict:
+    import torch
+
+    from placement_rl.agents.constructive_config import load_policy
+    from placement_rl.agents.constructive_eval import warm_kernels
+    from placement_rl.agents.scaleout import evaluate_tasks
+    from placement_rl.baselines.bounds import lower_bound
+    from placement_rl.studies.pretrain import result_rows
+
+    torch.set_num_threads(1)
+    tasks = load_tasks(args.split, 0, args.cache, args.workers)
+    bounds = {t.meta["id"]: lower_bound(t.graph, t.costs, t.topology) for t in tasks}
+    per_ckpt = []
+    rows_all = []
+    for i, path in enumerate(checkpoints(args.runs)):
+        policy, _, _ = load_policy(path)
+        warm_kernels(policy)
+        t0 = time.perf_counter()
+        rows = result_rows(evaluate_tasks(policy, tasks, samples=16, seed=args.seed))
+        for r, t in zip(rows, tasks):
+            ref = r["best_one_pass_ms"] / 1e3
+            r["bound"] = bounds[t.meta["id"]].value / ref
+            r["comm_ratio"] = float(t.meta.get("comm_ratio", float("nan")))
+            r["checkpoint"] = i
+        heavy = [r for r in rows if r["comm_ratio"] >= 1.0]
+        summ = {"checkpoint": str(path), "seconds": time.perf_counter() - t0, "pairs": len(rows),
+                "comm_heavy_pairs": len(heavy),
+                "greedy_over_la_rule": gm([r["greedy"] / r["la_rule"] for r in rows]),
+                "best16_over_la_rule": gm([r["best_of_k"] / r["la_rule"] for r in rows]),
+                "greedy_over_la_rule_comm_heavy": gm([r["greedy"] / r["la_rule"] for r in heavy]),
+                "greedy_over_sim_eft": gm([r["greedy"] / r["sim_eft"] for r in rows]),
+                "greedy_over_eft_rollout": gm([r["greedy"] / r["eft_rollout"] for r in rows]),
+                "la_rule_over_sim_eft": gm([r["la_rule"] / r["sim_eft"] for r in rows]),
+                "la_rule_over_bound": gm([r["la_rule"] / r["bound"] for r in rows]),
+                "greedy_le_la_rule_frac": float(np.mean([r["greedy"] <= r["la_rule"] + 1e-9 for r in rows]))}
+        per_ckpt.append(summ)
+        rows_all += rows
+        print(f"{path}: " + ", ".join(f"{k} {v:.4f}" for k, v in summ.items() if isinstance(v, float)), flush=True)
+    keys = [k for k in per_ckpt[0] if k.endswith(("la_rule", "comm_heavy", "sim_eft", "eft_rollout", "frac"))]
+    mean = {k: float(np.mean([s[k] for s in per_ckpt])) for k in keys}
+    worst = {k: float(np.max([s[k] for s in per_ckpt])) for k in keys}
+    return {"split": args.split, "checkpoints": per_ckpt, "mean": mean, "worst": worst, "rows": rows_all}
+
+
+def search(args) -> dict:
+    import torch
+
+    from placement_rl import baselines
+    from placement_rl.agents.constructive_config import load_policy
+    from placement_rl.agents.constructive_eval import warm_kernels
+    from placement_rl.agents.policy_search import policy_search
+    from placement_rl.baselines.bounds import lower_bound
+
+    torch.set_num_threads(1)
+    tasks = load_tasks(args.split, args.scale, args.cache, args.workers)
+    if args.pairs:
+        tasks = tasks[:: max(1, len(tasks) // args.pairs)][: args.pairs]
+    policy, _, _ = load_policy(checkpoints(args.runs)[0])
+    warm_kernels(policy)
+    rows, curves = [], {}
+    for t in tasks:
+        g, c, topo = t.graph, t.costs, t.topology
+        b = lower_bound(g, c, topo).value
+        rule = t.refs["la_rule"][0] if "la_rule" in t.refs else float("nan")
+        for sec in args.seconds:
+            row = {"pair": t.meta["id"], "nodes": g.num_nodes, "devices": topo.num_devices, "seconds": sec,
+                   "bound_ms": b * 1e3, "la_rule_ms": rule * 1e3,
+                   "comm_ratio": float(t.meta.get("comm_ratio", float("nan")))}
+            for name in SEARCHES:
+                p = baselines.get(name)(g, c, topo, budget=10**12, seed=args.seed, seconds=sec)
+                row[f"{name}_ms"] = float(p.meta["step_time"]) * 1e3
+                row[f"{name}_calls"] = int(p.meta["sim_calls"])
+                curves[(t.meta["id"], sec, name)] = p.meta["trace"]
+            p = policy_search(policy, g, c, topo, seconds=sec, seed=args.seed, task=t)
+            row["policy_search_ms"] = float(p.meta["step_time"]) * 1e3
+            row["policy_search_calls"] = int(p.meta["sim_calls"])
+            curves[(t.meta["id"], sec, "policy_search")] = p.meta["trace"]
+            best = min(row[f"{n}_ms"] for n in SEARCHES)
+            row["best_search"] = min(SEARCHES, key=lambda n: row[f"{n}_ms"])
+            row["policy_search_over_best_search"] = row["policy_search_ms"] / best
+            row["best_over_bound"] = min(best, row["policy_search_ms"]) / row["bound_ms"]
+            rows.append(row)
+            print(f"{row['pair']:42s} {sec:5g} s: policy_search / best search ({row['best_search']}) "
+                  f"{row['policy_search_over_best_search']:.4f}, best / bound {row['best_over_bound']:.3f}",
+                  flush=True)
+    summary = {}
+    for sec in args.seconds:
+        sel = [r for r in rows if r["seconds"] == sec]
+        summary[str(sec)] = {
+            "pairs": len(sel), "policy_search_over_best_search": gm([r["policy_search_over_best_search"] for r in sel]),
+            "policy_search_le_best_frac": float(np.mean([r["policy_search_over_best_search"] <= 1 + 1e-9 for r in sel])),
+            **{f"{n}_over_la_rule": gm([r[f"{n}_ms"] / r["la_rule_ms"] for r in sel]) for n in (*SEARCHES, "policy_search")},
+            "best_over_bound": gm([r["best_over_bound"] for r in sel])}
+    _plot(curves, args)
+    return {"split": args.split if not args.scale else f"scale{args.scale}", "summary": summary, "rows": rows,
+            "curves": [{"pair": k[0], "seconds": k[1], "method": k[2], "trace": v} for k, v in curves.items()]}
+
+
+def _plot(curves: dict, args) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    top = max(args.seconds)
+    pairs = sorted({k[0] for k in curves})[:8]
+    if not pairs:
+        return
+    fig, axes = plt.subplots(1, len(pairs), figsize=(3.2 * len(pairs), 3), squeeze=False)
+    for ax, pair in zip(axes[0], pairs):
+        for (p, sec, name), tr in curves.items():
+            if p != pair or sec != top or not tr:
+                continue
+            x = [e[0] for e in tr] + [top]
+            y = [e[2] * 1e3 for e in tr] + [tr[-1][2] * 1e3]
+            ax.step(x, y, where="post", label=name)
+        ax.set_title(pair, fontsize=7)
+        ax.set_xscale("log")
+        ax.set_xlabel("seconds")
+    axes[0][0].set_ylabel("best step time (ms)")
+    axes[0][-1].legend(fontsize=6)
+    fig.tight_layout()
+    out = Path(args.out) / f"search_{args.split if not args.scale else f'scale{args.scale}'}.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
+
+
+def _markdown(kind: str, data: dict) -> str:
+    from placement_rl.report import markdown_table
+
+    if kind == "zeroshot":
+        cols = ("pair", "checkpoint", "nodes", "devices", "comm_ratio", "bound", "sim_eft", "eft_rollout", "la_rule",
+                "greedy", "best_of_k", "greedy_s", "la_rule_s")
+        head = "\n".join(f"* {k}: {v:.4f} (worst checkpoint {data['worst'][k]:.4f})" for k, v in data["mean"].items())
+        return (f"# Zero-shot placement on the `{data['split']}` split\n\nRatios to the best one-pass heuristic of "
+                f"each pair (HEFT, m-ETF, m-SCT, METIS); `bound` is the pair's lower bound on the same scale. Mean over "
+                f"{len(data['checkpoints'])} checkpoint(s):\n\n{head}\n\n" + markdown_table(data["rows"], cols, cols))
+    cols = ("pair", "seconds", "comm_ratio", "bound_ms", "la_rule_ms", "local_search_ms", "eft_rollout_search_ms",
+            "la_rule_search_ms", "policy_search_ms", "policy_search_over_best_search")
+    head = "\n".join(f"* {s} s: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                                              for k, v in d.items()) for s, d in data["summary"].items())
+    return (f"# Policy-guided search against search at equal seconds (`{data['split']}`)\n\n{head}\n\n"
+            + markdown_table(data["rows"], cols, cols))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("part", choices=("zeroshot", "search"))
+    ap.add_argument("--split", default="dev", choices=("dev", "test2024", "test"))
+    ap.add_argument("--runs", nargs="*", default=[])
+    ap.add_argument("--seconds", nargs="+", type=float, default=[0.5, 2.0, 10.0])
+    ap.add_argument("--pairs", type=int, default=0, help="search: this many pairs of the split, evenly spread")
+    ap.add_argument("--scale", type=int, default=0, help="search: three synthetic graphs of this many nodes")
+    ap.add_argument("--cache", default=None, help="a directory keeping built tasks between runs")
+    ap.add_argument("--workers", default="1")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="docs")
+    ap.add_argument("--stem", default=None, help="result name (default: learned_<split> / search_<split>)")
+    args = ap.parse_args()
+    args.workers = int(args.workers) if args.workers.isdigit() else args.workers
+
+    from placement_rl.graph.io import atomic_write_text
+    from placement_rl.results import write_result
+
+    t0 = time.perf_counter()
+    data = zeroshot(args) if args.part == "zeroshot" else search(args)
+    split = data["split"]
+    stem = args.stem or (f"learned_{split}" if args.part == "zeroshot" else f"search_{split}")
+    path = write_result(stem, data, seconds=time.perf_counter() - t0)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    atomic_write_text(Path(args.out) / f"{stem}.md", _markdown(args.part, data))
+    print(f"wrote {path} and {Path(args.out) / f'{stem}.md'}")
+
+
+if __name__ == "__main__":
+    main()
