@@ -259,6 +259,9 @@ def hydra_app(config_name: str, *, writes: Iterable[str] = ()) -> Callable[[Call
         hydra_main = hydra.main(config_path=config_path(), config_name=config_name, version_base="1.3")(task)
 
         def main() -> None:
+            from placement_rl.cli.configs import register_configs
+
+            register_configs()  # the structured configs, as schema/<name> in Hydra's ConfigStore
             try:
                 sys.argv += preflight(config_name, sys.argv[1:])
             except PlacementRLError as exc:

@@ -2,10 +2,12 @@
 directory): a wrong type, an unknown name, a negative count or an out-of-range value is one line naming the key and
 what it accepts (``ConfigError`` -> exit code 2).
 
-* ``Key`` describes one config value: its type, range, choices, whether null is allowed.
+* ``Key`` (``placement_rl.cli.keys``) describes one config value: its type, range, choices, whether null is allowed.
 * ``GROUPS`` holds the keys of each config group (``graph``, ``topology``, ``env``, ``agent``, ``encoder``,
   ``trainer``), checked whenever that group is in a command's config; ``COMMANDS`` holds each command's own keys.
-  Keys not listed are left alone (so a new key works before it is registered), ``register`` adds one.
+  Both are derived from the structured configs (``placement_rl.cli.configs``: one dataclass per command and per
+  group, the single definition of every field's type, range and default). Keys not listed are left alone (so a
+  new key works before it is declared), ``register`` adds one.
 * Which options a group offers is read from the YAML files in ``conf/<group>/`` (and a user's ``--config-dir``),
   never from a list in code: ``check_group_choice`` refuses ``graph=foo`` before Hydra tries to compose it.
 
@@ -18,77 +20,16 @@ Register a key (e.g. in the module that adds it, or here)::
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
+from placement_rl.cli.configs import COMMAND_SCHEMAS, GROUP_SCHEMAS, _zoo_names, keys_of
+from placement_rl.cli.keys import (Key, WorkersKey, group_options, is_group,  # noqa: F401 (re-exported)
+                                   set_config_dirs)
 from placement_rl.errors import ConfigError
 
-Choices = Sequence[str] | Callable[[], Iterable[str]]
 
-
-@dataclass(frozen=True)
-class Key:
-    """One config value: ``kind`` is int, float, bool, str, list or dict; ``low``/``high`` bound numbers
-    (``open_low``: strictly above ``low``); ``choices`` (a list, or a function giving one) bound strings and the
-    items of a list; ``null``: None is allowed."""
-
-    kind: type
-    low: float | None = None
-    high: float | None = None
-    open_low: bool = False
-    choices: Choices | None = None
-    null: bool = False
-
-    def allowed(self) -> str:
-        if self.choices is not None:
-            text = "one of " + ", ".join(self._choices())
-        elif self.kind in (int, float):
-            word = "an integer" if self.kind is int else "a number"
-            bounds = []
-            if self.low is not None:
-                bounds.append(f"{'>' if self.open_low else '>='} {_num(self.low)}")
-            if self.high is not None:
-                bounds.append(f"<= {_num(self.high)}")
-            text = word + (" " + " and ".join(bounds) if bounds else "")
-        else:
-            text = {bool: "true or false", str: "a string", list: "a list", dict: "a mapping"}.get(self.kind, "?")
-        if self.kind is list and self.choices is not None:
-            text = "a list of names from " + ", ".join(self._choices())
-        return text + (" (or null)" if self.null else "")
-
-    def _choices(self) -> list[str]:
-        return list(self.choices() if callable(self.choices) else self.choices)
-
-    def problem(self, value: Any) -> bool:
-        """True if ``value`` does not fit."""
-        if value is None:
-            return not self.null
-        if self.kind is bool:
-            return not isinstance(value, bool)
-        if self.kind in (int, float):
-            ok_type = (int,) if self.kind is int else (int, float)
-            if isinstance(value, bool) or not isinstance(value, ok_type) or not math.isfinite(value):
-                return True
-            if self.low is not None and (value <= self.low if self.open_low else value < self.low):
-                return True
-            return self.high is not None and value > self.high
-        if self.kind is list:
-            if not isinstance(value, (list, tuple)):
-                return True
-            return self.choices is not None and any(v not in self._choices() for v in value)
-        if self.kind is dict:
-            return not isinstance(value, Mapping)
-        if not isinstance(value, str):
-            return True
-        return self.choices is not None and value not in self._choices()
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else str(x)
-
-
+# helpers for ``register`` (a key declared outside the structured configs)
 def count(low: int = 0, *, null: bool = False) -> Key:
     return Key(int, low=low, null=null)
 
@@ -104,111 +45,10 @@ def fraction(*, open_low: bool = False) -> Key:
 FLAG = Key(bool)
 SEED = count(0)
 OPTIONAL_STR = Key(str, null=True)
-
-
-class WorkersKey(Key):
-    """``workers``: an integer >= 1 or ``auto`` (``placement_rl.scale``)."""
-
-    def allowed(self) -> str:
-        return "an integer >= 1 or auto"
-
-    def problem(self, value: Any) -> bool:
-        if isinstance(value, str):
-            return value != "auto"
-        return isinstance(value, bool) or not isinstance(value, int) or value < 1
-
-
 WORKERS = WorkersKey(int)
 
-
-def _zoo_names() -> list[str]:
-    from placement_rl.graph import zoo
-
-    return zoo.names()
-
-
-def _families() -> list[str]:
-    from placement_rl.graph import synthetic
-
-    return synthetic.families()
-
-
-def _placers() -> list[str]:
-    from placement_rl import baselines
-
-    return baselines.names() + baselines.pipeline_names()
-
-
-def _yaml_names(group: str) -> Callable[[], list[str]]:
-    return lambda: group_options(group)
-
-
-GROUPS: dict[str, dict[str, Key]] = {
-    "graph": {
-        "path": OPTIONAL_STR, "source": Key(str, choices=("zoo", "synthetic", "hf")), "overrides": Key(dict, null=True),
-        "config": OPTIONAL_STR, "model_type": OPTIONAL_STR,
-        "task": Key(str, choices=("auto", "causal_lm", "masked_lm", "seq2seq_lm", "image_classification")),
-        "batch_size": count(1), "seq_len": count(1), "attention": Key(str, choices=("eager", "sdpa")),
-        "family": Key(str, choices=_families), "num_nodes": count(3), "seed": SEED,
-        "coarsen.enabled": FLAG, "coarsen.depth": count(0, null=True), "coarsen.max_nodes": count(1, null=True),
-    },
-    "topology": {"path": OPTIONAL_STR, "detect": FLAG},
-    "env": {"id": Key(str), "options.max_devices": count(1, null=True), "options.reward": Key(str)},
-    "agent": {
-        "algo": Key(str), "learning_rate": positive(), "n_envs": count(1), "n_steps": count(1),
-        "batch_size": count(1), "n_epochs": count(1), "gamma": fraction(), "gae_lambda": fraction(),
-        "ent_coef": Key(float, low=0), "clip_range": fraction(open_low=True),
-        "reinforce.learning_rate": positive(), "reinforce.batch_episodes": count(1),
-        "reinforce.entropy_coef": Key(float, low=0), "reinforce.baseline_decay": fraction(),
-        "reinforce.max_grad_norm": positive(),
-        # the constructive policy (agents.constructive_train.ConstructiveConfig)
-        "lr": positive(), "bc_epochs": count(0), "dagger_rounds": count(0),
-        "rl_algo": Key(str, choices=("sil", "ppo", "q")), "rl_lr": positive(), "rl_iters": count(0),
-        "temperature": positive(), "tasks_per_iter": count(1), "samples": count(1), "ppo_epochs": count(1),
-        "clip": fraction(open_low=True), "sil_coef": Key(float, low=0), "regret_coef": Key(float, low=0),
-        "window": count(0, null=True), "full_window": count(0, null=True), "full_window_train": Key(bool, null=True),
-        "pi_rounds": count(0), "pi_epochs": count(0), "pi_label_every": count(1),
-        "pi_lr": Key(float, low=0), "pi_max_nodes": count(1), "pi_max_labels": count(1), "eval_every": count(1),
-        "eval_samples": count(0), "search_budget": count(0), "teacher_search": count(0),
-        "ei_rounds": count(0), "ei_search_budget": count(0), "ei_epochs": count(0), "ei_lr": Key(float, low=0),
-        "ei_max_nodes": count(1),
-    },
-    "encoder": {"name": Key(str, choices=_yaml_names("encoder")), "hidden": count(1), "layers": count(1)},
-    "trainer": {"total_steps": count(0), "eval_samples": count(0), "compare": FLAG, "tensorboard": FLAG,
-                "pretrain.train_tasks": count(1), "pretrain.val_tasks": count(0), "pretrain.sizes": Key(list),
-                "pretrain.devices": Key(list), "pretrain.zoo_frac": fraction(), "pretrain.dev": FLAG,
-                "pretrain.seed": count(0), "pretrain.cache": Key(str, null=True)},
-}
-
-COMMANDS: dict[str, dict[str, Key]] = {
-    "inspect": {},
-    "evaluate": {
-        "suite": Key(str, choices=("default", "single")), "budget": count(1), "seed": SEED,
-        "placers": Key(list, choices=_placers, null=True), "pipeline": FLAG, "num_microbatches": count(1),
-        "plan": OPTIONAL_STR, "progress": FLAG,
-        "costs.path": OPTIONAL_STR, "mode": Key(str, choices=("train", "inference")),  # issue 46
-        "objective": Key(str, choices=("step", "throughput")),
-    },
-    "train": {"seed": SEED, "checkpoint": OPTIONAL_STR, "progress": FLAG, "workers": WORKERS,
-              "ray.address": OPTIONAL_STR, "resume": FLAG, "costs.path": OPTIONAL_STR},
-    "place": {
-        "checkpoint": OPTIONAL_STR, "decode": Key(str, choices=("one_pass", "sequential")), "samples": count(0),
-        "seed": SEED, "compare": FLAG, "window": count(0, null=True), "full_window": count(0, null=True),
-        "progress": FLAG,  # +progress=false: no phase lines or baseline bar
-        "search_budget": count(0),
-        "costs.path": OPTIONAL_STR,
-    },
-    "profile": {
-        "devices": Key(list, null=True), "warmup": count(0), "repeats": count(1), "links": FLAG, "processes": FLAG,
-        "threads": count(1, null=True), "output": OPTIONAL_STR, "progress": FLAG,
-    },
-    "deploy": {
-        "plan": Key(str), "profile": OPTIONAL_STR, "steps": count(1), "warmup": count(0), "lr": positive(),
-        "device": Key(str, choices=("auto", "cpu", "cuda")), "timeout_s": positive(), "threads": count(1),
-        "nnodes": count(1), "node_rank": count(0, null=True), "rdzv_endpoint": OPTIONAL_STR,
-        "costs.path": OPTIONAL_STR,
-    },
-}
+GROUPS: dict[str, dict[str, Key]] = {name: keys_of(cls) for name, cls in GROUP_SCHEMAS.items()}
+COMMANDS: dict[str, dict[str, Key]] = {name: keys_of(cls) for name, cls in COMMAND_SCHEMAS.items()}
 
 # how to fix a missing mandatory value (``???`` in the YAML)
 REQUIRED_HINT = {"checkpoint": "checkpoint=<checkpoint.pt>", "plan": "plan=<plan.json | placement.json>"}
@@ -218,34 +58,6 @@ def register(where: str, key: str, spec: Key) -> None:
     """Check ``key`` (dotted, relative to the group or command) of config group or command ``where``."""
     table = GROUPS.get(where) if where in GROUPS else COMMANDS.setdefault(where, {})
     table[key] = spec
-
-
-# ------------------------------------------------------------------------------------- group options
-_extra_dirs: list[Path] = []
-
-
-def set_config_dirs(dirs: Iterable[str | Path]) -> None:
-    """User config directories (``--config-dir``) whose ``<group>/*.yaml`` also count as options."""
-    _extra_dirs[:] = [Path(d) for d in dirs]
-
-
-def group_options(group: str) -> list[str]:
-    """The options of config group ``group``: the YAML file names in ``conf/<group>/`` and user config dirs."""
-    from placement_rl.topology import conf_dir
-
-    names: set[str] = set()
-    for base in (conf_dir(), *_extra_dirs):
-        folder = base / group
-        if folder.is_dir():
-            names.update(p.stem for p in folder.glob("*.yaml") if not p.stem.startswith("_"))
-            names.update(p.stem for p in folder.glob("*.yml") if not p.stem.startswith("_"))
-    return sorted(names)
-
-
-def is_group(name: str) -> bool:
-    from placement_rl.topology import conf_dir
-
-    return any((base / name).is_dir() for base in (conf_dir(), *_extra_dirs))
 
 
 def sweep_values(override: str) -> list[str] | None:

@@ -1,0 +1,398 @@
+"""Structured configs: one dataclass per CLI command and per config group, the single definition of every field's
+type, range, choices and default (Hydra's ConfigStore holds them as ``schema/<name>``).
+
+* A field is declared with ``opt(default, low=..., high=..., choices=..., null=..., doc=...)``: its annotation is
+  the type, ``low`` / ``high`` (``open_low``: strictly above) bound a number, ``choices`` (names, or a function
+  giving them) bound a string or a list's items, ``null`` allows None.
+* ``keys_of(cls)`` derives the flat ``{dotted key: schema.Key}`` table that ``placement_rl.cli.schema`` checks a
+  composed config against (one line naming the key and what it accepts, exit code 2), so no range is written
+  twice; ``defaults_of(cls)`` gives the flat defaults.
+* The command YAML files (``conf/<command>.yaml``) set the same defaults (Hydra composes from them; a test,
+  ``tests/test_config_defaults.py``, finds every value a YAML sets equal to its dataclass default and every key a
+  YAML sets declared here) and pick the group presets; the group YAML files (``conf/graph/gpt.yaml`` ...) are
+  presets over the group dataclasses: they may set any declared field, checked against its type and range.
+* ``recipe_differences()`` compares the shipped training recipe (``placement-rl train trainer=pretrain``) with the
+  Python defaults (``ConstructiveConfig()``, ``PretrainSpec()``) field by field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from placement_rl.cli.keys import Choices, Key, WorkersKey, group_options
+
+def opt(default: Any, *, low: float | None = None, high: float | None = None, open_low: bool = False,
+        choices: Choices | None = None, null: bool = False, doc: str = "") -> Any:
+    """A config field: its default and the range / choices a value must fit (``doc``: what it means)."""
+    meta = {"low": low, "high": high, "open_low": open_low, "choices": choices, "null": null, "doc": doc}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# ---------------------------------------------------------------------------------------------- choices
+def _zoo_names() -> list[str]:
+    from placement_rl.graph import zoo
+
+    return zoo.names()
+
+
+def _families() -> list[str]:
+    from placement_rl.graph import synthetic
+
+    return synthetic.families()
+
+
+def _placers() -> list[str]:
+    from placement_rl import baselines
+
+    return baselines.names() + baselines.pipeline_names()
+
+
+def _encoders() -> list[str]:
+    return group_options("encoder")
+
+
+# ----------------------------------------------------------------------------------------------- groups
+@dataclass
+class CoarsenConfig:
+    enabled: bool = opt(True, doc="coarsen the captured graph (placement_rl.graph.coarsen)")
+    depth: Optional[int] = opt(None, low=0, null=True, doc="module-path depth of the groups (null: automatic)")
+    max_nodes: Optional[int] = opt(None, low=1, null=True, doc="coarsen further until at most this many nodes")
+
+
+@dataclass
+class GraphConfig:
+    """``graph=<preset>``: a zoo model, a synthetic family, a Hugging Face config, or ``graph.path``."""
+
+    path: Optional[str] = opt(None, null=True, doc="a graph JSON file; overrides the zoo / synthetic choice")
+    source: str = opt("zoo", choices=("zoo", "synthetic", "hf"))
+    name: Optional[str] = opt(None, null=True, doc="zoo model (source=zoo)")
+    overrides: Optional[dict] = opt(None, null=True, doc="the model's options (+graph.overrides.n_layers=12)")
+    config: Optional[str] = opt(None, null=True, doc="graph=hf: a transformers config.json")
+    model_type: Optional[str] = opt(None, null=True, doc="graph=hf: the library's default config of this type")
+    task: str = opt("auto", choices=("auto", "causal_lm", "masked_lm", "seq2seq_lm", "image_classification"))
+    batch_size: int = opt(1, low=1)
+    seq_len: int = opt(128, low=1)
+    attention: str = opt("eager", choices=("eager", "sdpa"))
+    family: Optional[str] = opt(None, choices=_families, doc="source=synthetic: the DAG family")
+    num_nodes: int = opt(100, low=3)
+    seed: int = opt(0, low=0)
+    coarsen: CoarsenConfig = field(default_factory=CoarsenConfig)
+
+
+@dataclass
+class TopologyConfig:
+    """``topology=<preset>`` (the preset's YAML content: devices, links, ...) or ``topology.path``."""
+
+    path: Optional[str] = opt(None, null=True, doc="a topology YAML file")
+    detect: bool = opt(False, doc="detect this machine (topology=local)")
+
+
+@dataclass
+class EnvOptions:
+    max_devices: Optional[int] = opt(None, low=1, null=True)
+    reward: Optional[str] = opt(None, doc="the env's reward (incremental | final for env=placement)")
+    initial_placement: Optional[str] = opt(None)
+
+
+@dataclass
+class EnvConfig:
+    id: str = opt("placement_rl/ConstructivePlacementEnv-v0")
+    options: EnvOptions = field(default_factory=EnvOptions)
+
+
+@dataclass
+class ReinforceOptions:
+    learning_rate: float = opt(0.003, low=0, open_low=True)
+    batch_episodes: int = opt(8, low=1)
+    entropy_coef: float = opt(0.01, low=0)
+    baseline_decay: float = opt(0.9, low=0, high=1)
+    max_grad_norm: float = opt(1.0, low=0, open_low=True)
+
+
+@dataclass
+class AgentConfig:
+    """``agent=<preset>``: the SB3 agents' fields (defaults: ``agent=ppo``'s) and the constructive policy's
+    (``ConstructiveConfig``; defaults: ``agent=constructive``'s, the fine-tuning recipe)."""
+
+    algo: str = opt("constructive")
+    # stable-baselines3 (ppo, maskable_ppo) and REINFORCE
+    learning_rate: float = opt(0.001, low=0, open_low=True)
+    n_envs: int = opt(16, low=1)
+    n_steps: int = opt(32, low=1)
+    batch_size: int = opt(256, low=1)
+    n_epochs: int = opt(2, low=1)
+    gamma: float = opt(0.9, low=0, high=1)
+    gae_lambda: float = opt(0.95, low=0, high=1)
+    ent_coef: float = opt(0.003, low=0)
+    clip_range: float = opt(0.2, low=0, high=1, open_low=True)
+    reinforce: ReinforceOptions = field(default_factory=ReinforceOptions)
+    # the constructive policy (placement_rl.agents.constructive_config.ConstructiveConfig)
+    lr: float = opt(1e-3, low=0, open_low=True)
+    bc_epochs: int = opt(8, low=0)
+    dagger_rounds: int = opt(2, low=0)
+    rl_algo: str = opt("sil", choices=("sil", "ppo", "q"))
+    rl_lr: float = opt(1e-3, low=0, open_low=True)
+    rl_iters: int = opt(40, low=0)
+    temperature: float = opt(1.0, low=0, open_low=True)
+    tasks_per_iter: int = opt(4, low=1)
+    samples: int = opt(16, low=1)
+    ppo_epochs: int = opt(8, low=1)
+    clip: float = opt(0.2, low=0, high=1, open_low=True)
+    sil_coef: float = opt(0.5, low=0)
+    regret_coef: float = opt(1.0, low=0)
+    teacher_search: int = opt(0, low=0)
+    window: Optional[int] = opt(None, low=0, null=True)
+    full_window: Optional[int] = opt(None, low=0, null=True)
+    full_window_train: Optional[bool] = opt(None, null=True)
+    pi_rounds: int = opt(4, low=0)
+    pi_epochs: int = opt(3, low=0)
+    pi_lr: float = opt(0.0, low=0)
+    pi_label_every: int = opt(4, low=1)
+    pi_max_nodes: int = opt(500, low=1)
+    pi_max_labels: int = opt(48, low=1)
+    ei_rounds: int = opt(0, low=0)
+    ei_search_budget: int = opt(3000, low=0)
+    ei_epochs: int = opt(3, low=0)
+    ei_lr: float = opt(0.0, low=0)
+    ei_max_nodes: int = opt(1000, low=1)
+    clone_epochs: int = opt(200, low=0)
+    pi_max_completions: int = opt(4000, low=0)
+    eval_every: int = opt(10, low=1)
+    eval_samples: int = opt(16, low=0)
+    search_budget: int = opt(2000, low=0)
+
+
+@dataclass
+class EncoderConfig:
+    name: str = opt("sage", choices=_encoders)
+    hidden: int = opt(32, low=1)
+    layers: int = opt(3, low=1)
+
+
+@dataclass
+class PretrainConfig:
+    """``trainer=pretrain``'s task distribution (``placement_rl.studies.pretrain.PretrainSpec``); the defaults are
+    ``conf/trainer/pretrain.yaml``'s (the recipe)."""
+
+    train_tasks: int = opt(300, low=1)
+    val_tasks: int = opt(48, low=0)
+    sizes: list = opt([16, 1000], doc="smallest and largest task graph (nodes)")
+    devices: list = opt([2, 16], doc="fewest and most devices of a task's cluster")
+    zoo_frac: float = opt(0.15, low=0, high=1)
+    dev: bool = opt(True, doc="zero-shot on the dev split at the end")
+    seed: int = opt(0, low=0)
+    cache: Optional[str] = opt(None, null=True)
+
+
+@dataclass
+class FamilyConfig:
+    """``trainer=family``: one policy over a family of graphs and topologies, zero-shot on held-out pairs."""
+
+    synthetic: list = opt(["layered", "series_parallel", "transformer_like", "cnn_like"])
+    synthetic_per_family: int = opt(8, low=1)
+    num_nodes: list = opt([16, 48], doc="smallest and largest synthetic graph (nodes)")
+    zoo: list = opt(["gpt", "resnet18", "inception"])
+    topologies: list = opt(["4x_v100_nvlink", "2x_k80"])
+    held_out: list = opt(["nmt", "moe", "resnet50", "synthetic:layered:120:7"])
+    held_out_topologies: list = opt(["4x_v100_pcie", "8x_a100_nvswitch"])
+    initial_placement: str = opt("best_single")
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = opt(30000, low=0)
+    eval_samples: int = opt(8, low=0)
+    compare: bool = opt(True)
+    tensorboard: bool = opt(True)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    family: FamilyConfig = field(default_factory=FamilyConfig)
+
+
+GROUP_SCHEMAS: dict[str, type] = {"graph": GraphConfig, "topology": TopologyConfig, "env": EnvConfig,
+                                  "agent": AgentConfig, "encoder": EncoderConfig, "trainer": TrainerConfig}
+
+
+# --------------------------------------------------------------------------------------------- commands
+@dataclass
+class CostsConfig:
+    path: Optional[str] = opt(None, null=True, doc="measured costs: a costs file (placement_rl.cost.costs_file) or "
+                                                   "a `placement-rl profile` file")
+
+
+@dataclass
+class RayConfig:
+    address: Optional[str] = opt(None, null=True, doc="null: a local Ray instance; auto or host:port: join a "
+                                                      "running cluster")
+
+
+@dataclass
+class InspectConfig:
+    pass
+
+
+@dataclass
+class EvaluateConfig:
+    costs: CostsConfig = field(default_factory=CostsConfig)
+    mode: str = opt("train", choices=("train", "inference"), doc="inference: forward only")
+    objective: str = opt("step", choices=("step", "throughput"), doc="throughput: steady-state time per batch")
+    suite: str = opt("default", choices=("default", "single"))
+    budget: int = opt(5000, low=1, doc="simulator calls per placer (heuristics use fewer; searches use all)")
+    seed: int = opt(0, low=0)
+    placers: Optional[list] = opt(None, choices=_placers, null=True, doc="placer names; null = all")
+    pipeline: bool = opt(True, doc="also run the pipeline partitioners")
+    num_microbatches: int = opt(4, low=1)
+    plan: Optional[str] = opt(None, null=True, doc="a placement.json or plan.json to score as well")
+    progress: bool = opt(True)
+
+
+@dataclass
+class TrainConfig:
+    costs: CostsConfig = field(default_factory=CostsConfig)
+    seed: int = opt(0, low=0)
+    checkpoint: Optional[str] = opt(None, null=True, doc="env=constructive: the policy to fine-tune (null: the "
+                                                        "packaged pretrained one); else resume")
+    strict_checkpoint: bool = opt(False, doc="refuse a checkpoint whose code hashes differ from this code's")
+    progress: bool = opt(True)
+    workers: Any = opt("auto", doc="an integer >= 1 or auto (every core, on Ray)")
+    ray: RayConfig = field(default_factory=RayConfig)
+    resume: bool = opt(False, doc="trainer=pretrain: continue the run in hydra.run.dir from its last phase")
+
+
+@dataclass
+class PlaceConfig:
+    costs: CostsConfig = field(default_factory=CostsConfig)
+    checkpoint: Optional[str] = opt(None, null=True, doc="null: the pretrained policy shipped with the package")
+    strict_checkpoint: bool = opt(False, doc="refuse a checkpoint whose code hashes differ from this code's")
+    decode: str = opt("one_pass", choices=("one_pass", "sequential"))
+    samples: int = opt(16, low=0)
+    window: Optional[int] = opt(None, low=0, null=True, doc="lookahead window W (null: the checkpoint's)")
+    full_window: Optional[int] = opt(None, low=0, null=True, doc="graphs of at most this many nodes read the whole "
+                                                                "rest of the graph (null: the checkpoint's)")
+    search_budget: int = opt(0, low=0, doc="> 0: local search from the best learned placement")
+    seed: int = opt(0, low=0)
+    compare: bool = opt(True, doc="baselines with the same simulator-call budget -> comparison.md")
+    progress: bool = opt(True)
+
+
+@dataclass
+class ProfileConfig:
+    devices: Optional[list] = opt(None, null=True, doc="local device names; null = all")
+    warmup: int = opt(3, low=0)
+    repeats: int = opt(10, low=1)
+    links: bool = opt(True)
+    processes: bool = opt(True)
+    threads: Optional[int] = opt(1, low=1, null=True)
+    output: Optional[str] = opt(None, null=True, doc="ProfileDB path; null = <run dir>/profile.json")
+    measurements: Optional[str] = opt(None, null=True, doc="a public GPU measurement file to import instead")
+    progress: bool = opt(True)
+
+
+@dataclass
+class DeployConfig:
+    costs: CostsConfig = field(default_factory=CostsConfig)
+    plan: str = opt("???", doc="a plan.json (DP x PP) or placement.json")
+    profile: Optional[str] = opt(None, null=True, doc="a ProfileDB for the prediction; null = the roofline")
+    steps: int = opt(5, low=1)
+    warmup: int = opt(1, low=0)
+    lr: float = opt(0.001, low=0, open_low=True)
+    device: str = opt("auto", choices=("auto", "cpu", "cuda"))
+    timeout_s: float = opt(300, low=0, open_low=True)
+    threads: int = opt(1, low=1)
+    nnodes: int = opt(1, low=1)
+    node_rank: Optional[int] = opt(None, low=0, null=True)
+    rdzv_endpoint: Optional[str] = opt(None, null=True)
+
+
+COMMAND_SCHEMAS: dict[str, type] = {"inspect": InspectConfig, "evaluate": EvaluateConfig, "train": TrainConfig,
+                                    "place": PlaceConfig, "profile": ProfileConfig, "deploy": DeployConfig}
+SPECIAL_KEYS = {"workers": WorkersKey(int)}  # a value of two kinds (an integer or auto)
+
+
+# ------------------------------------------------------------------------------------------- deriving
+def _kind(annotation: Any) -> tuple[type, bool]:
+    """(int / float / bool / str / list / dict, whether Optional) of a field's annotation."""
+    tp = annotation
+    args = typing.get_args(tp)
+    optional = type(None) in args
+    if optional:
+        tp = next(a for a in args if a is not type(None))
+    origin = typing.get_origin(tp) or tp
+    return (origin if origin in (int, float, bool, str, list, dict) else object), optional
+
+
+def _fields(cls: type) -> list[tuple[dataclasses.Field, Any]]:
+    hints = typing.get_type_hints(cls)
+    return [(f, hints[f.name]) for f in dataclasses.fields(cls)]
+
+
+def keys_of(cls: type, prefix: str = "") -> dict[str, Key]:
+    """The flat ``{dotted key: Key}`` table of a config dataclass (nested dataclasses become dotted keys)."""
+    out: dict[str, Key] = {}
+    for f, hint in _fields(cls):
+        name = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(hint):
+            out.update(keys_of(hint, name + "."))
+            continue
+        if name in SPECIAL_KEYS:
+            out[name] = SPECIAL_KEYS[name]
+            continue
+        kind, _ = _kind(hint)
+        if kind is object:
+            continue
+        m = f.metadata
+        out[name] = Key(kind, low=m.get("low"), high=m.get("high"), open_low=bool(m.get("open_low")),
+                        choices=m.get("choices"), null=bool(m.get("null")))
+    return out
+
+
+def defaults_of(cls: type, prefix: str = "") -> dict[str, Any]:
+    """The flat ``{dotted key: default}`` of a config dataclass."""
+    out: dict[str, Any] = {}
+    inst = cls()
+    for f, hint in _fields(cls):
+        name = f"{prefix}{f.name}"
+        value = getattr(inst, f.name)
+        if dataclasses.is_dataclass(hint):
+            out.update(defaults_of(hint, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def register_configs() -> None:
+    """Store every dataclass in Hydra's ConfigStore as ``schema/<command>`` and ``schema/<group>``."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    for name, cls in {**COMMAND_SCHEMAS, **GROUP_SCHEMAS}.items():
+        cs.store(group="schema", name=name, node=cls)
+
+
+# --------------------------------------------------------------------------------------------- recipe
+def recipe_differences(overrides: Sequence[str] = ("trainer=pretrain",)) -> dict[str, tuple[Any, Any]]:
+    """``{field: (the CLI recipe's value, the Python default)}`` for every field of ``ConstructiveConfig`` the
+    composed ``placement-rl train <overrides>`` config's ``agent`` / ``encoder`` groups set and every field of
+    ``PretrainSpec`` its ``trainer.pretrain`` sets, where the two differ (null in the recipe: decided elsewhere,
+    e.g. by the checkpoint, and left out). Empty: ``pretrain(PretrainSpec(), ConstructiveConfig())`` from Python
+    runs the recipe the CLI runs."""
+    from placement_rl.agents.constructive_config import ConstructiveConfig
+    from placement_rl.studies.config import compose_train
+    from placement_rl.studies.pretrain import PretrainSpec
+
+    cfg, _ = compose_train(list(overrides))
+    recipe = {**{k: v for k, v in cfg.get("agent", {}).items()}, **dict(cfg.get("encoder", {}))}
+    recipe["encoder"] = recipe.pop("name", None)
+    out: dict[str, tuple[Any, Any]] = {}
+    for obj, values in ((ConstructiveConfig(), recipe), (PretrainSpec(), cfg.get("trainer", {}).get("pretrain", {}))):
+        for f in dataclasses.fields(obj):
+            if f.name in values and values[f.name] is not None:
+                want, have = values[f.name], getattr(obj, f.name)
+                if (list(want) if isinstance(want, (list, tuple)) else want) != \
+                        (list(have) if isinstance(have, (list, tuple)) else have):
+                    out[f"{type(obj).__name__}.{f.name}"] = (want, have)
+    return out
