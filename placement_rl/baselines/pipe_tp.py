@@ -15,7 +15,9 @@ in that order (TP groups never span hosts) and the graph's split sizes (``graph.
   per-micro-batch time, minimise ``sum_k tau_k + (m - 1) t_max`` over stage splits with every ``tau_k <=
   t_max`` and every stage within its devices' memory, over the candidate bounds in increasing order until
   ``(m - 1) t_max + min sum`` cannot win. Each resulting plan (and the minimax-bottleneck cuts) is then simulated
-  and the best simulated plan is kept.
+  and the best simulated plan is kept. Activation recomputation is one more per-stage dimension: each candidate
+  stage takes the fastest of ``none`` / ``selective`` / ``full`` (``cost.recompute``) that fits its memory, so a
+  plan recomputes only where memory forces it (GPipe and 1F1B; interleaved plans do not recompute).
 
 ``tau_k`` (one micro-batch, forward + backward, on the ``k``-th device group, by the simulator's rules): variable
 node time / (m dp) + fixed (launch) time + the TP all-reduces at the micro-batch's bytes over the stage's own first
@@ -42,7 +44,7 @@ from placement_rl.cost.memory import BUCKET_BYTES, FSDP_GATHER_FACTOR, STATE_FAC
 from placement_rl.cost.tensor_parallel import segment_times
 from placement_rl.errors import ConfigError, PlanError
 from placement_rl.graph import tp as tpmod
-from placement_rl.plans import SHARDINGS
+from placement_rl.plans import RECOMPUTE, SHARDINGS
 
 EXACT_GRID = 128
 MAX_BOUNDS = 1024
@@ -145,6 +147,40 @@ class _Stages:
             self._tau[grp] = np.where(self.valid, fwd + bwd, np.inf)
         return self._tau[grp]
 
+    def recompute(self, k: int, mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """``(extra, act, transient)`` ``[G, G]`` of recomputation ``mode`` for a stage on group ``k``: its
+        checkpointed regions' forward again (one micro-batch), the activations it then keeps per micro-batch
+        (other ops' + the regions' inputs) and the largest region's per micro-batch (``cost.recompute``; regions
+        counted whole by their first node). None where the graph has no such regions."""
+        from placement_rl.cost.recompute import kept_bytes, regions
+        from placement_rl.graph.tp import shard_graph
+
+        key = ("rc", mode, self.group(k)[0])
+        if key not in self._tau:
+            try:
+                rid = regions(self.pp.graph, mode)
+            except PlanError:
+                return None
+            fvar, ffix, _, _, _, act = self.arrays[:6]
+            order, g, d, scale = self.pp.order, self.grid, self.group(k)[0], 1.0 / (self.m * self.dp)
+            run = self.pp.graph if self.t == 1 else shard_graph(self.pp.graph, self.t)
+            inside = (rid >= 0)[order]
+            fwd = np.where(inside, fvar[d][order] * scale + ffix[d][order], 0.0)
+            pos = np.full(int(rid.max()) + 1, self.pp.n)  # each region's first position in the order
+            np.minimum.at(pos, rid[order][inside], np.flatnonzero(inside))
+            kept, freed = np.zeros(self.pp.n), np.zeros(self.pp.n)
+            kept[pos] = kept_bytes(run, rid)
+            freed[pos] = np.bincount(rid[order][inside], weights=act[order][inside], minlength=pos.size)
+            held = np.where(inside, 0.0, act[order]) + kept
+            pe = np.concatenate([[0.0], np.cumsum(fwd)])[g]
+            ph = np.concatenate([[0.0], np.cumsum(held)])[g]
+            trans = np.zeros((len(g), len(g)))
+            for i in range(len(g) - 1):  # largest region starting in [g[i], g[j])
+                run_max = np.maximum.accumulate(np.concatenate([[0.0], freed[g[i]:]]))
+                trans[i, i + 1:] = run_max[g[i + 1:] - g[i]]
+            self._tau[key] = (pe[None, :] - pe[:, None], (ph[None, :] - ph[:, None]) * scale, trans * scale)
+        return self._tau[key]
+
     def link(self, k: int) -> tuple[float, float]:
         """Slowest latency and inverse bandwidth between the first DP groups of stage positions k and k + 1."""
         a, b = self.group(k)[::self.t], self.group(k + 1)[::self.t]
@@ -195,12 +231,14 @@ def _dp_cuts(mats: list[np.ndarray], m: int, alpa: bool = True) -> tuple[list[in
     return best_cuts, mm[1], capped
 
 
-def _stage_mats(pp: PipeProblem, st: _Stages, s: int, t: int, dp: int, m: int, sh: str) -> list[np.ndarray]:
+def _stage_mats(pp: PipeProblem, st: _Stages, s: int, t: int, dp: int, m: int, sh: str,
+                modes: tuple[str, ...] = ("none",)) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per stage position ``k`` of ``s``: ``tau[a, b]`` of a stage over grid cuts ``a..b`` on the ``k``-th device
-    group, with the boundary to the next group both ways; ``inf`` where the stage does not fit its memory."""
+    group, with the boundary to the next group both ways, under the fastest recomputation of ``modes`` that fits
+    its memory (``inf`` where none fits), and that mode's index per cell."""
     cap = pp.topology.array("memory_bytes")[pp.devs]
     width = dp * t
-    mats = []
+    mats, chosen = [], []
     for k in range(s):
         lo, hi = k * width, (k + 1) * width
         tau = st.tau(k)
@@ -212,41 +250,60 @@ def _stage_mats(pp: PipeProblem, st: _Stages, s: int, t: int, dp: int, m: int, s
         else:
             state = STATE_FACTOR * st.params
         inflight = m if pp.schedule == "gpipe" else min(m, s - k)
-        mem = state + st.act * inflight
-        mats.append(np.where(mem <= cap[lo:hi].min(), tau, np.inf))
-    return mats
+        best, pick = np.full_like(tau, np.inf), np.zeros(tau.shape, dtype=np.int64)
+        for i, mode in enumerate(modes):
+            if mode == "none":
+                tau_r, mem = tau, state + st.act * inflight
+            else:
+                got = st.recompute(k, mode) if pp.schedule in ("gpipe", "1f1b") else None
+                if got is None:
+                    continue
+                extra, held, trans = got
+                tau_r, mem = tau + extra, state + held * inflight + trans
+            cand = np.where(mem <= cap[lo:hi].min(), tau_r, np.inf)
+            better = cand < best
+            best, pick = np.where(better, cand, best), np.where(better, i, pick)
+        mats.append(best)
+        chosen.append(pick)
+    return mats, chosen
 
 
-def cut_objective(pp: PipeProblem, cuts: list[int], dp: int, m: int, sharding: str = "dp", tp: int = 1) -> float:
+def cut_objective(pp: PipeProblem, cuts: list[int], dp: int, m: int, sharding: str = "dp", tp: int = 1,
+                  modes: tuple[str, ...] = ("none",)) -> float:
     """The analytic step time ``exact``'s cut search minimises for one plan (``cuts``: positions in
-    ``pp.order``, on ``cut_grid(pp.n, EXACT_GRID)``): ``sum_k tau_k + (m - 1) max_k tau_k``, ``inf`` over memory.
-    With one micro-batch and DP degree 1 it is the simulated step time (``simulate_pipeline``) of that plan."""
+    ``pp.order``, on ``cut_grid(pp.n, EXACT_GRID)``): ``sum_k tau_k + (m - 1) max_k tau_k``, ``inf`` over memory,
+    each stage under the fastest of the recomputation ``modes`` that fits. With one micro-batch and DP degree 1 it
+    is the simulated step time (``simulate_pipeline``) of that plan."""
     grid = cut_grid(pp.n, EXACT_GRID)
     where = {int(x): i for i, x in enumerate(grid)}
     if any(int(c) not in where for c in cuts):
         raise ConfigError(f"cuts {list(cuts)} are not on the exact search's grid of {len(grid)} points")
     s = len(cuts) - 1
-    mats = _stage_mats(pp, _Stages(pp, grid, tp, dp, m), s, tp, dp, m, sharding)
+    mats, _ = _stage_mats(pp, _Stages(pp, grid, tp, dp, m), s, tp, dp, m, sharding, modes)
     taus = [float(mats[k][where[int(cuts[k])], where[int(cuts[k + 1])]]) for k in range(s)]
     return sum(taus) + (m - 1) * max(taus)
 
 
 def _pipeline_plans(pp: PipeProblem, grid: np.ndarray, s: int, t: int, dp: int, m: int,
-                    shardings=SHARDINGS, alpa: bool = True) -> tuple[list[tuple[float, Plan]], int]:
-    """Plans of ``s`` stages for one (tp, dp, m), each with its analytic estimate (inf: over memory)."""
+                    shardings=SHARDINGS, alpa: bool = True,
+                    modes: tuple[str, ...] = ("none",)) -> tuple[list[tuple[float, Plan]], int]:
+    """Plans of ``s`` stages for one (tp, dp, m), each with its analytic estimate (inf: over memory) and each
+    stage's recomputation (the fastest of ``modes`` that fits)."""
     st = _Stages(pp, grid, t, dp, m)
     out, capped = [], 0
     for sh in shardings:
-        mats = _stage_mats(pp, st, s, t, dp, m, sh)
+        mats, chosen = _stage_mats(pp, st, s, t, dp, m, sh, modes)
         if s == 1:
             est = float(mats[0][0, -1])
-            out.append((m * est, ([0, pp.n], (dp,), m, sh, (t,))))
+            out.append((m * est, ([0, pp.n], (dp,), m, sh, (t,), (modes[int(chosen[0][0, -1])],))))
             continue
         a_cuts, mm_cuts, c = _dp_cuts(mats, m, alpa)
         capped += c
         for cuts in {tuple(x) for x in (a_cuts, mm_cuts) if x is not None}:
             taus = [float(mats[k][cuts[k], cuts[k + 1]]) for k in range(s)]
-            out.append((sum(taus) + (m - 1) * max(taus), ([int(grid[i]) for i in cuts], (dp,) * s, m, sh, (t,) * s)))
+            rc = tuple(modes[int(chosen[k][cuts[k], cuts[k + 1]])] for k in range(s))
+            out.append((sum(taus) + (m - 1) * max(taus),
+                        ([int(grid[i]) for i in cuts], (dp,) * s, m, sh, (t,) * s, rc)))
     return out, capped
 
 
@@ -283,7 +340,7 @@ def exact(pp: PipeProblem) -> Plan:
     cands: list[tuple[float, Plan]] = []
     capped = 0
     for s, dp, t, m in confs:
-        got, c = _pipeline_plans(pp, grid, s, t, dp, m)
+        got, c = _pipeline_plans(pp, grid, s, t, dp, m, modes=RECOMPUTE)
         cands += got
         capped += c
     if not cands:
