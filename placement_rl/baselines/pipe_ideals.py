@@ -193,16 +193,18 @@ class IdealSearch:
             j, ci, g = i, pc, pg
         chain.reverse()
         stage = np.empty(self.pp.n, dtype=np.int64)
-        cursor = [0] * len(self.classes)
-        groups = []
-        for s, (i, j, gg) in enumerate(chain):
+        for s, (i, j, _) in enumerate(chain):
             stage[mem[j] & ~mem[i]] = s
-            grp = []
-            for k, cnt in enumerate(self.comp[gg]):
-                grp += self.classes[k][cursor[k]:cursor[k] + cnt]
-                cursor[k] += cnt
-            groups.append(tuple(int(x) for x in grp))
-        return Stages(tuple(int(x) for x in stage), tuple(groups))
+        # devices of each class handed out largest group first, in index order: power-of-two groups then sit on
+        # aligned blocks (inside one host, or whole hosts), as the DP priced them (``concrete``)
+        groups: list[list[int]] = [[] for _ in chain]
+        for k, devs in enumerate(self.classes):
+            cursor = 0
+            for s in sorted(range(len(chain)), key=lambda s: -int(self.comp[chain[s][2], k])):
+                cnt = int(self.comp[chain[s][2], k])
+                groups[s] += devs[cursor:cursor + cnt]
+                cursor += cnt
+        return Stages(tuple(int(x) for x in stage), tuple(tuple(int(x) for x in g) for g in groups))
 
 
 def ideal_candidates(pp: PipeProblem) -> tuple[list[tuple[float, Plan]], dict[str, object]]:
