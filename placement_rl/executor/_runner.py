@@ -220,6 +220,12 @@ class PartRunner:
         if dims.tp > 1:
             modules, named = apply_tp(self.splits, modules, mesh["tp"], dict(part["tp_kinds"]),
                                       vocab=tuple(part.get("tp_vocab") or ()) or None)
+        recompute = part.get("recompute_regions") or {}
+        if recompute:  # activation recomputation: each checkpointed region outlined under torch.utils.checkpoint
+            from placement_rl.executor._recompute import apply_recompute
+
+            for sp, mod in zip(self.splits, modules):
+                apply_recompute(getattr(mod, "inner", mod), recompute.get(str(sp.index), []))
         if dims.sharding == "fsdp":
             modules = apply_fsdp(modules, mesh["dp"])
         elif dims.tp == 1:

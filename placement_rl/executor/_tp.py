@@ -339,6 +339,7 @@ def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
         call.meta = dict(n.meta)
         n.replace_all_uses_with(call)
         gm.graph.erase_node(n)
+        gm.meta.setdefault("tp_renamed", {})[n.name] = call.name  # read by ``_recompute`` (its regions' names)
         if vocab is not None and vocab[1] > vocab[0] and kind in _VOCAB and int(mod.weight.shape[0]) == vocab[0]:
             pad_vocab(gm, mod, call, kind, vocab, padded)
         if n.name in local:  # a column GEMM whose region runs on local shards (a fused one: rows interleaved)

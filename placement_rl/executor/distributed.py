@@ -272,6 +272,8 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
         if vocab:
             tp_vocab = [int(vocab), tpmod.padded_vocab(int(vocab), dims.tp, plan.make_vocab_size_divisible_by)]
         check_program(gm, tp_kinds, dims.tp, stage_map, vocab=tuple(tp_vocab) or None)
+    from placement_rl.executor._recompute import regions_of
+
     aliases = param_aliases(module)
     splits = split_stages(gm, stage_map, dims.num_stages, aliases=aliases)
     metas = value_meta(program_module(ep), micro)
@@ -292,7 +294,7 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
     atomic_write_text(part_dir / "part.json", json.dumps({
         "dims": asdict(dims), "stage_map": stage_map, "param_aliases": aliases,
         "value_meta": {v: metas[v] for v in crossing}, "batch_size": size, "tp_kinds": tp_kinds,
-        "tp_vocab": tp_vocab,
+        "tp_vocab": tp_vocab, "recompute_regions": regions_of(plan, graph),
         "tied": {k: list(v) for k, v in tied_parameters(splits).items()},
         "plan": plan.to_dict(graph), "model": {"zoo": spec.model, "overrides": dict(spec.overrides or {})}}, indent=1))
     return dims
