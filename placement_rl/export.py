@@ -17,8 +17,10 @@ virtual stages per rank follow from it), ``--micro-batch-size`` / ``--global-bat
 when the plan's micro-batches exceed the pipeline's), ``--make-vocab-size-divisible-by``, and ``--use-torch-fsdp2``
 for FSDP plans. Targets Megatron-LM / Megatron-Core 0.13 and later (the layout argument; experimental there).
 Megatron runs 1F1B (interleaved with virtual stages) only: a ``gpipe`` or ``zb1p`` pipeline is refused (a one-stage
-plan has no pipeline schedule and reads back as ``1f1b``). The plan carries no recomputation or sequence
-parallelism, so neither is written (Megatron's defaults: none, off).
+plan has no pipeline schedule and reads back as ``1f1b``). Recomputation (one setting for all stages: both
+trainers set one): ``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1`` (every
+layer) or ``selective``; torchtitan ``[activation_checkpoint] mode`` (its ``selective`` is an op-level policy, close
+to but not exactly the attention core). Sequence parallelism is not in the plan, so not written.
 
 Stages are exported at module granularity: the transformer layers (the repeated ``<container>.<i>`` modules of
 the captured graph's ``module_paths``) and the modules around them. A module whose nodes the plan puts in two
@@ -60,6 +62,7 @@ class Layout:
     batch_size: int
     sharding: str
     vocab_divisible_by: int
+    recompute: str
     stage_modules: tuple[tuple[str, ...], ...]
     mods: Modules
 
@@ -82,6 +85,9 @@ def layout(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> Layout:
     dims = parallel_dims(plan)  # one DP and one TP degree, groups equal or disjoint, a schedule torch runs
     if dims.num_stages > 1 and dims.layout not in ("single", "loop") and plan.schedule != "zb1p":
         raise PlanError("virtual stages must go round-robin over the device groups (stage k on group k mod pp)")
+    if len(set(plan.recompute)) > 1:
+        raise PlanError(f"stages recompute differently ({list(plan.recompute)}): torchtitan and Megatron-LM set one "
+                        "recomputation for the whole model; give every stage the same")
     batch = plan.batch_size if plan.batch_size is not None else graph_batch_size(graph)
     if batch is None:
         raise PlanError(f"the plan and graph '{graph.name}' name no batch size: set the plan's batch_size")
@@ -107,7 +113,8 @@ def layout(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> Layout:
         raise PlanError(f"stage {empty[0]} holds no whole module after snapping: use fewer stages")
     return Layout(tp=dims.tp, dp=dims.dp, pp=dims.pp, num_stages=dims.num_stages, schedule=plan.schedule,
                   num_microbatches=dims.num_microbatches, batch_size=int(batch), sharding=plan.sharding,
-                  vocab_divisible_by=plan.make_vocab_size_divisible_by, stage_modules=tuple(per), mods=mods)
+                  vocab_divisible_by=plan.make_vocab_size_divisible_by, recompute=plan.recompute[0],
+                  stage_modules=tuple(per), mods=mods)
 
 
 def _header(plan: StagePlan, graph: CompGraph, what: str) -> list[str]:
@@ -143,7 +150,11 @@ def to_torchtitan(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> s
     # torchtitan: a pipeline splits each DP rank's local batch into micro-batches; without one, micro-batches are
     # gradient-accumulation steps (global = local x DP x steps)
     local = lay.batch_size // lay.dp if lay.num_stages > 1 else lay.micro_batch_size
-    lines += ["", "[training]", f"local_batch_size = {local}", f"global_batch_size = {lay.batch_size}", ""]
+    lines += ["", "[training]", f"local_batch_size = {local}", f"global_batch_size = {lay.batch_size}"]
+    if lay.recompute != "none":  # torchtitan's selective mode is its op-level policy, not exactly the core
+        lines += ["", "[activation_checkpoint]", f'mode = "{lay.recompute}"']
+        lines += ['selective_ac_option = "op"'] if lay.recompute == "selective" else []
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -186,6 +197,10 @@ def to_megatron(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> str
         f"# data parallel: {lay.dp} ({'FSDP2' if lay.sharding == 'fsdp' else 'DDP'}); world size "
         f"{lay.dp * lay.pp * lay.tp}; {lay.virtual} virtual stage(s) per pipeline rank; 1F1B"
         + (" interleaved" if lay.virtual > 1 else "")]
+    if lay.recompute == "full":  # every layer checkpointed: Megatron's uniform method, one layer per checkpoint
+        args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
+    elif lay.recompute == "selective":
+        args.append(("--recompute-granularity", "selective"))
     body = [f"{k} {v}" for k, v in args]
     if lay.sharding == "fsdp":
         body.append("--use-torch-fsdp2")
@@ -194,7 +209,7 @@ def to_megatron(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> str
 
 # ----------------------------------------------------------------------------------------------- back to a plan
 def _plan(graph: CompGraph, parts: list[list[str]], *, tp: int, dp: int, pp: int, m: int, schedule: str,
-          sharding: str, batch: int, vocab: int) -> StagePlan:
+          sharding: str, batch: int, vocab: int, recompute: str = "none") -> StagePlan:
     mods = modules(graph)
     stage_of: dict[str, int] = {}
     for s, ms in enumerate(parts):
@@ -219,7 +234,7 @@ def _plan(graph: CompGraph, parts: list[list[str]], *, tp: int, dp: int, pp: int
     w = dp * tp
     groups = tuple(tuple(range((s % pp) * w, (s % pp + 1) * w)) for s in range(len(parts)))
     return StagePlan(son, groups, num_microbatches=m, schedule=schedule, batch_size=batch, sharding=sharding,
-                     tp=(tp,) * len(parts), make_vocab_size_divisible_by=vocab)
+                     tp=(tp,) * len(parts), make_vocab_size_divisible_by=vocab, recompute=(recompute,) * len(parts))
 
 
 def from_torchtitan(text: str, graph: CompGraph) -> StagePlan:
@@ -246,9 +261,12 @@ def from_torchtitan(text: str, graph: CompGraph) -> StagePlan:
     local = int(tr.get("local_batch_size", batch // dp))
     micro = int(par.get("pipeline_parallel_microbatch_size", 1)) if len(parts) > 1 else local
     vocab = re.search(r"make_vocab_size_divisible_by = (\d+)", text)
+    rc = str(cfg.get("activation_checkpoint", {}).get("mode", "none"))
+    if rc not in ("none", "selective", "full"):
+        raise PlanError(f"activation_checkpoint mode '{rc}' has no stage-plan counterpart (none, selective, full)")
     return _plan(graph, [list(p) for p in parts], tp=tp, dp=dp, pp=pp, m=max(batch // (dp * micro), 1),
                  schedule=schedule, sharding="fsdp" if shard > 1 else "dp", batch=batch,
-                 vocab=int(vocab.group(1)) if vocab else 128)
+                 vocab=int(vocab.group(1)) if vocab else 128, recompute=rc)
 
 
 def _megatron_args(text: str) -> dict[str, Any]:
@@ -300,8 +318,11 @@ def from_megatron(text: str, graph: CompGraph) -> StagePlan:
     if next(it, None) is not None:
         raise PlanError(f"the layout places fewer layers than graph '{graph.name}' has ({len(layers)})")
     schedule = "1f1b" if len(stages) <= pp else "interleaved1f1b"
+    rc = str(a.get("recompute-granularity", "none"))
+    if rc not in ("none", "selective", "full"):
+        raise PlanError(f"--recompute-granularity '{rc}' has no stage-plan counterpart (selective, full)")
     return _plan(graph, parts, tp=tp, dp=dp, pp=pp, m=batch // (dp * micro), schedule=schedule,
-                 sharding="fsdp" if a.get("use-torch-fsdp2") else "dp", batch=batch, vocab=vocab)
+                 sharding="fsdp" if a.get("use-torch-fsdp2") else "dp", batch=batch, vocab=vocab, recompute=rc)
 
 
 def export_plan(plan: StagePlan, graph: CompGraph, fmt: str, *, snap: bool = False) -> str:

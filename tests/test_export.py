@@ -51,10 +51,14 @@ def plans(g):
         "tp2 x dp2": StagePlan(np.zeros(g.num_nodes, dtype=np.int64), ((0, 1, 2, 3),), tp=(2,)),
         "interleaved pp2 x 2 virtual, vocab 64": StagePlan(four, ((0,), (1,), (0,), (1,)), num_microbatches=2,
                                                           schedule="interleaved1f1b", make_vocab_size_divisible_by=64),
+        "pp2 full recompute": StagePlan(two, ((0,), (1,)), num_microbatches=2, recompute=("full", "full")),
+        "tp2 selective recompute": StagePlan(np.zeros(g.num_nodes, dtype=np.int64), ((0, 1),), tp=(2,),
+                                             recompute=("selective",)),
     }
 
 
-@pytest.mark.parametrize("name", ["tp2 x pp2 1f1b m2", "fsdp dp4", "tp2 x dp2", "interleaved pp2 x 2 virtual, vocab 64"])
+@pytest.mark.parametrize("name", ["tp2 x pp2 1f1b m2", "fsdp dp4", "tp2 x dp2", "interleaved pp2 x 2 virtual, vocab 64",
+                                  "pp2 full recompute", "tp2 selective recompute"])
 def test_round_trip_through_both_formats(gpt, name):
     plan = plans(gpt)[name]
     topo = load_topology("8x_a100_nvswitch")
@@ -87,6 +91,13 @@ def test_what_each_trainer_is_told(gpt):
     uneven = StagePlan(cut_after(gpt, [2]), ((0,), (1,)), num_microbatches=2)
     assert '"Et*3|tL"' in ex.to_megatron(uneven, gpt)
     assert "--use-torch-fsdp2" in ex.to_megatron(p["fsdp dp4"], gpt)
+    assert "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1" in " ".join(
+        ex.to_megatron(p["pp2 full recompute"], gpt).replace("\\\n", " ").split())
+    assert tomllib.loads(ex.to_torchtitan(p["tp2 selective recompute"], gpt))["activation_checkpoint"]["mode"] == \
+        "selective"
+    mixed = StagePlan(cut_after(gpt, [1]), ((0,), (1,)), num_microbatches=2, recompute=("full", "none"))
+    with pytest.raises(PlanError, match="recompute differently"):
+        ex.to_megatron(mixed, gpt)
     accumulate = StagePlan(np.zeros(gpt.num_nodes, dtype=np.int64), ((0, 1),), num_microbatches=2, schedule="gpipe")
     assert tomllib.loads(ex.to_torchtitan(accumulate, gpt))["training"] == {"local_batch_size": 2,
                                                                           "global_batch_size": 8}
