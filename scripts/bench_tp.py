@@ -12,14 +12,16 @@ simulated vs measured TP step time on gloo.
     (``gpt`` 12 layers, d_model 1024 on ``2x_small_gpu``: 2 GiB per device), where TP and FSDP are compared; a
     mid-size GPT (8 layers, d_model 1024, seq 256, batch 16) on ``2x4_v100_ib``.
 (b) Deploy vs hand-written: our executor's step (``PartRunner``: export split, ``_tp.apply_tp`` on the stage
-    program, mesh, Adam) against a hand-written DTensor TP step of the same zoo model on the same 1-D TP mesh --
-    the eager ``nn.Module`` parallelized with ``parallelize_module`` and the same Megatron styles (as in the
-    torch TP tutorial; tied embedding / LM head re-tied), Adam; for the TP x PP plan the eager model cut by hand
+    program, mesh, Adam) against a hand-written TP step of the same zoo model on the same TP mesh written as
+    Megatron-LM runs it -- the fused QKV's rows interleaved so that each rank's shard holds its heads of q, k and v,
+    the attention on those local heads, column / row pairs on local shards (``megatron_attention`` +
+    ``parallelize_module``), tied embedding / LM head re-tied, Adam; for the TP x PP plan the eager model cut by hand
     at the same block into two stage modules, each parallelized over its TP group of a (pp, tp) mesh,
     ``PipelineStage`` + GPipe over ``pp``, the loss under ``loss_parallel``, the tied embedding / head gradients
     summed across the stages (``HandWrittenTPxPP``). Both in the same processes, steps interleaved (the 2-core
     machine is shared), slowest rank per step; ratio of medians (target <= 1.05).
-(c) Fidelity on gloo: measured step time of TP plans (and DP / PP plans of the same model for reference) deployed
+(c) Fidelity on gloo: measured step time of 11 TP plans (TP 2 / 4, TP x DP, TP x PP GPipe and 1F1B, one with full
+    recomputation), DP / PP plans and single-process plans with selective / full recomputation of the same model, deployed
     on this machine's CPU processes, against ``simulate_pipeline`` on ``2x_cpu`` with per-op CPU profiles of the
     model at the plan's micro-batch (``placement_rl.profiling``: thread CPU clock, gloo link fit), the profile's
     per-pass overhead and Adam share (split parameters divided by the TP degree), as ``bench_executor.py`` does.
@@ -366,10 +368,14 @@ FID_PLANS = [("single m=1", 1, 1, 1, 1), ("dp2 m=1", 1, 2, 1, 1), ("pp2 gpipe m=
              ("tp4 m=1", 1, 1, 4, 1), ("tp4 m=2", 1, 1, 4, 2),
              ("tp2 x dp2 m=1", 1, 2, 2, 1), ("tp2 x dp2 m=2", 1, 2, 2, 2),
              ("tp2 x pp2 gpipe m=2", 2, 1, 2, 2), ("tp2 x pp2 gpipe m=4", 2, 1, 2, 4),
-             ("tp2 x pp2 1f1b m=4", 2, 1, 2, 4, "1f1b")]
+             ("tp2 x pp2 1f1b m=4", 2, 1, 2, 4, "1f1b"),
+             ("single m=1 selective recompute", 1, 1, 1, 1, "gpipe", "selective"),
+             ("single m=1 full recompute", 1, 1, 1, 1, "gpipe", "full"),
+             ("tp2 m=2 full recompute", 1, 1, 2, 2, "gpipe", "full")]
 
 
-def fid_plan(graph, stages: int, dp: int, t: int, m: int, schedule: str = "gpipe") -> StagePlan:
+def fid_plan(graph, stages: int, dp: int, t: int, m: int, schedule: str = "gpipe",
+             recompute: str = "none") -> StagePlan:
     n = graph.num_nodes
     if stages == 1:
         son = np.zeros(n, dtype=np.int64)
@@ -381,7 +387,7 @@ def fid_plan(graph, stages: int, dp: int, t: int, m: int, schedule: str = "gpipe
     width = dp * t
     groups = tuple(tuple(range(k * width, (k + 1) * width)) for k in range(stages))
     return StagePlan(son, groups, num_microbatches=m, tp=(t,) * stages, schedule=schedule,
-                     batch_size=SMALL["batch_size"])
+                     batch_size=SMALL["batch_size"], recompute=(recompute,) * stages)
 
 
 def bench_fidelity(*, steps: int, work: Path, repeats: int) -> dict:
@@ -430,6 +436,7 @@ def bench_fidelity(*, steps: int, work: Path, repeats: int) -> dict:
             rows.append({"plan": label, "world": world, "micro_batch": b, "measured_ms": res.step_time * 1e3,
                          "predicted_ms": (sim.step_time + opt) * 1e3, "simulated_ms": sim.step_time * 1e3,
                          "adam_ms": opt * 1e3, "tp": int(plan.tp[0]), "model_ms": model["predicted_s"] * 1e3,
+                         "recompute": plan.recompute[0],
                          "wrapper_ms": model["wrapper_s"] * 1e3})
             r = rows[-1]
             print(f"(c) {label}: measured {r['measured_ms']:.2f} ms, predicted {r['predicted_ms']:.2f} ms, with the "
@@ -438,7 +445,9 @@ def bench_fidelity(*, steps: int, work: Path, repeats: int) -> dict:
     pred = np.array([r["predicted_ms"] for r in rows])
     model = np.array([r["model_ms"] for r in rows])
     tp_rows = [i for i, r in enumerate(rows) if r["tp"] > 1]
+    rc_rows = [i for i, r in enumerate(rows) if r["recompute"] != "none"]
     return {"rows": rows, "stats": fidelity_stats(pred, meas),
+            "model_recompute_stats": fidelity_stats(model[rc_rows], meas[rc_rows]) if len(rc_rows) > 1 else None,
             "tp_stats": fidelity_stats(pred[tp_rows], meas[tp_rows]) if len(tp_rows) > 1 else None,
             "model_stats": fidelity_stats(model, meas),
             "model_tp_stats": fidelity_stats(model[tp_rows], meas[tp_rows]) if len(tp_rows) > 1 else None,
@@ -518,7 +527,8 @@ def write_report(out: Path, data: dict) -> None:
                          f"{r['adam_ms']:.2f} |")
         lines += ["", f"All plans: {json.dumps(f['stats'])}", f"TP plans: {json.dumps(f['tp_stats'])}",
                   f"With the wrapper model: all plans {json.dumps(f.get('model_stats'))}, TP plans "
-                  f"{json.dumps(f.get('model_tp_stats'))}", ""]
+                  f"{json.dumps(f.get('model_tp_stats'))}, recomputing plans "
+                  f"{json.dumps(f.get('model_recompute_stats'))}", ""]
         if f.get("dtensor"):
             d = f["dtensor"]
             lines += [f"DTensor dispatch (1 process, no communication): eager step {d['eager_ms']:.2f} ms, the same "
