@@ -35,7 +35,13 @@ DEFAULT_GRAPH = "synthetic:layered"
 DEFAULT_TOPOLOGY = "4x_v100_nvlink"
 def node_memory(task: Task) -> np.ndarray:
     """Bytes a node pins on its device whatever the placement (``placement_rl.cost.memory.static_memory``).
-    The simulator adds received buffers, which depend on the placement, so it may still say infeasible."""
+    The simulator adds received buffers, which depend on the placement, so it may still say infeasible.
+    Inference costs (``cost.modes``): the parameters alone (no gradients, optimizer state or kept activations)."""
+    from placement_rl.cost.modes import mode_of
+
+    costs = getattr(task, "costs", None)
+    if costs is not None and mode_of(costs) == "inference":
+        return np.array(task.graph.param_bytes, dtype=np.float64)
     return static_memory(task.graph)
 
 

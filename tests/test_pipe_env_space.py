@@ -51,3 +51,23 @@ def test_throughput_objective_rewards_the_steady_time() -> None:
     assert info["objective_value"] == pytest.approx(res.meta["steady_time"])
     with pytest.raises(ConfigError, match="device_order"):
         PipelineEnv(graph=g, topology=topo, cost_fn=lambda *_: costs, device_order="slowest")
+
+
+def test_op_level_env_with_inference_costs_ends_where_simulate_does() -> None:
+    """``PlacementEnv`` scores with ``simulate``: forward-only costs give a forward-only step and memory."""
+    from placement_rl.cost import simulate
+    from placement_rl.cost.modes import inference_costs
+    from placement_rl.envs.placement import PlacementEnv
+
+    g, costs, topo = slow_cpu_case(n=6)
+    inf = inference_costs(costs)
+    env = PlacementEnv(graph=g, topology=topo, cost_fn=lambda *_: inf)
+    obs, info = env.reset(seed=0)
+    done = False
+    while not done:
+        obs, _, done, _, info = env.step(0)
+    res = simulate(g, inf, topo, info["placement"])
+    assert info["step_time"] == pytest.approx(res.step_time)
+    assert res.step_time == pytest.approx(float(inf.fwd_time[:, 0].sum()))  # forward only, one device
+    assert res.peak_memory[0] == pytest.approx(float(g.param_bytes.sum()))  # parameters alone
+    assert np.allclose(env.state.node_mem, g.param_bytes)
