@@ -136,3 +136,21 @@ def test_cli_bad_costs_file_is_one_line_exit_2(tmp_path, case_files):
     line = _one_line(cli(tmp_path, "evaluate", f"graph.path={g}", f"costs.path={tmp_path}/none.json",
                          f"topology.path={t}", run="none"))
     assert "does not exist" in line
+
+
+def test_a_profile_written_by_placement_rl_profile_is_a_costs_file(tmp_path):
+    """A ``placement_rl.profile`` file (what ``placement-rl profile`` writes) read through ``load_costs``."""
+    from placement_rl.profiling.db import ProfileDB
+
+    topo = mixed_topology(2)
+    g = graph4()
+    db = ProfileDB()
+    for k, dev in enumerate(topo.devices):  # recorded on another host: resolved by name and kind
+        db.data["devices"][dev.name] = {"torch_device": dev.torch_device, "kind": dev.kind, "host": "elsewhere",
+                                        "threads": 1, "model": dev.name}
+        for i, node in enumerate(g.names):
+            db.put_node(g, dev.name, node, [1e-3 * (i + 1) * (k + 1)], [2e-3 * (i + 1)])
+    path = db.save(tmp_path / "profile.json")
+    g2, c = load_costs(path, g, topo)
+    assert g2 is g and c.source[0].startswith("measured:")
+    np.testing.assert_allclose(c.fwd_time[:, 1], 2e-3 * np.arange(1, 5))
