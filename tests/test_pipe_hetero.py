@@ -119,3 +119,23 @@ def test_fixed_shape_planners_leave_a_slow_device_out_on_a_prime_cluster(name: s
     t_alone = simulate_pipeline(g, sub_costs, sub, alone).step_time
     assert t_full <= t_alone * (1 + 1e-9)
     assert 6 not in {d for grp in full.stage_devices for d in grp}
+
+
+@pytest.mark.parametrize("name", ["fsdp", "hybrid", "exact"])
+def test_planners_do_not_return_a_cpu_paced_fsdp_group_priced_at_accelerator_speed(name: str) -> None:
+    """Forward-only graph, 3 accelerators and a CPU 23x slower: the plan a planner returns is priced by its
+    slowest member, so no planner but ``fsdp`` (all devices by definition) puts the CPU in a group."""
+    from placement_rl import baselines
+
+    topo = mixed_topology(3)
+    g = layers(8)
+    fwd = np.array([[1.0, 1.0, 1.0, 23.0]] * 8)
+    costs = inference_costs(per_device(fwd, np.zeros_like(fwd), topo))
+    plan = baselines.get_pipeline(name)(g, costs, topo, budget=3000, seed=0)
+    true = simulate_pipeline(g, costs, topo, plan).step_time
+    assert plan.meta["step_time"] == pytest.approx(true)
+    if name == "fsdp":
+        assert true >= 8 * 23.0 / 4 - 1e-9  # the CPU's quarter of the batch
+    else:
+        assert not any(3 in grp and len(grp) > 1 for grp in plan.stage_devices)
+        assert true <= 8 * 1.0 / 3 + 1.0  # about the three accelerators' speed
