@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir, write_json
 from placement_rl.cli.costs import build_costs, costs_path
-from placement_rl.cost import resolve_costs, simulate, simulate_pipeline
+from placement_rl.cost import simulate, simulate_pipeline
 from placement_rl.errors import ConfigError
 from placement_rl.evaluate import (DEFAULT_PIPELINE_CASES, DEFAULT_SUITE, Row, best_row, compare, pipeline_summary,
                                    run_suite)

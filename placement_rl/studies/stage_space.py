@@ -123,9 +123,9 @@ def measured_costs(graph: CompGraph, topology: DeviceTopology, *, layer_ms: floa
     cpu = gpu * cpu_slowdown * rng.uniform(0.5, 2.0, graph.num_nodes)
     fwd = np.stack([cpu if d.kind == "cpu" else gpu for d in topology.devices], axis=1)
     lat = np.array(topology.link_latency)
-    return CostTable(fwd_time=fwd, bwd_time=2.0 * fwd, link_latency=lat, link_bandwidth=np.array(topology.link_bandwidth),
-                     source=("measured-style",) * topology.num_devices, graph_fingerprint=graph.fingerprint(),
-                     topology_name=topology.name)
+    return CostTable(fwd_time=fwd, bwd_time=2.0 * fwd, link_latency=lat,
+                     link_bandwidth=np.array(topology.link_bandwidth), source=("measured-style",) * topology.num_devices,
+                     graph_fingerprint=graph.fingerprint(), topology_name=topology.name)
 
 
 @dataclass(frozen=True)
