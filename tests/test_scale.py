@@ -18,6 +18,7 @@ import pytest
 
 from placement_rl.errors import ConfigError
 from placement_rl.scale import Workers, check_workers, map_tasks
+from tests.test_scale_ray import reference, snapshot  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -172,21 +173,6 @@ def test_dagger_lookahead_labels_on_workers_equal_the_teacher(ray_local):
 # ------------------------------------------------------------------------------------------ pretraining
 TINY = dict(train_tasks=4, val_tasks=0, sizes=(20, 20), devices=(2, 4), zoo_frac=0.0, dev=False)
 AGENT = dict(bc_epochs=1, dagger_rounds=0, pi_rounds=2, pi_epochs=1, rl_algo="q", rl_iters=2, tasks_per_iter=2)
-KILLER = """
-import os, signal, sys
-from pathlib import Path
-import torch
-torch.set_num_threads(1)
-from placement_rl.agents.constructive_train import ConstructiveConfig
-from placement_rl.studies.pretrain import PretrainSpec, pretrain
-
-def log(line):
-    print(line, flush=True)
-    if "policy iteration 2 labelling 2/" in line:
-        os.kill(os.getpid(), signal.SIGKILL)  # the driver dies mid-round, some labels of the round made
-
-pretrain(PretrainSpec(**{tiny}), ConstructiveConfig(**{agent}), Path(sys.argv[1]), workers=1, log=log)
-"""
 
 
 def _pretrain(out: Path, workers, **kw):
@@ -216,19 +202,23 @@ def test_pretraining_checkpoint_equal_for_1_and_2_workers(ray_local, uninterrupt
     assert not (tmp_path / "resume").exists()  # removed once the run finished
 
 
-def test_killed_pretraining_resumes_without_relabelling(ray_local, uninterrupted, tmp_path):
+def test_killed_pretraining_resumes_without_relabelling(snapshot, reference, tmp_path):
+    """Killed in round 2 of policy iteration on 1 worker, resumed on 2 (a private Ray instance): the
+    uninterrupted run's checkpoint, every stored label reused. Both drivers run on one snapshot of the package:
+    the resume key holds the code, so an edit of the checkout in between would (rightly) recompute."""
+    from tests.test_scale_ray import drive, metrics_of
+
     out = tmp_path / "run"
-    script = KILLER.format(tiny=repr(TINY), agent=repr(AGENT))
-    r = subprocess.run([sys.executable, "-c", script, str(out)], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = drive(snapshot, out, kill_at="policy iteration 2 labelling 2/")
     assert r.returncode == -signal.SIGKILL, r.stdout[-2000:] + r.stderr[-2000:]
     assert (out / "resume" / "imitation.pt").is_file() and not (out / "checkpoint.pt").exists()
     made = len(list((out / "resume" / "labels").glob("*.pkl")))
     assert made >= TINY["train_tasks"] + 1  # round 1, and part of round 2
-    m = _pretrain(out, 2, resume=True)  # resumed on another worker count
+    r = drive(snapshot, out, workers=2, resume=True)  # resumed on another worker count
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    m = metrics_of(r.stdout)
     assert m["resumed_after"] == "imitation" and m["labels_reused"] == made
-    assert m["weights_sha"] == uninterrupted[1]["weights_sha"]
-    assert _sha(out / "checkpoint.pt") == _sha(uninterrupted[0] / "checkpoint.pt")
+    assert m["weights_sha"] == reference["weights_sha"] and m["checkpoint_sha"] == reference["checkpoint_sha"]
     assert json.loads((out / "metrics.json").read_text())["labels_reused"] == made
 
 
