@@ -1,10 +1,11 @@
 """Stage planners on the full stage-plan space (issue 46): measured-style graphs, a slow device in the cluster.
 
-    python scripts/bench_stage_space.py [--part all|table|scale] [--budget 2000] [--steps 10000] [--quick]
+    python scripts/bench_stage_space.py [--part all|table|step|scale] [--budget 2000] [--steps 10000] [--quick]
 
 (a) table: every stage planner's time per sample in steady state (throughput objective) and search seconds, with
     its gap to ``exact``, on a layer graph and an operator graph of one model (``studies.stage_space``), on 6 and
     3 accelerators + 1 CPU, training and inference.
+(c) step: training step time with the step-time objective (``exact`` a search there, not a proof).
 (b) scale: at 8, 64 and 512 devices (hosts of 8 accelerators, plus a CPU): ``exact``'s seconds (its DP over
     ideals apart), the learned ``PipelineEnv`` policy's gap to it and its seconds; and where ``exact`` stops
     being exact (the operator graph's DP over the work limit: one order's prefixes, or skipped).
@@ -51,6 +52,26 @@ def part_table(args) -> list[dict]:
     return rows
 
 
+def part_step(args) -> list[dict]:
+    """Training with the step-time objective (one batch through the pipeline, bubble included): ``exact`` is a
+    search there (its DP ranks plans by estimate, the simulator picks), not a proof."""
+    rows = []
+    print("(c) training step time (ms) with the step-time objective; gap to exact")
+    for gname, graph in (("layers24", layer_graph(24)), ("operators6", operator_graph(6))):
+        for acc in (6, 3):
+            topo = mixed(acc)
+            cells = planner_table(graph, measured_costs(graph, topo), topo, mode="train", budget=args.budget,
+                                  objective="step")
+            ref = cells[0].step_time
+            for c in cells:
+                g = gap(c.step_time, ref)
+                rows.append({"graph": gname, "cluster": topo.name, "planner": c.planner, "step_ms": c.step_time * 1e3,
+                             "gap_to_exact": g, "feasible": c.feasible, "seconds": c.seconds, "plan": c.plan})
+                print(f"  {gname:<11} {topo.name:<9} {c.planner:<11} {c.step_time * 1e3:9.3f} "
+                      f"{'' if g is None else f'{100 * g:+7.2f}%':>8} {c.seconds:7.2f}s  {c.plan}", flush=True)
+    return rows
+
+
 def part_scale(args) -> list[dict]:
     rows = []
     print("(b) exact and the learned PipelineEnv policy at 8 / 64 / 512 devices (train, throughput objective)")
@@ -77,7 +98,7 @@ def part_scale(args) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", default="all", choices=("all", "table", "scale"))
+    ap.add_argument("--part", default="all", choices=("all", "table", "step", "scale"))
     ap.add_argument("--budget", type=int, default=2000, help="simulator calls per planner")
     ap.add_argument("--steps", type=int, default=10000, help="PPO steps of the learned policy per size")
     ap.add_argument("--quick", action="store_true", help="8 and 64 devices only")
@@ -87,6 +108,8 @@ def main() -> None:
     figures: dict = {"planners": list(PLANNERS), "budget": args.budget, "objective": "throughput"}
     if args.part in ("all", "table"):
         figures["table"] = part_table(args)
+    if args.part in ("all", "step"):
+        figures["step"] = part_step(args)
     if args.part in ("all", "scale"):
         figures["scale"] = part_scale(args)
     seconds = time.perf_counter() - t0

@@ -146,15 +146,15 @@ def describe(plan) -> str:
 
 
 def planner_table(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, mode: str, budget: int,
-                  planners: tuple[str, ...] = PLANNERS) -> list[Cell]:
-    """Every planner with the throughput objective in ``mode``: time per sample, seconds, calls."""
+                  planners: tuple[str, ...] = PLANNERS, objective: str = "throughput") -> list[Cell]:
+    """Every planner minimising ``objective`` in ``mode``: time per sample (steady state), step time, seconds."""
     costs = for_mode(costs, mode)
     batch = int(graph.meta.get("batch_size") or 1)
     out = []
     for name in planners:
         t0 = time.perf_counter()
         try:
-            plan = baselines.get_pipeline(name)(graph, costs, topology, budget=budget, seed=0, objective="throughput")
+            plan = baselines.get_pipeline(name)(graph, costs, topology, budget=budget, seed=0, objective=objective)
         except ConfigError as exc:
             out.append(Cell(name, float("nan"), float("nan"), False, time.perf_counter() - t0, 0, "", str(exc)))
             continue
