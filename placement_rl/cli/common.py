@@ -192,6 +192,9 @@ def _compose(config_name: str, overrides: list[str], dirs: list[str]) -> tuple[d
     from omegaconf import open_dict
     from omegaconf.errors import OmegaConfBaseException
 
+    from placement_rl.cli.configs import register_configs
+
+    register_configs()
     path = config_path()
     init = (initialize_config_module(path[len("pkg://"):], version_base="1.3") if path.startswith("pkg://")
             else initialize_config_dir(path, version_base="1.3"))

@@ -116,8 +116,9 @@ class ReinforceOptions:
 
 @dataclass
 class AgentConfig:
-    """``agent=<preset>``: the SB3 agents' fields (defaults: ``agent=ppo``'s) and the constructive policy's
-    (``ConstructiveConfig``; defaults: ``agent=constructive``'s, the fine-tuning recipe)."""
+    """``agent=<preset>``: the SB3 agents' fields and the constructive policy's (``ConstructiveConfig``). A
+    group's presets (``conf/agent/*.yaml``) set the values; a default here is what a preset that leaves a field
+    out composes to (the SB3 fields: ``agent=ppo``'s; the constructive ones: ``agent=constructive``'s)."""
 
     algo: str = opt("constructive")
     # stable-baselines3 (ppo, maskable_ppo) and REINFORCE
@@ -137,7 +138,7 @@ class AgentConfig:
     dagger_rounds: int = opt(2, low=0)
     rl_algo: str = opt("sil", choices=("sil", "ppo", "q"))
     rl_lr: float = opt(1e-3, low=0, open_low=True)
-    rl_iters: int = opt(40, low=0)
+    rl_iters: int = opt(0, low=0)
     temperature: float = opt(1.0, low=0, open_low=True)
     tasks_per_iter: int = opt(4, low=1)
     samples: int = opt(16, low=1)
@@ -149,7 +150,7 @@ class AgentConfig:
     window: Optional[int] = opt(None, low=0, null=True)
     full_window: Optional[int] = opt(None, low=0, null=True)
     full_window_train: Optional[bool] = opt(None, null=True)
-    pi_rounds: int = opt(4, low=0)
+    pi_rounds: int = opt(0, low=0)
     pi_epochs: int = opt(3, low=0)
     pi_lr: float = opt(0.0, low=0)
     pi_label_every: int = opt(4, low=1)
@@ -160,6 +161,9 @@ class AgentConfig:
     ei_epochs: int = opt(3, low=0)
     ei_lr: float = opt(0.0, low=0)
     ei_max_nodes: int = opt(1000, low=1)
+    ft_search_rounds: int = opt(2, low=0, doc="fine-tuning: rounds of search from the policy's placements")
+    ft_search_seconds: float = opt(3.0, low=0, doc="fine-tuning: wall-clock seconds of one round's search")
+    equal_seconds: bool = opt(True, doc="fine-tuning: also run the searches at the fine-tuned policy's seconds")
     clone_epochs: int = opt(200, low=0)
     pi_max_completions: int = opt(4000, low=0)
     eval_every: int = opt(10, low=1)
@@ -364,13 +368,23 @@ def defaults_of(cls: type, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# commands whose YAML takes its values from the dataclass (``- base/<command>@_here_`` first in its defaults list)
+BASED = ("evaluate", "place", "profile", "deploy")
+
+
 def register_configs() -> None:
-    """Store every dataclass in Hydra's ConfigStore as ``schema/<command>`` and ``schema/<group>``."""
+    """Store every dataclass in Hydra's ConfigStore as ``schema/<command>`` and ``schema/<group>`` (typed), and each
+    command's defaults as ``base/<command>`` (plain values: what the command YAML composes on; a typed node there
+    would make Hydra refuse a wrong value before ``placement_rl.cli.schema`` names the key and what it takes)."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
 
     cs = ConfigStore.instance()
     for name, cls in {**COMMAND_SCHEMAS, **GROUP_SCHEMAS}.items():
         cs.store(group="schema", name=name, node=cls)
+    for name in BASED:
+        cs.store(group="base", name=name, node=OmegaConf.create(OmegaConf.to_container(
+            OmegaConf.structured(COMMAND_SCHEMAS[name]))))
 
 
 # --------------------------------------------------------------------------------------------- recipe
