@@ -7,10 +7,13 @@ type, range, choices and default (Hydra's ConfigStore holds them as ``schema/<na
 * ``keys_of(cls)`` derives the flat ``{dotted key: schema.Key}`` table that ``placement_rl.cli.schema`` checks a
   composed config against (one line naming the key and what it accepts, exit code 2), so no range is written
   twice; ``defaults_of(cls)`` gives the flat defaults.
-* The command YAML files (``conf/<command>.yaml``) set the same defaults (Hydra composes from them; a test,
-  ``tests/test_config_defaults.py``, finds every value a YAML sets equal to its dataclass default and every key a
-  YAML sets declared here) and pick the group presets; the group YAML files (``conf/graph/gpt.yaml`` ...) are
-  presets over the group dataclasses: they may set any declared field, checked against its type and range.
+* ``register_configs()`` stores the dataclasses in Hydra's ConfigStore (``schema/<name>``, typed) and each
+  command's defaults as ``base/<command>``; the command YAML files of ``BASED`` commands compose on that node
+  (``- base/<command>@_here_``) and only pick the group presets. ``conf/train.yaml`` still spells its values out
+  (other code composes it without the CLI); ``tests/test_config_defaults.py`` finds every value a command YAML
+  sets equal to its dataclass default and every key it sets declared here. The group YAML files
+  (``conf/graph/gpt.yaml`` ...) are presets over the group dataclasses: they may set any declared field, checked
+  against its type and range.
 * ``recipe_differences()`` compares the shipped training recipe (``placement-rl train trainer=pretrain``) with the
   Python defaults (``ConstructiveConfig()``, ``PretrainSpec()``) field by field.
 """
