@@ -57,6 +57,8 @@ class ConstructiveConfig:
     ei_epochs: int = 3  # distillation epochs per round
     ei_lr: float = 0.0  # distillation learning rate (0: ``lr``)
     ei_max_nodes: int = 1000  # tasks larger than this are not searched
+    ft_search_rounds: int = 1  # fine-tuning: rounds of search from the policy's placements, cloned (stops at a stall)
+    ft_search_seconds: float = 3.0  # fine-tuning: wall-clock seconds of one round's search
     clone_epochs: int = 200  # fine-tuning: at most this many epochs to clone a round's rollout-over-student placement
     pi_max_completions: int = 4000  # fine-tuning: no policy iteration where one round's N x D completions exceed this
     eval_every: int = 20
@@ -81,6 +83,9 @@ class ConstructiveConfig:
             raise ConfigError(f"rl_algo must be one of {', '.join(RL_ALGOS)}, got {self.rl_algo!r}")
         if not float(self.pi_lr) >= 0:
             raise ConfigError(f"pi_lr must be >= 0, got {self.pi_lr!r}")
+        if int(self.ft_search_rounds) < 0 or not float(self.ft_search_seconds) > 0:
+            raise ConfigError(f"ft_search_rounds must be >= 0 and ft_search_seconds > 0, got "
+                              f"{self.ft_search_rounds!r}, {self.ft_search_seconds!r}")
         if not float(self.ei_lr) >= 0:
             raise ConfigError(f"ei_lr must be >= 0, got {self.ei_lr!r}")
         for key in ("lr", "rl_lr", "temperature"):

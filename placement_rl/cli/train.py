@@ -131,11 +131,21 @@ def run_constructive(cfg: DictConfig) -> dict:
     out = output_dir()
     warm_s = warm_up(policy)  # numba's first compile after an install is no row's seconds
     print(f"fine-tuning the policy {ckpt} on {graph.name} ({plural(graph.num_nodes, 'node')}) / {topology.name} "
-          f"({plural(topology.num_devices, 'device')}): up to {fcfg.pi_rounds} policy-iteration rounds (rollout "
-          f"over the policy, cloned), then {fcfg.rl_iters} iterations x {fcfg.samples} samples")
+          f"({plural(topology.num_devices, 'device')}): up to {fcfg.pi_rounds} policy-iteration rounds, up to "
+          f"{fcfg.ft_search_rounds} rounds of {fcfg.ft_search_seconds:g} s of search from the policy's placements "
+          f"(cloned; stops when a round gains nothing), then {fcfg.rl_iters} iterations x {fcfg.samples} samples")
+    import copy
+
+    zero_shot = copy.deepcopy(policy)  # the policy before fine-tuning: policy_search's proposal
+    log = print if cfg.progress else (lambda _: None)
     res = finetune(graph, topology, costs, policy, fcfg, samples=int(cfg.agent.eval_samples),
-                   search_budget=int(cfg.agent.get("search_budget", 0)), seed=int(cfg.seed),
-                   log=print if cfg.progress else (lambda _: None))
+                   search_budget=int(cfg.agent.get("search_budget", 0)), seed=int(cfg.seed), log=log)
+    if bool(cfg.agent.get("equal_seconds", True)):
+        from placement_rl.studies.finetune import equal_seconds_rows
+
+        secs = max(r.seconds for r in res.rows if r.label.startswith("policy fine-tuned (greedy)"))
+        log(f"the searches a user would run instead, at the fine-tuned policy's {secs:.1f} s:")
+        equal_seconds_rows(res, zero_shot, secs, seed=int(cfg.seed), log=log)
     res.trainer.save(out / "checkpoint.pt", extra={"finetuned_on": f"{graph.name}@{topology.name}"})
     best = res.best("learned")
     plan, plan_file = save_plan(best.devices, graph, topology, out)
@@ -152,7 +162,8 @@ def run_constructive(cfg: DictConfig) -> dict:
     from placement_rl.report import markdown_table, training_curve
 
     md = (f"# Learned placement of {graph.name} on {topology.name}\n\nLearned rows are the policy's own output; "
-          f"`learned + local search` is a search seeded by it; the rest are heuristics. `vs_best_one_pass`: step "
+          f"search rows are searches (seeded by the policy, or the ones a user would run instead at the fine-tuned "
+          f"policy's seconds); the rest are heuristics (`la_rule`: the argmin of the policy's own lookahead feature). `vs_best_one_pass`: step "
           f"time over the best of HEFT, m-ETF, m-SCT and METIS.\n\n"
           + markdown_table(rows, ("row", "kind", "step_time_ms", "vs_best_one_pass", "feasible", "sim_calls", "seconds"),
                            ("row", "kind", "step time (ms)", "vs best one-pass", "feasible", "sim calls", "s")))

@@ -116,6 +116,12 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
             rows.append(LearnedRow("rollout over the policy (policy iteration's teacher)", "search", teacher[0],
                                    _feasible(graph, costs, topology, teacher[1]), teacher[1], teacher[2],
                                    time.perf_counter() - t0))
+    if config.ft_search_rounds > 0 and topology.num_devices > 1:
+        n_calls, teacher = _search_rounds(trainer, task, config, n_calls, curve, log, t0, seed)
+        if teacher is not None:  # the search's own placement: a search row (the policy was trained towards it)
+            rows.append(LearnedRow("search from the policy's placements (fine-tuning's teacher)", "search",
+                                   teacher[0], _feasible(graph, costs, topology, teacher[1]), teacher[1], teacher[2],
+                                   teacher[3]))
     # expert iteration on this task: clone the best placement known (the policy's own, or its rollout's), sample;
     # a sampled training episode reads the trained window, so it is charged N x D + 1 calls where that window
     # covers the graph
@@ -137,8 +143,9 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
         trainer.improve([task], iters=config.rl_iters, progress=prog)
     n_calls += config.rl_iters * config.samples * per_sample
     best_t, dev = task.meta["best_sampled"]
-    rows.append(LearnedRow(f"policy fine-tuning (best of its {config.rl_iters * config.samples} samples and "
-                           f"greedy placements)", "learned", best_t, _feasible(graph, costs, topology, dev), dev,
+    label = (f"policy fine-tuning (best of its {config.rl_iters * config.samples} samples and greedy placements)"
+             if config.rl_iters > 0 else "policy fine-tuning (best of its greedy placements)")
+    rows.append(LearnedRow(label, "learned", best_t, _feasible(graph, costs, topology, dev), dev,
                            n_calls, time.perf_counter() - t0))
     ft = evaluate(trainer.policy, [task], samples=samples, seed=seed + 1)[0]
     greedy_calls = n_calls + per_ft  # the greedy row: fine-tuning and its own placement, not the samples
@@ -211,9 +218,102 @@ def _own_policy_iteration(trainer: ConstructiveTrainer, task: ConstructiveTask, 
     return n_calls, teacher
 
 
+def _search_rounds(trainer: ConstructiveTrainer, task: ConstructiveTask, config: ConstructiveConfig, n_calls: int,
+                   curve: list, log: Callable[[str], None], t0: float,
+                   seed: int) -> tuple[int, tuple[float, np.ndarray, int, float] | None]:
+    """Expert iteration on one task with search as the teacher: each round anneals (``baselines.search.anneal``,
+    ``ft_search_seconds`` of wall clock) from the best placement the policy produced so far and from ``la_rule``'s,
+    then clones the best placement found until the student's greedy decode reproduces it (at most
+    ``clone_epochs``; each greedy check charged one placement), keeping the weights of the fastest greedy decode
+    seen (a clone that does not take leaves the policy as it was). Rounds stop at ``ft_search_rounds`` or as soon as a
+    round's search gains nothing over the best known (the stall). Returns the calls spent so far and the search's
+    best ``(time, devices, calls, seconds)`` (None when no round improved)."""
+    from placement_rl.baselines.common import Problem
+    from placement_rl.baselines.search import anneal
+
+    graph, topo = task.graph, task.topology
+    per_check = placement_calls(trainer.policy, task, record=False)
+    teacher = None
+    rng = np.random.default_rng(seed)
+
+    def seen(t: float, dev: np.ndarray) -> None:
+        nonlocal n_calls
+        n_calls += per_check
+        if t < task.meta["best_sampled"][0]:
+            task.meta["best_sampled"] = (t, dev.copy())
+        curve.append((n_calls, min(curve[-1][1], task.meta["best_sampled"][0])))
+
+    best_t, best_dev = task.meta["best_sampled"]
+    trainer.policy.eval()
+    g0 = rollout(trainer.policy, task, samples=1, greedy=True)
+    n_calls += per_check
+    greedy_t = float(g0.times[0]) if g0.feasible[0] else float("inf")
+    for rnd in range(1, config.ft_search_rounds + 1):
+        starts = [task.meta["best_sampled"][1]]
+        if "la_rule" in task.refs and task.refs["la_rule"][1]:
+            starts.append(task.refs["la_rule"][2])
+        found_t, found_dev = np.inf, None
+        for i, start in enumerate(starts):
+            prob = Problem(graph, task.costs, topo, budget=10**12, seed=int(rng.integers(2**31)),
+                           seconds=float(config.ft_search_seconds) / len(starts))
+            s0 = prob.score(start)
+            if s0 is None:
+                continue
+            dev = anneal(prob, np.asarray(start, np.int64), s0)
+            sd = prob.score(dev)
+            n_calls += prob.calls
+            if sd is not None and sd.feasible and sd.step_time < found_t:
+                found_t, found_dev = sd.step_time, dev
+        if found_dev is None or not found_t < min(best_t, task.meta["best_sampled"][0]) * (1 - 1e-9):
+            log(f"  search round {rnd}: nothing better than {min(best_t, task.meta['best_sampled'][0]) * 1e3:.3f} ms; "
+                f"stop ({time.perf_counter() - t0:.1f} s)")
+            break
+        best_t, best_dev = found_t, found_dev
+        teacher = (found_t, found_dev.copy(), n_calls, time.perf_counter() - t0)
+        fr = rollout(None, task, samples=1, forced=found_dev, record=True)
+        task.meta["best_known"] = (found_t, fr.trace)
+        kept = {"t": greedy_t, "w": trainer._weights()}  # the weights whose greedy decode is fastest so far
+
+        def check(t: float, dev: np.ndarray) -> None:
+            seen(t, dev)
+            if t < kept["t"]:
+                kept["t"], kept["w"] = t, trainer._weights()
+
+        epochs, agree = trainer.clone(task, fr.trace, found_t, max_epochs=config.clone_epochs,
+                                      check_every=CLONE_CHECK_EVERY, on_check=check)
+        trainer.policy.load_state_dict(kept["w"])  # never leave the policy with a slower greedy decode
+        greedy_t = kept["t"]
+        log(f"  search round {rnd}: {found_t * 1e3:.3f} ms, cloned for {epochs} epochs (agreement {agree:.3f}); the "
+            f"policy's greedy {greedy_t * 1e3:.3f} ms, its best {task.meta['best_sampled'][0] * 1e3:.3f} ms "
+            f"({time.perf_counter() - t0:.1f} s)")
+    return n_calls, teacher
+
+
 def _feasible(graph: CompGraph, costs: CostTable, topology: DeviceTopology, devices: np.ndarray) -> bool:
     """Whether a placement fits in memory (computed, never assumed)."""
     return bool(simulate(graph, costs, topology, np.asarray(devices, dtype=np.int64)).feasible)
+
+
+def equal_seconds_rows(result: FinetuneResult, policy: DevicePolicy, seconds: float, *, seed: int = 0,
+                       log: Callable[[str], None] = print) -> None:
+    """Add the searches a user would run instead, each given ``seconds`` of wall clock (the fine-tuned policy's):
+    ``policy_search`` with ``policy`` (the policy before fine-tuning) as its proposal, ``local_search`` and
+    ``la_rule_search`` (annealing from ``la_rule``), as search rows of ``result``."""
+    from placement_rl import baselines
+    from placement_rl.agents.policy_search import policy_search
+
+    t = result.task
+    g, c, topo = t.graph, t.costs, t.topology
+    for name in ("policy_search", "local_search", "la_rule_search"):
+        if name == "policy_search":
+            p = policy_search(policy, g, c, topo, seconds=seconds, seed=seed)
+        else:
+            p = baselines.get(name)(g, c, topo, budget=10**12, seed=seed, seconds=seconds)
+        dev = np.asarray(p.device_of_node)
+        res = simulate(g, c, topo, dev)
+        result.rows.append(LearnedRow(f"{name} at the fine-tuned policy's seconds", "search", res.step_time,
+                                      res.feasible, dev, int(p.meta["sim_calls"]), float(p.meta["search_seconds"])))
+        log(f"  {name} ({seconds:.1f} s): {res.step_time * 1e3:.3f} ms")
 
 
 def describe(result: FinetuneResult) -> list[dict[str, Any]]:
