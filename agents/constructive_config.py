@@ -16,7 +16,8 @@ from placement_rl.agents.checkpoint import load_checkpoint
 from placement_rl.agents.constructive import FULL_WINDOW
 from placement_rl.agents.device_policy import DevicePolicy
 from placement_rl.envs.constructive_task import NUM_NODE_FEATURES
-from placement_rl.cost.schedule import DEFAULT_WINDOW, NUM_DEVICE_FEATURES
+from placement_rl.cost.schedule import NUM_DEVICE_FEATURES
+from placement_rl.cost.window import POLICY_WINDOW
 from placement_rl.errors import CheckpointError, ConfigError
 
 ALGO = "constructive"
@@ -25,33 +26,37 @@ RL_ALGOS = ("sil", "ppo", "q")
 
 @dataclass(frozen=True, kw_only=True)
 class ConstructiveConfig:
+    """The constructive policy's hyper-parameters. The defaults are the shipped pretraining recipe
+    (``placement-rl train trainer=pretrain``: conf/agent/constructive.yaml under conf/trainer/pretrain.yaml), so
+    ``pretrain(PretrainSpec(), ConstructiveConfig())`` from Python trains what the command trains."""
+
     encoder: str = "sage"
     hidden: int = 64
     layers: int = 3
     lr: float = 1e-3  # imitation
     bc_epochs: int = 8
     dagger_rounds: int = 2
-    rl_algo: str = "sil"  # sil (expert iteration: clone the best placement found so far) | ppo
-    rl_lr: float = 3e-4
-    rl_iters: int = 200
+    rl_algo: str = "q"  # sil (self-imitation: clone the best placement sampled so far) | ppo | q (credit per decision)
+    rl_lr: float = 1e-4
+    rl_iters: int = 0
     temperature: float = 1.0  # sampling temperature of RL rollouts (2.0 was tried: too random over 200 decisions)
-    tasks_per_iter: int = 4
+    tasks_per_iter: int = 8
     samples: int = 16
     ppo_epochs: int = 2
     clip: float = 0.2
     ent_coef: float = 0.003
     sil_coef: float = 0.5
     regret_coef: float = 1.0  # imitation of the lookahead teacher: weight of the expected regret (0: plain cloning)
-    window: int = DEFAULT_WINDOW  # lookahead window W of the state's features (0: the node alone)
+    window: int = POLICY_WINDOW  # lookahead window W of the state's features (0: the node alone)
     full_window: int = FULL_WINDOW  # placing (not training): graphs of at most this many nodes read the whole rest
     full_window_train: bool = False  # ... and the training states too (the states recorded for imitation)
     teacher_search: int = 0  # > 0: clone the best teacher's placement refined by annealing with this many sim calls
     pi_rounds: int = 0  # approximate policy iteration: rounds of relabelling with the rollout over the student
-    pi_epochs: int = 3  # distillation epochs per round
+    pi_epochs: int = 4  # distillation epochs per round
     pi_lr: float = 0.0  # learning rate of the distillation (0: the imitation rate ``lr``)
     pi_label_every: int = 4  # label every k-th state of the student's trajectory (the teacher costs D completions)
-    pi_max_nodes: int = 400  # tasks larger than this are not relabelled (the teacher is O(N^2 W D^2))
-    pi_max_labels: int = 48  # at most this many labelled states per task and round (larger tasks: sparser labels)
+    pi_max_nodes: int = 1000  # tasks larger than this are not relabelled (the teacher is O(N^2 W D^2))
+    pi_max_labels: int = 16  # at most this many labelled states per task and round (larger tasks: sparser labels)
     ei_rounds: int = 0  # expert iteration (agents.expert_iteration): rounds of multi-start search, then distillation
     ei_search_budget: int = 3000  # simulator calls of one task's multi-start search per round
     ei_epochs: int = 3  # distillation epochs per round
@@ -59,9 +64,9 @@ class ConstructiveConfig:
     ei_max_nodes: int = 1000  # tasks larger than this are not searched
     ft_search_rounds: int = 1  # fine-tuning: rounds of search from the policy's placements, cloned (stops at a stall)
     ft_search_seconds: float = 3.0  # fine-tuning: wall-clock seconds of one round's search
-    clone_epochs: int = 200  # fine-tuning: at most this many epochs to clone a round's rollout-over-student placement
+    clone_epochs: int = 60  # fine-tuning: at most this many epochs to clone a round's rollout-over-student placement
     pi_max_completions: int = 4000  # fine-tuning: no policy iteration where one round's N x D completions exceed this
-    eval_every: int = 20
+    eval_every: int = 5
     eval_samples: int = 16
     seed: int = 0
 

@@ -103,11 +103,11 @@ def build_tasks(specs: Sequence[dict[str, Any]], *, workers: int | str | Workers
 # ----------------------------------------------------------------------------------------------- pretraining
 @dataclass(frozen=True, kw_only=True)
 class PretrainSpec:
-    """What ``pretrain`` trains on and how it is judged (``conf/trainer/pretrain.yaml``)."""
+    """What ``pretrain`` trains on and how it is judged; the defaults are ``conf/trainer/pretrain.yaml``'s."""
 
-    train_tasks: int = 400
+    train_tasks: int = 300
     val_tasks: int = 48  # early stopping (drawn from the training distribution, other seeds)
-    sizes: tuple[int, int] = (16, 400)
+    sizes: tuple[int, int] = (16, 1000)
     devices: tuple[int, int] = (2, 16)
     zoo_frac: float = 0.15
     dev: bool = True  # evaluate on the dev split (``heldout_specs``) at the end
