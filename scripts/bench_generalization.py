@@ -382,8 +382,9 @@ def part_finetune(policy, cfg, out: Path | None, budget: int, cases: str = "test
 
 def part_headroom(split: str, out: Path | None, workers, cache: str | None, budget: int) -> None:
     """Simulated annealing (``baselines.search.refine``, ``budget`` simulator calls, seed per pair) from each pair's
-    ``eft_rollout`` placement: the best placement a long search finds near the teacher's, against the teacher and
-    ``sim_eft``. A zero-shot target below this bound asks the policy for more than ``budget`` calls of search find."""
+    ``eft_rollout`` placement: the best placement one long search finds near the teacher's, against the teacher and
+    ``sim_eft``. It is what one search (one start, one seed) found, not a bound: a lower bound per pair is
+    ``baselines.bounds.lower_bound`` (``scripts/bench_learned.py`` prints it beside every row)."""
     from placement_rl.agents.constructive_eval import geomean
     from placement_rl.agents.scaleout import refine_teachers
     from placement_rl.studies.pretrain import build_tasks, split_specs
@@ -401,7 +402,8 @@ def part_headroom(split: str, out: Path | None, workers, cache: str | None, budg
              f"`python scripts/bench_generalization.py --part headroom --split {split} --budget {budget}` "
              f"({wall:.0f} s on {workers.describe()}). Simulated annealing (`baselines.search.refine`, the "
              "local-search placer's moves and temperature) started from each pair's `eft_rollout` placement: the "
-             "best placement it simulates is never worse than the start.", "",
+             "best placement it simulates is never worse than the start. This is what one search found (one start, "
+             "one seed), not a bound on the room: `scripts/bench_learned.py` reports each pair's lower bound.", "",
              "| pair | nodes | devices | eft_rollout / sim_eft | search / eft_rollout | search / sim_eft |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.4f} | {r[4]:.4f} | {r[5]:.4f} |" for r in rows]

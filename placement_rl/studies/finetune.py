@@ -42,7 +42,7 @@ CLONE_CHECK_EVERY = 5  # epochs between the greedy checks while a round's rollou
 @dataclass
 class LearnedRow:
     label: str
-    kind: str  # learned | search | heuristic
+    kind: str  # learned | search | heuristic | bound
     step_time: float
     feasible: bool
     devices: np.ndarray = field(repr=False)
@@ -70,10 +70,16 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
     completions counted): the two evaluations (zero-shot, fine-tuned) take at most ``samples`` placements each,
     fewer where a placement reads the whole graph (N x D + 1 calls each), policy iteration keeps the rounds that
     surely fit, and expert iteration gets what is left, each sampled episode charged as a placement is."""
+    from placement_rl.baselines.bounds import lower_bound
+
     task = ConstructiveTask.build(graph, topology, costs, id=f"{graph.name}@{topology.name}")
     secs, calls = task.meta.get("ref_seconds", {}), task.meta.get("ref_calls", {})
-    rows = [LearnedRow(name, "heuristic", t, ok, dev, int(calls.get(name, 1)), float(secs.get(name, 0.0)))
-            for name, (t, ok, dev) in task.refs.items()]
+    tb = time.perf_counter()
+    bound = lower_bound(graph, costs, topology)
+    rows = [LearnedRow("lower bound (no placement is faster: " + ", ".join(bound.parts) + ")", "bound", bound.value,
+                       True, np.zeros(graph.num_nodes, np.int64), 0, time.perf_counter() - tb)]
+    rows += [LearnedRow(name, "heuristic", t, ok, dev, int(calls.get(name, 1)), float(secs.get(name, 0.0)))
+             for name, (t, ok, dev) in task.refs.items()]
     if budget is not None:  # the whole-graph window costs N x D calls per placement: at a budget, read W only
         policy.full_window = 0  # (a graph within W still reads all of it)
     per = placement_calls(policy, task)  # calls per evaluated placement (N x D completions with the whole-graph window)
