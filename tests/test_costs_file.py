@@ -154,3 +154,18 @@ def test_a_profile_written_by_placement_rl_profile_is_a_costs_file(tmp_path):
     g2, c = load_costs(path, g, topo)
     assert g2 is g and c.source[0].startswith("measured:")
     np.testing.assert_allclose(c.fwd_time[:, 1], 2e-3 * np.arange(1, 5))
+
+
+def test_build_costs_reads_costs_path_and_mode_for_every_command(tmp_path):
+    """The helper ``evaluate``, ``place``, ``train`` and ``deploy`` price plans with."""
+    from omegaconf import OmegaConf
+
+    from placement_rl.cli.costs import build_costs
+
+    topo, g = mixed_topology(2), graph4()
+    path = write(tmp_path, costs_doc())
+    g2, c = build_costs(OmegaConf.create({"costs": {"path": str(path)}, "mode": "inference"}), g, topo)
+    assert c.meta["mode"] == "inference" and not c.bwd_time.any() and c.fwd_time[0, 0] == pytest.approx(1e-3)
+    assert g2.edge_bytes[0] == 3e5
+    g3, est = build_costs(OmegaConf.create({"costs": {"path": None}}), g, topo)
+    assert g3 is g and est.meta.get("mode", "train") == "train" and est.bwd_time.any()
