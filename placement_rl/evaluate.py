@@ -135,6 +135,8 @@ def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, bud
         if objective == "throughput":
             res = _as_steady(res, res.meta["steady_time"])
         rows.append(_row(case, name, "pipeline", plan, res, single, dt))
+        if not plan.meta.get("ideals_complete", True):  # exact says when the full stage-plan space was too large
+            rows[-1] = dataclasses.replace(rows[-1], note=str(plan.meta.get("ideal_note", "")))
         if on_done:
             on_done(rows[-1])
     return rows
