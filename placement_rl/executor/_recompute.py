@@ -88,4 +88,22 @@ def apply_recompute(gm: fx.GraphModule, regions: Sequence[Sequence[str]]) -> int
     return len(parts)
 
 
-__all__ = ["Checkpointed", "RENAMED", "apply_recompute", "regions_of"]
+def saved_bytes(module: nn.Module, inputs: Sequence[Any]) -> int:
+    """Bytes autograd saves for backward in one forward of ``module`` (distinct storages, parameters excluded):
+    the activation memory recomputation trades, measured independently of the allocator and the process."""
+    import torch
+
+    saved: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(*inputs)
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in saved}
+    return int(sum(v for k, v in storages.items() if k not in params))
+
+
+__all__ = ["Checkpointed", "RENAMED", "apply_recompute", "regions_of", "saved_bytes"]
