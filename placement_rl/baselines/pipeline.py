@@ -35,7 +35,12 @@ Whole-plan searches (they choose the micro-batch count among ``microbatch_choice
 
 With tensor parallelism (``pipe_tp``; TP degree per stage, TP groups inside a host): ``tp`` (a host's devices
 in one TP group, DP across hosts), ``megatron`` (TP within a host, PP across hosts, DP for the rest) and
-``exact`` (every pp x dp x tp x micro-batch count x sharding, cuts by Alpa's dynamic program; see its limits).
+``exact`` (every pp x dp x tp x micro-batch count x sharding, cuts by Alpa's dynamic program; see its limits), and
+``exact`` also searches the full stage-plan space (``pipe_ideals``: stages any ideal differences of the DAG, any
+device group per stage, any subset of the devices; a DP over ideals, exact for time per sample).
+
+``objective`` (every partitioner): ``step`` (default: the simulated step time) or ``throughput`` (steady-state time
+per batch, ``cost.throughput``): candidates are ranked by it.
 
 The dynamic programs are O(P^2 D) (``pp_time_dp``) and O(P^2 D^2) (``pipedream``) over P candidate cut
 points: every position up to ``MAX_CUT_POINTS`` nodes, evenly spaced positions beyond (coarsen big graphs).
