@@ -181,6 +181,7 @@ class StagePlan:
     then a TP degree must divide the vocabulary.
     ``recompute``: activation recomputation per stage, ``none`` / ``selective`` (the attention's core) / ``full``
     (every layer), as ``placement_rl.cost.recompute`` prices it (default all ``none``; JSON without it reads so).
+    ``sequence_parallel``: Megatron's sequence parallelism in the TP stages (``placement_rl.cost.tensor_parallel``).
     """
 
     stage_of_node: np.ndarray
@@ -193,6 +194,7 @@ class StagePlan:
     tp: tuple[int, ...] = ()
     make_vocab_size_divisible_by: int = 128
     recompute: tuple[str, ...] = ()
+    sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -243,6 +245,9 @@ class StagePlan:
         if len(rc) != len(groups):
             raise PlanError(f"recompute lists {len(rc)} entries for {len(groups)} stages: give one per stage")
         object.__setattr__(self, "recompute", rc)
+        if not isinstance(self.sequence_parallel, (bool, np.bool_)):
+            raise PlanError(f"sequence_parallel must be true or false, got {self.sequence_parallel!r}")
+        object.__setattr__(self, "sequence_parallel", bool(self.sequence_parallel))
 
     @property
     def num_stages(self) -> int:
@@ -344,7 +349,7 @@ class StagePlan:
                                "num_microbatches": int(self.num_microbatches), "schedule": self.schedule,
                                "batch_size": self.batch_size, "sharding": self.sharding, "tp": list(self.tp),
                                "make_vocab_size_divisible_by": self.make_vocab_size_divisible_by,
-                               "recompute": list(self.recompute),
+                               "recompute": list(self.recompute), "sequence_parallel": self.sequence_parallel,
                                "meta": dict(self.meta)}
         if graph is not None:
             out.update(graph=graph.name, graph_fingerprint=graph.fingerprint())
@@ -387,7 +392,8 @@ class StagePlan:
                              schedule=str(data.get("schedule", "1f1b")), batch_size=data.get("batch_size"),
                              meta=data.get("meta") or {}, sharding=str(data.get("sharding", "dp")),
                              make_vocab_size_divisible_by=data.get("make_vocab_size_divisible_by", 128),
-                             recompute=_recompute_field(data.get("recompute")))
+                             recompute=_recompute_field(data.get("recompute")),
+                             sequence_parallel=data.get("sequence_parallel", False))
         except (TypeError, ValueError, OverflowError) as exc:
             raise PlanError(f"stage plan JSON has an invalid field ({exc})") from None
         if graph is not None:

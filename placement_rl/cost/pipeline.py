@@ -189,17 +189,18 @@ class PipelineSimulator:
         self._tp_coll: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
 
     # ------------------------------------------------------------------ tensor parallelism
-    def _tp_arrays(self, t: int, divisible_by: int = 128) -> tuple[np.ndarray, ...]:
+    def _tp_arrays(self, t: int, divisible_by: int = 128, sequence_parallel: bool = False) -> tuple[np.ndarray, ...]:
         """Node arrays of one rank of a TP group of ``t``: (fvar, ffix, bvar, bfix [D, N], param, act [N]); the
         vocabulary padded to a multiple of ``divisible_by x t`` (``graph.tp.padded_vocab``)."""
-        key = (t, divisible_by)
+        key = (t, divisible_by, bool(sequence_parallel))
         if key not in self._tp:
             from placement_rl.cost.tensor_parallel import tp_cost_table
             from placement_rl.graph.tp import annotation
 
             if self._tp_ann is None:
                 self._tp_ann = annotation(self.graph)
-            c, shard = tp_cost_table(self.graph, self.costs, self.topology, t, self._tp_ann, divisible_by=divisible_by)
+            c, shard = tp_cost_table(self.graph, self.costs, self.topology, t, self._tp_ann, divisible_by=divisible_by,
+                                     sequence_parallel=sequence_parallel)
             ff, fb = np.minimum(c.launch_overhead, c.fwd_time), np.minimum(c.launch_overhead, c.bwd_time)
             self._tp[key] = ((c.fwd_time - ff).T.copy(), ff.T.copy(), (c.bwd_time - fb).T.copy(), fb.T.copy(),
                              np.array(shard.param_bytes), np.array(shard.act_bytes))
@@ -227,6 +228,16 @@ class PipelineSimulator:
             self._tp_coll[group] = (tab, tab)
         return self._tp_coll[group]
 
+    def _sp_collective(self, group: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """Segment tables of a reduce-scatter and an all-gather over a TP group (sequence parallelism)."""
+        key = ("sp", *group)
+        if key not in self._tp_coll:
+            from placement_rl.cost.collectives import coeff_array
+
+            self._tp_coll[key] = (coeff_array("reducescatter", group, self.topology, self.costs),
+                                  coeff_array("allgather", group, self.topology, self.costs))
+        return self._tp_coll[key]
+
     def _tp_plan(self, plan: StagePlan) -> tuple[StagePlan, tuple]:
         """The plan the kernel times (each stage on its first DP group) and the node arrays with TP applied."""
         plan.validate(self.graph, self.topology)
@@ -239,11 +250,17 @@ class PipelineSimulator:
             if t == 1:
                 continue
             nodes = np.flatnonzero(plan.stage_of_node == s)
-            a = self._tp_arrays(t, plan.make_vocab_size_divisible_by)
+            a = self._tp_arrays(t, plan.make_vocab_size_divisible_by, plan.sequence_parallel)
             fvar[:, nodes], ffix[:, nodes], bvar[:, nodes], bfix[:, nodes] = (x[:, nodes] for x in a[:4])
             param[nodes], act[nodes] = a[4][nodes], a[5][nodes]
             tab_f, tab_b = self._tp_collective(plan.tp_groups(s)[0])
             ann = self._tp_ann
+            if plan.sequence_parallel:  # Megatron-SP: each all-reduce becomes a reduce-scatter and an all-gather
+                tab_f, tab_b = self._sp_collective(plan.tp_groups(s)[0])
+                for tab in (tab_f, tab_b):
+                    ffix[:, nodes] += segment_times(tab, ann.ar_fwd[nodes] / (m * p))[None, :]
+                    bfix[:, nodes] += segment_times(tab, ann.ar_bwd[nodes] / (m * p))[None, :]
+                continue
             ffix[:, nodes] += segment_times(tab_f, ann.ar_fwd[nodes] / (m * p))[None, :]
             bfix[:, nodes] += segment_times(tab_b, ann.ar_bwd[nodes] / (m * p))[None, :]
         groups = tuple(plan.dp_groups(s)[0] for s in range(plan.num_stages))
@@ -262,7 +279,8 @@ class PipelineSimulator:
 
         def run(s: int) -> CompGraph:
             t = plan.tp[s]
-            return self.graph if t == 1 else shard_graph(self.graph, t, divisible_by=plan.make_vocab_size_divisible_by)
+            return self.graph if t == 1 else shard_graph(self.graph, t, divisible_by=plan.make_vocab_size_divisible_by,
+                                                         sequence_parallel=plan.sequence_parallel)
 
         times, act = apply_recompute(plan, self.graph, run, graph_arrays[3:], size_arrays[1])
         return (*graph_arrays[:3], *times), (size_arrays[0], act, *size_arrays[2:])

@@ -18,12 +18,16 @@ Modelled (Megatron-LM TP without sequence parallelism; annotations from ``placem
   ``bytes / (m x dp)``.
 * Memory: parameters, gradients and Adam state of split ops divided by ``t``, saved activations of split ops
   divided by ``t`` (replicated ones not), on top of which DP / FSDP shard as usual over the stage's DP group.
+* Sequence parallelism (``StagePlan.sequence_parallel``, Megatron-SP): the replicated token-wise ops between TP
+  regions (norms, dropout, residual adds: ``TPAnnotation.seq_frac``) run on 1/t of the sequence (FLOPs, saved
+  activations, outputs / t), and each TP all-reduce of n bytes becomes a reduce-scatter plus an all-gather of n
+  bytes (equal to it in the ring model; a measured NCCL fit prices them apart). Not modelled: the all-reduce of the
+  norms' parameter gradients over the TP group, the pipeline boundary's tensors being 1/t (priced whole).
 * Vocabulary padding (Megatron's ``make_vocab_size_divisible_by``, ``StagePlan.make_vocab_size_divisible_by``,
   default 128): the vocab-parallel embedding table, the LM head GEMM, the logits and the parallel cross-entropy
   are priced at the padded vocabulary ``ceil(V / (128 t)) 128 t`` over ``t`` (``graph.tp.padded_vocab``).
 
-Not modelled: sequence parallelism (norm / dropout activations split, reduce-scatter + all-gather instead of
-all-reduce), overlap of TP communication with compute, contention between the TP groups of one host and the
+Not modelled: overlap of TP communication with compute, contention between the TP groups of one host and the
 DP / pipeline traffic on shared links, the all-reduce's reduction compute, uneven splits (a degree that does
 not divide the heads / hidden sizes is refused; the vocabulary is padded instead).
 """
@@ -41,8 +45,8 @@ from placement_rl.topology import DeviceTopology
 
 
 def tp_cost_table(graph: CompGraph, costs: CostTable, topology: DeviceTopology, tp: int,
-                  ann: TPAnnotation | None = None, *,
-                  divisible_by: int = VOCAB_DIVISIBLE_BY) -> tuple[CostTable, CompGraph]:
+                  ann: TPAnnotation | None = None, *, divisible_by: int = VOCAB_DIVISIBLE_BY,
+                  sequence_parallel: bool = False) -> tuple[CostTable, CompGraph]:
     """``(costs, shard)``: per-node times of one rank of a TP group of ``tp`` and the graph it runs (vocabulary
     padded to a multiple of ``divisible_by x tp``, Megatron's rule; 0: unpadded)."""
     if tp == 1:
@@ -50,9 +54,12 @@ def tp_cost_table(graph: CompGraph, costs: CostTable, topology: DeviceTopology, 
     from placement_rl.cost.resolve import resolve_costs
 
     ann = ann if ann is not None else annotation(graph)
-    shard = shard_graph(graph, tp, ann, divisible_by=divisible_by)
+    shard = shard_graph(graph, tp, ann, divisible_by=divisible_by, sequence_parallel=sequence_parallel)
     whole, part = resolve_costs(graph, topology), resolve_costs(shard, topology)
-    split = ((ann.frac_flops > 0) | (ann.frac_params > 0) | (ann.frac_act > 0) | (ann.frac_out > 0))[:, None]
+    split = ((ann.frac_flops > 0) | (ann.frac_params > 0) | (ann.frac_act > 0) | (ann.frac_out > 0))
+    if sequence_parallel and ann.seq_frac is not None:
+        split = split | (ann.seq_frac > 0)
+    split = split[:, None]
 
     def scaled(have: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         r = np.divide(b, a, out=np.ones_like(b), where=a > 0)

@@ -55,7 +55,9 @@ class TPAnnotation:
     output bytes that split over the TP group; ar_fwd / ar_bwd: all-reduce bytes per TP degree > 1 (whole batch);
     edge_split: float64 [E], share of each edge's bytes that is sharded; vocab_frac: float64 [4, N], share of the
     node's FLOPs / parameters / saved activations / output bytes that is split along the vocabulary (padded at
-    TP > 1: ``padded_vocab``); edge_vocab: float64 [E], share of each edge's bytes split along the vocabulary.
+    TP > 1: ``padded_vocab``); edge_vocab: float64 [E], share of each edge's bytes split along the vocabulary;
+    seq_frac: float64 [N], share of the node that Megatron's sequence parallelism splits along the sequence (the
+    replicated token-wise ops between TP regions: norms, dropout, residual adds).
     """
 
     kind: np.ndarray
@@ -73,6 +75,7 @@ class TPAnnotation:
     note: str
     vocab_frac: np.ndarray | None = None
     edge_vocab: np.ndarray | None = None
+    seq_frac: np.ndarray | None = None
 
     @property
     def splittable(self) -> bool:
@@ -104,7 +107,7 @@ def _annotation(graph: CompGraph) -> TPAnnotation:
 def _empty(graph: CompGraph, note: str) -> TPAnnotation:
     z = np.zeros(graph.num_nodes)
     return TPAnnotation(np.zeros(graph.num_nodes, dtype=np.int64), z, z, z, z, z, z, np.zeros(graph.num_edges), (),
-                        {}, None, (), note, np.zeros((4, graph.num_nodes)), np.zeros(graph.num_edges))
+                        {}, None, (), note, np.zeros((4, graph.num_nodes)), np.zeros(graph.num_edges), z)
 
 
 def _from_dict(graph: CompGraph, data: Mapping[str, Any]) -> TPAnnotation:
@@ -141,7 +144,34 @@ def _from_dict(graph: CompGraph, data: Mapping[str, Any]) -> TPAnnotation:
     edge_vocab = vf[3][graph.edges[:, 0]] if graph.num_edges else np.zeros(0)
     return TPAnnotation(kind, ff, fp, fa, fo, a_f, a_b, edge_split,
                         tuple(int(d) for d in data.get("divisors", ())), dict(data.get("heads", {})),
-                        data.get("vocab"), tuple(data.get("pairs", ())), str(data.get("note", "")), vf, edge_vocab)
+                        data.get("vocab"), tuple(data.get("pairs", ())), str(data.get("note", "")), vf, edge_vocab,
+                        _seq_shares(graph, kind))
+
+
+def _seq_shares(graph: CompGraph, kind: np.ndarray) -> np.ndarray:
+    """Share of each node that sequence parallelism splits: replicated nodes fed (transitively) by a row GEMM or the
+    vocab-parallel embedding and feeding a column GEMM or the LM head -- the residual stream between TP regions
+    (an uncoarsened graph's nodes whole; a coarsened group by its members' FLOPs where its members' graph is kept)."""
+    n = graph.num_nodes
+    if graph.members is not None:
+        fine = member_graph(graph)
+        if fine is None:
+            return np.zeros(n)
+        g0, gof = fine
+        a0 = annotation(g0)
+        w = g0.act_bytes + g0.out_bytes
+        den = np.bincount(gof, weights=w, minlength=n)
+        return np.divide(np.bincount(gof, weights=w * a0.seq_frac, minlength=n), den, out=np.zeros(n), where=den > 0)
+    order = graph.topo_order.tolist()
+    down = np.isin(kind, (ROW, VOCAB_EMB))
+    for v in order:
+        if not down[v] and any(down[int(u)] for u in graph.predecessors(v)):
+            down[v] = kind[v] == REPLICATED
+    up = np.isin(kind, (COLUMN, VOCAB_HEAD))
+    for v in order[::-1]:
+        if not up[v] and any(up[int(w)] for w in graph.successors(v)):
+            up[v] = kind[v] == REPLICATED
+    return ((kind == REPLICATED) & down & up).astype(np.float64)
 
 
 _VOCAB_KINDS = (VOCAB_EMB, VOCAB_HEAD, VOCAB_LOSS)
@@ -227,10 +257,11 @@ def check_degree(graph: CompGraph, tp: int, ann: TPAnnotation | None = None, *,
 
 
 def shard_graph(graph: CompGraph, tp: int, ann: TPAnnotation | None = None, *,
-                divisible_by: int = VOCAB_DIVISIBLE_BY) -> CompGraph:
+                divisible_by: int = VOCAB_DIVISIBLE_BY, sequence_parallel: bool = False) -> CompGraph:
     """What one rank of a TP group of ``tp`` runs: split ops at 1/tp of their FLOPs, parameters, saved
     activations and sharded outputs / edges (the same nodes and edges, so costs line up node for node); the
-    vocabulary's share at ``padded_vocab / vocab / tp`` (Megatron's padding; ``divisible_by = 0``: none)."""
+    vocabulary's share at ``padded_vocab / vocab / tp`` (Megatron's padding; ``divisible_by = 0``: none); with
+    ``sequence_parallel`` the replicated token-wise ops between TP regions (``seq_frac``) at 1/tp too."""
     ann = ann if ann is not None else annotation(graph)
     if tp == 1:
         return graph
@@ -242,17 +273,25 @@ def shard_graph(graph: CompGraph, tp: int, ann: TPAnnotation | None = None, *,
 
     vf = ann.vocab_frac if ann.vocab_frac is not None else np.zeros((4, graph.num_nodes))
     ev = ann.edge_vocab if ann.edge_vocab is not None else np.zeros(graph.num_edges)
+    if sequence_parallel and ann.seq_frac is not None:  # token-wise replicated ops on 1/tp of the sequence
+        sq = ann.seq_frac
+        frac_f, frac_a, frac_o = (np.maximum(x, sq) for x in (ann.frac_flops, ann.frac_act, ann.frac_out))
+        edge = np.maximum(ann.edge_split, sq[graph.edges[:, 0]] if graph.num_edges else np.zeros(0))
+    else:
+        frac_f, frac_a, frac_o, edge = ann.frac_flops, ann.frac_act, ann.frac_out, ann.edge_split
     meta = dict(graph.meta)
     fine = member_graph(graph)
     if fine is not None:  # a coarsened graph: its members are sharded too, so a group stays priced as their sum
-        meta[FINE_KEY] = member_record(shard_graph(fine[0], tp, divisible_by=divisible_by))
-    suffix = "" if pad == 1.0 else f"v{padded_vocab(ann.vocab, tp, divisible_by)}"
-    return graph.replace(fwd_flops=scale(graph.fwd_flops, ann.frac_flops, vf[0]),
-                         bwd_flops=scale(graph.bwd_flops, ann.frac_flops, vf[0]),
+        meta[FINE_KEY] = member_record(shard_graph(fine[0], tp, divisible_by=divisible_by,
+                                                   sequence_parallel=sequence_parallel))
+    suffix = ("" if pad == 1.0 else f"v{padded_vocab(ann.vocab, tp, divisible_by)}") + ("sp" if sequence_parallel
+                                                                                      else "")
+    return graph.replace(fwd_flops=scale(graph.fwd_flops, frac_f, vf[0]),
+                         bwd_flops=scale(graph.bwd_flops, frac_f, vf[0]),
                          param_bytes=scale(graph.param_bytes, ann.frac_params, vf[1]),
-                         act_bytes=scale(graph.act_bytes, ann.frac_act, vf[2]),
-                         out_bytes=scale(graph.out_bytes, ann.frac_out, vf[3]),
-                         edge_bytes=scale(graph.edge_bytes, ann.edge_split, ev),
+                         act_bytes=scale(graph.act_bytes, frac_a, vf[2]),
+                         out_bytes=scale(graph.out_bytes, frac_o, vf[3]),
+                         edge_bytes=scale(graph.edge_bytes, edge, ev),
                          name=f"{graph.name}@tp{tp}{suffix}", meta=meta)
 
 
