@@ -39,12 +39,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from placement_rl.cost import simulate_pipeline
 from placement_rl.cost.pipeline import with_step_overhead
-from placement_rl.executor._launch import free_port
-from placement_rl.executor._runner import PartRunner
+from placement_rl.executor.ab import run_ab
 from placement_rl.executor._stages import program_module, split_stages, stage_parameters, tied_parameters, untie
 from placement_rl.executor.distributed import DeployConfig, DeploySpec, deploy_stage_plans
 from placement_rl.graph.io import atomic_write_text
@@ -165,42 +163,10 @@ class HandWrittenDP:
         return time.perf_counter() - t0
 
 
-def _ab_worker(rank: int, world: int, port: int, part_dir: str, steps: int, warmup: int, queue) -> None:
-    """Both runs in the same processes, steps interleaved (ours, hand, hand, ours, ...): same load, same moment."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    ours = PartRunner({"lr": 1e-3}, Path(part_dir), rank=rank, device=torch.device("cpu"))
-    plain = json.loads((Path(part_dir) / "part.json").read_text())["dims"]["num_stages"] == 1
-    hand = HandWrittenDP(Path(part_dir), rank) if plain else HandWritten(Path(part_dir), rank)
-    t_ours, t_hand = [], []
-    for step in range(warmup + steps):
-        order = (ours, hand) if step % 2 == 0 else (hand, ours)
-        got = {id(r): (r.step().wall if r is ours else r.step()) for r in order}
-        if step >= warmup:
-            t_ours.append(got[id(ours)])
-            t_hand.append(got[id(hand)])
-    queue.put((rank, t_ours, t_hand))
-    dist.destroy_process_group()
-
-
-def run_ab(part_dir: Path, *, steps: int, warmup: int, world: int = 2) -> tuple[np.ndarray, np.ndarray]:
-    """Per step, the slowest rank's time: (ours, hand-written)."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    port = free_port()
-    os.environ["OMP_NUM_THREADS"] = "1"
-    procs = [ctx.Process(target=_ab_worker, args=(r, world, port, str(part_dir), steps, warmup, queue))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(600)
-    if any(p.exitcode != 0 for p in procs):
-        raise RuntimeError(f"A/B run failed: exit codes {[p.exitcode for p in procs]}")
-    got = {r: (a, b) for r, a, b in (queue.get() for _ in range(world))}
-    return (np.max(np.array([got[r][0] for r in range(world)]), axis=0),
-            np.max(np.array([got[r][1] for r in range(world)]), axis=0))
+def _hand(part_dir: Path, rank: int, stages: int):
+    """The hand-written reference of a part (``placement_rl.executor.ab.run_ab``): DDP / FSDP2 on one stage,
+    torch pipelining on several."""
+    return HandWrittenDP(part_dir, rank) if stages == 1 else HandWritten(part_dir, rank)
 
 
 def bench_overhead(graphs, *, steps: int, repeats: int, work: Path) -> list[dict]:
@@ -219,7 +185,7 @@ def bench_overhead(graphs, *, steps: int, repeats: int, work: Path) -> list[dict
         cfg = DeployConfig(steps=steps, warmup=3, timeout_s=600)
         job = work / f"a_{name}_{len(rows)}"
         deployed = deploy_stage_plans([spec], config=cfg, job_dir=job)[0]  # the full path, launcher included
-        ours, hand = run_ab(job / "part0", steps=steps * repeats, warmup=3)
+        ours, hand = run_ab(job / "part0", steps=steps * repeats, warmup=3, world=2, make_hand=_hand, join_timeout=600)
         paired = float(np.median(ours / hand))
         row = {"model": name, "plan": plan_label(kw), "deploy_s": deployed.step_time,
                "baseline": "eager module + DDP" if not kw["cuts"] and kw.get("sharding", "dp") == "dp" else

@@ -42,7 +42,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from placement_rl import baselines
 from placement_rl.cost import resolve_costs, simulate_pipeline
@@ -50,7 +49,7 @@ from placement_rl.cost.pipeline import with_step_overhead
 from placement_rl.errors import PlacementRLError
 from placement_rl.evaluate import describe_plan
 from placement_rl.executor._launch import free_port
-from placement_rl.executor._runner import PartRunner
+from placement_rl.executor.ab import run_ab
 from placement_rl.executor.distributed import DeployConfig, DeploySpec, deploy_stage_plans
 from placement_rl.graph import tp as tpmod
 from placement_rl.graph import zoo
@@ -296,40 +295,9 @@ class HandWrittenTPxPP:
         return time.perf_counter() - t0
 
 
-def _ab_worker(rank: int, world: int, port: int, part_dir: str, steps: int, warmup: int, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    ours = PartRunner({"lr": 1e-3}, Path(part_dir), rank=rank, device=torch.device("cpu"))
-    stages = json.loads((Path(part_dir) / "part.json").read_text())["dims"]["num_stages"]
-    hand = HandWrittenTP(Path(part_dir), rank) if stages == 1 else HandWrittenTPxPP(Path(part_dir), rank)
-    t_ours, t_hand = [], []
-    for step in range(warmup + steps):
-        order = (ours, hand) if step % 2 == 0 else (hand, ours)
-        got = {id(r): (r.step().wall if r is ours else r.step()) for r in order}
-        if step >= warmup:
-            t_ours.append(got[id(ours)])
-            t_hand.append(got[id(hand)])
-    queue.put((rank, t_ours, t_hand))
-    dist.destroy_process_group()
-
-
-def run_ab(part_dir: Path, *, steps: int, warmup: int, world: int) -> tuple[np.ndarray, np.ndarray]:
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    port = free_port()
-    os.environ["OMP_NUM_THREADS"] = "1"
-    procs = [ctx.Process(target=_ab_worker, args=(r, world, port, str(part_dir), steps, warmup, queue))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(900)
-    if any(p.exitcode != 0 for p in procs):
-        raise RuntimeError(f"A/B run failed: exit codes {[p.exitcode for p in procs]}")
-    got = {r: (a, b) for r, a, b in (queue.get() for _ in range(world))}
-    return (np.max(np.array([got[r][0] for r in range(world)]), axis=0),
-            np.max(np.array([got[r][1] for r in range(world)]), axis=0))
+def _hand(part_dir: Path, rank: int, stages: int):
+    """The hand-written reference of a part (``placement_rl.executor.ab.run_ab``): TP, or TP x PP."""
+    return HandWrittenTP(part_dir, rank) if stages == 1 else HandWrittenTPxPP(part_dir, rank)
 
 
 def bench_overhead(*, steps: int, work: Path) -> list[dict]:
@@ -342,7 +310,7 @@ def bench_overhead(*, steps: int, work: Path) -> list[dict]:
         job = work / f"a_{label.replace(' ', '_')}"
         deployed = deploy_stage_plans([DeploySpec(plan=plan, graph=graph, model="gpt", overrides=SMALL)],
                                       config=DeployConfig(steps=steps, warmup=2, timeout_s=900), job_dir=job)[0]
-        ours, hand = run_ab(job / "part0", steps=steps, warmup=2, world=plan.world_size)
+        ours, hand = run_ab(job / "part0", steps=steps, warmup=2, world=plan.world_size, make_hand=_hand)
         rows.append({"model": "gpt", "overrides": SMALL, "plan": label, "deploy_ms": deployed.step_time * 1e3,
                      "ours_ms": float(np.median(ours)) * 1e3, "hand_ms": float(np.median(hand)) * 1e3,
                      "ratio": float(np.median(ours) / np.median(hand)),
