@@ -177,3 +177,22 @@ def test_fused_qkv_region_runs_on_local_shards(gpt):
     half = d // 2
     assert perm[:3 * half].tolist() == (list(range(0, half)) + list(range(d, d + half))
                                         + list(range(2 * d, 2 * d + half)))
+
+
+@pytest.mark.distributed
+def test_sequence_parallel_gradients_equal_one_process(gpt, tmp_path):
+    """Megatron-SP through DTensor: norms under SequenceParallel on the sequence-sharded residual stream, columns
+    all-gather, rows reduce-scatter; TP 2 (two micro-batches) and TP 2 x DP 2 equal one process. A pipeline with
+    sequence parallelism is priced but refused by deploy, in one line before any process."""
+    plans = [whole(gpt, (0, 1), 2, num_microbatches=2, sequence_parallel=True),
+             whole(gpt, range(4), 2, sequence_parallel=True)]
+    job = prepare_job([DeploySpec(plan=plans[0], graph=gpt, model="gpt", overrides=GPT)], job_dir=tmp_path / "a")
+    norms = json.loads((job.job_dir / "part0" / "part.json").read_text())["tp_seq_norms"]
+    assert len(norms) == 2 * GPT["n_layers"] + 1  # ln1, ln2 per block and ln_f
+    for plan in plans:
+        res, = deploy_stage_plans([DeploySpec(plan=plan, graph=gpt, model="gpt", overrides=GPT)],
+                                  config=DeployConfig(steps=1, warmup=0, collect_grads=True, timeout_s=180))
+        check(plan, res)
+    with pytest.raises(PlanError, match="sequence parallelism is priced for pipelines"):
+        prepare_job([DeploySpec(plan=two_stages(gpt, 2, num_microbatches=2, schedule="gpipe", sequence_parallel=True),
+                                graph=gpt, model="gpt", overrides=GPT)], job_dir=tmp_path / "b")

@@ -282,19 +282,24 @@ class TPStage(nn.Module):
 
 
 def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
-             names: Mapping[int, str], vocab: tuple[int, int] | None = None
-             ) -> tuple[nn.Module, dict[str, tuple[nn.Module, str]]]:
+             names: Mapping[int, str], vocab: tuple[int, int] | None = None,
+             seq_norms: frozenset[str] | None = None) -> tuple[nn.Module, dict[str, tuple[nn.Module, str]]]:
     """Parallelize stage ``gm`` over ``tp_mesh`` (see the module docstring).
 
     ``vocab = (V, padded)``: the vocab-parallel embedding table and LM head get ``padded - V`` zero rows
     (:func:`pad_vocab`), the logits' padded columns are masked to ``-inf`` before the loss, so the loss and the
     real rows' gradients are those of the unpadded model (Megatron-LM's padded vocabulary).
 
+    ``seq_norms``: sequence parallelism (Megatron-SP): the residual stream between TP regions stays a DTensor
+    sharded on the sequence (dim 1); these ``aten.layer_norm`` nodes become ``nn.LayerNorm`` under
+    ``SequenceParallel``, columns and the LM head all-gather their input (``input_layouts=Shard(1)``), rows and the
+    vocab-parallel embedding reduce-scatter their output (``output_layouts=Shard(1)``).
+
     ``names``: ``id(parameter) -> original name`` before sharding. Returns the wrapped stage and, for every
     parameter it holds, original name -> (module, attribute) holding it (read it after FSDP wraps the stage).
     """
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
     plan: dict[str, Any] = {}
     made: list[tuple[str, nn.Module, str, list[int]]] = []  # (path, module, kind, ids of its original params)
@@ -306,12 +311,25 @@ def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
             got = local_region(gm, n, kinds, tp)
             if got is not None:
                 local[n.name] = got
+    seq = seq_norms or frozenset()
     for n in list(gm.graph.nodes):
         kind = kinds.get(n.name)
-        if kind not in ("column", "row", "vocab_head", "vocab_embedding") or n.op != "call_function":
+        if n.name in seq and n.op == "call_function" and "layer_norm" in str(n.target):
+            kind = "seq_norm"
+        if kind not in ("column", "row", "vocab_head", "vocab_embedding", "seq_norm") or n.op != "call_function":
             continue
-        op = _gemm(n)
-        if op == "linear":
+        op = "layer_norm" if kind == "seq_norm" else _gemm(n)
+        if op == "layer_norm":
+            w = _weight(gm, n, 2) if len(n.args) > 2 and n.args[2] is not None else None
+            b = _weight(gm, n, 3) if len(n.args) > 3 and n.args[3] is not None else None
+            mod = nn.LayerNorm.__new__(nn.LayerNorm)
+            nn.Module.__init__(mod)
+            mod.normalized_shape = tuple(n.args[1])
+            mod.eps = float(n.args[4]) if len(n.args) > 4 else 1e-5
+            mod.elementwise_affine, mod.weight, mod.bias = w is not None, (w[1] if w else None), (b[1] if b else None)
+            ids = ([id(w[1])] if w else []) + ([id(b[1])] if b else [])
+            x = n.args[0]
+        elif op == "linear":
             w = _weight(gm, n, 1)
             b = _weight(gm, n, 2) if len(n.args) > 2 and n.args[2] is not None else None
             mod = nn.Linear.__new__(nn.Linear)
@@ -353,13 +371,17 @@ def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
                 setattr(mod, ROW_PERM, perm)
             for m, args in rewrites.items():  # the split reads the new module call, not the erased node
                 m.args = tuple(call if a is n else a for a in args)
-            plan[path] = ColwiseParallel(use_local_output=True)
+            plan[path] = ColwiseParallel(use_local_output=True, **({"input_layouts": Shard(1)} if seq else {}))
+        elif kind == "seq_norm":
+            plan[path] = SequenceParallel(use_local_output=False)
         elif kind in _COLUMN:
-            plan[path] = ColwiseParallel(use_local_output=False)
+            plan[path] = ColwiseParallel(use_local_output=False, **({"input_layouts": Shard(1)} if seq else {}))
         elif kind == "row":
-            plan[path] = RowwiseParallel(input_layouts=Shard(-1))
+            plan[path] = (RowwiseParallel(input_layouts=Shard(-1), output_layouts=Shard(1), use_local_output=False)
+                          if seq else RowwiseParallel(input_layouts=Shard(-1)))
         else:
-            plan[path] = RowwiseParallel(input_layouts=Replicate())
+            plan[path] = (RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False)
+                          if seq else RowwiseParallel(input_layouts=Replicate()))
         made.append((path, mod, kind, ids))
     for n in list(gm.graph.nodes):  # export's dtype / shape asserts have no DTensor rule and produce nothing
         if n.op == "call_function" and "_assert_tensor_metadata" in str(n.target) and not n.users:
@@ -413,6 +435,8 @@ def normalize_grads(params: Sequence[nn.Parameter]) -> None:
     partial or replicated), so that local shards line up for the DP / tied-parameter all-reduces and Adam."""
     for p in params:
         g = p.grad
-        if g is not None and hasattr(g, "placements") and hasattr(p, "placements") \
+        if g is not None and hasattr(g, "placements") and not hasattr(p, "placements"):
+            p.grad = g.full_tensor()  # a plain parameter reached by a DTensor (sequence parallelism's position table)
+        elif g is not None and hasattr(g, "placements") and hasattr(p, "placements") \
                 and tuple(g.placements) != tuple(p.placements):
             p.grad = g.redistribute(p.device_mesh, p.placements)
