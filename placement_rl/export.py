@@ -20,7 +20,8 @@ Megatron runs 1F1B (interleaved with virtual stages) only: a ``gpipe`` or ``zb1p
 plan has no pipeline schedule and reads back as ``1f1b``). Recomputation (one setting for all stages: both
 trainers set one): ``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1`` (every
 layer) or ``selective``; torchtitan ``[activation_checkpoint] mode`` (its ``selective`` is an op-level policy, close
-to but not exactly the attention core). Sequence parallelism is not in the plan, so not written.
+to but not exactly the attention core). Sequence parallelism: ``--sequence-parallel``; torchtitan runs it with
+every TP degree > 1 (written as a comment).
 
 Stages are exported at module granularity: the transformer layers (the repeated ``<container>.<i>`` modules of
 the captured graph's ``module_paths``) and the modules around them. A module whose nodes the plan puts in two
@@ -63,6 +64,7 @@ class Layout:
     sharding: str
     vocab_divisible_by: int
     recompute: str
+    sequence_parallel: bool
     stage_modules: tuple[tuple[str, ...], ...]
     mods: Modules
 
@@ -114,6 +116,7 @@ def layout(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> Layout:
     return Layout(tp=dims.tp, dp=dims.dp, pp=dims.pp, num_stages=dims.num_stages, schedule=plan.schedule,
                   num_microbatches=dims.num_microbatches, batch_size=int(batch), sharding=plan.sharding,
                   vocab_divisible_by=plan.make_vocab_size_divisible_by, recompute=plan.recompute[0],
+                  sequence_parallel=plan.sequence_parallel and dims.tp > 1,
                   stage_modules=tuple(per), mods=mods)
 
 
@@ -137,6 +140,8 @@ def to_torchtitan(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> s
         "# module names are the captured model's (torchtitan's Llama names them tok_embeddings, layers.<i>, norm,",
         "# output); the vocabulary padding below is Megatron's rule, torchtitan shards unevenly instead",
         f"# make_vocab_size_divisible_by = {lay.vocab_divisible_by}",
+        f"# sequence_parallel = {str(lay.sequence_parallel).lower()} (torchtitan's TP shards the norms along the "
+        "sequence whenever tensor_parallel_degree > 1)",
         "", "[parallelism]",
         f"data_parallel_replicate_degree = {1 if fsdp else lay.dp}",
         f"data_parallel_shard_degree = {lay.dp if fsdp else 1}",
@@ -204,12 +209,14 @@ def to_megatron(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> str
     body = [f"{k} {v}" for k, v in args]
     if lay.sharding == "fsdp":
         body.append("--use-torch-fsdp2")
+    if lay.sequence_parallel:
+        body.append("--sequence-parallel")
     return "\n".join(lines + [" \\\n".join(body), ""])
 
 
 # ----------------------------------------------------------------------------------------------- back to a plan
 def _plan(graph: CompGraph, parts: list[list[str]], *, tp: int, dp: int, pp: int, m: int, schedule: str,
-          sharding: str, batch: int, vocab: int, recompute: str = "none") -> StagePlan:
+          sharding: str, batch: int, vocab: int, recompute: str = "none", sp: bool = False) -> StagePlan:
     mods = modules(graph)
     stage_of: dict[str, int] = {}
     for s, ms in enumerate(parts):
@@ -234,7 +241,8 @@ def _plan(graph: CompGraph, parts: list[list[str]], *, tp: int, dp: int, pp: int
     w = dp * tp
     groups = tuple(tuple(range((s % pp) * w, (s % pp + 1) * w)) for s in range(len(parts)))
     return StagePlan(son, groups, num_microbatches=m, schedule=schedule, batch_size=batch, sharding=sharding,
-                     tp=(tp,) * len(parts), make_vocab_size_divisible_by=vocab, recompute=(recompute,) * len(parts))
+                     tp=(tp,) * len(parts), make_vocab_size_divisible_by=vocab, recompute=(recompute,) * len(parts),
+                     sequence_parallel=sp)
 
 
 def from_torchtitan(text: str, graph: CompGraph) -> StagePlan:
@@ -266,7 +274,8 @@ def from_torchtitan(text: str, graph: CompGraph) -> StagePlan:
         raise PlanError(f"activation_checkpoint mode '{rc}' has no stage-plan counterpart (none, selective, full)")
     return _plan(graph, [list(p) for p in parts], tp=tp, dp=dp, pp=pp, m=max(batch // (dp * micro), 1),
                  schedule=schedule, sharding="fsdp" if shard > 1 else "dp", batch=batch,
-                 vocab=int(vocab.group(1)) if vocab else 128, recompute=rc)
+                 vocab=int(vocab.group(1)) if vocab else 128, recompute=rc,
+                 sp="# sequence_parallel = true" in text)
 
 
 def _megatron_args(text: str) -> dict[str, Any]:
@@ -322,7 +331,8 @@ def from_megatron(text: str, graph: CompGraph) -> StagePlan:
     if rc not in ("none", "selective", "full"):
         raise PlanError(f"--recompute-granularity '{rc}' has no stage-plan counterpart (selective, full)")
     return _plan(graph, parts, tp=tp, dp=dp, pp=pp, m=batch // (dp * micro), schedule=schedule,
-                 sharding="fsdp" if a.get("use-torch-fsdp2") else "dp", batch=batch, vocab=vocab, recompute=rc)
+                 sharding="fsdp" if a.get("use-torch-fsdp2") else "dp", batch=batch, vocab=vocab, recompute=rc,
+                 sp=bool(a.get("sequence-parallel")))
 
 
 def export_plan(plan: StagePlan, graph: CompGraph, fmt: str, *, snap: bool = False) -> str:

@@ -40,6 +40,7 @@ def same(a: StagePlan, b: StagePlan) -> None:
     assert (a.stage_devices, a.tp, a.num_microbatches, a.schedule, a.sharding, a.make_vocab_size_divisible_by) == \
         (b.stage_devices, b.tp, b.num_microbatches, b.schedule, b.sharding, b.make_vocab_size_divisible_by)
     assert (a.batch_size or GPT["batch_size"]) == (b.batch_size or GPT["batch_size"])
+    assert a.sequence_parallel == b.sequence_parallel
 
 
 def plans(g):
@@ -52,13 +53,13 @@ def plans(g):
         "interleaved pp2 x 2 virtual, vocab 64": StagePlan(four, ((0,), (1,), (0,), (1,)), num_microbatches=2,
                                                           schedule="interleaved1f1b", make_vocab_size_divisible_by=64),
         "pp2 full recompute": StagePlan(two, ((0,), (1,)), num_microbatches=2, recompute=("full", "full")),
-        "tp2 selective recompute": StagePlan(np.zeros(g.num_nodes, dtype=np.int64), ((0, 1),), tp=(2,),
-                                             recompute=("selective",)),
+        "tp2 selective recompute, sp": StagePlan(np.zeros(g.num_nodes, dtype=np.int64), ((0, 1),), tp=(2,),
+                                                 recompute=("selective",), sequence_parallel=True),
     }
 
 
 @pytest.mark.parametrize("name", ["tp2 x pp2 1f1b m2", "fsdp dp4", "tp2 x dp2", "interleaved pp2 x 2 virtual, vocab 64",
-                                  "pp2 full recompute", "tp2 selective recompute"])
+                                  "pp2 full recompute", "tp2 selective recompute, sp"])
 def test_round_trip_through_both_formats(gpt, name):
     plan = plans(gpt)[name]
     topo = load_topology("8x_a100_nvswitch")
@@ -93,8 +94,9 @@ def test_what_each_trainer_is_told(gpt):
     assert "--use-torch-fsdp2" in ex.to_megatron(p["fsdp dp4"], gpt)
     assert "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1" in " ".join(
         ex.to_megatron(p["pp2 full recompute"], gpt).replace("\\\n", " ").split())
-    assert tomllib.loads(ex.to_torchtitan(p["tp2 selective recompute"], gpt))["activation_checkpoint"]["mode"] == \
+    assert tomllib.loads(ex.to_torchtitan(p["tp2 selective recompute, sp"], gpt))["activation_checkpoint"]["mode"] == \
         "selective"
+    assert "--sequence-parallel" in ex.to_megatron(p["tp2 selective recompute, sp"], gpt)
     mixed = StagePlan(cut_after(gpt, [1]), ((0,), (1,)), num_microbatches=2, recompute=("full", "none"))
     with pytest.raises(PlanError, match="recompute differently"):
         ex.to_megatron(mixed, gpt)
