@@ -7,8 +7,8 @@ simulated vs measured TP step time on gloo.
     plan, step time, feasibility and TP degree; per case the best plan without TP (over all planners on the graph
     with its TP annotation removed: the DP x PP space) and with TP, and the exact search's optimum in both spaces.
     Cases: ``gpt2_hf`` at GPT-2 large size (36 layers, d_model 1280, 20 heads, seq 1024, batch 16, vocabulary
-    padded to 50304 = 393 x 128 as Megatron / nanoGPT pad it: 50257 is prime to every TP degree > 1 and is
-    refused) on ``8x_h100_dgx`` and ``2x4_v100_ib``; a GPT whose training state does not fit one device
+    50304 = 393 x 128 as nanoGPT pads it, kept so the figures compare with earlier runs; the plans' own padding,
+    ``make_vocab_size_divisible_by``, now pads 50257 itself) on ``8x_h100_dgx`` and ``2x4_v100_ib``; a GPT whose training state does not fit one device
     (``gpt`` 12 layers, d_model 1024 on ``2x_small_gpu``: 2 GiB per device), where TP and FSDP are compared; a
     mid-size GPT (8 layers, d_model 1024, seq 256, batch 16) on ``2x4_v100_ib``.
 (b) Deploy vs hand-written: our executor's step (``PartRunner``: export split, ``_tp.apply_tp`` on the stage
