@@ -93,8 +93,6 @@ def test_the_dataclasses_are_hydra_structured_configs():
         OmegaConf.merge(OmegaConf.structured(configs.EvaluateConfig), {"budget": "many"})
 
 
-@pytest.mark.xfail(strict=True, reason="issue 45: the lead aligns ConstructiveConfig / PretrainSpec defaults with "
-                                       "the shipped recipe (conf/agent/constructive.yaml + conf/trainer/pretrain.yaml)")
 def test_the_python_defaults_run_the_shipped_recipe():
     """``pretrain(PretrainSpec(), ConstructiveConfig())`` from Python is the recipe ``placement-rl train
     trainer=pretrain`` runs: every field the recipe sets has the same value as the Python default."""

@@ -144,9 +144,12 @@ def _flatten(x: Any, prefix: str = "") -> list[tuple[str, str]]:
 
 
 def results_page(folder: Path, results_link: str = "../results") -> str:
-    """Every results file: its command, provenance and figures, one table each."""
+    """Every results file the headline table reads (``HEADLINES``): its command, provenance and figures, one
+    table each. (Other results files are not listed: a page that listed whatever lies in ``results/`` would differ
+    between checkouts.)"""
     out = []
-    for name, doc in _load(folder).items():
+    docs = _load(folder)
+    for name, doc in ((n, docs[n]) for n in HEADLINES if n in docs):
         prov = doc.get("provenance", {})
         out += [f"### {name}", "",
                 f"`{doc.get('command', '?')}` ([{name}.json]({results_link}/{name}.json)); measured "
