@@ -324,6 +324,7 @@ def test_finetuning_policy_iteration_clones_its_rollout_and_reports_only_what_th
             torch.manual_seed(0)
             policy = build_policy(ConstructiveConfig(hidden=16, layers=1, window=4))
             cfg = ConstructiveConfig(hidden=16, layers=1, window=4, pi_rounds=2, clone_epochs=clone_epochs,
+                                     ft_search_rounds=0,
                                      rl_iters=rl_iters, samples=4, pi_max_nodes=100)
             res = finetune(g, topo, costs, policy, cfg, samples=4, log=lambda _: None)
             rows = {r.label: r for r in res.rows}
@@ -354,12 +355,34 @@ def test_finetuning_skips_policy_iteration_above_its_size_limit() -> None:
     torch.set_num_threads(1)
     g, topo, costs = _finetune_cases()[0]
     policy = build_policy(ConstructiveConfig(hidden=16, layers=1, window=4))
-    cfg = ConstructiveConfig(hidden=16, layers=1, window=4, pi_rounds=2, rl_iters=1, samples=4,
+    cfg = ConstructiveConfig(hidden=16, layers=1, window=4, pi_rounds=2, rl_iters=1, samples=4, ft_search_rounds=0,
                              pi_max_completions=g.num_nodes * topo.num_devices - 1)
     said: list[str] = []
     res = finetune(g, topo, costs, policy, cfg, samples=2, log=said.append)
     assert not any(r.kind == "search" for r in res.rows)
     assert any("no policy iteration" in line and "pi_max_completions" in line for line in said)
+
+
+def test_search_fine_tuning_never_leaves_a_slower_greedy_and_reports_its_teacher() -> None:
+    """Fine-tuning by search (``ft_search_rounds``): the search's placement is a search row never slower than the
+    policy's own best, the fine-tuned greedy is never slower than the zero-shot greedy (the fastest greedy's weights
+    are kept), and the table carries the pair's lower bound, below every row."""
+    from placement_rl.studies.finetune import finetune
+
+    torch.set_num_threads(1)
+    for g, topo, costs in _finetune_cases()[:2]:
+        policy = build_policy(ConstructiveConfig(hidden=16, layers=1, window=4))
+        cfg = ConstructiveConfig(hidden=16, layers=1, window=4, ft_search_rounds=2, ft_search_seconds=0.3,
+                                 clone_epochs=10)
+        res = finetune(g, topo, costs, policy, cfg, samples=2, log=lambda _: None)
+        rows = {r.label: r for r in res.rows}
+        zs = rows["policy zero-shot (greedy)"].step_time
+        assert rows["policy fine-tuned (greedy)"].step_time <= zs * (1 + 1e-12)
+        bound = next(r for r in res.rows if r.kind == "bound").step_time
+        assert all(r.step_time >= bound * (1 - 1e-9) for r in res.rows if r.kind != "bound" and r.feasible)
+        teacher = [r for r in res.rows if r.label.startswith("search from the policy")]
+        if teacher:  # a round that found nothing better stops without a teacher row
+            assert teacher[0].step_time < zs and teacher[0].kind == "search"
 
 
 def test_rollout_over_the_student_on_threads_is_the_serial_rollout(monkeypatch) -> None:

@@ -87,3 +87,23 @@ def test_window_time_unit_only_above_the_unit_size() -> None:
     topo = random_topology(np.random.default_rng(0), 4)
     st = ScheduleState(g, resolve_costs(g, topo), topo, window=8)
     assert st.window_scale == st.scale
+
+
+def test_inference_costs_the_state_ends_where_simulate_does() -> None:
+    """With inference costs (``cost.modes.inference_costs``: forward only, no gradients, parameters-only memory)
+    the constructive state's step times and peak memories equal ``simulate()``'s, as in training."""
+    from placement_rl.cost.modes import inference_costs
+    from placement_rl.topology import load_topology
+
+    g = synthetic.sample("layered", num_nodes=60, seed=2)
+    topo = load_topology("cpu_2gpu")
+    costs = inference_costs(resolve_costs(g, topo))
+    rng = np.random.default_rng(0)
+    st = ScheduleState(g, costs, topo, episodes=3)
+    while not st.done:
+        st.place(rng.integers(0, topo.num_devices, size=3))
+    times = st.finish()
+    for k in range(3):
+        res = simulate(g, costs, topo, st.devices[k])
+        assert times[k] == res.step_time
+        np.testing.assert_array_equal(st.memory[k], res.peak_memory)

@@ -66,9 +66,8 @@ from placement_rl.cost.features import (BASE_FEATURES, DEVICE_FEATURES, NUM_BASE
                                         NUM_DEVICE_FEATURES, STEP_COL, TOPOLOGY_COL, WINDOW_COL)
 from placement_rl.cost._op_kernel import bwd_pass, fwd_candidates, fwd_place, reset_state
 from placement_rl.cost.memory import static_memory
-from placement_rl.cost.resolve import needs_grad
 from placement_rl.cost.comm_fit import link_segments, split_segments
-from placement_rl.cost.simulate import _owned, check_costs, priority_order
+from placement_rl.cost.simulate import _grad_and_memory, _owned, check_costs, priority_order
 from placement_rl.cost.types import CostTable
 from placement_rl.cost.window import link_position, topology_features, undo_capacity, window_features
 from placement_rl.errors import PlanError, fmt_bytes
@@ -252,8 +251,9 @@ class ScheduleState:
         self._fwd, self._bwd = _owned(costs.fwd_time), _owned(costs.bwd_time)
         # the per-link segment tables (comm_fit)
         self._link_upper, self._link_coef = split_segments(link_segments(topology, costs))
-        self._static = static_memory(graph).astype(np.float64)
-        self._grad = needs_grad(graph).astype(np.uint8)
+        grad, static = _grad_and_memory(graph, costs)  # training, or inference costs (cost.modes): as simulate()
+        self._static = np.asarray(static, dtype=np.float64)
+        self._grad = np.asarray(grad, dtype=np.uint8)
         self.capacity = _owned(topology.array("memory_bytes"))
         mean_fwd = costs.fwd_time.mean(axis=0)
         self._speed = _owned(mean_fwd / max(float(mean_fwd.min()), 1e-30))

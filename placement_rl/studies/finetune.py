@@ -123,7 +123,8 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
                                    _feasible(graph, costs, topology, teacher[1]), teacher[1], teacher[2],
                                    time.perf_counter() - t0))
     if config.ft_search_rounds > 0 and topology.num_devices > 1:
-        n_calls, teacher = _search_rounds(trainer, task, config, n_calls, curve, log, t0, seed)
+        limit = None if budget is None else budget - reserve  # the searches' calls count in the budget too
+        n_calls, teacher = _search_rounds(trainer, task, config, n_calls, curve, log, t0, seed, limit)
         if teacher is not None:  # the search's own placement: a search row (the policy was trained towards it)
             rows.append(LearnedRow("search from the policy's placements (fine-tuning's teacher)", "search",
                                    teacher[0], _feasible(graph, costs, topology, teacher[1]), teacher[1], teacher[2],
@@ -225,8 +226,8 @@ def _own_policy_iteration(trainer: ConstructiveTrainer, task: ConstructiveTask, 
 
 
 def _search_rounds(trainer: ConstructiveTrainer, task: ConstructiveTask, config: ConstructiveConfig, n_calls: int,
-                   curve: list, log: Callable[[str], None], t0: float,
-                   seed: int) -> tuple[int, tuple[float, np.ndarray, int, float] | None]:
+                   curve: list, log: Callable[[str], None], t0: float, seed: int,
+                   limit: int | None = None) -> tuple[int, tuple[float, np.ndarray, int, float] | None]:
     """Expert iteration on one task with search as the teacher: each round anneals (``baselines.search.anneal``,
     ``ft_search_seconds`` of wall clock) from the best placement the policy produced so far and from ``la_rule``'s,
     then clones the best placement found until the student's greedy decode reproduces it (at most
@@ -254,13 +255,19 @@ def _search_rounds(trainer: ConstructiveTrainer, task: ConstructiveTask, config:
     g0 = rollout(trainer.policy, task, samples=1, greedy=True)
     n_calls += per_check
     greedy_t = float(g0.times[0]) if g0.feasible[0] else float("inf")
+    checks = per_check * (config.clone_epochs // CLONE_CHECK_EVERY + 1)
     for rnd in range(1, config.ft_search_rounds + 1):
+        left = None if limit is None else limit - n_calls - checks  # calls this round's search may spend
+        if left is not None and left < 2:
+            log(f"  search round {rnd}: no calls left in the budget; stop")
+            break
         starts = [task.meta["best_sampled"][1]]
         if "la_rule" in task.refs and task.refs["la_rule"][1]:
             starts.append(task.refs["la_rule"][2])
         found_t, found_dev = np.inf, None
         for i, start in enumerate(starts):
-            prob = Problem(graph, task.costs, topo, budget=10**12, seed=int(rng.integers(2**31)),
+            prob = Problem(graph, task.costs, topo, seed=int(rng.integers(2**31)),
+                           budget=10**12 if left is None else max(1, left // len(starts)),
                            seconds=float(config.ft_search_seconds) / len(starts))
             s0 = prob.score(start)
             if s0 is None:
