@@ -8,8 +8,8 @@ simulated vs measured TP step time on gloo.
     with its TP annotation removed: the DP x PP space) and with TP, and the exact search's optimum in both spaces.
     Cases: ``gpt2_hf`` at GPT-2 large size (36 layers, d_model 1280, 20 heads, seq 1024, batch 16, vocabulary
     50304 = 393 x 128 as nanoGPT pads it, kept so the figures compare with earlier runs; the plans' own padding,
-    ``make_vocab_size_divisible_by``, now pads 50257 itself) on ``8x_h100_dgx`` and ``2x4_v100_ib``; a GPT whose training state does not fit one device
-    (``gpt`` 12 layers, d_model 1024 on ``2x_small_gpu``: 2 GiB per device), where TP and FSDP are compared; a
+    ``make_vocab_size_divisible_by``, now pads 50257 itself) on ``8x_h100_dgx`` and ``2x4_v100_ib``; a GPT whose
+    training state does not fit one device (``gpt`` 12 layers, d_model 1024 on ``2x_small_gpu``: 2 GiB per device), where TP and FSDP are compared; a
     mid-size GPT (8 layers, d_model 1024, seq 256, batch 16) on ``2x4_v100_ib``.
 (b) Deploy vs hand-written: our executor's step (``PartRunner``: export split, ``_tp.apply_tp`` on the stage
     program, mesh, Adam) against a hand-written TP step of the same zoo model on the same TP mesh written as
@@ -21,8 +21,8 @@ simulated vs measured TP step time on gloo.
     summed across the stages (``HandWrittenTPxPP``). Both in the same processes, steps interleaved (the 2-core
     machine is shared), slowest rank per step; ratio of medians (target <= 1.05).
 (c) Fidelity on gloo: measured step time of 11 TP plans (TP 2 / 4, TP x DP, TP x PP GPipe and 1F1B, one with full
-    recomputation), DP / PP plans and single-process plans with selective / full recomputation of the same model, deployed
-    on this machine's CPU processes, against ``simulate_pipeline`` on ``2x_cpu`` with per-op CPU profiles of the
+    recomputation), DP / PP plans and single-process plans with selective / full recomputation of the same model,
+    deployed on this machine's CPU processes, against ``simulate_pipeline`` on ``2x_cpu`` with per-op CPU profiles of the
     model at the plan's micro-batch (``placement_rl.profiling``: thread CPU clock, gloo link fit), the profile's
     per-pass overhead and Adam share (split parameters divided by the TP degree), as ``bench_executor.py`` does.
 

@@ -23,8 +23,8 @@ contiguous shard holds its heads of every chunk (Megatron's layout); :class:`Par
 rows (``ROW_PERM``). A region with an op this rewrite has no rule for (e.g. Llama's separate q / k / v, whose
 scores mix two columns) keeps the DTensor path.
 
-The step runs under ``implicit_replication`` (forward and backward; plain tensors meeting DTensors -- masks, targets, the residual
-stream -- count as replicated) and its outputs are plain tensors (a DTensor output, e.g. the loss computed from
+The step runs under ``implicit_replication`` (forward and backward; plain tensors meeting DTensors -- masks,
+targets, the residual stream -- count as replicated) and its outputs are plain tensors (a DTensor output, e.g. the loss computed from
 vocab-sharded logits, is made whole). Parameters tied within a stage (GPT's embedding and LM head) are tied
 again after sharding when both shard the same way. Replicated parameters (norms, biases of row GEMMs, position
 embeddings) get identical gradients on every TP rank, as in Megatron without sequence parallelism.
