@@ -24,10 +24,10 @@ rows (``ROW_PERM``). A region with an op this rewrite has no rule for (e.g. Llam
 scores mix two columns) keeps the DTensor path.
 
 The step runs under ``implicit_replication`` (forward and backward; plain tensors meeting DTensors -- masks,
-targets, the residual stream -- count as replicated) and its outputs are plain tensors (a DTensor output, e.g. the loss computed from
-vocab-sharded logits, is made whole). Parameters tied within a stage (GPT's embedding and LM head) are tied
-again after sharding when both shard the same way. Replicated parameters (norms, biases of row GEMMs, position
-embeddings) get identical gradients on every TP rank, as in Megatron without sequence parallelism.
+targets, the residual stream -- count as replicated) and its outputs are plain tensors (a DTensor output, e.g. the
+loss computed from vocab-sharded logits, is made whole). Parameters tied within a stage (GPT's embedding and LM
+head) are tied again after sharding when both shard the same way. Replicated parameters (norms, biases of row GEMMs,
+position embeddings) get identical gradients on every TP rank, as in Megatron without sequence parallelism.
 
 Checked before any process starts (:func:`check_program`): every annotated GEMM is an ``aten.linear`` or
 ``aten.embedding`` (GPT-2's ``Conv1D`` ``addmm`` is refused), every split size is divisible by the TP degree,
