@@ -131,13 +131,14 @@ class Problem:
             self._best = float(step_time)
             self.trace.append((self.elapsed, self.calls, self._best))
 
-    def score(self, devices: np.ndarray) -> Score | None:
-        """Simulate one placement (cached by content); None when the budget is spent."""
+    def score(self, devices: np.ndarray, *, after_time: bool = False) -> Score | None:
+        """Simulate one placement (cached by content); None when the budget is spent (``after_time``: the call
+        budget only, for the result itself once the seconds are spent)."""
         devices = np.ascontiguousarray(devices, dtype=np.int64)
         key = devices.tobytes()
         if key in self._scored:
             return self._scored[key]
-        if self.left <= 0:
+        if (self.budget - self.calls if after_time else self.left) <= 0:
             return None
         res = self.sim.run(devices)
         over = float(np.maximum(np.asarray(res.peak_memory) - self.capacity, 0.0).sum())
@@ -159,7 +160,7 @@ class Problem:
 
     def finish(self, devices: np.ndarray, name: str, **extra: object) -> Placement:
         devices = np.asarray(devices, dtype=np.int64)
-        s = self.score(devices)
+        s = self.score(devices, after_time=True)  # the result is scored even when the seconds are spent
         meta: dict[str, object] = {"placer": name, "budget": self.budget, "seed": self.seed,
                                    "sim_calls": self.calls,
                                    "search_seconds": time.perf_counter() - self.start,
