@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     # cost a third of the threads' gain at 20,000 nodes; 30,000 spins: CPU 1.1x wall, the gain kept)
     os.environ.setdefault("PLACEMENT_RL_DECODE_THREADS", "auto")
     os.environ.setdefault("GOMP_SPINCOUNT", "30000")
-    from placement_rl.cost.split import parse_threads
+    from placement_rl.decode_env import parse_threads
     from placement_rl.errors import ConfigError
 
     try:

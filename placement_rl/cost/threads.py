@@ -9,22 +9,9 @@ import sys
 
 import numba
 
-from placement_rl.errors import ConfigError
+from placement_rl.decode_env import THREADS_ENV, parse_threads  # noqa: F401 (re-exported)
 
-THREADS_ENV = "PLACEMENT_RL_DECODE_THREADS"
 MIN_WORK = 2_000_000  # node-device evaluations (about N x W x D^2) below which one thread decodes
-
-
-def parse_threads(raw: str) -> int:
-    """A ``PLACEMENT_RL_DECODE_THREADS`` value: ``auto`` -> 0 (numba's thread count), ``N`` >= 1 -> N;
-    ``ConfigError`` otherwise."""
-    raw = raw.strip().lower()
-    if raw == "auto":
-        return 0
-    n = int(raw) if raw.isdigit() else 0
-    if n < 1:
-        raise ConfigError(f"{THREADS_ENV}={raw!r}: use a thread count >= 1 or 'auto'")
-    return n
 
 
 def _numba_threads() -> int:
