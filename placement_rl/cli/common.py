@@ -194,7 +194,7 @@ def _compose(config_name: str, overrides: list[str], dirs: list[str]) -> tuple[d
 
     from placement_rl.cli.configs import register_configs
 
-    register_configs()
+    register_configs(config_name)
     path = config_path()
     init = (initialize_config_module(path[len("pkg://"):], version_base="1.3") if path.startswith("pkg://")
             else initialize_config_dir(path, version_base="1.3"))
@@ -264,7 +264,7 @@ def hydra_app(config_name: str, *, writes: Iterable[str] = ()) -> Callable[[Call
         def main() -> None:
             from placement_rl.cli.configs import register_configs
 
-            register_configs()  # the structured configs, as schema/<name> in Hydra's ConfigStore
+            register_configs(config_name)  # its structured config in Hydra's ConfigStore (schema/, base/)
             try:
                 sys.argv += preflight(config_name, sys.argv[1:])
             except PlacementRLError as exc:
