@@ -251,11 +251,14 @@ def _search_rounds(trainer: ConstructiveTrainer, task: ConstructiveTask, config:
         curve.append((n_calls, min(curve[-1][1], task.meta["best_sampled"][0])))
 
     best_t, best_dev = task.meta["best_sampled"]
+    checks = per_check * (config.clone_epochs // CLONE_CHECK_EVERY + 1)
+    if limit is not None and n_calls + per_check + checks + 2 > limit:
+        log("  no search rounds: the call budget leaves no room for a search and its clone's greedy checks")
+        return n_calls, None
     trainer.policy.eval()
     g0 = rollout(trainer.policy, task, samples=1, greedy=True)
     n_calls += per_check
     greedy_t = float(g0.times[0]) if g0.feasible[0] else float("inf")
-    checks = per_check * (config.clone_epochs // CLONE_CHECK_EVERY + 1)
     for rnd in range(1, config.ft_search_rounds + 1):
         left = None if limit is None else limit - n_calls - checks  # calls this round's search may spend
         if left is not None and left < 2:
