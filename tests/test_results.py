@@ -118,3 +118,12 @@ def test_write_result_round_trip_with_provenance(tmp_path):
         <= set(prov)
     with pytest.raises(ValueError, match="plain file stem"):
         write_result("../x", {}, folder=tmp_path)
+
+
+def test_the_readme_is_a_short_front_door():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    for command in ('pip install -e ".[test]"', "python -m pytest -q"):  # .ci/run runs them verbatim
+        assert command in text and command in (ROOT / ".ci" / "run").read_text()
+    for link in re.findall(r"\]\(((?:docs|results)/[\w./-]+|CHANGELOG\.md)\)", text):
+        assert (ROOT / link).exists(), f"README links {link}, which does not exist"
