@@ -10,9 +10,9 @@ teachers, teacher labelling of policy iteration, evaluation of (graph, topology)
   ``"host:port"`` joins a running cluster deliberately (``ray start --head`` on one machine, ``ray start
   --address=<head>:6379`` on the others), where ``auto`` means every CPU of the cluster. A Ray instance already
   running in this process is reused (and left running). ``auto`` without Ray installed means one worker, here.
-* The same code everywhere: a Ray instance this object starts or joins gets the driver's package shipped to every
-  worker (``runtime_env`` ``working_dir``; ``ship=False`` leaves the workers' own install), and one worker per node
-  reports its package version, source / config hashes and library versions: any difference is refused in one
+* The same code everywhere: a cluster this object joins gets the driver's package shipped to every worker
+  (``runtime_env`` ``working_dir``; ``ship=True`` for a private instance too, ``ship=False`` never), and one
+  worker per node reports its package version, source / config hashes and library versions: any difference is refused in one
   line (``scale_ray.CodeMismatchError``) before any job runs. ``describe()`` is the run's first line.
 
 Results come back in input order. Work is split by job, never raced: a job's result depends only on its
@@ -132,7 +132,7 @@ class Workers:
     """Run ``fn(item, *shared)`` over items here (``n=1``) or as Ray tasks (see the module docstring)."""
 
     def __init__(self, n: int | str = 1, *, address: str | None = None, retries: int = RETRIES,
-                 store: str | Path | None = None, ship: bool = True) -> None:
+                 store: str | Path | None = None, ship: bool | None = None) -> None:
         n = check_workers(n)
         if address is not None and not str(address).strip():
             address = None
@@ -153,7 +153,7 @@ class Workers:
         self._remote: Any = None
         self._conn: Any = None  # scale_ray.Connection on Ray
         self._code_key: str | None = None
-        self.ship = bool(ship)  # a started / joined Ray gets the driver's package (runtime_env working_dir)
+        self.ship = ship  # the driver's package to the workers (runtime_env working_dir); None: on a joined cluster
         self.nodes_checked = 0
         self.note = ""
         if n == 1:

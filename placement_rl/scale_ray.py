@@ -10,8 +10,10 @@
   does): the running cluster is joined, and the run's first line says so with its CPUs and nodes.
 * Ray already initialised in this process (by the caller): reused as it is, and left running.
 
-Unless reused, the driver ships its package to every worker (``runtime_env`` ``working_dir``: a folder holding a
-copy staged by ``scale_code.stage_package``), so a worker never runs another checkout's or another install's code.
+When joining a cluster (and on request), the driver ships its package to every worker (``runtime_env``
+``working_dir``: a folder holding a copy staged by ``scale_code.stage_package``), so a worker never runs another
+checkout's or another install's code. A private instance's workers import this machine's install (the driver's
+own files, and the numba kernel caches it compiled: a shipped copy recompiles every kernel in every worker).
 (Not ``py_modules``: with it Ray also puts the driver's current folder at the front of every worker's path, and a
 driver started in a checkout would shadow the shipped copy with whatever that path holds on each node.) Then
 ``check_code`` asks one worker on every node for its ``code_identity`` and refuses any difference in one line
@@ -76,8 +78,10 @@ def cluster_size() -> tuple[int, int]:
     return int(ray.cluster_resources().get("CPU", 0)), len(nodes)
 
 
-def connect(requested: int | str, address: str | None, *, ship: bool = True) -> Connection:
-    """Reach Ray as the module doc says; ``ConfigError`` in one line when the cluster cannot be joined."""
+def connect(requested: int | str, address: str | None, *, ship: bool | None = None) -> Connection:
+    """Reach Ray as the module doc says; ``ConfigError`` in one line when the cluster cannot be joined.
+    ``ship``: send the driver's package to the workers; ``None``: when joining a cluster (a private instance's
+    workers import this machine's install, whose numba kernel caches the driver has already compiled)."""
     import ray
 
     identity = code_identity()  # the files this driver reads now; with shipping, those of the shipped copy
@@ -88,6 +92,7 @@ def connect(requested: int | str, address: str | None, *, ship: bool = True) -> 
     via = "ray.address"
     if address is None and os.environ.get("RAY_ADDRESS", "").strip():  # Ray's own way to name a cluster: a join
         address, via = os.environ["RAY_ADDRESS"].strip(), "RAY_ADDRESS"
+    ship = address is not None if ship is None else ship
     kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": True}
     staged = tempfile.mkdtemp(prefix="placement-rl-ship-") if ship else None
     try:
