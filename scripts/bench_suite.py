@@ -42,6 +42,8 @@ def case_figures(rows: list[Row]) -> dict:
     exhaustive = {r.kind: _ms(r.step_time) for r in rows if r.placer in ("exhaustive", "pp_exhaustive")
                   and r.feasible and math.isfinite(r.step_time)}  # NaN: too many plans for the budget
     out["exhaustive_ms"] = exhaustive or None
+    out["heuristics"] = {r.placer: {"ms": _ms(r.step_time), "sim_calls": int(r.sim_calls)} for r in rows
+                         if r.placer in ("sim_eft", "eft_rollout") and r.kind == "placement"}
     return out
 
 

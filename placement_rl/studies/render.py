@@ -1,7 +1,7 @@
 """Documents rendered from ``results/*.json`` (``placement_rl.results``): the README's headline figure table and
 ``docs/results.md``, each between markers, so that a printed figure is always a value of a results file.
 
-``headline_rows(folder)`` builds one row per headline figure: what it is, its value (formatted from the JSON),
+``suite_table(folder)`` is docs/evaluate_suite.md's summary table. ``headline_rows(folder)`` builds one row per headline figure: what it is, its value (formatted from the JSON),
 when and on what machine it was measured (the file's provenance), and links to the JSON and the command that made
 it. ``render_block(text, name, body)`` replaces what lies between ``<!-- name:begin -->`` and ``<!-- name:end -->``;
 ``render_all(root, check=...)`` renders (or, with ``check``, compares) every document. ``scripts/render.py`` is
@@ -164,6 +164,36 @@ def results_page(folder: Path, results_link: str = "../results") -> str:
     return "\n".join(out).rstrip()
 
 
+def suite_table(folder: Path) -> str:
+    """docs/evaluate_suite.md's summary: per case the best single device, op-level placement and stage plan
+    (``results/evaluate_suite.json``)."""
+    doc = _load(folder).get("evaluate_suite")
+    if doc is None:
+        return "(no results/evaluate_suite.json: run python scripts/bench_suite.py)"
+    fig = doc["figures"]
+
+    def names(best: dict) -> str:
+        return ", ".join(best["placers"][:4]) + ("..." if len(best["placers"]) > 4 else "")
+
+    lines = [f"Measured {measured_on(doc)}: `{doc.get('command', '?')}`, {fig['budget']:,} simulator calls per placer, "
+             f"seed {fig['seed']}; costs {', '.join(fig['cost_sources'])}.", "",
+             "| case | best single device (ms) | best op-level placer (ms) | speed-up | `sim_eft` / `eft_rollout` (ms; "
+             "calls) | best stage plan (ms) | speed-up | exhaustive optimum |", "|---|---|---|---|---|---|---|---|"]
+    for case, c in fig["cases"].items():
+        op, plan, h = c.get("placement"), c.get("stage_plan"), c.get("heuristics") or {}
+        single = f"{c['single_device_ms']:.2f}" + ("" if c.get("single_device_fits") else " (does not fit)")
+        heur = " / ".join(f"{h[k]['ms']:.2f}" for k in ("sim_eft", "eft_rollout") if k in h) + "; " + \
+            " / ".join(str(h[k]["sim_calls"]) for k in ("sim_eft", "eft_rollout") if k in h) if h else "-"
+        ex = c.get("exhaustive_ms") or {}
+        exhaustive = "; ".join(f"{v:.2f} ms ({'op-level' if k == 'placement' else 'stage plans'})"
+                               for k, v in ex.items()) or "too large"
+        lines.append(f"| {case} | {single} | " + (f"{op['ms']:.2f} ({names(op)}) | {op['speedup']:.2f}x" if op else
+                                                 "- | -")
+                     + f" | {heur} | " + (f"{plan['ms']:.2f} ({names(plan)}) | {plan['speedup']:.2f}x" if plan else
+                                          "- | -") + f" | {exhaustive} |")
+    return "\n".join(lines)
+
+
 def render_block(text: str, name: str, body: str, *, where: str) -> str:
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     i, j = text.find(begin), text.find(end)
@@ -179,7 +209,8 @@ def render_all(root: Path, *, check: bool = False) -> list[Path]:
 
     folder = root / "results"
     targets = {root / "README.md": (README_BLOCK, readme_table(headline_rows(folder))),
-               root / "docs" / "results.md": (DOCS_BLOCK, results_page(folder))}
+               root / "docs" / "results.md": (DOCS_BLOCK, results_page(folder)),
+               root / "docs" / "evaluate_suite.md": ("suite", suite_table(folder))}
     changed = []
     for path, (block, body) in targets.items():
         old = path.read_text()
