@@ -68,7 +68,8 @@ def test_documents_match_their_data():
 def _copy_tree(dest: Path) -> Path:
     (dest / "docs").mkdir(parents=True)
     shutil.copy(ROOT / "README.md", dest / "README.md")
-    shutil.copy(ROOT / "docs" / "results.md", dest / "docs" / "results.md")
+    for page in ("results.md", "evaluate_suite.md"):
+        shutil.copy(ROOT / "docs" / page, dest / "docs" / page)
     shutil.copytree(ROOT / "results", dest / "results")
     return dest
 
