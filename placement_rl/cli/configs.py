@@ -214,7 +214,7 @@ class FamilyConfig:
 class TrainerConfig:
     total_steps: int = opt(30000, low=0)
     eval_samples: int = opt(8, low=0)
-    compare: bool = opt(True)
+    compare: bool = opt(False)
     tensorboard: bool = opt(True)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     family: FamilyConfig = field(default_factory=FamilyConfig)

@@ -99,12 +99,50 @@ def _fidelity_gpu_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
              f"worse than the roofline on {len(fig['worse_than_roofline'])} of {fig['tables']} tables")]
 
 
+def _train_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    f = doc["figures"]
+    ls = f.get("local_search_same_seconds_ms")
+    return [(f"`placement-rl train` on the default case ({f['graph']} on {f['topology']}): wall seconds; best "
+             f"learned row / best heuristic / local search at the learned row's seconds / lower bound (ms)",
+             f"{f['wall_seconds']:.0f} s (load {f['load_before'][0]:.1f}); {f['best_learned_ms']:.2f} / "
+             f"{f['best_heuristic_ms']:.2f} / " + (f"{ls:.2f}" if ls is not None else "-") +
+             f" / {f['lower_bound_ms']:.2f}")]
+
+
+def _learned_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    f = doc["figures"]
+    cks = f["checkpoints"]
+    per = "; ".join(f"{Path(c['checkpoint']).parent.name}/{Path(c['checkpoint']).name}: greedy "
+                    f"{c['greedy_over_la_rule']:.4f}, comm-heavy {c['greedy_over_la_rule_comm_heavy']:.4f}, best of "
+                    f"16 {c['best16_over_la_rule']:.4f}" for c in cks)
+    c0 = cks[0]
+    return [(f"zero-shot placement on the `{f['split']}` split ({c0['pairs']} pairs, {c0['comm_heavy_pairs']} "
+             f"communication-heavy), ratios to `la_rule` (the argmin of the policy's own lookahead feature), per "
+             f"checkpoint", per),
+            (f"`la_rule` on the `{f['split']}` split: over `sim_eft` / over the pair's lower bound",
+             f"{c0['la_rule_over_sim_eft']:.4f} / {c0['la_rule_over_bound']:.3f}")]
+
+
+def _search_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    f = doc["figures"]
+    summ = f["summary"]
+    pairs = next(iter(summ.values()))["pairs"]
+    vals = ", ".join(f"{float(k):g} s {v['policy_search_over_best_search']:.3f}" for k, v in summ.items())
+    return [(f"`policy_search` over the best non-learned search at equal seconds (`{f['split']}`, {pairs} pairs)",
+             vals)]
+
+
 # results file -> the rows it gives, in the README's order
 HEADLINES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str]]]] = {
     "evaluate_suite": _suite_rows,
     "fidelity_h200": _measured_gpu_rows,
     "fidelity_h100": _measured_gpu_rows,
     "fidelity_gpu": _fidelity_gpu_rows,
+    "train_default": _train_rows,
+    "learned_test": _learned_rows,
+    "learned_dev": _learned_rows,
+    "search_dev": _search_rows,
+    "search_scale2000": _search_rows,
 }
 
 
