@@ -491,3 +491,35 @@ def test_metis_is_quiet_when_devices_outnumber_nodes(capfd):
     Placement(dev).validate(g, topo)
     print("still printed")  # Python's own stdout is back after the calls
     assert capfd.readouterr().out == "still printed\n"
+
+
+def test_sim_eft_keeps_zero_forward_nodes_off_a_slow_idle_device():
+    """Weight-gradient groups (no forward time, a real backward) tie on forward finish; ranked by the forward alone
+    they go to the idle CPU (its forward has no launch overhead) and its backward is 700x slower. ``sim_eft``'s
+    key is the whole step (forward finish + the node's backward there): none lands on the CPU, and the step is
+    faster than the forward-only rule's (replayed here from the state's ``eft_gap`` column)."""
+    from placement_rl.cost.schedule import DEVICE_FEATURES, ScheduleState
+    from placement_rl.graph.ir import make_graph
+
+    nodes, edges = [], []
+    for i in range(6):
+        nodes.append({"name": f"f{i}", "fwd_flops": 2e10, "bwd_flops": 4e10, "out_bytes": 1e4, "param_bytes": 1e6,
+                      "act_bytes": 1e4})
+        if i:
+            edges.append((f"f{i - 1}", f"f{i}", 1e4))
+    for i in range(6):
+        nodes.append({"name": f"w{i}", "fwd_flops": 0.0, "bwd_flops": 4e10, "param_bytes": 1e6})
+        edges.append((f"f{i}", f"w{i}", 16.0))
+    graph, topo = make_graph(nodes, edges, name="zero_forward"), load_topology("cpu_2gpu")
+    costs = resolve_costs(graph, topo)
+    cpu = [i for i, d in enumerate(topo.devices) if d.kind == "cpu"]
+    p, res = run("sim_eft", graph, topo, costs=costs)
+    zero = np.arange(6, 12)
+    assert not np.isin(p.device_of_node[zero], cpu).any()
+    st = ScheduleState(graph, costs, topo, episodes=1, window=0)
+    col = DEVICE_FEATURES.index("eft_gap")
+    while not st.done:
+        f, m = st.features()
+        st.place(int(np.argmin(np.where(m[0], f[0, :, col], np.inf))))
+    assert np.isin(st.devices[0][zero], cpu).any()  # what the forward-only key did
+    assert res.step_time < float(st.finish()[0])
