@@ -189,15 +189,25 @@ class ConstructiveTrainer:
             rec: dict[str, Any] = {"phase": "policy_iteration", "round": rnd, "agreement": agree,
                                    "label_departs_from_student": float(np.mean(gain)) if gain else 0.0,
                                    "teacher_completions": completions, "decisions": self.decisions}
-            if val:
-                score = self._val_score(val)
-                rec["val_greedy_geomean"] = score
-                if score < best[0]:
-                    best = (score, self._weights())
-            self.history.append(rec)
-            report["rounds"].append(rec)
-            if progress:
-                progress("policy iteration", rnd, rounds, {k: v for k, v in rec.items() if isinstance(v, float)})
+            best = self._end_round(rec, val, best, report, progress, "policy iteration", rnd, rounds)
+        return self._keep_best(best, report)
+
+    def _end_round(self, rec: dict[str, Any], val: Sequence[ConstructiveTask], best, report: dict[str, Any],
+                   progress: Progress | None, phase: str, rnd: int, rounds: int):
+        """Score a finished round on ``val`` (keeping the best weights), record it, show it; returns ``best``."""
+        if val:
+            score = self._val_score(val)
+            rec["val_greedy_geomean"] = score
+            if score < best[0]:
+                best = (score, self._weights())
+        self.history.append(rec)
+        report["rounds"].append(rec)
+        if progress:
+            progress(phase, rnd, rounds, {k: v for k, v in rec.items() if isinstance(v, float)})
+        return best
+
+    def _keep_best(self, best, report: dict[str, Any]) -> dict[str, Any]:
+        """Load the best validation weights (if any were scored) and say so in ``report``."""
         if best is not None:
             self.policy.load_state_dict(best[1])
             report["val_greedy_geomean"] = best[0]

@@ -118,19 +118,8 @@ def expert_iteration(trainer: Any, tasks: Sequence[ConstructiveTask], *, val: Se
         rec: dict[str, Any] = {"phase": "expert_iteration", "round": rnd, "agreement": agree,
                                "searched_over_student": gm(over_student), "searched_over_la_rule": gm(over_rule),
                                "search_calls": int(cfg.ei_search_budget) * len(pool), "decisions": trainer.decisions}
-        if val:
-            score = trainer._val_score(val)
-            rec["val_greedy_geomean"] = score
-            if score < best[0]:
-                best = (score, trainer._weights())
-        trainer.history.append(rec)
-        report["rounds"].append(rec)
-        if progress:
-            progress("expert iteration", rnd, rounds, {k: v for k, v in rec.items() if isinstance(v, float)})
-    if best is not None:
-        trainer.policy.load_state_dict(best[1])
-        report["val_greedy_geomean"] = best[0]
-    return report
+        best = trainer._end_round(rec, val, best, report, progress, "expert iteration", rnd, rounds)
+    return trainer._keep_best(best, report)
 
 
 __all__ = ["expert_iteration", "search_job"]

@@ -81,13 +81,9 @@ def git_state() -> tuple[str, bool | None]:
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from placement_rl._local import cpu_model_name
+
+    return cpu_model_name()
 
 
 def versions() -> dict[str, str]:

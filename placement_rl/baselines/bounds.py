@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from placement_rl.cost.schedule import longest_path
 from placement_rl.cost.types import CostTable
 from placement_rl.graph.ir import CompGraph
 from placement_rl.topology import DeviceTopology
@@ -45,14 +46,7 @@ class Bound:
 
 def path_bound(graph: CompGraph, costs: CostTable) -> float:
     """Longest path of (fastest forward + fastest backward) per node, transfers free."""
-    w = costs.fwd_time.min(axis=1) + costs.bwd_time.min(axis=1)
-    level = w.copy()
-    pp, pi = graph.pred_ptr, graph.pred_idx
-    for v in graph.topo_order.tolist():
-        a, b = pp[v], pp[v + 1]
-        if b > a:
-            level[v] = w[v] + level[pi[a:b]].max()
-    return float(level.max()) if level.size else 0.0
+    return longest_path(graph, costs.fwd_time.min(axis=1) + costs.bwd_time.min(axis=1))
 
 
 def work_bound(costs: CostTable) -> float:

@@ -190,14 +190,18 @@ def time_scale(graph: CompGraph, costs: CostTable) -> float:
     """The task's time unit: its forward critical path on the fastest device per node, or its total fastest
     forward work over the device count, whichever is larger (never zero)."""
     w = costs.fwd_time.min(axis=1)
-    level = w.copy()
+    return max(longest_path(graph, w), float(w.sum()) / costs.num_devices, 1e-9)
+
+
+def longest_path(graph: CompGraph, weight: np.ndarray) -> float:
+    """The heaviest path of the DAG with node weights ``weight`` [N] (0 for an empty graph)."""
+    level = np.asarray(weight, dtype=np.float64).copy()
     pp, pi = graph.pred_ptr, graph.pred_idx
     for v in graph.topo_order.tolist():
         a, b = pp[v], pp[v + 1]
         if b > a:
-            level[v] = w[v] + level[pi[a:b]].max()
-    cp = float(level.max()) if level.size else 0.0
-    return max(cp, float(w.sum()) / costs.num_devices, 1e-9)
+            level[v] = weight[v] + level[pi[a:b]].max()
+    return float(level.max()) if level.size else 0.0
 
 
 def window_time_scale(scale: float, num_nodes: int) -> float:
