@@ -126,15 +126,9 @@ def host_memory_bytes() -> tuple[float, str]:
 
 
 def cpu_model_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
+    from placement_rl.results import cpu_model
 
-    return platform.processor() or platform.machine()
+    return cpu_model()
 
 
 # ---------------------------------------------------------------- NVML

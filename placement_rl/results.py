@@ -81,9 +81,14 @@ def git_state() -> tuple[str, bool | None]:
 
 
 def cpu_model() -> str:
-    from placement_rl._local import cpu_model_name
-
-    return cpu_model_name()
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def versions() -> dict[str, str]:
