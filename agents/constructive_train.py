@@ -175,22 +175,32 @@ class ConstructiveTrainer:
                     data.append((t, ro.trace, lab.labels[:, None], lab.regret[:, None], keep[:, None].astype(np.float32)))
                     own = ro.trace.actions[:, 0]
                     gain.append(float((lab.labels[keep] != own[keep]).mean()))
-            self.policy.train()
-            self._set_lr(cfg.pi_lr if cfg.pi_lr > 0 else cfg.lr)
-            agree = 0.0
-            for _ in range(cfg.pi_epochs):
-                agrees = []
-                for j in self.rng.permutation(len(data)).tolist():
-                    t, tr, labels, reg, w = data[j]
-                    loss, a = imitation_loss(self.policy, t, tr, labels, reg, cfg.regret_coef, weight=w)
-                    self._step(loss)
-                    agrees.append(a)
-                agree = float(np.mean(agrees)) if agrees else 0.0
+            agree = self._distil(data, cfg.pi_epochs, cfg.pi_lr, lambda it: imitation_loss(
+                self.policy, it[0], it[1], it[2], it[3], cfg.regret_coef, weight=it[4]))
             rec: dict[str, Any] = {"phase": "policy_iteration", "round": rnd, "agreement": agree,
                                    "label_departs_from_student": float(np.mean(gain)) if gain else 0.0,
                                    "teacher_completions": completions, "decisions": self.decisions}
             best = self._end_round(rec, val, best, report, progress, "policy iteration", rnd, rounds)
         return self._keep_best(best, report)
+
+    def _distil(self, data: Sequence[Any], epochs: int, lr: float,
+                loss_of: Callable[[Any], tuple[torch.Tensor, float]], *, count: bool = False) -> float:
+        """``epochs`` passes over ``data`` in a shuffled order at ``lr`` (0: the imitation rate), one step per item
+        (``loss_of(item) -> (loss, agreement)``; ``count``: each item's nodes are decisions). Returns the last
+        epoch's mean agreement."""
+        self.policy.train()
+        self._set_lr(lr if lr > 0 else self.cfg.lr)
+        agree = 0.0
+        for _ in range(epochs):
+            agrees = []
+            for j in self.rng.permutation(len(data)).tolist():
+                loss, a = loss_of(data[j])
+                self._step(loss)
+                agrees.append(a)
+                if count:
+                    self.decisions += data[j][0].graph.num_nodes
+            agree = float(np.mean(agrees)) if agrees else 0.0
+        return agree
 
     def _end_round(self, rec: dict[str, Any], val: Sequence[ConstructiveTask], best, report: dict[str, Any],
                    progress: Progress | None, phase: str, rnd: int, rounds: int):

@@ -96,24 +96,14 @@ def expert_iteration(trainer: Any, tasks: Sequence[ConstructiveTask], *, val: Se
             bt, bok, _ = _best_known(t)
             if ok and (not bok or time_ < bt * (1 - 1e-12)):
                 t.meta["ei_best"] = (time_, ok, dev)
-            bt, bok, bdev = _best_known(t)
+            bt, bok, _ = _best_known(t)
             if bok and bool(ro.feasible[0]):
                 over_student.append(bt / float(ro.times[0]))
             if bok and "la_rule" in t.refs and t.refs["la_rule"][1]:
                 over_rule.append(bt / t.refs["la_rule"][0])
         data = [(t, rollout(None, t, forced=_best_known(t)[2], record=True).trace) for t in pool]
-        trainer.policy.train()
-        trainer._set_lr(cfg.ei_lr if cfg.ei_lr > 0 else cfg.lr)
-        agree = 0.0
-        for _ in range(cfg.ei_epochs):
-            agrees = []
-            for j in trainer.rng.permutation(len(data)).tolist():
-                t, tr = data[j]
-                loss, a = imitation_loss(trainer.policy, t, tr)
-                trainer._step(loss)
-                agrees.append(a)
-                trainer.decisions += t.graph.num_nodes
-            agree = float(np.mean(agrees)) if agrees else 0.0
+        agree = trainer._distil(data, cfg.ei_epochs, cfg.ei_lr,
+                                lambda it: imitation_loss(trainer.policy, it[0], it[1]), count=True)
         gm = (lambda x: float(np.exp(np.mean(np.log(x)))) if x else float("nan"))
         rec: dict[str, Any] = {"phase": "expert_iteration", "round": rnd, "agreement": agree,
                                "searched_over_student": gm(over_student), "searched_over_la_rule": gm(over_rule),

@@ -77,13 +77,13 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
         one.reset()
         decode(one, FORCED, forced=start_dev)
     inc_t, inc_ok = float(one.finish()[0]), bool(one.feasible()[0])
+    start_t = inc_t
     calls += 1
     inc = start_dev
     best, best_t, best_ok = inc.copy(), inc_t, inc_ok
     trace = [[time.perf_counter() - t0, calls, best_t]] if best_ok else []
     st = ScheduleState(graph, costs, topology, episodes=int(samples), window=int(window))
     temp, batches, improved = float(temperature), 0, 0
-    prob = None
     if anneal_share > 0:
         from placement_rl.baselines.common import Problem
         from placement_rl.baselines.search import anneal as _anneal
@@ -135,7 +135,7 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
         last_batch = time.perf_counter() - tb
     meta = {"placer": "policy_search", "seed": int(seed), "sim_calls": calls,
             "search_seconds": time.perf_counter() - t0, "seconds_budget": float(seconds), "trace": trace,
-            "start_time": inc_t if batches == 0 else float(trace[0][2]) if trace else inc_t,
+            "start_time": start_t,
             "batches": batches, "improved": improved, "samples": int(samples), "window": int(window),
             "step_time": best_t, "feasible": best_ok}
     return Placement(best, meta=meta).validate(graph, topology)

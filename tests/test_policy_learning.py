@@ -371,9 +371,10 @@ def test_search_fine_tuning_never_leaves_a_slower_greedy_and_reports_its_teacher
 
     torch.set_num_threads(1)
     for g, topo, costs in _finetune_cases()[:2]:
-        policy = build_policy(ConstructiveConfig(hidden=16, layers=1, window=4))
-        cfg = ConstructiveConfig(hidden=16, layers=1, window=4, ft_search_rounds=2, ft_search_seconds=0.3,
-                                 clone_epochs=10)
+        # full_window=0: the zero-shot greedy reads the trained window too, the basis the kept weights compare on
+        policy = build_policy(ConstructiveConfig(hidden=16, layers=1, window=4, full_window=0))
+        cfg = ConstructiveConfig(hidden=16, layers=1, window=4, full_window=0, ft_search_rounds=2,
+                                 ft_search_seconds=0.3, clone_epochs=10)
         res = finetune(g, topo, costs, policy, cfg, samples=2, log=lambda _: None)
         rows = {r.label: r for r in res.rows}
         zs = rows["policy zero-shot (greedy)"].step_time
