@@ -48,9 +48,12 @@ def local_search(prob: Problem) -> np.ndarray:
     return anneal(prob, best, best_s)
 
 
-def anneal(prob: Problem, start: np.ndarray, start_score: Score) -> np.ndarray:
+def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, large_share: float = 0.0) -> np.ndarray:
     """Simulated annealing from ``start`` (already scored) with the rest of ``prob``'s budget; returns the best
-    placement simulated (never worse than ``start``)."""
+    placement simulated (never worse than ``start``). ``large(current, rng)``: an optional proposal of large moves
+    (a whole candidate placement, its own simulator calls charged to ``prob``; e.g. ``agents.policy_search``'s
+    repairs sampled from a policy), run whenever its seconds are below ``large_share`` of the seconds spent; its
+    candidates go through the same temperature schedule and acceptance test as the single-node moves."""
     best, best_s = np.asarray(start, dtype=np.int64).copy(), start_score
     if prob.d == 1 or prob.n == 0:
         return best
@@ -61,7 +64,7 @@ def anneal(prob: Problem, start: np.ndarray, start_score: Score) -> np.ndarray:
     t0 = T0_FRAC * max(best_s.step_time, 1e-12)
     t1 = 1e-4 * max(best_s.step_time, 1e-12)
     rng = prob.rng
-    stale = 0
+    stale, large_time = 0, 0.0
     for _ in range(50 * prob.budget + 100):  # bounded even when moves keep hitting cached placements
         if prob.left <= 0 or stale > 20 * prob.n * prob.d + 100:
             break
@@ -69,7 +72,14 @@ def anneal(prob: Problem, start: np.ndarray, start_score: Score) -> np.ndarray:
         if span is not None:
             frac = max(frac, (prob.elapsed - sec0) / span)
         temp = t0 * (t1 / t0) ** min(1.0, frac)
-        cand = _move(cur, prob, rng)
+        if large is not None and large_time < large_share * (prob.elapsed - sec0):
+            tl = prob.elapsed
+            cand = large(cur, rng)
+            large_time += prob.elapsed - tl
+            if cand is None:
+                continue
+        else:
+            cand = _move(cur, prob, rng)
         calls_before = prob.calls
         s = prob.score(cand)
         stale = stale + 1 if prob.calls == calls_before else 0

@@ -1,0 +1,111 @@
+"""Policy-guided search: its start, its repairs (the decode kernel's SAMPLE / FORCED / stop), its accounting."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from placement_rl.agents.constructive_config import default_checkpoint, load_policy
+from placement_rl.agents.fast_decode import Head
+from placement_rl.agents.constructive import graph_tensors
+from placement_rl.agents.policy_search import policy_search
+from placement_rl.baselines.common import Problem
+from placement_rl.baselines.eft import la_rule_devices
+from placement_rl.baselines.search import anneal
+from placement_rl.cost import resolve_costs, simulate
+from placement_rl.cost.decode import FORCED, POLICY, SAMPLE, decode
+from placement_rl.cost.schedule import ScheduleState
+from placement_rl.envs.constructive_task import ConstructiveTask
+from placement_rl.errors import ConfigError
+from placement_rl.graph import synthetic
+from placement_rl.topology import load_topology
+
+
+@pytest.fixture(scope="module")
+def policy():
+    torch.set_num_threads(1)
+    pol, _, _ = load_policy(default_checkpoint(), log=lambda *_: None)
+    return pol
+
+
+def _case(family: str, n: int, topo: str, seed: int):
+    g = synthetic.sample(family, num_nodes=n, seed=seed)
+    t = load_topology(topo)
+    return g, resolve_costs(g, t), t
+
+
+@pytest.mark.parametrize("case", [("layered", 60, "4x_v100_nvlink", 1), ("dataflow", 80, "2x4_v100_ib", 2),
+                                  ("transformer_like", 70, "cpu_2gpu", 3)])
+def test_policy_search_never_worse_than_its_starts_and_reports_what_it_ran(policy, case):
+    """The result is never slower than the policy's greedy placement nor ``la_rule``'s (its two starts), its
+    ``step_time`` is ``simulate``'s of the placement it returns, the anytime trace only improves, and calls count
+    at least the starts' completions."""
+    g, c, t = _case(*case)
+    p = policy_search(policy, g, c, t, seconds=0.3, seed=0)
+    dev = np.asarray(p.device_of_node)
+    res = simulate(g, c, t, dev)
+    assert res.feasible and p.meta["feasible"]
+    assert res.step_time == pytest.approx(p.meta["step_time"], rel=1e-9)
+    rule = simulate(g, c, t, la_rule_devices(g, c, t)[0]).step_time
+    task = ConstructiveTask(g, t, c)
+    st = ScheduleState(g, c, t, episodes=1, window=g.num_nodes)
+    with torch.no_grad():
+        h = policy.embed(*graph_tensors(task)).double().numpy()
+    decode(st, POLICY, Head(policy, h).arrays())
+    greedy = float(st.finish()[0])
+    assert p.meta["start_time"] == pytest.approx(min(rule, greedy), rel=1e-9)
+    assert res.step_time <= min(rule, greedy) * (1 + 1e-9)
+    times = [x[2] for x in p.meta["trace"]]
+    assert all(b <= a * (1 + 1e-12) for a, b in zip(times, times[1:]))
+    assert p.meta["sim_calls"] >= 2 * g.num_nodes * t.num_devices
+
+
+def test_policy_search_refuses_bad_budgets_in_one_line(policy):
+    g, c, t = _case("layered", 20, "4x_v100_nvlink", 0)
+    for kw in ({"seconds": 0}, {"seconds": 1, "samples": 0}, {"seconds": 1, "temperature": 0}):
+        with pytest.raises(ConfigError):
+            policy_search(policy, g, c, t, **kw)
+
+
+def test_sampled_repairs_replay_the_prefix_and_repeat_with_the_seed(policy):
+    """A repair replays the incumbent's first ``s`` decisions exactly (FORCED up to ``stop``), and SAMPLE with one
+    seed gives the same devices twice; its state's step times equal ``simulate``'s."""
+    g, c, t = _case("dataflow", 50, "4x_v100_nvlink", 4)
+    task = ConstructiveTask(g, t, c)
+    with torch.no_grad():
+        h = policy.embed(*graph_tensors(task)).double().numpy()
+    head = Head(policy, h).arrays()
+    inc = la_rule_devices(g, c, t)[0]
+    runs = []
+    for _ in range(2):
+        st = ScheduleState(g, c, t, episodes=6, window=16)
+        decode(st, FORCED, stop=20, forced=inc)
+        decode(st, SAMPLE, head, stop=28, temperature=2.0, seed=7)
+        decode(st, POLICY, head)
+        runs.append(st.devices.copy())
+        order = st.order[:20]
+        assert np.all(st.devices[:, order] == inc[order])
+        for k in range(6):
+            assert st.finish()[k] == pytest.approx(simulate(g, c, t, st.devices[k]).step_time, rel=1e-9)
+    assert np.array_equal(runs[0], runs[1])
+
+
+def test_anneal_takes_large_moves_through_its_acceptance_and_charges_them():
+    """``anneal(large=...)`` calls the proposal within its time share, charges what it charges, and keeps a
+    better proposal (here: the better of two fixed placements, offered from a worse start)."""
+    g, c, t = _case("layered", 40, "4x_v100_nvlink", 5)
+    good = la_rule_devices(g, c, t)[0]
+    bad = np.zeros(g.num_nodes, dtype=np.int64)
+    seen = []
+
+    def large(cur, rng):
+        seen.append(1)
+        prob.charge(3)
+        return good.copy()
+
+    prob = Problem(g, c, t, budget=200, seed=0)
+    s0 = prob.score(bad)
+    out = anneal(prob, bad, s0, large=large, large_share=0.5)
+    assert seen and prob.calls >= 3 * len(seen)
+    assert simulate(g, c, t, out).step_time <= simulate(g, c, t, good).step_time * (1 + 1e-9)
