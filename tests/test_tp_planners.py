@@ -92,6 +92,28 @@ def test_cut_objective_is_the_simulated_step_on_every_plan_of_a_brute_force(smal
     assert count == 2 * (1 + 7 + 21 + 35 + 1 + 7 + 1)  # cut sets: TP 1 on 1-4 stages, TP 2 on 1-2, TP 4 on 1
 
 
+def test_sequence_parallel_in_the_cut_objective_and_in_exact(small):
+    """Sequence parallelism in ``exact``'s space: with one micro-batch and DP degree 1 the cut objective of every
+    SP plan of a brute force (TP 2 and 4, every cut set) is its simulated step to float error -- a reduce-scatter
+    and an all-gather for each all-reduce, the token-wise ops on 1/t of the sequence -- and differs from the same
+    plan without SP (pricing SP as plain TP breaks it); ``exact``'s plan is never worse than the best of them."""
+    g, c, topo, pp = small
+    best, count, differs = np.inf, 0, 0
+    for t in pipe_tp.tp_choices(pp)[1:]:
+        for s in range(1, pp.d // t + 1):
+            for cuts in every_cut_set(g.num_nodes, s):
+                plan = pp.plan(cuts, (1,) * s, m=1, tp=(t,) * s, sequence_parallel=True)
+                sim = simulate_pipeline(g, c, topo, plan)
+                est = pipe_tp.cut_objective(pp, cuts, 1, 1, "dp", t, sequence_parallel=True)
+                assert plan.sequence_parallel and est == pytest.approx(sim.step_time, rel=1e-12, abs=0), (t, cuts)
+                differs += est != pytest.approx(pipe_tp.cut_objective(pp, cuts, 1, 1, "dp", t), rel=1e-9)
+                best = min(best, sim.step_time)
+                count += 1
+    assert count == 1 + 7 + 1 and differs == count
+    plan, res = run("exact", g, c, topo, budget=5000)
+    assert res.step_time <= best * (1 + 1e-12)
+
+
 def test_exact_cut_search_finds_the_brute_force_optimum_exactly(small):
     """For each (stages, TP) at one micro-batch, the cut DP's plan is the best of all cut sets (float error), and
     ``exact``'s plan is never worse than any plan of that brute force."""

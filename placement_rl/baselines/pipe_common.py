@@ -27,7 +27,8 @@ from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import StagePlan, graph_batch_size
 from placement_rl.topology import DeviceTopology
 
-Plan = tuple  # (cuts, dp degrees, m, sharding[, tp degrees[, recompute per stage]]); cuts may be ``Stages``
+Plan = tuple  # (cuts, dp degrees, m, sharding[, tp degrees[, recompute per stage[, sequence parallel]]]); cuts
+# may be ``Stages``
 MAX_MICROBATCHES = 32  # planners that choose m try powers of two up to this
 
 
@@ -157,7 +158,7 @@ class PipeProblem:
     # -------------------------------------------------------------- scoring
     def plan(self, cuts: list[int], degrees: tuple[int, ...], meta: dict | None = None, m: int | None = None,
              sharding: str = "dp", tp: tuple[int, ...] | None = None,
-             recompute: tuple[str, ...] | None = None) -> StagePlan:
+             recompute: tuple[str, ...] | None = None, sequence_parallel: bool = False) -> StagePlan:
         tp = tuple(tp) if tp else (1,) * len(degrees)
         if isinstance(cuts, Stages):
             stage, groups = np.array(cuts.stage_of_node, dtype=np.int64), cuts.groups
@@ -169,7 +170,7 @@ class PipeProblem:
             groups = tuple(tuple(int(x) for x in self.devs[bounds[k]:bounds[k + 1]]) for k in range(len(degrees)))
         return StagePlan(stage_of_node=stage, stage_devices=groups, num_microbatches=self.m if m is None else int(m),
                          schedule=self.schedule, batch_size=self.batch_size, meta=meta or {}, sharding=sharding,
-                         tp=tp, recompute=recompute or ())
+                         tp=tp, recompute=recompute or (), sequence_parallel=bool(sequence_parallel) and max(tp) > 1)
 
     @property
     def calls(self) -> int:
@@ -185,17 +186,19 @@ class PipeProblem:
 
     def score(self, cuts: list[int], degrees: tuple[int, ...], m: int | None = None,
               sharding: str = "dp", tp: tuple[int, ...] | None = None,
-              recompute: tuple[str, ...] | None = None) -> Score | None:
+              recompute: tuple[str, ...] | None = None, sequence_parallel: bool = False) -> Score | None:
         m = self.m if m is None else int(m)
         tp = tuple(tp) if tp and any(t > 1 for t in tp) else None
         recompute = tuple(recompute) if recompute and any(r != "none" for r in recompute) else None
+        sp = bool(sequence_parallel) and tp is not None
         key = (cuts if isinstance(cuts, Stages) else tuple(cuts), tuple(degrees), m, sharding, tp)
-        key += (recompute,) if recompute else ()
+        key += ((recompute,) if recompute else ()) + (("sp",) if sp else ())
         if key in self._scored:
             return self._scored[key]
         if self.left <= 0:
             return None
-        res = self.sim.run(self.plan(cuts, degrees, m=m, sharding=sharding, tp=tp, recompute=recompute))
+        res = self.sim.run(self.plan(cuts, degrees, m=m, sharding=sharding, tp=tp, recompute=recompute,
+                                     sequence_parallel=sp))
         cap = self.topology.array("memory_bytes")
         over = float(np.maximum(res.peak_memory - cap, 0.0).sum())
         value = float(res.step_time) if self.objective == "step" else float(res.meta["steady_time"])
@@ -224,18 +227,20 @@ class PipeProblem:
         tp = choice[4] if len(choice) > 4 else None
         rc = choice[5] if len(choice) > 5 else None
         rc = tuple(rc) if rc and any(r != "none" for r in rc) else None
-        s = self.score(cuts, degrees, m, sharding, tp, rc)
+        sp = bool(choice[6]) if len(choice) > 6 and tp and any(t > 1 for t in tp) else False
+        s = self.score(cuts, degrees, m, sharding, tp, rc, sp)
         meta: dict[str, object] = {"placer": name, "budget": self.budget, "seed": self.seed,
                                    "sim_calls": self.calls, "search_seconds": time.perf_counter() - self.start,
                                    **self.extra_meta}
         if s is not None:
             key = (cuts if isinstance(cuts, Stages) else tuple(cuts), tuple(degrees), int(m), sharding,
-                   tuple(tp) if tp and any(t > 1 for t in tp) else None) + ((rc,) if rc else ())
+                   tuple(tp) if tp and any(t > 1 for t in tp) else None)
+            key += ((rc,) if rc else ()) + (("sp",) if sp else ())
             meta.update(step_time=self._step.get(key, s.step_time), feasible=s.feasible)
             if self.objective != "step":
                 meta.update(objective=self.objective, steady_time=s.step_time)
-        return self.plan(cuts, degrees, meta, m=m, sharding=sharding, tp=tp, recompute=rc).validate(self.graph,
-                                                                                                    self.topology)
+        return self.plan(cuts, degrees, meta, m=m, sharding=sharding, tp=tp, recompute=rc,
+                         sequence_parallel=sp).validate(self.graph, self.topology)
 
 
 def crossing_out(graph: CompGraph, pos: np.ndarray, j: int) -> np.ndarray:

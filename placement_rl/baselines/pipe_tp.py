@@ -17,11 +17,15 @@ in that order (TP groups never span hosts) and the graph's split sizes (``graph.
   ``(m - 1) t_max + min sum`` cannot win. Each resulting plan (and the minimax-bottleneck cuts) is then simulated
   and the best simulated plan is kept. Activation recomputation is one more per-stage dimension: each candidate
   stage takes the fastest of ``none`` / ``selective`` / ``full`` (``cost.recompute``) that fits its memory, so a
-  plan recomputes only where memory forces it (GPipe and 1F1B; interleaved plans do not recompute).
+  plan recomputes only where memory forces it (GPipe and 1F1B; interleaved plans do not recompute). Where TP > 1,
+  sequence parallelism (Megatron-SP, ``cost.tensor_parallel``) is searched too: every configuration with and
+  without it.
 
 ``tau_k`` (one micro-batch, forward + backward, on the ``k``-th device group, by the simulator's rules): variable
 node time / (m dp) + fixed (launch) time + the TP all-reduces at the micro-batch's bytes over the stage's own first
-TP group, forward and backward each paced by the slowest device of its first DP group, + both directions of the
+TP group (with sequence parallelism: a reduce-scatter and an all-gather of the same bytes, and the token-wise ops on
+1/t of the sequence), forward and backward each paced by the slowest device of its first DP group, + both directions
+of the
 boundary transfer (every tensor produced before the cut and consumed after it, skip connections passed along, on the
 slowest link between the two groups). With one micro-batch and DP degree 1 the objective *is* the simulated step
 time (``cut_objective``; tested on every plan of a brute force). Limits of ``exact``: it is exact over the discrete
@@ -99,13 +103,14 @@ def tp_planner(pp: PipeProblem) -> Plan:
 
 
 class _Stages:
-    """Per-micro-batch stage times ``tau(k)[a, b]`` over the cut grid for one (tp, dp, m) on the ``k``-th device
-    group, stage sizes, and the bytes crossing each cut: the simulator's rules (``cost.pipeline``), so that with
-    one micro-batch the objective is the simulated step."""
+    """Per-micro-batch stage times ``tau(k)[a, b]`` over the cut grid for one (tp, dp, m, sequence parallelism) on
+    the ``k``-th device group, stage sizes, and the bytes crossing each cut: the simulator's rules
+    (``cost.pipeline``), so that with one micro-batch the objective is the simulated step."""
 
-    def __init__(self, pp: PipeProblem, grid: np.ndarray, t: int, dp: int, m: int) -> None:
+    def __init__(self, pp: PipeProblem, grid: np.ndarray, t: int, dp: int, m: int, sp: bool = False) -> None:
         self.pp, self.grid, self.t, self.dp, self.m = pp, grid, t, dp, m
-        self.arrays = pp.sim.node_arrays(t)
+        self.sp = bool(sp) and t > 1
+        self.arrays = pp.sim.node_arrays(t, sequence_parallel=self.sp)
         param, act = self.arrays[4], self.arrays[5]
         order, g = pp.order, grid
         ppar = np.concatenate([[0.0], np.cumsum(param[order])])
@@ -133,10 +138,11 @@ class _Stages:
             fvar, ffix, bvar, bfix, _, _, arf, arb = self.arrays
             order, scale = self.pp.order, 1.0 / (self.m * self.dp)
             f_comm = b_comm = 0.0
-            if self.t > 1:
-                tab = self.pp.sim._tp_collective(grp[:self.t])[0]
-                f_comm = segment_times(tab, arf[order] * scale)
-                b_comm = segment_times(tab, arb[order] * scale)
+            if self.t > 1:  # Megatron-SP: a reduce-scatter and an all-gather in place of each all-reduce
+                tabs = self.pp.sim._sp_collective(grp[:self.t]) if self.sp else self.pp.sim._tp_collective(
+                    grp[:self.t])[:1]
+                f_comm = sum(segment_times(tab, arf[order] * scale) for tab in tabs)
+                b_comm = sum(segment_times(tab, arb[order] * scale) for tab in tabs)
             g = self.grid
             fwd = bwd = None
             for d in grp[::self.t]:
@@ -152,7 +158,7 @@ class _Stages:
         checkpointed regions' forward again (one micro-batch), the activations it then keeps per micro-batch
         (other ops' + the regions' inputs) and the largest region's per micro-batch (``cost.recompute``; regions
         counted whole by their first node). None where the graph has no such regions."""
-        from placement_rl.cost.recompute import kept_bytes, regions
+        from placement_rl.cost.recompute import kept_bytes, regions, repeated_of
         from placement_rl.graph.tp import shard_graph
 
         key = ("rc", mode, self.group(k)[0])
@@ -163,9 +169,10 @@ class _Stages:
                 return None
             fvar, ffix, _, _, _, act = self.arrays[:6]
             order, g, d, scale = self.pp.order, self.grid, self.group(k)[0], 1.0 / (self.m * self.dp)
-            run = self.pp.graph if self.t == 1 else shard_graph(self.pp.graph, self.t)
+            run = self.pp.graph if self.t == 1 else shard_graph(self.pp.graph, self.t, sequence_parallel=self.sp)
             inside = (rid >= 0)[order]
-            fwd = np.where(inside, fvar[d][order] * scale + ffix[d][order], 0.0)
+            again = repeated_of(self.pp.graph, mode)[order]  # what the checkpoint runs again (early stop)
+            fwd = np.where(again, fvar[d][order] * scale + ffix[d][order], 0.0)
             pos = np.full(int(rid.max()) + 1, self.pp.n)  # each region's first position in the order
             np.minimum.at(pos, rid[order][inside], np.flatnonzero(inside))
             kept, freed = np.zeros(self.pp.n), np.zeros(self.pp.n)
@@ -269,7 +276,7 @@ def _stage_mats(pp: PipeProblem, st: _Stages, s: int, t: int, dp: int, m: int, s
 
 
 def cut_objective(pp: PipeProblem, cuts: list[int], dp: int, m: int, sharding: str = "dp", tp: int = 1,
-                  modes: tuple[str, ...] = ("none",)) -> float:
+                  modes: tuple[str, ...] = ("none",), sequence_parallel: bool = False) -> float:
     """The analytic step time ``exact``'s cut search minimises for one plan (``cuts``: positions in
     ``pp.order``, on ``cut_grid(pp.n, EXACT_GRID)``): ``sum_k tau_k + (m - 1) max_k tau_k``, ``inf`` over memory,
     each stage under the fastest of the recomputation ``modes`` that fits. With one micro-batch and DP degree 1 it
@@ -279,23 +286,23 @@ def cut_objective(pp: PipeProblem, cuts: list[int], dp: int, m: int, sharding: s
     if any(int(c) not in where for c in cuts):
         raise ConfigError(f"cuts {list(cuts)} are not on the exact search's grid of {len(grid)} points")
     s = len(cuts) - 1
-    mats, _ = _stage_mats(pp, _Stages(pp, grid, tp, dp, m), s, tp, dp, m, sharding, modes)
+    mats, _ = _stage_mats(pp, _Stages(pp, grid, tp, dp, m, sequence_parallel), s, tp, dp, m, sharding, modes)
     taus = [float(mats[k][where[int(cuts[k])], where[int(cuts[k + 1])]]) for k in range(s)]
     return sum(taus) + (m - 1) * max(taus)
 
 
 def _pipeline_plans(pp: PipeProblem, grid: np.ndarray, s: int, t: int, dp: int, m: int,
-                    shardings=SHARDINGS, alpa: bool = True,
-                    modes: tuple[str, ...] = ("none",)) -> tuple[list[tuple[float, Plan]], int]:
-    """Plans of ``s`` stages for one (tp, dp, m), each with its analytic estimate (inf: over memory) and each
-    stage's recomputation (the fastest of ``modes`` that fits)."""
-    st = _Stages(pp, grid, t, dp, m)
+                    shardings=SHARDINGS, alpa: bool = True, modes: tuple[str, ...] = ("none",),
+                    sp: bool = False) -> tuple[list[tuple[float, Plan]], int]:
+    """Plans of ``s`` stages for one (tp, dp, m, sequence parallelism), each with its analytic estimate (inf: over
+    memory) and each stage's recomputation (the fastest of ``modes`` that fits)."""
+    st = _Stages(pp, grid, t, dp, m, sp)
     out, capped = [], 0
     for sh in shardings:
         mats, chosen = _stage_mats(pp, st, s, t, dp, m, sh, modes)
         if s == 1:
             est = float(mats[0][0, -1])
-            out.append((m * est, ([0, pp.n], (dp,), m, sh, (t,), (modes[int(chosen[0][0, -1])],))))
+            out.append((m * est, ([0, pp.n], (dp,), m, sh, (t,), (modes[int(chosen[0][0, -1])],), st.sp)))
             continue
         a_cuts, mm_cuts, c = _dp_cuts(mats, m, alpa)
         capped += c
@@ -303,7 +310,7 @@ def _pipeline_plans(pp: PipeProblem, grid: np.ndarray, s: int, t: int, dp: int, 
             taus = [float(mats[k][cuts[k], cuts[k + 1]]) for k in range(s)]
             rc = tuple(modes[int(chosen[k][cuts[k], cuts[k + 1]])] for k in range(s))
             out.append((sum(taus) + (m - 1) * max(taus),
-                        ([int(grid[i]) for i in cuts], (dp,) * s, m, sh, (t,) * s, rc)))
+                        ([int(grid[i]) for i in cuts], (dp,) * s, m, sh, (t,) * s, rc, st.sp)))
     return out, capped
 
 
@@ -340,9 +347,10 @@ def exact(pp: PipeProblem) -> Plan:
     cands: list[tuple[float, Plan]] = []
     capped = 0
     for s, dp, t, m in confs:
-        got, c = _pipeline_plans(pp, grid, s, t, dp, m, modes=RECOMPUTE)
-        cands += got
-        capped += c
+        for sp in ((False, True) if t > 1 else (False,)):
+            got, c = _pipeline_plans(pp, grid, s, t, dp, m, modes=RECOMPUTE, sp=sp)
+            cands += got
+            capped += c
     if not cands:
         raise ConfigError(f"exact found no plan: batch_size {pp.batch_size} admits no DP degree x micro-batch count")
     cands.sort(key=lambda c: c[0])  # best estimate first: what a short budget simulates

@@ -206,10 +206,12 @@ class PipelineSimulator:
                              np.array(shard.param_bytes), np.array(shard.act_bytes))
         return self._tp[key]
 
-    def node_arrays(self, tp: int = 1, divisible_by: int = 128) -> tuple[np.ndarray, ...]:
+    def node_arrays(self, tp: int = 1, divisible_by: int = 128,
+                    sequence_parallel: bool = False) -> tuple[np.ndarray, ...]:
         """``(fvar, ffix, bvar, bfix [D, N], param, act [N], ar_fwd, ar_bwd [N])`` of one rank at TP degree ``tp``:
         variable (shrinks with micro-batches and replicas) and fixed node times, per-rank sizes, and the TP
-        all-reduce bytes per node at the whole batch (zero at ``tp = 1``). For planners; read-only."""
+        all-reduce bytes per node at the whole batch (zero at ``tp = 1``; with ``sequence_parallel`` each is a
+        reduce-scatter plus an all-gather of those bytes). For planners; read-only."""
         if self._tp_ann is None:
             from placement_rl.graph.tp import annotation
 
@@ -217,7 +219,7 @@ class PipelineSimulator:
         if tp == 1:
             z = np.zeros(self.graph.num_nodes)
             return (*self._graph_arrays[3:], *self._size_arrays[:2], z, z)
-        return (*self._tp_arrays(tp, divisible_by), self._tp_ann.ar_fwd, self._tp_ann.ar_bwd)
+        return (*self._tp_arrays(tp, divisible_by, sequence_parallel), self._tp_ann.ar_fwd, self._tp_ann.ar_bwd)
 
     def _tp_collective(self, group: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         """Segment tables of an all-reduce over a TP group, forward and backward (the same group)."""

@@ -9,10 +9,17 @@ Per stage, one of ``RECOMPUTE``:
 * ``full``: each transformer layer (``graph.layers``: ``blocks.<i>``) is checkpointed (Megatron's full recomputation,
   uniform method, one layer per checkpoint); ops outside the layers (embedding, head, loss) keep theirs.
 
-A checkpointed region R, priced as ``torch.utils.checkpoint`` runs it (non-reentrant):
+A checkpointed region R, priced as ``torch.utils.checkpoint`` runs it (non-reentrant, early stop, torch's
+default):
 
-* time: its forward runs again during the backward, just before R's own backward: every node of R adds its forward
-  time (variable and fixed part) to its backward time, on every micro-batch;
+* time: its forward runs again during the backward, just before R's own backward, but only as far as it must to
+  regenerate what R's ops saved (``repeated``): the recomputation stops at the first moment every saved tensor is
+  back, which is at the last op of R (in program order) that saves one, before that op runs when it saves only its
+  inputs (autograd saves an op's inputs before the kernel runs, its outputs after: a GEMM, a GELU), after it when
+  it saves an output (softmax, a norm's statistics, a dropout mask); R's ops after that op are not run again. So a
+  layer (full) repeats everything up to its MLP's first GEMM and activation, not the second GEMM nor the residual
+  add after it, and an attention core (selective) repeats scores, scale, mask and softmax, not the weighted sum. Each
+  repeated node adds its forward time (variable and fixed part) to its backward time, on every micro-batch;
 * memory: R keeps only the tensors entering it from outside (once per producer, its largest edge: the layer's input
   hidden state; the core's q, k, v and mask) instead of its ops' saved activations; while R's backward runs, one
   micro-batch's activations of R exist again: the stage's largest region's ``act_bytes`` for one micro-batch, added
@@ -37,6 +44,10 @@ from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import RECOMPUTE
 
 _REGIONS: "weakref.WeakKeyDictionary[CompGraph, dict[str, np.ndarray]]" = weakref.WeakKeyDictionary()
+GEMMS = ("linear", "matmul", "bmm", "mm", "addmm", "baddbmm", "einsum", "conv")  # op types (prefixes) that save
+# their inputs, whatever the storage accounting of ``act_bytes`` credits them with
+OUTPUT_SAVERS = frozenset({"softmax", "log_softmax", "layer_norm", "group_norm", "batch_norm", "rms_norm",
+                           "instance_norm", "dropout", "relu", "tanh", "sigmoid", "exp"})  # save a tensor they make
 
 
 def regions(graph: CompGraph, mode: str) -> np.ndarray:
@@ -45,6 +56,45 @@ def regions(graph: CompGraph, mode: str) -> np.ndarray:
     if mode not in got:
         got[mode] = _layers(graph) if mode == "full" else _cores(graph)
     return got[mode]
+
+
+def repeated(graph: CompGraph, rid: np.ndarray) -> np.ndarray:
+    """Bool [N]: the nodes of the regions ``rid`` (region id per node, -1 outside) that the non-reentrant checkpoint
+    runs again in the backward (see the module docstring): in program order, each region's nodes up to its last
+    node that saves a tensor for backward (``act_bytes > 0`` or a GEMM), that node included only when it saves a
+    tensor it makes (``OUTPUT_SAVERS``)."""
+    out = np.zeros(graph.num_nodes, dtype=bool)
+    if not rid.size or rid.max() < 0:
+        return out
+    order = graph.topo_order[rid[graph.topo_order] >= 0]
+    ops = graph.op_types
+    saves = {int(v): graph.act_bytes[v] > 0 or str(ops[v]).startswith(GEMMS) for v in order}
+    last: dict[int, int] = {}
+    for v in order:
+        if saves[int(v)]:
+            last[int(rid[v])] = int(v)
+    stop = {r: (v, str(ops[v]) in OUTPUT_SAVERS) for r, v in last.items()}
+    done: set[int] = set()
+    for v in order:
+        r = int(rid[v])
+        if r in done or r not in stop:
+            continue
+        end, keep = stop[r]
+        if int(v) == end:
+            out[v] = keep
+            done.add(r)
+        else:
+            out[v] = True
+    return out
+
+
+def repeated_of(graph: CompGraph, mode: str) -> np.ndarray:
+    """``repeated`` of every whole region of recomputation ``mode`` (cached per graph)."""
+    got = _REGIONS.setdefault(graph, {})
+    key = f"{mode}:repeated"
+    if key not in got:
+        got[key] = repeated(graph, regions(graph, mode))
+    return got[key]
 
 
 def _layers(graph: CompGraph) -> np.ndarray:
@@ -119,13 +169,16 @@ def apply_recompute(plan, graph: CompGraph, run: Callable[[int], CompGraph], tim
         if mode == "none":
             continue
         rid = regions(graph, mode)
-        nodes = np.flatnonzero((plan.stage_of_node == s) & (rid >= 0))
+        here = plan.stage_of_node == s
+        nodes = np.flatnonzero(here & (rid >= 0))
         if not nodes.size:
             continue
-        bvar[:, nodes] += fvar[:, nodes]
-        bfix[:, nodes] += ffix[:, nodes]
         mine = np.unique(rid[nodes])
-        local = np.where(np.isin(rid, mine) & (plan.stage_of_node == s), rid, -1)
+        local = np.where(np.isin(rid, mine) & here, rid, -1)
+        whole = not (np.isin(rid, mine) & ~here).any()  # no region of the stage is cut by a stage boundary
+        again = np.flatnonzero(repeated_of(graph, mode) & here if whole else repeated(graph, local))
+        bvar[:, again] += fvar[:, again]
+        bfix[:, again] += ffix[:, again]
         kept = kept_bytes(run(s), local)
         freed = np.bincount(rid[nodes], weights=act[nodes], minlength=kept.size)
         act[nodes] = 0.0
@@ -139,4 +192,5 @@ def apply_recompute(plan, graph: CompGraph, run: Callable[[int], CompGraph], tim
     return (fvar, ffix, bvar, bfix), act
 
 
-__all__ = ["RECOMPUTE", "apply_recompute", "in_flight", "kept_bytes", "regions"]
+__all__ = ["GEMMS", "OUTPUT_SAVERS", "RECOMPUTE", "apply_recompute", "in_flight", "kept_bytes", "regions", "repeated",
+           "repeated_of"]
