@@ -182,8 +182,7 @@ def test_fused_qkv_region_runs_on_local_shards(gpt):
 @pytest.mark.distributed
 def test_sequence_parallel_gradients_equal_one_process(gpt, tmp_path):
     """Megatron-SP through DTensor: norms under SequenceParallel on the sequence-sharded residual stream, columns
-    all-gather, rows reduce-scatter; TP 2 (two micro-batches) and TP 2 x DP 2 equal one process. A pipeline with
-    sequence parallelism is priced but refused by deploy, in one line before any process."""
+    all-gather, rows reduce-scatter; TP 2 (two micro-batches) and TP 2 x DP 2 equal one process."""
     plans = [whole(gpt, (0, 1), 2, num_microbatches=2, sequence_parallel=True),
              whole(gpt, range(4), 2, sequence_parallel=True)]
     job = prepare_job([DeploySpec(plan=plans[0], graph=gpt, model="gpt", overrides=GPT)], job_dir=tmp_path / "a")
@@ -193,6 +192,21 @@ def test_sequence_parallel_gradients_equal_one_process(gpt, tmp_path):
         res, = deploy_stage_plans([DeploySpec(plan=plan, graph=gpt, model="gpt", overrides=GPT)],
                                   config=DeployConfig(steps=1, warmup=0, collect_grads=True, timeout_s=180))
         check(plan, res)
-    with pytest.raises(PlanError, match="sequence parallelism is priced for pipelines"):
-        prepare_job([DeploySpec(plan=two_stages(gpt, 2, num_microbatches=2, schedule="gpipe", sequence_parallel=True),
-                                graph=gpt, model="gpt", overrides=GPT)], job_dir=tmp_path / "b")
+
+
+@pytest.mark.distributed
+def test_sequence_parallel_with_pipeline_stages_gradients_equal_one_process(gpt, tmp_path):
+    """Megatron-SP inside the TP stages of a pipeline: a stage sends its sequence-sharded residual stream whole (as
+    the cost model prices the boundary) and the next stage takes its rank's slice of the sequence again
+    (``_tp.SeqShard``); TP 2 x PP 2 with GPipe, and with 1F1B and full / selective recomputation: loss and
+    gradients equal one process."""
+    plans = [two_stages(gpt, 2, num_microbatches=2, schedule="gpipe", sequence_parallel=True),
+             two_stages(gpt, 2, num_microbatches=2, schedule="1f1b", sequence_parallel=True,
+                        recompute=("full", "selective"))]
+    job = prepare_job([DeploySpec(plan=plans[0], graph=gpt, model="gpt", overrides=GPT)], job_dir=tmp_path / "a")
+    part = json.loads((job.job_dir / "part0" / "part.json").read_text())
+    assert "add_2" in part["tp_seq_values"] and len(part["tp_seq_norms"]) == 2 * GPT["n_layers"] + 1
+    for plan in plans:
+        res, = deploy_stage_plans([DeploySpec(plan=plan, graph=gpt, model="gpt", overrides=GPT)],
+                                  config=DeployConfig(steps=1, warmup=0, collect_grads=True, timeout_s=180))
+        check(plan, res)

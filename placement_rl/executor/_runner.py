@@ -48,7 +48,8 @@ def build_mesh(dims: ParallelDims, device: torch.device) -> DeviceMesh:
 
 
 def apply_tp(splits: Sequence[StageSplit], modules: Sequence[nn.Module], tp_mesh: DeviceMesh,
-             kinds: dict[str, str], vocab: tuple[int, int] | None = None, seq_norms: frozenset[str] | None = None
+             kinds: dict[str, str], vocab: tuple[int, int] | None = None, seq_norms: frozenset[str] | None = None,
+             seq_values: frozenset[str] | None = None
              ) -> tuple[list[nn.Module], list[dict[str, tuple[nn.Module, str]]]]:
     """Megatron TP of each stage over the ``tp`` mesh dimension (``_tp.apply_tp``); where each parameter sits."""
     from placement_rl.executor import _tp
@@ -56,7 +57,8 @@ def apply_tp(splits: Sequence[StageSplit], modules: Sequence[nn.Module], tp_mesh
     out, named = [], []
     for sp, mod in zip(splits, modules):
         ids = {id(p): name for name, p in stage_parameters(sp).items()}
-        wrapped, params = _tp.apply_tp(mod, kinds, tp_mesh, ids, vocab=vocab, seq_norms=seq_norms)
+        wrapped, params = _tp.apply_tp(mod, kinds, tp_mesh, ids, vocab=vocab, seq_norms=seq_norms,
+                                       seq_values=seq_values)
         out.append(wrapped)
         named.append(params)
     return out, named
@@ -220,7 +222,8 @@ class PartRunner:
         if dims.tp > 1:
             modules, named = apply_tp(self.splits, modules, mesh["tp"], dict(part["tp_kinds"]),
                                       vocab=tuple(part.get("tp_vocab") or ()) or None,
-                                      seq_norms=frozenset(part.get("tp_seq_norms") or ()))
+                                      seq_norms=frozenset(part.get("tp_seq_norms") or ()),
+                                      seq_values=frozenset(part.get("tp_seq_values") or ()))
         recompute = part.get("recompute_regions") or {}
         if recompute:  # activation recomputation: each checkpointed region outlined under torch.utils.checkpoint
             from placement_rl.executor._recompute import apply_recompute

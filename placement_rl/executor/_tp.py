@@ -263,6 +263,22 @@ def pad_vocab(gm: fx.GraphModule, mod: nn.Module, call: fx.Node, kind: str, voca
             stack.extend(u.users)
 
 
+class SeqShard(nn.Module):
+    """Sequence parallelism across a stage boundary: a whole activation received from the previous stage (which
+    made it whole, :class:`TPStage`) as this rank's shard of the sequence (``Shard(1)``: a local slice, no
+    communication; its gradient is all-gathered back to a whole one)."""
+
+    def __init__(self, mesh: Any) -> None:
+        super().__init__()
+        self.mesh = mesh
+
+    def forward(self, x: torch.Tensor) -> Any:
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+
+        whole = DTensor.from_local(x, self.mesh, [Replicate()], run_check=False)
+        return whole.redistribute(self.mesh, [Shard(1)])
+
+
 class TPStage(nn.Module):
     """A stage module that returns plain tensors; run it (forward and backward) under ``implicit_replication``."""
 
@@ -282,8 +298,8 @@ class TPStage(nn.Module):
 
 
 def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
-             names: Mapping[int, str], vocab: tuple[int, int] | None = None,
-             seq_norms: frozenset[str] | None = None) -> tuple[nn.Module, dict[str, tuple[nn.Module, str]]]:
+             names: Mapping[int, str], vocab: tuple[int, int] | None = None, seq_norms: frozenset[str] | None = None,
+             seq_values: frozenset[str] | None = None) -> tuple[nn.Module, dict[str, tuple[nn.Module, str]]]:
     """Parallelize stage ``gm`` over ``tp_mesh`` (see the module docstring).
 
     ``vocab = (V, padded)``: the vocab-parallel embedding table and LM head get ``padded - V`` zero rows
@@ -293,7 +309,9 @@ def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
     ``seq_norms``: sequence parallelism (Megatron-SP): the residual stream between TP regions stays a DTensor
     sharded on the sequence (dim 1); these ``aten.layer_norm`` nodes become ``nn.LayerNorm`` under
     ``SequenceParallel``, columns and the LM head all-gather their input (``input_layouts=Shard(1)``), rows and the
-    vocab-parallel embedding reduce-scatter their output (``output_layouts=Shard(1)``).
+    vocab-parallel embedding reduce-scatter their output (``output_layouts=Shard(1)``). ``seq_values``: the values
+    sequence parallelism keeps sharded along the sequence; a stage input among them (a later pipeline stage: the
+    previous stage sent it whole) becomes this rank's sequence shard (:class:`SeqShard`) before its first use.
 
     ``names``: ``id(parameter) -> original name`` before sharding. Returns the wrapped stage and, for every
     parameter it holds, original name -> (module, attribute) holding it (read it after FSDP wraps the stage).
@@ -312,6 +330,15 @@ def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
             if got is not None:
                 local[n.name] = got
     seq = seq_norms or frozenset()
+    entering = [n for n in gm.graph.nodes if n.op == "placeholder" and n.name in (seq_values or ())]
+    if entering:  # pipeline stage > 0 with sequence parallelism: the residual stream it receives, sharded again
+        gm.add_submodule("tp_seq_in", SeqShard(tp_mesh))
+        last = [n for n in gm.graph.nodes if n.op == "placeholder"][-1]
+        for n in reversed(entering):
+            with gm.graph.inserting_after(last):
+                call = gm.graph.call_module("tp_seq_in", (n,))
+            call.meta = dict(n.meta)
+            n.replace_all_uses_with(call, delete_user_cb=lambda u, c=call: u is not c)
     for n in list(gm.graph.nodes):
         kind = kinds.get(n.name)
         if n.name in seq and n.op == "call_function" and "layer_norm" in str(n.target):

@@ -264,6 +264,7 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
     tp_kinds: dict[str, str] = {}
     tp_vocab: list[int] = []  # [vocabulary, padded] when a TP plan pads it (Megatron's make_vocab_size_divisible_by)
     tp_seq_norms: list[str] = []  # sequence parallelism: the norms run under SequenceParallel
+    tp_seq_values: list[str] = []  # ... and the values it keeps sharded along the sequence (a later stage's inputs)
     if dims.tp > 1:
         from placement_rl.executor._tp import check_program, node_kinds
         from placement_rl.graph import tp as tpmod
@@ -274,12 +275,11 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
             tp_vocab = [int(vocab), tpmod.padded_vocab(int(vocab), dims.tp, plan.make_vocab_size_divisible_by)]
         check_program(gm, tp_kinds, dims.tp, stage_map, vocab=tuple(tp_vocab) or None)
         if plan.sequence_parallel:
-            if dims.num_stages > 1:
-                raise PlanError("sequence parallelism is priced for pipelines but deployed for one-stage TP plans "
-                                "only; set sequence_parallel false or use one stage")
             ann = tpmod.annotation(graph)
             tp_seq_norms = sorted(graph.names[v] for v in np.flatnonzero(ann.seq_frac > 0)
                                   if graph.op_types[v] == "layer_norm")
+            seq_out = np.isin(ann.kind, [tpmod.KINDS.index(k) for k in ("row", "vocab_embedding")])
+            tp_seq_values = sorted(graph.names[v] for v in np.flatnonzero((ann.seq_frac > 0) | seq_out))
     from placement_rl.executor._recompute import regions_of
 
     aliases = param_aliases(module)
@@ -302,7 +302,8 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
     atomic_write_text(part_dir / "part.json", json.dumps({
         "dims": asdict(dims), "stage_map": stage_map, "param_aliases": aliases,
         "value_meta": {v: metas[v] for v in crossing}, "batch_size": size, "tp_kinds": tp_kinds,
-        "tp_vocab": tp_vocab, "tp_seq_norms": tp_seq_norms, "recompute_regions": regions_of(plan, graph),
+        "tp_vocab": tp_vocab, "tp_seq_norms": tp_seq_norms, "tp_seq_values": tp_seq_values,
+        "recompute_regions": regions_of(plan, graph),
         "tied": {k: list(v) for k, v in tied_parameters(splits).items()},
         "plan": plan.to_dict(graph), "model": {"zoo": spec.model, "overrides": dict(spec.overrides or {})}}, indent=1))
     return dims
