@@ -113,8 +113,11 @@ def connect(requested: int | str, address: str | None, *, ship: bool | None = No
             try:
                 ray.init(address=address, runtime_env=env, **kwargs)
             except (ConnectionError, RuntimeError, ValueError) as exc:
+                auth = ("; a cluster with token authentication (Ray's default) is joined at an explicit address "
+                        "only with RAY_AUTH_MODE=token and its token (`ray get-auth-token`), or on its head "
+                        "with ray.address=auto" if address != "auto" and not os.environ.get("RAY_AUTH_MODE") else "")
                 raise ConfigError(f"cannot join the Ray cluster at {via}={address} "
-                                  f"({str(exc).splitlines()[0]}): start it with `ray start --head`") from None
+                                  f"({str(exc).splitlines()[0]}): start it with `ray start --head`{auth}") from None
             gcs = ray.get_runtime_context().gcs_address
             how, where, note = "joined", f"the Ray cluster at {gcs} ({via}={address}), joined", ""
     except BaseException:

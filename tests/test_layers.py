@@ -131,6 +131,10 @@ def test_a_layer_breach_is_caught(tmp_path):
 
 
 def test_only_placement_rl_is_installed_at_the_top_level():
+    """Besides placement_rl, only the sweep launcher in Hydra's plugin namespace (Hydra loads launchers from there)."""
     setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    tops = {p.split(".")[0] for p in setup["packages"]} | {p.split(".")[0] for p in setup.get("package-dir", {})}
-    assert tops == {"placement_rl"}
+    names = set(setup["packages"]) | set(setup.get("package-dir", {}))
+    tops = {p.split(".")[0] for p in names}
+    assert tops == {"placement_rl", "hydra_plugins"}
+    assert {p for p in names if p.startswith("hydra_plugins")} == {"hydra_plugins",
+                                                                   "hydra_plugins.placement_rl_launcher"}

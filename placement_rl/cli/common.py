@@ -53,6 +53,41 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
+OWN_LAUNCHERS = "hydra_plugins.placement_rl_launcher."  # placement_rl.cli.sweep's launcher (not imported here)
+
+
+class JobFailed(PlacementRLError):
+    """A job of a sweep on ``hydra/launcher=ray_workers`` failed: its one line, which the launcher reports (with
+    the job's overrides) instead of the job printing it and exiting. ``domain``: bad input, not a bug."""
+
+    def __init__(self, line: str, domain: bool = True) -> None:
+        super().__init__(line)
+        self.domain = domain
+
+    def __reduce__(self) -> tuple:
+        return JobFailed, (str(self), self.domain)
+
+
+def _launcher_reports_failures() -> bool:
+    """Whether this job runs in a sweep of ``placement_rl.cli.sweep``'s launcher, which reports a failure itself."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    try:
+        hc = HydraConfig.get() if HydraConfig.initialized() else None
+        return (hc is not None and hc.mode == RunMode.MULTIRUN
+                and str(hc.launcher.get("_target_")).startswith(OWN_LAUNCHERS))
+    except Exception:  # noqa: BLE001 - no Hydra context: a plain run
+        return False
+
+
+def _job_fail(line: str) -> None:
+    """``fail(line)``, or ``JobFailed`` for the sweep launcher to report in its own line."""
+    if _launcher_reports_failures():
+        raise JobFailed(plain_numbers(line))
+    fail(line)
+
+
 def plural(n: int, word: str) -> str:
     """``1 device``, ``4 devices``."""
     return f"{n} {word}" + ("" if n == 1 else "s")
@@ -251,10 +286,10 @@ def hydra_app(config_name: str, *, writes: Iterable[str] = ()) -> Callable[[Call
                 run(cfg)
             except PlacementRLError as exc:
                 _discard_run_dir()
-                fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                _job_fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             except OSError as exc:  # a file it cannot write after all (disk full, a folder in the way)
                 _discard_run_dir()
-                fail(_os_error_line(exc))
+                _job_fail(_os_error_line(exc))
             except KeyboardInterrupt:
                 print("interrupted", file=sys.stderr)
                 sys.exit(130)

@@ -1,0 +1,267 @@
+"""Hydra multiruns on the scale-out engine: ``hydra/launcher=ray_workers`` runs each job of a sweep (seeds,
+ablation cells, ...) as one job of ``placement_rl.scale.Workers``, a Ray task in its own process.
+
+    placement-rl train -m seed=0,1,2,3 hydra/launcher=ray_workers workers=2 [ray.address=<head>:6379]
+
+* **Where**: ``hydra.launcher.workers`` (default: the command's ``workers``, else ``auto``) and
+  ``hydra.launcher.address`` (default: the command's ``ray.address``) are ``Workers``' own: a private local Ray
+  instance even when another one runs on the machine, a cluster joined only through ``ray.address``, the driver's
+  code checked on every node (shipped to a joined cluster) before any job runs; ``workers=1`` runs the jobs here,
+  one after another, without Ray. The run's first line says which.
+* **The same jobs**: every job's config is composed here, as Hydra's basic launcher composes it (same overrides,
+  same ``hydra.job.num`` / ``id``, the sweep's timestamps), and runs through Hydra's ``run_job`` in the driver's
+  working directory: its output folder (``hydra.sweep.dir``/``hydra.sweep.subdir``) holds what the basic launcher
+  would write there, and its results are those of running the jobs one by one in this process.
+* **Progress**: one line per job as it finishes, on any worker (``[done/total] #num overrides: ... s``). A job that
+  fails is one line (the domain error's message, or the exception's type, message and innermost line); the other
+  jobs still run, and the sweep then ends with one line on stderr and exit code 2 (1 when a job hit a bug rather
+  than bad input). A worker that dies is retried (``scale.RETRIES``).
+* On a joined cluster each job writes its folder on the node that runs it, at the driver's path: use a shared
+  file system (or ``workers=1``) when the results must land on the driver's disk.
+
+The class Hydra instantiates (``hydra_plugins.placement_rl_launcher``) is a thin shim: Hydra only loads launchers
+from its ``hydra_plugins`` namespace. Its source is ``placement_rl/hydra_plugins/``, installed there through
+pyproject.toml's ``package-dir``; the logic and the config schema live here (a worker that only has the shipped
+``placement_rl`` package runs a job without the shim).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+NAME = "ray_workers"  # hydra/launcher=<NAME>
+TARGET = "hydra_plugins.placement_rl_launcher.ray_workers.RayWorkersLauncher"
+
+
+@dataclass
+class RayWorkersConf:
+    """``hydra/launcher=ray_workers``: the jobs of a multirun on ``placement_rl.scale.Workers``."""
+
+    _target_: str = TARGET
+    workers: Any = "${oc.select:workers,auto}"  # an integer >= 1 or auto (every core; of the cluster at address)
+    address: Optional[str] = "${oc.select:ray.address,null}"  # null: a private local Ray instance; auto/host:port
+
+
+@dataclass(frozen=True)
+class SweepJob:
+    """One job of a sweep, composed by the driver."""
+
+    num: int
+    overrides: tuple[str, ...]  # the job's own overrides that differ between the sweep's jobs: its progress line
+    config: Any  # the job's full config (DictConfig, hydra node included)
+    cwd: str  # the driver's working directory: relative output folders resolve there
+    driver_pid: int
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """What a job sends back: Hydra's ``JobReturn`` (a failure's exception replaced by a ``JobFailed``), its
+    seconds, and on a worker what it printed (stdout and stderr, in order), which the driver prints as one block."""
+
+    ret: Any
+    seconds: float
+    output: str = ""
+
+
+def check_launcher(workers: Any, address: Any) -> tuple[int | str, str | None]:
+    """The launcher's ``workers`` and ``address`` as ``Workers`` takes them; ``ConfigError`` in one line."""
+    from placement_rl.errors import ConfigError
+    from placement_rl.scale import check_workers
+
+    try:
+        n = check_workers(workers)
+    except ConfigError as exc:
+        raise ConfigError(f"hydra.launcher.{exc}") from None
+    address = None if address is None or not str(address).strip() else str(address).strip()
+    if n == 1 and address is not None:
+        raise ConfigError(f"hydra.launcher.address={address} is set but hydra.launcher.workers=1 runs the jobs in "
+                          f"this process: set workers=auto (or a count) to use the cluster, or drop the address")
+    return n, address
+
+
+def _describe_exception(exc: BaseException) -> str:
+    """``ValueError: bad thing (module.py:12)``: the type, the message's first line and the innermost frame."""
+    import traceback
+
+    text = (str(exc).strip().splitlines() or [""])[0]
+    where = ""
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
+    if frames:
+        where = f" ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno})"
+    return f"{type(exc).__name__}{': ' + text if text else ''}{where}"
+
+
+def run_one(job: SweepJob, task_function: Any, callbacks: Any, state: Any) -> JobOutcome:
+    """Run one job with Hydra's ``run_job`` (what each worker runs; here too with ``workers=1``). On a worker,
+    Hydra's process-wide state (config store, job runtime, resolvers) is the driver's, as Hydra's joblib launcher
+    sets it, and the working directory is the driver's while the job runs."""
+    from hydra.core.singleton import Singleton
+    from hydra.core.utils import JobReturn, JobStatus, run_job
+    from hydra.types import HydraContext
+
+    from placement_rl.cli.common import JobFailed
+    from placement_rl.errors import PlacementRLError
+
+    t0 = time.perf_counter()
+    remote = os.getpid() != job.driver_pid
+    old_cwd = os.getcwd()
+    printed = io.StringIO()
+    with contextlib.ExitStack() as stack:
+        if remote:  # printed by the driver as one block when the job ends: jobs do not interleave, nothing is lost
+            Singleton.set_state(state)
+            os.chdir(job.cwd)
+            stack.callback(os.chdir, old_cwd)
+            stack.enter_context(contextlib.redirect_stdout(printed))
+            stack.enter_context(contextlib.redirect_stderr(printed))
+        try:
+            ret = run_job(hydra_context=HydraContext(config_loader=None, callbacks=callbacks),
+                          task_function=task_function, config=job.config, job_dir_key="hydra.sweep.dir",
+                          job_subdir_key="hydra.sweep.subdir")
+        except SystemExit as exc:  # a task that exits by itself (not through hydra_app): a failure with its code
+            ret = JobReturn(overrides=list(job.overrides), status=JobStatus.FAILED)
+            ret.return_value = JobFailed(f"the job exited with code {exc.code}", domain=exc.code == 2)
+    if ret.status == JobStatus.FAILED and not isinstance(ret._return_value, JobFailed):
+        exc = ret._return_value
+        domain = isinstance(exc, PlacementRLError)
+        line = (str(exc).splitlines() or [type(exc).__name__])[0] if domain else _describe_exception(exc)
+        ret.return_value = JobFailed(line, domain=domain)  # picklable, one line
+    if remote and ret.status == JobStatus.COMPLETED:
+        try:
+            import pickle
+
+            pickle.dumps(ret._return_value)
+        except Exception:  # noqa: BLE001 -- a value that cannot travel back: the job's files are its result
+            ret.return_value = None
+    return JobOutcome(ret, time.perf_counter() - t0, printed.getvalue())
+
+
+def _job_line(job: SweepJob) -> str:
+    return f"#{job.num} {' '.join(job.overrides)}".rstrip()
+
+
+def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[Any]:
+    """Hydra's ``Launcher.launch`` for ``RayWorkersLauncher``: the jobs' ``JobReturn`` in input order."""
+    from pathlib import Path
+
+    from hydra.core.singleton import Singleton
+    from hydra.core.utils import JobStatus, configure_log, filter_overrides, setup_globals
+    from omegaconf import open_dict
+
+    from placement_rl.cli.common import fail, plural
+    from placement_rl.errors import PlacementRLError
+    from placement_rl.scale import Workers
+
+    setup_globals()
+    config, context = launcher.config, launcher.hydra_context
+    configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    Path(str(config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+    jobs = []
+    common = set.intersection(*(set(o) for o in job_overrides)) if len(job_overrides) > 1 else set()
+    for k, overrides in enumerate(job_overrides):
+        num = initial_job_idx + k
+        cfg = context.config_loader.load_sweep_config(config, list(overrides))  # as the basic launcher does
+        with open_dict(cfg):
+            cfg.hydra.job.id = num
+            cfg.hydra.job.num = num
+        own = tuple(o for o in filter_overrides(overrides) if o not in common)
+        jobs.append(SweepJob(num, own, cfg, os.getcwd(), os.getpid()))
+    try:
+        workers = Workers(launcher.workers, address=launcher.address)
+    except PlacementRLError as exc:
+        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    total = len(jobs)
+    outcomes: list[JobOutcome | None] = [None] * total
+    failed: list[tuple[SweepJob, Any]] = []
+    t0 = time.perf_counter()
+
+    def report(i: int, outcome: JobOutcome) -> None:
+        outcomes[i] = outcome
+        done = sum(o is not None for o in outcomes)
+        ret = outcome.ret
+        if outcome.output:
+            print(outcome.output, end="" if outcome.output.endswith("\n") else "\n", flush=True)
+        if ret.status == JobStatus.COMPLETED:
+            print(f"[{done}/{total}] {_job_line(jobs[i])}: done in {outcome.seconds:.1f} s", flush=True)
+        else:
+            failed.append((jobs[i], ret._return_value))
+            print(f"[{done}/{total}] {_job_line(jobs[i])}: failed in {outcome.seconds:.1f} s: "
+                  f"{ret._return_value}", flush=True)
+
+    with workers:
+        print(f"sweep of {plural(total, 'job')} in {config.hydra.sweep.dir} on {workers.describe()}", flush=True)
+        state = Singleton.get_state() if workers.on_ray else None
+        try:
+            workers.map(run_one, jobs, shared=(launcher.task_function, context.callbacks, state),
+                        on_result=report)
+        except PlacementRLError as exc:  # a worker that died more often than the retries allow, a lost cluster
+            fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    if failed:
+        first_job, first = failed[0]
+        more = f" (and {plural(len(failed) - 1, 'other')})" if len(failed) > 1 else ""
+        print(f"error: {len(failed)} of {plural(total, 'sweep job')} failed in {time.perf_counter() - t0:.0f} s; "
+              f"{_job_line(first_job)}: {first}{more}", file=sys.stderr, flush=True)
+        sys.exit(2 if all(getattr(e, "domain", False) for _, e in failed) else 1)
+    return [o.ret for o in outcomes]
+
+
+# ------------------------------------------------------------------------------------- comparing sweeps
+_NOT_RESULTS = ("multirun.yaml", "hydra.yaml")  # Hydra's record of the sweep and of the launcher that ran it
+
+
+def _measured_time(key: str) -> bool:
+    """A key or table column that holds measured wall-clock seconds (they differ between any two runs)."""
+    k = key.strip().lower()
+    return k in ("s", "seconds") or "seconds" in k
+
+
+def _without_times(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_times(v) for k, v in value.items() if not _measured_time(str(k))}
+    if isinstance(value, list):
+        return [_without_times(v) for v in value]
+    return value
+
+
+def _markdown_without_times(text: str) -> str:
+    """A markdown document with the columns of measured seconds cut out of its tables."""
+    out, drop = [], None
+    for line in text.splitlines():
+        cells = line.strip().strip("|").split("|") if line.lstrip().startswith("|") else None
+        if cells is None:
+            drop = None
+        elif drop is None:
+            drop = {i for i, c in enumerate(cells) if _measured_time(c)}
+        if cells is not None and drop:
+            line = "|".join(c for i, c in enumerate(cells) if i not in drop)
+        out.append(line)
+    return "\n".join(out)
+
+
+def sweep_results(folder: Any) -> dict[str, str]:
+    """What the jobs of a sweep computed, to compare two runs of it: ``{"<job>/<path>": sha256}`` over every file
+    of its job folders but Hydra's logs and its records of the sweep and the launcher (``multirun.yaml``,
+    ``.hydra/hydra.yaml``); measured seconds are left out of JSON files (keys naming seconds) and markdown tables
+    (columns headed ``s`` or naming seconds)."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    root = Path(folder)
+    out: dict[str, str] = {}
+    for f in sorted(root.rglob("*")):
+        if not f.is_file() or f.suffix == ".log" or f.name in _NOT_RESULTS:
+            continue
+        data = f.read_bytes()
+        if f.suffix == ".json":
+            data = json.dumps(_without_times(json.loads(data)), sort_keys=True).encode()
+        elif f.suffix == ".md":
+            data = _markdown_without_times(data.decode()).encode()
+        out[f.relative_to(root).as_posix()] = hashlib.sha256(data).hexdigest()[:16]
+    return out
