@@ -7,6 +7,11 @@ disjoint graph without a Python loop and returns, per sample, the features the h
   ``[h_current, h_graph]`` -> ``[B, 2H]``
 * ``mode="all"`` (``OneShotPlacementEnv``: one action per node): ``[h_1 .. h_Nmax, h_graph]`` -> ``[B, (N+1)H]``
 
+An observation with a ``phase`` key (``PipelineEnv``: cuts, DP degrees, ..., recomputation, one action space) also
+gets the phase one-hot appended in ``node`` mode (``[B, 2H + P]``), and ``NodeHead`` adds a learned bias per phase
+to the logits (``phase_bias [P, D]``): the same index means "cut here" in one phase and "recompute this stage" in
+another, and the graph embedding alone does not tell them apart.
+
 ``NodeHead`` (the SB3 "mlp_extractor") holds one shared per-node MLP to ``D_max`` device logits and a value MLP
 over the graph embedding, so no parameter depends on the graph size (zero-shot placement of larger graphs).
 """
@@ -26,13 +31,20 @@ from placement_rl.agents.graph_batch import GraphBatch, batch_graphs
 OP_EMBED_DIM = 8
 
 
+def num_phases(observation_space: spaces.Dict) -> int:
+    """Phases of an observation space with a ``phase`` key (``PipelineEnv``), else 0."""
+    space = observation_space.spaces.get("phase") if isinstance(observation_space, spaces.Dict) else None
+    return int(space.high.max()) + 1 if space is not None else 0
+
+
 class GraphFeatures(BaseFeaturesExtractor):
     """Encoder over the batched graphs; see the module docstring for the output layout."""
 
     def __init__(self, observation_space: spaces.Dict, *, encoder: str = "sage", hidden: int = 64, layers: int = 3,
                  mode: str = "node", op_type_buckets: int | None = None) -> None:
         n_max, f = observation_space["node_features"].shape
-        dim = 2 * hidden if mode == "node" else (n_max + 1) * hidden
+        self.phases = num_phases(observation_space) if mode == "node" else 0
+        dim = 2 * hidden + self.phases if mode == "node" else (n_max + 1) * hidden
         super().__init__(observation_space, features_dim=dim)
         buckets = op_type_buckets or int(observation_space["op_type"].high.max()) + 1
         self.mode, self.hidden, self.n_max = mode, hidden, n_max
@@ -59,7 +71,11 @@ class GraphFeatures(BaseFeaturesExtractor):
             n = gb.node_mask.sum(1) if not gb.full else None
             cur = obs["current_node"].reshape(b).round().long()
             cur = cur.clamp(0, self.n_max - 1) if n is None else torch.minimum(cur, (n - 1).clamp(min=0))
-            return torch.cat([h[gb.offsets + cur], graph], dim=-1)
+            out = [h[gb.offsets + cur], graph]
+            if self.phases:
+                phase = obs["phase"].reshape(b).round().long().clamp(0, self.phases - 1)
+                out.append(nn.functional.one_hot(phase, self.phases).to(h.dtype))
+            return torch.cat(out, dim=-1)
         return torch.cat([gb.to_dense(h).reshape(gb.num_graphs, -1), graph], dim=-1)
 
 
@@ -67,20 +83,26 @@ class NodeHead(nn.Module):
     """Per-node device logits (shared MLP over ``[h_node, h_graph]``) and a value latent from ``h_graph``.
 
     ``latent_dim_pi`` equals the action dimension (the logits themselves); the SB3 policy's ``action_net`` is an
-    identity. ``latent_dim_vf`` = hidden.
+    identity. ``latent_dim_vf`` = hidden. ``phases > 0`` (``node`` mode): features end with a phase one-hot and the
+    logits get that phase's row of ``phase_bias`` (zeros at first).
     """
 
-    def __init__(self, *, hidden: int, num_devices: int, mode: str, n_max: int) -> None:
+    def __init__(self, *, hidden: int, num_devices: int, mode: str, n_max: int, phases: int = 0) -> None:
         super().__init__()
         self.hidden, self.mode, self.n_max, self.num_devices = hidden, mode, n_max, num_devices
+        self.phases = phases if mode == "node" else 0
         self.policy = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.Tanh(), nn.Linear(hidden, num_devices))
         self.value = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh())
+        if self.phases:
+            self.phase_bias = nn.Parameter(torch.zeros(self.phases, num_devices))
         self.latent_dim_pi = num_devices if mode == "node" else n_max * num_devices
         self.latent_dim_vf = hidden
 
     def forward_actor(self, features: torch.Tensor) -> torch.Tensor:
         h = self.hidden
         if self.mode == "node":
+            if self.phases:
+                return self.policy(features[:, :2 * h]) + features[:, 2 * h:] @ self.phase_bias
             return self.policy(features)
         b = features.shape[0]
         nodes = features[:, :-h].reshape(b, -1, h)
@@ -88,7 +110,8 @@ class NodeHead(nn.Module):
         return self.policy(torch.cat([nodes, graph], dim=-1)).reshape(b, -1)
 
     def forward_critic(self, features: torch.Tensor) -> torch.Tensor:
-        return self.value(features[:, -self.hidden:])
+        h = self.hidden
+        return self.value(features[:, h:2 * h] if self.phases else features[:, -h:])
 
     def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.forward_actor(features), self.forward_critic(features)
@@ -105,10 +128,20 @@ def num_devices_of(action_space: spaces.Space) -> int:
     return int(action_space.n)
 
 
-def init_cut_prior(head: NodeHead, *, num_nodes: int, num_stages: int) -> None:
+def init_cut_prior(head: NodeHead, *, num_nodes: int, num_stages: int, unbiased: tuple[int, ...] = ()) -> None:
     """``PipelineEnv`` (action 1 = "start a new stage here"): lower action 1's initial logit by
     ``log(num_nodes / num_stages)`` so that the untrained policy cuts with probability about
     ``num_stages / num_nodes`` and its plans spread about ``num_stages`` stages over the graph, instead of cutting
-    at every other node (all stages but the last crowded at the start). Learning moves it from there."""
+    at every other node (all stages but the last crowded at the start). Learning moves it from there.
+
+    With a per-phase bias (``head.phases``) the prior goes into each phase's row except those in ``unbiased``
+    (the recomputation phase: action 1 there is ``full``, which the untrained policy should try as often as
+    ``none``); the other phases start exactly as with the shared bias."""
+    shift = math.log(max(num_nodes / max(num_stages, 1), 1.0))
     with torch.no_grad():
-        head.policy[-1].bias[1] -= math.log(max(num_nodes / max(num_stages, 1), 1.0))
+        if getattr(head, "phases", 0):
+            for p in range(head.phases):
+                if p not in unbiased:
+                    head.phase_bias[p, 1] -= shift
+        else:
+            head.policy[-1].bias[1] -= shift

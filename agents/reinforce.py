@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from placement_rl.agents.policy import GraphFeatures, NodeHead, action_mode, num_devices_of
+from placement_rl.agents.policy import GraphFeatures, NodeHead, action_mode, num_devices_of, num_phases
 
 MASKED = -1e9
 
@@ -56,7 +56,8 @@ class ReinforcePolicy(nn.Module):
         enc["mode"] = self.mode
         self.features_extractor = GraphFeatures(observation_space, **enc)
         self.mlp_extractor = NodeHead(hidden=enc.get("hidden", 32), num_devices=num_devices_of(action_space),
-                                      mode=self.mode, n_max=observation_space["node_features"].shape[0])
+                                      mode=self.mode, n_max=observation_space["node_features"].shape[0],
+                                      phases=num_phases(observation_space))
         self.num_devices = num_devices_of(action_space)
 
     def distribution(self, obs: dict[str, torch.Tensor], mask: np.ndarray | torch.Tensor | None

@@ -8,7 +8,7 @@ from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
 from stable_baselines3.common.policies import ActorCriticPolicy
 from torch import nn
 
-from placement_rl.agents.policy import GraphFeatures, NodeHead, action_mode, num_devices_of
+from placement_rl.agents.policy import GraphFeatures, NodeHead, action_mode, num_devices_of, num_phases
 
 
 class _GraphPolicyMixin:
@@ -22,7 +22,8 @@ class _GraphPolicyMixin:
         kwargs.setdefault("features_extractor_kwargs", enc)
         kwargs.setdefault("ortho_init", False)
         self._head_kwargs = {"hidden": enc.get("hidden", 64), "num_devices": num_devices_of(action_space),
-                             "mode": mode, "n_max": observation_space["node_features"].shape[0]}
+                             "mode": mode, "n_max": observation_space["node_features"].shape[0],
+                             "phases": num_phases(observation_space)}
         return kwargs
 
     def _build_mlp_extractor(self) -> None:

@@ -172,7 +172,10 @@ class Trainer:
 
         if env_id == PIPELINE_ENV_ID:
             lay = self.unwrapped_env.layout
-            init_cut_prior(self.policy.mlp_extractor, num_nodes=lay.max_nodes, num_stages=lay.max_devices)
+            from placement_rl.envs.pipeline import RC
+
+            init_cut_prior(self.policy.mlp_extractor, num_nodes=lay.max_nodes, num_stages=lay.max_devices,
+                           unbiased=(RC,))
 
     @property
     def unwrapped_env(self) -> gym.Env:

@@ -1,5 +1,6 @@
 """``PipelineEnv``: decide a whole stage plan -- stage cuts in topological order (one stage allowed), a DP degree
-per stage, the micro-batch count, DP vs sharded DP, and the tensor-parallel degree."""
+per stage, the micro-batch count, DP vs sharded DP, the tensor-parallel degree, and activation recomputation per
+stage."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from gymnasium import spaces
 from placement_rl.baselines.pipe_common import MAX_MICROBATCHES
 from placement_rl.cost.pipeline import PIPELINE_SCHEDULES, PipelineSimulator
 from placement_rl.errors import ConfigError
-from placement_rl.plans import SHARDINGS, StagePlan, graph_batch_size
+from placement_rl.plans import RECOMPUTE, SHARDINGS, StagePlan, graph_batch_size
 
 from placement_rl.envs.base import BaseEnv, EnvConfig, TaskState, node_memory
 from placement_rl.envs.graph_source import Task
@@ -20,7 +21,8 @@ from placement_rl.envs.reward import final_reward
 
 __all__ = ["PipelineConfig", "PipelineEnv"]
 
-CUT, DP, MB, SHARD, TP = 0, 1, 2, 3, 4  # phases
+CUT, DP, MB, SHARD, TP, RC = 0, 1, 2, 3, 4, 5  # phases
+RC_ACTIONS = ("none", "full", "selective")  # action k of the recomputation phase (two devices: none / full)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +44,10 @@ class PipelineConfig(EnvConfig):
     mode: ``train`` (default) or ``inference`` (forward only, ``cost.modes``).
     objective: ``step`` (default: reward from the step time) or ``throughput`` (from the steady-state time per
         batch, ``cost.throughput``; the best single-device plan is measured the same way).
+    recompute: activation recomputation of every stage (``none``, ``selective``, ``full``: ``cost.recompute``);
+        None (default): the agent chooses it per stage where the stage has layers (full) or attention cores
+        (selective) to checkpoint, in training mode (else ``none``, and the phase is skipped). A fixed mode
+        applies to the stages that have such regions.
     """
 
     schedule: str = "1f1b"
@@ -53,6 +59,7 @@ class PipelineConfig(EnvConfig):
     device_order: str = "index"
     mode: str = "train"
     objective: str = "step"
+    recompute: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -79,6 +86,9 @@ class PipelineConfig(EnvConfig):
         t = self.tp
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1):
             raise ConfigError(f"tp must be a positive integer or None (the agent chooses), got {t!r}")
+        if self.recompute is not None and self.recompute not in RECOMPUTE:
+            raise ConfigError(f"recompute must be one of {', '.join(RECOMPUTE)} or None (the agent chooses), got "
+                              f"{self.recompute!r}")
 
 
 class PipelineEnv(BaseEnv):
@@ -98,7 +108,12 @@ class PipelineEnv(BaseEnv):
     stage TP degree ``k + 1``, so stage ``s`` takes ``dp_s x (k + 1)`` devices (TP innermost). A degree is allowed
     when it divides the graph's split sizes (``graph.tp.check_degree``), divides every host's device count (TP
     groups stay inside a host) and the stages' devices times it fit the topology; a fixed ``tp`` shrinks the
-    devices the DP phase may hand out accordingly. The finished plan is scored with ``simulate_pipeline``.
+    devices the DP phase may hand out accordingly. Phase 5 (activation recomputation; only when ``recompute`` is
+    None, in training mode, with at least two actions): visits, in order, each stage that has something to
+    checkpoint; action 0 = ``none``, 1 = ``full`` (each layer), 2 = ``selective`` (each attention core; needs
+    three actions, i.e. ``D_max >= 3``), a mode allowed when the stage holds nodes of its regions
+    (``cost.recompute.regions``). The finished plan is scored with ``simulate_pipeline``, whose memory check (and
+    so the reward's infeasibility penalty) sees what each stage's recomputation frees and what it costs in time.
 
     ## Action Space
     ``Discrete(D_max)`` in every phase. Cuts, micro-batches and sharding: only 0/1 are meaningful (others read
@@ -107,14 +122,16 @@ class PipelineEnv(BaseEnv):
     remaining stage fit the topology and, with ``batch_size`` set, ``batch_size % (k + 1) == 0`` (and
     ``% (num_microbatches * (k + 1))`` when it is fixed); a masked degree is replaced by the largest allowed
     degree below it (degree 1 is always allowed).
+    Recomputation: a masked mode is replaced by the largest allowed action below it (``none`` always allowed).
 
     ## Observation Space
     ``envs.features`` keys, where ``placement`` holds the stage of each decided node (-1 undecided) and the
     one-hot "device" columns of ``node_features`` hold that stage; plus ``phase [1]`` (0 cuts, 1 DP,
-    2 micro-batches, 3 sharding), ``stage_dp [D_max]`` (DP degree chosen per stage, 0 = none yet),
-    ``microbatches [1]`` (log2 of the current count), ``sharding [1]`` (0 DDP, 1 FSDP) and ``tp [1]`` (the TP
-    degree, 1 until decided). In the DP phase every node of the current stage has the current flag and
-    ``current_node`` is its first node.
+    2 micro-batches, 3 sharding, 4 TP, 5 recomputation), ``stage_dp [D_max]`` (DP degree chosen per stage, 0 = none
+    yet), ``microbatches [1]`` (log2 of the current count), ``sharding [1]`` (0 DDP, 1 FSDP), ``tp [1]`` (the TP
+    degree, 1 until decided) and ``recompute [D_max]`` (per stage, the index into ``plans.RECOMPUTE``: 0 none,
+    1 selective, 2 full). In the DP and recomputation phases every node of the current stage has the current flag
+    and ``current_node`` is its first node.
 
     ## Rewards
     0 until the last step, then ``(T1 - T) / T1`` where T1 is the best single-device plan (one stage on one
@@ -126,7 +143,8 @@ class PipelineEnv(BaseEnv):
 
     ## Episode End
     Terminates after ``num_nodes - 1 + num_stages`` steps, plus the micro-batch steps (at most
-    ``log2 MAX_MICROBATCHES + 1``), one sharding step and one TP step when those are chosen.
+    ``log2 MAX_MICROBATCHES + 1``), one sharding step, one TP step and one step per stage with something to
+    recompute when those are chosen.
 
     ## Arguments
     ``graph``, ``topology``, ``cost_fn``, ``config`` / options of ``PipelineConfig`` (see ``envs.base``;
@@ -143,6 +161,9 @@ class PipelineEnv(BaseEnv):
       old episodes on captured transformers.
     * v0, issue 46: options ``device_order`` (``fastest``: a slow device is handed out last or not at all),
       ``mode`` (``inference``) and ``objective`` (``throughput``); the defaults keep the old episodes.
+    * v0, activation recomputation: a per-stage decision (phase 5, ``recompute=None``) on graphs with layers or
+      attention cores; observation key ``recompute``. Graphs without them (synthetic families) and inference
+      have the same episodes as before; pass ``recompute="none"`` for the old episodes on captured transformers.
     """
 
     config_cls = PipelineConfig
@@ -154,19 +175,23 @@ class PipelineEnv(BaseEnv):
         d = self.layout.max_devices
         self.action_space = spaces.Discrete(d)
         space = self.layout.space()
-        space.spaces["phase"] = spaces.Box(0, TP, (1,), np.int64)
+        space.spaces["phase"] = spaces.Box(0, RC, (1,), np.int64)
         space.spaces["stage_dp"] = spaces.Box(0, d, (d,), np.int64)
         space.spaces["microbatches"] = spaces.Box(0, int(np.log2(MAX_MICROBATCHES)), (1,), np.int64)
         space.spaces["sharding"] = spaces.Box(0, 1, (1,), np.int64)
         space.spaces["tp"] = spaces.Box(1, d, (1,), np.int64)
+        space.spaces["recompute"] = spaces.Box(0, len(RECOMPUTE) - 1, (d,), np.int64)
         self.observation_space = space
         self._phase = np.zeros(1, np.int64)
         self._stage_dp = np.zeros(d, np.int64)
         self._log_m = np.zeros(1, np.int64)
         self._shard = np.zeros(1, np.int64)
         self._tp = np.ones(1, np.int64)
+        self._rc = np.zeros(d, np.int64)
         self.buf.arrays.update(phase=self._phase, stage_dp=self._stage_dp, microbatches=self._log_m,
-                               sharding=self._shard, tp=self._tp)
+                               sharding=self._shard, tp=self._tp, recompute=self._rc)
+        self._regions: dict[str, np.ndarray] = {}  # recomputation mode -> region id per node (the task's graph)
+        self._rc_todo: list[int] = []  # stages the recomputation phase still visits
         self._tp_ok = np.ones(1, dtype=bool)  # TP degrees 1.. the task's graph and topology allow
         self.stage = np.zeros(0, dtype=np.int64)
         self._pos = 0
@@ -191,7 +216,22 @@ class PipelineEnv(BaseEnv):
         c = self.config
         return StagePlan(stage_of_node=stage, stage_devices=tuple(groups), num_microbatches=self._m,
                          schedule=c.schedule, batch_size=c.batch_size, sharding=SHARDINGS[int(self._shard[0])],
-                         tp=(t,) * len(dp))
+                         tp=(t,) * len(dp), recompute=tuple(RECOMPUTE[int(k)] for k in self._rc[:len(dp)]))
+
+    def _task_regions(self, task: Task) -> dict[str, np.ndarray]:
+        """Region id per node of each recomputation mode the task's graph has (``cost.recompute.regions``)."""
+        from placement_rl.cost.recompute import regions
+        from placement_rl.errors import PlanError
+
+        if self.config.mode != "train":
+            return {}
+        out = {}
+        for mode in RECOMPUTE[1:]:
+            try:
+                out[mode] = regions(task.graph, mode)
+            except PlanError:
+                continue
+        return out
 
     def _tp_degrees(self, task: Task) -> np.ndarray:
         """Bool over TP degrees 1..D_max that the task's graph splits into and its hosts hold."""
@@ -258,6 +298,9 @@ class PipelineEnv(BaseEnv):
         self._shard[0] = 1 if self.config.sharding == "fsdp" else 0
         self._tp_ok = self._tp_degrees(st.task) if self.config.tp is None else np.ones(1, dtype=bool)
         self._tp[0] = self.config.tp or 1
+        self._rc.fill(0)
+        self._regions = self._task_regions(st.task)
+        self._rc_todo = []
         self._used = 0
         self._dp_stage = 0
         self._pos = 1
@@ -304,6 +347,17 @@ class PipelineEnv(BaseEnv):
             if t > allowed.shape[0] or not allowed[t - 1]:
                 t = int(np.flatnonzero(allowed[:min(t, allowed.shape[0])])[-1]) + 1
             self._tp[0] = t
+            return self._after_tp()
+        if self._phase[0] == RC:
+            s = self._rc_todo.pop(0)
+            allowed = self._rc_allowed(s)
+            k = min(int(action), allowed.shape[0] - 1)
+            if not allowed[k]:
+                k = int(np.flatnonzero(allowed[:k + 1])[-1])
+            self._rc[s] = RECOMPUTE.index(RC_ACTIONS[k])
+            if self._rc_todo:
+                self._focus_rc()
+                return self._obs(), 0.0, False, False, self._info()
             return self._finish()
         k = self._dp_stage
         allowed = self._dp_allowed()
@@ -404,11 +458,48 @@ class PipelineEnv(BaseEnv):
 
     def _after_shard(self):
         if self.config.tp is not None or not self._tp_allowed()[1:].any():
-            return self._finish()
+            return self._after_tp()
         self._phase[0] = TP
         self.buf.set_current_rows(None, -1)
         self.buf.device_mask[:] = self._tp_allowed()
         return self._obs(), 0.0, False, False, self._info()
+
+    def _rc_allowed(self, s: int) -> np.ndarray:
+        """Bool over recomputation actions (``RC_ACTIONS``, at most ``D_max``) for stage ``s``."""
+        ok = np.zeros(min(len(RC_ACTIONS), self.layout.max_devices), dtype=bool)
+        ok[0] = True
+        mine = self.stage == s
+        for k in range(1, ok.shape[0]):
+            rid = self._regions.get(RC_ACTIONS[k])
+            ok[k] = rid is not None and bool((rid[mine] >= 0).any())
+        return ok
+
+    def _after_tp(self):
+        """Recomputation: fixed by the config, or a decision per stage that has something to checkpoint."""
+        fixed = self.config.recompute
+        for s in range(self._num_stages):
+            if fixed is not None:
+                rid = self._regions.get(fixed)
+                has = rid is not None and bool((rid[self.stage == s] >= 0).any())
+                self._rc[s] = RECOMPUTE.index(fixed) if has else 0
+        if fixed is not None or self.layout.max_devices < 2:
+            return self._finish()
+        self._rc_todo = [s for s in range(self._num_stages) if self._rc_allowed(s)[1:].any()]
+        if not self._rc_todo:
+            return self._finish()
+        self._phase[0] = RC
+        self._focus_rc()
+        return self._obs(), 0.0, False, False, self._info()
+
+    def _focus_rc(self) -> None:
+        s = self._rc_todo[0]
+        lo = self._bounds[s]
+        hi = self._bounds[s + 1] if s + 1 < len(self._bounds) else self._order.shape[0]
+        self.buf.set_current_rows(self._order[lo:hi], int(self._order[lo]))
+        mask = self.buf.device_mask
+        mask.fill(0)
+        allowed = self._rc_allowed(s)
+        mask[:allowed.shape[0]] = allowed
 
     def _focus_dp(self) -> None:
         k = self._dp_stage
