@@ -279,7 +279,7 @@ class PartRunner:
         self._sync()
         t0, c0 = time.perf_counter(), time.process_time()
         losses: list[torch.Tensor] = []
-        with self._tp_context():  # TP: plain tensors meeting DTensor shards count as replicated (fwd and bwd)
+        with self._tp_context():  # TP: implicit replication and the vocab-parallel loss (fwd and bwd)
             if self.schedule is None:
                 self._plain_step(losses)
             else:
@@ -302,11 +302,18 @@ class PartRunner:
         return StepTiming(wall=t2 - t0, optimizer=t2 - t1, cpu=time.process_time() - c0, losses=tuple(losses))
 
     def _tp_context(self) -> Any:
+        """TP: plain tensors meeting DTensor shards count as replicated, and the loss on vocabulary-sharded logits
+        is Megatron's vocab-parallel cross-entropy (``loss_parallel``: all-reduces of one number per token instead of
+        an all-gather of the logits), as the cost model prices it."""
         if self.dims.tp == 1:
             return contextlib.nullcontext()
         from torch.distributed.tensor.experimental import implicit_replication
+        from torch.distributed.tensor.parallel import loss_parallel
 
-        return implicit_replication()
+        stack = contextlib.ExitStack()
+        stack.enter_context(implicit_replication())
+        stack.enter_context(loss_parallel())
+        return stack
 
     def _plain_step(self, losses: list[torch.Tensor]) -> None:
         """One stage, data parallel: m micro-batches, each loss / m backpropagated (the schedules scale the
