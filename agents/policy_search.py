@@ -141,8 +141,8 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
             if sd is not None and sd.feasible and (not inc_ok or sd.step_time < inc_t * (1 - 1e-12)):
                 best, best_t, best_ok = dev.copy(), sd.step_time, True
         off = time.perf_counter() - t0 - prob.elapsed  # the start's seconds before the search's clock began
+        trace += [[off + float(x[0]), calls + int(x[1]), float(x[2])] for x in prob.trace]
         calls += prob.calls
-        trace += [[off + float(x[0]), 1 + int(x[1]), float(x[2])] for x in prob.trace]
     meta = {"placer": "policy_search", "seed": int(seed), "sim_calls": calls,
             "search_seconds": time.perf_counter() - t0, "seconds_budget": float(seconds), "trace": trace,
             "start_time": start_t, "batches": stats["batches"], "improved": stats["improved"],

@@ -58,6 +58,8 @@ def test_policy_search_never_worse_than_its_starts_and_reports_what_it_ran(polic
     assert res.step_time <= min(rule, greedy) * (1 + 1e-9)
     times = [x[2] for x in p.meta["trace"]]
     assert all(b <= a * (1 + 1e-12) for a, b in zip(times, times[1:]))
+    calls = [x[1] for x in p.meta["trace"]]
+    assert calls == sorted(calls) and calls[-1] <= p.meta["sim_calls"]
     assert p.meta["sim_calls"] >= 2 * g.num_nodes * t.num_devices
 
 
