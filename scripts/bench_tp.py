@@ -51,14 +51,16 @@ from placement_rl.evaluate import describe_plan
 from placement_rl.executor._launch import free_port
 from placement_rl.executor.ab import run_ab
 from placement_rl.executor.distributed import DeployConfig, DeploySpec, deploy_stage_plans
+from placement_rl.executor.tp_probe import measure_tp_dispatch
 from placement_rl.graph import tp as tpmod
 from placement_rl.graph import zoo
 from placement_rl.graph.capture import capture_zoo
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.plans import StagePlan
 from placement_rl.profiling import ProfileDB, measured_costs, predict_step_time, profile_graph
-from placement_rl.profiling.dist_overhead import (fit_dist_overheads, measure_dist_overheads, predict_deploy_step,
-                                                  tensors_per_param_node, with_pipeline_overhead)
+from placement_rl.profiling.dist_overhead import (collective_links, fit_dist_overheads, measure_dist_overheads,
+                                                  predict_deploy_step, tensors_per_param_node, with_links,
+                                                  with_pipeline_overhead, with_tp_dispatch)
 from placement_rl.profiling.fidelity import fidelity_stats
 from placement_rl.profiling.run import select_devices
 from placement_rl.topology import DeviceTopology, conf_dir, load_topology
@@ -184,12 +186,13 @@ class HandWrittenTP:
     def step(self) -> float:
         from torch.distributed.tensor import DTensor
         from torch.distributed.tensor.experimental import implicit_replication
+        from torch.distributed.tensor.parallel import loss_parallel
 
         self.opt.zero_grad(set_to_none=True)
         dist.barrier()
         t0 = time.perf_counter()
         size = self.batch[0].shape[0] // self.m
-        with implicit_replication():
+        with implicit_replication(), loss_parallel():
             for i in range(self.m):
                 loss = self.model(*(t[i * size:(i + 1) * size] for t in self.batch))
                 loss = loss.full_tensor() if isinstance(loss, DTensor) else loss
@@ -373,6 +376,9 @@ def bench_fidelity(*, steps: int, work: Path, repeats: int) -> dict:
         costs_at[b] = (g, module)
     print("(c) measuring DDP / FSDP2 / TP wrapper costs on 2 gloo processes (profiling.dist_overhead)")
     overheads = fit_dist_overheads(measure_dist_overheads("gloo"))
+    links = collective_links(overheads)  # gloo's all-reduce as a TP step issues it, as link latency / bandwidth
+    print(f"(c) gloo links from the measured TP all-reduce: latency {links[0] * 1e6:.1f} us, "
+          f"bandwidth {links[1] / 1e9:.2f} GB/s")
     per_node = tensors_per_param_node(zoo.build("gpt", **SMALL)[0], graph)
     split = tpmod.annotation(graph).frac_params > 0
     rows = []
@@ -382,8 +388,10 @@ def bench_fidelity(*, steps: int, work: Path, repeats: int) -> dict:
         results = deploy_stage_plans([DeploySpec(plan=plans[i][1], graph=graph, model="gpt", overrides=SMALL)
                                       for i in idx], config=DeployConfig(steps=steps, warmup=2, timeout_s=900),
                                      job_dir=work / f"c_{world}")
-        for i, res in zip(idx, results):
+        for k, (i, res) in enumerate(zip(idx, results)):
             label, plan = plans[i]
+            probe = (measure_tp_dispatch(work / f"c_{world}" / f"part{k}", repeats=repeats * 2)
+                     if plan.uses_tp else None)  # DTensor's cost on this plan's stage programs, one-rank mesh
             b = SMALL["batch_size"] // (plan.num_microbatches * plan.dp_degrees[0])
             g, _ = costs_at[b]
             costs = measured_costs(g, topo, db, backend="gloo")
@@ -397,15 +405,22 @@ def bench_fidelity(*, steps: int, work: Path, repeats: int) -> dict:
             if plan.sharding == "fsdp":
                 share /= plan.dp_degrees[0]
             opt = adam * share / float(graph.param_bytes.sum())
-            staged = with_pipeline_overhead(costs, plan, graph, overheads)  # the pipeline schedule's cost
+            staged = with_pipeline_overhead(with_links(costs, *links), plan, graph, overheads)  # schedule's cost
+            if probe is not None:
+                staged = with_tp_dispatch(staged, plan, graph, [p["pass_s"] for p in probe])
             sim_model = simulate_pipeline(graph, staged, topo, plan, cost_batch_size=b).step_time
             model = predict_deploy_step(sim_model, plan=plan, graph=graph, adam_seconds=adam, overheads=overheads,
-                                        tensors_per_node=per_node, tp_split=split)
+                                        tensors_per_node=per_node, tp_split=split,
+                                        tp_adam_seconds=None if probe is None else [p["adam_s"] for p in probe])
             rows.append({"plan": label, "world": world, "micro_batch": b, "measured_ms": res.step_time * 1e3,
                          "predicted_ms": (sim.step_time + opt) * 1e3, "simulated_ms": sim.step_time * 1e3,
                          "adam_ms": opt * 1e3, "tp": int(plan.tp[0]), "model_ms": model["predicted_s"] * 1e3,
-                         "recompute": plan.recompute[0],
-                         "wrapper_ms": model["wrapper_s"] * 1e3})
+                         "recompute": plan.recompute[0], "model_simulated_ms": sim_model * 1e3,
+                         "wrapper_ms": model["wrapper_s"] * 1e3, "model_optimizer_ms": model["optimizer_s"] * 1e3,
+                         "oversubscription": model["oversubscription"],
+                         "tp_dispatch_ms": [p["pass_s"] * 1e3 for p in probe] if probe else None,
+                         "tp_adam_dispatch_ms": [p["adam_s"] * 1e3 for p in probe] if probe else None,
+                         "load": os.getloadavg()[0]})
             r = rows[-1]
             print(f"(c) {label}: measured {r['measured_ms']:.2f} ms, predicted {r['predicted_ms']:.2f} ms, with the "
                   f"wrapper model {r['model_ms']:.2f} ms")
@@ -419,7 +434,7 @@ def bench_fidelity(*, steps: int, work: Path, repeats: int) -> dict:
             "tp_stats": fidelity_stats(pred[tp_rows], meas[tp_rows]) if len(tp_rows) > 1 else None,
             "model_stats": fidelity_stats(model, meas),
             "model_tp_stats": fidelity_stats(model[tp_rows], meas[tp_rows]) if len(tp_rows) > 1 else None,
-            "overheads": overheads.to_dict()}
+            "overheads": overheads.to_dict(), "links": {"latency_s": links[0], "bandwidth_Bps": links[1]}}
 
 
 def dtensor_overhead(steps: int) -> dict:

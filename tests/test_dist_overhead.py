@@ -10,9 +10,10 @@ from placement_rl.graph import synthetic
 from placement_rl.plans import StagePlan
 from placement_rl.cost import CostTable, simulate_pipeline
 from placement_rl.graph.ir import make_graph
-from placement_rl.profiling.dist_overhead import (KINDS, PP_MICRO, PP_WIDEN, DistOverheads, fit_dist_overheads,
-                                                  measure_dist_overheads, predict_deploy_step, stage_boundary_bytes,
-                                                  with_pipeline_overhead)
+from placement_rl.profiling.dist_overhead import (KINDS, PP_MICRO, PP_WIDEN, DistOverheads, collective_links,
+                                                  fit_dist_overheads, measure_dist_overheads, predict_deploy_step,
+                                                  stage_boundary_bytes, with_links, with_pipeline_overhead,
+                                                  with_tp_dispatch)
 from placement_rl.topology import load_topology
 
 
@@ -82,6 +83,60 @@ def test_prediction_adds_wrappers_adam_and_oversubscription():
     # the same plan on one core: two processes share it
     assert predict_deploy_step(0.05, plan=ddp, graph=g, adam_seconds=0.01, overheads=o, cores=1)["predicted_s"] == \
         pytest.approx(2 * d["predicted_s"])
+
+
+def test_links_from_the_measured_tp_all_reduce_price_the_collectives():
+    """A measured 2-rank all-reduce of exactly ``2 L + n / B`` gives links (L, B); with them the simulator's
+    collectives price 2 ranks as measured and 4 by the ring / tree rules."""
+    from placement_rl.cost.collectives import collective_time
+
+    lat, bw = 3e-4, 2e9
+    raw = synthetic_raw(2e-3, 5e-5, 1e-4, 3e-4)
+    raw["tp_all_reduce"] = [2 * lat + s / bw for s in raw["sizes"]]
+    o = fit_dist_overheads(raw)
+    assert DistOverheads.from_dict(o.to_dict()) == o
+    got = collective_links(o)
+    np.testing.assert_allclose(got, (lat, bw), rtol=1e-6)
+    import yaml
+
+    from placement_rl.topology import DeviceTopology, conf_dir
+
+    data = yaml.safe_load((conf_dir() / "topology" / "2x_cpu.yaml").read_text())
+    data["devices"][0]["count"] = 4
+    topo = DeviceTopology.from_dict(data)
+    n = 4
+    costs = with_links(CostTable(fwd_time=np.ones((1, n)), bwd_time=np.ones((1, n)), link_latency=np.zeros((n, n)),
+                                 link_bandwidth=np.full((n, n), np.inf), source=("hand",) * n), *got)
+    for size in (1e3, 1e6):
+        assert collective_time("allreduce", size, [0, 1], topo, costs) == pytest.approx(2 * lat + size / bw)
+        assert collective_time("allreduce", size, [0, 1, 2, 3], topo, costs) == pytest.approx(
+            min(6 * lat + 1.5 * size / bw, 4 * lat + 2 * size / bw))
+    with pytest.raises(ProfileError, match="tp_all_reduce"):
+        collective_links(fit_dist_overheads(synthetic_raw(2e-3, 5e-5, 1e-4, 3e-4)))
+
+
+def test_measured_tp_dispatch_is_paid_whole_by_every_micro_batch():
+    """``with_tp_dispatch`` puts a TP stage's measured DTensor cost per pass on the nodes a TP rank runs whole: the
+    simulated one-stage TP step grows by exactly m passes' cost; with the measured DTensor Adam cost the prediction
+    adds it and no fitted TP term."""
+    from placement_rl.cost import resolve_costs
+    from placement_rl.graph.capture import capture_zoo
+
+    g = capture_zoo("gpt", batch_size=4, seq_len=8, vocab_size=32, d_model=16, n_layers=2, n_heads=2, dropout=0.0)
+    topo = load_topology("2x_cpu")
+    costs = resolve_costs(g, topo)
+    o = fit_dist_overheads(synthetic_raw(2e-3, 5e-5, 1e-4, 3e-4))
+    for m in (1, 2, 4):
+        plan = StagePlan(np.zeros(g.num_nodes, dtype=np.int64), ((0, 1),), tp=(2,), num_microbatches=m, batch_size=4)
+        base = simulate_pipeline(g, costs, topo, plan).step_time
+        more = simulate_pipeline(g, with_tp_dispatch(costs, plan, g, [7e-3]), topo, plan).step_time
+        assert more - base == pytest.approx(m * 7e-3, rel=1e-9)
+        got = predict_deploy_step(more, plan=plan, graph=g, adam_seconds=0.0, overheads=o, cores=2,
+                                  tp_adam_seconds=[2e-3])
+        assert got["wrapper_s"] == 0.0 and got["optimizer_s"] == pytest.approx(2e-3)
+        assert got["predicted_s"] == pytest.approx(more + 2e-3)
+    with pytest.raises(ProfileError, match="stages"):
+        with_tp_dispatch(costs, plan, g, [1e-3, 1e-3])
 
 
 def chain(n: int, out_bytes: float = 1e3):

@@ -210,3 +210,24 @@ def test_sequence_parallel_with_pipeline_stages_gradients_equal_one_process(gpt,
         res, = deploy_stage_plans([DeploySpec(plan=plan, graph=gpt, model="gpt", overrides=GPT)],
                                   config=DeployConfig(steps=1, warmup=0, collect_grads=True, timeout_s=180))
         check(plan, res)
+
+
+@pytest.mark.distributed
+def test_tp_probe_measures_dtensor_cost_per_stage_on_a_one_rank_mesh(gpt, tmp_path):
+    """``measure_tp_dispatch`` builds each stage of a TP plan as the runner does, over a one-rank mesh, in this
+    process: one record per stage at the plan's micro-batch, finite non-negative costs; a plan without TP is refused."""
+    from placement_rl.executor.tp_probe import measure_tp_dispatch
+
+    plans = [whole(gpt, (0, 1), 2, num_microbatches=2), two_stages(gpt, 2, num_microbatches=2, schedule="gpipe")]
+    for k, plan in enumerate(plans):
+        prepare_job([DeploySpec(plan=plan, graph=gpt, model="gpt", overrides=GPT)], job_dir=tmp_path / f"j{k}")
+        got = measure_tp_dispatch(tmp_path / f"j{k}" / "part0", repeats=2, warmup=1)
+        assert [r["stage"] for r in got] == list(range(plan.num_stages))
+        for r in got:
+            assert r["micro_batch"] == GPT["batch_size"] // 2
+            assert r["plain_pass_s"] > 0 and r["plain_adam_s"] > 0
+            assert all(np.isfinite(r[key]) and r[key] >= 0 for key in ("pass_s", "adam_s"))
+    plain = StagePlan(np.zeros(gpt.num_nodes, dtype=np.int64), ((0,),))
+    prepare_job([DeploySpec(plan=plain, graph=gpt, model="gpt", overrides=GPT)], job_dir=tmp_path / "plain")
+    with pytest.raises(PlanError, match="no tensor parallelism"):
+        measure_tp_dispatch(tmp_path / "plain" / "part0")

@@ -56,10 +56,7 @@ def tp_cost_table(graph: CompGraph, costs: CostTable, topology: DeviceTopology, 
     ann = ann if ann is not None else annotation(graph)
     shard = shard_graph(graph, tp, ann, divisible_by=divisible_by, sequence_parallel=sequence_parallel)
     whole, part = resolve_costs(graph, topology), resolve_costs(shard, topology)
-    split = ((ann.frac_flops > 0) | (ann.frac_params > 0) | (ann.frac_act > 0) | (ann.frac_out > 0))
-    if sequence_parallel and ann.seq_frac is not None:
-        split = split | (ann.seq_frac > 0)
-    split = split[:, None]
+    split = split_nodes(ann, sequence_parallel=sequence_parallel)[:, None]
 
     def scaled(have: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         r = np.divide(b, a, out=np.ones_like(b), where=a > 0)
@@ -72,6 +69,15 @@ def tp_cost_table(graph: CompGraph, costs: CostTable, topology: DeviceTopology, 
                                meta={**dict(costs.meta), "tp": tp}), shard
 
 
+def split_nodes(ann: TPAnnotation, *, sequence_parallel: bool = False) -> np.ndarray:
+    """bool [N]: the nodes a TP rank runs at a smaller shape (their costs scaled by ``tp_cost_table``); the others
+    (norms, residual adds, position embeddings, ...) run whole on every rank."""
+    split = (ann.frac_flops > 0) | (ann.frac_params > 0) | (ann.frac_act > 0) | (ann.frac_out > 0)
+    if sequence_parallel and ann.seq_frac is not None:
+        split = split | (ann.seq_frac > 0)
+    return np.asarray(split, dtype=bool)
+
+
 def segment_times(table: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
     """Vectorised ``comm_fit.segment_time``: ``alpha + beta * n`` of the first row with ``n < upper``; 0 bytes: 0."""
     upper = table[:, 0]
@@ -80,4 +86,4 @@ def segment_times(table: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
     return np.where(nbytes > 0, out, 0.0)
 
 
-__all__ = ["segment_times", "tp_cost_table"]
+__all__ = ["segment_times", "split_nodes", "tp_cost_table"]

@@ -52,6 +52,8 @@ PP_MICRO = (1, 2, 4, 8)  # micro-batches of the pipeline measurement
 # user deploys move 0.1-10 MiB per micro-batch; a slope fitted on 2-64 KiB alone was noise, 0 on some hosts)
 PP_WIDEN = (1, 32, 512, 2048)
 PP_LAYERS = 4  # Linear layers per stage
+GEMM_N = 384  # the compute between two TP collectives in their measurement (about 1 ms on one core)
+TP_CALLS = 8  # collectives per timed round of that measurement
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +149,7 @@ def _worker(rank: int, backend: str, port: int, layers: Sequence[int], sizes: Se
             res["collectives"]["all_gather"].append(_median(lambda: dist.all_gather_into_tensor(x, half), repeats))
             res["collectives"]["reduce_scatter"].append(_median(lambda: dist.reduce_scatter_tensor(half, x), repeats))
         mesh = init_device_mesh("cpu", (2,))
+        res["tp_all_reduce"] = _tp_collective_times(mesh, sizes, repeats)
         inp = torch.randn(BATCH, WIDTH)
 
         def make(k: int, kind: str) -> nn.Module:
@@ -185,6 +188,33 @@ def _worker(rank: int, backend: str, port: int, layers: Sequence[int], sizes: Se
         dist.barrier()  # no rank tears the group down while the other still has work on it
     finally:
         dist.destroy_process_group()
+
+
+def _tp_collective_times(mesh, sizes: Sequence[int], repeats: int) -> list[float]:
+    """Per size: seconds of an all-reduce as a TP step issues it -- DTensor redistributing a ``Partial`` tensor to
+    ``Replicate`` right after a stretch of compute (a ``GEMM_N``-square matmul), ``TP_CALLS`` times in a row, minus
+    the same compute alone, per call. Between compute the two ranks reach the collective at different moments and a
+    rank that waited must be woken; the back-to-back figures (``collectives``) miss both."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    a = torch.randn(GEMM_N, GEMM_N)
+
+    def work() -> None:
+        for _ in range(TP_CALLS):
+            a @ a
+
+    fns: dict[str, Any] = {"compute": work}
+    for n in sizes:
+        x = torch.ones(max(n // 4, 2) // 2 * 2)
+
+        def step(x=x) -> None:
+            for _ in range(TP_CALLS):
+                a @ a
+                DTensor.from_local(x, mesh, [Partial()], run_check=False).redistribute(mesh, [Replicate()]).to_local()
+
+        fns[str(n)] = step
+    got = _interleaved(fns, repeats)
+    return [max(got[str(n)] - got["compute"], 0.0) / TP_CALLS for n in sizes]
 
 
 class _PipeHalf(torch.nn.Module):
@@ -283,6 +313,8 @@ def fit_dist_overheads(raw: dict[str, Any]) -> DistOverheads:
     tp_adam = _line(t, np.array([r["tp_adam"] - r["half_adam"] for r in rows]))
     coll = {k: (tuple(float(s) for s in raw["sizes"]), tuple(float(v) for v in raw["collectives"][k]))
             for k in KINDS}
+    if raw.get("tp_all_reduce"):
+        coll["tp_all_reduce"] = (tuple(float(s) for s in raw["sizes"]), tuple(float(v) for v in raw["tp_all_reduce"]))
     return DistOverheads(backend=raw["backend"], ddp_pass=ddp, fsdp_pass=fsdp, fsdp_adam=adam, tp_pass=tp,
                          tp_adam=tp_adam, collectives=coll, raw=raw, pp_stage=_fit_pipeline(raw.get("pipeline", [])))
 
@@ -342,6 +374,62 @@ def with_pipeline_overhead(costs, plan, graph, overheads: DistOverheads | None):
                               pipeline_overhead_per_microbatch=per_mb.tolist())
 
 
+def collective_links(overheads: DistOverheads, kind: str = "tp_all_reduce") -> tuple[float, float]:
+    """``(latency s, bandwidth B/s)`` of the host's links that make the ring model's 2-rank all-reduce,
+    ``2 latency + bytes / bandwidth``, match the measured 2-rank curve ``kind`` (default: the all-reduce as a TP
+    step issues it, between compute), fitted by least squares in relative error over the measured sizes. With
+    these links ``simulate_pipeline`` prices every collective and transfer of the host from the measurement (p > 2
+    ranks by the ring / tree rules of ``cost.collectives``)."""
+    if kind not in overheads.collectives:
+        raise ProfileError(f"no measured '{kind}' curve in the distributed-overhead record; re-run the measurement")
+    sizes, times = (np.asarray(v, dtype=np.float64) for v in overheads.collectives[kind])
+    ok = times > 0
+    if ok.sum() < 2:
+        raise ProfileError(f"the measured '{kind}' curve has fewer than two positive times; re-run the measurement")
+    from scipy.optimize import nnls
+
+    w = 1.0 / times[ok]
+    coef, _ = nnls(np.stack([w, sizes[ok] * w * 1e-6], axis=1), np.ones(int(ok.sum())))
+    alpha, beta = float(coef[0]), float(coef[1]) * 1e-6
+    return alpha / 2.0, (1.0 / beta if beta > 0 else float("inf"))
+
+
+def with_links(costs, latency: float, bandwidth: float):
+    """``costs`` with every link between two devices at ``latency`` seconds and ``bandwidth`` bytes/s (e.g.
+    ``collective_links``: the process group's measured figures in place of the topology's)."""
+    d = costs.num_devices
+    lat = np.full((d, d), float(latency))
+    bw = np.full((d, d), float(bandwidth))
+    np.fill_diagonal(lat, 0.0)
+    np.fill_diagonal(bw, np.inf)
+    return dataclasses.replace(costs, link_latency=lat, link_bandwidth=bw,
+                               meta={**dict(costs.meta), "links": {"latency": float(latency),
+                                                                   "bandwidth": float(bandwidth)}})
+
+
+def with_tp_dispatch(costs, plan, graph, pass_seconds: Sequence[float]):
+    """``costs`` with each TP stage's measured DTensor cost per micro-batch pass (``pass_seconds[s]``, e.g.
+    ``executor.tp_probe.measure_tp_dispatch``) as fixed time on that stage's nodes, half on forward, half on
+    backward, so every micro-batch pays it and the simulated pipeline's bubbles see it. It goes on the nodes a TP
+    rank runs whole (``cost.tensor_parallel.split_nodes`` false), whose times TP does not scale: the cost is per
+    call, not per element, and does not shrink with the shard."""
+    from placement_rl.cost.pipeline import with_node_overhead
+    from placement_rl.cost.tensor_parallel import split_nodes
+    from placement_rl.graph.tp import annotation
+
+    tps = tuple(plan.tp) if plan.tp else (1,) * plan.num_stages
+    if len(pass_seconds) != plan.num_stages:
+        raise ProfileError(f"{len(pass_seconds)} measured TP pass costs for a plan of {plan.num_stages} stages")
+    whole = ~split_nodes(annotation(graph), sequence_parallel=bool(plan.sequence_parallel))
+    s_of = np.asarray(plan.stage_of_node)
+    add = np.zeros(graph.num_nodes)
+    for s, (t, sec) in enumerate(zip(tps, pass_seconds)):
+        nodes = np.flatnonzero((s_of == s) & whole)
+        if t > 1 and nodes.size and sec > 0:
+            add[nodes] = float(sec) / (2.0 * nodes.size)
+    return with_node_overhead(costs, add[:, None], tp_dispatch_per_pass=[float(x) for x in pass_seconds])
+
+
 def tensors_per_param_node(module: torch.nn.Module, graph: Any) -> float:
     """Trainable parameter tensors of ``module`` per node of its captured ``graph`` that owns parameters (the
     graph records bytes, not tensors; ``predict_deploy_step`` counts tensors)."""
@@ -351,7 +439,8 @@ def tensors_per_param_node(module: torch.nn.Module, graph: Any) -> float:
 
 def predict_deploy_step(simulated: float, *, plan, graph, adam_seconds: float, overheads: DistOverheads | None,
                         tensors_per_node: float = 2.0, tp_split: np.ndarray | None = None,
-                        cores: int | None = None) -> dict[str, float]:
+                        cores: int | None = None, tp_adam_seconds: Sequence[float] | None = None
+                        ) -> dict[str, float]:
     """Step time of ``plan`` as ``placement_rl.executor`` runs it on CPU processes: the simulated schedule
     (``simulated``: ``simulate_pipeline`` with measured per-op costs) + the wrappers' per-pass costs of the
     slowest stage over its micro-batches + Adam (``adam_seconds``: plain Adam over the whole model, measured;
@@ -361,6 +450,9 @@ cost belongs in the simulated costs: ``with_pipeline_overhead``) and the oversub
     tensors; a Linear has 2). ``tp_split``: bool [N], the nodes whose parameters TP splits (the ``graph.tp``
     annotation's ``frac_params > 0``): a stage of TP degree t > 1 pays the TP per-pass and DTensor Adam terms for
     those, and its plain Adam share is one rank's (split parameters over t).
+    ``tp_adam_seconds``: per stage, DTensor's measured extra seconds of Adam (``executor.tp_probe``); when given,
+    the TP per-pass cost is taken to be in the simulated costs already (``with_tp_dispatch``) and these replace the
+    fitted ``tp_pass`` / ``tp_adam`` terms.
     Without ``overheads``: the simulated schedule and plain Adam only (what the bench reported before)."""
     m = int(plan.num_microbatches)
     total = float(graph.param_bytes.sum()) or 1.0
@@ -375,7 +467,9 @@ cost belongs in the simulated costs: ``with_pipeline_overhead``) and the oversub
         p = len(plan.stage_devices[s]) // t
         opt = adam_seconds * share / (p if plan.sharding == "fsdp" else 1)
         wrap = 0.0
-        if overheads is not None and t > 1:
+        if t > 1 and tp_adam_seconds is not None:
+            opt += float(tp_adam_seconds[s])
+        elif overheads is not None and t > 1:
             tp_tensors = float(np.count_nonzero(graph.param_bytes[sel] * split[sel])) * tensors_per_node
             a, b = overheads.tp_pass
             c, d = overheads.tp_adam
@@ -397,5 +491,5 @@ cost belongs in the simulated costs: ``with_pipeline_overhead``) and the oversub
             "oversubscription": factor}
 
 
-__all__ = ["DistOverheads", "fit_dist_overheads", "measure_dist_overheads", "predict_deploy_step",
-           "stage_boundary_bytes", "tensors_per_param_node", "with_pipeline_overhead"]
+__all__ = ["DistOverheads", "collective_links", "fit_dist_overheads", "measure_dist_overheads", "predict_deploy_step",
+           "stage_boundary_bytes", "tensors_per_param_node", "with_links", "with_pipeline_overhead", "with_tp_dispatch"]
