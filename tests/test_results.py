@@ -68,7 +68,7 @@ def test_documents_match_their_data():
 def _copy_tree(dest: Path) -> Path:
     (dest / "docs").mkdir(parents=True)
     shutil.copy(ROOT / "README.md", dest / "README.md")
-    for page in ("results.md", "evaluate_suite.md"):
+    for page in ("results.md", "evaluate_suite.md", "tensor_parallel.md"):
         shutil.copy(ROOT / "docs" / page, dest / "docs" / page)
     shutil.copytree(ROOT / "results", dest / "results")
     return dest

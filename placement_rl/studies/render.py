@@ -1,9 +1,10 @@
 """Documents rendered from ``results/*.json`` (``placement_rl.results``): the README's headline figure table and
 ``docs/results.md``, each between markers, so that a printed figure is always a value of a results file.
 
-``suite_table(folder)`` is docs/evaluate_suite.md's summary table. ``headline_rows(folder)`` builds one row per headline figure: what it is, its value (formatted from the JSON),
-when and on what machine it was measured (the file's provenance), and links to the JSON and the command that made
-it. ``render_block(text, name, body)`` replaces what lies between ``<!-- name:begin -->`` and ``<!-- name:end -->``;
+``suite_table(folder)`` is docs/evaluate_suite.md's summary table, ``recompute_table(folder)``
+docs/tensor_parallel.md's recomputation figures. ``headline_rows(folder)`` builds one row per headline figure:
+what it is, its value (formatted from the JSON), when and on what machine it was measured (the file's
+provenance), and links to the JSON and the command that made it. ``render_block(text, name, body)`` replaces what lies between ``<!-- name:begin -->`` and ``<!-- name:end -->``;
 ``render_all(root, check=...)`` renders (or, with ``check``, compares) every document. ``scripts/render.py`` is
 the command; ``tests/test_results.py`` fails when a document differs from its data.
 """
@@ -232,6 +233,38 @@ def suite_table(folder: Path) -> str:
     return "\n".join(lines)
 
 
+def recompute_table(folder: Path) -> str:
+    """docs/tensor_parallel.md's activation recomputation figures (``results/bench_recompute.json``): saved bytes
+    and, when measured, the deployed step time against the prediction, with the machine's load."""
+    doc = _load(folder).get("bench_recompute")
+    if doc is None:
+        return "(no results/bench_recompute.json: run python scripts/bench_recompute.py)"
+    fig = doc["figures"]
+    lines = [f"Measured {measured_on(doc)}: `{doc.get('command', '?')}` (zoo `{fig['model']}`, "
+             + ", ".join(f"{k} {v}" for k, v in fig["overrides"].items()) + ").", ""]
+    if fig.get("rows"):
+        lines += ["| recompute | saved for backward, deployed (MB) | priced (MB) | deployed / priced |",
+                  "|---|---|---|---|"]
+        lines += [f"| {r['recompute']} | {r['measured_mb']:.2f} | {r['priced_mb']:.2f} | {r['ratio']:.4f} |"
+                  for r in fig["rows"]]
+        lines.append("")
+    t = fig.get("time")
+    if t:
+        lines += [f"Step time of the deployed one-process plans (median of {t['steps']} interleaved steps, "
+                  f"{t['threads']} thread; load {t['load_before'][0]:.2f} before, {t['load_after'][0]:.2f} after) "
+                  "against the prediction (per-op CPU profile, thread clock, "
+                  f"{t['profile_repeats']} repeats):", "",
+                  "| recompute | measured, median / fastest / CPU (ms) | predicted (ms) | measured / predicted, median / "
+                  "fastest / CPU | over none, measured (median / CPU) | over none, predicted |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {r['recompute']} | {r['measured_ms']:.2f} / {r['measured_fastest_ms']:.2f} / "
+                  f"{r['measured_cpu_ms']:.2f} | {r['predicted_ms']:.2f} | {r['ratio']:.3f} / {r['ratio_fastest']:.3f} "
+                  f"/ {r['ratio_cpu']:.3f} | {100 * r['increase_measured']:+.1f}% / "
+                  f"{100 * r['increase_measured_cpu']:+.1f}% | {100 * r['increase_predicted']:+.1f}% |"
+                  for r in t["rows"]]
+    return "\n".join(lines).rstrip()
+
+
 def render_block(text: str, name: str, body: str, *, where: str) -> str:
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     i, j = text.find(begin), text.find(end)
@@ -248,7 +281,8 @@ def render_all(root: Path, *, check: bool = False) -> list[Path]:
     folder = root / "results"
     targets = {root / "README.md": (README_BLOCK, readme_table(headline_rows(folder))),
                root / "docs" / "results.md": (DOCS_BLOCK, results_page(folder)),
-               root / "docs" / "evaluate_suite.md": ("suite", suite_table(folder))}
+               root / "docs" / "evaluate_suite.md": ("suite", suite_table(folder)),
+               root / "docs" / "tensor_parallel.md": ("recompute", recompute_table(folder))}
     changed = []
     for path, (block, body) in targets.items():
         old = path.read_text()
