@@ -503,11 +503,16 @@ def write_report(out: Path, data: dict) -> None:
         f = data["fidelity"]
         lines += ["## (c) simulated vs measured on gloo (2 CPU cores, one thread per process)", "",
                   "| plan | procs | micro-batch | measured (ms) | with the wrapper model (ms) | predicted (ms) | "
-                  "simulated (ms) | Adam share (ms) |", "|---|---|---|---|---|---|---|---|"]
+                  "simulated (ms) | Adam share (ms) | DTensor per pass, per stage (ms) | load |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in f["rows"]:
+            disp = " / ".join(f"{x:.2f}" for x in r.get("tp_dispatch_ms") or ()) or "-"
             lines.append(f"| {r['plan']} | {r['world']} | {r['micro_batch']} | {r['measured_ms']:.2f} | "
                          f"{r.get('model_ms', float('nan')):.2f} | {r['predicted_ms']:.2f} | {r['simulated_ms']:.2f} | "
-                         f"{r['adam_ms']:.2f} |")
+                         f"{r['adam_ms']:.2f} | {disp} | {r.get('load', float('nan')):.1f} |")
+        if f.get("links"):
+            lines += ["", f"Links from the measured TP all-reduce (2 gloo ranks, between compute): latency "
+                          f"{f['links']['latency_s'] * 1e6:.1f} us, bandwidth {f['links']['bandwidth_Bps'] / 1e9:.2f} GB/s."]
         lines += ["", f"All plans: {json.dumps(f['stats'])}", f"TP plans: {json.dumps(f['tp_stats'])}",
                   f"With the wrapper model: all plans {json.dumps(f.get('model_stats'))}, TP plans "
                   f"{json.dumps(f.get('model_tp_stats'))}, recomputing plans "
