@@ -59,8 +59,8 @@ from placement_rl.graph.io import atomic_write_text
 from placement_rl.plans import StagePlan
 from placement_rl.profiling import ProfileDB, measured_costs, predict_step_time, profile_graph
 from placement_rl.profiling.dist_overhead import (collective_links, fit_dist_overheads, measure_dist_overheads,
-                                                  predict_deploy_step, tensors_per_param_node, with_links,
-                                                  with_pipeline_overhead, with_tp_dispatch)
+                                                  measure_tp_collectives, predict_deploy_step, tensors_per_param_node,
+                                                  with_links, with_pipeline_overhead, with_tp_dispatch)
 from placement_rl.profiling.fidelity import fidelity_stats
 from placement_rl.profiling.run import select_devices
 from placement_rl.topology import DeviceTopology, conf_dir, load_topology
@@ -376,15 +376,20 @@ def bench_fidelity(*, steps: int, work: Path, repeats: int) -> dict:
         costs_at[b] = (g, module)
     print("(c) measuring DDP / FSDP2 / TP wrapper costs on 2 gloo processes (profiling.dist_overhead)")
     overheads = fit_dist_overheads(measure_dist_overheads("gloo"))
-    links = collective_links(overheads)  # gloo's all-reduce as a TP step issues it, as link latency / bandwidth
-    print(f"(c) gloo links from the measured TP all-reduce: latency {links[0] * 1e6:.1f} us, "
-          f"bandwidth {links[1] / 1e9:.2f} GB/s")
+    link_runs: list[dict] = []  # gloo's all-reduce as a TP step issues it, as link latency / bandwidth, per group
     per_node = tensors_per_param_node(zoo.build("gpt", **SMALL)[0], graph)
     split = tpmod.annotation(graph).frac_params > 0
     rows = []
     for world in sorted({p.world_size for _, p in plans}):
         idx = [i for i, (_, p) in enumerate(plans) if p.world_size == world]
         topo = cpu_topology(max(world, 2))
+        # the TP all-reduce measured again right before these plans run, under the host's load of that moment
+        curve = measure_tp_collectives("gloo", repeats=repeats + 4)
+        links = collective_links(curve)
+        print(f"(c) {world} processes: links from the TP all-reduce measured now: latency {links[0] * 1e6:.1f} us, "
+              f"bandwidth {links[1] / 1e9:.2f} GB/s (load {os.getloadavg()[0]:.1f})")
+        link_runs.append({"world": world, "latency_s": links[0], "bandwidth_Bps": links[1],
+                          "tp_all_reduce": [list(curve[0]), list(curve[1])], "load": os.getloadavg()[0]})
         results = deploy_stage_plans([DeploySpec(plan=plans[i][1], graph=graph, model="gpt", overrides=SMALL)
                                       for i in idx], config=DeployConfig(steps=steps, warmup=2, timeout_s=900),
                                      job_dir=work / f"c_{world}")
@@ -434,7 +439,7 @@ def bench_fidelity(*, steps: int, work: Path, repeats: int) -> dict:
             "tp_stats": fidelity_stats(pred[tp_rows], meas[tp_rows]) if len(tp_rows) > 1 else None,
             "model_stats": fidelity_stats(model, meas),
             "model_tp_stats": fidelity_stats(model[tp_rows], meas[tp_rows]) if len(tp_rows) > 1 else None,
-            "overheads": overheads.to_dict(), "links": {"latency_s": links[0], "bandwidth_Bps": links[1]}}
+            "overheads": overheads.to_dict(), "links": link_runs}
 
 
 def dtensor_overhead(steps: int) -> dict:
@@ -510,9 +515,10 @@ def write_report(out: Path, data: dict) -> None:
             lines.append(f"| {r['plan']} | {r['world']} | {r['micro_batch']} | {r['measured_ms']:.2f} | "
                          f"{r.get('model_ms', float('nan')):.2f} | {r['predicted_ms']:.2f} | {r['simulated_ms']:.2f} | "
                          f"{r['adam_ms']:.2f} | {disp} | {r.get('load', float('nan')):.1f} |")
-        if f.get("links"):
-            lines += ["", f"Links from the measured TP all-reduce (2 gloo ranks, between compute): latency "
-                          f"{f['links']['latency_s'] * 1e6:.1f} us, bandwidth {f['links']['bandwidth_Bps'] / 1e9:.2f} GB/s."]
+        for lk in f.get("links") or ():
+            lines += ["", f"Links from the TP all-reduce measured before the {lk['world']}-process plans (2 gloo ranks, "
+                          f"between compute; load {lk['load']:.1f}): latency {lk['latency_s'] * 1e6:.1f} us, bandwidth "
+                          f"{lk['bandwidth_Bps'] / 1e9:.2f} GB/s."]
         lines += ["", f"All plans: {json.dumps(f['stats'])}", f"TP plans: {json.dumps(f['tp_stats'])}",
                   f"With the wrapper model: all plans {json.dumps(f.get('model_stats'))}, TP plans "
                   f"{json.dumps(f.get('model_tp_stats'))}, recomputing plans "

@@ -11,8 +11,9 @@ from placement_rl.plans import StagePlan
 from placement_rl.cost import CostTable, simulate_pipeline
 from placement_rl.graph.ir import make_graph
 from placement_rl.profiling.dist_overhead import (KINDS, PP_MICRO, PP_WIDEN, DistOverheads, collective_links,
-                                                  fit_dist_overheads, measure_dist_overheads, predict_deploy_step,
-                                                  stage_boundary_bytes, with_links, with_pipeline_overhead,
+                                                  fit_dist_overheads, measure_dist_overheads, measure_tp_collectives,
+                                                  predict_deploy_step, stage_boundary_bytes, with_links,
+                                                  with_pipeline_overhead,
                                                   with_tp_dispatch)
 from placement_rl.topology import load_topology
 
@@ -211,3 +212,12 @@ def test_real_measurement_on_two_gloo_processes():
     assert len(raw["pipeline"]) == len(PP_WIDEN) * len(PP_MICRO)
     assert all(min(r["pipe"]) > 0 and min(r["plain"]) > 0 for r in raw["pipeline"])
     assert min(o.pp_stage) >= 0
+    assert len(o.collectives["tp_all_reduce"][1]) == 2 and min(o.collectives["tp_all_reduce"][1]) >= 0
+
+
+@pytest.mark.distributed
+def test_tp_collectives_measured_alone_on_two_gloo_processes():
+    sizes, times = measure_tp_collectives("gloo", sizes=(2 ** 10, 2 ** 18), repeats=2)
+    assert sizes == (2.0 ** 10, 2.0 ** 18) and len(times) == 2 and min(times) >= 0
+    with pytest.raises(ProfileError, match="gloo"):
+        measure_tp_collectives("nccl")

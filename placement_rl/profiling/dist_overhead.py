@@ -292,6 +292,35 @@ def measure_dist_overheads(backend: str = "gloo", *, layers: Sequence[int] = LAY
     return raw
 
 
+def _tp_collective_worker(rank: int, backend: str, port: int, sizes: Sequence[int], repeats: int, queue) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(1)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        times = _tp_collective_times(init_device_mesh("cpu", (2,)), sizes, repeats)
+        if rank == 0:
+            queue.put(times)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_tp_collectives(backend: str = "gloo", *, sizes: Sequence[int] = SIZES, repeats: int = 9,
+                           timeout_s: float = 300.0) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``(sizes, seconds)``: the all-reduce as a TP step issues it (``_tp_collective_times``) on two fresh gloo
+    processes -- the ``tp_all_reduce`` curve of ``measure_dist_overheads`` alone (a few seconds), to measure it again
+    right before the plans it prices run, under the host's load of that moment."""
+    from placement_rl.profiling.links import run_pair
+
+    if backend != "gloo":
+        raise ProfileError(f"the TP collective measurement runs on CPU processes over gloo, not '{backend}'")
+    times = run_pair(_tp_collective_worker, (backend, tuple(sizes), repeats), timeout_s=timeout_s,
+                     what=f"{backend} TP collective measurement")
+    return tuple(float(x) for x in sizes), tuple(float(t) for t in times)
+
+
 def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """Least-squares ``a + b x`` with both terms kept >= 0 (a wrapper never makes a step faster)."""
     b, a = np.polyfit(x, y, 1)
@@ -374,15 +403,22 @@ def with_pipeline_overhead(costs, plan, graph, overheads: DistOverheads | None):
                               pipeline_overhead_per_microbatch=per_mb.tolist())
 
 
-def collective_links(overheads: DistOverheads, kind: str = "tp_all_reduce") -> tuple[float, float]:
+def collective_links(overheads: DistOverheads | tuple[Sequence[float], Sequence[float]],
+                     kind: str = "tp_all_reduce") -> tuple[float, float]:
     """``(latency s, bandwidth B/s)`` of the host's links that make the ring model's 2-rank all-reduce,
-    ``2 latency + bytes / bandwidth``, match the measured 2-rank curve ``kind`` (default: the all-reduce as a TP
-    step issues it, between compute), fitted by least squares in relative error over the measured sizes. With
-    these links ``simulate_pipeline`` prices every collective and transfer of the host from the measurement (p > 2
-    ranks by the ring / tree rules of ``cost.collectives``)."""
-    if kind not in overheads.collectives:
-        raise ProfileError(f"no measured '{kind}' curve in the distributed-overhead record; re-run the measurement")
-    sizes, times = (np.asarray(v, dtype=np.float64) for v in overheads.collectives[kind])
+    ``2 latency + bytes / bandwidth``, match a measured 2-rank curve: ``kind`` of ``overheads`` (default: the
+    all-reduce as a TP step issues it, between compute), or a ``(sizes, seconds)`` pair
+    (``measure_tp_collectives``), fitted by least squares in relative error over the measured sizes. With these
+    links ``simulate_pipeline`` prices every collective and transfer of the host from the measurement (p > 2 ranks
+    by the ring / tree rules of ``cost.collectives``)."""
+    if isinstance(overheads, DistOverheads):
+        if kind not in overheads.collectives:
+            raise ProfileError(f"no measured '{kind}' curve in the distributed-overhead record; re-run the "
+                               "measurement")
+        curve = overheads.collectives[kind]
+    else:
+        curve = overheads
+    sizes, times = (np.asarray(v, dtype=np.float64) for v in curve)
     ok = times > 0
     if ok.sum() < 2:
         raise ProfileError(f"the measured '{kind}' curve has fewer than two positive times; re-run the measurement")
@@ -491,5 +527,6 @@ cost belongs in the simulated costs: ``with_pipeline_overhead``) and the oversub
             "oversubscription": factor}
 
 
-__all__ = ["DistOverheads", "collective_links", "fit_dist_overheads", "measure_dist_overheads", "predict_deploy_step",
+__all__ = ["DistOverheads", "collective_links", "fit_dist_overheads", "measure_dist_overheads",
+           "measure_tp_collectives", "predict_deploy_step",
            "stage_boundary_bytes", "tensors_per_param_node", "with_links", "with_pipeline_overhead", "with_tp_dispatch"]
