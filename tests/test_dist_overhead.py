@@ -13,8 +13,7 @@ from placement_rl.graph.ir import make_graph
 from placement_rl.profiling.dist_overhead import (KINDS, PP_MICRO, PP_WIDEN, DistOverheads, collective_links,
                                                   fit_dist_overheads, measure_dist_overheads, measure_tp_collectives,
                                                   predict_deploy_step, stage_boundary_bytes, with_links,
-                                                  with_pipeline_overhead,
-                                                  with_tp_dispatch)
+                                                  with_pipeline_overhead, with_tp_dispatch)
 from placement_rl.topology import load_topology
 
 
