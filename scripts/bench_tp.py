@@ -58,9 +58,10 @@ from placement_rl.graph.capture import capture_zoo
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.plans import StagePlan
 from placement_rl.profiling import ProfileDB, measured_costs, predict_step_time, profile_graph
-from placement_rl.profiling.dist_overhead import (collective_links, fit_dist_overheads, measure_dist_overheads,
-                                                  measure_tp_collectives, predict_deploy_step, tensors_per_param_node,
-                                                  with_links, with_pipeline_overhead, with_tp_dispatch)
+from placement_rl.profiling.dist_overhead import (collective_links, core_sharing, fit_dist_overheads,
+                                                  measure_dist_overheads, measure_tp_collectives, predict_deploy_step,
+                                                  tensors_per_param_node, with_core_sharing, with_links,
+                                                  with_pipeline_overhead, with_tp_dispatch)
 from placement_rl.profiling.fidelity import fidelity_stats
 from placement_rl.profiling.run import select_devices
 from placement_rl.topology import DeviceTopology, conf_dir, load_topology
@@ -383,13 +384,16 @@ def bench_fidelity(*, steps: int, work: Path, repeats: int) -> dict:
     for world in sorted({p.world_size for _, p in plans}):
         idx = [i for i, (_, p) in enumerate(plans) if p.world_size == world]
         topo = cpu_topology(max(world, 2))
-        # the TP all-reduce measured again right before these plans run, under the host's load of that moment
-        curve = measure_tp_collectives("gloo", repeats=repeats + 4)
-        links = collective_links(curve)
-        print(f"(c) {world} processes: links from the TP all-reduce measured now: latency {links[0] * 1e6:.1f} us, "
-              f"bandwidth {links[1] / 1e9:.2f} GB/s (load {os.getloadavg()[0]:.1f})")
-        link_runs.append({"world": world, "latency_s": links[0], "bandwidth_Bps": links[1],
-                          "tp_all_reduce": [list(curve[0]), list(curve[1])], "load": os.getloadavg()[0]})
+        # the TP all-reduce measured right before these plans run, on as many processes as they use (every TP group
+        # at once), under the host's load of that moment; links per group size (DP-only plans: groups of 2)
+        degrees = sorted({int(plans[i][1].tp[0]) for i in idx} - {1} | {2}) if world > 1 else []
+        curves = measure_tp_collectives("gloo", world=world, degrees=degrees, repeats=repeats + 4) if degrees else {}
+        links_of = {t: collective_links(c, ranks=t) for t, c in curves.items()}
+        for t, lk in links_of.items():
+            print(f"(c) {world} processes, groups of {t}: links from the TP all-reduce measured now: latency "
+                  f"{lk[0] * 1e6:.1f} us, bandwidth {lk[1] / 1e9:.2f} GB/s (load {os.getloadavg()[0]:.1f})")
+            link_runs.append({"world": world, "ranks": t, "latency_s": lk[0], "bandwidth_Bps": lk[1],
+                              "tp_all_reduce": [list(curves[t][0]), list(curves[t][1])], "load": os.getloadavg()[0]})
         results = deploy_stage_plans([DeploySpec(plan=plans[i][1], graph=graph, model="gpt", overrides=SMALL)
                                       for i in idx], config=DeployConfig(steps=steps, warmup=2, timeout_s=900),
                                      job_dir=work / f"c_{world}")
@@ -410,12 +414,16 @@ def bench_fidelity(*, steps: int, work: Path, repeats: int) -> dict:
             if plan.sharding == "fsdp":
                 share /= plan.dp_degrees[0]
             opt = adam * share / float(graph.param_bytes.sum())
-            staged = with_pipeline_overhead(with_links(costs, *links), plan, graph, overheads)  # schedule's cost
+            staged = costs
+            if links_of:  # collectives priced from the measurement on this many processes (links of its group size)
+                staged = with_links(staged, *links_of[int(plan.tp[0]) if plan.uses_tp else 2])
+            staged = with_pipeline_overhead(staged, plan, graph, overheads)  # the pipeline schedule's cost
             if probe is not None:
                 staged = with_tp_dispatch(staged, plan, graph, [p["pass_s"] for p in probe])
+            staged = with_core_sharing(staged, core_sharing(plan))  # compute at cores / processes of a core
             sim_model = simulate_pipeline(graph, staged, topo, plan, cost_batch_size=b).step_time
             model = predict_deploy_step(sim_model, plan=plan, graph=graph, adam_seconds=adam, overheads=overheads,
-                                        tensors_per_node=per_node, tp_split=split,
+                                        tensors_per_node=per_node, tp_split=split, scale_simulated=False,
                                         tp_adam_seconds=None if probe is None else [p["adam_s"] for p in probe])
             rows.append({"plan": label, "world": world, "micro_batch": b, "measured_ms": res.step_time * 1e3,
                          "predicted_ms": (sim.step_time + opt) * 1e3, "simulated_ms": sim.step_time * 1e3,
@@ -516,7 +524,8 @@ def write_report(out: Path, data: dict) -> None:
                          f"{r.get('model_ms', float('nan')):.2f} | {r['predicted_ms']:.2f} | {r['simulated_ms']:.2f} | "
                          f"{r['adam_ms']:.2f} | {disp} | {r.get('load', float('nan')):.1f} |")
         for lk in f.get("links") or ():
-            lines += ["", f"Links from the TP all-reduce measured before the {lk['world']}-process plans (2 gloo ranks, "
+            lines += ["", f"Links from the TP all-reduce measured before the {lk['world']}-process plans (groups of "
+                          f"{lk.get('ranks', 2)} gloo ranks, "
                           f"between compute; load {lk['load']:.1f}): latency {lk['latency_s'] * 1e6:.1f} us, bandwidth "
                           f"{lk['bandwidth_Bps'] / 1e9:.2f} GB/s."]
         lines += ["", f"All plans: {json.dumps(f['stats'])}", f"TP plans: {json.dumps(f['tp_stats'])}",

@@ -111,8 +111,26 @@ def test_links_from_the_measured_tp_all_reduce_price_the_collectives():
         assert collective_time("allreduce", size, [0, 1], topo, costs) == pytest.approx(2 * lat + size / bw)
         assert collective_time("allreduce", size, [0, 1, 2, 3], topo, costs) == pytest.approx(
             min(6 * lat + 1.5 * size / bw, 4 * lat + 2 * size / bw))
+    # a curve measured over 4 ranks: links that make the simulator's own 4-rank price match it
+    four = [min(6 * lat + 1.5 * n / bw, 4 * lat + 2 * n / bw) for n in raw["sizes"]]
+    got4 = collective_links((raw["sizes"], four), ranks=4)
+    np.testing.assert_allclose(got4, (lat, bw), rtol=1e-4)
     with pytest.raises(ProfileError, match="tp_all_reduce"):
         collective_links(fit_dist_overheads(synthetic_raw(2e-3, 5e-5, 1e-4, 3e-4)))
+
+
+def test_core_sharing_slows_compute_not_links():
+    from placement_rl.profiling.dist_overhead import core_sharing, with_core_sharing
+
+    n = 3
+    costs = CostTable(fwd_time=np.full((n, 2), 1e-3), bwd_time=np.full((n, 2), 2e-3),
+                      link_latency=np.array([[0.0, 1e-5], [1e-5, 0.0]]),
+                      link_bandwidth=np.array([[np.inf, 1e9], [1e9, np.inf]]), source=("hand", "hand"))
+    plan4 = StagePlan(np.zeros(n, dtype=np.int64), ((0, 1, 2, 3),), tp=(2,))
+    assert core_sharing(plan4, 2) == 2.0 and core_sharing(plan4, 8) == 1.0
+    slow = with_core_sharing(costs, 2.0)
+    np.testing.assert_allclose(slow.fwd_time, 2e-3) and np.testing.assert_allclose(slow.bwd_time, 4e-3)
+    assert np.array_equal(slow.link_latency, costs.link_latency) and with_core_sharing(costs, 1.0) is costs
 
 
 def test_measured_tp_dispatch_is_paid_whole_by_every_micro_batch():
@@ -215,8 +233,12 @@ def test_real_measurement_on_two_gloo_processes():
 
 
 @pytest.mark.distributed
-def test_tp_collectives_measured_alone_on_two_gloo_processes():
-    sizes, times = measure_tp_collectives("gloo", sizes=(2 ** 10, 2 ** 18), repeats=2)
-    assert sizes == (2.0 ** 10, 2.0 ** 18) and len(times) == 2 and min(times) >= 0
+def test_tp_collectives_measured_on_the_plans_process_count():
+    got = measure_tp_collectives("gloo", world=4, degrees=(2, 4), sizes=(2 ** 10, 2 ** 18), repeats=1)
+    assert set(got) == {2, 4}
+    for sizes, times in got.values():
+        assert sizes == (2.0 ** 10, 2.0 ** 18) and len(times) == 2 and min(times) >= 0
     with pytest.raises(ProfileError, match="gloo"):
         measure_tp_collectives("nccl")
+    with pytest.raises(ProfileError, match="divide"):
+        measure_tp_collectives("gloo", world=4, degrees=(3,))

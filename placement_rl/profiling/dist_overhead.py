@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 import os
 import time
 from typing import Any, Sequence
@@ -292,33 +293,59 @@ def measure_dist_overheads(backend: str = "gloo", *, layers: Sequence[int] = LAY
     return raw
 
 
-def _tp_collective_worker(rank: int, backend: str, port: int, sizes: Sequence[int], repeats: int, queue) -> None:
+def _tp_collective_worker(rank: int, world: int, port: int, degrees: Sequence[int], sizes: Sequence[int],
+                          repeats: int, queue) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     torch.set_num_threads(1)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        times = _tp_collective_times(init_device_mesh("cpu", (2,)), sizes, repeats)
+        out = {}
+        for t in degrees:  # every group of t ranks at once, as the plans' TP groups run
+            mesh = init_device_mesh("cpu", (world // t, t), mesh_dim_names=("dp", "tp"))
+            out[int(t)] = _tp_collective_times(mesh["tp"], sizes, repeats)
         if rank == 0:
-            queue.put(times)
+            queue.put(out)
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def measure_tp_collectives(backend: str = "gloo", *, sizes: Sequence[int] = SIZES, repeats: int = 9,
-                           timeout_s: float = 300.0) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """``(sizes, seconds)``: the all-reduce as a TP step issues it (``_tp_collective_times``) on two fresh gloo
-    processes -- the ``tp_all_reduce`` curve of ``measure_dist_overheads`` alone (a few seconds), to measure it again
-    right before the plans it prices run, under the host's load of that moment."""
-    from placement_rl.profiling.links import run_pair
+def measure_tp_collectives(backend: str = "gloo", *, world: int = 2, degrees: Sequence[int] = (2,),
+                           sizes: Sequence[int] = SIZES, repeats: int = 9, timeout_s: float = 300.0
+                           ) -> dict[int, tuple[tuple[float, ...], tuple[float, ...]]]:
+    """``{t: (sizes, seconds)}``: the all-reduce as a TP step issues it (``_tp_collective_times``) over groups of
+    ``t`` ranks, on ``world`` fresh gloo processes (one thread each; all ``world / t`` groups at once, as a plan of
+    ``world`` processes runs its TP groups) -- measured right before the plans it prices run, so that it sees the
+    host as they do: their process count on its cores and the load of that moment."""
+    import torch.multiprocessing as mp
+
+    from placement_rl.profiling.links import _free_port
 
     if backend != "gloo":
         raise ProfileError(f"the TP collective measurement runs on CPU processes over gloo, not '{backend}'")
-    times = run_pair(_tp_collective_worker, (backend, tuple(sizes), repeats), timeout_s=timeout_s,
-                     what=f"{backend} TP collective measurement")
-    return tuple(float(x) for x in sizes), tuple(float(t) for t in times)
+    if any(t < 2 or world % t for t in degrees):
+        raise ProfileError(f"TP group sizes {list(degrees)} must be >= 2 and divide the {world} processes")
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = _free_port()
+    procs = [ctx.Process(target=_tp_collective_worker, args=(r, world, port, tuple(degrees), tuple(sizes), repeats,
+                                                             queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.terminate()
+        p.join()
+    if alive or any(p.exitcode != 0 for p in procs) or queue.empty():
+        raise ProfileError(f"{backend} TP collective measurement failed (worker exit codes "
+                           f"{[p.exitcode for p in procs]}{', timed out' if alive else ''})")
+    got = queue.get()
+    return {int(t): (tuple(float(x) for x in sizes), tuple(float(v) for v in got[t])) for t in degrees}
 
 
 def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -404,13 +431,15 @@ def with_pipeline_overhead(costs, plan, graph, overheads: DistOverheads | None):
 
 
 def collective_links(overheads: DistOverheads | tuple[Sequence[float], Sequence[float]],
-                     kind: str = "tp_all_reduce") -> tuple[float, float]:
+                     kind: str = "tp_all_reduce", *, ranks: int = 2) -> tuple[float, float]:
     """``(latency s, bandwidth B/s)`` of the host's links that make the ring model's 2-rank all-reduce,
     ``2 latency + bytes / bandwidth``, match a measured 2-rank curve: ``kind`` of ``overheads`` (default: the
     all-reduce as a TP step issues it, between compute), or a ``(sizes, seconds)`` pair
     (``measure_tp_collectives``), fitted by least squares in relative error over the measured sizes. With these
     links ``simulate_pipeline`` prices every collective and transfer of the host from the measurement (p > 2 ranks
-    by the ring / tree rules of ``cost.collectives``)."""
+    by the ring / tree rules of ``cost.collectives``). ``ranks``: the curve's group size p (the all-reduce of p ranks
+    is priced ``min(ring 2 (p-1) latency + 2 (p-1)/p bytes / bandwidth, tree 2 ceil(log2 p) latency + 2 bytes /
+    bandwidth)`` by the simulator; the links are fitted to that price)."""
     if isinstance(overheads, DistOverheads):
         if kind not in overheads.collectives:
             raise ProfileError(f"no measured '{kind}' curve in the distributed-overhead record; re-run the "
@@ -422,12 +451,22 @@ def collective_links(overheads: DistOverheads | tuple[Sequence[float], Sequence[
     ok = times > 0
     if ok.sum() < 2:
         raise ProfileError(f"the measured '{kind}' curve has fewer than two positive times; re-run the measurement")
-    from scipy.optimize import nnls
+    from scipy.optimize import least_squares, nnls
 
-    w = 1.0 / times[ok]
-    coef, _ = nnls(np.stack([w, sizes[ok] * w * 1e-6], axis=1), np.ones(int(ok.sum())))
-    alpha, beta = float(coef[0]), float(coef[1]) * 1e-6
-    return alpha / 2.0, (1.0 / beta if beta > 0 else float("inf"))
+    n, t = sizes[ok], times[ok]
+    w = 1.0 / t
+    coef, _ = nnls(np.stack([w, n * w * 1e-6], axis=1), np.ones(int(ok.sum())))  # the ring of 2: 2 L + n / B
+    lat, inv = float(coef[0]) / 2.0, float(coef[1]) * 1e-6
+    if ranks > 2:
+        steps, tree = 2.0 * (ranks - 1), 2.0 * math.ceil(math.log2(ranks))
+
+        def rel(x: np.ndarray) -> np.ndarray:
+            a, b = np.exp(x)
+            return np.minimum(steps * a + steps / ranks * n * b, tree * a + 2.0 * n * b) / t - 1.0
+
+        x0 = np.log([max(lat, 1e-9) / (ranks - 1), max(inv, 1e-15)])
+        lat, inv = (float(v) for v in np.exp(least_squares(rel, x0).x))
+    return lat, (1.0 / inv if inv > 0 else float("inf"))
 
 
 def with_links(costs, latency: float, bandwidth: float):
@@ -475,8 +514,8 @@ def tensors_per_param_node(module: torch.nn.Module, graph: Any) -> float:
 
 def predict_deploy_step(simulated: float, *, plan, graph, adam_seconds: float, overheads: DistOverheads | None,
                         tensors_per_node: float = 2.0, tp_split: np.ndarray | None = None,
-                        cores: int | None = None, tp_adam_seconds: Sequence[float] | None = None
-                        ) -> dict[str, float]:
+                        cores: int | None = None, tp_adam_seconds: Sequence[float] | None = None,
+                        scale_simulated: bool = True) -> dict[str, float]:
     """Step time of ``plan`` as ``placement_rl.executor`` runs it on CPU processes: the simulated schedule
     (``simulated``: ``simulate_pipeline`` with measured per-op costs) + the wrappers' per-pass costs of the
     slowest stage over its micro-batches + Adam (``adam_seconds``: plain Adam over the whole model, measured;
@@ -489,6 +528,9 @@ cost belongs in the simulated costs: ``with_pipeline_overhead``) and the oversub
     ``tp_adam_seconds``: per stage, DTensor's measured extra seconds of Adam (``executor.tp_probe``); when given,
     the TP per-pass cost is taken to be in the simulated costs already (``with_tp_dispatch``) and these replace the
     fitted ``tp_pass`` / ``tp_adam`` terms.
+    ``scale_simulated=False``: ``simulated`` already runs its compute at ``cores / processes`` of a core
+    (``with_core_sharing``) and its collectives at prices measured under the same sharing; only the terms added
+    here are scaled.
     Without ``overheads``: the simulated schedule and plain Adam only (what the bench reported before)."""
     m = int(plan.num_microbatches)
     total = float(graph.param_bytes.sum()) or 1.0
@@ -519,14 +561,29 @@ cost belongs in the simulated costs: ``with_pipeline_overhead``) and the oversub
         worst_wrap, worst_opt = max(worst_wrap, wrap), max(worst_opt, opt)
     if overheads is not None and plan.num_stages > 1:  # the schedule's per-step cost (per micro-batch: in costs)
         worst_wrap += overheads.pp_stage[0]
-    step = simulated + worst_wrap + worst_opt
-    procs = int(plan.world_size)
+    factor = core_sharing(plan, cores) if overheads is not None else 1.0
+    step = (simulated * (factor if scale_simulated else 1.0)) + (worst_wrap + worst_opt) * factor
+    return {"predicted_s": step, "wrapper_s": worst_wrap, "optimizer_s": worst_opt, "oversubscription": factor}
+
+
+def core_sharing(plan, cores: int | None = None) -> float:
+    """How much slower each process of ``plan`` computes when its processes (one thread each) share the host's
+    ``cores`` (default ``os.cpu_count()``): ``max(1, processes / cores)``."""
     cores = cores or os.cpu_count() or 1
-    factor = max(1.0, procs / cores) if overheads is not None else 1.0
-    return {"predicted_s": step * factor, "wrapper_s": worst_wrap, "optimizer_s": worst_opt,
-            "oversubscription": factor}
+    return max(1.0, int(plan.world_size) / cores)
 
 
-__all__ = ["DistOverheads", "collective_links", "fit_dist_overheads", "measure_dist_overheads",
+def with_core_sharing(costs, factor: float):
+    """``costs`` with every node's forward and backward time (launch overhead included) ``factor`` times longer:
+    a CPU device whose core is shared by ``factor`` processes (``core_sharing``). Links are left alone."""
+    if factor == 1.0:
+        return costs
+    return dataclasses.replace(costs, fwd_time=costs.fwd_time * factor, bwd_time=costs.bwd_time * factor,
+                               launch_overhead=costs.launch_overhead * factor,
+                               meta={**dict(costs.meta), "core_sharing": float(factor)})
+
+
+__all__ = ["DistOverheads", "collective_links", "core_sharing", "fit_dist_overheads", "measure_dist_overheads",
            "measure_tp_collectives", "predict_deploy_step",
-           "stage_boundary_bytes", "tensors_per_param_node", "with_links", "with_pipeline_overhead", "with_tp_dispatch"]
+           "stage_boundary_bytes", "tensors_per_param_node", "with_core_sharing", "with_links", "with_pipeline_overhead",
+           "with_tp_dispatch"]
