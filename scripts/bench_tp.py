@@ -23,8 +23,12 @@ simulated vs measured TP step time on gloo.
 (c) Fidelity on gloo: measured step time of 11 TP plans (TP 2 / 4, TP x DP, TP x PP GPipe and 1F1B, one with full
     recomputation), DP / PP plans and single-process plans with selective / full recomputation of the same model,
     deployed on this machine's CPU processes, against ``simulate_pipeline`` on ``2x_cpu`` with per-op CPU profiles of the
-    model at the plan's micro-batch (``placement_rl.profiling``: thread CPU clock, gloo link fit), the profile's
-    per-pass overhead and Adam share (split parameters divided by the TP degree), as ``bench_executor.py`` does.
+    model at the plan's micro-batch (``placement_rl.profiling``: thread CPU clock), the profile's per-pass overhead
+    and Adam share (split parameters divided by the TP degree), as ``bench_executor.py`` does ("predicted"); and
+    "with the wrapper model": the same plus, measured in this run, the TP all-reduce as a TP step issues it (between
+    compute, on the plans' process count, right before they run) as the links' latency / bandwidth, DTensor's cost
+    per pass and per Adam step of each stage program on a one-rank mesh (``executor.tp_probe``), the DDP / FSDP /
+    pipeline wrapper costs (``profiling.dist_overhead``) and the compute slowed by processes / cores.
 
 Writes ``bench_tp.json`` and ``bench_tp.md`` to ``--out``.
 """
@@ -166,7 +170,7 @@ def megatron_attention(blocks, tp: int) -> None:
 class HandWrittenTP:
     """The eager zoo GPT on a 1-D TP mesh as Megatron runs it: interleaved fused QKV and local heads
     (``megatron_attention``), ``parallelize_module`` with the Megatron styles on local shards, tied head re-tied,
-    Adam."""
+    the vocab-parallel cross-entropy (``loss_parallel``, as the executor), Adam."""
 
     def __init__(self, part_dir: Path, rank: int) -> None:
         from torch.distributed.device_mesh import init_device_mesh
