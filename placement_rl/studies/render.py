@@ -197,6 +197,9 @@ def _flatten(x: Any, prefix: str = "") -> list[tuple[str, str]]:
     return [(prefix, "null" if x is None else str(x))]
 
 
+PAGE_SKIPS = ("curves",)  # anytime traces: thousands of points each, plotted beside their tables (and in the JSON)
+
+
 def results_page(folder: Path, results_link: str = "../results") -> str:
     """Every results file the headline table reads (``HEADLINES``): its command, provenance and figures, one
     table each. (Other results files are not listed: a page that listed whatever lies in ``results/`` would differ
@@ -213,7 +216,8 @@ def results_page(folder: Path, results_link: str = "../results") -> str:
                 + (f", {doc['seconds']} s" if doc.get("seconds") is not None else "")
                 + (f", {doc['sim_calls']:,} simulator calls" if doc.get("sim_calls") else "") + ".", "",
                 "| figure | value |", "|---|---|"]
-        out += [f"| {k} | {v} |" for k, v in _flatten(doc.get("figures", {}))]
+        figs = {k: v for k, v in doc.get("figures", {}).items() if k not in PAGE_SKIPS}
+        out += [f"| {k} | {v} |" for k, v in _flatten(figs)]
         out.append("")
     return "\n".join(out).rstrip()
 
