@@ -116,6 +116,10 @@ def _learned_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     per = "; ".join(f"{Path(c['checkpoint']).parent.name}/{Path(c['checkpoint']).name}: greedy "
                     f"{c['greedy_over_la_rule']:.4f}, comm-heavy {c['greedy_over_la_rule_comm_heavy']:.4f}, best of "
                     f"16 {c['best16_over_la_rule']:.4f}" for c in cks)
+    if len(cks) > 1 and "mean" in f:
+        m = f["mean"]
+        per = (f"mean of {len(cks)}: greedy {m['greedy_over_la_rule']:.4f}, comm-heavy "
+               f"{m['greedy_over_la_rule_comm_heavy']:.4f}, best of 16 {m['best16_over_la_rule']:.4f} ({per})")
     c0 = cks[0]
     return [(f"zero-shot placement on the `{f['split']}` split ({c0['pairs']} pairs, {c0['comm_heavy_pairs']} "
              f"communication-heavy), ratios to `la_rule` (the argmin of the policy's own lookahead feature), per "
