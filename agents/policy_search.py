@@ -36,7 +36,7 @@ from placement_rl.plans import Placement
 
 SAMPLES = 8  # episodes per batch (one schedule state of 8 episodes)
 TEMPERATURE = 1.0
-ANNEAL_SHARE = 0.8  # share of the seconds spent on annealing moves between policy batches (0: the policy alone)
+ANNEAL_SHARE = 0.8  # share of the annealing's seconds on single-node moves (the rest: the policy's repairs)
 REPAIR = 16  # sampled decisions per repair before the policy's greedy completes it (0: the whole suffix sampled)
 SEARCH_WINDOW = 16  # the window of the sampled states: a batch of 8 suffixes at W = 16 costs ~10x less than at the
 # placing window, and more batches found more (4 synthetic 300-node pairs, 2 s: W 16 / 64 with 80% annealing)
@@ -67,15 +67,13 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
         raise ConfigError(f"policy_search needs samples >= 1 and temperature > 0, got {samples!r}, {temperature!r}")
     t0 = time.perf_counter()
     n, nd = graph.num_nodes, topology.num_devices
-    if window is None:
-        window = min(SEARCH_WINDOW, placing_window(n, int(getattr(policy, "window", 256)),
-                                                   int(getattr(policy, "full_window", 0))))
+    wide = placing_window(n, int(getattr(policy, "window", 256)), int(getattr(policy, "full_window", 0)))
+    window = min(SEARCH_WINDOW, wide) if window is None else window
     task = task if task is not None else ConstructiveTask(graph, topology, costs)
     head = _head(policy, task).arrays()
     rng = np.random.default_rng(seed)
     calls = 0
     if start is None:  # the policy's own greedy placement, at its placing window (the learned row's)
-        wide = placing_window(n, int(getattr(policy, "window", 256)), int(getattr(policy, "full_window", 0)))
         one = ScheduleState(graph, costs, topology, episodes=1, window=int(wide))
         decode(one, POLICY, head)
         calls += window_completions(n, nd, wide)
@@ -93,11 +91,12 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
     inc_t, inc_ok = float(one.finish()[0]), bool(one.feasible()[0])
     start_t = inc_t
     calls += 1
-    inc = start_dev
-    best, best_t, best_ok = inc.copy(), inc_t, inc_ok
+    inc = best = start_dev
+    best_t, best_ok = inc_t, inc_ok
     trace = [[time.perf_counter() - t0, calls, best_t]] if best_ok else []
     st = ScheduleState(graph, costs, topology, episodes=int(samples), window=int(window))
-    stats = {"batches": 0, "improved": 0, "temp": float(temperature)}
+    # batches run, batches whose best sample beat every sample before it, the samples' temperature, that best
+    stats = {"batches": 0, "improved": 0, "temp": float(temperature), "best": inc_t if inc_ok else np.inf}
 
     def large(cur: np.ndarray, rng_: np.random.Generator) -> np.ndarray:
         """The best of ``samples`` repairs of ``cur``: its first ``s`` decisions replayed, the next few sampled from
@@ -118,16 +117,14 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
         stats["batches"] += 1
         k = int(np.argmin(np.where(ok, times, np.inf) if ok.any() else times))
         same = bool(np.array_equal(st.devices[k], cur))
-        if ok[k] and times[k] < best_seen[0] * (1 - 1e-12):
+        if ok[k] and times[k] < stats["best"] * (1 - 1e-12):
             stats["improved"] += 1
-            best_seen[0] = float(times[k])
+            stats["best"] = float(times[k])
         # the temperature rises while batches reproduce the incumbent
         stats["temp"] = (min(stats["temp"] * 1.25, 4.0 * temperature) if same
                          else max(temperature, stats["temp"] * 0.9))
         return st.devices[k].copy()
 
-    best, best_t, best_ok = inc, inc_t, inc_ok
-    best_seen = [inc_t if inc_ok else np.inf]
     left = float(seconds) - (time.perf_counter() - t0)
     if left > 0 and n > 0 and nd > 1:
         from placement_rl.baselines.common import Problem

@@ -185,13 +185,20 @@ def test_sequence_parallel_gradients_equal_one_process(gpt, tmp_path):
     all-gather, rows reduce-scatter; TP 2 (two micro-batches) and TP 2 x DP 2 equal one process."""
     plans = [whole(gpt, (0, 1), 2, num_microbatches=2, sequence_parallel=True),
              whole(gpt, range(4), 2, sequence_parallel=True)]
-    job = prepare_job([DeploySpec(plan=plans[0], graph=gpt, model="gpt", overrides=GPT)], job_dir=tmp_path / "a")
-    norms = json.loads((job.job_dir / "part0" / "part.json").read_text())["tp_seq_norms"]
+    norms = _first_part_then_check_all(plans, gpt, tmp_path)["tp_seq_norms"]
     assert len(norms) == 2 * GPT["n_layers"] + 1  # ln1, ln2 per block and ln_f
+
+
+def _first_part_then_check_all(plans, gpt, tmp_path) -> dict:
+    """The first plan's prepared ``part.json``, after every plan is deployed (one step, gradients collected) and
+    checked against one process."""
+    job = prepare_job([DeploySpec(plan=plans[0], graph=gpt, model="gpt", overrides=GPT)], job_dir=tmp_path / "a")
+    part = json.loads((job.job_dir / "part0" / "part.json").read_text())
     for plan in plans:
         res, = deploy_stage_plans([DeploySpec(plan=plan, graph=gpt, model="gpt", overrides=GPT)],
                                   config=DeployConfig(steps=1, warmup=0, collect_grads=True, timeout_s=180))
         check(plan, res)
+    return part
 
 
 @pytest.mark.distributed
@@ -203,13 +210,8 @@ def test_sequence_parallel_with_pipeline_stages_gradients_equal_one_process(gpt,
     plans = [two_stages(gpt, 2, num_microbatches=2, schedule="gpipe", sequence_parallel=True),
              two_stages(gpt, 2, num_microbatches=2, schedule="1f1b", sequence_parallel=True,
                         recompute=("full", "selective"))]
-    job = prepare_job([DeploySpec(plan=plans[0], graph=gpt, model="gpt", overrides=GPT)], job_dir=tmp_path / "a")
-    part = json.loads((job.job_dir / "part0" / "part.json").read_text())
+    part = _first_part_then_check_all(plans, gpt, tmp_path)
     assert "add_2" in part["tp_seq_values"] and len(part["tp_seq_norms"]) == 2 * GPT["n_layers"] + 1
-    for plan in plans:
-        res, = deploy_stage_plans([DeploySpec(plan=plan, graph=gpt, model="gpt", overrides=GPT)],
-                                  config=DeployConfig(steps=1, warmup=0, collect_grads=True, timeout_s=180))
-        check(plan, res)
 
 
 @pytest.mark.distributed

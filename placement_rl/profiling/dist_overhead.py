@@ -319,32 +319,14 @@ def measure_tp_collectives(backend: str = "gloo", *, world: int = 2, degrees: Se
     ``t`` ranks, on ``world`` fresh gloo processes (one thread each; all ``world / t`` groups at once, as a plan of
     ``world`` processes runs its TP groups) -- measured right before the plans it prices run, so that it sees the
     host as they do: their process count on its cores and the load of that moment."""
-    import torch.multiprocessing as mp
-
-    from placement_rl.profiling.links import _free_port
+    from placement_rl.profiling.links import run_pair
 
     if backend != "gloo":
         raise ProfileError(f"the TP collective measurement runs on CPU processes over gloo, not '{backend}'")
     if any(t < 2 or world % t for t in degrees):
         raise ProfileError(f"TP group sizes {list(degrees)} must be >= 2 and divide the {world} processes")
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    port = _free_port()
-    procs = [ctx.Process(target=_tp_collective_worker, args=(r, world, port, tuple(degrees), tuple(sizes), repeats,
-                                                             queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout_s
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    alive = [p for p in procs if p.is_alive()]
-    for p in alive:
-        p.terminate()
-        p.join()
-    if alive or any(p.exitcode != 0 for p in procs) or queue.empty():
-        raise ProfileError(f"{backend} TP collective measurement failed (worker exit codes "
-                           f"{[p.exitcode for p in procs]}{', timed out' if alive else ''})")
-    got = queue.get()
+    got = run_pair(_tp_collective_worker, (world, tuple(degrees), tuple(sizes), repeats), timeout_s=timeout_s,
+                   what=f"{backend} TP collective measurement", world=world)
     return {int(t): (tuple(float(x) for x in sizes), tuple(float(v) for v in got[t])) for t in degrees}
 
 

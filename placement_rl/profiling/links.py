@@ -175,10 +175,11 @@ def _pingpong_worker(rank: int, backend: str, port: int, sizes: Sequence[int], r
         dist.destroy_process_group()
 
 
-def run_pair(worker: Callable[..., None], args: tuple, *, timeout_s: float, what: str) -> Any:
-    """Run ``worker(rank, args[0], port, *args[1:], queue)`` in two spawned processes (``args[0]``: the backend;
-    one torch thread each) and return what rank 0 put on the queue. A failure or a time-out is a ``ProfileError``
-    naming ``what``; the workers are stopped, never left behind."""
+def run_pair(worker: Callable[..., None], args: tuple, *, timeout_s: float, what: str, world: int = 2) -> Any:
+    """Run ``worker(rank, args[0], port, *args[1:], queue)`` in ``world`` spawned processes (two by default;
+    ``args[0]``: the backend, or what the worker takes there; one torch thread each) and return what rank 0 put on
+    the queue. A failure or a time-out is a ``ProfileError`` naming ``what``; the workers are stopped, never left
+    behind."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -187,7 +188,7 @@ def run_pair(worker: Callable[..., None], args: tuple, *, timeout_s: float, what
     env_backup = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"
     try:
-        procs = [ctx.Process(target=worker, args=(r, args[0], port, *args[1:], queue)) for r in range(2)]
+        procs = [ctx.Process(target=worker, args=(r, args[0], port, *args[1:], queue)) for r in range(int(world))]
         for p in procs:
             p.start()
         deadline = time.monotonic() + timeout_s
