@@ -189,7 +189,8 @@ def _plot(curves: dict, args) -> None:
     axes[0][0].set_ylabel("best step time (ms)")
     axes[0][-1].legend(fontsize=6)
     fig.tight_layout()
-    out = Path(args.out) / f"search_{args.split if not args.scale else f'scale{args.scale}'}.png"
+    stem = args.stem or f"search_{args.split if not args.scale else f'scale{args.scale}'}"
+    out = Path(args.out) / f"{stem}.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     print(f"wrote {out}")
