@@ -28,8 +28,8 @@ from placement_rl.baselines.common import Problem, Score
 from placement_rl.errors import ConfigError
 
 T0_FRAC = 0.0005  # start temperature / start step time. At 0.002 the walk drifted uphill and on some dev pairs
-# never returned below its start in 10 s; 0.0005 with region moves: 0.9715 / REGION_DEV_10S x la_rule against
-# 0.9785 / BASE_DEV_10S at 2 / 10 s (dev split, 8 pairs x 3 seeds; scripts/bench_anneal.py)
+# never returned below its start in 10 s; 0.0005 with region moves: 0.971 / 0.951 x la_rule against 0.976 / 0.961
+# at 2 / 10 s from la_rule (dev split, 8 pairs x 3 seeds; scripts/bench_anneal.py, results/anneal_dev.json)
 REGION_SHARE = 0.3  # share of the moves that move a connected region (the rest: the single-node moves)
 REGION_MAX = 16  # nodes in a region, drawn uniformly from 2..REGION_MAX
 START_HEURISTICS = (simple.single_device, heft.heft_devices, baechi.m_etf, baechi.m_sct, baechi.m_topo, metis.metis,

@@ -151,6 +151,18 @@ def _search_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+def _anneal_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    f = doc["figures"]
+    summ = f["summary"]
+    runs = next(iter(summ.values()))["runs"]
+    vals = ", ".join(f"{float(k):g} s {v['current_over_former']:.3f} ({v['current_over_la_rule']:.3f} against "
+                     f"{v['former_over_la_rule']:.3f} x `la_rule`; the former found nothing in "
+                     f"{v['former_found_nothing_frac']:.0%} of the runs, the current in {v['current_found_nothing_frac']:.0%})"
+                     for k, v in summ.items())
+    return [(f"the annealing every search runs, current settings (region moves, colder start) over the former, from "
+             f"`la_rule` at equal seconds (`{f['split']}`, {runs} runs: pairs x seeds)", vals)]
+
+
 # results file -> the rows it gives, in the README's order
 HEADLINES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str]]]] = {
     "evaluate_suite": _suite_rows,
@@ -161,8 +173,10 @@ HEADLINES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str]]]] = {
     "learned_test": _learned_rows,
     "learned_dev": _learned_rows,
     "search_test": _search_rows,
+    "search_test_60s": _search_rows,
     "search_dev": _search_rows,
     "search_scale2000": _search_rows,
+    "anneal_dev": _anneal_rows,
 }
 
 
