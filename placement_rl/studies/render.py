@@ -47,11 +47,14 @@ def _load(folder: Path) -> dict[str, dict[str, Any]]:
 
 
 def measured_on(doc: dict[str, Any]) -> str:
-    """``2026-11-28, AMD EPYC 7B13 (2 cores)``: the date and machine of a results file's provenance."""
+    """``2026-11-28, AMD EPYC 7B13 (2 cores), code 1a2b3c4``: the date, machine and commit of a results file's
+    provenance (``uncommitted tree`` when tracked files differed from the commit)."""
     prov = doc.get("provenance", {})
     date = str(prov.get("date", "?")).split(" ")[0]
     cpu = str(prov.get("cpu", "?"))
-    return f"{date}, {cpu} ({prov.get('cores', '?')} cores)" + (", uncommitted tree" if prov.get("dirty") else "")
+    commit = str(prov.get("commit", "?"))[:7]
+    return (f"{date}, {cpu} ({prov.get('cores', '?')} cores), code {commit}"
+            + (" + uncommitted changes" if prov.get("dirty") else ""))
 
 
 def _pct(x: float) -> str:
