@@ -50,8 +50,8 @@ from placement_rl.plans import StagePlan
 from placement_rl.graph import zoo
 from placement_rl.graph.capture import capture
 from placement_rl.profiling import ProfileDB, local_link_benchmarks, measured_costs, predict_step_time, profile_graph
-from placement_rl.profiling.dist_overhead import (DistOverheads, fit_dist_overheads, measure_dist_overheads,
-                                                  predict_deploy_step, tensors_per_param_node, with_pipeline_overhead)
+from placement_rl.profiling.deploy_predict import predict_deploy_step, tensors_per_param_node, with_pipeline_overhead
+from placement_rl.profiling.dist_overhead import DistOverheads, fit_dist_overheads, measure_dist_overheads
 from placement_rl.profiling.fidelity import fidelity_stats
 from placement_rl.profiling.run import select_devices
 

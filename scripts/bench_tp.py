@@ -62,10 +62,10 @@ from placement_rl.graph.capture import capture_zoo
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.plans import StagePlan
 from placement_rl.profiling import ProfileDB, measured_costs, predict_step_time, profile_graph
-from placement_rl.profiling.dist_overhead import (collective_links, core_sharing, fit_dist_overheads,
-                                                  measure_dist_overheads, measure_tp_collectives, predict_deploy_step,
-                                                  tensors_per_param_node, with_core_sharing, with_links,
-                                                  with_pipeline_overhead, with_tp_dispatch)
+from placement_rl.profiling.deploy_predict import (collective_links, core_sharing, predict_deploy_step,
+                                                   tensors_per_param_node, with_core_sharing, with_links,
+                                                   with_pipeline_overhead, with_tp_dispatch)
+from placement_rl.profiling.dist_overhead import fit_dist_overheads, measure_dist_overheads, measure_tp_collectives
 from placement_rl.profiling.fidelity import fidelity_stats
 from placement_rl.profiling.run import select_devices
 from placement_rl.topology import DeviceTopology, conf_dir, load_topology

@@ -10,10 +10,10 @@ from placement_rl.graph import synthetic
 from placement_rl.plans import StagePlan
 from placement_rl.cost import CostTable, simulate_pipeline
 from placement_rl.graph.ir import make_graph
-from placement_rl.profiling.dist_overhead import (KINDS, PP_MICRO, PP_WIDEN, DistOverheads, collective_links,
-                                                  fit_dist_overheads, measure_dist_overheads, measure_tp_collectives,
-                                                  predict_deploy_step, stage_boundary_bytes, with_links,
-                                                  with_pipeline_overhead, with_tp_dispatch)
+from placement_rl.profiling.deploy_predict import (collective_links, predict_deploy_step, stage_boundary_bytes,
+                                                   with_links, with_pipeline_overhead, with_tp_dispatch)
+from placement_rl.profiling.dist_overhead import (KINDS, PP_MICRO, PP_WIDEN, DistOverheads, fit_dist_overheads,
+                                                  measure_dist_overheads, measure_tp_collectives)
 from placement_rl.topology import load_topology
 
 
@@ -120,7 +120,7 @@ def test_links_from_the_measured_tp_all_reduce_price_the_collectives():
 
 
 def test_core_sharing_slows_compute_not_links():
-    from placement_rl.profiling.dist_overhead import core_sharing, with_core_sharing
+    from placement_rl.profiling.deploy_predict import core_sharing, with_core_sharing
 
     n = 3
     costs = CostTable(fwd_time=np.full((n, 2), 1e-3), bwd_time=np.full((n, 2), 2e-3),

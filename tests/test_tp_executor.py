@@ -153,7 +153,8 @@ def test_fused_qkv_region_runs_on_local_shards(gpt):
     shapes at TP 2, so the heads run split as the cost model prices them; the MLP's region (no split: k = 1, nothing
     to rewrite) runs on local shards too. The interleaved row order puts each rank's q, k and v rows in its
     contiguous shard."""
-    from placement_rl.executor._tp import _interleave, local_region, node_kinds
+    from placement_rl.executor._tp import _interleave
+    from placement_rl.executor._tp_region import local_region, node_kinds
 
     module, inputs = zoo.build("gpt", **GPT)
     gm = torch.export.export(module, tuple(inputs), strict=False).module()

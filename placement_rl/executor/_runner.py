@@ -244,7 +244,7 @@ class PartRunner:
         self.row_perm: dict[str, torch.Tensor] = {}  # TP: rows interleaved for a fused GEMM (``_tp.ROW_PERM``)
         self.real_rows: dict[str, int] = {}  # TP: a padded vocabulary's real rows (``_tp.REAL_ROWS``)
         if named is not None:  # read after FSDP, which replaces the parameters it shards
-            from placement_rl.executor._tp import REAL_ROWS, ROW_PERM
+            from placement_rl.executor._tp_region import REAL_ROWS, ROW_PERM
 
             self.named = [{k: mod._parameters[a] for k, (mod, a) in per.items()} for per in named]
             self.row_perm = {k: getattr(mod, ROW_PERM) for per in named for k, (mod, a) in per.items()

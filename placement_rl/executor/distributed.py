@@ -266,7 +266,7 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
     tp_seq_norms: list[str] = []  # sequence parallelism: the norms run under SequenceParallel
     tp_seq_values: list[str] = []  # ... and the values it keeps sharded along the sequence (a later stage's inputs)
     if dims.tp > 1:
-        from placement_rl.executor._tp import check_program, node_kinds
+        from placement_rl.executor._tp_region import check_program, node_kinds
         from placement_rl.graph import tp as tpmod
 
         tp_kinds = node_kinds(graph)

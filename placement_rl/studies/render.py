@@ -47,11 +47,14 @@ def _load(folder: Path) -> dict[str, dict[str, Any]]:
 
 
 def measured_on(doc: dict[str, Any]) -> str:
-    """``2026-11-28, AMD EPYC 7B13 (2 cores)``: the date and machine of a results file's provenance."""
+    """``2026-11-28, AMD EPYC 7B13 (2 cores), code 1a2b3c4``: the date, machine and commit of a results file's
+    provenance (``uncommitted tree`` when tracked files differed from the commit)."""
     prov = doc.get("provenance", {})
     date = str(prov.get("date", "?")).split(" ")[0]
     cpu = str(prov.get("cpu", "?"))
-    return f"{date}, {cpu} ({prov.get('cores', '?')} cores)" + (", uncommitted tree" if prov.get("dirty") else "")
+    commit = str(prov.get("commit", "?"))[:7]
+    return (f"{date}, {cpu} ({prov.get('cores', '?')} cores), code {commit}"
+            + (" + uncommitted changes" if prov.get("dirty") else ""))
 
 
 def _pct(x: float) -> str:
@@ -151,6 +154,18 @@ def _search_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+def _anneal_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    f = doc["figures"]
+    summ = f["summary"]
+    runs = next(iter(summ.values()))["runs"]
+    vals = ", ".join(f"{float(k):g} s {v['current_over_former']:.3f} ({v['current_over_la_rule']:.3f} against "
+                     f"{v['former_over_la_rule']:.3f} x `la_rule`; the former found nothing in "
+                     f"{v['former_found_nothing_frac']:.0%} of the runs, the current in {v['current_found_nothing_frac']:.0%})"
+                     for k, v in summ.items())
+    return [(f"the annealing every search runs, current settings (region moves, colder start) over the former, from "
+             f"`la_rule` at equal seconds (`{f['split']}`, {runs} runs: pairs x seeds)", vals)]
+
+
 # results file -> the rows it gives, in the README's order
 HEADLINES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str]]]] = {
     "evaluate_suite": _suite_rows,
@@ -161,8 +176,10 @@ HEADLINES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str]]]] = {
     "learned_test": _learned_rows,
     "learned_dev": _learned_rows,
     "search_test": _search_rows,
+    "search_test_60s": _search_rows,
     "search_dev": _search_rows,
     "search_scale2000": _search_rows,
+    "anneal_dev": _anneal_rows,
 }
 
 
