@@ -17,9 +17,6 @@ import time
 
 import numpy as np
 
-FORMER = {"T0_FRAC": 0.002, "REGION_SHARE": 0.0}
-
-
 def gm(x) -> float:
     return float(np.exp(np.mean(np.log(x))))
 
@@ -28,17 +25,11 @@ def run(prob_args, start, settings: dict) -> tuple[float, int]:
     import placement_rl.baselines.search as search
     from placement_rl.baselines.common import Problem
 
-    saved = {k: getattr(search, k) for k in settings}
-    try:
-        for k, v in settings.items():
-            setattr(search, k, v)
+    with search.annealing_settings(**settings):
         prob = Problem(*prob_args[:3], budget=10**12, seed=prob_args[3], seconds=prob_args[4])
         s0 = prob.score(start)
         best = search.anneal(prob, start, s0)
         return prob.score(best, after_time=True).step_time, prob.calls
-    finally:
-        for k, v in saved.items():
-            setattr(search, k, v)
 
 
 def main() -> None:
@@ -76,7 +67,7 @@ def main() -> None:
             bound = lower_bound(g, c, topo).value
             for seed in range(args.seeds):
                 cur, cur_calls = run((g, c, topo, seed, sec), start, current)
-                old, old_calls = run((g, c, topo, seed, sec), start, FORMER)
+                old, old_calls = run((g, c, topo, seed, sec), start, search.FORMER_SETTINGS)
                 row = {"pair": t.meta["id"], "nodes": g.num_nodes, "devices": topo.num_devices, "seconds": sec,
                        "seed": seed, "bound_over_la_rule": bound / r, "current_over_la_rule": cur / r,
                        "former_over_la_rule": old / r, "current_over_former": cur / old,
@@ -98,9 +89,9 @@ def main() -> None:
             "bound_over_la_rule": gm([r["bound_over_la_rule"] for r in sel])}
         print(f"{sec:g} s: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
                                          for k, v in summary[str(sec)].items()))
-    path = write_result(args.stem or f"anneal_{args.split}", {"split": args.split, "current": current,
-                                                               "former": FORMER, "summary": summary, "rows": rows},
-                        seconds=time.perf_counter() - t_start)
+    figures = {"split": args.split, "current": current, "former": search.FORMER_SETTINGS, "summary": summary,
+               "rows": rows}
+    path = write_result(args.stem or f"anneal_{args.split}", figures, seconds=time.perf_counter() - t_start)
     print(f"wrote {path}")
 
 

@@ -89,24 +89,6 @@ def recorded_topology(db: ProfileDB, name: str = "local") -> DeviceTopology:
     return db.apply_links(topo)
 
 
-SHIPPED_ANNEALING = {"T0_FRAC": 0.002, "REGION_SHARE": 0.0}  # the search settings the shipped runs placed with
-
-
-def _with_shipped_annealing(fn):
-    """Run ``fn`` with ``baselines.search``'s annealing as it was when the shipped executor runs were made (start
-    temperature 0.2%, no region moves), so their searched placements are rebuilt exactly."""
-    import placement_rl.baselines.search as search
-
-    saved = {k: getattr(search, k) for k in SHIPPED_ANNEALING}
-    try:
-        for k, v in SHIPPED_ANNEALING.items():
-            setattr(search, k, v)
-        return fn()
-    finally:
-        for k, v in saved.items():
-            setattr(search, k, v)
-
-
 def replay(folder: Path, out: Path | None, *, models: list[str] | None, num_random: int, budget: int,
            seed: int, fit_crossing: bool = False) -> list[dict]:
     """Re-predict every row of ``folder/fidelity.csv`` from ``folder/profiles.json`` (see the module docstring).
@@ -142,8 +124,10 @@ def replay(folder: Path, out: Path | None, *, models: list[str] | None, num_rand
                   "transformers 5.10), so its placements cannot be rebuilt")
             continue
         costs = measured_costs(graph, topology, db)
-        places = _with_shipped_annealing(lambda: placements_for(graph, costs, topology, num_random=num_random,
-                                                                budget=budget, seed=seed))
+        from placement_rl.baselines.search import FORMER_SETTINGS, annealing_settings
+
+        with annealing_settings(**FORMER_SETTINGS):  # the shipped runs placed with the former annealing
+            places = placements_for(graph, costs, topology, num_random=num_random, budget=budget, seed=seed)
         phys_costs = measured_costs(graph, phys, db)
         for r in (r for r in shipped if r["model"] == name):
             if r["placement"] not in places:

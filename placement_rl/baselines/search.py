@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -32,6 +33,7 @@ T0_FRAC = 0.0005  # start temperature / start step time. At 0.002 the walk drift
 # at 2 / 10 s from la_rule (dev split, 8 pairs x 3 seeds; scripts/bench_anneal.py, results/anneal_dev.json)
 REGION_SHARE = 0.3  # share of the moves that move a connected region (the rest: the single-node moves)
 REGION_MAX = 16  # nodes in a region, drawn uniformly from 2..REGION_MAX
+FORMER_SETTINGS = {"T0_FRAC": 0.002, "REGION_SHARE": 0.0}  # before region moves (placements made then rebuild with it)
 START_HEURISTICS = (simple.single_device, heft.heft_devices, baechi.m_etf, baechi.m_sct, baechi.m_topo, metis.metis,
                     simple.round_robin)
 
@@ -94,6 +96,19 @@ def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, 
             if s.key < best_s.key:
                 best, best_s = cand.copy(), s
     return best
+
+
+@contextlib.contextmanager
+def annealing_settings(**settings: float):
+    """Run the block with this module's annealing constants (``T0_FRAC``, ``REGION_SHARE``, ...) set to
+    ``settings``, restored after (e.g. the former settings, to compare with or to rebuild placements made with)."""
+    g = globals()
+    saved = {k: g[k] for k in settings}
+    g.update(settings)
+    try:
+        yield
+    finally:
+        g.update(saved)
 
 
 def _move(cur: np.ndarray, prob: Problem, rng: np.random.Generator) -> np.ndarray:
