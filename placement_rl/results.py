@@ -66,15 +66,26 @@ def code_hashes() -> dict[str, Any]:
             "source_sha": src.hexdigest()[:16]}
 
 
-def _git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+# what benchmarks write and people edit beside the code: a change there (a bench's own plot written before its JSON,
+# a README edit while a bench runs) is not a change of the code that measured
+REPORT_PATHSPECS = (":(exclude)results", ":(exclude)docs", ":(exclude)README.md", ":(exclude)CHANGELOG.md")
+
+
+def _git(*args: str, cwd: Path = ROOT) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10).stdout.strip()
+
+
+def code_changed(root: Path = ROOT) -> bool:
+    """Whether tracked files of the checkout at ``root`` other than the reports differ from its commit."""
+    return bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".", *REPORT_PATHSPECS, cwd=root))
 
 
 def git_state() -> tuple[str, bool | None]:
-    """``(commit, dirty)``; ``("unknown", None)`` outside a checkout."""
+    """``(commit, dirty)``: ``dirty`` when tracked files other than the reports (``REPORT_PATHSPECS``) differ from the
+    commit; ``("unknown", None)`` outside a checkout."""
     try:
         commit = _git("rev-parse", "HEAD") or "unknown"
-        dirty = bool(_git("status", "--porcelain", "--untracked-files=no")) if commit != "unknown" else None
+        dirty = code_changed() if commit != "unknown" else None
     except (OSError, subprocess.SubprocessError):
         return "unknown", None
     return commit, dirty

@@ -171,6 +171,16 @@ def test_train_finetunes_the_pretrained_policy_and_place_uses_it(tmp_path):
     assert kinds["sim_eft"] == "heuristic" and kinds["learned + local search"] == "search"
     learned = min(row["step_time_ms"] for row in m["rows"] if row["kind"] == "learned")
     assert m["learned_step_time"] * 1e3 == pytest.approx(learned)
+    # every zero-shot row and the fine-tuned greedy have the searches a user would run instead at their seconds
+    by_label = {row["row"]: row for row in m["rows"]}
+    same = {}
+    for row in m["rows"]:
+        if row.get("same_seconds_as"):
+            assert row["kind"] == "search" and by_label[row["same_seconds_as"]]["kind"] == "learned"
+            same.setdefault(row["same_seconds_as"], set()).add(row["row"].split(" at ")[0])
+    assert same == {"policy zero-shot (greedy)": {"local_search", "la_rule_search"},
+                    "policy zero-shot (best of 4)": {"local_search", "la_rule_search"},
+                    "policy fine-tuned (greedy)": {"policy_search", "local_search", "la_rule_search"}}
     r2 = cli(tmp_path, "place", "graph=synthetic", "graph.num_nodes=50", "topology=2x4_v100_ib", "samples=2",
              "compare=false", run="place")
     assert r2.returncode == 0, r2.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from placement_rl.results import provenance, read_result, write_result
+from placement_rl.results import code_changed, provenance, read_result, write_result
 from placement_rl.studies.render import RenderError, headline_rows, render_all, render_block
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,6 +119,28 @@ def test_write_result_round_trip_with_provenance(tmp_path):
         <= set(prov)
     with pytest.raises(ValueError, match="plain file stem"):
         write_result("../x", {}, folder=tmp_path)
+
+
+def test_code_changed_ignores_the_reports_a_bench_writes(tmp_path):
+    """A bench's own plot or JSON (results/, docs/) or a README edit is not a change of the code that measured."""
+    import subprocess
+
+    def git(*a):
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *a], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    for rel in ("results/a.json", "docs/a.png", "README.md", "pkg/m.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("0")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "x")
+    for rel in ("results/a.json", "docs/a.png", "README.md"):
+        (tmp_path / rel).write_text("1")
+    (tmp_path / "new.py").write_text("untracked")
+    assert not code_changed(tmp_path)
+    (tmp_path / "pkg/m.py").write_text("1")
+    assert code_changed(tmp_path)
 
 
 def test_the_readme_is_a_short_front_door():

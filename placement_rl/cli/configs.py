@@ -166,7 +166,7 @@ class AgentConfig:
     ei_max_nodes: int = opt(1000, low=1)
     ft_search_rounds: int = opt(2, low=0, doc="fine-tuning: rounds of search from the policy's placements")
     ft_search_seconds: float = opt(3.0, low=0, doc="fine-tuning: wall-clock seconds of one round's search")
-    equal_seconds: bool = opt(True, doc="fine-tuning: also run the searches at the fine-tuned policy's seconds")
+    equal_seconds: bool = opt(True, doc="fine-tuning: also run the searches at the learned rows' seconds")
     clone_epochs: int = opt(200, low=0)
     pi_max_completions: int = opt(4000, low=0)
     eval_every: int = opt(10, low=1)

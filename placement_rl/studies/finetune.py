@@ -48,6 +48,7 @@ class LearnedRow:
     devices: np.ndarray = field(repr=False)
     sim_calls: int = 0
     seconds: float = 0.0
+    same_seconds_as: str = ""  # a search row run for the seconds of this learned row
 
 
 @dataclass
@@ -311,29 +312,33 @@ def _feasible(graph: CompGraph, costs: CostTable, topology: DeviceTopology, devi
 
 
 def equal_seconds_rows(result: FinetuneResult, policy: DevicePolicy, seconds: float, *, seed: int = 0,
+                       row: str = "policy fine-tuned (greedy)",
+                       names: tuple[str, ...] = ("policy_search", "local_search", "la_rule_search"),
                        log: Callable[[str], None] = print) -> None:
-    """Add the searches a user would run instead, each given ``seconds`` of wall clock (the fine-tuned policy's):
-    ``policy_search`` with ``policy`` (the policy before fine-tuning) as its proposal, ``local_search`` and
-    ``la_rule_search`` (annealing from ``la_rule``), as search rows of ``result``."""
+    """Add the searches a user would run instead of the learned row ``row``, each given its ``seconds`` of wall
+    clock: ``policy_search`` with ``policy`` (the policy before fine-tuning) as its proposal, ``local_search`` and
+    ``la_rule_search`` (annealing from ``la_rule``), as search rows of ``result`` naming ``row``
+    (``LearnedRow.same_seconds_as``)."""
     from placement_rl import baselines
     from placement_rl.agents.policy_search import policy_search
 
     t = result.task
     g, c, topo = t.graph, t.costs, t.topology
-    for name in ("policy_search", "local_search", "la_rule_search"):
+    for name in names:
         if name == "policy_search":
             p = policy_search(policy, g, c, topo, seconds=seconds, seed=seed)
         else:
             p = baselines.get(name)(g, c, topo, budget=10**12, seed=seed, seconds=seconds)
         dev = np.asarray(p.device_of_node)
         res = simulate(g, c, topo, dev)
-        result.rows.append(LearnedRow(f"{name} at the fine-tuned policy's seconds", "search", res.step_time,
-                                      res.feasible, dev, int(p.meta["sim_calls"]), float(p.meta["search_seconds"])))
-        log(f"  {name} ({seconds:.1f} s): {res.step_time * 1e3:.3f} ms")
+        result.rows.append(LearnedRow(f"{name} at the seconds of {row}", "search", res.step_time, res.feasible, dev,
+                                      int(p.meta["sim_calls"]), float(p.meta["search_seconds"]), same_seconds_as=row))
+        log(f"  {name} ({seconds:.2f} s): {res.step_time * 1e3:.3f} ms")
 
 
 def describe(result: FinetuneResult) -> list[dict[str, Any]]:
     """Rows as dicts with the ratio to the best one-pass heuristic (``ONE_PASS``) of the task."""
     ref = min(result.task.refs[n][0] for n in ONE_PASS if n in result.task.refs and result.task.refs[n][1])
     return [{"row": r.label, "kind": r.kind, "step_time_ms": r.step_time * 1e3, "vs_best_one_pass": r.step_time / ref,
-             "feasible": r.feasible, "sim_calls": r.sim_calls, "seconds": r.seconds} for r in result.rows]
+             "feasible": r.feasible, "sim_calls": r.sim_calls, "seconds": r.seconds,
+             **({"same_seconds_as": r.same_seconds_as} if r.same_seconds_as else {})} for r in result.rows]
