@@ -38,6 +38,7 @@ SAMPLES = 8  # episodes per batch (one schedule state of 8 episodes)
 TEMPERATURE = 1.0
 ANNEAL_SHARE = 0.8  # share of the annealing's seconds on single-node moves (the rest: the policy's repairs)
 REPAIR = 16  # sampled decisions per repair before the policy's greedy completes it (0: the whole suffix sampled)
+COMPLETIONS = ("policy", "la_rule")  # what completes a repair after its sampled decisions (la_rule: an ablation)
 SEARCH_WINDOW = 16  # the window of the sampled states: a batch of 8 suffixes at W = 16 costs ~10x less than at the
 # placing window, and more batches found more (4 synthetic 300-node pairs, 2 s: W 16 / 64 with 80% annealing)
 
@@ -57,12 +58,15 @@ def _head(policy: Any, task: ConstructiveTask) -> Head:
 def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: int = 0, samples: int = SAMPLES,
                   temperature: float = TEMPERATURE, window: int | None = None, start: np.ndarray | None = None,
                   anneal_share: float = ANNEAL_SHARE,
-                  task: ConstructiveTask | None = None, repair: int = REPAIR, with_rule: bool = True) -> Placement:
+                  task: ConstructiveTask | None = None, repair: int = REPAIR, with_rule: bool = True,
+                  completion: str = "policy") -> Placement:
     """The best placement found in ``seconds`` of wall clock (module doc). ``window``: the lookahead window of
     the states the policy reads (default: the policy's own, ``placing_window``); ``start``: an incumbent to start
     from instead of the policy's greedy decode (its own row then)."""
     if not float(seconds) > 0:
         raise ConfigError(f"policy_search needs seconds > 0, got {seconds!r}")
+    if completion not in COMPLETIONS:
+        raise ConfigError(f"policy_search completion must be one of {', '.join(COMPLETIONS)}, got {completion!r}")
     if int(samples) < 1 or not float(temperature) > 0:
         raise ConfigError(f"policy_search needs samples >= 1 and temperature > 0, got {samples!r}, {temperature!r}")
     t0 = time.perf_counter()
@@ -109,7 +113,10 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
         if repair > 0:
             decode(st, SAMPLE, head, stop=s + int(rng_.integers(1, repair + 1)), temperature=stats["temp"],
                    seed=seed_)
-            decode(st, POLICY, head)
+            if completion == "policy":
+                decode(st, POLICY, head)
+            else:  # the ablation: the rule completes the policy's sampled decisions
+                decode(st, LA_RULE)
         else:
             decode(st, SAMPLE, head, temperature=stats["temp"], seed=seed_)
         times, ok = st.finish(), st.feasible()
@@ -143,7 +150,8 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
     meta = {"placer": "policy_search", "seed": int(seed), "sim_calls": calls,
             "search_seconds": time.perf_counter() - t0, "seconds_budget": float(seconds), "trace": trace,
             "start_time": start_t, "batches": stats["batches"], "improved": stats["improved"],
-            "samples": int(samples), "window": int(window), "repair": int(repair), "step_time": best_t,
+            "samples": int(samples), "window": int(window), "repair": int(repair), "completion": completion,
+            "step_time": best_t,
             "feasible": best_ok}
     return Placement(best, meta=meta).validate(graph, topology)
 

@@ -18,7 +18,9 @@ longer than its producer's compute), and greedy / ``sim_eft``, ``eft_rollout``. 
 ``eft_rollout_search`` and ``la_rule_search`` (annealing from ``la_rule``); the ratio of ``policy_search`` to the
 best of them per pair, its geometric mean per budget, the pair's lower bound beside every row, and an anytime plot
 (best step time over seconds, per method, one pair per panel). ``--ablate`` adds ``policy_search`` without the
-policy's moves (the same starts, annealing only): ``policy_moves_gain`` is what the policy's proposals add.
+policy's moves (the same starts, annealing only): ``policy_moves_gain`` is what the policy's proposals add; and
+``policy_search`` whose repairs ``la_rule`` completes instead of the policy's greedy: ``policy_completion_gain`` is
+what the learned completion adds over the rule's (both ratios: below 1, the policy helps).
 
 Each part writes ``results/learned_<split>.json`` / ``results/search_<split>.json`` (figures with provenance,
 ``placement_rl.results``) and a markdown table under ``docs/`` (``--out``).
@@ -141,6 +143,11 @@ def search(args) -> dict:
                 p = policy_search(policy, g, c, topo, seconds=sec, seed=args.seed, task=t, anneal_share=1.0)
                 row["policy_search_no_policy_moves_ms"] = float(p.meta["step_time"]) * 1e3
                 row["policy_moves_gain"] = row["policy_search_ms"] / row["policy_search_no_policy_moves_ms"]
+                # and with the policy's repairs completed by la_rule instead of its greedy: what the learned
+                # completion adds over the rule's
+                p = policy_search(policy, g, c, topo, seconds=sec, seed=args.seed, task=t, completion="la_rule")
+                row["policy_search_rule_completion_ms"] = float(p.meta["step_time"]) * 1e3
+                row["policy_completion_gain"] = row["policy_search_ms"] / row["policy_search_rule_completion_ms"]
             best = min(row[f"{n}_ms"] for n in SEARCHES)
             row["best_search"] = min(SEARCHES, key=lambda n: row[f"{n}_ms"])
             row["policy_search_over_best_search"] = row["policy_search_ms"] / best
@@ -159,7 +166,8 @@ def search(args) -> dict:
             # against each search alone: the per-pair best of three runs is a minimum of three draws (biased low)
             **{f"policy_search_over_{n}": gm([r["policy_search_ms"] / r[f"{n}_ms"] for r in sel]) for n in SEARCHES},
             "best_over_bound": gm([r["best_over_bound"] for r in sel]),
-            **({"policy_moves_gain": gm([r["policy_moves_gain"] for r in sel])} if args.ablate else {})}
+            **({k: gm([r[k] for r in sel]) for k in ("policy_moves_gain", "policy_completion_gain")}
+               if args.ablate else {})}
     _plot(curves, args)
     return {"split": args.split if not args.scale else f"scale{args.scale}", "summary": summary, "rows": rows,
             "curves": [{"pair": k[0], "seconds": k[1], "method": k[2], "trace": v} for k, v in curves.items()]}
@@ -226,7 +234,8 @@ def main() -> None:
     ap.add_argument("--workers", default="1")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ablate", action="store_true",
-                    help="search: also policy_search without the policy's moves (same starts, annealing only)")
+                    help="search: also policy_search without the policy's moves (same starts, annealing only) "
+                         "and with la_rule completing its repairs")
     ap.add_argument("--out", default="docs")
     ap.add_argument("--stem", default=None, help="result name (default: learned_<split> / search_<split>)")
     args = ap.parse_args()

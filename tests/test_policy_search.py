@@ -65,9 +65,21 @@ def test_policy_search_never_worse_than_its_starts_and_reports_what_it_ran(polic
 
 def test_policy_search_refuses_bad_budgets_in_one_line(policy):
     g, c, t = _case("layered", 20, "4x_v100_nvlink", 0)
-    for kw in ({"seconds": 0}, {"seconds": 1, "samples": 0}, {"seconds": 1, "temperature": 0}):
+    for kw in ({"seconds": 0}, {"seconds": 1, "samples": 0}, {"seconds": 1, "temperature": 0},
+               {"seconds": 1, "completion": "random"}):
         with pytest.raises(ConfigError):
             policy_search(policy, g, c, t, **kw)
+
+
+def test_rule_completed_repairs_are_the_ablation_of_the_learned_completion(policy):
+    """``completion="la_rule"``: the same search whose repairs the rule completes; it still never returns worse than
+    its start and says which completion ran."""
+    g, c, t = _case("dataflow", 60, "4x_v100_nvlink", 1)
+    for completion in ("policy", "la_rule"):
+        p = policy_search(policy, g, c, t, seconds=0.3, seed=0, completion=completion, anneal_share=0.5)
+        assert p.meta["completion"] == completion and p.meta["batches"] > 0
+        assert p.meta["step_time"] <= p.meta["start_time"] * (1 + 1e-12)
+        assert simulate(g, c, t, np.asarray(p.device_of_node)).step_time == pytest.approx(p.meta["step_time"])
 
 
 def test_sampled_repairs_replay_the_prefix_and_repeat_with_the_seed(policy):
