@@ -178,9 +178,9 @@ def _worker(rank: int, backend: str, port: int, layers: Sequence[int], sizes: Se
                                                            for kind in ("plain", "ddp", "fsdp", "half", "tp")
                                                            for what in ("pass", "adam")}})
         res["pipeline"] = _pipeline_rows(rank, repeats)
+        dist.barrier()  # no rank tears the group down while the other still has work on it; then the result
         if rank == 0:
             queue.put(res)
-        dist.barrier()  # no rank tears the group down while the other still has work on it
     finally:
         dist.destroy_process_group()
 
@@ -299,9 +299,9 @@ def _tp_collective_worker(rank: int, world: int, port: int, degrees: Sequence[in
         for t in degrees:  # every group of t ranks at once, as the plans' TP groups run
             mesh = init_device_mesh("cpu", (world // t, t), mesh_dim_names=("dp", "tp"))
             out[int(t)] = _tp_collective_times(mesh["tp"], sizes, repeats)
+        dist.barrier()  # every rank is done before the result goes out (see links.run_pair)
         if rank == 0:
             queue.put(out)
-        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -169,6 +169,7 @@ def _pingpong_worker(rank: int, backend: str, port: int, sizes: Sequence[int], r
                 if r >= 2:
                     samples.append((time.perf_counter() - t0) / 2)
             out.append(float(np.median(samples)))
+        dist.barrier()  # every rank is done: what rank 0 puts next is a finished measurement (see run_pair)
         if rank == 0:
             queue.put(out)
     finally:
@@ -179,7 +180,9 @@ def run_pair(worker: Callable[..., None], args: tuple, *, timeout_s: float, what
     """Run ``worker(rank, args[0], port, *args[1:], queue)`` in ``world`` spawned processes (two by default;
     ``args[0]``: the backend, or what the worker takes there; one torch thread each) and return what rank 0 put on
     the queue. A failure or a time-out is a ``ProfileError`` naming ``what``; the workers are stopped, never left
-    behind."""
+    behind. Workers put their result after a last barrier, so a delivered result is a finished measurement on
+    every rank: a worker that then dies tearing its process group down (gloo's threads now and then abort at exit,
+    "terminate called without an active exception") does not void it."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -198,7 +201,7 @@ def run_pair(worker: Callable[..., None], args: tuple, *, timeout_s: float, what
         for p in alive:
             p.terminate()
             p.join()
-        if alive or any(p.exitcode != 0 for p in procs) or queue.empty():
+        if alive or queue.empty():
             codes = [p.exitcode for p in procs]
             raise ProfileError(f"{what} failed (worker exit codes {codes}{', timed out' if alive else ''})")
         return queue.get()
