@@ -23,7 +23,6 @@ from placement_rl.envs.reward import final_reward
 __all__ = ["PipelineConfig", "PipelineEnv"]
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class PipelineConfig(EnvConfig):
     """``PipelineEnv`` options (plus ``EnvConfig``'s).

@@ -311,8 +311,7 @@ def _feasible(graph: CompGraph, costs: CostTable, topology: DeviceTopology, devi
     return bool(simulate(graph, costs, topology, np.asarray(devices, dtype=np.int64)).feasible)
 
 
-def equal_seconds_rows(result: FinetuneResult, policy: DevicePolicy, seconds: float, *, seed: int = 0,
-                       row: str = "policy fine-tuned (greedy)",
+def equal_seconds_rows(result: FinetuneResult, policy: DevicePolicy, seconds: float, *, row: str, seed: int = 0,
                        names: tuple[str, ...] = ("policy_search", "local_search", "la_rule_search"),
                        log: Callable[[str], None] = print) -> None:
     """Add the searches a user would run instead of the learned row ``row``, each given its ``seconds`` of wall
