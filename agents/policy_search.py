@@ -1,8 +1,8 @@
 """Policy-guided search: the constructive policy as the proposal of large moves in simulated annealing.
 
-``policy_search(policy, graph, costs, topology, seconds=...)`` starts from the better of the policy's own greedy
-placement and ``la_rule``'s (the rule the policy's lookahead feature is; both at the placing window, both charged),
-then runs one simulated annealing (``baselines.search.anneal``: one temperature schedule over the seconds, one
+``policy_search(policy, graph, costs, topology, seconds=...)`` starts from the policy's own greedy placement (at
+its placing window; optionally also from ``la_rule``'s, the rule the policy's lookahead feature is, the better one
+kept, both charged), then runs one simulated annealing (``baselines.search.anneal``: one temperature schedule over the seconds, one
 acceptance test) whose moves are the local search's single-node moves and, for ``1 - anneal_share`` of the
 seconds, large moves proposed by the policy. A large move repairs the current placement (ruin and recreate): a
 start step ``s`` of the decision order is drawn, the first ``s`` decisions are replayed (``decode``'s ``FORCED``
@@ -15,7 +15,12 @@ temperature of the samples rises while batches reproduce the current placement.
 
 The result is a search row of its own (``policy_search``), never "learned": its ``meta`` carries ``sim_calls``,
 ``search_seconds`` and the anytime ``trace`` (``[seconds, calls, best step time]`` at every improvement), the
-start's time (``start_time``), the batches run and how many found a new best."""
+start's time (``start_time``, the better of the ``starts`` taken), the batches run and how many found a new best.
+
+Within the seconds: the policy's greedy start stops deciding when the seconds run out (the earliest finish places
+the rest; ``start_cut`` in the meta), and ``la_rule``'s start is taken only when the greedy took at most
+``RULE_START_SHARE`` of the seconds (0: never, chosen on the dev split; at 2,000 nodes each start takes 0.3-0.9 s
+on this machine, seconds the annealing needs)."""
 
 from __future__ import annotations
 
@@ -27,9 +32,9 @@ import numpy as np
 from placement_rl.agents.constructive import graph_tensors
 from placement_rl.agents.fast_decode import Head
 from placement_rl.baselines.eft import ROLLOUT_MAX_NODES
-from placement_rl.cost.decode import FORCED, LA_RULE, POLICY, SAMPLE, decode
+from placement_rl.cost.decode import FORCED, LA_RULE, POLICY, SAMPLE, decode, decode_until
 from placement_rl.cost.schedule import ScheduleState
-from placement_rl.cost.window import placing_window, window_completions
+from placement_rl.cost.window import completions_until, placing_window
 from placement_rl.envs.constructive_task import ConstructiveTask
 from placement_rl.errors import ConfigError
 from placement_rl.plans import Placement
@@ -39,6 +44,10 @@ TEMPERATURE = 1.0
 ANNEAL_SHARE = 0.8  # share of the annealing's seconds on single-node moves (the rest: the policy's repairs)
 REPAIR = 16  # sampled decisions per repair before the policy's greedy completes it (0: the whole suffix sampled)
 COMPLETIONS = ("policy", "la_rule")  # what completes a repair after its sampled decisions (la_rule: an ablation)
+RULE_START_SHARE = 0.0  # la_rule's start too only when the policy's greedy took at most this share of the seconds.
+# Dev split (8 pairs and three 2,000-node graphs of seed 6, 0.5 / 2 / 10 s, searches held to their seconds): never
+# taking it (0) 1.013 / 1.010 / 1.004 and 0.989 / 0.945 / 0.982 x the best search; 0.1: 1.015 / 1.010 / 1.006 and
+# 0.994 / 0.945 / 0.990; always: 1.015 / 1.010 / 1.005 and 0.989 / 0.948 / 0.982
 SEARCH_WINDOW = 16  # the window of the sampled states: a batch of 8 suffixes at W = 16 costs ~10x less than at the
 # placing window, and more batches found more (4 synthetic 300-node pairs, 2 s: W 16 / 64 with 80% annealing)
 
@@ -76,16 +85,22 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
     task = task if task is not None else ConstructiveTask(graph, topology, costs)
     head = _head(policy, task).arrays()
     rng = np.random.default_rng(seed)
-    calls = 0
+    calls, cut, starts = 0, {}, ["given"] if start is not None else ["policy"]
+    deadline = t0 + float(seconds)
     if start is None:  # the policy's own greedy placement, at its placing window (the learned row's)
         one = ScheduleState(graph, costs, topology, episodes=1, window=int(wide))
-        decode(one, POLICY, head)
-        calls += window_completions(n, nd, wide)
+        done = decode_until(one, POLICY, head, deadline=deadline)
+        calls += completions_until(n, nd, wide, done)
+        if done < n:
+            cut = {"rule": "policy", "lookahead_steps": int(done), "nodes": int(n)}
         start_dev = one.devices[0].copy()
-        if with_rule and n <= ROLLOUT_MAX_NODES:  # and the rule the policy's lookahead feature is: the better starts
+        took = time.perf_counter() - t0
+        # and the rule the policy's lookahead feature is, when the seconds leave room for a second start
+        if with_rule and n <= ROLLOUT_MAX_NODES and took <= RULE_START_SHARE * float(seconds):
             rule = ScheduleState(graph, costs, topology, episodes=1, window=int(wide))
-            decode(rule, LA_RULE)
-            calls += window_completions(n, nd, wide) + 1
+            done = decode_until(rule, LA_RULE, deadline=deadline)
+            calls += completions_until(n, nd, wide, done) + 1
+            starts.append("la_rule")
             if _key(rule) < _key(one):
                 one, start_dev = rule, rule.devices[0].copy()
     else:
@@ -149,10 +164,10 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
         calls += prob.calls
     meta = {"placer": "policy_search", "seed": int(seed), "sim_calls": calls,
             "search_seconds": time.perf_counter() - t0, "seconds_budget": float(seconds), "trace": trace,
-            "start_time": start_t, "batches": stats["batches"], "improved": stats["improved"],
+            "start_time": start_t, "starts": starts, "batches": stats["batches"], "improved": stats["improved"],
             "samples": int(samples), "window": int(window), "repair": int(repair), "completion": completion,
             "step_time": best_t,
-            "feasible": best_ok}
+            "feasible": best_ok, **({"start_cut": cut} if cut else {})}
     return Placement(best, meta=meta).validate(graph, topology)
 
 

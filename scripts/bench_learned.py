@@ -134,10 +134,12 @@ def search(args) -> dict:
                 p = baselines.get(name)(g, c, topo, budget=10**12, seed=args.seed, seconds=sec)
                 row[f"{name}_ms"] = float(p.meta["step_time"]) * 1e3
                 row[f"{name}_calls"] = int(p.meta["sim_calls"])
+                row[f"{name}_s"] = float(p.meta["search_seconds"])  # its wall seconds (a start may overrun)
                 curves[(t.meta["id"], sec, name)] = p.meta["trace"]
             p = policy_search(policy, g, c, topo, seconds=sec, seed=args.seed, task=t)
             row["policy_search_ms"] = float(p.meta["step_time"]) * 1e3
             row["policy_search_calls"] = int(p.meta["sim_calls"])
+            row["policy_search_s"] = float(p.meta["search_seconds"])
             curves[(t.meta["id"], sec, "policy_search")] = p.meta["trace"]
             if args.ablate:  # the same search from the same starts without the policy's moves: what they add
                 p = policy_search(policy, g, c, topo, seconds=sec, seed=args.seed, task=t, anneal_share=1.0)
@@ -166,6 +168,8 @@ def search(args) -> dict:
             # against each search alone: the per-pair best of three runs is a minimum of three draws (biased low)
             **{f"policy_search_over_{n}": gm([r["policy_search_ms"] / r[f"{n}_ms"] for r in sel]) for n in SEARCHES},
             "best_over_bound": gm([r["best_over_bound"] for r in sel]),
+            # the longest any method ran over these seconds, as a multiple of them (equal seconds: close to 1)
+            "most_seconds_used": max(r[f"{n}_s"] for r in sel for n in (*SEARCHES, "policy_search")) / sec,
             **({k: gm([r[k] for r in sel]) for k in ("policy_moves_gain", "policy_completion_gain")}
                if args.ablate else {})}
     _plot(curves, args)

@@ -47,3 +47,46 @@ def test_labels_in_the_states_of_given_actions() -> None:
     assert np.array_equal(dev, actions)
     assert labels.shape == (g.num_nodes,) and (labels != 0).any()  # the teacher would spread the work
     assert regret[np.arange(g.num_nodes), actions].max() > 0.0  # and says what keeping it on device 0 costs
+
+
+def test_rules_out_of_seconds_leave_the_rest_to_the_earliest_finish() -> None:
+    """A one-pass start given a deadline that has passed makes no lookahead decision: the earliest finish places
+    every node (``sim_eft``'s placement) and the stats say so; with no deadline the rules are unchanged."""
+    from placement_rl.baselines.eft import la_rule_devices
+    from placement_rl.cost.decode import LA_RULE, decode, decode_until
+    from placement_rl.cost.window import completions_until, window_completions
+
+    g = synthetic.sample("dataflow", num_nodes=60, seed=3)
+    topo = random_topology(np.random.default_rng(5), (4, 4))
+    costs = resolve_costs(g, topo)
+    eft = sim_eft(g, costs, topo)
+    stats: dict[str, int] = {}
+    dev, _, _ = eft_rollout(g, costs, topo, stats=stats, deadline=0.0)
+    assert np.array_equal(dev, eft) and stats == {"completions": 0, "lookahead_steps": 0}
+    dev, done = la_rule_devices(g, costs, topo, deadline=0.0, stats=stats)
+    assert np.array_equal(dev, eft) and done == 0 and stats["lookahead_steps"] == 0
+    full, calls = la_rule_devices(g, costs, topo, deadline=float("inf"), stats=stats)
+    st_ = ScheduleState(g, costs, topo, episodes=1, window=g.num_nodes)
+    decode(st_, LA_RULE)
+    assert np.array_equal(full, st_.devices[0]) and stats["lookahead_steps"] == g.num_nodes
+    assert calls == window_completions(g.num_nodes, 4, g.num_nodes)
+    st_ = ScheduleState(g, costs, topo, episodes=1, window=g.num_nodes)
+    assert decode_until(st_, LA_RULE, deadline=None) == g.num_nodes and np.array_equal(st_.devices[0], full)
+    # a decode cut after k decisions is charged the completions among them (the last window + 1 decisions)
+    assert completions_until(100, 4, 16, 100) == window_completions(100, 4, 16) == 17 * 4
+    assert completions_until(100, 4, 16, 83) == 0 and completions_until(100, 4, 16, 90) == 7 * 4
+
+
+def test_a_search_given_seconds_says_when_its_start_was_cut() -> None:
+    from placement_rl import baselines
+
+    g = synthetic.sample("layered", num_nodes=400, seed=1)
+    topo = random_topology(np.random.default_rng(2), (8, 8))
+    costs = resolve_costs(g, topo)
+    for name in ("eft_rollout_search", "la_rule_search"):
+        p = baselines.get(name)(g, costs, topo, budget=10**9, seed=0, seconds=1e-6)
+        cut = p.meta["start_cut"]
+        assert cut["rule"] == name.removesuffix("_search") and cut["lookahead_steps"] < cut["nodes"] == 400
+        assert simulate(g, costs, topo, p.device_of_node).step_time == p.meta["step_time"]
+    p = baselines.get("la_rule_search")(g, costs, topo, budget=400 * 8 + 100, seed=0)
+    assert "start_cut" not in p.meta

@@ -9,6 +9,7 @@ import torch
 from placement_rl.agents.constructive_config import default_checkpoint, load_policy
 from placement_rl.agents.fast_decode import Head
 from placement_rl.agents.constructive import graph_tensors
+from placement_rl.agents.constructive_eval import warm_kernels
 from placement_rl.agents.policy_search import policy_search
 from placement_rl.baselines.common import Problem
 from placement_rl.baselines.eft import la_rule_devices
@@ -26,6 +27,9 @@ from placement_rl.topology import load_topology
 def policy():
     torch.set_num_threads(1)
     pol, _, _ = load_policy(default_checkpoint(), log=lambda *_: None)
+    g, c, t = _case("layered", 30, "4x_v100_nvlink", 0)
+    warm_kernels(pol)  # numba compiles (or loads) the decode kernels here, not inside a search's seconds
+    policy_search(pol, g, c, t, seconds=0.05, seed=0)
     return pol
 
 
@@ -38,11 +42,13 @@ def _case(family: str, n: int, topo: str, seed: int):
 @pytest.mark.parametrize("case", [("layered", 60, "4x_v100_nvlink", 1), ("dataflow", 80, "2x4_v100_ib", 2),
                                   ("transformer_like", 70, "cpu_2gpu", 3)])
 def test_policy_search_never_worse_than_its_starts_and_reports_what_it_ran(policy, case):
-    """The result is never slower than the policy's greedy placement nor ``la_rule``'s (its two starts), its
+    """The result is never slower than the policy's greedy placement nor ``la_rule``'s (its two starts, the rule's
+    when the greedy left room for it), its
     ``step_time`` is ``simulate``'s of the placement it returns, the anytime trace only improves, and calls count
     at least the starts' completions."""
     g, c, t = _case(*case)
     p = policy_search(policy, g, c, t, seconds=0.3, seed=0)
+    assert "start_cut" not in p.meta  # a greedy decode of 60-80 nodes takes milliseconds
     dev = np.asarray(p.device_of_node)
     res = simulate(g, c, t, dev)
     assert res.feasible and p.meta["feasible"]
@@ -54,13 +60,26 @@ def test_policy_search_never_worse_than_its_starts_and_reports_what_it_ran(polic
         h = policy.embed(*graph_tensors(task)).double().numpy()
     decode(st, POLICY, Head(policy, h).arrays())
     greedy = float(st.finish()[0])
-    assert p.meta["start_time"] == pytest.approx(min(rule, greedy), rel=1e-9)
-    assert res.step_time <= min(rule, greedy) * (1 + 1e-9)
+    assert p.meta["starts"] in (["policy"], ["policy", "la_rule"])
+    taken = min(rule, greedy) if "la_rule" in p.meta["starts"] else greedy
+    assert p.meta["start_time"] == pytest.approx(taken, rel=1e-9)
+    assert res.step_time <= taken * (1 + 1e-9)
     times = [x[2] for x in p.meta["trace"]]
     assert all(b <= a * (1 + 1e-12) for a, b in zip(times, times[1:]))
     calls = [x[1] for x in p.meta["trace"]]
     assert calls == sorted(calls) and calls[-1] <= p.meta["sim_calls"]
-    assert p.meta["sim_calls"] >= 2 * g.num_nodes * t.num_devices
+    assert p.meta["sim_calls"] >= len(p.meta["starts"]) * g.num_nodes * t.num_devices
+
+
+def test_the_rules_start_is_taken_only_when_the_greedy_leaves_room(policy, monkeypatch):
+    """``RULE_START_SHARE``: la_rule's start too when the policy's greedy took at most that share of the seconds."""
+    import placement_rl.agents.policy_search as ps
+
+    g, c, t = _case("dataflow", 80, "2x4_v100_ib", 2)
+    monkeypatch.setattr(ps, "RULE_START_SHARE", 0.0)
+    assert policy_search(policy, g, c, t, seconds=0.2, seed=0).meta["starts"] == ["policy"]
+    monkeypatch.setattr(ps, "RULE_START_SHARE", 1e9)
+    assert policy_search(policy, g, c, t, seconds=0.2, seed=0).meta["starts"] == ["policy", "la_rule"]
 
 
 def test_policy_search_refuses_bad_budgets_in_one_line(policy):

@@ -68,6 +68,7 @@ class Problem:
         self._charged = 0
         self.trace: list[tuple[float, int, float]] = []
         self._best = float("inf")
+        self.meta: dict[str, object] = {}  # what a placer says about its run (e.g. a start cut short by the seconds)
 
     # ------------------------------------------------------------ summaries
     @property
@@ -120,6 +121,12 @@ class Problem:
         return time.perf_counter() - self.start
 
     @property
+    def deadline(self) -> float | None:
+        """The ``time.perf_counter()`` instant the seconds run out (None without seconds): a one-pass start stops
+        its lookahead there and completes the rest by the earliest finish."""
+        return None if self.seconds is None else self.start + self.seconds
+
+    @property
     def left(self) -> int:
         if self.seconds is not None and self.elapsed >= self.seconds:
             return 0
@@ -164,7 +171,7 @@ class Problem:
         meta: dict[str, object] = {"placer": name, "budget": self.budget, "seed": self.seed,
                                    "sim_calls": self.calls,
                                    "search_seconds": time.perf_counter() - self.start,
-                                   "trace": [list(x) for x in self.trace]}
+                                   "trace": [list(x) for x in self.trace], **self.meta}
         if self.seconds is not None:
             meta["seconds_budget"] = self.seconds
         if s is not None:

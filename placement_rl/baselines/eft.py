@@ -15,6 +15,10 @@
   lookahead feature is, with no network (``cost.decode.LA_RULE``). Charged every completed placement it evaluates
   (``window_completions``: N x D + 1 at the whole-graph window) like ``eft_rollout``; O(N^2 D^2).
 * ``la_rule_search``: ``la_rule``, then annealing from its placement with the rest of the budget (or seconds).
+
+Given seconds (``Problem.seconds``), ``eft_rollout`` and ``la_rule`` stop their lookahead when the seconds run out
+and place the rest by the earliest finish (the meta's ``start_cut`` says where), so their searches return in their
+seconds like every other search (at 2,000 nodes ``eft_rollout`` alone takes 4-8 s on this machine).
 * ``eft_rollout_search``: ``eft_rollout``, then simulated annealing (``search.anneal``, the local-search placer's
   moves and temperature) from its placement with the rest of the budget: the cheap heuristic + search a learned
   placer is measured against in fine-tuning (``scripts/bench_generalization.py --part finetune``). Never worse
@@ -28,20 +32,25 @@ import numpy as np
 import placement_rl.baselines.search as search
 from placement_rl.baselines.common import Problem
 from placement_rl.cost.lookahead import complete_eft, eft_rollout as _eft_rollout
-from placement_rl.cost.decode import LA_RULE, decode
+from placement_rl.cost.decode import LA_RULE, decode_until
 from placement_rl.cost.schedule import ScheduleState
-from placement_rl.cost.window import placing_window, window_completions
+from placement_rl.cost.window import completions_until, placing_window, window_completions
 from placement_rl.errors import ConfigError
 
 ROLLOUT_MAX_NODES = 4000  # O(N^2 D): about 10 s at 4,000 nodes on 8 devices on one core
 
 
-def la_rule_devices(graph, costs, topology, window: int | None = None) -> tuple[np.ndarray, int]:
-    """``(devices, completions)``: the ``la_step`` rule at ``window`` (default: the policy's placing window)."""
+def la_rule_devices(graph, costs, topology, window: int | None = None, *, deadline: float | None = None,
+                    stats: dict[str, int] | None = None) -> tuple[np.ndarray, int]:
+    """``(devices, completions)``: the ``la_step`` rule at ``window`` (default: the policy's placing window); past
+    ``deadline`` (a ``time.perf_counter()`` value) the earliest finish places the rest (``stats["lookahead_steps"]``:
+    the decisions the rule made)."""
     w = placing_window(graph.num_nodes) if window is None else int(window)
     st = ScheduleState(graph, costs, topology, episodes=1, window=w)
-    decode(st, LA_RULE)
-    return st.devices[0].copy(), window_completions(graph.num_nodes, topology.num_devices, w)
+    done = decode_until(st, LA_RULE, deadline=deadline)
+    if stats is not None:
+        stats["lookahead_steps"] = done
+    return st.devices[0].copy(), completions_until(graph.num_nodes, topology.num_devices, w, done)
 
 
 def la_rule(prob: Problem) -> np.ndarray:
@@ -53,8 +62,11 @@ def la_rule(prob: Problem) -> np.ndarray:
     if prob.budget < need:
         raise ConfigError(f"la_rule completes up to {need - 1} placements: it needs a budget of {need} simulator "
                           f"calls (the budget is {prob.budget})")
-    devices, completions = la_rule_devices(prob.graph, prob.costs, prob.topology)
+    stats: dict[str, int] = {}
+    devices, completions = la_rule_devices(prob.graph, prob.costs, prob.topology, deadline=prob.deadline,
+                                           stats=stats)
     prob.charge(completions)
+    _note_cut(prob, "la_rule", stats)
     return devices
 
 
@@ -77,9 +89,16 @@ def eft_rollout(prob: Problem) -> np.ndarray:
         raise ConfigError(f"eft_rollout completes up to N x D = {n * d} placements: it needs a budget of {n * d + 1} "
                           f"simulator calls (the budget is {prob.budget})")
     stats: dict[str, int] = {}
-    devices, _, _ = _eft_rollout(prob.graph, prob.costs, prob.topology, stats=stats)
+    devices, _, _ = _eft_rollout(prob.graph, prob.costs, prob.topology, stats=stats, deadline=prob.deadline)
     prob.charge(int(stats["completions"]))
+    _note_cut(prob, "eft_rollout", stats)
     return devices
+
+
+def _note_cut(prob: Problem, rule: str, stats: dict[str, int]) -> None:
+    """Say in the placement's meta when the seconds ran out before the rule's lookahead reached the last node."""
+    if stats["lookahead_steps"] < prob.n:
+        prob.meta["start_cut"] = {"rule": rule, "lookahead_steps": int(stats["lookahead_steps"]), "nodes": prob.n}
 
 
 def la_rule_search(prob: Problem) -> np.ndarray:

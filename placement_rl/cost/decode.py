@@ -16,7 +16,8 @@
 * ``FORCED``: the device ``forced[node]`` (a given placement replayed, e.g. the prefix an incumbent fixes).
 
 ``stop`` ends the decode at that step (default: the last), so a prefix can be replayed and the rest decoded by
-another chooser.
+another chooser. ``decode_until(state, chooser, head, deadline=)`` decodes in chunks and, once the wall clock
+passes ``deadline``, places the rest by ``EARLIEST_FINISH`` (a one-pass start that fits a search's seconds).
 
 Rollout over a base policy (``placement_rl.cost.lookahead.eft_rollout`` over ``EARLIEST_FINISH``,
 ``agents.policy_rollout`` over ``POLICY``) branches a state with ``ScheduleState.branch_from`` and completes each
@@ -24,6 +25,8 @@ branch with this kernel. Everything runs on the same state arrays and the same p
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 from numba import njit
@@ -34,6 +37,7 @@ EARLIEST_FINISH, POLICY, SAMPLE, FORCED, LA_RULE = 0, 1, 2, 3, 4
 LA_STEP_COL = DEVICE_FEATURES.index("la_step")
 _M, _V = np.zeros((1, 1)), np.zeros(1)
 _NO_FORCED = np.zeros(1, np.int64)
+CHUNK = 32  # decisions between two looks at the clock in ``decode_until``
 _NO_HEAD = (_M, _M, _V, _M, _V, _M, _V, _M, _M, _V, _M)  # node_h, w1, b1, w2, b2, w3, b3, w4a, w4b, b4, w5
 
 
@@ -135,3 +139,20 @@ def decode(st: ScheduleState, chooser: int, head: tuple | None = None, *, stop: 
     _decode(st.step, end, chooser, float(temperature), int(seed) % (2**32), forced, st.order, st.window, node_h,
             *weights, *st.kernel_state())
     st.step = end
+
+
+def decode_until(st: ScheduleState, chooser: int, head: tuple | None = None, *, deadline: float | None = None,
+                 chunk: int = CHUNK) -> int:
+    """``decode`` the rest of ``st`` by ``chooser`` while ``time.perf_counter()`` is before ``deadline`` (checked
+    every ``chunk`` decisions), the rest by ``EARLIEST_FINISH`` once it has passed; returns the number of decisions
+    ``chooser`` made (``st.num_nodes`` when the deadline never came)."""
+    if deadline is None:
+        decode(st, chooser, head)
+        return st.num_nodes
+    while st.step < st.num_nodes:
+        if time.perf_counter() >= deadline:
+            done = st.step
+            decode(st, EARLIEST_FINISH)
+            return done
+        decode(st, chooser, head, stop=st.step + int(chunk))
+    return st.num_nodes

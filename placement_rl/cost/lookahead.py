@@ -15,10 +15,14 @@ The learned policy is trained to imitate it (``agents.constructive_train``), and
 lookahead choice at every step (``labels`` [N], in decision order) and every device's regret there (``regret``
 [N, D]: its completed step time over the best one's, minus 1; capped at ``MAX_REGRET``, 0 where the node does
 not fit). With ``actions`` (a device per node, e.g. a student policy's placement) labels and regrets are those
-of the states the actions lead to (DAgger / AggreVaTe).
+of the states the actions lead to (DAgger / AggreVaTe). With ``deadline`` (a ``time.perf_counter()`` value) the
+lookahead stops once the clock passes it and ``sim_eft`` places the rest (``stats["lookahead_steps"]``: the
+decisions the lookahead made), so a search given seconds is not held up by its start.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
@@ -39,7 +43,8 @@ def complete_eft(st: ScheduleState) -> None:
 
 def eft_rollout(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
                 actions: np.ndarray | None = None,
-                stats: dict[str, int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                stats: dict[str, int] | None = None,
+                deadline: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(devices [N], labels [N], regret [N, D])``: the lookahead placement (or ``actions``' placement), the
     lookahead choice at every decision (the simulator's node order) and each device's regret (see module doc).
     ``stats["completions"]`` receives the number of completed placements it evaluated (its simulator calls)."""
@@ -49,9 +54,13 @@ def eft_rollout(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
     labels = np.zeros(graph.num_nodes, dtype=np.int64)
     regret = np.zeros((graph.num_nodes, nd), dtype=np.float32)
     trial = np.arange(nd, dtype=np.int64)
-    completions = 0
+    completions, looked = 0, graph.num_nodes
     while not main.done:
         step = main.step
+        if deadline is not None and time.perf_counter() >= deadline:
+            looked = step
+            complete_eft(main)  # out of time: the base policy places the rest
+            break
         feats, mask = main.features()
         ok, eft = mask[0].copy(), feats[0, :, 1].copy()
         branch.branch_from(main, 0)
@@ -71,4 +80,5 @@ def eft_rollout(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
         main.place(int(actions[v]) if actions is not None else labels[step])
     if stats is not None:
         stats["completions"] = completions
+        stats["lookahead_steps"] = looked
     return main.devices[0].copy(), labels, regret

@@ -64,6 +64,12 @@ def window_completions(num_nodes: int, num_devices: int, window: int) -> int:
     return min(int(num_nodes), int(window) + 1) * int(num_devices)
 
 
+def completions_until(num_nodes: int, num_devices: int, window: int, steps: int) -> int:
+    """``window_completions`` of a decode at ``window`` that stopped after its first ``steps`` decisions."""
+    tail = min(int(num_nodes), int(window) + 1)
+    return max(0, min(int(steps), int(num_nodes)) - (int(num_nodes) - tail)) * int(num_devices)
+
+
 @njit(cache=True, nogil=True)
 def eft_choice(x, mem, static_mem, capacity, nb, eft, bwd):
     """The earliest-finish device of node ``x`` among those it fits on (the most room left if none), the finish
