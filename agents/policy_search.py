@@ -18,7 +18,8 @@ The result is a search row of its own (``policy_search``), never "learned": its 
 start's time (``start_time``, the better of the ``starts`` taken), the batches run and how many found a new best.
 
 Within the seconds: the policy's greedy start stops deciding when the seconds run out (the earliest finish places
-the rest; ``start_cut`` in the meta), and ``la_rule``'s start is taken only when the greedy took at most
+the rest; ``start_cut`` in the meta; then ``sim_eft``'s whole placement, a few milliseconds, is a start too), a
+repair batch the seconds run out in is dropped, and ``la_rule``'s start is taken only when the greedy took at most
 ``RULE_START_SHARE`` of the seconds (0: never, chosen on the dev split; at 2,000 nodes each start takes 0.3-0.9 s
 on this machine, seconds the annealing needs)."""
 
@@ -32,7 +33,7 @@ import numpy as np
 from placement_rl.agents.constructive import graph_tensors
 from placement_rl.agents.fast_decode import Head
 from placement_rl.baselines.eft import ROLLOUT_MAX_NODES
-from placement_rl.cost.decode import FORCED, LA_RULE, POLICY, SAMPLE, decode, decode_until
+from placement_rl.cost.decode import EARLIEST_FINISH, FORCED, LA_RULE, POLICY, SAMPLE, decode, decode_until
 from placement_rl.cost.schedule import ScheduleState
 from placement_rl.cost.window import completions_until, placing_window
 from placement_rl.envs.constructive_task import ConstructiveTask
@@ -94,6 +95,13 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
         if done < n:
             cut = {"rule": "policy", "lookahead_steps": int(done), "nodes": int(n)}
         start_dev = one.devices[0].copy()
+        if done < n:  # cut short: the earliest-finish rule's own placement (milliseconds) may be the better start
+            eft = ScheduleState(graph, costs, topology, episodes=1, window=0)
+            decode(eft, EARLIEST_FINISH)
+            calls += 1
+            starts.append("sim_eft")
+            if _key(eft) < _key(one):
+                one, start_dev = eft, eft.devices[0].copy()
         took = time.perf_counter() - t0
         # and the rule the policy's lookahead feature is, when the seconds leave room for a second start
         if with_rule and n <= ROLLOUT_MAX_NODES and took <= RULE_START_SHARE * float(seconds):
@@ -128,10 +136,10 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
         if repair > 0:
             decode(st, SAMPLE, head, stop=s + int(rng_.integers(1, repair + 1)), temperature=stats["temp"],
                    seed=seed_)
-            if completion == "policy":
-                decode(st, POLICY, head)
-            else:  # the ablation: the rule completes the policy's sampled decisions
-                decode(st, LA_RULE)
+            # the rest by the policy's greedy (or, the ablation, by the rule), within the seconds
+            rest = POLICY if completion == "policy" else LA_RULE
+            if decode_until(st, rest, head if rest == POLICY else None, deadline=prob.deadline) < n:
+                return None  # the seconds ran out inside the batch: no proposal
         else:
             decode(st, SAMPLE, head, temperature=stats["temp"], seed=seed_)
         times, ok = st.finish(), st.feasible()

@@ -142,3 +142,16 @@ def test_anneal_takes_large_moves_through_its_acceptance_and_charges_them():
     out = anneal(prob, bad, s0, large=large, large_share=0.5)
     assert seen and prob.calls >= 3 * len(seen)
     assert simulate(g, c, t, out).step_time <= simulate(g, c, t, good).step_time * (1 + 1e-9)
+
+
+def test_a_start_cut_by_the_seconds_is_never_worse_than_the_earliest_finish(policy):
+    """Seconds too short for the greedy decode: the greedy stops at once (``start_cut``), ``sim_eft``'s placement is
+    a start too, and the result is no slower than it."""
+    from placement_rl.baselines.eft import sim_eft_devices
+
+    g, c, t = _case("dataflow", 80, "2x4_v100_ib", 2)
+    p = policy_search(policy, g, c, t, seconds=1e-5, seed=0)
+    assert p.meta["start_cut"]["rule"] == "policy" and p.meta["start_cut"]["lookahead_steps"] < g.num_nodes
+    assert p.meta["starts"] == ["policy", "sim_eft"]
+    eft = simulate(g, c, t, sim_eft_devices(g, c, t)).step_time
+    assert simulate(g, c, t, p.device_of_node).step_time == p.meta["step_time"] <= eft * (1 + 1e-9)
