@@ -1,17 +1,17 @@
 """Policy-guided search: the constructive policy as the proposal of large moves in simulated annealing.
 
-``policy_search(policy, graph, costs, topology, seconds=...)`` starts from the policy's own greedy placement (at
-its placing window; optionally also from ``la_rule``'s, the rule the policy's lookahead feature is, the better one
-kept, both charged), then runs one simulated annealing (``baselines.search.anneal``: one temperature schedule over the seconds, one
-acceptance test) whose moves are the local search's single-node moves and, for ``1 - anneal_share`` of the
-seconds, large moves proposed by the policy. A large move repairs the current placement (ruin and recreate): a
+``policy_search(policy, graph, costs, topology, seconds=...)`` starts from the policy's own greedy placement (at its
+placing window; optionally also from ``la_rule``'s, the rule the policy's lookahead feature is, the better one kept,
+both charged), then runs one simulated annealing (``baselines.search.anneal``: one temperature schedule over the
+seconds, one acceptance test) whose moves are the local search's single-node moves and, for ``1 - anneal_share`` of
+the seconds, large moves proposed by the policy. A large move repairs the current placement (ruin and recreate): a
 start step ``s`` of the decision order is drawn, the first ``s`` decisions are replayed (``decode``'s ``FORCED``
 chooser), the next 1..``repair`` decisions are sampled from the policy at a temperature (``SAMPLE``: Gumbel-max over
 the device head's scores) and the rest completed by the policy's greedy (``POLICY``), ``samples`` times as the
-episodes of one schedule state, all in the compiled kernel; the best of the batch is the proposal
-(``repair=0``: the whole suffix sampled). The repaired states read a short window (``SEARCH_WINDOW``): many cheap
-proposals. Every sample is counted as one simulator call (a state's step time equals ``simulate()``'s). The
-temperature of the samples rises while batches reproduce the current placement.
+episodes of one schedule state, all in the compiled kernel; the best of the batch is the proposal (``repair=0``: the
+whole suffix sampled). The repaired states read a short window (``SEARCH_WINDOW``): many cheap proposals. Every
+sample is counted as one simulator call (a state's step time equals ``simulate()``'s). The temperature of the
+samples rises while batches reproduce the current placement.
 
 The result is a search row of its own (``policy_search``), never "learned": its ``meta`` carries ``sim_calls``,
 ``search_seconds`` and the anytime ``trace`` (``[seconds, calls, best step time]`` at every improvement), the

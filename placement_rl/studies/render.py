@@ -137,7 +137,8 @@ def _search_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     summ = f["summary"]
     pairs = next(iter(summ.values()))["pairs"]
     vals = ", ".join(f"{float(k):g} s {v['policy_search_over_best_search']:.3f}"
-                     + (f" (longest run {v['most_seconds_used']:.2f} x the seconds)" if "most_seconds_used" in v else "")
+                     + (f" (longest run {v['most_seconds_used']:.2f} x the seconds)"
+                        if "most_seconds_used" in v else "")
                      for k, v in summ.items())
     out = [(f"`policy_search` over the best non-learned search at equal seconds (`{f['split']}`, {pairs} pairs)",
             vals)]
