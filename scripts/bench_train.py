@@ -48,7 +48,7 @@ def main() -> None:
     bound = next((r for r in rows if r["kind"] == "bound"), None)
     same = []  # each learned row against the searches run for its seconds
     for r in learned:
-        searches = {s["row"].split(" at ")[0]: s["step_time_ms"] for s in rows
+        searches = {s["search"]: s["step_time_ms"] for s in rows
                     if s.get("same_seconds_as") == r["row"] and s["feasible"]}
         if searches:
             same.append({"learned_row": r["row"], "learned_ms": r["step_time_ms"], "seconds": r["seconds"],

@@ -177,7 +177,8 @@ def test_train_finetunes_the_pretrained_policy_and_place_uses_it(tmp_path):
     for row in m["rows"]:
         if row.get("same_seconds_as"):
             assert row["kind"] == "search" and by_label[row["same_seconds_as"]]["kind"] == "learned"
-            same.setdefault(row["same_seconds_as"], set()).add(row["row"].split(" at ")[0])
+            assert row["row"].startswith(row["search"] + " ")
+            same.setdefault(row["same_seconds_as"], set()).add(row["search"])
     assert same == {"policy zero-shot (greedy)": {"local_search", "la_rule_search"},
                     "policy zero-shot (best of 4)": {"local_search", "la_rule_search"},
                     "policy fine-tuned (greedy)": {"policy_search", "local_search", "la_rule_search"}}

@@ -49,6 +49,7 @@ class LearnedRow:
     sim_calls: int = 0
     seconds: float = 0.0
     same_seconds_as: str = ""  # a search row run for the seconds of this learned row
+    search: str = ""  # that search's placer name (``policy_search``, ``local_search``, ...)
 
 
 @dataclass
@@ -331,7 +332,8 @@ def equal_seconds_rows(result: FinetuneResult, policy: DevicePolicy, seconds: fl
         dev = np.asarray(p.device_of_node)
         res = simulate(g, c, topo, dev)
         result.rows.append(LearnedRow(f"{name} at the seconds of {row}", "search", res.step_time, res.feasible, dev,
-                                      int(p.meta["sim_calls"]), float(p.meta["search_seconds"]), same_seconds_as=row))
+                                      int(p.meta["sim_calls"]), float(p.meta["search_seconds"]), same_seconds_as=row,
+                                      search=name))
         log(f"  {name} ({seconds:.2f} s): {res.step_time * 1e3:.3f} ms")
 
 
@@ -340,4 +342,5 @@ def describe(result: FinetuneResult) -> list[dict[str, Any]]:
     ref = min(result.task.refs[n][0] for n in ONE_PASS if n in result.task.refs and result.task.refs[n][1])
     return [{"row": r.label, "kind": r.kind, "step_time_ms": r.step_time * 1e3, "vs_best_one_pass": r.step_time / ref,
              "feasible": r.feasible, "sim_calls": r.sim_calls, "seconds": r.seconds,
-             **({"same_seconds_as": r.same_seconds_as} if r.same_seconds_as else {})} for r in result.rows]
+             **({"same_seconds_as": r.same_seconds_as, "search": r.search} if r.same_seconds_as else {})}
+            for r in result.rows]
