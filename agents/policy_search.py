@@ -32,7 +32,7 @@ import numpy as np
 
 from placement_rl.agents.constructive import graph_tensors
 from placement_rl.agents.fast_decode import Head
-from placement_rl.baselines.eft import ROLLOUT_MAX_NODES
+from placement_rl.baselines.eft import ROLLOUT_MAX_NODES, start_cut
 from placement_rl.cost.decode import EARLIEST_FINISH, FORCED, LA_RULE, POLICY, SAMPLE, decode, decode_until
 from placement_rl.cost.schedule import ScheduleState
 from placement_rl.cost.window import completions_until, placing_window
@@ -68,7 +68,7 @@ def _head(policy: Any, task: ConstructiveTask) -> Head:
 def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: int = 0, samples: int = SAMPLES,
                   temperature: float = TEMPERATURE, window: int | None = None, start: np.ndarray | None = None,
                   anneal_share: float = ANNEAL_SHARE,
-                  task: ConstructiveTask | None = None, repair: int = REPAIR, with_rule: bool = True,
+                  task: ConstructiveTask | None = None, repair: int = REPAIR,
                   completion: str = "policy") -> Placement:
     """The best placement found in ``seconds`` of wall clock (module doc). ``window``: the lookahead window of
     the states the policy reads (default: the policy's own, ``placing_window``); ``start``: an incumbent to start
@@ -86,14 +86,13 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
     task = task if task is not None else ConstructiveTask(graph, topology, costs)
     head = _head(policy, task).arrays()
     rng = np.random.default_rng(seed)
-    calls, cut, starts = 0, {}, ["given"] if start is not None else ["policy"]
+    calls, cut, starts = 0, None, ["given"] if start is not None else ["policy"]
     deadline = t0 + float(seconds)
     if start is None:  # the policy's own greedy placement, at its placing window (the learned row's)
         one = ScheduleState(graph, costs, topology, episodes=1, window=int(wide))
         done = decode_until(one, POLICY, head, deadline=deadline)
         calls += completions_until(n, nd, wide, done)
-        if done < n:
-            cut = {"rule": "policy", "lookahead_steps": int(done), "nodes": int(n)}
+        cut = start_cut("policy", done, n)
         start_dev = one.devices[0].copy()
         if done < n:  # cut short: the earliest-finish rule's own placement (milliseconds) may be the better start
             eft = ScheduleState(graph, costs, topology, episodes=1, window=0)
@@ -104,7 +103,7 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
                 one, start_dev = eft, eft.devices[0].copy()
         took = time.perf_counter() - t0
         # and the rule the policy's lookahead feature is, when the seconds leave room for a second start
-        if with_rule and n <= ROLLOUT_MAX_NODES and took <= RULE_START_SHARE * float(seconds):
+        if n <= ROLLOUT_MAX_NODES and took <= RULE_START_SHARE * float(seconds):
             rule = ScheduleState(graph, costs, topology, episodes=1, window=int(wide))
             done = decode_until(rule, LA_RULE, deadline=deadline)
             calls += completions_until(n, nd, wide, done) + 1
@@ -138,7 +137,7 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
                    seed=seed_)
             # the rest by the policy's greedy (or, the ablation, by the rule), within the seconds
             rest = POLICY if completion == "policy" else LA_RULE
-            if decode_until(st, rest, head if rest == POLICY else None, deadline=prob.deadline) < n:
+            if decode_until(st, rest, head if rest == POLICY else None, deadline=deadline) < n:
                 return None  # the seconds ran out inside the batch: no proposal
         else:
             decode(st, SAMPLE, head, temperature=stats["temp"], seed=seed_)

@@ -95,10 +95,16 @@ def eft_rollout(prob: Problem) -> np.ndarray:
     return devices
 
 
+def start_cut(rule: str, steps: int, nodes: int) -> dict[str, object] | None:
+    """The meta's ``start_cut`` of a one-pass start whose lookahead made ``steps`` of its ``nodes`` decisions before
+    the seconds ran out (None when it made them all)."""
+    return {"rule": rule, "lookahead_steps": int(steps), "nodes": int(nodes)} if steps < nodes else None
+
+
 def _note_cut(prob: Problem, rule: str, stats: dict[str, int]) -> None:
-    """Say in the placement's meta when the seconds ran out before the rule's lookahead reached the last node."""
-    if stats["lookahead_steps"] < prob.n:
-        prob.meta["start_cut"] = {"rule": rule, "lookahead_steps": int(stats["lookahead_steps"]), "nodes": prob.n}
+    cut = start_cut(rule, stats["lookahead_steps"], prob.n)
+    if cut is not None:
+        prob.meta["start_cut"] = cut
 
 
 def la_rule_search(prob: Problem) -> np.ndarray:
