@@ -135,11 +135,13 @@ def search(args) -> dict:
                 row[f"{name}_ms"] = float(p.meta["step_time"]) * 1e3
                 row[f"{name}_calls"] = int(p.meta["sim_calls"])
                 row[f"{name}_s"] = float(p.meta["search_seconds"])  # its wall seconds (a start may overrun)
+                row[f"{name}_feasible"] = bool(p.meta["feasible"])
                 curves[(t.meta["id"], sec, name)] = p.meta["trace"]
             p = policy_search(policy, g, c, topo, seconds=sec, seed=args.seed, task=t)
             row["policy_search_ms"] = float(p.meta["step_time"]) * 1e3
             row["policy_search_calls"] = int(p.meta["sim_calls"])
             row["policy_search_s"] = float(p.meta["search_seconds"])
+            row["policy_search_feasible"] = bool(p.meta["feasible"])
             curves[(t.meta["id"], sec, "policy_search")] = p.meta["trace"]
             if args.ablate:  # the same search from the same starts without the policy's moves: what they add
                 p = policy_search(policy, g, c, topo, seconds=sec, seed=args.seed, task=t, anneal_share=1.0)
@@ -150,18 +152,24 @@ def search(args) -> dict:
                 p = policy_search(policy, g, c, topo, seconds=sec, seed=args.seed, task=t, completion="la_rule")
                 row["policy_search_rule_completion_ms"] = float(p.meta["step_time"]) * 1e3
                 row["policy_completion_gain"] = row["policy_search_ms"] / row["policy_search_rule_completion_ms"]
-            best = min(row[f"{n}_ms"] for n in SEARCHES)
-            row["best_search"] = min(SEARCHES, key=lambda n: row[f"{n}_ms"])
-            row["policy_search_over_best_search"] = row["policy_search_ms"] / best
-            row["best_over_bound"] = min(best, row["policy_search_ms"]) / row["bound_ms"]
+            # the best feasible search (an infeasible placement's step time ignores the memory it overflows)
+            ok = [n for n in SEARCHES if row[f"{n}_feasible"]]
+            best = min((row[f"{n}_ms"] for n in ok), default=float("nan"))
+            row["best_search"] = min(ok, key=lambda n: row[f"{n}_ms"]) if ok else None
+            row["policy_search_over_best_search"] = (row["policy_search_ms"] / best if row["policy_search_feasible"]
+                                                     else float("inf")) if ok else float("nan")
+            feas = [row[f"{n}_ms"] for n in (*SEARCHES, "policy_search") if row[f"{n}_feasible"]]
+            row["best_over_bound"] = min(feas) / row["bound_ms"] if feas else float("nan")
             rows.append(row)
-            print(f"{row['pair']:42s} {sec:5g} s: policy_search / best search ({row['best_search']}) "
+            print(f"{row['pair']:42s} {sec:5g} s: policy_search / best feasible search ({row['best_search']}) "
                   f"{row['policy_search_over_best_search']:.4f}, best / bound {row['best_over_bound']:.3f}",
                   flush=True)
     summary = {}
     for sec in args.seconds:
-        sel = [r for r in rows if r["seconds"] == sec]
+        sel = [r for r in rows if r["seconds"] == sec and r["best_search"] is not None]  # pairs some search fits
         summary[str(sec)] = {
+            "pairs_no_feasible_search": sum(r["seconds"] == sec and r["best_search"] is None for r in rows),
+            "infeasible": {n: sum(not r[f"{n}_feasible"] for r in sel) for n in (*SEARCHES, "policy_search")},
             "pairs": len(sel), "policy_search_over_best_search": gm([r["policy_search_over_best_search"] for r in sel]),
             "policy_search_le_best_frac": float(np.mean([r["policy_search_over_best_search"] <= 1 + 1e-9 for r in sel])),
             **{f"{n}_over_la_rule": gm([r[f"{n}_ms"] / r["la_rule_ms"] for r in sel]) for n in (*SEARCHES, "policy_search")},

@@ -65,11 +65,11 @@ def test_rules_out_of_seconds_leave_the_rest_to_the_earliest_finish() -> None:
     assert np.array_equal(dev, eft) and stats == {"completions": 0, "lookahead_steps": 0}
     dev, done = la_rule_devices(g, costs, topo, deadline=0.0, stats=stats)
     assert np.array_equal(dev, eft) and done == 0 and stats["lookahead_steps"] == 0
-    full, calls = la_rule_devices(g, costs, topo, deadline=float("inf"), stats=stats)
+    full, calls = la_rule_devices(g, costs, topo, stats=stats)  # no deadline: one decode at the placing window
     st_ = ScheduleState(g, costs, topo, episodes=1, window=g.num_nodes)
     decode(st_, LA_RULE)
     assert np.array_equal(full, st_.devices[0]) and stats["lookahead_steps"] == g.num_nodes
-    assert calls == window_completions(g.num_nodes, 4, g.num_nodes)
+    assert calls == window_completions(g.num_nodes, 4, g.num_nodes) and stats["windows"] == [[60, 60]]
     st_ = ScheduleState(g, costs, topo, episodes=1, window=g.num_nodes)
     assert decode_until(st_, LA_RULE, deadline=None) == g.num_nodes and np.array_equal(st_.devices[0], full)
     # a decode cut after k decisions is charged the completions among them (the last window + 1 decisions)
@@ -90,3 +90,34 @@ def test_a_search_given_seconds_says_when_its_start_was_cut() -> None:
         assert simulate(g, costs, topo, p.device_of_node).step_time == p.meta["step_time"]
     p = baselines.get("la_rule_search")(g, costs, topo, budget=400 * 8 + 100, seed=0)
     assert "start_cut" not in p.meta
+
+
+def test_a_start_with_seconds_to_spare_keeps_the_best_of_whole_decodes_at_several_windows() -> None:
+    """``decode_windows``: a small window first, then the given window and its halvings, each whole and charged
+    (its completions, and a step time for every decode after the first), the best kept; ``la_rule`` given seconds
+    takes that start and says which windows it decoded."""
+    from placement_rl.baselines.eft import la_rule_devices
+    from placement_rl.cost.decode import LA_RULE, decode, decode_windows
+    from placement_rl.cost.window import window_completions
+
+    g = synthetic.sample("layered", num_nodes=70, seed=4)
+    topo = random_topology(np.random.default_rng(6), (4, 4))
+    costs = resolve_costs(g, topo)
+    log: list = []
+    st_, calls = decode_windows(g, costs, topo, LA_RULE, window=70, deadline=float("inf"), log=log)
+    assert [e[:2] for e in log] == [(16, 70), (70, 70), (35, 70)]
+    assert float(st_.finish()[0]) == min(e[2] for e in log)
+    assert calls == sum(window_completions(70, 4, w) for w in (16, 70, 35)) + 2
+    for w, _, t in log:  # each logged decode is the rule's own whole decode at that window
+        one = ScheduleState(g, costs, topo, episodes=1, window=w)
+        decode(one, LA_RULE)
+        assert float(one.finish()[0]) == t
+    stats: dict = {}
+    dev, c = la_rule_devices(g, costs, topo, window=70, deadline=float("inf"), stats=stats)
+    assert np.array_equal(dev, st_.devices[0]) and c == calls
+    assert stats["windows"] == [[16, 70], [70, 70], [35, 70]] and stats["lookahead_steps"] == 70
+    # a deadline that has passed: one decode, cut before its first decision
+    log = []
+    st_, calls = decode_windows(g, costs, topo, LA_RULE, window=70, deadline=0.0, log=log)
+    assert [e[:2] for e in log] == [(16, 0)] and calls == 0
+    assert np.array_equal(st_.devices[0], sim_eft(g, costs, topo))

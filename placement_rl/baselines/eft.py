@@ -16,9 +16,11 @@
   (``window_completions``: N x D + 1 at the whole-graph window) like ``eft_rollout``; O(N^2 D^2).
 * ``la_rule_search``: ``la_rule``, then annealing from its placement with the rest of the budget (or seconds).
 
-Given seconds (``Problem.seconds``), ``eft_rollout`` and ``la_rule`` stop their lookahead when the seconds run out
-and place the rest by the earliest finish (the meta's ``start_cut`` says where), so their searches return in their
-seconds like every other search (at 2,000 nodes ``eft_rollout`` alone takes 4-8 s on this machine).
+Given seconds (``Problem.seconds``), ``eft_rollout`` stops its lookahead when the seconds run out and places the
+rest by the earliest finish (the meta's ``start_cut`` says where), and ``la_rule`` takes the best of whole decodes
+at the windows that fit in its seconds (``cost.decode.decode_windows``, the same start ``policy_search`` takes with
+the policy), so their searches return in their seconds like every other search (at 2,000 nodes ``eft_rollout``
+alone takes 4-8 s on this machine, ``la_rule`` at its window 0.3-0.9 s).
 * ``eft_rollout_search``: ``eft_rollout``, then simulated annealing (``search.anneal``, the local-search placer's
   moves and temperature) from its placement with the rest of the budget: the cheap heuristic + search a learned
   placer is measured against in fine-tuning (``scripts/bench_generalization.py --part finetune``). Never worse
@@ -32,9 +34,9 @@ import numpy as np
 import placement_rl.baselines.search as search
 from placement_rl.baselines.common import Problem
 from placement_rl.cost.lookahead import complete_eft, eft_rollout as _eft_rollout
-from placement_rl.cost.decode import LA_RULE, decode_until
+from placement_rl.cost.decode import LA_RULE, START_SHARE, decode_windows
 from placement_rl.cost.schedule import ScheduleState
-from placement_rl.cost.window import completions_until, placing_window, window_completions
+from placement_rl.cost.window import placing_window, window_completions
 from placement_rl.errors import ConfigError
 
 ROLLOUT_MAX_NODES = 4000  # O(N^2 D): about 10 s at 4,000 nodes on 8 devices on one core
@@ -42,18 +44,22 @@ ROLLOUT_MAX_NODES = 4000  # O(N^2 D): about 10 s at 4,000 nodes on 8 devices on 
 
 def la_rule_devices(graph, costs, topology, window: int | None = None, *, deadline: float | None = None,
                     stats: dict[str, int] | None = None) -> tuple[np.ndarray, int]:
-    """``(devices, completions)``: the ``la_step`` rule at ``window`` (default: the policy's placing window); past
-    ``deadline`` (a ``time.perf_counter()`` value) the earliest finish places the rest (``stats["lookahead_steps"]``:
-    the decisions the rule made)."""
+    """``(devices, completions)``: the ``la_step`` rule at ``window`` (default: the policy's placing window); with a
+    ``deadline`` (a ``time.perf_counter()`` value) the best of whole decodes at the windows that fit before it
+    (``cost.decode.decode_windows``; one cut short places the rest by the earliest finish; ``stats``:
+    ``lookahead_steps``, the most decisions the rule made in one decode, and ``windows``)."""
     w = placing_window(graph.num_nodes) if window is None else int(window)
-    st = ScheduleState(graph, costs, topology, episodes=1, window=w)
-    done = decode_until(st, LA_RULE, deadline=deadline)
+    log: list = []
+    st, completions = decode_windows(graph, costs, topology, LA_RULE, window=w, deadline=deadline, log=log)
     if stats is not None:
-        stats["lookahead_steps"] = done
-    return st.devices[0].copy(), completions_until(graph.num_nodes, topology.num_devices, w, done)
+        stats["lookahead_steps"] = max(e[1] for e in log)
+        stats["windows"] = [list(e[:2]) for e in log]
+    return st.devices[0].copy(), completions
 
 
-def la_rule(prob: Problem) -> np.ndarray:
+def la_rule(prob: Problem, share: float = 1.0) -> np.ndarray:
+    """The rule (module doc); with seconds, its decodes fit in ``share`` of them (``la_rule_search``: the search's
+    start share, ``cost.decode.START_SHARE``)."""
     n, d = prob.n, prob.d
     if n > ROLLOUT_MAX_NODES:
         raise ConfigError(f"la_rule is O(N^2 D^2) at the whole-graph window: skipped above {ROLLOUT_MAX_NODES} nodes "
@@ -63,10 +69,12 @@ def la_rule(prob: Problem) -> np.ndarray:
         raise ConfigError(f"la_rule completes up to {need - 1} placements: it needs a budget of {need} simulator "
                           f"calls (the budget is {prob.budget})")
     stats: dict[str, int] = {}
-    devices, completions = la_rule_devices(prob.graph, prob.costs, prob.topology, deadline=prob.deadline,
-                                           stats=stats)
+    deadline = None if prob.seconds is None else prob.start + float(share) * prob.seconds
+    devices, completions = la_rule_devices(prob.graph, prob.costs, prob.topology, deadline=deadline, stats=stats)
     prob.charge(completions)
     _note_cut(prob, "la_rule", stats)
+    if deadline is not None:
+        prob.meta["start_windows"] = stats["windows"]
     return devices
 
 
@@ -109,7 +117,7 @@ def _note_cut(prob: Problem, rule: str, stats: dict[str, int]) -> None:
 
 def la_rule_search(prob: Problem) -> np.ndarray:
     """``la_rule``, then annealing from its placement with the rest of the budget (never worse than ``la_rule``)."""
-    start = la_rule(prob)
+    start = la_rule(prob, share=START_SHARE)
     score = prob.score(start)
     return start if score is None else search.anneal(prob, start, score)
 
