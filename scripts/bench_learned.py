@@ -171,8 +171,10 @@ def search(args) -> dict:
             "pairs_no_feasible_search": sum(r["seconds"] == sec and r["best_search"] is None for r in rows),
             "infeasible": {n: sum(not r[f"{n}_feasible"] for r in sel) for n in (*SEARCHES, "policy_search")},
             "pairs": len(sel), "policy_search_over_best_search": gm([r["policy_search_over_best_search"] for r in sel]),
-            "policy_search_le_best_frac": float(np.mean([r["policy_search_over_best_search"] <= 1 + 1e-9 for r in sel])),
-            **{f"{n}_over_la_rule": gm([r[f"{n}_ms"] / r["la_rule_ms"] for r in sel]) for n in (*SEARCHES, "policy_search")},
+            "policy_search_le_best_frac": float(np.mean([r["policy_search_over_best_search"] <= 1 + 1e-9
+                                                         for r in sel])),
+            **{f"{n}_over_la_rule": gm([r[f"{n}_ms"] / r["la_rule_ms"] for r in sel])
+               for n in (*SEARCHES, "policy_search")},
             # against each search alone: the per-pair best of three runs is a minimum of three draws (biased low)
             **{f"policy_search_over_{n}": gm([r["policy_search_ms"] / r[f"{n}_ms"] for r in sel]) for n in SEARCHES},
             "best_over_bound": gm([r["best_over_bound"] for r in sel]),
@@ -224,8 +226,9 @@ def _markdown(kind: str, data: dict) -> str:
                 "greedy", "best_of_k", "greedy_s", "la_rule_s")
         head = "\n".join(f"* {k}: {v:.4f} (worst checkpoint {data['worst'][k]:.4f})" for k, v in data["mean"].items())
         return (f"# Zero-shot placement on the `{data['split']}` split\n\nRatios to the best one-pass heuristic of "
-                f"each pair (HEFT, m-ETF, m-SCT, METIS); `bound` is the pair's lower bound on the same scale. Mean over "
-                f"{len(data['checkpoints'])} checkpoint(s):\n\n{head}\n\n" + markdown_table(data["rows"], cols, cols))
+                f"each pair (HEFT, m-ETF, m-SCT, METIS); `bound` is the pair's lower bound on the same scale. "
+                f"Mean over {len(data['checkpoints'])} checkpoint(s):\n\n{head}\n\n"
+                + markdown_table(data["rows"], cols, cols))
     cols = ("pair", "seconds", "comm_ratio", "bound_ms", "la_rule_ms", "local_search_ms", "eft_rollout_search_ms",
             "la_rule_search_ms", "policy_search_ms", "policy_search_over_best_search")
     head = "\n".join(f"* {s} s: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"

@@ -37,7 +37,8 @@ import time
 import numpy as np
 from numba import njit
 
-from placement_rl.cost.schedule import _NO_REC, DEVICE_FEATURES, ScheduleState, _batch_extra, _batch_features, _batch_place
+from placement_rl.cost.schedule import (_NO_REC, DEVICE_FEATURES, ScheduleState, _batch_extra, _batch_features,
+                                        _batch_place)
 
 EARLIEST_FINISH, POLICY, SAMPLE, FORCED, LA_RULE = 0, 1, 2, 3, 4
 LA_STEP_COL = DEVICE_FEATURES.index("la_step")
@@ -45,7 +46,7 @@ _M, _V = np.zeros((1, 1)), np.zeros(1)
 _NO_FORCED = np.zeros(1, np.int64)
 CHUNK = 32  # decisions between two looks at the clock in ``decode_until``
 SMALL_WINDOW = 16  # ``decode_windows``' first window: whole in 0.01-0.09 s up to 2,000 nodes on this machine
-START_SHARE = 0.5  # the share of a search's seconds its one-pass start may take (``policy_search``, ``la_rule_search``).
+START_SHARE = 0.5  # the share of a search's seconds its one-pass start may take (policy_search, la_rule_search).
 # Dev (7 feasible 2,000-node graphs of seeds 6-7, 8 dev pairs; 0.5 / 2 / 10 s), policy_search over the best other
 # search: 0.5: 0.980 / 0.976 / 1.003 and 0.998 / 1.002 / 1.008; 1.0: 0.988 / 0.974 / 0.995 and 0.999 / 1.004 / 1.012
 OVERHEAD = 12  # a decision at window W costs ~ (min(W, decisions left) + OVERHEAD) node steps (2,000-node graphs,
@@ -74,8 +75,8 @@ def device_scores(f, hv, mask, w1, b1, w2, b2, w3, b3, w4a, w4b, b4, w5, out):
 
 @njit(cache=True, nogil=True)
 def _decode(start, stop, chooser, temperature, seed, forced, order, window, node_h, w1, b1, w2, b2, w3, b3, w4a,
-            w4b, b4, w5, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, fwd, bwd, link_upper,
-            link_coef, grad, static_mem, capacity, speed, inv_scale, inv_scale_w, tpb, conn, finish, arrive, sent,
+            w4b, b4, w5, dev, pred_ptr, pred_idx, pred_eid, succ_ptr, succ_idx, succ_eid, edge_bytes, fwd, bwd,
+            link_upper, link_coef, grad, static_mem, capacity, speed, inv_scale, inv_scale_w, tpb, conn, finish, arrive, sent,
             dev_free, link_free, busy, mem, acc, bload, memo_i, memo_stats, scratch, est, eft, nb, lb, feats, mask,
             save, undo_slot, undo_val, stats, bfinish, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
     n = order.shape[0]

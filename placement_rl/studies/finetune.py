@@ -252,7 +252,7 @@ def _search_rounds(trainer: ConstructiveTrainer, task: ConstructiveTask, config:
             task.meta["best_sampled"] = (t, dev.copy())
         curve.append((n_calls, min(curve[-1][1], task.meta["best_sampled"][0])))
 
-    best_t, best_dev = task.meta["best_sampled"]
+    best_t = task.meta["best_sampled"][0]
     checks = per_check * (config.clone_epochs // CLONE_CHECK_EVERY + 1)
     if limit is not None and n_calls + per_check + checks + 2 > limit:
         log("  no search rounds: the call budget leaves no room for a search and its clone's greedy checks")
@@ -286,7 +286,7 @@ def _search_rounds(trainer: ConstructiveTrainer, task: ConstructiveTask, config:
             log(f"  search round {rnd}: nothing better than {min(best_t, task.meta['best_sampled'][0]) * 1e3:.3f} ms; "
                 f"stop ({time.perf_counter() - t0:.1f} s)")
             break
-        best_t, best_dev = found_t, found_dev
+        best_t = found_t
         teacher = (found_t, found_dev.copy(), n_calls, time.perf_counter() - t0)
         fr = rollout(None, task, samples=1, forced=found_dev, record=True)
         task.meta["best_known"] = (found_t, fr.trace)

@@ -140,21 +140,31 @@ def _search_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
                      + (f" (longest run {v['most_seconds_used']:.2f} x the seconds)"
                         if "most_seconds_used" in v else "")
                      for k, v in summ.items())
+    # results that overflow a device's memory are left out of the ratios (the bench counts them)
+    bad = "; ".join(f"{float(k):g} s: " + ", ".join(f"{m} {c}" for m, c in v["infeasible"].items() if c)
+                    for k, v in summ.items() if any(v.get("infeasible", {}).values()))
+    none = sum(v.get("pairs_no_feasible_search", 0) for v in summ.values())
+    if bad or none:
+        vals += (f" (infeasible results left out: {bad or 'none'}"
+                 + (f"; {none} pair-budgets where no search fits memory" if none else "") + ")")
     out = [(f"`policy_search` over the best non-learned search at equal seconds (`{f['split']}`, {pairs} pairs)",
             vals)]
-    rows = f.get("rows", [])
+    rows = [r for r in f.get("rows", [])
+            if r.get("la_rule_search_feasible", True) and r.get("policy_search_feasible", True)]
     if rows and all("la_rule_search_ms" in r for r in rows):  # against the strongest single search, from the rows
         def gm(x):
             return math.exp(sum(math.log(v) for v in x) / len(x))
 
-        each = ", ".join(f"{float(k):g} s "
-                         f"{gm([r['policy_search_ms'] / r['la_rule_search_ms'] for r in rows if r['seconds'] == float(k)]):.3f}"
-                         for k in summ)
+        def alone(k: str) -> float:
+            return gm([r["policy_search_ms"] / r["la_rule_search_ms"] for r in rows if r["seconds"] == float(k)])
+
+        each = ", ".join(f"{float(k):g} s {alone(k):.3f}" for k in summ)
         out.append((f"`policy_search` over `la_rule_search` alone at equal seconds (`{f['split']}`)", each))
         rule = ", ".join(f"{float(k):g} s {v['la_rule_search_over_la_rule']:.3f}" for k, v in summ.items()
                          if "la_rule_search_over_la_rule" in v)
         if rule:
-            out.append((f"`la_rule_search` over `la_rule` (`{f['split']}`): what search adds to the one-pass rule", rule))
+            out.append((f"`la_rule_search` over `la_rule` (`{f['split']}`): what search adds to the one-pass rule",
+                        rule))
     if all("policy_completion_gain" in v for v in summ.values()):  # --ablate: what the learned parts add
         out.append((f"`policy_search` over itself without the policy's moves / with `la_rule` completing its repairs "
                     f"(`{f['split']}`; below 1: the policy helps)",
