@@ -21,8 +21,9 @@ Within the seconds: the policy's greedy start is the best of its whole decodes a
 ``START_SHARE`` of the seconds (``cost.decode.decode_windows``: a 16-node window first, then the placing window and
 its halvings, largest first, each when its predicted time fits; ``start_windows`` in the meta; ``la_rule_search``
 takes the same start with the rule). At 2,000 nodes the placing window's decode alone takes 0.3-0.9 s; there the
-policy beats its rule at the same window (dev graphs of seeds 6-7: the best of the windows that fit 0.5 s, 0.985 x
-``la_rule`` at its window, against 1.003 for the rule's own windows). A decode the seconds run out in stops deciding
+windows that fit are about as good for the policy as for its rule (five memory-feasible dev graphs of 2,000 nodes,
+``scripts/probe_windows.py``: the best of those that fit 0.5 / 1 / 2 s, 0.988 / 0.981 / 0.981 x ``la_rule`` at its
+window, the rule's own 0.990 / 0.983 / 0.983). A decode the seconds run out in stops deciding
 (the earliest finish places the rest; ``start_cut`` in the meta; then ``sim_eft``'s whole placement, a few
 milliseconds, is a start too), a
 repair batch the seconds run out in is dropped, and ``la_rule``'s start is taken only when the greedy took at most
