@@ -20,7 +20,9 @@ best of them per pair, its geometric mean per budget, the pair's lower bound bes
 (best step time over seconds, per method, one pair per panel). ``--ablate`` adds ``policy_search`` without the
 policy's moves (the same starts, annealing only): ``policy_moves_gain`` is what the policy's proposals add; and
 ``policy_search`` whose repairs ``la_rule`` completes instead of the policy's greedy: ``policy_completion_gain`` is
-what the learned completion adds over the rule's (both ratios: below 1, the policy helps).
+what the learned completion adds over the rule's (both ratios: below 1, the policy helps). ``--scale N``: instead of a
+split, a layered graph on 2 x 4 V100 (InfiniBand), a dataflow graph on a DGX-1 and a transformer-like graph on 8
+A100 (NVSwitch; on 4 V100 it does not fit memory and the task builder drops it), N nodes each, seed 5.
 
 Each part writes ``results/learned_<split>.json`` / ``results/search_<split>.json`` (figures with provenance,
 ``placement_rl.results``) and a markdown table under ``docs/`` (``--out``).
@@ -49,7 +51,7 @@ def load_tasks(split: str, scale: int, cache: str | None, workers: int):
         specs = [{"graph": {"family": fam, "num_nodes": scale, "seed": 5}, "topology": t,
                   "id": f"{fam}-{scale}@{t}"}
                  for fam, t in (("layered", "2x4_v100_ib"), ("dataflow", "8x_v100_dgx1"),
-                                ("transformer_like", "4x_v100_nvlink"))]
+                                ("transformer_like", "8x_a100_nvswitch"))]
         return build_tasks(specs, workers=workers, cache=cache)
     return build_tasks(split_specs(split), workers=workers, cache=cache)
 
