@@ -41,7 +41,7 @@ from placement_rl.agents.constructive import graph_tensors
 from placement_rl.agents.fast_decode import Head
 from placement_rl.baselines.eft import ROLLOUT_MAX_NODES, start_cut
 from placement_rl.cost.decode import (EARLIEST_FINISH, FORCED, LA_RULE, POLICY, SAMPLE, START_SHARE, decode,
-                                      decode_until, decode_windows)
+                                      decode_until, decode_windows, state_key)
 from placement_rl.cost.schedule import ScheduleState
 from placement_rl.cost.window import completions_until, placing_window
 from placement_rl.envs.constructive_task import ConstructiveTask
@@ -59,10 +59,6 @@ RULE_START_SHARE = 0.0  # la_rule's start too only when the policy's greedy took
 # 0.994 / 0.945 / 0.990; always: 1.015 / 1.010 / 1.005 and 0.989 / 0.948 / 0.982
 SEARCH_WINDOW = 16  # the window of the sampled states: a batch of 8 suffixes at W = 16 costs ~10x less than at the
 # placing window, and more batches found more (4 synthetic 300-node pairs, 2 s: W 16 / 64 with 80% annealing)
-
-
-def _key(st: ScheduleState) -> tuple[bool, float]:
-    return (not bool(st.feasible()[0]), float(st.finish()[0]))
 
 
 def _head(policy: Any, task: ConstructiveTask) -> Head:
@@ -110,7 +106,7 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
             decode(eft, EARLIEST_FINISH)
             calls += 1
             starts.append("sim_eft")
-            if _key(eft) < _key(one):
+            if state_key(eft) < state_key(one):
                 one, start_dev = eft, eft.devices[0].copy()
         took = time.perf_counter() - t0
         # and the rule the policy's lookahead feature is, when the seconds leave room for a second start
@@ -119,7 +115,7 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
             done = decode_until(rule, LA_RULE, deadline=deadline)
             calls += completions_until(n, nd, wide, done) + 1
             starts.append("la_rule")
-            if _key(rule) < _key(one):
+            if state_key(rule) < state_key(one):
                 one, start_dev = rule, rule.devices[0].copy()
     else:
         start_dev = np.asarray(start, dtype=np.int64).copy()

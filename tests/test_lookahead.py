@@ -116,6 +116,12 @@ def test_a_start_with_seconds_to_spare_keeps_the_best_of_whole_decodes_at_severa
     dev, c = la_rule_devices(g, costs, topo, window=70, deadline=float("inf"), stats=stats)
     assert np.array_equal(dev, st_.devices[0]) and c == calls
     assert stats["windows"] == [[16, 70], [70, 70], [35, 70]] and stats["lookahead_steps"] == 70
+    # a window under twice the small one is still decoded whole after it (the whole graph here)
+    small_g = synthetic.sample("layered", num_nodes=24, seed=4)
+    small_c = resolve_costs(small_g, topo)
+    log = []
+    decode_windows(small_g, small_c, topo, LA_RULE, window=24, deadline=float("inf"), log=log)
+    assert [e[:2] for e in log] == [(16, 24), (24, 24)]
     # a deadline that has passed: one decode, cut before its first decision
     log = []
     st_, calls = decode_windows(g, costs, topo, LA_RULE, window=70, deadline=0.0, log=log)

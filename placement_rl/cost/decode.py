@@ -190,9 +190,8 @@ def decode_windows(graph, costs, topology, chooser: int, head: tuple | None = No
 
     n, nd = graph.num_nodes, topology.num_devices
     window = min(int(window), max(n, 1))  # a window past the last decision decodes as the whole rest
-    firsts = [int(window)] if deadline is None else [min(int(small), int(window))]
+    todo = [window] if deadline is None else [min(int(small), window), *_halvings(window, int(small))]
     best, calls, rate = None, 0, None
-    todo = firsts + ([w for w in _halvings(int(window), int(small))] if deadline is not None else [])
     for w in todo:
         if best is not None:
             if rate is None or time.perf_counter() + rate * _work(n, w) > deadline:
@@ -206,21 +205,23 @@ def decode_windows(graph, costs, topology, chooser: int, head: tuple | None = No
             rate = (time.perf_counter() - t) / max(_work(n, w), 1.0)
         if log is not None:
             log.append((w, done, float(st.finish()[0])))
-        if best is None or _better(st, best):
+        if best is None or state_key(st) < state_key(best):
             best = st
     return best, calls
 
 
 def _halvings(window: int, small: int) -> list[int]:
-    """``window``, ``window // 2``, ... while at least twice ``small`` (``small`` is decoded first)."""
+    """``window`` when larger than ``small`` (``small`` is decoded first), then its halvings while at least twice
+    ``small``."""
     out, w = [], int(window)
-    while w >= 2 * small:
+    while w > small:
         out.append(w)
         w //= 2
+        if w < 2 * small:
+            break
     return out
 
 
-def _better(a: ScheduleState, b: ScheduleState) -> bool:
-    ka = (not bool(a.feasible()[0]), float(a.finish()[0]))
-    kb = (not bool(b.feasible()[0]), float(b.finish()[0]))
-    return ka < kb
+def state_key(st: ScheduleState) -> tuple[bool, float]:
+    """Order of a one-episode state's placement: feasible first, then the shorter step."""
+    return (not bool(st.feasible()[0]), float(st.finish()[0]))
