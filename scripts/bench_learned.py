@@ -22,7 +22,8 @@ policy's moves (the same starts, annealing only): ``policy_moves_gain`` is what 
 ``policy_search`` whose repairs ``la_rule`` completes instead of the policy's greedy: ``policy_completion_gain`` is
 what the learned completion adds over the rule's (both ratios: below 1, the policy helps). ``--scale N``: instead of a
 split, a layered graph on 2 x 4 V100 (InfiniBand), a dataflow graph on a DGX-1 and a transformer-like graph on 8
-A100 (NVSwitch; on 4 V100 it does not fit memory and the task builder drops it), N nodes each, seed 5.
+A100 (NVSwitch; on 4 V100 it does not fit memory and the task builder drops it), N nodes each, seed 5
+(``--graph-seeds 5 8 9``: three graphs per seed, and the summary per seed).
 
 Each part writes ``results/learned_<split>.json`` / ``results/search_<split>.json`` (figures with provenance,
 ``placement_rl.results``) and a markdown table under ``docs/`` (``--out``).
@@ -44,15 +45,23 @@ def gm(x) -> float:
     return float(np.exp(np.mean(np.log(x)))) if x else float("nan")
 
 
-def load_tasks(split: str, scale: int, cache: str | None, workers: int):
+SCALE_SEED = 5  # the 2,000-node graphs' draw (dev probes read seeds 6 and 7: scripts/probe_windows.py)
+
+
+def load_tasks(split: str, scale: int, cache: str | None, workers: int, graph_seeds=(SCALE_SEED,)):
     from placement_rl.studies.pretrain import build_tasks, split_specs
 
     if scale:
-        specs = [{"graph": {"family": fam, "num_nodes": scale, "seed": 5}, "topology": t,
-                  "id": f"{fam}-{scale}@{t}"}
+        specs = [{"graph": {"family": fam, "num_nodes": scale, "seed": s}, "topology": t,
+                  "id": f"{fam}-{scale}{'' if s == SCALE_SEED else f's{s}'}@{t}"}
+                 for s in graph_seeds
                  for fam, t in (("layered", "2x4_v100_ib"), ("dataflow", "8x_v100_dgx1"),
                                 ("transformer_like", "8x_a100_nvswitch"))]
-        return build_tasks(specs, workers=workers, cache=cache)
+        tasks = build_tasks(specs, workers=workers, cache=cache)
+        seed_of = {sp["id"]: sp["graph"]["seed"] for sp in specs}
+        for t in tasks:
+            t.meta["graph_seed"] = seed_of[t.meta["id"]]
+        return tasks
     return build_tasks(split_specs(split), workers=workers, cache=cache)
 
 
@@ -118,7 +127,7 @@ def search(args) -> dict:
     from placement_rl.baselines.bounds import lower_bound
 
     torch.set_num_threads(1)
-    tasks = load_tasks(args.split, args.scale, args.cache, args.workers)
+    tasks = load_tasks(args.split, args.scale, args.cache, args.workers, args.graph_seeds)
     if args.pairs:
         tasks = tasks[:: max(1, len(tasks) // args.pairs)][: args.pairs]
     policy, _, _ = load_policy(checkpoints(args.runs)[0])
@@ -129,7 +138,8 @@ def search(args) -> dict:
         b = lower_bound(g, c, topo).value
         rule = t.refs["la_rule"][0] if "la_rule" in t.refs else float("nan")
         for sec in args.seconds:
-            row = {"pair": t.meta["id"], "nodes": g.num_nodes, "devices": topo.num_devices, "seconds": sec,
+            row = {"pair": t.meta["id"], "graph_seed": int(t.meta.get("graph_seed", -1)),
+                   "nodes": g.num_nodes, "devices": topo.num_devices, "seconds": sec,
                    "bound_ms": b * 1e3, "la_rule_ms": rule * 1e3,
                    "comm_ratio": float(t.meta.get("comm_ratio", float("nan")))}
             for name in SEARCHES:
@@ -180,6 +190,10 @@ def search(args) -> dict:
             # against each search alone: the per-pair best of three runs is a minimum of three draws (biased low)
             **{f"policy_search_over_{n}": gm([r["policy_search_ms"] / r[f"{n}_ms"] for r in sel]) for n in SEARCHES},
             "best_over_bound": gm([r["best_over_bound"] for r in sel]),
+            # per graph seed (--scale with several --graph-seeds): how much the figure moves with the draw
+            **({"policy_search_over_best_search_per_seed": {
+                str(s): gm([r["policy_search_over_best_search"] for r in sel if r["graph_seed"] == s])
+                for s in args.graph_seeds}} if args.scale and len(args.graph_seeds) > 1 else {}),
             # the longest any method ran over these seconds, as a multiple of them (equal seconds: close to 1)
             "most_seconds_used": max(r[f"{n}_s"] for r in sel for n in (*SEARCHES, "policy_search")) / sec,
             **({k: gm([r[k] for r in sel]) for k in ("policy_moves_gain", "policy_completion_gain")}
@@ -247,6 +261,8 @@ def main() -> None:
     ap.add_argument("--seconds", nargs="+", type=float, default=[0.5, 2.0, 10.0])
     ap.add_argument("--pairs", type=int, default=0, help="search: this many pairs of the split, evenly spread")
     ap.add_argument("--scale", type=int, default=0, help="search: three synthetic graphs of this many nodes")
+    ap.add_argument("--graph-seeds", nargs="+", type=int, default=[5],
+                    help="--scale: the graphs' seeds (three graphs each; default 5)")
     ap.add_argument("--cache", default=None, help="a directory keeping built tasks between runs")
     ap.add_argument("--workers", default="1")
     ap.add_argument("--seed", type=int, default=0)
