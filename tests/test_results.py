@@ -101,6 +101,20 @@ def test_every_headline_row_links_its_json_and_carries_date_and_machine():
         assert (ROOT / link).is_file(), link
 
 
+def test_per_pair_rows_are_one_table_on_the_results_page(tmp_path):
+    """A figure that is a list of flat dicts (per-pair rows) renders as one table, a line per row, every key a
+    column (a key some rows lack: blank); a list holding nested values is flattened as before."""
+    from placement_rl.studies.render import results_page
+
+    rows = [{"pair": "a@x", "ms": 1.25, "ok": True}, {"pair": "b@y", "ms": float("nan"), "extra": 3}]
+    write_result("learned_test", {"split": "test", "rows": rows, "nested": [{"k": [1, {"z": 2}]}, {"k": 1}]},
+                 command="python scripts/bench_learned.py zeroshot", folder=tmp_path)
+    page = results_page(tmp_path)
+    assert "`rows` (2):" in page
+    assert "| pair | ms | ok | extra |" in page and "| a@x | 1.25 | True |  |" in page and "| b@y | null |  | 3 |" in page
+    assert "rows[0]" not in page and "| nested[0].k[1].z | 2 |" in page
+
+
 def test_render_block_needs_its_markers():
     assert render_block("a <!-- x:begin -->old<!-- x:end --> b", "x", "new", where="t") == \
         "a <!-- x:begin -->\nnew\n<!-- x:end --> b"

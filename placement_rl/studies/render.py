@@ -257,9 +257,24 @@ def results_page(folder: Path, results_link: str = "../results") -> str:
                 + (f", {doc['sim_calls']:,} simulator calls" if doc.get("sim_calls") else "") + ".", "",
                 "| figure | value |", "|---|---|"]
         figs = {k: v for k, v in doc.get("figures", {}).items() if k not in PAGE_SKIPS}
-        out += [f"| {k} | {v} |" for k, v in _flatten(figs)]
+        tables = {k: v for k, v in figs.items() if _is_table(v)}
+        out += [f"| {k} | {v} |" for k, v in _flatten({k: v for k, v in figs.items() if k not in tables})]
         out.append("")
+        for k, v in tables.items():  # per-pair rows and the like: one table each, a line per entry
+            out += [f"`{k}` ({len(v)}):", "", _table(v), ""]
     return "\n".join(out).rstrip()
+
+
+def _is_table(x: Any) -> bool:
+    """A list of two or more dicts of scalars (per-pair rows): the page shows it as one table."""
+    return (isinstance(x, list) and len(x) > 1 and all(isinstance(r, dict) for r in x)
+            and all(not isinstance(v, (dict, list)) for r in x for v in r.values()))
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    cols = list(dict.fromkeys(k for r in rows for k in r))  # every key, in first-seen order; a missing one: blank
+    return "\n".join([f"| {' | '.join(cols)} |", "|" + "---|" * len(cols)]
+                      + [f"| {' | '.join(_flatten(r[c])[0][1] if c in r else '' for c in cols)} |" for r in rows])
 
 
 def suite_table(folder: Path) -> str:
