@@ -9,7 +9,7 @@ import pytest
 
 from placement_rl import baselines
 from placement_rl.baselines import search
-from placement_rl.baselines.common import Problem
+from placement_rl.baselines.common import Problem, StartCut
 from placement_rl.cost import CostTable, resolve_costs, simulate, simulate_pipeline
 from placement_rl.errors import ConfigError
 from placement_rl.graph.ir import make_graph
@@ -174,6 +174,37 @@ def test_a_seconds_budget_stops_a_search_and_its_trace_is_anytime():
     assert np.all(np.diff(tr[:, 2]) < 0) and tr[-1, 2] == pytest.approx(res.step_time, rel=1e-12)
     with pytest.raises(ConfigError, match="seconds"):
         run("local_search", graph, topo, budget=10, seconds=0.0)
+
+
+def test_local_search_drops_a_start_that_runs_past_its_seconds(monkeypatch):
+    """Given seconds, ``local_search``'s start heuristics after the first stop at the seconds (``check_start``,
+    called every few nodes by the list schedulers and each memory-repair round) and are dropped with the starts
+    after them, named in ``starts_cut``; the heuristics as placers of their own have no start deadline."""
+    import time
+
+    def slow(prob):  # a start that would take a minute, checking the clock as the list schedulers do
+        for _ in range(60_000):
+            prob.check_start()
+            time.sleep(0.001)
+        raise AssertionError("not cut")
+
+    graph, topo = CASES["synthetic"]()
+    monkeypatch.setattr(search, "START_HEURISTICS", (search.simple.single_device, slow, search.simple.round_robin))
+    t0 = time.perf_counter()
+    p, res = run("local_search", graph, topo, budget=10**9, seconds=0.3)
+    assert time.perf_counter() - t0 < 5.0 and p.meta["starts_cut"] == ["slow", "round_robin"]
+    assert res.step_time <= simulate(graph, resolve_costs(graph, topo), topo,
+                                      search.simple.single_device(Problem(graph, resolve_costs(graph, topo), topo,
+                                                                          budget=1, seed=0))).step_time
+    graph = synthetic.sample("layered", num_nodes=200, seed=3)
+    prob = Problem(graph, resolve_costs(graph, topo), topo, budget=10, seed=0)
+    prob.start_deadline = 0.0  # long passed: the first check raises
+    for fn in (baselines.heft.heft_devices, search.baechi.m_etf, search.baechi.m_sct):
+        with pytest.raises(StartCut):
+            fn(prob)
+    prob.start_deadline = None  # as placers of their own
+    assert baselines.heft.heft_devices(prob).shape == (graph.num_nodes,)
+    assert "starts_cut" not in run("heft", graph, topo, seconds=0.001)[0].meta
 
 
 def test_search_spends_the_budget():

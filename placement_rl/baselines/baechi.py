@@ -68,7 +68,9 @@ def _list_schedule(prob: Problem, favourite: np.ndarray | None) -> np.ndarray:
     data_ready = np.zeros((n, d))  # filled when a node becomes ready
     urgent = np.zeros(n)  # time the node's inputs have reached every device
     ready = [int(u) for u in np.flatnonzero(missing == 0)]
-    for _ in range(n):
+    for i in range(n):
+        if not i & 31:
+            prob.check_start()
         cand = np.array(ready, dtype=np.int64)
         raw = np.maximum(avail[None, :], data_ready[cand])
         est = raw if favourite is None else _reserve(raw, cand, last, favourite, urgent)

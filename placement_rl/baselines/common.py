@@ -32,6 +32,10 @@ from placement_rl.topology import DeviceTopology
 node_memory = static_memory
 
 
+class StartCut(Exception):
+    """A search's start heuristic ran past ``Problem.start_deadline`` (``search.local_search`` drops it)."""
+
+
 @dataclass(frozen=True)
 class Score:
     step_time: float
@@ -69,6 +73,14 @@ class Problem:
         self.trace: list[tuple[float, int, float]] = []
         self._best = float("inf")
         self.meta: dict[str, object] = {}  # what a placer says about its run (e.g. a start cut short by the seconds)
+        self.start_deadline: float | None = None  # set by a search around its start heuristics (``check_start``)
+
+    def check_start(self) -> None:
+        """Raise ``StartCut`` once ``start_deadline`` (a ``time.perf_counter()`` instant) has passed: the list
+        schedulers call it every few nodes, so a search's start does not run past the search's seconds. Without
+        a start deadline (the heuristics as placers of their own) it does nothing."""
+        if self.start_deadline is not None and time.perf_counter() > self.start_deadline:
+            raise StartCut
 
     # ------------------------------------------------------------ summaries
     @property

@@ -32,7 +32,9 @@ def heft_devices(prob: Problem) -> np.ndarray:
     starts: list[list[float]] = [[] for _ in range(d)]
     ends: list[list[float]] = [[] for _ in range(d)]
     pp, pi, pe = g.pred_ptr, g.pred_idx, g.pred_eid
-    for u in order.tolist():
+    for i, u in enumerate(order.tolist()):
+        if not i & 31:
+            prob.check_start()
         preds, eids = pi[pp[u]:pp[u + 1]], pe[pp[u]:pp[u + 1]]
         # data-ready time of u on every device
         ready = np.zeros(d)

@@ -60,6 +60,7 @@ def repair(prob: Problem, devices: np.ndarray, *, max_rounds: int = REPAIR_CALLS
     for _ in range(max_rounds):
         if s is None or s.feasible:
             break
+        prob.check_start()
         dev = _move_off(prob, dev.copy(), s.peak_memory)
         s = prob.score(dev)
         if s is not None and s.key < best_s.key:

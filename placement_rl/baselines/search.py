@@ -1,7 +1,8 @@
 """Search over the simulator: simulated annealing from the best heuristic, and exhaustive enumeration.
 
 * ``local_search``: starts from the best of the cheap heuristics (single device, HEFT, m-ETF, m-SCT,
-  m-TOPO, METIS, round robin), then simulated annealing with four moves (move a region: up to 16 connected
+  m-TOPO, METIS, round robin; given seconds, the first and those that finish within them: one that runs past
+  them is dropped, ``starts_cut`` in the meta), then simulated annealing with four moves (move a region: up to 16 connected
   nodes of one device to another; reassign one node to the device of one of its graph neighbours; reassign it
   to a random other device; swap the devices of two nodes on different devices), a geometric temperature from
   0.05% of the start's step time down to 0.01% over the budget, infeasible moves rejected once feasible.
@@ -25,7 +26,7 @@ import placement_rl.baselines.baechi as baechi
 import placement_rl.baselines.heft as heft
 import placement_rl.baselines.metis as metis
 import placement_rl.baselines.simple as simple
-from placement_rl.baselines.common import Problem, Score
+from placement_rl.baselines.common import Problem, Score, StartCut
 from placement_rl.errors import ConfigError
 
 T0_FRAC = 0.0005  # start temperature / start step time. At 0.002 the walk drifted uphill and on some dev pairs
@@ -43,7 +44,16 @@ def local_search(prob: Problem) -> np.ndarray:
     for fn in START_HEURISTICS:
         if prob.left <= 0 and best is not None:
             break
-        cand = fn(prob)
+        # once one start is scored, the next must finish within the seconds (the list schedulers take 1-2 s at
+        # 2,000 nodes): one that runs past them is dropped, with the starts after it (``starts_cut`` in the meta)
+        prob.start_deadline = prob.deadline if best is not None else None
+        try:
+            cand = fn(prob)
+        except StartCut:
+            prob.meta["starts_cut"] = [f.__name__ for f in START_HEURISTICS[START_HEURISTICS.index(fn):]]
+            break
+        finally:
+            prob.start_deadline = None
         s = prob.score(cand)
         if s is not None and (best_s is None or s.key < best_s.key):
             best, best_s = cand, s
