@@ -149,6 +149,11 @@ def _search_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
                  + (f"; {none} pair-budgets where no search fits memory" if none else "") + ")")
     out = [(f"`policy_search` over the best non-learned search at equal seconds (`{f['split']}`, {pairs} pairs)",
             vals)]
+    if all("policy_search_over_best_search_per_seed" in v for v in summ.values()):  # several graph draws
+        out.append((f"the same per graph seed (`{f['split']}`, three graphs per seed): how much it moves with the draw",
+                    "; ".join(f"{float(k):g} s " + ", ".join(f"seed {s} {r:.3f}" for s, r in
+                                                          v["policy_search_over_best_search_per_seed"].items())
+                              for k, v in summ.items())))
     rows = [r for r in f.get("rows", [])
             if r.get("la_rule_search_feasible", True) and r.get("policy_search_feasible", True)]
     if rows and all("la_rule_search_ms" in r for r in rows):  # against the strongest single search, from the rows
@@ -198,6 +203,7 @@ HEADLINES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str]]]] = {
     "search_test_60s": _search_rows,
     "search_dev": _search_rows,
     "search_scale2000": _search_rows,
+    "search_scale2000_seeds": _search_rows,
     "anneal_dev": _anneal_rows,
 }
 

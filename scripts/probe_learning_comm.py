@@ -1,0 +1,212 @@
+"""Probe of learning from search where search finds the most: communication-heavy dataflow graphs (dev seeds only).
+
+    python scripts/probe_learning_comm.py room --seconds 5        # how far la_rule is from search, and why
+    python scripts/probe_learning_comm.py clone --target search   # expert iteration, the searched placement cloned
+    python scripts/probe_learning_comm.py clone --target minimal  # ... only the changes that pay (a minimal edit)
+    python scripts/probe_learning_comm.py clone --dagger          # ... the student's own states labelled with it
+
+The dev-comm pairs: three dataflow graphs and one series-parallel graph (seed 777, never a test seed) on the DGX-1
+and on a heterogeneous-link random cluster, both with links 4x slower, and on the DGX A100 (12 pairs, the kind of
+pair where the test split's room lies). ``room``: per pair, ``la_rule``, ``la_rule`` on the k fastest devices (the
+best k: "use fewer devices"), ``la_rule_search`` and ``local_search`` at ``--seconds``, each as a ratio to
+``la_rule``, and how many devices each uses. ``clone``: expert iteration from the shipped policy on comm-heavy training
+tasks (24 drawn, those that fit memory: the training families at 150-600 nodes on random clusters, 70% with links
+4x slower, seed 4242), each round a multi-start annealing (``agents.expert_iteration.search_job``) from the
+student's, ``la_rule``'s and the best known placement; the target is the best known placement (``search``) or it
+with every change from the student's own placement that does not pay (within ``--tol``) reverted (``minimal``);
+cloned along the target's own trajectory (and with ``--dagger`` also the student's trajectory labelled with the
+target's devices). The dev-comm greedy over ``la_rule`` after each round, the dev split's at the end (the best round
+kept). Writes ``results/<stem>.json`` (default ``probe_learning_comm_<part>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+
+def gm(x) -> float:
+    x = [v for v in x if np.isfinite(v)]
+    return float(np.exp(np.mean(np.log(x)))) if x else float("nan")
+
+
+def dev_comm_specs() -> list[dict]:
+    from placement_rl.studies.splits import COMM_LINK_SCALE, _hetero_seed
+
+    rng = np.random.default_rng(777)
+    graphs = [{"family": "dataflow", "num_nodes": int(rng.integers(200, 500)), "seed": int(rng.integers(2**31))}
+              for _ in range(3)]
+    graphs.append({"family": "series_parallel", "num_nodes": int(rng.integers(300, 700)),
+                   "seed": int(rng.integers(2**31))})
+    topos = [{"preset": "8x_v100_dgx1", "link_scale": COMM_LINK_SCALE},
+             {"random": _hetero_seed(rng, (4, 8)), "devices": [4, 8], "link_scale": COMM_LINK_SCALE}, "8x_a100_dgx"]
+    label = (lambda t: t if isinstance(t, str) else
+             f"{t.get('preset') or 'rand%d' % (t['random'] % 10_000)}/links4")
+    return [{"graph": g, "topology": t, "id": f"{g['family']}-{g['num_nodes']}s{g['seed'] % 1000}@{label(t)}"}
+            for g in graphs for t in topos]
+
+
+def train_specs(n: int = 24) -> list[dict]:
+    from placement_rl.studies.splits import COMM_LINK_SCALE
+
+    rng = np.random.default_rng(4242)
+    fams = ("dataflow", "dataflow", "layered", "transformer_like", "cnn_like")
+    out = []
+    for i in range(n):
+        g = {"family": fams[int(rng.integers(len(fams)))], "num_nodes": int(rng.integers(150, 600)),
+             "seed": int(rng.integers(2**31))}
+        t = {"random": int(rng.integers(2**31)), "devices": [4, 12]}
+        if rng.random() < 0.7:
+            t["link_scale"] = COMM_LINK_SCALE
+        out.append({"graph": g, "topology": t, "id": f"train{i}-{g['family']}"})
+    return out
+
+
+def _la_rule(g, c, topo) -> tuple[float, bool, np.ndarray]:
+    from placement_rl.cost.decode import LA_RULE, decode
+    from placement_rl.cost.schedule import ScheduleState
+    from placement_rl.cost.window import placing_window
+
+    st = ScheduleState(g, c, topo, episodes=1, window=placing_window(g.num_nodes))
+    decode(st, LA_RULE)
+    return float(st.finish()[0]), bool(st.feasible()[0]), st.devices[0].copy()
+
+
+def room(args, tasks) -> dict:
+    from placement_rl import baselines
+    from placement_rl.cost import resolve_costs
+    from placement_rl.errors import PlacementRLError
+
+    rows = []
+    for t in tasks:
+        g, c, topo = t.graph, t.costs, t.topology
+        ref, _, dev = _la_rule(g, c, topo)
+        order = np.lexsort((np.arange(topo.num_devices), (c.fwd_time + c.bwd_time).sum(0)))
+        ks = {}
+        for k in range(1, topo.num_devices + 1):  # la_rule on the k fastest devices
+            sub = topo.subset(sorted(order[:k].tolist()))
+            try:
+                f, ok, _ = _la_rule(g, resolve_costs(g, sub), sub)
+            except PlacementRLError:  # the graph does not fit k devices
+                f, ok = float("inf"), False
+            ks[k] = f / ref if ok else float("inf")
+        kb = min(ks, key=ks.get)
+        row = {"pair": t.meta["id"], "comm_ratio": float(t.meta.get("comm_ratio", float("nan"))),
+               "devices": topo.num_devices, "la_rule_devices": int(len(np.unique(dev))), "best_k": kb,
+               "best_k_over_la_rule": ks[kb]}
+        for m in ("la_rule_search", "local_search"):
+            p = baselines.get(m)(g, c, topo, budget=10**9, seed=args.seed, seconds=args.seconds)
+            row[f"{m}_over_la_rule"] = float(p.meta["step_time"]) / ref if p.meta.get("feasible") else float("inf")
+            row[f"{m}_devices"] = int(len(np.unique(p.device_of_node)))
+        rows.append(row)
+        print(f"{row['pair']:44s} comm {row['comm_ratio']:6.2f}: best k {kb} {ks[kb]:.3f}, la_rule_search "
+              f"{row['la_rule_search_over_la_rule']:.3f}, local_search {row['local_search_over_la_rule']:.3f}",
+              flush=True)
+    summary = {k: gm([r[k] for r in rows]) for k in ("best_k_over_la_rule", "la_rule_search_over_la_rule",
+                                                      "local_search_over_la_rule")}
+    print(", ".join(f"{k} {v:.4f}" for k, v in summary.items()))
+    return {"seconds": args.seconds, "summary": summary, "rows": rows}
+
+
+def clone(args, tasks) -> dict:
+    from placement_rl.agents.constructive import imitation_loss, rollout
+    from placement_rl.agents.constructive_config import default_checkpoint, load_policy
+    from placement_rl.agents.constructive_eval import evaluate, warm_kernels
+    from placement_rl.agents.constructive_train import ConstructiveTrainer
+    from placement_rl.agents.expert_iteration import search_job
+    from placement_rl.cost import Simulator
+    from placement_rl.studies.pretrain import build_tasks, split_specs
+
+    train = build_tasks(train_specs(), workers=1, cache=args.cache)
+    dev = build_tasks(split_specs("dev"), workers=1, cache=args.cache)
+    policy, cfg, _ = load_policy(default_checkpoint())
+    warm_kernels(policy)
+    trainer = ConstructiveTrainer(cfg, policy=policy)
+    trainer._prepare(list(train) + list(tasks) + list(dev))
+
+    def score(ts) -> float:
+        return gm([r.greedy_time / r.task.refs["la_rule"][0] for r in evaluate(policy, ts, samples=0)])
+
+    sims = [Simulator(t.graph, t.costs, t.topology) for t in train]
+
+    def step(i: int, dev_: np.ndarray) -> float:
+        r = sims[i].run(dev_)
+        return r.step_time if r.feasible else float("inf")
+
+    rng = np.random.default_rng(args.seed)
+    best = {i: (t.refs["la_rule"][0], t.refs["la_rule"][2]) for i, t in enumerate(train)}
+    keep = (score(tasks), trainer._weights())
+    rounds = [{"round": 0, "dev_comm_over_la_rule": keep[0]}]
+    print(f"round 0: dev-comm greedy {keep[0]:.4f} x la_rule", flush=True)
+    for rnd in range(1, args.rounds + 1):
+        policy.eval()
+        own = [rollout(policy, t, samples=1, greedy=True, record=True) for t in train]
+        data, found, kept = [], [], []
+        for i, (t, ro) in enumerate(zip(train, own)):
+            starts = [ro.devices[0], t.refs["la_rule"][2], best[i][1]]
+            dev_, time_, ok = search_job((t, starts, args.budget, int(rng.integers(2**31))))
+            if ok and time_ < best[i][0]:
+                best[i] = (time_, dev_)
+            found.append(best[i][0] / t.refs["la_rule"][0])
+            target = best[i][1].copy()
+            if args.target == "minimal":  # revert every change from the student's placement that does not pay
+                base, limit = ro.devices[0], best[i][0] * (1 + args.tol)
+                diff = np.flatnonzero(target != base)
+                for v in rng.permutation(diff).tolist():
+                    old, target[v] = target[v], base[v]
+                    if step(i, target) > limit:
+                        target[v] = old
+                kept.append(float((target != base).sum() / max(len(diff), 1)))
+            data.append((t, rollout(None, t, forced=target, record=True).trace, None))
+            if args.dagger:
+                data.append((t, ro.trace, target[ro.trace.nodes][:, None]))
+        agree = trainer._distil(data, args.epochs, args.lr, lambda it: imitation_loss(policy, it[0], it[1], it[2]))
+        s = score(tasks)
+        rec = {"round": rnd, "searched_over_la_rule": gm(found), "agreement": agree, "dev_comm_over_la_rule": s,
+               **({"changes_that_pay": float(np.mean(kept))} if kept else {})}
+        rounds.append(rec)
+        print(f"round {rnd}: searched {rec['searched_over_la_rule']:.4f} x la_rule on the training tasks, agreement "
+              f"{agree:.3f}, dev-comm greedy {s:.4f} x la_rule", flush=True)
+        if s < keep[0]:
+            keep = (s, trainer._weights())
+    policy.load_state_dict(keep[1])
+    out = {"target": args.target, "dagger": args.dagger, "budget": args.budget, "epochs": args.epochs, "lr": args.lr,
+           "rounds": rounds, "kept_dev_comm_over_la_rule": keep[0], "kept_dev_over_la_rule": score(dev),
+           "train_tasks": len(train)}
+    print(f"kept: dev-comm {out['kept_dev_comm_over_la_rule']:.4f}, dev {out['kept_dev_over_la_rule']:.4f} x la_rule")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("part", choices=("room", "clone"))
+    ap.add_argument("--seconds", type=float, default=5.0, help="room: each search's seconds")
+    ap.add_argument("--target", default="search", choices=("search", "minimal"))
+    ap.add_argument("--tol", type=float, default=0.002, help="clone --target minimal: a reverted change may cost this")
+    ap.add_argument("--dagger", action="store_true")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--budget", type=int, default=6000, help="clone: simulator calls of one task's search per round")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=0.0, help="clone: distillation learning rate (0: the recipe's)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cache", default=None, help="a directory keeping built tasks between runs")
+    ap.add_argument("--stem", default=None)
+    args = ap.parse_args()
+
+    import torch
+
+    from placement_rl.results import write_result
+    from placement_rl.studies.pretrain import build_tasks
+
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    tasks = build_tasks(dev_comm_specs(), workers=1, cache=args.cache)
+    data = room(args, tasks) if args.part == "room" else clone(args, tasks)
+    path = write_result(args.stem or f"probe_learning_comm_{args.part}", data, seconds=time.perf_counter() - t0)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
