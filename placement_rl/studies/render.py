@@ -135,7 +135,10 @@ def _learned_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
 def _search_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     f = doc["figures"]
     summ = f["summary"]
-    pairs = next(iter(summ.values()))["pairs"]
+    pairs = len({r["pair"] for r in f.get("rows", [])}) or next(iter(summ.values()))["pairs"]
+    seeds = next(iter(summ.values())).get("policy_search_over_best_search_per_seed")
+    if seeds:  # several graph draws: the split's name says which
+        f = {**f, "split": f"{f['split']}, graph seeds {', '.join(seeds)}"}
     vals = ", ".join(f"{float(k):g} s {v['policy_search_over_best_search']:.3f}"
                      + (f" (longest run {v['most_seconds_used']:.2f} x the seconds)"
                         if "most_seconds_used" in v else "")
@@ -150,7 +153,7 @@ def _search_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     out = [(f"`policy_search` over the best non-learned search at equal seconds (`{f['split']}`, {pairs} pairs)",
             vals)]
     if all("policy_search_over_best_search_per_seed" in v for v in summ.values()):  # several graph draws
-        out.append((f"the same per graph seed (`{f['split']}`, three graphs per seed): how much it moves with the draw",
+        out.append((f"the same per graph seed (`{f['split']}`; three graphs each): how much it moves with the draw",
                     "; ".join(f"{float(k):g} s " + ", ".join(f"seed {s} {r:.3f}" for s, r in
                                                           v["policy_search_over_best_search_per_seed"].items())
                               for k, v in summ.items())))
