@@ -207,6 +207,28 @@ def test_local_search_drops_a_start_that_runs_past_its_seconds(monkeypatch):
     assert "starts_cut" not in run("heft", graph, topo, seconds=0.001)[0].meta
 
 
+def test_anneal_repairs_a_start_that_overflows_memory(monkeypatch):
+    """An annealing whose start overflows a device's memory runs the memory repair first: with a budget of a few
+    calls the result fits, where the walk alone (the repair switched off) does not get there."""
+    from placement_rl.baselines import memory
+
+    graph = random_dag(300, 4, param=2e8)
+    need = float(Problem(graph, resolve_costs(graph, topology(3)), topology(3), budget=1, seed=0).node_mem.sum())
+    topo = topology(3, memory=0.4 * need)  # every node on one device: 2.5x over; the three together: 1.2x room
+    costs = resolve_costs(graph, topo)
+    start = np.zeros(graph.num_nodes, dtype=np.int64)
+
+    def run_anneal():
+        prob = Problem(graph, costs, topo, budget=memory.REPAIR_CALLS + 3, seed=0)
+        s0 = prob.score(start)
+        assert not s0.feasible
+        return prob.score(search.anneal(prob, start, s0))
+
+    assert run_anneal().feasible
+    monkeypatch.setattr(search, "repair", lambda prob, dev: dev)
+    assert not run_anneal().feasible
+
+
 def test_search_spends_the_budget():
     graph, topo = CASES["dag30"]()
     for name in ("random", "local_search"):

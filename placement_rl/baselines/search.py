@@ -27,6 +27,7 @@ import placement_rl.baselines.heft as heft
 import placement_rl.baselines.metis as metis
 import placement_rl.baselines.simple as simple
 from placement_rl.baselines.common import Problem, Score, StartCut
+from placement_rl.baselines.memory import repair
 from placement_rl.errors import ConfigError
 
 T0_FRAC = 0.0005  # start temperature / start step time. At 0.002 the walk drifted uphill and on some dev pairs
@@ -65,14 +66,20 @@ def local_search(prob: Problem) -> np.ndarray:
 
 
 def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, large_share: float = 0.0) -> np.ndarray:
-    """Simulated annealing from ``start`` (already scored) with the rest of ``prob``'s budget; returns the best
-    placement simulated (never worse than ``start``). ``large(current, rng)``: an optional proposal of large moves
+    """Simulated annealing from ``start`` (already scored; a start that overflows memory goes through the memory
+    repair first, ``memory.repair``) with the rest of ``prob``'s budget; returns the best placement simulated (never
+    worse than ``start``). ``large(current, rng)``: an optional proposal of large moves
     (a whole candidate placement, its own simulator calls charged to ``prob``; e.g. ``agents.policy_search``'s
     repairs sampled from a policy), run whenever its seconds are below ``large_share`` of the seconds spent; its
     candidates go through the same temperature schedule and acceptance test as the single-node moves."""
     best, best_s = np.asarray(start, dtype=np.int64).copy(), start_score
     if prob.d == 1 or prob.n == 0:
         return best
+    if not best_s.feasible and prob.left > 0:  # a start that overflows memory: the memory repair first (a few
+        fixed = repair(prob, best)             # calls moving nodes off the devices over capacity), then the walk
+        s = prob.score(fixed)
+        if s is not None and s.key < best_s.key:
+            best, best_s = np.asarray(fixed, dtype=np.int64).copy(), s
     cur, cur_s = best.copy(), best_s
     calls0, steps = prob.calls, max(prob.left, 1)
     sec0 = prob.elapsed
