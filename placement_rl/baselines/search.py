@@ -2,11 +2,12 @@
 
 * ``local_search``: starts from the best of the cheap heuristics (single device, HEFT, m-ETF, m-SCT,
   m-TOPO, METIS, round robin; given seconds, the first and those that finish within them: one that runs past
-  them is dropped, ``starts_cut`` in the meta), then simulated annealing with four moves (move a region: up to 16 connected
-  nodes of one device to another; reassign one node to the device of one of its graph neighbours; reassign it
-  to a random other device; swap the devices of two nodes on different devices), a geometric temperature from
-  0.05% of the start's step time down to 0.01% over the budget, infeasible moves rejected once feasible.
-  Returns the best placement simulated, so never worse than its start.
+  them is dropped, ``starts_cut`` in the meta), then simulated annealing with four moves (move a region: up to
+  16 connected nodes of one device to another; reassign one node to the device of one of its graph neighbours;
+  reassign it to a random other device; swap the devices of two nodes on different devices), a geometric
+  temperature from 0.05% of the start's step time down to 0.01% over the budget, infeasible moves rejected once
+  feasible (a start that overflows memory goes through the memory repair first). Returns the best placement
+  simulated, so never worse than its start.
 * ``exhaustive``: every placement of the ``N`` nodes on the ``D`` devices up to relabelling of
   interchangeable devices (two devices are interchangeable when swapping them leaves the costs, memory
   and links unchanged): within each class, a new device is always the lowest unused one. That is the true
