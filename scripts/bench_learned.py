@@ -26,7 +26,8 @@ A100 (NVSwitch; on 4 V100 it does not fit memory and the task builder drops it),
 (``--graph-seeds 5 8 9``: three graphs per seed, and the summary per seed).
 
 Each part writes ``results/learned_<split>.json`` / ``results/search_<split>.json`` (figures with provenance,
-``placement_rl.results``) and a markdown table under ``docs/`` (``--out``).
+``placement_rl.results``; each anytime trace there thinned to ``TRACE_POINTS`` log-spaced improvements, the plot drawn
+from whole ones) and a markdown table under ``docs/`` (``--out``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,22 @@ SEARCHES = ("local_search", "eft_rollout_search", "la_rule_search")
 def gm(x) -> float:
     x = [v for v in x if np.isfinite(v)]
     return float(np.exp(np.mean(np.log(x)))) if x else float("nan")
+
+
+TRACE_POINTS = 100  # an anytime trace in the results file: at most this many points (the plot reads them all)
+
+
+def thin_trace(trace: list, points: int = TRACE_POINTS) -> list:
+    """``trace`` ([seconds, calls, best step time] at every improvement) with at most ``points`` entries: the first,
+    the last, and the last improvement in each of ``points - 2`` log-spaced intervals of seconds (the best step time
+    over seconds at that resolution, its end exact)."""
+    if len(trace) <= points:
+        return trace
+    t = np.array([max(float(e[0]), 1e-9) for e in trace])
+    edges = np.geomspace(t[0], t[-1] * (1 + 1e-12), points - 1)
+    last = {int(np.searchsorted(edges, x, side="right")): i for i, x in enumerate(t)}  # the last entry per interval
+    keep = sorted({0, len(trace) - 1, *last.values()})
+    return [trace[i] for i in keep]
 
 
 SCALE_SEED = 5  # the 2,000-node graphs' draw (dev probes read seeds 6 and 7: scripts/probe_windows.py)
@@ -200,7 +217,8 @@ def search(args) -> dict:
                if args.ablate else {})}
     _plot(curves, args)
     return {"split": args.split if not args.scale else f"scale{args.scale}", "summary": summary, "rows": rows,
-            "curves": [{"pair": k[0], "seconds": k[1], "method": k[2], "trace": v} for k, v in curves.items()]}
+            "curves": [{"pair": k[0], "seconds": k[1], "method": k[2], "trace": thin_trace(v)}
+                       for k, v in curves.items()]}
 
 
 def _plot(curves: dict, args) -> None:

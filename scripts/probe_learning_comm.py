@@ -33,7 +33,7 @@ def gm(x) -> float:
 
 
 def dev_comm_specs() -> list[dict]:
-    from placement_rl.studies.splits import COMM_LINK_SCALE, _hetero_seed
+    from placement_rl.studies.splits import COMM_LINK_SCALE, _hetero_seed, topology_label
 
     rng = np.random.default_rng(777)
     graphs = [{"family": "dataflow", "num_nodes": int(rng.integers(200, 500)), "seed": int(rng.integers(2**31))}
@@ -42,9 +42,7 @@ def dev_comm_specs() -> list[dict]:
                    "seed": int(rng.integers(2**31))})
     topos = [{"preset": "8x_v100_dgx1", "link_scale": COMM_LINK_SCALE},
              {"random": _hetero_seed(rng, (4, 8)), "devices": [4, 8], "link_scale": COMM_LINK_SCALE}, "8x_a100_dgx"]
-    label = (lambda t: t if isinstance(t, str) else
-             f"{t.get('preset') or 'rand%d' % (t['random'] % 10_000)}/links4")
-    return [{"graph": g, "topology": t, "id": f"{g['family']}-{g['num_nodes']}s{g['seed'] % 1000}@{label(t)}"}
+    return [{"graph": g, "topology": t, "id": f"{g['family']}-{g['num_nodes']}s{g['seed'] % 1000}@{topology_label(t)}"}
             for g in graphs for t in topos]
 
 

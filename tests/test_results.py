@@ -111,8 +111,24 @@ def test_per_pair_rows_are_one_table_on_the_results_page(tmp_path):
                  command="python scripts/bench_learned.py zeroshot", folder=tmp_path)
     page = results_page(tmp_path)
     assert "`rows` (2):" in page
-    assert "| pair | ms | ok | extra |" in page and "| a@x | 1.25 | True |  |" in page and "| b@y | null |  | 3 |" in page
+    assert "| pair | ms | ok | extra |" in page and "| a@x | 1.25 | True |  |" in page
+    assert "| b@y | null |  | 3 |" in page
     assert "rows[0]" not in page and "| nested[0].k[1].z | 2 |" in page
+
+
+def test_an_anytime_trace_is_thinned_to_its_log_spaced_improvements():
+    """A search bench keeps at most ``points`` entries of a trace in its results file: the first and the last
+    (the result) exact, one per log-spaced interval of seconds; a short trace is kept whole."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_learned", ROOT / "scripts" / "bench_learned.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    trace = [[1e-3 * 1.01**i, i + 1, 1.0 - 1e-4 * i] for i in range(1500)]
+    thin = bench.thin_trace(trace, points=50)
+    assert len(thin) <= 50 and thin[0] == trace[0] and thin[-1] == trace[-1]
+    assert all(a in trace for a in thin) and [e[0] for e in thin] == sorted(e[0] for e in thin)
+    assert bench.thin_trace(trace[:40], points=50) == trace[:40]
 
 
 def test_render_block_needs_its_markers():
