@@ -256,6 +256,20 @@ def test_the_shipped_checkpoint_loads_with_its_provenance_and_decodes_the_same_c
                                                                    rel=1e-9)
 
 
+def test_the_shipped_checkpoint_was_trained_with_this_code() -> None:
+    """The shipped checkpoint's recorded state / cost-model / fit hashes are this code's: a change to a file the
+    policy's state or its rewards depend on comes with the checkpoint re-shipped from the recipe at a clean commit
+    (docs/constructive.md, Checkpoints), else every ``place`` run would say it was trained with other code."""
+    from placement_rl.agents.checkpoint import load_checkpoint
+    from placement_rl.agents.constructive_config import checkpoint_drift, default_checkpoint
+
+    data = load_checkpoint(default_checkpoint())
+    assert checkpoint_drift(data) == [], (
+        "re-ship placement_rl/data/policy/pretrained.pt: placement-rl train trainer=pretrain seed=0 workers=1 at a "
+        "clean commit, then copy its checkpoint.pt")
+    assert data["config"]["provenance"]["dirty"] is False
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_back_feature_is_the_step_time_of_the_branch_placed_so_far(case) -> None:
     """Before the tail, ``la_back`` is each device's backward of the branch's placed nodes (the node's window placed
