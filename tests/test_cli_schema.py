@@ -142,6 +142,16 @@ def test_a_misspelt_sweep_value_is_one_line_naming_it(command, overrides, words)
     assert "\n" not in str(info.value) and all(w in str(info.value) for w in words), str(info.value)
 
 
+@pytest.mark.parametrize("command,overrides,words", [
+    ("place", ["topology=my/cluster.yaml"], ["topology=my/cluster.yaml", "topology.path=my/cluster.yaml"]),
+    ("evaluate", ["graph=g.json"], ["graph=g.json", "graph.path=g.json"]),
+])
+def test_a_file_given_as_a_group_option_is_told_its_path_key(command, overrides, words):
+    with pytest.raises(ConfigError) as info:
+        preflight(command, overrides)
+    assert "\n" not in str(info.value) and all(w in str(info.value) for w in words), str(info.value)
+
+
 # ------------------------------------------------------------------------------------- output paths
 def _refused(command: str, overrides: list[str], *words: str) -> str:
     with pytest.raises(ConfigError) as info:

@@ -78,6 +78,9 @@ def sweep_values(override: str) -> list[str] | None:
         return None
 
 
+FILE_GROUPS = ("graph", "topology")  # groups whose config also takes a file (``<group>.path=``)
+
+
 def check_group_choice(override: str) -> None:
     """Refuse ``group=<option>`` (also ``+group=``, ``group@pkg=``, and each value of a sweep ``group=a,b``,
     ``group=choice(a,b)``) when no such YAML file exists."""
@@ -92,7 +95,9 @@ def check_group_choice(override: str) -> None:
     for v in values if values is not None else [value]:  # glob(): []
         if v not in options:
             within = f" (in {key}={value})" if values is not None else ""
-            raise ConfigError(f"{key}={v}{within}: no such {key}; choose one of {', '.join(options)}")
+            hint = (f" (a file is given as {key}.path={v})" if key in FILE_GROUPS and ("/" in v or v.endswith(
+                (".yaml", ".yml", ".json"))) else "")
+            raise ConfigError(f"{key}={v}{within}: no such {key}{hint}; choose one of {', '.join(options)}")
 
 
 # overrides a command refuses before Hydra composes (a key its config does not have, with what to do instead)
