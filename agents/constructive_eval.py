@@ -64,15 +64,16 @@ class TaskResult:
     def greedy_time(self) -> float:
         return float(self.greedy.times[0])
 
-    def _best(self) -> tuple[float, np.ndarray]:
-        """The fastest feasible placement of greedy and samples (the greedy one when none is feasible)."""
+    def _best(self) -> tuple[float, np.ndarray, int]:
+        """The fastest feasible placement of greedy and samples (the greedy one when none is feasible), and which
+        (-1: the greedy one, k: sample k)."""
         g = self.greedy_time if bool(self.greedy.feasible[0]) else np.inf
         if self.sampled is not None:
             t = np.where(self.sampled.feasible, self.sampled.times, np.inf)
             k = int(np.argmin(t))
             if t[k] < g:
-                return float(t[k]), self.sampled.devices[k]
-        return self.greedy_time, self.greedy.devices[0]
+                return float(t[k]), self.sampled.devices[k], k
+        return self.greedy_time, self.greedy.devices[0], -1
 
     @property
     def best_time(self) -> float:
@@ -82,6 +83,16 @@ class TaskResult:
     @property
     def best_devices(self) -> np.ndarray:
         return self._best()[1]
+
+    @property
+    def best_index(self) -> int:
+        """Which placement ``best_devices`` is: -1 the greedy one, k sample k."""
+        return self._best()[2]
+
+    @property
+    def best_feasible(self) -> bool:
+        """Whether ``best_devices`` fits memory (False only when neither the greedy placement nor a sample does)."""
+        return self.best_index >= 0 or bool(self.greedy.feasible[0])
 
 
 def greedy_result(policy: DevicePolicy, task: ConstructiveTask) -> TaskResult:

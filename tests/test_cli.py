@@ -407,6 +407,36 @@ def test_place_search_budget_refines_the_learned_placement_as_its_own_row(tmp_pa
     assert r.returncode == 2 and "search_budget" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_place_says_when_no_placement_of_the_policy_fits_memory(tmp_path):
+    """On devices too small for the policy's placements (greedy and samples overflow), place still writes the
+    greedy one, but its summary marks it, one warning line says by how much on which devices and what to do, and
+    metrics.json says it does not fit and gives no ratio to a baseline that does."""
+    import yaml
+
+    from placement_rl.cost import resolve_costs, simulate
+    from placement_rl.graph import synthetic
+    from conftest import tight_topology
+
+    graph = synthetic.sample("layered", num_nodes=30, seed=0)
+    topo = tight_topology("4x_v100_nvlink", 0.5, graph)  # a baseline's search fits, the policy's placements do not
+    (tmp_path / "tight.yaml").write_text(yaml.safe_dump(topo.to_dict()))
+    r = cli(tmp_path, "place", "graph=synthetic", "graph.num_nodes=30", f"topology.path={tmp_path / 'tight.yaml'}",
+            "samples=2", "progress=false")
+    assert r.returncode == 0, r.stderr
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert m["feasible"] is False and m["chosen"] == "greedy"
+    assert m["best_baseline"] and m["ratio_to_best_baseline"] is None
+    assert m["step_time"] == m["greedy_step_time"]
+    warn = [ln for ln in r.stdout.splitlines() if ln.startswith("warning:")]
+    assert len(warn) == 1 and "greedy placement and its 2 samples overflow memory" in warn[0], r.stdout
+    assert "search_budget=" in warn[0] and "(overflows memory)" in r.stdout
+    placed = Placement.from_json((tmp_path / "run" / "placement.json").read_text()).device_of_node
+    res = simulate(graph, resolve_costs(graph, topo), topo, np.asarray(placed))
+    assert not res.feasible and res.step_time == pytest.approx(m["greedy_step_time"], rel=1e-9)
+    over = int(np.sum(res.peak_memory > topo.array("memory_bytes")))
+    assert warn[0].count(" of ") == over >= 1
+
+
 def test_place_samples_in_their_own_phase_give_what_evaluate_gives(tmp_path):
     """place reports the greedy decode and the samples as two phases; the samples draw what
     agents.constructive_eval.evaluate(samples=k) draws."""

@@ -162,3 +162,24 @@ def test_compiled_greedy_decode_matches_torch() -> None:
     slow = rollout(policy, t, samples=1, greedy=True, record=True)
     assert np.array_equal(fast.devices, slow.devices) and fast.times[0] == slow.times[0]
     assert graph_tensors(t)[0].shape == (80, t.x.shape[1])
+
+
+@pytest.mark.parametrize("greedy_fits,sample_fits,times,want", [
+    (True, [True, True], (5.0, [6.0, 4.0]), (4.0, 1, True)),     # a faster sample that fits
+    (True, [False, True], (5.0, [3.0, 6.0]), (5.0, -1, True)),   # a faster sample that overflows never counts
+    (False, [False, True], (5.0, [3.0, 6.0]), (6.0, 1, True)),   # an overflowing greedy never counts either
+    (False, [False, False], (5.0, [3.0, 6.0]), (5.0, -1, False)),  # none fits: the greedy one, said not to fit
+])
+def test_the_best_learned_placement_is_the_fastest_that_fits_and_says_which(greedy_fits, sample_fits, times,
+                                                                            want) -> None:
+    """``TaskResult``'s best of greedy and samples: its time, its devices, which one it is and whether it fits agree
+    (``place`` writes ``best_devices`` and reports ``best_time``, ``best_index`` and ``best_feasible``)."""
+    from placement_rl.agents.constructive import Rollout
+    from placement_rl.agents.constructive_eval import TaskResult
+
+    n = 3
+    greedy = Rollout(np.zeros((1, n), np.int64), np.array([times[0]]), np.array([greedy_fits]))
+    sampled = Rollout(np.arange(1, 3)[:, None].repeat(n, 1), np.array(times[1]), np.array(sample_fits))
+    res = TaskResult(None, greedy, sampled)
+    assert (res.best_time, res.best_index, res.best_feasible) == want
+    assert np.array_equal(res.best_devices, greedy.devices[0] if want[1] < 0 else sampled.devices[want[1]])

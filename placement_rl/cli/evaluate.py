@@ -129,8 +129,9 @@ def compare_learned(graph, costs, topology, out: Path, *, label: str, plan, step
                      title=f"{what} vs baselines on {case} (budget {sim_calls_all} simulator calls)", files=files)
     metrics = {"best_single_device_time": single, "heuristics": own}
     if base is not None:
+        # a placement that overflows memory has no ratio to one that fits (its step time is not one it can run at)
         metrics.update(best_baseline=base.placer, best_baseline_time=base.step_time,
-                       ratio_to_best_baseline=step_time / base.step_time)
+                       ratio_to_best_baseline=step_time / base.step_time if feasible else None)
     return metrics
 
 

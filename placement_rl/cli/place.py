@@ -64,9 +64,9 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
             res = with_samples(policy, res, samples, torch.Generator().manual_seed(seed))
             note.append(f"best {res.best_time * 1e3:.3f} ms")
     wall = time.perf_counter() - t0
-    use_best = res.best_time < res.greedy_time
-    step_time = res.best_time if use_best else res.greedy_time
-    chosen = f"best of {plural(samples, 'sample')}" if use_best else "greedy"
+    # the plan is the fastest placement that fits memory (the greedy one when none does), and the metrics say so
+    step_time, fits = res.best_time, res.best_feasible
+    chosen = f"best of {plural(samples, 'sample')}" if res.best_index >= 0 else "greedy"
     out = output_dir()
     plan, plan_file = save_plan(res.best_devices, graph, topology, out)
     # every placement's simulator calls: N x D + 1 with the whole-graph window (its completions), else 1
@@ -75,7 +75,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
                "policy": "constructive", "window": window,
                "samples": samples, "greedy_step_time": res.greedy_time,
                "best_of_k_step_time": res.best_time, "step_time": step_time, "chosen": chosen,
-               "feasible": bool(res.greedy.feasible[0]) or use_best, "sim_calls": calls, "wall_seconds": wall,
+               "feasible": fits, "sim_calls": calls, "wall_seconds": wall,
                "warm_up_seconds": warm_s,
                "cost_source": costs.describe_source(topology.device_names)}
     search = None
@@ -116,13 +116,30 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
               f"({search['sim_calls']} simulator calls in all" + ("; the baselines had the same)" if cfg.compare
                                                                    else ")"))
     teacher = metrics.get("heuristics", {}).get("eft_rollout")
-    print(f"zero-shot placement of {where}, {wall:.2f} s: greedy {res.greedy_time * 1e3:.3f} ms, {found}"
+    over = "" if bool(res.greedy.feasible[0]) else " (overflows memory)"
+    print(f"zero-shot placement of {where}, {wall:.2f} s: greedy {res.greedy_time * 1e3:.3f} ms{over}, {found}"
           + (f"; eft_rollout (the teacher) {teacher['step_time'] * 1e3:.3f} ms in {teacher['seconds']:.2f} s"
              if teacher else "")
           + (f"; best baseline {metrics['best_baseline']} {metrics['best_baseline_time'] * 1e3:.3f} ms"
              if "best_baseline" in metrics else ""))
+    if not fits:
+        print(overflow_note(graph, costs, topology, res.best_devices, samples, searched=search))
     print(_artifacts(out, plan_file, compared, searched=search is not None))
     return metrics
+
+
+def overflow_note(graph, costs, topology, devices, samples: int, *, searched: dict | None) -> str:
+    """One line for a written placement that does not fit memory: by how much, on which devices, what to do."""
+    from placement_rl.cost import simulate
+    from placement_rl.errors import fmt_bytes
+
+    peak, cap = simulate(graph, costs, topology, devices).peak_memory, topology.array("memory_bytes")
+    over = [f"{topology.device_names[d]} {fmt_bytes(peak[d])} of {fmt_bytes(cap[d])}"
+            for d in np.flatnonzero(peak > cap)]
+    which = "the greedy placement" + (f" and its {plural(samples, 'sample')}" if samples > 0 else "")
+    fix = ("the search from it fits (search/placement.json)" if searched and searched["feasible"] else
+           "search_budget=<calls> runs a search from it that repairs memory first, or give the devices more memory")
+    return f"warning: {which} overflow memory ({', '.join(over)}); placement.json holds the greedy one: {fix}"
 
 
 def run(cfg: DictConfig) -> dict:
