@@ -4,6 +4,8 @@
     python scripts/probe_learning_comm.py clone --target search   # expert iteration, the searched placement cloned
     python scripts/probe_learning_comm.py clone --target minimal  # ... only the changes that pay (a minimal edit)
     python scripts/probe_learning_comm.py clone --dagger          # ... the student's own states labelled with it
+    python scripts/probe_learning_comm.py clone --target minimal --replay 24   # ... with la_rule replayed elsewhere
+    python scripts/probe_learning_comm.py links                   # la_rule deciding on links lambda x slower
 
 The dev-comm pairs: three dataflow graphs and one series-parallel graph (seed 777, never a test seed) on the DGX-1
 and on a heterogeneous-link random cluster, both with links 4x slower, and on the DGX A100 (12 pairs, the kind of
@@ -15,8 +17,12 @@ tasks (24 drawn, those that fit memory: the training families at 150-600 nodes o
 student's, ``la_rule``'s and the best known placement; the target is the best known placement (``search``) or it
 with every change from the student's own placement that does not pay (within ``--tol``) reverted (``minimal``);
 cloned along the target's own trajectory (and with ``--dagger`` also the student's trajectory labelled with the
-target's devices). The dev-comm greedy over ``la_rule`` after each round, the dev split's at the end (the best round
-kept). Writes ``results/<stem>.json`` (default ``probe_learning_comm_<part>``).
+target's devices; ``--replay N``: also ``la_rule``'s own trajectories on N other training-like tasks, seed 4343, so
+the student keeps its rule). The dev-comm greedy over ``la_rule`` after each round (``--replay``: the dev split's
+too), the dev split's at the end (the best round kept). ``links``: ``la_rule`` deciding on the topology with every
+link ``lambda`` times slower (its costs resolved there), the placement run on the true one, per pair of the dev-comm
+set and the dev split, and the best lambda per pair (the most a learned per-pair choice of lambda could give).
+Writes ``results/<stem>.json`` (default ``probe_learning_comm_<part>``).
 """
 
 from __future__ import annotations
@@ -59,6 +65,47 @@ def train_specs(n: int = 24) -> list[dict]:
         if rng.random() < 0.7:
             t["link_scale"] = COMM_LINK_SCALE
         out.append({"graph": g, "topology": t, "id": f"train{i}-{g['family']}"})
+    return out
+
+
+def replay_specs(n: int) -> list[dict]:
+    """Training-like tasks (every family, 100-600 nodes, random clusters at the true link speeds) for ``--replay``."""
+    rng = np.random.default_rng(4343)
+    fams = ("dataflow", "layered", "transformer_like", "cnn_like", "series_parallel")
+    return [{"graph": {"family": fams[int(rng.integers(len(fams)))], "num_nodes": int(rng.integers(100, 600)),
+                       "seed": int(rng.integers(2**31))},
+             "topology": {"random": int(rng.integers(2**31)), "devices": [2, 12]}, "id": f"replay{i}"}
+            for i in range(n)]
+
+
+LAMBDAS = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 8.0)
+
+
+def links(args, tasks) -> dict:
+    import dataclasses
+
+    from placement_rl.cost import Simulator, resolve_costs
+    from placement_rl.studies.pretrain import build_tasks, split_specs
+
+    out = {}
+    for name, ts in (("dev_comm", tasks), ("dev", build_tasks(split_specs("dev"), workers=1, cache=args.cache))):
+        rows = []
+        for t in ts:
+            g, c, topo = t.graph, t.costs, t.topology
+            ref, _, _ = _la_rule(g, c, topo)
+            sim = Simulator(g, c, topo)
+            row = {"pair": t.meta.get("id", g.name)}
+            for lam in LAMBDAS:
+                slow = dataclasses.replace(topo, link_bandwidth=topo.link_bandwidth / lam,
+                                           link_latency=topo.link_latency * lam)
+                _, _, dev = _la_rule(g, resolve_costs(g, slow), slow)
+                r = sim.run(dev)
+                row[f"lambda_{lam:g}"] = r.step_time / ref if r.feasible else float("inf")
+            row["best"] = min(row[f"lambda_{lam:g}"] for lam in LAMBDAS)
+            rows.append(row)
+        summary = {k: gm([r[k] for r in rows]) for k in rows[0] if k != "pair"}
+        print(f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in summary.items()), flush=True)
+        out[name] = {"summary": summary, "rows": rows}
     return out
 
 
@@ -119,10 +166,12 @@ def clone(args, tasks) -> dict:
 
     train = build_tasks(train_specs(), workers=1, cache=args.cache)
     dev = build_tasks(split_specs("dev"), workers=1, cache=args.cache)
+    replay = build_tasks(replay_specs(args.replay), workers=1, cache=args.cache) if args.replay else []
     policy, cfg, _ = load_policy(default_checkpoint())
     warm_kernels(policy)
     trainer = ConstructiveTrainer(cfg, policy=policy)
-    trainer._prepare(list(train) + list(tasks) + list(dev))
+    trainer._prepare(list(train) + list(tasks) + list(dev) + list(replay))
+    replayed = [(t, rollout(None, t, forced=t.refs["la_rule"][2], record=True).trace, None) for t in replay]
 
     def score(ts) -> float:
         return gm([r.greedy_time / r.task.refs["la_rule"][0] for r in evaluate(policy, ts, samples=0)])
@@ -160,17 +209,20 @@ def clone(args, tasks) -> dict:
             data.append((t, rollout(None, t, forced=target, record=True).trace, None))
             if args.dagger:
                 data.append((t, ro.trace, target[ro.trace.nodes][:, None]))
-        agree = trainer._distil(data, args.epochs, args.lr, lambda it: imitation_loss(policy, it[0], it[1], it[2]))
+        agree = trainer._distil(data + replayed, args.epochs, args.lr,
+                                lambda it: imitation_loss(policy, it[0], it[1], it[2]))
         s = score(tasks)
         rec = {"round": rnd, "searched_over_la_rule": gm(found), "agreement": agree, "dev_comm_over_la_rule": s,
-               **({"changes_that_pay": float(np.mean(kept))} if kept else {})}
+               **({"changes_that_pay": float(np.mean(kept))} if kept else {}),
+               **({"dev_over_la_rule": score(dev)} if replay else {})}
         rounds.append(rec)
         print(f"round {rnd}: searched {rec['searched_over_la_rule']:.4f} x la_rule on the training tasks, agreement "
               f"{agree:.3f}, dev-comm greedy {s:.4f} x la_rule", flush=True)
         if s < keep[0]:
             keep = (s, trainer._weights())
     policy.load_state_dict(keep[1])
-    out = {"target": args.target, "dagger": args.dagger, "budget": args.budget, "epochs": args.epochs, "lr": args.lr,
+    out = {"target": args.target, "dagger": args.dagger, "replay": args.replay, "budget": args.budget,
+           "epochs": args.epochs, "lr": args.lr,
            "rounds": rounds, "kept_dev_comm_over_la_rule": keep[0], "kept_dev_over_la_rule": score(dev),
            "train_tasks": len(train)}
     print(f"kept: dev-comm {out['kept_dev_comm_over_la_rule']:.4f}, dev {out['kept_dev_over_la_rule']:.4f} x la_rule")
@@ -179,7 +231,7 @@ def clone(args, tasks) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=("room", "clone"))
+    ap.add_argument("part", choices=("room", "clone", "links"))
     ap.add_argument("--seconds", type=float, default=5.0, help="room: each search's seconds")
     ap.add_argument("--target", default="search", choices=("search", "minimal"))
     ap.add_argument("--tol", type=float, default=0.002, help="clone --target minimal: a reverted change may cost this")
@@ -188,6 +240,7 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=6000, help="clone: simulator calls of one task's search per round")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--lr", type=float, default=0.0, help="clone: distillation learning rate (0: the recipe's)")
+    ap.add_argument("--replay", type=int, default=0, help="clone: la_rule's trajectories on this many other tasks")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache", default=None, help="a directory keeping built tasks between runs")
     ap.add_argument("--stem", default=None)
@@ -201,7 +254,7 @@ def main() -> None:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     tasks = build_tasks(dev_comm_specs(), workers=1, cache=args.cache)
-    data = room(args, tasks) if args.part == "room" else clone(args, tasks)
+    data = {"room": room, "clone": clone, "links": links}[args.part](args, tasks)
     path = write_result(args.stem or f"probe_learning_comm_{args.part}", data, seconds=time.perf_counter() - t0)
     print(f"wrote {path}")
 
