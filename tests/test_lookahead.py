@@ -92,6 +92,33 @@ def test_a_search_given_seconds_says_when_its_start_was_cut() -> None:
     assert "start_cut" not in p.meta
 
 
+def test_eft_rollout_search_keeps_half_its_seconds_for_the_annealing() -> None:
+    """Given seconds, ``eft_rollout_search``'s lookahead stops after ``START_SHARE`` of them (as ``la_rule_search``'s
+    start), so the annealing gets the rest: on a graph whose whole lookahead takes far longer, the start is cut and
+    returns within the seconds, and the search then spends simulator calls of its own."""
+    import time
+
+    from placement_rl import baselines
+    from placement_rl.baselines.common import Problem
+    from placement_rl.baselines.eft import eft_rollout
+    from placement_rl.cost.decode import START_SHARE
+
+    small = synthetic.sample("layered", num_nodes=20, seed=1)
+    topo = random_topology(np.random.default_rng(2), (8, 8))
+    eft_rollout(Problem(small, resolve_costs(small, topo), topo, budget=10**9, seed=0))  # compiled before timing
+    g = synthetic.sample("layered", num_nodes=1500, seed=1)
+    costs = resolve_costs(g, topo)
+    seconds = 0.6
+    prob = Problem(g, costs, topo, budget=10**9, seed=0, seconds=seconds)
+    t0 = time.perf_counter()
+    eft_rollout(prob, share=START_SHARE)
+    took = time.perf_counter() - t0
+    assert prob.meta["start_cut"]["lookahead_steps"] < g.num_nodes and took < seconds  # cut near half the seconds
+    p = baselines.get("eft_rollout_search")(g, costs, topo, budget=10**9, seed=0, seconds=seconds)
+    start_calls = p.meta["start_cut"]["lookahead_steps"] * topo.num_devices + 1
+    assert p.meta["sim_calls"] > start_calls + 10  # the annealing's own calls
+
+
 def test_a_start_with_seconds_to_spare_keeps_the_best_of_whole_decodes_at_several_windows() -> None:
     """``decode_windows``: a small window first, then the given window and its halvings, each whole and charged
     (its completions, and a step time for every decode after the first), the best kept; ``la_rule`` given seconds

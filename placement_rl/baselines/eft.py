@@ -24,7 +24,9 @@ alone takes 4-8 s on this machine, ``la_rule`` at its window 0.3-0.9 s).
 * ``eft_rollout_search``: ``eft_rollout``, then simulated annealing (``search.anneal``, the local-search placer's
   moves and temperature) from its placement with the rest of the budget: the cheap heuristic + search a learned
   placer is measured against in fine-tuning (``scripts/bench_generalization.py --part finetune``). Never worse
-  than ``eft_rollout``.
+  than ``eft_rollout``. Given seconds, its lookahead stops after ``START_SHARE`` of them (the rest placed by the
+  earliest finish), as ``la_rule_search``'s start does, so the annealing (and the memory repair of a start that
+  overflows) keeps the other half; before, at 2,000 nodes the lookahead took all of a 0.5 or 2 s budget.
 """
 
 from __future__ import annotations
@@ -89,7 +91,9 @@ def sim_eft(prob: Problem) -> np.ndarray:
     return sim_eft_devices(prob.graph, prob.costs, prob.topology)
 
 
-def eft_rollout(prob: Problem) -> np.ndarray:
+def eft_rollout(prob: Problem, share: float = 1.0) -> np.ndarray:
+    """The lookahead (module doc); with seconds, it stops looking ahead after ``share`` of them (``eft_rollout_search``:
+    the search's start share, ``cost.decode.START_SHARE``, as ``la_rule_search``'s start)."""
     n, d = prob.n, prob.d
     if n > ROLLOUT_MAX_NODES:
         raise ConfigError(f"eft_rollout is O(N^2 D): skipped above {ROLLOUT_MAX_NODES} nodes ({n} here)")
@@ -97,7 +101,8 @@ def eft_rollout(prob: Problem) -> np.ndarray:
         raise ConfigError(f"eft_rollout completes up to N x D = {n * d} placements: it needs a budget of {n * d + 1} "
                           f"simulator calls (the budget is {prob.budget})")
     stats: dict[str, int] = {}
-    devices, _, _ = _eft_rollout(prob.graph, prob.costs, prob.topology, stats=stats, deadline=prob.deadline)
+    deadline = None if prob.seconds is None else prob.start + float(share) * prob.seconds
+    devices, _, _ = _eft_rollout(prob.graph, prob.costs, prob.topology, stats=stats, deadline=deadline)
     prob.charge(int(stats["completions"]))
     _note_cut(prob, "eft_rollout", stats)
     return devices
@@ -123,6 +128,7 @@ def la_rule_search(prob: Problem) -> np.ndarray:
 
 
 def eft_rollout_search(prob: Problem) -> np.ndarray:
-    start = eft_rollout(prob)
+    """``eft_rollout`` (its lookahead held to the start share of the seconds), then annealing with the rest."""
+    start = eft_rollout(prob, share=START_SHARE)
     score = prob.score(start)
     return start if score is None else search.anneal(prob, start, score)
