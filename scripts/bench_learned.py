@@ -102,6 +102,12 @@ def zeroshot(args) -> dict:
     torch.set_num_threads(1)
     tasks = load_tasks(args.split, 0, args.cache, args.workers)
     bounds = {t.meta["id"]: lower_bound(t.graph, t.costs, t.topology) for t in tasks}
+    # the rule on slower views of the links too (baselines.eft.LINK_SCALES): the bar of the best-of-16 row, whose
+    # first placements are the policy's greedy on the same views
+    from placement_rl import baselines
+
+    links = {t.meta["id"]: baselines.get("la_rule_links")(t.graph, t.costs, t.topology, budget=10**12, seed=0)
+             for t in tasks}
     per_ckpt = []
     rows_all = []
     for i, path in enumerate(checkpoints(args.runs)):
@@ -113,6 +119,8 @@ def zeroshot(args) -> dict:
             ref = r["best_one_pass_ms"] / 1e3
             r["bound"] = bounds[t.meta["id"]].value / ref
             r["comm_ratio"] = float(t.meta.get("comm_ratio", float("nan")))
+            p = links[t.meta["id"]]
+            r["la_rule_links"] = float(p.meta["step_time"]) / ref if p.meta["feasible"] else float("inf")
             r["checkpoint"] = i
         heavy = [r for r in rows if r["comm_ratio"] >= 1.0]
         summ = {"checkpoint": str(path), "seconds": time.perf_counter() - t0, "pairs": len(rows),
@@ -120,6 +128,9 @@ def zeroshot(args) -> dict:
                 "greedy_over_la_rule": gm([r["greedy"] / r["la_rule"] for r in rows]),
                 "best16_over_la_rule": gm([r["best_of_k"] / r["la_rule"] for r in rows]),
                 "greedy_over_la_rule_comm_heavy": gm([r["greedy"] / r["la_rule"] for r in heavy]),
+                "best16_over_la_rule_comm_heavy": gm([r["best_of_k"] / r["la_rule"] for r in heavy]),
+                "best16_over_la_rule_links": gm([r["best_of_k"] / r["la_rule_links"] for r in rows]),
+                "la_rule_links_over_la_rule": gm([r["la_rule_links"] / r["la_rule"] for r in rows]),
                 "greedy_over_sim_eft": gm([r["greedy"] / r["sim_eft"] for r in rows]),
                 "greedy_over_eft_rollout": gm([r["greedy"] / r["eft_rollout"] for r in rows]),
                 "la_rule_over_sim_eft": gm([r["la_rule"] / r["sim_eft"] for r in rows]),
@@ -128,7 +139,8 @@ def zeroshot(args) -> dict:
         per_ckpt.append(summ)
         rows_all += rows
         print(f"{path}: " + ", ".join(f"{k} {v:.4f}" for k, v in summ.items() if isinstance(v, float)), flush=True)
-    keys = [k for k in per_ckpt[0] if k.endswith(("la_rule", "comm_heavy", "sim_eft", "eft_rollout", "frac"))]
+    keys = [k for k in per_ckpt[0] if k.endswith(("la_rule", "comm_heavy", "sim_eft", "eft_rollout", "frac",
+                                                  "la_rule_links"))]
     mean = {k: float(np.mean([s[k] for s in per_ckpt])) for k in keys}
     worst = {k: float(np.max([s[k] for s in per_ckpt])) for k in keys}
     return {"split": args.split, "checkpoints": per_ckpt, "mean": mean, "worst": worst, "rows": rows_all}

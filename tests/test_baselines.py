@@ -19,7 +19,8 @@ from placement_rl.topology import DeviceTopology, load_topology
 
 GB = 1e9
 OP_PLACERS = [n for n in baselines.names()
-              if n not in ("exhaustive", "eft_rollout", "eft_rollout_search", "la_rule", "la_rule_search")]  # budgets
+              if n not in ("exhaustive", "eft_rollout", "eft_rollout_search", "la_rule", "la_rule_search",
+                           "la_rule_links")]  # budgets
 
 
 def topology(d: int, *, memory: float = 16 * GB, flops: list[float] | None = None, bw: float = 10 * GB,
@@ -70,12 +71,50 @@ def run(name: str, graph, topo, *, budget: int = 60, seed: int = 0, costs=None, 
 def test_registry_names_and_unknown():
     assert set(baselines.names()) == {"single_device", "round_robin", "random", "metis", "heft", "m_topo",
                                       "m_etf", "m_sct", "sim_eft", "eft_rollout", "eft_rollout_search", "local_search",
-                                      "exhaustive", "la_rule", "la_rule_search"}
+                                      "exhaustive", "la_rule", "la_rule_search", "la_rule_links"}
     with pytest.raises(ConfigError, match="heft"):
         baselines.get("nope")
     with pytest.raises(ConfigError, match="budget"):
         g, t = CASES["diamond"]()
         baselines.get("heft")(g, resolve_costs(g, t), t, budget=-1, seed=0)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_la_rule_links_is_the_best_of_the_rule_on_slower_links_and_counts_every_decode(case):
+    """``la_rule_links``: ``la_rule`` and the rule deciding on links ``LINK_SCALES`` x slower, each scored on the
+    true links, the best kept; every decode charged as ``la_rule``'s (N x D completions at the whole-graph window);
+    a budget for one decode gives ``la_rule`` itself."""
+    from placement_rl.baselines.eft import LINK_SCALES, link_scaled_devices
+    from placement_rl.cost.decode import LA_RULE
+
+    graph, topo = CASES[case]()
+    costs = resolve_costs(graph, topo)
+    n, d = graph.num_nodes, topo.num_devices
+    rule, rres = run("la_rule", graph, topo, budget=n * d + 1, costs=costs)
+    p, res = run("la_rule_links", graph, topo, budget=10**9, costs=costs)
+    assert p.meta["link_scales"] == [1.0, *LINK_SCALES]
+    times = [rres.step_time]
+    for scale in LINK_SCALES:
+        dev = link_scaled_devices(graph, costs, topo, LA_RULE, window=n, scale=scale)
+        times.append(simulate(graph, costs, topo, Placement(dev)).step_time)
+    assert np.array_equal(link_scaled_devices(graph, costs, topo, LA_RULE, window=n, scale=1.0), rule.device_of_node)
+    assert res.feasible and res.step_time == pytest.approx(min(times), rel=1e-12)
+    k = len(LINK_SCALES) + 1
+    assert k * n * d + 1 <= p.meta["sim_calls"] <= k * (n * d + 1)  # the same placement is scored once
+    one, _ = run("la_rule_links", graph, topo, budget=n * d + 1, costs=costs)
+    assert one.meta["link_scales"] == [1.0] and np.array_equal(one.device_of_node, rule.device_of_node)
+
+
+def test_a_slower_view_of_the_links_keeps_a_transfer_heavy_graph_together():
+    """On a chain whose tensors take longer to send than to compute, a rule deciding on links 1000 x slower
+    puts everything on one device."""
+    from placement_rl.baselines.eft import link_scaled_devices
+    from placement_rl.cost.decode import LA_RULE
+
+    graph, topo = random_dag(12, 3), topology(3, bw=1e9)
+    costs = resolve_costs(graph, topo)
+    dev = link_scaled_devices(graph, costs, topo, LA_RULE, window=12, scale=1000.0)
+    assert len(set(dev.tolist())) == 1
 
 
 # ------------------------------------------------------- validity and budget

@@ -183,3 +183,35 @@ def test_the_best_learned_placement_is_the_fastest_that_fits_and_says_which(gree
     res = TaskResult(None, greedy, sampled)
     assert (res.best_time, res.best_index, res.best_feasible) == want
     assert np.array_equal(res.best_devices, greedy.devices[0] if want[1] < 0 else sampled.devices[want[1]])
+
+
+def test_best_of_k_takes_the_greedy_placements_on_slower_links_first() -> None:
+    """The first of the k placements of best-of-k are the policy's greedy ones deciding on links ``LINK_SCALES`` x
+    slower (each scored on the true links), the rest sampled; ``best_label`` says which one won."""
+    from placement_rl.agents.constructive import graph_tensors, state_window
+    from placement_rl.agents.constructive_train import build_policy
+    from placement_rl.agents.fast_decode import Head
+    from placement_rl.baselines.eft import LINK_SCALES, link_scaled_devices
+    from placement_rl.cost.decode import POLICY
+
+    torch.manual_seed(0)
+    policy = build_policy(ConstructiveConfig(hidden=16, layers=1))
+    t = task("dataflow", 60, 4, "2x4_v100_ib")
+    res = evaluate(policy, [t], samples=len(LINK_SCALES) + 2)[0]
+    assert res.link_scales == LINK_SCALES and len(res.sampled.times) == len(LINK_SCALES) + 2
+    with torch.no_grad():
+        head = Head(policy, policy.embed(*graph_tensors(t)).double().numpy()).arrays()
+    for k, scale in enumerate(LINK_SCALES):
+        want = link_scaled_devices(t.graph, t.costs, t.topology, POLICY, head, window=state_window(policy, 60),
+                                   scale=scale)
+        assert np.array_equal(res.sampled.devices[k], want)
+        assert res.sampled.times[k] == pytest.approx(simulate(t.graph, t.costs, t.topology, want).step_time)
+    # at scale 1 the decode is the greedy placement itself
+    one = link_scaled_devices(t.graph, t.costs, t.topology, POLICY, head, window=state_window(policy, 60), scale=1.0)
+    assert np.array_equal(one, res.greedy.devices[0])
+    few = evaluate(policy, [t], samples=2)[0]  # fewer than the scales: only the first scales, nothing sampled
+    assert few.link_scales == LINK_SCALES[:2] and np.array_equal(few.sampled.devices, res.sampled.devices[:2])
+    label = res.best_label
+    k = res.best_index
+    assert label == ("greedy" if k < 0 else f"greedy on links {LINK_SCALES[k]:g} x slower" if k < len(LINK_SCALES)
+                     else f"sample {k - len(LINK_SCALES) + 1}")

@@ -55,6 +55,7 @@ _PLACERS: dict[str, Callable[[Problem], np.ndarray]] = {
     "sim_eft": eft.sim_eft,
     "eft_rollout": eft.eft_rollout,
     "la_rule": eft.la_rule,
+    "la_rule_links": eft.la_rule_links,
     "la_rule_search": eft.la_rule_search,
     "eft_rollout_search": eft.eft_rollout_search,
     "local_search": search.local_search,

@@ -38,12 +38,16 @@ import numpy as np
 import placement_rl.baselines.search as search
 from placement_rl.baselines.common import Problem
 from placement_rl.cost.lookahead import complete_eft, eft_rollout as _eft_rollout
-from placement_rl.cost.decode import LA_RULE, START_SHARE, decode_windows
+from placement_rl.cost.decode import LA_RULE, START_SHARE, decode, decode_windows
 from placement_rl.cost.schedule import ScheduleState
 from placement_rl.cost.window import placing_window, window_completions
 from placement_rl.errors import ConfigError
 
 ROLLOUT_MAX_NODES = 4000  # O(N^2 D): about 10 s at 4,000 nodes on 8 devices on one core
+LINK_SCALES = (1.5, 2.0, 0.75, 3.0, 4.0)  # the link slowdowns a one-pass rule also decides on (``la_rule_links``,
+# the policy's best of k, ``agents.constructive_eval``): dev-comm pairs (scripts/probe_learning_comm.py), la_rule
+# deciding on each alone 0.976 / 1.006 / 0.999 / 1.013 / 1.083 x la_rule, the best of all six 0.950; on the dev split
+# 1.005 / 1.024 / 1.009 / 1.054 / 1.067, the best of all six 0.997 (each placement run on the true links)
 
 
 def la_rule_devices(graph, costs, topology, window: int | None = None, *, deadline: float | None = None,
@@ -80,6 +84,42 @@ def la_rule(prob: Problem, share: float = 1.0) -> np.ndarray:
     if deadline is not None:
         prob.meta["start_windows"] = stats["windows"]
     return devices
+
+
+def link_scaled_devices(graph, costs, topology, chooser: int = LA_RULE, head: tuple | None = None, *, window: int,
+                        scale: float) -> np.ndarray:
+    """The placement a one-pass chooser (``cost.decode``: ``LA_RULE``, or the policy's ``POLICY`` with its head)
+    makes when every transfer takes ``scale`` times its time (latency and per-byte time of every link, measured
+    curves included); run it on the true links to score it. Where the rule underrates the cost of spreading a
+    graph over slow links (communication-heavy pairs), a slower view of the links keeps more of it together."""
+    st = ScheduleState(graph, costs, topology, episodes=1, window=int(window))
+    if scale != 1.0:
+        st._link_coef[...] = st._link_coef * float(scale)  # (alpha, beta) of every segment of every link
+    decode(st, chooser, head)
+    return st.devices[0].copy()
+
+
+def la_rule_links(prob: Problem) -> np.ndarray:
+    """``la_rule``, and the rule deciding on links ``LINK_SCALES`` x slower, each run on the true links: the best
+    (a multi-pass rule: each decode charged as ``la_rule``'s; given seconds or calls, the scales that fit after the
+    plain rule, in ``LINK_SCALES``' order; ``link_scales`` in the meta)."""
+    best = la_rule(prob)
+    best_s = prob.score(best)
+    n, d = prob.n, prob.d
+    w = placing_window(n)
+    need = window_completions(n, d, w)
+    done = [1.0]
+    for scale in LINK_SCALES:
+        if best_s is None or prob.left < need + 1:
+            break
+        dev = link_scaled_devices(prob.graph, prob.costs, prob.topology, LA_RULE, window=w, scale=scale)
+        prob.charge(need)
+        s = prob.score(dev)
+        done.append(scale)
+        if s is not None and s.key < best_s.key:
+            best, best_s = dev, s
+    prob.meta["link_scales"] = done
+    return best
 
 
 def sim_eft_devices(graph, costs, topology) -> np.ndarray:

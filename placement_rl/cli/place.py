@@ -66,7 +66,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     wall = time.perf_counter() - t0
     # the plan is the fastest placement that fits memory (the greedy one when none does), and the metrics say so
     step_time, fits = res.best_time, res.best_feasible
-    chosen = f"best of {plural(samples, 'sample')}" if res.best_index >= 0 else "greedy"
+    chosen = res.best_label  # greedy, greedy on links x slower (the first samples), or sample k
     out = output_dir()
     plan, plan_file = save_plan(res.best_devices, graph, topology, out)
     # every placement's simulator calls: N x D + 1 with the whole-graph window (its completions), else 1
@@ -139,7 +139,8 @@ def overflow_note(graph, costs, topology, devices, samples: int, *, searched: di
     which = "the greedy placement" + (f" and its {plural(samples, 'sample')}" if samples > 0 else "")
     fix = ("the search from it fits (search/placement.json)" if searched and searched["feasible"] else
            "search_budget=<calls> runs a search from it that repairs memory first, or give the devices more memory")
-    return f"warning: {which} overflow memory ({', '.join(over)}); placement.json holds the greedy one: {fix}"
+    verb = "overflow" if samples > 0 else "overflows"
+    return f"warning: {which} {verb} memory ({', '.join(over)}); placement.json holds the greedy one: {fix}"
 
 
 def run(cfg: DictConfig) -> dict:

@@ -82,6 +82,13 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
                        True, np.zeros(graph.num_nodes, np.int64), 0, time.perf_counter() - tb)]
     rows += [LearnedRow(name, "heuristic", t, ok, dev, int(calls.get(name, 1)), float(secs.get(name, 0.0)))
              for name, (t, ok, dev) in task.refs.items()]
+    if "la_rule" in task.refs:  # the rule on slower views of the links too: the bar of the best-of-k row
+        from placement_rl import baselines
+
+        p = baselines.get("la_rule_links")(graph, costs, topology, budget=10**12, seed=seed)
+        rows.append(LearnedRow("la_rule_links", "heuristic", float(p.meta["step_time"]), bool(p.meta["feasible"]),
+                               np.asarray(p.device_of_node, np.int64), int(p.meta["sim_calls"]),
+                               float(p.meta["search_seconds"])))
     if budget is not None:  # the whole-graph window costs N x D calls per placement: at a budget, read W only
         policy.full_window = 0  # (a graph within W still reads all of it)
     per = placement_calls(policy, task)  # calls per evaluated placement (N x D completions with the whole-graph window)
