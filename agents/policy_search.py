@@ -20,7 +20,9 @@ start's time (``start_time``, the better of the ``starts`` taken), the batches r
 Within the seconds: the policy's greedy start is the best of its whole decodes at the windows that fit in
 ``START_SHARE`` of the seconds (``cost.decode.decode_windows``: a 16-node window first, then the placing window and
 its halvings, largest first, each when its predicted time fits; ``start_windows`` in the meta; ``la_rule_search``
-takes the same start with the rule). At 2,000 nodes the placing window's decode alone takes 0.3-0.9 s; there the
+takes the same start with the rule), then, while they fit there too, the policy's greedy placements on links
+``LINK_SCALES`` x slower at the largest window a whole decode ran at (``baselines.eft.link_starts``; "links x..."
+in ``starts``). At 2,000 nodes the placing window's decode alone takes 0.3-0.9 s; there the
 windows that fit are about as good for the policy as for its rule (five memory-feasible dev graphs of 2,000 nodes,
 ``scripts/probe_windows.py``: the best of those that fit 0.5 / 1 / 2 s, 0.988 / 0.981 / 0.981 x ``la_rule`` at its
 window, the rule's own 0.990 / 0.983 / 0.983). A decode the seconds run out in stops deciding
@@ -39,11 +41,11 @@ import numpy as np
 
 from placement_rl.agents.constructive import graph_tensors
 from placement_rl.agents.fast_decode import Head
-from placement_rl.baselines.eft import ROLLOUT_MAX_NODES, start_cut
+from placement_rl.baselines.eft import LINK_SCALES, ROLLOUT_MAX_NODES, link_scaled_devices, start_cut
 from placement_rl.cost.decode import (EARLIEST_FINISH, FORCED, LA_RULE, POLICY, SAMPLE, START_SHARE, decode,
                                       decode_until, decode_windows, state_key)
 from placement_rl.cost.schedule import ScheduleState
-from placement_rl.cost.window import completions_until, placing_window
+from placement_rl.cost.window import completions_until, placing_window, window_completions
 from placement_rl.envs.constructive_task import ConstructiveTask
 from placement_rl.errors import ConfigError
 from placement_rl.plans import Placement
@@ -108,6 +110,23 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
             starts.append("sim_eft")
             if state_key(eft) < state_key(one):
                 one, start_dev = eft, eft.devices[0].copy()
+        # the policy's greedy on slower views of the links (baselines.eft.link_starts, with the policy's head), at
+        # the largest window a whole start decode ran at, while each fits in START_SHARE of the seconds
+        done_w = [int(e[0]) for e in log if int(e[1]) >= n]
+        if done_w and nd > 1:
+            w_, one_t = max(done_w), time.perf_counter() - t0
+            for scale in LINK_SCALES:
+                if time.perf_counter() - t0 + one_t > START_SHARE * float(seconds):
+                    break
+                ts = time.perf_counter()
+                dev_ = link_scaled_devices(graph, costs, topology, POLICY, head, window=w_, scale=scale)
+                st_ = ScheduleState(graph, costs, topology, episodes=1, window=0)
+                decode(st_, FORCED, forced=dev_)
+                calls += window_completions(n, nd, w_) + 1
+                starts.append(f"links x{scale:g}")
+                one_t = max(one_t, time.perf_counter() - ts)
+                if state_key(st_) < state_key(one):
+                    one, start_dev = st_, dev_.copy()
         took = time.perf_counter() - t0
         # and the rule the policy's lookahead feature is, when the seconds leave room for a second start
         if n <= ROLLOUT_MAX_NODES and took <= RULE_START_SHARE * float(seconds):

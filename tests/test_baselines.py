@@ -105,6 +105,23 @@ def test_la_rule_links_is_the_best_of_the_rule_on_slower_links_and_counts_every_
     assert one.meta["link_scales"] == [1.0] and np.array_equal(one.device_of_node, rule.device_of_node)
 
 
+@pytest.mark.parametrize("case", ["dag30", "synthetic"])
+def test_la_rule_search_starts_from_the_best_of_the_rule_on_every_view_of_the_links(case):
+    """``la_rule_search``'s start: the rule and the rule on links ``LINK_SCALES`` x slower (``link_starts`` in
+    the meta), the best of them; the annealing never returns worse; given seconds, it keeps to them."""
+    from placement_rl.baselines.eft import LINK_SCALES
+
+    graph, topo = CASES[case]()
+    costs = resolve_costs(graph, topo)
+    n, d = graph.num_nodes, topo.num_devices
+    links, lres = run("la_rule_links", graph, topo, budget=10**9, costs=costs)
+    p, res = run("la_rule_search", graph, topo, budget=(len(LINK_SCALES) + 1) * (n * d + 1) + 50, costs=costs)
+    assert p.meta["link_starts"] == list(LINK_SCALES)
+    assert res.step_time <= lres.step_time * (1 + 1e-12)
+    p, _ = run("la_rule_search", graph, topo, budget=10**12, costs=costs, seconds=0.2)
+    assert p.meta["search_seconds"] < 0.2 * 1.5 + 0.05
+
+
 def test_a_slower_view_of_the_links_keeps_a_transfer_heavy_graph_together():
     """On a chain whose tensors take longer to send than to compute, a rule deciding on links 1000 x slower
     puts everything on one device."""

@@ -65,7 +65,16 @@ def test_policy_search_never_worse_than_its_starts_and_reports_what_it_ran(polic
         st = ScheduleState(g, c, t, episodes=1, window=w)
         decode(st, POLICY, Head(policy, h).arrays())
         greedy = min(greedy, float(st.finish()[0]))
-    assert p.meta["starts"] in (["policy"], ["policy", "la_rule"])
+    # then the policy's greedy on slower views of the links, at the largest whole window, while they fitted
+    from placement_rl.baselines.eft import LINK_SCALES, link_scaled_devices
+
+    scaled = [x for x in p.meta["starts"] if x.startswith("links x")]
+    assert p.meta["starts"] in (["policy", *scaled], ["policy", *scaled, "la_rule"])
+    assert scaled == [f"links x{s:g}" for s in LINK_SCALES[:len(scaled)]]
+    w = max(w for w, _ in windows)
+    for s in LINK_SCALES[:len(scaled)]:
+        dev_ = link_scaled_devices(g, c, t, POLICY, Head(policy, h).arrays(), window=w, scale=s)
+        greedy = min(greedy, simulate(g, c, t, dev_).step_time)
     taken = min(rule, greedy) if "la_rule" in p.meta["starts"] else greedy
     assert p.meta["start_time"] == pytest.approx(taken, rel=1e-9)
     assert res.step_time <= taken * (1 + 1e-9)
@@ -82,9 +91,10 @@ def test_the_rules_start_is_taken_only_when_the_greedy_leaves_room(policy, monke
 
     g, c, t = _case("dataflow", 80, "2x4_v100_ib", 2)
     monkeypatch.setattr(ps, "RULE_START_SHARE", 0.0)
-    assert policy_search(policy, g, c, t, seconds=0.2, seed=0).meta["starts"] == ["policy"]
+    starts = policy_search(policy, g, c, t, seconds=0.2, seed=0).meta["starts"]
+    assert starts[0] == "policy" and "la_rule" not in starts  # (the link-scaled greedy ones between)
     monkeypatch.setattr(ps, "RULE_START_SHARE", 1e9)
-    assert policy_search(policy, g, c, t, seconds=0.2, seed=0).meta["starts"] == ["policy", "la_rule"]
+    assert policy_search(policy, g, c, t, seconds=0.2, seed=0).meta["starts"][-1] == "la_rule"
 
 
 def test_policy_search_refuses_bad_budgets_in_one_line(policy):

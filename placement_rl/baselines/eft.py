@@ -14,7 +14,8 @@
   window (the whole rest of the graph up to ``FULL_WINDOW`` nodes, else ``POLICY_WINDOW``): the rule the policy's
   lookahead feature is, with no network (``cost.decode.LA_RULE``). Charged every completed placement it evaluates
   (``window_completions``: N x D + 1 at the whole-graph window) like ``eft_rollout``; O(N^2 D^2).
-* ``la_rule_search``: ``la_rule``, then annealing from its placement with the rest of the budget (or seconds).
+* ``la_rule_search``: ``la_rule`` and, while they fit in half the seconds, the rule on links ``LINK_SCALES`` x
+  slower (``link_starts``), then annealing from the best with the rest of the budget (or seconds).
 
 Given seconds (``Problem.seconds``), ``eft_rollout`` stops its lookahead when the seconds run out and places the
 rest by the earliest finish (the meta's ``start_cut`` says where), and ``la_rule`` takes the best of whole decodes
@@ -162,11 +163,50 @@ def _note_cut(prob: Problem, rule: str, stats: dict[str, int]) -> None:
         prob.meta["start_cut"] = cut
 
 
+def link_starts(prob: Problem, start: np.ndarray, score, chooser: int = LA_RULE, head: tuple | None = None, *,
+                window: int | None = None):
+    """``(start, score)``: the better of ``start`` and the chooser's placements on links ``LINK_SCALES`` x slower
+    (``link_scaled_devices``, each charged as a whole-window decode), taken while each fits in the calls left and,
+    with seconds, before ``START_SHARE`` of them (each decode's time predicted by the slowest so far, at first by
+    the seconds the start took); ``link_starts`` in the meta lists the scales taken. Dev (la_rule_search at equal
+    seconds, over it without them): the communication-heavy pairs of scripts/probe_learning_comm.py 0.982 / 0.980
+    at 2 / 10 s, 8 dev-split pairs 0.999 / 0.991."""
+    n, d = prob.n, prob.d
+    if window is None:  # the largest window a whole decode of the start ran at (its seconds bound one more)
+        done = [int(e[0]) for e in prob.meta.get("start_windows", [[placing_window(n), n]]) if int(e[1]) >= n]
+        if not done:
+            prob.meta["link_starts"] = []
+            return start, score
+        window = max(done)
+    w = int(window)
+    need = window_completions(n, d, w)
+    one = prob.elapsed  # the start's own seconds: at least one decode at that window
+    taken = []
+    for scale in LINK_SCALES:
+        if prob.left < need + 1 or (prob.seconds is not None
+                                    and prob.elapsed + one > START_SHARE * prob.seconds):
+            break
+        t0 = prob.elapsed
+        dev = link_scaled_devices(prob.graph, prob.costs, prob.topology, chooser, head, window=w, scale=scale)
+        prob.charge(need)
+        s = prob.score(dev)
+        one = max(one, prob.elapsed - t0) if taken else prob.elapsed - t0
+        taken.append(scale)
+        if s is not None and (score is None or s.key < score.key):
+            start, score = dev, s
+    prob.meta["link_starts"] = taken
+    return start, score
+
+
 def la_rule_search(prob: Problem) -> np.ndarray:
-    """``la_rule``, then annealing from its placement with the rest of the budget (never worse than ``la_rule``)."""
+    """``la_rule`` and the rule on slower views of the links (``link_starts``), then annealing from the best with
+    the rest of the budget (never worse than ``la_rule``)."""
     start = la_rule(prob, share=START_SHARE)
     score = prob.score(start)
-    return start if score is None else search.anneal(prob, start, score)
+    if score is None:
+        return start
+    start, score = link_starts(prob, start, score)
+    return search.anneal(prob, start, score)
 
 
 def eft_rollout_search(prob: Problem) -> np.ndarray:
