@@ -41,7 +41,7 @@ import numpy as np
 
 from placement_rl.agents.constructive import graph_tensors
 from placement_rl.agents.fast_decode import Head
-from placement_rl.baselines.eft import LINK_SCALES, ROLLOUT_MAX_NODES, link_scaled_devices, start_cut
+from placement_rl.baselines.eft import ROLLOUT_MAX_NODES, link_views, start_cut
 from placement_rl.cost.decode import (EARLIEST_FINISH, FORCED, LA_RULE, POLICY, SAMPLE, START_SHARE, decode,
                                       decode_until, decode_windows, state_key)
 from placement_rl.cost.schedule import ScheduleState
@@ -114,17 +114,16 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
         # the largest window a whole start decode ran at, while each fits in START_SHARE of the seconds
         done_w = [int(e[0]) for e in log if int(e[1]) >= n]
         if done_w and nd > 1:
-            w_, one_t = max(done_w), time.perf_counter() - t0
-            for scale in LINK_SCALES:
-                if time.perf_counter() - t0 + one_t > START_SHARE * float(seconds):
-                    break
-                ts = time.perf_counter()
-                dev_ = link_scaled_devices(graph, costs, topology, POLICY, head, window=w_, scale=scale)
+            w_, first = max(done_w), time.perf_counter() - t0
+
+            def fits(slowest: float | None) -> bool:  # the next view, predicted by the slowest so far, in the share
+                return time.perf_counter() - t0 + max(first, slowest or 0.0) <= START_SHARE * float(seconds)
+
+            for scale, dev_ in link_views(graph, costs, topology, POLICY, head, window=w_, fits=fits):
                 st_ = ScheduleState(graph, costs, topology, episodes=1, window=0)
                 decode(st_, FORCED, forced=dev_)
                 calls += window_completions(n, nd, w_) + 1
                 starts.append(f"links x{scale:g}")
-                one_t = max(one_t, time.perf_counter() - ts)
                 if state_key(st_) < state_key(one):
                     one, start_dev = st_, dev_.copy()
         took = time.perf_counter() - t0

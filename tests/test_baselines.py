@@ -122,6 +122,34 @@ def test_la_rule_search_starts_from_the_best_of_the_rule_on_every_view_of_the_li
     assert p.meta["search_seconds"] < 0.2 * 1.5 + 0.05
 
 
+def test_link_views_yields_the_scales_in_order_while_they_fit_and_times_the_slowest():
+    """``link_views``: the chooser's placement per scale of ``LINK_SCALES`` (that of ``link_scaled_devices``),
+    asking ``fits`` before each with the slowest view so far (None before the first, then the most seconds one
+    took, the caller's scoring included); stops at the first no."""
+    import time
+
+    from placement_rl.baselines.eft import LINK_SCALES, link_scaled_devices, link_views
+    from placement_rl.cost.decode import LA_RULE
+
+    graph, topo = CASES["dag30"]()
+    costs = resolve_costs(graph, topo)
+    asked = []
+
+    def fits(slowest):
+        asked.append(slowest)
+        return len(asked) <= 3
+
+    got = []
+    for scale, dev in link_views(graph, costs, topo, LA_RULE, window=8, fits=fits):
+        got.append(scale)
+        assert np.array_equal(dev, link_scaled_devices(graph, costs, topo, LA_RULE, window=8, scale=scale))
+        time.sleep(0.02 * len(got))  # the caller's own work counts in the view's seconds
+    assert got == list(LINK_SCALES[:3]) and len(asked) == 4
+    assert asked[0] is None and 0.02 <= asked[1] <= asked[2] and asked[3] >= 0.06
+    assert list(s for s, _ in link_views(graph, costs, topo, LA_RULE, window=8, fits=lambda _s: True)) == \
+        list(LINK_SCALES)
+
+
 def test_a_slower_view_of_the_links_keeps_a_transfer_heavy_graph_together():
     """On a chain whose tensors take longer to send than to compute, a rule deciding on links 1000 x slower
     puts everything on one device."""

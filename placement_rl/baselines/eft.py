@@ -34,6 +34,9 @@ alone takes 4-8 s on this machine, ``la_rule`` at its window 0.3-0.9 s).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator
+
 import numpy as np
 
 import placement_rl.baselines.search as search
@@ -100,20 +103,36 @@ def link_scaled_devices(graph, costs, topology, chooser: int = LA_RULE, head: tu
     return st.devices[0].copy()
 
 
+def link_views(graph, costs, topology, chooser: int = LA_RULE, head: tuple | None = None, *, window: int,
+               fits: Callable[[float | None], bool]) -> Iterator[tuple[float, np.ndarray]]:
+    """``(scale, devices)`` for each of ``LINK_SCALES`` in order (``link_scaled_devices``), while ``fits(slowest)``
+    says one more fits: ``slowest`` is the most wall seconds one view took so far (None before the first), each
+    counted from its decode until the caller asks for the next (its scoring included). The one loop of
+    ``la_rule_links``, ``link_starts`` and ``policy_search``'s link-scaled starts."""
+    slowest: float | None = None
+    for scale in LINK_SCALES:
+        if not fits(slowest):
+            return
+        t0 = time.perf_counter()
+        yield scale, link_scaled_devices(graph, costs, topology, chooser, head, window=window, scale=scale)
+        took = time.perf_counter() - t0
+        slowest = took if slowest is None else max(slowest, took)
+
+
 def la_rule_links(prob: Problem) -> np.ndarray:
     """``la_rule``, and the rule deciding on links ``LINK_SCALES`` x slower, each run on the true links: the best
     (a multi-pass rule: each decode charged as ``la_rule``'s; given seconds or calls, the scales that fit after the
     plain rule, in ``LINK_SCALES``' order; ``link_scales`` in the meta)."""
     best = la_rule(prob)
     best_s = prob.score(best)
-    n, d = prob.n, prob.d
-    w = placing_window(n)
-    need = window_completions(n, d, w)
+    w = placing_window(prob.n)
+    need = window_completions(prob.n, prob.d, w)
     done = [1.0]
-    for scale in LINK_SCALES:
-        if best_s is None or prob.left < need + 1:
-            break
-        dev = link_scaled_devices(prob.graph, prob.costs, prob.topology, LA_RULE, window=w, scale=scale)
+
+    def fits(_slowest: float | None) -> bool:  # calls left (``prob.left`` is 0 once the seconds run out)
+        return best_s is not None and prob.left >= need + 1
+
+    for scale, dev in link_views(prob.graph, prob.costs, prob.topology, LA_RULE, window=w, fits=fits):
         prob.charge(need)
         s = prob.score(dev)
         done.append(scale)
@@ -180,17 +199,16 @@ def link_starts(prob: Problem, start: np.ndarray, score, chooser: int = LA_RULE,
         window = max(done)
     w = int(window)
     need = window_completions(n, d, w)
-    one = prob.elapsed  # the start's own seconds: at least one decode at that window
+    first = prob.elapsed  # the start's own seconds: at least one decode at that window
     taken = []
-    for scale in LINK_SCALES:
-        if prob.left < need + 1 or (prob.seconds is not None
-                                    and prob.elapsed + one > START_SHARE * prob.seconds):
-            break
-        t0 = prob.elapsed
-        dev = link_scaled_devices(prob.graph, prob.costs, prob.topology, chooser, head, window=w, scale=scale)
+
+    def fits(slowest: float | None) -> bool:
+        one = first if slowest is None else slowest
+        return prob.left >= need + 1 and (prob.seconds is None or prob.elapsed + one <= START_SHARE * prob.seconds)
+
+    for scale, dev in link_views(prob.graph, prob.costs, prob.topology, chooser, head, window=w, fits=fits):
         prob.charge(need)
         s = prob.score(dev)
-        one = max(one, prob.elapsed - t0) if taken else prob.elapsed - t0
         taken.append(scale)
         if s is not None and (score is None or s.key < score.key):
             start, score = dev, s
