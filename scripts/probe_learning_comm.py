@@ -6,6 +6,7 @@
     python scripts/probe_learning_comm.py clone --dagger          # ... the student's own states labelled with it
     python scripts/probe_learning_comm.py clone --target minimal --replay 24   # ... with la_rule replayed elsewhere
     python scripts/probe_learning_comm.py links                   # la_rule deciding on links lambda x slower
+    python scripts/probe_learning_comm.py edges --seconds 5       # la_rule told which edges search keeps together
 
 The dev-comm pairs: three dataflow graphs and one series-parallel graph (seed 777, never a test seed) on the DGX-1
 and on a heterogeneous-link random cluster, both with links 4x slower, and on the DGX A100 (12 pairs, the kind of
@@ -22,6 +23,10 @@ the student keeps its rule). The dev-comm greedy over ``la_rule`` after each rou
 too), the dev split's at the end (the best round kept). ``links``: ``la_rule`` deciding on the topology with every
 link ``lambda`` times slower (its costs resolved there), the placement run on the true one, per pair of the dev-comm
 set and the dev split, and the best lambda per pair (the most a learned per-pair choice of lambda could give).
+``edges``: an oracle for learned per-edge weights ("which subgraphs to keep together"): ``la_rule`` deciding on edge
+bytes scaled by ``s`` where ``la_rule_search``'s best placement (``--seconds``) keeps the edge on one device
+(``in<s>``), or by ``1/s`` where it cuts it (``cut<s>``), the placement run on the true graph; per dev-comm pair,
+each as a ratio to ``la_rule``, with the search's own ratio. If the oracle misses, a model predicting those edges does.
 Writes ``results/<stem>.json`` (default ``probe_learning_comm_<part>``).
 """
 
@@ -109,12 +114,44 @@ def links(args, tasks) -> dict:
     return out
 
 
-def _la_rule(g, c, topo) -> tuple[float, bool, np.ndarray]:
+EDGE_SCALES = (2.0, 4.0, 16.0)
+
+
+def edges(args, tasks) -> dict:
+    from placement_rl import baselines
+    from placement_rl.cost import Simulator
+
+    rows = []
+    for t in tasks:
+        g, c, topo = t.graph, t.costs, t.topology
+        sim = Simulator(g, c, topo)
+        ref, _, _ = _la_rule(g, c, topo)
+        p = baselines.get("la_rule_search")(g, c, topo, budget=10**9, seed=args.seed, seconds=args.seconds)
+        best = p.device_of_node
+        same = best[g.edges[:, 0]] == best[g.edges[:, 1]]
+        row = {"pair": t.meta["id"], "search": float(p.meta["step_time"]) / ref, "kept_together": float(same.mean())}
+        for s in EDGE_SCALES:
+            for key, factor in ((f"in{s:g}", np.where(same, s, 1.0)), (f"cut{s:g}", np.where(same, 1.0, 1.0 / s))):
+                _, _, dev = _la_rule(g, c, topo, edge_factor=factor)
+                r = sim.run(dev)
+                row[key] = r.step_time / ref if r.feasible else float("inf")
+        row["oracle_best"] = min(v for k, v in row.items() if k.startswith(("in", "cut")))
+        rows.append(row)
+        print(f"{row['pair']:44s} search {row['search']:.3f}, oracle best {row['oracle_best']:.3f} "
+              f"(in4 {row['in4']:.3f}, cut4 {row['cut4']:.3f})", flush=True)
+    summary = {k: gm([r[k] for r in rows]) for k in rows[0] if k != "pair"}
+    print(", ".join(f"{k} {v:.4f}" for k, v in summary.items()))
+    return {"seconds": args.seconds, "summary": summary, "rows": rows}
+
+
+def _la_rule(g, c, topo, edge_factor=None) -> tuple[float, bool, np.ndarray]:
     from placement_rl.cost.decode import LA_RULE, decode
     from placement_rl.cost.schedule import ScheduleState
     from placement_rl.cost.window import placing_window
 
     st = ScheduleState(g, c, topo, episodes=1, window=placing_window(g.num_nodes))
+    if edge_factor is not None:  # the rule deciding on these edge bytes (the state's own copy of the graph's)
+        st._g = (*st._g[:3], np.ascontiguousarray(st._g[3] * edge_factor))
     decode(st, LA_RULE)
     return float(st.finish()[0]), bool(st.feasible()[0]), st.devices[0].copy()
 
@@ -231,8 +268,8 @@ def clone(args, tasks) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=("room", "clone", "links"))
-    ap.add_argument("--seconds", type=float, default=5.0, help="room: each search's seconds")
+    ap.add_argument("part", choices=("room", "clone", "links", "edges"))
+    ap.add_argument("--seconds", type=float, default=5.0, help="room, edges: each search's seconds")
     ap.add_argument("--target", default="search", choices=("search", "minimal"))
     ap.add_argument("--tol", type=float, default=0.002, help="clone --target minimal: a reverted change may cost this")
     ap.add_argument("--dagger", action="store_true")
@@ -254,7 +291,7 @@ def main() -> None:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     tasks = build_tasks(dev_comm_specs(), workers=1, cache=args.cache)
-    data = {"room": room, "clone": clone, "links": links}[args.part](args, tasks)
+    data = {"room": room, "clone": clone, "links": links, "edges": edges}[args.part](args, tasks)
     path = write_result(args.stem or f"probe_learning_comm_{args.part}", data, seconds=time.perf_counter() - t0)
     print(f"wrote {path}")
 
