@@ -7,6 +7,7 @@
     python scripts/probe_learning_comm.py clone --target minimal --replay 24   # ... with la_rule replayed elsewhere
     python scripts/probe_learning_comm.py links                   # la_rule deciding on links lambda x slower
     python scripts/probe_learning_comm.py edges --seconds 5       # la_rule told which edges search keeps together
+    python scripts/probe_learning_comm.py prefix --seconds 5      # search's first decisions, la_rule the rest
 
 The dev-comm pairs: three dataflow graphs and one series-parallel graph (seed 777, never a test seed) on the DGX-1
 and on a heterogeneous-link random cluster, both with links 4x slower, and on the DGX A100 (12 pairs, the kind of
@@ -27,6 +28,9 @@ set and the dev split, and the best lambda per pair (the most a learned per-pair
 bytes scaled by ``s`` where ``la_rule_search``'s best placement (``--seconds``) keeps the edge on one device
 (``in<s>``), or by ``1/s`` where it cuts it (``cut<s>``), the placement run on the true graph; per dev-comm pair,
 each as a ratio to ``la_rule``, with the search's own ratio. If the oracle misses, a model predicting those edges does.
+``prefix``: how much of the search's gain a one-pass decoder keeps when it makes the first ``f`` of its decisions
+(the simulator's order) as the search's best placement does and ``la_rule`` makes the rest (``f`` in ``PREFIXES``):
+what imitating the search along its own trajectory can give before the student errs at all.
 Writes ``results/<stem>.json`` (default ``probe_learning_comm_<part>``).
 """
 
@@ -139,6 +143,34 @@ def edges(args, tasks) -> dict:
         rows.append(row)
         print(f"{row['pair']:44s} search {row['search']:.3f}, oracle best {row['oracle_best']:.3f} "
               f"(in4 {row['in4']:.3f}, cut4 {row['cut4']:.3f})", flush=True)
+    summary = {k: gm([r[k] for r in rows]) for k in rows[0] if k != "pair"}
+    print(", ".join(f"{k} {v:.4f}" for k, v in summary.items()))
+    return {"seconds": args.seconds, "summary": summary, "rows": rows}
+
+
+PREFIXES = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
+
+
+def prefix(args, tasks) -> dict:
+    from placement_rl import baselines
+    from placement_rl.cost.decode import FORCED, LA_RULE, decode
+    from placement_rl.cost.schedule import ScheduleState
+    from placement_rl.cost.window import placing_window
+
+    rows = []
+    for t in tasks:
+        g, c, topo = t.graph, t.costs, t.topology
+        ref, _, _ = _la_rule(g, c, topo)
+        p = baselines.get("la_rule_search")(g, c, topo, budget=10**9, seed=args.seed, seconds=args.seconds)
+        row = {"pair": t.meta["id"], "search": float(p.meta["step_time"]) / ref}
+        for f in PREFIXES:
+            st = ScheduleState(g, c, topo, episodes=1, window=placing_window(g.num_nodes))
+            decode(st, FORCED, stop=int(round(f * g.num_nodes)), forced=p.device_of_node)
+            decode(st, LA_RULE)
+            row[f"prefix{f:g}"] = float(st.finish()[0]) / ref if bool(st.feasible()[0]) else float("inf")
+        rows.append(row)
+        print(f"{row['pair']:44s} search {row['search']:.3f}, " + ", ".join(
+            f"{f:g}: {row[f'prefix{f:g}']:.3f}" for f in PREFIXES), flush=True)
     summary = {k: gm([r[k] for r in rows]) for k in rows[0] if k != "pair"}
     print(", ".join(f"{k} {v:.4f}" for k, v in summary.items()))
     return {"seconds": args.seconds, "summary": summary, "rows": rows}
@@ -268,8 +300,8 @@ def clone(args, tasks) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=("room", "clone", "links", "edges"))
-    ap.add_argument("--seconds", type=float, default=5.0, help="room, edges: each search's seconds")
+    ap.add_argument("part", choices=("room", "clone", "links", "edges", "prefix"))
+    ap.add_argument("--seconds", type=float, default=5.0, help="room, edges, prefix: each search's seconds")
     ap.add_argument("--target", default="search", choices=("search", "minimal"))
     ap.add_argument("--tol", type=float, default=0.002, help="clone --target minimal: a reverted change may cost this")
     ap.add_argument("--dagger", action="store_true")
@@ -291,7 +323,7 @@ def main() -> None:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     tasks = build_tasks(dev_comm_specs(), workers=1, cache=args.cache)
-    data = {"room": room, "clone": clone, "links": links, "edges": edges}[args.part](args, tasks)
+    data = {"room": room, "clone": clone, "links": links, "edges": edges, "prefix": prefix}[args.part](args, tasks)
     path = write_result(args.stem or f"probe_learning_comm_{args.part}", data, seconds=time.perf_counter() - t0)
     print(f"wrote {path}")
 
