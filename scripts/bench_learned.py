@@ -4,6 +4,7 @@
     python scripts/bench_learned.py zeroshot --split test --runs ...        # the fresh test split: final figures only
     python scripts/bench_learned.py search --split dev --seconds 0.5 2 10 --pairs 8
     python scripts/bench_learned.py search --scale 2000 --seconds 0.5 2 10 60
+    python scripts/bench_learned.py resummarise results/search_test.json   # the summary again from the rows
 
 ``zeroshot``: per pair of the split (``placement_rl.studies.splits``), the lower bound (``baselines.bounds``: the
 path and work bounds), the one-pass rules ``sim_eft``, ``eft_rollout`` and ``la_rule`` (the argmin of the policy's
@@ -23,7 +24,9 @@ policy's moves (the same starts, annealing only): ``policy_moves_gain`` is what 
 what the learned completion adds over the rule's (both ratios: below 1, the policy helps). ``--scale N``: instead of a
 split, a layered graph on 2 x 4 V100 (InfiniBand), a dataflow graph on a DGX-1 and a transformer-like graph on 8
 A100 (NVSwitch; on 4 V100 it does not fit memory and the task builder drops it), N nodes each, seed 5
-(``--graph-seeds 5 8 9``: three graphs per seed, and the summary per seed).
+(``--graph-seeds 5 8 9``: three graphs per seed, and the summary per seed). Every ratio of the summary is over the
+pairs where both of its placements fit memory (``search_summary``; the infeasible ones counted); ``resummarise``
+recomputes the summary of written results from their rows.
 
 Each part writes ``results/learned_<split>.json`` / ``results/search_<split>.json`` (figures with provenance,
 ``placement_rl.results``; each anytime trace there thinned to ``TRACE_POINTS`` log-spaced improvements, the plot drawn
@@ -165,11 +168,11 @@ def search(args) -> dict:
     for t in tasks:
         g, c, topo = t.graph, t.costs, t.topology
         b = lower_bound(g, c, topo).value
-        rule = t.refs["la_rule"][0] if "la_rule" in t.refs else float("nan")
+        rule, rule_ok = t.refs["la_rule"][:2] if "la_rule" in t.refs else (float("nan"), False)
         for sec in args.seconds:
             row = {"pair": t.meta["id"], "graph_seed": int(t.meta.get("graph_seed", -1)),
                    "nodes": g.num_nodes, "devices": topo.num_devices, "seconds": sec,
-                   "bound_ms": b * 1e3, "la_rule_ms": rule * 1e3,
+                   "bound_ms": b * 1e3, "la_rule_ms": rule * 1e3, "la_rule_feasible": bool(rule_ok),
                    "comm_ratio": float(t.meta.get("comm_ratio", float("nan")))}
             for name in SEARCHES:
                 p = baselines.get(name)(g, c, topo, budget=10**12, seed=args.seed, seconds=sec)
@@ -205,32 +208,75 @@ def search(args) -> dict:
             print(f"{row['pair']:42s} {sec:5g} s: policy_search / best feasible search ({row['best_search']}) "
                   f"{row['policy_search_over_best_search']:.4f}, best / bound {row['best_over_bound']:.3f}",
                   flush=True)
-    summary = {}
-    for sec in args.seconds:
-        sel = [r for r in rows if r["seconds"] == sec and r["best_search"] is not None]  # pairs some search fits
-        summary[str(sec)] = {
-            "pairs_no_feasible_search": sum(r["seconds"] == sec and r["best_search"] is None for r in rows),
-            "infeasible": {n: sum(not r[f"{n}_feasible"] for r in sel) for n in (*SEARCHES, "policy_search")},
-            "pairs": len(sel), "policy_search_over_best_search": gm([r["policy_search_over_best_search"] for r in sel]),
-            "policy_search_le_best_frac": float(np.mean([r["policy_search_over_best_search"] <= 1 + 1e-9
-                                                         for r in sel])),
-            **{f"{n}_over_la_rule": gm([r[f"{n}_ms"] / r["la_rule_ms"] for r in sel])
-               for n in (*SEARCHES, "policy_search")},
-            # against each search alone: the per-pair best of three runs is a minimum of three draws (biased low)
-            **{f"policy_search_over_{n}": gm([r["policy_search_ms"] / r[f"{n}_ms"] for r in sel]) for n in SEARCHES},
-            "best_over_bound": gm([r["best_over_bound"] for r in sel]),
-            # per graph seed (--scale with several --graph-seeds): how much the figure moves with the draw
-            **({"policy_search_over_best_search_per_seed": {
-                str(s): gm([r["policy_search_over_best_search"] for r in sel if r["graph_seed"] == s])
-                for s in args.graph_seeds}} if args.scale and len(args.graph_seeds) > 1 else {}),
-            # the longest any method ran over these seconds, as a multiple of them (equal seconds: close to 1)
-            "most_seconds_used": max(r[f"{n}_s"] for r in sel for n in (*SEARCHES, "policy_search")) / sec,
-            **({k: gm([r[k] for r in sel]) for k in ("policy_moves_gain", "policy_completion_gain")}
-               if args.ablate else {})}
+    summary = search_summary(rows, args.seconds, args.graph_seeds if args.scale else (), args.ablate)
     _plot(curves, args)
     return {"split": args.split if not args.scale else f"scale{args.scale}", "summary": summary, "rows": rows,
             "curves": [{"pair": k[0], "seconds": k[1], "method": k[2], "trace": thin_trace(v)}
                        for k, v in curves.items()]}
+
+
+def search_summary(rows: list[dict], seconds, graph_seeds=(), ablate: bool = False) -> dict:
+    """The summary per budget of ``search``'s rows: every ratio over the pairs where both of its placements fit
+    memory (an infeasible placement's step time ignores the memory it overflows), the infeasible ones counted."""
+    def ok(r: dict, n: str) -> bool:
+        return bool(r.get(f"{n}_feasible", True))
+
+    methods = (*SEARCHES, "policy_search")
+    summary = {}
+    for sec in seconds:
+        sel = [r for r in rows if r["seconds"] == sec and r["best_search"] is not None]  # pairs some search fits
+        summary[str(sec)] = {
+            "pairs_no_feasible_search": sum(r["seconds"] == sec and r["best_search"] is None for r in rows),
+            "infeasible": {n: sum(not ok(r, n) for r in sel) for n in methods},
+            "pairs": len(sel), "policy_search_over_best_search": gm([r["policy_search_over_best_search"] for r in sel]),
+            "policy_search_le_best_frac": float(np.mean([r["policy_search_over_best_search"] <= 1 + 1e-9
+                                                         for r in sel])),
+            **{f"{n}_over_la_rule": gm([r[f"{n}_ms"] / r["la_rule_ms"] for r in sel if ok(r, n) and ok(r, "la_rule")])
+               for n in methods},
+            # against each search alone: the per-pair best of three runs is a minimum of three draws (biased low)
+            **{f"policy_search_over_{n}": gm([r["policy_search_ms"] / r[f"{n}_ms"] for r in sel
+                                              if ok(r, n) and ok(r, "policy_search")]) for n in SEARCHES},
+            "best_over_bound": gm([r["best_over_bound"] for r in sel]),
+            # per graph seed (--scale with several --graph-seeds): how much the figure moves with the draw
+            **({"policy_search_over_best_search_per_seed": {
+                str(s): gm([r["policy_search_over_best_search"] for r in sel if r["graph_seed"] == s])
+                for s in graph_seeds}} if len(graph_seeds) > 1 else {}),
+            # the longest any method ran over these seconds, as a multiple of them (equal seconds: close to 1)
+            "most_seconds_used": max(r[f"{n}_s"] for r in sel for n in methods) / sec,
+            **({k: gm([r[k] for r in sel]) for k in ("policy_moves_gain", "policy_completion_gain")}
+               if ablate else {})}
+    return summary
+
+
+def resummarise(args) -> None:
+    """Recompute the summary of written ``search`` results from their rows (``search_summary``), the rows' missing
+    ``la_rule_feasible`` filled from the tasks of the run's own command; the measurement's provenance is kept and
+    ``summary_recomputed`` says when and at which commit."""
+    import json
+    import shlex
+
+    from placement_rl.graph.io import atomic_write_text
+    from placement_rl.results import git_state
+
+    for path in args.files:
+        data = json.loads(Path(path).read_text())
+        run = parser().parse_args(shlex.split(data["command"])[1:])
+        fig = data["figures"]
+        if any("la_rule_feasible" not in r for r in fig["rows"]):
+            tasks = load_tasks(run.split, run.scale, args.cache or run.cache, 1, run.graph_seeds)
+            fits = {t.meta["id"]: bool(t.refs["la_rule"][1]) if "la_rule" in t.refs else False for t in tasks}
+            for r in fig["rows"]:
+                r.setdefault("la_rule_feasible", fits[r["pair"]])
+        fig["summary"] = search_summary(fig["rows"], run.seconds, run.graph_seeds if run.scale else (), run.ablate)
+        commit, dirty = git_state()
+        data["summary_recomputed"] = (f"{time.strftime('%Y-%m-%d', time.gmtime())} at {str(commit)[:10]}"
+                                      f"{' (dirty)' if dirty else ''}: every ratio over the pairs where "
+                                      "both of its placements fit memory (bench_learned.py resummarise); rows and "
+                                      "curves as measured")
+        atomic_write_text(Path(path), json.dumps(data, indent=1, default=float) + "\n")
+        md = Path(run.out) / f"{Path(path).stem}.md"
+        atomic_write_text(md, _markdown("search", fig))
+        print(f"rewrote {path}'s summary and {md}")
 
 
 def _plot(curves: dict, args) -> None:
@@ -283,9 +329,10 @@ def _markdown(kind: str, data: dict) -> str:
             + markdown_table(data["rows"], cols, cols))
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=("zeroshot", "search"))
+    ap.add_argument("part", choices=("zeroshot", "search", "resummarise"))
+    ap.add_argument("files", nargs="*", help="resummarise: results/search_*.json files")
     ap.add_argument("--split", default="dev", choices=("dev", "test2024", "test"))
     ap.add_argument("--runs", nargs="*", default=[])
     ap.add_argument("--seconds", nargs="+", type=float, default=[0.5, 2.0, 10.0])
@@ -301,7 +348,14 @@ def main() -> None:
                          "and with la_rule completing its repairs")
     ap.add_argument("--out", default="docs")
     ap.add_argument("--stem", default=None, help="result name (default: learned_<split> / search_<split>)")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
+    if args.part == "resummarise":
+        resummarise(args)
+        return
     args.workers = int(args.workers) if args.workers.isdigit() else args.workers
 
     from placement_rl.graph.io import atomic_write_text

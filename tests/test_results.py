@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from placement_rl.results import code_changed, provenance, read_result, write_result
-from placement_rl.studies.render import RenderError, headline_rows, render_all, render_block
+from placement_rl.studies.render import RenderError, _search_rows, headline_rows, render_all, render_block
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERATORS = sorted((ROOT / "scripts").glob("*.py")) + sorted((ROOT / "placement_rl" / "studies").glob("*report*.py"))
@@ -129,6 +129,39 @@ def test_an_anytime_trace_is_thinned_to_its_log_spaced_improvements():
     assert len(thin) <= 50 and thin[0] == trace[0] and thin[-1] == trace[-1]
     assert all(a in trace for a in thin) and [e[0] for e in thin] == sorted(e[0] for e in thin)
     assert bench.thin_trace(trace[:40], points=50) == trace[:40]
+
+
+def test_the_search_summary_leaves_out_every_ratio_whose_placements_do_not_both_fit():
+    """``bench_learned.search_summary``: a ratio over a pair counts only where both of its placements fit memory
+    (an infeasible step time ignores the overflow; an infeasible ``la_rule`` reference too); the infeasible ones
+    are counted; the render reads the summary, so the README and the results file say the same."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_learned", ROOT / "scripts" / "bench_learned.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    methods = (*bench.SEARCHES, "policy_search")
+
+    def row(pair, ms, ok=(), rule_ok=True):
+        r = {"pair": pair, "seconds": 1.0, "graph_seed": 5, "la_rule_ms": 10.0, "la_rule_feasible": rule_ok,
+             "best_over_bound": 1.0, **{f"{n}_ms": ms[i] for i, n in enumerate(methods)},
+             **{f"{n}_feasible": n not in ok for n in methods}, **{f"{n}_s": 1.0 for n in methods}}
+        fits = [n for n in bench.SEARCHES if r[f"{n}_feasible"]]
+        r["best_search"] = min(fits, key=lambda n: r[f"{n}_ms"]) if fits else None
+        best = min(r[f"{n}_ms"] for n in fits)
+        r["policy_search_over_best_search"] = r["policy_search_ms"] / best if r["policy_search_feasible"] else 1e300
+        return r
+
+    rows = [row("a", [9.0, 9.0, 8.0, 8.0]),
+            row("b", [9.0, 9.0, 4.0, 8.0], ok=("la_rule_search",)),  # overflows: left out of its ratios
+            row("c", [5.0, 5.0, 5.0, 5.0], rule_ok=False)]  # the rule's reference overflows
+    s = bench.search_summary(rows, [1.0])["1.0"]
+    assert s["infeasible"]["la_rule_search"] == 1 and s["pairs"] == 3
+    assert s["la_rule_search_over_la_rule"] == pytest.approx(0.8)  # pair a only (b overflows, c's rule does)
+    assert s["policy_search_over_la_rule_search"] == pytest.approx(1.0)  # a and c, not b
+    assert s["policy_search_over_local_search"] == pytest.approx((8 / 9 * 8 / 9 * 1.0) ** (1 / 3))
+    page = _search_rows({"figures": {"split": "x", "summary": {"1.0": s}, "rows": rows}})
+    assert ("`policy_search` over `la_rule_search` alone at equal seconds (`x`)", "1 s 1.000") in page
 
 
 def test_render_block_needs_its_markers():

@@ -165,22 +165,13 @@ def _search_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
                     "; ".join(f"{float(k):g} s " + ", ".join(f"seed {s} {r:.3f}" for s, r in
                                                           v["policy_search_over_best_search_per_seed"].items())
                               for k, v in summ.items())))
-    rows = [r for r in f.get("rows", [])
-            if r.get("la_rule_search_feasible", True) and r.get("policy_search_feasible", True)]
-    if rows and all("la_rule_search_ms" in r for r in rows):  # against the strongest single search, from the rows
-        def gm(x):
-            return math.exp(sum(math.log(v) for v in x) / len(x))
-
-        def alone(k: str) -> float:
-            return gm([r["policy_search_ms"] / r["la_rule_search_ms"] for r in rows if r["seconds"] == float(k)])
-
-        each = ", ".join(f"{float(k):g} s {alone(k):.3f}" for k in summ)
+    if all("policy_search_over_la_rule_search" in v for v in summ.values()):  # against the strongest single search
+        each = ", ".join(f"{float(k):g} s {v['policy_search_over_la_rule_search']:.3f}" for k, v in summ.items())
         out.append((f"`policy_search` over `la_rule_search` alone at equal seconds (`{f['split']}`)", each))
-        rule = ", ".join(f"{float(k):g} s {v['la_rule_search_over_la_rule']:.3f}" for k, v in summ.items()
-                         if "la_rule_search_over_la_rule" in v)
-        if rule:
-            out.append((f"`la_rule_search` over `la_rule` (`{f['split']}`): what search adds to the one-pass rule",
-                        rule))
+    rule = ", ".join(f"{float(k):g} s {v['la_rule_search_over_la_rule']:.3f}" for k, v in summ.items()
+                     if "la_rule_search_over_la_rule" in v)
+    if rule:
+        out.append((f"`la_rule_search` over `la_rule` (`{f['split']}`): what search adds to the one-pass rule", rule))
     if all("policy_completion_gain" in v for v in summ.values()):  # --ablate: what the learned parts add
         out.append((f"`policy_search` over itself without the policy's moves / with `la_rule` completing its repairs "
                     f"(`{f['split']}`; below 1: the policy helps)",
