@@ -26,7 +26,8 @@ split, a layered graph on 2 x 4 V100 (InfiniBand), a dataflow graph on a DGX-1 a
 A100 (NVSwitch; on 4 V100 it does not fit memory and the task builder drops it), N nodes each, seed 5
 (``--graph-seeds 5 8 9``: three graphs per seed, and the summary per seed). Every ratio of the summary is over the
 pairs where both of its placements fit memory (``search_summary``; the infeasible ones counted); ``resummarise``
-recomputes the summary of written results from their rows.
+recomputes the summary of written results from their rows. ``--milp-seconds S`` (either part): each pair's lower
+bound also takes the ``milp`` part (``baselines.bounds``: the transfers a spread placement waits on), S seconds a pair.
 
 Each part writes ``results/learned_<split>.json`` / ``results/search_<split>.json`` (figures with provenance,
 ``placement_rl.results``; each anytime trace there thinned to ``TRACE_POINTS`` log-spaced improvements, the plot drawn
@@ -104,7 +105,7 @@ def zeroshot(args) -> dict:
 
     torch.set_num_threads(1)
     tasks = load_tasks(args.split, 0, args.cache, args.workers)
-    bounds = {t.meta["id"]: lower_bound(t.graph, t.costs, t.topology) for t in tasks}
+    bounds = {t.meta["id"]: lower_bound(t.graph, t.costs, t.topology, milp_seconds=args.milp_seconds) for t in tasks}
     # the rule on slower views of the links too (baselines.eft.LINK_SCALES): the bar of the best-of-16 row, whose
     # first placements are the policy's greedy on the same views
     from placement_rl import baselines
@@ -167,7 +168,7 @@ def search(args) -> dict:
     rows, curves = [], {}
     for t in tasks:
         g, c, topo = t.graph, t.costs, t.topology
-        b = lower_bound(g, c, topo).value
+        b = lower_bound(g, c, topo, milp_seconds=args.milp_seconds).value
         rule, rule_ok = t.refs["la_rule"][:2] if "la_rule" in t.refs else (float("nan"), False)
         for sec in args.seconds:
             row = {"pair": t.meta["id"], "graph_seed": int(t.meta.get("graph_seed", -1)),
@@ -346,6 +347,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--ablate", action="store_true",
                     help="search: also policy_search without the policy's moves (same starts, annealing only) "
                          "and with la_rule completing its repairs")
+    ap.add_argument("--milp-seconds", type=float, default=0.0,
+                    help="also the milp part of each pair's lower bound, this many seconds a pair (baselines.bounds)")
     ap.add_argument("--out", default="docs")
     ap.add_argument("--stem", default=None, help="result name (default: learned_<split> / search_<split>)")
     return ap

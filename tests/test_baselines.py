@@ -150,6 +150,44 @@ def test_link_views_yields_the_scales_in_order_while_they_fit_and_times_the_slow
         list(LINK_SCALES)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_every_part_of_the_lower_bound_is_below_the_optimum(seed):
+    """``baselines.bounds``: on problems small enough to enumerate, the path, work and milp parts never exceed the
+    best placement's step time (the exact part), whatever the links (fast, slow, heterogeneous speeds)."""
+    from placement_rl.baselines.bounds import lower_bound
+
+    rng = np.random.default_rng(seed)
+    d = 2 + seed % 2
+    topo = topology(d, bw=float(rng.choice([1e8, 1e9, 1e10])), flops=[10e12, *[float(rng.uniform(3e12, 10e12))
+                                                                        for _ in range(d - 1)]])
+    graph = random_dag(7, seed)
+    costs = resolve_costs(graph, topo)
+    exact = lower_bound(graph, costs, topo, exact_budget=10**5)
+    assert exact.exact
+    parts = lower_bound(graph, costs, topo, milp_seconds=5.0).parts
+    assert set(parts) == {"path", "work", "milp"}
+    for name, value in parts.items():
+        assert 0 < value <= exact.value * (1 + 1e-9), (name, value, exact.value)
+
+
+def test_the_milp_bound_counts_the_transfers_a_spread_placement_waits_on():
+    """On a fork whose tensors take far longer to send than to compute, the best placement keeps it on one device;
+    the path and work bounds ignore the transfers (half the work, or one branch), the milp part does not: it finds
+    the optimum there. ``cut_costs``: the fastest arrival of a node's smallest out-edge on another device."""
+    from placement_rl.baselines.bounds import cut_costs, lower_bound
+
+    graph, topo = diamond(), topology(2, bw=1e7)  # 4 MB over 10 MB/s: 0.4 s against ms of compute
+    costs = resolve_costs(graph, topo)
+    exact = lower_bound(graph, costs, topo, exact_budget=10**5).value
+    b = lower_bound(graph, costs, topo, milp_seconds=5.0)
+    assert max(b.parts["path"], b.parts["work"]) < 0.8 * exact
+    assert b.parts["milp"] == pytest.approx(exact, rel=1e-4) and b.value == b.parts["milp"]
+    cu = cut_costs(graph, costs, topo)
+    assert cu[graph.names.index("in")] == pytest.approx(1e-5 + 4e6 / 1e7, rel=1e-6)
+    assert np.isinf(cu[graph.names.index("out")])  # no out-edge: nothing to send
+    assert "milp" not in lower_bound(graph, costs, topo).parts  # off unless asked
+
+
 def test_a_slower_view_of_the_links_keeps_a_transfer_heavy_graph_together():
     """On a chain whose tensors take longer to send than to compute, a rule deciding on links 1000 x slower
     puts everything on one device."""

@@ -11,6 +11,16 @@ transfers >= 0) is at least:
   devices (``sum_d x_vd = 1``) and every device's share of forward + backward time ``sum_v x_vd t_vd <= T``
   (HiGHS through ``scipy.optimize.linprog``; with D identical devices it is the total work over D). Above
   ``LP_MAX_VARS`` variables, the total of each node's fastest time over D (weaker, still valid).
+* ``milp`` (given ``milp_seconds``): the dual bound HiGHS proves in that time (``scipy.optimize.milp``) for the
+  problem relaxed to: every node on one device (binary), each device's forward + backward time ``<= T``, and along
+  every edge ``F_v >= F_u + t_v + c_u y_uv`` (``F``: a chain's forward + backward time so far, ``y_uv >= x_ud -
+  x_vd``: the edge cut), where ``c_u`` is the least time anything ``u`` sends to another device can arrive after
+  ``u`` ends (``cut_costs``: its first chunk carries one out-edge's bytes, over the fastest link for them). It counts
+  what the others ignore, the transfers a spread placement waits on, but not each device running one op at a time
+  nor the links' queues, so the relaxation's own optimum can sit far below any real placement (on the slow-link
+  dataflow pairs of ``scripts/probe_learning_comm.py`` its solutions reach 0.33-0.50 x ``la_rule``, while search
+  reaches 0.64-0.87): at 30 s a pair the dual bound there is 1.000-1.102 x the path and work bounds (above 1.01 on 2
+  of 12 pairs).
 * ``exact``: on problems small enough to enumerate (``search.count_placements`` up to ``exact_budget``
   placements), the optimum itself (``search.exhaustive``): the bound is then tight.
 
@@ -30,6 +40,7 @@ from placement_rl.graph.ir import CompGraph
 from placement_rl.topology import DeviceTopology
 
 LP_MAX_VARS = 400_000  # N x D above which the work bound is the closed form instead of the LP
+MILP_MAX_VARS = 40_000  # N x D above which the milp part is skipped (its model alone would take seconds to build)
 
 
 @dataclass(frozen=True)
@@ -80,10 +91,113 @@ def work_bound(costs: CostTable) -> float:
     return max(simple, float(res.fun) * scale * (1.0 - 1e-7))
 
 
-def lower_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, exact_budget: int = 0) -> Bound:
+def cut_costs(graph: CompGraph, costs: CostTable, topology: DeviceTopology) -> np.ndarray:
+    """``[N]``: the least seconds after node ``u`` ends that anything it sends reaches another device (inf for a
+    node with no out-edge): the first chunk the simulator sends from ``u`` to a device carries one out-edge's whole
+    bytes (``cost._op_kernel.fwd_place``), and a later one follows it on the same link, so every arrival waits at
+    least the fastest link's time for the smallest such chunk."""
+    from placement_rl.cost.comm_fit import link_segments
+
+    d = topology.num_devices
+    tables = link_segments(topology, costs)
+    off = [(a, b) for a in range(d) for b in range(d) if a != b]
+    out = np.full(graph.num_nodes, np.inf)
+    e, nbytes = np.asarray(graph.edges), np.asarray(graph.edge_bytes, dtype=np.float64)
+    if not len(e) or not off:
+        return out
+    best = np.full(len(e), np.inf)
+    for a, b in off:  # alpha + beta * bytes of the row each edge's bytes fall in, per ordered pair of devices
+        t = tables[a, b]
+        r = np.searchsorted(t[:, 0], nbytes, side="right")
+        best = np.minimum(best, t[r, 1] + t[r, 2] * nbytes)
+    np.minimum.at(out, e[:, 0], np.maximum(best, 0.0))
+    return out
+
+
+def milp_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, seconds: float) -> float | None:
+    """The ``milp`` part (module doc): HiGHS' dual bound after at most ``seconds``; None when it proved nothing."""
+    from scipy.optimize import Bounds as Box, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+
+    n, d = graph.num_nodes, topology.num_devices
+    t = np.asarray(costs.fwd_time + costs.bwd_time, dtype=np.float64)
+    scale = float(t.sum(axis=1).max()) or 1.0
+    t = t / scale
+    cu = cut_costs(graph, costs, topology) / scale
+    e = np.asarray(graph.edges, dtype=np.int64)
+    m = len(e)
+    nx = n * d  # columns: x[v, d] row-major | y[e] | F[v] | T
+    col_y, col_f, col_t = nx, nx + m, nx + m + n
+    rows, cols, vals, lo, hi = [], [], [], [], []
+
+    def block(r0: int, r: np.ndarray, c: np.ndarray, v: np.ndarray) -> None:  # entries of rows r0 + r
+        rows.append(r0 + r)
+        cols.append(c)
+        vals.append(v)
+
+    def sides(low: np.ndarray, high: np.ndarray) -> None:  # the next rows' bounds
+        lo.append(low)
+        hi.append(high)
+
+    r0 = 0
+    v_d = np.arange(nx)
+    block(r0, v_d // d, v_d, np.ones(nx))  # sum_d x[v, d] = 1
+    sides(np.ones(n), np.ones(n))
+    r0 += n
+    block(r0, v_d % d, v_d, t.reshape(-1))  # load_d - T <= 0
+    block(r0, np.arange(d), np.full(d, col_t), -np.ones(d))
+    sides(np.full(d, -np.inf), np.zeros(d))
+    r0 += d
+    if m:
+        ek = np.arange(m * d)  # y_e - x[u, k] + x[v, k] >= 0
+        ee, kk = ek // d, ek % d
+        block(r0, ek, col_y + ee, np.ones(m * d))
+        block(r0, ek, e[ee, 0] * d + kk, -np.ones(m * d))
+        block(r0, ek, e[ee, 1] * d + kk, np.ones(m * d))
+        sides(np.zeros(m * d), np.full(m * d, np.inf))
+        r0 += m * d
+        re = np.arange(m)  # F_v - F_u - c_u y_e - sum_k t[v, k] x[v, k] >= 0
+        block(r0, re, col_f + e[:, 1], np.ones(m))
+        block(r0, re, col_f + e[:, 0], -np.ones(m))
+        block(r0, re, col_y + re, -np.minimum(cu[e[:, 0]], 1e6))
+        block(r0, np.repeat(re, d), (e[:, 1, None] * d + np.arange(d)).reshape(-1), -t[e[:, 1]].reshape(-1))
+        sides(np.zeros(m), np.full(m, np.inf))
+        r0 += m
+    rv = np.arange(n)  # F_v >= t_v(x), T >= F_v
+    block(r0, rv, col_f + rv, np.ones(n))
+    block(r0, np.repeat(rv, d), v_d, -t.reshape(-1))
+    block(r0 + n, rv, np.full(n, col_t), np.ones(n))
+    block(r0 + n, rv, col_f + rv, -np.ones(n))
+    sides(np.zeros(2 * n), np.full(2 * n, np.inf))
+    r0 += 2 * n
+    nv = col_t + 1
+    a = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(r0, nv)).tocsr()
+    c = np.zeros(nv)
+    c[col_t] = 1.0
+    integrality = np.zeros(nv)
+    integrality[:nx] = 1
+    upper = np.full(nv, np.inf)
+    upper[:col_f] = 1.0
+    res = milp(c, constraints=LinearConstraint(a, np.concatenate(lo), np.concatenate(hi)), integrality=integrality,
+               bounds=Box(np.zeros(nv), upper), options={"time_limit": float(seconds), "disp": False})
+    bound = getattr(res, "mip_dual_bound", None)
+    if bound is None or not np.isfinite(bound) or bound <= 0:
+        return None
+    # HiGHS' bound holds to its tolerances: take a hair off so float error never lifts it above the optimum
+    return float(bound) * scale * (1.0 - 1e-6)
+
+
+def lower_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, exact_budget: int = 0,
+                milp_seconds: float = 0.0) -> Bound:
     """The best lower bound on any placement's step time (module doc); ``exact_budget`` > 0 enumerates problems
-    of at most that many placements (after symmetry) for the optimum."""
+    of at most that many placements (after symmetry) for the optimum; ``milp_seconds`` > 0 adds the ``milp`` part
+    (up to ``MILP_MAX_VARS`` node-device pairs)."""
     parts = {"path": path_bound(graph, costs), "work": work_bound(costs)}
+    n, d = graph.num_nodes, topology.num_devices
+    if milp_seconds > 0 and d > 1 and 0 < n * d <= MILP_MAX_VARS:
+        got = milp_bound(graph, costs, topology, milp_seconds)
+        if got is not None:
+            parts["milp"] = got
     if exact_budget > 0 and topology.num_devices > 1:
         from placement_rl.baselines.common import Problem
         from placement_rl.baselines.search import count_placements, device_classes, exhaustive
@@ -99,4 +213,4 @@ def lower_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
     return Bound(max(parts.values()), parts)
 
 
-__all__ = ["Bound", "lower_bound", "path_bound", "work_bound"]
+__all__ = ["Bound", "cut_costs", "lower_bound", "milp_bound", "path_bound", "work_bound"]
