@@ -17,10 +17,10 @@ transfers >= 0) is at least:
   x_vd``: the edge cut), where ``c_u`` is the least time anything ``u`` sends to another device can arrive after
   ``u`` ends (``cut_costs``: its first chunk carries one out-edge's bytes, over the fastest link for them). It counts
   what the others ignore, the transfers a spread placement waits on, but not each device running one op at a time
-  nor the links' queues, so the relaxation's own optimum can sit far below any real placement (on the slow-link
-  dataflow pairs of ``scripts/probe_learning_comm.py`` its solutions reach 0.33-0.50 x ``la_rule``, while search
-  reaches 0.64-0.87): at 30 s a pair the dual bound there is 1.000-1.102 x the path and work bounds (above 1.01 on 2
-  of 12 pairs).
+  nor the links' queues, so the relaxation's own optimum can sit far below any real placement (on the six dataflow
+  pairs with slow links of ``scripts/probe_learning_comm.py`` its solutions reach 0.33-0.50 x ``la_rule``, while
+  search reaches 0.64-0.87). On that probe's 12 pairs, at 30 s a pair, the dual bound is 1.000-1.103 x the path and
+  work bounds (above 1.01 on 2).
 * ``exact``: on problems small enough to enumerate (``search.count_placements`` up to ``exact_budget``
   placements), the optimum itself (``search.exhaustive``): the bound is then tight.
 
