@@ -62,15 +62,14 @@ def geomean(x: Sequence[float]) -> float:
 def link_scaled(policy: DevicePolicy, task: ConstructiveTask, scales: Sequence[float]) -> Rollout:
     """The policy's greedy placement of ``task`` deciding on links ``scale`` x slower, for each scale, scored on
     the true links (``baselines.eft.link_scaled_devices`` with the policy's head)."""
-    from placement_rl.agents.constructive import graph_tensors, state_window
-    from placement_rl.agents.fast_decode import Head
+    from placement_rl.agents.constructive import state_window
+    from placement_rl.agents.policy_rollout import student_head
     from placement_rl.baselines.eft import link_scaled_devices
     from placement_rl.cost import Simulator
     from placement_rl.cost.decode import POLICY
 
     g = task.graph
-    with torch.no_grad():
-        head = Head(policy, policy.embed(*graph_tensors(task)).double().numpy()).arrays()
+    head = student_head(policy, task).arrays()
     window = state_window(policy, g.num_nodes)
     sim = Simulator(g, task.costs, task.topology)
     devs = [link_scaled_devices(g, task.costs, task.topology, POLICY, head, window=window, scale=s) for s in scales]

@@ -39,8 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from placement_rl.agents.constructive import graph_tensors
-from placement_rl.agents.fast_decode import Head
+from placement_rl.agents.policy_rollout import student_head
 from placement_rl.baselines.eft import ROLLOUT_MAX_NODES, link_views, start_cut
 from placement_rl.cost.decode import (EARLIEST_FINISH, FORCED, LA_RULE, POLICY, SAMPLE, START_SHARE, decode,
                                       decode_until, decode_windows, state_key)
@@ -63,14 +62,6 @@ SEARCH_WINDOW = 16  # the window of the sampled states: a batch of 8 suffixes at
 # placing window, and more batches found more (4 synthetic 300-node pairs, 2 s: W 16 / 64 with 80% annealing)
 
 
-def _head(policy: Any, task: ConstructiveTask) -> Head:
-    import torch
-
-    with torch.no_grad():
-        h = policy.embed(*graph_tensors(task)).double().numpy()
-    return Head(policy, h)
-
-
 def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: int = 0, samples: int = SAMPLES,
                   temperature: float = TEMPERATURE, window: int | None = None, start: np.ndarray | None = None,
                   anneal_share: float = ANNEAL_SHARE,
@@ -90,7 +81,7 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
     wide = placing_window(n, int(getattr(policy, "window", 256)), int(getattr(policy, "full_window", 0)))
     window = min(SEARCH_WINDOW, wide) if window is None else window
     task = task if task is not None else ConstructiveTask(graph, topology, costs)
-    head = _head(policy, task).arrays()
+    head = student_head(policy, task).arrays()
     rng = np.random.default_rng(seed)
     calls, cut, starts, windows = 0, None, ["given"] if start is not None else ["policy"], []
     deadline = t0 + float(seconds)

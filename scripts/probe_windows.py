@@ -32,7 +32,7 @@ def main() -> None:
 
     from placement_rl.agents.constructive_config import default_checkpoint, load_policy
     from placement_rl.agents.constructive_eval import warm_kernels
-    from placement_rl.agents.policy_search import _head
+    from placement_rl.agents.policy_rollout import student_head
     from placement_rl.cost.decode import LA_RULE, POLICY, decode
     from placement_rl.cost.schedule import ScheduleState
     from placement_rl.cost.window import FULL_WINDOW, placing_window
@@ -51,7 +51,7 @@ def main() -> None:
     for t in tasks:
         g, c, topo = t.graph, t.costs, t.topology
         n = g.num_nodes
-        head = _head(policy, ConstructiveTask(g, topo, c)).arrays()
+        head = student_head(policy, ConstructiveTask(g, topo, c)).arrays()
         wide = placing_window(n)
         windows = [w for w in (16, 32, 64, 128, 256) if w < n] + ([n] if n <= FULL_WINDOW else [])
         runs: dict[str, dict[int, tuple[float, float, bool]]] = {"policy": {}, "la_rule": {}}

@@ -106,7 +106,7 @@ def cut_costs(graph: CompGraph, costs: CostTable, topology: DeviceTopology) -> n
     if not len(e) or not off:
         return out
     best = np.full(len(e), np.inf)
-    for a, b in off:  # alpha + beta * bytes of the row each edge's bytes fall in, per ordered pair of devices
+    for a, b in off:  # ``comm_fit.segment_time`` of every edge's bytes at once, per ordered pair of devices
         t = tables[a, b]
         r = np.searchsorted(t[:, 0], nbytes, side="right")
         best = np.minimum(best, t[r, 1] + t[r, 2] * nbytes)
