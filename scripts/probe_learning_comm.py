@@ -8,6 +8,7 @@
     python scripts/probe_learning_comm.py links                   # la_rule deciding on links lambda x slower
     python scripts/probe_learning_comm.py edges --seconds 5       # la_rule told which edges search keeps together
     python scripts/probe_learning_comm.py prefix --seconds 5      # search's first decisions, la_rule the rest
+    python scripts/probe_learning_comm.py rollout                 # rollout over la_rule, and can a student learn it
 
 The dev-comm pairs: three dataflow graphs and one series-parallel graph (seed 777, never a test seed) on the DGX-1
 and on a heterogeneous-link random cluster, both with links 4x slower, and on the DGX A100 (12 pairs, the kind of
@@ -31,6 +32,15 @@ each as a ratio to ``la_rule``, with the search's own ratio. If the oracle misse
 ``prefix``: how much of the search's gain a one-pass decoder keeps when it makes the first ``f`` of its decisions
 (the simulator's order) as the search's best placement does and ``la_rule`` makes the rest (``f`` in ``PREFIXES``):
 what imitating the search along its own trajectory can give before the student errs at all.
+``rollout``: the one-pass improvement of the rule itself, on small pairs (``small_specs``: dataflow, series-parallel
+and transformer-like graphs of 60-140 nodes, seed 778, on the same three clusters): at every decision each device is
+tried and the rest of the graph placed by ``la_rule``, the best completed placement followed (rollout over
+``la_rule``, fortified: never slower than it), against ``la_rule_search`` and ``local_search`` given its seconds (the
+median and best of three seeds); then dense approximate policy iteration from the shipped policy
+(``ConstructiveTrainer.policy_iteration``, every state of the student's trajectory labelled by the rollout over the
+student, ``--rounds`` rounds of ``--epochs`` epochs) on ``--pi-tasks`` small training tasks (seed 4244, 60-180 nodes,
+random clusters of 4-8 devices, 70% with links 4x slower): the agreement with the labels, how often they depart from
+the student, and the student's greedy over ``la_rule`` on the training tasks and on the small pairs after each round.
 Writes ``results/<stem>.json`` (default ``probe_learning_comm_<part>``).
 """
 
@@ -176,6 +186,114 @@ def prefix(args, tasks) -> dict:
     return {"seconds": args.seconds, "summary": summary, "rows": rows}
 
 
+def small_specs() -> list[dict]:
+    """12 small pairs for ``rollout`` (module doc): rollout over ``la_rule`` is O(N^3 D^3)."""
+    from placement_rl.studies.splits import COMM_LINK_SCALE, _hetero_seed, topology_label
+
+    rng = np.random.default_rng(778)
+    graphs = [{"family": f, "num_nodes": int(rng.integers(60, 140)), "seed": int(rng.integers(2**31))}
+              for f in ("dataflow", "dataflow", "series_parallel", "transformer_like")]
+    topos = [{"preset": "8x_v100_dgx1", "link_scale": COMM_LINK_SCALE},
+             {"random": _hetero_seed(rng, (4, 8)), "devices": [4, 8], "link_scale": COMM_LINK_SCALE}, "8x_a100_dgx"]
+    return [{"graph": g, "topology": t, "id": f"{g['family']}-{g['num_nodes']}s{g['seed'] % 1000}@{topology_label(t)}"}
+            for g in graphs for t in topos]
+
+
+def pi_specs(n: int) -> list[dict]:
+    """Small training tasks for ``rollout``'s policy iteration (module doc)."""
+    from placement_rl.studies.splits import COMM_LINK_SCALE
+
+    rng = np.random.default_rng(4244)
+    fams = ("dataflow", "dataflow", "series_parallel", "layered", "transformer_like", "cnn_like")
+    out = []
+    for i in range(n):
+        g = {"family": fams[int(rng.integers(len(fams)))], "num_nodes": int(rng.integers(60, 180)),
+             "seed": int(rng.integers(2**31))}
+        t = {"random": int(rng.integers(2**31)), "devices": [4, 8]}
+        if rng.random() < 0.7:
+            t["link_scale"] = COMM_LINK_SCALE
+        out.append({"graph": g, "topology": t, "id": f"pi{i}-{g['family']}"})
+    return out
+
+
+def rollout_over_la_rule(g, c, topo) -> tuple[float, bool, np.ndarray]:
+    """``(step time, feasible, devices)`` of the fortified rollout over ``la_rule`` (module doc, ``rollout``)."""
+    from placement_rl.cost.decode import LA_RULE, decode
+    from placement_rl.cost.schedule import ScheduleState
+    from placement_rl.cost.window import placing_window
+
+    n, nd, w = g.num_nodes, topo.num_devices, placing_window(g.num_nodes)
+    st = ScheduleState(g, c, topo, episodes=1, window=w)
+    br = ScheduleState(g, c, topo, episodes=nd, window=w)
+    best_key, best_dev = (True, float("inf")), None
+    for t in range(n):
+        br.branch_from(st)
+        br.place(np.arange(nd))  # device k in episode k (one it does not fit on completes infeasible)
+        decode(br, LA_RULE)
+        ok, fin = br.feasible(), br.finish()
+        for k in range(nd):
+            if (not bool(ok[k]), float(fin[k])) < best_key:
+                best_key, best_dev = (not bool(ok[k]), float(fin[k])), br.devices[k].copy()
+        st.place(int(best_dev[st.order[t]]))  # follow the best completed placement seen
+    return best_key[1], not best_key[0], best_dev
+
+
+def rollout(args, _tasks) -> dict:
+    import dataclasses
+
+    from placement_rl import baselines
+    from placement_rl.agents.constructive_config import default_checkpoint, load_policy
+    from placement_rl.agents.constructive_eval import evaluate, warm_kernels
+    from placement_rl.agents.constructive_train import ConstructiveTrainer
+    from placement_rl.studies.pretrain import build_tasks
+
+    small = build_tasks(small_specs(), workers=1, cache=args.cache)
+    rows = []
+    for t in small:
+        g, c, topo = t.graph, t.costs, t.topology
+        ref, _, _ = _la_rule(g, c, topo)
+        t0 = time.perf_counter()
+        f2, ok2, _ = rollout_over_la_rule(g, c, topo)
+        sec = time.perf_counter() - t0
+        row = {"pair": t.meta["id"], "nodes": g.num_nodes, "devices": topo.num_devices,
+               "rollout_over_la_rule": f2 / ref if ok2 else float("inf"), "rollout_seconds": sec}
+        for m in ("la_rule_search", "local_search"):
+            got = []
+            for seed in range(3):
+                p = baselines.get(m)(g, c, topo, budget=10**9, seed=args.seed + seed, seconds=sec)
+                got.append(float(p.meta["step_time"]) / ref if p.meta.get("feasible") else float("inf"))
+            row[f"{m}_median"], row[f"{m}_best"] = float(np.median(got)), min(got)
+        rows.append(row)
+        print(f"{row['pair']:44s} rollout over la_rule {row['rollout_over_la_rule']:.3f} ({sec:.1f} s); at its "
+              f"seconds la_rule_search {row['la_rule_search_median']:.3f}, local_search "
+              f"{row['local_search_median']:.3f} (median of 3)", flush=True)
+    summary = {k: gm([r[k] for r in rows]) for k in rows[0] if k not in ("pair", "nodes", "devices")}
+    print(", ".join(f"{k} {v:.4f}" for k, v in summary.items()), flush=True)
+
+    train = build_tasks(pi_specs(args.pi_tasks), workers=1, cache=args.cache)
+    policy, cfg, _ = load_policy(default_checkpoint())
+    cfg = dataclasses.replace(cfg, pi_label_every=1, pi_max_labels=10**6, pi_epochs=args.epochs)
+    warm_kernels(policy)
+    trainer = ConstructiveTrainer(cfg, policy=policy)
+
+    def score(ts) -> float:
+        return gm([r.greedy_time / r.task.refs["la_rule"][0] for r in evaluate(policy, ts, samples=0)])
+
+    rounds = [{"round": 0, "small_over_la_rule": score(small), "train_over_la_rule": score(train)}]
+    print(f"round 0: small pairs {rounds[0]['small_over_la_rule']:.4f}, training tasks "
+          f"{rounds[0]['train_over_la_rule']:.4f} x la_rule", flush=True)
+    for rnd in range(1, args.rounds + 1):
+        r = trainer.policy_iteration(train, rounds=1)["rounds"][-1]
+        rec = {"round": rnd, "agreement": r["agreement"], "labels_depart": r["label_departs_from_student"],
+               "small_over_la_rule": score(small), "train_over_la_rule": score(train)}
+        rounds.append(rec)
+        print(f"round {rnd}: agreement {rec['agreement']:.3f}, labels depart from the student on "
+              f"{rec['labels_depart']:.3f}; greedy: small pairs {rec['small_over_la_rule']:.4f}, training tasks "
+              f"{rec['train_over_la_rule']:.4f} x la_rule", flush=True)
+    return {"summary": summary, "rows": rows, "policy_iteration": {"tasks": len(train), "epochs": args.epochs,
+                                                                   "rounds": rounds}}
+
+
 def _la_rule(g, c, topo, edge_factor=None) -> tuple[float, bool, np.ndarray]:
     from placement_rl.cost.decode import LA_RULE, decode
     from placement_rl.cost.schedule import ScheduleState
@@ -300,12 +418,13 @@ def clone(args, tasks) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=("room", "clone", "links", "edges", "prefix"))
+    ap.add_argument("part", choices=("room", "clone", "links", "edges", "prefix", "rollout"))
     ap.add_argument("--seconds", type=float, default=5.0, help="room, edges, prefix: each search's seconds")
     ap.add_argument("--target", default="search", choices=("search", "minimal"))
     ap.add_argument("--tol", type=float, default=0.002, help="clone --target minimal: a reverted change may cost this")
     ap.add_argument("--dagger", action="store_true")
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--pi-tasks", type=int, default=32, help="rollout: small training tasks of policy iteration")
     ap.add_argument("--budget", type=int, default=6000, help="clone: simulator calls of one task's search per round")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--lr", type=float, default=0.0, help="clone: distillation learning rate (0: the recipe's)")
@@ -322,8 +441,9 @@ def main() -> None:
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    tasks = build_tasks(dev_comm_specs(), workers=1, cache=args.cache)
-    data = {"room": room, "clone": clone, "links": links, "edges": edges, "prefix": prefix}[args.part](args, tasks)
+    tasks = [] if args.part == "rollout" else build_tasks(dev_comm_specs(), workers=1, cache=args.cache)
+    data = {"room": room, "clone": clone, "links": links, "edges": edges, "prefix": prefix,
+            "rollout": rollout}[args.part](args, tasks)
     path = write_result(args.stem or f"probe_learning_comm_{args.part}", data, seconds=time.perf_counter() - t0)
     print(f"wrote {path}")
 
