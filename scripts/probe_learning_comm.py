@@ -35,7 +35,7 @@ what imitating the search along its own trajectory can give before the student e
 ``rollout``: the one-pass improvement of the rule itself, on small pairs (``small_specs``: dataflow, series-parallel
 and transformer-like graphs of 60-140 nodes, seed 778, on the same three clusters): at every decision each device is
 tried and the rest of the graph placed by ``la_rule``, the best completed placement followed (rollout over
-``la_rule``, fortified: never slower than it), against ``la_rule_search`` and ``local_search`` given its seconds (the
+``la_rule``, fortified: never slower than it; also on the decisions of each of ``SPANS`` only), against ``la_rule_search`` and ``local_search`` given its seconds (the
 median and best of three seeds); then dense approximate policy iteration from the shipped policy
 (``ConstructiveTrainer.policy_iteration``, every state of the student's trajectory labelled by the rollout over the
 student, ``--rounds`` rounds of ``--epochs`` epochs) on ``--pi-tasks`` small training tasks (seed 4244, 60-180 nodes,
@@ -216,17 +216,20 @@ def pi_specs(n: int) -> list[dict]:
     return out
 
 
-def rollout_over_la_rule(g, c, topo) -> tuple[float, bool, np.ndarray]:
-    """``(step time, feasible, devices)`` of the fortified rollout over ``la_rule`` (module doc, ``rollout``)."""
+def rollout_over_la_rule(g, c, topo, span: tuple[float, float] = (0.0, 1.0)) -> tuple[float, bool, np.ndarray]:
+    """``(step time, feasible, devices)`` of the fortified rollout over ``la_rule`` (module doc, ``rollout``) on the
+    decisions in ``span`` (fractions of the simulator's order; ``la_rule`` makes the others)."""
     from placement_rl.cost.decode import LA_RULE, decode
     from placement_rl.cost.schedule import ScheduleState
     from placement_rl.cost.window import placing_window
 
     n, nd, w = g.num_nodes, topo.num_devices, placing_window(g.num_nodes)
+    lo, hi = int(round(span[0] * n)), int(round(span[1] * n))
     st = ScheduleState(g, c, topo, episodes=1, window=w)
     br = ScheduleState(g, c, topo, episodes=nd, window=w)
+    decode(st, LA_RULE, stop=lo)
     best_key, best_dev = (True, float("inf")), None
-    for t in range(n):
+    for t in range(lo, hi):
         br.branch_from(st)
         br.place(np.arange(nd))  # device k in episode k (one it does not fit on completes infeasible)
         decode(br, LA_RULE)
@@ -235,7 +238,13 @@ def rollout_over_la_rule(g, c, topo) -> tuple[float, bool, np.ndarray]:
             if (not bool(ok[k]), float(fin[k])) < best_key:
                 best_key, best_dev = (not bool(ok[k]), float(fin[k])), br.devices[k].copy()
         st.place(int(best_dev[st.order[t]]))  # follow the best completed placement seen
+    decode(st, LA_RULE)  # the rest (after the span) by the rule
+    if best_dev is None or (not bool(st.feasible()[0]), float(st.finish()[0])) < best_key:
+        best_key, best_dev = (not bool(st.feasible()[0]), float(st.finish()[0])), st.devices[0].copy()
     return best_key[1], not best_key[0], best_dev
+
+
+SPANS = ((0.0, 0.25), (0.5, 1.0))  # ``rollout``: the rollout on these decisions only (where its gain lies)
 
 
 def rollout(args, _tasks) -> dict:
@@ -257,6 +266,11 @@ def rollout(args, _tasks) -> dict:
         sec = time.perf_counter() - t0
         row = {"pair": t.meta["id"], "nodes": g.num_nodes, "devices": topo.num_devices,
                "rollout_over_la_rule": f2 / ref if ok2 else float("inf"), "rollout_seconds": sec}
+        for a, b in SPANS:
+            t1 = time.perf_counter()
+            fs, oks, _ = rollout_over_la_rule(g, c, topo, (a, b))
+            row[f"rollout_{a:g}_{b:g}"] = fs / ref if oks else float("inf")
+            row[f"rollout_{a:g}_{b:g}_seconds"] = time.perf_counter() - t1
         for m in ("la_rule_search", "local_search"):
             got = []
             for seed in range(3):

@@ -32,7 +32,7 @@ def _slow_links(d: int) -> DeviceTopology:
 def test_the_rollout_over_la_rule_is_never_slower_than_la_rule_and_reports_its_placements_time():
     """``rollout_over_la_rule`` follows the best completed placement it has seen, so its placement is never slower
     than ``la_rule``'s (its first decision's completions include ``la_rule``'s own), it fits, and the time it
-    returns is the simulator's for that placement; on slow links it finds a faster one on at least one of three
+    returns is the simulator's for that placement (also when it rolls out on part of the decisions only); on slow links it finds a faster one on at least one of three
     graphs (each decision is a full rollout step over the rule)."""
     probe = _probe()
     topo = _slow_links(4)
@@ -47,4 +47,8 @@ def test_the_rollout_over_la_rule_is_never_slower_than_la_rule_and_reports_its_p
         assert t <= ref * (1 + 1e-12)
         assert res.step_time == pytest.approx(t, rel=1e-9)
         ratios.append(t / ref)
+        for span in probe.SPANS:  # on part of the decisions only (la_rule the rest): never slower than the rule
+            ts, fits_s, dev_s = probe.rollout_over_la_rule(g, c, topo, span)
+            assert fits_s and ts <= ref * (1 + 1e-12)
+            assert simulate(g, c, topo, np.asarray(dev_s, np.int64)).step_time == pytest.approx(ts, rel=1e-9)
     assert min(ratios) < 0.999, ratios
