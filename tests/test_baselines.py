@@ -331,7 +331,8 @@ def test_local_search_drops_a_start_that_runs_past_its_seconds(monkeypatch):
 
 def test_anneal_repairs_a_start_that_overflows_memory(monkeypatch):
     """An annealing whose start overflows a device's memory runs the memory repair first: with a budget of a few
-    calls the result fits, where the walk alone (the repair switched off) does not get there."""
+    calls the result fits; with the repair switched off, ``m_topo``'s memory-balanced split is the start that fits
+    (``fitting_start`` in the meta); with both off the walk alone does not get there."""
     from placement_rl.baselines import memory
 
     graph = random_dag(300, 4, param=2e8)
@@ -344,11 +345,15 @@ def test_anneal_repairs_a_start_that_overflows_memory(monkeypatch):
         prob = Problem(graph, costs, topo, budget=memory.REPAIR_CALLS + 3, seed=0)
         s0 = prob.score(start)
         assert not s0.feasible
-        return prob.score(search.anneal(prob, start, s0))
+        return prob.score(search.anneal(prob, start, s0)), prob.meta
 
-    assert run_anneal().feasible
+    res, meta = run_anneal()
+    assert res.feasible and "fitting_start" not in meta
     monkeypatch.setattr(search, "repair", lambda prob, dev: dev)
-    assert not run_anneal().feasible
+    res, meta = run_anneal()
+    assert res.feasible and meta["fitting_start"] == "m_topo"
+    monkeypatch.setattr(search.baechi, "m_topo", lambda prob: np.asarray(start).copy())
+    assert not run_anneal()[0].feasible
 
 
 def test_search_spends_the_budget():

@@ -68,7 +68,8 @@ def local_search(prob: Problem) -> np.ndarray:
 
 def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, large_share: float = 0.0) -> np.ndarray:
     """Simulated annealing from ``start`` (already scored; a start that overflows memory goes through the memory
-    repair first, ``memory.repair``) with the rest of ``prob``'s budget; returns the best placement simulated (never
+    repair first, ``memory.repair``, and where it still overflows ``m_topo``'s placement is taken when it overflows
+    less) with the rest of ``prob``'s budget; returns the best placement simulated (never
     worse than ``start``). ``large(current, rng)``: an optional proposal of large moves
     (a whole candidate placement, its own simulator calls charged to ``prob``; e.g. ``agents.policy_search``'s
     repairs sampled from a policy), run whenever its seconds are below ``large_share`` of the seconds spent; its
@@ -81,6 +82,12 @@ def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, 
         s = prob.score(fixed)
         if s is not None and s.key < best_s.key:
             best, best_s = np.asarray(fixed, dtype=np.int64).copy(), s
+    if not best_s.feasible and prob.left > 0:  # still over: the memory-balanced split in the simulator's order
+        split = baechi.m_topo(prob)            # (``m_topo``, milliseconds) when it overflows less (``fitting_start``
+        s = prob.score(split)                  # in the meta)
+        if s is not None and s.key < best_s.key:
+            best, best_s = np.asarray(split, dtype=np.int64).copy(), s
+            prob.meta["fitting_start"] = "m_topo"
     cur, cur_s = best.copy(), best_s
     calls0, steps = prob.calls, max(prob.left, 1)
     sec0 = prob.elapsed
