@@ -71,19 +71,22 @@ def dev_comm_specs() -> list[dict]:
             for g in graphs for t in topos]
 
 
-def train_specs(n: int = 24) -> list[dict]:
+def train_specs(n: int = 24, *, seed: int = 4242, families: tuple[str, ...] = (
+        "dataflow", "dataflow", "layered", "transformer_like", "cnn_like"), nodes: tuple[int, int] = (150, 600),
+        devices: tuple[int, int] = (4, 12), prefix: str = "train") -> list[dict]:
+    """Comm-heavy training-like tasks (``clone``; ``pi_specs`` with its own draw): random clusters, 70% with links
+    4x slower."""
     from placement_rl.studies.splits import COMM_LINK_SCALE
 
-    rng = np.random.default_rng(4242)
-    fams = ("dataflow", "dataflow", "layered", "transformer_like", "cnn_like")
+    rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
-        g = {"family": fams[int(rng.integers(len(fams)))], "num_nodes": int(rng.integers(150, 600)),
+        g = {"family": families[int(rng.integers(len(families)))], "num_nodes": int(rng.integers(*nodes)),
              "seed": int(rng.integers(2**31))}
-        t = {"random": int(rng.integers(2**31)), "devices": [4, 12]}
+        t = {"random": int(rng.integers(2**31)), "devices": list(devices)}
         if rng.random() < 0.7:
             t["link_scale"] = COMM_LINK_SCALE
-        out.append({"graph": g, "topology": t, "id": f"train{i}-{g['family']}"})
+        out.append({"graph": g, "topology": t, "id": f"{prefix}{i}-{g['family']}"})
     return out
 
 
@@ -201,19 +204,9 @@ def small_specs() -> list[dict]:
 
 def pi_specs(n: int) -> list[dict]:
     """Small training tasks for ``rollout``'s policy iteration (module doc)."""
-    from placement_rl.studies.splits import COMM_LINK_SCALE
-
-    rng = np.random.default_rng(4244)
-    fams = ("dataflow", "dataflow", "series_parallel", "layered", "transformer_like", "cnn_like")
-    out = []
-    for i in range(n):
-        g = {"family": fams[int(rng.integers(len(fams)))], "num_nodes": int(rng.integers(60, 180)),
-             "seed": int(rng.integers(2**31))}
-        t = {"random": int(rng.integers(2**31)), "devices": [4, 8]}
-        if rng.random() < 0.7:
-            t["link_scale"] = COMM_LINK_SCALE
-        out.append({"graph": g, "topology": t, "id": f"pi{i}-{g['family']}"})
-    return out
+    return train_specs(n, seed=4244, families=("dataflow", "dataflow", "series_parallel", "layered",
+                                               "transformer_like", "cnn_like"),
+                       nodes=(60, 180), devices=(4, 8), prefix="pi")
 
 
 def rollout_over_la_rule(g, c, topo, span: tuple[float, float] = (0.0, 1.0)) -> tuple[float, bool, np.ndarray]:
