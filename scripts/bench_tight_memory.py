@@ -38,11 +38,6 @@ def tight_topology(graph, devices: int, fraction: float, seed: int):
         "links": {"intra_host": {"bandwidth": bw, "latency": 1e-5}}})
 
 
-def gm(x) -> float:
-    x = [v for v in x if np.isfinite(v)]
-    return float(np.exp(np.mean(np.log(x)))) if x else float("nan")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=2.0, help="each search's wall-clock seconds")
@@ -55,7 +50,7 @@ def main() -> None:
 
     from placement_rl import baselines
     from placement_rl.agents.constructive_config import default_checkpoint, load_policy
-    from placement_rl.agents.constructive_eval import warm_kernels
+    from placement_rl.agents.constructive_eval import geomean, warm_kernels
     from placement_rl.agents.policy_search import policy_search
     from placement_rl.cost import resolve_costs, simulate
     from placement_rl.graph import synthetic
@@ -90,7 +85,7 @@ def main() -> None:
     summary = {"pairs": len(rows),
                "fits": {m: sum(r[f"{m}_feasible"] for r in rows) for m in ("la_rule", *SEARCHES)},
                "pairs_some_search_fits": sum(any(r[f"{m}_feasible"] for m in SEARCHES) for r in rows),
-               **{f"{m}_over_local_search": gm([r[f"{m}_ms"] / r["local_search_ms"] for r in rows
+               **{f"{m}_over_local_search": geomean([r[f"{m}_ms"] / r["local_search_ms"] for r in rows
                                                 if r[f"{m}_feasible"] and r["local_search_feasible"]])
                   for m in SEARCHES if m != "local_search"},
                "most_seconds_used": max(r[f"{m}_s"] for r in rows for m in SEARCHES) / args.seconds}

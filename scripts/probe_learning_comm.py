@@ -58,13 +58,19 @@ def gm(x) -> float:
 
 
 def dev_comm_specs() -> list[dict]:
-    from placement_rl.studies.splits import COMM_LINK_SCALE, _hetero_seed, topology_label
-
     rng = np.random.default_rng(777)
     graphs = [{"family": "dataflow", "num_nodes": int(rng.integers(200, 500)), "seed": int(rng.integers(2**31))}
               for _ in range(3)]
     graphs.append({"family": "series_parallel", "num_nodes": int(rng.integers(300, 700)),
                    "seed": int(rng.integers(2**31))})
+    return _on_comm_clusters(rng, graphs)
+
+
+def _on_comm_clusters(rng: np.random.Generator, graphs: list[dict]) -> list[dict]:
+    """Each graph on the DGX-1 and a heterogeneous-link random cluster (drawn from ``rng``), both with links 4x
+    slower, and on the DGX A100: the clusters of the dev-comm pairs (``dev_comm_specs``, ``small_specs``)."""
+    from placement_rl.studies.splits import COMM_LINK_SCALE, _hetero_seed, topology_label
+
     topos = [{"preset": "8x_v100_dgx1", "link_scale": COMM_LINK_SCALE},
              {"random": _hetero_seed(rng, (4, 8)), "devices": [4, 8], "link_scale": COMM_LINK_SCALE}, "8x_a100_dgx"]
     return [{"graph": g, "topology": t, "id": f"{g['family']}-{g['num_nodes']}s{g['seed'] % 1000}@{topology_label(t)}"}
@@ -191,15 +197,10 @@ def prefix(args, tasks) -> dict:
 
 def small_specs() -> list[dict]:
     """12 small pairs for ``rollout`` (module doc): rollout over ``la_rule`` is O(N^3 D^3)."""
-    from placement_rl.studies.splits import COMM_LINK_SCALE, _hetero_seed, topology_label
-
     rng = np.random.default_rng(778)
     graphs = [{"family": f, "num_nodes": int(rng.integers(60, 140)), "seed": int(rng.integers(2**31))}
               for f in ("dataflow", "dataflow", "series_parallel", "transformer_like")]
-    topos = [{"preset": "8x_v100_dgx1", "link_scale": COMM_LINK_SCALE},
-             {"random": _hetero_seed(rng, (4, 8)), "devices": [4, 8], "link_scale": COMM_LINK_SCALE}, "8x_a100_dgx"]
-    return [{"graph": g, "topology": t, "id": f"{g['family']}-{g['num_nodes']}s{g['seed'] % 1000}@{topology_label(t)}"}
-            for g in graphs for t in topos]
+    return _on_comm_clusters(rng, graphs)
 
 
 def pi_specs(n: int) -> list[dict]:
