@@ -152,8 +152,8 @@ def test_link_views_yields_the_scales_in_order_while_they_fit_and_times_the_slow
 
 @pytest.mark.parametrize("seed", range(6))
 def test_every_part_of_the_lower_bound_is_below_the_optimum(seed):
-    """``baselines.bounds``: on problems small enough to enumerate, the path, work and milp parts never exceed the
-    best placement's step time (the exact part), whatever the links (fast, slow, heterogeneous speeds)."""
+    """``baselines.bounds``: on problems small enough to enumerate, the path, work, blocks and milp parts never
+    exceed the best placement's step time (the exact part), whatever the links (fast, slow, heterogeneous speeds)."""
     from placement_rl.baselines.bounds import lower_bound
 
     rng = np.random.default_rng(seed)
@@ -165,9 +165,76 @@ def test_every_part_of_the_lower_bound_is_below_the_optimum(seed):
     exact = lower_bound(graph, costs, topo, exact_budget=10**5)
     assert exact.exact
     parts = lower_bound(graph, costs, topo, milp_seconds=5.0).parts
-    assert set(parts) == {"path", "work", "milp"}
+    assert set(parts) == {"path", "work", "blocks", "milp"}
     for name, value in parts.items():
         assert 0 < value <= exact.value * (1 + 1e-9), (name, value, exact.value)
+
+
+def _blocks_cases():
+    """Small problems of every shape the blocks part reasons about: random DAGs, the synthetic families (whose
+    node order is not always topological), slow to fast links, heterogeneous speeds, training and inference."""
+    from placement_rl.cost.modes import inference_costs
+
+    for seed in range(40):
+        rng = np.random.default_rng(1000 + seed)
+        d = 2 + seed % 2
+        topo = topology(d, bw=float(rng.choice([1e7, 1e8, 1e9, 1e10])),
+                        flops=[10e12, *[float(rng.uniform(3e12, 10e12)) for _ in range(d - 1)]])
+        n = int(rng.integers(5, 9 if d == 2 else 8))
+        family = ("random", "transformer_like", "series_parallel", "dataflow")[seed % 4]
+        graph = random_dag(n, seed) if family == "random" else synthetic.sample(family, num_nodes=n, seed=seed)
+        costs = resolve_costs(graph, topo)
+        yield graph, (inference_costs(costs) if seed % 5 == 4 else costs), topo
+
+
+def test_the_blocks_bound_never_exceeds_the_optimum_and_tightens_the_others_on_slow_links():
+    """``bounds.block_bound`` on 40 problems small enough to enumerate: never above the optimum (the exact part),
+    and more than 1% above the path and work bounds on some of them (forks on slow links)."""
+    from placement_rl.baselines.bounds import block_bound, lower_bound
+
+    tighter = 0
+    for graph, costs, topo in _blocks_cases():
+        exact = lower_bound(graph, costs, topo, exact_budget=10**6, blocks=False)
+        assert exact.exact, graph.name
+        got = block_bound(graph, costs, topo)
+        assert 0 < got <= exact.value, (graph.name, got, exact.value)
+        assert got >= exact.parts["path"] * (1 - 1e-6)  # a chain with nothing between its nodes is the path
+        tighter += got > 1.01 * max(exact.parts["path"], exact.parts["work"])
+    assert tighter >= 3  # 4 here
+
+
+def test_the_blocks_bound_charges_each_fork_join_block_its_serial_work_when_transfers_cost_more():
+    """A chain of fork-join blocks (a transformer layer's shape) on links so slow that a transfer costs more than
+    a branch: the optimum keeps everything on one device, and the blocks part is that optimum (the sum of every
+    node's time), where the path and work bounds see only one branch per block or the work over the devices. On
+    fast links it stays a valid bound (below the best placement search finds)."""
+    from placement_rl.baselines.bounds import block_bound, lower_bound
+
+    nodes, edges, prev = [dict(name="in", fwd_flops=1e9, bwd_flops=2e9, out_bytes=8e6, param_bytes=1e6,
+                               act_bytes=4e6)], [], "in"
+    for k in range(4):
+        for br in "abc":
+            nodes.append(dict(name=f"{br}{k}", fwd_flops=2e10, bwd_flops=4e10, out_bytes=8e6, param_bytes=1e6,
+                              act_bytes=4e6))
+            edges.append((prev, f"{br}{k}", 8e6))
+        nodes.append(dict(name=f"j{k}", fwd_flops=1e9, bwd_flops=2e9, out_bytes=8e6, param_bytes=1e6,
+                          act_bytes=4e6))
+        edges += [(f"{br}{k}", f"j{k}", 8e6) for br in "abc"] + [(prev, f"j{k}", 8e6)]  # and the residual
+        prev = f"j{k}"
+    graph = make_graph(nodes, edges, name="blocks")
+    slow = topology(4, bw=1e8)  # 8 MB over 100 MB/s: 80 ms against 2-4 ms a branch
+    costs = resolve_costs(graph, slow)
+    one = float((costs.fwd_time + costs.bwd_time)[:, 0].sum())
+    p, res = run("single_device", graph, slow, costs=costs)
+    assert res.step_time == pytest.approx(one, rel=1e-9)
+    b = lower_bound(graph, costs, slow)
+    assert b.parts["blocks"] == pytest.approx(one, rel=1e-6) and b.value == b.parts["blocks"]
+    assert max(b.parts["path"], b.parts["work"]) < 0.6 * one
+    assert block_bound(graph, costs, slow, span=2) < b.parts["blocks"]  # steps of at most 2 positions: looser
+    fast = topology(4, bw=1e12)
+    costs = resolve_costs(graph, fast)
+    _, best = run("local_search", graph, fast, costs=costs, budget=3000)
+    assert block_bound(graph, costs, fast) <= best.step_time
 
 
 def test_the_milp_bound_counts_the_transfers_a_spread_placement_waits_on():
@@ -181,7 +248,7 @@ def test_the_milp_bound_counts_the_transfers_a_spread_placement_waits_on():
     exact = lower_bound(graph, costs, topo, exact_budget=10**5).value
     b = lower_bound(graph, costs, topo, milp_seconds=5.0)
     assert max(b.parts["path"], b.parts["work"]) < 0.8 * exact
-    assert b.parts["milp"] == pytest.approx(exact, rel=1e-4) and b.value == b.parts["milp"]
+    assert b.parts["milp"] == pytest.approx(exact, rel=1e-4) and b.value == max(b.parts.values())
     cu = cut_costs(graph, costs, topo)
     assert cu[graph.names.index("in")] == pytest.approx(1e-5 + 4e6 / 1e7, rel=1e-6)
     assert np.isinf(cu[graph.names.index("out")])  # no out-edge: nothing to send

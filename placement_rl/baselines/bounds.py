@@ -21,6 +21,20 @@ transfers >= 0) is at least:
   pairs with slow links of ``scripts/probe_learning_comm.py`` its solutions reach 0.33-0.50 x ``la_rule``, while
   search reaches 0.64-0.87). On that probe's 12 pairs, at 30 s a pair, the dual bound is 1.000-1.103 x the path and
   work bounds (above 1.01 on 2).
+* ``blocks``: the best chain of nodes ``b_0 -> b_1 -> ... -> b_m`` (each a descendant of the last) of
+  ``pre(b_0) + sum_i (f + b)(b_i) + sum_i (F_i + B_i)``, where ``pre`` is the longest forward path before ``b_0``
+  and ``F_i`` the least time between ``b_i``'s forward end and ``b_{i+1}``'s forward start: every node of the
+  block between them (a descendant of one, an ancestor of the other) runs in that interval, those on ``b_i``'s
+  device one at a time, and the path from ``b_i`` to any other runs through a transfer; so ``F_i`` is at least
+  ``min over R`` of ``max(work of the block outside R, max over R of (longest path through v) + c)``, ``c`` the
+  least ``cut_costs`` of the block and ``b_i``, ``R`` the nodes away from ``b_i``'s device (taken in order of
+  their paths: it is a sort). ``B_i`` is the same for the backward in reverse, ``b_{i+1}``'s device at home,
+  over the nodes whose gradient paths link them (an output needing no gradient does not wait for its consumers'
+  backward); ``f``, ``b``, paths and work at each node's fastest device. With no node between two chain nodes the
+  term is 0, so the chain is at least the path bound; on chains of fork-join blocks whose transfers cost more
+  than their branches (transformer layers on slow links) it charges each block its serial work, which the path,
+  work and milp parts do not. Chain steps are kept within ``BLOCK_SPAN`` positions of a topological order
+  (O(N span^2); fewer steps only loosen it).
 * ``exact``: on problems small enough to enumerate (``search.count_placements`` up to ``exact_budget``
   placements), the optimum itself (``search.exhaustive``): the bound is then tight.
 
@@ -41,12 +55,13 @@ from placement_rl.topology import DeviceTopology
 
 LP_MAX_VARS = 400_000  # N x D above which the work bound is the closed form instead of the LP
 MILP_MAX_VARS = 40_000  # N x D above which the milp part is skipped (its model alone would take seconds to build)
+BLOCK_SPAN = 256  # the blocks part's chain steps, in positions of a topological order (module doc)
 
 
 @dataclass(frozen=True)
 class Bound:
     value: float  # the best (largest) lower bound, seconds
-    parts: dict[str, float] = field(default_factory=dict)  # path, work, exact (where computed)
+    parts: dict[str, float] = field(default_factory=dict)  # path, work, blocks, milp, exact (where computed)
     exact: bool = False  # the value is the optimum (exhaustive enumeration)
 
     def gap(self, step_time: float) -> float:
@@ -187,13 +202,46 @@ def milp_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, sec
     return float(bound) * scale * (1.0 - 1e-6)
 
 
+def block_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, span: int = BLOCK_SPAN) -> float:
+    """The ``blocks`` part (module doc): the best chain of blocks, steps within ``span`` topological positions."""
+    from placement_rl.baselines._block_kernel import chain_of_blocks
+    from placement_rl.cost.modes import mode_of
+    from placement_rl.cost.resolve import needs_grad
+
+    n = graph.num_nodes
+    if n == 0:
+        return 0.0
+    order = np.asarray(graph.topo_order, dtype=np.int64)
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n)
+    e = np.asarray(graph.edges, dtype=np.int64).reshape(-1, 2)
+    src, dst = pos[e[:, 0]], pos[e[:, 1]]
+
+    def csr(keys: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        o = np.argsort(keys, kind="stable")
+        return np.concatenate([[0], np.cumsum(np.bincount(keys, minlength=n))]).astype(np.int64), vals[o]
+
+    succ_ptr, succ_idx = csr(src, dst)
+    pred_ptr, pred_idx = csr(dst, src)
+    fb = np.concatenate([np.asarray(costs.fwd_time, dtype=np.float64), np.asarray(costs.bwd_time, dtype=np.float64)])
+    cls = np.unique(fb, axis=1)  # devices of one speed class have the same columns: keep one of each
+    f, b = np.ascontiguousarray(cls[:n][order]), np.ascontiguousarray(cls[n:][order])
+    c = cut_costs(graph, costs, topology)[order]
+    grad = np.zeros(n, dtype=np.bool_) if mode_of(costs) == "inference" else needs_grad(graph).astype(np.bool_)[order]
+    got = chain_of_blocks(n, int(max(1, min(span, n))), succ_ptr, succ_idx, pred_ptr, pred_idx, f, b, c, grad)
+    # sums of floats in another order than the simulator's: take a hair off so rounding never lifts it above T*
+    return float(got) * (1.0 - 1e-9)
+
+
 def lower_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, exact_budget: int = 0,
-                milp_seconds: float = 0.0) -> Bound:
+                milp_seconds: float = 0.0, blocks: bool = True) -> Bound:
     """The best lower bound on any placement's step time (module doc); ``exact_budget`` > 0 enumerates problems
     of at most that many placements (after symmetry) for the optimum; ``milp_seconds`` > 0 adds the ``milp`` part
-    (up to ``MILP_MAX_VARS`` node-device pairs)."""
+    (up to ``MILP_MAX_VARS`` node-device pairs); ``blocks`` the blocks part."""
     parts = {"path": path_bound(graph, costs), "work": work_bound(costs)}
     n, d = graph.num_nodes, topology.num_devices
+    if blocks and n > 1:
+        parts["blocks"] = block_bound(graph, costs, topology)
     if milp_seconds > 0 and d > 1 and 0 < n * d <= MILP_MAX_VARS:
         got = milp_bound(graph, costs, topology, milp_seconds)
         if got is not None:
@@ -213,4 +261,4 @@ def lower_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
     return Bound(max(parts.values()), parts)
 
 
-__all__ = ["Bound", "cut_costs", "lower_bound", "milp_bound", "path_bound", "work_bound"]
+__all__ = ["Bound", "block_bound", "cut_costs", "lower_bound", "milp_bound", "path_bound", "work_bound"]

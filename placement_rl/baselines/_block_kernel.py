@@ -1,0 +1,149 @@
+"""Numba kernel of the ``blocks`` lower bound (see ``bounds.block_bound`` for the argument it computes).
+
+Nodes are indexed in a topological order (every edge goes from a lower index to a higher one). Longest paths are
+kept in a band of ``span`` indices: ``down[t, o]`` is the longest path from node ``t - o`` to ``t`` (the sum of
+``w`` over the nodes strictly between), ``up[o]`` that from the current ``s`` to ``s + o`` (the nodes after ``s``,
+``s + o`` included); -1 where there is no such path (through ``ok`` nodes only, ``t`` itself excepted).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+NONE = -1.0
+
+
+@njit(cache=True, nogil=True)
+def _down(t, span, pred_ptr, pred_idx, w, ok, out):
+    """``out[o]``: the longest path ``t - o -> t`` (``w`` summed strictly between; its nodes but ``t`` ``ok``)."""
+    out[:] = NONE
+    out[0] = 0.0
+    lo = t - span if t > span else 0
+    for x in range(t, lo - 1, -1):
+        here = out[t - x]
+        if here < 0.0:
+            continue
+        add = 0.0 if x == t else w[x]
+        for q in range(pred_ptr[x], pred_ptr[x + 1]):
+            v = pred_idx[q]
+            if v < lo or not ok[v]:
+                continue
+            if here + add > out[t - v]:
+                out[t - v] = here + add
+
+
+@njit(cache=True, nogil=True)
+def _up(s, span, n, succ_ptr, succ_idx, w, ok, out):
+    """``out[o]``: the longest path ``s -> s + o`` (``w`` of the nodes after ``s``, ``s + o`` included), expanding
+    only from ``s`` and ``ok`` nodes."""
+    out[:] = NONE
+    out[0] = 0.0
+    hi = s + span if s + span < n - 1 else n - 1
+    for u in range(s, hi + 1):
+        here = out[u - s]
+        if here < 0.0 or (u != s and not ok[u]):
+            continue
+        for q in range(succ_ptr[u], succ_ptr[u + 1]):
+            x = succ_idx[q]
+            if x > hi:
+                continue
+            if here + w[x] > out[x - s]:
+                out[x - s] = here + w[x]
+
+
+@njit(cache=True, nogil=True)
+def _block(s, t, up, down, wk, c, c0, path, nodes, total, moved):
+    """The least time between ``s``'s end and ``t``'s start (``bounds.block_bound``) over the nodes between them:
+    with ``t`` on ``s``'s device, the home set's serial work against the longest path through a node elsewhere
+    plus two cuts (out and back); with ``t`` elsewhere, every path from ``s`` to ``t`` crosses a cut, and the
+    home set is still serial. ``wk`` [N, K]: each node's time on each class of
+    devices (the home set's work is that of one device)."""
+    k = 0
+    nk = wk.shape[1]
+    total[:] = 0.0
+    moved[:] = 0.0
+    cmin = c0
+    for v in range(s + 1, t):
+        a = up[v - s]
+        b = down[t - v]
+        if a >= 0.0 and b >= 0.0:
+            path[k] = a + b
+            nodes[k] = v
+            for q in range(nk):
+                total[q] += wk[v, q]
+            if c[v] < cmin:
+                cmin = c[v]
+            k += 1
+    if k == 0:
+        return 0.0
+    order = np.argsort(path[:k])
+    longest = path[order[k - 1]]  # transfers free: the longest path between them
+    home = total.min()
+    back = home  # t at home: nothing away from home ...
+    away = home  # t elsewhere: the home set's work
+    for j in range(k):
+        i = order[j]
+        v = nodes[i]
+        rest = np.inf  # ... or every node up to this one away, the rest at home (on the device it is fastest on)
+        for q in range(nk):
+            moved[q] += wk[v, q]
+            if total[q] - moved[q] < rest:
+                rest = total[q] - moved[q]
+        val = path[i] + 2.0 * cmin
+        back = min(back, val if val > rest else rest)
+        val = path[i] + cmin
+        away = min(away, val if val > rest else rest)
+    if longest + cmin > away:
+        away = longest + cmin
+    best = back if back < away else away
+    return best if best > longest else longest
+
+
+@njit(cache=True, nogil=True)
+def chain_of_blocks(n, span, succ_ptr, succ_idx, pred_ptr, pred_idx, fk, bk, c, grad):
+    """The bound: the best chain ``b_0 -> ... -> b_m`` (each within ``span`` of the last, all but the last with a
+    gradient) of ``pre(b_0) + sum f(b_i) + b(b_i) + blocks' forward and backward least times``; ``fk``, ``bk``
+    [N, K]: forward and backward times per class of devices."""
+    f = np.empty(n)
+    b = np.empty(n)
+    for v in range(n):
+        f[v] = fk[v].min()
+        b[v] = bk[v].min()
+    every = np.ones(n, dtype=np.bool_)
+    down_f = np.empty((n, span + 1))
+    down_b = np.empty((n, span + 1))
+    for t in range(n):
+        _down(t, span, pred_ptr, pred_idx, f, every, down_f[t])
+        _down(t, span, pred_ptr, pred_idx, b, grad, down_b[t])
+    value = np.zeros(n)  # the longest forward path before each node, then the best chain ending there
+    for u in range(n):
+        for q in range(succ_ptr[u], succ_ptr[u + 1]):
+            x = succ_idx[q]
+            if value[u] + f[u] > value[x]:
+                value[x] = value[u] + f[u]
+    up_f = np.empty(span + 1)
+    up_b = np.empty(span + 1)
+    path = np.empty(span + 1)
+    nodes = np.empty(span + 1, dtype=np.int64)
+    total = np.empty(fk.shape[1])
+    moved = np.empty(fk.shape[1])
+    for s in range(n):
+        if not grad[s]:
+            continue
+        _up(s, span, n, succ_ptr, succ_idx, f, every, up_f)
+        _up(s, span, n, succ_ptr, succ_idx, b, grad, up_b)
+        hi = s + span if s + span < n - 1 else n - 1
+        for t in range(s + 1, hi + 1):
+            if up_f[t - s] < 0.0:
+                continue
+            got = value[s] + f[s] + b[s] + _block(s, t, up_f, down_f[t], fk, c, c[s], path, nodes, total, moved)
+            if up_b[t - s] >= 0.0:
+                got += _block(s, t, up_b, down_b[t], bk, c, np.inf, path, nodes, total, moved)
+            if got > value[t]:
+                value[t] = got
+    best = 0.0
+    for v in range(n):
+        if value[v] + f[v] + b[v] > best:
+            best = value[v] + f[v] + b[v]
+    return best
