@@ -53,16 +53,48 @@ def _up(s, span, n, succ_ptr, succ_idx, w, ok, out):
 
 
 @njit(cache=True, nogil=True)
-def _block(s, t, up, down, wk, c, c0, path, nodes, total, moved):
+def _cut_points(k, nd, path, nodes, wk, total, moved, cmin, order):
+    """``min over R`` (the nodes away from the home device, taken in ``order`` of their paths: a prefix) of
+    ``max(the rest's work on one device, max over R of path + j x cmin, R's fastest work over the other nd - 1
+    devices)``, for j = 1 and 2 cuts; ``total`` holds the block's work per class of devices, ``moved`` is
+    scratch."""
+    nk = wk.shape[1]
+    one = total.min()  # nothing away from home
+    two = one
+    if nd < 2:
+        return one, two
+    moved[:] = 0.0
+    spread = 0.0
+    for j in range(k):
+        i = order[j]
+        v = nodes[i]
+        rest = np.inf
+        fastest = np.inf
+        for q in range(nk):
+            moved[q] += wk[v, q]
+            if total[q] - moved[q] < rest:
+                rest = total[q] - moved[q]
+            if wk[v, q] < fastest:
+                fastest = wk[v, q]
+        spread += fastest
+        floor = rest if rest > spread / (nd - 1) else spread / (nd - 1)
+        val = path[i] + cmin
+        one = min(one, val if val > floor else floor)
+        val += cmin
+        two = min(two, val if val > floor else floor)
+    return one, two
+
+
+@njit(cache=True, nogil=True)
+def _block(s, t, up, down, wk, c, c0, nd, path, nodes, total, moved):
     """The least time between ``s``'s end and ``t``'s start (``bounds.block_bound``) over the nodes between them:
     with ``t`` on ``s``'s device, the home set's serial work against the longest path through a node elsewhere
     plus two cuts (out and back); with ``t`` elsewhere, every path from ``s`` to ``t`` crosses a cut, and the
-    home set is still serial. ``wk`` [N, K]: each node's time on each class of
-    devices (the home set's work is that of one device)."""
+    home set is still serial. ``wk`` [N, K]: each node's time on each class of devices (the home set's work is
+    that of one device); ``nd`` devices."""
     k = 0
     nk = wk.shape[1]
     total[:] = 0.0
-    moved[:] = 0.0
     cmin = c0
     for v in range(s + 1, t):
         a = up[v - s]
@@ -79,21 +111,7 @@ def _block(s, t, up, down, wk, c, c0, path, nodes, total, moved):
         return 0.0
     order = np.argsort(path[:k])
     longest = path[order[k - 1]]  # transfers free: the longest path between them
-    home = total.min()
-    back = home  # t at home: nothing away from home ...
-    away = home  # t elsewhere: the home set's work
-    for j in range(k):
-        i = order[j]
-        v = nodes[i]
-        rest = np.inf  # ... or every node up to this one away, the rest at home (on the device it is fastest on)
-        for q in range(nk):
-            moved[q] += wk[v, q]
-            if total[q] - moved[q] < rest:
-                rest = total[q] - moved[q]
-        val = path[i] + 2.0 * cmin
-        back = min(back, val if val > rest else rest)
-        val = path[i] + cmin
-        away = min(away, val if val > rest else rest)
+    away, back = _cut_points(k, nd, path, nodes, wk, total, moved, cmin, order)
     if longest + cmin > away:
         away = longest + cmin
     best = back if back < away else away
@@ -101,10 +119,10 @@ def _block(s, t, up, down, wk, c, c0, path, nodes, total, moved):
 
 
 @njit(cache=True, nogil=True)
-def chain_of_blocks(n, span, succ_ptr, succ_idx, pred_ptr, pred_idx, fk, bk, c, grad):
+def chain_of_blocks(n, span, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, fk, bk, c, grad):
     """The bound: the best chain ``b_0 -> ... -> b_m`` (each within ``span`` of the last, all but the last with a
     gradient) of ``pre(b_0) + sum f(b_i) + b(b_i) + blocks' forward and backward least times``; ``fk``, ``bk``
-    [N, K]: forward and backward times per class of devices."""
+    [N, K]: forward and backward times per class of ``nd`` devices."""
     f = np.empty(n)
     b = np.empty(n)
     for v in range(n):
@@ -116,18 +134,19 @@ def chain_of_blocks(n, span, succ_ptr, succ_idx, pred_ptr, pred_idx, fk, bk, c, 
     for t in range(n):
         _down(t, span, pred_ptr, pred_idx, f, every, down_f[t])
         _down(t, span, pred_ptr, pred_idx, b, grad, down_b[t])
-    value = np.zeros(n)  # the longest forward path before each node, then the best chain ending there
+    pre_f = np.zeros(n)  # the longest forward path before each node (a chain of one)
     for u in range(n):
         for q in range(succ_ptr[u], succ_ptr[u + 1]):
             x = succ_idx[q]
-            if value[u] + f[u] > value[x]:
-                value[x] = value[u] + f[u]
-    up_f = np.empty(span + 1)
-    up_b = np.empty(span + 1)
+            if pre_f[u] + f[u] > pre_f[x]:
+                pre_f[x] = pre_f[u] + f[u]
     path = np.empty(span + 1)
     nodes = np.empty(span + 1, dtype=np.int64)
     total = np.empty(fk.shape[1])
     moved = np.empty(fk.shape[1])
+    value = pre_f  # then the best chain ending at each node: its forward start + the time after its backward
+    up_f = np.empty(span + 1)
+    up_b = np.empty(span + 1)
     for s in range(n):
         if not grad[s]:
             continue
@@ -137,9 +156,9 @@ def chain_of_blocks(n, span, succ_ptr, succ_idx, pred_ptr, pred_idx, fk, bk, c, 
         for t in range(s + 1, hi + 1):
             if up_f[t - s] < 0.0:
                 continue
-            got = value[s] + f[s] + b[s] + _block(s, t, up_f, down_f[t], fk, c, c[s], path, nodes, total, moved)
+            got = value[s] + f[s] + b[s] + _block(s, t, up_f, down_f[t], fk, c, c[s], nd, path, nodes, total, moved)
             if up_b[t - s] >= 0.0:
-                got += _block(s, t, up_b, down_b[t], bk, c, np.inf, path, nodes, total, moved)
+                got += _block(s, t, up_b, down_b[t], bk, c, np.inf, nd, path, nodes, total, moved)
             if got > value[t]:
                 value[t] = got
     best = 0.0

@@ -21,20 +21,23 @@ transfers >= 0) is at least:
   pairs with slow links of ``scripts/probe_learning_comm.py`` its solutions reach 0.33-0.50 x ``la_rule``, while
   search reaches 0.64-0.87). On that probe's 12 pairs, at 30 s a pair, the dual bound is 1.000-1.103 x the path and
   work bounds (above 1.01 on 2).
-* ``blocks``: the best chain of nodes ``b_0 -> b_1 -> ... -> b_m`` (each a descendant of the last) of
-  ``pre(b_0) + sum_i (f + b)(b_i) + sum_i (F_i + B_i)``, where ``pre`` is the longest forward path before ``b_0``
-  and ``F_i`` the least time between ``b_i``'s forward end and ``b_{i+1}``'s forward start: every node of the
-  block between them (a descendant of one, an ancestor of the other) runs in that interval, those on ``b_i``'s
-  device one at a time, and the path from ``b_i`` to any other runs through a transfer; so ``F_i`` is at least
-  ``min over R`` of ``max(work of the block outside R, max over R of (longest path through v) + c)``, ``c`` the
-  least ``cut_costs`` of the block and ``b_i``, ``R`` the nodes away from ``b_i``'s device (taken in order of
-  their paths: it is a sort). ``B_i`` is the same for the backward in reverse, ``b_{i+1}``'s device at home,
-  over the nodes whose gradient paths link them (an output needing no gradient does not wait for its consumers'
-  backward); ``f``, ``b``, paths and work at each node's fastest device. With no node between two chain nodes the
-  term is 0, so the chain is at least the path bound; on chains of fork-join blocks whose transfers cost more
-  than their branches (transformer layers on slow links) it charges each block its serial work, which the path,
-  work and milp parts do not. Chain steps are kept within ``BLOCK_SPAN`` positions of a topological order
-  (O(N span^2); fewer steps only loosen it).
+* ``blocks``: the best chain of nodes ``b_0 -> b_1 -> ... -> b_m`` (each a descendant of the last, all but the last
+  with a gradient) of ``pre(b_0) + sum_i (f + b)(b_i) + sum_i (F_i + B_i)``: ``pre`` the longest forward path
+  before ``b_0``, ``F_i`` the least time between ``b_i``'s forward end and ``b_{i+1}``'s forward start. Every node
+  of the block between them (a descendant of one, an ancestor of the other) runs in that interval; those on
+  ``b_i``'s device (home) one at a time; those away (``R``) on the other D - 1 devices, each behind a transfer on
+  its path from ``b_i`` and, with ``b_{i+1}`` at home, another on its path back; with ``b_{i+1}`` away every
+  path between them crosses one. So ``F_i >= min(case home, case away)`` with each case ``min over R`` of ``max(
+  the home set's work on one device, R's work over D - 1, max over R of (the longest path through v) + 2c (home)
+  or + c (away))``, and the longest path + c (away); ``c`` the least ``cut_costs`` over the block and ``b_i``;
+  ``R`` runs over the prefixes of the nodes in order of their paths (a sort). ``B_i`` is the same for the
+  backward in reverse (``b_{i+1}``'s device at home) over the nodes whose gradient paths link the two (an output
+  needing no gradient does not wait for its consumers' backward). Times at each node's fastest device, the home
+  set's on one device (per class of equal devices). With no node between two chain nodes the term is 0, so the
+  chain is at least the path bound; on chains of fork-join blocks whose transfers cost more than their branches
+  (transformer layers on slow links) it charges each block its serial work, which the path, work and milp parts
+  do not. Chain steps stay within ``BLOCK_SPAN`` positions of a topological order (O(N span^2); a smaller span on
+  graphs over ~2,000 nodes; fewer steps only loosen it).
 * ``exact``: on problems small enough to enumerate (``search.count_placements`` up to ``exact_budget``
   placements), the optimum itself (``search.exhaustive``): the bound is then tight.
 
@@ -55,7 +58,8 @@ from placement_rl.topology import DeviceTopology
 
 LP_MAX_VARS = 400_000  # N x D above which the work bound is the closed form instead of the LP
 MILP_MAX_VARS = 40_000  # N x D above which the milp part is skipped (its model alone would take seconds to build)
-BLOCK_SPAN = 256  # the blocks part's chain steps, in positions of a topological order (module doc)
+BLOCK_SPAN = 256  # the blocks part's chain steps, in positions of a topological order (module doc) ...
+BLOCK_WORK = 1.5e8  # ... fewer on very large graphs, so that N x span^2 stays under this (a few seconds)
 
 
 @dataclass(frozen=True)
@@ -228,7 +232,8 @@ def block_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
     f, b = np.ascontiguousarray(cls[:n][order]), np.ascontiguousarray(cls[n:][order])
     c = cut_costs(graph, costs, topology)[order]
     grad = np.zeros(n, dtype=np.bool_) if mode_of(costs) == "inference" else needs_grad(graph).astype(np.bool_)[order]
-    got = chain_of_blocks(n, int(max(1, min(span, n))), succ_ptr, succ_idx, pred_ptr, pred_idx, f, b, c, grad)
+    span = int(max(1, min(span, n, max(16, (BLOCK_WORK / n) ** 0.5))))
+    got = chain_of_blocks(n, span, topology.num_devices, succ_ptr, succ_idx, pred_ptr, pred_idx, f, b, c, grad)
     # sums of floats in another order than the simulator's: take a hair off so rounding never lifts it above T*
     return float(got) * (1.0 - 1e-9)
 
