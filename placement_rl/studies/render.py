@@ -192,6 +192,24 @@ def _anneal_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
              f"`la_rule` at equal seconds (`{f['split']}`, {runs} runs: pairs x seeds)", vals)]
 
 
+def _bounds_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    summ = doc["figures"]["summary"]
+    parts = []
+    for name, v in summ.items():
+        part = (f"`{name}` ({v['pairs']} pairs): `la_rule` {v['la_rule_over_bound_before']:.3f} -> "
+                f"{v['la_rule_over_bound']:.3f}"
+                + (f" ({v['pairs_la_rule_fits']} pairs where it fits)" if v["pairs_la_rule_fits"] < v["pairs"] else ""))
+        if v.get("best_known_over_bound") is not None:
+            part += (f", best known {v['best_known_over_bound_before']:.3f} -> {v['best_known_over_bound']:.3f} "
+                     f"({v['pairs_with_best_known']} pairs)")
+        part += (f"; tighter on {v['pairs_blocks_tighter']}, `la_rule` within 1% of it on "
+                 f"{v['pairs_la_rule_within_1pct']}; at most {v['blocks_seconds_max']:.1f} s")
+        parts.append(part)
+    return [("the lower bound on op placements with its blocks part (fork-join blocks: serial work on one device "
+             "or a transfer) against without it (path, work): `la_rule` and the best placement any search found, "
+             "over the bound", "; ".join(parts))]
+
+
 # results file -> the rows it gives, in the README's order
 HEADLINES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str]]]] = {
     "evaluate_suite": _suite_rows,
@@ -207,6 +225,7 @@ HEADLINES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str]]]] = {
     "search_scale2000": _search_rows,
     "search_scale2000_seeds": _search_rows,
     "anneal_dev": _anneal_rows,
+    "bounds": _bounds_rows,
 }
 
 
