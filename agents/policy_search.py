@@ -180,8 +180,10 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
         if s0 is not None:
             dev = _anneal(prob, inc, s0, large=large, large_share=1.0 - float(anneal_share))
             sd = prob.score(dev)
-            if sd is not None and sd.feasible and (not inc_ok or sd.step_time < inc_t * (1 - 1e-12)):
-                best, best_t, best_ok = dev.copy(), sd.step_time, True
+            # a faster placement that fits; or, while nothing fits, one that overflows less (as every search returns)
+            if sd is not None and ((sd.feasible and (not inc_ok or sd.step_time < inc_t * (1 - 1e-12)))
+                                   or (not sd.feasible and not inc_ok and sd.key < s0.key)):
+                best, best_t, best_ok = dev.copy(), sd.step_time, bool(sd.feasible)
         off = time.perf_counter() - t0 - prob.elapsed  # the start's seconds before the search's clock began
         trace += [[off + float(x[0]), calls + int(x[1]), float(x[2])] for x in prob.trace]
         calls += prob.calls

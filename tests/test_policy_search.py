@@ -97,6 +97,29 @@ def test_the_rules_start_is_taken_only_when_the_greedy_leaves_room(policy, monke
     assert policy_search(policy, g, c, t, seconds=0.2, seed=0).meta["starts"][-1] == "la_rule"
 
 
+def test_when_nothing_fits_memory_policy_search_returns_the_placement_that_overflows_least(policy):
+    """Devices that together hold 0.8 of what the graph pins: no placement fits. Like every other search,
+    ``policy_search`` then returns the least overflow it simulated (the annealing's memory repair and ``m_topo``
+    start), not its start, and says the result does not fit."""
+    from placement_rl.baselines.common import Problem
+    from placement_rl.cost.simulate import static_memory
+    from placement_rl.topology import DeviceTopology
+
+    g = synthetic.sample("layered", num_nodes=60, seed=1)
+    base = load_topology("4x_v100_nvlink").to_dict()
+    cap = float(static_memory(g).sum()) / (0.8 * len(base["devices"]))
+    base["devices"] = [{**d, "memory_bytes": cap} for d in base["devices"]]
+    t = DeviceTopology.from_dict(base)
+    c = resolve_costs(g, t)
+    p = policy_search(policy, g, c, t, seconds=0.3, seed=0)
+    prob = Problem(g, c, t, budget=10, seed=0)
+    got = prob.score(np.asarray(p.device_of_node))
+    assert not got.feasible and not p.meta["feasible"]
+    assert p.meta["step_time"] == pytest.approx(got.step_time, rel=1e-9)
+    start = np.asarray(la_rule_devices(g, c, t)[0])  # a one-pass start such as the policy's greedy
+    assert got.overflow < prob.score(start).overflow
+
+
 def test_policy_search_refuses_bad_budgets_in_one_line(policy):
     g, c, t = _case("layered", 20, "4x_v100_nvlink", 0)
     for kw in ({"seconds": 0}, {"seconds": 1, "samples": 0}, {"seconds": 1, "temperature": 0},
