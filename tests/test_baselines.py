@@ -171,8 +171,8 @@ def test_every_part_of_the_lower_bound_is_below_the_optimum(seed):
 
 
 def _blocks_cases():
-    """Small problems of every shape the blocks part reasons about: random DAGs, the synthetic families (whose
-    node order is not always topological), slow to fast links, heterogeneous speeds, training and inference."""
+    """Small problems of every shape the blocks part reasons about: random DAGs, the synthetic families, slow to
+    fast links, heterogeneous speeds, training and inference."""
     from placement_rl.cost.modes import inference_costs
 
     for seed in range(40):
@@ -201,6 +201,22 @@ def test_the_blocks_bound_never_exceeds_the_optimum_and_tightens_the_others_on_s
         assert got >= exact.parts["path"] * (1 - 1e-6)  # a chain with nothing between its nodes is the path
         tighter += got > 1.01 * max(exact.parts["path"], exact.parts["work"])
     assert tighter >= 3  # 4 here
+
+
+def test_the_blocks_bound_does_not_depend_on_the_order_the_nodes_are_listed_in():
+    """The same DAG with its nodes listed in a shuffled (not topological) order: the same bound."""
+    from placement_rl.baselines.bounds import block_bound
+    from placement_rl.graph.ir import NODE_ARRAYS
+
+    graph, topo = random_dag(14, 5), topology(3, bw=1e8)
+    perm = np.random.default_rng(0).permutation(graph.num_nodes)
+    nodes = [dict(name=graph.names[i], op_type=graph.op_types[i], **{k: float(np.asarray(getattr(graph, k))[i])
+                                                                     for k in NODE_ARRAYS}) for i in perm]
+    edges = [(graph.names[u], graph.names[v], b) for (u, v), b in zip(graph.edges, graph.edge_bytes)]
+    shuffled = make_graph(nodes, edges, name="shuffled")
+    assert not (np.asarray(shuffled.edges)[:, 0] < np.asarray(shuffled.edges)[:, 1]).all()
+    want = block_bound(graph, resolve_costs(graph, topo), topo)
+    assert block_bound(shuffled, resolve_costs(shuffled, topo), topo) == pytest.approx(want, rel=1e-9)
 
 
 def test_the_blocks_bound_charges_each_fork_join_block_its_serial_work_when_transfers_cost_more():
