@@ -344,6 +344,10 @@ def test_place_shows_its_phases_and_lists_what_it_writes(tmp_path):
     assert any(name.startswith("timeline_") for name in listed)
     written = {p.name for p in (tmp_path / "run").iterdir() if p.name != ".hydra" and not p.name.endswith(".log")}
     assert written == set(listed)
+    # one device: the plan is the only placement, the bound (one device's serial work, the blocks part) is met
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["lower_bound"] == pytest.approx(metrics["step_time"], rel=1e-6)
+    assert "lower bound on any placement's step time" in out and "the plan is at the bound" in out
 
 
 def test_place_compares_with_the_policys_own_heuristics_at_their_own_calls(tmp_path):

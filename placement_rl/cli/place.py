@@ -66,6 +66,11 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     wall = time.perf_counter() - t0
     # the plan is the fastest placement that fits memory (the greedy one when none does), and the metrics say so
     step_time, fits = res.best_time, res.best_feasible
+    with phases("lower bound on any placement's step time") as note:  # how much any placement could still gain
+        from placement_rl.baselines.bounds import lower_bound
+
+        bound = lower_bound(graph, costs, topology)
+        note.append(f"{bound.value * 1e3:.3f} ms")
     chosen = res.best_label  # greedy, greedy on links x slower (the first samples), or sample k
     out = output_dir()
     plan, plan_file = save_plan(res.best_devices, graph, topology, out)
@@ -76,7 +81,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
                "samples": samples, "greedy_step_time": res.greedy_time,
                "best_of_k_step_time": res.best_time, "step_time": step_time, "chosen": chosen,
                "feasible": fits, "sim_calls": calls, "wall_seconds": wall,
-               "warm_up_seconds": warm_s,
+               "warm_up_seconds": warm_s, "lower_bound": bound.value, "lower_bound_parts": bound.parts,
                "cost_source": costs.describe_source(topology.device_names)}
     search = None
     if budget > 0:
@@ -124,8 +129,18 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
              if "best_baseline" in metrics else ""))
     if not fits:
         print(overflow_note(graph, costs, topology, res.best_devices, samples, searched=search))
+    print(bound_note(bound, step_time if search is None or not search["feasible"]
+                     else min(step_time, search["step_time"])))
     print(_artifacts(out, plan_file, compared, searched=search is not None))
     return metrics
+
+
+def bound_note(bound, step_time: float) -> str:
+    """One line: no placement is faster than the bound (which part gives it), and how far the plan is above it."""
+    part = max(bound.parts, key=bound.parts.get)
+    gap = bound.gap(step_time)
+    return (f"lower bound {bound.value * 1e3:.3f} ms (no placement is faster; from its {part} part): the plan is "
+            + ("at the bound" if gap < 5e-4 else f"{gap:.1%} above it, at most {1 - 1 / (1 + gap):.1%} to gain"))
 
 
 def overflow_note(graph, costs, topology, devices, samples: int, *, searched: dict | None) -> str:
