@@ -210,6 +210,19 @@ def _bounds_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
              "over the bound", "; ".join(parts))]
 
 
+def _exact_room_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    f = doc["figures"]
+    a = f["summary"]["all"]
+    fams = ", ".join(f"{k} {v['la_rule_over_optimum']:.3f} / {v['bound_over_optimum']:.3f}"
+                     for k, v in f["summary"].items() if k != "all")
+    return [(f"small slow-link problems solved exactly ({a['problems']}, dev seeds): `la_rule`, the policy's greedy, "
+             f"`la_rule_search` ({f['seconds']:g} s) and the lower bound over the optimum",
+             f"{a['la_rule_over_optimum']:.3f} (optimal on {a['la_rule_optimal']}), {a['policy_greedy_over_optimum']:.3f}"
+             f" (optimal on {a['policy_greedy_optimal']}), {a['la_rule_search_over_optimum']:.3f} (optimal on "
+             f"{a['la_rule_search_optimal']}), {a['bound_over_optimum']:.3f} (without its blocks part "
+             f"{a['bound_without_blocks_over_optimum']:.3f}); per family `la_rule` / bound: {fams}")]
+
+
 # results file -> the rows it gives, in the README's order
 HEADLINES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str]]]] = {
     "evaluate_suite": _suite_rows,
@@ -226,6 +239,7 @@ HEADLINES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str]]]] = {
     "search_scale2000_seeds": _search_rows,
     "anneal_dev": _anneal_rows,
     "bounds": _bounds_rows,
+    "probe_exact_room": _exact_room_rows,
 }
 
 
