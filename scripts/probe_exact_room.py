@@ -51,6 +51,7 @@ def main() -> None:
     from placement_rl.envs.constructive_task import ConstructiveTask
     from placement_rl.graph import synthetic
     from placement_rl.results import write_result
+    from placement_rl.studies.splits import comm_ratio
 
     torch.set_num_threads(1)
     t_start = time.perf_counter()
@@ -78,6 +79,7 @@ def main() -> None:
                 found = time_of(baselines.get("la_rule_search")(g, c, t, budget=10**9, seed=0,
                                                                 seconds=args.seconds).device_of_node)
                 row = {"family": fam, "problem": f"{g.name}@{t.name}", "nodes": g.num_nodes, "devices": devices,
+                       "comm_ratio": comm_ratio(g, c),
                        "optimum_ms": opt * 1e3, "la_rule_over_optimum": rule / opt,
                        "policy_greedy_over_optimum": greedy / opt, "la_rule_search_over_optimum": found / opt,
                        "bound_over_optimum": bound.value / opt,
@@ -96,6 +98,7 @@ def main() -> None:
             out[f"{k}_optimal"] = sum(r[f"{k}_over_optimum"] <= 1 + 1e-6 for r in rs)
             out[f"{k}_worst"] = max(r[f"{k}_over_optimum"] for r in rs)
         out["bound_lowest"] = min(r["bound_over_optimum"] for r in rs)
+        out["comm_heavy"] = sum(r["comm_ratio"] >= 1 for r in rs)  # a typical edge's transfer >= its producer's op
         return out
 
     summary = {"all": summarise(rows), **{fam: summarise([r for r in rows if r["family"] == fam]) for fam in FAMILIES}}

@@ -215,7 +215,8 @@ def _exact_room_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     a = f["summary"]["all"]
     fams = ", ".join(f"{k} {v['la_rule_over_optimum']:.3f} / {v['bound_over_optimum']:.3f}"
                      for k, v in f["summary"].items() if k != "all")
-    return [(f"small slow-link problems solved exactly ({a['problems']}, dev seeds): `la_rule`, the policy's greedy, "
+    return [(f"small slow-link problems solved exactly ({a['problems']}, {a['comm_heavy']} communication-heavy; dev "
+             f"seeds): `la_rule`, the policy's greedy, "
              f"`la_rule_search` ({f['seconds']:g} s) and the lower bound over the optimum",
              f"{a['la_rule_over_optimum']:.3f} (optimal on {a['la_rule_optimal']}), {a['policy_greedy_over_optimum']:.3f}"
              f" (optimal on {a['policy_greedy_optimal']}), {a['la_rule_search_over_optimum']:.3f} (optimal on "
