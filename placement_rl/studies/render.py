@@ -221,7 +221,8 @@ def _exact_room_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
              f"{a['la_rule_over_optimum']:.3f} (optimal on {a['la_rule_optimal']}), {a['policy_greedy_over_optimum']:.3f}"
              f" (optimal on {a['policy_greedy_optimal']}), {a['la_rule_search_over_optimum']:.3f} (optimal on "
              f"{a['la_rule_search_optimal']}), {a['bound_over_optimum']:.3f} (without its blocks part "
-             f"{a['bound_without_blocks_over_optimum']:.3f}); per family `la_rule` / bound: {fams}")]
+             f"{a['bound_without_blocks_over_optimum']:.3f}); the optimum over `la_rule` {a['optimum_over_la_rule']:.3f} "
+             f"(no placement does better); per family `la_rule` / bound: {fams}")]
 
 
 # results file -> the rows it gives, in the README's order
