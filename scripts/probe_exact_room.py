@@ -1,4 +1,4 @@
-"""Where the room is on slow links: small problems solved exactly, against the rule, the policy, search and the bound.
+"""Where the room is: small communication-heavy problems solved exactly, against the rule, the policy, search, the bound.
 
     python scripts/probe_exact_room.py                    # writes results/probe_exact_room.json
 

@@ -215,14 +215,14 @@ def _exact_room_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     a = f["summary"]["all"]
     fams = ", ".join(f"{k} {v['la_rule_over_optimum']:.3f} / {v['bound_over_optimum']:.3f}"
                      for k, v in f["summary"].items() if k != "all")
-    return [(f"small slow-link problems solved exactly ({a['problems']}, {a['comm_heavy']} communication-heavy; dev "
+    return [(f"small problems solved exactly ({a['problems']}, {a['comm_heavy']} communication-heavy; dev "
              f"seeds): `la_rule`, the policy's greedy, "
              f"`la_rule_search` ({f['seconds']:g} s) and the lower bound over the optimum",
              f"{a['la_rule_over_optimum']:.3f} (optimal on {a['la_rule_optimal']}), {a['policy_greedy_over_optimum']:.3f}"
              f" (optimal on {a['policy_greedy_optimal']}), {a['la_rule_search_over_optimum']:.3f} (optimal on "
              f"{a['la_rule_search_optimal']}), {a['bound_over_optimum']:.3f} (without its blocks part "
              f"{a['bound_without_blocks_over_optimum']:.3f}); the optimum over `la_rule` {a['optimum_over_la_rule']:.3f} "
-             f"(no placement does better); per family `la_rule` / bound: {fams}")]
+             f"(no placement does better); per family, `la_rule` and the bound over the optimum: {fams}")]
 
 
 # results file -> the rows it gives, in the README's order
