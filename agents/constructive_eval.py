@@ -27,10 +27,11 @@ from placement_rl.envs.constructive_task import ConstructiveTask
 
 
 def warm_kernels(policy: DevicePolicy) -> float:
-    """Run the decodes ``evaluate`` runs (greedy, sampled; with threads where ``PLACEMENT_RL_DECODE_THREADS``
-    asks for them, ``placement_rl.cost.split``) and ``simulate`` once on a 48-node graph, so that numba compiles or
-    loads its kernels before anything is timed. Returns its seconds: on the first run after an install numba
-    compiles (15-20 s on a 2-core machine), afterwards it loads them from its cache (well under 1 s)."""
+    """Run the decodes ``evaluate`` runs (greedy, the greedy ones on slower views of the links and sampled ones;
+    with threads where ``PLACEMENT_RL_DECODE_THREADS`` asks for them, ``placement_rl.cost.split``), ``simulate``
+    and the lower bound once on a 48-node graph, so that numba compiles or loads its kernels before anything is
+    timed. Returns its seconds: on the first run after an install numba compiles (25-30 s on a 2-core machine),
+    afterwards it loads them from its cache (well under 1 s)."""
     import time
 
     from placement_rl.agents.constructive import graph_tensors
@@ -45,12 +46,21 @@ def warm_kernels(policy: DevicePolicy) -> float:
     costs = resolve_costs(g, topo)
     task = ConstructiveTask(g, topo, costs)
     was = policy.training
-    res = evaluate(policy, [task], samples=4)[0]  # 4 x 48 x 8^2 node-device steps: the episodes go on threads
+    from placement_rl.baselines.bounds import lower_bound
+    from placement_rl.baselines.eft import LINK_SCALES
+
+    # the greedy decode, one on each slower view of the links, then 2 sampled episodes (another kernel, as in a
+    # best of 16): 48 x 8^2 node-device steps each, the episodes on threads
+    res = evaluate(policy, [task], samples=len(LINK_SCALES) + 2)[0]
     simulate(g, costs, topo, res.greedy.devices[0])
-    if threads_asked() > 1:  # the threaded decode runs only above a work threshold: forced here
+    lower_bound(g, costs, topo)  # its blocks part (train's table and place print the bound)
+    if threads_asked() > 1:  # the threaded kernels run only above a work threshold: forced here
+        from placement_rl.cost.episodes import episodes_extra
+
         with torch.no_grad():
             h = policy.embed(*graph_tensors(task)).double().numpy()
         greedy_devices(policy, task.state(1), h, threads=2)
+        episodes_extra(task.state(2))  # sampled episodes' features on threads (a best of 16 on a large graph)
     policy.train(was)
     return time.perf_counter() - t0
 

@@ -114,6 +114,13 @@ def _train_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
              f"learned row against the searches given its seconds (ms)", head + ("; " + same if same else ""))]
 
 
+def _train_cold_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    f = doc["figures"]
+    return [(f"`placement-rl train` on the default case, the first run after an install (numba compiles its kernels "
+             f"first, outside every row's seconds): wall seconds, of them compiling",
+             f"{f['wall_seconds']:.0f} s (load {f['load_before'][0]:.1f}), {f['warm_up_seconds']:.0f} s")]
+
+
 def _learned_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     f = doc["figures"]
     cks = f["checkpoints"]
@@ -232,6 +239,7 @@ HEADLINES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str]]]] = {
     "fidelity_h100": _measured_gpu_rows,
     "fidelity_gpu": _fidelity_gpu_rows,
     "train_default": _train_rows,
+    "train_cold": _train_cold_rows,
     "learned_test": _learned_rows,
     "learned_dev": _learned_rows,
     "search_test": _search_rows,
