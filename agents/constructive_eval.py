@@ -26,41 +26,90 @@ from placement_rl.agents.device_policy import DevicePolicy
 from placement_rl.envs.constructive_task import ConstructiveTask
 
 
-def warm_kernels(policy: DevicePolicy) -> float:
-    """Run the decodes ``evaluate`` runs (greedy, the greedy ones on slower views of the links and sampled ones;
-    with threads where ``PLACEMENT_RL_DECODE_THREADS`` asks for them, ``placement_rl.cost.split``), ``simulate``
-    and the lower bound once on a 48-node graph, so that numba compiles or loads its kernels before anything is
-    timed. Returns its seconds: on the first run after an install numba compiles (25-30 s on a 2-core machine),
-    afterwards it loads them from its cache (well under 1 s)."""
-    import time
-
-    from placement_rl.agents.constructive import graph_tensors
-    from placement_rl.agents.fast_decode import greedy_devices
-    from placement_rl.cost import resolve_costs, simulate
-    from placement_rl.cost.split import threads_asked
+def _warm_case():
+    from placement_rl.cost import resolve_costs
     from placement_rl.graph import synthetic
     from placement_rl.topology import load_topology
 
-    t0 = time.perf_counter()
     g, topo = synthetic.sample("layered", num_nodes=48, seed=0), load_topology("8x_a100_nvswitch")
     costs = resolve_costs(g, topo)
-    task = ConstructiveTask(g, topo, costs)
-    was = policy.training
-    from placement_rl.baselines.bounds import lower_bound
-    from placement_rl.baselines.eft import LINK_SCALES
+    return g, topo, costs, ConstructiveTask(g, topo, costs)
 
-    # the greedy decode, one on each slower view of the links, then 2 sampled episodes (another kernel, as in a
-    # best of 16): 48 x 8^2 node-device steps each, the episodes on threads
-    res = evaluate(policy, [task], samples=len(LINK_SCALES) + 2)[0]
-    simulate(g, costs, topo, res.greedy.devices[0])
-    lower_bound(g, costs, topo)  # its blocks part (train's table and place print the bound)
-    if threads_asked() > 1:  # the threaded kernels run only above a work threshold: forced here
+
+def _warm_threads(policy: DevicePolicy, task: ConstructiveTask) -> None:
+    """Where ``PLACEMENT_RL_DECODE_THREADS`` asks for threads: the threaded greedy decode and the sampled episodes'
+    threaded features (both run only above a work threshold: forced here)."""
+    from placement_rl.agents.constructive import graph_tensors
+    from placement_rl.agents.fast_decode import greedy_devices
+    from placement_rl.cost.split import threads_asked
+
+    if threads_asked() > 1:
         from placement_rl.cost.episodes import episodes_extra
 
         with torch.no_grad():
             h = policy.embed(*graph_tensors(task)).double().numpy()
         greedy_devices(policy, task.state(1), h, threads=2)
-        episodes_extra(task.state(2))  # sampled episodes' features on threads (a best of 16 on a large graph)
+        episodes_extra(task.state(2))
+
+
+def _warm_child() -> None:
+    """``_warm_threads`` with the shipped policy, in a child process ``warm_kernels`` starts on a cold cache: numba
+    writes what it compiles to its cache, where the parent then loads it."""
+    from placement_rl.agents.constructive_config import default_checkpoint, load_policy
+
+    torch.set_num_threads(1)
+    policy, _, _ = load_policy(default_checkpoint(), log=lambda *_: None)
+    policy.eval()
+    _warm_threads(policy, _warm_case()[3])
+
+
+def _kernels_cold() -> bool:
+    """True when numba holds no cache of the threaded decode (the first run after an install that asks for
+    threads)."""
+    try:
+        from pathlib import Path
+
+        from placement_rl.cost.split import _decode_split
+
+        return not Path(_decode_split._cache._cache_file._index_path).exists()
+    except (AttributeError, ImportError, TypeError):  # numba's cache layout is private: then warm here alone
+        return False
+
+
+def warm_kernels(policy: DevicePolicy) -> float:
+    """Run the decodes ``evaluate`` runs (greedy, the greedy ones on slower views of the links and sampled ones;
+    with threads where ``PLACEMENT_RL_DECODE_THREADS`` asks for them, ``placement_rl.cost.split``), ``simulate``
+    and the lower bound once on a 48-node graph, so that numba compiles or loads its kernels before anything is
+    timed. Returns its seconds: on the first run after an install numba compiles (about 20 s on a 2-core machine:
+    the threaded kernels compile in a child process meanwhile, written to numba's cache for this one to load),
+    afterwards it loads them from its cache (well under 1 s)."""
+    import subprocess
+    import sys
+    import time
+
+    from placement_rl.baselines.bounds import lower_bound
+    from placement_rl.baselines.eft import LINK_SCALES
+    from placement_rl.cost import simulate
+    from placement_rl.cost.split import threads_asked
+
+    t0 = time.perf_counter()
+    child = None
+    if threads_asked() > 1 and _kernels_cold():
+        child = subprocess.Popen([sys.executable, "-c", "from placement_rl.agents.constructive_eval import "
+                                  "_warm_child; _warm_child()"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    g, topo, costs, task = _warm_case()
+    was = policy.training
+    # the greedy decode, one on each slower view of the links, then 2 sampled episodes (another kernel, as in a
+    # best of 16): 48 x 8^2 node-device steps each
+    res = evaluate(policy, [task], samples=len(LINK_SCALES) + 2)[0]
+    simulate(g, costs, topo, res.greedy.devices[0])
+    lower_bound(g, costs, topo)  # its blocks part (train's table and place print the bound)
+    if child is not None:
+        try:
+            child.wait(timeout=120)
+        except subprocess.TimeoutExpired:  # never seen; whatever it did not write, this process compiles
+            child.kill()
+    _warm_threads(policy, task)
     policy.train(was)
     return time.perf_counter() - t0
 
