@@ -54,30 +54,37 @@ def _up(s, span, n, succ_ptr, succ_idx, w, ok, out):
 
 @njit(cache=True, nogil=True)
 def _cut_points(k, nd, path, nodes, wk, total, moved, cmin, order):
-    """``min over R`` (the nodes away from the home device, taken in ``order`` of their paths: a prefix) of
-    ``max(the rest's work on one device, max over R of path + j x cmin, R's fastest work over the other nd - 1
-    devices)``, for j = 1 and 2 cuts; ``total`` holds the block's work per class of devices, ``moved`` is
-    scratch."""
+    """A lower bound on ``min over R`` (the set of block nodes away from the home device) of ``max(the rest's work
+    on the home device, R's work over the other nd - 1 devices, max over R of path + j x cmin)``, for j = 1 and 2
+    cuts. Sets R whose longest path is that of the node ``order[i]`` lie within the first ``i + 1`` nodes in
+    ``order`` (by path; ties beyond only lower the rest), so each is charged ``max(path + j x cmin, the work of the
+    nodes after it on one device, the block's fastest work over nd)`` (the last: home and away together on nd
+    devices; R's own share is not a prefix's, so it is not charged per prefix). ``total`` holds the block's work
+    per class of devices, ``moved`` is scratch."""
     nk = wk.shape[1]
     one = total.min()  # nothing away from home
     two = one
     if nd < 2:
         return one, two
+    fastest = 0.0
+    for j in range(k):
+        v = nodes[j]
+        least = np.inf
+        for q in range(nk):
+            if wk[v, q] < least:
+                least = wk[v, q]
+        fastest += least
+    floor0 = fastest / nd
     moved[:] = 0.0
-    spread = 0.0
     for j in range(k):
         i = order[j]
         v = nodes[i]
         rest = np.inf
-        fastest = np.inf
         for q in range(nk):
             moved[q] += wk[v, q]
             if total[q] - moved[q] < rest:
                 rest = total[q] - moved[q]
-            if wk[v, q] < fastest:
-                fastest = wk[v, q]
-        spread += fastest
-        floor = rest if rest > spread / (nd - 1) else spread / (nd - 1)
+        floor = rest if rest > floor0 else floor0
         val = path[i] + cmin
         one = min(one, val if val > floor else floor)
         val += cmin
@@ -158,7 +165,7 @@ def chain_of_blocks(n, span, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, fk, bk,
                 continue
             got = value[s] + f[s] + b[s] + _block(s, t, up_f, down_f[t], fk, c, c[s], nd, path, nodes, total, moved)
             if up_b[t - s] >= 0.0:
-                got += _block(s, t, up_b, down_b[t], bk, c, np.inf, nd, path, nodes, total, moved)
+                got += _block(s, t, up_b, down_b[t], bk, c, c[s], nd, path, nodes, total, moved)
             if got > value[t]:
                 value[t] = got
     best = 0.0

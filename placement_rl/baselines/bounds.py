@@ -27,10 +27,11 @@ transfers >= 0) is at least:
   of the block between them (a descendant of one, an ancestor of the other) runs in that interval; those on
   ``b_i``'s device (home) one at a time; those away (``R``) on the other D - 1 devices, each behind a transfer on
   its path from ``b_i`` and, with ``b_{i+1}`` at home, another on its path back; with ``b_{i+1}`` away every
-  path between them crosses one. So ``F_i >= min(case home, case away)`` with each case ``min over R`` of ``max(
-  the home set's work on one device, R's work over D - 1, max over R of (the longest path through v) + 2c (home)
-  or + c (away))``, and the longest path + c (away); ``c`` the least ``cut_costs`` over the block and ``b_i``;
-  ``R`` runs over the prefixes of the nodes in order of their paths (a sort). ``B_i`` is the same for the
+  path between them crosses one. So ``F_i >= min(case home, case away)``, each case at least ``min over R`` of
+  ``max(the home set's work on one device, the block's work over D, max over R of (the longest path through v)
+  + 2c (home) or + c (away))`` (a set R whose longest path is node v's leaves at home every node with a longer
+  one: the nodes in order of their paths, a sort, give each v's term), and the away case at least the longest
+  path + c; ``c`` the least ``cut_costs`` over the block and ``b_i``. ``B_i`` is the same for the
   backward in reverse (``b_{i+1}``'s device at home) over the nodes whose gradient paths link the two (an output
   needing no gradient does not wait for its consumers' backward). Times at each node's fastest device, the home
   set's on one device (per class of equal devices). With no node between two chain nodes the term is 0, so the
