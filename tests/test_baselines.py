@@ -226,7 +226,7 @@ def test_the_blocks_cut_points_never_exceed_the_best_split_of_a_block():
             return out
 
         one, two = _cut_points(k, d, path.copy(), np.arange(k, dtype=np.int64), wk, wk.sum(axis=0),
-                               np.zeros(nk), cut, np.argsort(path))
+                               float(wk.min(axis=1).sum()), np.zeros(nk), cut, np.argsort(path))
         assert one <= best(1) * (1 + 1e-12) and two <= best(2) * (1 + 1e-12)
 
 

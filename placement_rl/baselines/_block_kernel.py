@@ -53,27 +53,19 @@ def _up(s, span, n, succ_ptr, succ_idx, w, ok, out):
 
 
 @njit(cache=True, nogil=True)
-def _cut_points(k, nd, path, nodes, wk, total, moved, cmin, order):
+def _cut_points(k, nd, path, nodes, wk, total, fastest, moved, cmin, order):
     """A lower bound on ``min over R`` (the set of block nodes away from the home device) of ``max(the rest's work
     on the home device, R's work over the other nd - 1 devices, max over R of path + j x cmin)``, for j = 1 and 2
     cuts. Sets R whose longest path is that of the node ``order[i]`` lie within the first ``i + 1`` nodes in
     ``order`` (by path; ties beyond only lower the rest), so each is charged ``max(path + j x cmin, the work of the
     nodes after it on one device, the block's fastest work over nd)`` (the last: home and away together on nd
     devices; R's own share is not a prefix's, so it is not charged per prefix). ``total`` holds the block's work
-    per class of devices, ``moved`` is scratch."""
+    per class of devices, ``fastest`` its work at each node's fastest device; ``moved`` is scratch."""
     nk = wk.shape[1]
     one = total.min()  # nothing away from home
     two = one
     if nd < 2:
         return one, two
-    fastest = 0.0
-    for j in range(k):
-        v = nodes[j]
-        least = np.inf
-        for q in range(nk):
-            if wk[v, q] < least:
-                least = wk[v, q]
-        fastest += least
     floor0 = fastest / nd
     moved[:] = 0.0
     for j in range(k):
@@ -93,15 +85,16 @@ def _cut_points(k, nd, path, nodes, wk, total, moved, cmin, order):
 
 
 @njit(cache=True, nogil=True)
-def _block(s, t, up, down, wk, c, c0, nd, path, nodes, total, moved):
+def _block(s, t, up, down, w, wk, c, c0, nd, path, nodes, total, moved):
     """The least time between ``s``'s end and ``t``'s start (``bounds.block_bound``) over the nodes between them:
     with ``t`` on ``s``'s device, the home set's serial work against the longest path through a node elsewhere
     plus two cuts (out and back); with ``t`` elsewhere, every path from ``s`` to ``t`` crosses a cut, and the
-    home set is still serial. ``wk`` [N, K]: each node's time on each class of devices (the home set's work is
-    that of one device); ``nd`` devices."""
+    home set is still serial. ``w`` [N]: each node's time at its fastest device (paths); ``wk`` [N, K]: its
+    time on each class of devices (the home set's work is that of one device); ``nd`` devices."""
     k = 0
     nk = wk.shape[1]
     total[:] = 0.0
+    fastest = 0.0
     cmin = c0
     for v in range(s + 1, t):
         a = up[v - s]
@@ -109,6 +102,7 @@ def _block(s, t, up, down, wk, c, c0, nd, path, nodes, total, moved):
         if a >= 0.0 and b >= 0.0:
             path[k] = a + b
             nodes[k] = v
+            fastest += w[v]
             for q in range(nk):
                 total[q] += wk[v, q]
             if c[v] < cmin:
@@ -118,7 +112,7 @@ def _block(s, t, up, down, wk, c, c0, nd, path, nodes, total, moved):
         return 0.0
     order = np.argsort(path[:k])
     longest = path[order[k - 1]]  # transfers free: the longest path between them
-    away, back = _cut_points(k, nd, path, nodes, wk, total, moved, cmin, order)
+    away, back = _cut_points(k, nd, path, nodes, wk, total, fastest, moved, cmin, order)
     if longest + cmin > away:
         away = longest + cmin
     best = back if back < away else away
@@ -163,9 +157,10 @@ def chain_of_blocks(n, span, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, fk, bk,
         for t in range(s + 1, hi + 1):
             if up_f[t - s] < 0.0:
                 continue
-            got = value[s] + f[s] + b[s] + _block(s, t, up_f, down_f[t], fk, c, c[s], nd, path, nodes, total, moved)
+            got = value[s] + f[s] + b[s] + _block(s, t, up_f, down_f[t], f, fk, c, c[s], nd, path, nodes, total,
+                                                  moved)
             if up_b[t - s] >= 0.0:
-                got += _block(s, t, up_b, down_b[t], bk, c, c[s], nd, path, nodes, total, moved)
+                got += _block(s, t, up_b, down_b[t], b, bk, c, c[s], nd, path, nodes, total, moved)
             if got > value[t]:
                 value[t] = got
     best = 0.0

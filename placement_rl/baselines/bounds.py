@@ -54,7 +54,7 @@ import numpy as np
 
 from placement_rl.cost.schedule import longest_path
 from placement_rl.cost.types import CostTable
-from placement_rl.graph.ir import CompGraph
+from placement_rl.graph.ir import CompGraph, _csr
 from placement_rl.topology import DeviceTopology
 
 LP_MAX_VARS = 400_000  # N x D above which the work bound is the closed form instead of the LP
@@ -221,13 +221,8 @@ def block_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
     pos[order] = np.arange(n)
     e = np.asarray(graph.edges, dtype=np.int64).reshape(-1, 2)
     src, dst = pos[e[:, 0]], pos[e[:, 1]]
-
-    def csr(keys: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        o = np.argsort(keys, kind="stable")
-        return np.concatenate([[0], np.cumsum(np.bincount(keys, minlength=n))]).astype(np.int64), vals[o]
-
-    succ_ptr, succ_idx = csr(src, dst)
-    pred_ptr, pred_idx = csr(dst, src)
+    succ_ptr, succ_idx, _ = _csr(n, src, dst)  # the graph's own adjacency, in topological positions
+    pred_ptr, pred_idx, _ = _csr(n, dst, src)
     fb = np.concatenate([np.asarray(costs.fwd_time, dtype=np.float64), np.asarray(costs.bwd_time, dtype=np.float64)])
     cls = np.unique(fb, axis=1)  # devices of one speed class have the same columns: keep one of each
     f, b = np.ascontiguousarray(cls[:n][order]), np.ascontiguousarray(cls[n:][order])
