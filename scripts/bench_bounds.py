@@ -6,8 +6,8 @@ Sets: the `test` and `dev` splits and the 2,000-node graphs of seeds 5 8 9 (`ben
 the parts of `baselines.bounds.lower_bound` (path, work, blocks; milp with `--milp-seconds`) and the seconds the
 blocks part took, `la_rule`'s step time, and the best feasible step time of any method in the search results files
 (`--best-from`: `results/search_*.json` rows of the same pair, every budget). The summary per set gives geometric
-means of `la_rule` (on the pairs where it fits memory) and of the best known placement over the bound without the blocks part (`path`, `work`) and
-with it: the room a placement can still gain lies between the best known and the bound, and a tighter bound
+means of `la_rule` (on the pairs where it fits memory) and of the best known placement over the bound without
+the blocks part (`path`, `work`) and with it: the room a placement can still gain lies between the best known and the bound, and a tighter bound
 shrinks it from below.
 """
 

@@ -35,8 +35,8 @@ what imitating the search along its own trajectory can give before the student e
 ``rollout``: the one-pass improvement of the rule itself, on small pairs (``small_specs``: dataflow, series-parallel
 and transformer-like graphs of 60-140 nodes, seed 778, on the same three clusters): at every decision each device is
 tried and the rest of the graph placed by ``la_rule``, the best completed placement followed (rollout over
-``la_rule``, fortified: never slower than it; also on the decisions of each of ``SPANS`` only), against ``la_rule_search`` and ``local_search`` given its seconds (the
-median and best of three seeds); then dense approximate policy iteration from the shipped policy
+``la_rule``, fortified: never slower than it; also on the decisions of each of ``SPANS`` only), against
+``la_rule_search`` and ``local_search`` given its seconds (the median and best of three seeds); then dense approximate policy iteration from the shipped policy
 (``ConstructiveTrainer.policy_iteration``, every state of the student's trajectory labelled by the rollout over the
 student, ``--rounds`` rounds of ``--epochs`` epochs) on ``--pi-tasks`` small training tasks (seed 4244, 60-180 nodes,
 random clusters of 4-8 devices, 70% with links 4x slower): the agreement with the labels, how often they depart from
