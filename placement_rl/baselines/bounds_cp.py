@@ -1,0 +1,237 @@
+"""The ``cp`` part of the lower bound: a scheduling relaxation of the simulator solved by OR-Tools CP-SAT.
+
+The other parts each drop something: ``path`` and ``work`` every transfer, ``milp`` each device running one op at a
+time, ``blocks`` all but one chain. This one keeps the three together. Every node sits on one device (``x[v, d]``);
+its forward and backward are intervals on that device, and a device runs one interval at a time (``NoOverlap``);
+along an edge ``u -> v`` the forward of ``v`` starts after the forward of ``u`` ends, plus ``c_u`` when the two sit
+on different devices; a node's backward starts after its own forward and, where its output needs a gradient, after
+each consumer's backward ends (plus ``c_u`` across devices). ``c_u`` is ``bounds.cut_costs``: the least time
+anything ``u`` sends can reach another device; with ``u`` and ``v`` on different hosts, the least time over links
+between hosts (``_pair_costs``). The simulator's schedule of any placement satisfies all of it (it
+runs each device's ops in one fixed order and waits longer on links that queue), so the least makespan of the model
+is at most every placement's step time; CP-SAT's proven bound on that least makespan (``BestObjectiveBound``, valid
+when stopped early) is a lower bound. Times are in integer ticks, durations and ``c_u`` rounded down (a real schedule
+floored to ticks stays feasible, since ``floor(a + b) >= floor(a) + floor(b)``), so rounding never lifts it.
+
+Memory limits are relaxed, as in every other part. Devices of one speed class are interchangeable in the model;
+the first node is pinned to the first device of its class order (a symmetry cut that keeps an optimum). The
+solution CP-SAT finds (``CpResult.placement``) is a placement too: simulated, it is an upper bound.
+
+OR-Tools is optional (``pip install placement-rl[exact]``); without it ``cp_bound`` says what to install.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from placement_rl.cost.types import CostTable
+from placement_rl.graph.ir import CompGraph
+from placement_rl.topology import DeviceTopology
+
+TICKS = 2_000_000  # integer ticks in the horizon (the upper bound given): ~1e-6 of it per tick
+
+
+@dataclass(frozen=True)
+class CpResult:
+    bound: float  # seconds: no placement's step time is below it
+    makespan: float | None  # seconds: the model's makespan of the best solution found (None: none found)
+    placement: np.ndarray | None  # [N] device of each node in that solution
+    optimal: bool  # the model was solved to optimality (bound == makespan, in ticks)
+    seconds: float
+
+
+def _require_ortools():
+    try:
+        from ortools.sat.python import cp_model
+    except ImportError as e:  # pragma: no cover - the test extra installs it
+        raise ImportError("the cp bound needs OR-Tools: pip install 'placement-rl[exact]' (or ortools)") from e
+    return cp_model
+
+
+def _pair_costs(graph: CompGraph, costs: CostTable, topology: DeviceTopology) -> np.ndarray:
+    """``[N, D, D]``: ``bounds.cut_costs`` per ordered device pair ``(a, b)``: the least time anything node ``u`` on
+    ``a`` sends reaches ``b`` (its smallest out-edge's bytes over that link; inf on the diagonal and without
+    out-edges). Its minimum over pairs is ``cut_costs``."""
+    from placement_rl.cost.comm_fit import link_segments
+
+    d, n = topology.num_devices, graph.num_nodes
+    out = np.full((n, d, d), np.inf)
+    e, nbytes = np.asarray(graph.edges).reshape(-1, 2), np.asarray(graph.edge_bytes, dtype=np.float64)
+    if not len(e):
+        return out
+    tables = link_segments(topology, costs)
+    for a in range(d):
+        for b in range(d):
+            if a == b:
+                continue
+            t = tables[a, b]
+            r = np.searchsorted(t[:, 0], nbytes, side="right")
+            col = np.full(n, np.inf)
+            np.minimum.at(col, e[:, 0], np.maximum(t[r, 1] + t[r, 2] * nbytes, 0.0))
+            out[:, a, b] = col
+    return out
+
+
+@dataclass
+class _Problem:
+    """The model's data in integer ticks, over the nodes it schedules (all of them, or a window)."""
+    fwd: np.ndarray  # [n, D]
+    bwd: np.ndarray  # [n, D]
+    edges: np.ndarray  # [m, 2] local indices
+    cut: np.ndarray  # [n] least transfer to another device
+    across: np.ndarray  # [n] least transfer to another host (>= cut; 0 where hosts are not modelled)
+    grad: np.ndarray  # [n] bool
+    host: np.ndarray  # [D]
+    key: np.ndarray  # [D] interchangeable devices share a key
+    release: np.ndarray  # [n] a forward starts no earlier
+    loop: np.ndarray  # [n] a backward starts no earlier than this after its forward ends (successors outside)
+    tail: np.ndarray  # [n] the step lasts at least this after a backward ends (predecessors outside)
+    first: int  # local index of a node to pin (symmetry)
+
+
+def _ticks(values, tick: float, cap: float) -> np.ndarray:
+    v = np.asarray(values, dtype=np.float64)
+    return np.where(np.isfinite(v), np.floor(np.minimum(v, cap) / tick), 0).astype(np.int64)
+
+
+def _device_keys(costs: CostTable, host: np.ndarray, by_host: bool) -> np.ndarray:
+    """Devices with equal keys are interchangeable in the model: the same times, and (hosts modelled) hosts of the
+    same make-up, so that a permutation of hosts and of devices within them maps one onto the other."""
+    fb = np.concatenate([np.asarray(costs.fwd_time), np.asarray(costs.bwd_time)])
+    _, base = np.unique(fb.T, axis=0, return_inverse=True)
+    base = np.asarray(base).reshape(-1)
+    if not by_host:
+        return base
+    make_up = {h: tuple(sorted(base[host == h].tolist())) for h in set(host.tolist())}
+    keys = {k: i for i, k in enumerate(sorted({(int(b), make_up[h]) for b, h in zip(base, host)}))}
+    return np.array([keys[(int(b), make_up[h])] for b, h in zip(base, host)], dtype=np.int64)
+
+
+def _solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray | None, seconds: float, workers: int,
+           seed: int):
+    """CP-SAT on ``p``; returns (proven bound, best makespan or None, placement or None, optimal), in ticks."""
+    cp_model = _require_ortools()
+    n, nd = p.fwd.shape
+    hosts = sorted(set(p.host.tolist()))
+    m = cp_model.CpModel()
+    x = [[m.NewBoolVar(f"x{v}_{d}") for d in range(nd)] for v in range(n)]
+    fs = [m.NewIntVar(int(p.release[v]), horizon, f"fs{v}") for v in range(n)]
+    fe = [m.NewIntVar(0, horizon, f"fe{v}") for v in range(n)]
+    bs = [m.NewIntVar(0, horizon, f"bs{v}") for v in range(n)]
+    be = [m.NewIntVar(0, horizon, f"be{v}") for v in range(n)]
+    mk = m.NewIntVar(max(int(lower), 0), horizon, "makespan")
+    per_dev: list[list] = [[] for _ in range(nd)]
+    load: list[list] = [[] for _ in range(nd)]
+    for v in range(n):
+        m.AddExactlyOne(x[v])
+        m.Add(fe[v] == fs[v] + sum(int(p.fwd[v, d]) * x[v][d] for d in range(nd)))
+        m.Add(be[v] == bs[v] + sum(int(p.bwd[v, d]) * x[v][d] for d in range(nd)))
+        m.Add(bs[v] >= fe[v] + int(p.loop[v]))
+        m.Add(mk >= be[v] + int(p.tail[v]))
+        for d in range(nd):
+            per_dev[d].append(m.NewOptionalFixedSizeIntervalVar(fs[v], int(p.fwd[v, d]), x[v][d], f"f{v}_{d}"))
+            per_dev[d].append(m.NewOptionalFixedSizeIntervalVar(bs[v], int(p.bwd[v, d]), x[v][d], f"b{v}_{d}"))
+            load[d].append((int(p.fwd[v, d] + p.bwd[v, d]), x[v][d]))
+    for d in range(nd):
+        m.AddNoOverlap(per_dev[d])
+        m.Add(sum(w * b for w, b in load[d]) <= mk)  # implied by NoOverlap; tightens the linear relaxation
+    for u, v in p.edges.tolist():
+        c = int(p.cut[u])
+        if c <= 0:
+            m.Add(fs[v] >= fe[u])
+            if p.grad[u]:
+                m.Add(bs[u] >= be[v])
+            continue
+        same = m.NewBoolVar(f"s{u}_{v}")
+        for d in range(nd):  # u on d and v elsewhere -> not the same device
+            m.AddBoolOr([same.Not(), x[u][d].Not(), x[v][d]])
+        wait = c - c * same
+        extra = int(p.across[u] - c)
+        if extra > 0:  # u and v on different hosts: the slower links' least time
+            apart = m.NewBoolVar(f"h{u}_{v}")
+            for k in hosts:
+                m.Add(apart >= sum(x[u][d] for d in range(nd) if p.host[d] == k)
+                      - sum(x[v][d] for d in range(nd) if p.host[d] == k))
+            wait = wait + extra * apart
+        m.Add(fs[v] >= fe[u] + wait)
+        if p.grad[u]:
+            m.Add(bs[u] >= be[v] + wait)
+    firsts = {}
+    for d in range(nd):
+        firsts.setdefault(int(p.key[d]), d)
+    for d in range(nd):  # symmetry: one node on the first device of its kind
+        if firsts[int(p.key[d])] != d:
+            m.Add(x[p.first][d] == 0)
+    if hint is not None:
+        h = np.asarray(hint, dtype=np.int64).copy()
+        a = int(h[p.first])
+        b = firsts[int(p.key[a])]  # the same placement with the pinned node's device renamed
+        on_a, on_b = h == a, h == b
+        h[on_a], h[on_b] = b, a
+        for v in range(n):
+            for d in range(nd):
+                m.AddHint(x[v][d], int(h[v] == d))
+    m.Minimize(mk)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = float(max(seconds, 0.01))
+    solver.parameters.num_workers = int(max(1, workers))
+    solver.parameters.random_seed = int(seed)
+    status = solver.Solve(m)
+    if status == cp_model.INFEASIBLE:  # cannot happen below a real placement's horizon; prove nothing
+        return 0.0, None, None, False
+    bound = float(solver.BestObjectiveBound())
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return bound, None, None, False
+    place = np.array([next(d for d in range(nd) if solver.Value(x[v][d])) for v in range(n)], dtype=np.int64)
+    return bound, float(solver.ObjectiveValue()), place, status == cp_model.OPTIMAL
+
+
+def _whole(graph: CompGraph, costs: CostTable, topology: DeviceTopology, upper: float, hosts: bool):
+    from placement_rl.baselines.bounds import cut_costs
+    from placement_rl.cost.modes import mode_of
+    from placement_rl.cost.resolve import needs_grad
+
+    n = graph.num_nodes
+    tick = float(upper) / TICKS
+    cap = 2.0 * float(upper)
+    cut = _ticks(cut_costs(graph, costs, topology), tick, cap)
+    host = np.array([dv.host for dv in topology.devices])
+    by_host = hosts and len(set(host.tolist())) > 1
+    across = np.zeros(n, dtype=np.int64)
+    if by_host:
+        pair = _pair_costs(graph, costs, topology)
+        least = np.where((host[:, None] != host[None, :])[None], pair, np.inf).min(axis=(1, 2))
+        across = np.maximum(_ticks(least, tick, cap), cut)
+    grad = np.zeros(n, dtype=bool) if mode_of(costs) == "inference" else needs_grad(graph).astype(bool)
+    zero = np.zeros(n, dtype=np.int64)
+    return _Problem(_ticks(costs.fwd_time, tick, cap), _ticks(costs.bwd_time, tick, cap),
+                    np.asarray(graph.edges, dtype=np.int64).reshape(-1, 2), cut, across, grad,
+                    host if by_host else np.zeros_like(host), _device_keys(costs, host, by_host), zero, zero, zero,
+                    int(np.asarray(graph.topo_order)[0])), tick
+
+
+def cp_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, upper: float, seconds: float,
+             lower: float = 0.0, hint: np.ndarray | None = None, workers: int = 2, seed: int = 0,
+             hosts: bool = False) -> CpResult:
+    """The ``cp`` part (module doc) after at most ``seconds`` of CP-SAT. ``upper``: the step time of a known
+    placement (the horizon; the model's optimum is never above it); ``lower``: a bound already known (a constraint
+    that helps the search); ``hint``: a placement to start from (e.g. the one ``upper`` came from); ``hosts``:
+    model the slower links between hosts."""
+    import time
+
+    t0 = time.perf_counter()
+    n = graph.num_nodes
+    if n == 0:
+        return CpResult(0.0, 0.0, np.zeros(0, dtype=np.int64), True, 0.0)
+    if not (upper > 0 and np.isfinite(upper)):
+        raise ValueError(f"upper must be a finite step time > 0 of some placement, got {upper}")
+    p, tick = _whole(graph, costs, topology, upper, hosts)
+    bound, best, place, optimal = _solve(p, horizon=TICKS + 1, lower=int(np.floor(lower / tick)) if lower > 0 else 0,
+                                         hint=hint, seconds=seconds, workers=workers, seed=seed)
+    return CpResult(max(bound * tick * (1.0 - 1e-9), 0.0), None if best is None else best * tick, place, optimal,
+                    time.perf_counter() - t0)
+
+
+__all__ = ["CpResult", "TICKS", "cp_bound"]
