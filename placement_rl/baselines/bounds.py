@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from placement_rl.baselines.transfer_floor import cut_costs
 from placement_rl.cost.schedule import longest_path
 from placement_rl.cost.types import CostTable
 from placement_rl.graph.ir import CompGraph, _csr
@@ -114,29 +115,6 @@ def work_bound(costs: CostTable) -> float:
         return simple
     # HiGHS' optimum is exact to its tolerances: take a hair off so float error never lifts the bound above T*
     return max(simple, float(res.fun) * scale * (1.0 - 1e-7))
-
-
-def cut_costs(graph: CompGraph, costs: CostTable, topology: DeviceTopology) -> np.ndarray:
-    """``[N]``: the least seconds after node ``u`` ends that anything it sends reaches another device (inf for a
-    node with no out-edge): the first chunk the simulator sends from ``u`` to a device carries one out-edge's whole
-    bytes (``cost._op_kernel.fwd_place``), and a later one follows it on the same link, so every arrival waits at
-    least the fastest link's time for the smallest such chunk."""
-    from placement_rl.cost.comm_fit import link_segments
-
-    d = topology.num_devices
-    tables = link_segments(topology, costs)
-    off = [(a, b) for a in range(d) for b in range(d) if a != b]
-    out = np.full(graph.num_nodes, np.inf)
-    e, nbytes = np.asarray(graph.edges), np.asarray(graph.edge_bytes, dtype=np.float64)
-    if not len(e) or not off:
-        return out
-    best = np.full(len(e), np.inf)
-    for a, b in off:  # ``comm_fit.segment_time`` of every edge's bytes at once, per ordered pair of devices
-        t = tables[a, b]
-        r = np.searchsorted(t[:, 0], nbytes, side="right")
-        best = np.minimum(best, t[r, 1] + t[r, 2] * nbytes)
-    np.minimum.at(out, e[:, 0], np.maximum(best, 0.0))
-    return out
 
 
 def milp_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, seconds: float) -> float | None:

@@ -7,7 +7,7 @@ along an edge ``u -> v`` the forward of ``v`` starts after the forward of ``u`` 
 on different devices; a node's backward starts after its own forward and, where its output needs a gradient, after
 each consumer's backward ends (plus ``c_u`` across devices). ``c_u`` is ``bounds.cut_costs``: the least time
 anything ``u`` sends can reach another device; with ``u`` and ``v`` on different hosts, the least time over links
-between hosts (``_pair_costs``). The simulator's schedule of any placement satisfies all of it (it
+between hosts (``pair_costs``). The simulator's schedule of any placement satisfies all of it (it
 runs each device's ops in one fixed order and waits longer on links that queue), so the least makespan of the model
 is at most every placement's step time; CP-SAT's proven bound on that least makespan (``BestObjectiveBound``, valid
 when stopped early) is a lower bound. Times are in integer ticks, durations and ``c_u`` rounded down (a real schedule
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from placement_rl.baselines.transfer_floor import cut_costs, pair_costs
 from placement_rl.cost.types import CostTable
 from placement_rl.graph.ir import CompGraph
 from placement_rl.topology import DeviceTopology
@@ -48,30 +49,6 @@ def _require_ortools():
     except ImportError as e:  # pragma: no cover - the test extra installs it
         raise ImportError("the cp bound needs OR-Tools: pip install 'placement-rl[exact]' (or ortools)") from e
     return cp_model
-
-
-def _pair_costs(graph: CompGraph, costs: CostTable, topology: DeviceTopology) -> np.ndarray:
-    """``[N, D, D]``: ``bounds.cut_costs`` per ordered device pair ``(a, b)``: the least time anything node ``u`` on
-    ``a`` sends reaches ``b`` (its smallest out-edge's bytes over that link; inf on the diagonal and without
-    out-edges). Its minimum over pairs is ``cut_costs``."""
-    from placement_rl.cost.comm_fit import link_segments
-
-    d, n = topology.num_devices, graph.num_nodes
-    out = np.full((n, d, d), np.inf)
-    e, nbytes = np.asarray(graph.edges).reshape(-1, 2), np.asarray(graph.edge_bytes, dtype=np.float64)
-    if not len(e):
-        return out
-    tables = link_segments(topology, costs)
-    for a in range(d):
-        for b in range(d):
-            if a == b:
-                continue
-            t = tables[a, b]
-            r = np.searchsorted(t[:, 0], nbytes, side="right")
-            col = np.full(n, np.inf)
-            np.minimum.at(col, e[:, 0], np.maximum(t[r, 1] + t[r, 2] * nbytes, 0.0))
-            out[:, a, b] = col
-    return out
 
 
 @dataclass
@@ -189,7 +166,6 @@ def _solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray | None, se
 
 
 def _whole(graph: CompGraph, costs: CostTable, topology: DeviceTopology, upper: float, hosts: bool):
-    from placement_rl.baselines.bounds import cut_costs
     from placement_rl.cost.modes import mode_of
     from placement_rl.cost.resolve import needs_grad
 
@@ -201,7 +177,7 @@ def _whole(graph: CompGraph, costs: CostTable, topology: DeviceTopology, upper: 
     by_host = hosts and len(set(host.tolist())) > 1
     across = np.zeros(n, dtype=np.int64)
     if by_host:
-        pair = _pair_costs(graph, costs, topology)
+        pair = pair_costs(graph, costs, topology)
         least = np.where((host[:, None] != host[None, :])[None], pair, np.inf).min(axis=(1, 2))
         across = np.maximum(_ticks(least, tick, cap), cut)
     grad = np.zeros(n, dtype=bool) if mode_of(costs) == "inference" else needs_grad(graph).astype(bool)
