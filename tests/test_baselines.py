@@ -825,17 +825,17 @@ def _two_hosts(per_host: int, *, intra: float, inter: float) -> DeviceTopology:
 
 
 def test_the_cp_bound_never_exceeds_the_optimum_and_is_far_tighter_than_the_other_parts():
-    """``bounds_cp.cp_bound`` (CP-SAT on the scheduling relaxation) on 24 problems small enough to enumerate, of
-    every family, training and inference, one host and two (slow across them; with and without the hosts
-    modelled): never above the optimum (the exact part), and in geometric mean far closer to it than the best of
-    the path, work and blocks parts (the test asks for half that gap closed). Its own solution, simulated, is a
-    real placement, at or above the optimum."""
+    """``bounds_cp.cp_bound`` (CP-SAT on the simulator's schedule, relaxed) on 24 problems small enough to
+    enumerate, of every family, training and inference, one host and two (slow across them; with and without the
+    hosts modelled): never above the optimum (the exact part), at it on nearly all (solved, the model is the
+    simulator there: 300 of 300 such problems in a scratch run), where the best of the path, work and blocks parts
+    is 0.86 x it in geometric mean. Its own solution, simulated, is a real placement, at or above the optimum."""
     from placement_rl.agents.constructive_eval import geomean
     from placement_rl.baselines.bounds import lower_bound
     from placement_rl.baselines.bounds_cp import cp_bound
     from placement_rl.baselines.eft import sim_eft_devices
 
-    ratios, others = [], []
+    ratios, others, solved = [], [], 0
     for k, (graph, costs, topo) in enumerate(itertools.islice(_blocks_cases(), 24)):
         if k % 4 == 1:  # two hosts of two
             topo = _two_hosts(2, intra=1e10, inter=float(np.random.default_rng(k).choice([1e7, 1e8, 1e9])))
@@ -852,8 +852,10 @@ def test_the_cp_bound_never_exceeds_the_optimum_and_is_far_tighter_than_the_othe
             if got.placement is not None:
                 assert prob.score(got.placement).step_time >= exact.value * (1 - 1e-9)
         ratios.append(got.bound / exact.value)
+        solved += got.bound >= exact.value * (1 - 1e-3)
         others.append(max(v for p, v in exact.parts.items() if p != "exact") / exact.value)
     assert geomean(ratios) >= 1.0 - 0.5 * (1.0 - geomean(others)), (geomean(ratios), geomean(others))
+    assert solved >= 20, ratios
 
 
 def test_the_cp_part_joins_the_lower_bound_only_when_asked():

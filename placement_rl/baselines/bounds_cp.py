@@ -1,28 +1,41 @@
-"""The ``cp`` part of the lower bound: a scheduling relaxation of the simulator solved by OR-Tools CP-SAT.
+"""The ``cp`` part of the lower bound: the simulator's schedule as a CP-SAT model (OR-Tools), relaxed only in what a
+chunk weighs and in memory.
 
 The other parts each drop something: ``path`` and ``work`` every transfer, ``milp`` each device running one op at a
-time, ``blocks`` all but one chain. This one keeps the three together. Every node sits on one device (``x[v, d]``);
-its forward and backward are intervals on that device, and a device runs one interval at a time (``NoOverlap``);
-along an edge ``u -> v`` the forward of ``v`` starts after the forward of ``u`` ends, plus ``c_u`` when the two sit
-on different devices; a node's backward starts after its own forward and, where its output needs a gradient, after
-each consumer's backward ends (plus ``c_u`` across devices). ``c_u`` is ``bounds.cut_costs``: the least time
-anything ``u`` sends can reach another device; with ``u`` and ``v`` on different hosts, the least time over links
-between hosts (``pair_costs``). The simulator's schedule of any placement satisfies all of it (it
-runs each device's ops in one fixed order and waits longer on links that queue), so the least makespan of the model
-is at most every placement's step time; CP-SAT's proven bound on that least makespan (``BestObjectiveBound``, valid
-when stopped early) is a lower bound. Times are in integer ticks, durations and ``c_u`` rounded down (a real schedule
-floored to ticks stays feasible, since ``floor(a + b) >= floor(a) + floor(b)``), so rounding never lifts it.
+time, ``blocks`` all but one chain. This one keeps them together. Every node sits on one device (``x[v, d]``); its
+forward and backward are intervals on that device. As in the simulator (``cost._op_kernel``):
 
-Memory limits are relaxed, as in every other part. Devices of one speed class are interchangeable in the model;
-the first node is pinned to the first device of its class order (a symmetry cut that keeps an optimum). The
-solution CP-SAT finds (``CpResult.placement``) is a placement too: simulated, it is an upper bound.
+* each device runs its forward ops in the priority order (``order``, the simulator's ``"program"`` order unless
+  told), each after the one placed there before it ends, then its backward ops in the reverse order after its last
+  forward (``_fifo``);
+* along an edge ``u -> v`` the forward of ``v`` starts after the forward of ``u`` ends, plus ``c_u`` when the two
+  sit on different devices; a node's backward starts after its own forward and, where its output needs a gradient,
+  after each consumer's backward ends (plus ``c_u`` across devices); ``c_u`` is ``cut_costs``, the least time
+  anything ``u`` sends can reach another device;
+* each ordered pair of devices is a link carrying one transfer at a time (``_links``, up to ``LINKS_MAX`` = N x D^2):
+  ``u`` on ``a`` with consumers on ``b`` sends one chunk over ``a -> b`` after its forward, each consumer there waits
+  for it, and a gradient comes back over ``b -> a`` after their backward, each taking at least ``pair_costs[u, a,
+  b]`` (the cheapest of ``u``'s out-edges over that link; a later chunk only adds);
+* optionally (``hosts``) the least time between hosts on an edge whose ends sit on two hosts.
+
+The simulator's schedule of any placement satisfies all of it, so the least makespan of the model is at most every
+placement's step time, and CP-SAT's proven bound on it (``BestObjectiveBound``, valid when stopped early) is a lower
+bound. Where every node's out-edges carry the same bytes and CP-SAT solves the model, its optimum is the simulator's
+(the simulated solution meets the bound). Times are integer ticks, durations and transfer times rounded down (a
+real schedule floored to ticks stays feasible, since ``floor(a + b) >= floor(a) + floor(b)``), so rounding never
+lifts it. Memory limits are relaxed, as in every other part: the solution (``CpResult.placement``), simulated, is a
+placement and an upper bound, but it may not fit memory.
+
+Devices of one speed class are interchangeable in the model; the first node is pinned to the first device of its
+class (a symmetry cut that keeps an optimum). The model grows as N x D^2 with the links: it proves bounds in seconds
+up to ~100 nodes on 4 devices; on several hundred nodes it proves no more than the other parts in a minute.
 
 OR-Tools is optional (``pip install placement-rl[exact]``); without it ``cp_bound`` says what to install.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -32,6 +45,8 @@ from placement_rl.graph.ir import CompGraph
 from placement_rl.topology import DeviceTopology
 
 TICKS = 2_000_000  # integer ticks in the horizon (the upper bound given): ~1e-6 of it per tick
+LINKS_MAX = 20_000  # N x D^2 up to which the links are modelled (``_links``) unless told
+LINKS_SHARE = 0.3  # of the seconds, for the model without links first
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,8 @@ class _Problem:
     loop: np.ndarray  # [n] a backward starts no earlier than this after its forward ends (successors outside)
     tail: np.ndarray  # [n] the step lasts at least this after a backward ends (predecessors outside)
     first: int  # local index of a node to pin (symmetry)
+    pair: np.ndarray | None = None  # [n, D, D] least transfer per ordered device pair: the links modelled
+    order: np.ndarray | None = None  # local indices in the simulator's priority order: each device runs its ops so
 
 
 def _ticks(values, tick: float, cap: float) -> np.ndarray:
@@ -135,6 +152,10 @@ def _solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray | None, se
         m.Add(fs[v] >= fe[u] + wait)
         if p.grad[u]:
             m.Add(bs[u] >= be[v] + wait)
+    if p.pair is not None:
+        _links(m, p, x, fs, fe, bs, be, horizon)
+    if p.order is not None:
+        _fifo(m, p, x, fs, fe, bs, be, horizon)
     firsts = {}
     for d in range(nd):
         firsts.setdefault(int(p.key[d]), d)
@@ -165,9 +186,73 @@ def _solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray | None, se
     return bound, float(solver.ObjectiveValue()), place, status == cp_model.OPTIMAL
 
 
-def _whole(graph: CompGraph, costs: CostTable, topology: DeviceTopology, upper: float, hosts: bool):
+def _fifo(m, p: _Problem, x, fs, fe, bs, be, horizon: int) -> None:
+    """The simulator runs each device's forward ops in its priority order, one after the other (no op starts
+    before the one placed there before it ends, even when its own inputs came first), then the backward ops in
+    the reverse order after the last forward: ``free[d][k]``, when device ``d`` is done with the first ``k`` nodes
+    of the order, bounds the next start there from below."""
+    n, nd = p.fwd.shape
+    order = [int(v) for v in p.order]
+    for d in range(nd):
+        prev = None
+        for v in order:  # forward
+            cur = m.NewIntVar(0, horizon, f"ff{d}_{v}")
+            if prev is not None:
+                m.Add(cur >= prev)
+                m.Add(fs[v] >= prev).OnlyEnforceIf(x[v][d])
+            m.Add(cur >= fe[v]).OnlyEnforceIf(x[v][d])
+            prev = cur
+        for v in reversed(order):  # backward, after the device's last forward
+            cur = m.NewIntVar(0, horizon, f"bf{d}_{v}")
+            m.Add(cur >= prev)
+            m.Add(bs[v] >= prev).OnlyEnforceIf(x[v][d])
+            m.Add(cur >= be[v]).OnlyEnforceIf(x[v][d])
+            prev = cur
+
+
+def _links(m, p: _Problem, x, fs, fe, bs, be, horizon: int) -> None:
+    """Each ordered pair of devices is one link that carries one transfer at a time (the simulator's
+    ``link_free``): node ``u`` on ``a`` with a consumer on ``b`` sends at least one chunk over ``a -> b`` after its
+    forward ends, and each consumer there waits for it; with a gradient, one goes back over ``b -> a`` after every
+    consumer's backward there, and ``u``'s backward waits for it. Each chunk takes at least ``pair[u, a, b]``; the
+    simulator's first chunk occupies its link at least that long from its start, so those intervals never overlap."""
+    n, nd = p.fwd.shape
+    cons: list[list[int]] = [[] for _ in range(n)]
+    for u, v in p.edges.tolist():
+        cons[u].append(v)
+    on_link: dict[tuple[int, int], list] = {(a, b): [] for a in range(nd) for b in range(nd) if a != b}
+    for u in range(n):
+        if not cons[u]:
+            continue
+        for b in range(nd):
+            s = m.NewIntVar(0, horizon, f"ts{u}_{b}")  # the first chunk to b leaves
+            m.Add(s >= fe[u])
+            g = m.NewIntVar(0, horizon, f"gs{u}_{b}") if p.grad[u] else None  # the gradient from b leaves
+            for a in range(nd):
+                if a == b:
+                    continue
+                z = m.NewBoolVar(f"z{u}_{a}_{b}")  # u on a, a consumer on b
+                for v in cons[u]:
+                    m.AddBoolOr([x[u][a].Not(), x[v][b].Not(), z])
+                    m.Add(fs[v] >= s + int(p.pair[u, a, b])).OnlyEnforceIf([x[u][a], x[v][b]])
+                on_link[a, b].append(m.NewOptionalFixedSizeIntervalVar(s, int(p.pair[u, a, b]), z, f"t{u}_{a}_{b}"))
+                if g is not None:
+                    on_link[b, a].append(m.NewOptionalFixedSizeIntervalVar(g, int(p.pair[u, b, a]), z,
+                                                                           f"g{u}_{a}_{b}"))
+                    m.Add(bs[u] >= g + int(p.pair[u, b, a])).OnlyEnforceIf(z)
+            if g is not None:
+                for v in cons[u]:
+                    m.Add(g >= be[v]).OnlyEnforceIf(x[v][b])
+    for items in on_link.values():
+        if len(items) > 1:
+            m.AddNoOverlap(items)
+
+
+def _whole(graph: CompGraph, costs: CostTable, topology: DeviceTopology, upper: float, hosts: bool, links: bool,
+           order: str | None):
     from placement_rl.cost.modes import mode_of
     from placement_rl.cost.resolve import needs_grad
+    from placement_rl.cost.simulate import priority_order
 
     n = graph.num_nodes
     tick = float(upper) / TICKS
@@ -182,19 +267,24 @@ def _whole(graph: CompGraph, costs: CostTable, topology: DeviceTopology, upper: 
         across = np.maximum(_ticks(least, tick, cap), cut)
     grad = np.zeros(n, dtype=bool) if mode_of(costs) == "inference" else needs_grad(graph).astype(bool)
     zero = np.zeros(n, dtype=np.int64)
+    pair = _ticks(pair_costs(graph, costs, topology), tick, cap) if links else None
     return _Problem(_ticks(costs.fwd_time, tick, cap), _ticks(costs.bwd_time, tick, cap),
                     np.asarray(graph.edges, dtype=np.int64).reshape(-1, 2), cut, across, grad,
                     host if by_host else np.zeros_like(host), _device_keys(costs, host, by_host), zero, zero, zero,
-                    int(np.asarray(graph.topo_order)[0])), tick
+                    int(np.asarray(graph.topo_order)[0]), pair,
+                    None if order is None else priority_order(graph, costs, order)), tick
 
 
 def cp_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, upper: float, seconds: float,
              lower: float = 0.0, hint: np.ndarray | None = None, workers: int = 2, seed: int = 0,
-             hosts: bool = False) -> CpResult:
+             hosts: bool = False, links: bool | None = None, order: str | None = "program") -> CpResult:
     """The ``cp`` part (module doc) after at most ``seconds`` of CP-SAT. ``upper``: the step time of a known
     placement (the horizon; the model's optimum is never above it); ``lower``: a bound already known (a constraint
     that helps the search); ``hint``: a placement to start from (e.g. the one ``upper`` came from); ``hosts``:
-    model the slower links between hosts."""
+    model the slower links between hosts; ``links``: model each link carrying one transfer at a time (default: up
+    to ``LINKS_MAX`` = N x D^2); ``order``: the simulator's priority order each device follows (None: any order,
+    a bound for every order). With the links, the model without them is solved first (``LINKS_SHARE`` of the
+    seconds: it proves a bound fast), then the one with them, from that bound."""
     import time
 
     t0 = time.perf_counter()
@@ -203,9 +293,23 @@ def cp_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, up
         return CpResult(0.0, 0.0, np.zeros(0, dtype=np.int64), True, 0.0)
     if not (upper > 0 and np.isfinite(upper)):
         raise ValueError(f"upper must be a finite step time > 0 of some placement, got {upper}")
-    p, tick = _whole(graph, costs, topology, upper, hosts)
-    bound, best, place, optimal = _solve(p, horizon=TICKS + 1, lower=int(np.floor(lower / tick)) if lower > 0 else 0,
-                                         hint=hint, seconds=seconds, workers=workers, seed=seed)
+    if links is None:
+        links = n * topology.num_devices ** 2 <= LINKS_MAX
+    p, tick = _whole(graph, costs, topology, upper, hosts, links, order)
+    lo = int(np.floor(lower / tick)) if lower > 0 else 0
+    first = None
+    if links:  # the model without links first
+        quick = replace(p, pair=None)
+        first = _solve(quick, horizon=TICKS + 1, lower=lo, hint=hint, seconds=LINKS_SHARE * seconds, workers=workers,
+                       seed=seed)
+        lo = max(lo, int(np.floor(first[0])))
+    left = seconds - (time.perf_counter() - t0)
+    bound, best, place, optimal = _solve(p, horizon=TICKS + 1, lower=lo, hint=hint, seconds=max(left, 0.01),
+                                         workers=workers, seed=seed)
+    if first is not None:
+        bound = max(bound, first[0])
+        if place is None:
+            best, place = first[1], first[2]
     return CpResult(max(bound * tick * (1.0 - 1e-9), 0.0), None if best is None else best * tick, place, optimal,
                     time.perf_counter() - t0)
 
