@@ -350,6 +350,19 @@ def test_place_shows_its_phases_and_lists_what_it_writes(tmp_path):
     assert "lower bound on any placement's step time" in out and "the plan is at the bound" in out
 
 
+def test_place_bound_seconds_adds_the_cp_part_to_its_lower_bound(tmp_path):
+    """bound_seconds=S: CP-SAT (``bounds_cp``) tightens the printed lower bound; it stays at most the plan's step
+    time and at least every other part."""
+    r = cli(tmp_path, "place", "graph=synthetic", "graph.num_nodes=20", "topology=4x_v100_nvlink", "samples=2",
+            "bound_seconds=5", "compare=false", "progress=true")
+    assert r.returncode == 0, r.stderr
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    parts = m["lower_bound_parts"]
+    assert "cp" in parts and m["lower_bound"] == max(parts.values())
+    assert max(v for k, v in parts.items() if k != "cp") <= m["lower_bound"] <= m["step_time"] * (1 + 1e-9)
+    assert "(CP-SAT for 5 s)" in r.stdout
+
+
 def test_place_compares_with_the_policys_own_heuristics_at_their_own_calls(tmp_path):
     """place's comparison holds the bar a learned row must clear: ``sim_eft`` and its lookahead ``eft_rollout`` (the
     policy's teacher; both registered baselines) with their own calls (1; the completions + 1) and seconds, and the

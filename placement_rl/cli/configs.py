@@ -281,6 +281,8 @@ class PlaceConfig:
     full_window: Optional[int] = opt(None, low=0, null=True, doc="graphs of at most this many nodes read the whole "
                                                                 "rest of the graph (null: the checkpoint's)")
     search_budget: int = opt(0, low=0, doc="> 0: local search from the best learned placement")
+    bound_seconds: float = opt(0.0, low=0, doc="> 0: CP-SAT tightens the lower bound for that long (OR-Tools: "
+                                               "placement-rl[exact]; near the optimum up to ~100 nodes)")
     seed: int = opt(0, low=0)
     compare: bool = opt(True, doc="baselines with the same simulator-call budget -> comparison.md")
     progress: bool = opt(True)

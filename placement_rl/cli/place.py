@@ -42,6 +42,13 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     where = f"{graph.name} ({plural(graph.num_nodes, 'node')}) on {topology.name} " \
             f"({plural(topology.num_devices, 'device')})"
     budget = int(cfg.get("search_budget", 0) or 0)
+    bound_seconds = float(cfg.get("bound_seconds", 0) or 0)
+    if bound_seconds > 0:
+        try:
+            import ortools  # noqa: F401
+        except ImportError:
+            raise ConfigError("bound_seconds > 0 needs OR-Tools for its CP-SAT bound: pip install "
+                              "'placement-rl[exact]' (or set bound_seconds=0)") from None
     if budget > 0:
         from placement_rl.cli.schema import check_not_files
 
@@ -66,10 +73,11 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     wall = time.perf_counter() - t0
     # the plan is the fastest placement that fits memory (the greedy one when none does), and the metrics say so
     step_time, fits = res.best_time, res.best_feasible
-    with phases("lower bound on any placement's step time") as note:  # how much any placement could still gain
+    what = "lower bound on any placement's step time" + (f" (CP-SAT for {bound_seconds:g} s)" if bound_seconds else "")
+    with phases(what) as note:  # how much any placement could still gain
         from placement_rl.baselines.bounds import lower_bound
 
-        bound = lower_bound(graph, costs, topology)
+        bound = lower_bound(graph, costs, topology, cp_seconds=bound_seconds, cp_start=res.best_devices)
         note.append(f"{bound.value * 1e3:.3f} ms")
     chosen = res.best_label  # greedy, greedy on links x slower (the first samples), or sample k
     out = output_dir()
