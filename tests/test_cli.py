@@ -361,6 +361,11 @@ def test_place_bound_seconds_adds_the_cp_part_to_its_lower_bound(tmp_path):
     assert "cp" in parts and m["lower_bound"] == max(parts.values())
     assert max(v for k, v in parts.items() if k != "cp") <= m["lower_bound"] <= m["step_time"] * (1 + 1e-9)
     assert "(CP-SAT for 5 s)" in r.stdout
+    # its own solution: a row of its own (cp/placement.json), never below the bound, never the plan
+    cp = m["cp_solution"]
+    assert cp["step_time"] >= m["lower_bound"] * (1 - 1e-9) and "CP-SAT's own placement" in r.stdout
+    assert (tmp_path / "run" / "cp" / "placement.json").is_file() and "cp/placement.json" in r.stdout
+    assert m["step_time"] == m["best_of_k_step_time"]
 
 
 def test_place_compares_with_the_policys_own_heuristics_at_their_own_calls(tmp_path):

@@ -74,6 +74,7 @@ class Bound:
     value: float  # the best (largest) lower bound, seconds
     parts: dict[str, float] = field(default_factory=dict)  # path, work, blocks, milp, exact (where computed)
     exact: bool = False  # the value is the optimum (exhaustive enumeration)
+    cp_placement: np.ndarray | None = field(default=None, repr=False, compare=False)  # the cp part's own solution
 
     def gap(self, step_time: float) -> float:
         """How far ``step_time`` is above the bound (``step_time / value - 1``): the most any placement can gain
@@ -226,6 +227,7 @@ def lower_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
     (``bounds_cp``: CP-SAT, OR-Tools needed; ``cp_start`` a placement to start it from, else ``sim_eft``'s)."""
     parts = {"path": path_bound(graph, costs), "work": work_bound(costs)}
     n, d = graph.num_nodes, topology.num_devices
+    cp_placement = None
     if blocks and n > 1:
         parts["blocks"] = block_bound(graph, costs, topology)
     if milp_seconds > 0 and d > 1 and 0 < n * d <= MILP_MAX_VARS:
@@ -242,6 +244,7 @@ def lower_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
         got = cp_bound(graph, costs, topology, upper=upper, seconds=cp_seconds, hint=start,
                        lower=max(parts.values()))
         parts["cp"] = got.bound
+        cp_placement = got.placement
     if exact_budget > 0 and topology.num_devices > 1:
         from placement_rl.baselines.common import Problem
         from placement_rl.baselines.search import count_placements, device_classes, exhaustive
@@ -254,7 +257,7 @@ def lower_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
             if best is not None and best.feasible:
                 parts["exact"] = best.step_time
                 return Bound(best.step_time, parts, exact=True)
-    return Bound(max(parts.values()), parts)
+    return Bound(max(parts.values()), parts, cp_placement=cp_placement)
 
 
 __all__ = ["Bound", "block_bound", "cut_costs", "lower_bound", "milp_bound", "path_bound", "work_bound"]

@@ -16,9 +16,10 @@ WRITES = ("graph.json", "placement.json", "plan.json", "metrics.json", "comparis
           "speedup.png")
 
 
-def _artifacts(out, plan_file: str, compared: list[str], searched: bool = False) -> str:
+def _artifacts(out, plan_file: str, compared: list[str], searched: bool = False, cp: bool = False) -> str:
     return f"artifacts in {out}: " + ", ".join(["graph.json", plan_file, "metrics.json",
-                                                *(["search/placement.json"] if searched else []), *compared])
+                                                *(["search/placement.json"] if searched else []),
+                                                *(["cp/placement.json"] if cp else []), *compared])
 
 
 def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
@@ -49,10 +50,13 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         except ImportError:
             raise ConfigError("bound_seconds > 0 needs OR-Tools for its CP-SAT bound: pip install "
                               "'placement-rl[exact]' (or set bound_seconds=0)") from None
-    if budget > 0:
+    if budget > 0 or bound_seconds > 0:
         from placement_rl.cli.schema import check_not_files
 
-        check_not_files(output_dir(), ("search",), f"search_budget={budget} writes the search's placement")
+        if budget > 0:
+            check_not_files(output_dir(), ("search",), f"search_budget={budget} writes the search's placement")
+        if bound_seconds > 0:
+            check_not_files(output_dir(), ("cp",), f"bound_seconds={bound_seconds:g} writes CP-SAT's placement")
     warm_s = warm_up(policy)  # numba compiles on the first run after an install: not the placement's time
     t0 = time.perf_counter()
     with phases(f"costs and schedule state of {where}"):
@@ -79,6 +83,13 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
 
         bound = lower_bound(graph, costs, topology, cp_seconds=bound_seconds, cp_start=res.best_devices)
         note.append(f"{bound.value * 1e3:.3f} ms")
+    cp_row = None
+    if bound.cp_placement is not None:  # CP-SAT's own solution: a search row of its own, never the plan
+        from placement_rl.baselines.common import Problem
+
+        sc = Problem(graph, costs, topology, budget=2, seed=seed).score(np.asarray(bound.cp_placement))
+        cp_row = {"step_time": float(sc.step_time), "feasible": bool(sc.feasible), "seconds": bound_seconds,
+                  "devices": np.asarray(bound.cp_placement)}
     chosen = res.best_label  # greedy, greedy on links x slower (the first samples), or sample k
     out = output_dir()
     plan, plan_file = save_plan(res.best_devices, graph, topology, out)
@@ -105,6 +116,10 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         (out / "search").mkdir(exist_ok=True)
         save_plan(search["devices"], graph, topology, out / "search")
         metrics["search"] = {k: v for k, v in search.items() if k != "devices"}
+    if cp_row is not None:
+        (out / "cp").mkdir(exist_ok=True)
+        save_plan(cp_row["devices"], graph, topology, out / "cp")
+        metrics["cp_solution"] = {k: v for k, v in cp_row.items() if k != "devices"}
     compared: list[str] = []
     if cfg.compare:
         from placement_rl.cli.evaluate import ExtraRow, compare_learned
@@ -139,7 +154,11 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         print(overflow_note(graph, costs, topology, res.best_devices, samples, searched=search))
     print(bound_note(bound, step_time if search is None or not search["feasible"]
                      else min(step_time, search["step_time"])))
-    print(_artifacts(out, plan_file, compared, searched=search is not None))
+    if cp_row is not None:
+        over = "" if cp_row["feasible"] else " (overflows memory: the model relaxes it)"
+        print(f"CP-SAT's own placement (its own row, not the plan): {cp_row['step_time'] * 1e3:.3f} ms{over}"
+              + (", at the bound: optimal" if cp_row["feasible"] and bound.gap(cp_row["step_time"]) < 5e-4 else ""))
+    print(_artifacts(out, plan_file, compared, searched=search is not None, cp=cp_row is not None))
     return metrics
 
 
@@ -230,6 +249,10 @@ def run(cfg: DictConfig) -> dict:
                str(cfg.checkpoint), "decode": cfg.decode, "samples": samples, "step_time": step_time,
                "feasible": not infeasible, "chosen": chosen, "sim_calls": calls,
                "wall_seconds": wall}
+    if cp_row is not None:
+        (out / "cp").mkdir(exist_ok=True)
+        save_plan(cp_row["devices"], graph, topology, out / "cp")
+        metrics["cp_solution"] = {k: v for k, v in cp_row.items() if k != "devices"}
     compared: list[str] = []
     if cfg.compare:
         from placement_rl.cli.evaluate import compare_learned
