@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from probe_exact_room import topology  # noqa: E402
+from probe_exact_room import shipped_policy, topology  # noqa: E402
 
 FAMILIES = ("dataflow", "layered", "series_parallel", "transformer_like")
 SIZES = (30, 45, 60)
@@ -65,8 +65,7 @@ def main() -> None:
     import torch
 
     from placement_rl import baselines
-    from placement_rl.agents.constructive_config import default_checkpoint, load_policy
-    from placement_rl.agents.constructive_eval import geomean, greedy_result, warm_kernels, with_samples
+    from placement_rl.agents.constructive_eval import geomean, greedy_result, with_samples
     from placement_rl.baselines.bounds import lower_bound
     from placement_rl.baselines.bounds_cp import cp_bound
     from placement_rl.baselines.common import Problem
@@ -74,10 +73,8 @@ def main() -> None:
     from placement_rl.results import write_result
     from placement_rl.studies.splits import comm_ratio
 
-    torch.set_num_threads(1)
     t_start = time.perf_counter()
-    policy, _, _ = load_policy(default_checkpoint(), log=lambda *_: None)
-    warm_kernels(policy)
+    policy = shipped_policy()
     rows = []
     for kind, pid, g, c, t in problems(args.sets, args.cache):
         prob = Problem(g, c, t, budget=10, seed=0)

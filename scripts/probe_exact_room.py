@@ -37,6 +37,19 @@ def topology(devices: int, bandwidth: float):
         "links": {"intra_host": {"bandwidth": bandwidth, "latency": 1e-5}}})
 
 
+def shipped_policy():
+    """The shipped checkpoint's policy, its kernels compiled (one thread, as every measurement here)."""
+    import torch
+
+    from placement_rl.agents.constructive_config import default_checkpoint, load_policy
+    from placement_rl.agents.constructive_eval import warm_kernels
+
+    torch.set_num_threads(1)
+    policy, _, _ = load_policy(default_checkpoint(), log=lambda *_: None)
+    warm_kernels(policy)
+    return policy
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=0.5, help="la_rule_search's seconds per problem")
@@ -46,8 +59,7 @@ def main() -> None:
     import torch
 
     from placement_rl import baselines
-    from placement_rl.agents.constructive_config import default_checkpoint, load_policy
-    from placement_rl.agents.constructive_eval import geomean, greedy_result, warm_kernels, with_samples
+    from placement_rl.agents.constructive_eval import geomean, greedy_result, with_samples
     from placement_rl.baselines.bounds import lower_bound
     from placement_rl.baselines.common import Problem
     from placement_rl.cost import resolve_costs
@@ -56,10 +68,8 @@ def main() -> None:
     from placement_rl.results import write_result
     from placement_rl.studies.splits import comm_ratio
 
-    torch.set_num_threads(1)
     t_start = time.perf_counter()
-    policy, _, _ = load_policy(default_checkpoint(), log=lambda *_: None)
-    warm_kernels(policy)
+    policy = shipped_policy()
     rows = []
     for fam in FAMILIES:
         for k, seed in enumerate(SEEDS):
