@@ -153,6 +153,11 @@ def test_train_quick_then_place_zero_shot(tmp_path):
     assert r2.returncode == 0, r2.stderr
     placed = json.loads((tmp_path / "place" / "placement.json").read_text())
     assert len(placed["device_of_node"]) == 120
+    # the constructive policy's options on this older kind of checkpoint: one line naming the key, exit 2
+    r3 = subprocess.run([sys.executable, "-m", "placement_rl.cli.main", "place", f"checkpoint={ck}", "graph=synthetic",
+                         "graph.num_nodes=12", "topology=4x_v100_nvlink", "bound_seconds=1",
+                         f"hydra.run.dir={tmp_path}/place2"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r3.returncode == 2 and "bound_seconds" in r3.stderr and "Traceback" not in r3.stderr, r3.stderr
 
 
 def test_train_finetunes_the_pretrained_policy_and_place_uses_it(tmp_path):

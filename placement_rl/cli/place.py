@@ -203,6 +203,10 @@ def run(cfg: DictConfig) -> dict:
     ckpt = load_checkpoint(str(cfg.checkpoint))
     if ckpt.get("algo") == "constructive":
         return run_constructive(cfg, str(cfg.checkpoint))
+    for key in ("search_budget", "bound_seconds"):
+        if float(cfg.get(key, 0) or 0) > 0:
+            raise ConfigError(f"{key} applies to the constructive policy's placements; {cfg.checkpoint} is a "
+                              f"{ckpt.get('algo', 'PlacementEnv')} checkpoint (set {key}=0)")
     phases = Phases(bool(cfg.get("progress", True)))
     graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
     env_id = ckpt["config"]["env_id"]
@@ -249,10 +253,6 @@ def run(cfg: DictConfig) -> dict:
                str(cfg.checkpoint), "decode": cfg.decode, "samples": samples, "step_time": step_time,
                "feasible": not infeasible, "chosen": chosen, "sim_calls": calls,
                "wall_seconds": wall}
-    if cp_row is not None:
-        (out / "cp").mkdir(exist_ok=True)
-        save_plan(cp_row["devices"], graph, topology, out / "cp")
-        metrics["cp_solution"] = {k: v for k, v in cp_row.items() if k != "devices"}
     compared: list[str] = []
     if cfg.compare:
         from placement_rl.cli.evaluate import compare_learned
