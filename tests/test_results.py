@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from placement_rl.results import code_changed, provenance, read_result, write_result
-from placement_rl.studies.render import RenderError, _search_rows, headline_rows, render_all, render_block
+from placement_rl.studies.headlines import _search_rows
+from placement_rl.studies.render import RenderError, headline_rows, render_all, render_block
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERATORS = sorted((ROOT / "scripts").glob("*.py")) + sorted((ROOT / "placement_rl" / "studies").glob("*report*.py"))

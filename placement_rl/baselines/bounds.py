@@ -97,7 +97,7 @@ def work_bound(costs: CostTable) -> float:
     if n * d > LP_MAX_VARS:
         return simple
     from scipy.optimize import linprog
-    from scipy.sparse import coo_matrix, hstack, vstack
+    from scipy.sparse import coo_matrix, hstack
 
     scale = float(t.max()) or 1.0
     ts = t / scale

@@ -52,8 +52,7 @@ LINKS_SHARE = 0.3  # of the seconds, for the model without links first
 @dataclass(frozen=True)
 class CpResult:
     bound: float  # seconds: no placement's step time is below it
-    makespan: float | None  # seconds: the model's makespan of the best solution found (None: none found)
-    placement: np.ndarray | None  # [N] device of each node in that solution
+    placement: np.ndarray | None  # [N] device of each node in the best solution CP-SAT found (None: none)
     optimal: bool  # the model was solved to optimality (bound == makespan, in ticks)
     seconds: float
 
@@ -68,21 +67,18 @@ def _require_ortools():
 
 @dataclass
 class _Problem:
-    """The model's data in integer ticks, over the nodes it schedules (all of them, or a window)."""
+    """The model's data, times in integer ticks."""
     fwd: np.ndarray  # [n, D]
     bwd: np.ndarray  # [n, D]
-    edges: np.ndarray  # [m, 2] local indices
+    edges: np.ndarray  # [m, 2]
     cut: np.ndarray  # [n] least transfer to another device
     across: np.ndarray  # [n] least transfer to another host (>= cut; 0 where hosts are not modelled)
     grad: np.ndarray  # [n] bool
     host: np.ndarray  # [D]
     key: np.ndarray  # [D] interchangeable devices share a key
-    release: np.ndarray  # [n] a forward starts no earlier
-    loop: np.ndarray  # [n] a backward starts no earlier than this after its forward ends (successors outside)
-    tail: np.ndarray  # [n] the step lasts at least this after a backward ends (predecessors outside)
-    first: int  # local index of a node to pin (symmetry)
+    first: int  # a node to pin (symmetry)
     pair: np.ndarray | None = None  # [n, D, D] least transfer per ordered device pair: the links modelled
-    order: np.ndarray | None = None  # local indices in the simulator's priority order: each device runs its ops so
+    order: np.ndarray | None = None  # the simulator's priority order, which each device follows (None: any order)
 
 
 def _ticks(values, tick: float, cap: float) -> np.ndarray:
@@ -111,7 +107,7 @@ def _solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray | None, se
     hosts = sorted(set(p.host.tolist()))
     m = cp_model.CpModel()
     x = [[m.NewBoolVar(f"x{v}_{d}") for d in range(nd)] for v in range(n)]
-    fs = [m.NewIntVar(int(p.release[v]), horizon, f"fs{v}") for v in range(n)]
+    fs = [m.NewIntVar(0, horizon, f"fs{v}") for v in range(n)]
     fe = [m.NewIntVar(0, horizon, f"fe{v}") for v in range(n)]
     bs = [m.NewIntVar(0, horizon, f"bs{v}") for v in range(n)]
     be = [m.NewIntVar(0, horizon, f"be{v}") for v in range(n)]
@@ -122,8 +118,8 @@ def _solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray | None, se
         m.AddExactlyOne(x[v])
         m.Add(fe[v] == fs[v] + sum(int(p.fwd[v, d]) * x[v][d] for d in range(nd)))
         m.Add(be[v] == bs[v] + sum(int(p.bwd[v, d]) * x[v][d] for d in range(nd)))
-        m.Add(bs[v] >= fe[v] + int(p.loop[v]))
-        m.Add(mk >= be[v] + int(p.tail[v]))
+        m.Add(bs[v] >= fe[v])
+        m.Add(mk >= be[v])
         for d in range(nd):
             per_dev[d].append(m.NewOptionalFixedSizeIntervalVar(fs[v], int(p.fwd[v, d]), x[v][d], f"f{v}_{d}"))
             per_dev[d].append(m.NewOptionalFixedSizeIntervalVar(bs[v], int(p.bwd[v, d]), x[v][d], f"b{v}_{d}"))
@@ -260,18 +256,16 @@ def _whole(graph: CompGraph, costs: CostTable, topology: DeviceTopology, upper: 
     cut = _ticks(cut_costs(graph, costs, topology), tick, cap)
     host = np.array([dv.host for dv in topology.devices])
     by_host = hosts and len(set(host.tolist())) > 1
+    pair = pair_costs(graph, costs, topology) if by_host or links else None  # seconds
     across = np.zeros(n, dtype=np.int64)
     if by_host:
-        pair = pair_costs(graph, costs, topology)
         least = np.where((host[:, None] != host[None, :])[None], pair, np.inf).min(axis=(1, 2))
         across = np.maximum(_ticks(least, tick, cap), cut)
     grad = np.zeros(n, dtype=bool) if mode_of(costs) == "inference" else needs_grad(graph).astype(bool)
-    zero = np.zeros(n, dtype=np.int64)
-    pair = _ticks(pair_costs(graph, costs, topology), tick, cap) if links else None
     return _Problem(_ticks(costs.fwd_time, tick, cap), _ticks(costs.bwd_time, tick, cap),
                     np.asarray(graph.edges, dtype=np.int64).reshape(-1, 2), cut, across, grad,
-                    host if by_host else np.zeros_like(host), _device_keys(costs, host, by_host), zero, zero, zero,
-                    int(np.asarray(graph.topo_order)[0]), pair,
+                    host if by_host else np.zeros_like(host), _device_keys(costs, host, by_host),
+                    int(np.asarray(graph.topo_order)[0]), _ticks(pair, tick, cap) if links else None,
                     None if order is None else priority_order(graph, costs, order)), tick
 
 
@@ -290,7 +284,7 @@ def cp_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, up
     t0 = time.perf_counter()
     n = graph.num_nodes
     if n == 0:
-        return CpResult(0.0, 0.0, np.zeros(0, dtype=np.int64), True, 0.0)
+        return CpResult(0.0, np.zeros(0, dtype=np.int64), True, 0.0)
     if not (upper > 0 and np.isfinite(upper)):
         raise ValueError(f"upper must be a finite step time > 0 of some placement, got {upper}")
     if links is None:
@@ -304,14 +298,13 @@ def cp_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, up
                        seed=seed)
         lo = max(lo, int(np.floor(first[0])))
     left = seconds - (time.perf_counter() - t0)
-    bound, best, place, optimal = _solve(p, horizon=TICKS + 1, lower=lo, hint=hint, seconds=max(left, 0.01),
-                                         workers=workers, seed=seed)
+    bound, _, place, optimal = _solve(p, horizon=TICKS + 1, lower=lo, hint=hint, seconds=max(left, 0.01),
+                                      workers=workers, seed=seed)
     if first is not None:
         bound = max(bound, first[0])
         if place is None:
-            best, place = first[1], first[2]
-    return CpResult(max(bound * tick * (1.0 - 1e-9), 0.0), None if best is None else best * tick, place, optimal,
-                    time.perf_counter() - t0)
+            place = first[2]
+    return CpResult(max(bound * tick * (1.0 - 1e-9), 0.0), place, optimal, time.perf_counter() - t0)
 
 
 __all__ = ["CpResult", "TICKS", "cp_bound"]

@@ -45,11 +45,11 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     budget = int(cfg.get("search_budget", 0) or 0)
     bound_seconds = float(cfg.get("bound_seconds", 0) or 0)
     if bound_seconds > 0:
-        try:
-            import ortools  # noqa: F401
-        except ImportError:
+        from importlib.util import find_spec
+
+        if find_spec("ortools") is None:
             raise ConfigError("bound_seconds > 0 needs OR-Tools for its CP-SAT bound: pip install "
-                              "'placement-rl[exact]' (or set bound_seconds=0)") from None
+                              "'placement-rl[exact]' (or set bound_seconds=0)")
     if budget > 0 or bound_seconds > 0:
         from placement_rl.cli.schema import check_not_files
 
