@@ -440,10 +440,52 @@ def test_local_search_drops_a_start_that_runs_past_its_seconds(monkeypatch):
     assert "starts_cut" not in run("heft", graph, topo, seconds=0.001)[0].meta
 
 
+def test_fit_counts_memory_as_the_simulator_does():
+    """``memory.fit`` keeps each device's bytes as the simulator counts them (pinned bytes, and per producer the
+    largest tensor it sends a device, kept for backward; the parameters alone under inference costs): the overflow
+    it says is left equals the simulator's after 1, 5, 20 and all its moves, on random graphs."""
+    from placement_rl.baselines import memory
+    from placement_rl.cost.modes import inference_costs
+
+    for seed in range(3):
+        graph = random_dag(120, seed, param=1e6)
+        need = float(Problem(graph, resolve_costs(graph, topology(4)), topology(4), budget=1, seed=0).node_mem.sum())
+        topo = topology(4, memory=0.4 * need)
+        for costs in (resolve_costs(graph, topo), inference_costs(resolve_costs(graph, topo))):
+            prob = Problem(graph, costs, topo, budget=10**6, seed=0)
+            spread = np.random.default_rng(seed).integers(0, 4, graph.num_nodes)
+            for moves in (1, 5, 20, None):
+                dev, over = memory.fit(prob, spread, max_moves=moves)
+                assert over == pytest.approx(prob.score(dev).overflow, rel=1e-9, abs=1.0)
+            assert not np.array_equal(dev, spread) or over == 0.0
+
+
+def test_fit_makes_fit_what_the_repair_cannot():
+    """A graph spread node by node over 4 devices needs 2-3 x the memory the graph pins, most of it received
+    tensors; the devices hold 2 x what it pins. Moving nodes by their own bytes (``repair``) cannot make it fit;
+    ``memory.fit`` does on each of 4 graphs, with no simulator call, and faster than ``m_topo``'s split."""
+    from placement_rl.baselines import baechi, memory
+
+    for seed in range(4):
+        graph = random_dag(200, seed, param=1e6)
+        need = float(Problem(graph, resolve_costs(graph, topology(4)), topology(4), budget=1, seed=0).node_mem.sum())
+        topo = topology(4, memory=2.0 * need / 4)
+        prob = Problem(graph, resolve_costs(graph, topo), topo, budget=10**6, seed=0)
+        spread = np.arange(graph.num_nodes) % 4
+        assert prob.score(spread).overflow > need
+        assert not prob.score(memory.repair(prob, spread)).feasible
+        calls = prob.calls
+        dev, over = memory.fit(prob, spread)
+        assert prob.calls == calls and over == 0.0
+        fitted, split = prob.score(dev), prob.score(baechi.m_topo(prob))
+        assert fitted.feasible and split.feasible and fitted.step_time < split.step_time
+
+
 def test_anneal_repairs_a_start_that_overflows_memory(monkeypatch):
     """An annealing whose start overflows a device's memory runs the memory repair first: with a budget of a few
-    calls the result fits; with the repair switched off, ``m_topo``'s memory-balanced split is the start that fits
-    (``fitting_start`` in the meta); with both off the walk alone does not get there."""
+    calls the result fits; with the repair switched off, ``memory.fit`` makes the start fit, and with that off too
+    ``m_topo``'s memory-balanced split is the start that fits (``fitting_start`` in the meta); with all three off
+    the walk alone does not get there."""
     from placement_rl.baselines import memory
 
     graph = random_dag(300, 4, param=2e8)
@@ -461,6 +503,9 @@ def test_anneal_repairs_a_start_that_overflows_memory(monkeypatch):
     res, meta = run_anneal()
     assert res.feasible and "fitting_start" not in meta
     monkeypatch.setattr(search, "repair", lambda prob, dev: dev)
+    res, meta = run_anneal()
+    assert res.feasible and meta["fitting_start"] == "fit"
+    monkeypatch.setattr(search, "fit", lambda prob, dev: (np.asarray(dev).copy(), 1.0))
     res, meta = run_anneal()
     assert res.feasible and meta["fitting_start"] == "m_topo"
     monkeypatch.setattr(search.baechi, "m_topo", lambda prob: np.asarray(start).copy())

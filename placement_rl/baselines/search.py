@@ -28,7 +28,7 @@ import placement_rl.baselines.heft as heft
 import placement_rl.baselines.metis as metis
 import placement_rl.baselines.simple as simple
 from placement_rl.baselines.common import Problem, Score, StartCut
-from placement_rl.baselines.memory import repair
+from placement_rl.baselines.memory import fit, repair
 from placement_rl.errors import ConfigError
 
 T0_FRAC = 0.0005  # start temperature / start step time. At 0.002 the walk drifted uphill and on some dev pairs
@@ -68,8 +68,8 @@ def local_search(prob: Problem) -> np.ndarray:
 
 def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, large_share: float = 0.0) -> np.ndarray:
     """Simulated annealing from ``start`` (already scored; a start that overflows memory goes through the memory
-    repair first, ``memory.repair``, and where it still overflows ``m_topo``'s placement is taken when it overflows
-    less) with the rest of ``prob``'s budget; returns the best placement simulated (never
+    repair first, ``memory.repair``, then ``memory.fit``, and where it still overflows ``m_topo``'s placement is
+    taken when it overflows less) with the rest of ``prob``'s budget; returns the best placement simulated (never
     worse than ``start``). ``large(current, rng)``: an optional proposal of large moves
     (a whole candidate placement, its own simulator calls charged to ``prob``; e.g. ``agents.policy_search``'s
     repairs sampled from a policy), run whenever its seconds are below ``large_share`` of the seconds spent; its
@@ -82,6 +82,12 @@ def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, 
         s = prob.score(fixed)
         if s is not None and s.key < best_s.key:
             best, best_s = np.asarray(fixed, dtype=np.int64).copy(), s
+    if not best_s.feasible and prob.left > 0:  # still over: the start's nodes moved off the full devices by the
+        fitted, _ = fit(prob, start)            # least time per byte (``memory.fit``: received tensors counted)
+        s = prob.score(fitted)
+        if s is not None and s.key < best_s.key:
+            best, best_s = fitted, s
+            prob.meta["fitting_start"] = "fit"
     if not best_s.feasible and prob.left > 0:  # still over: the memory-balanced split in the simulator's order
         split = baechi.m_topo(prob)            # (``m_topo``, milliseconds) when it overflows less (``fitting_start``
         s = prob.score(split)                  # in the meta)
