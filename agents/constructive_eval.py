@@ -78,9 +78,9 @@ def _kernels_cold() -> bool:
 
 def warm_kernels(policy: DevicePolicy) -> float:
     """Run the decodes ``evaluate`` runs (greedy, the greedy ones on slower views of the links and sampled ones;
-    with threads where ``PLACEMENT_RL_DECODE_THREADS`` asks for them, ``placement_rl.cost.split``), ``simulate``
-    and the lower bound once on a 48-node graph, so that numba compiles or loads its kernels before anything is
-    timed. Returns its seconds: on the first run after an install numba compiles (about 20 s on a 2-core machine:
+    with threads where ``PLACEMENT_RL_DECODE_THREADS`` asks for them, ``placement_rl.cost.split``), ``simulate``,
+    the lower bound and the memory fit (``baselines.memory.fit``) once on a 48-node graph, so that numba compiles
+    or loads its kernels before anything is timed. Returns its seconds: on the first run after an install numba compiles (about 20 s on a 2-core machine:
     the threaded kernels compile in a child process meanwhile, written to numba's cache for this one to load),
     afterwards it loads them from its cache (well under 1 s)."""
     import subprocess
@@ -88,7 +88,9 @@ def warm_kernels(policy: DevicePolicy) -> float:
     import time
 
     from placement_rl.baselines.bounds import lower_bound
+    from placement_rl.baselines.common import Problem
     from placement_rl.baselines.eft import LINK_SCALES
+    from placement_rl.baselines.memory import fit
     from placement_rl.cost import simulate
     from placement_rl.cost.split import threads_asked
 
@@ -104,6 +106,7 @@ def warm_kernels(policy: DevicePolicy) -> float:
     res = evaluate(policy, [task], samples=len(LINK_SCALES) + 2)[0]
     simulate(g, costs, topo, res.greedy.devices[0])
     lower_bound(g, costs, topo)  # its blocks part (train's table and place print the bound)
+    fit(Problem(g, costs, topo, budget=1, seed=0), res.greedy.devices[0])  # a search's start over memory
     if child is not None:
         try:
             child.wait(timeout=120)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+STAR_MAX = 16  # the most nodes a star move carries (a node with hundreds of neighbours: skipped)
 SHRINK = 0.25  # weight of the total bytes held against the bytes over capacity in a move's gain
 
 
@@ -61,11 +62,12 @@ def _gain(load, delta, cap):
 
 @njit(cache=True, nogil=True)
 def fit_moves(dev, pred_ptr, pred_idx, succ_ptr, succ_idx, succ_eid, edge_bytes, pinned, cap, node_time, inv_bw,
-              max_moves):
+              max_moves, every):
     """Move nodes off devices over ``cap`` in place of ``dev``, one at a time: each time the move (a node on a device
     over capacity, to any other device) with the least added time (``node_time`` on the new device less the old,
     plus every changed received tensor's bytes x ``inv_bw``) per byte of overflow it removes, until nothing
-    overflows, no move removes overflow, or ``max_moves``. Returns ``(moves, overflow left)``."""
+    overflows, no move removes overflow, or ``max_moves``; ``every``: any device as the destination, else the
+    devices of its neighbours and the one with the most room. Returns ``(moves, overflow left)``."""
     n = dev.shape[0]
     nd = cap.shape[0]
     recv = received(dev, succ_ptr, succ_idx, succ_eid, edge_bytes, nd)
@@ -80,14 +82,23 @@ def fit_moves(dev, pred_ptr, pred_idx, succ_ptr, succ_idx, succ_eid, edge_bytes,
     stamp = 0
     moves = 0
     over = _over(load, cap)
+    near = np.zeros(nd, np.int64)
     while over > 0.0 and moves < max_moves:
         best_i, best_t, best_r = -1, -1, np.inf
+        roomy = np.argmax(cap - load)
         for i in range(n):
             s = dev[i]
             if load[s] <= cap[s]:
                 continue
+            if not every:  # the devices of its neighbours and the one with the most room
+                near[:] = 0
+                near[roomy] = 1
+                for q in range(pred_ptr[i], pred_ptr[i + 1]):
+                    near[dev[pred_idx[q]]] = 1
+                for q in range(succ_ptr[i], succ_ptr[i + 1]):
+                    near[dev[succ_idx[q]]] = 1
             for t in range(nd):
-                if t == s:
+                if t == s or not (every or near[t]):
                     continue
                 delta[:] = 0.0
                 delta[s] -= pinned[i]
@@ -171,6 +182,8 @@ def _star_move(dev, pred_ptr, pred_idx, succ_ptr, succ_idx, succ_eid, edge_bytes
     members = np.empty(n, np.int64)
     aff = np.empty(n, np.int64)
     delta = np.zeros(nd)
+    near = np.zeros(nd, np.int64)
+    roomy = np.argmax(cap - load)
     best_i, best_t, best_r = -1, -1, np.inf
     stamp = seen.max() + 1
     for i in range(n):
@@ -190,12 +203,16 @@ def _star_move(dev, pred_ptr, pred_idx, succ_ptr, succ_idx, succ_eid, edge_bytes
             if dev[v] == s:
                 members[m] = v
                 m += 1
-        if m < 2:
+        if m < 2 or m > STAR_MAX:
             continue
         stamp += 1
         c = _affected(members, m, pred_ptr, pred_idx, seen, stamp, aff)
+        near[:] = 0  # the devices of the members' producers and the one with the most room
+        near[roomy] = 1
+        for j in range(c):
+            near[dev[aff[j]]] = 1
         for t in range(nd):
-            if t == s:
+            if t == s or not near[t]:
                 continue
             delta[:] = 0.0
             cost = 0.0

@@ -41,6 +41,7 @@ import numpy as np
 
 import placement_rl.baselines.search as search
 from placement_rl.baselines.common import Problem
+from placement_rl.baselines.memory import fitted
 from placement_rl.cost.lookahead import complete_eft, eft_rollout as _eft_rollout
 from placement_rl.cost.decode import LA_RULE, START_SHARE, decode, decode_windows
 from placement_rl.cost.schedule import ScheduleState
@@ -208,7 +209,7 @@ def link_starts(prob: Problem, start: np.ndarray, score, chooser: int = LA_RULE,
 
     for scale, dev in link_views(prob.graph, prob.costs, prob.topology, chooser, head, window=w, fits=fits):
         prob.charge(need)
-        s = prob.score(dev)
+        dev, s = fitted(prob, dev, prob.score(dev))
         taken.append(scale)
         if s is not None and (score is None or s.key < score.key):
             start, score = dev, s
@@ -220,7 +221,7 @@ def la_rule_search(prob: Problem) -> np.ndarray:
     """``la_rule`` and the rule on slower views of the links (``link_starts``), then annealing from the best with
     the rest of the budget (never worse than ``la_rule``)."""
     start = la_rule(prob, share=START_SHARE)
-    score = prob.score(start)
+    start, score = fitted(prob, start, prob.score(start))  # over memory: as ``memory.fit`` makes it fit
     if score is None:
         return start
     start, score = link_starts(prob, start, score)

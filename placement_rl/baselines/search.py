@@ -28,7 +28,7 @@ import placement_rl.baselines.heft as heft
 import placement_rl.baselines.metis as metis
 import placement_rl.baselines.simple as simple
 from placement_rl.baselines.common import Problem, Score, StartCut
-from placement_rl.baselines.memory import fit, repair
+from placement_rl.baselines.memory import fit, fitted, repair
 from placement_rl.errors import ConfigError
 
 T0_FRAC = 0.0005  # start temperature / start step time. At 0.002 the walk drifted uphill and on some dev pairs
@@ -56,7 +56,7 @@ def local_search(prob: Problem) -> np.ndarray:
             break
         finally:
             prob.start_deadline = None
-        s = prob.score(cand)
+        cand, s = fitted(prob, cand, prob.score(cand))  # a start over memory: as ``memory.fit`` makes it fit
         if s is not None and (best_s is None or s.key < best_s.key):
             best, best_s = cand, s
     if best is None:
