@@ -39,6 +39,25 @@ def tight_topology(graph, devices: int, fraction: float, seed: int):
         "links": {"intra_host": {"bandwidth": bw, "latency": 1e-5}}})
 
 
+def compare_before(path: str, rows: list[dict]) -> dict:
+    """Each search's results that fit in the run at ``path`` and here (on the pairs both ran), and its step time here
+    over there in geometric mean where both fit."""
+    import json
+
+    from placement_rl.agents.constructive_eval import geomean
+
+    doc = json.loads(open(path).read())
+    prev = {r["pair"]: r for r in doc["figures"]["rows"]}
+    both = [(r, prev[r["pair"]]) for r in rows if r["pair"] in prev]
+    out = {"file": path, "commit": doc["provenance"]["commit"][:7], "pairs": len(both),
+           "fits_before": {m: sum(p[f"{m}_feasible"] for _, p in both) for m in SEARCHES},
+           "fits_after": {m: sum(r[f"{m}_feasible"] for r, _ in both) for m in SEARCHES}}
+    for m in SEARCHES:
+        out[f"{m}_over_before"] = geomean([r[f"{m}_ms"] / p[f"{m}_ms"] for r, p in both
+                                           if r[f"{m}_feasible"] and p[f"{m}_feasible"]])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=2.0, help="each search's wall-clock seconds")
@@ -47,6 +66,8 @@ def main() -> None:
                     "memory fit's choices were made on)")
     ap.add_argument("--nodes", type=int, default=400)
     ap.add_argument("--stem", default="tight_memory")
+    ap.add_argument("--before", default=None, help="a results file of the same pairs from other code (e.g. "
+                    "results/tight_memory_prefit.json): each search's fits there and its step times here over there")
     args = ap.parse_args()
 
     import torch
@@ -96,6 +117,11 @@ def main() -> None:
                                                 if r[f"{m}_feasible"] and r["local_search_feasible"]])
                   for m in SEARCHES if m != "local_search"},
                "most_seconds_used": max(r[f"{m}_s"] for r in rows for m in SEARCHES) / args.seconds}
+    if args.before:
+        summary["before"] = compare_before(args.before, rows)
+        b = summary["before"]
+        print(f"over {args.before} (code {b['commit']}): " + ", ".join(
+            f"{m} fits {b['fits_before'][m]} -> {b['fits_after'][m]}, {b[f'{m}_over_before']:.4f}" for m in SEARCHES))
     print("fits: " + ", ".join(f"{m} {v}/{len(rows)}" for m, v in summary["fits"].items())
           + f"; some search fits {summary['pairs_some_search_fits']}/{len(rows)}"
           + f" (on {summary['pairs_a_node_alone_overflows']} a node alone overflows a device: nothing can fit)")
