@@ -437,8 +437,9 @@ def test_place_search_budget_refines_the_learned_placement_as_its_own_row(tmp_pa
 def test_place_says_when_no_placement_of_the_policy_fits_memory(tmp_path):
     """On devices too small for the policy's placement (its greedy one overflows; samples=0), place still writes
     it, but its summary marks it, one warning line says by how much on which devices and what to do, and
-    metrics.json says it does not fit and gives no ratio to a baseline that does. With samples, the policy's
-    greedy placements on slower views of the links (the first samples) fit here, and the plan is one of them."""
+    metrics.json says it does not fit and gives no ratio to a baseline that does; the plan with nodes moved off the
+    full devices (``memory.fit``) is written beside it as a row of its own. With samples, the policy's greedy
+    placements on slower views of the links (the first samples) fit here, and the plan is one of them."""
     import yaml
 
     from placement_rl.cost import resolve_costs, simulate
@@ -463,6 +464,13 @@ def test_place_says_when_no_placement_of_the_policy_fits_memory(tmp_path):
     assert not res.feasible and res.step_time == pytest.approx(m["greedy_step_time"], rel=1e-9)
     over = int(np.sum(res.peak_memory > topo.array("memory_bytes")))
     assert warn[0].count(" of ") == over >= 1
+    # the plan moved to fit (memory.fit): a row of its own, its own file, and the warning says so
+    fitted = Placement.from_json((tmp_path / "run" / "fit" / "placement.json").read_text()).device_of_node
+    res = simulate(graph, resolve_costs(graph, topo), topo, np.asarray(fitted))
+    assert res.feasible and res.step_time == pytest.approx(m["fitted"]["step_time"], rel=1e-9)
+    assert m["fitted"]["moved"] == int(np.sum(np.asarray(fitted) != np.asarray(placed))) >= 1
+    assert f"fits at {m['fitted']['step_time'] * 1e3:.3f} ms (fit/placement.json)" in warn[0]
+    assert "fit/placement.json" in r.stdout.splitlines()[-1]
     r = cli(tmp_path, "place", "graph=synthetic", "graph.num_nodes=30", f"topology.path={tmp_path / 'tight.yaml'}",
             "samples=2", "progress=false", "compare=false", run="run2")
     m = json.loads((tmp_path / "run2" / "metrics.json").read_text())

@@ -16,9 +16,11 @@ WRITES = ("graph.json", "placement.json", "plan.json", "metrics.json", "comparis
           "speedup.png")
 
 
-def _artifacts(out, plan_file: str, compared: list[str], searched: bool = False, cp: bool = False) -> str:
+def _artifacts(out, plan_file: str, compared: list[str], searched: bool = False, cp: bool = False,
+               fitted: bool = False) -> str:
     return f"artifacts in {out}: " + ", ".join(["graph.json", plan_file, "metrics.json",
                                                 *(["search/placement.json"] if searched else []),
+                                                *(["fit/placement.json"] if fitted else []),
                                                 *(["cp/placement.json"] if cp else []), *compared])
 
 
@@ -116,6 +118,13 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         (out / "search").mkdir(exist_ok=True)
         save_plan(search["devices"], graph, topology, out / "search")
         metrics["search"] = {k: v for k, v in search.items() if k != "devices"}
+    fitted = None
+    if not fits:  # the plan over memory: its nodes moved off the full devices (``memory.fit``), a row of its own
+        fitted = fit_row(graph, costs, topology, res.best_devices, seed)
+        if fitted is not None:
+            (out / "fit").mkdir(exist_ok=True)
+            save_plan(fitted["devices"], graph, topology, out / "fit")
+            metrics["fitted"] = {k: v for k, v in fitted.items() if k != "devices"}
     if cp_row is not None:
         (out / "cp").mkdir(exist_ok=True)
         save_plan(cp_row["devices"], graph, topology, out / "cp")
@@ -151,14 +160,15 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
           + (f"; best baseline {metrics['best_baseline']} {metrics['best_baseline_time'] * 1e3:.3f} ms"
              if "best_baseline" in metrics else ""))
     if not fits:
-        print(overflow_note(graph, costs, topology, res.best_devices, samples, searched=search))
+        print(overflow_note(graph, costs, topology, res.best_devices, samples, searched=search, fitted=fitted))
     print(bound_note(bound, step_time if search is None or not search["feasible"]
                      else min(step_time, search["step_time"])))
     if cp_row is not None:
         over = "" if cp_row["feasible"] else " (overflows memory: the model relaxes it)"
         print(f"CP-SAT's own placement (its own row, not the plan): {cp_row['step_time'] * 1e3:.3f} ms{over}"
               + (", at the bound: optimal" if cp_row["feasible"] and bound.gap(cp_row["step_time"]) < 5e-4 else ""))
-    print(_artifacts(out, plan_file, compared, searched=search is not None, cp=cp_row is not None))
+    print(_artifacts(out, plan_file, compared, searched=search is not None, cp=cp_row is not None,
+                     fitted=fitted is not None))
     return metrics
 
 
@@ -170,7 +180,24 @@ def bound_note(bound, step_time: float) -> str:
             + ("at the bound" if gap < 5e-4 else f"{gap:.1%} above it, at most {1 - 1 / (1 + gap):.1%} to gain"))
 
 
-def overflow_note(graph, costs, topology, devices, samples: int, *, searched: dict | None) -> str:
+def fit_row(graph, costs, topology, devices, seed: int) -> dict | None:
+    """The plan with nodes moved off the devices over memory (``baselines.memory.fit``: no simulator call but the
+    one that scores it), or None when that does not make it fit."""
+    from placement_rl.baselines.common import Problem
+    from placement_rl.baselines.memory import fit
+
+    t0 = time.perf_counter()
+    prob = Problem(graph, costs, topology, budget=1, seed=seed)
+    dev, over = fit(prob, np.asarray(devices, dtype=np.int64))
+    if over > 0.0:
+        return None
+    sc = prob.score(dev)
+    return {"step_time": float(sc.step_time), "feasible": bool(sc.feasible), "moved": int((dev != devices).sum()),
+            "seconds": time.perf_counter() - t0, "devices": dev}
+
+
+def overflow_note(graph, costs, topology, devices, samples: int, *, searched: dict | None,
+                  fitted: dict | None = None) -> str:
     """One line for a written placement that does not fit memory: by how much, on which devices, what to do."""
     from placement_rl.cost import simulate
     from placement_rl.errors import fmt_bytes
@@ -181,6 +208,9 @@ def overflow_note(graph, costs, topology, devices, samples: int, *, searched: di
     which = "the greedy placement" + (f" and its {plural(samples, 'sample')}" if samples > 0 else "")
     fix = ("the search from it fits (search/placement.json)" if searched and searched["feasible"] else
            "search_budget=<calls> runs a search from it that repairs memory first, or give the devices more memory")
+    if fitted is not None:
+        fix = (f"with {plural(fitted['moved'], 'node')} moved it fits at {fitted['step_time'] * 1e3:.3f} ms "
+               f"(fit/placement.json); " + fix)
     verb = "overflow" if samples > 0 else "overflows"
     return f"warning: {which} {verb} memory ({', '.join(over)}); placement.json holds the greedy one: {fix}"
 
