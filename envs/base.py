@@ -22,7 +22,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from placement_rl.cost.memory import static_memory
+from placement_rl.cost.memory import pinned_memory, static_memory
 from placement_rl.errors import ConfigError
 
 from placement_rl.envs.features import ObsBuffer, ObsLayout, static_features
@@ -37,12 +37,8 @@ def node_memory(task: Task) -> np.ndarray:
     """Bytes a node pins on its device whatever the placement (``placement_rl.cost.memory.static_memory``).
     The simulator adds received buffers, which depend on the placement, so it may still say infeasible.
     Inference costs (``cost.modes``): the parameters alone (no gradients, optimizer state or kept activations)."""
-    from placement_rl.cost.modes import mode_of
-
     costs = getattr(task, "costs", None)
-    if costs is not None and mode_of(costs) == "inference":
-        return np.array(task.graph.param_bytes, dtype=np.float64)
-    return static_memory(task.graph)
+    return static_memory(task.graph) if costs is None else pinned_memory(task.graph, costs)
 
 
 @dataclass(frozen=True, kw_only=True)

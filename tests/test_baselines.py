@@ -460,6 +460,26 @@ def test_fit_counts_memory_as_the_simulator_does():
             assert not np.array_equal(dev, spread) or over == 0.0
 
 
+def test_placers_count_memory_as_the_simulator_under_inference_costs():
+    """Under inference costs a node pins its parameters alone (the simulator's rule): the placers' memory
+    (``Problem.node_mem``) says so too: on devices that each hold the whole graph for inference but not for
+    training, the estimate and the simulator agree that one device fits, and ``single_device`` and ``m_topo``'s
+    split fit."""
+    from placement_rl.baselines import baechi, simple
+    from placement_rl.cost.modes import inference_costs
+
+    graph = random_dag(60, 0, param=2e7)
+    train = float(Problem(graph, resolve_costs(graph, topology(2)), topology(2), budget=1, seed=0).node_mem.sum())
+    topo = topology(2, memory=0.6 * train)
+    for costs, fits in ((resolve_costs(graph, topo), False), (inference_costs(resolve_costs(graph, topo)), True)):
+        prob = Problem(graph, costs, topo, budget=100, seed=0)
+        one = np.zeros(graph.num_nodes, dtype=np.int64)
+        assert prob.estimate_fits(one) is fits and prob.score(one).feasible is fits
+        if fits:
+            assert np.array_equal(prob.node_mem, graph.param_bytes)
+            assert prob.score(simple.single_device(prob)).feasible and prob.score(baechi.m_topo(prob)).feasible
+
+
 def test_fit_makes_fit_what_the_repair_cannot():
     """A graph spread node by node over 4 devices needs 2-3 x the memory the graph pins, most of it received
     tensors; the devices hold 2 x what it pins. Moving nodes by their own bytes (``repair``) cannot make it fit;

@@ -7,7 +7,7 @@ ones by memory overflow first), so "best" always prefers a placement that fits.
 
 Shapes (N nodes, D devices):
     node_time: float64 [N, D]  fwd + bwd seconds of each node on each device
-    node_mem: float64 [N]      bytes a node pins on its device (estimate, see ``node_memory``)
+    node_mem: float64 [N]      bytes a node pins on its device (``cost.memory.pinned_memory``: training or inference)
     capacity: float64 [D]      device memory in bytes
 """
 
@@ -20,15 +20,16 @@ from functools import cached_property
 import numpy as np
 
 from placement_rl.cost import Simulator
-from placement_rl.cost.memory import static_memory
+from placement_rl.cost.memory import pinned_memory, static_memory
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import ConfigError
 from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import Placement
 from placement_rl.topology import DeviceTopology
 
-# Bytes each node pins on its device (the cost model's rule); received buffers depend on the placement
-# (``memory.MemoryLedger`` books them, ``memory.repair`` fixes what the simulator still rejects).
+# Bytes each node pins on its device under training costs (the cost model's rule; ``Problem.node_mem`` follows the
+# costs' mode); received buffers depend on the placement (``memory.MemoryLedger`` books them, ``memory.repair`` and
+# ``memory.fit`` fix what the simulator still rejects).
 node_memory = static_memory
 
 
@@ -97,7 +98,7 @@ class Problem:
 
     @cached_property
     def node_mem(self) -> np.ndarray:
-        return node_memory(self.graph)
+        return pinned_memory(self.graph, self.costs)
 
     @cached_property
     def capacity(self) -> np.ndarray:

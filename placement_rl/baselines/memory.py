@@ -110,16 +110,6 @@ def _move_off(prob: Problem, dev: np.ndarray, load: np.ndarray) -> np.ndarray:
     return dev
 
 
-def pinned(prob: Problem) -> np.ndarray:
-    """Bytes each node pins on its device as the simulator counts them: 4 x params + kept activations, or the
-    parameters alone under inference costs (``cost.modes``)."""
-    from placement_rl.cost.modes import mode_of
-
-    if mode_of(prob.costs) == "inference":
-        return np.asarray(prob.graph.param_bytes, dtype=np.float64)
-    return np.asarray(prob.node_mem, dtype=np.float64)
-
-
 def fit(prob: Problem, devices: np.ndarray, *, max_moves: int | None = None) -> tuple[np.ndarray, float]:
     """``(placement, bytes over capacity left)``: ``devices`` with nodes moved off the devices over memory one at a
     time (``_fit_kernel.fit_moves``: each the move, to the device of a neighbour or the one with the most room,
@@ -135,13 +125,13 @@ def fit(prob: Problem, devices: np.ndarray, *, max_moves: int | None = None) -> 
     g, c = prob.graph, prob.costs
     dev = np.array(devices, dtype=np.int64)
     if prob.d == 1 or prob.n == 0:
-        load = np.bincount(dev, weights=pinned(prob), minlength=prob.d)
+        load = np.bincount(dev, weights=prob.node_mem, minlength=prob.d)
         return dev, float(np.maximum(load - prob.capacity, 0.0).sum())
     bw = np.asarray(c.link_bandwidth, dtype=np.float64)
     inv_bw = np.where(np.eye(prob.d, dtype=bool) | ~(bw > 0), 0.0, 1.0 / np.where(bw > 0, bw, 1.0))
     i64 = np.int64
     arrays = (g.pred_ptr.astype(i64), g.pred_idx.astype(i64), g.succ_ptr.astype(i64), g.succ_idx.astype(i64),
-              g.succ_eid.astype(i64), np.asarray(g.edge_bytes, np.float64), pinned(prob),
+              g.succ_eid.astype(i64), np.asarray(g.edge_bytes, np.float64), prob.node_mem,
               np.asarray(prob.capacity, np.float64), np.ascontiguousarray(prob.node_time, dtype=np.float64), inv_bw)
     left = 4 * prob.n if max_moves is None else int(max_moves)
     seconds = FIT_SECONDS if prob.seconds is None else FIT_SHARE * max(prob.seconds - prob.elapsed, 0.0)

@@ -37,6 +37,16 @@ def static_memory(graph: CompGraph) -> np.ndarray:
     return STATE_FACTOR * graph.param_bytes + graph.act_bytes
 
 
+def pinned_memory(graph: CompGraph, costs) -> np.ndarray:
+    """Bytes each node pins on its device as the simulator counts them: ``static_memory`` under training costs, the
+    parameters alone under inference costs (``cost.modes``: no gradients, optimizer state or kept activations)."""
+    from placement_rl.cost.modes import mode_of
+
+    if mode_of(costs) == "inference":
+        return np.array(graph.param_bytes, dtype=np.float64)
+    return static_memory(graph)
+
+
 def stage_state_bytes(param_bytes: float, dp: int, sharding: str = "dp", largest_unit: float = 0.0) -> float:
     """Per-device training state of a stage with ``param_bytes`` of parameters on a DP group of ``dp``:
     ``dp``: ``4 P``; ``fsdp``: ``4 P / dp + 3 x largest_unit`` (one device: no sharding, ``4 P``)."""
