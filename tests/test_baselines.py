@@ -480,6 +480,28 @@ def test_placers_count_memory_as_the_simulator_under_inference_costs():
             assert prob.score(simple.single_device(prob)).feasible and prob.score(baechi.m_topo(prob)).feasible
 
 
+def test_memory_splits_balance_pinned_bytes_and_cut_few_tensors():
+    """``metis.memory_splits``: D parts whose pinned bytes follow the devices' memory (within METIS's imbalance and
+    one node), crossing far fewer tensor bytes than a node-by-node spread, on 3 graphs and unequal devices."""
+    from placement_rl.baselines import metis
+
+    for seed in range(3):
+        graph = random_dag(150, seed, param=1e6)
+        topo = DeviceTopology.from_dict({
+            "name": "mem", "links": {"intra_host": {"bandwidth": 10 * GB, "latency": 1e-5}},
+            "devices": [dict(name=f"gpu{k}", kind="gpu", peak_flops=10e12, mem_bandwidth=500e9, memory_bytes=m * GB)
+                        for k, m in enumerate((8, 8, 16))]})
+        prob = Problem(graph, resolve_costs(graph, topo), topo, budget=1, seed=0)
+        src, dst = graph.edges[:, 0], graph.edges[:, 1]
+        spread_cut = graph.edge_bytes[(np.arange(graph.num_nodes) % 3)[src] != (np.arange(graph.num_nodes) % 3)[dst]]
+        for parts in metis.memory_splits(prob):
+            assert parts.shape == (graph.num_nodes,) and set(parts.tolist()) <= {0, 1, 2}
+            load = np.bincount(parts, weights=prob.node_mem, minlength=3)
+            share = prob.node_mem.sum() * prob.capacity / prob.capacity.sum()
+            assert np.all(load <= 1.03 * share + prob.node_mem.max())
+            assert graph.edge_bytes[parts[src] != parts[dst]].sum() < 0.5 * spread_cut.sum()
+
+
 def test_fit_makes_fit_what_the_repair_cannot():
     """A graph spread node by node over 4 devices needs 2-3 x the memory the graph pins, most of it received
     tensors; the devices hold 2 x what it pins. Moving nodes by their own bytes (``repair``) cannot make it fit;
@@ -504,8 +526,8 @@ def test_fit_makes_fit_what_the_repair_cannot():
 def test_anneal_repairs_a_start_that_overflows_memory(monkeypatch):
     """An annealing whose start overflows a device's memory runs the memory repair first: with a budget of a few
     calls the result fits; with the repair switched off, ``memory.fit`` makes the start fit, and with that off too
-    ``m_topo``'s memory-balanced split is the start that fits (``fitting_start`` in the meta); with all three off
-    the walk alone does not get there."""
+    a memory-balanced split (METIS's or ``m_topo``'s; ``m_topo``'s without METIS's) is the start that fits
+    (``fitting_start`` in the meta); with all off the walk alone does not get there."""
     from placement_rl.baselines import memory
 
     graph = random_dag(300, 4, param=2e8)
@@ -526,6 +548,9 @@ def test_anneal_repairs_a_start_that_overflows_memory(monkeypatch):
     res, meta = run_anneal()
     assert res.feasible and meta["fitting_start"] == "fit"
     monkeypatch.setattr(search, "fit", lambda prob, dev: (np.asarray(dev).copy(), 1.0))
+    res, meta = run_anneal()
+    assert res.feasible and meta["fitting_start"] in ("metis_memory", "m_topo")
+    monkeypatch.setattr(search.metis, "memory_splits", lambda prob: [])
     res, meta = run_anneal()
     assert res.feasible and meta["fitting_start"] == "m_topo"
     monkeypatch.setattr(search.baechi, "m_topo", lambda prob: np.asarray(start).copy())

@@ -111,3 +111,28 @@ def metis(prob: Problem) -> np.ndarray:
         if best_key is None or s.key < best_key:
             best, best_key = cand, s.key
     return best
+
+
+MEMORY_UFACTORS = (10, 30)  # the imbalance METIS may leave in ``memory_splits`` (x 1/1000 of a part's target)
+
+
+def memory_splits(prob: Problem) -> list[np.ndarray]:
+    """Partitions of the communication-weighted graph into ``D`` parts balanced by the bytes each node pins, part
+    ``k``'s share of them ``k``'s share of the devices' memory (one per ``MEMORY_UFACTORS``): few tensors cross
+    devices, so few are received and kept, the start a memory-tight cluster needs when the one-pass placements
+    overflow (``search.anneal`` makes each fit with ``memory.fit``)."""
+    mem = prob.node_mem
+    top = mem.max() if prob.n and mem.max() > 0 else 1.0
+    vw = np.maximum(np.rint(mem / top * SCALE), 1).astype(np.int64)
+    xadj, adjncy, ew = _csr_undirected(prob)
+    cap = np.asarray(prob.capacity, dtype=np.float64)
+    tp = cap / cap.sum()
+    tp[-1] = 1.0 - tp[:-1].sum()
+    out = []
+    for uf in MEMORY_UFACTORS:
+        opts = pymetis.Options(seed=prob.seed % (2**31), ufactor=uf)
+        with _quiet_c_stdout():
+            _, parts = pymetis.part_graph(prob.d, pymetis.CSRAdjacency(xadj, adjncy), vweights=vw, eweights=ew,
+                                          tpwgts=tp.tolist(), options=opts)
+        out.append(np.asarray(parts, dtype=np.int64))
+    return out

@@ -68,8 +68,8 @@ def local_search(prob: Problem) -> np.ndarray:
 
 def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, large_share: float = 0.0) -> np.ndarray:
     """Simulated annealing from ``start`` (already scored; a start that overflows memory goes through the memory
-    repair first, ``memory.repair``, then ``memory.fit``, and where it still overflows ``m_topo``'s placement is
-    taken when it overflows less) with the rest of ``prob``'s budget; returns the best placement simulated (never
+    repair first, ``memory.repair``, then ``memory.fit``, and where it still overflows the best of memory-balanced
+    splits, ``metis.memory_splits`` made to fit and ``m_topo``'s, is taken when it overflows less) with the rest of ``prob``'s budget; returns the best placement simulated (never
     worse than ``start``). ``large(current, rng)``: an optional proposal of large moves
     (a whole candidate placement, its own simulator calls charged to ``prob``; e.g. ``agents.policy_search``'s
     repairs sampled from a policy), run whenever its seconds are below ``large_share`` of the seconds spent; its
@@ -88,12 +88,15 @@ def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, 
         if s is not None and s.key < best_s.key:
             best, best_s = fitted, s
             prob.meta["fitting_start"] = "fit"
-    if not best_s.feasible and prob.left > 0:  # still over: the memory-balanced split in the simulator's order
-        split = baechi.m_topo(prob)            # (``m_topo``, milliseconds) when it overflows less (``fitting_start``
-        s = prob.score(split)                  # in the meta)
-        if s is not None and s.key < best_s.key:
-            best, best_s = np.asarray(split, dtype=np.int64).copy(), s
-            prob.meta["fitting_start"] = "m_topo"
+    if not best_s.feasible and prob.left > 0:  # still over: memory-balanced splits, METIS's (few tensors cross
+        # devices; each through ``memory.fit``) and ``m_topo``'s (in the simulator's order), the best (``fitting_start``
+        # in the meta) when it overflows less
+        splits = [("metis_memory", fit(prob, part)[0]) for part in metis.memory_splits(prob)]
+        for name, split in [*splits, ("m_topo", baechi.m_topo(prob))]:
+            s = prob.score(split)
+            if s is not None and s.key < best_s.key:
+                best, best_s = np.asarray(split, dtype=np.int64).copy(), s
+                prob.meta["fitting_start"] = name
     cur, cur_s = best.copy(), best_s
     calls0, steps = prob.calls, max(prob.left, 1)
     sec0 = prob.elapsed
