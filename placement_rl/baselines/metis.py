@@ -114,11 +114,13 @@ def metis(prob: Problem) -> np.ndarray:
 
 
 MEMORY_UFACTORS = (10, 30)  # the imbalance METIS may leave in ``memory_splits`` (x 1/1000 of a part's target)
+MEMORY_SEEDS = 3  # METIS seeds per imbalance (which split fits after ``memory.fit`` moves with the seed)
 
 
 def memory_splits(prob: Problem) -> list[np.ndarray]:
     """Partitions of the communication-weighted graph into ``D`` parts balanced by the bytes each node pins, part
-    ``k``'s share of them ``k``'s share of the devices' memory (one per ``MEMORY_UFACTORS``): few tensors cross
+    ``k``'s share of them ``k``'s share of the devices' memory (per ``MEMORY_UFACTORS``, ``MEMORY_SEEDS`` seeds
+    each): few tensors cross
     devices, so few are received and kept, the start a memory-tight cluster needs when the one-pass placements
     overflow (``search.anneal`` makes each fit with ``memory.fit``)."""
     mem = prob.node_mem
@@ -129,8 +131,8 @@ def memory_splits(prob: Problem) -> list[np.ndarray]:
     tp = cap / cap.sum()
     tp[-1] = 1.0 - tp[:-1].sum()
     out = []
-    for uf in MEMORY_UFACTORS:
-        opts = pymetis.Options(seed=prob.seed % (2**31), ufactor=uf)
+    for uf, k in ((uf, k) for uf in MEMORY_UFACTORS for k in range(MEMORY_SEEDS)):
+        opts = pymetis.Options(seed=(prob.seed + k) % (2**31), ufactor=uf)
         with _quiet_c_stdout():
             _, parts = pymetis.part_graph(prob.d, pymetis.CSRAdjacency(xadj, adjncy), vweights=vw, eweights=ew,
                                           tpwgts=tp.tolist(), options=opts)

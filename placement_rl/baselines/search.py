@@ -112,7 +112,8 @@ def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, 
         if span is not None:
             frac = max(frac, (prob.elapsed - sec0) / span)
         temp = t0 * (t1 / t0) ** min(1.0, frac)
-        if large is not None and large_time < large_share * (prob.elapsed - sec0):
+        # the large moves only once the walk fits memory (before, its single moves climb towards fitting)
+        if large is not None and cur_s.feasible and large_time < large_share * (prob.elapsed - sec0):
             tl = prob.elapsed
             cand = large(cur, rng)
             large_time += prob.elapsed - tl
