@@ -547,7 +547,7 @@ def test_anneal_repairs_a_start_that_overflows_memory(monkeypatch):
     monkeypatch.setattr(search, "repair", lambda prob, dev: dev)
     res, meta = run_anneal()
     assert res.feasible and meta["fitting_start"] == "fit"
-    monkeypatch.setattr(search, "fit", lambda prob, dev: (np.asarray(dev).copy(), 1.0))
+    monkeypatch.setattr(search, "fit", lambda prob, dev, **kw: (np.asarray(dev).copy(), 1.0))
     res, meta = run_anneal()
     assert res.feasible and meta["fitting_start"] in ("metis_memory", "m_topo")
     monkeypatch.setattr(search.metis, "memory_splits", lambda prob: [])

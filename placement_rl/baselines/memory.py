@@ -110,12 +110,13 @@ def _move_off(prob: Problem, dev: np.ndarray, load: np.ndarray) -> np.ndarray:
     return dev
 
 
-def fit(prob: Problem, devices: np.ndarray, *, max_moves: int | None = None) -> tuple[np.ndarray, float]:
+def fit(prob: Problem, devices: np.ndarray, *, max_moves: int | None = None,
+        seconds: float | None = None) -> tuple[np.ndarray, float]:
     """``(placement, bytes over capacity left)``: ``devices`` with nodes moved off the devices over memory one at a
     time (``_fit_kernel.fit_moves``: each the move, to the device of a neighbour or the one with the most room,
     adding the least time per byte of overflow it removes; received tensors counted exactly as the simulator
-    does), no simulator call; at most ``max_moves`` (4 N) moves and ``FIT_SHARE`` of the search's seconds left
-    (``FIT_SECONDS`` without seconds). Where the memory a placement needs is mostly the tensors it receives (a
+    does), no simulator call; at most ``max_moves`` (4 N) moves and ``seconds`` (default ``FIT_SHARE`` of the
+    search's seconds left, ``FIT_SECONDS`` without seconds). Where the memory a placement needs is mostly the tensors it receives (a
     graph spread over many devices), moving nodes by their own bytes (``repair``) cannot make it fit; this can,
     with the fewest slow moves. Dev (scripts/bench_tight_memory.py --first-seed 3200): 400-node graphs on tight
     clusters, from ``la_rule`` or HEFT where they overflow, 11 of 24 made to fit in 0.12 s in all (trying every
@@ -134,13 +135,17 @@ def fit(prob: Problem, devices: np.ndarray, *, max_moves: int | None = None) -> 
               g.succ_eid.astype(i64), np.asarray(g.edge_bytes, np.float64), prob.node_mem,
               np.asarray(prob.capacity, np.float64), np.ascontiguousarray(prob.node_time, dtype=np.float64), inv_bw)
     left = 4 * prob.n if max_moves is None else int(max_moves)
-    seconds = FIT_SECONDS if prob.seconds is None else FIT_SHARE * max(prob.seconds - prob.elapsed, 0.0)
-    end = time.perf_counter() + seconds
+    end = time.perf_counter() + (fit_seconds(prob) if seconds is None else float(seconds))
     while True:
         moves, over = fit_moves(dev, *arrays, min(left, FIT_CHUNK), False)
         left -= moves
         if over == 0.0 or moves < FIT_CHUNK or left <= 0 or time.perf_counter() > end:
             return dev, float(over)
+
+
+def fit_seconds(prob: Problem) -> float:
+    """What one ``fit`` may take: ``FIT_SHARE`` of the search's seconds left (``FIT_SECONDS`` without seconds)."""
+    return FIT_SECONDS if prob.seconds is None else FIT_SHARE * max(prob.seconds - prob.elapsed, 0.0)
 
 
 def fitted(prob: Problem, devices: np.ndarray, score):

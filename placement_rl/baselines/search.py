@@ -28,7 +28,7 @@ import placement_rl.baselines.heft as heft
 import placement_rl.baselines.metis as metis
 import placement_rl.baselines.simple as simple
 from placement_rl.baselines.common import Problem, Score, StartCut
-from placement_rl.baselines.memory import fit, fitted, repair
+from placement_rl.baselines.memory import fit, fit_seconds, fitted, repair
 from placement_rl.errors import ConfigError
 
 T0_FRAC = 0.0005  # start temperature / start step time. At 0.002 the walk drifted uphill and on some dev pairs
@@ -91,7 +91,9 @@ def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, 
     if not best_s.feasible and prob.left > 0:  # still over: memory-balanced splits, METIS's (few tensors cross
         # devices; each through ``memory.fit``) and ``m_topo``'s (in the simulator's order), the best (``fitting_start``
         # in the meta) when it overflows less
-        splits = [("metis_memory", fit(prob, part)[0]) for part in metis.memory_splits(prob)]
+        parts = metis.memory_splits(prob)  # their fits together in one fit's seconds
+        each = fit_seconds(prob) / max(len(parts), 1)
+        splits = [("metis_memory", fit(prob, part, seconds=each)[0]) for part in parts]
         for name, split in [*splits, ("m_topo", baechi.m_topo(prob))]:
             s = prob.score(split)
             if s is not None and s.key < best_s.key:
