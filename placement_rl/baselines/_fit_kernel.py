@@ -61,6 +61,30 @@ def _gain(load, delta, cap):
 
 
 @njit(cache=True, nogil=True)
+def _rate(load, delta, cap, cost):
+    """A move's added time per byte of overflow it removes (``_gain``); inf when it removes none."""
+    gain = _gain(load, delta, cap)
+    return cost / gain if gain > 0.0 else np.inf
+
+
+@njit(cache=True, nogil=True)
+def _star(i, s, dev, pred_ptr, pred_idx, succ_ptr, succ_idx, members):
+    """``members[:m]``: node ``i`` and its neighbours on its device ``s`` (one listed twice moves once); returns m."""
+    m = 0
+    members[m] = i
+    m += 1
+    for q in range(pred_ptr[i], pred_ptr[i + 1]):
+        if dev[pred_idx[q]] == s:
+            members[m] = pred_idx[q]
+            m += 1
+    for q in range(succ_ptr[i], succ_ptr[i + 1]):
+        if dev[succ_idx[q]] == s:
+            members[m] = succ_idx[q]
+            m += 1
+    return m
+
+
+@njit(cache=True, nogil=True)
 def fit_moves(dev, pred_ptr, pred_idx, succ_ptr, succ_idx, succ_eid, edge_bytes, pinned, cap, node_time, inv_bw,
               max_moves, every):
     """Move nodes off devices over ``cap`` in place of ``dev``, one at a time: each time the move (a node on a device
@@ -120,10 +144,7 @@ def fit_moves(dev, pred_ptr, pred_idx, succ_ptr, succ_idx, succ_eid, edge_bytes,
                         delta[k] += row[k] - recv[p, k]
                         cost += (row[k] - recv[p, k]) * inv_bw[dev[p], k]
                 dev[i] = s
-                gain = _gain(load, delta, cap)
-                if gain <= 0.0:
-                    continue
-                r = cost / gain
+                r = _rate(load, delta, cap, cost)
                 if r < best_r:
                     best_i, best_t, best_r = i, t, r
         if best_i < 0:  # no single node helps: a node with its neighbours on its device (a star) together
@@ -190,19 +211,7 @@ def _star_move(dev, pred_ptr, pred_idx, succ_ptr, succ_idx, succ_eid, edge_bytes
         s = dev[i]
         if load[s] <= cap[s]:
             continue
-        m = 0
-        members[m] = i
-        m += 1
-        for q in range(pred_ptr[i], pred_ptr[i + 1]):
-            v = pred_idx[q]
-            if dev[v] == s:
-                members[m] = v
-                m += 1
-        for q in range(succ_ptr[i], succ_ptr[i + 1]):
-            v = succ_idx[q]
-            if dev[v] == s:
-                members[m] = v
-                m += 1
+        m = _star(i, s, dev, pred_ptr, pred_idx, succ_ptr, succ_idx, members)
         if m < 2 or m > STAR_MAX:
             continue
         stamp += 1
@@ -232,26 +241,13 @@ def _star_move(dev, pred_ptr, pred_idx, succ_ptr, succ_idx, succ_eid, edge_bytes
                     cost += row[k] * inv_bw[dev[u], k] - recv[u, k] * inv_bw[was, k]
             for j in range(m):
                 dev[members[j]] = s
-            gain = _gain(load, delta, cap)
-            if gain <= 0.0:
-                continue
-            r = cost / gain
+            r = _rate(load, delta, cap, cost)
             if r < best_r:
                 best_i, best_t, best_r = i, t, r
     if best_i < 0:
         return False
     i, s, t = best_i, dev[best_i], best_t
-    m = 0
-    members[m] = i
-    m += 1
-    for q in range(pred_ptr[i], pred_ptr[i + 1]):
-        if dev[pred_idx[q]] == s:
-            members[m] = pred_idx[q]
-            m += 1
-    for q in range(succ_ptr[i], succ_ptr[i + 1]):
-        if dev[succ_idx[q]] == s:
-            members[m] = succ_idx[q]
-            m += 1
+    m = _star(i, s, dev, pred_ptr, pred_idx, succ_ptr, succ_idx, members)
     stamp += 1
     c = _affected(members, m, pred_ptr, pred_idx, seen, stamp, aff)
     for j in range(m):
