@@ -78,11 +78,11 @@ def _kernels_cold() -> bool:
 
 def warm_kernels(policy: DevicePolicy) -> float:
     """Run the decodes ``evaluate`` runs (greedy, the greedy ones on slower views of the links and sampled ones;
-    with threads where ``PLACEMENT_RL_DECODE_THREADS`` asks for them, ``placement_rl.cost.split``), ``simulate``,
-    the lower bound and the memory fit (``baselines.memory.fit``) once on a 48-node graph, so that numba compiles
-    or loads its kernels before anything is timed. Returns its seconds: on the first run after an install numba compiles (about 20 s on a 2-core machine:
-    the threaded kernels compile in a child process meanwhile, written to numba's cache for this one to load),
-    afterwards it loads them from its cache (well under 1 s)."""
+    with threads where ``PLACEMENT_RL_DECODE_THREADS`` asks for them, ``placement_rl.cost.split``), ``simulate``, the
+    lower bound and the memory fit (``baselines.memory.fit``) once on a 48-node graph, so that numba compiles or
+    loads its kernels before anything is timed. Returns its seconds: on the first run after an install numba
+    compiles (about 20 s on a 2-core machine: the threaded kernels compile in a child process meanwhile, written to
+    numba's cache for this one to load), afterwards it loads them from its cache (well under 1 s)."""
     import subprocess
     import sys
     import time

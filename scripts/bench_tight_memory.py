@@ -2,14 +2,14 @@
 
     python scripts/bench_tight_memory.py --seconds 2          # writes results/tight_memory.json
 
-Pairs (dev seeds 3100-3109 by default, never a split's): one synthetic graph of 400 nodes per seed (the five families in turn)
-on a cluster of 4, 6 or 8 GPUs with mixed speeds (10 / 15 / 20 TFLOP/s) and one link speed (5 or 25 GB/s), whose
+Pairs (dev seeds 3100-3109 by default, never a split's): one synthetic graph of 400 nodes per seed (the five families in
+turn) on a cluster of 4, 6 or 8 GPUs with mixed speeds (10 / 15 / 20 TFLOP/s) and one link speed (5 or 25 GB/s), whose
 memory per device is the graph's static memory over ``fraction`` x the devices, for ``fraction`` 0.7 and 0.85 (the
 devices together hold 1 / 0.7 and 1 / 0.85 of what the graph pins). Per pair: ``la_rule`` (one pass) and
 ``la_rule_search``, ``eft_rollout_search``, ``local_search`` and ``policy_search`` (the shipped policy) at
-``--seconds``: step time and whether it fits (``can_fit``: no node alone pins more than a device holds, a condition
-any placement that fits needs). The summary counts the results that fit per method and gives each
-search's geometric-mean step time over ``local_search``'s on the pairs where both fit.
+``--seconds``: step time and whether it fits (``can_fit``: no node alone pins more than a device holds, a condition any
+placement that fits needs). The summary counts the results that fit per method and gives each search's geometric-mean
+step time over ``local_search``'s on the pairs where both fit.
 """
 
 from __future__ import annotations

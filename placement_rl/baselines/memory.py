@@ -8,6 +8,9 @@ producer's largest out-edge, so a placement that fits the ledger fits the simula
 ``repair`` takes any placement the simulator finds over memory and moves nodes off the overfull devices —
 boundary nodes first (those with a neighbour elsewhere), each to a device already holding one of its
 neighbours when it has room, else to the device with the most room — and simulates again, a few rounds.
+``fit`` does the same without the simulator, counting the received tensors as it does: where a spread
+placement's memory is mostly tensors it receives, moving nodes by their own bytes cannot make it fit, and the
+least time per byte of overflow removed picks each move (``_fit_kernel``).
 """
 
 from __future__ import annotations
@@ -112,15 +115,15 @@ def _move_off(prob: Problem, dev: np.ndarray, load: np.ndarray) -> np.ndarray:
 
 def fit(prob: Problem, devices: np.ndarray, *, max_moves: int | None = None,
         seconds: float | None = None) -> tuple[np.ndarray, float]:
-    """``(placement, bytes over capacity left)``: ``devices`` with nodes moved off the devices over memory one at a
-    time (``_fit_kernel.fit_moves``: each the move, to the device of a neighbour or the one with the most room,
-    adding the least time per byte of overflow it removes; received tensors counted exactly as the simulator
-    does), no simulator call; at most ``max_moves`` (4 N) moves and ``seconds`` (default ``FIT_SHARE`` of the
-    search's seconds left, ``FIT_SECONDS`` without seconds). Where the memory a placement needs is mostly the tensors it receives (a
-    graph spread over many devices), moving nodes by their own bytes (``repair``) cannot make it fit; this can,
-    with the fewest slow moves. Dev (scripts/bench_tight_memory.py --first-seed 3200): 400-node graphs on tight
-    clusters, from ``la_rule`` or HEFT where they overflow, 11 of 24 made to fit in 0.12 s in all (trying every
-    device as the destination: 12 of 24 in twice the seconds, step times 1.009 x these where both fit)."""
+    """``(placement, bytes over capacity left)``: ``devices`` with nodes moved off the devices over memory one at a time
+    (``_fit_kernel.fit_moves``: each the move, to the device of a neighbour or the one with the most room, adding the
+    least time per byte of overflow it removes; received tensors counted exactly as the simulator does), no simulator
+    call; at most ``max_moves`` (4 N) moves and ``seconds`` (default ``fit_seconds``). Where the memory a placement
+    needs is mostly the tensors it receives (a graph spread over many devices), moving nodes by their own bytes
+    (``repair``) cannot make it fit; this can, with the fewest slow moves. Dev (scripts/bench_tight_memory.py
+    --first-seed 3200): 400-node graphs on tight clusters, from ``la_rule`` or HEFT where they overflow, 11 of 24 made
+    to fit in 0.12 s in all (trying every device as the destination: 12 of 24 in twice the seconds, step times 1.009 x
+    these where both fit)."""
     from placement_rl.baselines._fit_kernel import fit_moves
 
     g, c = prob.graph, prob.costs

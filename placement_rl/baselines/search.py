@@ -6,8 +6,9 @@
   16 connected nodes of one device to another; reassign one node to the device of one of its graph neighbours;
   reassign it to a random other device; swap the devices of two nodes on different devices), a geometric
   temperature from 0.05% of the start's step time down to 0.01% over the budget, infeasible moves rejected once
-  feasible (a start that overflows memory goes through the memory repair first). Returns the best placement
-  simulated, so never worse than its start.
+  feasible (a start that overflows memory is weighed as ``memory.fit`` makes it fit, and the annealing's start
+  goes through the memory repair and the fit first). Returns the best placement simulated, so never worse than
+  its start.
 * ``exhaustive``: every placement of the ``N`` nodes on the ``D`` devices up to relabelling of
   interchangeable devices (two devices are interchangeable when swapping them leaves the costs, memory
   and links unchanged): within each class, a new device is always the lowest unused one. That is the true
@@ -69,11 +70,12 @@ def local_search(prob: Problem) -> np.ndarray:
 def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, large_share: float = 0.0) -> np.ndarray:
     """Simulated annealing from ``start`` (already scored; a start that overflows memory goes through the memory
     repair first, ``memory.repair``, then ``memory.fit``, and where it still overflows the best of memory-balanced
-    splits, ``metis.memory_splits`` made to fit and ``m_topo``'s, is taken when it overflows less) with the rest of ``prob``'s budget; returns the best placement simulated (never
-    worse than ``start``). ``large(current, rng)``: an optional proposal of large moves
-    (a whole candidate placement, its own simulator calls charged to ``prob``; e.g. ``agents.policy_search``'s
-    repairs sampled from a policy), run whenever its seconds are below ``large_share`` of the seconds spent; its
-    candidates go through the same temperature schedule and acceptance test as the single-node moves."""
+    splits, ``metis.memory_splits`` made to fit and ``m_topo``'s, is taken when it overflows less) with the rest of
+    ``prob``'s budget; returns the best placement simulated (never worse than ``start``). ``large(current, rng)``:
+    an optional proposal of large moves (a whole candidate placement, its own simulator calls charged to ``prob``;
+    e.g. ``agents.policy_search``'s repairs sampled from a policy), run once the walk fits memory whenever its
+    seconds are below ``large_share`` of the seconds spent; its candidates go through the same temperature schedule
+    and acceptance test as the single-node moves."""
     best, best_s = np.asarray(start, dtype=np.int64).copy(), start_score
     if prob.d == 1 or prob.n == 0:
         return best
@@ -83,10 +85,10 @@ def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, 
         if s is not None and s.key < best_s.key:
             best, best_s = np.asarray(fixed, dtype=np.int64).copy(), s
     if not best_s.feasible and prob.left > 0:  # still over: the start's nodes moved off the full devices by the
-        fitted, _ = fit(prob, start)            # least time per byte (``memory.fit``: received tensors counted)
-        s = prob.score(fitted)
+        moved, _ = fit(prob, start)             # least time per byte (``memory.fit``: received tensors counted)
+        s = prob.score(moved)
         if s is not None and s.key < best_s.key:
-            best, best_s = fitted, s
+            best, best_s = moved, s
             prob.meta["fitting_start"] = "fit"
     if not best_s.feasible and prob.left > 0:  # still over: memory-balanced splits, METIS's (few tensors cross
         # devices; each through ``memory.fit``) and ``m_topo``'s (in the simulator's order), the best (``fitting_start``

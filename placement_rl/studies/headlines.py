@@ -230,9 +230,9 @@ def _tight_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
                   + ", ".join(f"{b['fits_before'][m]} -> {b['fits_after'][m]}" for m in names)
                   + ", step time where both fit " + ", ".join(f"{b[f'{m}_over_before']:.3f}" for m in names)
                   + " x then (same order)")
-    return [(f"searches at {f['seconds']:g} s on memory-tight clusters ({s['pairs']} pairs, {f['nodes']}-node graphs of "
-             f"seeds {seed0}-{seed0 + s['pairs'] // 2 - 1}, devices holding 1 / 0.7 or 1 / 0.85 of what the graph pins)",
-             value)]
+    return [(f"searches at {f['seconds']:g} s on memory-tight clusters ({s['pairs']} pairs, {f['nodes']}-node graphs "
+             f"of seeds {seed0}-{seed0 + s['pairs'] // 2 - 1}, devices holding 1 / 0.7 or 1 / 0.85 of what the graph "
+             "pins)", value)]
 
 
 # results file -> the rows it gives, in the README's order
