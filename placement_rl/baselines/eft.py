@@ -41,7 +41,7 @@ import numpy as np
 
 import placement_rl.baselines.search as search
 from placement_rl.baselines.common import Problem
-from placement_rl.baselines.memory import fitted
+from placement_rl.baselines.memory import best_start
 from placement_rl.cost.lookahead import complete_eft, eft_rollout as _eft_rollout
 from placement_rl.cost.decode import LA_RULE, START_SHARE, decode, decode_windows
 from placement_rl.cost.schedule import ScheduleState
@@ -185,8 +185,9 @@ def _note_cut(prob: Problem, rule: str, stats: dict[str, int]) -> None:
 
 def link_starts(prob: Problem, start: np.ndarray, score, chooser: int = LA_RULE, head: tuple | None = None, *,
                 window: int | None = None):
-    """``(start, score)``: the better of ``start`` and the chooser's placements on links ``LINK_SCALES`` x slower
-    (``link_scaled_devices``, each charged as a whole-window decode), taken while each fits in the calls left and,
+    """``(start, score)``: the best of ``start`` and the chooser's placements on links ``LINK_SCALES`` x slower
+    (``link_scaled_devices``, each charged as a whole-window decode; ``memory.best_start``: the fastest over memory
+    made to fit when faster than every one that fits), taken while each fits in the calls left and,
     with seconds, before ``START_SHARE`` of them (each decode's time predicted by the slowest so far, at first by
     the seconds the start took); ``link_starts`` in the meta lists the scales taken. Dev (la_rule_search at equal
     seconds, over it without them): the communication-heavy pairs of scripts/probe_learning_comm.py 0.982 / 0.980
@@ -201,7 +202,7 @@ def link_starts(prob: Problem, start: np.ndarray, score, chooser: int = LA_RULE,
     w = int(window)
     need = window_completions(n, d, w)
     first = prob.elapsed  # the start's own seconds: at least one decode at that window
-    taken = []
+    taken, scored = [], [(start, score)]
 
     def fits(slowest: float | None) -> bool:
         one = first if slowest is None else slowest
@@ -209,19 +210,17 @@ def link_starts(prob: Problem, start: np.ndarray, score, chooser: int = LA_RULE,
 
     for scale, dev in link_views(prob.graph, prob.costs, prob.topology, chooser, head, window=w, fits=fits):
         prob.charge(need)
-        dev, s = fitted(prob, dev, prob.score(dev))
+        scored.append((dev, prob.score(dev)))
         taken.append(scale)
-        if s is not None and (score is None or s.key < score.key):
-            start, score = dev, s
     prob.meta["link_starts"] = taken
-    return start, score
+    return best_start(prob, scored)  # the fastest over memory made to fit, when faster than every one that fits
 
 
 def la_rule_search(prob: Problem) -> np.ndarray:
     """``la_rule`` and the rule on slower views of the links (``link_starts``), then annealing from the best with
     the rest of the budget (never worse than ``la_rule``)."""
     start = la_rule(prob, share=START_SHARE)
-    start, score = fitted(prob, start, prob.score(start))  # over memory: as ``memory.fit`` makes it fit
+    score = prob.score(start)
     if score is None:
         return start
     start, score = link_starts(prob, start, score)

@@ -151,6 +151,22 @@ def fit_seconds(prob: Problem) -> float:
     return FIT_SECONDS if prob.seconds is None else FIT_SHARE * max(prob.seconds - prob.elapsed, 0.0)
 
 
+def best_start(prob: Problem, scored: list) -> tuple:
+    """``(devices, score)``: the best of ``scored`` (``(devices, Score)`` pairs, a None score for one the budget did
+    not reach) by ``Score.key``, after the fastest one over memory, when it is faster than every one that fits, is
+    made to fit (``fitted``: one ``fit``, one call): a search's fast one-pass start that overflows against a slow one
+    that fits."""
+    ok = [(d, s) for d, s in scored if s is not None]
+    if not ok:
+        return scored[0] if scored else (None, None)
+    fits = [s.step_time for _, s in ok if s.feasible]
+    over = [(d, s) for d, s in ok if not s.feasible and (not fits or s.step_time < min(fits))]
+    if over:
+        d, s = min(over, key=lambda x: x[1].step_time)
+        ok.append(fitted(prob, d, s))
+    return min(ok, key=lambda x: x[1].key)
+
+
 def fitted(prob: Problem, devices: np.ndarray, score):
     """``(devices, score)``; where ``score`` is over memory and ``fit`` makes the placement fit, the fitted placement
     and its score instead (one simulator call): how a search weighs a fast start that overflows against one that

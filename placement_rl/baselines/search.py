@@ -6,8 +6,8 @@
   16 connected nodes of one device to another; reassign one node to the device of one of its graph neighbours;
   reassign it to a random other device; swap the devices of two nodes on different devices), a geometric
   temperature from 0.05% of the start's step time down to 0.01% over the budget, infeasible moves rejected once
-  feasible (a start that overflows memory is weighed as ``memory.fit`` makes it fit, and the annealing's start
-  goes through the memory repair and the fit first). Returns the best placement simulated, so never worse than
+  feasible (the fastest start that overflows memory, when faster than every start that fits, is weighed as
+  ``memory.fit`` makes it fit; the annealing's start goes through the memory repair and the fit first). Returns the best placement simulated, so never worse than
   its start.
 * ``exhaustive``: every placement of the ``N`` nodes on the ``D`` devices up to relabelling of
   interchangeable devices (two devices are interchangeable when swapping them leaves the costs, memory
@@ -29,7 +29,7 @@ import placement_rl.baselines.heft as heft
 import placement_rl.baselines.metis as metis
 import placement_rl.baselines.simple as simple
 from placement_rl.baselines.common import Problem, Score, StartCut
-from placement_rl.baselines.memory import fit, fit_seconds, fitted, repair
+from placement_rl.baselines.memory import best_start, fit, fit_seconds, repair
 from placement_rl.errors import ConfigError
 
 T0_FRAC = 0.0005  # start temperature / start step time. At 0.002 the walk drifted uphill and on some dev pairs
@@ -43,7 +43,7 @@ START_HEURISTICS = (simple.single_device, heft.heft_devices, baechi.m_etf, baech
 
 
 def local_search(prob: Problem) -> np.ndarray:
-    best, best_s = None, None
+    best, best_s, scored = None, None, []
     for fn in START_HEURISTICS:
         if prob.left <= 0 and best is not None:
             break
@@ -57,9 +57,12 @@ def local_search(prob: Problem) -> np.ndarray:
             break
         finally:
             prob.start_deadline = None
-        cand, s = fitted(prob, cand, prob.score(cand))  # a start over memory: as ``memory.fit`` makes it fit
+        s = prob.score(cand)
+        scored.append((cand, s))
         if s is not None and (best_s is None or s.key < best_s.key):
             best, best_s = cand, s
+    if best_s is not None:  # the fastest start over memory made to fit, when faster than every start that fits
+        best, best_s = best_start(prob, scored)
     if best is None:
         return simple.single_device(prob)
     if best_s is None:
