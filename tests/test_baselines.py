@@ -480,10 +480,10 @@ def test_placers_count_memory_as_the_simulator_under_inference_costs():
             assert prob.score(simple.single_device(prob)).feasible and prob.score(baechi.m_topo(prob)).feasible
 
 
-def test_best_start_fits_the_fastest_start_over_memory_only_when_it_is_the_fastest(monkeypatch):
-    """``memory.best_start``: a start over memory faster than every start that fits is weighed as ``fit`` makes it
-    fit (one fit, one call), and wins when that fits; a start over memory slower than one that fits is left as it is
-    (no fit, no call)."""
+def test_best_start_weighs_each_start_over_memory_as_fit_makes_it_fit(monkeypatch):
+    """``memory.best_start``: each start over memory is weighed as ``fit`` makes it fit (one fit and one call each,
+    the fits sharing one fit's seconds), and the best by ``Score.key`` wins: the fitted spread placement over a
+    slower start that fits, a faster start that fits over it."""
     from placement_rl.baselines import memory
     from placement_rl.baselines.common import Score
 
@@ -493,17 +493,20 @@ def test_best_start_fits_the_fastest_start_over_memory_only_when_it_is_the_faste
     prob = Problem(graph, resolve_costs(graph, topo), topo, budget=10**6, seed=0)
     spread = np.arange(graph.num_nodes) % 4
     s_spread = prob.score(spread)
-    fits = []
+    seconds = []
     real_fit = memory.fit
-    monkeypatch.setattr(memory, "fit", lambda prob, dev, **kw: fits.append(1) or real_fit(prob, dev, **kw))
+    monkeypatch.setattr(memory, "fit", lambda prob, dev, **kw: seconds.append(kw["seconds"]) or real_fit(prob, dev,
+                                                                                                           **kw))
     slow = Score(step_time=10 * s_spread.step_time, feasible=True, overflow=0.0, peak_memory=np.zeros(4))
     calls = prob.calls
     dev, s = memory.best_start(prob, [(spread, s_spread), (np.zeros_like(spread), slow)])
-    assert len(fits) == 1 and prob.calls == calls + 1
+    assert len(seconds) == 1 and prob.calls == calls + 1
     assert s.feasible and s.step_time < slow.step_time and prob.score(dev).feasible
     fast = Score(step_time=0.5 * s_spread.step_time, feasible=True, overflow=0.0, peak_memory=np.zeros(4))
-    dev, s = memory.best_start(prob, [(spread, s_spread), (np.ones_like(spread), fast)])
-    assert len(fits) == 1 and prob.calls == calls + 1 and s is fast and np.all(dev == 1)
+    twice = [(spread, s_spread), (spread[::-1].copy(), prob.score(spread[::-1].copy())), (np.ones_like(spread), fast)]
+    dev, s = memory.best_start(prob, twice)
+    assert len(seconds) == 3 and seconds[1] == pytest.approx(seconds[2], rel=0.05) and seconds[1] < seconds[0]
+    assert s is fast and np.all(dev == 1)
 
 
 def test_memory_splits_balance_pinned_bytes_and_cut_few_tensors():

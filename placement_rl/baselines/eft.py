@@ -186,8 +186,8 @@ def _note_cut(prob: Problem, rule: str, stats: dict[str, int]) -> None:
 def link_starts(prob: Problem, start: np.ndarray, score, chooser: int = LA_RULE, head: tuple | None = None, *,
                 window: int | None = None):
     """``(start, score)``: the best of ``start`` and the chooser's placements on links ``LINK_SCALES`` x slower
-    (``link_scaled_devices``, each charged as a whole-window decode; ``memory.best_start``: the fastest over memory
-    made to fit when faster than every one that fits), taken while each fits in the calls left and,
+    (``link_scaled_devices``, each charged as a whole-window decode; ``memory.best_start``: each over memory weighed
+    as ``memory.fit`` makes it fit), taken while each fits in the calls left and,
     with seconds, before ``START_SHARE`` of them (each decode's time predicted by the slowest so far, at first by
     the seconds the start took); ``link_starts`` in the meta lists the scales taken. Dev (la_rule_search at equal
     seconds, over it without them): the communication-heavy pairs of scripts/probe_learning_comm.py 0.982 / 0.980
@@ -213,7 +213,7 @@ def link_starts(prob: Problem, start: np.ndarray, score, chooser: int = LA_RULE,
         scored.append((dev, prob.score(dev)))
         taken.append(scale)
     prob.meta["link_starts"] = taken
-    return best_start(prob, scored)  # the fastest over memory made to fit, when faster than every one that fits
+    return best_start(prob, scored)  # each over memory as ``memory.fit`` makes it fit
 
 
 def la_rule_search(prob: Problem) -> np.ndarray:

@@ -153,26 +153,22 @@ def fit_seconds(prob: Problem) -> float:
 
 def best_start(prob: Problem, scored: list) -> tuple:
     """``(devices, score)``: the best of ``scored`` (``(devices, Score)`` pairs, a None score for one the budget did
-    not reach) by ``Score.key``, after the fastest one over memory, when it is faster than every one that fits, is
-    made to fit (``fitted``: one ``fit``, one call): a search's fast one-pass start that overflows against a slow one
-    that fits."""
+    not reach) by ``Score.key``, each one over memory weighed as ``fit`` makes it fit (``fitted``; their fits share
+    one fit's seconds, ``fit_seconds``): a search's fast one-pass starts that overflow against slow ones that fit."""
     ok = [(d, s) for d, s in scored if s is not None]
     if not ok:
         return scored[0] if scored else (None, None)
-    fits = [s.step_time for _, s in ok if s.feasible]
-    over = [(d, s) for d, s in ok if not s.feasible and (not fits or s.step_time < min(fits))]
-    if over:
-        d, s = min(over, key=lambda x: x[1].step_time)
-        ok.append(fitted(prob, d, s))
-    return min(ok, key=lambda x: x[1].key)
+    over = [(d, s) for d, s in ok if not s.feasible]
+    each = fit_seconds(prob) / max(len(over), 1)
+    return min([*ok, *(fitted(prob, d, s, seconds=each) for d, s in over)], key=lambda x: x[1].key)
 
 
-def fitted(prob: Problem, devices: np.ndarray, score):
+def fitted(prob: Problem, devices: np.ndarray, score, *, seconds: float | None = None):
     """``(devices, score)``; where ``score`` is over memory and ``fit`` makes the placement fit, the fitted placement
     and its score instead (one simulator call): how a search weighs a fast start that overflows against one that
     fits (a search prefers any start that fits)."""
     if score is None or score.feasible:
         return devices, score
-    dev, over = fit(prob, devices)
+    dev, over = fit(prob, devices, seconds=seconds)
     s = prob.score(dev) if over == 0.0 else None
     return (dev, s) if s is not None and s.key < score.key else (devices, score)

@@ -6,8 +6,8 @@
   16 connected nodes of one device to another; reassign one node to the device of one of its graph neighbours;
   reassign it to a random other device; swap the devices of two nodes on different devices), a geometric
   temperature from 0.05% of the start's step time down to 0.01% over the budget, infeasible moves rejected once
-  feasible (the fastest start that overflows memory, when faster than every start that fits, is weighed as
-  ``memory.fit`` makes it fit; the annealing's start goes through the memory repair and the fit first). Returns the best placement simulated, so never worse than
+  feasible (each start that overflows memory is weighed as ``memory.fit`` makes it fit, the fits sharing one
+  fit's seconds; the annealing's start goes through the memory repair and the fit first). Returns the best placement simulated, so never worse than
   its start.
 * ``exhaustive``: every placement of the ``N`` nodes on the ``D`` devices up to relabelling of
   interchangeable devices (two devices are interchangeable when swapping them leaves the costs, memory
@@ -61,7 +61,7 @@ def local_search(prob: Problem) -> np.ndarray:
         scored.append((cand, s))
         if s is not None and (best_s is None or s.key < best_s.key):
             best, best_s = cand, s
-    if best_s is not None:  # the fastest start over memory made to fit, when faster than every start that fits
+    if best_s is not None:  # each start over memory weighed as ``memory.fit`` makes it fit
         best, best_s = best_start(prob, scored)
     if best is None:
         return simple.single_device(prob)
