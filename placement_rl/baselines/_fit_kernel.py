@@ -85,97 +85,6 @@ def _star(i, s, dev, pred_ptr, pred_idx, succ_ptr, succ_idx, members):
 
 
 @njit(cache=True, nogil=True)
-def fit_moves(dev, pred_ptr, pred_idx, succ_ptr, succ_idx, succ_eid, edge_bytes, pinned, cap, node_time, inv_bw,
-              max_moves, every):
-    """Move nodes off devices over ``cap`` in place of ``dev``, one at a time: each time the move (a node on a device
-    over capacity, to any other device) with the least added time (``node_time`` on the new device less the old,
-    plus every changed received tensor's bytes x ``inv_bw``) per byte of overflow it removes, until nothing
-    overflows, no move removes overflow, or ``max_moves``; ``every``: any device as the destination, else the
-    devices of its neighbours and the one with the most room. Returns ``(moves, overflow left)``."""
-    n = dev.shape[0]
-    nd = cap.shape[0]
-    recv = received(dev, succ_ptr, succ_idx, succ_eid, edge_bytes, nd)
-    load = np.zeros(nd)
-    for u in range(n):
-        load[dev[u]] += pinned[u]
-        for k in range(nd):
-            load[k] += recv[u, k]
-    row = np.zeros(nd)
-    delta = np.zeros(nd)
-    seen = np.full(n, -1, np.int64)
-    stamp = 0
-    moves = 0
-    over = _over(load, cap)
-    near = np.zeros(nd, np.int64)
-    while over > 0.0 and moves < max_moves:
-        best_i, best_t, best_r = -1, -1, np.inf
-        roomy = np.argmax(cap - load)
-        for i in range(n):
-            s = dev[i]
-            if load[s] <= cap[s]:
-                continue
-            if not every:  # the devices of its neighbours and the one with the most room
-                near[:] = 0
-                near[roomy] = 1
-                for q in range(pred_ptr[i], pred_ptr[i + 1]):
-                    near[dev[pred_idx[q]]] = 1
-                for q in range(succ_ptr[i], succ_ptr[i + 1]):
-                    near[dev[succ_idx[q]]] = 1
-            for t in range(nd):
-                if t == s or not (every or near[t]):
-                    continue
-                delta[:] = 0.0
-                delta[s] -= pinned[i]
-                delta[t] += pinned[i]
-                cost = node_time[i, t] - node_time[i, s]
-                dev[i] = t
-                _row(i, t, dev, succ_ptr, succ_idx, succ_eid, edge_bytes, row)
-                for k in range(nd):
-                    delta[k] += row[k] - recv[i, k]
-                    cost += row[k] * inv_bw[t, k] - recv[i, k] * inv_bw[s, k]
-                stamp += 1
-                for q in range(pred_ptr[i], pred_ptr[i + 1]):
-                    p = pred_idx[q]
-                    if seen[p] == stamp:
-                        continue
-                    seen[p] = stamp
-                    _row(p, dev[p], dev, succ_ptr, succ_idx, succ_eid, edge_bytes, row)
-                    for k in range(nd):
-                        delta[k] += row[k] - recv[p, k]
-                        cost += (row[k] - recv[p, k]) * inv_bw[dev[p], k]
-                dev[i] = s
-                r = _rate(load, delta, cap, cost)
-                if r < best_r:
-                    best_i, best_t, best_r = i, t, r
-        if best_i < 0:  # no single node helps: a node with its neighbours on its device (a star) together
-            moved = _star_move(dev, pred_ptr, pred_idx, succ_ptr, succ_idx, succ_eid, edge_bytes, pinned, cap,
-                               node_time, inv_bw, recv, load, seen, row)
-            if not moved:
-                break
-            stamp = seen.max()  # the star's stamps are above this loop's
-            moves += 1
-            over = _over(load, cap)
-            continue
-        i, s, t = best_i, dev[best_i], best_t
-        dev[i] = t
-        load[s] -= pinned[i]
-        load[t] += pinned[i]
-        _row(i, t, dev, succ_ptr, succ_idx, succ_eid, edge_bytes, row)
-        for k in range(nd):
-            load[k] += row[k] - recv[i, k]
-            recv[i, k] = row[k]
-        for q in range(pred_ptr[i], pred_ptr[i + 1]):
-            p = pred_idx[q]
-            _row(p, dev[p], dev, succ_ptr, succ_idx, succ_eid, edge_bytes, row)
-            for k in range(nd):
-                load[k] += row[k] - recv[p, k]
-                recv[p, k] = row[k]
-        moves += 1
-        over = _over(load, cap)
-    return moves, over
-
-
-@njit(cache=True, nogil=True)
 def _affected(members, m, pred_ptr, pred_idx, seen, stamp, out):
     """The producers whose rows a move of ``members[:m]`` changes (the members and their producers), once each."""
     c = 0
@@ -195,14 +104,128 @@ def _affected(members, m, pred_ptr, pred_idx, seen, stamp, out):
 
 
 @njit(cache=True, nogil=True)
+def _member(u, members, m):
+    for j in range(m):
+        if members[j] == u:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def _rate_of(members, m, aff, c, s, t, dev, succ_ptr, succ_idx, succ_eid, edge_bytes, pinned, cap, node_time,
+             inv_bw, recv, load, row, delta):
+    """The rate (``_rate``) of moving ``members[:m]`` (on ``s``; one listed twice moves once) to ``t``: the load
+    changes of every device and the added time (compute, and each changed received tensor's bytes x ``inv_bw``),
+    the rows of the ``aff[:c]`` producers recomputed with the members on ``t``; ``dev`` is left as it was."""
+    delta[:] = 0.0
+    cost = 0.0
+    for j in range(m):
+        v = members[j]
+        if dev[v] == s:
+            dev[v] = t
+            delta[s] -= pinned[v]
+            delta[t] += pinned[v]
+            cost += node_time[v, t] - node_time[v, s]
+    for j in range(c):
+        u = aff[j]
+        _row(u, dev[u], dev, succ_ptr, succ_idx, succ_eid, edge_bytes, row)
+        was = s if dev[u] == t and _member(u, members, m) else dev[u]
+        for k in range(delta.shape[0]):
+            delta[k] += row[k] - recv[u, k]
+            cost += row[k] * inv_bw[dev[u], k] - recv[u, k] * inv_bw[was, k]
+    for j in range(m):
+        dev[members[j]] = s
+    return _rate(load, delta, cap, cost)
+
+
+@njit(cache=True, nogil=True)
+def _apply(members, m, aff, c, s, t, dev, succ_ptr, succ_idx, succ_eid, edge_bytes, pinned, recv, load, row):
+    """Move ``members[:m]`` from ``s`` to ``t`` in place (``dev``, ``load``, the ``aff[:c]`` rows of ``recv``)."""
+    for j in range(m):
+        v = members[j]
+        if dev[v] == s:
+            dev[v] = t
+            load[s] -= pinned[v]
+            load[t] += pinned[v]
+    for j in range(c):
+        u = aff[j]
+        _row(u, dev[u], dev, succ_ptr, succ_idx, succ_eid, edge_bytes, row)
+        for k in range(load.shape[0]):
+            load[k] += row[k] - recv[u, k]
+            recv[u, k] = row[k]
+
+
+@njit(cache=True, nogil=True)
+def fit_moves(dev, pred_ptr, pred_idx, succ_ptr, succ_idx, succ_eid, edge_bytes, pinned, cap, node_time, inv_bw,
+              max_moves):
+    """Move nodes off devices over ``cap`` in place of ``dev``, one at a time: each time the move (a node on a device
+    over capacity, to the device of one of its neighbours or the one with the most room) with the least added time
+    (``node_time`` on the new device less the old, plus every changed received tensor's bytes x ``inv_bw``) per
+    byte of overflow it removes (a node with its neighbours on its device together when no single node removes
+    any), until nothing overflows, no move removes overflow, or ``max_moves``. Returns ``(moves, overflow left)``."""
+    n = dev.shape[0]
+    nd = cap.shape[0]
+    recv = received(dev, succ_ptr, succ_idx, succ_eid, edge_bytes, nd)
+    load = np.zeros(nd)
+    for u in range(n):
+        load[dev[u]] += pinned[u]
+        for k in range(nd):
+            load[k] += recv[u, k]
+    row = np.zeros(nd)
+    delta = np.zeros(nd)
+    near = np.zeros(nd, np.int64)
+    members = np.empty(n, np.int64)
+    aff = np.empty(n, np.int64)
+    seen = np.full(n, -1, np.int64)
+    stamp = 0
+    moves = 0
+    over = _over(load, cap)
+    while over > 0.0 and moves < max_moves:
+        best_i, best_t, best_r = -1, -1, np.inf
+        roomy = np.argmax(cap - load)
+        for i in range(n):
+            s = dev[i]
+            if load[s] <= cap[s]:
+                continue
+            near[:] = 0  # the devices of its neighbours and the one with the most room
+            near[roomy] = 1
+            for q in range(pred_ptr[i], pred_ptr[i + 1]):
+                near[dev[pred_idx[q]]] = 1
+            for q in range(succ_ptr[i], succ_ptr[i + 1]):
+                near[dev[succ_idx[q]]] = 1
+            members[0] = i
+            stamp += 1
+            c = _affected(members, 1, pred_ptr, pred_idx, seen, stamp, aff)
+            for t in range(nd):
+                if t == s or not near[t]:
+                    continue
+                r = _rate_of(members, 1, aff, c, s, t, dev, succ_ptr, succ_idx, succ_eid, edge_bytes, pinned, cap,
+                             node_time, inv_bw, recv, load, row, delta)
+                if r < best_r:
+                    best_i, best_t, best_r = i, t, r
+        if best_i < 0:  # no single node helps: a node with its neighbours on its device (a star) together
+            moved = _star_move(dev, pred_ptr, pred_idx, succ_ptr, succ_idx, succ_eid, edge_bytes, pinned, cap,
+                               node_time, inv_bw, recv, load, seen, row, delta, members, aff)
+            if not moved:
+                break
+            stamp = seen.max()  # the star's stamps are above this loop's
+        else:
+            members[0] = best_i
+            stamp += 1
+            c = _affected(members, 1, pred_ptr, pred_idx, seen, stamp, aff)
+            _apply(members, 1, aff, c, dev[best_i], best_t, dev, succ_ptr, succ_idx, succ_eid, edge_bytes, pinned,
+                   recv, load, row)
+        moves += 1
+        over = _over(load, cap)
+    return moves, over
+
+
+@njit(cache=True, nogil=True)
 def _star_move(dev, pred_ptr, pred_idx, succ_ptr, succ_idx, succ_eid, edge_bytes, pinned, cap, node_time, inv_bw,
-               recv, load, seen, row):
+               recv, load, seen, row, delta, members, aff):
     """The best move of a node and its neighbours on its device together (least added time per byte of overflow
     removed), applied in place (``dev``, ``recv``, ``load``); False when none removes overflow."""
     n, nd = dev.shape[0], cap.shape[0]
-    members = np.empty(n, np.int64)
-    aff = np.empty(n, np.int64)
-    delta = np.zeros(nd)
     near = np.zeros(nd, np.int64)
     roomy = np.argmax(cap - load)
     best_i, best_t, best_r = -1, -1, np.inf
@@ -223,51 +246,15 @@ def _star_move(dev, pred_ptr, pred_idx, succ_ptr, succ_idx, succ_eid, edge_bytes
         for t in range(nd):
             if t == s or not near[t]:
                 continue
-            delta[:] = 0.0
-            cost = 0.0
-            for j in range(m):
-                v = members[j]
-                if dev[v] == s:  # a node listed twice moves once
-                    dev[v] = t
-                    delta[s] -= pinned[v]
-                    delta[t] += pinned[v]
-                    cost += node_time[v, t] - node_time[v, s]
-            for j in range(c):
-                u = aff[j]
-                _row(u, dev[u], dev, succ_ptr, succ_idx, succ_eid, edge_bytes, row)
-                was = s if dev[u] == t and _member(u, members, m) else dev[u]
-                for k in range(nd):
-                    delta[k] += row[k] - recv[u, k]
-                    cost += row[k] * inv_bw[dev[u], k] - recv[u, k] * inv_bw[was, k]
-            for j in range(m):
-                dev[members[j]] = s
-            r = _rate(load, delta, cap, cost)
+            r = _rate_of(members, m, aff, c, s, t, dev, succ_ptr, succ_idx, succ_eid, edge_bytes, pinned, cap,
+                         node_time, inv_bw, recv, load, row, delta)
             if r < best_r:
                 best_i, best_t, best_r = i, t, r
     if best_i < 0:
         return False
-    i, s, t = best_i, dev[best_i], best_t
-    m = _star(i, s, dev, pred_ptr, pred_idx, succ_ptr, succ_idx, members)
+    s = dev[best_i]
+    m = _star(best_i, s, dev, pred_ptr, pred_idx, succ_ptr, succ_idx, members)
     stamp += 1
     c = _affected(members, m, pred_ptr, pred_idx, seen, stamp, aff)
-    for j in range(m):
-        v = members[j]
-        if dev[v] == s:
-            dev[v] = t
-            load[s] -= pinned[v]
-            load[t] += pinned[v]
-    for j in range(c):
-        u = aff[j]
-        _row(u, dev[u], dev, succ_ptr, succ_idx, succ_eid, edge_bytes, row)
-        for k in range(nd):
-            load[k] += row[k] - recv[u, k]
-            recv[u, k] = row[k]
+    _apply(members, m, aff, c, s, best_t, dev, succ_ptr, succ_idx, succ_eid, edge_bytes, pinned, recv, load, row)
     return True
-
-
-@njit(cache=True, nogil=True)
-def _member(u, members, m):
-    for j in range(m):
-        if members[j] == u:
-            return True
-    return False

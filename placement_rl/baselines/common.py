@@ -20,17 +20,12 @@ from functools import cached_property
 import numpy as np
 
 from placement_rl.cost import Simulator
-from placement_rl.cost.memory import pinned_memory, static_memory
+from placement_rl.cost.memory import pinned_memory
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import ConfigError
 from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import Placement
 from placement_rl.topology import DeviceTopology
-
-# Bytes each node pins on its device under training costs (the cost model's rule; ``Problem.node_mem`` follows the
-# costs' mode); received buffers depend on the placement (``memory.MemoryLedger`` books them, ``memory.repair`` and
-# ``memory.fit`` fix what the simulator still rejects).
-node_memory = static_memory
 
 
 class StartCut(Exception):

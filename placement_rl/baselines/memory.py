@@ -140,7 +140,7 @@ def fit(prob: Problem, devices: np.ndarray, *, max_moves: int | None = None,
     left = 4 * prob.n if max_moves is None else int(max_moves)
     end = time.perf_counter() + (fit_seconds(prob) if seconds is None else float(seconds))
     while True:
-        moves, over = fit_moves(dev, *arrays, min(left, FIT_CHUNK), False)
+        moves, over = fit_moves(dev, *arrays, min(left, FIT_CHUNK))
         left -= moves
         if over == 0.0 or moves < FIT_CHUNK or left <= 0 or time.perf_counter() > end:
             return dev, float(over)

@@ -120,9 +120,8 @@ MEMORY_SEEDS = 3  # METIS seeds per imbalance (which split fits after ``memory.f
 def memory_splits(prob: Problem) -> list[np.ndarray]:
     """Partitions of the communication-weighted graph into ``D`` parts balanced by the bytes each node pins, part
     ``k``'s share of them ``k``'s share of the devices' memory (per ``MEMORY_UFACTORS``, ``MEMORY_SEEDS`` seeds
-    each): few tensors cross
-    devices, so few are received and kept, the start a memory-tight cluster needs when the one-pass placements
-    overflow (``search.anneal`` makes each fit with ``memory.fit``)."""
+    each): few tensors cross devices, so few are received and kept, the start a memory-tight cluster needs when the
+    one-pass placements overflow (``search.anneal`` makes each fit with ``memory.fit``)."""
     mem = prob.node_mem
     top = mem.max() if prob.n and mem.max() > 0 else 1.0
     vw = np.maximum(np.rint(mem / top * SCALE), 1).astype(np.int64)
