@@ -3,15 +3,16 @@
 ``policy_search(policy, graph, costs, topology, seconds=...)`` starts from the policy's own greedy placement (at its
 placing window; optionally also from ``la_rule``'s, the rule the policy's lookahead feature is, the better one kept,
 both charged), then runs one simulated annealing (``baselines.search.anneal``: one temperature schedule over the
-seconds, one acceptance test) whose moves are the local search's single-node moves and, for ``1 - anneal_share`` of
-the seconds, large moves proposed by the policy. A large move repairs the current placement (ruin and recreate): a
-start step ``s`` of the decision order is drawn, the first ``s`` decisions are replayed (``decode``'s ``FORCED``
-chooser), the next 1..``repair`` decisions are sampled from the policy at a temperature (``SAMPLE``: Gumbel-max over
-the device head's scores) and the rest completed by the policy's greedy (``POLICY``), ``samples`` times as the
-episodes of one schedule state, all in the compiled kernel; the best of the batch is the proposal (``repair=0``: the
-whole suffix sampled). The repaired states read a short window (``SEARCH_WINDOW``): many cheap proposals. Every
-sample is counted as one simulator call (a state's step time equals ``simulate()``'s). The temperature of the
-samples rises while batches reproduce the current placement.
+seconds, one acceptance test) whose moves are the local search's single-node moves and, for a share of the seconds
+(``1 - anneal_share`` at first, then, with ``adapt``, following what the repairs have recently gained per second
+against the single-node moves, within 3-60%), large moves proposed by the policy. A large move repairs the current
+placement (ruin and recreate): a start step ``s`` of the decision order is drawn, the first ``s`` decisions are
+replayed (``decode``'s ``FORCED`` chooser), the next 1..``repair`` decisions are sampled from the policy at a
+temperature (``SAMPLE``: Gumbel-max over the device head's scores) and the rest completed by the policy's greedy
+(``POLICY``), ``samples`` times as the episodes of one schedule state, all in the compiled kernel; the best of the
+batch is the proposal (``repair=0``: the whole suffix sampled). The repaired states read a short window
+(``SEARCH_WINDOW``): many cheap proposals. Every sample is counted as one simulator call (a state's step time equals
+``simulate()``'s). The temperature of the samples rises while batches reproduce the current placement.
 
 The result is a search row of its own (``policy_search``), never "learned": its ``meta`` carries ``sim_calls``,
 ``search_seconds`` and the anytime ``trace`` (``[seconds, calls, best step time]`` at every improvement), the
@@ -52,6 +53,8 @@ from placement_rl.plans import Placement
 SAMPLES = 8  # episodes per batch (one schedule state of 8 episodes)
 TEMPERATURE = 1.0
 ANNEAL_SHARE = 0.8  # share of the annealing's seconds on single-node moves (the rest: the policy's repairs)
+ADAPT = True  # the repairs' share of the annealing's seconds follows their recent gain per second against the
+# single-node moves' (``baselines.search.anneal(adapt=True)``; from 1 - ANNEAL_SHARE; figures there)
 REPAIR = 16  # sampled decisions per repair before the policy's greedy completes it (0: the whole suffix sampled)
 COMPLETIONS = ("policy", "la_rule")  # what completes a repair after its sampled decisions (la_rule: an ablation)
 RULE_START_SHARE = 0.0  # la_rule's start too only when the policy's greedy took at most this share of the seconds.
@@ -66,7 +69,7 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
                   temperature: float = TEMPERATURE, window: int | None = None, start: np.ndarray | None = None,
                   anneal_share: float = ANNEAL_SHARE,
                   task: ConstructiveTask | None = None, repair: int = REPAIR,
-                  completion: str = "policy") -> Placement:
+                  completion: str = "policy", adapt: bool = ADAPT) -> Placement:
     """The best placement found in ``seconds`` of wall clock (module doc). ``window``: the lookahead window of
     the states the policy reads (default: the policy's own, ``placing_window``); ``start``: an incumbent to start
     from instead of the policy's greedy decode (its own row then)."""
@@ -178,7 +181,8 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
         prob = Problem(graph, costs, topology, budget=10**12, seed=int(rng.integers(2**31)), seconds=left)
         s0 = prob.score(inc)
         if s0 is not None:
-            dev = _anneal(prob, inc, s0, large=large, large_share=1.0 - float(anneal_share))
+            dev = _anneal(prob, inc, s0, large=large, large_share=1.0 - float(anneal_share),
+                          adapt=adapt)
             sd = prob.score(dev)
             # a faster placement that fits; or, while nothing fits, one that overflows less (as every search returns)
             if sd is not None and ((sd.feasible and (not inc_ok or sd.step_time < inc_t * (1 - 1e-12)))
@@ -187,9 +191,11 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
         off = time.perf_counter() - t0 - prob.elapsed  # the start's seconds before the search's clock began
         trace += [[off + float(x[0]), calls + int(x[1]), float(x[2])] for x in prob.trace]
         calls += prob.calls
+        stats["share_end"] = prob.meta.get("large_share_end")
     meta = {"placer": "policy_search", "seed": int(seed), "sim_calls": calls,
             "search_seconds": time.perf_counter() - t0, "seconds_budget": float(seconds), "trace": trace,
             "start_time": start_t, "starts": starts, "batches": stats["batches"], "improved": stats["improved"],
+            "large_share_end": stats.get("share_end"),
             "samples": int(samples), "window": int(window), "repair": int(repair), "completion": completion,
             "step_time": best_t,
             "feasible": best_ok, "start_windows": windows, **({"start_cut": cut} if cut else {})}

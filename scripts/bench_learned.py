@@ -21,7 +21,8 @@ best of them per pair, its geometric mean per budget, the pair's lower bound bes
 (best step time over seconds, per method, one pair per panel). ``--ablate`` adds ``policy_search`` without the
 policy's moves (the same starts, annealing only): ``policy_moves_gain`` is what the policy's proposals add; and
 ``policy_search`` whose repairs ``la_rule`` completes instead of the policy's greedy: ``policy_completion_gain`` is
-what the learned completion adds over the rule's (both ratios: below 1, the policy helps). ``--scale N``: instead of a
+what the learned completion adds over the rule's (both ratios: below 1, the policy helps); and ``policy_search``
+with the repairs' share of the seconds fixed: ``adapt_gain`` is what adapting it adds. ``--scale N``: instead of a
 split, a layered graph on 2 x 4 V100 (InfiniBand), a dataflow graph on a DGX-1 and a transformer-like graph on 8
 A100 (NVSwitch; on 4 V100 it does not fit memory and the task builder drops it), N nodes each, seed 5
 (``--graph-seeds 5 8 9``: three graphs per seed, and the summary per seed). Every ratio of the summary is over the
@@ -197,6 +198,11 @@ def search(args) -> dict:
                 p = policy_search(policy, g, c, topo, seconds=sec, seed=args.seed, task=t, completion="la_rule")
                 row["policy_search_rule_completion_ms"] = float(p.meta["step_time"]) * 1e3
                 row["policy_completion_gain"] = row["policy_search_ms"] / row["policy_search_rule_completion_ms"]
+                # and with the repairs' share of the seconds fixed (1 - ANNEAL_SHARE): what adapting it adds
+                p = policy_search(policy, g, c, topo, seconds=sec, seed=args.seed, task=t, adapt=False)
+                row["policy_search_fixed_share_ms"] = float(p.meta["step_time"]) * 1e3
+                row["adapt_gain"] = (row["policy_search_ms"] / row["policy_search_fixed_share_ms"]
+                                     if p.meta["feasible"] and row["policy_search_feasible"] else float("nan"))
             # the best feasible search (an infeasible placement's step time ignores the memory it overflows)
             ok = [n for n in SEARCHES if row[f"{n}_feasible"]]
             best = min((row[f"{n}_ms"] for n in ok), default=float("nan"))
@@ -244,8 +250,8 @@ def search_summary(rows: list[dict], seconds, graph_seeds=(), ablate: bool = Fal
                 for s in graph_seeds}} if len(graph_seeds) > 1 else {}),
             # the longest any method ran over these seconds, as a multiple of them (equal seconds: close to 1)
             "most_seconds_used": max(r[f"{n}_s"] for r in sel for n in methods) / sec,
-            **({k: gm([r[k] for r in sel]) for k in ("policy_moves_gain", "policy_completion_gain")}
-               if ablate else {})}
+            **({k: gm([r[k] for r in sel if k in r and np.isfinite(r[k])])
+                for k in ("policy_moves_gain", "policy_completion_gain", "adapt_gain")} if ablate else {})}
     return summary
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -187,6 +189,33 @@ def test_anneal_takes_large_moves_through_its_acceptance_and_charges_them():
     out = anneal(prob, bad, s0, large=large, large_share=0.5)
     assert seen and prob.calls >= 3 * len(seen)
     assert simulate(g, c, t, out).step_time <= simulate(g, c, t, good).step_time * (1 + 1e-9)
+
+
+def test_anneal_adapt_shrinks_the_share_of_large_moves_that_never_gain():
+    """``anneal(adapt=True)``: large moves that never improve the best end with a share near ``ADAPT_MIN`` (from
+    0.3) and take less than half the time they take at the fixed share."""
+    from placement_rl.baselines import search
+
+    g, c, t = _case("layered", 60, "4x_v100_nvlink", 5)
+    start = la_rule_devices(g, c, t)[0]
+    spent = {}
+    for adapt in (False, True):
+        prob = Problem(g, c, t, budget=10**9, seed=0, seconds=0.6)
+        rng0 = np.random.default_rng(1)
+        took = []
+
+        def useless(cur, rng):  # a random placement: never a new best once the walk has its start's time
+            t0 = time.perf_counter()
+            prob.charge(1)
+            time.sleep(2e-4)
+            took.append(time.perf_counter() - t0)
+            return rng0.integers(t.num_devices, size=g.num_nodes)
+
+        anneal(prob, start, prob.score(start), large=useless, large_share=0.3, adapt=adapt)
+        spent[adapt] = sum(took)
+        if adapt:
+            assert search.ADAPT_MIN <= prob.meta["large_share_end"] < 0.1  # from 0.3
+    assert spent[True] < 0.5 * spent[False]
 
 
 def test_a_start_cut_by_the_seconds_is_never_worse_than_the_earliest_finish(policy):

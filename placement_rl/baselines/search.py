@@ -7,8 +7,8 @@
   reassign it to a random other device; swap the devices of two nodes on different devices), a geometric
   temperature from 0.05% of the start's step time down to 0.01% over the budget, infeasible moves rejected once
   feasible (each start that overflows memory is weighed as ``memory.fit`` makes it fit, the fits sharing one
-  fit's seconds; the annealing's start goes through the memory repair and the fit first). Returns the best placement simulated, so never worse than
-  its start.
+  fit's seconds; the annealing's start goes through the memory repair and the fit first). Returns the best
+  placement simulated, so never worse than its start.
 * ``exhaustive``: every placement of the ``N`` nodes on the ``D`` devices up to relabelling of
   interchangeable devices (two devices are interchangeable when swapping them leaves the costs, memory
   and links unchanged): within each class, a new device is always the lowest unused one. That is the true
@@ -37,6 +37,13 @@ T0_FRAC = 0.0005  # start temperature / start step time. At 0.002 the walk drift
 # at 2 / 10 s from la_rule (dev split, 8 pairs x 3 seeds; scripts/bench_anneal.py, results/anneal_dev.json)
 REGION_SHARE = 0.3  # share of the moves that move a connected region (the rest: the single-node moves)
 REGION_MAX = 16  # nodes in a region, drawn uniformly from 2..REGION_MAX
+ADAPT_GAIN, ADAPT_PRIOR = 1e-3, 0.02  # ``anneal(adapt=True)``'s prior per kind of move: a relative gain of the
+# best of ADAPT_GAIN x its prior share in ADAPT_PRIOR of the span
+ADAPT_TAU = 0.25  # the credit decays over this share of the span
+ADAPT_MIN, ADAPT_MAX = 0.03, 0.6  # the large moves' share stays within these. Dev (policy_search, policy moves at a
+# fixed 0.2 against adapted, over the best other search at 0.5 / 2 / 10 s): 8 dev-split pairs 1.003 / 0.998 / 0.999
+# against 1.004 / 0.996 / 0.998; four 2,000-node graphs of seed 6 1.006 / 0.989 / 0.987 against 1.006 / 0.978 /
+# 0.977, of seed 7 (three that fit) 1.006 / 0.997 / 1.007 against 1.006 / 1.000 / 1.002
 FORMER_SETTINGS = {"T0_FRAC": 0.002, "REGION_SHARE": 0.0}  # before region moves (placements made then rebuild with it)
 START_HEURISTICS = (simple.single_device, heft.heft_devices, baechi.m_etf, baechi.m_sct, baechi.m_topo, metis.metis,
                     simple.round_robin)
@@ -70,7 +77,8 @@ def local_search(prob: Problem) -> np.ndarray:
     return anneal(prob, best, best_s)
 
 
-def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, large_share: float = 0.0) -> np.ndarray:
+def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, large_share: float = 0.0,
+           adapt: bool = False) -> np.ndarray:
     """Simulated annealing from ``start`` (already scored; a start that overflows memory goes through the memory
     repair first, ``memory.repair``, then ``memory.fit``, and where it still overflows the best of memory-balanced
     splits, ``metis.memory_splits`` made to fit and ``m_topo``'s, is taken when it overflows less) with the rest of
@@ -78,7 +86,11 @@ def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, 
     an optional proposal of large moves (a whole candidate placement, its own simulator calls charged to ``prob``;
     e.g. ``agents.policy_search``'s repairs sampled from a policy), run once the walk fits memory whenever its
     seconds are below ``large_share`` of the seconds spent; its candidates go through the same temperature schedule
-    and acceptance test as the single-node moves."""
+    and acceptance test as the single-node moves. ``adapt``: that share follows what each kind of move has
+    recently gained (adaptive operator weights, as in adaptive large neighbourhood search): the relative gain of
+    the best per second of each kind, decayed over ``ADAPT_TAU`` of the span, the large moves' share their part of
+    the two rates (within ``ADAPT_MIN``..``ADAPT_MAX``, from ``large_share`` as the prior); ``large_share_end`` in
+    the meta."""
     best, best_s = np.asarray(start, dtype=np.int64).copy(), start_score
     if prob.d == 1 or prob.n == 0:
         return best
@@ -112,6 +124,11 @@ def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, 
     t1 = 1e-4 * max(best_s.step_time, 1e-12)
     rng = prob.rng
     stale, large_time = 0, 0.0
+    share = large_share
+    # adapt: each kind of move's recent gain of the best per second (decayed over TAU of the span), the large
+    # moves' share of the seconds set to their part of the two rates, from ``large_share`` (the prior)
+    credit = {True: [ADAPT_GAIN * large_share, ADAPT_PRIOR * (span or 1.0)],
+              False: [ADAPT_GAIN * (1.0 - large_share), ADAPT_PRIOR * (span or 1.0)]}
     for _ in range(50 * prob.budget + 100):  # bounded even when moves keep hitting cached placements
         if prob.left <= 0 or stale > 20 * prob.n * prob.d + 100:
             break
@@ -120,10 +137,11 @@ def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, 
             frac = max(frac, (prob.elapsed - sec0) / span)
         temp = t0 * (t1 / t0) ** min(1.0, frac)
         # the large moves only once the walk fits memory (before, its single moves climb towards fitting)
-        if large is not None and cur_s.feasible and large_time < large_share * (prob.elapsed - sec0):
-            tl = prob.elapsed
+        tm = prob.elapsed
+        is_large = large is not None and cur_s.feasible and large_time < share * (tm - sec0)
+        if is_large:
             cand = large(cur, rng)
-            large_time += prob.elapsed - tl
+            large_time += prob.elapsed - tm
             if cand is None:
                 continue
         else:
@@ -133,10 +151,25 @@ def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, 
         stale = stale + 1 if prob.calls == calls_before else 0
         if s is None:
             break
+        gain = 0.0
         if _accept(cur_s, s, temp, rng):
             cur, cur_s = cand, s
             if s.key < best_s.key:
+                if s.feasible and best_s.feasible:
+                    gain = (best_s.step_time - s.step_time) / max(best_s.step_time, 1e-30)
                 best, best_s = cand.copy(), s
+        if adapt and large is not None and cur_s.feasible:
+            dt = prob.elapsed - tm
+            keep = math.exp(-dt / (ADAPT_TAU * (span or 1.0)))
+            for c in credit.values():
+                c[0] *= keep
+                c[1] *= keep
+            credit[is_large][0] += gain
+            credit[is_large][1] += dt
+            rate = {k: c[0] / max(c[1], 1e-12) for k, c in credit.items()}
+            share = min(max(rate[True] / max(rate[True] + rate[False], 1e-30), ADAPT_MIN), ADAPT_MAX)
+    if large is not None:
+        prob.meta["large_share_end"] = share
     return best
 
 
