@@ -133,10 +133,12 @@ def _search_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     if rule:
         out.append((f"`la_rule_search` over `la_rule` (`{f['split']}`): what search adds to the one-pass rule", rule))
     if all("policy_completion_gain" in v for v in summ.values()):  # --ablate: what the learned parts add
+        adapt = all(math.isfinite(v.get("adapt_gain", math.nan)) for v in summ.values())  # and the adapted share
         out.append((f"`policy_search` over itself without the policy's moves / with `la_rule` completing its repairs "
-                    f"(`{f['split']}`; below 1: the policy helps)",
+                    + ("/ with its repairs' share of the seconds fixed " if adapt else "")
+                    + f"(`{f['split']}`; below 1: the policy helps)",
                     ", ".join(f"{float(k):g} s {v['policy_moves_gain']:.3f} / {v['policy_completion_gain']:.3f}"
-                              for k, v in summ.items())))
+                              + (f" / {v['adapt_gain']:.3f}" if adapt else "") for k, v in summ.items())))
     return out
 
 
