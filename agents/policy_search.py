@@ -87,6 +87,7 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
     head = student_head(policy, task).arrays()
     rng = np.random.default_rng(seed)
     calls, cut, starts, windows = 0, None, ["given"] if start is not None else ["policy"], []
+    pool: list = []  # every start taken: (placement, fits memory)
     deadline = t0 + float(seconds)
     if start is None:  # the policy's own greedy placement: at its placing window, or the windows that fit
         log: list = []
@@ -97,11 +98,13 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
         done = max(e[1] for e in log)
         cut = start_cut("policy", done, n)
         start_dev = one.devices[0].copy()
+        pool.append((start_dev, bool(one.feasible()[0])))
         if done < n:  # cut short: the earliest-finish rule's own placement (milliseconds) may be the better start
             eft = ScheduleState(graph, costs, topology, episodes=1, window=0)
             decode(eft, EARLIEST_FINISH)
             calls += 1
             starts.append("sim_eft")
+            pool.append((eft.devices[0].copy(), bool(eft.feasible()[0])))
             if state_key(eft) < state_key(one):
                 one, start_dev = eft, eft.devices[0].copy()
         # the policy's greedy on slower views of the links (baselines.eft.link_starts, with the policy's head), at
@@ -118,6 +121,7 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
                 decode(st_, FORCED, forced=dev_)
                 calls += window_completions(n, nd, w_) + 1
                 starts.append(f"links x{scale:g}")
+                pool.append((dev_.copy(), bool(st_.feasible()[0])))
                 if state_key(st_) < state_key(one):
                     one, start_dev = st_, dev_.copy()
         took = time.perf_counter() - t0
@@ -127,6 +131,7 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
             done = decode_until(rule, LA_RULE, deadline=deadline)
             calls += completions_until(n, nd, wide, done) + 1
             starts.append("la_rule")
+            pool.append((rule.devices[0].copy(), bool(rule.feasible()[0])))
             if state_key(rule) < state_key(one):
                 one, start_dev = rule, rule.devices[0].copy()
     else:
@@ -176,10 +181,14 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
     left = float(seconds) - (time.perf_counter() - t0)
     if left > 0 and n > 0 and nd > 1:
         from placement_rl.baselines.common import Problem
+        from placement_rl.baselines.memory import best_start
         from placement_rl.baselines.search import anneal as _anneal
 
         prob = Problem(graph, costs, topology, budget=10**12, seed=int(rng.integers(2**31)), seconds=left)
         s0 = prob.score(inc)
+        if s0 is not None and any(not ok_ for _, ok_ in pool):  # starts over memory weighed as memory.fit makes
+            others = [(d_, prob.score(d_)) for d_, _ in pool if not np.array_equal(d_, inc)]  # them fit (the
+            inc, s0 = best_start(prob, [(inc, s0), *others])  # fits share one fit's seconds), as other searches do
         if s0 is not None:
             dev = _anneal(prob, inc, s0, large=large, large_share=1.0 - float(anneal_share),
                           adapt=adapt)

@@ -218,6 +218,29 @@ def test_anneal_adapt_shrinks_the_share_of_large_moves_that_never_gain():
     assert spent[True] < 0.5 * spent[False]
 
 
+def test_starts_over_memory_are_weighed_as_fitted(policy, monkeypatch):
+    """On a memory-tight cluster where the policy's starts overflow, ``policy_search`` weighs every start it took as
+    ``memory.fit`` makes it fit (``memory.best_start``, as ``la_rule_search`` does), and its result fits."""
+    from conftest import tight_topology
+
+    from placement_rl.baselines import memory
+
+    g = synthetic.sample("dataflow", num_nodes=150, seed=4)
+    t = tight_topology("4x_v100_nvlink", 0.7, g)
+    c = resolve_costs(g, t)
+    seen = []
+
+    def spy(prob, scored):
+        seen.append(len(scored))
+        return best_start(prob, scored)
+
+    best_start = memory.best_start
+    monkeypatch.setattr(memory, "best_start", spy)
+    p = policy_search(policy, g, c, t, seconds=1.0, seed=0)
+    assert seen and 2 <= seen[0] <= len(p.meta["starts"]) and p.meta["feasible"]
+    assert simulate(g, c, t, p.device_of_node).feasible
+
+
 def test_a_start_cut_by_the_seconds_is_never_worse_than_the_earliest_finish(policy):
     """Seconds too short for the greedy decode: the greedy stops at once (``start_cut``), ``sim_eft``'s placement is
     a start too, and the result is no slower than it."""
