@@ -40,10 +40,10 @@ REGION_MAX = 16  # nodes in a region, drawn uniformly from 2..REGION_MAX
 ADAPT_GAIN, ADAPT_PRIOR = 1e-3, 0.02  # ``anneal(adapt=True)``'s prior per kind of move: a relative gain of the
 # best of ADAPT_GAIN x its prior share in ADAPT_PRIOR of the span
 ADAPT_TAU = 0.25  # the credit decays over this share of the span
-ADAPT_MIN, ADAPT_MAX = 0.03, 0.6  # the large moves' share stays within these. Dev (policy_search, policy moves at a
-# fixed 0.2 against adapted, over the best other search at 0.5 / 2 / 10 s): 8 dev-split pairs 1.003 / 0.998 / 0.999
-# against 1.004 / 0.996 / 0.998; four 2,000-node graphs of seed 6 1.006 / 0.989 / 0.987 against 1.006 / 0.978 /
-# 0.977, of seed 7 (three that fit) 1.006 / 0.997 / 1.007 against 1.006 / 1.000 / 1.002
+ADAPT_MIN, ADAPT_MAX = 0.03, 0.6  # the large moves' share stays within these. Dev (policy_search adapted over
+# itself with the fixed 0.2, ``adapt_gain`` of scripts/bench_learned.py --ablate at 0.5 / 2 / 10 s): 8 dev-split pairs
+# 1.000 / 0.999 / 0.998 (results/search_dev.json), the dev 2,000-node graphs of seeds 6-7 1.000 / 1.001 / 0.994
+# (search_scale2000_dev.json); small, within the run-to-run noise of single pairs
 FORMER_SETTINGS = {"T0_FRAC": 0.002, "REGION_SHARE": 0.0}  # before region moves (placements made then rebuild with it)
 START_HEURISTICS = (simple.single_device, heft.heft_devices, baechi.m_etf, baechi.m_sct, baechi.m_topo, metis.metis,
                     simple.round_robin)
@@ -88,9 +88,9 @@ def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, 
     seconds are below ``large_share`` of the seconds spent; its candidates go through the same temperature schedule
     and acceptance test as the single-node moves. ``adapt``: that share follows what each kind of move has
     recently gained (adaptive operator weights, as in adaptive large neighbourhood search): the relative gain of
-    the best per second of each kind, decayed over ``ADAPT_TAU`` of the span, the large moves' share their part of
-    the two rates (within ``ADAPT_MIN``..``ADAPT_MAX``, from ``large_share`` as the prior); ``large_share_end`` in
-    the meta."""
+    the best per second of each kind, decayed over ``ADAPT_TAU`` of the span (1 s without seconds), the large
+    moves' share their part of the two rates (within ``ADAPT_MIN``..``ADAPT_MAX``, from ``large_share`` as the
+    prior); ``large_share_end`` in the meta."""
     best, best_s = np.asarray(start, dtype=np.int64).copy(), start_score
     if prob.d == 1 or prob.n == 0:
         return best
