@@ -37,13 +37,15 @@ T0_FRAC = 0.0005  # start temperature / start step time. At 0.002 the walk drift
 # at 2 / 10 s from la_rule (dev split, 8 pairs x 3 seeds; scripts/bench_anneal.py, results/anneal_dev.json)
 REGION_SHARE = 0.3  # share of the moves that move a connected region (the rest: the single-node moves)
 REGION_MAX = 16  # nodes in a region, drawn uniformly from 2..REGION_MAX
-ADAPT_GAIN, ADAPT_PRIOR = 1e-3, 0.02  # ``anneal(adapt=True)``'s prior per kind of move: a relative gain of the
-# best of ADAPT_GAIN x its prior share in ADAPT_PRIOR of the span
+ADAPT_GAIN = 1e-3  # ``anneal(adapt=True)``: the recent relative gain of the best (both kinds of move) at which the
+# observed rates and the prior share weigh the same
 ADAPT_TAU = 0.25  # the credit decays over this share of the span
 ADAPT_MIN, ADAPT_MAX = 0.03, 0.6  # the large moves' share stays within these. Dev (policy_search adapted over
 # itself with the fixed 0.2, ``adapt_gain`` of scripts/bench_learned.py --ablate at 0.5 / 2 / 10 s): 8 dev-split pairs
 # 1.000 / 0.999 / 0.998 (results/search_dev.json), the dev 2,000-node graphs of seeds 6-7 1.000 / 1.001 / 0.994
-# (search_scale2000_dev.json); small, within the run-to-run noise of single pairs
+# (search_scale2000_dev.json), with an earlier form whose share drifted to about a third on walks where neither kind
+# gains; this one keeps the prior there (the four dev 2,000-node graphs of seed 6, adapted over fixed: 1.001 / 1.000
+# at 2 / 10 s). Level, within the run-to-run noise of single pairs
 FORMER_SETTINGS = {"T0_FRAC": 0.002, "REGION_SHARE": 0.0}  # before region moves (placements made then rebuild with it)
 START_HEURISTICS = (simple.single_device, heft.heft_devices, baechi.m_etf, baechi.m_sct, baechi.m_topo, metis.metis,
                     simple.round_robin)
@@ -89,8 +91,9 @@ def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, 
     and acceptance test as the single-node moves. ``adapt``: that share follows what each kind of move has
     recently gained (adaptive operator weights, as in adaptive large neighbourhood search): the relative gain of
     the best per second of each kind, decayed over ``ADAPT_TAU`` of the span (1 s without seconds), the large
-    moves' share their part of the two rates (within ``ADAPT_MIN``..``ADAPT_MAX``, from ``large_share`` as the
-    prior); ``large_share_end`` in the meta."""
+    moves' share their part of the two rates, weighed against ``large_share`` (the prior) by how much recent gain
+    there is (``ADAPT_GAIN``: equal weights; where neither kind gains, the prior), within
+    ``ADAPT_MIN``..``ADAPT_MAX``; ``large_share_end`` in the meta."""
     best, best_s = np.asarray(start, dtype=np.int64).copy(), start_score
     if prob.d == 1 or prob.n == 0:
         return best
@@ -125,10 +128,10 @@ def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, 
     rng = prob.rng
     stale, large_time = 0, 0.0
     share = large_share
-    # adapt: each kind of move's recent gain of the best per second (decayed over TAU of the span), the large
-    # moves' share of the seconds set to their part of the two rates, from ``large_share`` (the prior)
-    credit = {True: [ADAPT_GAIN * large_share, ADAPT_PRIOR * (span or 1.0)],
-              False: [ADAPT_GAIN * (1.0 - large_share), ADAPT_PRIOR * (span or 1.0)]}
+    # adapt: each kind of move's recent gain of the best and seconds (decayed over TAU of the span); the large
+    # moves' share is their part of the two rates of gain, weighed against ``large_share`` (the prior) by how much
+    # recent gain there is to judge by: where neither kind gains, the prior
+    credit = {True: [0.0, 0.0], False: [0.0, 0.0]}
     for _ in range(50 * prob.budget + 100):  # bounded even when moves keep hitting cached placements
         if prob.left <= 0 or stale > 20 * prob.n * prob.d + 100:
             break
@@ -166,11 +169,21 @@ def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, 
                 c[1] *= keep
             credit[is_large][0] += gain
             credit[is_large][1] += dt
-            rate = {k: c[0] / max(c[1], 1e-12) for k, c in credit.items()}
-            share = min(max(rate[True] / max(rate[True] + rate[False], 1e-30), ADAPT_MIN), ADAPT_MAX)
+            share = adapted_share(credit, large_share)
     if large is not None:
         prob.meta["large_share_end"] = share
     return best
+
+
+def adapted_share(credit: dict, prior: float) -> float:
+    """The large moves' share of the seconds from ``credit`` (``{is_large: [recent gain of the best, recent
+    seconds]}``): their part of the two rates of gain, weighed against ``prior`` by the recent gain of both
+    (``ADAPT_GAIN``: equal weights), within ``ADAPT_MIN``..``ADAPT_MAX``."""
+    rate = {k: c[0] / max(c[1], 1e-12) for k, c in credit.items()}
+    seen = credit[True][0] + credit[False][0]
+    weight = seen / (seen + ADAPT_GAIN)
+    part = rate[True] / (rate[True] + rate[False]) if rate[True] + rate[False] > 0 else prior
+    return min(max(weight * part + (1.0 - weight) * prior, ADAPT_MIN), ADAPT_MAX)
 
 
 @contextlib.contextmanager
