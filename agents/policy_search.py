@@ -88,6 +88,7 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
     rng = np.random.default_rng(seed)
     calls, cut, starts, windows = 0, None, ["given"] if start is not None else ["policy"], []
     pool: list = []  # every start taken: (placement, fits memory)
+    share_end = None  # the repairs' share of the seconds when the annealing ended
     deadline = t0 + float(seconds)
     if start is None:  # the policy's own greedy placement: at its placing window, or the windows that fit
         log: list = []
@@ -200,11 +201,11 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
         off = time.perf_counter() - t0 - prob.elapsed  # the start's seconds before the search's clock began
         trace += [[off + float(x[0]), calls + int(x[1]), float(x[2])] for x in prob.trace]
         calls += prob.calls
-        stats["share_end"] = prob.meta.get("large_share_end")
+        share_end = prob.meta.get("large_share_end")
     meta = {"placer": "policy_search", "seed": int(seed), "sim_calls": calls,
             "search_seconds": time.perf_counter() - t0, "seconds_budget": float(seconds), "trace": trace,
             "start_time": start_t, "starts": starts, "batches": stats["batches"], "improved": stats["improved"],
-            "large_share_end": stats.get("share_end"),
+            "large_share_end": share_end,
             "samples": int(samples), "window": int(window), "repair": int(repair), "completion": completion,
             "step_time": best_t,
             "feasible": best_ok, "start_windows": windows, **({"start_cut": cut} if cut else {})}

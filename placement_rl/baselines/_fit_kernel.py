@@ -112,20 +112,28 @@ def _member(u, members, m):
 
 
 @njit(cache=True, nogil=True)
+def _shift(members, m, s, t, dev, pinned, node_time, acc):
+    """Put the ``members[:m]`` that sit on ``s`` on ``t`` (``dev``), their pinned bytes moved in ``acc`` (a load or
+    its change); returns the compute time the move adds."""
+    cost = 0.0
+    for j in range(m):
+        v = members[j]
+        if dev[v] == s:
+            dev[v] = t
+            acc[s] -= pinned[v]
+            acc[t] += pinned[v]
+            cost += node_time[v, t] - node_time[v, s]
+    return cost
+
+
+@njit(cache=True, nogil=True)
 def _rate_of(members, m, aff, c, s, t, dev, succ_ptr, succ_idx, succ_eid, edge_bytes, pinned, cap, node_time,
              inv_bw, recv, load, row, delta):
     """The rate (``_rate``) of moving ``members[:m]`` (on ``s``; one listed twice moves once) to ``t``: the load
     changes of every device and the added time (compute, and each changed received tensor's bytes x ``inv_bw``),
     the rows of the ``aff[:c]`` producers recomputed with the members on ``t``; ``dev`` is left as it was."""
     delta[:] = 0.0
-    cost = 0.0
-    for j in range(m):
-        v = members[j]
-        if dev[v] == s:
-            dev[v] = t
-            delta[s] -= pinned[v]
-            delta[t] += pinned[v]
-            cost += node_time[v, t] - node_time[v, s]
+    cost = _shift(members, m, s, t, dev, pinned, node_time, delta)
     for j in range(c):
         u = aff[j]
         _row(u, dev[u], dev, succ_ptr, succ_idx, succ_eid, edge_bytes, row)
@@ -139,14 +147,10 @@ def _rate_of(members, m, aff, c, s, t, dev, succ_ptr, succ_idx, succ_eid, edge_b
 
 
 @njit(cache=True, nogil=True)
-def _apply(members, m, aff, c, s, t, dev, succ_ptr, succ_idx, succ_eid, edge_bytes, pinned, recv, load, row):
+def _apply(members, m, aff, c, s, t, dev, succ_ptr, succ_idx, succ_eid, edge_bytes, pinned, node_time, recv, load,
+           row):
     """Move ``members[:m]`` from ``s`` to ``t`` in place (``dev``, ``load``, the ``aff[:c]`` rows of ``recv``)."""
-    for j in range(m):
-        v = members[j]
-        if dev[v] == s:
-            dev[v] = t
-            load[s] -= pinned[v]
-            load[t] += pinned[v]
+    _shift(members, m, s, t, dev, pinned, node_time, load)
     for j in range(c):
         u = aff[j]
         _row(u, dev[u], dev, succ_ptr, succ_idx, succ_eid, edge_bytes, row)
@@ -214,7 +218,7 @@ def fit_moves(dev, pred_ptr, pred_idx, succ_ptr, succ_idx, succ_eid, edge_bytes,
             stamp += 1
             c = _affected(members, 1, pred_ptr, pred_idx, seen, stamp, aff)
             _apply(members, 1, aff, c, dev[best_i], best_t, dev, succ_ptr, succ_idx, succ_eid, edge_bytes, pinned,
-                   recv, load, row)
+                   node_time, recv, load, row)
         moves += 1
         over = _over(load, cap)
     return moves, over
@@ -256,5 +260,6 @@ def _star_move(dev, pred_ptr, pred_idx, succ_ptr, succ_idx, succ_eid, edge_bytes
     m = _star(best_i, s, dev, pred_ptr, pred_idx, succ_ptr, succ_idx, members)
     stamp += 1
     c = _affected(members, m, pred_ptr, pred_idx, seen, stamp, aff)
-    _apply(members, m, aff, c, s, best_t, dev, succ_ptr, succ_idx, succ_eid, edge_bytes, pinned, recv, load, row)
+    _apply(members, m, aff, c, s, best_t, dev, succ_ptr, succ_idx, succ_eid, edge_bytes, pinned, node_time, recv,
+           load, row)
     return True
