@@ -28,10 +28,11 @@ windows that fit are about as good for the policy as for its rule (five memory-f
 ``scripts/probe_windows.py``: the best of those that fit 0.5 / 1 / 2 s, 0.988 / 0.981 / 0.981 x ``la_rule`` at its
 window, the rule's own 0.990 / 0.983 / 0.983). A decode the seconds run out in stops deciding
 (the earliest finish places the rest; ``start_cut`` in the meta; then ``sim_eft``'s whole placement, a few
-milliseconds, is a start too), a
-repair batch the seconds run out in is dropped, and ``la_rule``'s start is taken only when the greedy took at most
-``RULE_START_SHARE`` of the seconds (0: never, chosen on the dev split; at 2,000 nodes each start takes 0.3-0.9 s
-on this machine, seconds the annealing needs)."""
+milliseconds, is a start too), a repair is shortened to the longest suffix predicted to take at most ``PACE`` of
+the seconds left (``suffix_start``; a batch's seconds per decision as measured, the first from the start's decodes;
+when not one decision fits, a single-node move instead), a repair batch the seconds still run out in is dropped, and
+``la_rule``'s start is taken only when the greedy took at most ``RULE_START_SHARE`` of the seconds (0: never,
+chosen on the dev split; at 2,000 nodes each start takes 0.3-0.9 s on this machine, seconds the annealing needs)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ import numpy as np
 
 from placement_rl.agents.policy_rollout import student_head
 from placement_rl.baselines.eft import ROLLOUT_MAX_NODES, link_views, start_cut
-from placement_rl.cost.decode import (EARLIEST_FINISH, FORCED, LA_RULE, POLICY, SAMPLE, START_SHARE, decode,
+from placement_rl.cost.decode import (EARLIEST_FINISH, FORCED, LA_RULE, POLICY, SAMPLE, START_SHARE, _work, decode,
                                       decode_until, decode_windows, state_key)
 from placement_rl.cost.schedule import ScheduleState
 from placement_rl.cost.window import completions_until, placing_window, window_completions
@@ -61,6 +62,9 @@ RULE_START_SHARE = 0.0  # la_rule's start too only when the policy's greedy took
 # Dev split (8 pairs and three 2,000-node graphs of seed 6, 0.5 / 2 / 10 s, searches held to their seconds): never
 # taking it (0) 1.013 / 1.010 / 1.004 and 0.989 / 0.945 / 0.982 x the best search; 0.1: 1.015 / 1.010 / 1.006 and
 # 0.994 / 0.945 / 0.990; always: 1.015 / 1.010 / 1.005 and 0.989 / 0.948 / 0.982
+PACE = 0.5  # a repair's predicted seconds at most this share of the seconds left (None: any). Dev 2,000-node graphs
+# of seeds 6-7 (scratch probe, one process, the same seeds; 7 graphs that fit memory): 0.990 / 1.000 against 1.000 /
+# 1.006 x the best search at 0.5 s (before, a batch started there could not end within the seconds), level at 2 s
 SEARCH_WINDOW = 16  # the window of the sampled states: a batch of 8 suffixes at W = 16 costs ~10x less than at the
 # placing window, and more batches found more (4 synthetic 300-node pairs, 2 s: W 16 / 64 with 80% annealing)
 
@@ -69,10 +73,10 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
                   temperature: float = TEMPERATURE, window: int | None = None, start: np.ndarray | None = None,
                   anneal_share: float = ANNEAL_SHARE,
                   task: ConstructiveTask | None = None, repair: int = REPAIR,
-                  completion: str = "policy", adapt: bool = ADAPT) -> Placement:
+                  completion: str = "policy", adapt: bool = ADAPT, pace: float | None = PACE) -> Placement:
     """The best placement found in ``seconds`` of wall clock (module doc). ``window``: the lookahead window of
     the states the policy reads (default: the policy's own, ``placing_window``); ``start``: an incumbent to start
-    from instead of the policy's greedy decode (its own row then)."""
+    from instead of the policy's greedy decode (its own row then); ``pace``: ``suffix_start``'s share."""
     if not float(seconds) > 0:
         raise ConfigError(f"policy_search needs seconds > 0, got {seconds!r}")
     if completion not in COMPLETIONS:
@@ -87,6 +91,7 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
     head = student_head(policy, task).arrays()
     rng = np.random.default_rng(seed)
     calls, cut, starts, windows = 0, None, ["given"] if start is not None else ["policy"], []
+    rate0 = 0.0  # seconds per node step of the start's decodes (a repair's first prediction)
     pool: list = []  # every start taken: (placement, fits memory)
     share_end = None  # the repairs' share of the seconds when the annealing ended
     deadline = t0 + float(seconds)
@@ -95,6 +100,7 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
         one, c = decode_windows(graph, costs, topology, POLICY, head, window=int(wide), log=log,
                                 deadline=t0 + START_SHARE * float(seconds))
         calls += c
+        rate0 = (time.perf_counter() - t0) / max(sum(_work(int(e[1]), int(e[0])) for e in log), 1.0)
         windows = [list(e[:2]) for e in log]
         done = max(e[1] for e in log)
         cut = start_cut("policy", done, n)
@@ -147,13 +153,21 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
     trace = [[time.perf_counter() - t0, calls, best_t]] if best_ok else []
     st = ScheduleState(graph, costs, topology, episodes=int(samples), window=int(window))
     # batches run, batches whose best sample beat every sample before it, the samples' temperature, that best
-    stats = {"batches": 0, "improved": 0, "temp": float(temperature), "best": inc_t if inc_ok else np.inf}
+    stats = {"batches": 0, "improved": 0, "temp": float(temperature), "best": inc_t if inc_ok else np.inf,
+             "rate": None, "skipped": 0}
 
     def large(cur: np.ndarray, rng_: np.random.Generator) -> np.ndarray:
         """The best of ``samples`` repairs of ``cur``: its first ``s`` decisions replayed, the next few sampled from
         the policy at the current temperature, the rest the policy's greedy (ruin and recreate); or, with
         ``repair=0``, the whole suffix sampled."""
         s = int(rng_.integers(n))
+        if pace is not None:  # seconds per decision of a batch: as measured, or at first from the start's decodes
+            rate = stats["rate"] if stats["rate"] is not None else rate0 * int(samples) * _work(n, int(window)) / n
+            s = suffix_start(s, n, rate, deadline - time.perf_counter(), pace)
+            if s is None:
+                stats["skipped"] += 1
+                return None  # anneal makes a single-node move instead
+        tb = time.perf_counter()
         st.reset()
         decode(st, FORCED, stop=s, forced=cur)
         seed_ = int(rng_.integers(2**31))
@@ -167,6 +181,8 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
         else:
             decode(st, SAMPLE, head, temperature=stats["temp"], seed=seed_)
         times, ok = st.finish(), st.feasible()
+        r_ = (time.perf_counter() - tb) / max(n - s, 1)  # (the replayed prefix costs ~1% of a batch)
+        stats["rate"] = r_ if stats["rate"] is None else 0.7 * stats["rate"] + 0.3 * r_
         prob.charge(int(samples) - 1)  # the batch's samples; the chosen one is scored (one more call) by anneal
         stats["batches"] += 1
         k = int(np.argmin(np.where(ok, times, np.inf) if ok.any() else times))
@@ -205,6 +221,7 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
     meta = {"placer": "policy_search", "seed": int(seed), "sim_calls": calls,
             "search_seconds": time.perf_counter() - t0, "seconds_budget": float(seconds), "trace": trace,
             "start_time": start_t, "starts": starts, "batches": stats["batches"], "improved": stats["improved"],
+            "skipped": stats["skipped"],
             "large_share_end": share_end,
             "samples": int(samples), "window": int(window), "repair": int(repair), "completion": completion,
             "step_time": best_t,
@@ -212,4 +229,11 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
     return Placement(best, meta=meta).validate(graph, topology)
 
 
-__all__ = ["policy_search"]
+def suffix_start(s: int, n: int, seconds_per_decision: float, left: float, pace: float = PACE) -> int | None:
+    """A repair's start step: the drawn ``s`` when the ``n - s`` decisions after it are predicted to take at most
+    ``pace`` of the ``left`` seconds, else the earliest start whose suffix is; ``None`` when not one decision is."""
+    most = int(pace * max(left, 0.0) / max(seconds_per_decision, 1e-12))
+    return None if most < 1 else max(int(s), int(n) - most)
+
+
+__all__ = ["policy_search", "suffix_start"]

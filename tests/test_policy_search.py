@@ -251,3 +251,33 @@ def test_a_start_cut_by_the_seconds_is_never_worse_than_the_earliest_finish(poli
     assert p.meta["starts"] == ["policy", "sim_eft"]
     eft = simulate(g, c, t, sim_eft_devices(g, c, t)).step_time
     assert simulate(g, c, t, p.device_of_node).step_time == p.meta["step_time"] <= eft * (1 + 1e-9)
+
+
+def test_a_repair_is_shortened_to_the_suffix_its_seconds_allow():
+    """``suffix_start``: the drawn start when its suffix fits ``pace`` of the seconds left, else the earliest start
+    whose suffix does, and none when not one decision does."""
+    from placement_rl.agents.policy_search import suffix_start
+
+    assert suffix_start(700, 1000, 1e-3, 2.0, 0.5) == 700  # 300 decisions: 0.3 s, within 1 s
+    assert suffix_start(100, 1000, 1e-3, 0.2, 0.5) == 900  # 0.1 s: 100 decisions at most
+    assert suffix_start(950, 1000, 1e-3, 0.2, 0.5) == 950
+    assert suffix_start(0, 1000, 1e-3, 1e-3, 0.5) is None  # not one decision in 0.5 ms
+    assert suffix_start(0, 1000, 1e-3, -1.0, 0.5) is None  # the seconds are gone
+
+
+def test_anneal_makes_a_single_move_when_the_large_move_has_none():
+    """A proposal that returns ``None`` (no repair fits the seconds) costs the walk nothing: it goes on with
+    single-node moves and still improves a poor start."""
+    g, c, t = _case("layered", 40, "4x_v100_nvlink", 5)
+    bad = np.zeros(g.num_nodes, dtype=np.int64)
+    asked = []
+
+    def large(cur, rng):
+        asked.append(1)
+        return None
+
+    prob = Problem(g, c, t, budget=300, seed=0)
+    s0 = prob.score(bad)
+    out = anneal(prob, bad, s0, large=large, large_share=0.5)
+    assert asked and prob.calls >= 300
+    assert simulate(g, c, t, out).step_time < s0.step_time

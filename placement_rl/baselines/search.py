@@ -145,8 +145,8 @@ def anneal(prob: Problem, start: np.ndarray, start_score: Score, *, large=None, 
         if is_large:
             cand = large(cur, rng)
             large_time += prob.elapsed - tm
-            if cand is None:
-                continue
+            if cand is None:  # none this time (the seconds ran out, or none fits them): a single-node move
+                is_large, cand = False, _move(cur, prob, rng)
         else:
             cand = _move(cur, prob, rng)
         calls_before = prob.calls
