@@ -24,7 +24,8 @@ bound. Where every node's out-edges carry the same bytes and CP-SAT solves the m
 (the simulated solution meets the bound). Times are integer ticks, durations and transfer times rounded down (a
 real schedule floored to ticks stays feasible, since ``floor(a + b) >= floor(a) + floor(b)``), so rounding never
 lifts it. Memory limits are relaxed, as in every other part: the solution (``CpResult.placement``), simulated, is a
-placement and an upper bound, but it may not fit memory.
+placement and an upper bound, but it may not fit memory (the ``cp_sat`` placer, ``baselines.cp_place``, adds them to
+the model: ``_memory``).
 
 Devices of one speed class are interchangeable in the model; the first node is pinned to the first device of its
 class (a symmetry cut that keeps an optimum). The model grows as N x D^2 with the links: it proves bounds in seconds
@@ -79,6 +80,7 @@ class _Problem:
     first: int  # a node to pin (symmetry)
     pair: np.ndarray | None = None  # [n, D, D] least transfer per ordered device pair: the links modelled
     order: np.ndarray | None = None  # the simulator's priority order, which each device follows (None: any order)
+    memory: tuple | None = None  # (pinned [n], edge bytes [m], capacity [D]) in integer units: memory modelled
 
 
 def _ticks(values, tick: float, cap: float) -> np.ndarray:
@@ -152,6 +154,8 @@ def _solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray | None, se
         _links(m, p, x, fs, fe, bs, be, horizon)
     if p.order is not None:
         _fifo(m, p, x, fs, fe, bs, be, horizon)
+    if p.memory is not None:
+        _memory(m, p, x)
     firsts = {}
     for d in range(nd):
         firsts.setdefault(int(p.key[d]), d)
@@ -204,6 +208,26 @@ def _fifo(m, p: _Problem, x, fs, fe, bs, be, horizon: int) -> None:
             m.Add(bs[v] >= prev).OnlyEnforceIf(x[v][d])
             m.Add(cur >= be[v]).OnlyEnforceIf(x[v][d])
             prev = cur
+
+
+def _memory(m, p: _Problem, x) -> None:
+    """Every device holds what the simulator counts (``cost.simulate``, as ``memory.fit``): the bytes its nodes pin
+    and, per producer on another device, the largest tensor that producer sends it (``r[u, d]``, at least each
+    edge's bytes where the consumer is on ``d`` and the producer is not)."""
+    pinned, edge_bytes, capacity = p.memory
+    n, nd = p.fwd.shape
+    recv: dict[tuple[int, int], object] = {}
+    for (u, v), b in zip(p.edges.tolist(), np.asarray(edge_bytes).tolist()):
+        if b <= 0:
+            continue
+        for d in range(nd):
+            r = recv.get((u, d))
+            if r is None:
+                r = recv[u, d] = m.NewIntVar(0, int(capacity[d]) + 1, f"r{u}_{d}")
+            m.Add(r >= int(b) * (x[v][d] - x[u][d]))
+    for d in range(nd):
+        m.Add(sum(int(pinned[v]) * x[v][d] for v in range(n) if pinned[v] > 0)
+              + sum(r for (_, k), r in recv.items() if k == d) <= int(capacity[d]))
 
 
 def _links(m, p: _Problem, x, fs, fe, bs, be, horizon: int) -> None:
