@@ -63,3 +63,39 @@ def test_cp_sat_is_never_worse_than_its_hint_and_refuses_large_graphs():
     with pytest.raises(ConfigError, match="coarsen") as e:
         _place("cp_sat", big, resolve_costs(big, t), t, seconds=1)
     assert "\n" not in str(e.value)
+
+
+def _fork_on_uneven_links():
+    """in -> (a, b) -> out, a and b heavy, big tensors; three equal GPUs where only gpu1-gpu2 is fast: the optimum
+    puts ``in`` on gpu1 or gpu2, never gpu0."""
+    from placement_rl.graph.ir import make_graph
+    from placement_rl.topology import DeviceTopology
+
+    nodes = [dict(name=nm, fwd_flops=f, bwd_flops=2 * f, out_bytes=4e8, param_bytes=1e6, act_bytes=4e6)
+             for nm, f in (("in", 1e9), ("a", 3e11), ("b", 3e11), ("out", 1e9))]
+    g = make_graph(nodes, [("in", "a", 4e8), ("in", "b", 4e8), ("a", "out", 4e8), ("b", "out", 4e8)], name="fork")
+    bw = {(0, 1): 1e9, (0, 2): 1e9, (1, 2): 100e9}
+    t = DeviceTopology.from_dict({
+        "name": "uneven3",
+        "devices": [dict(name=f"gpu{k}", kind="gpu", model="V100-SXM2-32GB", peak_flops=15.7e12, mem_bandwidth=900e9,
+                         memory_bytes=32 * GB) for k in range(3)],
+        "links": {"pairs": [{"between": [f"gpu{i}", f"gpu{j}"], "bandwidth": b, "latency": 1e-5}
+                            for (i, j), b in bw.items()]}})
+    return g, t
+
+
+def test_devices_the_links_tell_apart_are_not_swapped_by_the_symmetry_cut():
+    """The cp model pins the first node to the first device of its kind; with the links modelled, devices of one
+    speed that the links tell apart are not one kind (``bounds_cp._link_keys``): the bound stays below the optimum
+    (pinned to gpu0 it was 1.6 x it) and ``cp_sat`` finds the optimum."""
+    from placement_rl.baselines.bounds_cp import _link_keys, cp_bound, pair_costs
+
+    g, t = _fork_on_uneven_links()
+    c = resolve_costs(g, t)
+    keys = _link_keys(np.zeros(3, dtype=np.int64), pair_costs(g, c, t))
+    assert keys[1] == keys[2] != keys[0]  # gpu1 and gpu2 swap; gpu0 does not
+    opt = _place("exhaustive", g, c, t).meta["step_time"]
+    got = cp_bound(g, c, t, upper=4 * opt, seconds=20, links=True)
+    assert got.optimal and got.bound <= opt * (1 + 1e-9) and got.bound >= 0.999 * opt
+    p = _place("cp_sat", g, c, t, seconds=20)
+    assert p.meta["step_time"] == pytest.approx(opt, rel=1e-6) and p.meta["cp_optimal"]
