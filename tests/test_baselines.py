@@ -19,7 +19,7 @@ from placement_rl.topology import DeviceTopology, load_topology
 
 GB = 1e9
 OP_PLACERS = [n for n in baselines.names()
-              if n not in ("exhaustive", "eft_rollout", "eft_rollout_search", "la_rule", "la_rule_search",
+              if n not in ("exhaustive", "cp_sat", "eft_rollout", "eft_rollout_search", "la_rule", "la_rule_search",
                            "la_rule_links")]  # budgets
 
 
@@ -71,7 +71,8 @@ def run(name: str, graph, topo, *, budget: int = 60, seed: int = 0, costs=None, 
 def test_registry_names_and_unknown():
     assert set(baselines.names()) == {"single_device", "round_robin", "random", "metis", "heft", "m_topo",
                                       "m_etf", "m_sct", "sim_eft", "eft_rollout", "eft_rollout_search", "local_search",
-                                      "exhaustive", "la_rule", "la_rule_search", "la_rule_links"}
+                                      "exhaustive", "la_rule", "la_rule_search", "la_rule_links",
+                                      "cp_sat"}
     with pytest.raises(ConfigError, match="heft"):
         baselines.get("nope")
     with pytest.raises(ConfigError, match="budget"):

@@ -23,7 +23,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from placement_rl.baselines import baechi, eft, heft, metis, search, simple
+from placement_rl.baselines import baechi, cp_place, eft, heft, metis, search, simple
 from placement_rl.baselines.common import Problem
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import ConfigError
@@ -60,6 +60,7 @@ _PLACERS: dict[str, Callable[[Problem], np.ndarray]] = {
     "eft_rollout_search": eft.eft_rollout_search,
     "local_search": search.local_search,
     "exhaustive": search.exhaustive,
+    "cp_sat": cp_place.cp_sat,
 }
 
 

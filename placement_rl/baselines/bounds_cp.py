@@ -24,10 +24,13 @@ bound. Where every node's out-edges carry the same bytes and CP-SAT solves the m
 (the simulated solution meets the bound). Times are integer ticks, durations and transfer times rounded down (a
 real schedule floored to ticks stays feasible, since ``floor(a + b) >= floor(a) + floor(b)``), so rounding never
 lifts it. Memory limits are relaxed, as in every other part: the solution (``CpResult.placement``), simulated, is a
-placement and an upper bound, but it may not fit memory.
+placement and an upper bound, but it may not fit memory (the ``cp_sat`` placer, ``baselines.cp_place``, adds them to
+the model: ``_memory``).
 
-Devices of one speed class are interchangeable in the model; the first node is pinned to the first device of its
-class (a symmetry cut that keeps an optimum). The model grows as N x D^2 with the links: it proves bounds in seconds
+Devices of one speed class (and, with the links modelled, that swap without changing any link's times) are
+interchangeable in the model; the first node is pinned to the first device of its class (a symmetry cut that keeps
+an optimum; before the links were checked, on links that tell devices apart it could cut the optimum off and lift
+the bound above it). The model grows as N x D^2 with the links: it proves bounds in seconds
 up to ~100 nodes on 4 devices; on several hundred nodes it proves no more than the other parts in a minute.
 
 OR-Tools is optional (``pip install placement-rl[exact]``); without it ``cp_bound`` says what to install.
@@ -35,6 +38,7 @@ OR-Tools is optional (``pip install placement-rl[exact]``); without it ``cp_boun
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -47,6 +51,7 @@ from placement_rl.topology import DeviceTopology
 TICKS = 2_000_000  # integer ticks in the horizon (the upper bound given): ~1e-6 of it per tick
 LINKS_MAX = 20_000  # N x D^2 up to which the links are modelled (``_links``) unless told
 LINKS_SHARE = 0.3  # of the seconds, for the model without links first
+ORBIT_MAX_DEVICES = 8  # up to this many devices, which devices the links cannot tell apart is found by enumeration
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,7 @@ class _Problem:
     first: int  # a node to pin (symmetry)
     pair: np.ndarray | None = None  # [n, D, D] least transfer per ordered device pair: the links modelled
     order: np.ndarray | None = None  # the simulator's priority order, which each device follows (None: any order)
+    memory: tuple | None = None  # (pinned [n], edge bytes [m], capacity [D]) in integer units: memory modelled
 
 
 def _ticks(values, tick: float, cap: float) -> np.ndarray:
@@ -97,6 +103,38 @@ def _device_keys(costs: CostTable, host: np.ndarray, by_host: bool) -> np.ndarra
     make_up = {h: tuple(sorted(base[host == h].tolist())) for h in set(host.tolist())}
     keys = {k: i for i, k in enumerate(sorted({(int(b), make_up[h]) for b, h in zip(base, host)}))}
     return np.array([keys[(int(b), make_up[h])] for b, h in zip(base, host)], dtype=np.int64)
+
+
+def _link_keys(key: np.ndarray, pair: np.ndarray) -> np.ndarray:
+    """``key`` split where the links tell devices apart: two devices share a key when some relabelling of the
+    devices that keeps every device's kind and every link's transfer times (``pair`` [n, D, D]) maps one onto the
+    other (their orbit; by enumeration up to ``ORBIT_MAX_DEVICES`` devices, else by swaps of two devices, which
+    finds fewer). Pinning a node to the first device of its key then keeps an optimum on any links."""
+    key = np.asarray(key, dtype=np.int64)
+    nd = len(key)
+    _, sig = np.unique(pair.reshape(pair.shape[0], nd * nd).T, axis=0, return_inverse=True)
+    sig = np.asarray(sig).reshape(nd, nd)  # one id per link: equal ids, equal transfer times for every node
+    parent = list(range(nd))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    def keeps(perm: np.ndarray) -> bool:
+        return bool(np.array_equal(key[perm], key) and np.array_equal(sig[np.ix_(perm, perm)], sig))
+
+    if nd <= ORBIT_MAX_DEVICES:
+        perms = (np.asarray(q) for q in itertools.permutations(range(nd)))
+    else:
+        perms = (np.where(np.arange(nd) == a, b, np.where(np.arange(nd) == b, a, np.arange(nd)))
+                 for a in range(nd) for b in range(a + 1, nd) if key[a] == key[b])
+    for perm in perms:
+        if keeps(perm):
+            for i in range(nd):
+                parent[root(i)] = root(int(perm[i]))
+    roots = [root(i) for i in range(nd)]
+    return np.array([min(j for j in range(nd) if roots[j] == roots[i]) for i in range(nd)], dtype=np.int64)
 
 
 def _solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray | None, seconds: float, workers: int,
@@ -152,6 +190,8 @@ def _solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray | None, se
         _links(m, p, x, fs, fe, bs, be, horizon)
     if p.order is not None:
         _fifo(m, p, x, fs, fe, bs, be, horizon)
+    if p.memory is not None:
+        _memory(m, p, x)
     firsts = {}
     for d in range(nd):
         firsts.setdefault(int(p.key[d]), d)
@@ -204,6 +244,26 @@ def _fifo(m, p: _Problem, x, fs, fe, bs, be, horizon: int) -> None:
             m.Add(bs[v] >= prev).OnlyEnforceIf(x[v][d])
             m.Add(cur >= be[v]).OnlyEnforceIf(x[v][d])
             prev = cur
+
+
+def _memory(m, p: _Problem, x) -> None:
+    """Every device holds what the simulator counts (``cost.simulate``, as ``memory.fit``): the bytes its nodes pin
+    and, per producer on another device, the largest tensor that producer sends it (``r[u, d]``, at least each
+    edge's bytes where the consumer is on ``d`` and the producer is not)."""
+    pinned, edge_bytes, capacity = p.memory
+    n, nd = p.fwd.shape
+    recv: dict[tuple[int, int], object] = {}
+    for (u, v), b in zip(p.edges.tolist(), np.asarray(edge_bytes).tolist()):
+        if b <= 0:
+            continue
+        for d in range(nd):
+            r = recv.get((u, d))
+            if r is None:
+                r = recv[u, d] = m.NewIntVar(0, int(capacity[d]) + 1, f"r{u}_{d}")
+            m.Add(r >= int(b) * (x[v][d] - x[u][d]))
+    for d in range(nd):
+        m.Add(sum(int(pinned[v]) * x[v][d] for v in range(n) if pinned[v] > 0)
+              + sum(r for (_, k), r in recv.items() if k == d) <= int(capacity[d]))
 
 
 def _links(m, p: _Problem, x, fs, fe, bs, be, horizon: int) -> None:
@@ -262,9 +322,12 @@ def _whole(graph: CompGraph, costs: CostTable, topology: DeviceTopology, upper: 
         least = np.where((host[:, None] != host[None, :])[None], pair, np.inf).min(axis=(1, 2))
         across = np.maximum(_ticks(least, tick, cap), cut)
     grad = np.zeros(n, dtype=bool) if mode_of(costs) == "inference" else needs_grad(graph).astype(bool)
+    key = _device_keys(costs, host, by_host)
+    if links:  # interchangeable only where the links are too
+        key = _link_keys(key, pair)
     return _Problem(_ticks(costs.fwd_time, tick, cap), _ticks(costs.bwd_time, tick, cap),
                     np.asarray(graph.edges, dtype=np.int64).reshape(-1, 2), cut, across, grad,
-                    host if by_host else np.zeros_like(host), _device_keys(costs, host, by_host),
+                    host if by_host else np.zeros_like(host), key,
                     int(np.asarray(graph.topo_order)[0]), _ticks(pair, tick, cap) if links else None,
                     None if order is None else priority_order(graph, costs, order)), tick
 

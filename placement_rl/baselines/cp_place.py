@@ -1,0 +1,97 @@
+"""``cp_sat``: a placement from CP-SAT (OR-Tools) on the simulator's schedule as a constraint model, with every
+device's memory a constraint; for graphs up to ``MAX_NODES`` nodes (a model, or a coarsened one, of a few layers or
+blocks per node).
+
+The model is ``bounds_cp``'s (each device runs its ops in the simulator's priority order, one at a time; every
+edge across devices waits its producer's cheapest transfer; each link carries one transfer at a time), relaxed in
+what a later chunk of a tensor weighs, plus memory as the simulator counts it: the bytes each node pins and, per
+producer on another device, the largest tensor it sends there (``bounds_cp._memory``; bytes rounded up and
+capacities down, so a placement the model admits fits). Devices of one speed, one host make-up and one capacity are
+interchangeable (a symmetry cut). CP-SAT starts from a hint: the better of ``sim_eft`` and ``la_rule_search`` run for
+``HINT_SHARE`` of the seconds (made to fit by ``memory.fit`` when over memory); its solution is simulated and the faster placement that fits is returned (so
+never worse than the hint). ``meta``: ``cp_bound`` (no placement that fits memory is faster: CP-SAT's proven bound on
+the model, valid when stopped early), ``cp_optimal`` (the model solved: on graphs whose producers send every
+consumer the same bytes its optimum is the simulator's), ``cp_improved`` (the solution beat the hint) and
+``cp_seconds``; ``cp_bound`` is None where CP-SAT proved nothing in its seconds (large models).
+
+Seconds: ``seconds`` when given, else ``CP_SECONDS``; CP-SAT stops early when it proves its solution optimal. The
+model grows as N x D^2 (links): on 4 devices it proves optima of ~10-20-node graphs in seconds; at 100-200 nodes it
+is a search from the hint that may find nothing better.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from placement_rl.baselines.common import Problem
+from placement_rl.errors import ConfigError
+
+MAX_NODES = 200  # larger graphs: coarsen them first (``placement_rl.graph.coarsen``) or use a search
+CP_SECONDS = 10.0  # CP-SAT's seconds when the placer is given none
+HINT_SHARE = 0.3  # of the seconds for the hint: ``la_rule_search`` (the rule, then annealing)
+UNITS = 10_000_000  # the largest capacity in integer memory units (a unit: ~1e-7 of it)
+
+
+def cp_sat(prob: Problem) -> np.ndarray:
+    """The placement (module doc)."""
+    from placement_rl.baselines.bounds_cp import TICKS, _require_ortools, _solve, _whole
+    from placement_rl.baselines.eft import la_rule_search, sim_eft_devices
+    from placement_rl.baselines.memory import best_start
+
+    n, nd = prob.n, prob.d
+    if n > MAX_NODES:
+        raise ConfigError(f"cp_sat places graphs of up to {MAX_NODES} nodes ({n} here): coarsen the graph "
+                          "(--coarsen) or use la_rule_search")
+    if prob.objective != "step":
+        raise ConfigError(f"cp_sat models the step time, not objective={prob.objective}")
+    try:
+        _require_ortools()
+    except ImportError as e:
+        raise ConfigError(str(e)) from None
+    t0 = time.perf_counter()
+    seconds = float(prob.seconds) if prob.seconds is not None else CP_SECONDS
+    g, c, t = prob.graph, prob.costs, prob.topology
+    starts = [sim_eft_devices(g, c, t)]
+    if prob.budget > 2:  # la_rule_search in HINT_SHARE of the seconds (its own budget, charged here)
+        sub = Problem(g, c, t, budget=prob.budget - 1, seed=prob.seed, seconds=HINT_SHARE * seconds)
+        starts.append(la_rule_search(sub))
+        prob.charge(sub.calls)
+    scored = [(d_, prob.score(d_, after_time=True)) for d_ in starts]
+    hint, hint_s = best_start(prob, scored)
+    if hint_s is None or nd == 1:
+        return starts[0]
+    # the horizon: the hint's step time when it fits; else one no schedule of a placement that fits runs past
+    serial = float(prob.node_time.max(axis=1).sum())
+    upper = hint_s.step_time if hint_s.feasible else 4.0 * (serial + _all_transfers(prob))
+    p, tick = _whole(g, c, t, upper, False, n * nd ** 2 <= 20_000, "program")
+    unit = float(prob.capacity.max()) / UNITS
+    pinned = np.ceil(prob.node_mem / unit)
+    edge_bytes = np.ceil(np.asarray(g.edge_bytes, dtype=np.float64) / unit)
+    capacity = np.floor(prob.capacity / unit)
+    _, key = np.unique(np.stack([p.key, capacity]), axis=1, return_inverse=True)  # one capacity per kind too
+    p = replace(p, memory=(pinned, edge_bytes, capacity), key=np.asarray(key).reshape(-1))
+    left = max(seconds - (time.perf_counter() - t0), 0.05)
+    bound, _, place, optimal = _solve(p, horizon=TICKS + 1, lower=0, hint=hint, seconds=left, workers=1,
+                                      seed=prob.seed)
+    best, best_s, improved = hint, hint_s, False
+    if place is not None:
+        s = prob.score(place, after_time=True)
+        if s is not None and s.key < best_s.key:
+            best, best_s, improved = place, s, True
+    prob.meta.update(cp_bound=bound * tick * (1.0 - 1e-9) if bound > 0 else None, cp_optimal=bool(optimal),
+                     cp_improved=improved, cp_seconds=time.perf_counter() - t0)
+    return best
+
+
+def _all_transfers(prob: Problem) -> float:
+    """Every edge's bytes over the slowest link, plus its latency: more than all transfers of any placement take."""
+    c = prob.costs
+    off = ~np.eye(prob.d, dtype=bool)
+    per_byte = float((1.0 / c.link_bandwidth[off]).max())
+    return float(np.asarray(prob.graph.edge_bytes).sum() * per_byte + prob.graph.num_edges * c.link_latency[off].max())
+
+
+__all__ = ["CP_SECONDS", "MAX_NODES", "cp_sat"]
