@@ -25,18 +25,6 @@ MEDIUM = (("dataflow", 24, "4x_v100_nvlink"), ("layered", 30, "4x_v100_pcie"),
 MEDIUM_SEEDS = (950, 951)
 
 
-def topology(devices: int, bandwidth: float, memory: float = 32e9):
-    """``probe_exact_room``'s V100s, with ``memory`` bytes each."""
-    from placement_rl.topology import DeviceTopology
-
-    tight = "" if memory == 32e9 else f"_mem{memory / 1e9:.3g}GB"
-    return DeviceTopology.from_dict({
-        "name": f"{devices}x_v100_{bandwidth / 1e9:g}GBps{tight}",
-        "devices": [dict(name=f"gpu{k}", kind="gpu", model="V100-SXM2-32GB", peak_flops=15.7e12,
-                         mem_bandwidth=900e9, memory_bytes=memory) for k in range(devices)],
-        "links": {"intra_host": {"bandwidth": bandwidth, "latency": 1e-5}}})
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=10.0, help="cp_sat's seconds per problem")
@@ -47,7 +35,7 @@ def main() -> None:
     ap.add_argument("--stem", default="cp_sat")
     args = ap.parse_args()
 
-    from probe_exact_room import FAMILIES, LINKS, SEEDS, SHAPES
+    from probe_exact_room import FAMILIES, LINKS, SEEDS, SHAPES, topology
 
     from placement_rl import baselines
     from placement_rl.agents.constructive_eval import geomean

@@ -27,13 +27,15 @@ LINKS = (25e9, 5e9, 1.5e9)
 SEEDS = range(900, 906)
 
 
-def topology(devices: int, bandwidth: float):
+def topology(devices: int, bandwidth: float, memory: float = 32e9):
+    """V100s on one link speed; ``memory`` bytes each (other than 32 GB: named in the topology's name)."""
     from placement_rl.topology import DeviceTopology
 
+    tight = "" if memory == 32e9 else f"_mem{memory / 1e9:.3g}GB"
     return DeviceTopology.from_dict({
-        "name": f"{devices}x_v100_{bandwidth / 1e9:g}GBps",
+        "name": f"{devices}x_v100_{bandwidth / 1e9:g}GBps{tight}",
         "devices": [dict(name=f"gpu{k}", kind="gpu", model="V100-SXM2-32GB", peak_flops=15.7e12,
-                         mem_bandwidth=900e9, memory_bytes=32e9) for k in range(devices)],
+                         mem_bandwidth=900e9, memory_bytes=memory) for k in range(devices)],
         "links": {"intra_host": {"bandwidth": bandwidth, "latency": 1e-5}}})
 
 

@@ -92,7 +92,7 @@ def test_devices_the_links_tell_apart_are_not_swapped_by_the_symmetry_cut():
 
     g, t = _fork_on_uneven_links()
     c = resolve_costs(g, t)
-    keys = _link_keys(np.zeros(3, dtype=np.int64), pair_costs(g, c, t))
+    keys, _ = _link_keys(np.zeros(3, dtype=np.int64), pair_costs(g, c, t))
     assert keys[1] == keys[2] != keys[0]  # gpu1 and gpu2 swap; gpu0 does not
     opt = _place("exhaustive", g, c, t).meta["step_time"]
     got = cp_bound(g, c, t, upper=4 * opt, seconds=20, links=True)

@@ -84,6 +84,8 @@ class _Problem:
     first: int  # a node to pin (symmetry)
     pair: np.ndarray | None = None  # [n, D, D] least transfer per ordered device pair: the links modelled
     order: np.ndarray | None = None  # the simulator's priority order, which each device follows (None: any order)
+    to_first: np.ndarray | None = None  # [D, D] a relabelling keeping the model that takes each device to the first
+    # of its key (None: swapping the two does)
     memory: tuple | None = None  # (pinned [n], edge bytes [m], capacity [D]) in integer units: memory modelled
 
 
@@ -105,36 +107,34 @@ def _device_keys(costs: CostTable, host: np.ndarray, by_host: bool) -> np.ndarra
     return np.array([keys[(int(b), make_up[h])] for b, h in zip(base, host)], dtype=np.int64)
 
 
-def _link_keys(key: np.ndarray, pair: np.ndarray) -> np.ndarray:
-    """``key`` split where the links tell devices apart: two devices share a key when some relabelling of the
-    devices that keeps every device's kind and every link's transfer times (``pair`` [n, D, D]) maps one onto the
-    other (their orbit; by enumeration up to ``ORBIT_MAX_DEVICES`` devices, else by swaps of two devices, which
-    finds fewer). Pinning a node to the first device of its key then keeps an optimum on any links."""
+def _link_keys(key: np.ndarray, pair: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(keys, to_first)``: ``key`` split where the links tell devices apart: two devices share a key when some
+    relabelling of the devices that keeps every device's kind and every link's transfer times (``pair`` [n, D, D])
+    maps one onto the other (their orbit; by enumeration up to ``ORBIT_MAX_DEVICES`` devices, else by swaps of two
+    devices, which finds fewer); ``to_first[d]`` is such a relabelling taking ``d`` to the first device of its key.
+    Pinning a node to the first device of its key then keeps an optimum on any links."""
     key = np.asarray(key, dtype=np.int64)
     nd = len(key)
     _, sig = np.unique(pair.reshape(pair.shape[0], nd * nd).T, axis=0, return_inverse=True)
     sig = np.asarray(sig).reshape(nd, nd)  # one id per link: equal ids, equal transfer times for every node
-    parent = list(range(nd))
 
-    def root(i: int) -> int:
-        while parent[i] != i:
-            i = parent[i]
-        return i
-
-    def keeps(perm: np.ndarray) -> bool:
-        return bool(np.array_equal(key[perm], key) and np.array_equal(sig[np.ix_(perm, perm)], sig))
+    def swap(a: int, b: int) -> np.ndarray:
+        perm = np.arange(nd)
+        perm[[a, b]] = b, a
+        return perm
 
     if nd <= ORBIT_MAX_DEVICES:
         perms = (np.asarray(q) for q in itertools.permutations(range(nd)))
+    else:  # swaps (if a-b and b-c keep the model, so does a-c: every swap within a class is among them)
+        perms = (swap(a, b) for a in range(nd) for b in range(a + 1, nd) if key[a] == key[b])
+    kept = [q for q in perms if np.array_equal(key[q], key) and np.array_equal(sig[np.ix_(q, q)], sig)]
+    orbit = [{int(q[d]) for q in kept} | {d} for d in range(nd)]
+    first = np.array([min(o) for o in orbit], dtype=np.int64)
+    if nd <= ORBIT_MAX_DEVICES:
+        to_first = np.stack([next(q for q in kept if q[d] == first[d]) for d in range(nd)])
     else:
-        perms = (np.where(np.arange(nd) == a, b, np.where(np.arange(nd) == b, a, np.arange(nd)))
-                 for a in range(nd) for b in range(a + 1, nd) if key[a] == key[b])
-    for perm in perms:
-        if keeps(perm):
-            for i in range(nd):
-                parent[root(i)] = root(int(perm[i]))
-    roots = [root(i) for i in range(nd)]
-    return np.array([min(j for j in range(nd) if roots[j] == roots[i]) for i in range(nd)], dtype=np.int64)
+        to_first = np.stack([swap(d, int(first[d])) for d in range(nd)])
+    return first, to_first
 
 
 def _solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray | None, seconds: float, workers: int,
@@ -202,8 +202,11 @@ def _solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray | None, se
         h = np.asarray(hint, dtype=np.int64).copy()
         a = int(h[p.first])
         b = firsts[int(p.key[a])]  # the same placement with the pinned node's device renamed
-        on_a, on_b = h == a, h == b
-        h[on_a], h[on_b] = b, a
+        if p.to_first is not None:
+            h = p.to_first[a][h]
+        else:
+            on_a, on_b = h == a, h == b
+            h[on_a], h[on_b] = b, a
         for v in range(n):
             for d in range(nd):
                 m.AddHint(x[v][d], int(h[v] == d))
@@ -305,7 +308,8 @@ def _links(m, p: _Problem, x, fs, fe, bs, be, horizon: int) -> None:
 
 
 def _whole(graph: CompGraph, costs: CostTable, topology: DeviceTopology, upper: float, hosts: bool, links: bool,
-           order: str | None):
+           order: str | None, kinds: np.ndarray | None = None):
+    """The model's data (``kinds``: a further per-device value, e.g. memory, that interchangeable devices share)."""
     from placement_rl.cost.modes import mode_of
     from placement_rl.cost.resolve import needs_grad
     from placement_rl.cost.simulate import priority_order
@@ -322,14 +326,16 @@ def _whole(graph: CompGraph, costs: CostTable, topology: DeviceTopology, upper: 
         least = np.where((host[:, None] != host[None, :])[None], pair, np.inf).min(axis=(1, 2))
         across = np.maximum(_ticks(least, tick, cap), cut)
     grad = np.zeros(n, dtype=bool) if mode_of(costs) == "inference" else needs_grad(graph).astype(bool)
-    key = _device_keys(costs, host, by_host)
+    key, to_first = _device_keys(costs, host, by_host), None
+    if kinds is not None:
+        key = np.unique(np.stack([key, np.asarray(kinds)]), axis=1, return_inverse=True)[1].reshape(-1)
     if links:  # interchangeable only where the links are too
-        key = _link_keys(key, pair)
+        key, to_first = _link_keys(key, pair)
     return _Problem(_ticks(costs.fwd_time, tick, cap), _ticks(costs.bwd_time, tick, cap),
                     np.asarray(graph.edges, dtype=np.int64).reshape(-1, 2), cut, across, grad,
                     host if by_host else np.zeros_like(host), key,
                     int(np.asarray(graph.topo_order)[0]), _ticks(pair, tick, cap) if links else None,
-                    None if order is None else priority_order(graph, costs, order)), tick
+                    None if order is None else priority_order(graph, costs, order), to_first=to_first), tick
 
 
 def cp_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, upper: float, seconds: float,

@@ -6,11 +6,12 @@ The model is ``bounds_cp``'s (each device runs its ops in the simulator's priori
 edge across devices waits its producer's cheapest transfer; each link carries one transfer at a time), relaxed in
 what a later chunk of a tensor weighs, plus memory as the simulator counts it: the bytes each node pins and, per
 producer on another device, the largest tensor it sends there (``bounds_cp._memory``; bytes rounded up and
-capacities down, so a placement the model admits fits). Devices of one speed, one host make-up and one capacity are
-interchangeable (a symmetry cut). CP-SAT starts from a hint: the better of ``sim_eft`` and ``la_rule_search`` run for
-``HINT_SHARE`` of the seconds (made to fit by ``memory.fit`` when over memory); its solution is simulated and the faster placement that fits is returned (so
-never worse than the hint). ``meta``: ``cp_bound`` (no placement that fits memory is faster: CP-SAT's proven bound on
-the model, valid when stopped early), ``cp_optimal`` (the model solved: on graphs whose producers send every
+capacities down, so a placement the model admits fits). Devices of one speed and one capacity that a relabelling
+keeping every link's times maps onto each other are interchangeable (a symmetry cut, ``bounds_cp._link_keys``).
+CP-SAT starts from a hint: the better of ``sim_eft`` and ``la_rule_search`` run for ``HINT_SHARE`` of the seconds
+(made to fit by ``memory.fit`` when over memory); its solution is simulated and the faster placement that fits is
+returned (so never worse than the hint). ``meta``: ``cp_bound`` (no placement that fits memory is faster: CP-SAT's
+proven bound on the model, valid when stopped early), ``cp_optimal`` (the model solved: on graphs whose producers send every
 consumer the same bytes its optimum is the simulator's), ``cp_improved`` (the solution beat the hint) and
 ``cp_seconds``; ``cp_bound`` is None where CP-SAT proved nothing in its seconds (large models).
 
@@ -37,14 +38,14 @@ UNITS = 10_000_000  # the largest capacity in integer memory units (a unit: ~1e-
 
 def cp_sat(prob: Problem) -> np.ndarray:
     """The placement (module doc)."""
-    from placement_rl.baselines.bounds_cp import TICKS, _require_ortools, _solve, _whole
+    from placement_rl.baselines.bounds_cp import LINKS_MAX, TICKS, _require_ortools, _solve, _whole
     from placement_rl.baselines.eft import la_rule_search, sim_eft_devices
     from placement_rl.baselines.memory import best_start
 
     n, nd = prob.n, prob.d
     if n > MAX_NODES:
         raise ConfigError(f"cp_sat places graphs of up to {MAX_NODES} nodes ({n} here): coarsen the graph "
-                          "(--coarsen) or use la_rule_search")
+                          f"(graph.coarsen.max_nodes={MAX_NODES}) or use la_rule_search")
     if prob.objective != "step":
         raise ConfigError(f"cp_sat models the step time, not objective={prob.objective}")
     try:
@@ -66,13 +67,12 @@ def cp_sat(prob: Problem) -> np.ndarray:
     # the horizon: the hint's step time when it fits; else one no schedule of a placement that fits runs past
     serial = float(prob.node_time.max(axis=1).sum())
     upper = hint_s.step_time if hint_s.feasible else 4.0 * (serial + _all_transfers(prob))
-    p, tick = _whole(g, c, t, upper, False, n * nd ** 2 <= 20_000, "program")
     unit = float(prob.capacity.max()) / UNITS
     pinned = np.ceil(prob.node_mem / unit)
     edge_bytes = np.ceil(np.asarray(g.edge_bytes, dtype=np.float64) / unit)
     capacity = np.floor(prob.capacity / unit)
-    _, key = np.unique(np.stack([p.key, capacity]), axis=1, return_inverse=True)  # one capacity per kind too
-    p = replace(p, memory=(pinned, edge_bytes, capacity), key=np.asarray(key).reshape(-1))
+    p, tick = _whole(g, c, t, upper, False, n * nd ** 2 <= LINKS_MAX, "program", kinds=capacity)
+    p = replace(p, memory=(pinned, edge_bytes, capacity))
     left = max(seconds - (time.perf_counter() - t0), 0.05)
     bound, _, place, optimal = _solve(p, horizon=TICKS + 1, lower=0, hint=hint, seconds=left, workers=1,
                                       seed=prob.seed)
