@@ -64,7 +64,8 @@ class ConstructiveConfig:
     ei_max_nodes: int = 1000  # tasks larger than this are not searched
     ft_search_rounds: int = 1  # fine-tuning: rounds of search from the policy's placements, cloned (stops at a stall)
     ft_search_seconds: float = 3.0  # fine-tuning: wall-clock seconds of one round's search
-    clone_epochs: int = 60  # fine-tuning: at most this many epochs to clone a round's rollout-over-student placement
+    clone_epochs: int = 300  # fine-tuning: at most this many epochs to clone a round's search or rollout placement
+    clone_lr: float = 3e-3  # fine-tuning: the learning rate of that cloning
     pi_max_completions: int = 4000  # fine-tuning: no policy iteration where one round's N x D completions exceed this
     eval_every: int = 5
     eval_samples: int = 16
@@ -93,7 +94,7 @@ class ConstructiveConfig:
                               f"{self.ft_search_rounds!r}, {self.ft_search_seconds!r}")
         if not float(self.ei_lr) >= 0:
             raise ConfigError(f"ei_lr must be >= 0, got {self.ei_lr!r}")
-        for key in ("lr", "rl_lr", "temperature"):
+        for key in ("lr", "rl_lr", "temperature", "clone_lr"):
             if not float(getattr(self, key)) > 0:
                 raise ConfigError(f"{key} must be > 0, got {getattr(self, key)!r}")
 

@@ -39,6 +39,10 @@ from placement_rl.cost.lookahead import eft_rollout
 from placement_rl.scale import Workers
 
 Progress = Callable[[str, int, int, dict[str, float]], None]
+# cloning one trajectory: the greedy decode is checked once the decisions agree with it on this share of its states
+# (below it the decode leaves the trajectory early: measured on the default train case, agreement 0.94-0.99 gave
+# 18-20 ms placements against the trajectory's 12.7 ms, 0.997 gave 12.8 ms)
+CLONE_CHECK_FROM = 0.95
 
 
 class ConstructiveTrainer:
@@ -309,11 +313,14 @@ class ConstructiveTrainer:
         return rec
 
     def clone(self, task: ConstructiveTask, trace, target: float, *, max_epochs: int, check_every: int = 5,
-              on_check: Callable[[float, np.ndarray], None] | None = None) -> tuple[int, float]:
-        """Behaviour-clone one trajectory (``trace``, step time ``target``) until the policy's greedy placement
-        is as fast (checked every ``check_every`` epochs; ``on_check(time, devices)`` sees each greedy
-        placement: one simulator call each) or ``max_epochs`` have passed. Returns (epochs, last agreement)."""
-        self._set_lr(self.cfg.lr)
+              on_check: Callable[[float, np.ndarray], None] | None = None,
+              check_from: float = CLONE_CHECK_FROM) -> tuple[int, float]:
+        """Behaviour-clone one trajectory (``trace``, step time ``target``) at ``clone_lr`` until the policy's
+        greedy placement is as fast (checked every ``check_every`` epochs once the decisions on the trajectory
+        agree with it on at least ``check_from`` of its states, and after the last epoch; ``on_check(time,
+        devices)`` sees each greedy placement) or ``max_epochs`` have passed. Returns (epochs, last agreement).
+        Below that agreement the greedy decode leaves the trajectory early and its placement is another one."""
+        self._set_lr(self.cfg.clone_lr)
         epochs, agree = 0, 0.0
         while epochs < max_epochs:
             self.policy.train()
@@ -321,6 +328,8 @@ class ConstructiveTrainer:
                 loss, agree = imitation_loss(self.policy, task, trace)
                 self._step(loss)
                 epochs += 1
+            if agree < check_from and epochs < max_epochs:
+                continue
             self.policy.eval()
             ro = rollout(self.policy, task, samples=1, greedy=True)
             if on_check is not None:

@@ -400,6 +400,29 @@ def test_search_fine_tuning_never_leaves_a_slower_greedy_and_reports_its_teacher
             assert teacher[0].step_time < zs and teacher[0].kind == "search"
 
 
+def test_search_fine_tuning_reproduces_its_teacher() -> None:
+    """The fine-tuned greedy decode is the search's placement it was cloned from (the clone runs until the greedy
+    decode reproduces it), on three graphs and two seeds: the learned row is what the student learned."""
+    from placement_rl.studies.finetune import finetune
+
+    torch.set_num_threads(1)
+    taught = 0
+    for seed in (0, 1):
+        for g, topo, costs in _finetune_cases():
+            torch.manual_seed(seed)
+            policy = build_policy(ConstructiveConfig(hidden=16, layers=1, window=4, full_window=0))
+            cfg = ConstructiveConfig(hidden=16, layers=1, window=4, full_window=0, ft_search_rounds=1,
+                                     ft_search_seconds=0.3, seed=seed)
+            res = finetune(g, topo, costs, policy, cfg, samples=2, seed=seed, log=lambda _: None)
+            rows = {r.label: r for r in res.rows}
+            teacher = rows.get("search from the policy's placements (fine-tuning's teacher)")
+            if teacher is None:  # the search found nothing better than the policy's own placements
+                continue
+            taught += 1
+            assert rows["policy fine-tuned (greedy)"].step_time == pytest.approx(teacher.step_time, rel=1e-9)
+    assert taught >= 4
+
+
 def test_rollout_over_the_student_on_threads_is_the_serial_rollout(monkeypatch) -> None:
     """The rollout's device completions split over threads (``PLACEMENT_RL_DECODE_THREADS``) give the serial
     rollout's placement, labels and regrets exactly: each branch episode's arithmetic is unchanged."""
