@@ -279,6 +279,7 @@ HEADLINES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str]]]] = {
     "search_scale2000": _search_rows,
     "search_scale2000_seeds": _search_rows,
     "search_scale2000_paced": _search_rows,
+    "search_scale2000_60s": _search_rows,
     "anneal_dev": _anneal_rows,
     "bounds": _bounds_rows,
     "probe_exact_room": _exact_room_rows,
