@@ -29,7 +29,8 @@ windows that fit are about as good for the policy as for its rule (five memory-f
 window, the rule's own 0.990 / 0.983 / 0.983). A decode the seconds run out in stops deciding
 (the earliest finish places the rest; ``start_cut`` in the meta; then ``sim_eft``'s whole placement, a few
 milliseconds, is a start too), a repair is shortened to the longest suffix predicted to take at most ``PACE`` of
-the seconds left (``suffix_start``; a batch's seconds per decision as measured, the first from the start's decodes;
+the seconds left (``suffix_start``; a batch's seconds per decision as measured, the first from the start's decodes
+(their own seconds, not embedding the graph);
 when not one decision fits, a single-node move instead), a repair batch the seconds still run out in is dropped, and
 ``la_rule``'s start is taken only when the greedy took at most ``RULE_START_SHARE`` of the seconds (0: never,
 chosen on the dev split; at 2,000 nodes each start takes 0.3-0.9 s on this machine, seconds the annealing needs)."""
@@ -97,10 +98,11 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
     deadline = t0 + float(seconds)
     if start is None:  # the policy's own greedy placement: at its placing window, or the windows that fit
         log: list = []
+        t_dec = time.perf_counter()  # the decodes' own seconds: not embedding the graph (``student_head``)
         one, c = decode_windows(graph, costs, topology, POLICY, head, window=int(wide), log=log,
                                 deadline=t0 + START_SHARE * float(seconds))
         calls += c
-        rate0 = (time.perf_counter() - t0) / max(sum(_work(int(e[1]), int(e[0])) for e in log), 1.0)
+        rate0 = (time.perf_counter() - t_dec) / max(sum(_work(int(e[1]), int(e[0])) for e in log), 1.0)
         windows = [list(e[:2]) for e in log]
         done = max(e[1] for e in log)
         cut = start_cut("policy", done, n)
