@@ -64,7 +64,7 @@ class ConstructiveConfig:
     ei_max_nodes: int = 1000  # tasks larger than this are not searched
     ft_search_rounds: int = 1  # fine-tuning: rounds of search from the policy's placements, cloned (stops at a stall)
     ft_search_seconds: float = 3.0  # fine-tuning: wall-clock seconds of one round's search
-    clone_epochs: int = 300  # fine-tuning: at most this many epochs to clone a round's search or rollout placement
+    clone_epochs: int = 400  # fine-tuning: at most this many epochs to clone a round's search or rollout placement
     clone_lr: float = 3e-3  # fine-tuning: the learning rate of that cloning
     pi_max_completions: int = 4000  # fine-tuning: no policy iteration where one round's N x D completions exceed this
     eval_every: int = 5

@@ -167,7 +167,7 @@ class AgentConfig:
     ft_search_rounds: int = opt(2, low=0, doc="fine-tuning: rounds of search from the policy's placements")
     ft_search_seconds: float = opt(3.0, low=0, doc="fine-tuning: wall-clock seconds of one round's search")
     equal_seconds: bool = opt(True, doc="fine-tuning: also run the searches at the learned rows' seconds")
-    clone_epochs: int = opt(300, low=0)
+    clone_epochs: int = opt(400, low=0)
     clone_lr: float = opt(0.003, low=0, open_low=True, doc="fine-tuning: the learning rate of cloning a round's placement")
     pi_max_completions: int = opt(4000, low=0)
     eval_every: int = opt(10, low=1)
