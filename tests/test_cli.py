@@ -193,6 +193,13 @@ def test_train_finetunes_the_pretrained_policy_and_place_uses_it(tmp_path):
     pm = json.loads((tmp_path / "place" / "metrics.json").read_text())
     assert pm["policy"] == "constructive" and pm["best_of_k_step_time"] <= pm["greedy_step_time"]
     assert len(json.loads((tmp_path / "place" / "placement.json").read_text())["device_of_node"]) == 50
+    assert pm["finetuned_on"] is None and "fine-tuned on" not in r2.stdout
+    # the fine-tuned checkpoint on another graph: placed, with a note that it was fitted to the one it trained on
+    r3 = cli(tmp_path, "place", f"checkpoint={out / 'checkpoint.pt'}", "graph=synthetic", "graph.num_nodes=50",
+             "topology=2x4_v100_ib", "samples=0", "compare=false", run="place_tuned")
+    assert r3.returncode == 0, r3.stderr
+    tuned = json.loads((tmp_path / "place_tuned" / "metrics.json").read_text())["finetuned_on"]
+    assert tuned.endswith("@4x_v100_nvlink") and f"was fine-tuned on {tuned}, not " in r3.stdout
 
 
 def test_place_window_overrides_and_honest_calls(tmp_path):

@@ -36,11 +36,16 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
 
     torch.set_num_threads(1)
     phases = Phases(bool(cfg.get("progress", True)))
-    policy, _, _ = load_policy(ckpt_path, strict=bool(cfg.get("strict_checkpoint", False)), log=print)
+    policy, _, data = load_policy(ckpt_path, strict=bool(cfg.get("strict_checkpoint", False)), log=print)
     for key in ("window", "full_window"):  # trade quality for seconds (typed by cli.schema: ints >= 0 or null)
         if cfg.get(key) is not None:
             setattr(policy, key, int(cfg.get(key)))
     graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
+    tuned = data["config"].get("finetuned_on")  # a checkpoint ``train`` fine-tuned on one graph and cluster
+    if tuned and tuned != f"{graph.name}@{topology.name}":
+        print(f"note: {ckpt_path} was fine-tuned on {tuned}, not {graph.name}@{topology.name}: a fine-tuned policy "
+              f"places what it was fitted to and other graphs or clusters worse than the shipped one (drop "
+              f"checkpoint= for that)")
     samples, seed = int(cfg.samples), int(cfg.seed)
     where = f"{graph.name} ({plural(graph.num_nodes, 'node')}) on {topology.name} " \
             f"({plural(topology.num_devices, 'device')})"
@@ -98,7 +103,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     # every placement's simulator calls: N x D + 1 with the whole-graph window (its completions), else 1
     calls = placement_calls(policy, task) * (1 + samples)
     metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, "checkpoint": ckpt_path,
-               "policy": "constructive", "window": window,
+               "policy": "constructive", "window": window, "finetuned_on": tuned,
                "samples": samples, "greedy_step_time": res.greedy_time,
                "best_of_k_step_time": res.best_time, "step_time": step_time, "chosen": chosen,
                "feasible": fits, "sim_calls": calls, "wall_seconds": wall,
