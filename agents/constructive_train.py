@@ -21,6 +21,7 @@ files with ``algo="constructive"``.
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -314,12 +315,14 @@ class ConstructiveTrainer:
 
     def clone(self, task: ConstructiveTask, trace, target: float, *, max_epochs: int, check_every: int = 5,
               on_check: Callable[[float, np.ndarray], None] | None = None,
-              check_from: float = CLONE_CHECK_FROM) -> tuple[int, float]:
+              check_from: float = CLONE_CHECK_FROM, seconds: float | None = None) -> tuple[int, float]:
         """Behaviour-clone one trajectory (``trace``, step time ``target``) at ``clone_lr`` until the policy's
         greedy placement is as fast (checked every ``check_every`` epochs once the decisions on the trajectory
         agree with it on at least ``check_from`` of its states, and after the last epoch; ``on_check(time,
-        devices)`` sees each greedy placement) or ``max_epochs`` have passed. Returns (epochs, last agreement).
-        Below that agreement the greedy decode leaves the trajectory early and its placement is another one."""
+        devices)`` sees each greedy placement), ``max_epochs`` have passed, or (given) ``seconds`` of wall clock
+        have (then after one last check). Returns (epochs, last agreement). Below that agreement the greedy
+        decode leaves the trajectory early and its placement is another one."""
+        end = None if seconds is None else time.perf_counter() + float(seconds)
         self._set_lr(self.cfg.clone_lr)
         epochs, agree = 0, 0.0
         while epochs < max_epochs:
@@ -328,13 +331,14 @@ class ConstructiveTrainer:
                 loss, agree = imitation_loss(self.policy, task, trace)
                 self._step(loss)
                 epochs += 1
-            if agree < check_from and epochs < max_epochs:
+            late = end is not None and time.perf_counter() >= end
+            if agree < check_from and epochs < max_epochs and not late:
                 continue
             self.policy.eval()
             ro = rollout(self.policy, task, samples=1, greedy=True)
             if on_check is not None:
                 on_check(float(ro.times[0]) if ro.feasible[0] else float("inf"), ro.devices[0])
-            if ro.feasible[0] and ro.times[0] <= target * (1 + 1e-9):
+            if late or (ro.feasible[0] and ro.times[0] <= target * (1 + 1e-9)):
                 break
         return epochs, agree
 

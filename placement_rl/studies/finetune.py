@@ -37,6 +37,11 @@ from placement_rl.topology import DeviceTopology
 
 
 CLONE_CHECK_EVERY = 5  # epochs between the greedy checks while a round's rollout placement is cloned
+# a search round's clone stops after this many times the round's search seconds: where the greedy decode does not
+# follow the teacher (a 2,000-node layered graph: agreement 0.965 after 400 epochs, 21 s) it spends no more; the
+# default 300-node case reproduces in ~2 s (a 3 s search), a 1,000-node dataflow graph needs ~260-340 epochs
+# (~20 ms each; at 2 x its 290 epochs in 6 s missed)
+CLONE_SECONDS = 3.0
 
 
 @dataclass
@@ -305,7 +310,8 @@ def _search_rounds(trainer: ConstructiveTrainer, task: ConstructiveTask, config:
                 kept["t"], kept["w"] = t, trainer._weights()
 
         epochs, agree = trainer.clone(task, fr.trace, found_t, max_epochs=config.clone_epochs,
-                                      check_every=CLONE_CHECK_EVERY, on_check=check)
+                                      check_every=CLONE_CHECK_EVERY, on_check=check,
+                                      seconds=CLONE_SECONDS * float(config.ft_search_seconds))
         trainer.policy.load_state_dict(kept["w"])  # never leave the policy with a slower greedy decode
         greedy_t = kept["t"]
         log(f"  search round {rnd}: {found_t * 1e3:.3f} ms, cloned for {epochs} epochs (agreement {agree:.3f}); the "
