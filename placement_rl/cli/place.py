@@ -42,10 +42,6 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
             setattr(policy, key, int(cfg.get(key)))
     graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
     tuned = data["config"].get("finetuned_on")  # a checkpoint ``train`` fine-tuned on one graph and cluster
-    if tuned and tuned != f"{graph.name}@{topology.name}":
-        print(f"note: {ckpt_path} was fine-tuned on {tuned}, not {graph.name}@{topology.name}: a fine-tuned policy "
-              f"places what it was fitted to and other graphs or clusters worse than the shipped one (drop "
-              f"checkpoint= for that)")
     samples, seed = int(cfg.samples), int(cfg.seed)
     where = f"{graph.name} ({plural(graph.num_nodes, 'node')}) on {topology.name} " \
             f"({plural(topology.num_devices, 'device')})"
@@ -71,6 +67,10 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
 
         graph, costs = build_costs(cfg, graph, topology)  # costs.path= (measured) or estimates
         task = ConstructiveTask.build(graph, topology, costs, teachers=False)
+    if tuned and tuned != f"{graph.name}@{topology.name}":  # the names ``train`` recorded (after its costs)
+        print(f"note: {ckpt_path} was fine-tuned on {tuned}, not {graph.name}@{topology.name}: a fine-tuned policy "
+              f"places what it was fitted to and other graphs or clusters worse than the shipped one (drop "
+              f"checkpoint= for that)")
     window = state_window(policy, graph.num_nodes)
     # greedy, then the samples (the same draws as evaluate(samples=k): the greedy decode draws nothing), so that
     # each phase reports when it starts and ends
