@@ -81,11 +81,10 @@ class _Problem:
     grad: np.ndarray  # [n] bool
     host: np.ndarray  # [D]
     key: np.ndarray  # [D] interchangeable devices share a key
+    to_first: np.ndarray  # [D, D] a relabelling keeping the model that takes each device to the first of its key
     first: int  # a node to pin (symmetry)
     pair: np.ndarray | None = None  # [n, D, D] least transfer per ordered device pair: the links modelled
     order: np.ndarray | None = None  # the simulator's priority order, which each device follows (None: any order)
-    to_first: np.ndarray | None = None  # [D, D] a relabelling keeping the model that takes each device to the first
-    # of its key (None: swapping the two does)
     memory: tuple | None = None  # (pinned [n], edge bytes [m], capacity [D]) in integer units: memory modelled
 
 
@@ -117,24 +116,30 @@ def _link_keys(key: np.ndarray, pair: np.ndarray) -> tuple[np.ndarray, np.ndarra
     nd = len(key)
     _, sig = np.unique(pair.reshape(pair.shape[0], nd * nd).T, axis=0, return_inverse=True)
     sig = np.asarray(sig).reshape(nd, nd)  # one id per link: equal ids, equal transfer times for every node
-
-    def swap(a: int, b: int) -> np.ndarray:
-        perm = np.arange(nd)
-        perm[[a, b]] = b, a
-        return perm
-
     if nd <= ORBIT_MAX_DEVICES:
         perms = (np.asarray(q) for q in itertools.permutations(range(nd)))
     else:  # swaps (if a-b and b-c keep the model, so does a-c: every swap within a class is among them)
-        perms = (swap(a, b) for a in range(nd) for b in range(a + 1, nd) if key[a] == key[b])
+        perms = (_swap(nd, a, b) for a in range(nd) for b in range(a + 1, nd) if key[a] == key[b])
     kept = [q for q in perms if np.array_equal(key[q], key) and np.array_equal(sig[np.ix_(q, q)], sig)]
     orbit = [{int(q[d]) for q in kept} | {d} for d in range(nd)]
     first = np.array([min(o) for o in orbit], dtype=np.int64)
     if nd <= ORBIT_MAX_DEVICES:
-        to_first = np.stack([next(q for q in kept if q[d] == first[d]) for d in range(nd)])
-    else:
-        to_first = np.stack([swap(d, int(first[d])) for d in range(nd)])
-    return first, to_first
+        return first, np.stack([next(q for q in kept if q[d] == first[d]) for d in range(nd)])
+    return first, _swaps_to_first(first)
+
+
+def _swap(nd: int, a: int, b: int) -> np.ndarray:
+    """The relabelling of ``nd`` devices that swaps ``a`` and ``b``."""
+    perm = np.arange(nd)
+    perm[[a, b]] = b, a
+    return perm
+
+
+def _swaps_to_first(key: np.ndarray) -> np.ndarray:
+    """[D, D] per device the swap with the first device of its key (devices of one key: interchangeable)."""
+    nd = len(key)
+    first = [int(np.flatnonzero(key == key[d])[0]) for d in range(nd)]
+    return np.stack([_swap(nd, d, first[d]) for d in range(nd)])
 
 
 def _solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray | None, seconds: float, workers: int,
@@ -192,21 +197,12 @@ def _solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray | None, se
         _fifo(m, p, x, fs, fe, bs, be, horizon)
     if p.memory is not None:
         _memory(m, p, x)
-    firsts = {}
-    for d in range(nd):
-        firsts.setdefault(int(p.key[d]), d)
     for d in range(nd):  # symmetry: one node on the first device of its kind
-        if firsts[int(p.key[d])] != d:
+        if int(p.to_first[d][d]) != d:
             m.Add(x[p.first][d] == 0)
-    if hint is not None:
-        h = np.asarray(hint, dtype=np.int64).copy()
-        a = int(h[p.first])
-        b = firsts[int(p.key[a])]  # the same placement with the pinned node's device renamed
-        if p.to_first is not None:
-            h = p.to_first[a][h]
-        else:
-            on_a, on_b = h == a, h == b
-            h[on_a], h[on_b] = b, a
+    if hint is not None:  # the same placement relabelled so that the pinned node is on the first of its kind
+        h = np.asarray(hint, dtype=np.int64)
+        h = p.to_first[int(h[p.first])][h]
         for v in range(n):
             for d in range(nd):
                 m.AddHint(x[v][d], int(h[v] == d))
@@ -326,16 +322,18 @@ def _whole(graph: CompGraph, costs: CostTable, topology: DeviceTopology, upper: 
         least = np.where((host[:, None] != host[None, :])[None], pair, np.inf).min(axis=(1, 2))
         across = np.maximum(_ticks(least, tick, cap), cut)
     grad = np.zeros(n, dtype=bool) if mode_of(costs) == "inference" else needs_grad(graph).astype(bool)
-    key, to_first = _device_keys(costs, host, by_host), None
+    key = _device_keys(costs, host, by_host)
     if kinds is not None:
         key = np.unique(np.stack([key, np.asarray(kinds)]), axis=1, return_inverse=True)[1].reshape(-1)
     if links:  # interchangeable only where the links are too
         key, to_first = _link_keys(key, pair)
+    else:
+        to_first = _swaps_to_first(key)
     return _Problem(_ticks(costs.fwd_time, tick, cap), _ticks(costs.bwd_time, tick, cap),
                     np.asarray(graph.edges, dtype=np.int64).reshape(-1, 2), cut, across, grad,
-                    host if by_host else np.zeros_like(host), key,
-                    int(np.asarray(graph.topo_order)[0]), _ticks(pair, tick, cap) if links else None,
-                    None if order is None else priority_order(graph, costs, order), to_first=to_first), tick
+                    host if by_host else np.zeros_like(host), key, to_first,
+                    int(np.asarray(graph.topo_order)[0]), pair=_ticks(pair, tick, cap) if links else None,
+                    order=None if order is None else priority_order(graph, costs, order)), tick
 
 
 def cp_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, upper: float, seconds: float,
