@@ -441,6 +441,45 @@ def test_place_search_budget_refines_the_learned_placement_as_its_own_row(tmp_pa
     assert r.returncode == 2 and "search_budget" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_place_search_seconds_runs_policy_search_beside_the_searches_at_the_same_seconds(tmp_path):
+    """search_seconds=S: policy_search for S seconds of wall clock (its own row and policy_search/placement.json;
+    the policy's placement stays placement.json), with compare the non-learned searches at the same seconds; every
+    search's anytime trace (trace.csv, anytime.png) and figures in metrics.json; without compare only its own."""
+    import csv
+
+    from placement_rl.cost import resolve_costs, simulate
+    from placement_rl.graph.io import graph_from_json
+
+    r = cli(tmp_path, "place", "graph=synthetic", "graph.num_nodes=30", "topology=4x_v100_nvlink", "samples=2",
+            "search_seconds=0.5", "progress=false")
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "run"
+    m = json.loads((out / "metrics.json").read_text())
+    found = m["policy_search"]
+    assert set(found) == {"policy_search", "la_rule_search", "local_search"}
+    graph, topology = graph_from_json(out / "graph.json"), load_topology("4x_v100_nvlink")
+    placed = json.loads((out / "policy_search" / "placement.json").read_text())["device_of_node"]
+    res = simulate(graph, resolve_costs(graph, topology), topology, Placement(np.asarray(placed)))
+    assert res.step_time == pytest.approx(found["policy_search"]["step_time"], rel=1e-9)
+    for name, f in found.items():
+        best = [t for _, _, t in f["trace"]]
+        assert best == sorted(best, reverse=True) and best[-1] == pytest.approx(f["step_time"], rel=1e-12), name
+        assert f["sim_calls"] >= len(best) and f["seconds"] > 0
+    with open(out / "policy_search" / "trace.csv") as fh:
+        traced = {row["method"] for row in csv.DictReader(fh)}
+    assert traced == set(found) and (out / "policy_search" / "anytime.png").stat().st_size > 0
+    rows = [row["placer"] for row in csv.DictReader(open(out / "comparison.csv"))]
+    assert {f"search: {n} for 0.5 s" for n in found} <= set(rows)
+    assert "policy_search (its own row, not the plan)" in r.stdout and "at the same seconds" in r.stdout
+    assert "policy_search/placement.json" in r.stdout
+    r = cli(tmp_path, "place", "graph=synthetic", "graph.num_nodes=30", "topology=4x_v100_nvlink", "samples=0",
+            "search_seconds=0.2", "compare=false", "progress=false", run="own")
+    assert r.returncode == 0, r.stderr
+    assert set(json.loads((tmp_path / "own" / "metrics.json").read_text())["policy_search"]) == {"policy_search"}
+    r = cli(tmp_path, "place", "graph=synthetic", "search_seconds=-1", run="bad")
+    assert r.returncode == 2 and "search_seconds" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_place_says_when_no_placement_of_the_policy_fits_memory(tmp_path):
     """On devices too small for the policy's placement (its greedy one overflows; samples=0), place still writes
     it, but its summary marks it, one warning line says by how much on which devices and what to do, and

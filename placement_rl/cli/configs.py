@@ -282,6 +282,9 @@ class PlaceConfig:
     full_window: Optional[int] = opt(None, low=0, null=True, doc="graphs of at most this many nodes read the whole "
                                                                 "rest of the graph (null: the checkpoint's)")
     search_budget: int = opt(0, low=0, doc="> 0: local search from the best learned placement")
+    search_seconds: float = opt(0.0, low=0, doc="> 0: policy_search (the policy's repairs inside simulated "
+                                                "annealing) for that many seconds, anytime, and with compare the "
+                                                "searches a user would run instead at the same seconds")
     bound_seconds: float = opt(0.0, low=0, doc="> 0: CP-SAT tightens the lower bound for that long (OR-Tools: "
                                                "placement-rl[exact]; near the optimum up to ~100 nodes)")
     seed: int = opt(0, low=0)

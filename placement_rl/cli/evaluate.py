@@ -84,14 +84,15 @@ class ExtraRow:
 
 def compare_learned(graph, costs, topology, out: Path, *, label: str, plan, step_time: float, feasible: bool,
                     seconds: float, sim_calls: int, seed: int, what: str, files: list[str] | None = None,
-                    progress: bool = False, learned: Sequence[ExtraRow] = (), after: Sequence[ExtraRow] = ()) -> dict:
+                    progress: bool = False, learned: Sequence[ExtraRow] = (), after: Sequence[ExtraRow] = (),
+                    timed: Sequence[ExtraRow] = ()) -> dict:
     """Run the baselines with the learned result's simulator-call budget, append its row, write the comparison
     files (their names appended to ``files``; ``progress``: a bar over the baselines, as ``evaluate`` shows);
     return metrics (best single device, best baseline and the ratio to it, and under ``heuristics`` the step
     time, calls and seconds of ``sim_eft`` and ``eft_rollout``: the bar of a constructive policy). ``learned``:
     more of the learned result's rows (the greedy placement beside the best of k), listed before it; ``after``:
     rows listed after it that spent more calls (a search seeded by it): the baselines then get the most calls any
-    row spent."""
+    row spent; ``timed``: searches held to seconds instead of calls, listed last (they do not set the budget)."""
     from tqdm.auto import tqdm
 
     from placement_rl import baselines
@@ -124,7 +125,7 @@ def compare_learned(graph, costs, topology, out: Path, *, label: str, plan, step
            if r.placer in ("sim_eft", "eft_rollout") and math.isfinite(r.step_time)}
     rows += [row(x) for x in learned]
     rows.append(row(ExtraRow(label, step_time, feasible, seconds, sim_calls, plan)))
-    rows += [row(x) for x in after]
+    rows += [row(x) for x in (*after, *timed)]
     write_comparison(rows, {case: (graph, costs, topology)}, out,
                      title=f"{what} vs baselines on {case} (budget {sim_calls_all} simulator calls)", files=files)
     metrics = {"best_single_device_time": single, "heuristics": own}

@@ -17,9 +17,9 @@ WRITES = ("graph.json", "placement.json", "plan.json", "metrics.json", "comparis
 
 
 def _artifacts(out, plan_file: str, compared: list[str], searched: bool = False, cp: bool = False,
-               fitted: bool = False) -> str:
+               fitted: bool = False, timed: list[str] = ()) -> str:
     return f"artifacts in {out}: " + ", ".join(["graph.json", plan_file, "metrics.json",
-                                                *(["search/placement.json"] if searched else []),
+                                                *(["search/placement.json"] if searched else []), *timed,
                                                 *(["fit/placement.json"] if fitted else []),
                                                 *(["cp/placement.json"] if cp else []), *compared])
 
@@ -46,6 +46,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     where = f"{graph.name} ({plural(graph.num_nodes, 'node')}) on {topology.name} " \
             f"({plural(topology.num_devices, 'device')})"
     budget = int(cfg.get("search_budget", 0) or 0)
+    search_seconds = float(cfg.get("search_seconds", 0) or 0)
     bound_seconds = float(cfg.get("bound_seconds", 0) or 0)
     if bound_seconds > 0:
         from importlib.util import find_spec
@@ -53,9 +54,13 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         if find_spec("ortools") is None:
             raise ConfigError("bound_seconds > 0 needs OR-Tools for its CP-SAT bound: pip install "
                               "'placement-rl[exact]' (or set bound_seconds=0)")
-    if budget > 0 or bound_seconds > 0:
+    if budget > 0 or bound_seconds > 0 or search_seconds > 0:
+        from placement_rl.cli.place_search import FOLDER
         from placement_rl.cli.schema import check_not_files
 
+        if search_seconds > 0:
+            check_not_files(output_dir(), (FOLDER,), f"search_seconds={search_seconds:g} writes policy_search's "
+                                                     "placement and traces")
         if budget > 0:
             check_not_files(output_dir(), ("search",), f"search_budget={budget} writes the search's placement")
         if bound_seconds > 0:
@@ -123,6 +128,14 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         (out / "search").mkdir(exist_ok=True)
         save_plan(search["devices"], graph, topology, out / "search")
         metrics["search"] = {k: v for k, v in search.items() if k != "devices"}
+    timed, timed_files = None, []
+    if search_seconds > 0:  # the policy-guided search for that many seconds (anytime), and the searches a user
+        from placement_rl.cli import place_search  # would run instead at the same seconds: rows of their own
+
+        timed = place_search.run_searches(policy, graph, costs, topology, task, search_seconds, seed=seed,
+                                          compare=bool(cfg.compare), phases=phases)
+        timed_files = place_search.write(timed, graph, topology, out, search_seconds, learned=step_time)
+        metrics["policy_search"] = place_search.metrics(timed)
     fitted = None
     if not fits:  # the plan over memory: its nodes moved off the full devices (``memory.fit``), a row of its own
         fitted = fit_row(graph, costs, topology, res.best_devices, seed)
@@ -146,10 +159,12 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         searched = [] if search is None else [ExtraRow(
             "search: local search from the learned placement", search["step_time"], search["feasible"],
             search["seconds"], search["sim_calls"], Placement(search["devices"]))]
+        same = [ExtraRow(f"search: {name} for {search_seconds:g} s", r["step_time"], r["feasible"], r["seconds"],
+                         r["sim_calls"], Placement(r["devices"])) for name, r in (timed or {}).items()]
         metrics.update(compare_learned(graph, costs, topology, out, label=label, plan=plan,
                                        step_time=step_time, feasible=metrics["feasible"], seconds=wall,
                                        sim_calls=calls, seed=seed, what="zero-shot placement", files=compared,
-                                       progress=phases.enabled, learned=greedy_row, after=searched))
+                                       progress=phases.enabled, learned=greedy_row, after=searched, timed=same))
     write_json(out / "metrics.json", metrics)
     found = (f"best of {plural(samples, 'sample')} {res.best_time * 1e3:.3f} ms" if samples > 0
              else "no samples (samples=0: greedy only)")
@@ -157,6 +172,8 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         print(f"local search from the learned placement: {search['step_time'] * 1e3:.3f} ms "
               f"({search['sim_calls']} simulator calls in all" + ("; the baselines had the same)" if cfg.compare
                                                                    else ")"))
+    if timed is not None:
+        print(place_search.summary(timed))
     teacher = metrics.get("heuristics", {}).get("eft_rollout")
     over = "" if bool(res.greedy.feasible[0]) else " (overflows memory)"
     print(f"zero-shot placement of {where}, {wall:.2f} s: greedy {res.greedy_time * 1e3:.3f} ms{over}, {found}"
@@ -166,14 +183,14 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
              if "best_baseline" in metrics else ""))
     if not fits:
         print(overflow_note(graph, costs, topology, res.best_devices, samples, searched=search, fitted=fitted))
-    print(bound_note(bound, step_time if search is None or not search["feasible"]
-                     else min(step_time, search["step_time"])))
+    found = [r["step_time"] for r in [search, *(timed or {}).values()] if r is not None and r["feasible"]]
+    print(bound_note(bound, min([step_time, *found])))
     if cp_row is not None:
         over = "" if cp_row["feasible"] else " (overflows memory: the model relaxes it)"
         print(f"CP-SAT's own placement (its own row, not the plan): {cp_row['step_time'] * 1e3:.3f} ms{over}"
               + (", at the bound: optimal" if cp_row["feasible"] and bound.gap(cp_row["step_time"]) < 5e-4 else ""))
     print(_artifacts(out, plan_file, compared, searched=search is not None, cp=cp_row is not None,
-                     fitted=fitted is not None))
+                     fitted=fitted is not None, timed=timed_files))
     return metrics
 
 
@@ -238,7 +255,7 @@ def run(cfg: DictConfig) -> dict:
     ckpt = load_checkpoint(str(cfg.checkpoint))
     if ckpt.get("algo") == "constructive":
         return run_constructive(cfg, str(cfg.checkpoint))
-    for key in ("search_budget", "bound_seconds"):
+    for key in ("search_budget", "search_seconds", "bound_seconds"):
         if float(cfg.get(key, 0) or 0) > 0:
             raise ConfigError(f"{key} applies to the constructive policy's placements; {cfg.checkpoint} is a "
                               f"{ckpt.get('algo', 'PlacementEnv')} checkpoint (set {key}=0)")

@@ -61,6 +61,34 @@ def save_figure(fig: Any, path: str | os.PathLike) -> Path:
     return path
 
 
+def anytime_plot(traces: dict[str, Sequence], seconds: float, path: str | os.PathLike, *, title: str = "",
+                 reference: tuple[str, float] | None = None) -> Path:
+    """Best step time found over wall-clock seconds, one step line per method (``traces``: method -> ``[seconds,
+    calls, best step time]`` at each improvement, as ``baselines.common.Problem`` records them), each held to its
+    last value until ``seconds``; ``reference``: a (label, step time) drawn dashed (e.g. the learned plan)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for name, tr in traces.items():
+        if not len(tr):
+            continue
+        x = [max(float(e[0]), 1e-4) for e in tr] + [max(float(seconds), float(tr[-1][0]))]
+        y = [float(e[2]) * 1e3 for e in tr] + [float(tr[-1][2]) * 1e3]
+        ax.step(x, y, where="post", label=name)
+    if reference is not None and np.isfinite(reference[1]):
+        ax.axhline(reference[1] * 1e3, color="grey", ls="--", lw=1, label=reference[0])
+    finals = [float(tr[-1][2]) * 1e3 for tr in traces.values() if len(tr)]
+    if finals:  # the end game in view: a poor first start would flatten it
+        top = max(1.15 * min(finals), 1.05 * reference[1] * 1e3 if reference and np.isfinite(reference[1]) else 0.0)
+        ax.set_ylim(0.98 * min(finals), top)
+    ax.set_xscale("log")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("best step time (ms)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
 def curves_plot(results: Sequence[RunResult], cells: Sequence[str], budget: int, path: str | os.PathLike, *,
                 title: str = "") -> Path:
     """Best-so-far step time (mean ± std over seeds) against simulator calls, one line per cell, with each

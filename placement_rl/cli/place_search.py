@@ -1,0 +1,86 @@
+"""``placement-rl place search_seconds=S``: the policy-guided search (``agents.policy_search``) for ``S`` seconds of
+wall clock, anytime, beside the searches a user would run instead at the same seconds (``compare=true``)."""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+import numpy as np
+
+from placement_rl.cli.common import save_plan
+
+FOLDER = "policy_search"  # its placement, the anytime trace of every search run and its plot
+SAME_SECONDS = ("la_rule_search", "local_search")  # the non-learned searches given the same seconds
+
+
+def run_searches(policy, graph, costs, topology, task, seconds: float, *, seed: int, compare: bool,
+                 phases) -> dict[str, dict]:
+    """``policy_search`` (and with ``compare`` each of ``SAME_SECONDS``) for ``seconds``: per search its step time,
+    fit, simulator calls, own seconds, anytime trace ``[seconds, calls, best step time]`` and placement."""
+    from placement_rl import baselines
+    from placement_rl.agents.policy_search import policy_search
+
+    out: dict[str, dict] = {}
+    for name in ("policy_search", *(SAME_SECONDS if compare else ())):
+        what = ("policy-guided search (the policy's repairs inside simulated annealing)" if name == "policy_search"
+                else f"{name} (a search a user would run instead)")
+        with phases(f"{what} for {seconds:g} s") as note:
+            if name == "policy_search":
+                p = policy_search(policy, graph, costs, topology, seconds=seconds, seed=seed, task=task)
+            else:
+                p = baselines.get(name)(graph, costs, topology, budget=10**12, seed=seed, seconds=seconds)
+            m = p.meta
+            out[name] = {"step_time": float(m["step_time"]), "feasible": bool(m["feasible"]),
+                         "sim_calls": int(m["sim_calls"]), "seconds": float(m["search_seconds"]),
+                         "trace": [[float(s), int(c), float(t)] for s, c, t in m.get("trace", [])],
+                         "devices": np.asarray(p.device_of_node, dtype=np.int64)}
+            note.append(f"{m['step_time'] * 1e3:.3f} ms" + ("" if m["feasible"] else " (overflows memory)"))
+    return out
+
+
+def write(found: dict[str, dict], graph, topology, out: Path, seconds: float, *, learned: float) -> list[str]:
+    """``policy_search``'s placement, the traces (``trace.csv``: method, seconds, simulator calls, best step time)
+    and the anytime plot (``anytime.png``, with the learned plan's step time dashed) in ``out/FOLDER``; returns
+    the files written, relative to ``out``."""
+    from placement_rl.studies.report import anytime_plot
+
+    folder = out / FOLDER
+    folder.mkdir(exist_ok=True)
+    save_plan(found["policy_search"]["devices"], graph, topology, folder)
+    tmp = folder / ".trace.csv.tmp"
+    with open(tmp, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["method", "seconds", "sim_calls", "best_step_time_ms"])
+        for name, r in found.items():
+            for s, c, t in r["trace"]:
+                w.writerow([name, f"{s:.6g}", c, f"{t * 1e3:.6g}"])
+    os.replace(tmp, folder / "trace.csv")
+    anytime_plot({name: r["trace"] for name, r in found.items()}, seconds, folder / "anytime.png",
+                 title=f"{graph.name} on {topology.name}", reference=("the learned plan", learned))
+    return [f"{FOLDER}/{f}" for f in ("placement.json", "trace.csv", "anytime.png")]
+
+
+def summary(found: dict[str, dict]) -> str:
+    """One line: policy_search's result, and each same-seconds search's."""
+    def one(name: str) -> str:
+        r = found[name]
+        return (f"{name} {r['step_time'] * 1e3:.3f} ms" + ("" if r["feasible"] else " (overflows memory)")
+                + f" in {r['seconds']:.2f} s, {r['sim_calls']} simulator calls")
+
+    ps = found["policy_search"]
+    line = f"policy_search (its own row, not the plan): {one('policy_search')[len('policy_search '):]}"
+    others = [one(n) for n in found if n != "policy_search"]
+    if others:
+        best = min((found[n] for n in found if n != "policy_search" and found[n]["feasible"]),
+                   key=lambda r: r["step_time"], default=None)
+        line += "; at the same seconds " + ", ".join(others)
+        if best is not None and ps["feasible"]:
+            line += f" (policy_search / the best of them {ps['step_time'] / best['step_time']:.3f})"
+    return line
+
+
+def metrics(found: dict[str, dict]) -> dict[str, dict]:
+    """Every search's figures for metrics.json (no placement arrays)."""
+    return {name: {k: v for k, v in r.items() if k != "devices"} for name, r in found.items()}
