@@ -33,6 +33,7 @@ from placement_rl.errors import ConfigError
 MAX_NODES = 200  # larger graphs: coarsen them first (``placement_rl.graph.coarsen``) or use a search
 CP_SECONDS = 10.0  # CP-SAT's seconds when the placer is given none
 HINT_SHARE = 0.3  # of the seconds for the hint: ``la_rule_search`` (the rule, then annealing)
+RESERVE = 3  # calls kept from the hint's search: scoring ``sim_eft``'s start, the hint and CP-SAT's solution
 UNITS = 10_000_000  # the largest capacity in integer memory units (a unit: ~1e-7 of it)
 
 
@@ -56,8 +57,10 @@ def cp_sat(prob: Problem) -> np.ndarray:
     seconds = float(prob.seconds) if prob.seconds is not None else CP_SECONDS
     g, c, t = prob.graph, prob.costs, prob.topology
     starts = [sim_eft_devices(g, c, t)]
-    if prob.budget > 2:  # la_rule_search in HINT_SHARE of the seconds (its own budget, charged here)
-        sub = Problem(g, c, t, budget=prob.budget - 1, seed=prob.seed, seconds=HINT_SHARE * seconds)
+    if prob.budget > RESERVE + 1:  # la_rule_search in HINT_SHARE of the seconds (its own budget, charged here;
+        # RESERVE calls kept to score the two starts and CP-SAT's solution: at budget - 1 the hint went unscored
+        # and the placer returned ``sim_eft``'s placement)
+        sub = Problem(g, c, t, budget=prob.budget - RESERVE, seed=prob.seed, seconds=HINT_SHARE * seconds)
         starts.append(la_rule_search(sub))
         prob.charge(sub.calls)
     scored = [(d_, prob.score(d_, after_time=True)) for d_ in starts]
