@@ -95,8 +95,9 @@ def _as_steady(res: SimResult, steady: float) -> SimResult:
 def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int, seed: int = 0,
             case: str = "", placers: Iterable[str] | None = None, partitioners: Iterable[str] | None = (),
             num_microbatches: int = 4, on_done: Callable[[Row], None] | None = None,
-            objective: str = "step") -> list[Row]:
-    """Run each placer (default: all) with ``budget`` simulator calls; ``single_device`` is the reference.
+            objective: str = "step", seconds: float | None = None) -> list[Row]:
+    """Run each placer (default: all) with ``budget`` simulator calls (and ``seconds`` of wall clock each, when
+    given: the op-level searches stop at whichever ends first); ``single_device`` is the reference.
     A placer that cannot run on this case (e.g. exhaustive search on a large graph) gets a row with
     ``note`` saying why and ``step_time`` NaN. ``objective="throughput"``: the partitioners minimise, and every
     row's ``step_time`` holds, the steady-state time per batch (``cost.throughput``; the op placers still
@@ -109,7 +110,7 @@ def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, bud
     for name in names:
         t0 = time.perf_counter()
         try:
-            p = baselines.get(name)(graph, costs, topology, budget=budget, seed=seed)
+            p = baselines.get(name)(graph, costs, topology, budget=budget, seed=seed, seconds=seconds)
         except ConfigError as exc:
             rows.append(Row(case, name, "placement", float("nan"), float("nan"), False, 0.0, 0, note=str(exc)))
             continue
@@ -210,7 +211,8 @@ def load_case(case: Case) -> tuple[CompGraph, DeviceTopology]:
 
 def run_suite(cases: Iterable[Case], *, budget: int, seed: int = 0, placers: Iterable[str] | None = None,
               pipeline_cases: Iterable[str] = DEFAULT_PIPELINE_CASES, num_microbatches: int = 4,
-              progress: bool = True) -> tuple[list[Row], dict[str, tuple[CompGraph, CostTable, DeviceTopology]]]:
+              progress: bool = True, seconds: float | None = None
+              ) -> tuple[list[Row], dict[str, tuple[CompGraph, CostTable, DeviceTopology]]]:
     """Every case x every placer; returns the rows and each case's (graph, costs, topology)."""
     from tqdm.auto import tqdm
 
@@ -226,5 +228,5 @@ def run_suite(cases: Iterable[Case], *, budget: int, seed: int = 0, placers: Ite
         problems[case.name] = (graph, costs, topology)
         parts = baselines.pipeline_names() if case.name in pipe else ()
         rows += compare(graph, costs, topology, budget=budget, seed=seed, case=case.name, placers=placers,
-                        partitioners=parts, num_microbatches=num_microbatches)
+                        partitioners=parts, num_microbatches=num_microbatches, seconds=seconds)
     return rows, problems

@@ -341,6 +341,24 @@ def test_evaluate_metrics_are_strict_json_and_every_file_is_listed(tmp_path):
     assert all((tmp_path / "run" / name).is_file() for name in listed), listed
 
 
+def test_evaluate_seconds_holds_the_searches_to_wall_clock_seconds(tmp_path):
+    """seconds=S: every op-level placer gets S seconds as well as the calls; with a call budget no search can spend,
+    the seconds end the searches (a comparison at equal seconds); seconds must be > 0."""
+    budget = 10**8
+    r = cli(tmp_path, "evaluate", "graph=synthetic", "graph.num_nodes=40", "topology=4x_v100_nvlink",
+            "placers=[sim_eft,local_search,la_rule_search]", "pipeline=false", f"budget={budget}", "seconds=0.3",
+            "progress=false")
+    assert r.returncode == 0, r.stderr
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert m["seconds"] == 0.3 and "and 0.3 s" in (tmp_path / "run" / "comparison.md").read_text()
+    rows = {row["placer"]: row for row in m["rows"]}
+    for name in ("local_search", "la_rule_search"):
+        assert 0 < rows[name]["sim_calls"] < budget, name
+        assert rows[name]["feasible"] and rows[name]["step_time"] > 0, name
+    r = cli(tmp_path, "evaluate", "graph=synthetic", "seconds=0", run="bad")
+    assert r.returncode == 2 and "seconds" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_place_shows_its_phases_and_lists_what_it_writes(tmp_path):
     """Each long phase says when it starts and how long it took; the artifact line names every file written
     (graph.json and the comparison plots too); samples=0 is greedy only; one device is '1 device'."""

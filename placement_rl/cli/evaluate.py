@@ -139,6 +139,7 @@ def compare_learned(graph, costs, topology, out: Path, *, label: str, plan, step
 def run(cfg: DictConfig) -> list[Row]:
     out = output_dir()
     budget, seed = int(cfg.budget), int(cfg.seed)
+    seconds = None if cfg.get("seconds") is None else float(cfg.seconds)
     placers = list(cfg.placers) if cfg.placers else None
     objective = str(cfg.get("objective") or "step")
     if cfg.suite == "default" and not cfg.plan and (costs_path(cfg) or str(cfg.get("mode") or "train") != "train"
@@ -148,7 +149,8 @@ def run(cfg: DictConfig) -> list[Row]:
     if cfg.suite == "default" and not cfg.plan:
         rows, problems = run_suite(DEFAULT_SUITE, budget=budget, seed=seed, placers=placers,
                                    pipeline_cases=DEFAULT_PIPELINE_CASES if cfg.pipeline else (),
-                                   num_microbatches=int(cfg.num_microbatches), progress=bool(cfg.progress))
+                                   num_microbatches=int(cfg.num_microbatches), progress=bool(cfg.progress),
+                                   seconds=seconds)
     elif cfg.suite in ("single", "default"):
         from placement_rl.cli.schema import check_not_files
 
@@ -165,7 +167,8 @@ def run(cfg: DictConfig) -> list[Row]:
         from placement_rl import baselines
 
         rows = compare(graph, costs, topology, budget=budget, seed=seed, case=case, placers=placers,
-                       partitioners=baselines.pipeline_names() if cfg.pipeline else (), objective=objective)
+                       partitioners=baselines.pipeline_names() if cfg.pipeline else (), objective=objective,
+                       seconds=seconds)
         if extra is not None:
             plan, res = extra
             single = next((r.step_time for r in rows if r.placer == "single_device"), float("nan"))
@@ -179,10 +182,11 @@ def run(cfg: DictConfig) -> list[Row]:
     files: list[str] = []
     what = "" if objective == "step" else ", times are steady-state time per batch"
     modes = sorted({str(c.meta.get("mode", "train")) for (_, c, _) in problems.values()})
-    md = write_comparison(rows, problems, out, title=f"placer comparison (budget {budget} simulator calls, "
+    held = "" if seconds is None else f" and {seconds:g} s"
+    md = write_comparison(rows, problems, out, title=f"placer comparison (budget {budget} simulator calls{held}, "
                                                      f"seed {seed}, costs: {', '.join(sources)}, mode "
                                                      f"{'/'.join(modes)}{what})", files=files)
-    metrics = {"budget": budget, "seed": seed, "mode": modes, "objective": objective, "rows": table_rows(rows)}
+    metrics = {"budget": budget, "seconds": seconds, "seed": seed, "mode": modes, "objective": objective, "rows": table_rows(rows)}
     if len(problems) == 1:  # one case: its best plans as files `placement-rl deploy plan=<file>` takes
         metrics["best"] = _write_best(rows, *next(iter(problems.values())), out, files)
     write_json(out / "metrics.json", metrics)  # a placer that cannot run has step time NaN: null here
