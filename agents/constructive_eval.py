@@ -63,15 +63,29 @@ def _warm_child() -> None:
     _warm_threads(policy, _warm_case()[3])
 
 
-def _kernels_cold() -> bool:
-    """True when numba holds no cache of the threaded decode (the first run after an install that asks for
-    threads)."""
+def _warm_side() -> None:
+    """The lower bound's and the memory fit's kernels (their own modules, no kernel shared with the decode), in a
+    child process ``warm_kernels`` starts on a cold cache while it compiles the decode: numba writes them to its
+    cache, where the parent then loads them."""
+    from placement_rl.baselines.bounds import lower_bound
+    from placement_rl.baselines.common import Problem
+    from placement_rl.baselines.memory import fit
+
+    g, topo, costs, _ = _warm_case()
+    lower_bound(g, costs, topo)
+    fit(Problem(g, costs, topo, budget=1, seed=0), np.arange(g.num_nodes, dtype=np.int64) % topo.num_devices)
+
+
+def _kernels_cold(kernel=None) -> bool:
+    """True when numba holds no cache of ``kernel`` (default: the threaded decode's; the first run after an
+    install)."""
     try:
         from pathlib import Path
 
-        from placement_rl.cost.split import _decode_split
+        if kernel is None:
+            from placement_rl.cost.split import _decode_split as kernel
 
-        return not Path(_decode_split._cache._cache_file._index_path).exists()
+        return not Path(kernel._cache._cache_file._index_path).exists()
     except (AttributeError, ImportError, TypeError):  # numba's cache layout is private: then warm here alone
         return False
 
@@ -81,12 +95,15 @@ def warm_kernels(policy: DevicePolicy) -> float:
     with threads where ``PLACEMENT_RL_DECODE_THREADS`` asks for them, ``placement_rl.cost.split``), ``simulate``, the
     lower bound and the memory fit (``baselines.memory.fit``) once on a 48-node graph, so that numba compiles or
     loads its kernels before anything is timed. Returns its seconds: on the first run after an install numba
-    compiles (about 20 s on a 2-core machine: the threaded kernels compile in a child process meanwhile, written to
-    numba's cache for this one to load), afterwards it loads them from its cache (well under 1 s)."""
+    compiles (on a 2-core machine about 19 s, the decode's kernels here while the bound's and the fit's compile in a
+    child process, 30 s all here; with threads asked for, as the CLI does, about 27 s, the threaded kernels in the
+    child instead; each child writes numba's cache for this process to load), afterwards it loads them from its
+    cache (well under 1 s)."""
     import subprocess
     import sys
     import time
 
+    from placement_rl.baselines._fit_kernel import received
     from placement_rl.baselines.bounds import lower_bound
     from placement_rl.baselines.common import Problem
     from placement_rl.baselines.eft import LINK_SCALES
@@ -95,23 +112,33 @@ def warm_kernels(policy: DevicePolicy) -> float:
     from placement_rl.cost.split import threads_asked
 
     t0 = time.perf_counter()
-    child = None
-    if threads_asked() > 1 and _kernels_cold():
-        child = subprocess.Popen([sys.executable, "-c", "from placement_rl.agents.constructive_eval import "
-                                  "_warm_child; _warm_child()"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def start(fn: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", f"from placement_rl.agents.constructive_eval import {fn}; "
+                                 f"{fn}()"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    # the bound's and the fit's kernels in a child of their own where no threads' child runs (with one, a third
+    # process on 2 cores made the warm-up slower: 37 against 27 s; given to that child first, 32 s)
+    child = start("_warm_child") if threads_asked() > 1 and _kernels_cold() else None
+    side = start("_warm_side") if child is None and _kernels_cold(received) else None
     g, topo, costs, task = _warm_case()
     was = policy.training
     # the greedy decode, one on each slower view of the links, then 2 sampled episodes (another kernel, as in a
     # best of 16): 48 x 8^2 node-device steps each
     res = evaluate(policy, [task], samples=len(LINK_SCALES) + 2)[0]
     simulate(g, costs, topo, res.greedy.devices[0])
+
+    def wait(proc) -> None:
+        if proc is not None:
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:  # never seen; whatever it did not write, this process compiles
+                proc.kill()
+
+    wait(side)
     lower_bound(g, costs, topo)  # its blocks part (train's table and place print the bound)
     fit(Problem(g, costs, topo, budget=1, seed=0), res.greedy.devices[0])  # a search's start over memory
-    if child is not None:
-        try:
-            child.wait(timeout=120)
-        except subprocess.TimeoutExpired:  # never seen; whatever it did not write, this process compiles
-            child.kill()
+    wait(child)
     _warm_threads(policy, task)
     policy.train(was)
     return time.perf_counter() - t0

@@ -141,6 +141,18 @@ def test_warm_kernels_leaves_the_policy_as_it_was(monkeypatch) -> None:
     np.testing.assert_array_equal(evaluate(policy, [task], samples=0)[0].greedy.devices, first)
 
 
+def test_the_warm_up_child_writes_the_bound_and_fit_kernels_for_the_parent_to_load() -> None:
+    """What ``warm_kernels`` runs in a child on a cold cache (no threads asked): the lower bound's and the memory
+    fit's kernels, written to numba's cache, which is how the parent finds them warm."""
+    from placement_rl.agents.constructive_eval import _kernels_cold, _warm_side
+    from placement_rl.baselines._block_kernel import __dict__ as block
+    from placement_rl.baselines._fit_kernel import received
+
+    _warm_side()
+    kernels = [received, *(f for f in block.values() if hasattr(f, "_cache") and f.signatures)]
+    assert len(kernels) >= 2 and not any(_kernels_cold(k) for k in kernels)
+
+
 @pytest.mark.parametrize("case", [("layered", 160, 0, "8x_a100_nvswitch", None, 16),
                                   ("dataflow", 150, 1, "4x_v100_nvlink", 48, 16)], ids=["whole-graph", "tight-W48"])
 def test_episode_threads_give_the_serial_features_and_samples(case, monkeypatch) -> None:
