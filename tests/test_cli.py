@@ -535,6 +535,12 @@ def test_place_says_when_no_placement_of_the_policy_fits_memory(tmp_path):
     assert m["fitted"]["moved"] == int(np.sum(np.asarray(fitted) != np.asarray(placed))) >= 1
     assert f"fits at {m['fitted']['step_time'] * 1e3:.3f} ms (fit/placement.json)" in warn[0]
     assert "fit/placement.json" in r.stdout.splitlines()[-1]
+    # policy_search for a few seconds repairs memory first: the warning names its placement when that fits
+    r = cli(tmp_path, "place", "graph=synthetic", "graph.num_nodes=30", f"topology.path={tmp_path / 'tight.yaml'}",
+            "samples=0", "search_seconds=0.5", "progress=false", "compare=false", run="timed")
+    m = json.loads((tmp_path / "timed" / "metrics.json").read_text())
+    warn = [ln for ln in r.stdout.splitlines() if ln.startswith("warning:")]
+    assert m["policy_search"]["policy_search"]["feasible"] and "(policy_search/placement.json)" in warn[0]
     r = cli(tmp_path, "place", "graph=synthetic", "graph.num_nodes=30", f"topology.path={tmp_path / 'tight.yaml'}",
             "samples=2", "progress=false", "compare=false", run="run2")
     m = json.loads((tmp_path / "run2" / "metrics.json").read_text())

@@ -186,7 +186,8 @@ def run(cfg: DictConfig) -> list[Row]:
     md = write_comparison(rows, problems, out, title=f"placer comparison (budget {budget} simulator calls{held}, "
                                                      f"seed {seed}, costs: {', '.join(sources)}, mode "
                                                      f"{'/'.join(modes)}{what})", files=files)
-    metrics = {"budget": budget, "seconds": seconds, "seed": seed, "mode": modes, "objective": objective, "rows": table_rows(rows)}
+    metrics = {"budget": budget, "seconds": seconds, "seed": seed, "mode": modes, "objective": objective,
+               "rows": table_rows(rows)}
     if len(problems) == 1:  # one case: its best plans as files `placement-rl deploy plan=<file>` takes
         metrics["best"] = _write_best(rows, *next(iter(problems.values())), out, files)
     write_json(out / "metrics.json", metrics)  # a placer that cannot run has step time NaN: null here

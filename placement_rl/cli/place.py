@@ -182,7 +182,8 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
           + (f"; best baseline {metrics['best_baseline']} {metrics['best_baseline_time'] * 1e3:.3f} ms"
              if "best_baseline" in metrics else ""))
     if not fits:
-        print(overflow_note(graph, costs, topology, res.best_devices, samples, searched=search, fitted=fitted))
+        print(overflow_note(graph, costs, topology, res.best_devices, samples, searched=search, fitted=fitted,
+                            policy_searched=None if timed is None else timed["policy_search"]))
     found = [r["step_time"] for r in [search, *(timed or {}).values()] if r is not None and r["feasible"]]
     print(bound_note(bound, min([step_time, *found])))
     if cp_row is not None:
@@ -219,7 +220,7 @@ def fit_row(graph, costs, topology, devices, seed: int) -> dict | None:
 
 
 def overflow_note(graph, costs, topology, devices, samples: int, *, searched: dict | None,
-                  fitted: dict | None = None) -> str:
+                  fitted: dict | None = None, policy_searched: dict | None = None) -> str:
     """One line for a written placement that does not fit memory: by how much, on which devices, what to do."""
     from placement_rl.cost import simulate
     from placement_rl.errors import fmt_bytes
@@ -229,7 +230,10 @@ def overflow_note(graph, costs, topology, devices, samples: int, *, searched: di
             for d in np.flatnonzero(peak > cap)]
     which = "the greedy placement" + (f" and its {plural(samples, 'sample')}" if samples > 0 else "")
     fix = ("the search from it fits (search/placement.json)" if searched and searched["feasible"] else
-           "search_budget=<calls> runs a search from it that repairs memory first, or give the devices more memory")
+           "policy_search's placement fits (policy_search/placement.json)" if policy_searched
+           and policy_searched["feasible"] else
+           "search_seconds=<s> or search_budget=<calls> runs a search that repairs memory first, or give the devices "
+           "more memory")
     if fitted is not None:
         fix = (f"with {plural(fitted['moved'], 'node')} moved it fits at {fitted['step_time'] * 1e3:.3f} ms "
                f"(fit/placement.json); " + fix)
