@@ -64,18 +64,16 @@ def write(found: dict[str, dict], graph, topology, out: Path, seconds: float, *,
 
 def summary(found: dict[str, dict]) -> str:
     """One line: policy_search's result, and each same-seconds search's."""
-    def one(name: str) -> str:
-        r = found[name]
-        return (f"{name} {r['step_time'] * 1e3:.3f} ms" + ("" if r["feasible"] else " (overflows memory)")
+    def one(r: dict) -> str:
+        return (f"{r['step_time'] * 1e3:.3f} ms" + ("" if r["feasible"] else " (overflows memory)")
                 + f" in {r['seconds']:.2f} s, {r['sim_calls']} simulator calls")
 
     ps = found["policy_search"]
-    line = f"policy_search (its own row, not the plan): {one('policy_search')[len('policy_search '):]}"
-    others = [one(n) for n in found if n != "policy_search"]
+    others = {n: r for n, r in found.items() if n != "policy_search"}
+    line = f"policy_search (its own row, not the plan): {one(ps)}"
     if others:
-        best = min((found[n] for n in found if n != "policy_search" and found[n]["feasible"]),
-                   key=lambda r: r["step_time"], default=None)
-        line += "; at the same seconds " + ", ".join(others)
+        line += "; at the same seconds " + ", ".join(f"{n} {one(r)}" for n, r in others.items())
+        best = min((r for r in others.values() if r["feasible"]), key=lambda r: r["step_time"], default=None)
         if best is not None and ps["feasible"]:
             line += f" (policy_search / the best of them {ps['step_time'] / best['step_time']:.3f})"
     return line
