@@ -292,21 +292,16 @@ def _plot(curves: dict, args) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from placement_rl.studies.report import draw_anytime
+
     top = max(args.seconds)
     pairs = sorted({k[0] for k in curves})[:8]
     if not pairs:
         return
     fig, axes = plt.subplots(1, len(pairs), figsize=(3.2 * len(pairs), 3), squeeze=False)
     for ax, pair in zip(axes[0], pairs):
-        for (p, sec, name), tr in curves.items():
-            if p != pair or sec != top or not tr:
-                continue
-            x = [e[0] for e in tr] + [top]
-            y = [e[2] * 1e3 for e in tr] + [tr[-1][2] * 1e3]
-            ax.step(x, y, where="post", label=name)
+        draw_anytime(ax, {name: tr for (p, sec, name), tr in curves.items() if p == pair and sec == top}, top)
         ax.set_title(pair, fontsize=7)
-        ax.set_xscale("log")
-        ax.set_xlabel("seconds")
     axes[0][0].set_ylabel("best step time (ms)")
     axes[0][-1].legend(fontsize=6)
     fig.tight_layout()

@@ -3,8 +3,6 @@ wall clock, anytime, beside the searches a user would run instead at the same se
 
 from __future__ import annotations
 
-import csv
-import os
 from pathlib import Path
 
 import numpy as np
@@ -19,18 +17,14 @@ def run_searches(policy, graph, costs, topology, task, seconds: float, *, seed: 
                  phases) -> dict[str, dict]:
     """``policy_search`` (and with ``compare`` each of ``SAME_SECONDS``) for ``seconds``: per search its step time,
     fit, simulator calls, own seconds, anytime trace ``[seconds, calls, best step time]`` and placement."""
-    from placement_rl import baselines
-    from placement_rl.agents.policy_search import policy_search
+    from placement_rl.studies.finetune import search_at_seconds
 
     out: dict[str, dict] = {}
     for name in ("policy_search", *(SAME_SECONDS if compare else ())):
         what = ("policy-guided search (the policy's repairs inside simulated annealing)" if name == "policy_search"
                 else f"{name} (a search a user would run instead)")
         with phases(f"{what} for {seconds:g} s") as note:
-            if name == "policy_search":
-                p = policy_search(policy, graph, costs, topology, seconds=seconds, seed=seed, task=task)
-            else:
-                p = baselines.get(name)(graph, costs, topology, budget=10**12, seed=seed, seconds=seconds)
+            p = search_at_seconds(name, policy, graph, costs, topology, seconds, seed=seed, task=task)
             m = p.meta
             out[name] = {"step_time": float(m["step_time"]), "feasible": bool(m["feasible"]),
                          "sim_calls": int(m["sim_calls"]), "seconds": float(m["search_seconds"]),
@@ -44,19 +38,16 @@ def write(found: dict[str, dict], graph, topology, out: Path, seconds: float, *,
     """``policy_search``'s placement, the traces (``trace.csv``: method, seconds, simulator calls, best step time)
     and the anytime plot (``anytime.png``, with the learned plan's step time dashed) in ``out/FOLDER``; returns
     the files written, relative to ``out``."""
+    from placement_rl.report import write_csv
     from placement_rl.studies.report import anytime_plot
 
     folder = out / FOLDER
     folder.mkdir(exist_ok=True)
     save_plan(found["policy_search"]["devices"], graph, topology, folder)
-    tmp = folder / ".trace.csv.tmp"
-    with open(tmp, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["method", "seconds", "sim_calls", "best_step_time_ms"])
-        for name, r in found.items():
-            for s, c, t in r["trace"]:
-                w.writerow([name, f"{s:.6g}", c, f"{t * 1e3:.6g}"])
-    os.replace(tmp, folder / "trace.csv")
+    write_csv(folder / "trace.csv", [{"method": name, "seconds": f"{s:.6g}", "sim_calls": c,
+                                      "best_step_time_ms": f"{t * 1e3:.6g}"}
+                                     for name, r in found.items() for s, c, t in r["trace"]],
+              ("method", "seconds", "sim_calls", "best_step_time_ms"))
     anytime_plot({name: r["trace"] for name, r in found.items()}, seconds, folder / "anytime.png",
                  title=f"{graph.name} on {topology.name}", reference=("the learned plan", learned))
     return [f"{FOLDER}/{f}" for f in ("placement.json", "trace.csv", "anytime.png")]

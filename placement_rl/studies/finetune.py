@@ -325,6 +325,18 @@ def _feasible(graph: CompGraph, costs: CostTable, topology: DeviceTopology, devi
     return bool(simulate(graph, costs, topology, np.asarray(devices, dtype=np.int64)).feasible)
 
 
+def search_at_seconds(name: str, policy: DevicePolicy, graph: CompGraph, costs: CostTable, topology: DeviceTopology,
+                      seconds: float, *, seed: int = 0, task: ConstructiveTask | None = None):
+    """The search ``name`` for ``seconds`` of wall clock: ``policy_search`` with ``policy`` as its proposal, or a
+    registered placer (``local_search``, ``la_rule_search``, ...) with no call limit; its ``Placement``."""
+    from placement_rl import baselines
+    from placement_rl.agents.policy_search import policy_search
+
+    if name == "policy_search":
+        return policy_search(policy, graph, costs, topology, seconds=seconds, seed=seed, task=task)
+    return baselines.get(name)(graph, costs, topology, budget=10**12, seed=seed, seconds=seconds)
+
+
 def equal_seconds_rows(result: FinetuneResult, policy: DevicePolicy, seconds: float, *, row: str, seed: int = 0,
                        names: tuple[str, ...] = ("policy_search", "local_search", "la_rule_search"),
                        log: Callable[[str], None] = print) -> None:
@@ -332,16 +344,10 @@ def equal_seconds_rows(result: FinetuneResult, policy: DevicePolicy, seconds: fl
     clock: ``policy_search`` with ``policy`` (the policy before fine-tuning) as its proposal, ``local_search`` and
     ``la_rule_search`` (annealing from ``la_rule``), as search rows of ``result`` naming ``row``
     (``LearnedRow.same_seconds_as``)."""
-    from placement_rl import baselines
-    from placement_rl.agents.policy_search import policy_search
-
     t = result.task
     g, c, topo = t.graph, t.costs, t.topology
     for name in names:
-        if name == "policy_search":
-            p = policy_search(policy, g, c, topo, seconds=seconds, seed=seed)
-        else:
-            p = baselines.get(name)(g, c, topo, budget=10**12, seed=seed, seconds=seconds)
+        p = search_at_seconds(name, policy, g, c, topo, seconds, seed=seed)
         dev = np.asarray(p.device_of_node)
         res = simulate(g, c, topo, dev)
         result.rows.append(LearnedRow(f"{name} at the seconds of {row}", "search", res.step_time, res.feasible, dev,

@@ -61,27 +61,33 @@ def save_figure(fig: Any, path: str | os.PathLike) -> Path:
     return path
 
 
-def anytime_plot(traces: dict[str, Sequence], seconds: float, path: str | os.PathLike, *, title: str = "",
-                 reference: tuple[str, float] | None = None) -> Path:
-    """Best step time found over wall-clock seconds, one step line per method (``traces``: method -> ``[seconds,
-    calls, best step time]`` at each improvement, as ``baselines.common.Problem`` records them), each held to its
-    last value until ``seconds``; ``reference``: a (label, step time) drawn dashed (e.g. the learned plan)."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 3.8))
+def draw_anytime(ax: Any, traces: Mapping[str, Sequence], seconds: float) -> None:
+    """On ``ax``: best step time (ms) found over wall-clock seconds (log scale), one step line per method
+    (``traces``: method -> ``[seconds, calls, best step time]`` at each improvement, as
+    ``baselines.common.Problem`` records them), each held to its last value until ``seconds``."""
     for name, tr in traces.items():
         if not len(tr):
             continue
         x = [max(float(e[0]), 1e-4) for e in tr] + [max(float(seconds), float(tr[-1][0]))]
         y = [float(e[2]) * 1e3 for e in tr] + [float(tr[-1][2]) * 1e3]
         ax.step(x, y, where="post", label=name)
-    if reference is not None and np.isfinite(reference[1]):
-        ax.axhline(reference[1] * 1e3, color="grey", ls="--", lw=1, label=reference[0])
-    finals = [float(tr[-1][2]) * 1e3 for tr in traces.values() if len(tr)]
-    if finals:  # the end game in view: a poor first start would flatten it
-        top = max(1.15 * min(finals), 1.05 * reference[1] * 1e3 if reference and np.isfinite(reference[1]) else 0.0)
-        ax.set_ylim(0.98 * min(finals), top)
     ax.set_xscale("log")
     ax.set_xlabel("seconds")
+
+
+def anytime_plot(traces: dict[str, Sequence], seconds: float, path: str | os.PathLike, *, title: str = "",
+                 reference: tuple[str, float] | None = None) -> Path:
+    """``draw_anytime`` in a figure of its own, with ``reference`` (a label and a step time, e.g. the learned
+    plan's) dashed and the y range on the end game (a poor first start would flatten it)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    draw_anytime(ax, traces, seconds)
+    ref = reference[1] * 1e3 if reference is not None and np.isfinite(reference[1]) else None
+    if ref is not None:
+        ax.axhline(ref, color="grey", ls="--", lw=1, label=reference[0])
+    finals = [float(tr[-1][2]) * 1e3 for tr in traces.values() if len(tr)]
+    if finals:
+        ax.set_ylim(0.98 * min(finals), max(1.15 * min(finals), 1.05 * (ref or 0.0)))
     ax.set_ylabel("best step time (ms)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
