@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch_geometric.nn import GATv2Conv
-from torch_geometric.utils import to_dense_batch
 
 from placement_rl.agents.graph_batch import Adjacency
 from placement_rl.errors import ConfigError
@@ -146,6 +144,8 @@ class GATEncoder(Encoder):
         if hidden % self.HEADS:
             raise ConfigError(f"gat needs hidden divisible by {self.HEADS} heads, got hidden={hidden}")
         super().__init__(in_dim, hidden, layers)
+        from torch_geometric.nn import GATv2Conv  # here: importing PyG costs every command about 2 s
+
         self.convs = nn.ModuleList(GATv2Conv(hidden, hidden // self.HEADS, heads=self.HEADS) for _ in range(layers))
         self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(layers))
 
@@ -200,6 +200,8 @@ class GDPEncoder(Encoder):
         self.attn = nn.TransformerEncoder(layer, attn_layers, enable_nested_tensor=False)
 
     def forward(self, x, edge_index, batch, adj: Adjacency | None = None):
+        from torch_geometric.utils import to_dense_batch
+
         h = self.sage(x, edge_index, batch, adj)
         dense, mask = to_dense_batch(h, batch)  # [B, N_max, H], [B, N_max]
         dense = self.attn(dense, src_key_padding_mask=~mask)

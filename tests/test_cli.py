@@ -136,6 +136,7 @@ def test_evaluate_single_case_scores_given_plan(tmp_path, tiny_graph):
                                                                                            rel=1e-9)
 
 
+@pytest.mark.slow
 def test_train_quick_then_place_zero_shot(tmp_path):
     r = cli(tmp_path, "train", "graph=synthetic", "graph.num_nodes=24", "topology=4x_v100_nvlink", "trainer=quick",
             "env=placement", "agent=maskable_ppo", "trainer.total_steps=512", "progress=false")
@@ -160,6 +161,7 @@ def test_train_quick_then_place_zero_shot(tmp_path):
     assert r3.returncode == 2 and "bound_seconds" in r3.stderr and "Traceback" not in r3.stderr, r3.stderr
 
 
+@pytest.mark.slow
 def test_train_finetunes_the_pretrained_policy_and_place_uses_it(tmp_path):
     """The default train: the packaged policy zero-shot, fine-tuned and searched, each its own row; then place."""
     r = cli(tmp_path, "train", "graph=synthetic", "graph.family=dataflow", "graph.num_nodes=40",
@@ -202,6 +204,7 @@ def test_train_finetunes_the_pretrained_policy_and_place_uses_it(tmp_path):
     assert tuned.endswith("@4x_v100_nvlink") and f"was fine-tuned on {tuned}, not " in r3.stdout
 
 
+@pytest.mark.slow
 def test_place_window_overrides_and_honest_calls(tmp_path):
     """The shipped policy places a 50-node graph with the whole-graph window by default (every placement: N x D
     completions + 1 simulate); ``full_window=0 window=8`` reads an 8-node window (1 call per placement)."""
@@ -220,6 +223,7 @@ def test_place_window_overrides_and_honest_calls(tmp_path):
     assert r.returncode == 2 and "window" in r.stderr and not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow
 def test_place_with_a_corrupted_checkpoint_exits_2(tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"\x00garbage")
@@ -228,11 +232,13 @@ def test_place_with_a_corrupted_checkpoint_exits_2(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_place_with_missing_checkpoint_exits_2(tmp_path):
     r = cli(tmp_path, "place", f"checkpoint={tmp_path}/nope.pt", "graph=synthetic", "graph.num_nodes=10")
     assert r.returncode == 2 and "does not exist" in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_deploy_stage_plan_and_placement_write_deploy_json(tmp_path):
     from placement_rl import baselines
@@ -263,6 +269,7 @@ def test_deploy_stage_plan_and_placement_write_deploy_json(tmp_path):
     assert r.returncode == 2 and "used by stages 0 and 1" in r.stderr
 
 
+@pytest.mark.slow
 def test_deploy_refuses_bad_dp_plans_before_any_process(tmp_path):
     """A DP degree that does not divide the batch, an fsdp plan without enough memory, unequal DP degrees:
     one line naming the problem, exit 2, no rank started."""
@@ -341,6 +348,7 @@ def test_evaluate_metrics_are_strict_json_and_every_file_is_listed(tmp_path):
     assert all((tmp_path / "run" / name).is_file() for name in listed), listed
 
 
+@pytest.mark.slow
 def test_evaluate_seconds_holds_the_searches_to_wall_clock_seconds(tmp_path):
     """seconds=S: every op-level placer gets S seconds as well as the calls; with a call budget no search can spend,
     the seconds end the searches (a comparison at equal seconds); seconds must be > 0."""
@@ -380,6 +388,7 @@ def test_place_shows_its_phases_and_lists_what_it_writes(tmp_path):
     assert "lower bound on any placement's step time" in out and "the plan is at the bound" in out
 
 
+@pytest.mark.slow
 def test_place_bound_seconds_adds_the_cp_part_to_its_lower_bound(tmp_path):
     """bound_seconds=S: CP-SAT (``bounds_cp``) tightens the printed lower bound; it stays at most the plan's step
     time and at least every other part."""
@@ -398,6 +407,7 @@ def test_place_bound_seconds_adds_the_cp_part_to_its_lower_bound(tmp_path):
     assert m["step_time"] == m["best_of_k_step_time"]
 
 
+@pytest.mark.slow
 def test_place_compares_with_the_policys_own_heuristics_at_their_own_calls(tmp_path):
     """place's comparison holds the bar a learned row must clear: ``sim_eft`` and its lookahead ``eft_rollout`` (the
     policy's teacher; both registered baselines) with their own calls (1; the completions + 1) and seconds, and the
@@ -434,6 +444,7 @@ def test_place_compares_with_the_policys_own_heuristics_at_their_own_calls(tmp_p
     assert "eft_rollout (the teacher)" in r.stdout
 
 
+@pytest.mark.slow
 def test_place_search_budget_refines_the_learned_placement_as_its_own_row(tmp_path):
     """search_budget=N: local search from the best learned placement, N more calls, its own search row and
     search/placement.json (the policy's placement stays placement.json); the baselines get the same calls."""
@@ -459,6 +470,7 @@ def test_place_search_budget_refines_the_learned_placement_as_its_own_row(tmp_pa
     assert r.returncode == 2 and "search_budget" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_place_search_seconds_runs_policy_search_beside_the_searches_at_the_same_seconds(tmp_path):
     """search_seconds=S: policy_search for S seconds of wall clock (its own row and policy_search/placement.json;
     the policy's placement stays placement.json), with compare the non-learned searches at the same seconds; every
@@ -498,6 +510,7 @@ def test_place_search_seconds_runs_policy_search_beside_the_searches_at_the_same
     assert r.returncode == 2 and "search_seconds" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_place_says_when_no_placement_of_the_policy_fits_memory(tmp_path):
     """On devices too small for the policy's placement (its greedy one overflows; samples=0), place still writes
     it, but its summary marks it, one warning line says by how much on which devices and what to do, and
@@ -548,6 +561,7 @@ def test_place_says_when_no_placement_of_the_policy_fits_memory(tmp_path):
     assert not [ln for ln in r.stdout.splitlines() if ln.startswith("warning:")]
 
 
+@pytest.mark.slow
 def test_place_samples_in_their_own_phase_give_what_evaluate_gives(tmp_path):
     """place reports the greedy decode and the samples as two phases; the samples draw what
     agents.constructive_eval.evaluate(samples=k) draws."""
@@ -573,6 +587,7 @@ def test_place_samples_in_their_own_phase_give_what_evaluate_gives(tmp_path):
     assert m["best_of_k_step_time"] == pytest.approx(res.best_time, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_place_multirun_sweeps_a_config_group(tmp_path):
     r = cli(tmp_path, "place", "-m", "graph=synthetic", "graph.num_nodes=10", "topology=2x_k80,2x_cpu", "samples=0",
             "compare=false", f"hydra.sweep.dir={tmp_path}/sweep")

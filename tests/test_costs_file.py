@@ -110,6 +110,7 @@ def case_files(tmp_path):
     return graph_path, write(tmp_path, doc, "c.json"), topo_path
 
 
+@pytest.mark.slow
 def test_cli_evaluate_inference_with_a_costs_file_end_to_end(tmp_path, case_files):
     g, c, t = case_files
     r = cli(tmp_path, "evaluate", f"graph.path={g}", f"costs.path={c}", f"topology.path={t}", "mode=inference",

@@ -215,6 +215,7 @@ def test_only_gloo_is_measured():
         measure_dist_overheads("nccl")
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_real_measurement_on_two_gloo_processes():
     """Two real gloo processes: every median is a positive time and FSDP2 costs more per pass than no wrapper."""
@@ -232,6 +233,7 @@ def test_real_measurement_on_two_gloo_processes():
     assert len(o.collectives["tp_all_reduce"][1]) == 2 and min(o.collectives["tp_all_reduce"][1]) >= 0
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_tp_collectives_measured_on_the_plans_process_count():
     got = measure_tp_collectives("gloo", world=4, degrees=(2, 4), sizes=(2 ** 10, 2 ** 18), repeats=1)

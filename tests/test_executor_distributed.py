@@ -296,7 +296,8 @@ def _workers_of(job_dir) -> list[str]:
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("kind, timeout_s, pattern", [("exit", 60.0, "rank 1 .* died with exit code 3"),
-                                                       ("hang", 25.0, "rank 1 .*(made no progress|fell behind)")])
+                                                       pytest.param("hang", 25.0, "rank 1 .*(made no progress|fell behind)",
+                                                                    marks=pytest.mark.slow)])
 def test_faulty_rank_ends_the_job(graphs, tmp_path, kind, timeout_s, pattern):
     plan = make_plan(graphs["mlp"], stages=2, dp=1, m=2, schedule="gpipe", layout="single")
     start = time.monotonic()

@@ -138,6 +138,7 @@ def test_llama_modules_round_trip():
     same(again, plan)
 
 
+@pytest.mark.slow
 def test_cli_export_and_bad_input_one_line_exit_2(gpt, tmp_path):
     topo = load_topology("8x_a100_nvswitch")
     gpt.to_json(tmp_path / "graph.json")

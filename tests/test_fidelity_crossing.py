@@ -117,6 +117,7 @@ def test_replay_reproduces_shipped_mlp_rows(gpu):
             assert r["predicted_host_s"] == pytest.approx(r["predicted_s"], rel=1e-12)
 
 
+@pytest.mark.slow
 def test_measure_crossing_script_runs_on_the_cpu_and_refuses_without_a_gpu(tmp_path):
     """scripts/measure_crossing.py: the CPU smoke run writes every field; asking for CUDA without one exits 2."""
     import json

@@ -380,6 +380,7 @@ def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300, env=env)
 
 
+@pytest.mark.slow
 def test_bad_files_through_the_cli_are_one_line_exit_2_and_write_nothing(tmp_path):
     cyclic = json.loads(GRAPH.to_json())
     cyclic["edges"].append([3, 1, 8])  # d -> b closes b -> d -> b; node 'a' upstream, 'c' beside

@@ -180,6 +180,7 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
                           timeout=300, env=env)
 
 
+@pytest.mark.slow
 def test_cli_profile_measurements_bad_file_exits_2(tmp_path):
     bad = tmp_path / "bert_large-train-512-2.csv"
     bad.write_text("op,target\n1,2\n")

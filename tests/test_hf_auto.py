@@ -120,6 +120,7 @@ def test_bad_config_file(tmp_path: Path):
         hf_auto.load_config(str(bad), None, None)
 
 
+@pytest.mark.slow
 def test_cli_places_a_config(tmp_path: Path):
     """The README's line for one's own model: exit 0 and a placement of the graph it names; a bad field: one line,
     exit 2."""

@@ -62,6 +62,7 @@ def test_whole_run_reader_rejects_bad_files(tmp_path):
         read_whole_runs(d)
 
 
+@pytest.mark.slow
 def test_measure_gpu_script_round_trip_on_cpu(tmp_path):
     """scripts/measure_gpu.py on the CPU with stand-in models: every part writes NeuSight-format files that the
     project's readers load back."""

@@ -199,6 +199,7 @@ def test_the_checkpoint_repeats_the_priced_ops():
         assert want["linear"] + want["matmul"] < whole["linear"] + whole["matmul"]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_recomputing_plans_deployed_gradients_equal_one_process():
     """GPipe with full / selective per stage, and TP x PP 1F1B with selective / full, on gloo: loss and gradients

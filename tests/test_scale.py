@@ -86,6 +86,7 @@ def test_store_reuses_finished_results(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- Ray
+@pytest.mark.slow
 def test_ray_results_in_input_order_equal_one_worker(ray_local):
     items = list(range(10))
     seen = []
@@ -114,6 +115,7 @@ def _tiny_tasks(n=3):
     return build_tasks(training_specs(n, seed=5, size=(20, 30), devices=(2, 4), zoo_frac=0.0), workers=1)
 
 
+@pytest.mark.slow
 def test_labelling_and_evaluation_equal_for_1_and_2_workers(ray_local):
     import torch
 
@@ -202,6 +204,7 @@ def test_pretraining_checkpoint_equal_for_1_and_2_workers(ray_local, uninterrupt
     assert not (tmp_path / "resume").exists()  # removed once the run finished
 
 
+@pytest.mark.slow
 def test_killed_pretraining_resumes_without_relabelling(snapshot, reference, tmp_path):
     """Killed in round 2 of policy iteration on 1 worker, resumed on 2 (a private Ray instance): the
     uninterrupted run's checkpoint, every stored label reused. Both drivers run on one snapshot of the package:

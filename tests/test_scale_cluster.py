@@ -19,7 +19,7 @@ import pytest
 from placement_rl.scale import Workers
 from tests.test_scale_ray import TINY, drive, metrics_of, reference, snapshot  # noqa: F401 (fixtures)
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 MB = 1024 * 1024
 
 

@@ -146,6 +146,7 @@ def ray_on_machine(tmp_path_factory):
             current.unlink()  # the machine's current cluster named the instance just stopped
 
 
+@pytest.mark.slow
 def test_existing_instance_is_not_joined_by_accident_and_address_joins_it(ray_on_machine, monkeypatch):
     """Before: ``ValueError: When connecting to an existing cluster, num_cpus and num_gpus must not be provided``."""
     with Workers(2) as w:
@@ -165,6 +166,7 @@ def test_existing_instance_is_not_joined_by_accident_and_address_joins_it(ray_on
         assert f"(RAY_ADDRESS={ray_on_machine}), joined" in w.describe(), w.describe()
 
 
+@pytest.mark.slow
 def test_worker_running_other_code_is_refused_before_any_job(snapshot, tmp_path):
     """A Ray instance whose workers import another copy of the package (one comment added to the cost model):
     ``Workers`` refuses it in one line naming the node and the hashes, and no job runs."""

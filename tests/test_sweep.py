@@ -97,6 +97,7 @@ def test_two_seeds_on_two_workers_write_what_the_basic_launcher_writes(tmp_path)
     assert a["0/checkpoint.pt"] != a["1/checkpoint.pt"]  # the seeds' jobs differ (their placements may not)
 
 
+@pytest.mark.slow
 def test_beside_another_ray_instance_and_joining_it(ray_on_machine, tmp_path):
     """Another Ray instance runs on the machine: the sweep starts a private one (its first line says so); with
     ``hydra.launcher.address`` it joins that one deliberately (shipping the package) and the jobs write the same
@@ -130,6 +131,7 @@ def test_a_bad_launcher_config_is_one_line_and_exit_2(tmp_path, args, says):
     assert not (tmp_path / "sweep").exists()
 
 
+@pytest.mark.slow
 def test_a_failed_job_is_one_line_and_the_other_jobs_finish(tmp_path):
     """One job's graph file is missing: its progress line says why, the other job writes its folder, and the sweep
     ends with one line on stderr and exit code 2; no traceback anywhere."""

@@ -75,6 +75,7 @@ def test_bad_tp_plans_refused_before_any_process(gpt, tmp_path):
     assert not any((tmp_path / x / "job.json").exists() for x in "abc")
 
 
+@pytest.mark.slow
 def test_cli_refuses_tp_across_hosts_and_bad_vocab_with_exit_2(tmp_path):
     topo = load_topology("2x4_v100_ib")
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
@@ -96,6 +97,7 @@ def test_cli_refuses_tp_across_hosts_and_bad_vocab_with_exit_2(tmp_path):
 
 
 # ----------------------------------------------------------------------------- real gloo process groups
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_tp_gradients_equal_one_process(gpt):
     """GPT (fused QKV, tied head) and Llama (separate q / k / v with GQA, gated MLP, RMSNorm, RoPE) in one launch."""
@@ -117,6 +119,7 @@ def test_tp_gradients_equal_one_process(gpt):
         torch.testing.assert_close(lres.grads[key], ref, atol=1e-5, rtol=1e-5, msg=lambda m, k=key: f"{k}: {m}")
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_tp_x_dp_tp_x_pp_tp_x_fsdp_gradients_equal_one_process(gpt):
     plans = [whole(gpt, range(4), 2, num_microbatches=1),
@@ -180,6 +183,7 @@ def test_fused_qkv_region_runs_on_local_shards(gpt):
                                         + list(range(2 * d, 2 * d + half)))
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_sequence_parallel_gradients_equal_one_process(gpt, tmp_path):
     """Megatron-SP through DTensor: norms under SequenceParallel on the sequence-sharded residual stream, columns
@@ -202,6 +206,7 @@ def _first_part_then_check_all(plans, gpt, tmp_path) -> dict:
     return part
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_sequence_parallel_with_pipeline_stages_gradients_equal_one_process(gpt, tmp_path):
     """Megatron-SP inside the TP stages of a pipeline: a stage sends its sequence-sharded residual stream whole (as
