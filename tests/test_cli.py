@@ -161,12 +161,12 @@ def test_train_quick_then_place_zero_shot(tmp_path):
     assert r3.returncode == 2 and "bound_seconds" in r3.stderr and "Traceback" not in r3.stderr, r3.stderr
 
 
-@pytest.mark.slow
 def test_train_finetunes_the_pretrained_policy_and_place_uses_it(tmp_path):
-    """The default train: the packaged policy zero-shot, fine-tuned and searched, each its own row; then place."""
+    """The default train (the main job, in the default run: its fine-tuning search cut to 0.5 s): the packaged policy
+    zero-shot, fine-tuned and searched, each its own row; then place."""
     r = cli(tmp_path, "train", "graph=synthetic", "graph.family=dataflow", "graph.num_nodes=40",
             "topology=4x_v100_nvlink", "agent.rl_iters=2", "agent.samples=4", "agent.eval_samples=4",
-            "agent.search_budget=30", "trainer.compare=false", "progress=false")
+            "agent.search_budget=30", "agent.ft_search_seconds=0.5", "trainer.compare=false", "progress=false")
     assert r.returncode == 0, r.stderr
     out = tmp_path / "run"
     for name in ("checkpoint.pt", "placement.json", "metrics.json", "learned.md", "training.png",
