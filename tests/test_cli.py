@@ -223,7 +223,6 @@ def test_place_window_overrides_and_honest_calls(tmp_path):
     assert r.returncode == 2 and "window" in r.stderr and not (tmp_path / "bad").exists()
 
 
-@pytest.mark.slow
 def test_place_with_a_corrupted_checkpoint_exits_2(tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"\x00garbage")
@@ -232,7 +231,6 @@ def test_place_with_a_corrupted_checkpoint_exits_2(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.slow
 def test_place_with_missing_checkpoint_exits_2(tmp_path):
     r = cli(tmp_path, "place", f"checkpoint={tmp_path}/nope.pt", "graph=synthetic", "graph.num_nodes=10")
     assert r.returncode == 2 and "does not exist" in r.stderr
@@ -348,7 +346,6 @@ def test_evaluate_metrics_are_strict_json_and_every_file_is_listed(tmp_path):
     assert all((tmp_path / "run" / name).is_file() for name in listed), listed
 
 
-@pytest.mark.slow
 def test_evaluate_seconds_holds_the_searches_to_wall_clock_seconds(tmp_path):
     """seconds=S: every op-level placer gets S seconds as well as the calls; with a call budget no search can spend,
     the seconds end the searches (a comparison at equal seconds); seconds must be > 0."""
