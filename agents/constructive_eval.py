@@ -36,7 +36,8 @@ def _warm_case():
     return g, topo, costs, ConstructiveTask(g, topo, costs)
 
 
-def _warm_threads(policy: DevicePolicy, task: ConstructiveTask) -> None:
+def _warm_threads(policy: DevicePolicy, task: ConstructiveTask, *, greedy: bool = True,
+                  episodes: bool = True) -> None:
     """Where ``PLACEMENT_RL_DECODE_THREADS`` asks for threads: the threaded greedy decode and the sampled episodes'
     threaded features (both run only above a work threshold: forced here)."""
     from placement_rl.agents.constructive import graph_tensors
@@ -46,21 +47,27 @@ def _warm_threads(policy: DevicePolicy, task: ConstructiveTask) -> None:
     if threads_asked() > 1:
         from placement_rl.cost.episodes import episodes_extra
 
-        with torch.no_grad():
-            h = policy.embed(*graph_tensors(task)).double().numpy()
-        greedy_devices(policy, task.state(1), h, threads=2)
-        episodes_extra(task.state(2))
+        if greedy:
+            with torch.no_grad():
+                h = policy.embed(*graph_tensors(task)).double().numpy()
+            greedy_devices(policy, task.state(1), h, threads=2)
+        if episodes:
+            episodes_extra(task.state(2))
 
 
 def _warm_child() -> None:
-    """``_warm_threads`` with the shipped policy, in a child process ``warm_kernels`` starts on a cold cache: numba
-    writes what it compiles to its cache, where the parent then loads it."""
+    """The lower bound's and the memory fit's kernels (``_warm_side``), then the threaded greedy decode with the
+    shipped policy, in a child process ``warm_kernels`` starts on a cold cache where threads are asked: numba
+    writes what it compiles to its cache, where the parent then loads it. By the time the child reaches the
+    decode, the parent has compiled (and cached) the kernels the two decodes share, so the child compiles only its
+    own (measured: the threaded decode alone 8.5 s against 15.6 with its callees)."""
     from placement_rl.agents.constructive_config import default_checkpoint, load_policy
 
     torch.set_num_threads(1)
+    _warm_side()
     policy, _, _ = load_policy(default_checkpoint(), log=lambda *_: None)
     policy.eval()
-    _warm_threads(policy, _warm_case()[3])
+    _warm_threads(policy, _warm_case()[3], episodes=False)
 
 
 def _warm_side() -> None:
@@ -96,9 +103,10 @@ def warm_kernels(policy: DevicePolicy) -> float:
     lower bound and the memory fit (``baselines.memory.fit``) once on a 48-node graph, so that numba compiles or
     loads its kernels before anything is timed. Returns its seconds: on the first run after an install numba
     compiles (on a 2-core machine about 19 s, the decode's kernels here while the bound's and the fit's compile in a
-    child process, 30 s all here; with threads asked for, as the CLI does, about 27 s, the threaded kernels in the
-    child instead; each child writes numba's cache for this process to load), afterwards it loads them from its
-    cache (well under 1 s)."""
+    child process, 30 s all here; with threads asked for, as the CLI does, about 23 s: the child compiles the
+    bound's and the fit's kernels, then the threaded greedy decode, this process the serial decode and the sampled
+    episodes' threaded kernel; each child writes numba's cache for this process to load), afterwards it loads them
+    from its cache (well under 1 s)."""
     import subprocess
     import sys
     import time
@@ -117,9 +125,12 @@ def warm_kernels(policy: DevicePolicy) -> float:
         return subprocess.Popen([sys.executable, "-c", f"from placement_rl.agents.constructive_eval import {fn}; "
                                  f"{fn}()"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    # the bound's and the fit's kernels in a child of their own where no threads' child runs (with one, a third
-    # process on 2 cores made the warm-up slower: 37 against 27 s; given to that child first, 32 s)
-    child = start("_warm_child") if threads_asked() > 1 and _kernels_cold() else None
+    # the bound's and the fit's kernels in a child: with threads asked, the child that then compiles the threaded
+    # greedy decode, while this process compiles the serial decode and the sampled episodes' threaded kernel (a
+    # third process on 2 cores made the warm-up slower: 37 against 27 s; the child doing the side kernels and both
+    # threaded ones, 32 s; this split: 23.4 s, against 25.8-28.5 with the side kernels here after the decode)
+    threads = threads_asked() > 1
+    child = start("_warm_child") if threads and _kernels_cold() else None
     side = start("_warm_side") if child is None and _kernels_cold(received) else None
     g, topo, costs, task = _warm_case()
     was = policy.training
@@ -127,6 +138,8 @@ def warm_kernels(policy: DevicePolicy) -> float:
     # best of 16): 48 x 8^2 node-device steps each
     res = evaluate(policy, [task], samples=len(LINK_SCALES) + 2)[0]
     simulate(g, costs, topo, res.greedy.devices[0])
+    if child is not None:
+        _warm_threads(policy, task, greedy=False)  # the episodes' threaded kernel here, the greedy one there
 
     def wait(proc) -> None:
         if proc is not None:

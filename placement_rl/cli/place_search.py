@@ -1,5 +1,7 @@
 """``placement-rl place search_seconds=S``: the policy-guided search (``agents.policy_search``) for ``S`` seconds of
-wall clock, anytime, beside the searches a user would run instead at the same seconds (``compare=true``)."""
+wall clock, anytime, beside the searches a user would run instead at the same seconds (``compare=true``; from
+``studies.finetune.SIDE_BY_SIDE_FROM`` seconds on a machine with two cores or more, those run side by side, one
+process and core each: ``baselines.side_by_side``)."""
 
 from __future__ import annotations
 
@@ -17,20 +19,38 @@ def run_searches(policy, graph, costs, topology, task, seconds: float, *, seed: 
                  phases) -> dict[str, dict]:
     """``policy_search`` (and with ``compare`` each of ``SAME_SECONDS``) for ``seconds``: per search its step time,
     fit, simulator calls, own seconds, anytime trace ``[seconds, calls, best step time]`` and placement."""
-    from placement_rl.studies.finetune import search_at_seconds
+    from placement_rl.baselines import side_by_side
+    from placement_rl.studies.finetune import SIDE_BY_SIDE_FROM, search_at_seconds
 
+    def row(p) -> dict:
+        m = p.meta
+        return {"step_time": float(m["step_time"]), "feasible": bool(m["feasible"]), "sim_calls": int(m["sim_calls"]),
+                "seconds": float(m["search_seconds"]),
+                "trace": [[float(s), int(c), float(t)] for s, c, t in m.get("trace", [])],
+                "devices": np.asarray(p.device_of_node, dtype=np.int64)}
+
+    def ms(r: dict) -> str:
+        return f"{r['step_time'] * 1e3:.3f} ms" + ("" if r["feasible"] else " (overflows memory)")
+
+    others = SAME_SECONDS if compare else ()
+    aside = len(others) > 1 and seconds >= SIDE_BY_SIDE_FROM and side_by_side.cores() > 1
+    found: dict[str, dict] = {}
+    if aside:  # each its own process and core (serial searches), then policy_search here alone
+        with phases(f"{' and '.join(others)} (searches a user would run instead) side by side for {seconds:g} s "
+                    f"each") as note:
+            for name, p in zip(others, side_by_side.run(graph, costs, topology, [(n, seconds, seed) for n in others])):
+                found[name] = row(p)
+            note.append(", ".join(f"{n} {ms(found[n])}" for n in others))
     out: dict[str, dict] = {}
-    for name in ("policy_search", *(SAME_SECONDS if compare else ())):
+    for name in ("policy_search", *others):
+        if name in found:
+            out[name] = found[name]
+            continue
         what = ("policy-guided search (the policy's repairs inside simulated annealing)" if name == "policy_search"
                 else f"{name} (a search a user would run instead)")
         with phases(f"{what} for {seconds:g} s") as note:
-            p = search_at_seconds(name, policy, graph, costs, topology, seconds, seed=seed, task=task)
-            m = p.meta
-            out[name] = {"step_time": float(m["step_time"]), "feasible": bool(m["feasible"]),
-                         "sim_calls": int(m["sim_calls"]), "seconds": float(m["search_seconds"]),
-                         "trace": [[float(s), int(c), float(t)] for s, c, t in m.get("trace", [])],
-                         "devices": np.asarray(p.device_of_node, dtype=np.int64)}
-            note.append(f"{m['step_time'] * 1e3:.3f} ms" + ("" if m["feasible"] else " (overflows memory)"))
+            out[name] = row(search_at_seconds(name, policy, graph, costs, topology, seconds, seed=seed, task=task))
+            note.append(ms(out[name]))
     return out
 
 

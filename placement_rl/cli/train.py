@@ -112,6 +112,7 @@ def run_pretrain(cfg: DictConfig) -> dict:
 
 # the searches run at the zero-shot rows' seconds too (policy_search, the slowest: at the fine-tuned policy's only)
 ZERO_SHOT_SEARCHES = ("local_search", "la_rule_search")
+FINE_TUNED = "policy fine-tuned (greedy)"  # the row the three searches (with policy_search) run for
 
 
 def run_constructive(cfg: DictConfig) -> dict:
@@ -148,14 +149,10 @@ def run_constructive(cfg: DictConfig) -> dict:
         from placement_rl.studies.finetune import equal_seconds_rows
 
         learned = {r.label: r.seconds for r in res.rows if r.kind == "learned"}
-        for label in [k for k in learned if k.startswith("policy zero-shot")]:
-            log(f"the searches a user would run instead, at the {learned[label]:.2f} s of {label}:")
-            equal_seconds_rows(res, zero_shot, learned[label], seed=int(cfg.seed), row=label,
-                               names=ZERO_SHOT_SEARCHES, log=log)
-        label = "policy fine-tuned (greedy)"
-        if label in learned:
-            log(f"the searches a user would run instead, at the fine-tuned policy's {learned[label]:.1f} s:")
-            equal_seconds_rows(res, zero_shot, learned[label], seed=int(cfg.seed), row=label, log=log)
+        asks = [(k, learned[k], ZERO_SHOT_SEARCHES) for k in learned if k.startswith("policy zero-shot")]
+        if FINE_TUNED in learned:
+            asks.append((FINE_TUNED, learned[FINE_TUNED], ("policy_search", *ZERO_SHOT_SEARCHES)))
+        equal_seconds_rows(res, zero_shot, asks, seed=int(cfg.seed), log=log)
     res.trainer.save(out / "checkpoint.pt", extra={"finetuned_on": f"{graph.name}@{topology.name}"})
     best = res.best("learned")
     plan, plan_file = save_plan(best.devices, graph, topology, out)

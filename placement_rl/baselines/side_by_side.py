@@ -1,0 +1,95 @@
+"""Registered searches run side by side for the same seconds: each in its own process, on its own core.
+
+A comparison at equal seconds (``placement-rl train``'s searches at each learned row's seconds, ``place
+search_seconds=S compare=true``) gives every search the same wall clock. Run one after another, those seconds add
+up (three searches at a fine-tuned policy's 7 s were 23 s of the 37 s a ``train`` took on 2 cores); each search is
+serial, so on a machine with idle cores nothing is lost by running them at once, one process each.
+
+``run(graph, costs, topology, jobs, processes=None)`` runs ``jobs`` (``(placer name, seconds, seed)``) with at
+most ``processes`` at once (default: the cores this process may use, never more than the jobs) and returns their
+``Placement`` in input order. Each worker is a fresh interpreter (``spawn``: no torch, no OpenMP state carried
+over a fork) that receives the problem once and loads its searches' compiled kernels from numba's cache before any
+job's clock starts (about 1 s in all; the caller compiles them first, ``agents.constructive_eval.warm_kernels``);
+a worker never uses the threaded decode (``cost.threads``: serial in a ``multiprocessing`` child), so a search
+whose start is a decode (``la_rule_search``) starts slower there than in a process with threads: callers keep
+short budgets, where that start is a large share, in their own process. With one process, or one job, they run here, in
+order. A job's exception is raised here; a worker that dies is a ``RuntimeError`` naming the job.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from placement_rl.cost.types import CostTable
+from placement_rl.graph.ir import CompGraph
+from placement_rl.plans import Placement
+from placement_rl.topology import DeviceTopology
+
+Job = tuple[str, float, int]  # (registered placer, seconds of wall clock, seed)
+_PROBLEM: tuple | None = None  # (graph, costs, topology) in a worker
+
+
+def cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _one(graph: CompGraph, costs: CostTable, topology: DeviceTopology, job: Job) -> Placement:
+    from placement_rl import baselines
+
+    name, seconds, seed = job
+    return baselines.get(name)(graph, costs, topology, budget=10**12, seed=int(seed), seconds=float(seconds))
+
+
+def _init(graph: CompGraph, costs: CostTable, topology: DeviceTopology, names: Sequence[str]) -> None:
+    """Keep the problem; load each search's kernels (a first call loads them from numba's cache: about 0.2 s that
+    would otherwise come off the first job's seconds) on a 48-node graph, untimed."""
+    global _PROBLEM
+    from placement_rl.cost import resolve_costs
+    from placement_rl.graph import synthetic
+
+    small = synthetic.sample("layered", num_nodes=48, seed=0)
+    small_costs = resolve_costs(small, topology)
+    for name in names:
+        _one(small, small_costs, topology, (name, 0.01, 0))
+    _PROBLEM = (graph, costs, topology)
+
+
+def _job(job: Job) -> Placement:
+    assert _PROBLEM is not None, "worker not initialised"
+    return _one(*_PROBLEM, job)
+
+
+def run(graph: CompGraph, costs: CostTable, topology: DeviceTopology, jobs: Sequence[Job], *,
+        processes: int | None = None) -> list[Placement]:
+    """Each job's ``Placement`` (input order), at most ``processes`` searches at once, one process each."""
+    from placement_rl import baselines
+
+    jobs = [(str(n), float(s), int(seed)) for n, s, seed in jobs]
+    for name in {j[0] for j in jobs}:
+        baselines.get(name)  # an unknown name is a ConfigError here, not a worker that fails to start
+    n = min(len(jobs), cores() if processes is None else int(processes))
+    if n <= 1:
+        return [_one(graph, costs, topology, j) for j in jobs]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_init,
+                             initargs=(graph, costs, topology, sorted({j[0] for j in jobs}))) as pool:
+        futures = [pool.submit(_job, j) for j in jobs]
+        out = []
+        for j, f in zip(jobs, futures):
+            try:
+                out.append(f.result())
+            except BrokenProcessPool:
+                raise RuntimeError(f"the process running {j[0]} for {j[1]:g} s died") from None
+    return out
+
+
+__all__ = ["Job", "cores", "run"]

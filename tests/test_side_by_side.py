@@ -1,0 +1,65 @@
+"""Searches side by side (``baselines.side_by_side``): the same placements as run here, in the order asked, each in
+a process of its own; bad names refused before any process starts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from placement_rl import baselines
+from placement_rl.baselines import side_by_side
+from placement_rl.cost import resolve_costs
+from placement_rl.errors import ConfigError
+from placement_rl.graph import synthetic
+from placement_rl.topology import load_topology
+
+
+@pytest.fixture(scope="module")
+def problem():
+    g, topo = synthetic.sample("dataflow", num_nodes=60, seed=3), load_topology("2x4_v100_ib")
+    return g, resolve_costs(g, topo), topo
+
+
+def test_workers_give_the_placements_run_here_in_order(problem):
+    g, c, topo = problem
+    # deterministic placers (a seconds budget they never reach), so the two ways must agree exactly
+    jobs = [("la_rule", 30.0, 0), ("sim_eft", 30.0, 0), ("heft", 30.0, 0), ("la_rule", 30.0, 1)]
+    here = side_by_side.run(g, c, topo, jobs, processes=1)
+    aside = side_by_side.run(g, c, topo, jobs, processes=2)
+    assert [p.meta["placer"] for p in aside] == ["la_rule", "sim_eft", "heft", "la_rule"]
+    for a, b, (name, _, seed) in zip(here, aside, jobs):
+        ref = baselines.get(name)(g, c, topo, budget=10**12, seed=seed, seconds=30.0)
+        np.testing.assert_array_equal(a.device_of_node, ref.device_of_node)
+        np.testing.assert_array_equal(b.device_of_node, ref.device_of_node)
+        assert b.meta["sim_calls"] == a.meta["sim_calls"] > 0
+    # the placers place differently here: the order is not an accident of equal answers
+    assert len({tuple(p.device_of_node.tolist()) for p in aside[:3]}) == 3
+
+
+def test_a_search_in_a_worker_keeps_to_its_seconds(problem):
+    g, c, topo = problem
+    out = side_by_side.run(g, c, topo, [("local_search", 0.4, 0), ("la_rule_search", 0.4, 0)], processes=2)
+    for p in out:
+        assert p.meta["step_time"] > 0 and p.meta["feasible"]
+        assert 0.0 < p.meta["search_seconds"] < 0.4 + 0.5  # its own clock, kernels loaded before it started
+        assert p.meta["trace"] and p.meta["sim_calls"] > 1
+
+
+def test_unknown_placer_is_refused_before_any_process(problem):
+    g, c, topo = problem
+    with pytest.raises(ConfigError, match="no_such_search"):
+        side_by_side.run(g, c, topo, [("local_search", 1.0, 0), ("no_such_search", 1.0, 0)], processes=2)
+
+
+def test_one_job_or_one_core_runs_here(problem, monkeypatch):
+    g, c, topo = problem
+
+    def no_pool(*_a, **_k):
+        raise AssertionError("a worker process was started")
+
+    import concurrent.futures
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", no_pool)
+    assert len(side_by_side.run(g, c, topo, [("sim_eft", 1.0, 0)])) == 1
+    monkeypatch.setattr(side_by_side, "cores", lambda: 1)
+    assert len(side_by_side.run(g, c, topo, [("sim_eft", 1.0, 0), ("heft", 1.0, 0)])) == 2
