@@ -92,12 +92,31 @@ def _as_steady(res: SimResult, steady: float) -> SimResult:
     return dataclasses.replace(res, step_time=float(steady), meta={**dict(res.meta), "one_step_time": res.step_time})
 
 
+def _side_by_side(graph: CompGraph, costs: CostTable, topology: DeviceTopology, names: list[str], *, budget: int,
+                  seed: int, seconds: float | None) -> dict[str, Placement]:
+    """With ``seconds`` of at least ``side_by_side.FROM_SECONDS``, the anytime searches among ``names``
+    (``side_by_side.SEARCHES``) run side by side, one process and core each, on a machine with two cores or more;
+    their placements by name (empty otherwise, or when one refuses the case: then each runs here, as the rest)."""
+    from placement_rl.baselines import side_by_side
+
+    todo = [n for n in names if n in side_by_side.SEARCHES]
+    if seconds is None or seconds < side_by_side.FROM_SECONDS or len(todo) < 2 or side_by_side.cores() < 2:
+        return {}
+    try:
+        got = side_by_side.run(graph, costs, topology, [(n, float(seconds), seed) for n in todo], budget=budget)
+    except ConfigError:
+        return {}
+    return dict(zip(todo, got))
+
+
 def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int, seed: int = 0,
             case: str = "", placers: Iterable[str] | None = None, partitioners: Iterable[str] | None = (),
             num_microbatches: int = 4, on_done: Callable[[Row], None] | None = None,
             objective: str = "step", seconds: float | None = None) -> list[Row]:
     """Run each placer (default: all) with ``budget`` simulator calls (and ``seconds`` of wall clock each, when
-    given: the op-level searches stop at whichever ends first); ``single_device`` is the reference.
+    given: the op-level searches stop at whichever ends first; from ``baselines.side_by_side.FROM_SECONDS`` the
+    anytime searches run side by side, one process and core each, their seconds their own clock's);
+    ``single_device`` is the reference.
     A placer that cannot run on this case (e.g. exhaustive search on a large graph) gets a row with
     ``note`` saying why and ``step_time`` NaN. ``objective="throughput"``: the partitioners minimise, and every
     row's ``step_time`` holds, the steady-state time per batch (``cost.throughput``; the op placers still
@@ -107,14 +126,16 @@ def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, bud
         names.insert(0, "single_device")
     rows: list[Row] = []
     single = float("nan")
+    aside = _side_by_side(graph, costs, topology, names, budget=budget, seed=seed, seconds=seconds)
     for name in names:
         t0 = time.perf_counter()
         try:
-            p = baselines.get(name)(graph, costs, topology, budget=budget, seed=seed, seconds=seconds)
+            p = aside[name] if name in aside else baselines.get(name)(graph, costs, topology, budget=budget,
+                                                                        seed=seed, seconds=seconds)
         except ConfigError as exc:
             rows.append(Row(case, name, "placement", float("nan"), float("nan"), False, 0.0, 0, note=str(exc)))
             continue
-        dt = time.perf_counter() - t0
+        dt = float(p.meta["search_seconds"]) if name in aside else time.perf_counter() - t0
         res = simulate(graph, costs, topology, p)
         if objective == "throughput":
             res = _as_steady(res, op_steady_time(graph, costs, p))

@@ -477,7 +477,7 @@ def test_place_search_seconds_runs_policy_search_beside_the_searches_at_the_same
     from placement_rl.cost import resolve_costs, simulate
     from placement_rl.graph.io import graph_from_json
 
-    # 2 s: la_rule_search and local_search side by side in worker processes (studies.finetune.SIDE_BY_SIDE_FROM)
+    # 2 s: la_rule_search and local_search side by side in worker processes (baselines.side_by_side.FROM_SECONDS)
     r = cli(tmp_path, "place", "graph=synthetic", "graph.num_nodes=30", "topology=4x_v100_nvlink", "samples=2",
             "search_seconds=2", "progress=false")
     assert r.returncode == 0, r.stderr

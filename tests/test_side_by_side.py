@@ -63,3 +63,32 @@ def test_one_job_or_one_core_runs_here(problem, monkeypatch):
     assert len(side_by_side.run(g, c, topo, [("sim_eft", 1.0, 0)])) == 1
     monkeypatch.setattr(side_by_side, "cores", lambda: 1)
     assert len(side_by_side.run(g, c, topo, [("sim_eft", 1.0, 0), ("heft", 1.0, 0)])) == 2
+
+
+def test_evaluate_at_equal_seconds_runs_its_searches_side_by_side(problem, monkeypatch):
+    """``evaluate.compare(seconds=S)``: from ``FROM_SECONDS`` the anytime searches run side by side (each row its
+    own clock's seconds, held to S); below it, and for every other placer, in this process as before."""
+    from placement_rl import evaluate
+
+    g, c, topo = problem
+    calls = []
+    real = side_by_side.run
+
+    def spy(*args, **kwargs):
+        calls.append([j[0] for j in args[3]])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(side_by_side, "run", spy)
+    monkeypatch.setattr(side_by_side, "FROM_SECONDS", 0.6)  # the rule at a test's seconds (2 s in use)
+    names = ["sim_eft", "local_search", "la_rule_search"]
+    rows = evaluate.compare(g, c, topo, budget=10**8, placers=names, partitioners=(), seconds=0.3)
+    assert calls == [] and {r.placer for r in rows} == {"single_device", *names}
+    seconds = 0.6
+    rows = {r.placer: r for r in evaluate.compare(g, c, topo, budget=10**8, placers=names, partitioners=(),
+                                                  seconds=seconds)}
+    assert calls == [["local_search", "la_rule_search"]]
+    for name in ("local_search", "la_rule_search"):
+        r = rows[name]
+        assert r.feasible and 0 < r.sim_calls < 10**8, name
+        assert 0.5 * seconds < r.search_seconds < seconds + 0.5, name  # the search's own clock, held to S
+    assert rows["sim_eft"].sim_calls >= 1 and rows["sim_eft"].search_seconds < seconds

@@ -1,9 +1,10 @@
 """Registered searches run side by side for the same seconds: each in its own process, on its own core.
 
 A comparison at equal seconds (``placement-rl train``'s searches at each learned row's seconds, ``place
-search_seconds=S compare=true``) gives every search the same wall clock. Run one after another, those seconds add
-up (three searches at a fine-tuned policy's 7 s were 23 s of the 37 s a ``train`` took on 2 cores); each search is
-serial, so on a machine with idle cores nothing is lost by running them at once, one process each.
+search_seconds=S compare=true``, ``evaluate seconds=S``) gives every search the same wall clock. Run one after
+another, those seconds add up (three searches at a fine-tuned policy's 7 s were 23 s of the 37 s a ``train`` took
+on 2 cores); each search is serial, so on a machine with idle cores nothing is lost by running them at once, one
+process each.
 
 ``run(graph, costs, topology, jobs, processes=None)`` runs ``jobs`` (``(placer name, seconds, seed)``) with at
 most ``processes`` at once (default: the cores this process may use, never more than the jobs) and returns their
@@ -12,8 +13,9 @@ over a fork) that receives the problem once and loads its searches' compiled ker
 job's clock starts (about 1 s in all; the caller compiles them first, ``agents.constructive_eval.warm_kernels``);
 a worker never uses the threaded decode (``cost.threads``: serial in a ``multiprocessing`` child), so a search
 whose start is a decode (``la_rule_search``) starts slower there than in a process with threads: callers keep
-short budgets, where that start is a large share, in their own process. With one process, or one job, they run here, in
-order. A job's exception is raised here; a worker that dies is a ``RuntimeError`` naming the job.
+budgets under ``FROM_SECONDS``, where that start is a large share, in their own process. With one process, or
+one job, they run here, in order. A job's exception is raised here; a worker that dies is a ``RuntimeError``
+naming the job.
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ from placement_rl.plans import Placement
 from placement_rl.topology import DeviceTopology
 
 Job = tuple[str, float, int]  # (registered placer, seconds of wall clock, seed)
+# the anytime searches that spend the whole of their seconds (``cp_sat`` runs CP-SAT's own threads, ``exhaustive``
+# its enumeration: those stay in the caller's process)
+SEARCHES = ("local_search", "la_rule_search", "eft_rollout_search")
+# callers run searches of at least these seconds side by side; shorter ones in their own process, where a search
+# whose start is a decode has the threads the learned rows' decodes had (at a zero-shot greedy's 0.07 s a serial
+# worker's ``la_rule`` start took the whole budget: ``la_rule_search`` 16.5 ms against 15.1 in the parent)
+FROM_SECONDS = 2.0
 _PROBLEM: tuple | None = None  # (graph, costs, topology) in a worker
 
 
@@ -38,14 +47,17 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def _one(graph: CompGraph, costs: CostTable, topology: DeviceTopology, job: Job) -> Placement:
+def _one(graph: CompGraph, costs: CostTable, topology: DeviceTopology, job: Job, budget: int = 10**12,
+         objective: str = "step") -> Placement:
     from placement_rl import baselines
 
     name, seconds, seed = job
-    return baselines.get(name)(graph, costs, topology, budget=10**12, seed=int(seed), seconds=float(seconds))
+    return baselines.get(name)(graph, costs, topology, budget=int(budget), seed=int(seed), seconds=float(seconds),
+                               objective=objective)
 
 
-def _init(graph: CompGraph, costs: CostTable, topology: DeviceTopology, names: Sequence[str]) -> None:
+def _init(graph: CompGraph, costs: CostTable, topology: DeviceTopology, names: Sequence[str], budget: int,
+          objective: str) -> None:
     """Keep the problem; load each search's kernels (a first call loads them from numba's cache: about 0.2 s that
     would otherwise come off the first job's seconds) on a 48-node graph, untimed."""
     global _PROBLEM
@@ -55,18 +67,20 @@ def _init(graph: CompGraph, costs: CostTable, topology: DeviceTopology, names: S
     small = synthetic.sample("layered", num_nodes=48, seed=0)
     small_costs = resolve_costs(small, topology)
     for name in names:
-        _one(small, small_costs, topology, (name, 0.01, 0))
-    _PROBLEM = (graph, costs, topology)
+        _one(small, small_costs, topology, (name, 0.01, 0), objective=objective)
+    _PROBLEM = (graph, costs, topology, budget, objective)
 
 
 def _job(job: Job) -> Placement:
     assert _PROBLEM is not None, "worker not initialised"
-    return _one(*_PROBLEM, job)
+    graph, costs, topology, budget, objective = _PROBLEM
+    return _one(graph, costs, topology, job, budget, objective)
 
 
 def run(graph: CompGraph, costs: CostTable, topology: DeviceTopology, jobs: Sequence[Job], *,
-        processes: int | None = None) -> list[Placement]:
-    """Each job's ``Placement`` (input order), at most ``processes`` searches at once, one process each."""
+        processes: int | None = None, budget: int = 10**12, objective: str = "step") -> list[Placement]:
+    """Each job's ``Placement`` (input order), at most ``processes`` searches at once, one process each; every
+    job with ``budget`` simulator calls (default: no limit but its seconds) and ``objective``."""
     from placement_rl import baselines
 
     jobs = [(str(n), float(s), int(seed)) for n, s, seed in jobs]
@@ -74,14 +88,15 @@ def run(graph: CompGraph, costs: CostTable, topology: DeviceTopology, jobs: Sequ
         baselines.get(name)  # an unknown name is a ConfigError here, not a worker that fails to start
     n = min(len(jobs), cores() if processes is None else int(processes))
     if n <= 1:
-        return [_one(graph, costs, topology, j) for j in jobs]
+        return [_one(graph, costs, topology, j, budget, objective) for j in jobs]
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
     ctx = multiprocessing.get_context("spawn")
+    names = sorted({j[0] for j in jobs})
     with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_init,
-                             initargs=(graph, costs, topology, sorted({j[0] for j in jobs}))) as pool:
+                             initargs=(graph, costs, topology, names, int(budget), objective)) as pool:
         futures = [pool.submit(_job, j) for j in jobs]
         out = []
         for j, f in zip(jobs, futures):
@@ -92,4 +107,4 @@ def run(graph: CompGraph, costs: CostTable, topology: DeviceTopology, jobs: Sequ
     return out
 
 
-__all__ = ["Job", "cores", "run"]
+__all__ = ["FROM_SECONDS", "Job", "SEARCHES", "cores", "run"]

@@ -1,6 +1,6 @@
 """``placement-rl place search_seconds=S``: the policy-guided search (``agents.policy_search``) for ``S`` seconds of
 wall clock, anytime, beside the searches a user would run instead at the same seconds (``compare=true``; from
-``studies.finetune.SIDE_BY_SIDE_FROM`` seconds on a machine with two cores or more, those run side by side, one
+``baselines.side_by_side.FROM_SECONDS`` seconds on a machine with two cores or more, those run side by side, one
 process and core each: ``baselines.side_by_side``)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def run_searches(policy, graph, costs, topology, task, seconds: float, *, seed: 
     """``policy_search`` (and with ``compare`` each of ``SAME_SECONDS``) for ``seconds``: per search its step time,
     fit, simulator calls, own seconds, anytime trace ``[seconds, calls, best step time]`` and placement."""
     from placement_rl.baselines import side_by_side
-    from placement_rl.studies.finetune import SIDE_BY_SIDE_FROM, search_at_seconds
+    from placement_rl.studies.finetune import search_at_seconds
 
     def row(p) -> dict:
         m = p.meta
@@ -33,7 +33,7 @@ def run_searches(policy, graph, costs, topology, task, seconds: float, *, seed: 
         return f"{r['step_time'] * 1e3:.3f} ms" + ("" if r["feasible"] else " (overflows memory)")
 
     others = SAME_SECONDS if compare else ()
-    aside = len(others) > 1 and seconds >= SIDE_BY_SIDE_FROM and side_by_side.cores() > 1
+    aside = len(others) > 1 and seconds >= side_by_side.FROM_SECONDS and side_by_side.cores() > 1
     found: dict[str, dict] = {}
     if aside:  # each its own process and core (serial searches), then policy_search here alone
         with phases(f"{' and '.join(others)} (searches a user would run instead) side by side for {seconds:g} s "

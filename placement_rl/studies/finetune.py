@@ -338,10 +338,6 @@ def search_at_seconds(name: str, policy: DevicePolicy, graph: CompGraph, costs: 
 
 
 SearchAsk = tuple[str, float, Sequence[str]]  # (learned row, its seconds, the searches to run for them)
-# registered searches of at least these seconds run side by side in worker processes (serial there); shorter ones
-# here, where the threaded decode gives ``la_rule_search``'s start the speed the learned rows' decodes had (at a
-# zero-shot greedy's 0.07 s a worker's serial start took the whole budget: 16.5 ms against 15.1 here)
-SIDE_BY_SIDE_FROM = 2.0
 
 
 def equal_seconds_rows(result: FinetuneResult, policy: DevicePolicy, asks: Sequence[SearchAsk], *, seed: int = 0,
@@ -349,9 +345,9 @@ def equal_seconds_rows(result: FinetuneResult, policy: DevicePolicy, asks: Seque
     """Add the searches a user would run instead of each learned row of ``asks``, each given that row's seconds of
     wall clock: ``policy_search`` with ``policy`` (the policy before fine-tuning) as its proposal, and registered
     searches (``local_search``, ``la_rule_search``: annealing from ``la_rule``), as search rows of ``result`` naming
-    the row (``LearnedRow.same_seconds_as``), in the order asked. The registered searches of ``SIDE_BY_SIDE_FROM``
-    seconds or more run side by side, one process each on its own core (``baselines.side_by_side``, at most
-    ``processes`` at once: default the cores this process may use); the rest, and ``policy_search`` (threaded
+    the row (``LearnedRow.same_seconds_as``), in the order asked. The registered searches of
+    ``baselines.side_by_side.FROM_SECONDS`` seconds or more run side by side, one process each on its own core (at
+    most ``processes`` at once: default the cores this process may use); the rest, and ``policy_search`` (threaded
     decodes, as the learned rows had), run here after them, one at a time."""
     from placement_rl.baselines import side_by_side
 
@@ -359,13 +355,13 @@ def equal_seconds_rows(result: FinetuneResult, policy: DevicePolicy, asks: Seque
     g, c, topo = t.graph, t.costs, t.topology
 
     def aside(name: str, sec: float) -> bool:  # run in a worker process
-        return name != "policy_search" and sec >= SIDE_BY_SIDE_FROM
+        return name in side_by_side.SEARCHES and sec >= side_by_side.FROM_SECONDS
 
     jobs = [(name, float(sec), seed) for _, sec, names in asks for name in names if aside(name, sec)]
     n = min(len(jobs), side_by_side.cores() if processes is None else int(processes))
     if n > 1:
-        log(f"running {len(jobs)} searches of {SIDE_BY_SIDE_FROM:g} s or more side by side, {n} at once (one "
-            f"process and core each)")
+        log(f"running {len(jobs)} searches of {side_by_side.FROM_SECONDS:g} s or more side by side, {n} at once "
+            f"(one process and core each)")
     found = iter(side_by_side.run(g, c, topo, jobs, processes=n))
     for row, sec, names in asks:
         log(f"the searches a user would run instead, at the {sec:.2f} s of {row}:")
