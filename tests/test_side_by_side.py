@@ -92,3 +92,18 @@ def test_evaluate_at_equal_seconds_runs_its_searches_side_by_side(problem, monke
         assert r.feasible and 0 < r.sim_calls < 10**8, name
         assert 0.5 * seconds < r.search_seconds < seconds + 0.5, name  # the search's own clock, held to S
     assert rows["sim_eft"].sim_calls >= 1 and rows["sim_eft"].search_seconds < seconds
+
+
+def test_workers_that_cannot_start_leave_the_jobs_to_this_process(problem, monkeypatch, capfd):
+    g, c, topo = problem
+    import concurrent.futures
+
+    def refuse(*_a, **_k):
+        raise OSError("no processes here")
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", refuse)
+    out = side_by_side.run(g, c, topo, [("sim_eft", 1.0, 0), ("heft", 1.0, 0)], processes=2)
+    ref = [baselines.get(n)(g, c, topo, budget=10**12, seed=0, seconds=1.0) for n in ("sim_eft", "heft")]
+    for a, b in zip(out, ref):
+        np.testing.assert_array_equal(a.device_of_node, b.device_of_node)
+    assert "no processes here" in capfd.readouterr().err

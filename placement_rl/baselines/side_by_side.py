@@ -14,8 +14,8 @@ job's clock starts (about 1 s in all; the caller compiles them first, ``agents.c
 a worker never uses the threaded decode (``cost.threads``: serial in a ``multiprocessing`` child), so a search
 whose start is a decode (``la_rule_search``) starts slower there than in a process with threads: callers keep
 budgets under ``FROM_SECONDS``, where that start is a large share, in their own process. With one process, or
-one job, they run here, in order. A job's exception is raised here; a worker that dies is a ``RuntimeError``
-naming the job.
+one job, they run here, in order. A job's exception is raised here; where no worker process can start, or one
+dies, every job runs here instead, one after another (one line on stderr says so).
 """
 
 from __future__ import annotations
@@ -90,21 +90,20 @@ def run(graph: CompGraph, costs: CostTable, topology: DeviceTopology, jobs: Sequ
     if n <= 1:
         return [_one(graph, costs, topology, j, budget, objective) for j in jobs]
     import multiprocessing
+    import sys
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
     ctx = multiprocessing.get_context("spawn")
     names = sorted({j[0] for j in jobs})
-    with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_init,
-                             initargs=(graph, costs, topology, names, int(budget), objective)) as pool:
-        futures = [pool.submit(_job, j) for j in jobs]
-        out = []
-        for j, f in zip(jobs, futures):
-            try:
-                out.append(f.result())
-            except BrokenProcessPool:
-                raise RuntimeError(f"the process running {j[0]} for {j[1]:g} s died") from None
-    return out
+    try:
+        with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_init,
+                                 initargs=(graph, costs, topology, names, int(budget), objective)) as pool:
+            return [f.result() for f in [pool.submit(_job, j) for j in jobs]]
+    except (BrokenProcessPool, OSError) as exc:  # no worker could start, or one died: the jobs run here instead
+        why = str(exc) or type(exc).__name__
+        print(f"side by side: {why}; running the {len(jobs)} searches here, one after another", file=sys.stderr)
+        return [_one(graph, costs, topology, j, budget, objective) for j in jobs]
 
 
 __all__ = ["FROM_SECONDS", "Job", "SEARCHES", "cores", "run"]
