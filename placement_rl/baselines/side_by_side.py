@@ -11,10 +11,11 @@ most ``processes`` at once (default: the cores this process may use, never more 
 ``Placement`` in input order. Each worker is a fresh interpreter (``spawn``: no torch, no OpenMP state carried
 over a fork) that receives the problem once and loads its searches' compiled kernels from numba's cache before any
 job's clock starts (about 1 s in all; the caller compiles them first, ``agents.constructive_eval.warm_kernels``);
-a worker never uses the threaded decode (``cost.threads``: serial in a ``multiprocessing`` child), so a search
-whose start is a decode (``la_rule_search``) starts slower there than in a process with threads: callers keep
-budgets under ``FROM_SECONDS``, where that start is a large share, in their own process. With one process, or
-one job, they run here, in order. A job's exception is raised here; where no worker process can start, or one
+a worker never uses the threaded decode (``cost.threads``: serial in a ``multiprocessing`` child), which only a
+policy's decode uses (the registered searches' starts are serial anywhere: ``la_rule`` on 1,000 nodes 0.91 s with
+threads asked or not), so callers keep ``policy_search`` in their own process. Below ``FROM_SECONDS`` a worker's
+start costs more than it saves: callers run those one after another. With one process, or one job, they run
+here, in order. A job's exception is raised here; where no worker process can start, or one
 dies, every job runs here instead, one after another (one line on stderr says so).
 """
 
@@ -32,9 +33,9 @@ Job = tuple[str, float, int]  # (registered placer, seconds of wall clock, seed)
 # the anytime searches that spend the whole of their seconds (``cp_sat`` runs CP-SAT's own threads, ``exhaustive``
 # its enumeration: those stay in the caller's process)
 SEARCHES = ("local_search", "la_rule_search", "eft_rollout_search")
-# callers run searches of at least these seconds side by side; shorter ones in their own process, where a search
-# whose start is a decode has the threads the learned rows' decodes had (at a zero-shot greedy's 0.07 s a serial
-# worker's ``la_rule`` start took the whole budget: ``la_rule_search`` 16.5 ms against 15.1 in the parent)
+# callers run searches of at least these seconds side by side: a worker takes about 1-1.3 s to start (a fresh
+# interpreter, the problem, the kernels loaded), so two searches of S seconds take about S + 1.3 s side by side
+# against 2 S one after another (two pairs at 0.07 and 1.1 s: 3.0 s side by side, 2.35 s one after another)
 FROM_SECONDS = 2.0
 _PROBLEM: tuple | None = None  # (graph, costs, topology) in a worker
 
