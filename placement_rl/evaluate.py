@@ -100,13 +100,13 @@ def _side_by_side(graph: CompGraph, costs: CostTable, topology: DeviceTopology, 
     from placement_rl.baselines import side_by_side
 
     todo = [n for n in names if n in side_by_side.SEARCHES]
-    if seconds is None or seconds < side_by_side.FROM_SECONDS or len(todo) < 2 or side_by_side.cores() < 2:
+    jobs = [(n, float(seconds), seed) for n in todo] if seconds is not None else []
+    if side_by_side.processes_for(jobs) < 2:
         return {}
     try:
-        got = side_by_side.run(graph, costs, topology, [(n, float(seconds), seed) for n in todo], budget=budget)
+        return dict(zip(todo, side_by_side.run(graph, costs, topology, jobs, budget=budget)))
     except ConfigError:
         return {}
-    return dict(zip(todo, got))
 
 
 def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int, seed: int = 0,

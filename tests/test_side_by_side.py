@@ -36,8 +36,10 @@ def test_workers_give_the_placements_run_here_in_order(problem):
     assert len({tuple(p.device_of_node.tolist()) for p in aside[:3]}) == 3
 
 
-def test_a_search_in_a_worker_keeps_to_its_seconds(problem):
+def test_a_search_in_a_worker_keeps_to_its_seconds(problem, monkeypatch):
     g, c, topo = problem
+    monkeypatch.setattr(side_by_side, "FROM_SECONDS", 0.3)  # the rule at a test's seconds (2 s in use)
+    assert side_by_side.processes_for([("local_search", 0.4, 0), ("la_rule_search", 0.4, 0)], 2) == 2
     out = side_by_side.run(g, c, topo, [("local_search", 0.4, 0), ("la_rule_search", 0.4, 0)], processes=2)
     for p in out:
         assert p.meta["step_time"] > 0 and p.meta["feasible"]
@@ -62,7 +64,25 @@ def test_one_job_or_one_core_runs_here(problem, monkeypatch):
     monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", no_pool)
     assert len(side_by_side.run(g, c, topo, [("sim_eft", 1.0, 0)])) == 1
     monkeypatch.setattr(side_by_side, "cores", lambda: 1)
+    assert len(side_by_side.run(g, c, topo, [("sim_eft", 30.0, 0), ("heft", 30.0, 0)])) == 2
+    monkeypatch.setattr(side_by_side, "cores", lambda: 2)  # below FROM_SECONDS: here too
     assert len(side_by_side.run(g, c, topo, [("sim_eft", 1.0, 0), ("heft", 1.0, 0)])) == 2
+
+
+def test_short_jobs_run_here_and_long_ones_in_workers_in_input_order(problem, monkeypatch):
+    g, c, topo = problem
+    sent = []
+    real = side_by_side._pool
+
+    def spy(graph, costs, topology, jobs, *rest):
+        sent.append([j[0] for j in jobs])
+        return real(graph, costs, topology, jobs, *rest)
+
+    monkeypatch.setattr(side_by_side, "_pool", spy)
+    jobs = [("heft", 0.5, 0), ("sim_eft", 30.0, 0), ("la_rule", 0.5, 0), ("la_rule", 30.0, 0)]
+    out = side_by_side.run(g, c, topo, jobs, processes=2)
+    assert sent == [["sim_eft", "la_rule"]]
+    assert [p.meta["placer"] for p in out] == ["heft", "sim_eft", "la_rule", "la_rule"]
 
 
 def test_evaluate_at_equal_seconds_runs_its_searches_side_by_side(problem, monkeypatch):
@@ -102,8 +122,8 @@ def test_workers_that_cannot_start_leave_the_jobs_to_this_process(problem, monke
         raise OSError("no processes here")
 
     monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", refuse)
-    out = side_by_side.run(g, c, topo, [("sim_eft", 1.0, 0), ("heft", 1.0, 0)], processes=2)
-    ref = [baselines.get(n)(g, c, topo, budget=10**12, seed=0, seconds=1.0) for n in ("sim_eft", "heft")]
+    out = side_by_side.run(g, c, topo, [("sim_eft", 30.0, 0), ("heft", 30.0, 0)], processes=2)
+    ref = [baselines.get(n)(g, c, topo, budget=10**12, seed=0, seconds=30.0) for n in ("sim_eft", "heft")]
     for a, b in zip(out, ref):
         np.testing.assert_array_equal(a.device_of_node, b.device_of_node)
     assert "no processes here" in capfd.readouterr().err

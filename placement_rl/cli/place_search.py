@@ -33,13 +33,12 @@ def run_searches(policy, graph, costs, topology, task, seconds: float, *, seed: 
         return f"{r['step_time'] * 1e3:.3f} ms" + ("" if r["feasible"] else " (overflows memory)")
 
     others = SAME_SECONDS if compare else ()
-    aside = len(others) > 1 and seconds >= side_by_side.FROM_SECONDS and side_by_side.cores() > 1
+    jobs = [(n, seconds, seed) for n in others]
     found: dict[str, dict] = {}
-    if aside:  # each its own process and core (serial searches), then policy_search here alone
+    if side_by_side.processes_for(jobs) > 1:  # each its own process and core, then policy_search here alone
         with phases(f"{' and '.join(others)} (searches a user would run instead) side by side for {seconds:g} s "
                     f"each") as note:
-            for name, p in zip(others, side_by_side.run(graph, costs, topology, [(n, seconds, seed) for n in others])):
-                found[name] = row(p)
+            found = {n: row(p) for n, p in zip(others, side_by_side.run(graph, costs, topology, jobs))}
             note.append(", ".join(f"{n} {ms(found[n])}" for n in others))
     out: dict[str, dict] = {}
     for name in ("policy_search", *others):

@@ -347,26 +347,23 @@ def equal_seconds_rows(result: FinetuneResult, policy: DevicePolicy, asks: Seque
     searches (``local_search``, ``la_rule_search``: annealing from ``la_rule``), as search rows of ``result`` naming
     the row (``LearnedRow.same_seconds_as``), in the order asked. The registered searches of
     ``baselines.side_by_side.FROM_SECONDS`` seconds or more run side by side, one process each on its own core (at
-    most ``processes`` at once: default the cores this process may use); the rest, and ``policy_search`` (threaded
-    decodes, as the learned rows had), run here after them, one at a time."""
+    most ``processes`` at once: default the cores this process may use), the shorter ones here first; ``policy_search``
+    (threaded decodes, as the learned rows had) runs here after them, alone."""
     from placement_rl.baselines import side_by_side
 
     t = result.task
     g, c, topo = t.graph, t.costs, t.topology
 
-    def aside(name: str, sec: float) -> bool:  # run in a worker process
-        return name in side_by_side.SEARCHES and sec >= side_by_side.FROM_SECONDS
-
-    jobs = [(name, float(sec), seed) for _, sec, names in asks for name in names if aside(name, sec)]
-    n = min(len(jobs), side_by_side.cores() if processes is None else int(processes))
+    jobs = [(name, float(sec), seed) for _, sec, names in asks for name in names if name != "policy_search"]
+    n = side_by_side.processes_for(jobs, processes)
     if n > 1:
-        log(f"running {len(jobs)} searches of {side_by_side.FROM_SECONDS:g} s or more side by side, {n} at once "
-            f"(one process and core each)")
+        log(f"running the searches of {side_by_side.FROM_SECONDS:g} s or more side by side, {n} at once (one process "
+            f"and core each)")
     found = iter(side_by_side.run(g, c, topo, jobs, processes=n))
     for row, sec, names in asks:
         log(f"the searches a user would run instead, at the {sec:.2f} s of {row}:")
         for name in names:
-            p = next(found) if aside(name, sec) else search_at_seconds(name, policy, g, c, topo, sec, seed=seed)
+            p = search_at_seconds(name, policy, g, c, topo, sec, seed=seed) if name == "policy_search" else next(found)
             dev = np.asarray(p.device_of_node)
             res = simulate(g, c, topo, dev)
             result.rows.append(LearnedRow(f"{name} at the seconds of {row}", "search", res.step_time, res.feasible,
