@@ -59,9 +59,9 @@ def test_one_job_or_one_core_runs_here(problem, monkeypatch):
     def no_pool(*_a, **_k):
         raise AssertionError("a worker process was started")
 
-    import concurrent.futures
+    import subprocess
 
-    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", no_pool)
+    monkeypatch.setattr(subprocess, "Popen", no_pool)
     assert len(side_by_side.run(g, c, topo, [("sim_eft", 1.0, 0)])) == 1
     monkeypatch.setattr(side_by_side, "cores", lambda: 1)
     assert len(side_by_side.run(g, c, topo, [("sim_eft", 30.0, 0), ("heft", 30.0, 0)])) == 2
@@ -116,14 +116,65 @@ def test_evaluate_at_equal_seconds_runs_its_searches_side_by_side(problem, monke
 
 def test_workers_that_cannot_start_leave_the_jobs_to_this_process(problem, monkeypatch, capfd):
     g, c, topo = problem
-    import concurrent.futures
+    import subprocess
 
     def refuse(*_a, **_k):
         raise OSError("no processes here")
 
-    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", refuse)
+    monkeypatch.setattr(subprocess, "Popen", refuse)
     out = side_by_side.run(g, c, topo, [("sim_eft", 30.0, 0), ("heft", 30.0, 0)], processes=2)
     ref = [baselines.get(n)(g, c, topo, budget=10**12, seed=0, seconds=30.0) for n in ("sim_eft", "heft")]
     for a, b in zip(out, ref):
         np.testing.assert_array_equal(a.device_of_node, b.device_of_node)
     assert "no processes here" in capfd.readouterr().err
+
+
+def test_a_worker_that_does_not_return_is_given_up_and_its_jobs_run_here(problem, monkeypatch, capfd):
+    """A worker that has not returned a job long after its seconds (a hang) is ended, and every job not yet
+    returned runs in this process: the same placements, one line on stderr, never a wait without end."""
+    g, c, topo = problem
+    monkeypatch.setattr(side_by_side, "_deadline", lambda seconds, first: 0.0)  # every worker "hangs"
+    jobs = [("sim_eft", 30.0, 0), ("heft", 30.0, 0), ("la_rule", 30.0, 0)]
+    out = side_by_side.run(g, c, topo, jobs, processes=2)
+    for p, (name, seconds, seed) in zip(out, jobs):
+        ref = baselines.get(name)(g, c, topo, budget=10**12, seed=seed, seconds=seconds)
+        np.testing.assert_array_equal(p.device_of_node, ref.device_of_node)
+    assert "ran far past" in capfd.readouterr().err
+
+
+def test_a_job_error_in_a_worker_is_raised_here(problem):
+    g, c, topo = problem
+    # exhaustive refuses a 60-node graph in the worker (too many placements); the caller sees that error
+    with pytest.raises(Exception) as here:
+        baselines.get("exhaustive")(g, c, topo, budget=100, seed=0, seconds=30.0)
+    with pytest.raises(type(here.value)):
+        side_by_side.run(g, c, topo, [("sim_eft", 30.0, 0), ("exhaustive", 30.0, 0)], processes=2, budget=100)
+
+
+@pytest.mark.slow
+def test_a_script_without_a_main_guard_runs_once_and_returns(tmp_path):
+    """Workers import this module only: a caller's script without ``if __name__ == "__main__"`` is not run again in
+    them (a ``multiprocessing`` spawn did: its top-level code ran once per worker, and where it started the pool
+    the caller waited without end)."""
+    import subprocess
+    import sys
+
+    marks = tmp_path / "runs.txt"
+    script = tmp_path / "unguarded.py"
+    script.write_text(f"""
+from placement_rl.baselines import side_by_side
+from placement_rl.cost import resolve_costs
+from placement_rl.graph import synthetic
+from placement_rl.topology import load_topology
+
+with open({str(marks)!r}, "a") as f:
+    f.write("ran\\n")
+g, topo = synthetic.sample("dataflow", num_nodes=40, seed=3), load_topology("2x4_v100_ib")
+out = side_by_side.run(g, resolve_costs(g, topo), topo, [("sim_eft", 2.0, 0), ("heft", 2.0, 0)], processes=2)
+print("placers", [p.meta["placer"] for p in out])
+""")
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "placers ['sim_eft', 'heft']" in res.stdout
+    assert "side by side:" not in res.stderr  # the workers ran the jobs
+    assert marks.read_text().splitlines() == ["ran"]

@@ -10,14 +10,16 @@ process each.
 ``FROM_SECONDS`` or more at most ``processes`` at once (default: the cores this process may use), the shorter ones
 first in the caller's process, where a worker's start would cost more than it saves (with one process, or one
 such job, all of them there, in order); it returns their ``Placement`` in input order (``processes_for``: how many
-processes). Each worker is a fresh interpreter (``spawn``: no torch, no OpenMP state carried over a fork) that
-receives the problem once and loads its searches' compiled kernels from numba's cache before any job's clock
-starts (about 1 s in all; the caller compiles them first, ``agents.constructive_eval.warm_kernels``); a worker
-never uses the threaded decode (``cost.threads``: serial in a ``multiprocessing`` child), which only a policy's
-decode uses (the registered searches' starts are serial anywhere: ``la_rule`` on 1,000 nodes 0.91 s with threads
-asked or not), so callers keep ``policy_search`` in their own process. A job's exception is raised here; where no
-worker process can start, or one dies, every job sent to the workers runs here instead, one after another (one
-line on stderr says so).
+processes). Each worker is a fresh interpreter (``python -c``, importing this module only: not the caller's script,
+which a ``multiprocessing`` spawn would run again in every worker, top-level code and all, and where that code
+starts this very pool, hang on) that receives the problem once and loads its searches' compiled kernels from numba's
+cache before any job's clock starts (about 1 s in all; the caller compiles them first,
+``agents.constructive_eval.warm_kernels``); a worker never uses the threaded decode (``PLACEMENT_RL_DECODE_THREADS=1``
+in its environment), which only a policy's decode uses (the registered searches' starts are serial anywhere:
+``la_rule`` on 1,000 nodes 0.91 s with threads asked or not), so callers keep ``policy_search`` in their own process.
+Each worker is given the next job when it returns one. A job's exception is raised here; where a worker cannot
+start, dies, or has not returned a job long after its seconds (``_deadline``), the jobs not yet returned run here
+instead, one after another (one line on stderr says so): never a hang.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import os
 from typing import Sequence
 
 from placement_rl.cost.types import CostTable
+from placement_rl.decode_env import THREADS_ENV
 from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import Placement
 from placement_rl.topology import DeviceTopology
@@ -38,6 +41,7 @@ SEARCHES = ("local_search", "la_rule_search", "eft_rollout_search")
 # interpreter, the problem, the kernels loaded), so two searches of S seconds take about S + 1.3 s side by side
 # against 2 S one after another (two pairs at 0.07 and 1.1 s: 3.0 s side by side, 2.35 s one after another)
 FROM_SECONDS = 2.0
+MAX_MESSAGE = 1 << 36  # bytes: a length above this is not one of the messages the workers and the caller send
 _PROBLEM: tuple | None = None  # (graph, costs, topology) in a worker
 
 
@@ -61,8 +65,14 @@ def _one(graph: CompGraph, costs: CostTable, topology: DeviceTopology, job: Job,
 def _init(graph: CompGraph, costs: CostTable, topology: DeviceTopology, names: Sequence[str], budget: int,
           objective: str) -> None:
     """Keep the problem; load each search's kernels (a first call loads them from numba's cache: about 0.2 s that
-    would otherwise come off the first job's seconds) on a 48-node graph, untimed."""
+    would otherwise come off the first job's seconds) on a 48-node graph, untimed, and the memory fit's, which a
+    search runs only where a start overflows a device (not on that graph: loaded inside a job's seconds, it made
+    ``local_search`` at 3 s return after 5.2 s with 19 simulator calls on a 7-billion-parameter model)."""
     global _PROBLEM
+    import numpy as np
+
+    from placement_rl.baselines.common import Problem
+    from placement_rl.baselines.memory import fit
     from placement_rl.cost import resolve_costs
     from placement_rl.graph import synthetic
 
@@ -70,6 +80,7 @@ def _init(graph: CompGraph, costs: CostTable, topology: DeviceTopology, names: S
     small_costs = resolve_costs(small, topology)
     for name in names:
         _one(small, small_costs, topology, (name, 0.01, 0), objective=objective)
+    fit(Problem(small, small_costs, topology, budget=1, seed=0), np.arange(48, dtype=np.int64) % topology.num_devices)
     _PROBLEM = (graph, costs, topology, budget, objective)
 
 
@@ -107,21 +118,137 @@ def run(graph: CompGraph, costs: CostTable, topology: DeviceTopology, jobs: Sequ
 
 def _pool(graph: CompGraph, costs: CostTable, topology: DeviceTopology, jobs: list[Job], n: int, budget: int,
           objective: str) -> list[Placement]:
-    import multiprocessing
+    """``jobs`` on ``n`` worker processes, each given the next job when it returns one; where a worker cannot
+    start, dies or overruns a job by far (``_deadline``), the jobs not yet returned run here (one line on stderr)."""
+    import pickle
+    import selectors
+    import subprocess
     import sys
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
+    import time
 
-    ctx = multiprocessing.get_context("spawn")
-    names = sorted({j[0] for j in jobs})
+    from placement_rl import baselines as pkg
+
+    env = dict(os.environ, **{THREADS_ENV: "1"})  # a worker decodes serially (its search is serial anyway)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(pkg.__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
+    head = pickle.dumps((graph, costs, topology, sorted({j[0] for j in jobs}), int(budget), objective),
+                        protocol=pickle.HIGHEST_PROTOCOL)
+    out: dict[int, Placement] = {}
+    procs: list[subprocess.Popen] = []
+    sel = selectors.DefaultSelector()
     try:
-        with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_init,
-                                 initargs=(graph, costs, topology, names, int(budget), objective)) as pool:
-            return [f.result() for f in [pool.submit(_job, j) for j in jobs]]
-    except (BrokenProcessPool, OSError) as exc:  # no worker could start, or one died: the jobs run here instead
+        for _ in range(n):
+            procs.append(subprocess.Popen([sys.executable, "-c", f"from {__name__} import _serve; _serve()"],
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env))
+        for w, p in enumerate(procs):
+            _send(p.stdin, head)
+            sel.register(p.stdout, selectors.EVENT_READ, w)
+        todo = list(range(len(jobs)))
+        busy: dict[int, tuple[int, float]] = {}  # worker -> (its job, when it is given up)
+
+        def give(w: int, first: bool) -> None:
+            if todo:
+                i = todo.pop(0)
+                _send(procs[w].stdin, pickle.dumps(jobs[i], protocol=pickle.HIGHEST_PROTOCOL))
+                busy[w] = (i, time.monotonic() + _deadline(jobs[i][1], first))
+            else:  # nothing left for it: it exits
+                sel.unregister(procs[w].stdout)
+                _send(procs[w].stdin, b"")
+
+        for w in range(len(procs)):
+            give(w, True)
+        while busy:
+            ready = sel.select(timeout=max(min(d for _, d in busy.values()) - time.monotonic(), 0.0))
+            if not ready:
+                i = min(busy.values(), key=lambda x: x[1])[0]
+                raise TimeoutError(f"{jobs[i][0]} ran far past its {jobs[i][1]:g} s in a worker process")
+            for key, _ in ready:
+                w = key.data
+                kind, value = pickle.loads(_recv(procs[w].stdout))
+                if w not in busy:
+                    raise EOFError("a worker process sent what it was not asked for")
+                i, _ = busy.pop(w)
+                if kind == "err":
+                    raise value
+                out[i] = value
+                give(w, False)
+    except (OSError, EOFError, TimeoutError, pickle.UnpicklingError) as exc:
         why = str(exc) or type(exc).__name__
-        print(f"side by side: {why}; running the {len(jobs)} searches here, one after another", file=sys.stderr)
-        return [_one(graph, costs, topology, j, budget, objective) for j in jobs]
+        left = [i for i in range(len(jobs)) if i not in out]
+        print(f"side by side: {why}; running the {len(left)} searches left here, one after another", file=sys.stderr)
+        for i in left:
+            out[i] = _one(graph, costs, topology, jobs[i], budget, objective)
+    finally:
+        sel.close()
+        for p in procs:
+            _close(p)
+    return [out[i] for i in range(len(jobs))]
+
+
+def _deadline(seconds: float, first: bool) -> float:
+    """Seconds a worker may take to return a job of ``seconds`` before it is given up as hung: the search's own
+    seconds and its end (a start or a fit that cannot stop mid-way) several times over, and, for the first job of
+    each worker, its start and the kernels it loads (or compiles, on a cold cache: about a minute here)."""
+    return 3.0 * float(seconds) + 60.0 + (180.0 if first else 0.0)
+
+
+def _send(pipe, data: bytes) -> None:
+    pipe.write(len(data).to_bytes(8, "little") + data)
+    pipe.flush()
+
+
+def _recv(pipe) -> bytes:
+    head = pipe.read(8)
+    if len(head) < 8:
+        raise EOFError("a worker process ended without its result")
+    size = int.from_bytes(head, "little")
+    if size > MAX_MESSAGE:
+        raise EOFError("a worker process wrote something other than its result")
+    data = pipe.read(size)
+    if len(data) < size:
+        raise EOFError("a worker process ended in the middle of its result")
+    return data
+
+
+def _close(proc) -> None:
+    for pipe in (proc.stdin, proc.stdout):
+        try:
+            pipe.close()
+        except OSError:
+            pass
+    try:
+        proc.wait(timeout=5)
+    except Exception:  # noqa: BLE001 -- still running (hung, or its stdin already gone): it is ended here
+        proc.kill()
+        proc.wait()
+
+
+def _serve() -> None:
+    """A worker (``python -c``: a fresh interpreter that imports this module only, never the caller's script):
+    reads the problem, loads the kernels (``_init``), then runs each job it is sent and writes its ``Placement``
+    back, until an empty message or the end of its input. Its results go out on the standard output it started
+    with; anything printed goes to the standard error."""
+    import pickle
+    import sys
+
+    results = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # a library's print must not corrupt the results
+    sys.stdout = sys.stderr
+    inp = sys.stdin.buffer
+    try:
+        _init(*pickle.loads(_recv(inp)))
+        while data := _recv(inp):
+            try:
+                reply = ("ok", _job(pickle.loads(data)))
+            except Exception as exc:  # noqa: BLE001 -- raised again in the caller's process
+                reply = ("err", exc)
+            try:
+                msg = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception:  # noqa: BLE001 -- an exception that does not pickle: its text does
+                msg = pickle.dumps(("err", RuntimeError(repr(reply[1]))), protocol=pickle.HIGHEST_PROTOCOL)
+            _send(results, msg)
+    except EOFError:  # the caller is gone
+        return
 
 
 __all__ = ["FROM_SECONDS", "Job", "SEARCHES", "cores", "processes_for", "run"]
