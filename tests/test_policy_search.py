@@ -281,3 +281,26 @@ def test_anneal_makes_a_single_move_when_the_large_move_has_none():
     out = anneal(prob, bad, s0, large=large, large_share=0.5)
     assert asked and prob.calls >= 300
     assert simulate(g, c, t, out).step_time < s0.step_time
+
+
+@pytest.mark.parametrize("seconds", [0.3, 2.0])  # below side_by_side.FROM_SECONDS here, from it side by side
+def test_place_search_seconds_notes_a_search_that_refuses_and_runs_the_rest(policy, monkeypatch, tmp_path, seconds):
+    """``place search_seconds=S``: a comparison search that refuses the problem (``la_rule_search`` above 4,000
+    nodes; ``exhaustive`` on 40 nodes here) is a note, not the end of the command: the other searches' rows, files
+    and summary come out (before, its ``ConfigError`` ended ``place`` after the zero-shot placement)."""
+    from placement_rl.cli import place_search
+    from placement_rl.cli.common import Phases
+
+    g, c, t = _case("dataflow", 40, "2x4_v100_ib", 5)
+    monkeypatch.setattr(place_search, "SAME_SECONDS", ("exhaustive", "local_search"))
+    found = place_search.run_searches(policy, g, c, t, ConstructiveTask(g, t, c), seconds, seed=0, compare=True,
+                                      phases=Phases(False))
+    assert set(found) == {"policy_search", "exhaustive", "local_search"}
+    assert "exhaustive search needs more" in found["exhaustive"]["refused"]
+    assert set(place_search.done(found)) == {"policy_search", "local_search"}
+    assert found["local_search"]["feasible"] and found["local_search"]["seconds"] < seconds + 0.5
+    files = place_search.write(found, g, t, tmp_path, seconds, learned=found["policy_search"]["step_time"])
+    assert all((tmp_path / f).exists() for f in files)
+    line = place_search.summary(found)
+    assert "at the same seconds local_search" in line and "exhaustive refused: exhaustive search needs more" in line
+    assert place_search.metrics(found)["exhaustive"] == {"refused": found["exhaustive"]["refused"]}

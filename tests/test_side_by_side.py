@@ -142,13 +142,20 @@ def test_a_worker_that_does_not_return_is_given_up_and_its_jobs_run_here(problem
     assert "ran far past" in capfd.readouterr().err
 
 
-def test_a_job_error_in_a_worker_is_raised_here(problem):
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_search_that_refuses_its_problem_is_raised_or_left_in_its_place(problem, processes):
+    """``exhaustive`` refuses a 60-node graph at 100 calls (a ``ConfigError``, as ``la_rule_search`` refuses more
+    than 4,000 nodes): raised by default, here or from a worker; with ``refusals`` the error stands in its place
+    and the other jobs' placements come back (``place search_seconds`` and ``train`` then print a note)."""
     g, c, topo = problem
-    # exhaustive refuses a 60-node graph in the worker (too many placements); the caller sees that error
-    with pytest.raises(Exception) as here:
-        baselines.get("exhaustive")(g, c, topo, budget=100, seed=0, seconds=30.0)
-    with pytest.raises(type(here.value)):
-        side_by_side.run(g, c, topo, [("sim_eft", 30.0, 0), ("exhaustive", 30.0, 0)], processes=2, budget=100)
+    jobs = [("sim_eft", 30.0, 0), ("exhaustive", 30.0, 0), ("heft", 30.0, 0)]
+    with pytest.raises(ConfigError, match="exhaustive search needs more"):
+        side_by_side.run(g, c, topo, jobs, processes=processes, budget=100)
+    out = side_by_side.run(g, c, topo, jobs, processes=processes, budget=100, refusals=True)
+    assert isinstance(out[1], ConfigError) and "exhaustive search needs more" in str(out[1])
+    for p, name in ((out[0], "sim_eft"), (out[2], "heft")):
+        ref = baselines.get(name)(g, c, topo, budget=100, seed=0, seconds=30.0)
+        np.testing.assert_array_equal(p.device_of_node, ref.device_of_node)
 
 
 @pytest.mark.slow
@@ -178,3 +185,19 @@ print("placers", [p.meta["placer"] for p in out])
     assert "placers ['sim_eft', 'heft']" in res.stdout
     assert "side by side:" not in res.stderr  # the workers ran the jobs
     assert marks.read_text().splitlines() == ["ran"]
+
+
+def test_train_notes_a_search_that_refuses_and_keeps_the_other_rows(problem):
+    """``train``'s same-seconds rows: a search that refuses the problem (``la_rule_search`` above 4,000 nodes) is a
+    logged note and no row; the other searches' rows are added (before, its error ended ``train`` after the
+    whole fine-tuning)."""
+    from placement_rl.envs.constructive_task import ConstructiveTask
+    from placement_rl.studies.finetune import FinetuneResult, equal_seconds_rows
+
+    g, c, topo = problem
+    result = FinetuneResult(ConstructiveTask(g, topo, c), [], [], None)
+    lines: list[str] = []
+    equal_seconds_rows(result, None, [("policy zero-shot (greedy)", 0.2, ("exhaustive", "sim_eft"))], log=lines.append)
+    assert [r.search for r in result.rows] == ["sim_eft"]
+    assert result.rows[0].same_seconds_as == "policy zero-shot (greedy)" and result.rows[0].feasible
+    assert any("exhaustive (0.20 s): refused: exhaustive search needs more" in s for s in lines)

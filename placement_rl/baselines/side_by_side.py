@@ -29,6 +29,7 @@ from typing import Sequence
 
 from placement_rl.cost.types import CostTable
 from placement_rl.decode_env import THREADS_ENV
+from placement_rl.errors import ConfigError
 from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import Placement
 from placement_rl.topology import DeviceTopology
@@ -54,12 +55,17 @@ def cores() -> int:
 
 
 def _one(graph: CompGraph, costs: CostTable, topology: DeviceTopology, job: Job, budget: int = 10**12,
-         objective: str = "step") -> Placement:
+         objective: str = "step", refusals: bool = False) -> Placement | ConfigError:
     from placement_rl import baselines
 
     name, seconds, seed = job
-    return baselines.get(name)(graph, costs, topology, budget=int(budget), seed=int(seed), seconds=float(seconds),
-                               objective=objective)
+    try:
+        return baselines.get(name)(graph, costs, topology, budget=int(budget), seed=int(seed),
+                                   seconds=float(seconds), objective=objective)
+    except ConfigError as exc:
+        if refusals:
+            return exc
+        raise
 
 
 def _init(graph: CompGraph, costs: CostTable, topology: DeviceTopology, names: Sequence[str], budget: int,
@@ -98,10 +104,14 @@ def processes_for(jobs: Sequence[Job], processes: int | None = None) -> int:
 
 
 def run(graph: CompGraph, costs: CostTable, topology: DeviceTopology, jobs: Sequence[Job], *,
-        processes: int | None = None, budget: int = 10**12, objective: str = "step") -> list[Placement]:
+        processes: int | None = None, budget: int = 10**12, objective: str = "step",
+        refusals: bool = False) -> list[Placement | ConfigError]:
     """Each job's ``Placement`` (input order); every job with ``budget`` simulator calls (default: no limit but its
     seconds) and ``objective``. Where ``processes_for`` gives two or more, the jobs of ``FROM_SECONDS`` or more run
-    side by side, one process each, and the shorter ones here first; otherwise all here, one after another."""
+    side by side, one process each, and the shorter ones here first; otherwise all here, one after another. With
+    ``refusals``, a search that refuses its problem (a ``ConfigError``: ``la_rule_search`` above
+    ``eft.ROLLOUT_MAX_NODES`` nodes) leaves that error in its place and the other jobs run on; without, it is
+    raised (an unknown name always is, before anything runs)."""
     from placement_rl import baselines
 
     jobs = [(str(n), float(s), int(seed)) for n, s, seed in jobs]
@@ -109,15 +119,16 @@ def run(graph: CompGraph, costs: CostTable, topology: DeviceTopology, jobs: Sequ
         baselines.get(name)  # an unknown name is a ConfigError here, not a worker that fails to start
     n = processes_for(jobs, processes)
     if n <= 1:
-        return [_one(graph, costs, topology, j, budget, objective) for j in jobs]
-    out = {i: _one(graph, costs, topology, j, budget, objective) for i, j in enumerate(jobs) if j[1] < FROM_SECONDS}
+        return [_one(graph, costs, topology, j, budget, objective, refusals) for j in jobs]
+    out = {i: _one(graph, costs, topology, j, budget, objective, refusals) for i, j in enumerate(jobs)
+           if j[1] < FROM_SECONDS}
     aside = [i for i in range(len(jobs)) if i not in out]
-    out.update(zip(aside, _pool(graph, costs, topology, [jobs[i] for i in aside], n, budget, objective)))
+    out.update(zip(aside, _pool(graph, costs, topology, [jobs[i] for i in aside], n, budget, objective, refusals)))
     return [out[i] for i in range(len(jobs))]
 
 
 def _pool(graph: CompGraph, costs: CostTable, topology: DeviceTopology, jobs: list[Job], n: int, budget: int,
-          objective: str) -> list[Placement]:
+          objective: str, refusals: bool = False) -> list[Placement | ConfigError]:
     """``jobs`` on ``n`` worker processes, each given the next job when it returns one; where a worker cannot
     start, dies or overruns a job by far (``_deadline``), the jobs not yet returned run here (one line on stderr)."""
     import pickle
@@ -168,7 +179,7 @@ def _pool(graph: CompGraph, costs: CostTable, topology: DeviceTopology, jobs: li
                 if w not in busy:
                     raise EOFError("a worker process sent what it was not asked for")
                 i, _ = busy.pop(w)
-                if kind == "err":
+                if kind == "err" and not (refusals and isinstance(value, ConfigError)):
                     raise value
                 out[i] = value
                 give(w, False)
@@ -177,7 +188,7 @@ def _pool(graph: CompGraph, costs: CostTable, topology: DeviceTopology, jobs: li
         left = [i for i in range(len(jobs)) if i not in out]
         print(f"side by side: {why}; running the {len(left)} searches left here, one after another", file=sys.stderr)
         for i in left:
-            out[i] = _one(graph, costs, topology, jobs[i], budget, objective)
+            out[i] = _one(graph, costs, topology, jobs[i], budget, objective, refusals)
     finally:
         sel.close()
         for p in procs:
@@ -247,7 +258,7 @@ def _serve() -> None:
             except Exception:  # noqa: BLE001 -- an exception that does not pickle: its text does
                 msg = pickle.dumps(("err", RuntimeError(repr(reply[1]))), protocol=pickle.HIGHEST_PROTOCOL)
             _send(results, msg)
-    except EOFError:  # the caller is gone
+    except (EOFError, OSError):  # the caller is gone (it ended, or stopped reading after another job's error)
         return
 
 

@@ -159,8 +159,9 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         searched = [] if search is None else [ExtraRow(
             "search: local search from the learned placement", search["step_time"], search["feasible"],
             search["seconds"], search["sim_calls"], Placement(search["devices"]))]
+        ran = {} if timed is None else place_search.done(timed)  # the searches that ran
         same = [ExtraRow(f"search: {name} for {search_seconds:g} s", r["step_time"], r["feasible"], r["seconds"],
-                         r["sim_calls"], Placement(r["devices"])) for name, r in (timed or {}).items()]
+                         r["sim_calls"], Placement(r["devices"])) for name, r in ran.items()]
         metrics.update(compare_learned(graph, costs, topology, out, label=label, plan=plan,
                                        step_time=step_time, feasible=metrics["feasible"], seconds=wall,
                                        sim_calls=calls, seed=seed, what="zero-shot placement", files=compared,
@@ -184,7 +185,8 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     if not fits:
         print(overflow_note(graph, costs, topology, res.best_devices, samples, searched=search, fitted=fitted,
                             policy_searched=None if timed is None else timed["policy_search"]))
-    found = [r["step_time"] for r in [search, *(timed or {}).values()] if r is not None and r["feasible"]]
+    ran = {} if timed is None else place_search.done(timed)
+    found = [r["step_time"] for r in [search, *ran.values()] if r is not None and r["feasible"]]
     print(bound_note(bound, min([step_time, *found])))
     if cp_row is not None:
         over = "" if cp_row["feasible"] else " (overflows memory: the model relaxes it)"

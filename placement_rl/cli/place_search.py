@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from placement_rl.cli.common import save_plan
+from placement_rl.errors import ConfigError
 
 FOLDER = "policy_search"  # its placement, the anytime trace of every search run and its plot
 SAME_SECONDS = ("la_rule_search", "local_search")  # the non-learned searches given the same seconds
@@ -30,6 +31,8 @@ def run_searches(policy, graph, costs, topology, task, seconds: float, *, seed: 
                 "devices": np.asarray(p.device_of_node, dtype=np.int64)}
 
     def ms(r: dict) -> str:
+        if "refused" in r:
+            return "refused"
         return f"{r['step_time'] * 1e3:.3f} ms" + ("" if r["feasible"] else " (overflows memory)")
 
     others = SAME_SECONDS if compare else ()
@@ -38,7 +41,8 @@ def run_searches(policy, graph, costs, topology, task, seconds: float, *, seed: 
     if side_by_side.processes_for(jobs) > 1:  # each its own process and core, then policy_search here alone
         with phases(f"{' and '.join(others)} (searches a user would run instead) side by side for {seconds:g} s "
                     f"each") as note:
-            found = {n: row(p) for n, p in zip(others, side_by_side.run(graph, costs, topology, jobs))}
+            got = side_by_side.run(graph, costs, topology, jobs, refusals=True)
+            found = {n: {"refused": str(p)} if isinstance(p, ConfigError) else row(p) for n, p in zip(others, got)}
             note.append(", ".join(f"{n} {ms(found[n])}" for n in others))
     out: dict[str, dict] = {}
     for name in ("policy_search", *others):
@@ -48,9 +52,20 @@ def run_searches(policy, graph, costs, topology, task, seconds: float, *, seed: 
         what = ("policy-guided search (the policy's repairs inside simulated annealing)" if name == "policy_search"
                 else f"{name} (a search a user would run instead)")
         with phases(f"{what} for {seconds:g} s") as note:
-            out[name] = row(search_at_seconds(name, policy, graph, costs, topology, seconds, seed=seed, task=task))
+            try:
+                out[name] = row(search_at_seconds(name, policy, graph, costs, topology, seconds, seed=seed,
+                                                  task=task))
+            except ConfigError as exc:  # a comparison search that refuses this problem: a note, not the end
+                if name == "policy_search":
+                    raise
+                out[name] = {"refused": str(exc)}
             note.append(ms(out[name]))
     return out
+
+
+def done(found: dict[str, dict]) -> dict[str, dict]:
+    """The searches of ``run_searches`` that ran (not those that refused the problem)."""
+    return {n: r for n, r in found.items() if "refused" not in r}
 
 
 def write(found: dict[str, dict], graph, topology, out: Path, seconds: float, *, learned: float) -> list[str]:
@@ -60,6 +75,7 @@ def write(found: dict[str, dict], graph, topology, out: Path, seconds: float, *,
     from placement_rl.report import write_csv
     from placement_rl.studies.report import anytime_plot
 
+    found = done(found)
     folder = out / FOLDER
     folder.mkdir(exist_ok=True)
     save_plan(found["policy_search"]["devices"], graph, topology, folder)
@@ -79,13 +95,16 @@ def summary(found: dict[str, dict]) -> str:
                 + f" in {r['seconds']:.2f} s, {r['sim_calls']} simulator calls")
 
     ps = found["policy_search"]
-    others = {n: r for n, r in found.items() if n != "policy_search"}
+    others = {n: r for n, r in done(found).items() if n != "policy_search"}
     line = f"policy_search (its own row, not the plan): {one(ps)}"
     if others:
         line += "; at the same seconds " + ", ".join(f"{n} {one(r)}" for n, r in others.items())
         best = min((r for r in others.values() if r["feasible"]), key=lambda r: r["step_time"], default=None)
         if best is not None and ps["feasible"]:
             line += f" (policy_search / the best of them {ps['step_time'] / best['step_time']:.3f})"
+    refused = {n: r["refused"] for n, r in found.items() if "refused" in r}
+    if refused:
+        line += "; " + "; ".join(f"{n} refused: {why}" for n, why in refused.items())
     return line
 
 

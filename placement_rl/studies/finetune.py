@@ -32,6 +32,7 @@ from placement_rl.agents.device_policy import DevicePolicy
 from placement_rl.envs.constructive_task import ONE_PASS, ConstructiveTask
 from placement_rl.cost import simulate
 from placement_rl.cost.types import CostTable
+from placement_rl.errors import ConfigError
 from placement_rl.graph.ir import CompGraph
 from placement_rl.topology import DeviceTopology
 
@@ -359,11 +360,14 @@ def equal_seconds_rows(result: FinetuneResult, policy: DevicePolicy, asks: Seque
     if n > 1:
         log(f"running the searches of {side_by_side.FROM_SECONDS:g} s or more side by side, {n} at once (one process "
             f"and core each)")
-    found = iter(side_by_side.run(g, c, topo, jobs, processes=n))
+    found = iter(side_by_side.run(g, c, topo, jobs, processes=n, refusals=True))
     for row, sec, names in asks:
         log(f"the searches a user would run instead, at the {sec:.2f} s of {row}:")
         for name in names:
             p = search_at_seconds(name, policy, g, c, topo, sec, seed=seed) if name == "policy_search" else next(found)
+            if isinstance(p, ConfigError):  # a search that refuses this problem (la_rule_search above its size)
+                log(f"  {name} ({sec:.2f} s): refused: {p}")
+                continue
             dev = np.asarray(p.device_of_node)
             res = simulate(g, c, topo, dev)
             result.rows.append(LearnedRow(f"{name} at the seconds of {row}", "search", res.step_time, res.feasible,
