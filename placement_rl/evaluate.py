@@ -93,20 +93,17 @@ def _as_steady(res: SimResult, steady: float) -> SimResult:
 
 
 def _side_by_side(graph: CompGraph, costs: CostTable, topology: DeviceTopology, names: list[str], *, budget: int,
-                  seed: int, seconds: float | None) -> dict[str, Placement]:
+                  seed: int, seconds: float | None) -> dict[str, Placement | ConfigError]:
     """With ``seconds`` of at least ``side_by_side.FROM_SECONDS``, the anytime searches among ``names``
     (``side_by_side.SEARCHES``) run side by side, one process and core each, on a machine with two cores or more;
-    their placements by name (empty otherwise, or when one refuses the case: then each runs here, as the rest)."""
+    their placements by name, or the ``ConfigError`` of one that refuses the case (empty otherwise)."""
     from placement_rl.baselines import side_by_side
 
     todo = [n for n in names if n in side_by_side.SEARCHES]
     jobs = [(n, float(seconds), seed) for n in todo] if seconds is not None else []
     if side_by_side.processes_for(jobs) < 2:
         return {}
-    try:
-        return dict(zip(todo, side_by_side.run(graph, costs, topology, jobs, budget=budget)))
-    except ConfigError:
-        return {}
+    return dict(zip(todo, side_by_side.run(graph, costs, topology, jobs, budget=budget, refusals=True)))
 
 
 def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int, seed: int = 0,
@@ -132,6 +129,8 @@ def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, bud
         try:
             p = aside[name] if name in aside else baselines.get(name)(graph, costs, topology, budget=budget,
                                                                         seed=seed, seconds=seconds)
+            if isinstance(p, ConfigError):  # refused in its worker: the same note row as here
+                raise p
         except ConfigError as exc:
             rows.append(Row(case, name, "placement", float("nan"), float("nan"), False, 0.0, 0, note=str(exc)))
             continue

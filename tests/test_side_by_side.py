@@ -201,3 +201,26 @@ def test_train_notes_a_search_that_refuses_and_keeps_the_other_rows(problem):
     assert [r.search for r in result.rows] == ["sim_eft"]
     assert result.rows[0].same_seconds_as == "policy zero-shot (greedy)" and result.rows[0].feasible
     assert any("exhaustive (0.20 s): refused: exhaustive search needs more" in s for s in lines)
+
+
+def test_evaluate_notes_a_search_that_refuses_in_its_worker(problem, monkeypatch):
+    """``evaluate seconds=S``: a search refusing the case in its worker (``exhaustive`` at 60 nodes here, as
+    ``la_rule_search`` above 4,000) gets the note row it gets here; the others keep their side-by-side rows (before,
+    one refusal sent every search back to run here, one after another)."""
+    from placement_rl import evaluate
+
+    g, c, topo = problem
+    monkeypatch.setattr(side_by_side, "SEARCHES", ("local_search", "exhaustive"))
+    monkeypatch.setattr(side_by_side, "FROM_SECONDS", 0.4)
+    real, sent = side_by_side._pool, []
+
+    def spy(graph, costs, topology, jobs, *rest):
+        sent.append([j[0] for j in jobs])
+        return real(graph, costs, topology, jobs, *rest)
+
+    monkeypatch.setattr(side_by_side, "_pool", spy)
+    rows = {r.placer: r for r in evaluate.compare(g, c, topo, budget=1000, placers=["local_search", "exhaustive"],
+                                                  partitioners=(), seconds=0.4)}
+    assert sent == [["local_search", "exhaustive"]]
+    assert "exhaustive search needs more" in rows["exhaustive"].note and not rows["exhaustive"].feasible
+    assert rows["local_search"].feasible and 0 < rows["local_search"].search_seconds < 0.4 + 0.5
