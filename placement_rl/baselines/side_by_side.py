@@ -99,6 +99,8 @@ def _job(job: Job) -> Placement:
 def processes_for(jobs: Sequence[Job], processes: int | None = None) -> int:
     """How many processes ``run`` uses for ``jobs``: one per job of ``FROM_SECONDS`` or more, at most ``processes``
     (default: the cores this process may use); 1 when every job runs here."""
+    if os.name != "posix":  # the workers' pipes are waited on with ``selectors``, which takes sockets only on Windows
+        return 1
     n = min(sum(float(j[1]) >= FROM_SECONDS for j in jobs), cores() if processes is None else int(processes))
     return max(1, n)
 
