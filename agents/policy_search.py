@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from placement_rl.agents.policy_rollout import student_head
-from placement_rl.baselines.eft import ROLLOUT_MAX_NODES, link_views, start_cut
+from placement_rl.baselines.eft import link_views, start_cut
 from placement_rl.cost.decode import (EARLIEST_FINISH, FORCED, LA_RULE, POLICY, SAMPLE, START_SHARE, _work, decode,
                                       decode_until, decode_windows, state_key)
 from placement_rl.cost.schedule import ScheduleState
@@ -135,7 +135,7 @@ def policy_search(policy: Any, graph, costs, topology, *, seconds: float, seed: 
                     one, start_dev = st_, dev_.copy()
         took = time.perf_counter() - t0
         # and the rule the policy's lookahead feature is, when the seconds leave room for a second start
-        if n <= ROLLOUT_MAX_NODES and took <= RULE_START_SHARE * float(seconds):
+        if took <= RULE_START_SHARE * float(seconds):
             rule = ScheduleState(graph, costs, topology, episodes=1, window=int(wide))
             done = decode_until(rule, LA_RULE, deadline=deadline)
             calls += completions_until(n, nd, wide, done) + 1

@@ -5,7 +5,8 @@ any time scale alike (times over the task's time scale, sizes over the graph's m
 runs the one-pass heuristics a learned placer must beat (HEFT, m-ETF, m-SCT, METIS) and ``sim_eft`` (the
 earliest-finish-time rule run in the simulator's own order on the constructive state) and ``eft_rollout`` (one-step
 lookahead over ``sim_eft``, ``placement_rl.cost.lookahead``: the teacher the policy imitates; O(N^2 D), skipped
-above ``ROLLOUT_MAX_NODES``) and returns each one's simulated step time and placement. ``ConstructiveTask`` bundles a (graph, topology, costs) with them.
+above ``ROLLOUT_MAX_NODES``) and ``la_rule`` (argmin of the policy's ``la_step`` feature, at any size) and returns
+each one's simulated step time and placement. ``ConstructiveTask`` bundles a (graph, topology, costs) with them.
 """
 
 from __future__ import annotations
@@ -85,10 +86,10 @@ def reference_times(graph: CompGraph, costs: CostTable, topology: DeviceTopology
                     names: tuple[str, ...] = ONE_PASS, with_sim_eft: bool = True, with_rollout: bool = True,
                     seed: int = 0, extras: dict[str, Any] | None = None) -> dict[str, tuple[float, bool, np.ndarray]]:
     """``{heuristic: (step_time, feasible, device_of_node)}`` for the one-pass heuristics, ``sim_eft`` and
-    ``eft_rollout`` (the latter only up to ``ROLLOUT_MAX_NODES`` nodes). With ``extras`` given, it receives
-    ``eft_rollout_regret`` (per-step regrets), ``ref_seconds`` (each heuristic's own seconds) and ``ref_calls``
-    (its simulator calls, counted as complete placements evaluated: 1 for a one-pass rule, one per tried device
-    and decision for ``eft_rollout`` + 1 for its final placement, i.e. about N x D + 1)."""
+    ``eft_rollout`` (the latter only up to ``ROLLOUT_MAX_NODES`` nodes) and ``la_rule``. With ``extras`` given, it
+    receives ``eft_rollout_regret`` (per-step regrets), ``ref_seconds`` (each heuristic's own seconds) and
+    ``ref_calls`` (its simulator calls, counted as complete placements evaluated: 1 for a one-pass rule, one per
+    tried device and decision for ``eft_rollout`` + 1 for its final placement, i.e. about N x D + 1)."""
     import time
 
     out: dict[str, tuple[float, bool, np.ndarray]] = {}
@@ -106,7 +107,7 @@ def reference_times(graph: CompGraph, costs: CostTable, topology: DeviceTopology
         r = simulate(graph, costs, topology, dev)
         out["sim_eft"] = (r.step_time, r.feasible, dev)
         seconds["sim_eft"], calls["sim_eft"] = time.perf_counter() - t0, 1
-    if with_rollout and graph.num_nodes <= ROLLOUT_MAX_NODES:
+    if with_rollout and graph.num_nodes <= ROLLOUT_MAX_NODES:  # O(N^2 D)
         t0 = time.perf_counter()
         stats: dict[str, int] = {}
         dev, _, regret = eft_rollout(graph, costs, topology, stats=stats)
@@ -116,6 +117,7 @@ def reference_times(graph: CompGraph, costs: CostTable, topology: DeviceTopology
         out["eft_rollout"] = (r.step_time, r.feasible, dev)
         # every completed placement a call, + 1 for the final placement's simulation (as a policy's is counted)
         seconds["eft_rollout"], calls["eft_rollout"] = time.perf_counter() - t0, stats["completions"] + 1
+    if with_rollout:  # at any size (at the policy's window: O(N W D^2) above FULL_WINDOW nodes)
         t0 = time.perf_counter()  # the rule the policy's lookahead feature is (argmin la_step): the bar it must clear
         dev, completions = la_rule_devices(graph, costs, topology)
         r = simulate(graph, costs, topology, dev)

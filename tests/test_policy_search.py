@@ -285,9 +285,10 @@ def test_anneal_makes_a_single_move_when_the_large_move_has_none():
 
 @pytest.mark.parametrize("seconds", [0.3, 2.0])  # below side_by_side.FROM_SECONDS here, from it side by side
 def test_place_search_seconds_notes_a_search_that_refuses_and_runs_the_rest(policy, monkeypatch, tmp_path, seconds):
-    """``place search_seconds=S``: a comparison search that refuses the problem (``la_rule_search`` above 4,000
-    nodes; ``exhaustive`` on 40 nodes here) is a note, not the end of the command: the other searches' rows, files
-    and summary come out (before, its ``ConfigError`` ended ``place`` after the zero-shot placement)."""
+    """``place search_seconds=S``: a comparison search that refuses the problem (``exhaustive`` on 40 nodes here;
+    ``la_rule_search`` did above 4,000 nodes until the rule ran at any size) is a note, not the end of the command:
+    the other searches' rows, files and summary come out (before, its ``ConfigError`` ended ``place`` after the
+    zero-shot placement)."""
     from placement_rl.cli import place_search
     from placement_rl.cli.common import Phases
 

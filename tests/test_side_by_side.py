@@ -144,7 +144,7 @@ def test_a_worker_that_does_not_return_is_given_up_and_its_jobs_run_here(problem
 
 @pytest.mark.parametrize("processes", [1, 2])
 def test_a_search_that_refuses_its_problem_is_raised_or_left_in_its_place(problem, processes):
-    """``exhaustive`` refuses a 60-node graph at 100 calls (a ``ConfigError``, as ``la_rule_search`` refuses more
+    """``exhaustive`` refuses a 60-node graph at 100 calls (a ``ConfigError``, as ``eft_rollout_search`` refuses more
     than 4,000 nodes): raised by default, here or from a worker; with ``refusals`` the error stands in its place
     and the other jobs' placements come back (``place search_seconds`` and ``train`` then print a note)."""
     g, c, topo = problem
@@ -188,7 +188,7 @@ print("placers", [p.meta["placer"] for p in out])
 
 
 def test_train_notes_a_search_that_refuses_and_keeps_the_other_rows(problem):
-    """``train``'s same-seconds rows: a search that refuses the problem (``la_rule_search`` above 4,000 nodes) is a
+    """``train``'s same-seconds rows: a search that refuses the problem (``eft_rollout_search`` above 4,000 nodes) is a
     logged note and no row; the other searches' rows are added (before, its error ended ``train`` after the
     whole fine-tuning)."""
     from placement_rl.envs.constructive_task import ConstructiveTask
@@ -205,7 +205,7 @@ def test_train_notes_a_search_that_refuses_and_keeps_the_other_rows(problem):
 
 def test_evaluate_notes_a_search_that_refuses_in_its_worker(problem, monkeypatch):
     """``evaluate seconds=S``: a search refusing the case in its worker (``exhaustive`` at 60 nodes here, as
-    ``la_rule_search`` above 4,000) gets the note row it gets here; the others keep their side-by-side rows (before,
+    ``eft_rollout_search`` above 4,000) gets the note row it gets here; the others keep their side-by-side rows (before,
     one refusal sent every search back to run here, one after another)."""
     from placement_rl import evaluate
 

@@ -111,9 +111,9 @@ def run(graph: CompGraph, costs: CostTable, topology: DeviceTopology, jobs: Sequ
     """Each job's ``Placement`` (input order); every job with ``budget`` simulator calls (default: no limit but its
     seconds) and ``objective``. Where ``processes_for`` gives two or more, the jobs of ``FROM_SECONDS`` or more run
     side by side, one process each, and the shorter ones here first; otherwise all here, one after another. With
-    ``refusals``, a search that refuses its problem (a ``ConfigError``: ``la_rule_search`` above
-    ``eft.ROLLOUT_MAX_NODES`` nodes) leaves that error in its place and the other jobs run on; without, it is
-    raised (an unknown name always is, before anything runs)."""
+    ``refusals``, a search that refuses its problem (a ``ConfigError``: ``eft_rollout_search`` above
+    ``eft.ROLLOUT_MAX_NODES`` nodes, ``exhaustive`` on all but tiny graphs) leaves that error in its place and the
+    other jobs run on; without, it is raised (an unknown name always is, before anything runs)."""
     from placement_rl import baselines
 
     jobs = [(str(n), float(s), int(seed)) for n, s, seed in jobs]

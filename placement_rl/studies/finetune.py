@@ -365,7 +365,7 @@ def equal_seconds_rows(result: FinetuneResult, policy: DevicePolicy, asks: Seque
         log(f"the searches a user would run instead, at the {sec:.2f} s of {row}:")
         for name in names:
             p = search_at_seconds(name, policy, g, c, topo, sec, seed=seed) if name == "policy_search" else next(found)
-            if isinstance(p, ConfigError):  # a search that refuses this problem (la_rule_search above its size)
+            if isinstance(p, ConfigError):  # a search that refuses this problem (too large for it)
                 log(f"  {name} ({sec:.2f} s): refused: {p}")
                 continue
             dev = np.asarray(p.device_of_node)
