@@ -989,3 +989,25 @@ def test_the_cp_part_joins_the_lower_bound_only_when_asked():
     b = lower_bound(graph, costs, topo, cp_seconds=5.0)
     assert b.parts["cp"] == pytest.approx(exact, rel=1e-4) and b.value == max(b.parts.values())  # solved: tight
     assert max(b.parts["path"], b.parts["work"]) < 0.8 * exact
+
+
+def test_la_rule_runs_above_the_rollout_cap(monkeypatch):
+    """``la_rule`` (the rule the learned policy must beat) is not capped with ``eft_rollout`` (O(N^2 D)): above
+    ``ROLLOUT_MAX_NODES`` nodes it runs at the policy's window and stays in the reference rows and ``la_rule_search``
+    (before, every table above 4,000 nodes left it out)."""
+    import placement_rl.baselines.eft as eft
+    from placement_rl.envs import constructive_task
+
+    g = synthetic.sample("dataflow", num_nodes=60, seed=1)
+    topo = load_topology("4x_v100_nvlink")
+    c = resolve_costs(g, topo)
+    monkeypatch.setattr(eft, "ROLLOUT_MAX_NODES", 50)
+    monkeypatch.setattr(constructive_task, "ROLLOUT_MAX_NODES", 50)
+    with pytest.raises(ConfigError, match="eft_rollout"):
+        baselines.get("eft_rollout")(g, c, topo, budget=10**6, seed=0)
+    rule = baselines.get("la_rule")(g, c, topo, budget=10**6, seed=0)
+    assert rule.meta["feasible"]
+    assert baselines.get("la_rule_search")(g, c, topo, budget=10**6, seed=0, seconds=0.2).meta["step_time"] <= \
+        rule.meta["step_time"] * (1 + 1e-9)
+    refs = constructive_task.reference_times(g, c, topo)
+    assert "eft_rollout" not in refs and refs["la_rule"][0] == pytest.approx(rule.meta["step_time"], rel=1e-12)
