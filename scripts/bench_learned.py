@@ -4,6 +4,7 @@
     python scripts/bench_learned.py zeroshot --split test --runs ...        # the fresh test split: final figures only
     python scripts/bench_learned.py search --split dev --seconds 0.5 2 10 --pairs 8
     python scripts/bench_learned.py search --scale 2000 --seconds 0.5 2 10 60
+    python scripts/bench_learned.py zeroshot --scale 2000 --graph-seeds 5 8 9 --runs ...   # where the window cuts
     python scripts/bench_learned.py resummarise results/search_test.json   # the summary again from the rows
 
 ``zeroshot``: per pair of the split (``placement_rl.studies.splits``), the lower bound (``baselines.bounds``: the
@@ -12,7 +13,11 @@ own ``la_step`` feature), and each checkpoint's greedy and best-of-16 placements
 geometric means of greedy / ``la_rule`` and best of 16 / ``la_rule`` per checkpoint and their mean over
 checkpoints, on all pairs and on the communication-heavy ones (``comm_ratio`` >= 1: a typical edge's transfer takes
 longer than its producer's compute), and greedy / ``sim_eft``, ``eft_rollout``. ``--runs`` takes run folders (their
-``checkpoint.pt``) or checkpoint files; default: the shipped checkpoint.
+``checkpoint.pt``) or checkpoint files; default: the shipped checkpoint. With ``--scale N`` (below) the pairs are
+those graphs, where above ``FULL_WINDOW`` nodes the policy and ``la_rule`` decide at the window ``POLICY_WINDOW``
+(the rule's ``la_step`` no longer the completed step), and each learned row is also set against ``local_search`` and
+``la_rule_search`` given its own seconds (``greedy_over_best_search_at_its_seconds``; ratios over the pairs where
+both placements fit memory, ``both_fit_pairs`` of them for greedy and ``la_rule``).
 
 ``search``: per pair and wall-clock budget, ``policy_search`` (the first checkpoint's policy as the proposal,
 ``agents.policy_search``) against the non-learned searches at the same seconds: ``local_search``,
@@ -105,7 +110,7 @@ def zeroshot(args) -> dict:
     from placement_rl.studies.pretrain import result_rows
 
     torch.set_num_threads(1)
-    tasks = load_tasks(args.split, 0, args.cache, args.workers)
+    tasks = load_tasks(args.split, args.scale, args.cache, args.workers, args.graph_seeds)
     bounds = {t.meta["id"]: lower_bound(t.graph, t.costs, t.topology, milp_seconds=args.milp_seconds) for t in tasks}
     # the rule on slower views of the links too (baselines.eft.LINK_SCALES): the bar of the best-of-16 row, whose
     # first placements are the policy's greedy on the same views
@@ -127,6 +132,8 @@ def zeroshot(args) -> dict:
             p = links[t.meta["id"]]
             r["la_rule_links"] = float(p.meta["step_time"]) / ref if p.meta["feasible"] else float("inf")
             r["checkpoint"] = i
+            if args.scale:  # the searches a user would run instead, each given a learned row's seconds
+                _same_seconds(r, t, ref, args.seed)
         heavy = [r for r in rows if r["comm_ratio"] >= 1.0]
         summ = {"checkpoint": str(path), "seconds": time.perf_counter() - t0, "pairs": len(rows),
                 "comm_heavy_pairs": len(heavy),
@@ -141,14 +148,36 @@ def zeroshot(args) -> dict:
                 "la_rule_over_sim_eft": gm([r["la_rule"] / r["sim_eft"] for r in rows]),
                 "la_rule_over_bound": gm([r["la_rule"] / r["bound"] for r in rows]),
                 "greedy_le_la_rule_frac": float(np.mean([r["greedy"] <= r["la_rule"] + 1e-9 for r in rows]))}
+        if args.scale:
+            summ["both_fit_pairs"] = int(sum(np.isfinite(r["greedy"]) and np.isfinite(r["la_rule"]) for r in rows))
+            for row in ("greedy", "best_of_k"):
+                summ[f"{row}_over_best_search_at_its_seconds"] = gm(
+                    [r[row] / min(r[f"{n}_at_{row}"] for n in SAME_SECONDS) for r in rows])
         per_ckpt.append(summ)
         rows_all += rows
         print(f"{path}: " + ", ".join(f"{k} {v:.4f}" for k, v in summ.items() if isinstance(v, float)), flush=True)
     keys = [k for k in per_ckpt[0] if k.endswith(("la_rule", "comm_heavy", "sim_eft", "eft_rollout", "frac",
-                                                  "la_rule_links"))]
+                                                  "la_rule_links", "its_seconds"))]
     mean = {k: float(np.mean([s[k] for s in per_ckpt])) for k in keys}
     worst = {k: float(np.max([s[k] for s in per_ckpt])) for k in keys}
-    return {"split": args.split, "checkpoints": per_ckpt, "mean": mean, "worst": worst, "rows": rows_all}
+    split = args.split if not args.scale else f"scale{args.scale}"
+    return {"split": split, "checkpoints": per_ckpt, "mean": mean, "worst": worst, "rows": rows_all}
+
+
+SAME_SECONDS = ("local_search", "la_rule_search")  # --scale: run at the greedy's and the best of 16's seconds
+
+
+def _same_seconds(row: dict, task, ref: float, seed: int) -> None:
+    """``<search>_at_greedy`` / ``<search>_at_best_of_k`` (ratios to ``ref``; NaN where it overflows memory) and
+    ``<search>_at_<row>_s`` of each of ``SAME_SECONDS`` given the learned row's own seconds, here, one at a time."""
+    from placement_rl import baselines
+
+    for learned in ("greedy", "best_of_k"):
+        sec = float(row[f"{learned}_s"])
+        for name in SAME_SECONDS:
+            p = baselines.get(name)(task.graph, task.costs, task.topology, budget=10**12, seed=seed, seconds=sec)
+            row[f"{name}_at_{learned}"] = float(p.meta["step_time"]) / ref if p.meta["feasible"] else float("nan")
+            row[f"{name}_at_{learned}_s"] = float(p.meta["search_seconds"])
 
 
 def search(args) -> dict:
@@ -318,6 +347,8 @@ def _markdown(kind: str, data: dict) -> str:
     if kind == "zeroshot":
         cols = ("pair", "checkpoint", "nodes", "devices", "comm_ratio", "bound", "sim_eft", "eft_rollout", "la_rule",
                 "greedy", "best_of_k", "greedy_s", "la_rule_s")
+        if data["split"].startswith("scale"):
+            cols += tuple(f"{n}_at_{r}" for r in ("greedy", "best_of_k") for n in SAME_SECONDS) + ("best_of_k_s",)
         head = "\n".join(f"* {k}: {v:.4f} (worst checkpoint {data['worst'][k]:.4f})" for k, v in data["mean"].items())
         return (f"# Zero-shot placement on the `{data['split']}` split\n\nRatios to the best one-pass heuristic of "
                 f"each pair (HEFT, m-ETF, m-SCT, METIS); `bound` is the pair's lower bound on the same scale. "
@@ -339,7 +370,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--runs", nargs="*", default=[])
     ap.add_argument("--seconds", nargs="+", type=float, default=[0.5, 2.0, 10.0])
     ap.add_argument("--pairs", type=int, default=0, help="search: this many pairs of the split, evenly spread")
-    ap.add_argument("--scale", type=int, default=0, help="search: three synthetic graphs of this many nodes")
+    ap.add_argument("--scale", type=int, default=0,
+                    help="three synthetic graphs of this many nodes per graph seed instead of a split (zeroshot: with "
+                         "local_search and la_rule_search at each learned row's seconds)")
     ap.add_argument("--graph-seeds", nargs="+", type=int, default=[5],
                     help="--scale: the graphs' seeds (three graphs each; default 5)")
     ap.add_argument("--cache", default=None, help="a directory keeping built tasks between runs")
