@@ -134,34 +134,47 @@ def zeroshot(args) -> dict:
             r["checkpoint"] = i
             if args.scale:  # the searches a user would run instead, each given a learned row's seconds
                 _same_seconds(r, t, ref, args.seed)
-        heavy = [r for r in rows if r["comm_ratio"] >= 1.0]
-        summ = {"checkpoint": str(path), "seconds": time.perf_counter() - t0, "pairs": len(rows),
-                "comm_heavy_pairs": len(heavy),
-                "greedy_over_la_rule": gm([r["greedy"] / r["la_rule"] for r in rows]),
-                "best16_over_la_rule": gm([r["best_of_k"] / r["la_rule"] for r in rows]),
-                "greedy_over_la_rule_comm_heavy": gm([r["greedy"] / r["la_rule"] for r in heavy]),
-                "best16_over_la_rule_comm_heavy": gm([r["best_of_k"] / r["la_rule"] for r in heavy]),
-                "best16_over_la_rule_links": gm([r["best_of_k"] / r["la_rule_links"] for r in rows]),
-                "la_rule_links_over_la_rule": gm([r["la_rule_links"] / r["la_rule"] for r in rows]),
-                "greedy_over_sim_eft": gm([r["greedy"] / r["sim_eft"] for r in rows]),
-                "greedy_over_eft_rollout": gm([r["greedy"] / r["eft_rollout"] for r in rows]),
-                "la_rule_over_sim_eft": gm([r["la_rule"] / r["sim_eft"] for r in rows]),
-                "la_rule_over_bound": gm([r["la_rule"] / r["bound"] for r in rows]),
-                "greedy_le_la_rule_frac": float(np.mean([r["greedy"] <= r["la_rule"] + 1e-9 for r in rows]))}
-        if args.scale:
-            summ["both_fit_pairs"] = int(sum(np.isfinite(r["greedy"]) and np.isfinite(r["la_rule"]) for r in rows))
-            for row in ("greedy", "best_of_k"):
-                summ[f"{row}_over_best_search_at_its_seconds"] = gm(
-                    [r[row] / min(r[f"{n}_at_{row}"] for n in SAME_SECONDS) for r in rows])
+        summ = {"checkpoint": str(path), "seconds": time.perf_counter() - t0,
+                **zeroshot_summary(rows, bool(args.scale))}
         per_ckpt.append(summ)
         rows_all += rows
         print(f"{path}: " + ", ".join(f"{k} {v:.4f}" for k, v in summ.items() if isinstance(v, float)), flush=True)
+    split = args.split if not args.scale else f"scale{args.scale}"
+    return {"split": split, "checkpoints": per_ckpt, **mean_and_worst(per_ckpt), "rows": rows_all}
+
+
+def zeroshot_summary(rows: list[dict], scale: bool = False) -> dict:
+    """One checkpoint's geometric means over its rows (each ratio over the pairs where both of its placements fit
+    memory: a row's NaN or inf is left out)."""
+    def ratio(a: float, b: float) -> float:
+        return a / b if np.isfinite(a) and np.isfinite(b) else float("nan")
+
+    heavy = [r for r in rows if r["comm_ratio"] >= 1.0]
+    summ = {"pairs": len(rows), "comm_heavy_pairs": len(heavy),
+            "greedy_over_la_rule": gm([ratio(r["greedy"], r["la_rule"]) for r in rows]),
+            "best16_over_la_rule": gm([ratio(r["best_of_k"], r["la_rule"]) for r in rows]),
+            "greedy_over_la_rule_comm_heavy": gm([ratio(r["greedy"], r["la_rule"]) for r in heavy]),
+            "best16_over_la_rule_comm_heavy": gm([ratio(r["best_of_k"], r["la_rule"]) for r in heavy]),
+            "best16_over_la_rule_links": gm([ratio(r["best_of_k"], r["la_rule_links"]) for r in rows]),
+            "la_rule_links_over_la_rule": gm([ratio(r["la_rule_links"], r["la_rule"]) for r in rows]),
+            "greedy_over_sim_eft": gm([ratio(r["greedy"], r["sim_eft"]) for r in rows]),
+            "greedy_over_eft_rollout": gm([ratio(r["greedy"], r["eft_rollout"]) for r in rows]),
+            "la_rule_over_sim_eft": gm([ratio(r["la_rule"], r["sim_eft"]) for r in rows]),
+            "la_rule_over_bound": gm([ratio(r["la_rule"], r["bound"]) for r in rows]),
+            "greedy_le_la_rule_frac": float(np.mean([r["greedy"] <= r["la_rule"] + 1e-9 for r in rows]))}
+    if scale:
+        summ["both_fit_pairs"] = int(sum(np.isfinite(r["greedy"]) and np.isfinite(r["la_rule"]) for r in rows))
+        for row in ("greedy", "best_of_k"):
+            summ[f"{row}_over_best_search_at_its_seconds"] = gm(
+                [ratio(r[row], min(r[f"{n}_at_{row}"] for n in SAME_SECONDS)) for r in rows])
+    return summ
+
+
+def mean_and_worst(per_ckpt: list[dict]) -> dict:
     keys = [k for k in per_ckpt[0] if k.endswith(("la_rule", "comm_heavy", "sim_eft", "eft_rollout", "frac",
                                                   "la_rule_links", "its_seconds"))]
-    mean = {k: float(np.mean([s[k] for s in per_ckpt])) for k in keys}
-    worst = {k: float(np.max([s[k] for s in per_ckpt])) for k in keys}
-    split = args.split if not args.scale else f"scale{args.scale}"
-    return {"split": split, "checkpoints": per_ckpt, "mean": mean, "worst": worst, "rows": rows_all}
+    return {"mean": {k: float(np.mean([s[k] for s in per_ckpt])) for k in keys},
+            "worst": {k: float(np.max([s[k] for s in per_ckpt])) for k in keys}}
 
 
 SAME_SECONDS = ("local_search", "la_rule_search")  # --scale: run at the greedy's and the best of 16's seconds
@@ -285,34 +298,49 @@ def search_summary(rows: list[dict], seconds, graph_seeds=(), ablate: bool = Fal
 
 
 def resummarise(args) -> None:
-    """Recompute the summary of written ``search`` results from their rows (``search_summary``), the rows' missing
-    ``la_rule_feasible`` filled from the tasks of the run's own command; the measurement's provenance is kept and
-    ``summary_recomputed`` says when and at which commit."""
+    """Recompute the summary of written results from their rows (``search_summary``, the rows' missing
+    ``la_rule_feasible`` filled from the tasks of the run's own command; ``zeroshot_summary`` per checkpoint); the
+    measurement's provenance is kept and ``summary_recomputed`` says when and at which commit."""
     import json
     import shlex
-
-    from placement_rl.graph.io import atomic_write_text
-    from placement_rl.results import git_state
 
     for path in args.files:
         data = json.loads(Path(path).read_text())
         run = parser().parse_args(shlex.split(data["command"])[1:])
         fig = data["figures"]
+        if run.part == "zeroshot":  # each checkpoint's summary from its rows, then their mean and worst
+            for i, c in enumerate(fig["checkpoints"]):
+                keep = {k: c[k] for k in ("checkpoint", "seconds")}
+                fig["checkpoints"][i] = {**keep, **zeroshot_summary([r for r in fig["rows"] if r["checkpoint"] == i],
+                                                                    bool(run.scale))}
+            fig.update(mean_and_worst(fig["checkpoints"]))
+            _rewrite(path, data, run, "zeroshot")
+            continue
         if any("la_rule_feasible" not in r for r in fig["rows"]):
             tasks = load_tasks(run.split, run.scale, args.cache or run.cache, 1, run.graph_seeds)
             fits = {t.meta["id"]: bool(t.refs["la_rule"][1]) if "la_rule" in t.refs else False for t in tasks}
             for r in fig["rows"]:
                 r.setdefault("la_rule_feasible", fits[r["pair"]])
         fig["summary"] = search_summary(fig["rows"], run.seconds, run.graph_seeds if run.scale else (), run.ablate)
-        commit, dirty = git_state()
-        data["summary_recomputed"] = (f"{time.strftime('%Y-%m-%d', time.gmtime())} at {str(commit)[:10]}"
-                                      f"{' (dirty)' if dirty else ''}: every ratio over the pairs where "
-                                      "both of its placements fit memory (bench_learned.py resummarise); rows and "
-                                      "curves as measured")
-        atomic_write_text(Path(path), json.dumps(data, indent=1, default=float) + "\n")
-        md = Path(run.out) / f"{Path(path).stem}.md"
-        atomic_write_text(md, _markdown("search", fig))
-        print(f"rewrote {path}'s summary and {md}")
+        _rewrite(path, data, run, "search")
+
+
+def _rewrite(path: str, data: dict, run, kind: str) -> None:
+    """Write ``data`` back with ``summary_recomputed`` (when, at which commit), and its markdown table."""
+    import json
+
+    from placement_rl.graph.io import atomic_write_text
+    from placement_rl.results import git_state
+
+    commit, dirty = git_state()
+    data["summary_recomputed"] = (f"{time.strftime('%Y-%m-%d', time.gmtime())} at {str(commit)[:10]}"
+                                  f"{' (dirty)' if dirty else ''}: every ratio over the pairs where "
+                                  "both of its placements fit memory (bench_learned.py resummarise); rows and "
+                                  "curves as measured")
+    atomic_write_text(Path(path), json.dumps(data, indent=1, default=float) + "\n")
+    md = Path(run.out) / f"{Path(path).stem}.md"
+    atomic_write_text(md, _markdown(kind, data["figures"]))
+    print(f"rewrote {path}'s summary and {md}")
 
 
 def _plot(curves: dict, args) -> None:

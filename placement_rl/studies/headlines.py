@@ -100,6 +100,31 @@ def _learned_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
              f"{c0['la_rule_over_sim_eft']:.4f} / {c0['la_rule_over_bound']:.3f}"), *extra]
 
 
+def _learned_scale_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """``bench_learned.py zeroshot --scale N``: the zero-shot rows where the window cuts the graph."""
+    f = doc["figures"]
+    cks = f["checkpoints"]
+    keys = ("greedy_over_la_rule", "best16_over_la_rule", "greedy_over_best_search_at_its_seconds",
+            "best_of_k_over_best_search_at_its_seconds")
+
+    def fmt(c: dict[str, Any]) -> str:
+        return (f"greedy {c[keys[0]]:.4f}, best of 16 {c[keys[1]]:.4f}; at their own seconds over the best of "
+                f"local_search and la_rule_search: greedy {c[keys[2]]:.4f}, best of 16 {c[keys[3]]:.4f}")
+
+    per = "; ".join(f"{Path(c['checkpoint']).parent.name}/{Path(c['checkpoint']).name}: {fmt(c)}" for c in cks)
+    if len(cks) > 1 and "mean" in f:
+        per = f"mean of {len(cks)}: {fmt(f['mean'])} ({per})"
+    c0 = cks[0]
+    words = str(doc.get("command", "")).split()
+    seeds = words[words.index("--graph-seeds") + 1:] if "--graph-seeds" in words else []
+    seeds = [w for w in seeds[:next((i for i, w in enumerate(seeds) if w.startswith("--")), len(seeds))]]
+    which = "dev " if str(doc.get("name", "")).endswith("_dev") else ""
+    return [(f"zero-shot placement of {c0['pairs']} {which}graphs of {f['split'].removeprefix('scale')} nodes "
+             f"(graph seeds {' '.join(seeds) or '5'}; the policy and `la_rule` decide at a 256-node window), ratios "
+             f"to `la_rule` and to the searches given each row's seconds, per checkpoint (pairs where both fit "
+             f"memory: {c0.get('both_fit_pairs', c0['pairs'])})", per)]
+
+
 def _search_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     f = doc["figures"]
     summ = f["summary"]
@@ -273,6 +298,8 @@ HEADLINES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str]]]] = {
     "train_cold": _train_cold_rows,
     "learned_test": _learned_rows,
     "learned_dev": _learned_rows,
+    "learned_scale2000": _learned_scale_rows,
+    "learned_scale2000_dev": _learned_scale_rows,
     "search_test": _search_rows,
     "search_test_60s": _search_rows,
     "search_dev": _search_rows,
