@@ -149,6 +149,7 @@ def _pool(graph: CompGraph, costs: CostTable, topology: DeviceTopology, jobs: li
     out: dict[int, Placement] = {}
     procs: list[subprocess.Popen] = []
     sel = selectors.DefaultSelector()
+    clean = False  # every worker was told to exit
     try:
         for _ in range(n):
             procs.append(subprocess.Popen([sys.executable, "-c", f"from {__name__} import _serve; _serve()"],
@@ -185,7 +186,10 @@ def _pool(graph: CompGraph, costs: CostTable, topology: DeviceTopology, jobs: li
                     raise value
                 out[i] = value
                 give(w, False)
+        clean = True
     except (OSError, EOFError, TimeoutError, pickle.UnpicklingError) as exc:
+        for p in procs:  # their results would be thrown away: they end before the jobs run here
+            _close(p, kill=True)
         why = str(exc) or type(exc).__name__
         left = [i for i in range(len(jobs)) if i not in out]
         print(f"side by side: {why}; running the {len(left)} searches left here, one after another", file=sys.stderr)
@@ -194,7 +198,7 @@ def _pool(graph: CompGraph, costs: CostTable, topology: DeviceTopology, jobs: li
     finally:
         sel.close()
         for p in procs:
-            _close(p)
+            _close(p, kill=not clean)  # a job's error on its way up: the others' searches are not waited for
     return [out[i] for i in range(len(jobs))]
 
 
@@ -223,7 +227,11 @@ def _recv(pipe) -> bytes:
     return data
 
 
-def _close(proc) -> None:
+def _close(proc, kill: bool = False) -> None:
+    """Close a worker's pipes and reap it: it exits on the end of its input (given ``kill``, or after 5 s, it is
+    killed)."""
+    if kill and proc.poll() is None:
+        proc.kill()
     for pipe in (proc.stdin, proc.stdout):
         try:
             pipe.close()
