@@ -86,7 +86,8 @@ def _init(graph: CompGraph, costs: CostTable, topology: DeviceTopology, names: S
     small_costs = resolve_costs(small, topology)
     for name in names:
         _one(small, small_costs, topology, (name, 0.01, 0), objective=objective)
-    fit(Problem(small, small_costs, topology, budget=1, seed=0), np.arange(48, dtype=np.int64) % topology.num_devices)
+    fit(Problem(small, small_costs, topology, budget=1, seed=0),
+        np.arange(small.num_nodes, dtype=np.int64) % topology.num_devices)
     _PROBLEM = (graph, costs, topology, budget, objective)
 
 
@@ -190,6 +191,7 @@ def _pool(graph: CompGraph, costs: CostTable, topology: DeviceTopology, jobs: li
     except (OSError, EOFError, TimeoutError, pickle.UnpicklingError) as exc:
         for p in procs:  # their results would be thrown away: they end before the jobs run here
             _close(p, kill=True)
+        procs.clear()
         why = str(exc) or type(exc).__name__
         left = [i for i in range(len(jobs)) if i not in out]
         print(f"side by side: {why}; running the {len(left)} searches left here, one after another", file=sys.stderr)

@@ -136,6 +136,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
                                           compare=bool(cfg.compare), phases=phases)
         timed_files = place_search.write(timed, graph, topology, out, search_seconds, learned=step_time)
         metrics["policy_search"] = place_search.metrics(timed)
+    ran = {} if timed is None else place_search.done(timed)  # policy_search and the same-seconds searches that ran
     fitted = None
     if not fits:  # the plan over memory: its nodes moved off the full devices (``memory.fit``), a row of its own
         fitted = fit_row(graph, costs, topology, res.best_devices, seed)
@@ -159,7 +160,6 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         searched = [] if search is None else [ExtraRow(
             "search: local search from the learned placement", search["step_time"], search["feasible"],
             search["seconds"], search["sim_calls"], Placement(search["devices"]))]
-        ran = {} if timed is None else place_search.done(timed)  # the searches that ran
         same = [ExtraRow(f"search: {name} for {search_seconds:g} s", r["step_time"], r["feasible"], r["seconds"],
                          r["sim_calls"], Placement(r["devices"])) for name, r in ran.items()]
         metrics.update(compare_learned(graph, costs, topology, out, label=label, plan=plan,
@@ -185,7 +185,6 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     if not fits:
         print(overflow_note(graph, costs, topology, res.best_devices, samples, searched=search, fitted=fitted,
                             policy_searched=None if timed is None else timed["policy_search"]))
-    ran = {} if timed is None else place_search.done(timed)
     found = [r["step_time"] for r in [search, *ran.values()] if r is not None and r["feasible"]]
     print(bound_note(bound, min([step_time, *found])))
     if cp_row is not None:

@@ -117,7 +117,7 @@ def _learned_scale_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     c0 = cks[0]
     words = str(doc.get("command", "")).split()
     seeds = words[words.index("--graph-seeds") + 1:] if "--graph-seeds" in words else []
-    seeds = [w for w in seeds[:next((i for i, w in enumerate(seeds) if w.startswith("--")), len(seeds))]]
+    seeds = seeds[:next((i for i, w in enumerate(seeds) if w.startswith("--")), len(seeds))]
     which = "dev " if str(doc.get("name", "")).endswith("_dev") else ""
     return [(f"zero-shot placement of {c0['pairs']} {which}graphs of {f['split'].removeprefix('scale')} nodes "
              f"(graph seeds {' '.join(seeds) or '5'}; the policy and `la_rule` decide at a 256-node window), ratios "
