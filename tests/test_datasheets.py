@@ -115,3 +115,20 @@ def test_a_figure_neither_given_nor_known_is_one_line(tmp_path, device, needle):
     with pytest.raises(TopologyError, match=needle) as err:
         _topo(tmp_path, device)
     assert "\n" not in str(err.value)
+
+
+def test_the_datasheet_line_comes_once_per_command(tmp_path, caplog):
+    """The CLI reads a ``topology.path`` file twice (its check before any work, then the load that builds it): the
+    line saying which figures came from a datasheet is written by the second only."""
+    import logging
+
+    from placement_rl.cli import schema
+    from placement_rl.cli.common import build_topology
+
+    _topo(tmp_path, {"name": "g", "count": 2, "kind": "gpu", "model": "L40S"})
+    with caplog.at_level(logging.INFO, logger="placement_rl._topology_reader"):
+        schema.validate("place", {"topology": {"path": str(tmp_path / "t.yaml")}})
+        assert not caplog.records
+        build_topology(str(tmp_path / "t.yaml"))
+    assert len(caplog.records) == 1 and caplog.records[0].getMessage().endswith("from the datasheet of L40S 48GB")
+    assert logging.getLogger("placement_rl._topology_reader").level == logging.NOTSET

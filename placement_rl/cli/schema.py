@@ -217,9 +217,17 @@ def validate(command: str, cfg: Mapping[str, Any]) -> None:
             check_output_file(str(cfg[key]), key)
     topology = cfg.get("topology")
     if isinstance(topology, Mapping) and topology.get("path"):
+        import logging
+
         from placement_rl.topology import load_topology
 
-        load_topology(str(topology["path"]))  # a bad file: its reader's one-line TopologyError, before any work
+        reader = logging.getLogger("placement_rl._topology_reader")
+        level = reader.level
+        reader.setLevel(logging.WARNING)  # its datasheet lines come once, from the load that builds the topology
+        try:
+            load_topology(str(topology["path"]))  # a bad file: its reader's one-line TopologyError, before any work
+        finally:
+            reader.setLevel(level)
     graph = cfg.get("graph")
     if isinstance(graph, Mapping) and graph.get("path") and Path(str(graph["path"])).is_dir():
         raise ConfigError(f"graph.path={graph['path']} is a folder; give a graph JSON file (e.g. the graph.json "
