@@ -109,7 +109,7 @@ def _side_by_side(graph: CompGraph, costs: CostTable, topology: DeviceTopology, 
 def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int, seed: int = 0,
             case: str = "", placers: Iterable[str] | None = None, partitioners: Iterable[str] | None = (),
             num_microbatches: int = 4, on_done: Callable[[Row], None] | None = None,
-            objective: str = "step", seconds: float | None = None) -> list[Row]:
+            objective: str = "step", seconds: float | None = None, progress: bool = False) -> list[Row]:
     """Run each placer (default: all) with ``budget`` simulator calls (and ``seconds`` of wall clock each, when
     given: the op-level searches stop at whichever ends first; from ``baselines.side_by_side.FROM_SECONDS`` the
     anytime searches run side by side, one process and core each, their seconds their own clock's);
@@ -117,14 +117,22 @@ def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, bud
     A placer that cannot run on this case (e.g. exhaustive search on a large graph) gets a row with
     ``note`` saying why and ``step_time`` NaN. ``objective="throughput"``: the partitioners minimise, and every
     row's ``step_time`` holds, the steady-state time per batch (``cost.throughput``; the op placers still
-    minimise their step time)."""
+    minimise their step time). ``progress``: a bar over the placers and partitioners."""
+    from tqdm.auto import tqdm
+
     names = list(placers) if placers is not None else baselines.names()
     if "single_device" not in names:
         names.insert(0, "single_device")
+    partitioners = list(partitioners or ())
     rows: list[Row] = []
     single = float("nan")
+    held = "" if seconds is None else f" and {seconds:g} s"
+    bar = tqdm(total=len(names) + len(partitioners), desc=f"placers ({budget} simulator calls{held} each)",
+               unit="placer", disable=not progress, dynamic_ncols=True)
+    bar.set_postfix_str("the anytime searches, side by side" if seconds is not None else "")
     aside = _side_by_side(graph, costs, topology, names, budget=budget, seed=seed, seconds=seconds)
     for name in names:
+        bar.set_postfix_str(name)
         t0 = time.perf_counter()
         try:
             p = aside[name] if name in aside else baselines.get(name)(graph, costs, topology, budget=budget,
@@ -133,6 +141,7 @@ def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, bud
                 raise p
         except ConfigError as exc:
             rows.append(Row(case, name, "placement", float("nan"), float("nan"), False, 0.0, 0, note=str(exc)))
+            bar.update(1)
             continue
         dt = float(p.meta["search_seconds"]) if name in aside else time.perf_counter() - t0
         res = simulate(graph, costs, topology, p)
@@ -141,26 +150,46 @@ def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, bud
         if name == "single_device":
             single = float(res.step_time)
         rows.append(_row(case, name, "placement", p, res, single, dt))
+        bar.update(1)
         if on_done:
             on_done(rows[-1])
-    for name in partitioners or ():
+    for name in partitioners:
+        bar.set_postfix_str(name)
         t0 = time.perf_counter()
         try:
             plan = baselines.get_pipeline(name)(graph, costs, topology, budget=budget, seed=seed,
-                                                num_microbatches=num_microbatches, objective=objective)
+                                                num_microbatches=num_microbatches, objective=objective,
+                                                seconds=seconds)
         except ConfigError as exc:
             rows.append(Row(case, name, "pipeline", float("nan"), float("nan"), False, 0.0, 0, note=str(exc)))
+            bar.update(1)
             continue
         dt = time.perf_counter() - t0
         res = simulate_pipeline(graph, costs, topology, plan)
         if objective == "throughput":
             res = _as_steady(res, res.meta["steady_time"])
         rows.append(_row(case, name, "pipeline", plan, res, single, dt))
-        if not plan.meta.get("ideals_complete", True):  # exact says when the full stage-plan space was too large
-            rows[-1] = dataclasses.replace(rows[-1], note=str(plan.meta.get("ideal_note", "")))
+        note = _search_note(plan.meta)
+        if note:
+            rows[-1] = dataclasses.replace(rows[-1], note=note)
+        bar.update(1)
         if on_done:
             on_done(rows[-1])
+    bar.close()
     return rows
+
+
+def _search_note(meta: dict[str, Any]) -> str:
+    """What ``exact`` did not search: the full stage-plan space when too large (its ideals), and configurations
+    or simulations left when its budget or seconds ran out (``meta["exhaustive"]`` false)."""
+    notes = []
+    if not meta.get("ideals_complete", True):
+        notes.append(str(meta.get("ideal_note", "")))
+    if meta.get("exhaustive") is False:
+        notes.append(f"not exhaustive: {meta.get('configurations_searched', '?')} of {meta.get('configurations', '?')} "
+                     f"DP x TP x PP configurations searched, {meta.get('sim_calls', '?')} plans simulated before the "
+                     "budget or seconds ran out")
+    return "; ".join(n for n in notes if n)
 
 
 def describe_plan(plan: StagePlan) -> str:

@@ -13,9 +13,10 @@ Shapes (N nodes, D devices):
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -56,8 +57,11 @@ def microbatch_choices(num_stages: int, dp: int, batch_size: int | None, *, sche
 
 class PipeProblem:
     def __init__(self, graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int, seed: int,
-                 num_microbatches: int, schedule: str, batch_size: int | None, objective: str = "step") -> None:
+                 num_microbatches: int, schedule: str, batch_size: int | None, objective: str = "step",
+                 seconds: float | None = None) -> None:
         check_inputs(graph, costs, topology, budget)
+        if seconds is not None and not (isinstance(seconds, (int, float)) and seconds > 0):
+            raise ConfigError(f"seconds must be a number > 0 (a planner's wall-clock budget), got {seconds!r}")
         from placement_rl.cost.modes import check_objective
 
         self.objective = check_objective(objective)
@@ -75,6 +79,7 @@ class PipeProblem:
             batch_size = graph_batch_size(graph)  # with a fixed micro-batch count say so in ``fit_degrees``)
         self.graph, self.costs, self.topology = graph, costs, topology
         self.budget, self.seed = int(budget), int(seed)
+        self.seconds = None if seconds is None else float(seconds)
         self.m, self.schedule, self.batch_size = int(num_microbatches), schedule, batch_size
         self.sim = PipelineSimulator(graph, costs, topology)
         self.start = time.perf_counter()
@@ -97,6 +102,7 @@ class PipeProblem:
         self._scored: dict[tuple, Score] = {}
         self._step: dict[tuple, float] = {}  # simulated step time per scored plan (the score may be throughput)
         self.extra_meta: dict[str, object] = {}  # what a planner reports about its search (plan.meta)
+        self.cut_short = False  # ``best_of`` ran out of budget or seconds before its last candidate
 
     # --------------------------------------------------------------- costs
     def degree_ok(self, r: int, m: int | None = None) -> bool:
@@ -178,7 +184,14 @@ class PipeProblem:
 
     @property
     def left(self) -> int:
+        """Simulations left: the budget's, none once ``seconds`` (when given) have passed."""
+        if self.out_of_time():
+            return 0
         return self.budget - self.calls
+
+    def out_of_time(self, share: float = 1.0) -> bool:
+        """``share`` of the seconds (when given) have passed."""
+        return self.seconds is not None and time.perf_counter() - self.start >= share * self.seconds
 
     def choice(self, cuts: list[int], degrees: tuple[int, ...]) -> Plan:
         """A plan at the problem's own micro-batch count with DDP replication."""
@@ -186,7 +199,10 @@ class PipeProblem:
 
     def score(self, cuts: list[int], degrees: tuple[int, ...], m: int | None = None,
               sharding: str = "dp", tp: tuple[int, ...] | None = None,
-              recompute: tuple[str, ...] | None = None, sequence_parallel: bool = False) -> Score | None:
+              recompute: tuple[str, ...] | None = None, sequence_parallel: bool = False,
+              past_seconds: bool = False) -> Score | None:
+        """The plan's score (cached), or None when the budget or the seconds (unless ``past_seconds``: the
+        chosen plan's own time, reported after them) are spent."""
         m = self.m if m is None else int(m)
         tp = tuple(tp) if tp and any(t > 1 for t in tp) else None
         recompute = tuple(recompute) if recompute and any(r != "none" for r in recompute) else None
@@ -195,7 +211,7 @@ class PipeProblem:
         key += ((recompute,) if recompute else ()) + (("sp",) if sp else ())
         if key in self._scored:
             return self._scored[key]
-        if self.left <= 0:
+        if self.budget - self.calls <= 0 or (self.out_of_time() and not past_seconds):
             return None
         res = self.sim.run(self.plan(cuts, degrees, m=m, sharding=sharding, tp=tp, recompute=recompute,
                                      sequence_parallel=sp))
@@ -207,16 +223,20 @@ class PipeProblem:
         self._step[key] = float(res.step_time)
         return s
 
-    def best_of(self, cands: list[Plan]) -> Plan:
-        """The best simulated candidate (in the given order while the budget lasts; else the first)."""
-        if not cands:
+    def best_of(self, cands: Iterable[Plan]) -> Plan:
+        """The best simulated candidate (in the given order while the budget and seconds last; else the first);
+        ``cands`` may be an iterator (made as they are scored)."""
+        it = iter(cands)
+        first = next(it, None)
+        if first is None:
             raise ConfigError(f"batch_size {self.batch_size} admits no plan of this planner over the {self.d} devices "
                               f"of topology '{self.topology.name}' (every replica needs whole micro-batches, a "
                               f"pipeline at least one per stage): use a batch size with more divisors or fewer devices")
-        best, best_key = cands[0], None
-        for cand in cands:
+        best, best_key = first, None
+        for cand in itertools.chain((first,), it):
             s = self.score(*cand)
             if s is None:
+                self.cut_short = True
                 break
             if best_key is None or s.key < best_key:
                 best, best_key = cand, s.key
@@ -228,7 +248,7 @@ class PipeProblem:
         rc = choice[5] if len(choice) > 5 else None
         rc = tuple(rc) if rc and any(r != "none" for r in rc) else None
         sp = bool(choice[6]) if len(choice) > 6 and tp and any(t > 1 for t in tp) else False
-        s = self.score(cuts, degrees, m, sharding, tp, rc, sp)
+        s = self.score(cuts, degrees, m, sharding, tp, rc, sp, past_seconds=True)
         meta: dict[str, object] = {"placer": name, "budget": self.budget, "seed": self.seed,
                                    "sim_calls": self.calls, "search_seconds": time.perf_counter() - self.start,
                                    **self.extra_meta}

@@ -224,6 +224,11 @@ def ideal_candidates(pp: PipeProblem) -> tuple[list[tuple[float, Plan]], dict[st
     seen: set[tuple[Stages, int]] = set()
     best_bottleneck = np.inf
     for m in search.ms:
+        if cands and pp.out_of_time(0.25):  # given seconds: the micro-batch counts searched so far (then
+            # ``pipe_tp.exact``'s configurations up to half of them, and the simulations)
+            info["ideal_note"] = f"{fam.note}; micro-batch counts cut short at {pp.seconds:g} s"
+            info["ideals_complete"] = False
+            break
         f, parents, _ = search.run(m)
         final = f[-1, :, :-1]
         for ci, g in zip(*np.nonzero(np.isfinite(final))):

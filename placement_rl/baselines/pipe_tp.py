@@ -34,7 +34,8 @@ collectives and their overlap, are only in the final simulated ranking: on the b
 is 0-25% above the simulated step at m = 2-4); cut points are ``cut_grid(n, 128)`` (every position up to 128 nodes,
 evenly spaced beyond: coarsen big graphs or accept the grid); at most ``MAX_BOUNDS`` bounds per configuration are
 tried (``meta["bounds_capped"]`` counts configurations that hit it). Candidates are simulated best analytic estimate
-first; a budget smaller than the candidate count simulates only the first ones (``meta["exhaustive"]`` is then
+first; a budget smaller than the candidate count simulates only the first ones, and seconds that run out (a
+planner's ``seconds``) end the configurations and the simulations where they are (``meta["exhaustive"]`` is then
 false).
 """
 
@@ -341,12 +342,19 @@ def configurations(pp: PipeProblem) -> list[tuple[int, int, int, int]]:
     return out
 
 
+SEARCH_SHARE = 0.5  # of a planner's seconds for its configurations' DPs: the rest simulates their plans
+
+
 def exact(pp: PipeProblem) -> Plan:
     confs = configurations(pp)
     grid = cut_grid(pp.n, EXACT_GRID)
     cands: list[tuple[float, Plan]] = []
     capped = 0
+    searched = 0
     for s, dp, t, m in confs:
+        if cands and pp.out_of_time(SEARCH_SHARE):  # given seconds: the configurations searched so far
+            break
+        searched += 1
         for sp in ((False, True) if t > 1 else (False,)):
             got, c = _pipeline_plans(pp, grid, s, t, dp, m, modes=RECOMPUTE, sp=sp)
             cands += got
@@ -354,9 +362,11 @@ def exact(pp: PipeProblem) -> Plan:
     if not cands:
         raise ConfigError(f"exact found no plan: batch_size {pp.batch_size} admits no DP degree x micro-batch count")
     cands.sort(key=lambda c: c[0])  # best estimate first: what a short budget simulates
-    pp.extra_meta = {"configurations": len(confs), "candidates": len(cands), "bounds_capped": capped,
-                     "exhaustive": len(cands) <= pp.budget}
-    return pp.best_of([c for _, c in cands])
+    pp.extra_meta = {"configurations": len(confs), "configurations_searched": searched, "candidates": len(cands),
+                     "bounds_capped": capped}
+    best = pp.best_of([c for _, c in cands])
+    pp.extra_meta["exhaustive"] = searched == len(confs) and not pp.cut_short
+    return best
 
 
 __all__ = ["configurations", "cut_objective", "exact", "host_size", "megatron", "tp_choices", "tp_planner"]

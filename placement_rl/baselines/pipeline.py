@@ -40,7 +40,10 @@ in one TP group, DP across hosts), ``megatron`` (TP within a host, PP across hos
 device group per stage, any subset of the devices; a DP over ideals, exact for time per sample).
 
 ``objective`` (every partitioner): ``step`` (default: the simulated step time) or ``throughput`` (steady-state time
-per batch, ``cost.throughput``): candidates are ranked by it.
+per batch, ``cost.throughput``): candidates are ranked by it. ``seconds`` (every partitioner): a wall-clock budget
+beside the simulations' (``evaluate seconds=``): the simulations stop when it is spent and the best plan so far
+wins; ``exact`` also stops its configurations and its DP's micro-batch counts there (``meta`` says so), and
+``pp_exhaustive``, whose row is the optimum or nothing, is then a note.
 
 The dynamic programs are O(P^2 D) (``pp_time_dp``) and O(P^2 D^2) (``pipedream``) over P candidate cut
 points: every position up to ``MAX_CUT_POINTS`` nodes, evenly spaced positions beyond (coarsen big graphs).
@@ -234,10 +237,14 @@ def pp_exhaustive(pp: PipeProblem) -> Plan:
         raise ConfigError(f"pp_exhaustive needs {size} simulations (every cut set x DP degrees x micro-batch count "
                           f"x sharding for {n} nodes on {d} devices), but the budget is {pp.budget}: raise the "
                           "budget or use a smaller graph")
-    cands = [([0, *bars, n], degrees, m, sh) for s in stages for m in ms[s]
+    cands = (([0, *bars, n], degrees, m, sh) for s in stages for m in ms[s]
              for degrees in compositions(s, d, lambda r: pp.degree_ok(r, m))
-             for bars in itertools.combinations(range(1, n), s - 1) for sh in SHARDINGS]
-    return pp.best_of(cands)
+             for bars in itertools.combinations(range(1, n), s - 1) for sh in SHARDINGS)
+    best = pp.best_of(cands)
+    if pp.cut_short:  # its row is the optimum or nothing
+        raise ConfigError(f"pp_exhaustive stopped at {pp.seconds:g} s after {pp.calls} of its {total} simulations "
+                          "(not the optimum): give it more seconds or use a smaller graph")
+    return best
 
 
 def exact(pp: PipeProblem) -> Plan:
@@ -275,9 +282,9 @@ def get(name: str):
 
     def partitioner(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int, seed: int,
                     num_microbatches: int = 4, schedule: str = "1f1b", batch_size: int | None = None,
-                    objective: str = "step") -> StagePlan:
+                    objective: str = "step", seconds: float | None = None) -> StagePlan:
         pp = PipeProblem(graph, costs, topology, budget=budget, seed=seed, num_microbatches=num_microbatches,
-                         schedule=schedule, batch_size=batch_size, objective=objective)
+                         schedule=schedule, batch_size=batch_size, objective=objective, seconds=seconds)
         return pp.finish(fn(pp), name)
 
     partitioner.__name__ = partitioner.__qualname__ = name

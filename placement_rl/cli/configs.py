@@ -251,8 +251,9 @@ class EvaluateConfig:
     suite: str = opt("default", choices=("default", "single"))
     budget: int = opt(5000, low=1, doc="simulator calls per placer (heuristics use fewer; searches use all)")
     seconds: Optional[float] = opt(None, low=0, open_low=True, null=True,
-                                   doc="wall-clock seconds per op-level placer as well (searches stop at whichever "
-                                       "of calls and seconds ends first: raise budget to compare at equal seconds)")
+                                   doc="wall-clock seconds per placer and stage planner as well (searches stop at "
+                                       "whichever of calls and seconds ends first: raise budget to compare at equal "
+                                       "seconds; pp_exhaustive cut short is a note)")
     seed: int = opt(0, low=0)
     placers: Optional[list] = opt(None, choices=_placers, null=True, doc="placer names; null = all")
     pipeline: bool = opt(True, doc="also run the pipeline partitioners")

@@ -32,7 +32,7 @@ def table_rows(rows: list[Row]) -> list[dict]:
     for r in rows:
         d = r.as_dict()
         d["step_time_ms"] = r.step_time * 1e3
-        d["note"] = (r.note or "")[:90]
+        d["note"] = r.note or ""  # whole: a note says what to change
         out.append(d)
     return out
 
@@ -168,7 +168,7 @@ def run(cfg: DictConfig) -> list[Row]:
 
         rows = compare(graph, costs, topology, budget=budget, seed=seed, case=case, placers=placers,
                        partitioners=baselines.pipeline_names() if cfg.pipeline else (), objective=objective,
-                       seconds=seconds)
+                       seconds=seconds, progress=bool(cfg.progress))
         if extra is not None:
             plan, res = extra
             single = next((r.step_time for r in rows if r.placer == "single_device"), float("nan"))
