@@ -156,6 +156,20 @@ def test_bad_meta_fields_are_graph_errors(meta, match):
         diamond(meta=meta)
 
 
+@pytest.mark.parametrize("meta, path", [
+    ({"member_graph": {"nodes": [{"fwd_flops": 1.0}, {"fwd_flops": float("nan")}]}},
+     r"meta\.member_graph\.nodes\[1\]\.fwd_flops is not a finite number"),
+    ({"scale": float("-inf")}, r"meta\.scale is not a finite number"),
+])
+def test_a_non_finite_number_in_meta_is_one_line_naming_it(meta, path):
+    """json reads NaN and Infinity, but a graph is written back as strict JSON (graph.json): a traceback there."""
+    data = as_json(diamond())
+    data["meta"].update(meta)
+    with pytest.raises(GraphError, match=path) as err:
+        CompGraph.from_json(json.dumps(data))
+    assert "\n" not in str(err.value)
+
+
 def test_good_meta_fields_are_kept():
     g = CompGraph.from_json(diamond(meta={"batch_size": 8, "zoo_options": {"batch_size": 8}, "tp": TP_OK}).to_json())
     assert g.meta["batch_size"] == 8 and g.meta["tp"] == TP_OK

@@ -47,6 +47,18 @@ def graph_to_dict(g: "CompGraph") -> dict[str, Any]:
             "nodes": nodes, "edges": edges}
 
 
+def _non_finite(value: Any, path: str) -> str | None:
+    """The path of the first NaN or infinity inside ``value`` (nested lists and objects), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        got = _non_finite(v, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}")
+        if got:
+            return got
+    return None
+
+
 def graph_fields(data: Any, *, where: str = "graph JSON") -> dict[str, Any]:
     """The ``CompGraph`` fields a graph JSON object holds (``CompGraph(**graph_fields(data))``); any problem is a
     ``GraphError``."""
@@ -64,6 +76,9 @@ def graph_fields(data: Any, *, where: str = "graph JSON") -> dict[str, Any]:
         raise GraphError(f"{where}: field 'edges' must be a list")
     if not isinstance(data.get("meta") or {}, dict):
         raise GraphError(f"{where}: field 'meta' must be an object")
+    bad = _non_finite(data.get("meta") or {}, "meta")
+    if bad:  # the graph is written back out (graph.json) as strict JSON
+        raise GraphError(f"{where}: {bad} is not a finite number (NaN and infinity are not JSON): fix or remove it")
     for i, nd in enumerate(nodes):
         if not isinstance(nd, dict) or not isinstance(nd.get("name"), str):
             raise GraphError(f"{where}: node #{i} must be an object with a string 'name'")
