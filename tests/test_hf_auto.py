@@ -103,6 +103,10 @@ def test_a_large_config_captures_without_its_weights(tmp_path: Path):
     ({"model_type": "llama", "overrides": {"num_hidden_layers": 0}}, "must be >= 1"),
     ({"model_type": "llama", "overrides": {"hidden_size": 100, "num_attention_heads": 3}}, "refuses these fields"),
     ({"model_type": "gpt2", "seq_len": 5000}, "longer than the config's 1024 positions"),
+    ({"model_type": "whisper", "seq_len": 500}, "longer than the config's 448 positions .max_target_positions"),
+    ({"model_type": "qwen2", "overrides": {"num_attention_heads": 7}}, "hidden_size 4096, not a multiple of its 7"),
+    ({"model_type": "qwen2", "overrides": {"num_attention_heads": 8, "num_key_value_heads": 3}},
+     "8 attention heads, not a multiple of its 3 key-value heads"),
     ({"model_type": "llama", "task": "regression"}, "choose one of"),
 ])
 def test_bad_specs_name_what_to_fix(spec, needle):

@@ -308,6 +308,21 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
+def _check_heads(cfg, model_type: str) -> None:
+    """Attention sizes the model's code would fail on deep inside a capture (a torch traceback, then a shape
+    error): query heads that do not split the hidden size (when the config derives the head size from it: no
+    ``head_dim`` / ``d_kv``), or key-value heads that do not divide the query heads (grouped-query attention)."""
+    heads = _int(_get(cfg, "num_attention_heads")) or _int(_get(cfg, "n_head"))
+    hidden = _int(_get(cfg, "hidden_size")) or _int(_get(cfg, "n_embd"))
+    kv = _int(_get(cfg, "num_key_value_heads"))
+    if heads and hidden and hidden % heads and not (_int(_get(cfg, "head_dim")) or _int(_get(cfg, "d_kv"))):
+        raise GraphError(f"the '{model_type}' config has hidden_size {hidden}, not a multiple of its "
+                         f"{heads} attention heads: change one of them in graph.overrides")
+    if heads and kv and heads % kv:
+        raise GraphError(f"the '{model_type}' config has {heads} attention heads, not a multiple of its {kv} "
+                         "key-value heads (num_key_value_heads): change one of them in graph.overrides")
+
+
 def _registered(auto, cfg) -> bool:
     """Whether ``auto`` (an ``AutoModelFor...`` class) knows the config's class (as one registered at run time)."""
     try:
@@ -375,11 +390,14 @@ def build(*, config: str | None = None, model_type: str | None = None, task: str
                          f"image-classification class in transformers {tf.__version__}: graph=hf captures those "
                          "training steps (not audio, detection, segmentation ... heads)")
     text = cfg if task == "image_classification" else _text_config(cfg)  # a composite config's language model
-    limit = _get(text, "max_position_embeddings") or _get(text, "n_positions")
+    field = next((k for k in ("max_position_embeddings", "n_positions", "max_target_positions")  # the last:
+                  if _get(text, k)), "max_position_embeddings")  # the text decoder of Whisper / Speech2Text
+    limit = _get(text, field)
     if (task != "image_classification" and isinstance(limit, int) and not isinstance(limit, bool)
             and 0 < limit < seq_len):  # XLNet says -1: no limit
         raise GraphError(f"graph.seq_len={seq_len} is longer than the config's {limit} positions "
-                         "(max_position_embeddings): lower it or raise that field in graph.overrides")
+                         f"({field}): lower it or raise that field in graph.overrides")
+    _check_heads(text if task != "image_classification" else cfg, cfg.model_type)
     cfg.use_cache = False
     for key in ("torch_dtype", "dtype"):  # hub configs say bfloat16: graphs are fp32 (the topology sets the dtype)
         if getattr(cfg, key, None) is not None:
