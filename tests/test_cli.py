@@ -595,3 +595,33 @@ def test_place_multirun_sweeps_a_config_group(tmp_path):
     assert [p["devices"] for p in placed] == [["gpu0", "gpu1"], ["cpu0", "cpu1"]]
     line = _one_line(cli(tmp_path, "place", "-m", "topology=2x_k80,2x_cuh", f"hydra.sweep.dir={tmp_path}/bad"))
     assert "topology=2x_cuh" in line and not (tmp_path / "bad").exists()
+
+
+def test_a_node_no_device_can_hold_is_named_and_no_search_is_advised():
+    """When one node alone pins more memory than any device holds, no op-level placement fits: the warning names
+    the node and points to sharded stage plans (a search cannot repair it), and the bound line says the plan does
+    not fit (the bound sets memory aside)."""
+    from placement_rl.baselines.bounds import lower_bound
+    from placement_rl.baselines.common import Problem
+    from placement_rl.cli.place import bound_note, overflow_note, too_big_node
+    from placement_rl.cost import resolve_costs
+    from placement_rl.graph import synthetic
+    from placement_rl.topology import DeviceTopology, load_topology
+
+    graph = synthetic.sample("layered", num_nodes=20, seed=0)
+    d = load_topology("4x_v100_nvlink").to_dict()
+    costs = resolve_costs(graph, DeviceTopology.from_dict(d))
+    mem = Problem(graph, costs, DeviceTopology.from_dict(d), budget=1, seed=0).node_mem
+    assert too_big_node(graph, costs, DeviceTopology.from_dict(d)) is None
+    for dev in d["devices"]:
+        dev["memory_bytes"] = 0.9 * float(mem.max())
+    topo = DeviceTopology.from_dict({**d, "name": "small"})
+    name, need, most = too_big_node(graph, costs, topo)
+    assert name == graph.names[int(np.argmax(mem))] and need == float(mem.max()) and most < need
+    note = overflow_note(graph, costs, topo, np.zeros(graph.num_nodes, dtype=np.int64), 0, searched=None)
+    assert f"no op-level placement fits: node '{name}' alone pins" in note and "search_seconds" not in note
+    assert "\n" not in note
+    bound = lower_bound(graph, costs, topo)
+    assert bound_note(bound, bound.value).endswith("the plan is at the bound")
+    assert bound_note(bound, bound.value, fits=False).endswith("(memory aside: the bound does not count it, and the "
+                                                               "plan does not fit)")

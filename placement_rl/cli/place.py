@@ -186,7 +186,8 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         print(overflow_note(graph, costs, topology, res.best_devices, samples, searched=search, fitted=fitted,
                             policy_searched=None if timed is None else timed["policy_search"]))
     found = [r["step_time"] for r in [search, *ran.values()] if r is not None and r["feasible"]]
-    print(bound_note(bound, min([step_time, *found])))
+    best = min([step_time, *found]) if fits else min(found, default=step_time)  # the fastest that fits, if any
+    print(bound_note(bound, best, fits=fits or bool(found)))
     if cp_row is not None:
         over = "" if cp_row["feasible"] else " (overflows memory: the model relaxes it)"
         print(f"CP-SAT's own placement (its own row, not the plan): {cp_row['step_time'] * 1e3:.3f} ms{over}"
@@ -196,12 +197,14 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     return metrics
 
 
-def bound_note(bound, step_time: float) -> str:
-    """One line: no placement is faster than the bound (which part gives it), and how far the plan is above it."""
+def bound_note(bound, step_time: float, fits: bool = True) -> str:
+    """One line: no placement is faster than the bound (which part gives it), and how far the plan is above it
+    (``fits`` false: the plan overflows memory, which the bound sets aside)."""
     part = max(bound.parts, key=bound.parts.get)
     gap = bound.gap(step_time)
     return (f"lower bound {bound.value * 1e3:.3f} ms (no placement is faster; from its {part} part): the plan is "
-            + ("at the bound" if gap < 5e-4 else f"{gap:.1%} above it, at most {1 - 1 / (1 + gap):.1%} to gain"))
+            + ("at the bound" if gap < 5e-4 else f"{gap:.1%} above it, at most {1 - 1 / (1 + gap):.1%} to gain")
+            + ("" if fits else " (memory aside: the bound does not count it, and the plan does not fit)"))
 
 
 def fit_row(graph, costs, topology, devices, seed: int) -> dict | None:
@@ -230,6 +233,13 @@ def overflow_note(graph, costs, topology, devices, samples: int, *, searched: di
     over = [f"{topology.device_names[d]} {fmt_bytes(peak[d])} of {fmt_bytes(cap[d])}"
             for d in np.flatnonzero(peak > cap)]
     which = "the greedy placement" + (f" and its {plural(samples, 'sample')}" if samples > 0 else "")
+    alone = too_big_node(graph, costs, topology)
+    if alone is not None:  # nothing op-level can fit: no search or move helps
+        name, need, most = alone
+        return (f"warning: {which} {verb_of(samples)} memory ({', '.join(over)}), and no op-level placement fits: "
+                f"node '{name}' alone pins {fmt_bytes(need)} and the largest device holds {fmt_bytes(most)}; shard it "
+                "(the FSDP and tensor-parallel stage plans of `placement-rl evaluate suite=single` with this graph and "
+                "topology) or give the devices more memory")
     fix = ("the search from it fits (search/placement.json)" if searched and searched["feasible"] else
            "policy_search's placement fits (policy_search/placement.json)" if policy_searched
            and policy_searched["feasible"] else
@@ -238,8 +248,22 @@ def overflow_note(graph, costs, topology, devices, samples: int, *, searched: di
     if fitted is not None:
         fix = (f"with {plural(fitted['moved'], 'node')} moved it fits at {fitted['step_time'] * 1e3:.3f} ms "
                f"(fit/placement.json); " + fix)
-    verb = "overflow" if samples > 0 else "overflows"
-    return f"warning: {which} {verb} memory ({', '.join(over)}); placement.json holds the greedy one: {fix}"
+    return f"warning: {which} {verb_of(samples)} memory ({', '.join(over)}); placement.json holds the greedy one: {fix}"
+
+
+def verb_of(samples: int) -> str:
+    return "overflow" if samples > 0 else "overflows"
+
+
+def too_big_node(graph, costs, topology) -> tuple[str, float, float] | None:
+    """``(name, bytes, largest capacity)`` of the node that pins the most memory when that alone is more than
+    any device holds (then no op-level placement fits), else None."""
+    from placement_rl.baselines.common import Problem
+
+    mem = Problem(graph, costs, topology, budget=1, seed=0).node_mem
+    most = float(topology.array("memory_bytes").max())
+    v = int(np.argmax(mem)) if len(mem) else 0
+    return (graph.names[v], float(mem[v]), most) if len(mem) and mem[v] > most else None
 
 
 def run(cfg: DictConfig) -> dict:
