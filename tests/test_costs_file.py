@@ -155,6 +155,12 @@ def test_a_profile_written_by_placement_rl_profile_is_a_costs_file(tmp_path):
     g2, c = load_costs(path, g, topo)
     assert g2 is g and c.source[0].startswith("measured:")
     np.testing.assert_allclose(c.fwd_time[:, 1], 2e-3 * np.arange(1, 5))
+    # a profile of another graph gives none of its times: a one-line error, never the estimates in silence
+    other = g.replace(fwd_flops=g.fwd_flops * 2, name="other")
+    with pytest.raises(ProfileError,
+                       match=r"the profile has no times for graph 'other' .* \(it holds graph g4 on") as err:
+        load_costs(path, other, topo)
+    assert "\n" not in str(err.value)
 
 
 def test_build_costs_reads_costs_path_and_mode_for_every_command(tmp_path):
