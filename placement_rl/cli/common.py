@@ -343,14 +343,23 @@ def save_plan(value, graph: CompGraph, topology: DeviceTopology, out: Path):
     return plan, "placement.json"
 
 
-def build_topology(tcfg: DictConfig | str) -> DeviceTopology:
-    """A topology from the ``topology`` config group (a preset's YAML content), ``topology.path``, or local."""
+def build_topology(tcfg: DictConfig | str, *, threads: int = 1) -> DeviceTopology:
+    """A topology from the ``topology`` config group (a preset's YAML content), ``topology.path``, or local: the
+    CPU's speed measured with ``threads`` torch threads, those a plan's processes run with (``deploy threads=``,
+    default 1), whatever this process uses (one command predicted 2x another's time for the same plan)."""
     if isinstance(tcfg, str):
         return load_topology(tcfg)
     if tcfg.get("path"):
         return load_topology(str(tcfg.path))
     if tcfg.get("detect", False):
-        return detect_local()
+        import torch
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(int(threads))
+        try:
+            return detect_local()
+        finally:
+            torch.set_num_threads(before)
     data = {k: v for k, v in to_container(tcfg).items() if k != "path"}
     return DeviceTopology.from_dict(data, where=f"topology '{data.get('name', '?')}'")
 

@@ -64,7 +64,7 @@ def _predict(graph, topology, plan, profile: str | None, costs_file: str | None 
 def run(cfg: DictConfig) -> dict:
     from placement_rl.plans import StagePlan, load_plan
 
-    graph, topology = _graph(cfg), build_topology(cfg.topology)
+    graph, topology = _graph(cfg), build_topology(cfg.topology, threads=int(cfg.threads))
     plan = load_plan(str(cfg.plan), topology=topology, graph=graph)
     plan.validate(graph, topology)
     model, overrides = _model(graph)
