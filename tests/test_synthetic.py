@@ -83,5 +83,7 @@ def test_bad_input_is_a_graph_error() -> None:
         synthetic.sample("nope", num_nodes=10, seed=0)
     with pytest.raises(GraphError, match="num_nodes"):
         synthetic.sample("layered", num_nodes=2, seed=0)
+    with pytest.raises(GraphError, match=r"num_nodes must be an integer in \[3, 1000000\]"):  # not minutes of silence
+        synthetic.sample("layered", num_nodes=10**8, seed=0)
     with pytest.raises(GraphError, match="seed"):
         synthetic.sample("layered", num_nodes=10, seed=1.5)  # type: ignore[arg-type]

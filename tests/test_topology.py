@@ -413,3 +413,25 @@ def test_the_cli_detects_the_local_cpu_with_the_threads_plans_run_with(monkeypat
     cfg = OmegaConf.create({"name": "local", "detect": True})
     assert common.build_topology(cfg) == "topo" and common.build_topology(cfg, threads=3) == "topo"
     assert seen == [1, 3] and torch.get_num_threads() == before
+
+
+def test_a_decode_over_more_devices_than_it_decides_over_is_one_line():
+    """Above ``MAX_DEVICES`` (the decode's time and memory grow as D^2: 4,096 devices ran out of time and memory)
+    a schedule state is refused at once, naming what to do instead."""
+    from placement_rl.cost.schedule import MAX_DEVICES, ScheduleState, check_devices
+    from placement_rl.errors import ConfigError
+    from placement_rl.graph import synthetic
+    from placement_rl.cost import resolve_costs
+
+    def cluster(n):
+        return DeviceTopology.from_dict({"name": f"c{n}", "devices": [{"name": "g", "count": n, "kind": "gpu",
+                                                                        "model": "H100"}],
+                                         "links": {"intra_host": {"bandwidth": 5e10, "latency": 1e-5}}})
+
+    check_devices(cluster(MAX_DEVICES))
+    big = cluster(MAX_DEVICES + 1)
+    with pytest.raises(ConfigError, match=rf"has {MAX_DEVICES + 1} devices: .* decides over at most {MAX_DEVICES}"):
+        check_devices(big)
+    g = synthetic.sample("layered", num_nodes=5, seed=0)
+    with pytest.raises(ConfigError, match="decides over at most"):
+        ScheduleState(g, resolve_costs(g, big), big)

@@ -82,7 +82,7 @@ class GraphConfig:
     seq_len: int = opt(128, low=1)
     attention: str = opt("eager", choices=("eager", "sdpa"))
     family: Optional[str] = opt(None, choices=_families, doc="source=synthetic: the DAG family")
-    num_nodes: int = opt(100, low=3)
+    num_nodes: int = opt(100, low=3, high=1_000_000)
     seed: int = opt(0, low=0)
     coarsen: CoarsenConfig = field(default_factory=CoarsenConfig)
 

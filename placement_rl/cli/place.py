@@ -41,6 +41,9 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         if cfg.get(key) is not None:
             setattr(policy, key, int(cfg.get(key)))
     graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
+    from placement_rl.cost.schedule import check_devices
+
+    check_devices(topology)  # before the costs of every device are built
     tuned = data["config"].get("finetuned_on")  # a checkpoint ``train`` fine-tuned on one graph and cluster
     samples, seed = int(cfg.samples), int(cfg.seed)
     where = f"{graph.name} ({plural(graph.num_nodes, 'node')}) on {topology.name} " \

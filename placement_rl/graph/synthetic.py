@@ -218,12 +218,16 @@ def families() -> list[str]:
     return list(_FAMILIES)
 
 
+MAX_NODES = 1_000_000
+
+
 def sample(family: str, *, num_nodes: int, seed: int) -> CompGraph:
     """A random graph of ``family`` with exactly ``num_nodes`` nodes; deterministic in ``seed``."""
     if family not in _FAMILIES:
         raise GraphError(f"unknown synthetic family {family!r}; choose one of {', '.join(_FAMILIES)}")
-    if isinstance(num_nodes, bool) or not isinstance(num_nodes, (int, np.integer)) or num_nodes < 3:
-        raise GraphError(f"synthetic.sample: num_nodes must be an integer >= 3, got {num_nodes!r}")
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, (int, np.integer)) or not 3 <= num_nodes <= MAX_NODES:
+        raise GraphError(f"synthetic.sample: num_nodes must be an integer in [3, {MAX_NODES}] (a million nodes take "
+                         f"about 40 s and 1.7 GB to build), got {num_nodes!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise GraphError(f"synthetic.sample: seed must be an integer, got {seed!r}")
     rng = np.random.default_rng(int(seed))
