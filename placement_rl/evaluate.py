@@ -260,9 +260,10 @@ def load_case(case: Case) -> tuple[CompGraph, DeviceTopology]:
 
 def run_suite(cases: Iterable[Case], *, budget: int, seed: int = 0, placers: Iterable[str] | None = None,
               pipeline_cases: Iterable[str] = DEFAULT_PIPELINE_CASES, num_microbatches: int = 4,
-              progress: bool = True, seconds: float | None = None
+              progress: bool = True, seconds: float | None = None, partitioners: Iterable[str] | None = None
               ) -> tuple[list[Row], dict[str, tuple[CompGraph, CostTable, DeviceTopology]]]:
-    """Every case x every placer; returns the rows and each case's (graph, costs, topology)."""
+    """Every case x every placer (and on ``pipeline_cases`` every stage planner of ``partitioners``, default
+    all); returns the rows and each case's (graph, costs, topology)."""
     from tqdm.auto import tqdm
 
     cases = list(cases)
@@ -275,7 +276,8 @@ def run_suite(cases: Iterable[Case], *, budget: int, seed: int = 0, placers: Ite
         graph, topology = load_case(case)
         costs = resolve_costs(graph, topology)
         problems[case.name] = (graph, costs, topology)
-        parts = baselines.pipeline_names() if case.name in pipe else ()
+        parts = (baselines.pipeline_names() if partitioners is None else list(partitioners)) \
+            if case.name in pipe else ()
         rows += compare(graph, costs, topology, budget=budget, seed=seed, case=case.name, placers=placers,
                         partitioners=parts, num_microbatches=num_microbatches, seconds=seconds)
     return rows, problems

@@ -140,7 +140,11 @@ def run(cfg: DictConfig) -> list[Row]:
     out = output_dir()
     budget, seed = int(cfg.budget), int(cfg.seed)
     seconds = None if cfg.get("seconds") is None else float(cfg.seconds)
-    placers = list(cfg.placers) if cfg.placers else None
+    from placement_rl import baselines
+
+    chosen = list(cfg.placers) if cfg.placers else None  # op-level placers and stage planners, each to its table
+    placers = None if chosen is None else [p for p in chosen if p not in baselines.pipeline_names()]
+    parts = [p for p in baselines.pipeline_names() if chosen is None or p in chosen] if cfg.pipeline else []
     objective = str(cfg.get("objective") or "step")
     if cfg.suite == "default" and not cfg.plan and (costs_path(cfg) or str(cfg.get("mode") or "train") != "train"
                                                      or objective != "step"):
@@ -148,7 +152,7 @@ def run(cfg: DictConfig) -> list[Row]:
                           "graph.path=... and topology=...)")
     if cfg.suite == "default" and not cfg.plan:
         rows, problems = run_suite(DEFAULT_SUITE, budget=budget, seed=seed, placers=placers,
-                                   pipeline_cases=DEFAULT_PIPELINE_CASES if cfg.pipeline else (),
+                                   pipeline_cases=DEFAULT_PIPELINE_CASES if parts else (), partitioners=parts,
                                    num_microbatches=int(cfg.num_microbatches), progress=bool(cfg.progress),
                                    seconds=seconds)
     elif cfg.suite in ("single", "default"):
@@ -164,10 +168,8 @@ def run(cfg: DictConfig) -> list[Row]:
             plan.validate(graph, topology)
             res = (simulate if isinstance(plan, Placement) else simulate_pipeline)(graph, costs, topology, plan)
             extra = (plan, res)
-        from placement_rl import baselines
-
         rows = compare(graph, costs, topology, budget=budget, seed=seed, case=case, placers=placers,
-                       partitioners=baselines.pipeline_names() if cfg.pipeline else (), objective=objective,
+                       partitioners=parts, objective=objective,
                        seconds=seconds, progress=bool(cfg.progress))
         if extra is not None:
             plan, res = extra
