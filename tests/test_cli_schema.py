@@ -33,6 +33,8 @@ BAD = [  # (command, overrides, words the one-line message must hold)
     ("inspect", ["+graph.overrides.n_layers=abc"], ["n_layers", "int"]),
     ("inspect", ["graph=synthetic", "graph.family=tree"], ["graph.family=tree", "layered"]),
     ("inspect", ["graph.coarsen.max_nodes=0"], ["graph.coarsen.max_nodes=0", ">= 1 (or null)"]),
+    ("inspect", ["graph.coarsen.depth=0"], ["graph.coarsen.depth=0", ">= 1 (or null)"]),
+    ("inspect", ["graph=synthetic", "graph.num_nodes=100000000"], ["graph.num_nodes=100000000", "<= 1000000"]),
     ("inspect", ["graph.name=nope"], ["graph.name=nope", "no such zoo model", "gpt"]),
     ("inspect", ["foo=1"], ["foo", "+foo=1"]),
     ("evaluate", ["budget=0"], ["budget=0", ">= 1"]),

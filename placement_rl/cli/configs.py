@@ -63,7 +63,7 @@ def _encoders() -> list[str]:
 @dataclass
 class CoarsenConfig:
     enabled: bool = opt(True, doc="coarsen the captured graph (placement_rl.graph.coarsen)")
-    depth: Optional[int] = opt(None, low=0, null=True, doc="module-path depth of the groups (null: automatic)")
+    depth: Optional[int] = opt(None, low=1, null=True, doc="module-path depth of the groups (null: automatic)")
     max_nodes: Optional[int] = opt(None, low=1, null=True, doc="coarsen further until at most this many nodes")
 
 
