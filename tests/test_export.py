@@ -172,3 +172,16 @@ def test_cli_export_and_bad_input_one_line_exit_2(gpt, tmp_path):
         lines = [x for x in r.stderr.strip().splitlines() if x.strip()]
         assert r.returncode == 2 and len(lines) == 1 and msg in lines[0], (args, r.stderr)
     assert not (tmp_path / "bad.txt").exists()
+    # a plan made on one's own topology file: the file, not a preset, is what export needs, and it says so
+    import yaml
+
+    from placement_rl.topology import DeviceTopology
+
+    mine = DeviceTopology.from_dict({**topo.to_dict(), "name": "my_cluster"})
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(mine.to_dict()))
+    plan.to_json(tmp_path / "mine.json", graph=gpt, topology=mine)
+    r = cli("mine.json", "--to", "megatron")
+    assert r.returncode == 2 and "topology 'my_cluster', which is not a preset: pass its YAML with --topology" \
+        in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = cli("mine.json", "--to", "megatron", "--topology", "mine.yaml")
+    assert r.returncode == 0, r.stderr

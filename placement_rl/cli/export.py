@@ -58,7 +58,13 @@ def run(args: argparse.Namespace) -> str:
         raise PlacementRLError(f"graph file {gpath} does not exist: pass the plan's graph with --graph")
     graph = CompGraph.from_json(gpath)
     topo_name = args.topology or data.get("topology")
-    topology = load_topology(topo_name) if topo_name else None
+    try:
+        topology = load_topology(topo_name) if topo_name else None
+    except PlacementRLError:
+        if args.topology:
+            raise
+        raise PlacementRLError(f"{path} was planned on topology '{topo_name}', which is not a preset: pass its YAML "
+                               "with --topology <file>") from None
     plan = StagePlan.from_json(path, topology=topology, graph=graph)
     text = export_plan(plan, graph, args.to, snap=args.snap)
     if args.out:

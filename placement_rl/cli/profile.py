@@ -7,6 +7,8 @@ from omegaconf import DictConfig
 from placement_rl.cli.common import hydra_app, output_dir, to_container
 from placement_rl.errors import ConfigError
 
+NO_PER_BYTE = 1e15  # bytes/s: a fitted bandwidth above this is a flat time curve (a petabyte per second), not a link
+
 
 def run(cfg: DictConfig):
     from placement_rl.profiling.run import run_profile
@@ -43,8 +45,11 @@ def run(cfg: DictConfig):
             print(f"{dev}: {graph.num_nodes} nodes, forward {fwd.sum() * 1e3:.3f} ms, backward {bwd.sum() * 1e3:.3f} ms "
                   f"(sum of per-node medians; {label})")
     for link in res.db.links():
+        per_byte = (f"bandwidth {link['bandwidth'] / 1e9:.2f} GB/s" if link["bandwidth"] < NO_PER_BYTE else
+                    "no time per byte (" + ("the same torch device: nothing is copied)" if link["src"] == link["dst"]
+                                            else "none measured)"))
         print(f"link {link['src']} -> {link['dst']} [{link['backend']}]: latency {link['latency'] * 1e6:.1f} us, "
-              f"bandwidth {link['bandwidth'] / 1e9:.2f} GB/s")
+              + per_byte)
     print(f"wrote {res.path} and {out / 'graph.json'}")
     return res
 
