@@ -10,6 +10,7 @@ Format (a dict of tensors and plain values, never pickled objects)::
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,17 @@ def load_checkpoint(path: str | os.PathLike, *, expect_algo: str | None = None) 
     p = Path(path)
     if not p.is_file():
         raise CheckpointError(f"checkpoint '{p}' does not exist")
+    with open(p, "rb") as fh:
+        head = fh.read(4)
+    if not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):  # torch.save: a zip (or a legacy pickle)
+        kind = "a JSON file (a plan or placement?)" if _is_json(p) else "not a PyTorch file"
+        raise CheckpointError(f"'{p}' is {kind}, not a checkpoint: give the checkpoint.pt that `placement-rl train` "
+                              "writes (or leave checkpoint out for the shipped policy)")
     try:
         data = torch.load(p, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # torch's advice (weights_only=False) would run the file's code: never
+        raise CheckpointError(f"'{p}' holds objects beyond weights and plain data: it is not a placement-rl "
+                              "checkpoint (those hold nothing else)") from None
     except Exception as exc:  # noqa: BLE001 - any unreadable file is a user-facing problem
         raise CheckpointError(f"checkpoint '{p}' cannot be read ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
@@ -75,6 +85,15 @@ def load_checkpoint(path: str | os.PathLike, *, expect_algo: str | None = None) 
     if expect_algo is not None and data.get("algo") != expect_algo:
         raise CheckpointError(f"checkpoint '{p}' was trained with agent '{data.get('algo')}', not '{expect_algo}'")
     return data
+
+
+def _is_json(p: Path) -> bool:
+    import json
+
+    try:
+        return p.stat().st_size < 2**26 and json.loads(p.read_bytes()) is not None
+    except (ValueError, OSError):
+        return False
 
 
 def _is_int(x: Any, low: int = 0) -> bool:

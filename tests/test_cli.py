@@ -227,8 +227,13 @@ def test_place_with_a_corrupted_checkpoint_exits_2(tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"\x00garbage")
     r = cli(tmp_path, "place", f"checkpoint={bad}", "graph=synthetic", "graph.num_nodes=10")
-    assert r.returncode == 2 and "cannot be read" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.returncode == 2 and "is not a PyTorch file, not a checkpoint" in r.stderr \
+        and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists()
+    (tmp_path / "placement.json").write_text(json.dumps({"schema": "placement_rl.placement"}))  # a plan, not weights
+    r = cli(tmp_path, "place", f"checkpoint={tmp_path / 'placement.json'}", "graph=synthetic", "graph.num_nodes=10")
+    assert r.returncode == 2 and "is a JSON file (a plan or placement?), not a checkpoint" in r.stderr \
+        and "weights_only" not in r.stderr
 
 
 def test_place_with_missing_checkpoint_exits_2(tmp_path):

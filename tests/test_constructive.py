@@ -124,7 +124,7 @@ def test_one_checkpoint_places_on_any_device_count(tmp_path) -> None:
 def test_bad_checkpoints_are_one_clear_error(tmp_path) -> None:
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a checkpoint")
-    with pytest.raises(CheckpointError, match="cannot be read"):
+    with pytest.raises(CheckpointError, match="is not a PyTorch file, not a checkpoint"):
         load_policy(bad)
     from placement_rl.agents.checkpoint import save_checkpoint
 
