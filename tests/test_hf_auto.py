@@ -224,6 +224,10 @@ def test_families_the_builder_refused_or_crashed_on(kind, overrides, task, cls):
     assert desc.get("image_size") == ({"resnet": 224}.get(kind, 32) if task == "image_classification" else None)
     assert g.fwd_flops.sum() > 0 and g.bwd_flops.sum() > 0
     assert 0.99 * 4 * desc["params"] <= g.param_bytes.sum() + g.meta["unused_param_bytes"] <= 4 * desc["params"]
+    if kind in ("swin", "resnet"):  # inspect names the attention kernel only for a model that attends
+        from placement_rl.cli.inspect import summarize
+
+        assert ("eager attention" in summarize(g)) == (kind == "swin")
 
 
 def test_composite_config_overrides_reach_its_text_model(tmp_path: Path):

@@ -34,8 +34,11 @@ def summarize(graph: CompGraph, *, top: int = 8) -> str:
         size = hf.get("image_size")
         shape = (f"{hf.get('batch_size', '?')} images of {size} x {size}" if size else
                  f"{hf.get('batch_size', '?')} x {hf.get('seq_len', '?')} tokens")
+        ops = [*graph.op_types, *(m for grp in graph.members or () for m in grp)]  # a coarsened graph's members
+        attends = any(k in op for op in ops for k in ("softmax", "scaled_dot_product"))  # not a CNN's
         lines.append(f"  transformers {hf.get('class', hf['model_type'])} ({hf.get('task', '?')}): "
-                     f"{_fmt(float(hf.get('params', 0)))} parameters, {shape}, {hf.get('attention', 'eager')} attention")
+                     f"{_fmt(float(hf.get('params', 0)))} parameters, {shape}"
+                     + (f", {hf.get('attention', 'eager')} attention" if attends else ""))
         if hf.get("unused_params"):
             lines.append(f"  text input only: {_fmt(float(hf['unused_params']))} parameters of its vision / audio "
                          "towers take no part in the step and are not in the graph")
