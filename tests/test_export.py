@@ -154,7 +154,7 @@ def test_cli_export_and_bad_input_one_line_exit_2(gpt, tmp_path):
     assert r.returncode == 0, r.stderr
     same(ex.from_megatron(r.stdout, gpt), plan)
     r = cli("plan.json", "--to", "torchtitan", "--out", "titan.toml")
-    assert r.returncode == 0 and (tmp_path / "titan.toml").is_file()
+    assert r.returncode == 0 and (tmp_path / "titan.toml").is_file() and r.stdout == "wrote titan.toml (torchtitan)\n"
     same(ex.from_torchtitan((tmp_path / "titan.toml").read_text(), gpt), plan)
     (tmp_path / "place.json").write_text(json.dumps({"schema": "placement_rl.placement", "devices": []}))
     inside = np.zeros(gpt.num_nodes, dtype=np.int64)

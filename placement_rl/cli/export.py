@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> None:
 
         fail(str(exc))
         return
-    if not args.out:
+    if args.out:
+        print(f"wrote {args.out} ({args.to})")
+    else:
         sys.stdout.write(text)
 
 
