@@ -34,6 +34,8 @@ BAD = [  # (command, overrides, words the one-line message must hold)
     ("inspect", ["graph=synthetic", "graph.family=tree"], ["graph.family=tree", "layered"]),
     ("inspect", ["graph.coarsen.max_nodes=0"], ["graph.coarsen.max_nodes=0", ">= 1 (or null)"]),
     ("inspect", ["graph.coarsen.depth=0"], ["graph.coarsen.depth=0", ">= 1 (or null)"]),
+    ("place", ["graph.model_type=llama"], ["graph.model_type is a key of graph=hf", "add graph=hf"]),
+    ("inspect", ["graph=mlp", "graph.num_nodes=50"], ["graph.num_nodes is a key of graph=synthetic"]),
     ("inspect", ["graph=synthetic", "graph.num_nodes=100000000"], ["graph.num_nodes=100000000", "<= 1000000"]),
     ("inspect", ["graph.name=nope"], ["graph.name=nope", "no such zoo model", "gpt"]),
     ("inspect", ["foo=1"], ["foo", "+foo=1"]),

@@ -243,7 +243,27 @@ def _compose(config_name: str, overrides: list[str], dirs: list[str]) -> tuple[d
         dirs_cfg = {key: OmegaConf.to_container(hydra_cfg[key], resolve=False) for key in ("run", "sweep")}
         return OmegaConf.to_container(cfg, resolve=True), dirs_cfg
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        raise ConfigError(_one_line(exc)) from None
+        raise ConfigError(_other_source(exc) or _one_line(exc)) from None
+
+
+# graph keys of one source only: the override that sets one on a graph of another source means that source
+GRAPH_SOURCE_KEYS = {"family": "synthetic", "num_nodes": "synthetic", "model_type": "hf", "config": "hf",
+                     "task": "hf", "seq_len": "hf", "attention": "hf"}
+
+
+def _other_source(exc: BaseException) -> str | None:
+    """For ``graph.<key>=`` where the graph is of a source without that key (``graph.model_type=llama`` on the
+    default zoo graph), the preset to add: Hydra's own advice (``+graph.model_type=``) would add a key the graph
+    then ignores or refuses."""
+    import re
+
+    m = re.match(r"Could not override 'graph\.(\w+)'", str(exc))
+    source = GRAPH_SOURCE_KEYS.get(m.group(1)) if m else None
+    if source is None:
+        return None
+    return (f"graph.{m.group(1)} is a key of graph={source}, which this graph is not: add graph={source} (e.g. "
+            + ("graph=synthetic graph.family=layered graph.num_nodes=500)" if source == "synthetic" else
+               "graph=hf graph.model_type=llama +graph.overrides.num_hidden_layers=4)"))
 
 
 def _one_line(exc: BaseException) -> str:
