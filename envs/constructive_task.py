@@ -18,6 +18,7 @@ import numpy as np
 
 from placement_rl import baselines
 from placement_rl.cost import simulate
+from placement_rl.cost.limits import check_devices
 from placement_rl.baselines.eft import ROLLOUT_MAX_NODES, la_rule_devices, sim_eft_devices as sim_eft
 from placement_rl.cost.lookahead import eft_rollout
 from placement_rl.cost.resolve import needs_grad
@@ -152,6 +153,7 @@ class ConstructiveTask:
     @classmethod
     def build(cls, graph: CompGraph, topology: DeviceTopology, costs: CostTable, *, teachers: bool = True,
               **meta: Any) -> "ConstructiveTask":
+        check_devices(topology)
         meta = dict(meta)
         refs = reference_times(graph, costs, topology, extras=meta) if teachers else {}
         return cls(graph, topology, costs, refs, meta)

@@ -417,11 +417,13 @@ def test_the_cli_detects_the_local_cpu_with_the_threads_plans_run_with(monkeypat
 
 def test_a_decode_over_more_devices_than_it_decides_over_is_one_line():
     """Above ``MAX_DEVICES`` (the decode's time and memory grow as D^2: 4,096 devices ran out of time and memory)
-    a schedule state is refused at once, naming what to do instead."""
-    from placement_rl.cost.schedule import MAX_DEVICES, ScheduleState, check_devices
+    op-level placement (every placer's problem, the policy's task) is refused at once, naming what to do instead."""
+    from placement_rl.baselines.common import Problem
+    from placement_rl.cost import resolve_costs
+    from placement_rl.cost.limits import MAX_DEVICES, check_devices
+    from placement_rl.envs.constructive_task import ConstructiveTask
     from placement_rl.errors import ConfigError
     from placement_rl.graph import synthetic
-    from placement_rl.cost import resolve_costs
 
     def cluster(n):
         return DeviceTopology.from_dict({"name": f"c{n}", "devices": [{"name": "g", "count": n, "kind": "gpu",
@@ -433,5 +435,8 @@ def test_a_decode_over_more_devices_than_it_decides_over_is_one_line():
     with pytest.raises(ConfigError, match=rf"has {MAX_DEVICES + 1} devices: .* decides over at most {MAX_DEVICES}"):
         check_devices(big)
     g = synthetic.sample("layered", num_nodes=5, seed=0)
+    c = resolve_costs(g, big)
     with pytest.raises(ConfigError, match="decides over at most"):
-        ScheduleState(g, resolve_costs(g, big), big)
+        Problem(g, c, big, budget=10, seed=0)
+    with pytest.raises(ConfigError, match="decides over at most"):
+        ConstructiveTask.build(g, big, c)

@@ -20,6 +20,7 @@ from functools import cached_property
 import numpy as np
 
 from placement_rl.cost import Simulator
+from placement_rl.cost.limits import check_devices
 from placement_rl.cost.memory import pinned_memory
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import ConfigError
@@ -53,6 +54,7 @@ class Problem:
     def __init__(self, graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int,
                  seed: int, seconds: float | None = None, objective: str = "step") -> None:
         check_inputs(graph, costs, topology, budget)
+        check_devices(topology)
         from placement_rl.cost.modes import check_objective
 
         self.objective = check_objective(objective)  # throughput: scores are steady-state times per batch

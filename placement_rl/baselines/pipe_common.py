@@ -211,7 +211,7 @@ class PipeProblem:
         key += ((recompute,) if recompute else ()) + (("sp",) if sp else ())
         if key in self._scored:
             return self._scored[key]
-        if self.budget - self.calls <= 0 or (self.out_of_time() and not past_seconds):
+        if (self.budget - self.calls if past_seconds else self.left) <= 0:
             return None
         res = self.sim.run(self.plan(cuts, degrees, m=m, sharding=sharding, tp=tp, recompute=recompute,
                                      sequence_parallel=sp))

@@ -41,7 +41,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         if cfg.get(key) is not None:
             setattr(policy, key, int(cfg.get(key)))
     graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
-    from placement_rl.cost.schedule import check_devices
+    from placement_rl.cost.limits import check_devices
 
     check_devices(topology)  # before the costs of every device are built
     tuned = data["config"].get("finetuned_on")  # a checkpoint ``train`` fine-tuned on one graph and cluster
@@ -239,7 +239,7 @@ def overflow_note(graph, costs, topology, devices, samples: int, *, searched: di
     alone = too_big_node(graph, costs, topology)
     if alone is not None:  # nothing op-level can fit: no search or move helps
         name, need, most = alone
-        return (f"warning: {which} {verb_of(samples)} memory ({', '.join(over)}), and no op-level placement fits: "
+        return (f"warning: {which} {_verb(samples)} memory ({', '.join(over)}), and no op-level placement fits: "
                 f"node '{name}' alone pins {fmt_bytes(need)} and the largest device holds {fmt_bytes(most)}; shard it "
                 "(the FSDP and tensor-parallel stage plans of `placement-rl evaluate suite=single` with this graph and "
                 "topology) or give the devices more memory")
@@ -251,10 +251,10 @@ def overflow_note(graph, costs, topology, devices, samples: int, *, searched: di
     if fitted is not None:
         fix = (f"with {plural(fitted['moved'], 'node')} moved it fits at {fitted['step_time'] * 1e3:.3f} ms "
                f"(fit/placement.json); " + fix)
-    return f"warning: {which} {verb_of(samples)} memory ({', '.join(over)}); placement.json holds the greedy one: {fix}"
+    return f"warning: {which} {_verb(samples)} memory ({', '.join(over)}); placement.json holds the greedy one: {fix}"
 
 
-def verb_of(samples: int) -> str:
+def _verb(samples: int) -> str:
     return "overflow" if samples > 0 else "overflows"
 
 

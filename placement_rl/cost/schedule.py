@@ -70,7 +70,7 @@ from placement_rl.cost.comm_fit import link_segments, split_segments
 from placement_rl.cost.simulate import _grad_and_memory, _owned, check_costs, priority_order
 from placement_rl.cost.types import CostTable
 from placement_rl.cost.window import link_position, topology_features, undo_capacity, window_features
-from placement_rl.errors import ConfigError, PlanError, fmt_bytes
+from placement_rl.errors import PlanError, fmt_bytes
 from placement_rl.graph.ir import CompGraph
 from placement_rl.topology import DeviceTopology
 
@@ -230,19 +230,6 @@ def check_fits(graph: CompGraph, topology: DeviceTopology) -> None:
                         f"use a smaller batch or model, or a topology with more memory")
 
 
-MAX_DEVICES = 1024  # devices one decode decides over (its arrays and time grow as D^2)
-
-
-def check_devices(topology: DeviceTopology) -> None:
-    """``ConfigError`` when the topology has more devices than a decode decides over (``MAX_DEVICES``)."""
-    d = topology.num_devices
-    if d > MAX_DEVICES:
-        raise ConfigError(f"topology '{topology.name}' has {d} devices: the schedule-state decode (the policy, "
-                          f"la_rule, eft_rollout) decides over at most {MAX_DEVICES}, its time and memory growing as "
-                          "the devices squared (1,024: 48 s and 1.5 GB for 34 nodes on 2 cores); place on fewer "
-                          "devices (one host or group) or plan stages (evaluate suite=single)")
-
-
 class ScheduleState:
     """K partial forward schedules of one (graph, costs, topology) task, placed node by node (see module doc).
 
@@ -257,7 +244,6 @@ class ScheduleState:
         n, d, k = graph.num_nodes, topology.num_devices, int(episodes)
         if k < 1:
             raise PlanError(f"episodes must be >= 1, got {episodes}")
-        check_devices(topology)
         self.graph, self.costs, self.topology, self.episodes = graph, costs, topology, k
         self.order = priority_order(graph, costs, order)
         self.scale = time_scale(graph, costs)
