@@ -634,7 +634,8 @@ def test_a_node_no_device_can_hold_is_named_and_no_search_is_advised():
 
 def test_evaluate_placers_may_name_stage_planners_too(tmp_path, tiny_graph):
     """``placers=`` takes op-level placers and stage planners alike (the schema lists both): each runs in its own
-    table, and only those named (a planner's name had been an 'unknown placer' row while every planner ran)."""
+    table, and where it names planners only those (a planner's name had been an 'unknown placer' row while every
+    planner ran); naming none runs every planner, as before."""
     r = cli(tmp_path, "evaluate", "suite=single", f"graph.path={tiny_graph}", "topology=2x_k80",
             "placers=[heft,pp_uniform,dp]", "budget=64", "progress=false")
     assert r.returncode == 0, r.stderr
@@ -642,3 +643,9 @@ def test_evaluate_placers_may_name_stage_planners_too(tmp_path, tiny_graph):
     assert [(x["kind"], x["placer"]) for x in rows] == [("placement", "single_device"), ("placement", "heft"),
                                                         ("pipeline", "dp"), ("pipeline", "pp_uniform")]
     assert not any(x["note"] for x in rows)
+    r = cli(tmp_path, "evaluate", "suite=single", f"graph.path={tiny_graph}", "topology=2x_k80", "placers=[heft]",
+            "budget=64", "progress=false", run="ops")
+    from placement_rl import baselines
+
+    rows = json.loads((tmp_path / "ops" / "metrics.json").read_text())["rows"]
+    assert {x["placer"] for x in rows if x["kind"] == "pipeline"} == set(baselines.pipeline_names())

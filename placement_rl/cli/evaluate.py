@@ -143,8 +143,10 @@ def run(cfg: DictConfig) -> list[Row]:
     from placement_rl import baselines
 
     chosen = list(cfg.placers) if cfg.placers else None  # op-level placers and stage planners, each to its table
-    placers = None if chosen is None else [p for p in chosen if p not in baselines.pipeline_names()]
-    parts = [p for p in baselines.pipeline_names() if chosen is None or p in chosen] if cfg.pipeline else []
+    planners = baselines.pipeline_names()
+    placers = None if chosen is None else [p for p in chosen if p not in planners]
+    named = [p for p in planners if p in (chosen or ())]  # none named: every planner (with pipeline=true)
+    parts = (named or planners) if cfg.pipeline else []
     objective = str(cfg.get("objective") or "step")
     if cfg.suite == "default" and not cfg.plan and (costs_path(cfg) or str(cfg.get("mode") or "train") != "train"
                                                      or objective != "step"):
