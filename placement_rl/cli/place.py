@@ -261,9 +261,9 @@ def _verb(samples: int) -> str:
 def too_big_node(graph, costs, topology) -> tuple[str, float, float] | None:
     """``(name, bytes, largest capacity)`` of the node that pins the most memory when that alone is more than
     any device holds (then no op-level placement fits), else None."""
-    from placement_rl.baselines.common import Problem
+    from placement_rl.cost.memory import pinned_memory
 
-    mem = Problem(graph, costs, topology, budget=1, seed=0).node_mem
+    mem = pinned_memory(graph, costs)  # what each placer counts a node to pin (``Problem.node_mem``)
     most = float(topology.array("memory_bytes").max())
     v = int(np.argmax(mem)) if len(mem) else 0
     return (graph.names[v], float(mem[v]), most) if len(mem) and mem[v] > most else None

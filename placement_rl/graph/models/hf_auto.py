@@ -3,12 +3,8 @@
     build(config="path/to/config.json", overrides={"num_hidden_layers": 4}, batch_size=1, seq_len=2048)
     build(model_type="qwen2", overrides={"hidden_size": 896, ...})
 
-The config comes from a ``config.json`` (or a folder holding one, as ``save_pretrained`` writes it) or, when no
-file is given, from a ``model_type`` with the library's defaults; ``overrides`` set config fields (each must be
-one the config has). A composite (multimodal) config keeps its language model in ``text_config``: a field the
-top level lacks but ``text_config`` has (``num_hidden_layers`` of gemma3, llama4 ...) is set there, and a mapping
-value (``overrides={"vision_config": {"num_hidden_layers": 2}}``) sets fields of that sub-config. Per-layer lists
-(``layer_types`` ...) follow a changed layer count. LayerDrop is off (a captured step runs every layer).
+The config is read by ``hf_config.load_config`` (a config.json or a model type, ``overrides`` applied; see that
+module). LayerDrop is off (a captured step runs every layer).
 The model is built on the **meta device** (``AutoModelFor<task>.from_config``): no parameter memory is allocated,
 so a 70B-parameter config captures on a laptop, and ``capture`` runs its ops on meta tensors. The KV cache is off.
 Attention: ``eager`` (default: explicit score / softmax / value ops, each priced by the cost model; the backward
@@ -16,7 +12,8 @@ keeps the seq x seq scores and probabilities, as eager PyTorch does) or ``sdpa``
 ``scaled_dot_product_attention`` op per attention, its FLOPs counted by ``FlopCounterMode``; its saved
 activations are set to what a fused kernel such as FlashAttention keeps for the backward: its inputs (query,
 key, value, and the mask where the model passes one), output and one log-sum-exp per row
-(``fused_attention_memory``), not the seq x seq matrix the CPU math kernel saves under capture; the fused kernel's time is priced as one GEMM-like op of its FLOPs, not measured).
+(``fused_attention_memory``), not the seq x seq matrix the CPU math kernel saves under capture; the fused kernel's
+time is priced as one GEMM-like op of its FLOPs, not measured).
 
 The graph is captured in fp32, whatever dtype the config names (hub configs say ``bfloat16``): the project's
 graphs count fp32 bytes and the topology's ``dtype`` (``+topology.dtype=bf16``) prices a bf16 run.
@@ -42,10 +39,8 @@ that guess has no class, the first task (in ``TASKS`` order) that has one. A typ
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
@@ -53,6 +48,8 @@ import torch
 from torch import nn
 
 from placement_rl.errors import GraphError
+from placement_rl.graph.models.hf_config import (attention_sizes, check_sizes, get_field, has_field, is_config,
+                                                 load_config, positive_int, reason, text_config, transformers_module)
 
 TASKS = ("auto", "causal_lm", "masked_lm", "seq2seq_lm", "image_classification")
 ATTENTION = ("eager", "sdpa")
@@ -86,185 +83,10 @@ class LossStep(nn.Module):
         return self.model(input_ids=inputs, labels=labels, use_cache=False).loss
 
 
-def _transformers():
-    try:
-        import transformers
-    except ImportError:
-        raise GraphError("graph.source=hf needs the 'transformers' package: pip install 'placement-rl[hf]'") from None
-    transformers.logging.set_verbosity_error()  # config sanity chatter (token ids outside a shrunk vocabulary)
-    return transformers
-
-
-def load_config(config: str | None, model_type: str | None, overrides: Mapping[str, Any] | None):
-    """The ``PretrainedConfig`` from a config.json / folder or a model type, with ``overrides`` applied. The
-    config is constructed with them (fields derived at construction, such as a head size from the hidden size,
-    follow); each must be a field the config has."""
-    tf = _transformers()
-    data: dict[str, Any] = {}
-    if config:
-        path = Path(config)
-        if path.is_dir():
-            path = path / "config.json"
-        if not path.is_file():
-            raise GraphError(f"graph.config={config}: no such config.json (give the file or the folder holding it)")
-        try:
-            data = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise GraphError(f"graph.config={config}: not a JSON config ({exc.__class__.__name__})") from None
-        if not isinstance(data, dict) or "model_type" not in data:
-            raise GraphError(f"graph.config={config}: a transformers config.json names its 'model_type'")
-        kind = str(data.pop("model_type"))  # the file names its type: graph.model_type is not used
-    elif model_type:
-        kind = str(model_type)
-    else:
-        raise GraphError("graph.source=hf needs graph.config=<config.json> or graph.model_type=<type> (e.g. llama)")
-    base = _for_model(tf, kind, data)
-    overrides = dict(overrides or {})
-    if not overrides:
-        return base
-    top: dict[str, Any] = {}  # top-level fields
-    nested: dict[str, dict[str, Any]] = {}  # sub-config name -> its fields
-    text = _text_field(base)
-    for key, value in overrides.items():
-        sub = _get(base, key)
-        if isinstance(value, Mapping) and _is_config(sub):
-            for k, v in value.items():
-                _check_override(kind, f"{key}.{k}", sub, k, v)
-            nested.setdefault(key, {}).update(value)
-        elif not _has(base, key) and text and _has(_get(base, text), key):
-            _check_override(kind, f"{key}", _get(base, text), key, value)  # composite config: the text model's
-            nested.setdefault(text, {})[key] = value
-        else:
-            _check_override(kind, key, base, key, value)
-            top[key] = value
-    subs = {}
-    for name, sub_fields in nested.items():
-        sub = _get(base, name)
-        sub_data = data.get(name) if isinstance(data.get(name), dict) else _sub_defaults(sub)
-        subs[name] = _follow_layers(sub, sub_data, sub_fields, derived=True)
-    fields = {**_follow_layers(base, data, top), **subs}
-    try:
-        return _for_model(tf, kind, fields)
-    except GraphError:  # the defaults' per-layer lists (zamba2's layer types) kept the old count: cut them too
-        retry = {**_follow_layers(base, data, top, derived=True), **subs}
-        if retry == fields:
-            raise
-        return _for_model(tf, kind, retry)
-
-
-def _get(cfg, key: str) -> Any:
-    """``cfg.key`` or None: heterogeneous configs (gemma4) raise a RuntimeError for per-layer fields."""
-    try:
-        return getattr(cfg, key, None)
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def _has(cfg, key: str) -> bool:
-    try:
-        return hasattr(cfg, key)
-    except Exception:  # noqa: BLE001 -- a per-layer field of a heterogeneous config: it is one of its fields
-        return True
-
-
-def _is_config(obj: Any) -> bool:
-    return hasattr(obj, "to_dict") and hasattr(obj, "to_diff_dict") and hasattr(obj, "model_type")
-
-
-def _text_field(cfg) -> str | None:
-    """The attribute holding a composite config's language model (``text_config``), or None."""
-    return "text_config" if _is_config(_get(cfg, "text_config")) and _get(cfg, "text_config") is not cfg else None
-
-
-def _text_config(cfg):
-    """The config of the model's text (decoder) side: ``text_config`` of a composite config, else the config."""
-    try:
-        sub = cfg.get_text_config(decoder=True)
-    except Exception:  # noqa: BLE001 -- older transformers, or several text configs (musicgen)
-        sub = _get(cfg, "text_config")
-    return sub if _is_config(sub) else cfg
-
-
-def _sub_defaults(sub) -> dict[str, Any]:
-    """A default sub-config as constructor fields: those that differ from its class's defaults (a composite config
-    may pick its own, as PaliGemma's text model), so that fields derived from the layer count are derived again."""
-    try:
-        ref = type(sub)().to_dict()
-        fields = {k: v for k, v in sub.to_dict().items() if k not in ref or ref[k] != v}
-    except Exception:  # noqa: BLE001
-        fields = sub.to_diff_dict()
-    fields["model_type"] = sub.model_type
-    return fields
-
-
-def _check_override(kind: str, label: str, cfg, key: str, value: Any) -> None:
-    if not _has(cfg, key):
-        raise GraphError(f"graph.overrides.{label}: the '{kind}' config has no field '{label}'")
-    was = _get(cfg, key)
-    if (isinstance(was, int) and not isinstance(was, bool) and was > 0 and isinstance(value, int)
-            and not isinstance(value, bool) and value < 1):  # a count (layers, heads, width ...)
-        raise GraphError(f"graph.overrides.{label}={value}: must be >= 1 (the '{kind}' default is {was})")
-
-
-def _layer_key(cfg) -> str:
-    """The field that holds the layer count (``num_layers`` where ``num_hidden_layers`` is its alias)."""
-    alias = getattr(cfg, "attribute_map", None) or {}
-    return str(alias.get("num_hidden_layers", "num_hidden_layers"))
-
-
-def _follow_layers(cfg, data: Mapping[str, Any], overrides: Mapping[str, Any], derived: bool = False) -> dict[str, Any]:
-    """``{**data, **overrides}`` with per-layer lists (``layer_types`` ...) cut or repeated to a changed layer count:
-    the lists of ``data`` (the config file) and, with ``derived``, the lists of layer-type names ``cfg`` holds
-    (derived at construction, or fixed defaults such as zamba2's), which would otherwise keep the old count."""
-    fields = {**data, **overrides}
-    old_layers = _get(cfg, "num_hidden_layers")
-    layers = next((overrides[k] for k in ("num_hidden_layers", _layer_key(cfg)) if k in overrides), None)
-    if not (isinstance(old_layers, int) and isinstance(layers, int)) or layers == old_layers:
-        return fields
-    try:
-        defaults = cfg.to_dict() if derived else {}
-    except Exception:  # noqa: BLE001
-        defaults = {}
-    lists = {k: v for k, v in defaults.items() if k not in data and isinstance(v, list) and v
-             and all(isinstance(x, str) for x in v)}
-    lists.update({k: v for k, v in data.items() if isinstance(v, list)})
-    for key, value in lists.items():
-        if key not in overrides and len(value) == old_layers:
-            fields[key] = (value * (layers // max(old_layers, 1) + 1))[:layers]
-    for key, value in data.items():  # {layer index: fields} (gemma4's per_layer_config): the layers that remain
-        if key not in overrides and isinstance(value, dict) and value and all(_index(k) >= 0 for k in value):
-            if max(_index(k) for k in value) < old_layers:
-                fields[key] = {k: v for k, v in value.items() if _index(k) < layers}
-    return fields
-
-
-def _index(key: Any) -> int:
-    """A layer index as a JSON key (``"05"``) or an int, else -1."""
-    if isinstance(key, int) and not isinstance(key, bool):
-        return key
-    return int(key) if isinstance(key, str) and key.isdigit() else -1
-
-
-def _reason(exc: BaseException, limit: int = 200) -> str:
-    """One line of an exception: its last non-empty line (validation errors put the cause last)."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return (lines[-1] if lines else type(exc).__name__)[:limit]
-
-
-def _for_model(tf, kind: str, kwargs: dict):
-    if kind not in tf.models.auto.configuration_auto.CONFIG_MAPPING:
-        raise GraphError(f"graph.model_type={kind}: transformers {tf.__version__} knows no such model type "
-                         "(e.g. llama, qwen2, mistral, gpt2, bert, t5, vit)")
-    try:
-        return tf.AutoConfig.for_model(kind, **kwargs)
-    except Exception as exc:  # noqa: BLE001 -- the config's own checks (e.g. heads dividing the width)
-        raise GraphError(f"the '{kind}' config refuses these fields: {_reason(exc)}") from None
-
-
 def task_classes(cfg) -> dict[str, tuple[str, ...]]:
     """The tasks the config's model type has a class for in transformers' auto mappings, with the class names
     (in ``TASKS`` order)."""
-    auto = _transformers().models.auto.modeling_auto
+    auto = transformers_module().models.auto.modeling_auto
     out: dict[str, tuple[str, ...]] = {}
     for task, attr in _MAPPING_NAMES.items():
         names = getattr(auto, attr, {}).get(getattr(cfg, "model_type", None))
@@ -276,7 +98,7 @@ def task_classes(cfg) -> dict[str, tuple[str, ...]]:
 def infer_task(cfg) -> str:
     """The training task of a config (see the module doc)."""
     has = task_classes(cfg)
-    archs = [str(a) for a in (_get(cfg, "architectures") or ())]
+    archs = [str(a) for a in (get_field(cfg, "architectures") or ())]
     for arch in archs:  # the class the config names
         for task, names in has.items():
             if arch in names:
@@ -292,35 +114,15 @@ def _guess_task(cfg, archs: list[str]) -> str:
         for suffix, task in _SUFFIX:
             if arch.endswith(suffix):
                 return task
-    if _get(cfg, "is_encoder_decoder"):
+    if get_field(cfg, "is_encoder_decoder"):
         return "seq2seq_lm"
-    if _get(cfg, "image_size") and not _get(cfg, "vocab_size"):
+    if get_field(cfg, "image_size") and not get_field(cfg, "vocab_size"):
         return "image_classification"
-    tf = _transformers()
+    tf = transformers_module()
     auto = tf.models.auto.modeling_auto
     if type(cfg) in auto.MODEL_FOR_MASKED_LM_MAPPING:  # BERT-like encoders also have a causal head: not their task
         return "masked_lm"
     return "causal_lm"
-
-
-def _int(value: Any) -> int:
-    """``value`` if it is a positive int (not a bool, list or None), else 0."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def _check_heads(cfg, model_type: str) -> None:
-    """Attention sizes the model's code would fail on deep inside a capture (a torch traceback, then a shape
-    error): query heads that do not split the hidden size (when the config derives the head size from it: no
-    ``head_dim`` / ``d_kv``), or key-value heads that do not divide the query heads (grouped-query attention)."""
-    heads = _int(_get(cfg, "num_attention_heads")) or _int(_get(cfg, "n_head"))
-    hidden = _int(_get(cfg, "hidden_size")) or _int(_get(cfg, "n_embd"))
-    kv = _int(_get(cfg, "num_key_value_heads"))
-    if heads and hidden and hidden % heads and not (_int(_get(cfg, "head_dim")) or _int(_get(cfg, "d_kv"))):
-        raise GraphError(f"the '{model_type}' config has hidden_size {hidden}, not a multiple of its "
-                         f"{heads} attention heads: change one of them in graph.overrides")
-    if heads and kv and heads % kv:
-        raise GraphError(f"the '{model_type}' config has {heads} attention heads, not a multiple of its {kv} "
-                         "key-value heads (num_key_value_heads): change one of them in graph.overrides")
 
 
 def _registered(auto, cfg) -> bool:
@@ -334,7 +136,7 @@ def _registered(auto, cfg) -> bool:
 def _no_layerdrop(cfg) -> None:
     """LayerDrop off (``layerdrop``, ``encoder_layerdrop`` ...) on the config and its sub-configs: a training step
     skips each layer at random (a data-dependent branch torch.export cannot trace); the graph has them all."""
-    for obj in [cfg] + [v for v in vars(cfg).values() if _is_config(v)]:
+    for obj in [cfg] + [v for v in vars(cfg).values() if is_config(v)]:
         for key, value in list(vars(obj).items()):
             if key.endswith("layerdrop") and isinstance(value, (int, float)) and value:
                 setattr(obj, key, 0.0)
@@ -377,7 +179,7 @@ def build(*, config: str | None = None, model_type: str | None = None, task: str
     for key, val in (("batch_size", batch_size), ("seq_len", seq_len)):
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
             raise GraphError(f"graph.{key}={val!r} must be an integer >= 1")
-    tf = _transformers()
+    tf = transformers_module()
     cfg = load_config(config, model_type, overrides)
     task = infer_task(cfg) if task == "auto" else task
     auto = getattr(tf, _AUTO_CLASS[task])
@@ -389,15 +191,8 @@ def build(*, config: str | None = None, model_type: str | None = None, task: str
         raise GraphError(f"the '{cfg.model_type}' model type has no causal-LM, masked-LM, seq2seq-LM or "
                          f"image-classification class in transformers {tf.__version__}: graph=hf captures those "
                          "training steps (not audio, detection, segmentation ... heads)")
-    text = cfg if task == "image_classification" else _text_config(cfg)  # a composite config's language model
-    field = next((k for k in ("max_position_embeddings", "n_positions", "max_target_positions")  # the last:
-                  if _get(text, k)), "max_position_embeddings")  # the text decoder of Whisper / Speech2Text
-    limit = _get(text, field)
-    if (task != "image_classification" and isinstance(limit, int) and not isinstance(limit, bool)
-            and 0 < limit < seq_len):  # XLNet says -1: no limit
-        raise GraphError(f"graph.seq_len={seq_len} is longer than the config's {limit} positions "
-                         f"({field}): lower it or raise that field in graph.overrides")
-    _check_heads(text if task != "image_classification" else cfg, cfg.model_type)
+    text = cfg if task == "image_classification" else text_config(cfg)  # a composite config's language model
+    check_sizes(text, cfg.model_type, None if task == "image_classification" else seq_len)
     cfg.use_cache = False
     for key in ("torch_dtype", "dtype"):  # hub configs say bfloat16: graphs are fp32 (the topology sets the dtype)
         if getattr(cfg, key, None) is not None:
@@ -418,7 +213,7 @@ def build(*, config: str | None = None, model_type: str | None = None, task: str
             raise GraphError(f"graph.task={task}: a '{cfg.model_type}' config has no {_AUTO_CLASS[task]} model; "
                              "set graph.task") from None
         raise GraphError(f"the '{cfg.model_type}' model cannot be built from this config: "
-                         f"{type(exc).__name__}: {_reason(exc, 160)}") from None
+                         f"{type(exc).__name__}: {reason(exc, 160)}") from None
     _params_to_meta(model)
     model.train()
     from placement_rl.graph.models.hf_decoders import register_moe_flops
@@ -426,17 +221,18 @@ def build(*, config: str | None = None, model_type: str | None = None, task: str
     register_moe_flops()  # FLOP formulas for transformers' grouped-matmul expert ops (after the model class loaded)
     gen = torch.Generator().manual_seed(seed)
     if task == "image_classification":
-        vision = _get(cfg, "vision_config") if _is_config(_get(cfg, "vision_config")) else cfg  # CLIP, SigLIP
-        named = _has(cfg, "image_size") or _has(vision, "image_size")
-        size = _get(cfg, "image_size") or _get(vision, "image_size") or (None if named else _DEFAULT_IMAGE_SIZE)
+        vision = get_field(cfg, "vision_config") if is_config(get_field(cfg, "vision_config")) else cfg  # CLIP, SigLIP
+        named = has_field(cfg, "image_size") or has_field(vision, "image_size")
+        size = (get_field(cfg, "image_size") or get_field(vision, "image_size")
+                or (None if named else _DEFAULT_IMAGE_SIZE))
         size = size[0] if isinstance(size, (list, tuple)) and size else size
         if not isinstance(size, int):
             raise GraphError(f"the '{cfg.model_type}' config has no integer image_size: set graph.overrides.image_size")
-        chans = int(_get(cfg, "num_channels") or _get(vision, "num_channels") or 3)
+        chans = int(get_field(cfg, "num_channels") or get_field(vision, "num_channels") or 3)
         inputs = torch.randn(batch_size, chans, size, size, generator=gen)
         labels = torch.randint(0, max(int(getattr(cfg, "num_labels", 2)), 1), (batch_size,), generator=gen)
     else:
-        vocab = _get(text, "vocab_size")
+        vocab = get_field(text, "vocab_size")
         vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else 0
         if vocab < 2:
             raise GraphError(f"the '{cfg.model_type}' config has no vocab_size: set graph.overrides.vocab_size")
@@ -447,10 +243,9 @@ def build(*, config: str | None = None, model_type: str | None = None, task: str
     keys = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
             "vocab_size", "num_local_experts", "num_experts")
     sized = text if task != "image_classification" else vision
-    sizing = {k: _get(sized, k) for k in keys if _int(_get(sized, k))}
-    heads = _int(_get(sized, "num_attention_heads")) or _int(_get(sized, "n_head"))  # Swin: one count per stage
-    hidden = _int(_get(sized, "hidden_size")) or _int(_get(sized, "n_embd"))
-    head_dim = _int(_get(sized, "head_dim")) or (hidden / heads if heads and hidden else 64.0)
+    sizing = {k: get_field(sized, k) for k in keys if positive_int(get_field(sized, k))}
+    heads, hidden = attention_sizes(sized)
+    head_dim = positive_int(get_field(sized, "head_dim")) or (hidden / heads if heads and hidden else 64.0)
     desc = {"model_type": cfg.model_type, "task": task, "class": type(model).__name__, "params": int(params),
             "batch_size": batch_size, "seq_len": seq_len, "attention": attention, "head_dim": float(head_dim),
             "config": sizing}
