@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("placement_rl.cli.profile", "measure per-node times and link speeds on local devices (ProfileDB)"),
     "deploy": ("placement_rl.cli.deploy", "run a plan.json (DP x PP on torch.distributed) or placement.json for real"),
     "export": ("placement_rl.cli.export", "write a plan.json as torchtitan's job config or Megatron-LM's arguments"),
+    "maxload": ("placement_rl.cli.maxload", "max-load split of a graph in the dnn-partitioning JSON format"),
 }
 
 USAGE = "usage: placement-rl <subcommand> [hydra overrides ...]   (placement-rl <subcommand> --help for its config)"

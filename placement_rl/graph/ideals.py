@@ -73,8 +73,22 @@ def _to_matrix(ideals: Sequence[int], n: int) -> np.ndarray:
 def enumerate_ideals(graph: CompGraph, *, limit: int, colocate: Sequence[Sequence[int]] = ()) -> np.ndarray | None:
     """Every ideal (bool [K, N], smallest first), or None when there are more than ``limit`` (counting the
     ones a colocation group splits, which are dropped at the end: a stage never splits a group)."""
-    n = graph.num_nodes
-    preds = _masks(graph)
+    out = _ideal_masks(_masks(graph), graph.num_nodes, limit)
+    if out is None:
+        return None
+    groups = [sum(1 << int(v) for v in grp) for grp in colocate if len(grp) > 1]
+    if groups:
+        out = [x for x in out if all(x & g in (0, g) for g in groups)]
+    return _to_matrix(out, graph.num_nodes)
+
+
+def enumerate_ideals_masks(preds: Sequence[int], n: int, *, limit: int) -> np.ndarray | None:
+    """``enumerate_ideals`` of a DAG given as the bit mask of each node's predecessors."""
+    out = _ideal_masks(preds, n, limit)
+    return None if out is None else _to_matrix(out, n)
+
+
+def _ideal_masks(preds: Sequence[int], n: int, limit: int) -> list[int] | None:
     level = {0}
     out: list[int] = [0]
     for _ in range(n):
@@ -88,10 +102,7 @@ def enumerate_ideals(graph: CompGraph, *, limit: int, colocate: Sequence[Sequenc
             return None
         level = nxt
         out.extend(sorted(nxt))
-    groups = [sum(1 << int(v) for v in grp) for grp in colocate if len(grp) > 1]
-    if groups:
-        out = [x for x in out if all(x & g in (0, g) for g in groups)]
-    return _to_matrix(out, n)
+    return out
 
 
 def prefix_ideals(graph: CompGraph, colocate: Sequence[Sequence[int]] = ()) -> np.ndarray:
@@ -119,4 +130,5 @@ def ideal_family(graph: CompGraph, *, limit: int, colocate: Sequence[Sequence[in
                        "topological order instead (coarsen the graph or raise the limit for the full space)")
 
 
-__all__ = ["IdealFamily", "enumerate_ideals", "ideal_bound", "ideal_family", "prefix_ideals"]
+__all__ = ["IdealFamily", "enumerate_ideals", "enumerate_ideals_masks", "ideal_bound", "ideal_family",
+           "prefix_ideals"]

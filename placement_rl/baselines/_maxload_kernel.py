@@ -1,0 +1,128 @@
+"""Numba kernels of the max-load model (``placement_rl.baselines.maxload``): the dynamic program over ideals and the
+load of every device under an assignment.
+
+DP state ``f[c, a, J]``: the least max-load of a split of the blocks in ideal ``J`` over at most ``c`` CPU cores and
+``a`` accelerators, each device holding one contiguous set ``J' minus I'`` of a chain of ideals. A set on a CPU core
+costs its CPU time; on an accelerator its accelerator time plus, once per source node, the cost of every output
+that crosses the set's boundary (sent or received); infinite where it does not fit or holds a node accelerators
+cannot run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+INF = np.inf
+
+
+@njit(cache=True, nogil=True)
+def _bit(words, k, b):
+    return (words[k, b >> 6] >> np.uint64(b & 63)) & np.uint64(1)
+
+
+@njit(cache=True, nogil=True)
+def _subset(words, i, j):
+    for w in range(words.shape[1]):
+        if words[i, w] & ~words[j, w]:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def set_comm(words, i, j, src_block, src_cost, cons_ptr, cons_block):
+    """The communication a set ``J minus I`` pays on an accelerator: the cost of every source whose output
+    crosses its boundary, once."""
+    total = 0.0
+    for s in range(src_block.shape[0]):
+        b = src_block[s]
+        inside = _bit(words, j, b) & ~_bit(words, i, b) & np.uint64(1)
+        for q in range(cons_ptr[s], cons_ptr[s + 1]):
+            c = cons_block[q]
+            if (_bit(words, j, c) & ~_bit(words, i, c) & np.uint64(1)) != inside:
+                total += src_cost[s]
+                break
+    return total
+
+
+@njit(cache=True, nogil=True)
+def maxload_dp(words, card, acc, cpu, size, bad, max_size, src_block, src_cost, cons_ptr, cons_block,
+               j0, j1, f, choice, sub):
+    """Fill ``f`` [C + 1, A + 1, K] for ideals ``j0 .. j1 - 1`` (earlier ones already filled; ``f[:, :, 0] = 0``).
+    ``choice``: 0 a CPU core left unused, 1 an accelerator left unused, 2 the last set on a CPU core, 3 on an
+    accelerator, ``sub`` its lower ideal. ``acc`` / ``cpu`` / ``size`` / ``bad`` are sums over each ideal (``bad``:
+    nodes an accelerator cannot run). Returns the ideal pairs visited."""
+    nc = f.shape[0]
+    na = f.shape[1]
+    best = np.empty((nc, na))
+    arg = np.empty((nc, na), dtype=np.int64)
+    kind = np.empty((nc, na), dtype=np.int64)
+    pairs = 0
+    for j in range(j0, j1):
+        best[:] = INF
+        arg[:] = -1
+        kind[:] = -1
+        for i in range(j):
+            if card[i] >= card[j] or not _subset(words, i, j):
+                continue
+            pairs += 1
+            c_cost = cpu[j] - cpu[i]
+            a_cost = INF
+            if na > 1 and bad[j] - bad[i] < 0.5 and size[j] - size[i] <= max_size * (1 + 1e-12):
+                a_cost = acc[j] - acc[i] + set_comm(words, i, j, src_block, src_cost, cons_ptr, cons_block)
+            for c in range(nc):
+                for a in range(na):
+                    if c > 0:
+                        v = max(f[c - 1, a, i], c_cost)
+                        if v < best[c, a]:
+                            best[c, a] = v
+                            arg[c, a] = i
+                            kind[c, a] = 2
+                    if a > 0 and a_cost < INF:
+                        v = max(f[c, a - 1, i], a_cost)
+                        if v < best[c, a]:
+                            best[c, a] = v
+                            arg[c, a] = i
+                            kind[c, a] = 3
+        for c in range(nc):
+            for a in range(na):
+                v = best[c, a]
+                k = kind[c, a]
+                s = arg[c, a]
+                if c > 0 and f[c - 1, a, j] < v:
+                    v = f[c - 1, a, j]
+                    k = 0
+                    s = j
+                if a > 0 and f[c, a - 1, j] < v:
+                    v = f[c, a - 1, j]
+                    k = 1
+                    s = j
+                f[c, a, j] = v
+                choice[c, a, j] = k
+                sub[c, a, j] = s
+    return pairs
+
+
+@njit(cache=True, nogil=True)
+def device_loads(device, n_acc, n_dev, acc, cpu, edges, out_cost):
+    """Load of every device (int ``device`` per node, accelerators first): its nodes' times plus, on an
+    accelerator, each crossing output once (sent by its producer's device, received once by every other device
+    holding a consumer)."""
+    load = np.zeros(n_dev)
+    for v in range(device.shape[0]):
+        d = device[v]
+        load[d] += acc[v] if d < n_acc else cpu[v]
+    seen = np.full(n_dev, -1, dtype=np.int64)
+    for e in range(edges.shape[0]):
+        u = edges[e, 0]
+        du = device[u]
+        dv = device[edges[e, 1]]
+        if du == dv:
+            continue
+        if du < n_acc and seen[du] != u:
+            seen[du] = u
+            load[du] += out_cost[u]
+        if dv < n_acc and seen[dv] != u:
+            seen[dv] = u
+            load[dv] += out_cost[u]
+    return load

@@ -1,0 +1,137 @@
+"""The max-load model (``placement_rl.baselines.maxload``) for CP-SAT: the best split of the blocks over the devices,
+contiguous or not, with a proven lower bound when stopped early.
+
+Variables: ``x[b, d]`` (block ``b`` on device ``d``; accelerators ``0 .. A-1``, CPU cores after) and, per source
+node ``s`` and accelerator ``d``, ``y[s, d]`` (``d`` pays ``s``'s output: ``s`` is on ``d`` and a consumer is not, or
+the reverse). Each accelerator's load (times plus paid outputs) and each core's (times) is at most ``L``, which is
+minimised; an accelerator holds at most ``max_size`` bytes and no block it cannot run. Devices of one kind are
+interchangeable, so block ``b`` may use only devices ``0 .. b`` of each kind (the ``k``-th device of a kind, in
+order of first use, holds no block before ``b = k``). Times are integer ticks rounded down (the bound stays valid;
+every split is scored again exactly), sizes rounded up and capacities down (a split the model admits fits).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from placement_rl.baselines.maxload import Blocks, Split, _sources, evaluate
+from placement_rl.graph.maxload_file import MaxLoadInstance
+
+TICKS = 10_000_000  # integer ticks of the largest possible load
+MEM_UNITS = 10_000_000
+
+
+def _require_ortools():
+    try:
+        from ortools.sat.python import cp_model
+    except ImportError:
+        return None
+    return cp_model
+
+
+def available() -> bool:
+    return _require_ortools() is not None
+
+
+def cp_split(inst: MaxLoadInstance, blocks: Blocks, hint: Split, *, seconds: float) -> tuple[Split, float, bool]:
+    """(CP-SAT's split where it beats ``hint``, else None; a lower bound on every split's max-load; whether CP-SAT
+    proved its optimum, of which the better of the two is a split)."""
+    cp_model = _require_ortools()
+    t0 = time.perf_counter()
+    na, nc = inst.accelerators, inst.cpus
+    nb = blocks.count
+    src_block, src_cost, ptr, cons = _sources(inst, blocks)
+    top = max(float(blocks.acc.sum() + src_cost.sum()), float(blocks.cpu.sum()), 1e-30)
+    scale = TICKS / top
+    acc_t = np.floor(blocks.acc * scale).astype(np.int64)
+    cpu_t = np.floor(blocks.cpu * scale).astype(np.int64)
+    cost_t = np.floor(src_cost * scale).astype(np.int64)
+    size_u, cap_u = _memory_units(blocks.size, inst.max_size)
+    m = cp_model.CpModel()
+    fits = (blocks.bad < 0.5) & (size_u <= cap_u)
+    x = {}
+    for b in range(nb):
+        options = []
+        for d in range(min(na, b + 1)):
+            if fits[b]:
+                x[b, d] = m.NewBoolVar(f"x{b}_{d}")
+                options.append(x[b, d])
+        for k in range(min(nc, b + 1)):
+            x[b, na + k] = m.NewBoolVar(f"x{b}_{na + k}")
+            options.append(x[b, na + k])
+        m.AddExactlyOne(options)
+    zero = m.NewConstant(0)
+
+    def on(b, d):
+        return x.get((b, d), zero)
+
+    horizon = TICKS + 1
+    big = m.NewIntVar(0, horizon, "L")
+    for d in range(na):
+        terms = [(int(acc_t[b]), x[b, d]) for b in range(nb) if (b, d) in x]
+        if not terms:
+            continue
+        m.Add(sum(int(size_u[b]) * x[b, d] for b in range(nb) if (b, d) in x) <= cap_u)
+        for s in range(len(src_block)):
+            bs = int(src_block[s])
+            y = m.NewBoolVar(f"y{s}_{d}")
+            for q in range(ptr[s], ptr[s + 1]):
+                c = int(cons[q])
+                m.Add(y >= on(bs, d) - on(c, d))
+                m.Add(y >= on(c, d) - on(bs, d))
+            terms.append((int(cost_t[s]), y))
+        m.Add(big >= sum(w * v for w, v in terms))
+    for k in range(nc):
+        d = na + k
+        m.Add(big >= sum(int(cpu_t[b]) * x[b, d] for b in range(nb) if (b, d) in x))
+    _hint(m, x, blocks, hint, na, na + nc)
+    m.Minimize(big)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.1, float(seconds))
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = 0
+    status = solver.Solve(m)
+    bound = max(0.0, float(solver.BestObjectiveBound()) / scale) if status != cp_model.UNKNOWN else 0.0
+    found = None
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        dev_block = np.array([next(d for d in range(na + nc) if (b, d) in x and solver.Value(x[b, d]))
+                              for b in range(nb)], dtype=np.int64)
+        device = dev_block[blocks.block]
+        loads, broken = evaluate(inst, device)
+        if not broken and float(loads.max()) < hint.max_load * (1 - 1e-12):
+            stats = {"seconds": time.perf_counter() - t0, "cp_bound": bound}
+            found = Split(device, loads, float(loads.max()), "CP-SAT", False, [], stats)
+    return found, bound, status == cp_model.OPTIMAL
+
+
+def _memory_units(size: np.ndarray, cap: float) -> tuple[np.ndarray, int]:
+    """Sizes and the capacity as integers: exact for whole bytes, else ``MEM_UNITS`` units of the capacity, sizes
+    rounded up and the capacity down (a split the model admits fits)."""
+    total = float(size.sum())
+    if np.all(size == np.round(size)) and total < 2**53:
+        return size.astype(np.int64), int(min(math.floor(cap), total))
+    scale = MEM_UNITS / max(cap, float(size.max(initial=0.0)), 1e-30)
+    return np.ceil(size * scale - 1e-9).astype(np.int64), int(math.floor(cap * scale + 1e-9))
+
+
+def _hint(m, x, blocks: Blocks, hint: Split, na: int, n_dev: int) -> None:
+    """The hint relabelled so that devices of a kind are numbered by the first block each holds."""
+    dev_block = np.empty(blocks.count, dtype=np.int64)
+    dev_block[blocks.block] = hint.device
+    relabel: dict[int, int] = {}
+    counts = [0, 0]
+    for b in range(blocks.count):
+        d = int(dev_block[b])
+        kind = 0 if d < na else 1
+        if d not in relabel:
+            relabel[d] = counts[kind] if kind == 0 else na + counts[kind]
+            counts[kind] += 1
+        for dd in range(n_dev):
+            if (b, dd) in x:
+                m.AddHint(x[b, dd], dd == relabel[d])
+
+
+__all__ = ["available", "cp_split"]

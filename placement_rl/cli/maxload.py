@@ -1,0 +1,118 @@
+"""``placement-rl maxload INSTANCE.json``: the max-load (time per sample) split of a layer or operator graph in the
+format of Tarnawski et al. (NeurIPS 2020, msr-fiddle/dnn-partitioning) over its accelerators and CPU cores
+(``placement_rl.baselines.maxload``; docs/maxload.md).
+
+Prints the instance, the best contiguous split (a dynamic program over every ideal: optimal when it says so), the
+best split of any shape (single moves, then CP-SAT where OR-Tools is installed) and a lower bound on every split.
+Plain flags: ``--out`` (write the best split in the solvers' JSON format, whole or not at all), ``--contiguous``
+(write the contiguous one instead), ``--seconds`` (for the search after the dynamic program; 0: none),
+``--ideals`` (how many ideals the dynamic program may enumerate), ``--split FILE`` (score a given split instead,
+e.g. a published one). Bad input: one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from placement_rl.errors import PlacementRLError
+
+USAGE = "placement-rl maxload INSTANCE.json [--out FILE] [--seconds S] [--split FILE]"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
+        print(f"error: {message} ({USAGE})", file=sys.stderr)
+        sys.exit(2)
+
+
+def parser() -> argparse.ArgumentParser:
+    from placement_rl.baselines.maxload import IDEAL_LIMIT
+
+    p = _Parser(prog="placement-rl maxload", description=__doc__.split("\n\n")[0])
+    p.add_argument("instance", help="instance JSON (maxSizePerFPGA, maxFPGAs, maxCPUs, nodes, edges)")
+    p.add_argument("--out", help="write the split here (JSON: maxLoad, fpgas, cpus as {load, nodes})")
+    p.add_argument("--contiguous", action="store_true", help="write the best contiguous split, not the best one")
+    p.add_argument("--seconds", type=float, default=10.0, help="search after the dynamic program (default 10; 0: none)")
+    p.add_argument("--ideals", type=int, default=IDEAL_LIMIT,
+                   help=f"most ideals the dynamic program enumerates (default {IDEAL_LIMIT})")
+    p.add_argument("--split", help="score this split file (the solvers' output format) instead of solving")
+    return p
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _loads_line(inst, loads) -> str:
+    acc = ", ".join(f"{x:.6g}" for x in loads[:inst.accelerators])
+    cpu = ", ".join(f"{x:.6g}" for x in loads[inst.accelerators:])
+    return f"accelerators [{acc}]" + (f", CPU cores [{cpu}]" if inst.cpus else "")
+
+
+def run(args: argparse.Namespace) -> list[str]:
+    from placement_rl.baselines.maxload import Split, blocks_of, evaluate, lower_bound, split_json
+    from placement_rl.baselines.maxload_solve import solve
+    from placement_rl.graph.files import atomic_write_text
+    from placement_rl.graph.maxload_file import read_instance, read_split
+
+    if args.seconds < 0 or args.seconds != args.seconds:
+        raise PlacementRLError(f"--seconds must be >= 0 (got {args.seconds})")
+    if args.ideals < 2:
+        raise PlacementRLError(f"--ideals must be at least 2 (got {args.ideals})")
+    inst = read_instance(args.instance)
+    lines = [f"instance: {inst.describe()}"]
+    if args.split:
+        device = read_split(args.split, inst)
+        loads, broken = evaluate(inst, device)
+        lines.append(f"split {args.split}: max-load {loads.max():.6g} ({_loads_line(inst, loads)})")
+        lines.append(f"lower bound: {lower_bound(inst):.6g} (any split)")
+        lines += [f"warning: the split breaks a constraint: {b}" for b in broken]
+        if args.out:
+            split = Split(device, loads, float(loads.max()), f"given ({args.split})")
+            atomic_write_text(args.out, json.dumps(split_json(inst, split), indent=1) + "\n")
+            lines.append(f"wrote {args.out}")
+        return lines
+    blocks = blocks_of(inst)
+    lines.append(f"{blocks.count} colour classes (classes on a cycle of the forward graph merged)")
+    res = solve(inst, ideal_limit=args.ideals, seconds=args.seconds, progress=_say)
+    dp = res.contiguous
+    how = (f"all {dp.stats['ideals']:.0f} ideals" if dp.contiguous_optimum else
+           f"{dp.stats['ideals']:.0f} prefix ideals, not proven optimal")
+    lines.append(f"contiguous split (dynamic program over {how}, {dp.stats['ideal_pairs']:.0f} pairs, "
+                 f"{dp.stats['seconds']:.2f} s): max-load {dp.max_load:.6g} ({_loads_line(inst, dp.loads)})")
+    lines += [f"note: {n}" for n in dp.notes + res.notes]
+    best = res.best
+    if best is not dp:
+        lines.append(f"best split of any shape ({best.method}): max-load {best.max_load:.6g} "
+                     f"({best.max_load / dp.max_load:.4f} x contiguous; {_loads_line(inst, best.loads)})")
+    else:
+        lines.append(f"best split: the contiguous one (nothing of any shape beat it in {args.seconds:g} s)")
+    proof = "the best split is optimal" if res.optimal else f"gap {best.max_load / res.lower_bound - 1:.2%}"
+    lines.append(f"lower bound: {res.lower_bound:.6g} (any split; {proof})")
+    if args.out:
+        chosen = dp if args.contiguous else best
+        data = {**split_json(inst, chosen), "lower_bound": res.lower_bound,
+                "optimal": res.optimal and chosen.max_load <= best.max_load * (1 + 1e-12), "instance": inst.path}
+        atomic_write_text(args.out, json.dumps(data, indent=1) + "\n")
+        lines.append(f"wrote {args.out}")
+    else:
+        lines.append("(pass --out FILE to write the split)")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        lines = run(args)
+    except PlacementRLError as exc:
+        from placement_rl.cli.common import fail
+
+        fail(str(exc))
+        return
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""Reader of the max-load partitioning format of Tarnawski et al., "Efficient Algorithms for Device Placement of
+DNN Graph Operators" (NeurIPS 2020; msr-fiddle/dnn-partitioning, MIT licence): a DNN's layers or operators with a
+measured time on an accelerator and on a CPU core, for ``maxFPGAs`` identical accelerators ("FPGA" there means any
+accelerator) and ``maxCPUs`` CPU cores.
+
+An instance file is one JSON object: ``maxSizePerFPGA`` (bytes), ``maxFPGAs``, ``maxCPUs``, ``nodes`` (``id``,
+``supportedOnFpga``, ``cpuLatency``, ``fpgaLatency``, ``isBackwardNode``, optional ``size`` (bytes, default 0) and
+``colorClass`` (nodes sharing one run on one device)) and ``edges`` (``sourceId``, ``destId``, ``cost``: the time to
+move the source's output between an accelerator and CPU memory, the same on every edge out of one node). Other keys
+(``name``, ``layerId``, edge ``size``) are kept or ignored. A split file is the solvers' output: ``fpgas`` and
+``cpus``, each a list of ``{"nodes": [ids]}`` (``load`` and ``maxLoad`` are ignored when read).
+
+``read_instance(path)`` -> ``MaxLoadInstance`` (arrays in file order) and ``read_split(path, instance)`` -> device
+per node (accelerators ``0 .. F-1``, CPU cores ``F ..``; a node the split leaves out joins its colour class's
+device, so a forward-only split scores a training graph); any problem is one ``GraphError`` line naming the file
+and the entry.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from placement_rl.errors import GraphError
+
+
+@dataclass(frozen=True, eq=False)
+class MaxLoadInstance:
+    """One instance: per node (file order) ``ids``, ``names``, ``acc`` / ``cpu`` times, ``size`` bytes,
+    ``supported`` (may run on an accelerator), ``backward``, ``colour`` (colocation class, -1: none) and
+    ``out_cost`` (the time to move its output off its device, 0 without out-edges); ``edges`` int [E, 2] (node
+    indices); ``max_size`` bytes per accelerator; ``accelerators`` and ``cpus`` (device counts)."""
+
+    path: str
+    ids: tuple[int, ...]
+    names: tuple[str, ...]
+    acc: np.ndarray
+    cpu: np.ndarray
+    size: np.ndarray
+    supported: np.ndarray
+    backward: np.ndarray
+    colour: np.ndarray
+    out_cost: np.ndarray
+    edges: np.ndarray
+    max_size: float
+    accelerators: int
+    cpus: int
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.ids)
+
+    def describe(self) -> str:
+        nb = int(self.backward.sum())
+        return (f"{self.num_nodes} nodes ({self.num_nodes - nb} forward, {nb} backward), {len(self.edges)} edges; "
+                f"{self.accelerators} accelerators of {self.max_size:.4g} bytes, {self.cpus} CPU cores")
+
+
+def _load(path: Path) -> Any:
+    if not path.is_file():
+        raise GraphError(f"{path} does not exist")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise GraphError(f"{path} is not JSON ({exc})") from None
+
+
+def _number(path: Path, where: str, value: Any, *, integer: bool = False) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    if ok and integer and value != int(value):
+        ok = False
+    if not ok:
+        kind = "a whole number" if integer else "a finite number"
+        raise GraphError(f"{path}: {where} must be {kind} >= 0 (got {value!r})")
+    return float(value)
+
+
+def _flag(path: Path, where: str, value: Any) -> bool:
+    if value in (0, 1) or isinstance(value, bool):
+        return bool(value)
+    raise GraphError(f"{path}: {where} must be true / false or 0 / 1 (got {value!r})")
+
+
+def _int(path: Path, where: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise GraphError(f"{path}: {where} must be an integer (got {value!r})")
+    return int(value)
+
+
+def _field(path: Path, obj: dict, key: str, where: str) -> Any:
+    if key not in obj:
+        raise GraphError(f"{path}: {where} has no '{key}'")
+    return obj[key]
+
+
+def read_instance(path: str | Path) -> MaxLoadInstance:
+    """The instance in ``path`` (see the module doc), checked: ids unique, edges between known nodes, a DAG with no
+    edge from a backward node to a forward one, one cost per source node."""
+    path = Path(path)
+    data = _load(path)
+    if not isinstance(data, dict):
+        raise GraphError(f"{path} is not a max-load instance (a JSON object with maxFPGAs, maxCPUs, nodes, edges)")
+    fpgas = int(_number(path, "maxFPGAs", _field(path, data, "maxFPGAs", "the instance"), integer=True))
+    cpus = int(_number(path, "maxCPUs", _field(path, data, "maxCPUs", "the instance"), integer=True))
+    max_size = _number(path, "maxSizePerFPGA", _field(path, data, "maxSizePerFPGA", "the instance"))
+    if fpgas + cpus == 0:
+        raise GraphError(f"{path}: maxFPGAs and maxCPUs are both 0: there is no device to place on")
+    nodes, edges = _field(path, data, "nodes", "the instance"), _field(path, data, "edges", "the instance")
+    if not isinstance(nodes, list) or not nodes:
+        raise GraphError(f"{path}: nodes must be a non-empty list")
+    if not isinstance(edges, list):
+        raise GraphError(f"{path}: edges must be a list")
+    index: dict[int, int] = {}
+    cols: dict[str, list] = {k: [] for k in ("acc", "cpu", "size", "supported", "backward", "colour", "names")}
+    for k, node in enumerate(nodes):
+        where = f"nodes[{k}]"
+        if not isinstance(node, dict):
+            raise GraphError(f"{path}: {where} is not an object")
+        nid = _int(path, f"{where}.id", _field(path, node, "id", where))
+        if nid in index:
+            raise GraphError(f"{path}: {where}.id {nid} is used by an earlier node")
+        index[nid] = k
+        cols["acc"].append(_number(path, f"{where}.fpgaLatency", _field(path, node, "fpgaLatency", where)))
+        cols["cpu"].append(_number(path, f"{where}.cpuLatency", _field(path, node, "cpuLatency", where)))
+        cols["size"].append(_number(path, f"{where}.size", node.get("size", 0.0)))
+        cols["supported"].append(_flag(path, f"{where}.supportedOnFpga", _field(path, node, "supportedOnFpga", where)))
+        cols["backward"].append(_flag(path, f"{where}.isBackwardNode", _field(path, node, "isBackwardNode", where)))
+        colour = node.get("colorClass")
+        cols["colour"].append(-1 if colour is None else _int(path, f"{where}.colorClass", colour))
+        cols["names"].append(str(node.get("name", nid)))
+    out_cost = np.zeros(len(nodes))
+    has_cost = np.zeros(len(nodes), dtype=bool)
+    pairs = []
+    for k, edge in enumerate(edges):
+        where = f"edges[{k}]"
+        if not isinstance(edge, dict):
+            raise GraphError(f"{path}: {where} is not an object")
+        ends = []
+        for key in ("sourceId", "destId"):
+            nid = _int(path, f"{where}.{key}", _field(path, edge, key, where))
+            if nid not in index:
+                raise GraphError(f"{path}: {where}.{key} {nid} is not the id of any node")
+            ends.append(index[nid])
+        u, v = ends
+        if u == v:
+            raise GraphError(f"{path}: {where} is a self-loop on node {nodes[u]['id']}")
+        cost = _number(path, f"{where}.cost", _field(path, edge, "cost", where))
+        if has_cost[u] and abs(out_cost[u] - cost) > 1e-6 * max(1.0, cost):
+            raise GraphError(f"{path}: {where}.cost {cost:g} differs from another edge out of node "
+                             f"{nodes[u]['id']} ({out_cost[u]:g}); the output of a node costs the same to every "
+                             "consumer")
+        out_cost[u], has_cost[u] = cost, True
+        if cols["backward"][u] and not cols["backward"][v]:
+            raise GraphError(f"{path}: {where} goes from backward node {nodes[u]['id']} to forward node "
+                             f"{nodes[v]['id']}; backward nodes may feed only backward nodes")
+        pairs.append((u, v))
+    arr = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    _check_acyclic(path, len(nodes), arr, [n["id"] for n in nodes])
+    return MaxLoadInstance(str(path), tuple(index), tuple(cols["names"]), np.array(cols["acc"]),
+                           np.array(cols["cpu"]), np.array(cols["size"]), np.array(cols["supported"], dtype=bool),
+                           np.array(cols["backward"], dtype=bool), np.array(cols["colour"], dtype=np.int64),
+                           out_cost, arr, max_size, fpgas, cpus)
+
+
+def _check_acyclic(path: Path, n: int, edges: np.ndarray, ids: list) -> None:
+    indeg = np.bincount(edges[:, 1], minlength=n) if len(edges) else np.zeros(n, dtype=np.int64)
+    succ: list[list[int]] = [[] for _ in range(n)]
+    for u, v in edges.tolist():
+        succ[u].append(v)
+    stack = [v for v in range(n) if indeg[v] == 0]
+    seen = 0
+    while stack:
+        u = stack.pop()
+        seen += 1
+        for v in succ[u]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                stack.append(v)
+    if seen < n:
+        first = next(v for v in range(n) if indeg[v] > 0)
+        raise GraphError(f"{path}: the edges form a cycle (through node {ids[first]}); an instance must be a DAG")
+
+
+def read_split(path: str | Path, inst: MaxLoadInstance) -> np.ndarray:
+    """Device per node (int [N]: accelerators ``0 .. F-1`` in the order of ``fpgas``, CPU cores ``F ..`` in the
+    order of ``cpus``) of a split file for ``inst``; every node exactly once."""
+    path = Path(path)
+    data = _load(path)
+    if not isinstance(data, dict) or "fpgas" not in data and "cpus" not in data:
+        raise GraphError(f"{path} is not a split (a JSON object with 'fpgas' and 'cpus', lists of {{'nodes': [ids]}})")
+    index = {nid: k for k, nid in enumerate(inst.ids)}
+    device = np.full(inst.num_nodes, -1, dtype=np.int64)
+    for key, first, limit in (("fpgas", 0, inst.accelerators), ("cpus", inst.accelerators, inst.cpus)):
+        groups = data.get(key, [])
+        if not isinstance(groups, list):
+            raise GraphError(f"{path}: '{key}' must be a list of {{'nodes': [ids]}}")
+        if sum(1 for g in groups if isinstance(g, dict) and g.get("nodes")) > limit:
+            raise GraphError(f"{path}: {len(groups)} non-empty '{key}' groups, more than the instance's {limit}")
+        used = 0
+        for k, group in enumerate(groups):
+            members = group.get("nodes") if isinstance(group, dict) else None
+            if not isinstance(members, list):
+                raise GraphError(f"{path}: {key}[{k}] has no list 'nodes'")
+            if not members:
+                continue
+            for nid in members:
+                if nid not in index:
+                    raise GraphError(f"{path}: {key}[{k}] names node {nid!r}, which {inst.path} does not have")
+                if device[index[nid]] >= 0:
+                    raise GraphError(f"{path}: node {nid} is in two groups")
+                device[index[nid]] = first + used
+            used += 1
+    _colocate_rest(inst, device)
+    missing = np.flatnonzero(device < 0)
+    if len(missing):
+        raise GraphError(f"{path} leaves {len(missing)} nodes unplaced (first: node {inst.ids[missing[0]]})")
+    return device
+
+
+def _colocate_rest(inst: MaxLoadInstance, device: np.ndarray) -> None:
+    """Give a node the split leaves out the device of its colour class, where the class has exactly one (a forward
+    split read for a training graph: each backward node joins its forward node)."""
+    for c in np.unique(inst.colour[(device < 0) & (inst.colour >= 0)]):
+        members = inst.colour == c
+        placed = np.unique(device[members & (device >= 0)])
+        if len(placed) == 1:
+            device[members & (device < 0)] = placed[0]
+
+
+__all__ = ["MaxLoadInstance", "read_instance", "read_split"]
