@@ -69,7 +69,17 @@ def maxload_dp(words, card, acc, cpu, size, bad, max_size, src_block, src_cost, 
             c_cost = cpu[j] - cpu[i]
             a_cost = INF
             if na > 1 and bad[j] - bad[i] < 0.5 and size[j] - size[i] <= max_size * (1 + 1e-12):
-                a_cost = acc[j] - acc[i] + set_comm(words, i, j, src_block, src_cost, cons_ptr, cons_block)
+                base = acc[j] - acc[i]
+                useful = False  # the transfers only add: skip them where the times alone improve nothing
+                for c in range(nc):
+                    for a in range(1, na):
+                        if max(f[c, a - 1, i], base) < best[c, a]:
+                            useful = True
+                            break
+                    if useful:
+                        break
+                if useful:
+                    a_cost = base + set_comm(words, i, j, src_block, src_cost, cons_ptr, cons_block)
             for c in range(nc):
                 for a in range(na):
                     if c > 0:

@@ -31,7 +31,8 @@ IDEAL_LIMIT = 20_000
 @dataclass(frozen=True, eq=False)
 class Blocks:
     """Colour classes merged until their forward graph is a DAG: ``block`` per node, ``count``, ``preds`` (bit mask
-    of each block's predecessor blocks) and per-block sums."""
+    of each block's predecessor blocks), per-block sums, and ``free`` (blocks with no edge to another block, which
+    the dynamic program leaves out and places last)."""
 
     block: np.ndarray
     count: int
@@ -40,6 +41,7 @@ class Blocks:
     cpu: np.ndarray
     size: np.ndarray
     bad: np.ndarray
+    free: np.ndarray
 
 
 @dataclass
@@ -65,8 +67,9 @@ def _find(parent: list[int], x: int) -> int:
 
 def blocks_of(inst: MaxLoadInstance) -> Blocks:
     """The colour classes (a node without one is its own), each class's backward-only part placed by mirroring its
-    backward edges, and classes on one cycle of the resulting forward graph merged (a contiguous split cannot
-    separate them)."""
+    backward edges; classes on one cycle of the resulting forward graph merged (a contiguous split cannot separate
+    them), and a class with no time and no bytes whose every edge goes to one other class merged into it (beside it
+    it costs nothing and saves its transfers, so the best split of either kind is kept)."""
     import networkx as nx
 
     n = inst.num_nodes
@@ -94,6 +97,7 @@ def blocks_of(inst: MaxLoadInstance) -> Blocks:
         comp = sorted(comp)
         for c in comp[1:]:
             parent[_find(parent, c)] = _find(parent, comp[0])
+    _merge_idle(inst, cls, parent)
     roots = sorted({_find(parent, c) for c in range(m)})
     renum = {r: k for k, r in enumerate(roots)}
     of_class = np.array([renum[_find(parent, c)] for c in range(m)], dtype=np.int64)
@@ -104,11 +108,42 @@ def blocks_of(inst: MaxLoadInstance) -> Blocks:
         x, y = int(of_class[a]), int(of_class[b])
         if x != y:
             preds[y] |= 1 << x
+    linked = np.zeros(count, dtype=bool)
+    ends = block[inst.edges] if len(inst.edges) else np.zeros((0, 2), dtype=np.int64)
+    cross = ends[ends[:, 0] != ends[:, 1]]
+    linked[cross.ravel()] = True
+    free = ~linked if linked.any() else np.arange(count) > 0
     acc = np.bincount(block, weights=inst.acc, minlength=count)
     cpu = np.bincount(block, weights=inst.cpu, minlength=count)
     size = np.bincount(block, weights=inst.size, minlength=count)
     bad = np.bincount(block, weights=(~inst.supported).astype(float), minlength=count)
-    return Blocks(block, count, preds, acc, cpu, size, bad)
+    return Blocks(block, count, preds, acc, cpu, size, bad, free)
+
+
+def _merge_idle(inst: MaxLoadInstance, cls: np.ndarray, parent: list[int]) -> None:
+    """Merge (in ``parent``) every class with no time, no bytes and no node an accelerator cannot run whose edges
+    all go to one other class into that class, until none is left."""
+    load = np.abs(inst.acc) + np.abs(inst.cpu) + np.abs(inst.size) + (~inst.supported)
+    busy: dict[int, bool] = {}
+    for v in range(inst.num_nodes):
+        r = _find(parent, int(cls[v]))
+        busy[r] = busy.get(r, False) or bool(load[v] > 0)
+    nbrs: dict[int, set[int]] = {}
+    for u, v in inst.edges.tolist():
+        a, b = _find(parent, int(cls[u])), _find(parent, int(cls[v]))
+        if a != b:
+            nbrs.setdefault(a, set()).add(b)
+            nbrs.setdefault(b, set()).add(a)
+    work = [r for r, ns in nbrs.items() if len(ns) == 1 and not busy.get(r, True)]
+    while work:
+        r = work.pop()
+        if _find(parent, r) != r or len(nbrs.get(r, ())) != 1 or busy.get(r, True):
+            continue
+        (target,) = nbrs.pop(r)
+        parent[r] = target
+        nbrs[target].discard(r)
+        if len(nbrs[target]) == 1 and not busy.get(target, True):
+            work.append(target)
 
 
 def _sorted_edges(inst: MaxLoadInstance) -> np.ndarray:
@@ -158,18 +193,55 @@ def _words(members: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(packed.view(np.uint64).reshape(k, nw))
 
 
-def _sources(inst: MaxLoadInstance, blocks: Blocks):
-    """Per source node with a consumer in another block: its block, cost, and its consumers' blocks (CSR)."""
+def merge_pendants(inst: MaxLoadInstance, blocks: Blocks) -> Blocks:
+    """Coarser blocks: each block whose edges all go to one other block (with more than one neighbour itself)
+    merged into it. A smaller space of splits (a block beside its only neighbour), for graphs with too many
+    ideals."""
+    ends = blocks.block[inst.edges] if len(inst.edges) else np.zeros((0, 2), dtype=np.int64)
+    nbrs: list[set[int]] = [set() for _ in range(blocks.count)]
+    for a, b in ends[ends[:, 0] != ends[:, 1]].tolist():
+        nbrs[a].add(b)
+        nbrs[b].add(a)
+    target = np.arange(blocks.count)
+    for b in range(blocks.count):
+        if len(nbrs[b]) == 1:
+            (t,) = nbrs[b]
+            if len(nbrs[t]) > 1:
+                target[b] = t
+    _, renum = np.unique(target, return_inverse=True)
+    count = int(renum.max()) + 1
+    block = renum[blocks.block]
+    preds = [0] * count
+    for y in range(blocks.count):
+        bits = blocks.preds[y]
+        while bits:
+            low = bits & -bits
+            x = low.bit_length() - 1
+            if renum[x] != renum[y]:
+                preds[renum[y]] |= 1 << int(renum[x])
+            bits ^= low
+
+    def total(values):
+        return np.bincount(renum, weights=values, minlength=count)
+
+    free = np.bincount(renum, weights=(~blocks.free).astype(float), minlength=count) < 0.5
+    return Blocks(block, count, preds, total(blocks.acc), total(blocks.cpu), total(blocks.size), total(blocks.bad),
+                  free)
+
+
+def _sources(inst: MaxLoadInstance, blocks: Blocks, pos: np.ndarray):
+    """Per source node with a consumer in another block: its block, cost, and its consumers' blocks (CSR), blocks
+    numbered by ``pos``."""
     src_block, src_cost, ptr, cons = [], [], [0], []
     by_src: dict[int, set[int]] = {}
     for u, v in inst.edges.tolist():
         bu, bv = int(blocks.block[u]), int(blocks.block[v])
         if bu != bv:
-            by_src.setdefault(u, set()).add(bv)
+            by_src.setdefault(u, set()).add(int(pos[bv]))
     for u in sorted(by_src):
         if inst.out_cost[u] <= 0:
             continue
-        src_block.append(int(blocks.block[u]))
+        src_block.append(int(pos[blocks.block[u]]))
         src_cost.append(float(inst.out_cost[u]))
         cons.extend(sorted(by_src[u]))
         ptr.append(len(cons))
@@ -177,36 +249,82 @@ def _sources(inst: MaxLoadInstance, blocks: Blocks):
             np.array(ptr, dtype=np.int64), np.array(cons, dtype=np.int64))
 
 
-def _prefix_family(blocks: Blocks) -> np.ndarray:
+def _prefix_family(preds: list[int], count: int) -> np.ndarray:
     order, placed = [], 0
-    remaining = set(range(blocks.count))
+    remaining = set(range(count))
     while remaining:
-        ready = min(b for b in remaining if blocks.preds[b] & placed == blocks.preds[b])
+        ready = min(b for b in remaining if preds[b] & placed == preds[b])
         order.append(ready)
         remaining.discard(ready)
         placed |= 1 << ready
-    members = np.zeros((blocks.count + 1, blocks.count), dtype=bool)
+    members = np.zeros((count + 1, count), dtype=bool)
     for k, b in enumerate(order):
         members[k + 1:, b] = True
     return members
 
 
+def _core(blocks: Blocks) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """The blocks the dynamic program splits (those with an edge), their positions and predecessor masks."""
+    core = np.flatnonzero(~blocks.free)
+    pos = np.full(blocks.count, -1, dtype=np.int64)
+    pos[core] = np.arange(len(core))
+    preds = []
+    for y in core.tolist():
+        mask, bits = 0, blocks.preds[y]
+        while bits:
+            low = bits & -bits
+            mask |= 1 << int(pos[low.bit_length() - 1])
+            bits ^= low
+        preds.append(mask)
+    return core, pos, preds
+
+
+def _backtrack(choice, sub, members, cpus, accelerators) -> list[tuple[int, np.ndarray]]:
+    """The dynamic program's sets in pipeline order, each with its kind (2: a CPU core, 3: an accelerator)."""
+    c, a, jj = cpus, accelerators, members.shape[0] - 1
+    stages = []
+    while jj != 0:
+        kind, ii = int(choice[c, a, jj]), int(sub[c, a, jj])
+        if kind in (0, 2):
+            c -= 1
+        else:
+            a -= 1
+        if kind >= 2:
+            stages.append((kind, members[jj] & ~members[ii]))
+            jj = ii
+    return stages[::-1]
+
+
 def contiguous_dp(inst: MaxLoadInstance, blocks: Blocks, *, ideal_limit: int = IDEAL_LIMIT,
                   progress: Callable[[str], None] | None = None) -> Split:
-    """The best contiguous split by dynamic programming over the ideals of the block graph (see the module doc)."""
+    """The best contiguous split by dynamic programming over the ideals of the block graph (see the module doc);
+    blocks with no edge join it last, each on the device it raises least."""
     t0 = time.perf_counter()
-    members = enumerate_ideals_masks(blocks.preds, blocks.count, limit=ideal_limit)
+    core, pos, preds = _core(blocks)
+    members = enumerate_ideals_masks(preds, len(core), limit=ideal_limit)
     complete = members is not None
     notes = []
-    if not complete:
-        members = _prefix_family(blocks)
-        notes.append(f"more than {ideal_limit} ideals: split at the prefixes of one topological order only, not "
-                     "proven optimal (raise --ideals for the full space)")
+    merged = 0
+    while members is None:
+        coarser = merge_pendants(inst, blocks)
+        if coarser.count == blocks.count:
+            members = _prefix_family(preds, len(core))
+            notes.append(f"more than {ideal_limit} ideals: split at the prefixes of one topological order only, "
+                         "not proven optimal (raise --ideals for the full space)")
+            break
+        merged += blocks.count - coarser.count
+        blocks = coarser
+        core, pos, preds = _core(blocks)
+        members = enumerate_ideals_masks(preds, len(core), limit=ideal_limit)
+        if members is not None:
+            notes.append(f"more than {ideal_limit} ideals: {merged} classes whose edges all go to one other class "
+                         "kept beside it, not proven optimal (raise --ideals for the full space)")
     words = _words(members)
     card = members.sum(axis=1)
     fm = members.astype(np.float64)
-    acc, cpu, size, bad = fm @ blocks.acc, fm @ blocks.cpu, fm @ blocks.size, fm @ blocks.bad
-    src = _sources(inst, blocks)
+    acc, cpu, size, bad = (fm @ blocks.acc[core], fm @ blocks.cpu[core], fm @ blocks.size[core],
+                           fm @ blocks.bad[core])
+    src = _sources(inst, blocks, pos)
     k = members.shape[0]
     f = np.full((inst.cpus + 1, inst.accelerators + 1, k), np.inf)
     f[:, :, 0] = 0.0
@@ -219,41 +337,51 @@ def contiguous_dp(inst: MaxLoadInstance, blocks: Blocks, *, ideal_limit: int = I
         pairs += maxload_dp(words, card, acc, cpu, size, bad, inst.max_size, *src, j, hi, f, choice, sub)
         step = max(1, min(4 * step, int(step * 0.5 / max(time.perf_counter() - t, 1e-6))))
         j = hi
-        if progress is not None and time.perf_counter() - last > 2.0:
+        if progress is not None and time.perf_counter() - last > 10.0:
             last = time.perf_counter()
             progress(f"dynamic program: {j}/{k} ideals, {pairs} pairs, {last - t0:.0f} s")
     best = float(f[inst.cpus, inst.accelerators, k - 1])
     if not np.isfinite(best):
         raise GraphError(f"{inst.path}: no split fits: {_why_infeasible(inst, blocks)}")
     device_of_block = np.full(blocks.count, -1, dtype=np.int64)
-    c, a, jj = inst.cpus, inst.accelerators, k - 1
-    stages = []
-    while jj != 0:
-        kind, ii = int(choice[c, a, jj]), int(sub[c, a, jj])
-        if kind == 0:
-            c -= 1
-        elif kind == 1:
-            a -= 1
-        else:
-            stages.append((kind, members[jj] & ~members[ii]))
-            if kind == 2:
-                c -= 1
-            else:
-                a -= 1
-            jj = ii
-    n_acc = n_cpu = 0
-    for kind, blk in reversed(stages):  # pipeline order: the first stage gets the first device of its kind
-        if kind == 3:
-            device_of_block[blk] = n_acc
-            n_acc += 1
-        else:
-            device_of_block[blk] = inst.accelerators + n_cpu
-            n_cpu += 1
+    counts = {2: 0, 3: 0}
+    for kind, blk in _backtrack(choice, sub, members, inst.cpus, inst.accelerators):
+        first = 0 if kind == 3 else inst.accelerators  # the first stage gets the first device of its kind
+        device_of_block[core[blk]] = first + counts[kind]
+        counts[kind] += 1
+    loose = np.flatnonzero(blocks.free)
+    if len(loose):
+        _place_free(inst, blocks, device_of_block, loose)
     device = device_of_block[blocks.block]
     loads, _ = evaluate(inst, device)
+    optimum = complete and float(loads.max()) <= best * (1 + 1e-12)
+    if complete and not optimum:
+        notes.append(f"{len(loose)} classes with no edge placed last on the least-loaded device that holds them: the "
+                     f"split without them ({best:.6g}) bounds the best contiguous one")
     stats = {"ideals": float(k), "ideal_pairs": float(pairs), "seconds": time.perf_counter() - t0,
-             "dp_value": best}
-    return Split(device, loads, float(loads.max()), "contiguous DP over ideals", complete, notes, stats)
+             "dp_value": best, "free_classes": float(len(loose))}
+    return Split(device, loads, float(loads.max()), "contiguous DP over ideals", optimum, notes, stats)
+
+
+def _place_free(inst: MaxLoadInstance, blocks: Blocks, device_of_block: np.ndarray, loose: np.ndarray) -> None:
+    """Blocks with no edge, largest first, each on the device whose load it raises least (an accelerator only
+    where it fits and runs)."""
+    na, nd = inst.accelerators, inst.accelerators + inst.cpus
+    placed = device_of_block >= 0
+    loads = evaluate(inst, np.where(placed, device_of_block, 0)[blocks.block])[0]
+    loads[0] -= (blocks.acc if na else blocks.cpu)[loose].sum()  # they have no edge: only their times moved
+    mem = np.bincount(device_of_block[placed], weights=blocks.size[placed], minlength=nd)
+    for b in sorted(loose.tolist(), key=lambda x: -max(blocks.acc[x], blocks.cpu[x])):
+        best, arg = np.inf, -1
+        for d in range(nd):
+            if d < na and (blocks.bad[b] > 0.5 or mem[d] + blocks.size[b] > inst.max_size * (1 + 1e-12)):
+                continue
+            new = loads[d] + (blocks.acc[b] if d < na else blocks.cpu[b])
+            if new < best:
+                best, arg = new, d
+        if arg < 0:
+            raise GraphError(f"{inst.path}: no split fits: {_why_infeasible(inst, blocks)}")
+        device_of_block[b], loads[arg], mem[arg] = arg, best, mem[arg] + blocks.size[b]
 
 
 def _why_infeasible(inst: MaxLoadInstance, blocks: Blocks) -> str:
@@ -324,4 +452,4 @@ def split_json(inst: MaxLoadInstance, split: Split) -> dict:
 
 
 __all__ = ["IDEAL_LIMIT", "Blocks", "Split", "blocks_of", "contiguous_dp", "evaluate", "improve", "lower_bound",
-           "split_json"]
+           "merge_pendants", "split_json"]

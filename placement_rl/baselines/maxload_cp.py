@@ -43,7 +43,7 @@ def cp_split(inst: MaxLoadInstance, blocks: Blocks, hint: Split, *, seconds: flo
     t0 = time.perf_counter()
     na, nc = inst.accelerators, inst.cpus
     nb = blocks.count
-    src_block, src_cost, ptr, cons = _sources(inst, blocks)
+    src_block, src_cost, ptr, cons = _sources(inst, blocks, np.arange(nb))
     top = max(float(blocks.acc.sum() + src_cost.sum()), float(blocks.cpu.sum()), 1e-30)
     scale = TICKS / top
     acc_t = np.floor(blocks.acc * scale).astype(np.int64)
