@@ -4,57 +4,17 @@ CP-SAT to the best split of any shape, and the ``maxload`` command."""
 
 from __future__ import annotations
 
-import itertools
 import json
-import random
 
-import networkx as nx
 import numpy as np
 import pytest
 
 from placement_rl.baselines import maxload_cp
-from placement_rl.baselines.maxload import blocks_of, contiguous_dp, evaluate, lower_bound
+from placement_rl.baselines.maxload import blocks_of, contiguous_dp, enumerate_splits, evaluate, lower_bound
+from placement_rl.baselines.maxload_instances import node_entry, random_instance
 from placement_rl.baselines.maxload_solve import solve
 from placement_rl.errors import GraphError
 from placement_rl.graph.maxload_file import read_instance, read_split
-
-
-def _node(nid, acc, cpu, *, size=0, backward=0, colour=None, supported=1):
-    out = {"id": nid, "supportedOnFpga": supported, "cpuLatency": cpu, "fpgaLatency": acc, "isBackwardNode": backward,
-           "size": size}
-    if colour is not None:
-        out["colorClass"] = colour
-    return out
-
-
-def _random(seed, *, n=7, acc=2, cpus=1, backward=False, colour=False, max_size=1e9, unsupported=0.0) -> dict:
-    """A random DAG (each node fed by one or two earlier ones); with ``backward``, a mirrored backward node per
-    forward node in its colour class, fed by the forward node and its successors' backward nodes."""
-    r = random.Random(seed)
-    nodes = [_node(10 + i, round(r.uniform(0.2, 3), 3), round(r.uniform(1, 9), 3), size=r.randint(1, 5),
-                   supported=int(r.random() >= unsupported)) for i in range(n)]
-    cost: dict[int, float] = {}
-    edges = []
-
-    def edge(u, v):
-        edges.append({"sourceId": u, "destId": v, "cost": cost.setdefault(u, round(r.uniform(0.05, 1.5), 3))})
-
-    for v in range(1, n):
-        for u in r.sample(range(v), k=min(v, r.randint(1, 2))):
-            edge(10 + u, 10 + v)
-    if backward:
-        forward = [(e["sourceId"], e["destId"]) for e in edges]
-        for i in range(n):
-            nodes[i]["colorClass"] = i
-            nodes.append(_node(100 + i, round(r.uniform(0.2, 3), 3), round(r.uniform(1, 9), 3), backward=1,
-                               colour=i))
-            edge(10 + i, 100 + i)
-        for u, v in forward:
-            edge(v + 90, u + 90)
-    elif colour:
-        a, b = r.sample(range(n), 2)
-        nodes[a]["colorClass"] = nodes[b]["colorClass"] = 7
-    return {"maxSizePerFPGA": max_size, "maxFPGAs": acc, "maxCPUs": cpus, "nodes": nodes, "edges": edges}
 
 
 def _write(tmp_path, data, name="inst.json"):
@@ -63,28 +23,12 @@ def _write(tmp_path, data, name="inst.json"):
     return path
 
 
-def _enumerate(inst):
-    """(best contiguous max-load, best max-load) over every assignment of blocks to devices that breaks nothing; a
-    split is contiguous when its devices' quotient of the block graph has no cycle (a pipeline order exists)."""
-    blocks = blocks_of(inst)
-    graph = nx.DiGraph((x, y) for y in range(blocks.count) for x in range(blocks.count) if blocks.preds[y] >> x & 1)
-    best_contiguous = best_any = np.inf
-    for assign in itertools.product(range(inst.accelerators + inst.cpus), repeat=blocks.count):
-        loads, broken = evaluate(inst, np.array(assign)[blocks.block])
-        if broken:
-            continue
-        best_any = min(best_any, loads.max())
-        quotient = nx.DiGraph((assign[x], assign[y]) for x, y in graph.edges() if assign[x] != assign[y])
-        if nx.is_directed_acyclic_graph(quotient):
-            best_contiguous = min(best_contiguous, loads.max())
-    return best_contiguous, best_any
-
-
 def test_loads_by_hand(tmp_path):
     """a -> b, a -> c, b -> c on accelerators 0 / 0 / 1: accelerator 0 runs a and b and sends both outputs (a's
     once, though two edges leave it); accelerator 1 runs c and receives both; a CPU core pays no transfer."""
     data = {"maxSizePerFPGA": 100, "maxFPGAs": 2, "maxCPUs": 1,
-            "nodes": [_node(1, 1.0, 10.0, size=40), _node(2, 2.0, 20.0, size=40), _node(3, 4.0, 40.0, size=40)],
+            "nodes": [node_entry(1, 1.0, 10.0, size=40), node_entry(2, 2.0, 20.0, size=40),
+                      node_entry(3, 4.0, 40.0, size=40)],
             "edges": [{"sourceId": 1, "destId": 2, "cost": 0.5}, {"sourceId": 1, "destId": 3, "cost": 0.5},
                       {"sourceId": 2, "destId": 3, "cost": 0.25}]}
     inst = read_instance(_write(tmp_path, data))
@@ -103,8 +47,8 @@ def test_dp_and_cp_sat_match_enumeration(tmp_path, seed):
     shape, proving it; the lower bound is below both."""
     kw = dict(backward=seed % 3 == 1, colour=seed % 3 == 2, max_size=12 if seed % 2 else 1e9,
               unsupported=0.15 if seed % 4 == 3 else 0.0, n=6 if seed % 3 == 1 else 7)
-    inst = read_instance(_write(tmp_path, _random(seed, **kw)))
-    best_contiguous, best_any = _enumerate(inst)
+    inst = read_instance(_write(tmp_path, random_instance(seed, **kw)))
+    best_contiguous, best_any = enumerate_splits(inst)
     dp = contiguous_dp(inst, blocks_of(inst))
     assert dp.contiguous_optimum and dp.max_load == pytest.approx(best_contiguous, rel=1e-9)
     assert lower_bound(inst) <= best_any * (1 + 1e-9)
@@ -120,8 +64,9 @@ def test_blocks_merge_a_colour_cycle_and_place_backward_only_classes(tmp_path):
     elsewhere), so the three form one block; a backward node with no forward node of its class gets its own block,
     ordered by its gradient edges."""
     data = {"maxSizePerFPGA": 1e9, "maxFPGAs": 2, "maxCPUs": 0,
-            "nodes": [_node(1, 1, 1, colour=7), _node(2, 1, 1), _node(3, 1, 1, colour=7), _node(4, 1, 1),
-                      _node(5, 1, 1, backward=1, colour=9), _node(6, 1, 1, backward=1, colour=7)],
+            "nodes": [node_entry(1, 1, 1, colour=7), node_entry(2, 1, 1), node_entry(3, 1, 1, colour=7),
+                      node_entry(4, 1, 1),
+                      node_entry(5, 1, 1, backward=1, colour=9), node_entry(6, 1, 1, backward=1, colour=7)],
             "edges": [{"sourceId": 1, "destId": 2, "cost": 1}, {"sourceId": 2, "destId": 3, "cost": 1},
                       {"sourceId": 3, "destId": 4, "cost": 1}, {"sourceId": 4, "destId": 5, "cost": 1},
                       {"sourceId": 5, "destId": 6, "cost": 1}]}
@@ -137,7 +82,7 @@ def test_too_many_ideals_searches_a_smaller_family(tmp_path, seed):
     """Past the limit the dynamic program keeps classes with one neighbour beside it, then (still past it) cuts
     at the prefixes of one topological order; either way it says the split is not proven optimal, and it is no
     better than the optimum."""
-    inst = read_instance(_write(tmp_path, _random(seed, n=9, acc=3, cpus=0)))
+    inst = read_instance(_write(tmp_path, random_instance(seed, n=9, acc=3, cpus=0)))
     full = contiguous_dp(inst, blocks_of(inst))
     for limit, words in ((full.stats["ideals"] - 1, "kept beside it"), (3, "prefixes of one topological order")):
         some = contiguous_dp(inst, blocks_of(inst), ideal_limit=int(limit))
@@ -148,7 +93,7 @@ def test_too_many_ideals_searches_a_smaller_family(tmp_path, seed):
 
 
 def test_no_split_fits_is_one_line(tmp_path):
-    data = _random(1, n=5, acc=2, cpus=0)
+    data = random_instance(1, n=5, acc=2, cpus=0)
     data["nodes"][2]["supportedOnFpga"] = 0
     with pytest.raises(GraphError, match="cannot run on an accelerator and there is no CPU core"):
         contiguous_dp(read_instance(p := _write(tmp_path, data)), blocks_of(read_instance(p)))
@@ -172,7 +117,7 @@ BAD = [
     (lambda d: d["edges"].append({"sourceId": 14, "destId": 14, "cost": 0.1}), "self-loop"),
     (lambda d: d["edges"].append({"sourceId": d["edges"][0]["sourceId"], "destId": 14, "cost": 99}),
      "differs from another edge out of node"),
-    (lambda d: d["nodes"].append(_node(50, 1, 1, backward=1)) or d["edges"].append(
+    (lambda d: d["nodes"].append(node_entry(50, 1, 1, backward=1)) or d["edges"].append(
         {"sourceId": 50, "destId": 14, "cost": 0.1}), "from backward node 50 to forward node 14"),
     (lambda d: d.update(nodes=[]), "nodes must be a non-empty list"),
 ]
@@ -181,14 +126,14 @@ BAD = [
 @pytest.mark.parametrize("change,message", BAD, ids=[m for _, m in BAD])
 def test_bad_instances_are_one_line(tmp_path, change, message):
     with pytest.raises(GraphError, match=message) as exc:
-        read_instance(_write(tmp_path, _edit(_random(0, n=5), change)))
+        read_instance(_write(tmp_path, _edit(random_instance(0, n=5), change)))
     assert "\n" not in str(exc.value)
 
 
 def test_split_file_and_forward_only_split(tmp_path):
     """A split names node ids per device; a node it leaves out joins its colour class's device (a forward split
     scores a training graph); a node in two groups or unknown is one line."""
-    inst = read_instance(p := _write(tmp_path, _random(4, n=4, backward=True)))
+    inst = read_instance(p := _write(tmp_path, random_instance(4, n=4, backward=True)))
     split = _write(tmp_path, {"fpgas": [{"nodes": [10, 11]}, {"nodes": [12]}], "cpus": [{"nodes": [13]}]}, "s.json")
     device = read_split(split, inst)
     assert device.tolist() == [0, 0, 1, 2, 0, 0, 1, 2]
@@ -201,7 +146,7 @@ def test_split_file_and_forward_only_split(tmp_path):
 def test_command_writes_a_split_it_scores_again(tmp_path, capsys):
     from placement_rl.cli.maxload import main
 
-    path = _write(tmp_path, _random(9, n=7, max_size=12))
+    path = _write(tmp_path, random_instance(9, n=7, max_size=12))
     out = tmp_path / "split.json"
     main([str(path), "--out", str(out), "--seconds", "2"])
     text = capsys.readouterr().out
@@ -213,3 +158,21 @@ def test_command_writes_a_split_it_scores_again(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main([str(tmp_path / "missing.json")])
     assert exc.value.code == 2 and "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_classes_with_no_edge(tmp_path, seed):
+    """Isolated nodes (a batch-norm counter update) are split with the rest while the ideals stay under the limit
+    (the best contiguous split, as enumeration finds it); past it they are placed last on the device they raise
+    least, and the split is optimal only where they raise nothing."""
+    data = random_instance(seed, n=5)
+    data["nodes"] += [node_entry(60 + k, 0.9 + k, 4.0 + k, size=1) for k in range(2)]
+    inst = read_instance(_write(tmp_path, data))
+    blocks = blocks_of(inst)
+    assert blocks.free.sum() == 2
+    best_contiguous, _ = enumerate_splits(inst)
+    full = contiguous_dp(inst, blocks)
+    assert full.contiguous_optimum and full.max_load == pytest.approx(best_contiguous, rel=1e-9)
+    after = contiguous_dp(inst, blocks, ideal_limit=full.stats["ideals"] - 1)
+    assert after.stats["free_classes"] == 2 and after.max_load >= best_contiguous * (1 - 1e-12)
+    assert after.contiguous_optimum == (after.max_load <= after.stats["dp_value"] * (1 + 1e-12))

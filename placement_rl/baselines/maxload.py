@@ -4,12 +4,14 @@ nodes' accelerator times plus the cost of every output crossing its boundary (on
 a CPU core's its nodes' CPU times. Nodes of one colour class share a device, an accelerator holds at most
 ``max_size`` bytes and only nodes it supports.
 
-``maxload_solve.solve(instance)`` finds the optimal contiguous split (each device holds the difference of two ideals of a chain,
-so the devices form a pipeline whose forward edges never go back) by dynamic programming over every ideal of the
-graph of colour classes (all of them up to ``ideal_limit``; past it the prefixes of one topological order, and the
-result says it is not proven optimal), then tries single moves of a class to another device (a split that need not
-be contiguous) while the max-load falls. ``evaluate(instance, device)`` scores any split; ``lower_bound`` holds for
-every split, contiguous or not.
+``blocks_of`` groups the nodes into blocks (colour classes; classes on a cycle of the forward graph merged, and
+idle classes with one neighbour merged into it, which keeps the optimum). ``contiguous_dp`` finds the best
+contiguous split (each device holds the difference of two ideals of a chain, so the devices form a pipeline whose
+forward edges never go back) by dynamic programming over every ideal of the block graph, blocks with no edge placed
+after it; past ``ideal_limit`` ideals it keeps blocks with one neighbour beside it, then cuts at the prefixes of one
+topological order, and says the split is not proven optimal. ``improve`` makes single moves (any split);
+``maxload_solve.solve`` runs them and CP-SAT (``maxload_cp``). ``evaluate`` scores any split, ``lower_bound`` holds
+for every split, contiguous or not, and ``enumerate_splits`` checks tiny instances.
 """
 
 from __future__ import annotations
@@ -263,9 +265,10 @@ def _prefix_family(preds: list[int], count: int) -> np.ndarray:
     return members
 
 
-def _core(blocks: Blocks) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """The blocks the dynamic program splits (those with an edge), their positions and predecessor masks."""
-    core = np.flatnonzero(~blocks.free)
+def _core(blocks: Blocks, *, every: bool = False) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """The blocks the dynamic program splits (those with an edge, or ``every`` block), their positions and
+    predecessor masks."""
+    core = np.arange(blocks.count) if every else np.flatnonzero(~blocks.free)
     pos = np.full(blocks.count, -1, dtype=np.int64)
     pos[core] = np.arange(len(core))
     preds = []
@@ -295,14 +298,22 @@ def _backtrack(choice, sub, members, cpus, accelerators) -> list[tuple[int, np.n
     return stages[::-1]
 
 
-def contiguous_dp(inst: MaxLoadInstance, blocks: Blocks, *, ideal_limit: int = IDEAL_LIMIT,
+def contiguous_dp(inst: MaxLoadInstance, blocks: Blocks, *, ideal_limit: int = IDEAL_LIMIT, linear: bool = False,
                   progress: Callable[[str], None] | None = None) -> Split:
     """The best contiguous split by dynamic programming over the ideals of the block graph (see the module doc);
-    blocks with no edge join it last, each on the device it raises least."""
+    where blocks with no edge make too many ideals, they join it last, each on the device it raises least.
+    ``linear``: over the prefixes of one topological order only (the splits of a linearised graph, as PipeDream
+    plans)."""
     t0 = time.perf_counter()
-    core, pos, preds = _core(blocks)
-    members = enumerate_ideals_masks(preds, len(core), limit=ideal_limit)
-    complete = members is not None
+    core, pos, preds = _core(blocks, every=True)
+    if linear:
+        members = _prefix_family(preds, len(core))
+    else:
+        members = enumerate_ideals_masks(preds, len(core), limit=ideal_limit)
+        if members is None and blocks.free.any():  # each block with no edge doubles the ideals: place them after
+            core, pos, preds = _core(blocks)
+            members = enumerate_ideals_masks(preds, len(core), limit=ideal_limit)
+    complete = members is not None and not linear
     notes = []
     merged = 0
     while members is None:
@@ -349,7 +360,7 @@ def contiguous_dp(inst: MaxLoadInstance, blocks: Blocks, *, ideal_limit: int = I
         first = 0 if kind == 3 else inst.accelerators  # the first stage gets the first device of its kind
         device_of_block[core[blk]] = first + counts[kind]
         counts[kind] += 1
-    loose = np.flatnonzero(blocks.free)
+    loose = np.flatnonzero(device_of_block < 0)
     if len(loose):
         _place_free(inst, blocks, device_of_block, loose)
     device = device_of_block[blocks.block]
@@ -438,6 +449,31 @@ def improve(inst: MaxLoadInstance, blocks: Blocks, start: Split, *, seconds: flo
                  stats)
 
 
+def enumerate_splits(inst: MaxLoadInstance, *, limit: int = 1_000_000) -> tuple[float, float]:
+    """(the best contiguous max-load, the best max-load) over every assignment of blocks to devices that breaks
+    nothing, for tiny instances (at most ``limit`` assignments); a split is contiguous when the quotient of the
+    block graph by its devices has no cycle (a pipeline order of the devices exists)."""
+    import itertools
+
+    import networkx as nx
+
+    blocks = blocks_of(inst)
+    nd = inst.accelerators + inst.cpus
+    if nd ** blocks.count > limit:
+        raise GraphError(f"{inst.path}: {nd}^{blocks.count} assignments, more than {limit} to enumerate")
+    graph = nx.DiGraph((x, y) for y in range(blocks.count) for x in range(blocks.count) if blocks.preds[y] >> x & 1)
+    best_contiguous = best_any = np.inf
+    for assign in itertools.product(range(nd), repeat=blocks.count):
+        loads, broken = evaluate(inst, np.array(assign)[blocks.block])
+        if broken:
+            continue
+        best_any = min(best_any, float(loads.max()))
+        quotient = nx.DiGraph((assign[x], assign[y]) for x, y in graph.edges() if assign[x] != assign[y])
+        if nx.is_directed_acyclic_graph(quotient):
+            best_contiguous = min(best_contiguous, float(loads.max()))
+    return best_contiguous, best_any
+
+
 def split_json(inst: MaxLoadInstance, split: Split) -> dict:
     """The split in the solvers' output format (``maxLoad``, ``fpgas`` and ``cpus`` as ``{load, nodes}``, empty
     devices left out), with what found it."""
@@ -452,4 +488,4 @@ def split_json(inst: MaxLoadInstance, split: Split) -> dict:
 
 
 __all__ = ["IDEAL_LIMIT", "Blocks", "Split", "blocks_of", "contiguous_dp", "evaluate", "improve", "lower_bound",
-           "merge_pendants", "split_json"]
+           "enumerate_splits", "merge_pendants", "split_json"]

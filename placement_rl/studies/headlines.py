@@ -269,6 +269,30 @@ def _cp_sat_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
              "optimum (dev seeds), as they are and memory-tight, and medium ones", "; ".join(parts))]
 
 
+def _maxload_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    f = doc["figures"]
+    rows = []
+    e = f.get("exact_summary")
+    if e:
+        rows.append(("`placement-rl maxload` on random instances of 6-7 classes (2 accelerators and a CPU core), "
+                     "against enumeration",
+                     f"the dynamic program equals the best contiguous split on {e['dp_equal']} of {e['instances']}, "
+                     f"the search ({f['seconds']:g} s) the best split of any shape on {e['best_equal']} (proved on "
+                     f"{e['proved']}); the best contiguous split {e['contiguous_over_any']:.3f} x the best of any "
+                     f"shape"))
+    z = f.get("zoo_summary")
+    if z:
+        rows.append((f"`placement-rl maxload` on the zoo's layer and operator graphs ({z['cases']} instances, "
+                     "training, `cpu_2gpu` and `8x_v100_dgx1`): max-load ratios",
+                     f"best contiguous split over the linearised graph's (PipeDream's space) "
+                     f"{z['contiguous_over_linear']:.3f}, over one accelerator {z['contiguous_over_one']:.3f}; "
+                     f"best of any shape ({f['seconds']:g} s) over contiguous {z['best_over_contiguous']:.3f}, over "
+                     f"the lower bound {z['best_over_bound']:.3f} (proved optimal on {z['proved']}); contiguous "
+                     f"optimum proved on {z['contiguous_proved']}, at most {z['ideals_max']} ideals and "
+                     f"{z['dp_seconds_max']:.1f} s"))
+    return rows
+
+
 def _tight_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     f = doc["figures"]
     s = f["summary"]
@@ -312,6 +336,7 @@ HEADLINES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str]]]] = {
     "probe_exact_room": _exact_room_rows,
     "probe_cp_room": _cp_room_rows,
     "cp_sat": _cp_sat_rows,
+    "maxload": _maxload_rows,
     "tight_memory_dev": _tight_rows,
     "tight_memory": _tight_rows,
 }

@@ -1,6 +1,8 @@
-"""A ``CompGraph`` on a topology as a max-load instance (``placement_rl.graph.maxload_file``'s format), so that the
-max-load solvers (``placement-rl maxload``, and the original authors' DP and IP) can split the project's graphs.
+"""Max-load instances (``placement_rl.graph.maxload_file``'s format, as JSON-ready dicts): the project's graphs
+(``instance_from_graph``), so that the max-load solvers (``placement-rl maxload``, and the original authors' DP and
+IP) can split them, and small random ones (``random_instance``) for checks against enumeration.
 
+``instance_from_graph``: 
 Accelerators are the topology's GPUs, which the model takes as identical (the first GPU's times; GPUs of another
 model are refused), CPU cores its CPU devices. Each node becomes a forward node (its forward time on each kind of
 device; its pinned bytes, ``cost.memory.pinned_memory``, as its size) and, under training costs, a backward node
@@ -11,6 +13,8 @@ gradient).
 """
 
 from __future__ import annotations
+
+import random
 
 import numpy as np
 
@@ -71,4 +75,47 @@ def instance_from_graph(graph: CompGraph, costs: CostTable, topology: DeviceTopo
             "source": f"placement_rl: graph {graph.name} on topology {topology.name}"}
 
 
-__all__ = ["instance_from_graph"]
+def node_entry(nid: int, acc: float, cpu: float, *, size: float = 0, backward: int = 0, colour: int | None = None,
+               supported: int = 1) -> dict:
+    """One node of an instance file."""
+    out = {"id": nid, "supportedOnFpga": supported, "cpuLatency": cpu, "fpgaLatency": acc, "isBackwardNode": backward,
+           "size": size}
+    if colour is not None:
+        out["colorClass"] = colour
+    return out
+
+
+def random_instance(seed: int, *, n: int = 7, acc: int = 2, cpus: int = 1, backward: bool = False,
+                    colour: bool = False, max_size: float = 1e9, unsupported: float = 0.0) -> dict:
+    """A random DAG of ``n`` nodes (ids 10 ..; each fed by one or two earlier ones; sizes 1-5 bytes) for ``acc``
+    accelerators and ``cpus`` cores; with ``backward`` a backward node per forward node (ids 100 ..) in its colour
+    class, fed by it and by its successors' backward nodes; with ``colour`` two forward nodes share a class;
+    ``unsupported``: the share of nodes an accelerator cannot run."""
+    r = random.Random(seed)
+    nodes = [node_entry(10 + i, round(r.uniform(0.2, 3), 3), round(r.uniform(1, 9), 3), size=r.randint(1, 5),
+                   supported=int(r.random() >= unsupported)) for i in range(n)]
+    cost: dict[int, float] = {}
+    edges = []
+
+    def edge(u, v):
+        edges.append({"sourceId": u, "destId": v, "cost": cost.setdefault(u, round(r.uniform(0.05, 1.5), 3))})
+
+    for v in range(1, n):
+        for u in r.sample(range(v), k=min(v, r.randint(1, 2))):
+            edge(10 + u, 10 + v)
+    if backward:
+        forward = [(e["sourceId"], e["destId"]) for e in edges]
+        for i in range(n):
+            nodes[i]["colorClass"] = i
+            nodes.append(node_entry(100 + i, round(r.uniform(0.2, 3), 3), round(r.uniform(1, 9), 3), backward=1,
+                               colour=i))
+            edge(10 + i, 100 + i)
+        for u, v in forward:
+            edge(v + 90, u + 90)
+    elif colour:
+        a, b = r.sample(range(n), 2)
+        nodes[a]["colorClass"] = nodes[b]["colorClass"] = 7
+    return {"maxSizePerFPGA": max_size, "maxFPGAs": acc, "maxCPUs": cpus, "nodes": nodes, "edges": edges}
+
+
+__all__ = ["instance_from_graph", "node_entry", "random_instance"]
