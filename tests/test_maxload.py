@@ -176,3 +176,28 @@ def test_classes_with_no_edge(tmp_path, seed):
     after = contiguous_dp(inst, blocks, ideal_limit=full.stats["ideals"] - 1)
     assert after.stats["free_classes"] == 2 and after.max_load >= best_contiguous * (1 - 1e-12)
     assert after.contiguous_optimum == (after.max_load <= after.stats["dp_value"] * (1 + 1e-12))
+
+
+def test_command_makes_an_instance_from_a_project_graph(tmp_path, capsys):
+    """``--topology`` reads one of the project's graph files and makes the instance on it (GPUs the accelerators,
+    CPUs the cores, a backward node per node under training costs); each file read as the other is one line."""
+    from placement_rl.cli.maxload import main
+    from placement_rl.graph.spec import graph_from_spec
+
+    graph = graph_from_spec({"source": "zoo", "name": "mlp", "overrides": {},
+                             "coarsen": {"enabled": True, "depth": None, "max_nodes": None}})
+    gpath, ipath = tmp_path / "graph.json", tmp_path / "inst.json"
+    graph.to_json(gpath)
+    main([str(gpath), "--topology", "cpu_2gpu", "--seconds", "0", "--write-instance", str(ipath)])
+    assert f"wrote the instance to {ipath}" in capsys.readouterr().out
+    inst = read_instance(ipath)
+    assert (inst.accelerators, inst.cpus, inst.num_nodes) == (2, 1, 2 * graph.num_nodes)
+    n = graph.num_nodes
+    assert inst.backward.sum() == n and (inst.colour[:n] == np.arange(n)).all()
+    for argv, words in (([str(gpath)], "one of placement_rl's graph files"),
+                        ([str(ipath), "--topology", "cpu_2gpu"], "leave --topology out"),
+                        ([str(ipath), "--write-instance", str(tmp_path / "x.json")], "needs --topology")):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and words in err and err.count("\n") == 1, argv

@@ -7,7 +7,8 @@ best split of any shape (single moves, then CP-SAT where OR-Tools is installed) 
 Plain flags: ``--out`` (write the best split in the solvers' JSON format, whole or not at all), ``--contiguous``
 (write the contiguous one instead), ``--seconds`` (for the search after the dynamic program; 0: none),
 ``--ideals`` (how many ideals the dynamic program may enumerate), ``--split FILE`` (score a given split instead,
-e.g. a published one). Bad input: one line, exit 2.
+e.g. a published one), ``--topology T`` (INSTANCE is one of the project's graph JSON files: make the instance
+on topology ``T``, ``--write-instance FILE`` keeps it). Bad input: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -38,7 +39,39 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ideals", type=int, default=IDEAL_LIMIT,
                    help=f"most ideals the dynamic program enumerates (default {IDEAL_LIMIT})")
     p.add_argument("--split", help="score this split file (the solvers' output format) instead of solving")
+    p.add_argument("--topology", help="read INSTANCE as one of the project's graph JSON files (graph.json) and "
+                   "make the instance from it on this topology preset or YAML (its GPUs the accelerators)")
+    p.add_argument("--write-instance", help="with --topology: write the instance made here too")
     return p
+
+
+def _from_graph(args: argparse.Namespace):
+    """The instance made from a project graph on ``--topology`` (also written to ``--write-instance``)."""
+    import dataclasses
+    import tempfile
+    from pathlib import Path
+
+    from placement_rl.baselines.maxload_instances import instance_from_graph
+    from placement_rl.cost.resolve import resolve_costs
+    from placement_rl.graph.files import atomic_write_text
+    from placement_rl.graph.ir import CompGraph
+    from placement_rl.graph.maxload_file import read_instance
+    from placement_rl.topology import load_topology
+
+    try:
+        graph = CompGraph.from_json(args.instance)
+    except PlacementRLError as exc:
+        raise PlacementRLError(f"{exc} (with --topology, INSTANCE is a graph.json as `placement-rl inspect` writes "
+                               "it; leave --topology out to read a max-load instance)") from None
+    topology = load_topology(args.topology)
+    data = json.dumps(instance_from_graph(graph, resolve_costs(graph, topology), topology)) + "\n"
+    if args.write_instance:
+        atomic_write_text(args.write_instance, data)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "instance.json"
+        path.write_text(data)
+        inst = read_instance(path)
+    return dataclasses.replace(inst, path=f"{args.instance} on {topology.name}")
 
 
 def _say(text: str) -> None:
@@ -46,9 +79,11 @@ def _say(text: str) -> None:
 
 
 def _loads_line(inst, loads) -> str:
-    acc = ", ".join(f"{x:.6g}" for x in loads[:inst.accelerators])
-    cpu = ", ".join(f"{x:.6g}" for x in loads[inst.accelerators:])
-    return f"accelerators [{acc}]" + (f", CPU cores [{cpu}]" if inst.cpus else "")
+    parts = []
+    for label, part in (("accelerators", loads[:inst.accelerators]), ("CPU cores", loads[inst.accelerators:])):
+        if len(part):
+            parts.append(f"{label} [" + ", ".join(f"{x:.6g}" for x in part) + "]")
+    return ", ".join(parts)
 
 
 def run(args: argparse.Namespace) -> list[str]:
@@ -61,8 +96,12 @@ def run(args: argparse.Namespace) -> list[str]:
         raise PlacementRLError(f"--seconds must be >= 0 (got {args.seconds})")
     if args.ideals < 2:
         raise PlacementRLError(f"--ideals must be at least 2 (got {args.ideals})")
-    inst = read_instance(args.instance)
+    if args.write_instance and not args.topology:
+        raise PlacementRLError("--write-instance needs --topology (it writes the instance made from a graph)")
+    inst = _from_graph(args) if args.topology else read_instance(args.instance)
     lines = [f"instance: {inst.describe()}"]
+    if args.write_instance:
+        lines.append(f"wrote the instance to {args.write_instance}")
     if args.split:
         device = read_split(args.split, inst)
         loads, broken = evaluate(inst, device)
@@ -75,7 +114,7 @@ def run(args: argparse.Namespace) -> list[str]:
             lines.append(f"wrote {args.out}")
         return lines
     blocks = blocks_of(inst)
-    lines.append(f"{blocks.count} colour classes (classes on a cycle of the forward graph merged)")
+    lines.append(f"blocks: {blocks.count} (colour classes; those on a cycle of the forward graph merged)")
     res = solve(inst, ideal_limit=args.ideals, seconds=args.seconds, progress=_say)
     dp = res.contiguous
     how = (f"all {dp.stats['ideals']:.0f} ideals" if dp.contiguous_optimum else

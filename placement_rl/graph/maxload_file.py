@@ -105,6 +105,9 @@ def read_instance(path: str | Path) -> MaxLoadInstance:
     data = _load(path)
     if not isinstance(data, dict):
         raise GraphError(f"{path} is not a max-load instance (a JSON object with maxFPGAs, maxCPUs, nodes, edges)")
+    if str(data.get("schema", "")).startswith("placement_rl.graph"):
+        raise GraphError(f"{path} is one of placement_rl's graph files, not a max-load instance: give the topology "
+                         "to make one on (placement-rl maxload GRAPH --topology T)")
     fpgas = int(_number(path, "maxFPGAs", _field(path, data, "maxFPGAs", "the instance"), integer=True))
     cpus = int(_number(path, "maxCPUs", _field(path, data, "maxCPUs", "the instance"), integer=True))
     max_size = _number(path, "maxSizePerFPGA", _field(path, data, "maxSizePerFPGA", "the instance"))
