@@ -201,3 +201,59 @@ def test_command_makes_an_instance_from_a_project_graph(tmp_path, capsys):
             main(argv)
         err = capsys.readouterr().err
         assert exc.value.code == 2 and words in err and err.count("\n") == 1, argv
+
+
+def test_latency_by_hand(tmp_path):
+    """a -> b -> c, a -> c: a on accelerator 0, b on a CPU, c on accelerator 1. Accelerator 0 runs a and sends
+    its output once (1 + 0.5); b starts then (1.5 + 4 = 5.5); accelerator 1 starts when a and b are ready and pays
+    both inputs (5.5 + 2 + 0.5 + 0.25 = 8.25). With a and c on one accelerator the path leaves it and comes back:
+    no latency."""
+    from placement_rl.baselines.maxload_latency import latency_of
+
+    data = {"maxSizePerFPGA": 100, "maxFPGAs": 2, "maxCPUs": 1,
+            "nodes": [node_entry(1, 1.0, 3.0), node_entry(2, 1.0, 4.0), node_entry(3, 2.0, 9.0)],
+            "edges": [{"sourceId": 1, "destId": 2, "cost": 0.5}, {"sourceId": 1, "destId": 3, "cost": 0.5},
+                      {"sourceId": 2, "destId": 3, "cost": 0.25}]}
+    inst = read_instance(_write(tmp_path, data))
+    assert latency_of(inst, np.array([0, 2, 1])) == pytest.approx(8.25)
+    assert latency_of(inst, np.array([2, 2, 2])) == pytest.approx(16.0)
+    assert latency_of(inst, np.array([0, 2, 0])) == np.inf
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_latency_cp_sat_matches_enumeration(tmp_path, seed):
+    """On random 6-node inference instances the latency search finds the least latency over every split that
+    breaks nothing (each accelerator one subgraph, the CPUs one pool), never worse than its two baselines."""
+    import itertools
+
+    from placement_rl.baselines.maxload_latency import latency_of, solve_latency
+
+    if not maxload_cp.available():
+        pytest.skip("OR-Tools is not installed")
+    inst = read_instance(_write(tmp_path, random_instance(seed, n=6, colour=seed % 3 == 2,
+                                                          max_size=10 if seed % 2 else 1e9)))
+    best = np.inf
+    for assign in itertools.product(range(3), repeat=inst.num_nodes):
+        device = np.array(assign)
+        if evaluate(inst, np.minimum(device, 2))[1]:
+            continue
+        best = min(best, latency_of(inst, device))
+    res = solve_latency(inst, seconds=5)
+    assert res.latency == pytest.approx(best, rel=1e-9) and res.optimal
+    assert res.latency <= min(v for v in res.candidates.values() if v is not None) * (1 + 1e-12)
+
+
+def test_latency_command(tmp_path, capsys):
+    from placement_rl.cli.maxload import main
+
+    path = _write(tmp_path, random_instance(8, n=7))
+    out = tmp_path / "lat.json"
+    main([str(path), "--objective", "latency", "--seconds", "3", "--out", str(out)])
+    text = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert "every node on a CPU: latency" in text and set(data) >= {"totalLatency", "fpgas", "cpus"}
+    main([str(path), "--objective", "latency", "--split", str(out)])
+    assert f"latency {data['totalLatency']:.6g}" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        main([str(_write(tmp_path, random_instance(1, n=4, backward=True), "b.json")), "--objective", "latency"])
+    assert exc.value.code == 2 and "is for inference graphs" in capsys.readouterr().err

@@ -17,6 +17,8 @@ import argparse
 import json
 import sys
 
+import numpy as np
+
 from placement_rl.errors import PlacementRLError
 
 USAGE = "placement-rl maxload INSTANCE.json [--out FILE] [--seconds S] [--split FILE]"
@@ -39,6 +41,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ideals", type=int, default=IDEAL_LIMIT,
                    help=f"most ideals the dynamic program enumerates (default {IDEAL_LIMIT})")
     p.add_argument("--split", help="score this split file (the solvers' output format) instead of solving")
+    p.add_argument("--objective", choices=("maxload", "latency"), default="maxload",
+                   help="maxload: time per sample of the pipeline (default); latency: one sample's time through "
+                        "an inference graph (the paper's latency program; CPUs as many as needed)")
     p.add_argument("--topology", help="read INSTANCE as one of the project's graph JSON files (graph.json) and "
                    "make the instance from it on this topology preset or YAML (its GPUs the accelerators)")
     p.add_argument("--write-instance", help="with --topology: write the instance made here too")
@@ -102,6 +107,8 @@ def run(args: argparse.Namespace) -> list[str]:
     lines = [f"instance: {inst.describe()}"]
     if args.write_instance:
         lines.append(f"wrote the instance to {args.write_instance}")
+    if args.objective == "latency":
+        return lines + _latency(args, inst)
     if args.split:
         device = read_split(args.split, inst)
         loads, broken = evaluate(inst, device)
@@ -138,6 +145,36 @@ def run(args: argparse.Namespace) -> list[str]:
         lines.append(f"wrote {args.out}")
     else:
         lines.append("(pass --out FILE to write the split)")
+    return lines
+
+
+def _latency(args: argparse.Namespace, inst) -> list[str]:
+    """The latency objective: score ``--split`` or solve (``baselines.maxload_latency``)."""
+    from placement_rl.baselines.maxload_latency import check_inference, latency_of, solve_latency
+    from placement_rl.graph.files import atomic_write_text
+    from placement_rl.graph.maxload_file import read_split
+
+    check_inference(inst)
+    if args.split:
+        value = latency_of(inst, read_split(args.split, inst, pooled_cpus=True))
+        if not np.isfinite(value):
+            return [f"split {args.split}: no latency (its subgraphs feed each other in a cycle)"]
+        return [f"split {args.split}: latency {value:.6g}"]
+    res = solve_latency(inst, seconds=args.seconds)
+    names = {"all_cpu": "every node on a CPU", "maxload_split": "the max-load dynamic program's split",
+             "cp_sat": f"CP-SAT ({args.seconds:g} s)"}
+    lines = [f"{names[k]}: " + ("none found" if v is None else "no latency (a cycle)" if not np.isfinite(v) else
+                                f"latency {v:.6g}") for k, v in res.candidates.items()]
+    proof = "optimal" if res.optimal else f"gap {res.latency / res.bound - 1:.2%}" if res.bound > 0 else "no bound"
+    lines.append(f"best: {names[res.method]}, latency {res.latency:.6g}; lower bound {res.bound:.6g} ({proof})")
+    if args.out:
+        na = inst.accelerators
+        groups = [sorted(inst.ids[v] for v in np.flatnonzero(res.device == d)) for d in range(na)]
+        cpu = sorted(inst.ids[v] for v in np.flatnonzero(res.device >= na))
+        data = {"totalLatency": res.latency, "fpgas": [{"nodes": g} for g in groups if g], "cpus": [{"nodes": cpu}],
+                "method": res.method, "lower_bound": res.bound, "optimal": res.optimal, "instance": inst.path}
+        atomic_write_text(args.out, json.dumps(data, indent=1) + "\n")
+        lines.append(f"wrote {args.out}")
     return lines
 
 

@@ -189,16 +189,18 @@ def _check_acyclic(path: Path, n: int, edges: np.ndarray, ids: list) -> None:
         raise GraphError(f"{path}: the edges form a cycle (through node {ids[first]}); an instance must be a DAG")
 
 
-def read_split(path: str | Path, inst: MaxLoadInstance) -> np.ndarray:
+def read_split(path: str | Path, inst: MaxLoadInstance, *, pooled_cpus: bool = False) -> np.ndarray:
     """Device per node (int [N]: accelerators ``0 .. F-1`` in the order of ``fpgas``, CPU cores ``F ..`` in the
-    order of ``cpus``) of a split file for ``inst``; every node exactly once."""
+    order of ``cpus``) of a split file for ``inst``; every node exactly once. ``pooled_cpus``: the CPUs are one
+    pool of any size (device ``F``; the latency objective)."""
     path = Path(path)
     data = _load(path)
     if not isinstance(data, dict) or "fpgas" not in data and "cpus" not in data:
         raise GraphError(f"{path} is not a split (a JSON object with 'fpgas' and 'cpus', lists of {{'nodes': [ids]}})")
     index = {nid: k for k, nid in enumerate(inst.ids)}
     device = np.full(inst.num_nodes, -1, dtype=np.int64)
-    for key, first, limit in (("fpgas", 0, inst.accelerators), ("cpus", inst.accelerators, inst.cpus)):
+    cpu_limit = 2**31 if pooled_cpus else inst.cpus
+    for key, first, limit in (("fpgas", 0, inst.accelerators), ("cpus", inst.accelerators, cpu_limit)):
         groups = data.get(key, [])
         if not isinstance(groups, list):
             raise GraphError(f"{path}: '{key}' must be a list of {{'nodes': [ids]}}")
@@ -216,7 +218,7 @@ def read_split(path: str | Path, inst: MaxLoadInstance) -> np.ndarray:
                     raise GraphError(f"{path}: {key}[{k}] names node {nid!r}, which {inst.path} does not have")
                 if device[index[nid]] >= 0:
                     raise GraphError(f"{path}: node {nid} is in two groups")
-                device[index[nid]] = first + used
+                device[index[nid]] = first + (0 if pooled_cpus and key == "cpus" else used)
             used += 1
     _colocate_rest(inst, device)
     missing = np.flatnonzero(device < 0)

@@ -1,0 +1,182 @@
+"""The latency objective of the max-load model (Tarnawski et al., NeurIPS 2020, their latency IP): the time one
+sample takes through an inference graph split over accelerators and CPU cores.
+
+Each accelerator runs one contiguous subgraph as one call: it starts when every output it reads from outside is
+ready and takes its nodes' accelerator times plus its transfers (each crossing output once, sent or received, as in
+the max-load model); every node in it is ready when it ends. A node on a CPU starts when its inputs are ready and
+takes its CPU time (the CPU cores are as many as needed: the model ignores ``maxCPUs``). The latency is when the
+last node is ready. A split whose subgraphs feed each other in a cycle has none (infinite).
+
+``latency_of(inst, device)`` scores a split (device per node: accelerators ``0 .. A-1``, any larger id a CPU);
+``solve_latency(inst, seconds)`` returns the best of: every node on a CPU, the max-load dynamic program's contiguous
+split (the paper's baseline), and CP-SAT on the paper's integer program (hinted with the better), with CP-SAT's
+bound.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from placement_rl.baselines._maxload_kernel import device_loads
+from placement_rl.baselines.maxload import _sorted_edges, blocks_of, contiguous_dp
+from placement_rl.errors import GraphError
+from placement_rl.graph.maxload_file import MaxLoadInstance
+
+TICKS = 10_000_000
+
+
+def check_inference(inst: MaxLoadInstance) -> None:
+    if inst.backward.any():
+        raise GraphError(f"{inst.path}: the latency objective is for inference graphs; this one has "
+                         f"{int(inst.backward.sum())} backward nodes (use the max-load objective)")
+
+
+def latency_of(inst: MaxLoadInstance, device: np.ndarray) -> float:
+    """The latency of a split (module doc); inf where its subgraphs feed each other in a cycle."""
+    import networkx as nx
+
+    na = inst.accelerators
+    device = np.minimum(np.asarray(device, dtype=np.int64), na)  # every CPU id is the one pool
+    cost = device_loads(device, na, na + 1, inst.acc, inst.cpu, _sorted_edges(inst), inst.out_cost)[:na]
+    # quotient: accelerator d is node ("a", d); a CPU node v is ("c", v)
+    unit = [("a", int(d)) if d < na else ("c", v) for v, d in enumerate(device.tolist())]
+    q = nx.DiGraph()
+    q.add_nodes_from(set(unit))
+    for u, v in inst.edges.tolist():
+        if unit[u] != unit[v]:
+            q.add_edge(unit[u], unit[v])
+    try:
+        order = list(nx.topological_sort(q))
+    except nx.NetworkXUnfeasible:
+        return float("inf")
+    ready: dict = {}
+    for x in order:
+        start = max((ready[p] for p in q.predecessors(x)), default=0.0)
+        ready[x] = start + (float(cost[x[1]]) if x[0] == "a" else float(inst.cpu[x[1]]))
+    return max(ready.values(), default=0.0)
+
+
+@dataclass
+class LatencyResult:
+    """Each candidate's latency (``all_cpu``, ``maxload_split``, ``cp_sat``: None where it found none), the best
+    split, its latency, CP-SAT's bound (0 where it proved nothing) and whether it proved the best optimal."""
+
+    candidates: dict[str, float | None]
+    device: np.ndarray
+    latency: float
+    bound: float
+    optimal: bool
+    method: str
+    seconds: float
+
+
+def solve_latency(inst: MaxLoadInstance, *, seconds: float = 10.0) -> LatencyResult:
+    """The best split for latency (module doc)."""
+    from placement_rl.baselines import maxload_cp
+
+    check_inference(inst)
+    t0 = time.perf_counter()
+    cpu_all = np.full(inst.num_nodes, inst.accelerators, dtype=np.int64)
+    cands: dict[str, tuple[float, np.ndarray] | None] = {"all_cpu": None, "maxload_split": None, "cp_sat": None}
+    cands["all_cpu"] = (latency_of(inst, cpu_all), cpu_all)
+    try:
+        dp = contiguous_dp(inst, blocks_of(inst))
+        cands["maxload_split"] = (latency_of(inst, dp.device), dp.device)
+    except GraphError:
+        pass
+    known = [c for c in cands.values() if c is not None and np.isfinite(c[0])]
+    if not known:
+        raise GraphError(f"{inst.path}: no split is feasible for latency")
+    hint = min(known, key=lambda c: c[0])
+    bound, optimal = 0.0, False
+    if seconds > 0 and maxload_cp.available():
+        got = _cp_latency(inst, hint[1], seconds=seconds)
+        if got is not None:
+            device, bound, optimal = got
+            cands["cp_sat"] = (latency_of(inst, device), device) if device is not None else None
+    name, (best, device) = min(((k, v) for k, v in cands.items() if v is not None and np.isfinite(v[0])),
+                               key=lambda kv: kv[1][0])
+    return LatencyResult({k: (None if v is None else v[0]) for k, v in cands.items()}, device, best,
+                         min(bound, best), optimal or best <= bound * (1 + 1e-9), name, time.perf_counter() - t0)
+
+
+def _cp_latency(inst: MaxLoadInstance, hint: np.ndarray, *, seconds: float):
+    """The paper's latency program for CP-SAT (one subgraph per accelerator; times in integer ticks rounded down,
+    so the bound stays valid): (device per node or None, bound, proved optimal)."""
+    from ortools.sat.python import cp_model
+
+    from placement_rl.baselines.maxload_cp import _memory_units
+
+    n, na = inst.num_nodes, inst.accelerators
+    if na == 0:
+        return None
+    top = max(float(inst.cpu.sum()), float(inst.acc.sum() + 2 * inst.out_cost.sum()), 1e-30)
+    scale = TICKS / top
+    acc_t = np.floor(inst.acc * scale).astype(np.int64)
+    cpu_t = np.floor(inst.cpu * scale).astype(np.int64)
+    out_t = np.floor(inst.out_cost * scale).astype(np.int64)
+    size_u, cap_u = _memory_units(inst.size, inst.max_size)
+    horizon = int(TICKS) * 3 + 1
+    m = cp_model.CpModel()
+    x = [[m.NewBoolVar(f"x{v}_{d}") for d in range(na + 1)] for v in range(n)]  # d = na: the CPUs
+    for v in range(n):
+        m.AddExactlyOne(x[v])
+        if not inst.supported[v]:
+            for d in range(na):
+                m.Add(x[v][d] == 0)
+    for d in range(na):
+        m.Add(sum(int(size_u[v]) * x[v][d] for v in range(n)) <= cap_u)
+    for c in np.unique(inst.colour[inst.colour >= 0]):
+        members = np.flatnonzero(inst.colour == c).tolist()
+        for a, b in zip(members, members[1:]):
+            for d in range(na + 1):
+                m.Add(x[a][d] == x[b][d])
+    edges = inst.edges.tolist()
+    lat = [m.NewIntVar(0, horizon, f"l{v}") for v in range(n)]
+    top_var = m.NewIntVar(0, horizon, "latency")
+    for d in range(na):
+        z = [m.NewBoolVar(f"z{v}_{d}") for v in range(n)]
+        comm_in = [m.NewBoolVar(f"ci{v}_{d}") for v in range(n)]
+        comm_out = [m.NewBoolVar(f"co{v}_{d}") for v in range(n)]
+        for v in range(n):
+            m.AddImplication(x[v][d], z[v])
+        for u, v in edges:  # contiguity: no path leaves the subgraph and comes back
+            m.AddImplication(z[v], z[u])
+            m.Add(z[v] <= x[v][d] - x[u][d] + 1)
+            m.Add(comm_in[u] >= x[v][d] - x[u][d])
+            m.Add(comm_out[u] >= x[u][d] - x[v][d])
+        start = m.NewIntVar(0, horizon, f"s{d}")
+        finish = m.NewIntVar(0, horizon, f"f{d}")
+        for u in range(n):
+            m.Add(start >= lat[u]).OnlyEnforceIf(comm_in[u])
+        m.Add(finish == start + sum(int(acc_t[v]) * x[v][d] + int(out_t[v]) * (comm_in[v] + comm_out[v])
+                                    for v in range(n)))
+        for v in range(n):
+            m.Add(lat[v] >= finish).OnlyEnforceIf(x[v][d])
+    for v in range(n):
+        m.Add(lat[v] >= int(cpu_t[v])).OnlyEnforceIf(x[v][na])
+    for u, v in edges:
+        m.Add(lat[v] >= lat[u] + int(cpu_t[v])).OnlyEnforceIf(x[v][na])
+        m.Add(lat[v] >= lat[u])
+    for v in range(n):
+        m.Add(top_var >= lat[v])
+    for v in range(n):
+        h = int(min(hint[v], na))
+        for d in range(na + 1):
+            m.AddHint(x[v][d], d == h)
+    m.Minimize(top_var)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.1, float(seconds))
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = 0
+    status = solver.Solve(m)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None if status == cp_model.UNKNOWN else (None, 0.0, False)
+    device = np.array([next(d for d in range(na + 1) if solver.Value(x[v][d])) for v in range(n)], dtype=np.int64)
+    return device, float(solver.BestObjectiveBound()) / scale, status == cp_model.OPTIMAL
+
+
+__all__ = ["LatencyResult", "check_inference", "latency_of", "solve_latency"]
