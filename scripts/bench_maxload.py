@@ -10,7 +10,10 @@ of any shape. Part ``zoo``: the zoo's graphs (layer graphs as the zoo coarsens t
 training instances on ``cpu_2gpu`` (two V100s and a CPU) and ``8x_v100_dgx1`` (``instance_from_graph``: the
 calibrated model's times): per graph the max-load with everything on one accelerator, the dynamic program over the
 prefixes of one topological order (a linearised graph: PipeDream's space), over every ideal (the best contiguous
-split), the best split of any shape (``--seconds``) and the lower bound, with ideals and seconds.
+split), the best split of any shape (``--seconds``) and the lower bound, with ideals and seconds. Part ``latency``:
+the latency objective (``maxload_latency``) on 8 random 6-node inference instances against enumeration, and on the
+zoo's layer graphs for inference on ``cpu_2gpu`` against the paper's two baselines (every node on a CPU, the
+max-load split) with CP-SAT's bound.
 """
 
 from __future__ import annotations
@@ -118,10 +121,61 @@ def zoo_part(seconds: float, limit: int | None, folder: Path) -> tuple[list[dict
     return rows, summary
 
 
+def latency_part(seconds: float, limit: int | None, folder: Path) -> tuple[list[dict], dict]:
+    """The latency objective: random 6-node inference instances against enumeration, then the zoo's layer graphs
+    for inference on ``cpu_2gpu``."""
+    import itertools
+
+    from placement_rl.baselines.maxload import evaluate
+    from placement_rl.baselines.maxload_instances import instance_from_graph, random_instance
+    from placement_rl.baselines.maxload_latency import latency_of, solve_latency
+    from placement_rl.cost.modes import inference_costs
+    from placement_rl.cost.resolve import resolve_costs
+    from placement_rl.graph.maxload_file import read_instance
+    from placement_rl.graph.spec import graph_from_spec
+    from placement_rl.topology import load_topology
+
+    rows = []
+    for seed in range(8)[:limit]:
+        path = folder / f"latency_{seed}.json"
+        path.write_text(json.dumps(random_instance(2000 + seed, n=6, colour=seed % 3 == 2,
+                                                   max_size=10 if seed % 2 else 1e9)))
+        inst = read_instance(path)
+        best = min(latency_of(inst, np.array(a)) for a in itertools.product(range(3), repeat=inst.num_nodes)
+                   if not evaluate(inst, np.array(a))[1])
+        res = solve_latency(inst, seconds=seconds)
+        rows.append({"case": f"random-{2000 + seed}", "over_enumeration": res.latency / best, "proved": res.optimal,
+                     **{f"{k}": v for k, v in res.candidates.items()}, "seconds": res.seconds})
+    topo = load_topology("cpu_2gpu")
+    for name in ("resnet50", "inception", "gpt", "nmt", "moe", "mlp")[:limit]:
+        graph = graph_from_spec({"source": "zoo", "name": name, "overrides": {},
+                                 "coarsen": {"enabled": True, "depth": None, "max_nodes": None}})
+        path = folder / f"latency_{name}.json"
+        path.write_text(json.dumps(instance_from_graph(graph, inference_costs(resolve_costs(graph, topo)), topo)))
+        inst = read_instance(path)
+        res = solve_latency(inst, seconds=seconds)
+        rows.append({"case": f"{name}@cpu_2gpu", "nodes": inst.num_nodes, "latency_ms": res.latency * 1e3,
+                     "bound_ms": res.bound * 1e3, "proved": res.optimal, "method": res.method,
+                     **{f"{k}_ms": None if v is None else v * 1e3 for k, v in res.candidates.items()},
+                     "seconds": res.seconds})
+        print(f"latency {name}: {res.candidates} -> {res.latency * 1e3:.3f} ms (bound {res.bound * 1e3:.3f})",
+              flush=True)
+    exact = [r for r in rows if "over_enumeration" in r]
+    zoo = [r for r in rows if "latency_ms" in r]
+    summary = {"random": len(exact), "random_equal": sum(abs(r["over_enumeration"] - 1) < 1e-9 for r in exact),
+               "random_proved": sum(r["proved"] for r in exact), "zoo": len(zoo),
+               "zoo_over_maxload_split": _geo([r["latency_ms"] / r["maxload_split_ms"] for r in zoo
+                                               if r["maxload_split_ms"]]),
+               "zoo_over_all_cpu": _geo([r["latency_ms"] / r["all_cpu_ms"] for r in zoo]),
+               "zoo_over_bound": _geo([r["latency_ms"] / r["bound_ms"] for r in zoo if r["bound_ms"] > 0]),
+               "zoo_proved": sum(r["proved"] for r in zoo)}
+    return rows, summary
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=10.0, help="search after the dynamic program, per instance")
-    ap.add_argument("--parts", nargs="+", default=["exact", "zoo"], choices=["exact", "zoo"])
+    ap.add_argument("--parts", nargs="+", default=["exact", "zoo", "latency"], choices=["exact", "zoo", "latency"])
     ap.add_argument("--limit", type=int, default=None, help="at most this many instances per part (a smoke run)")
     ap.add_argument("--stem", default="maxload")
     args = ap.parse_args()
@@ -135,6 +189,8 @@ def main() -> None:
             figures["exact"], figures["exact_summary"] = exact_part(args.seconds, args.limit, Path(tmp))
         if "zoo" in args.parts:
             figures["zoo"], figures["zoo_summary"] = zoo_part(args.seconds, args.limit, Path(tmp))
+        if "latency" in args.parts:
+            figures["latency"], figures["latency_summary"] = latency_part(args.seconds, args.limit, Path(tmp))
     path = write_result(args.stem, figures, seconds=time.perf_counter() - t_start)
     print(f"wrote {path}")
 

@@ -8,7 +8,8 @@ Plain flags: ``--out`` (write the best split in the solvers' JSON format, whole 
 (write the contiguous one instead), ``--seconds`` (for the search after the dynamic program; 0: none),
 ``--ideals`` (how many ideals the dynamic program may enumerate), ``--split FILE`` (score a given split instead,
 e.g. a published one), ``--topology T`` (INSTANCE is one of the project's graph JSON files: make the instance
-on topology ``T``, ``--write-instance FILE`` keeps it). Bad input: one line, exit 2.
+on topology ``T``, ``--write-instance FILE`` keeps it), ``--objective latency`` (one sample's time through an
+inference graph instead: ``baselines.maxload_latency``). Bad input: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -69,7 +70,12 @@ def _from_graph(args: argparse.Namespace):
         raise PlacementRLError(f"{exc} (with --topology, INSTANCE is a graph.json as `placement-rl inspect` writes "
                                "it; leave --topology out to read a max-load instance)") from None
     topology = load_topology(args.topology)
-    data = json.dumps(instance_from_graph(graph, resolve_costs(graph, topology), topology)) + "\n"
+    costs = resolve_costs(graph, topology)
+    if args.objective == "latency":
+        from placement_rl.cost.modes import inference_costs
+
+        costs = inference_costs(costs)
+    data = json.dumps(instance_from_graph(graph, costs, topology)) + "\n"
     if args.write_instance:
         atomic_write_text(args.write_instance, data)
     with tempfile.TemporaryDirectory() as tmp:

@@ -290,6 +290,15 @@ def _maxload_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
                      f"the lower bound {z['best_over_bound']:.3f} (proved optimal on {z['proved']}); contiguous "
                      f"optimum proved on {z['contiguous_proved']}, at most {z['ideals_max']} ideals and "
                      f"{z['dp_seconds_max']:.1f} s"))
+    lat = f.get("latency_summary")
+    if lat:
+        rows.append(("`placement-rl maxload --objective latency` (one sample through an inference graph): random "
+                     "6-node instances against enumeration; the zoo's layer graphs on `cpu_2gpu`",
+                     f"equal on {lat['random_equal']} of {lat['random']} (proved on {lat['random_proved']}); zoo "
+                     f"({lat['zoo']}): {lat['zoo_over_maxload_split']:.3f} x the max-load split's latency, "
+                     f"{lat['zoo_over_all_cpu']:.3f} x every node on a CPU, "
+                     + (f"{lat['zoo_over_bound']:.3f} x the bound" if lat["zoo_over_bound"] else "no bound")
+                     + f" (proved on {lat['zoo_proved']})"))
     return rows
 
 
