@@ -95,7 +95,7 @@ def test_too_many_ideals_searches_a_smaller_family(tmp_path, seed):
 def test_no_split_fits_is_one_line(tmp_path):
     data = random_instance(1, n=5, acc=2, cpus=0)
     data["nodes"][2]["supportedOnFpga"] = 0
-    with pytest.raises(GraphError, match="cannot run on an accelerator and there is no CPU core"):
+    with pytest.raises(GraphError, match="no contiguous split fits: some nodes cannot run on an accelerator"):
         contiguous_dp(read_instance(p := _write(tmp_path, data)), blocks_of(read_instance(p)))
 
 
@@ -138,7 +138,7 @@ def test_split_file_and_forward_only_split(tmp_path):
     device = read_split(split, inst)
     assert device.tolist() == [0, 0, 1, 2, 0, 0, 1, 2]
     bad = _write(tmp_path, {"fpgas": [{"nodes": [10, 11]}, {"nodes": [11]}], "cpus": []}, "b.json")
-    with pytest.raises(GraphError, match="node 11 is in two groups"):
+    with pytest.raises(GraphError, match="node 11 is listed twice"):
         read_split(bad, inst)
     assert p.is_file()
 
@@ -257,3 +257,88 @@ def test_latency_command(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main([str(_write(tmp_path, random_instance(1, n=4, backward=True), "b.json")), "--objective", "latency"])
     assert exc.value.code == 2 and "is for inference graphs" in capsys.readouterr().err
+
+
+def test_colour_cycles_bind_only_contiguous_splits(tmp_path):
+    """1 -> 2 -> 3 with 1 and 3 in one class on two CPU cores: a contiguous split keeps 2 with them (12), a split of
+    any shape need not (10, proved); the bound holds for the latter. With memory that the merged block overflows,
+    no contiguous split fits but one of any shape does."""
+    data = {"maxSizePerFPGA": 10, "maxFPGAs": 0, "maxCPUs": 2,
+            "nodes": [node_entry(1, 0, 1, colour=9), node_entry(2, 0, 10), node_entry(3, 0, 1, colour=9)],
+            "edges": [{"sourceId": 1, "destId": 2, "cost": 0}, {"sourceId": 2, "destId": 3, "cost": 0}]}
+    inst = read_instance(_write(tmp_path, data))
+    assert blocks_of(inst).count == 1 and blocks_of(inst, contiguous=False).count == 2
+    assert lower_bound(inst, blocks_of(inst, contiguous=False)) <= 10
+    if not maxload_cp.available():
+        pytest.skip("OR-Tools is not installed")
+    res = solve(inst, seconds=2)
+    assert res.contiguous.max_load == pytest.approx(12) and res.best.max_load == pytest.approx(10) and res.optimal
+    tight = dict(data, maxFPGAs=2, maxCPUs=0, maxSizePerFPGA=7)
+    tight["nodes"] = [node_entry(1, 1, 1, size=3, colour=9), node_entry(2, 1, 1, size=5),
+                      node_entry(3, 1, 1, size=3, colour=9)]
+    inst = read_instance(_write(tmp_path, tight, "tight.json"))
+    res = solve(inst, seconds=2)
+    assert res.contiguous is None and "no contiguous split fits" in res.notes[0]
+    assert res.best.max_load == pytest.approx(2.0) and res.optimal  # 1 and 3 on one accelerator, 2 on the other
+
+
+def test_fallback_is_never_worse_than_prefixes(tmp_path):
+    """A hub feeding 40 leaves and a sink: past the limit, keeping each leaf beside the hub would put everything on
+    one device; the prefixes of one topological order are tried too and the better kept."""
+    nodes = [node_entry(0, 1.0, 5.0)] + [node_entry(k, 1.0, 5.0) for k in range(1, 41)] + [node_entry(99, 1.0, 5.0)]
+    edges = [{"sourceId": 0, "destId": k, "cost": 0.01} for k in range(1, 41)]
+    edges += [{"sourceId": k, "destId": 99, "cost": 0.01} for k in range(1, 41)]
+    data = {"maxSizePerFPGA": 1e9, "maxFPGAs": 4, "maxCPUs": 2, "nodes": nodes, "edges": edges}
+    inst = read_instance(_write(tmp_path, data))
+    blocks = blocks_of(inst)
+    some = contiguous_dp(inst, blocks, ideal_limit=1000)
+    linear = contiguous_dp(inst, blocks, linear=True)
+    assert not some.contiguous_optimum and some.max_load <= linear.max_load * (1 + 1e-12)
+    assert "prefixes of one topological order" in some.notes[0]
+
+
+@pytest.mark.parametrize("text,words", [
+    ('{"maxSizePerFPGA": 1, "maxFPGAs": 1, "maxCPUs": 1, "nodes": [{"id": NaN}], "edges": []}', "must be an integer"),
+    ('{"maxSizePerFPGA": 1, "maxFPGAs": 1' + "0" * 400 + ', "maxCPUs": 1, "nodes": [], "edges": []}',
+     "must be a whole number"),
+    ("[" * 100000 + "]" * 100000, "nests its JSON too deeply"),
+])
+def test_odd_json_is_one_line(tmp_path, text, words):
+    path = tmp_path / "odd.json"
+    path.write_text(text)
+    with pytest.raises(GraphError, match=words):
+        read_instance(path)
+    with pytest.raises(GraphError, match="is a folder"):
+        read_instance(tmp_path)
+
+
+def test_split_ids_of_other_types_are_one_line(tmp_path):
+    inst = read_instance(_write(tmp_path, random_instance(0, n=4)))
+    for ids in ([10, 11, [12]], [10, {"a": 1}], [10.5]):
+        path = _write(tmp_path, {"fpgas": [{"nodes": ids}], "cpus": []}, "s.json")
+        with pytest.raises(GraphError, match="which .* does not have"):
+            read_split(path, inst)
+
+
+def test_unwritable_outputs_are_refused_before_solving(tmp_path, capsys):
+    from placement_rl.cli.maxload import main
+
+    path = _write(tmp_path, random_instance(0, n=4))
+    (tmp_path / "afile").write_text("")
+    for out, words in ((tmp_path, "is a folder"), (tmp_path / "afile" / "s.json", "cannot be written")):
+        with pytest.raises(SystemExit) as exc:
+            main([str(path), "--out", str(out)])
+        err = capsys.readouterr()
+        assert exc.value.code == 2 and words in err.err and "instance:" not in err.out
+
+
+def test_a_bound_of_zero_is_no_division(tmp_path, capsys):
+    """Zero-time nodes on accelerators that cannot hold both: the simple bound is 0, the split pays transfers."""
+    from placement_rl.cli.maxload import main
+
+    data = {"maxSizePerFPGA": 10, "maxFPGAs": 2, "maxCPUs": 0,
+            "nodes": [node_entry(1, 0, 0, size=6), node_entry(2, 0, 0, size=6)],
+            "edges": [{"sourceId": 1, "destId": 2, "cost": 3}]}
+    main([str(_write(tmp_path, data)), "--seconds", "0"])
+    out = capsys.readouterr().out
+    assert "max-load 3 " in out and "no bound above 0" in out and "--seconds 0" in out

@@ -67,38 +67,49 @@ def _find(parent: list[int], x: int) -> int:
     return x
 
 
-def blocks_of(inst: MaxLoadInstance) -> Blocks:
-    """The colour classes (a node without one is its own), each class's backward-only part placed by mirroring its
-    backward edges; classes on one cycle of the resulting forward graph merged (a contiguous split cannot separate
-    them), and a class with no time and no bytes whose every edge goes to one other class merged into it (beside it
-    it costs nothing and saves its transfers, so the best split of either kind is kept)."""
-    import networkx as nx
-
-    n = inst.num_nodes
+def _classes(inst: MaxLoadInstance) -> tuple[np.ndarray, int]:
+    """Colour class per node (a node without one is its own), numbered ``0 .. m-1``."""
     key: dict[int, int] = {}
-    cls = np.empty(n, dtype=np.int64)
-    for v in range(n):
+    cls = np.empty(inst.num_nodes, dtype=np.int64)
+    for v in range(inst.num_nodes):
         c = int(inst.colour[v])
         cls[v] = key.setdefault(c, len(key)) if c >= 0 else key.setdefault(-(v + 1) - 2**40, len(key))
-    m = len(key)
+    return cls, len(key)
+
+
+def precedence(inst: MaxLoadInstance) -> list[tuple[int, int]]:
+    """The node pairs ``(u, v)`` whose order a contiguous split keeps: every forward edge, and every backward edge
+    touching a class with no forward node, mirrored (such a class sits where its gradient flow puts it)."""
+    cls, m = _classes(inst)
     has_fwd = np.zeros(m, dtype=bool)
     has_fwd[cls[~inst.backward]] = True
+    bwd = inst.backward
+    out = []
+    for u, v in inst.edges.tolist():
+        if not bwd[u] and not bwd[v]:
+            out.append((u, v))
+        elif bwd[u] and bwd[v] and (not has_fwd[cls[u]] or not has_fwd[cls[v]]):
+            out.append((v, u))
+    return out
+
+
+def blocks_of(inst: MaxLoadInstance, *, contiguous: bool = True) -> Blocks:
+    """The colour classes, and a class with no time and no bytes whose every edge goes to one other class merged
+    into it (beside it it costs nothing and saves its transfers, so the best split of either kind is kept); for
+    ``contiguous`` splits also the classes on one cycle of the ``precedence`` graph merged (a contiguous split
+    cannot separate them; a split of any shape can, so the searches for one and the bound use the classes)."""
+    import networkx as nx
+
+    cls, m = _classes(inst)
     g = nx.DiGraph()
     g.add_nodes_from(range(m))
-    bwd = inst.backward
-    for u, v in inst.edges.tolist():
-        a, b = int(cls[u]), int(cls[v])
-        if a == b:
-            continue
-        if not bwd[u] and not bwd[v]:
-            g.add_edge(a, b)
-        elif bwd[u] and bwd[v] and (not has_fwd[a] or not has_fwd[b]):
-            g.add_edge(b, a)  # a class with only backward nodes sits where its gradient flow puts it
+    g.add_edges_from((int(cls[u]), int(cls[v])) for u, v in precedence(inst) if cls[u] != cls[v])
     parent = list(range(m))
-    for comp in nx.strongly_connected_components(g):
-        comp = sorted(comp)
-        for c in comp[1:]:
-            parent[_find(parent, c)] = _find(parent, comp[0])
+    if contiguous:
+        for comp in nx.strongly_connected_components(g):
+            comp = sorted(comp)
+            for c in comp[1:]:
+                parent[_find(parent, c)] = _find(parent, comp[0])
     _merge_idle(inst, cls, parent)
     roots = sorted({_find(parent, c) for c in range(m)})
     renum = {r: k for k, r in enumerate(roots)}
@@ -298,44 +309,78 @@ def _backtrack(choice, sub, members, cpus, accelerators) -> list[tuple[int, np.n
     return stages[::-1]
 
 
+@dataclass
+class _Family:
+    """Ideals the dynamic program cuts at: of ``blocks`` restricted to ``core``, whether they are all of them."""
+
+    blocks: Blocks
+    core: np.ndarray
+    pos: np.ndarray
+    members: np.ndarray
+    complete: bool
+
+
+def _families(inst: MaxLoadInstance, blocks: Blocks, ideal_limit: int, linear: bool) -> tuple[list[_Family], str]:
+    """Every ideal of the block graph where there are at most ``ideal_limit`` (those of the blocks with an edge where
+    the blocks with none make too many); past it, the ideals of the graph with blocks of one neighbour kept beside it
+    (while that shrinks it) and the prefixes of one topological order, both tried (with a note saying so)."""
+    core, pos, preds = _core(blocks, every=True)
+    if linear:
+        return [_Family(blocks, core, pos, _prefix_family(preds, len(core)), False)], ""
+    members = enumerate_ideals_masks(preds, len(core), limit=ideal_limit)
+    if members is None and blocks.free.any():  # each block with no edge doubles the ideals: place them after
+        core, pos, preds = _core(blocks)
+        members = enumerate_ideals_masks(preds, len(core), limit=ideal_limit)
+    if members is not None:
+        return [_Family(blocks, core, pos, members, True)], ""
+    out = [_Family(blocks, core, pos, _prefix_family(preds, len(core)), False)]
+    coarse, merged = blocks, 0
+    while True:
+        coarser = merge_pendants(inst, coarse)
+        if coarser.count == coarse.count:
+            break
+        merged += coarse.count - coarser.count
+        coarse = coarser
+        c_core, c_pos, c_preds = _core(coarse)
+        members = enumerate_ideals_masks(c_preds, len(c_core), limit=ideal_limit)
+        if members is not None:
+            out.append(_Family(coarse, c_core, c_pos, members, False))
+            break
+    tried = (f"the ideals with {merged} classes of one neighbour kept beside it and " if len(out) > 1 else "")
+    return out, (f"more than {ideal_limit} ideals: the better of {tried}the prefixes of one topological order, not "
+                 "proven optimal (raise --ideals for the full space)")
+
+
 def contiguous_dp(inst: MaxLoadInstance, blocks: Blocks, *, ideal_limit: int = IDEAL_LIMIT, linear: bool = False,
                   progress: Callable[[str], None] | None = None) -> Split:
     """The best contiguous split by dynamic programming over the ideals of the block graph (see the module doc);
     where blocks with no edge make too many ideals, they join it last, each on the device it raises least.
     ``linear``: over the prefixes of one topological order only (the splits of a linearised graph, as PipeDream
-    plans)."""
+    plans). Raises ``GraphError`` where no contiguous split fits."""
     t0 = time.perf_counter()
-    core, pos, preds = _core(blocks, every=True)
-    if linear:
-        members = _prefix_family(preds, len(core))
-    else:
-        members = enumerate_ideals_masks(preds, len(core), limit=ideal_limit)
-        if members is None and blocks.free.any():  # each block with no edge doubles the ideals: place them after
-            core, pos, preds = _core(blocks)
-            members = enumerate_ideals_masks(preds, len(core), limit=ideal_limit)
-    complete = members is not None and not linear
-    notes = []
-    merged = 0
-    while members is None:
-        coarser = merge_pendants(inst, blocks)
-        if coarser.count == blocks.count:
-            members = _prefix_family(preds, len(core))
-            notes.append(f"more than {ideal_limit} ideals: split at the prefixes of one topological order only, "
-                         "not proven optimal (raise --ideals for the full space)")
-            break
-        merged += blocks.count - coarser.count
-        blocks = coarser
-        core, pos, preds = _core(blocks)
-        members = enumerate_ideals_masks(preds, len(core), limit=ideal_limit)
-        if members is not None:
-            notes.append(f"more than {ideal_limit} ideals: {merged} classes whose edges all go to one other class "
-                         "kept beside it, not proven optimal (raise --ideals for the full space)")
+    families, note = _families(inst, blocks, ideal_limit, linear)
+    best, pairs = None, 0
+    for fam in families:
+        got = _dp_split(inst, fam, progress, t0)
+        pairs += got.stats["ideal_pairs"]
+        if got.max_load < np.inf and (best is None or got.max_load < best.max_load):
+            best = got
+    if best is None or not np.isfinite(best.max_load):
+        raise GraphError(f"{inst.path}: no contiguous split fits: {_why_infeasible(inst, blocks)}")
+    best.notes[:0] = [note] if note else []
+    best.stats.update(ideal_pairs=float(pairs), seconds=time.perf_counter() - t0)
+    return best
+
+
+def _dp_split(inst: MaxLoadInstance, fam: _Family, progress, t0: float) -> Split:
+    """The dynamic program over one family; a split of max-load inf where none fits."""
+    blocks, core, members = fam.blocks, fam.core, fam.members
     words = _words(members)
     card = members.sum(axis=1)
     fm = members.astype(np.float64)
     acc, cpu, size, bad = (fm @ blocks.acc[core], fm @ blocks.cpu[core], fm @ blocks.size[core],
                            fm @ blocks.bad[core])
-    src = _sources(inst, blocks, pos)
+    src = _sources(inst, blocks, fam.pos)
     k = members.shape[0]
     f = np.full((inst.cpus + 1, inst.accelerators + 1, k), np.inf)
     f[:, :, 0] = 0.0
@@ -352,8 +397,9 @@ def contiguous_dp(inst: MaxLoadInstance, blocks: Blocks, *, ideal_limit: int = I
             last = time.perf_counter()
             progress(f"dynamic program: {j}/{k} ideals, {pairs} pairs, {last - t0:.0f} s")
     best = float(f[inst.cpus, inst.accelerators, k - 1])
+    stats = {"ideals": float(k), "ideal_pairs": float(pairs), "dp_value": best, "free_classes": 0.0}
     if not np.isfinite(best):
-        raise GraphError(f"{inst.path}: no split fits: {_why_infeasible(inst, blocks)}")
+        return Split(np.zeros(inst.num_nodes, dtype=np.int64), np.zeros(0), np.inf, "", False, [], stats)
     device_of_block = np.full(blocks.count, -1, dtype=np.int64)
     counts = {2: 0, 3: 0}
     for kind, blk in _backtrack(choice, sub, members, inst.cpus, inst.accelerators):
@@ -361,22 +407,22 @@ def contiguous_dp(inst: MaxLoadInstance, blocks: Blocks, *, ideal_limit: int = I
         device_of_block[core[blk]] = first + counts[kind]
         counts[kind] += 1
     loose = np.flatnonzero(device_of_block < 0)
-    if len(loose):
-        _place_free(inst, blocks, device_of_block, loose)
+    if len(loose) and not _place_free(inst, blocks, device_of_block, loose):
+        return Split(np.zeros(inst.num_nodes, dtype=np.int64), np.zeros(0), np.inf, "", False, [], stats)
     device = device_of_block[blocks.block]
     loads, _ = evaluate(inst, device)
-    optimum = complete and float(loads.max()) <= best * (1 + 1e-12)
-    if complete and not optimum:
+    optimum = fam.complete and float(loads.max()) <= best * (1 + 1e-12)
+    notes = []
+    if fam.complete and not optimum:
         notes.append(f"{len(loose)} classes with no edge placed last on the least-loaded device that holds them: the "
                      f"split without them ({best:.6g}) bounds the best contiguous one")
-    stats = {"ideals": float(k), "ideal_pairs": float(pairs), "seconds": time.perf_counter() - t0,
-             "dp_value": best, "free_classes": float(len(loose))}
+    stats["free_classes"] = float(len(loose))
     return Split(device, loads, float(loads.max()), "contiguous DP over ideals", optimum, notes, stats)
 
 
-def _place_free(inst: MaxLoadInstance, blocks: Blocks, device_of_block: np.ndarray, loose: np.ndarray) -> None:
+def _place_free(inst: MaxLoadInstance, blocks: Blocks, device_of_block: np.ndarray, loose: np.ndarray) -> bool:
     """Blocks with no edge, largest first, each on the device whose load it raises least (an accelerator only
-    where it fits and runs)."""
+    where it fits and runs); False where one fits nowhere."""
     na, nd = inst.accelerators, inst.accelerators + inst.cpus
     placed = device_of_block >= 0
     loads = evaluate(inst, np.where(placed, device_of_block, 0)[blocks.block])[0]
@@ -391,15 +437,18 @@ def _place_free(inst: MaxLoadInstance, blocks: Blocks, device_of_block: np.ndarr
             if new < best:
                 best, arg = new, d
         if arg < 0:
-            raise GraphError(f"{inst.path}: no split fits: {_why_infeasible(inst, blocks)}")
+            return False
         device_of_block[b], loads[arg], mem[arg] = arg, best, mem[arg] + blocks.size[b]
+    return True
 
 
 def _why_infeasible(inst: MaxLoadInstance, blocks: Blocks) -> str:
     if inst.cpus == 0 and (blocks.bad > 0.5).any():
-        return "some nodes cannot run on an accelerator and there is no CPU core (maxCPUs 0)"
+        return ("some nodes cannot run on an accelerator (or share a colour class, or what a contiguous split keeps "
+                "with one, with such a node) and there is no CPU core (maxCPUs 0)")
     if inst.cpus == 0 and (blocks.size > inst.max_size).any():
-        return "a colour class is larger than maxSizePerFPGA and there is no CPU core"
+        return ("a colour class (with what a contiguous split keeps with it) is larger than maxSizePerFPGA and "
+                "there is no CPU core")
     return (f"the graph does not fit {inst.accelerators} accelerators of {inst.max_size:.6g} bytes as a "
             "pipeline (raise maxFPGAs or maxSizePerFPGA)")
 
@@ -457,18 +506,19 @@ def enumerate_splits(inst: MaxLoadInstance, *, limit: int = 1_000_000) -> tuple[
 
     import networkx as nx
 
-    blocks = blocks_of(inst)
+    blocks = blocks_of(inst, contiguous=False)
     nd = inst.accelerators + inst.cpus
     if nd ** blocks.count > limit:
         raise GraphError(f"{inst.path}: {nd}^{blocks.count} assignments, more than {limit} to enumerate")
-    graph = nx.DiGraph((x, y) for y in range(blocks.count) for x in range(blocks.count) if blocks.preds[y] >> x & 1)
+    order = precedence(inst)
     best_contiguous = best_any = np.inf
     for assign in itertools.product(range(nd), repeat=blocks.count):
-        loads, broken = evaluate(inst, np.array(assign)[blocks.block])
+        device = np.array(assign)[blocks.block]
+        loads, broken = evaluate(inst, device)
         if broken:
             continue
         best_any = min(best_any, float(loads.max()))
-        quotient = nx.DiGraph((assign[x], assign[y]) for x, y in graph.edges() if assign[x] != assign[y])
+        quotient = nx.DiGraph((int(device[u]), int(device[v])) for u, v in order if device[u] != device[v])
         if nx.is_directed_acyclic_graph(quotient):
             best_contiguous = min(best_contiguous, float(loads.max()))
     return best_contiguous, best_any
@@ -488,4 +538,4 @@ def split_json(inst: MaxLoadInstance, split: Split) -> dict:
 
 
 __all__ = ["IDEAL_LIMIT", "Blocks", "Split", "blocks_of", "contiguous_dp", "evaluate", "improve", "lower_bound",
-           "enumerate_splits", "merge_pendants", "split_json"]
+           "enumerate_splits", "merge_pendants", "precedence", "split_json"]

@@ -8,15 +8,17 @@ from typing import Callable
 
 from placement_rl.baselines import maxload_cp
 from placement_rl.baselines.maxload import IDEAL_LIMIT, Split, blocks_of, contiguous_dp, improve, lower_bound
+from placement_rl.errors import GraphError
 from placement_rl.graph.maxload_file import MaxLoadInstance
 
 
 @dataclass
 class MaxLoadResult:
-    """What ``solve`` found: the best contiguous split (``contiguous``), the best split of any shape (``best``, the
-    same when nothing beat it), a lower bound on every split's max-load and whether ``best`` is proven optimal."""
+    """What ``solve`` found: the best contiguous split (``contiguous``; None where none fits), the best split of any
+    shape (``best``, the contiguous one when nothing beat it), a lower bound on every split's max-load, whether
+    ``best`` is proven optimal, and notes (what was not run, and why)."""
 
-    contiguous: Split
+    contiguous: Split | None
     best: Split
     lower_bound: float
     optimal: bool
@@ -26,24 +28,40 @@ class MaxLoadResult:
 def solve(inst: MaxLoadInstance, *, ideal_limit: int = IDEAL_LIMIT, seconds: float = 10.0,
           progress: Callable[[str], None] | None = None) -> MaxLoadResult:
     """The contiguous DP, then single moves and CP-SAT (``seconds`` in all; CP-SAT only where OR-Tools is
-    installed) for a better split of any shape and a bound."""
-    blocks = blocks_of(inst)
-    dp = contiguous_dp(inst, blocks, ideal_limit=ideal_limit, progress=progress)
-    best, bound, optimal, notes = dp, lower_bound(inst, blocks), False, []
+    installed and its model builds in half its share) on the colour classes for a better split of any shape and a
+    bound."""
+    classes = blocks_of(inst, contiguous=False)
+    notes: list[str] = []
+    try:
+        dp = contiguous_dp(inst, blocks_of(inst), ideal_limit=ideal_limit, progress=progress)
+    except GraphError as exc:
+        if seconds <= 0 or not maxload_cp.available():
+            raise
+        dp = None
+        notes.append(str(exc).split(": ", 1)[-1])
+    best, bound, optimal = dp, lower_bound(inst, classes), False
     if seconds > 0:
-        moved = improve(inst, blocks, dp, seconds=seconds * 0.2)
-        if moved.max_load < best.max_load * (1 - 1e-12):
-            best = moved
-        if maxload_cp.available():
-            if progress is not None:
-                progress(f"CP-SAT on {blocks.count} blocks for up to {seconds * 0.8:.3g} s")
-            found, cp_bound, optimal = maxload_cp.cp_split(inst, blocks, best, seconds=seconds * 0.8)
-            best, bound = found or best, max(bound, cp_bound)
-        else:
+        if dp is not None:
+            moved = improve(inst, classes, dp, seconds=seconds * 0.2)
+            if moved.max_load < dp.max_load * (1 - 1e-12):
+                best = moved
+        cp_seconds = seconds * (0.8 if dp is not None else 1.0)
+        if not maxload_cp.available():
             notes.append("OR-Tools is not installed: no CP-SAT search or bound (pip install 'placement-rl[exact]')")
+        elif maxload_cp.build_seconds(inst, classes) > 0.5 * cp_seconds:
+            notes.append(f"CP-SAT not run: its model ({classes.count} classes on {inst.accelerators + inst.cpus} "
+                         f"devices) takes about {maxload_cp.build_seconds(inst, classes):.1f} s to build, over half "
+                         f"of its {cp_seconds:.3g} s (raise --seconds)")
+        else:
+            if progress is not None:
+                progress(f"CP-SAT on {classes.count} colour classes for up to {cp_seconds:.3g} s")
+            found, cp_bound, optimal = maxload_cp.cp_split(inst, classes, best, seconds=cp_seconds)
+            best, bound = found or best, max(bound, cp_bound)
+    if best is None:
+        raise GraphError(f"{inst.path}: no split fits: {notes[0] if notes else 'none found'}")
     if best.max_load <= bound * (1 + 1e-9):
         optimal = True
-    if dp.contiguous_optimum and dp.max_load <= bound * (1 + 1e-9):
+    if dp is not None and dp.contiguous_optimum and dp.max_load <= bound * (1 + 1e-9):
         best = dp
     return MaxLoadResult(dp, best, min(bound, best.max_load), optimal, notes)
 

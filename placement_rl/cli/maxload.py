@@ -22,7 +22,8 @@ import numpy as np
 
 from placement_rl.errors import PlacementRLError
 
-USAGE = "placement-rl maxload INSTANCE.json [--out FILE] [--seconds S] [--split FILE]"
+USAGE = ("placement-rl maxload INSTANCE.json [--out FILE] [--contiguous] [--seconds S] [--ideals N] [--split FILE] "
+         "[--objective maxload|latency] [--topology T [--write-instance FILE]]")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -97,6 +98,30 @@ def _loads_line(inst, loads) -> str:
     return ", ".join(parts)
 
 
+def _writable(path: str | None, flag: str) -> None:
+    """Refuse an output path that cannot be written before any work (a folder, under a file, no permission)."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    if not path:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise PlacementRLError(f"{flag} {path} is a folder: give a file path")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise PlacementRLError(f"{flag} {path} cannot be written ({exc.strerror or exc})") from None
+
+
+def _gap(best: float, bound: float) -> str:
+    return f"gap {best / bound - 1:.2%}" if bound > 0 else "no bound above 0"
+
+
 def run(args: argparse.Namespace) -> list[str]:
     from placement_rl.baselines.maxload import Split, blocks_of, evaluate, lower_bound, split_json
     from placement_rl.baselines.maxload_solve import solve
@@ -109,6 +134,8 @@ def run(args: argparse.Namespace) -> list[str]:
         raise PlacementRLError(f"--ideals must be at least 2 (got {args.ideals})")
     if args.write_instance and not args.topology:
         raise PlacementRLError("--write-instance needs --topology (it writes the instance made from a graph)")
+    _writable(args.out, "--out")
+    _writable(args.write_instance, "--write-instance")
     inst = _from_graph(args) if args.topology else read_instance(args.instance)
     lines = [f"instance: {inst.describe()}"]
     if args.write_instance:
@@ -119,31 +146,40 @@ def run(args: argparse.Namespace) -> list[str]:
         device = read_split(args.split, inst)
         loads, broken = evaluate(inst, device)
         lines.append(f"split {args.split}: max-load {loads.max():.6g} ({_loads_line(inst, loads)})")
-        lines.append(f"lower bound: {lower_bound(inst):.6g} (any split)")
+        lines.append(f"lower bound: {lower_bound(inst, blocks_of(inst, contiguous=False)):.6g} (any split that "
+                     "breaks nothing)")
         lines += [f"warning: the split breaks a constraint: {b}" for b in broken]
         if args.out:
-            split = Split(device, loads, float(loads.max()), f"given ({args.split})")
-            atomic_write_text(args.out, json.dumps(split_json(inst, split), indent=1) + "\n")
+            split = Split(device, loads, float(loads.max()), f"given ({args.split})", notes=broken)
+            atomic_write_text(args.out, json.dumps({**split_json(inst, split), "breaks": broken}, indent=1) + "\n")
             lines.append(f"wrote {args.out}")
         return lines
     blocks = blocks_of(inst)
-    lines.append(f"blocks: {blocks.count} (colour classes; those on a cycle of the forward graph merged)")
+    lines.append(f"blocks: {blocks.count} for contiguous splits (colour classes; classes on a cycle of the forward "
+                 f"graph merged), {blocks_of(inst, contiguous=False).count} for splits of any shape")
     res = solve(inst, ideal_limit=args.ideals, seconds=args.seconds, progress=_say)
-    dp = res.contiguous
-    how = (f"all {dp.stats['ideals']:.0f} ideals" if dp.contiguous_optimum else
-           f"{dp.stats['ideals']:.0f} prefix ideals, not proven optimal")
-    lines.append(f"contiguous split (dynamic program over {how}, {dp.stats['ideal_pairs']:.0f} pairs, "
-                 f"{dp.stats['seconds']:.2f} s): max-load {dp.max_load:.6g} ({_loads_line(inst, dp.loads)})")
-    lines += [f"note: {n}" for n in dp.notes + res.notes]
-    best = res.best
-    if best is not dp:
-        lines.append(f"best split of any shape ({best.method}): max-load {best.max_load:.6g} "
-                     f"({best.max_load / dp.max_load:.4f} x contiguous; {_loads_line(inst, best.loads)})")
+    dp, best = res.contiguous, res.best
+    if dp is None:
+        lines.append("contiguous split: none fits")
     else:
+        how = (f"all {dp.stats['ideals']:.0f} ideals" if dp.contiguous_optimum else
+               f"{dp.stats['ideals']:.0f} ideals, not proven optimal")
+        lines.append(f"contiguous split (dynamic program over {how}, {dp.stats['ideal_pairs']:.0f} pairs, "
+                     f"{dp.stats['seconds']:.2f} s): max-load {dp.max_load:.6g} ({_loads_line(inst, dp.loads)})")
+    lines += [f"note: {n}" for n in (dp.notes if dp else []) + res.notes]
+    if best is not dp:
+        versus = f"{best.max_load / dp.max_load:.4f} x contiguous; " if dp is not None else ""
+        lines.append(f"best split of any shape ({best.method}): max-load {best.max_load:.6g} "
+                     f"({versus}{_loads_line(inst, best.loads)})")
+    elif args.seconds > 0:
         lines.append(f"best split: the contiguous one (nothing of any shape beat it in {args.seconds:g} s)")
-    proof = "the best split is optimal" if res.optimal else f"gap {best.max_load / res.lower_bound - 1:.2%}"
+    else:
+        lines.append("best split: the contiguous one (no search after the dynamic program: --seconds 0)")
+    proof = "the best split is optimal" if res.optimal else _gap(best.max_load, res.lower_bound)
     lines.append(f"lower bound: {res.lower_bound:.6g} (any split; {proof})")
     if args.out:
+        if args.contiguous and dp is None:
+            raise PlacementRLError("--contiguous: no contiguous split fits (leave it out to write the best split)")
         chosen = dp if args.contiguous else best
         data = {**split_json(inst, chosen), "lower_bound": res.lower_bound,
                 "optimal": res.optimal and chosen.max_load <= best.max_load * (1 + 1e-12), "instance": inst.path}
@@ -171,7 +207,7 @@ def _latency(args: argparse.Namespace, inst) -> list[str]:
              "cp_sat": f"CP-SAT ({args.seconds:g} s)"}
     lines = [f"{names[k]}: " + ("none found" if v is None else "no latency (a cycle)" if not np.isfinite(v) else
                                 f"latency {v:.6g}") for k, v in res.candidates.items()]
-    proof = "optimal" if res.optimal else f"gap {res.latency / res.bound - 1:.2%}" if res.bound > 0 else "no bound"
+    proof = "optimal" if res.optimal else _gap(res.latency, res.bound)
     lines.append(f"best: {names[res.method]}, latency {res.latency:.6g}; lower bound {res.bound:.6g} ({proof})")
     if args.out:
         na = inst.accelerators
@@ -188,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
         lines = run(args)
-    except PlacementRLError as exc:
+    except (PlacementRLError, OSError) as exc:
         from placement_rl.cli.common import fail
 
         fail(str(exc))

@@ -62,21 +62,38 @@ class MaxLoadInstance:
 
 
 def _load(path: Path) -> Any:
+    if path.is_dir():
+        raise GraphError(f"{path} is a folder, not a JSON file")
     if not path.is_file():
         raise GraphError(f"{path} does not exist")
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise GraphError(f"{path} is not JSON ({exc})") from None
+    except RecursionError:
+        raise GraphError(f"{path} nests its JSON too deeply to read") from None
+    except OSError as exc:
+        raise GraphError(f"{path} cannot be read ({exc.strerror or exc})") from None
+
+
+def _finite_int(value: Any) -> bool:
+    """A JSON number that is a whole, finite value within 64 bits (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if isinstance(value, float) and (not math.isfinite(value) or value != int(value)):
+        return False
+    return abs(int(value)) < 2**63
 
 
 def _number(path: Path, where: str, value: Any, *, integer: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-    if ok and integer and value != int(value):
-        ok = False
+    if integer:
+        ok = _finite_int(value) and value >= 0
+    else:
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < 1e300
+              and math.isfinite(value) and value >= 0)
     if not ok:
         kind = "a whole number" if integer else "a finite number"
-        raise GraphError(f"{path}: {where} must be {kind} >= 0 (got {value!r})")
+        raise GraphError(f"{path}: {where} must be {kind} >= 0 (got {str(value)[:40]})")
     return float(value)
 
 
@@ -87,8 +104,8 @@ def _flag(path: Path, where: str, value: Any) -> bool:
 
 
 def _int(path: Path, where: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        raise GraphError(f"{path}: {where} must be an integer (got {value!r})")
+    if not _finite_int(value):
+        raise GraphError(f"{path}: {where} must be an integer (got {str(value)[:40]})")
     return int(value)
 
 
@@ -204,8 +221,9 @@ def read_split(path: str | Path, inst: MaxLoadInstance, *, pooled_cpus: bool = F
         groups = data.get(key, [])
         if not isinstance(groups, list):
             raise GraphError(f"{path}: '{key}' must be a list of {{'nodes': [ids]}}")
-        if sum(1 for g in groups if isinstance(g, dict) and g.get("nodes")) > limit:
-            raise GraphError(f"{path}: {len(groups)} non-empty '{key}' groups, more than the instance's {limit}")
+        busy = sum(1 for g in groups if isinstance(g, dict) and g.get("nodes"))
+        if busy > limit:
+            raise GraphError(f"{path}: {busy} non-empty '{key}' groups, more than the instance's {limit}")
         used = 0
         for k, group in enumerate(groups):
             members = group.get("nodes") if isinstance(group, dict) else None
@@ -214,10 +232,12 @@ def read_split(path: str | Path, inst: MaxLoadInstance, *, pooled_cpus: bool = F
             if not members:
                 continue
             for nid in members:
-                if nid not in index:
-                    raise GraphError(f"{path}: {key}[{k}] names node {nid!r}, which {inst.path} does not have")
+                if not _finite_int(nid) or int(nid) not in index:
+                    raise GraphError(f"{path}: {key}[{k}] names node {str(nid)[:40]}, which {inst.path} does not "
+                                     "have")
+                nid = int(nid)
                 if device[index[nid]] >= 0:
-                    raise GraphError(f"{path}: node {nid} is in two groups")
+                    raise GraphError(f"{path}: node {nid} is listed twice")
                 device[index[nid]] = first + (0 if pooled_cpus and key == "cpus" else used)
             used += 1
     _colocate_rest(inst, device)
