@@ -35,7 +35,9 @@ def _geo(xs: list[float]) -> float | None:
 
 
 def exact_part(seconds: float, limit: int | None, folder: Path) -> tuple[list[dict], dict]:
-    from placement_rl.baselines.maxload import blocks_of, contiguous_dp, enumerate_splits
+    from placement_rl.baselines.maxload import enumerate_splits
+    from placement_rl.baselines.maxload_blocks import blocks_of
+    from placement_rl.baselines.maxload_dp import contiguous_dp
     from placement_rl.baselines.maxload_instances import random_instance
     from placement_rl.baselines.maxload_solve import solve
     from placement_rl.graph.maxload_file import read_instance
@@ -81,7 +83,9 @@ def _instance(name: str, topology: str, folder: Path) -> Path:
 
 
 def zoo_part(seconds: float, limit: int | None, folder: Path) -> tuple[list[dict], dict]:
-    from placement_rl.baselines.maxload import blocks_of, contiguous_dp, evaluate
+    from placement_rl.baselines.maxload import evaluate
+    from placement_rl.baselines.maxload_blocks import blocks_of
+    from placement_rl.baselines.maxload_dp import contiguous_dp
     from placement_rl.baselines.maxload_solve import solve
     from placement_rl.graph.maxload_file import read_instance
 

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from placement_rl.baselines import maxload_cp
-from placement_rl.baselines.maxload import blocks_of, contiguous_dp, enumerate_splits, evaluate, lower_bound
+from placement_rl.baselines.maxload import enumerate_splits, evaluate, lower_bound
+from placement_rl.baselines.maxload_blocks import blocks_of
+from placement_rl.baselines.maxload_dp import contiguous_dp
 from placement_rl.baselines.maxload_instances import node_entry, random_instance
 from placement_rl.baselines.maxload_solve import solve
 from placement_rl.errors import GraphError

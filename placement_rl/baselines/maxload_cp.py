@@ -17,7 +17,9 @@ import time
 
 import numpy as np
 
-from placement_rl.baselines.maxload import Blocks, Split, _sources, evaluate
+from placement_rl.baselines.maxload import Split, evaluate
+from placement_rl.baselines.maxload_blocks import Blocks
+from placement_rl.baselines.maxload_dp import _sources
 from placement_rl.graph.maxload_file import MaxLoadInstance
 
 TICKS = 10_000_000  # integer ticks of the largest possible load

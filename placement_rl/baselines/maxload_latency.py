@@ -21,7 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from placement_rl.baselines._maxload_kernel import device_loads
-from placement_rl.baselines.maxload import _sorted_edges, blocks_of, contiguous_dp
+from placement_rl.baselines.maxload import _sorted_edges
+from placement_rl.baselines.maxload_blocks import blocks_of
+from placement_rl.baselines.maxload_dp import contiguous_dp
 from placement_rl.errors import GraphError
 from placement_rl.graph.maxload_file import MaxLoadInstance
 

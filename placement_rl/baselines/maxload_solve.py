@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from placement_rl.baselines import maxload_cp
-from placement_rl.baselines.maxload import IDEAL_LIMIT, Split, blocks_of, contiguous_dp, improve, lower_bound
+from placement_rl.baselines.maxload import Split, improve, lower_bound
+from placement_rl.baselines.maxload_blocks import blocks_of
+from placement_rl.baselines.maxload_dp import IDEAL_LIMIT, contiguous_dp
 from placement_rl.errors import GraphError
 from placement_rl.graph.maxload_file import MaxLoadInstance
 

@@ -33,7 +33,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parser() -> argparse.ArgumentParser:
-    from placement_rl.baselines.maxload import IDEAL_LIMIT
+    from placement_rl.baselines.maxload_dp import IDEAL_LIMIT
 
     p = _Parser(prog="placement-rl maxload", description=__doc__.split("\n\n")[0])
     p.add_argument("instance", help="instance JSON (maxSizePerFPGA, maxFPGAs, maxCPUs, nodes, edges)")
@@ -123,7 +123,8 @@ def _gap(best: float, bound: float) -> str:
 
 
 def run(args: argparse.Namespace) -> list[str]:
-    from placement_rl.baselines.maxload import Split, blocks_of, evaluate, lower_bound, split_json
+    from placement_rl.baselines.maxload import Split, evaluate, lower_bound, split_json
+    from placement_rl.baselines.maxload_blocks import blocks_of
     from placement_rl.baselines.maxload_solve import solve
     from placement_rl.graph.files import atomic_write_text
     from placement_rl.graph.maxload_file import read_instance, read_split
