@@ -11,7 +11,7 @@ cannot run.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 INF = np.inf
 
@@ -46,71 +46,79 @@ def set_comm(words, i, j, src_block, src_cost, cons_ptr, cons_block):
 
 
 @njit(cache=True, nogil=True)
-def maxload_dp(words, card, acc, cpu, size, bad, max_size, src_block, src_cost, cons_ptr, cons_block,
-               j0, j1, f, choice, sub):
-    """Fill ``f`` [C + 1, A + 1, K] for ideals ``j0 .. j1 - 1`` (earlier ones already filled; ``f[:, :, 0] = 0``).
-    ``choice``: 0 a CPU core left unused, 1 an accelerator left unused, 2 the last set on a CPU core, 3 on an
-    accelerator, ``sub`` its lower ideal. ``acc`` / ``cpu`` / ``size`` / ``bad`` are sums over each ideal (``bad``:
-    nodes an accelerator cannot run). Returns the ideal pairs visited."""
+def _dp_one(words, card, acc, cpu, size, bad, max_size, src_block, src_cost, cons_ptr, cons_block, j, f, choice,
+            sub):
+    """Fill ``f[:, :, j]`` and its parents from every ideal inside ``j`` (all filled); returns the pairs visited."""
     nc = f.shape[0]
     na = f.shape[1]
-    best = np.empty((nc, na))
-    arg = np.empty((nc, na), dtype=np.int64)
-    kind = np.empty((nc, na), dtype=np.int64)
+    best = np.full((nc, na), INF)
+    arg = np.full((nc, na), -1, dtype=np.int64)
+    kind = np.full((nc, na), -1, dtype=np.int64)
     pairs = 0
-    for j in range(j0, j1):
-        best[:] = INF
-        arg[:] = -1
-        kind[:] = -1
-        for i in range(j):
-            if card[i] >= card[j] or not _subset(words, i, j):
-                continue
-            pairs += 1
-            c_cost = cpu[j] - cpu[i]
-            a_cost = INF
-            if na > 1 and bad[j] - bad[i] < 0.5 and size[j] - size[i] <= max_size * (1 + 1e-12):
-                base = acc[j] - acc[i]
-                useful = False  # the transfers only add: skip them where the times alone improve nothing
-                for c in range(nc):
-                    for a in range(1, na):
-                        if max(f[c, a - 1, i], base) < best[c, a]:
-                            useful = True
-                            break
-                    if useful:
+    for i in range(j):
+        if card[i] >= card[j] or not _subset(words, i, j):
+            continue
+        pairs += 1
+        c_cost = cpu[j] - cpu[i]
+        a_cost = INF
+        if na > 1 and bad[j] - bad[i] < 0.5 and size[j] - size[i] <= max_size * (1 + 1e-12):
+            base = acc[j] - acc[i]
+            useful = False  # the transfers only add: skip them where the times alone improve nothing
+            for c in range(nc):
+                for a in range(1, na):
+                    if max(f[c, a - 1, i], base) < best[c, a]:
+                        useful = True
                         break
                 if useful:
-                    a_cost = base + set_comm(words, i, j, src_block, src_cost, cons_ptr, cons_block)
-            for c in range(nc):
-                for a in range(na):
-                    if c > 0:
-                        v = max(f[c - 1, a, i], c_cost)
-                        if v < best[c, a]:
-                            best[c, a] = v
-                            arg[c, a] = i
-                            kind[c, a] = 2
-                    if a > 0 and a_cost < INF:
-                        v = max(f[c, a - 1, i], a_cost)
-                        if v < best[c, a]:
-                            best[c, a] = v
-                            arg[c, a] = i
-                            kind[c, a] = 3
+                    break
+            if useful:
+                a_cost = base + set_comm(words, i, j, src_block, src_cost, cons_ptr, cons_block)
         for c in range(nc):
             for a in range(na):
-                v = best[c, a]
-                k = kind[c, a]
-                s = arg[c, a]
-                if c > 0 and f[c - 1, a, j] < v:
-                    v = f[c - 1, a, j]
-                    k = 0
-                    s = j
-                if a > 0 and f[c, a - 1, j] < v:
-                    v = f[c, a - 1, j]
-                    k = 1
-                    s = j
-                f[c, a, j] = v
-                choice[c, a, j] = k
-                sub[c, a, j] = s
+                if c > 0:
+                    v = max(f[c - 1, a, i], c_cost)
+                    if v < best[c, a]:
+                        best[c, a] = v
+                        arg[c, a] = i
+                        kind[c, a] = 2
+                if a > 0 and a_cost < INF:
+                    v = max(f[c, a - 1, i], a_cost)
+                    if v < best[c, a]:
+                        best[c, a] = v
+                        arg[c, a] = i
+                        kind[c, a] = 3
+    for c in range(nc):
+        for a in range(na):
+            v = best[c, a]
+            k = kind[c, a]
+            s = arg[c, a]
+            if c > 0 and f[c - 1, a, j] < v:
+                v = f[c - 1, a, j]
+                k = 0
+                s = j
+            if a > 0 and f[c, a - 1, j] < v:
+                v = f[c, a - 1, j]
+                k = 1
+                s = j
+            f[c, a, j] = v
+            choice[c, a, j] = k
+            sub[c, a, j] = s
     return pairs
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def maxload_dp(words, card, acc, cpu, size, bad, max_size, src_block, src_cost, cons_ptr, cons_block,
+               j0, j1, f, choice, sub):
+    """Fill ``f`` [C + 1, A + 1, K] for ideals ``j0 .. j1 - 1``, all of one size (so none is inside another: they
+    are filled in parallel), every smaller one already filled (``f[:, :, 0] = 0``). ``choice``: 0 a CPU core left
+    unused, 1 an accelerator left unused, 2 the last set on a CPU core, 3 on an accelerator, ``sub`` its lower
+    ideal. ``acc`` / ``cpu`` / ``size`` / ``bad`` are sums over each ideal (``bad``: nodes an accelerator cannot
+    run). Returns the ideal pairs visited."""
+    pairs = np.zeros(j1 - j0, dtype=np.int64)
+    for t in prange(j1 - j0):
+        pairs[t] = _dp_one(words, card, acc, cpu, size, bad, max_size, src_block, src_cost, cons_ptr, cons_block,
+                           j0 + t, f, choice, sub)
+    return pairs.sum()
 
 
 @njit(cache=True, nogil=True)

@@ -179,9 +179,12 @@ def _dp_split(inst: MaxLoadInstance, fam: _Family, progress, t0: float) -> Split
     f[:, :, 0] = 0.0
     choice = np.full(f.shape, -1, dtype=np.int64)
     sub = np.full(f.shape, -1, dtype=np.int64)
+    # ideals of one size are never inside each other: the kernel fills a run of them in parallel
+    level_end = np.flatnonzero(np.diff(card) != 0) + 1
     pairs, j, step, last = 0, 1, 1, time.perf_counter()
     while j < k:
-        hi = min(k, j + step)
+        hi = min(k, j + step, int(level_end[np.searchsorted(level_end, j, side="right")]) if
+                 (level_end > j).any() else k)
         t = time.perf_counter()
         pairs += maxload_dp(words, card, acc, cpu, size, bad, inst.max_size, *src, j, hi, f, choice, sub)
         step = max(1, min(4 * step, int(step * 0.5 / max(time.perf_counter() - t, 1e-6))))
