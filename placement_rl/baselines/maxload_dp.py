@@ -23,7 +23,7 @@ from placement_rl.errors import GraphError
 from placement_rl.graph.ideals import enumerate_ideals_masks
 from placement_rl.graph.maxload_file import MaxLoadInstance
 
-IDEAL_LIMIT = 20_000
+IDEAL_LIMIT = 60_000  # as the original dynamic program (dnn-partitioning, throughput-dp), which fails past it
 
 
 def _words(members: np.ndarray) -> np.ndarray:
