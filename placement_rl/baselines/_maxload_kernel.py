@@ -13,20 +13,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from placement_rl.baselines._ideal_kernel import _subset
+
 INF = np.inf
 
 
 @njit(cache=True, nogil=True)
 def _bit(words, k, b):
     return (words[k, b >> 6] >> np.uint64(b & 63)) & np.uint64(1)
-
-
-@njit(cache=True, nogil=True)
-def _subset(words, i, j):
-    for w in range(words.shape[1]):
-        if words[i, w] & ~words[j, w]:
-            return False
-    return True
 
 
 @njit(cache=True, nogil=True)

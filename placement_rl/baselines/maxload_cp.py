@@ -105,11 +105,7 @@ def cp_split(inst: MaxLoadInstance, blocks: Blocks, hint: Split | None, *,
     if hint is not None:
         _hint(m, x, blocks, hint, na, na + nc)
     m.Minimize(big)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.1, float(seconds))
-    solver.parameters.num_workers = 1
-    solver.parameters.random_seed = 0
-    status = solver.Solve(m)
+    solver, status = run_model(m, seconds)
     bound = max(0.0, float(solver.BestObjectiveBound()) / scale) if status != cp_model.UNKNOWN else 0.0
     found = None
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -121,6 +117,16 @@ def cp_split(inst: MaxLoadInstance, blocks: Blocks, hint: Split | None, *,
             stats = {"seconds": time.perf_counter() - t0, "cp_bound": bound}
             found = Split(device, loads, float(loads.max()), "CP-SAT", False, [], stats)
     return found, bound, status == cp_model.OPTIMAL
+
+
+def run_model(model, seconds: float):
+    """(solver, status) of one deterministic CP-SAT run (one worker, seed 0) of at most ``seconds``."""
+    cp_model = _require_ortools()
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.1, float(seconds))
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = 0
+    return solver, solver.Solve(model)
 
 
 def _memory_units(size: np.ndarray, cap: float) -> tuple[np.ndarray, int]:
@@ -150,4 +156,4 @@ def _hint(m, x, blocks: Blocks, hint: Split, na: int, n_dev: int) -> None:
                 m.AddHint(x[b, dd], dd == relabel[d])
 
 
-__all__ = ["available", "build_seconds", "cp_split"]
+__all__ = ["available", "build_seconds", "cp_split", "run_model"]

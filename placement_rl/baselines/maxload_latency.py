@@ -110,7 +110,7 @@ def _cp_latency(inst: MaxLoadInstance, hint: np.ndarray, *, seconds: float):
     so the bound stays valid): (device per node or None, bound, proved optimal)."""
     from ortools.sat.python import cp_model
 
-    from placement_rl.baselines.maxload_cp import _memory_units
+    from placement_rl.baselines.maxload_cp import _memory_units, run_model
 
     n, na = inst.num_nodes, inst.accelerators
     if na == 0:
@@ -170,11 +170,7 @@ def _cp_latency(inst: MaxLoadInstance, hint: np.ndarray, *, seconds: float):
         for d in range(na + 1):
             m.AddHint(x[v][d], d == h)
     m.Minimize(top_var)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.1, float(seconds))
-    solver.parameters.num_workers = 1
-    solver.parameters.random_seed = 0
-    status = solver.Solve(m)
+    solver, status = run_model(m, seconds)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None if status == cp_model.UNKNOWN else (None, 0.0, False)
     device = np.array([next(d for d in range(na + 1) if solver.Value(x[v][d])) for v in range(n)], dtype=np.int64)
