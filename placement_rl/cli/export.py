@@ -17,16 +17,13 @@ from pathlib import Path
 from placement_rl.errors import PlacementRLError
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
-        print(f"error: {message} (placement-rl export PLAN --to torchtitan|megatron)", file=sys.stderr)
-        sys.exit(2)
-
-
 def parser() -> argparse.ArgumentParser:
     from placement_rl.export import FORMATS
 
-    p = _Parser(prog="placement-rl export", description=__doc__.split("\n\n")[0])
+    from placement_rl.cli.args import OneLineParser
+
+    p = OneLineParser(prog="placement-rl export", description=__doc__.split("\n\n")[0],
+                      usage_line="placement-rl export PLAN --to torchtitan|megatron")
     p.add_argument("plan", help="plan.json (a stage plan written by place / train / evaluate)")
     p.add_argument("--to", required=True, choices=FORMATS, help="target trainer")
     p.add_argument("--graph", help="the plan's graph JSON (default: graph.json beside the plan)")

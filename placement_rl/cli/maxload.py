@@ -26,16 +26,12 @@ USAGE = ("placement-rl maxload INSTANCE.json [--out FILE] [--contiguous] [--seco
          "[--objective maxload|latency] [--topology T [--write-instance FILE]]")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
-        print(f"error: {message} ({USAGE})", file=sys.stderr)
-        sys.exit(2)
-
-
 def parser() -> argparse.ArgumentParser:
     from placement_rl.baselines.maxload_dp import IDEAL_LIMIT
 
-    p = _Parser(prog="placement-rl maxload", description=__doc__.split("\n\n")[0])
+    from placement_rl.cli.args import OneLineParser
+
+    p = OneLineParser(prog="placement-rl maxload", description=__doc__.split("\n\n")[0], usage_line=USAGE)
     p.add_argument("instance", help="instance JSON (maxSizePerFPGA, maxFPGAs, maxCPUs, nodes, edges)")
     p.add_argument("--out", help="write the split here (JSON: maxLoad, fpgas, cpus as {load, nodes})")
     p.add_argument("--contiguous", action="store_true", help="write the best contiguous split, not the best one")
