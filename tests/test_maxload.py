@@ -344,3 +344,48 @@ def test_a_bound_of_zero_is_no_division(tmp_path, capsys):
     main([str(_write(tmp_path, data)), "--seconds", "0"])
     out = capsys.readouterr().out
     assert "max-load 3 " in out and "no bound above 0" in out and "--seconds 0" in out
+
+
+def test_a_long_chain_runs_level_by_level(tmp_path):
+    """The dynamic program runs one size of ideal at a time: 600 levels (its batch size once overflowed a float
+    past about 515)."""
+    nodes = [node_entry(k, 1.0, 5.0) for k in range(600)]
+    edges = [{"sourceId": k, "destId": k + 1, "cost": 0.01} for k in range(599)]
+    inst = read_instance(_write(tmp_path, {"maxSizePerFPGA": 1e9, "maxFPGAs": 2, "maxCPUs": 1, "nodes": nodes,
+                                           "edges": edges}))
+    dp = contiguous_dp(inst, blocks_of(inst))
+    assert dp.contiguous_optimum and dp.stats["ideals"] == 601 and dp.max_load < 300
+
+
+def test_latency_optimal_only_where_it_meets_the_bound(tmp_path):
+    """A CPU time a million times the others once made the small nodes round to 0 ticks and a worse split was
+    called optimal; ticks now count fractions of the best latency known."""
+    from placement_rl.baselines.maxload_latency import solve_latency
+
+    if not maxload_cp.available():
+        pytest.skip("OR-Tools is not installed")
+    data = {"maxSizePerFPGA": 1e9, "maxFPGAs": 1, "maxCPUs": 1,
+            "nodes": [node_entry(1, 1, 1e6), node_entry(2, 0.01, 0.09), node_entry(3, 0.01, 0.09)],
+            "edges": [{"sourceId": 1, "destId": 2, "cost": 0}, {"sourceId": 2, "destId": 3, "cost": 0.02}]}
+    res = solve_latency(read_instance(_write(tmp_path, data)), seconds=2)
+    assert res.latency == pytest.approx(1.02) and res.optimal and res.bound <= res.latency
+
+
+def test_latency_split_warnings_and_refusals(tmp_path, capsys):
+    """A latency split is checked as a max-load one (memory, unsupported nodes, colour classes), with the CPUs as
+    one pool; --contiguous is refused with it; an output path that is a link is refused before any work."""
+    from placement_rl.cli.maxload import main
+
+    data = random_instance(2, n=4, cpus=0, max_size=3)
+    path = _write(tmp_path, data)
+    split = _write(tmp_path, {"fpgas": [{"nodes": [10, 11, 12, 13]}], "cpus": []}, "s.json")
+    main([str(path), "--objective", "latency", "--split", str(split)])
+    assert "warning: the split breaks a constraint: accelerator 0 holds" in capsys.readouterr().out
+    link = tmp_path / "link.json"
+    link.symlink_to(tmp_path / "target.json")
+    for argv, words in (([str(path), "--objective", "latency", "--contiguous"], "--contiguous is for"),
+                        ([str(path), "--out", str(link)], "is not a regular file")):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2 and words in capsys.readouterr().err
+    assert not (tmp_path / "target.json").exists()

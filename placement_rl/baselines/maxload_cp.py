@@ -6,8 +6,9 @@ node ``s`` and accelerator ``d``, ``y[s, d]`` (``d`` pays ``s``'s output: ``s`` 
 the reverse). Each accelerator's load (times plus paid outputs) and each core's (times) is at most ``L``, which is
 minimised; an accelerator holds at most ``max_size`` bytes and no block it cannot run. Devices of one kind are
 interchangeable, so block ``b`` may use only devices ``0 .. b`` of each kind (the ``k``-th device of a kind, in
-order of first use, holds no block before ``b = k``). Times are integer ticks rounded down (the bound stays valid;
-every split is scored again exactly), sizes rounded up and capacities down (a split the model admits fits).
+order of first use, holds no block before ``b = k``). Times are integer ticks of the hint's max-load, rounded down
+(``ticks``: the bound stays valid; every split is scored again exactly; ``proven`` allows for the rounding), sizes
+in whole bytes (else rounded up, and capacities down: a split the model admits fits).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from placement_rl.baselines.maxload_blocks import Blocks
 from placement_rl.baselines.maxload_dp import _sources
 from placement_rl.graph.maxload_file import MaxLoadInstance
 
-TICKS = 10_000_000  # integer ticks of the largest possible load
+TICKS = 10_000_000  # integer ticks of the best value known (or the largest possible one)
+HORIZON = 4 * TICKS
+OPTIMAL_TOL = 1e-5  # a value within this of a bound is optimal: the ticks' rounding (a few per term) is below it
 MEM_UNITS = 10_000_000
 
 
@@ -52,18 +55,17 @@ def build_seconds(inst: MaxLoadInstance, blocks: Blocks) -> float:
 
 def cp_split(inst: MaxLoadInstance, blocks: Blocks, hint: Split | None, *,
              seconds: float) -> tuple[Split | None, float, bool]:
-    """(CP-SAT's split where it beats ``hint``, else None; a lower bound on every split's max-load; whether CP-SAT
-    proved its optimum, of which the better of the two is a split)."""
+    """(CP-SAT's split where it beats ``hint``, else None; a lower bound on every split's max-load; whether the
+    better of the two meets it). Times are ticks of the hint's max-load (``ticks``)."""
     cp_model = _require_ortools()
     t0 = time.perf_counter()
     na, nc = inst.accelerators, inst.cpus
     nb = blocks.count
     src_block, src_cost, ptr, cons = _sources(inst, blocks, np.arange(nb))
-    top = max(float(blocks.acc.sum() + src_cost.sum()), float(blocks.cpu.sum()), 1e-30)
-    scale = TICKS / top
-    acc_t = np.floor(blocks.acc * scale).astype(np.int64)
-    cpu_t = np.floor(blocks.cpu * scale).astype(np.int64)
-    cost_t = np.floor(src_cost * scale).astype(np.int64)
+    top = hint.max_load if hint is not None else max(float(blocks.acc.sum() + src_cost.sum()),
+                                                      float(blocks.cpu.sum()))
+    scale = TICKS / max(top, 1e-30)
+    acc_t, cpu_t, cost_t = (ticks(x, scale) for x in (blocks.acc, blocks.cpu, src_cost))
     size_u, cap_u = _memory_units(blocks.size, inst.max_size)
     m = cp_model.CpModel()
     fits = (blocks.bad < 0.5) & (size_u <= cap_u)
@@ -83,8 +85,7 @@ def cp_split(inst: MaxLoadInstance, blocks: Blocks, hint: Split | None, *,
     def on(b, d):
         return x.get((b, d), zero)
 
-    horizon = TICKS + 1
-    big = m.NewIntVar(0, horizon, "L")
+    big = m.NewIntVar(0, HORIZON, "L")
     for d in range(na):
         terms = [(int(acc_t[b]), x[b, d]) for b in range(nb) if (b, d) in x]
         if not terms:
@@ -116,7 +117,20 @@ def cp_split(inst: MaxLoadInstance, blocks: Blocks, hint: Split | None, *,
         if not broken and (hint is None or float(loads.max()) < hint.max_load * (1 - 1e-12)):
             stats = {"seconds": time.perf_counter() - t0, "cp_bound": bound}
             found = Split(device, loads, float(loads.max()), "CP-SAT", False, [], stats)
-    return found, bound, status == cp_model.OPTIMAL
+    best = found.max_load if found is not None else hint.max_load if hint is not None else np.inf
+    return found, bound, proven(best, bound)
+
+
+def ticks(values: np.ndarray, scale: float) -> np.ndarray:
+    """Times as integer ticks, rounded down and capped at ``HORIZON`` (a term above it makes a split worse than
+    the best known, in the model too): every split's value in the model is at most its true value, so the
+    model's optimum bounds the true one from below."""
+    return np.minimum(np.floor(np.asarray(values, dtype=np.float64) * scale), HORIZON).astype(np.int64)
+
+
+def proven(best: float, bound: float) -> bool:
+    """Whether a value meets a bound, to the ticks' rounding (``OPTIMAL_TOL`` relative)."""
+    return best <= bound * (1 + OPTIMAL_TOL)
 
 
 def run_model(model, seconds: float):
@@ -156,4 +170,4 @@ def _hint(m, x, blocks: Blocks, hint: Split, na: int, n_dev: int) -> None:
                 m.AddHint(x[b, dd], dd == relabel[d])
 
 
-__all__ = ["available", "build_seconds", "cp_split", "run_model"]
+__all__ = ["available", "build_seconds", "cp_split", "proven", "run_model", "ticks"]

@@ -187,7 +187,7 @@ def _dp_split(inst: MaxLoadInstance, fam: _Family, progress, t0: float) -> Split
                  (level_end > j).any() else k)
         t = time.perf_counter()
         pairs += maxload_dp(words, card, acc, cpu, size, bad, inst.max_size, *src, j, hi, f, choice, sub)
-        step = max(1, min(4 * step, int(step * 0.5 / max(time.perf_counter() - t, 1e-6))))
+        step = max(1, min(4 * step, k, int(min(k, step * 0.5 / max(time.perf_counter() - t, 1e-6)))))
         j = hi
         if progress is not None and time.perf_counter() - last > 10.0:
             last = time.perf_counter()

@@ -27,8 +27,6 @@ from placement_rl.baselines.maxload_dp import contiguous_dp
 from placement_rl.errors import GraphError
 from placement_rl.graph.maxload_file import MaxLoadInstance
 
-TICKS = 10_000_000
-
 
 def check_inference(inst: MaxLoadInstance) -> None:
     if inst.backward.any():
@@ -63,8 +61,8 @@ def latency_of(inst: MaxLoadInstance, device: np.ndarray) -> float:
 
 @dataclass
 class LatencyResult:
-    """Each candidate's latency (``all_cpu``, ``maxload_split``, ``cp_sat``: None where it found none), the best
-    split, its latency, CP-SAT's bound (0 where it proved nothing) and whether it proved the best optimal."""
+    """Each candidate's latency (``all_cpu``, ``maxload_split``, ``cp_sat``: None where it found none or did not run,
+    ``notes`` saying why), the best split, its latency, the lower bound and whether the best meets it."""
 
     candidates: dict[str, float | None]
     device: np.ndarray
@@ -73,55 +71,89 @@ class LatencyResult:
     optimal: bool
     method: str
     seconds: float
+    notes: list[str]
 
 
-def solve_latency(inst: MaxLoadInstance, *, seconds: float = 10.0) -> LatencyResult:
-    """The best split for latency (module doc)."""
+def path_bound(inst: MaxLoadInstance) -> float:
+    """The longest path with every node at its cheaper time (its CPU time, or its accelerator time where an
+    accelerator may run it): a subgraph's call ends after all its nodes' times, so no split is faster."""
+    import networkx as nx
+
+    cheap = inst.cpu.copy()
+    if inst.accelerators:
+        cheap = np.where(inst.supported & (inst.size <= inst.max_size), np.minimum(cheap, inst.acc), cheap)
+    g = nx.DiGraph()
+    g.add_nodes_from(range(inst.num_nodes))
+    g.add_edges_from(inst.edges.tolist())
+    ready = np.zeros(inst.num_nodes)
+    for v in nx.topological_sort(g):
+        ready[v] = max((ready[u] for u in g.predecessors(v)), default=0.0) + cheap[v]
+    return float(ready.max(initial=0.0))
+
+
+def build_seconds(inst: MaxLoadInstance) -> float:
+    """About how long building the latency program takes, from its size (``maxload_cp.BUILD_SECONDS``)."""
+    from placement_rl.baselines.maxload_cp import BUILD_SECONDS
+
+    na = inst.accelerators
+    return BUILD_SECONDS * (inst.num_nodes * (4 * na + 3) + 5 * len(inst.edges) * na)
+
+
+def solve_latency(inst: MaxLoadInstance, *, seconds: float = 10.0, ideal_limit: int | None = None) -> LatencyResult:
+    """The best split for latency (module doc); ``ideal_limit`` for the max-load split's dynamic program."""
     from placement_rl.baselines import maxload_cp
+    from placement_rl.baselines.maxload_dp import IDEAL_LIMIT
 
     check_inference(inst)
     t0 = time.perf_counter()
     cpu_all = np.full(inst.num_nodes, inst.accelerators, dtype=np.int64)
     cands: dict[str, tuple[float, np.ndarray] | None] = {"all_cpu": None, "maxload_split": None, "cp_sat": None}
     cands["all_cpu"] = (latency_of(inst, cpu_all), cpu_all)
-    try:
-        dp = contiguous_dp(inst, blocks_of(inst))
-        cands["maxload_split"] = (latency_of(inst, dp.device), dp.device)
-    except GraphError:
-        pass
-    known = [c for c in cands.values() if c is not None and np.isfinite(c[0])]
-    if not known:
-        raise GraphError(f"{inst.path}: no split is feasible for latency")
-    hint = min(known, key=lambda c: c[0])
-    bound, optimal = 0.0, False
-    if seconds > 0 and maxload_cp.available():
-        got = _cp_latency(inst, hint[1], seconds=seconds)
+    notes = [] if inst.accelerators else ["the max-load split: not run: no accelerator"]
+    if inst.accelerators:
+        try:
+            dp = contiguous_dp(inst, blocks_of(inst), ideal_limit=ideal_limit or IDEAL_LIMIT)
+            cands["maxload_split"] = (latency_of(inst, dp.device), dp.device)
+        except GraphError as exc:
+            notes.append(f"the max-load split: {str(exc).split(': ', 1)[-1]}")
+    hint = min((c for c in cands.values() if c is not None and np.isfinite(c[0])), key=lambda c: c[0])
+    bound = path_bound(inst)
+    if not inst.accelerators:
+        notes.append("CP-SAT not run: no accelerator (every node on a CPU is the only split)")
+    elif seconds <= 0:
+        notes.append("CP-SAT not run: --seconds 0")
+    elif not maxload_cp.available():
+        notes.append("CP-SAT not run: OR-Tools is not installed (pip install 'placement-rl[exact]')")
+    elif build_seconds(inst) > 0.5 * seconds:
+        notes.append(f"CP-SAT not run: its program ({inst.num_nodes} nodes on {inst.accelerators} accelerators) "
+                     f"takes about {build_seconds(inst):.1f} s to build, over half of its {seconds:g} s (raise "
+                     "--seconds)")
+    else:
+        got = _cp_latency(inst, hint, seconds=seconds)
         if got is not None:
-            device, bound, optimal = got
+            device, cp_bound = got
+            bound = max(bound, cp_bound)
             cands["cp_sat"] = (latency_of(inst, device), device) if device is not None else None
     name, (best, device) = min(((k, v) for k, v in cands.items() if v is not None and np.isfinite(v[0])),
                                key=lambda kv: kv[1][0])
     return LatencyResult({k: (None if v is None else v[0]) for k, v in cands.items()}, device, best,
-                         min(bound, best), optimal or best <= bound * (1 + 1e-9), name, time.perf_counter() - t0)
+                         min(bound, best), maxload_cp.proven(best, bound), name, time.perf_counter() - t0, notes)
 
 
-def _cp_latency(inst: MaxLoadInstance, hint: np.ndarray, *, seconds: float):
-    """The paper's latency program for CP-SAT (one subgraph per accelerator; times in integer ticks rounded down,
-    so the bound stays valid): (device per node or None, bound, proved optimal)."""
+def _cp_latency(inst: MaxLoadInstance, hint: tuple[float, np.ndarray], *, seconds: float):
+    """The paper's latency program for CP-SAT (one subgraph per accelerator; times in ticks of the hint's latency,
+    rounded down, so the bound stays valid: ``maxload_cp.ticks``): (device per node or None, bound), or None where
+    CP-SAT found out nothing."""
     from ortools.sat.python import cp_model
 
-    from placement_rl.baselines.maxload_cp import _memory_units, run_model
+    from placement_rl.baselines.maxload_cp import HORIZON, TICKS, _memory_units, run_model, ticks
 
     n, na = inst.num_nodes, inst.accelerators
-    if na == 0:
-        return None
-    top = max(float(inst.cpu.sum()), float(inst.acc.sum() + 2 * inst.out_cost.sum()), 1e-30)
-    scale = TICKS / top
-    acc_t = np.floor(inst.acc * scale).astype(np.int64)
-    cpu_t = np.floor(inst.cpu * scale).astype(np.int64)
-    out_t = np.floor(inst.out_cost * scale).astype(np.int64)
+    scale = TICKS / max(hint[0], 1e-30)
+    acc_t, cpu_t, out_t = (ticks(x, scale) for x in (inst.acc, inst.cpu, inst.out_cost))
     size_u, cap_u = _memory_units(inst.size, inst.max_size)
-    horizon = int(TICKS) * 3 + 1
+    horizon = HORIZON * 3
+    hint = hint[1]
     m = cp_model.CpModel()
     x = [[m.NewBoolVar(f"x{v}_{d}") for d in range(na + 1)] for v in range(n)]  # d = na: the CPUs
     for v in range(n):
@@ -172,9 +204,9 @@ def _cp_latency(inst: MaxLoadInstance, hint: np.ndarray, *, seconds: float):
     m.Minimize(top_var)
     solver, status = run_model(m, seconds)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None if status == cp_model.UNKNOWN else (None, 0.0, False)
+        return None
     device = np.array([next(d for d in range(na + 1) if solver.Value(x[v][d])) for v in range(n)], dtype=np.int64)
-    return device, float(solver.BestObjectiveBound()) / scale, status == cp_model.OPTIMAL
+    return device, float(solver.BestObjectiveBound()) / scale
 
 
-__all__ = ["LatencyResult", "check_inference", "latency_of", "solve_latency"]
+__all__ = ["LatencyResult", "build_seconds", "check_inference", "latency_of", "path_bound", "solve_latency"]

@@ -41,7 +41,7 @@ def solve(inst: MaxLoadInstance, *, ideal_limit: int = IDEAL_LIMIT, seconds: flo
             raise
         dp = None
         notes.append(str(exc).split(": ", 1)[-1])
-    best, bound, optimal = dp, lower_bound(inst, classes), False
+    best, bound = dp, lower_bound(inst, classes)
     if seconds > 0:
         if dp is not None:
             moved = improve(inst, classes, dp, seconds=seconds * 0.2)
@@ -57,13 +57,12 @@ def solve(inst: MaxLoadInstance, *, ideal_limit: int = IDEAL_LIMIT, seconds: flo
         else:
             if progress is not None:
                 progress(f"CP-SAT on {classes.count} colour classes for up to {cp_seconds:.3g} s")
-            found, cp_bound, optimal = maxload_cp.cp_split(inst, classes, best, seconds=cp_seconds)
+            found, cp_bound, _ = maxload_cp.cp_split(inst, classes, best, seconds=cp_seconds)
             best, bound = found or best, max(bound, cp_bound)
     if best is None:
         raise GraphError(f"{inst.path}: no split fits: {notes[0] if notes else 'none found'}")
-    if best.max_load <= bound * (1 + 1e-9):
-        optimal = True
-    if dp is not None and dp.contiguous_optimum and dp.max_load <= bound * (1 + 1e-9):
+    optimal = maxload_cp.proven(best.max_load, bound)
+    if dp is not None and dp.contiguous_optimum and dp.max_load <= best.max_load * (1 + 1e-12):
         best = dp
     return MaxLoadResult(dp, best, min(bound, best.max_load), optimal, notes)
 

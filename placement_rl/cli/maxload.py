@@ -103,8 +103,10 @@ def _writable(path: str | None, flag: str) -> None:
     if not path:
         return
     target = Path(path)
-    if target.is_dir():
+    if target.is_dir() or path.endswith(("/", "\\")):
         raise PlacementRLError(f"{flag} {path} is a folder: give a file path")
+    if target.is_symlink() or (target.exists() and not target.is_file()):
+        raise PlacementRLError(f"{flag} {path} is not a regular file (a link, device or pipe): give a file path")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".probe")
@@ -143,8 +145,9 @@ def run(args: argparse.Namespace) -> list[str]:
         device = read_split(args.split, inst)
         loads, broken = evaluate(inst, device)
         lines.append(f"split {args.split}: max-load {loads.max():.6g} ({_loads_line(inst, loads)})")
-        lines.append(f"lower bound: {lower_bound(inst, blocks_of(inst, contiguous=False)):.6g} (any split that "
-                     "breaks nothing)")
+        bound = lower_bound(inst, blocks_of(inst, contiguous=False))
+        lines.append(f"lower bound: {bound:.6g} (any split that breaks nothing)" if np.isfinite(bound) else
+                     "lower bound: none (no split fits the instance without breaking a constraint)")
         lines += [f"warning: the split breaks a constraint: {b}" for b in broken]
         if args.out:
             split = Split(device, loads, float(loads.max()), f"given ({args.split})", notes=broken)
@@ -189,31 +192,53 @@ def run(args: argparse.Namespace) -> list[str]:
 
 def _latency(args: argparse.Namespace, inst) -> list[str]:
     """The latency objective: score ``--split`` or solve (``baselines.maxload_latency``)."""
+    import dataclasses
+
+    from placement_rl.baselines.maxload import evaluate
     from placement_rl.baselines.maxload_latency import check_inference, latency_of, solve_latency
     from placement_rl.graph.files import atomic_write_text
     from placement_rl.graph.maxload_file import read_split
 
+    if args.contiguous:
+        raise PlacementRLError("--contiguous is for --objective maxload (the latency program's subgraphs are "
+                               "contiguous already)")
     check_inference(inst)
+    na = inst.accelerators
+
+    def write(device, value, extra):
+        groups = [sorted(inst.ids[v] for v in np.flatnonzero(device == d)) for d in range(na)]
+        cpu = sorted(inst.ids[v] for v in np.flatnonzero(device >= na))
+        data = {"totalLatency": value if np.isfinite(value) else None, "fpgas": [{"nodes": g} for g in groups if g],
+                "cpus": [{"nodes": cpu}], **extra, "instance": inst.path}
+        atomic_write_text(args.out, json.dumps(data, indent=1) + "\n")
+        return f"wrote {args.out}"
+
     if args.split:
-        value = latency_of(inst, read_split(args.split, inst, pooled_cpus=True))
-        if not np.isfinite(value):
-            return [f"split {args.split}: no latency (its subgraphs feed each other in a cycle)"]
-        return [f"split {args.split}: latency {value:.6g}"]
-    res = solve_latency(inst, seconds=args.seconds)
+        device = read_split(args.split, inst, pooled_cpus=True)
+        value = latency_of(inst, device)
+        # the latency program pools as many CPU cores as it needs: score the constraints with one pool
+        broken = evaluate(dataclasses.replace(inst, cpus=max(inst.cpus, 1)), np.minimum(device, na))[1]
+        lines = [f"split {args.split}: " + (f"latency {value:.6g}" if np.isfinite(value) else
+                                            "no latency (its subgraphs feed each other in a cycle)")]
+        lines += [f"warning: the split breaks a constraint: {b}" for b in broken]
+        if args.out:
+            lines.append(write(device, value, {"method": f"given ({args.split})", "breaks": broken}))
+        return lines
+    res = solve_latency(inst, seconds=args.seconds, ideal_limit=args.ideals)
     names = {"all_cpu": "every node on a CPU", "maxload_split": "the max-load dynamic program's split",
-             "cp_sat": f"CP-SAT ({args.seconds:g} s)"}
-    lines = [f"{names[k]}: " + ("none found" if v is None else "no latency (a cycle)" if not np.isfinite(v) else
-                                f"latency {v:.6g}") for k, v in res.candidates.items()]
+             "cp_sat": f"CP-SAT ({abs(args.seconds):g} s)"}
+    lines = []
+    for key, value in res.candidates.items():
+        if value is None:
+            why = next((n for n in res.notes if n.startswith("CP-SAT" if key == "cp_sat" else "the max-load")), None)
+            lines.append(f"{names[key]}: " + (why.split(": ", 1)[-1] if why else "none found"))
+        else:
+            lines.append(f"{names[key]}: " + (f"latency {value:.6g}" if np.isfinite(value) else "no latency"))
     proof = "optimal" if res.optimal else _gap(res.latency, res.bound)
     lines.append(f"best: {names[res.method]}, latency {res.latency:.6g}; lower bound {res.bound:.6g} ({proof})")
     if args.out:
-        na = inst.accelerators
-        groups = [sorted(inst.ids[v] for v in np.flatnonzero(res.device == d)) for d in range(na)]
-        cpu = sorted(inst.ids[v] for v in np.flatnonzero(res.device >= na))
-        data = {"totalLatency": res.latency, "fpgas": [{"nodes": g} for g in groups if g], "cpus": [{"nodes": cpu}],
-                "method": res.method, "lower_bound": res.bound, "optimal": res.optimal, "instance": inst.path}
-        atomic_write_text(args.out, json.dumps(data, indent=1) + "\n")
-        lines.append(f"wrote {args.out}")
+        lines.append(write(res.device, res.latency, {"method": res.method, "lower_bound": res.bound,
+                                                     "optimal": res.optimal}))
     return lines
 
 
