@@ -60,7 +60,7 @@ def solve(inst: MaxLoadInstance, *, ideal_limit: int = IDEAL_LIMIT, seconds: flo
             found, cp_bound, _ = maxload_cp.cp_split(inst, classes, best, seconds=cp_seconds)
             best, bound = found or best, max(bound, cp_bound)
     if best is None:
-        raise GraphError(f"{inst.path}: no split fits: {notes[0] if notes else 'none found'}")
+        raise GraphError(f"{inst.path}: no split found: " + "; ".join(notes))
     optimal = maxload_cp.proven(best.max_load, bound)
     if dp is not None and dp.contiguous_optimum and dp.max_load <= best.max_load * (1 + 1e-12):
         best = dp
