@@ -151,6 +151,8 @@ def contiguous_dp(inst: MaxLoadInstance, blocks: Blocks, *, ideal_limit: int = I
     ``linear``: over the prefixes of one topological order only (the splits of a linearised graph, as PipeDream
     plans). Raises ``GraphError`` where no contiguous split fits."""
     t0 = time.perf_counter()
+    if progress is not None and not linear and blocks.count > 200:
+        progress(f"dynamic program: enumerating the ideals of {blocks.count} blocks (at most {ideal_limit})")
     families, note = _families(inst, blocks, ideal_limit, linear)
     best, pairs = None, 0
     for fam in families:
