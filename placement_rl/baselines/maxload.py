@@ -67,8 +67,9 @@ def evaluate(inst: MaxLoadInstance, device: np.ndarray) -> tuple[np.ndarray, lis
 
 def lower_bound(inst: MaxLoadInstance, blocks: Blocks | None = None) -> float:
     """A bound on the max-load of every split: the largest class at its cheapest device that can hold it, and the
-    least total time over the number of devices (communication left out)."""
-    b = blocks or blocks_of(inst)
+    least total time over the number of devices (communication left out); ``blocks`` default to the colour classes
+    (``blocks_of(inst, contiguous=False)``: blocks merged for contiguous splits would bound those alone)."""
+    b = blocks or blocks_of(inst, contiguous=False)
     fits = (b.bad < 0.5) & (b.size <= inst.max_size * (1 + 1e-12)) & (inst.accelerators > 0)
     on_acc = np.where(fits, b.acc, np.inf)
     on_cpu = b.cpu if inst.cpus > 0 else np.full(b.count, np.inf)

@@ -49,10 +49,11 @@ def _classes(inst: MaxLoadInstance) -> tuple[np.ndarray, int]:
     return cls, len(key)
 
 
-def precedence(inst: MaxLoadInstance) -> list[tuple[int, int]]:
+def precedence(inst: MaxLoadInstance, classes: tuple[np.ndarray, int] | None = None) -> list[tuple[int, int]]:
     """The node pairs ``(u, v)`` whose order a contiguous split keeps: every forward edge, and every backward edge
-    touching a class with no forward node, mirrored (such a class sits where its gradient flow puts it)."""
-    cls, m = _classes(inst)
+    touching a class with no forward node, mirrored (such a class sits where its gradient flow puts it).
+    ``classes``: ``_classes(inst)`` where the caller has it."""
+    cls, m = classes or _classes(inst)
     has_fwd = np.zeros(m, dtype=bool)
     has_fwd[cls[~inst.backward]] = True
     bwd = inst.backward
@@ -75,7 +76,7 @@ def blocks_of(inst: MaxLoadInstance, *, contiguous: bool = True) -> Blocks:
     cls, m = _classes(inst)
     g = nx.DiGraph()
     g.add_nodes_from(range(m))
-    g.add_edges_from((int(cls[u]), int(cls[v])) for u, v in precedence(inst) if cls[u] != cls[v])
+    g.add_edges_from((int(cls[u]), int(cls[v])) for u, v in precedence(inst, (cls, m)) if cls[u] != cls[v])
     parent = list(range(m))
     if contiguous:
         for comp in nx.strongly_connected_components(g):

@@ -18,13 +18,15 @@ from placement_rl.graph.maxload_file import MaxLoadInstance
 class MaxLoadResult:
     """What ``solve`` found: the best contiguous split (``contiguous``; None where none fits), the best split of any
     shape (``best``, the contiguous one when nothing beat it), a lower bound on every split's max-load, whether
-    ``best`` is proven optimal, and notes (what was not run, and why)."""
+    ``best`` is proven optimal, notes (what was not run, and why), and the block counts (for contiguous splits, for
+    splits of any shape)."""
 
     contiguous: Split | None
     best: Split
     lower_bound: float
     optimal: bool
     notes: list[str]
+    blocks: tuple[int, int]
 
 
 def solve(inst: MaxLoadInstance, *, ideal_limit: int = IDEAL_LIMIT, seconds: float = 10.0,
@@ -32,10 +34,10 @@ def solve(inst: MaxLoadInstance, *, ideal_limit: int = IDEAL_LIMIT, seconds: flo
     """The contiguous DP, then single moves and CP-SAT (``seconds`` in all; CP-SAT only where OR-Tools is
     installed and its model builds in half its share) on the colour classes for a better split of any shape and a
     bound."""
-    classes = blocks_of(inst, contiguous=False)
+    classes, blocks = blocks_of(inst, contiguous=False), blocks_of(inst)
     notes: list[str] = []
     try:
-        dp = contiguous_dp(inst, blocks_of(inst), ideal_limit=ideal_limit, progress=progress)
+        dp = contiguous_dp(inst, blocks, ideal_limit=ideal_limit, progress=progress)
     except GraphError as exc:
         if seconds <= 0 or not maxload_cp.available():
             raise
@@ -48,12 +50,13 @@ def solve(inst: MaxLoadInstance, *, ideal_limit: int = IDEAL_LIMIT, seconds: flo
             if moved.max_load < dp.max_load * (1 - 1e-12):
                 best = moved
         cp_seconds = seconds * (0.8 if dp is not None else 1.0)
+        build = maxload_cp.build_seconds(inst, classes) if maxload_cp.available() else 0.0
         if not maxload_cp.available():
             notes.append("OR-Tools is not installed: no CP-SAT search or bound (pip install 'placement-rl[exact]')")
-        elif maxload_cp.build_seconds(inst, classes) > 0.5 * cp_seconds:
+        elif build > 0.5 * cp_seconds:
             notes.append(f"CP-SAT not run: its model ({classes.count} classes on {inst.accelerators + inst.cpus} "
-                         f"devices) takes about {maxload_cp.build_seconds(inst, classes):.1f} s to build, over half "
-                         f"of its {cp_seconds:.3g} s (raise --seconds)")
+                         f"devices) takes about {build:.1f} s to build, over half of its {cp_seconds:.3g} s (raise "
+                         "--seconds)")
         else:
             if progress is not None:
                 progress(f"CP-SAT on {classes.count} colour classes for up to {cp_seconds:.3g} s")
@@ -64,7 +67,7 @@ def solve(inst: MaxLoadInstance, *, ideal_limit: int = IDEAL_LIMIT, seconds: flo
     optimal = maxload_cp.proven(best.max_load, bound)
     if dp is not None and dp.contiguous_optimum and dp.max_load <= best.max_load * (1 + 1e-12):
         best = dp
-    return MaxLoadResult(dp, best, min(bound, best.max_load), optimal, notes)
+    return MaxLoadResult(dp, best, min(bound, best.max_load), optimal, notes, (blocks.count, classes.count))
 
 
 __all__ = ["MaxLoadResult", "solve"]

@@ -154,10 +154,9 @@ def run(args: argparse.Namespace) -> list[str]:
             atomic_write_text(args.out, json.dumps({**split_json(inst, split), "breaks": broken}, indent=1) + "\n")
             lines.append(f"wrote {args.out}")
         return lines
-    blocks = blocks_of(inst)
-    lines.append(f"blocks: {blocks.count} for contiguous splits (colour classes; classes on a cycle of the forward "
-                 f"graph merged), {blocks_of(inst, contiguous=False).count} for splits of any shape")
     res = solve(inst, ideal_limit=args.ideals, seconds=args.seconds, progress=_say)
+    lines.append(f"blocks: {res.blocks[0]} for contiguous splits (colour classes; classes on a cycle of the forward "
+                 f"graph merged), {res.blocks[1]} for splits of any shape")
     dp, best = res.contiguous, res.best
     if dp is None:
         lines.append("contiguous split: none fits")
