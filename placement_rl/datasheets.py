@@ -41,6 +41,11 @@ class Datasheet:
 # first row whose words all appear wins, so a variant comes before its family. A word matches whole: not inside a
 # longer model number (A10 is not in A100, L4 not in L40, T4 not in RTX 4090).
 _ROWS: tuple[tuple[tuple[str, ...], str, float, float, float, int, float, float, float], ...] = (
+    # Blackwell: the NVIDIA HGX B200 and GB200 NVL72 datasheets, per GPU (the 8- and 72-GPU figures divided); SM
+    # count and L2 of the B200 as the device reports them (148 SMs, 126 MiB); 0 where no figure is published (the
+    # cost model then estimates the SMs from the FP32 peak and leaves out the L2 term)
+    (("GB200",), "GB200 186GB (one GPU of an NVL72)", 80e12, 8.0e12, 186 * GiB, 0, 0.0, 1.25e15, 2.5e15),
+    (("B200",), "B200 180GB (HGX)", 75e12, 8.0e12, 180 * GiB, 148, 126 * MiB, 1.125e15, 2.25e15),
     # Hopper: NVIDIA H100 / H200 / GH200 datasheets; SXM unless the name says PCIe or NVL
     (("GH200",), "GH200 96GB", 67e12, 4.0e12, 96 * GiB, 132, 50 * MiB, 494.7e12, 989.4e12),
     (("H200", "NVL"), "H200 NVL", 60e12, 4.8e12, 141 * GiB, 132, 50 * MiB, 417.5e12, 835.5e12),
@@ -52,6 +57,8 @@ _ROWS: tuple[tuple[tuple[str, ...], str, float, float, float, int, float, float,
     # H800 / A800: the export variants of the H100 / A100 (NVLink cut to 400 GB/s, compute and memory the same)
     (("H800", "PCIE"), "H800 PCIe 80GB", 51e12, 2.0e12, 80 * GiB, 114, 50 * MiB, 378e12, 756e12),
     (("H800",), "H800 SXM5 80GB", 67e12, 3.35e12, 80 * GiB, 132, 50 * MiB, 494.7e12, 989.4e12),
+    # H20: the export Hopper (NVIDIA's H20 product brief: 96 GB HBM3 at 4.0 TB/s, 60 MB L2; SMs not published)
+    (("H20",), "H20 96GB", 44e12, 4.0e12, 96 * GiB, 0, 60 * MiB, 74e12, 148e12),
     # Ampere: NVIDIA A100 / A30 / A40 / A10 datasheets, the GA100 / GA102 whitepapers
     (("A100", "80GB", "PCIE"), "A100 80GB PCIe", 19.5e12, 1.935e12, 80 * GiB, 108, 40 * MiB, 156e12, 312e12),
     (("A100", "80GB"), "A100 SXM4 80GB", 19.5e12, 2.039e12, 80 * GiB, 108, 40 * MiB, 156e12, 312e12),
@@ -63,6 +70,9 @@ _ROWS: tuple[tuple[tuple[str, ...], str, float, float, float, int, float, float,
     (("A40",), "A40 48GB", 37.4e12, 696e9, 48 * GiB, 84, 6 * MiB, 74.8e12, 149.7e12),
     (("A10G",), "A10G 24GB (AWS G5; the A10's figures)", 31.2e12, 600e9, 24 * GiB, 72, 6 * MiB, 62.5e12, 125e12),
     (("A10",), "A10 24GB", 31.2e12, 600e9, 24 * GiB, 72, 6 * MiB, 62.5e12, 125e12),
+    # A16 (per GPU of the board's four) and A2 datasheets: 1,280 CUDA cores (10 SMs) each; L2 not published
+    (("A16",), "A16 16GB (one of the board's four GPUs)", 4.5e12, 200e9, 16 * GiB, 10, 0.0, 9e12, 17.9e12),
+    (("A2",), "A2 16GB", 4.5e12, 200e9, 16 * GiB, 10, 0.0, 9e12, 18e12),
     (("A6000",), "RTX A6000 48GB", 38.7e12, 768e9, 48 * GiB, 84, 6 * MiB, 77.4e12, 154.8e12),
     # RTX A5000 / A4000 datasheets (workstation Ampere: tensor cores at the full rate)
     (("A5000",), "RTX A5000 24GB", 27.8e12, 768e9, 24 * GiB, 64, 6 * MiB, 55.6e12, 111.1e12),
@@ -76,11 +86,16 @@ _ROWS: tuple[tuple[tuple[str, ...], str, float, float, float, int, float, float,
     (("L40S",), "L40S 48GB", 91.6e12, 864e9, 48 * GiB, 142, 96 * MiB, 183e12, 366e12),
     (("L40",), "L40 48GB", 90.5e12, 864e9, 48 * GiB, 142, 96 * MiB, 90.5e12, 181e12),
     (("L4",), "L4 24GB", 30.3e12, 300e9, 24 * GiB, 58, 48 * MiB, 60e12, 121e12),
+    # L20 datasheet: 11,776 CUDA cores (92 SMs), 48 GB GDDR6 at 864 GB/s; L2 not published
+    (("L20",), "L20 48GB", 59.8e12, 864e9, 48 * GiB, 92, 0.0, 59.8e12, 119.5e12),
     (("6000", "ADA"), "RTX 6000 Ada 48GB", 91.1e12, 960e9, 48 * GiB, 142, 96 * MiB, 182.1e12, 364.2e12),
     (("RTX", "4090"), "GeForce RTX 4090 24GB", 82.6e12, 1.008e12, 24 * GiB, 128, 72 * MiB, 82.6e12, 165.2e12),
     (("RTX", "4080", "SUPER"), "GeForce RTX 4080 SUPER 16GB", 52.2e12, 736e9, 16 * GiB, 80, 64 * MiB, 52.2e12,
      104.4e12),
     (("RTX", "4080"), "GeForce RTX 4080 16GB", 48.7e12, 716.8e9, 16 * GiB, 76, 64 * MiB, 48.7e12, 97.5e12),
+    # GeForce Blackwell (the RTX Blackwell whitepaper: FP16 / BF16 tensor peak with FP32 accumulate, dense)
+    (("RTX", "5090"), "GeForce RTX 5090 32GB", 104.8e12, 1.792e12, 32 * GiB, 170, 96 * MiB, 104.8e12, 209.5e12),
+    (("RTX", "5080"), "GeForce RTX 5080 16GB", 56.3e12, 960e9, 16 * GiB, 84, 64 * MiB, 56.3e12, 112.6e12),
     # Turing and Volta GeForce / Titan (the Turing and Volta whitepapers; FP16 tensor cores only: no TF32 / BF16)
     (("TITAN", "RTX"), "TITAN RTX 24GB", 16.3e12, 672e9, 24 * GiB, 72, 6 * MiB, 0.0, 0.0),
     (("TITAN", "V"), "TITAN V 12GB", 14.9e12, 652.8e9, 12 * GiB, 80, 4.5 * MiB, 0.0, 0.0),

@@ -32,13 +32,17 @@ from placement_rl.topology import DeviceTopology, conf_dir, load_topology, prese
     ("GeForce RTX 2080", "GeForce RTX 2080 8GB"), ("RTX 2080 Super", "GeForce RTX 2080 SUPER 8GB"),
     ("NVIDIA GeForce RTX 2070", "GeForce RTX 2070 8GB"), ("RTX 2070 SUPER", "GeForce RTX 2070 SUPER 8GB"),
     ("GeForce GTX 1080 Ti", "GeForce GTX 1080 Ti 11GB"), ("GTX1080", "GeForce GTX 1080 8GB"),
-    ("Quadro P4000", "Quadro P4000 8GB"),
+    ("Quadro P4000", "Quadro P4000 8GB"), ("NVIDIA B200", "B200 180GB (HGX)"),
+    ("NVIDIA GB200", "GB200 186GB (one GPU of an NVL72)"), ("NVIDIA H20", "H20 96GB"), ("NVIDIA L20", "L20 48GB"),
+    ("NVIDIA A2", "A2 16GB"), ("NVIDIA A16", "A16 16GB (one of the board's four GPUs)"),
+    ("NVIDIA GeForce RTX 5090", "GeForce RTX 5090 32GB"), ("rtx5080", "GeForce RTX 5080 16GB"),
+    ("NVIDIA H200", "H200 SXM 141GB"), ("NVIDIA A100-SXM4-40GB", "A100 40GB"),
 ])
 def test_product_names_as_written_and_as_torch_reports_them(name, product):
     assert lookup(name).product == product
 
 
-@pytest.mark.parametrize("name", ["A1000", "RTX A2000", "Quadro P2000", "GeForce RTX 4060", "RTX 3060 Ti", "MI300X",
+@pytest.mark.parametrize("name", ["A1000", "RTX A2000", "Quadro P2000", "GeForce RTX 4060", "RTX 3060 Ti", "RTX 5070", "MI300X",
                                   "TPU v5e", ""])
 def test_a_model_number_matches_whole_or_not_at_all(name):
     """A100 is not in A1000, A40 / A4000 not in A2000, P4 / P4000 not in P2000, T4 / RTX 4080 not in RTX 4060, RTX
@@ -55,7 +59,7 @@ def test_every_product_in_the_table_has_its_architecture():
     for product in products():
         arch, gddr, lanes, _ = datasheet(product)
         assert arch > 0 and lanes in (64, 128, 192), product
-        hbm = product.split()[0] in ("GH200", "H200", "H100", "H800", "A100", "A800", "A30", "V100", "V100S", "P100",
+        hbm = product.split()[0] in ("GB200", "B200", "H20", "GH200", "H200", "H100", "H800", "A100", "A800", "A30", "V100", "V100S", "P100",
                                      "TITAN") and product != "TITAN RTX 24GB"
         assert gddr == (not hbm), product
 
