@@ -131,3 +131,20 @@ def test_exact_puts_the_slow_device_first_with_a_stage_no_topological_cut_makes(
     got = simulate_pipeline(g, costs, topo, plan).meta["steady_time"]
     assert got < min(others) * 0.95
     assert plan.meta["ideal_best_steady"] == pytest.approx(brute_force(g, costs, topo), rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ideal_enumeration_equals_brute_force_on_random_dags(seed):
+    """The level-by-level enumeration (each ideal carried with the nodes that may join it) lists exactly the
+    downward-closed subsets, smallest first and sorted within a size, and stops past its limit."""
+    from placement_rl.graph.ideals import _ideal_masks
+
+    rng = np.random.default_rng(seed)
+    for _ in range(20):
+        n = int(rng.integers(0, 11))
+        preds = [sum(1 << int(u) for u in rng.choice(v, size=min(v, int(rng.integers(0, 3))), replace=False))
+                 for v in range(n)]
+        closed = [m for m in range(1 << n) if all(preds[v] & m == preds[v] for v in range(n) if m >> v & 1)]
+        closed.sort(key=lambda m: (bin(m).count("1"), m))
+        assert _ideal_masks(preds, n, limit=1 << n) == closed
+        assert _ideal_masks(preds, n, limit=len(closed) - 1) is None

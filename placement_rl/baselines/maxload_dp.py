@@ -111,6 +111,7 @@ class _Family:
     pos: np.ndarray
     members: np.ndarray
     complete: bool
+    preds: list[int]
 
 
 def _families(inst: MaxLoadInstance, blocks: Blocks, ideal_limit: int, linear: bool) -> tuple[list[_Family], str]:
@@ -119,14 +120,14 @@ def _families(inst: MaxLoadInstance, blocks: Blocks, ideal_limit: int, linear: b
     (while that shrinks it) and the prefixes of one topological order, both tried (with a note saying so)."""
     core, pos, preds = _core(blocks, every=True)
     if linear:
-        return [_Family(blocks, core, pos, _prefix_family(preds, len(core)), False)], ""
+        return [_Family(blocks, core, pos, _prefix_family(preds, len(core)), False, preds)], ""
     members = enumerate_ideals_masks(preds, len(core), limit=ideal_limit)
     if members is None and blocks.free.any():  # each block with no edge doubles the ideals: place them after
         core, pos, preds = _core(blocks)
         members = enumerate_ideals_masks(preds, len(core), limit=ideal_limit)
     if members is not None:
-        return [_Family(blocks, core, pos, members, True)], ""
-    out = [_Family(blocks, core, pos, _prefix_family(preds, len(core)), False)]
+        return [_Family(blocks, core, pos, members, True, preds)], ""
+    out = [_Family(blocks, core, pos, _prefix_family(preds, len(core)), False, preds)]
     coarse, merged = blocks, 0
     while True:
         coarser = merge_pendants(inst, coarse)
@@ -137,7 +138,7 @@ def _families(inst: MaxLoadInstance, blocks: Blocks, ideal_limit: int, linear: b
         c_core, c_pos, c_preds = _core(coarse)
         members = enumerate_ideals_masks(c_preds, len(c_core), limit=ideal_limit)
         if members is not None:
-            out.append(_Family(coarse, c_core, c_pos, members, False))
+            out.append(_Family(coarse, c_core, c_pos, members, False, c_preds))
             break
     tried = (f"the ideals with {merged} classes of one neighbour kept beside it and " if len(out) > 1 else "")
     return out, (f"more than {ideal_limit} ideals: the better of {tried}the prefixes of one topological order, not "
@@ -156,7 +157,13 @@ def contiguous_dp(inst: MaxLoadInstance, blocks: Blocks, *, ideal_limit: int = I
     families, note = _families(inst, blocks, ideal_limit, linear)
     best, pairs = None, 0
     for fam in families:
-        got = _dp_split(inst, fam, progress, t0)
+        # sets costing more than a split in hand are never tried: the best so far, else the best over the prefixes
+        # of one topological order (ideals too, so no better than the best over every ideal)
+        ub = best.max_load * (1 + 1e-9) if best is not None else np.inf
+        if not np.isfinite(ub) and fam.members.shape[0] > len(fam.core) + 1:
+            lin = _Family(fam.blocks, fam.core, fam.pos, _prefix_family(fam.preds, len(fam.core)), False, fam.preds)
+            ub = _dp_split(inst, lin, None, t0).stats["dp_value"] * (1 + 1e-9)
+        got = _dp_split(inst, fam, progress, t0, ub)
         pairs += got.stats["ideal_pairs"]
         if got.max_load < np.inf and (best is None or got.max_load < best.max_load):
             best = got
@@ -167,8 +174,9 @@ def contiguous_dp(inst: MaxLoadInstance, blocks: Blocks, *, ideal_limit: int = I
     return best
 
 
-def _dp_split(inst: MaxLoadInstance, fam: _Family, progress, t0: float) -> Split:
-    """The dynamic program over one family; a split of max-load inf where none fits."""
+def _dp_split(inst: MaxLoadInstance, fam: _Family, progress, t0: float, ub: float = np.inf) -> Split:
+    """The dynamic program over one family (sets costing over ``ub`` left out); a split of max-load inf where none
+    fits."""
     blocks, core, members = fam.blocks, fam.core, fam.members
     words = _words(members)
     card = members.sum(axis=1)
@@ -188,7 +196,7 @@ def _dp_split(inst: MaxLoadInstance, fam: _Family, progress, t0: float) -> Split
         hi = min(k, j + step, int(level_end[np.searchsorted(level_end, j, side="right")]) if
                  (level_end > j).any() else k)
         t = time.perf_counter()
-        pairs += maxload_dp(words, card, acc, cpu, size, bad, inst.max_size, *src, j, hi, f, choice, sub)
+        pairs += maxload_dp(words, card, acc, cpu, size, bad, inst.max_size, *src, j, hi, f, choice, sub, ub)
         step = max(1, min(4 * step, k, int(min(k, step * 0.5 / max(time.perf_counter() - t, 1e-6)))))
         j = hi
         if progress is not None and time.perf_counter() - last > 10.0:

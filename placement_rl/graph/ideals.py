@@ -88,16 +88,34 @@ def enumerate_ideals_masks(preds: Sequence[int], n: int, *, limit: int) -> np.nd
     return None if out is None else _to_matrix(out, n)
 
 
+def _bits(mask: int):
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1, low
+        mask ^= low
+
+
 def _ideal_masks(preds: Sequence[int], n: int, limit: int) -> list[int] | None:
-    level = {0}
+    """The ideals level by level (each level sorted), each carried with the mask of the nodes that may join it
+    (those outside whose predecessors are all inside): a node joining changes that mask only at its successors."""
+    succ: list[list[int]] = [[] for _ in range(n)]
+    for v in range(n):
+        for u, _ in _bits(preds[v]):
+            succ[u].append(v)
+    level = {0: sum(1 << v for v in range(n) if not preds[v])}
     out: list[int] = [0]
-    for _ in range(n):
-        nxt: set[int] = set()
-        for ideal in level:
-            for v in range(n):
-                bit = 1 << v
-                if not ideal & bit and preds[v] & ideal == preds[v]:
-                    nxt.add(ideal | bit)
+    while level:
+        nxt: dict[int, int] = {}
+        for ideal, free in level.items():
+            for v, bit in _bits(free):
+                grown = ideal | bit
+                if grown in nxt:
+                    continue
+                more = free ^ bit
+                for w in succ[v]:
+                    if preds[w] & grown == preds[w]:
+                        more |= 1 << w
+                nxt[grown] = more
         if len(out) + len(nxt) > limit:
             return None
         level = nxt
