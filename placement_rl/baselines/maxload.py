@@ -5,7 +5,7 @@ a CPU core's its nodes' CPU times. Nodes of one colour class share a device, an 
 ``max_size`` bytes and only nodes it supports.
 
 This module scores splits (``evaluate``), bounds them (``lower_bound``, for every split, contiguous or not),
-improves one by single moves (``improve``; any shape), enumerates tiny instances (``enumerate_splits``) and writes
+improves one by local search (``improve``; any shape), enumerates tiny instances (``enumerate_splits``) and writes
 a split in the solvers' format (``split_json``). The units a split assigns are ``maxload_blocks``'; the best
 contiguous split is ``maxload_dp``'s, CP-SAT's split of any shape ``maxload_cp``'s, and ``maxload_solve.solve``
 runs them all.
@@ -19,9 +19,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from placement_rl.baselines._maxload_kernel import device_loads
+from placement_rl.baselines._maxload_search import local_search
 from placement_rl.baselines.maxload_blocks import Blocks, blocks_of, precedence
 from placement_rl.errors import GraphError
 from placement_rl.graph.maxload_file import MaxLoadInstance
+
+
+KICK = 8  # the most blocks one kick of the local search moves
+PATIENCE = 10  # local optima in a row without a better split, per block and device, before the search stops
 
 
 @dataclass
@@ -77,49 +82,41 @@ def lower_bound(inst: MaxLoadInstance, blocks: Blocks | None = None) -> float:
     return float(max(cheapest.max(), cheapest.sum() / (inst.accelerators + inst.cpus)))
 
 
-def improve(inst: MaxLoadInstance, blocks: Blocks, start: Split, *, seconds: float) -> Split:
-    """Single moves of a block to another device that lower (max-load, sum of squared loads) and keep the split
-    feasible, until none does or ``seconds`` pass; the result need not be contiguous."""
+def improve(inst: MaxLoadInstance, blocks: Blocks, start: Split, *, seconds: float, seed: int = 0) -> Split:
+    """Local search from ``start`` for ``seconds`` (``_maxload_search``): moves of a block, and of a block with its
+    neighbours on its device, to another device while they lower (max-load, sum of squared loads); at each local
+    optimum a kick (a connected group of blocks on one device moved elsewhere) from the best split so far. The
+    result need not be contiguous; it keeps every block whole, memory and the nodes accelerators cannot run. It
+    stops early after ``PATIENCE`` x blocks x devices local optima in a row that improve nothing."""
     t0 = time.perf_counter()
-    n_dev = inst.accelerators + inst.cpus
+    nb, n_dev = blocks.count, inst.accelerators + inst.cpus
     edges = _sorted_edges(inst)
-    dev_block = np.empty(blocks.count, dtype=np.int64)
+    nodes = np.argsort(blocks.block, kind="stable").astype(np.int64)
+    ptr = np.concatenate([[0], np.cumsum(np.bincount(blocks.block, minlength=nb))]).astype(np.int64)
+    bu, bv = blocks.block[edges[:, 0]], blocks.block[edges[:, 1]]
+    cut = bu != bv
+    pairs = np.unique(np.concatenate([np.stack([bu[cut], bv[cut]], 1), np.stack([bv[cut], bu[cut]], 1)]), axis=0)
+    aptr = np.concatenate([[0], np.cumsum(np.bincount(pairs[:, 0], minlength=nb))]).astype(np.int64)
+    adj = np.ascontiguousarray(pairs[:, 1], dtype=np.int64)
+    dev_block = np.empty(nb, dtype=np.int64)
     dev_block[blocks.block] = start.device
-    members = [np.flatnonzero(blocks.block == b) for b in range(blocks.count)]
-
-    def score(device):
-        loads = device_loads(device, inst.accelerators, n_dev, inst.acc, inst.cpu, edges, inst.out_cost)
-        return (float(loads.max()), float((loads ** 2).sum())), loads
-
-    device = start.device.copy()
-    best, loads = score(device)
-    mem = np.bincount(dev_block, weights=blocks.size, minlength=n_dev)
-    moves, improved = 0, True
-    while improved and time.perf_counter() - t0 < seconds:
-        improved = False
-        for b in np.argsort(-blocks.acc):
-            src = dev_block[b]
-            for d in range(n_dev):
-                if d == src or (d < inst.accelerators and (blocks.bad[b] > 0.5 or mem[d] + blocks.size[b]
-                                                           > inst.max_size * (1 + 1e-12))):
-                    continue
-                device[members[b]] = d
-                cand, cand_loads = score(device)
-                if cand < best:
-                    best, loads = cand, cand_loads
-                    mem[src] -= blocks.size[b]
-                    mem[d] += blocks.size[b]
-                    dev_block[b] = src = d
-                    moves += 1
-                    improved = True
-                else:
-                    device[members[b]] = src
-            if time.perf_counter() - t0 >= seconds:
-                break
-    notes = [] if not improved else [f"local search stopped at its {seconds:g} s"]
-    stats = {"moves": float(moves), "seconds": time.perf_counter() - t0}
-    return Split(device, loads, best[0], "single moves from the contiguous split", False, notes,
-                 stats)
+    best_block = dev_block.copy()
+    loads0 = device_loads(start.device, inst.accelerators, n_dev, inst.acc, inst.cpu, edges, inst.out_cost)
+    best = np.array([loads0.max(), (loads0 ** 2).sum()])
+    scored, chunk, calls, stall = 0, 200, 0, np.zeros(1, dtype=np.int64)
+    patience = PATIENCE * nb * n_dev
+    while time.perf_counter() - t0 < seconds and stall[0] < patience:  # chunks of about 0.2 s
+        t = time.perf_counter()
+        scored += local_search(dev_block, best_block, best, ptr, nodes, aptr, adj, inst.accelerators, n_dev,
+                               inst.acc, inst.cpu, edges, inst.out_cost, blocks.size, blocks.bad, inst.max_size,
+                               KICK, seed + calls, chunk, stall, patience)
+        calls += 1
+        took, left = time.perf_counter() - t, seconds - (time.perf_counter() - t0)
+        chunk = int(max(50, min(4 * chunk, chunk * min(0.2, max(left, 0.0)) / max(took, 1e-6))))
+    device = best_block[blocks.block]
+    loads, _ = evaluate(inst, device)
+    stats = {"scored": float(scored), "seconds": time.perf_counter() - t0, "stalled": float(stall[0] >= patience)}
+    return Split(device, loads, float(loads.max()), "local search from the contiguous split", False, [], stats)
 
 
 def enumerate_splits(inst: MaxLoadInstance, *, limit: int = 1_000_000) -> tuple[float, float]:

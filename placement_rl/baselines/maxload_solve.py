@@ -1,5 +1,5 @@
 """``solve``: the max-load model's whole search (``placement_rl.baselines.maxload``): the contiguous dynamic
-program, single moves from its split, then CP-SAT (``maxload_cp``) for a split of any shape and a bound."""
+program, local search from its split, then CP-SAT (``maxload_cp``) for a split of any shape and a bound."""
 
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ class MaxLoadResult:
 
 def solve(inst: MaxLoadInstance, *, ideal_limit: int = IDEAL_LIMIT, seconds: float = 10.0,
           progress: Callable[[str], None] | None = None) -> MaxLoadResult:
-    """The contiguous DP, then single moves and CP-SAT (``seconds`` in all; CP-SAT only where OR-Tools is
-    installed and its model builds in half its share) on the colour classes for a better split of any shape and a
-    bound."""
+    """The contiguous DP, then local search and CP-SAT on the colour classes for a better split of any shape and a
+    bound (``seconds`` in all, half each; CP-SAT only where OR-Tools is installed and its model builds in half its
+    share, else the local search takes them all)."""
     classes, blocks = blocks_of(inst, contiguous=False), blocks_of(inst)
     notes: list[str] = []
     try:
@@ -45,15 +45,19 @@ def solve(inst: MaxLoadInstance, *, ideal_limit: int = IDEAL_LIMIT, seconds: flo
         notes.append(str(exc).split(": ", 1)[-1])
     best, bound = dp, lower_bound(inst, classes)
     if seconds > 0:
+        cp_seconds = seconds * (0.5 if dp is not None else 1.0)
+        build = maxload_cp.build_seconds(inst, classes) if maxload_cp.available() else 0.0
+        run_cp = maxload_cp.available() and build <= 0.5 * cp_seconds
         if dp is not None:
-            moved = improve(inst, classes, dp, seconds=seconds * 0.2)
+            search_seconds = seconds - cp_seconds if run_cp else seconds
+            if progress is not None and search_seconds >= 2:
+                progress(f"local search on {classes.count} colour classes for {search_seconds:.3g} s")
+            moved = improve(inst, classes, dp, seconds=search_seconds)
             if moved.max_load < dp.max_load * (1 - 1e-12):
                 best = moved
-        cp_seconds = seconds * (0.8 if dp is not None else 1.0)
-        build = maxload_cp.build_seconds(inst, classes) if maxload_cp.available() else 0.0
         if not maxload_cp.available():
             notes.append("OR-Tools is not installed: no CP-SAT search or bound (pip install 'placement-rl[exact]')")
-        elif build > 0.5 * cp_seconds:
+        elif not run_cp:
             notes.append(f"CP-SAT not run: its model ({classes.count} classes on {inst.accelerators + inst.cpus} "
                          f"devices) takes about {build:.1f} s to build, over half of its {cp_seconds:.3g} s (raise "
                          "--seconds)")

@@ -3,7 +3,7 @@ format of Tarnawski et al. (NeurIPS 2020, msr-fiddle/dnn-partitioning) over its 
 (``placement_rl.baselines.maxload``; docs/maxload.md).
 
 Prints the instance, the best contiguous split (a dynamic program over every ideal: optimal when it says so), the
-best split of any shape (single moves, then CP-SAT where OR-Tools is installed) and a lower bound on every split.
+best split of any shape (local search, then CP-SAT where OR-Tools is installed) and a lower bound on every split.
 Plain flags: ``--out`` (write the best split in the solvers' JSON format, whole or not at all), ``--contiguous``
 (write the contiguous one instead), ``--seconds`` (for the search after the dynamic program; 0: none),
 ``--ideals`` (how many ideals the dynamic program may enumerate), ``--split FILE`` (score a given split instead,
