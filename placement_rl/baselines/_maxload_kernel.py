@@ -146,3 +146,62 @@ def device_loads(device, n_acc, n_dev, acc, cpu, edges, out_cost):
             seen[dv] = u
             load[dv] += out_cost[u]
     return load
+
+
+@njit(cache=True, nogil=True)
+def latency_score(device, n_acc, acc, cpu, edges, out_cost):
+    """(latency, sum of every unit's finish time) of a split for the latency objective (``maxload_latency``; device
+    per node, any id from ``n_acc`` on the CPUs); (inf, inf) where its subgraphs feed each other in a cycle. The
+    units are the accelerators (each one call: its nodes' times and transfers) and each node on a CPU."""
+    n = device.shape[0]
+    dev = np.minimum(device, n_acc)
+    cost = device_loads(dev, n_acc, n_acc + 1, acc, cpu, edges, out_cost)
+    n_units = n_acc + n
+    unit = np.empty(n, dtype=np.int64)
+    active = np.zeros(n_units, dtype=np.bool_)
+    for v in range(n):
+        unit[v] = dev[v] if dev[v] < n_acc else n_acc + v
+        active[unit[v]] = True
+    ptr = np.zeros(n_units + 1, dtype=np.int64)
+    for e in range(edges.shape[0]):
+        a, b = unit[edges[e, 0]], unit[edges[e, 1]]
+        if a != b:
+            ptr[a + 1] += 1
+    for x in range(n_units):
+        ptr[x + 1] += ptr[x]
+    fill = ptr[:-1].copy()
+    succ = np.empty(ptr[n_units], dtype=np.int64)
+    indeg = np.zeros(n_units, dtype=np.int64)
+    for e in range(edges.shape[0]):
+        a, b = unit[edges[e, 0]], unit[edges[e, 1]]
+        if a != b:
+            succ[fill[a]] = b
+            fill[a] += 1
+            indeg[b] += 1
+    start = np.zeros(n_units)
+    stack = np.empty(n_units, dtype=np.int64)
+    top, n_active = 0, 0
+    for x in range(n_units):
+        if active[x]:
+            n_active += 1
+            if indeg[x] == 0:
+                stack[top] = x
+                top += 1
+    done, latency, total = 0, 0.0, 0.0
+    while top > 0:
+        top -= 1
+        x = stack[top]
+        done += 1
+        finish = start[x] + (cost[x] if x < n_acc else cpu[x - n_acc])
+        total += finish
+        latency = max(latency, finish)
+        for q in range(ptr[x], ptr[x + 1]):
+            y = succ[q]
+            start[y] = max(start[y], finish)
+            indeg[y] -= 1
+            if indeg[y] == 0:
+                stack[top] = y
+                top += 1
+    if done < n_active:
+        return np.inf, np.inf
+    return latency, total

@@ -1,7 +1,8 @@
-"""Numba kernel of the max-load local search (``maxload.improve``): descent over moves of one block, and of a block
-with its neighbours on its device, to another device, scored by (max-load, sum of squared loads); at each local
-optimum the search goes back to the best split found and moves a random connected group of blocks on one device to
-another (a kick). Blocks are colour classes; nothing moves onto an accelerator that cannot hold or run it.
+"""Numba kernel of the local search of the max-load model (``maxload.improve``; ``maxload_latency`` for latency):
+descent over moves of one block, and of a block with its neighbours on its device, to another device, scored by
+(max-load, sum of squared loads) or (latency, sum of finish times); at each local optimum the search goes back to
+the best split found and moves a random connected group of blocks on one device to another (a kick). Blocks are
+colour classes; nothing moves onto an accelerator that cannot hold or run it.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from placement_rl.baselines._maxload_kernel import device_loads
+from placement_rl.baselines._maxload_kernel import device_loads, latency_score
+
+MAXLOAD, LATENCY = 0, 1  # objectives
 
 _TOL = 1e-12
 
@@ -17,6 +20,16 @@ _TOL = 1e-12
 @njit(cache=True, nogil=True)
 def _better(a_max, a_sq, b_max, b_sq):
     return a_max < b_max * (1 - _TOL) or (a_max <= b_max * (1 + _TOL) and a_sq < b_sq * (1 - _TOL))
+
+
+@njit(cache=True, nogil=True)
+def _score(objective, device, n_acc, n_dev, acc, cpu, edges, out_cost):
+    """(objective, tie-break) of a split: max-load and the sum of squared loads, or latency and the sum of finish
+    times."""
+    if objective == LATENCY:
+        return latency_score(device, n_acc, acc, cpu, edges, out_cost)
+    loads = device_loads(device, n_acc, n_dev, acc, cpu, edges, out_cost)
+    return loads.max(), (loads ** 2).sum()
 
 
 @njit(cache=True, nogil=True)
@@ -41,7 +54,7 @@ def _fits(grp, n_g, d, n_acc, mem, bsize, bbad, max_size):
 
 @njit(cache=True, nogil=True)
 def _move_group(grp, n_g, s, dev_block, device, ptr, nodes, n_acc, n_dev, acc, cpu, edges, out_cost, mem, bsize,
-                bbad, max_size, cur, counter):
+                bbad, max_size, cur, counter, objective):
     """Move ``grp[:n_g]`` (all on ``s``) to the first other device that lowers ``cur``; True where one does."""
     for d in range(n_dev):
         if d == s:
@@ -51,9 +64,8 @@ def _move_group(grp, n_g, s, dev_block, device, ptr, nodes, n_acc, n_dev, acc, c
             continue
         for z in range(n_g):
             _assign(grp[z], d, dev_block, device, ptr, nodes)
-        loads = device_loads(device, n_acc, n_dev, acc, cpu, edges, out_cost)
+        m, q = _score(objective, device, n_acc, n_dev, acc, cpu, edges, out_cost)
         counter[0] += 1
-        m, q = loads.max(), (loads ** 2).sum()
         if _better(m, q, cur[0], cur[1]):
             cur[0], cur[1] = m, q
             mem[s] -= need
@@ -66,7 +78,7 @@ def _move_group(grp, n_g, s, dev_block, device, ptr, nodes, n_acc, n_dev, acc, c
 
 @njit(cache=True, nogil=True)
 def local_search(dev_block, best_block, best, ptr, nodes, aptr, adj, n_acc, n_dev, acc, cpu, edges, out_cost, bsize,
-                 bbad, max_size, kick, seed, max_evals, stall, patience):
+                 bbad, max_size, kick, seed, max_evals, stall, patience, objective):
     """Search from ``dev_block`` (device per block; updated: where it stopped) for about ``max_evals`` scored
     splits; ``best_block`` / ``best`` (max-load, sum of squared loads) hold the best split found (read and updated,
     so calls continue one search). ``ptr`` / ``nodes``: each block's nodes, ``aptr`` / ``adj``: its neighbouring
@@ -79,8 +91,7 @@ def local_search(dev_block, best_block, best, ptr, nodes, aptr, adj, n_acc, n_de
     for b in range(nb):
         _assign(b, dev_block[b], dev_block, device, ptr, nodes)
         mem[dev_block[b]] += bsize[b]
-    loads = device_loads(device, n_acc, n_dev, acc, cpu, edges, out_cost)
-    cur = np.array([loads.max(), (loads ** 2).sum()])
+    cur = np.array(_score(objective, device, n_acc, n_dev, acc, cpu, edges, out_cost))
     counter = np.zeros(1, dtype=np.int64)
     grp = np.empty(nb, dtype=np.int64)
     while counter[0] < max_evals and stall[0] < patience:
@@ -94,7 +105,7 @@ def local_search(dev_block, best_block, best, ptr, nodes, aptr, adj, n_acc, n_de
             s = dev_block[b]
             grp[0] = b
             moved = _move_group(grp, 1, s, dev_block, device, ptr, nodes, n_acc, n_dev, acc, cpu, edges, out_cost,
-                                mem, bsize, bbad, max_size, cur, counter)
+                                mem, bsize, bbad, max_size, cur, counter, objective)
             if not moved:
                 n_g = 1
                 for q in range(aptr[b], aptr[b + 1]):
@@ -103,7 +114,7 @@ def local_search(dev_block, best_block, best, ptr, nodes, aptr, adj, n_acc, n_de
                         n_g += 1
                 if n_g > 1:
                     moved = _move_group(grp, n_g, s, dev_block, device, ptr, nodes, n_acc, n_dev, acc, cpu, edges,
-                                        out_cost, mem, bsize, bbad, max_size, cur, counter)
+                                        out_cost, mem, bsize, bbad, max_size, cur, counter, objective)
             if moved:
                 improved = True
                 if _better(cur[0], cur[1], best[0], best[1]):
@@ -140,7 +151,6 @@ def local_search(dev_block, best_block, best, ptr, nodes, aptr, adj, n_acc, n_de
                     mem[s0] -= need
                     mem[d] += need
                     _assign(grp[z], d, dev_block, device, ptr, nodes)
-        loads = device_loads(device, n_acc, n_dev, acc, cpu, edges, out_cost)
+        cur[0], cur[1] = _score(objective, device, n_acc, n_dev, acc, cpu, edges, out_cost)
         counter[0] += 1
-        cur[0], cur[1] = loads.max(), (loads ** 2).sum()
     return counter[0]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from placement_rl.baselines._maxload_kernel import device_loads
-from placement_rl.baselines._maxload_search import local_search
+from placement_rl.baselines._maxload_search import MAXLOAD, _score, local_search
 from placement_rl.baselines.maxload_blocks import Blocks, blocks_of, precedence
 from placement_rl.errors import GraphError
 from placement_rl.graph.maxload_file import MaxLoadInstance
@@ -88,8 +88,19 @@ def improve(inst: MaxLoadInstance, blocks: Blocks, start: Split, *, seconds: flo
     optimum a kick (a connected group of blocks on one device moved elsewhere) from the best split so far. The
     result need not be contiguous; it keeps every block whole, memory and the nodes accelerators cannot run. It
     stops early after ``PATIENCE`` x blocks x devices local optima in a row that improve nothing."""
+    device, stats = search_blocks(inst, blocks, start.device, inst.accelerators + inst.cpus, MAXLOAD,
+                                  seconds=seconds, seed=seed)
+    loads, _ = evaluate(inst, device)
+    return Split(device, loads, float(loads.max()), "local search from the contiguous split", False, [], stats)
+
+
+def search_blocks(inst: MaxLoadInstance, blocks: Blocks, start: np.ndarray, n_dev: int, objective: int, *,
+                  seconds: float, seed: int = 0) -> tuple[np.ndarray, dict[str, float]]:
+    """The local search of ``improve`` for ``objective`` (``_maxload_search.MAXLOAD`` over ``n_dev`` devices, or
+    ``LATENCY`` with the CPUs as device ``n_dev - 1``) from the split ``start`` (device per node): the best split found (device per
+    node) and its figures."""
     t0 = time.perf_counter()
-    nb, n_dev = blocks.count, inst.accelerators + inst.cpus
+    nb = blocks.count
     edges = _sorted_edges(inst)
     nodes = np.argsort(blocks.block, kind="stable").astype(np.int64)
     ptr = np.concatenate([[0], np.cumsum(np.bincount(blocks.block, minlength=nb))]).astype(np.int64)
@@ -99,24 +110,22 @@ def improve(inst: MaxLoadInstance, blocks: Blocks, start: Split, *, seconds: flo
     aptr = np.concatenate([[0], np.cumsum(np.bincount(pairs[:, 0], minlength=nb))]).astype(np.int64)
     adj = np.ascontiguousarray(pairs[:, 1], dtype=np.int64)
     dev_block = np.empty(nb, dtype=np.int64)
-    dev_block[blocks.block] = start.device
+    dev_block[blocks.block] = start
     best_block = dev_block.copy()
-    loads0 = device_loads(start.device, inst.accelerators, n_dev, inst.acc, inst.cpu, edges, inst.out_cost)
-    best = np.array([loads0.max(), (loads0 ** 2).sum()])
+    best = np.array(_score(objective, start.astype(np.int64), inst.accelerators, n_dev, inst.acc, inst.cpu, edges,
+                           inst.out_cost))
     scored, chunk, calls, stall = 0, 200, 0, np.zeros(1, dtype=np.int64)
     patience = PATIENCE * nb * n_dev
     while time.perf_counter() - t0 < seconds and stall[0] < patience:  # chunks of about 0.2 s
         t = time.perf_counter()
         scored += local_search(dev_block, best_block, best, ptr, nodes, aptr, adj, inst.accelerators, n_dev,
                                inst.acc, inst.cpu, edges, inst.out_cost, blocks.size, blocks.bad, inst.max_size,
-                               KICK, seed + calls, chunk, stall, patience)
+                               KICK, seed + calls, chunk, stall, patience, objective)
         calls += 1
         took, left = time.perf_counter() - t, seconds - (time.perf_counter() - t0)
         chunk = int(max(50, min(4 * chunk, chunk * min(0.2, max(left, 0.0)) / max(took, 1e-6))))
-    device = best_block[blocks.block]
-    loads, _ = evaluate(inst, device)
     stats = {"scored": float(scored), "seconds": time.perf_counter() - t0, "stalled": float(stall[0] >= patience)}
-    return Split(device, loads, float(loads.max()), "local search from the contiguous split", False, [], stats)
+    return best_block[blocks.block], stats
 
 
 def enumerate_splits(inst: MaxLoadInstance, *, limit: int = 1_000_000) -> tuple[float, float]:

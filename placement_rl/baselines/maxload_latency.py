@@ -9,8 +9,8 @@ last node is ready. A split whose subgraphs feed each other in a cycle has none 
 
 ``latency_of(inst, device)`` scores a split (device per node: accelerators ``0 .. A-1``, any larger id a CPU);
 ``solve_latency(inst, seconds)`` returns the best of: every node on a CPU, the max-load dynamic program's contiguous
-split (the paper's baseline), and CP-SAT on the paper's integer program (hinted with the better), with CP-SAT's
-bound.
+split (the paper's baseline), a local search from the better of those (``maxload.search_blocks``, half the seconds)
+and CP-SAT on the paper's integer program (the other half, hinted with the best so far), with CP-SAT's bound.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from placement_rl.baselines._maxload_kernel import device_loads
-from placement_rl.baselines.maxload import _sorted_edges
+from placement_rl.baselines._maxload_kernel import latency_score
+from placement_rl.baselines._maxload_search import LATENCY
+from placement_rl.baselines.maxload import _sorted_edges, search_blocks
 from placement_rl.baselines.maxload_blocks import blocks_of
 from placement_rl.baselines.maxload_dp import contiguous_dp
 from placement_rl.errors import GraphError
@@ -36,27 +37,8 @@ def check_inference(inst: MaxLoadInstance) -> None:
 
 def latency_of(inst: MaxLoadInstance, device: np.ndarray) -> float:
     """The latency of a split (module doc); inf where its subgraphs feed each other in a cycle."""
-    import networkx as nx
-
-    na = inst.accelerators
-    device = np.minimum(np.asarray(device, dtype=np.int64), na)  # every CPU id is the one pool
-    cost = device_loads(device, na, na + 1, inst.acc, inst.cpu, _sorted_edges(inst), inst.out_cost)[:na]
-    # quotient: accelerator d is node ("a", d); a CPU node v is ("c", v)
-    unit = [("a", int(d)) if d < na else ("c", v) for v, d in enumerate(device.tolist())]
-    q = nx.DiGraph()
-    q.add_nodes_from(set(unit))
-    for u, v in inst.edges.tolist():
-        if unit[u] != unit[v]:
-            q.add_edge(unit[u], unit[v])
-    try:
-        order = list(nx.topological_sort(q))
-    except nx.NetworkXUnfeasible:
-        return float("inf")
-    ready: dict = {}
-    for x in order:
-        start = max((ready[p] for p in q.predecessors(x)), default=0.0)
-        ready[x] = start + (float(cost[x[1]]) if x[0] == "a" else float(inst.cpu[x[1]]))
-    return max(ready.values(), default=0.0)
+    device = np.asarray(device, dtype=np.int64)
+    return float(latency_score(device, inst.accelerators, inst.acc, inst.cpu, _sorted_edges(inst), inst.out_cost)[0])
 
 
 @dataclass
@@ -107,7 +89,8 @@ def solve_latency(inst: MaxLoadInstance, *, seconds: float = 10.0, ideal_limit: 
     check_inference(inst)
     t0 = time.perf_counter()
     cpu_all = np.full(inst.num_nodes, inst.accelerators, dtype=np.int64)
-    cands: dict[str, tuple[float, np.ndarray] | None] = {"all_cpu": None, "maxload_split": None, "cp_sat": None}
+    cands: dict[str, tuple[float, np.ndarray] | None] = {"all_cpu": None, "maxload_split": None,
+                                                         "local_search": None, "cp_sat": None}
     cands["all_cpu"] = (latency_of(inst, cpu_all), cpu_all)
     notes = [] if inst.accelerators else ["the max-load split: not run: no accelerator"]
     if inst.accelerators:
@@ -116,20 +99,31 @@ def solve_latency(inst: MaxLoadInstance, *, seconds: float = 10.0, ideal_limit: 
             cands["maxload_split"] = (latency_of(inst, dp.device), dp.device)
         except GraphError as exc:
             notes.append(f"the max-load split: {str(exc).split(': ', 1)[-1]}")
-    hint = min((c for c in cands.values() if c is not None and np.isfinite(c[0])), key=lambda c: c[0])
     bound = path_bound(inst)
+    run_cp = False
     if not inst.accelerators:
         notes.append("CP-SAT not run: no accelerator (every node on a CPU is the only split)")
     elif seconds <= 0:
         notes.append("CP-SAT not run: --seconds 0")
     elif not maxload_cp.available():
         notes.append("CP-SAT not run: OR-Tools is not installed (pip install 'placement-rl[exact]')")
-    elif build_seconds(inst) > 0.5 * seconds:
+    elif build_seconds(inst) > 0.25 * seconds:
         notes.append(f"CP-SAT not run: its program ({inst.num_nodes} nodes on {inst.accelerators} accelerators) "
-                     f"takes about {build_seconds(inst):.1f} s to build, over half of its {seconds:g} s (raise "
+                     f"takes about {build_seconds(inst):.1f} s to build, over half of its {seconds / 2:g} s (raise "
                      "--seconds)")
     else:
-        got = _cp_latency(inst, hint, seconds=seconds)
+        run_cp = True
+    hint = min((c for c in cands.values() if c is not None and np.isfinite(c[0])), key=lambda c: c[0])
+    if not inst.accelerators or seconds <= 0:
+        notes.append("local search not run: " + ("no accelerator" if not inst.accelerators else "--seconds 0"))
+    else:  # local search from the better start, then CP-SAT from its split
+        start = np.minimum(hint[1], inst.accelerators)
+        found, _ = search_blocks(inst, blocks_of(inst, contiguous=False), start, inst.accelerators + 1, LATENCY,
+                                 seconds=seconds / 2 if run_cp else seconds)
+        cands["local_search"] = (latency_of(inst, found), found)
+        hint = min(hint, cands["local_search"], key=lambda c: c[0])
+    if run_cp:
+        got = _cp_latency(inst, hint, seconds=seconds / 2)
         if got is not None:
             device, cp_bound = got
             bound = max(bound, cp_bound)

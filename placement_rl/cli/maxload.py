@@ -225,11 +225,13 @@ def _latency(args: argparse.Namespace, inst) -> list[str]:
         return lines
     res = solve_latency(inst, seconds=args.seconds, ideal_limit=args.ideals)
     names = {"all_cpu": "every node on a CPU", "maxload_split": "the max-load dynamic program's split",
-             "cp_sat": f"CP-SAT ({abs(args.seconds):g} s)"}
+             "local_search": "local search from the better of those", "cp_sat": "CP-SAT from the best so far"}
+    prefix = {"all_cpu": "every node", "maxload_split": "the max-load", "local_search": "local search",
+              "cp_sat": "CP-SAT"}
     lines = []
     for key, value in res.candidates.items():
         if value is None:
-            why = next((n for n in res.notes if n.startswith("CP-SAT" if key == "cp_sat" else "the max-load")), None)
+            why = next((n for n in res.notes if n.startswith(prefix[key])), None)
             lines.append(f"{names[key]}: " + (why.split(": ", 1)[-1] if why else "none found"))
         else:
             lines.append(f"{names[key]}: " + (f"latency {value:.6g}" if np.isfinite(value) else "no latency"))
