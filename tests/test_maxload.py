@@ -4,6 +4,7 @@ CP-SAT to the best split of any shape, and the ``maxload`` command."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -245,6 +246,51 @@ def test_latency_by_hand(tmp_path):
     assert latency_of(inst, np.array([0, 2, 1])) == pytest.approx(8.25)
     assert latency_of(inst, np.array([2, 2, 2])) == pytest.approx(16.0)
     assert latency_of(inst, np.array([0, 2, 0])) == np.inf
+
+
+def _latency_reference(inst, device):
+    """The latency model written plainly (networkx): the quotient graph of accelerators and CPU nodes in
+    topological order, each unit ready when its inputs are plus its time."""
+    import networkx as nx
+
+    na = inst.accelerators
+    device = np.minimum(device, na)
+    cost = evaluate(dataclasses.replace(inst, cpus=1), device)[0][:na]
+    unit = [("a", int(d)) if d < na else ("c", v) for v, d in enumerate(device.tolist())]
+    q = nx.DiGraph()
+    q.add_nodes_from(set(unit))
+    q.add_edges_from((unit[u], unit[v]) for u, v in inst.edges.tolist() if unit[u] != unit[v])
+    if not nx.is_directed_acyclic_graph(q):
+        return np.inf
+    ready = {}
+    for x in nx.topological_sort(q):
+        ready[x] = max((ready[p] for p in q.predecessors(x)), default=0.0) + (
+            float(cost[x[1]]) if x[0] == "a" else float(inst.cpu[x[1]]))
+    return max(ready.values())
+
+
+def test_latency_kernel_equals_the_plain_model_and_the_search_keeps_the_rules(tmp_path):
+    """``latency_of`` (a numba kernel) equals the plainly written model on random splits of random instances, cycles
+    included; the latency search's split keeps memory, colour classes and unsupported nodes and has a latency."""
+    from placement_rl.baselines.maxload_latency import latency_of, solve_latency
+
+    rng = np.random.default_rng(0)
+    cycles = 0
+    for seed in range(8):
+        inst = read_instance(_write(tmp_path, random_instance(300 + seed, n=12, acc=3, colour=seed % 2 == 1,
+                                                              max_size=20 if seed % 2 else 1e9,
+                                                              unsupported=0.1 if seed % 4 == 3 else 0.0)))
+        for _ in range(40):
+            device = rng.integers(0, 4 + seed % 2, inst.num_nodes)
+            want = _latency_reference(inst, device)
+            cycles += want == np.inf
+            assert latency_of(inst, device) == pytest.approx(want, rel=1e-12)
+        res = solve_latency(inst, seconds=1)
+        assert np.isfinite(res.latency) and res.latency == pytest.approx(_latency_reference(inst, res.device))
+        assert evaluate(dataclasses.replace(inst, cpus=1), np.minimum(res.device, 3))[1] == []
+        assert res.candidates["local_search"] <= min(res.candidates["all_cpu"],
+                                                     res.candidates["maxload_split"] or np.inf) * (1 + 1e-12)
+    assert cycles > 20
 
 
 @pytest.mark.parametrize("seed", range(6))
