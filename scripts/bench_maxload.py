@@ -12,8 +12,8 @@ calibrated model's times): per graph the max-load with everything on one acceler
 prefixes of one topological order (a linearised graph: PipeDream's space), over every ideal (the best contiguous
 split), the best split of any shape (``--seconds``) and the lower bound, with ideals and seconds. Part ``latency``:
 the latency objective (``maxload_latency``) on 8 random 6-node inference instances against enumeration, and on the
-zoo's layer graphs for inference on ``cpu_2gpu`` against the paper's two baselines (every node on a CPU, the
-max-load split) with CP-SAT's bound.
+zoo's layer graphs and four operator graphs for inference on ``cpu_2gpu`` against the paper's two baselines (every
+node on a CPU, the max-load split) with the bound (CP-SAT's or the longest path).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import numpy as np
 
 ZOO = ("resnet50", "inception", "gpt", "nmt", "moe", "mlp", "resnet50-ops", "inception-ops", "gpt-ops")
 TOPOLOGIES = ("cpu_2gpu", "8x_v100_dgx1")
+LATENCY_ZOO = ("resnet50", "inception", "gpt", "nmt", "moe", "mlp", "resnet50-ops", "inception-ops", "gpt-ops",
+               "moe-ops")
 
 
 def _geo(xs: list[float]) -> float | None:
@@ -151,9 +153,9 @@ def latency_part(seconds: float, limit: int | None, folder: Path) -> tuple[list[
         rows.append({"case": f"random-{2000 + seed}", "over_enumeration": res.latency / best, "proved": res.optimal,
                      **{f"{k}": v for k, v in res.candidates.items()}, "seconds": res.seconds})
     topo = load_topology("cpu_2gpu")
-    for name in ("resnet50", "inception", "gpt", "nmt", "moe", "mlp")[:limit]:
-        graph = graph_from_spec({"source": "zoo", "name": name, "overrides": {},
-                                 "coarsen": {"enabled": True, "depth": None, "max_nodes": None}})
+    for name in LATENCY_ZOO[:limit]:
+        graph = graph_from_spec({"source": "zoo", "name": name.removesuffix("-ops"), "overrides": {},
+                                 "coarsen": {"enabled": not name.endswith("-ops"), "depth": None, "max_nodes": None}})
         path = folder / f"latency_{name}.json"
         path.write_text(json.dumps(instance_from_graph(graph, inference_costs(resolve_costs(graph, topo)), topo)))
         inst = read_instance(path)
@@ -165,14 +167,19 @@ def latency_part(seconds: float, limit: int | None, folder: Path) -> tuple[list[
         print(f"latency {name}: {res.candidates} -> {res.latency * 1e3:.3f} ms (bound {res.bound * 1e3:.3f})",
               flush=True)
     exact = [r for r in rows if "over_enumeration" in r]
-    zoo = [r for r in rows if "latency_ms" in r]
+    zoo = [r for r in rows if "latency_ms" in r and "-ops@" not in r["case"]]
+    ops = [r for r in rows if "latency_ms" in r and "-ops@" in r["case"]]
     summary = {"random": len(exact), "random_equal": sum(abs(r["over_enumeration"] - 1) < 1e-9 for r in exact),
                "random_proved": sum(r["proved"] for r in exact), "zoo": len(zoo),
                "zoo_over_maxload_split": _geo([r["latency_ms"] / r["maxload_split_ms"] for r in zoo
                                                if r["maxload_split_ms"]]),
                "zoo_over_all_cpu": _geo([r["latency_ms"] / r["all_cpu_ms"] for r in zoo]),
                "zoo_over_bound": _geo([r["latency_ms"] / r["bound_ms"] for r in zoo if r["bound_ms"] > 0]),
-               "zoo_proved": sum(r["proved"] for r in zoo)}
+               "zoo_proved": sum(r["proved"] for r in zoo), "ops": len(ops),
+               "ops_over_maxload_split": _geo([r["latency_ms"] / r["maxload_split_ms"] for r in ops
+                                               if r["maxload_split_ms"]]),
+               "ops_over_bound": _geo([r["latency_ms"] / r["bound_ms"] for r in ops if r["bound_ms"] > 0]),
+               "ops_proved": sum(r["proved"] for r in ops)}
     return rows, summary
 
 

@@ -293,12 +293,15 @@ def _maxload_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     lat = f.get("latency_summary")
     if lat:
         rows.append(("`placement-rl maxload --objective latency` (one sample through an inference graph): random "
-                     "6-node instances against enumeration; the zoo's layer graphs on `cpu_2gpu`",
+                     "6-node instances against enumeration; the zoo's layer graphs (and operator graphs) on `cpu_2gpu`",
                      f"equal on {lat['random_equal']} of {lat['random']} (proved on {lat['random_proved']}); zoo "
                      f"({lat['zoo']}): {lat['zoo_over_maxload_split']:.3f} x the max-load split's latency, "
                      f"{lat['zoo_over_all_cpu']:.3f} x every node on a CPU, "
                      + (f"{lat['zoo_over_bound']:.3f} x the bound" if lat["zoo_over_bound"] else "no bound")
-                     + f" (proved on {lat['zoo_proved']})"))
+                     + f" (proved on {lat['zoo_proved']})"
+                     + (f"; operator graphs ({lat['ops']}): {lat['ops_over_maxload_split']:.3f} x the max-load "
+                        f"split's latency, {lat['ops_over_bound']:.3f} x the bound (proved on {lat['ops_proved']})"
+                        if lat.get("ops") else "")))
     return rows
 
 
