@@ -14,8 +14,12 @@ as of its 2025 releases (``module_fqns_per_model_part`` is the newest field used
 uneven layer layout, one ``|``-separated entry per virtual stage in Megatron's order, virtual stage ``k`` on
 pipeline rank ``k mod pp``: ``E`` embedding, ``t`` a transformer layer, ``L`` final norm, output layer and loss; the
 virtual stages per rank follow from it), ``--micro-batch-size`` / ``--global-batch-size`` (gradient accumulation
-when the plan's micro-batches exceed the pipeline's), ``--make-vocab-size-divisible-by``, and ``--use-torch-fsdp2``
-for FSDP plans. Targets Megatron-LM / Megatron-Core 0.13 and later (the layout argument; experimental there).
+when the plan's micro-batches exceed the pipeline's), ``--make-vocab-size-divisible-by``, ``--use-torch-fsdp2``
+for FSDP plans and ``--untie-embeddings-and-output-weights`` when the output layer has weights of its own
+(``untied_embeddings``; Megatron-LM ties them by default). ``E`` is every module before the layers except a rotary
+embedding (no weights; Megatron-LM computes it in every stage) and must sit whole in the first stage. A graph the
+model's metadata calls no causal LM (BERT, ViT, T5) gets a ``# note:`` line: the settings are ``pretrain_gpt.py``'s.
+Targets Megatron-LM / Megatron-Core 0.13 and later (the layout argument; experimental there).
 Megatron runs 1F1B (interleaved with virtual stages) only: a ``gpipe`` or ``zb1p`` pipeline is refused (a one-stage
 plan has no pipeline schedule and reads back as ``1f1b``). Recomputation (one setting for all stages: both
 trainers set one): ``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1`` (every
@@ -26,7 +30,10 @@ every TP degree > 1 (written as a comment).
 Stages are exported at module granularity: the transformer layers (the repeated ``<container>.<i>`` modules of
 the captured graph's ``module_paths``) and the modules around them. A module whose nodes the plan puts in two
 stages is refused (one line naming it) unless ``snap=True``, which moves it whole to the stage holding most of
-its forward FLOPs. ``from_torchtitan`` / ``from_megatron`` read the text back into a ``StagePlan`` for the same
+its forward FLOPs; the header then names the modules moved and gives the snapped plan's predicted step time (the
+topology's estimates, ``cost.resolve_costs``; needs ``topology``). An interleaved plan whose micro-batches do not
+divide over its device groups is refused as the pipeline simulator refuses it.
+``from_torchtitan`` / ``from_megatron`` read the text back into a ``StagePlan`` for the same
 graph (devices ``0..world-1``, TP innermost, then DP, then pipeline rank; nodes outside every module follow their
 inputs' latest stage, those without inputs their consumers' earliest): a plan cut so round-trips exactly (tests).
 """
@@ -35,15 +42,16 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from placement_rl.errors import PlanError
+from placement_rl.errors import PlacementRLError, PlanError
 from placement_rl.graph.ir import CompGraph
 from placement_rl.graph.layers import Modules, modules
-from placement_rl.plans import StagePlan, graph_batch_size
+from placement_rl.plans import StagePlan, check_interleaved, graph_batch_size
+from placement_rl.topology import DeviceTopology
 
 FORMATS = ("torchtitan", "megatron")
 _TITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved1f1b": "Interleaved1F1B",
@@ -67,6 +75,7 @@ class Layout:
     sequence_parallel: bool
     stage_modules: tuple[tuple[str, ...], ...]
     mods: Modules
+    moved: tuple[tuple[str, int], ...] = ()  # (module, stage) that --snap moved whole
 
     @property
     def virtual(self) -> int:
@@ -87,6 +96,7 @@ def layout(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> Layout:
     dims = parallel_dims(plan)  # one DP and one TP degree, groups equal or disjoint, a schedule torch runs
     if dims.num_stages > 1 and dims.layout not in ("single", "loop") and plan.schedule != "zb1p":
         raise PlanError("virtual stages must go round-robin over the device groups (stage k on group k mod pp)")
+    check_interleaved(plan, [k % dims.pp for k in range(dims.num_stages)], dims.pp)  # as deploy and evaluate
     if len(set(plan.recompute)) > 1:
         raise PlanError(f"stages recompute differently ({list(plan.recompute)}): torchtitan and Megatron-LM set one "
                         "recomputation for the whole model; give every stage the same")
@@ -101,6 +111,7 @@ def layout(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> Layout:
             s = int(plan.stage_of_node[v])
             d[s] = d.get(s, 0.0) + float(graph.fwd_flops[v]) + 1e-9
     stage_of: dict[str, int] = {}
+    moved: list[tuple[str, int]] = []
     last = 0
     for k in mods.order:
         d = where[k]
@@ -109,6 +120,8 @@ def layout(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> Layout:
                             "modules; move the cut to a layer boundary or export with --snap")
         last = max(last, max(d, key=d.get))
         stage_of[k] = last
+        if set(d) != {last}:
+            moved.append((k, last))
     per = [tuple(k for k in mods.order if stage_of[k] == s) for s in range(plan.num_stages)]
     empty = [s for s, ms in enumerate(per) if not ms]
     if empty:
@@ -117,17 +130,57 @@ def layout(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> Layout:
                   num_microbatches=dims.num_microbatches, batch_size=int(batch), sharding=plan.sharding,
                   vocab_divisible_by=plan.make_vocab_size_divisible_by, recompute=plan.recompute[0],
                   sequence_parallel=plan.sequence_parallel and dims.tp > 1,
-                  stage_modules=tuple(per), mods=mods)
+                  stage_modules=tuple(per), mods=mods, moved=tuple(moved))
 
 
-def _header(plan: StagePlan, graph: CompGraph, what: str) -> list[str]:
-    return [f"# {what}: placement-rl stage plan for graph '{graph.name}' (fingerprint {graph.fingerprint()[:16]})",
-            f"# {plan.num_stages} stage(s), predicted step {plan.meta['step_time']:.6g} s"
+def _stage_of_node(graph: CompGraph, mods: Modules, stage_of: dict[str, int]) -> np.ndarray:
+    """Every node's stage when each module sits whole in ``stage_of[module]``: a node of no module follows its
+    inputs' latest stage, one without inputs (targets, positions) its consumers' earliest."""
+    son = np.zeros(graph.num_nodes, dtype=np.int64)
+    for v in graph.topo_order.tolist():
+        k = mods.key[v]
+        preds = graph.predecessors(v)
+        son[v] = stage_of[k] if k is not None else int(son[preds].max()) if len(preds) else 0
+    for v in graph.topo_order.tolist()[::-1]:
+        succ = graph.successors(v)
+        if mods.key[v] is None and not len(graph.predecessors(v)) and len(succ):
+            son[v] = int(son[succ].min())
+    return son
+
+
+def _snapped_step(plan: StagePlan, graph: CompGraph, lay: Layout, topology: DeviceTopology | None) -> str:
+    """The header's words on a plan ``--snap`` changed: which modules moved, and both plans' predicted step times
+    from the topology's estimates (the plan's own prediction was for the plan as cut)."""
+    from placement_rl.cost import resolve_costs, simulate_pipeline
+
+    names = ", ".join(f"{k} to stage {s}" for k, s in lay.moved[:3]) + (f" and {len(lay.moved) - 3} more"
+                                                                        if len(lay.moved) > 3 else "")
+    said = f"--snap moved {names}"
+    if topology is None:
+        return f"{said}; predicted step not priced (no topology: pass --topology)"
+    stage_of = {k: s for s, ms in enumerate(lay.stage_modules) for k in ms}
+    snapped = replace(plan, stage_of_node=_stage_of_node(graph, lay.mods, stage_of), meta={})
+    try:
+        costs = resolve_costs(graph, topology)
+        before = simulate_pipeline(graph, costs, topology, plan).step_time
+        after = simulate_pipeline(graph, costs, topology, snapped.validate(graph, topology)).step_time
+    except PlacementRLError as exc:
+        return f"{said}; predicted step not priced ({exc})"
+    return f"predicted step {after:.6g} s after {said} (as cut: {before:.6g} s; topology estimates)"
+
+
+def _header(plan: StagePlan, graph: CompGraph, what: str, lay: Layout, topology: DeviceTopology | None) -> list[str]:
+    head = f"# {what}: placement-rl stage plan for graph '{graph.name}' (fingerprint {graph.fingerprint()[:16]})"
+    if lay.moved:
+        return [head, f"# {plan.num_stages} stage(s), {_snapped_step(plan, graph, lay, topology)}"]
+    return [head, f"# {plan.num_stages} stage(s), predicted step {plan.meta['step_time']:.6g} s"
             if isinstance(plan.meta.get("step_time"), (int, float)) else f"# {plan.num_stages} stage(s)"]
 
 
-def to_torchtitan(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> str:
-    """torchtitan job-config TOML (``[parallelism]``, ``[training]``) for ``plan`` (see the module docstring)."""
+def to_torchtitan(plan: StagePlan, graph: CompGraph, *, snap: bool = False,
+                  topology: DeviceTopology | None = None) -> str:
+    """torchtitan job-config TOML (``[parallelism]``, ``[training]``) for ``plan`` (see the module docstring;
+    ``topology`` prices a plan ``snap`` changed)."""
     lay = layout(plan, graph, snap=snap)
     sched = _TITAN_SCHEDULES[plan.schedule]
     if plan.schedule == "zb1p" and lay.virtual == 2 and lay.num_stages > lay.pp:
@@ -136,7 +189,7 @@ def to_torchtitan(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> s
         if parallel_dims(plan).layout == "v":
             sched = "ZBVZeroBubble"
     fsdp = lay.sharding == "fsdp"
-    lines = _header(plan, graph, "torchtitan job config") + [
+    lines = _header(plan, graph, "torchtitan job config", lay, topology) + [
         "# module names are the captured model's (torchtitan's Llama names them tok_embeddings, layers.<i>, norm,",
         "# output); the vocabulary padding below is Megatron's rule, torchtitan shards unevenly instead",
         f"# make_vocab_size_divisible_by = {lay.vocab_divisible_by}",
@@ -163,25 +216,59 @@ def to_torchtitan(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> s
     return "\n".join(lines)
 
 
+def _rotary(key: str) -> bool:
+    """A rotary position embedding (``model.rotary_emb``): no weights, and Megatron-LM computes it in every stage,
+    so it is neither the embedding ``E`` nor a layer."""
+    return "rotary" in key.rsplit(".", 1)[-1]
+
+
 def _megatron_stage(ms: tuple[str, ...], mods: Modules, first: bool, last: bool, k: int) -> str:
     layers = [m for m in ms if m in mods.layer]
-    first = min(mods.order.index(m) for m in mods.layer)
-    pre = [m for m in ms if m not in mods.layer and mods.order.index(m) < first]
-    post = [m for m in ms if m not in mods.layer and m not in pre]
+    first_layer = min(mods.order.index(m) for m in mods.layer)
+    rest = [m for m in ms if m not in mods.layer and not _rotary(m)]
+    pre = [m for m in rest if mods.order.index(m) < first_layer]
+    post = [m for m in rest if m not in pre]
     if pre and not first:
-        raise PlanError(f"stage {k} holds {pre[0]} (before the layers): Megatron-LM keeps the embedding in the first "
-                        "stage")
+        raise PlanError(f"stage {k} holds {pre[0]} (part of the embedding, before the layers): Megatron-LM keeps the "
+                        "whole embedding in the first stage; move the cut after it")
     if post and not last:
         raise PlanError(f"stage {k} holds {post[0]} (after the layers): Megatron-LM keeps the final norm, output layer "
                         "and loss together in the last stage")
+    if not (pre or layers or post):
+        raise PlanError(f"stage {k} holds only {ms[0]} (a rotary embedding, which Megatron-LM computes in every "
+                        "stage): move the cut so that the stage holds a layer")
     out = "E" if pre else ""
     n = len(layers)
     out += "t" * n if n <= 1 else f"t*{n}"
     return out + ("L" if post else "")
 
 
-def to_megatron(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> str:
-    """Megatron-LM command-line arguments for ``plan`` (see the module docstring), one per line."""
+def untied_embeddings(graph: CompGraph) -> bool:
+    """Whether the output layer has weights of its own (not the input embedding's): the model config's
+    ``tie_word_embeddings`` where the graph records it, else the captured graph (a shared weight counts once, at
+    the embedding, so a tied output layer holds at most its bias)."""
+    cfg = (graph.meta.get("hf") or {}).get("config") or {}
+    if isinstance(cfg.get("tie_word_embeddings"), bool):
+        return not cfg["tie_word_embeddings"]
+    emb = [v for v, op in enumerate(graph.op_types) if op == "embedding"]
+    head = [v for v, op in enumerate(graph.op_types) if op == "linear"]
+    return bool(emb and head) and float(graph.param_bytes[head[-1]]) >= float(graph.param_bytes[emb[0]]) > 0
+
+
+def _decoder_note(graph: CompGraph) -> list[str]:
+    """A note where the graph says it is no GPT-style decoder (``pretrain_gpt.py`` trains one)."""
+    hf = graph.meta.get("hf") or {}
+    task = hf.get("task")
+    if not task or task == "causal_lm":
+        return []
+    return [f"# note: graph '{graph.name}' is {hf.get('class') or hf.get('model_type')} ({task}), not a GPT-style "
+            "decoder: the parallel settings carry over, pretrain_gpt.py's model and loss do not"]
+
+
+def to_megatron(plan: StagePlan, graph: CompGraph, *, snap: bool = False,
+                topology: DeviceTopology | None = None) -> str:
+    """Megatron-LM command-line arguments for ``plan`` (see the module docstring), one per line (``topology``
+    prices a plan ``snap`` changed)."""
     if plan.schedule in ("gpipe", "zb1p") and plan.num_stages > 1:
         raise PlanError(f"Megatron-LM runs 1F1B (interleaved with virtual stages), not '{plan.schedule}': plan with "
                         "schedule 1f1b or interleaved1f1b, or export --to torchtitan")
@@ -198,7 +285,7 @@ def to_megatron(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> str
     args += [("--num-layers", len(mods.layer)), ("--micro-batch-size", lay.micro_batch_size),
              ("--global-batch-size", lay.batch_size),
              ("--make-vocab-size-divisible-by", max(lay.vocab_divisible_by, 1))]
-    lines = _header(plan, graph, "Megatron-LM arguments") + [
+    lines = _header(plan, graph, "Megatron-LM arguments", lay, topology) + _decoder_note(graph) + [
         f"# data parallel: {lay.dp} ({'FSDP2' if lay.sharding == 'fsdp' else 'DDP'}); world size "
         f"{lay.dp * lay.pp * lay.tp}; {lay.virtual} virtual stage(s) per pipeline rank; 1F1B"
         + (" interleaved" if lay.virtual > 1 else "")]
@@ -207,6 +294,8 @@ def to_megatron(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> str
     elif lay.recompute == "selective":
         args.append(("--recompute-granularity", "selective"))
     body = [f"{k} {v}" for k, v in args]
+    if untied_embeddings(graph):
+        body.append("--untie-embeddings-and-output-weights")
     if lay.sharding == "fsdp":
         body.append("--use-torch-fsdp2")
     if lay.sequence_parallel:
@@ -229,15 +318,7 @@ def _plan(graph: CompGraph, parts: list[list[str]], *, tp: int, dp: int, pp: int
     missing = [k for k in mods.order if k not in stage_of]
     if missing:
         raise PlanError(f"module '{missing[0]}' of graph '{graph.name}' is in no stage")
-    son = np.zeros(graph.num_nodes, dtype=np.int64)
-    for v in graph.topo_order.tolist():  # a node of no module follows its inputs' latest stage
-        k = mods.key[v]
-        preds = graph.predecessors(v)
-        son[v] = stage_of[k] if k is not None else int(son[preds].max()) if len(preds) else 0
-    for v in graph.topo_order.tolist()[::-1]:  # ... one without inputs (targets, positions) its consumers' earliest
-        succ = graph.successors(v)
-        if mods.key[v] is None and not len(graph.predecessors(v)) and len(succ):
-            son[v] = int(son[succ].min())
+    son = _stage_of_node(graph, mods, stage_of)
     w = dp * tp
     groups = tuple(tuple(range((s % pp) * w, (s % pp + 1) * w)) for s in range(len(parts)))
     return StagePlan(son, groups, num_microbatches=m, schedule=schedule, batch_size=batch, sharding=sharding,
@@ -335,12 +416,13 @@ def from_megatron(text: str, graph: CompGraph) -> StagePlan:
                  sp=bool(a.get("sequence-parallel")))
 
 
-def export_plan(plan: StagePlan, graph: CompGraph, fmt: str, *, snap: bool = False) -> str:
+def export_plan(plan: StagePlan, graph: CompGraph, fmt: str, *, snap: bool = False,
+                topology: DeviceTopology | None = None) -> str:
     """``to_torchtitan`` or ``to_megatron`` by name."""
     if fmt not in FORMATS:
         raise PlanError(f"unknown export format '{fmt}' (choose one of {', '.join(FORMATS)})")
-    return (to_torchtitan if fmt == "torchtitan" else to_megatron)(plan, graph, snap=snap)
+    return (to_torchtitan if fmt == "torchtitan" else to_megatron)(plan, graph, snap=snap, topology=topology)
 
 
 __all__ = ["FORMATS", "Layout", "Modules", "export_plan", "from_megatron", "from_torchtitan", "layout", "modules",
-           "to_megatron", "to_torchtitan"]
+           "to_megatron", "to_torchtitan", "untied_embeddings"]

@@ -411,6 +411,21 @@ def _recompute_field(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def check_interleaved(plan: "StagePlan", stage_group: Sequence[int], groups: int) -> None:
+    """``PlanError`` where an interleaved1f1b plan with more stages than device groups breaks its rules: virtual
+    stage ``k`` on group ``k mod groups`` (``stage_group``: each stage's group) and micro-batches divisible by the
+    groups. The pipeline simulator, deploy and export refuse the same plans."""
+    s, m = plan.num_stages, plan.num_microbatches
+    if plan.schedule != "interleaved1f1b" or s <= groups:
+        return
+    if s % groups or any(stage_group[k] != k % groups for k in range(s)):
+        raise PlanError(f"interleaved1f1b needs virtual stage k on device group k mod {groups} (round-robin, "
+                        f"{groups} groups); got groups {list(stage_group)} for stages 0..{s - 1}")
+    if m % groups:
+        raise PlanError(f"interleaved1f1b needs num_microbatches ({m}) divisible by the number of device groups "
+                        f"({groups})")
+
+
 def graph_batch_size(graph: CompGraph) -> int | None:
     """The batch size a graph was captured at: ``meta["batch_size"]`` (capture records it), else its zoo
     options' ``batch_size``; None when unknown (hand-written and synthetic graphs)."""

@@ -29,6 +29,11 @@ def gpt():
     return capture_zoo("gpt", **GPT)
 
 
+@pytest.fixture(scope="module")
+def llama():
+    return capture_zoo("llama_hf", **dict(zoo.tiny("llama_hf"), vocab_size=96, batch_size=4))
+
+
 def cut_after(g, blocks):
     """Stage of every node when stages end after the given blocks' residual adds (node order = program order)."""
     ends = [max(i for i, p in enumerate(g.module_paths) if p == f"blocks.{b}") + 1 for b in blocks]
@@ -126,9 +131,8 @@ def test_plans_megatron_cannot_run_are_refused_and_a_split_layer_needs_snap(gpt)
         ex.to_megatron(unequal, gpt)
 
 
-def test_llama_modules_round_trip():
-    ov = dict(zoo.tiny("llama_hf"), vocab_size=96, batch_size=4)
-    g = capture_zoo("llama_hf", **ov)
+def test_llama_modules_round_trip(llama):
+    g = llama
     mods = ex.modules(g)
     assert mods.container == "model.model.layers" and mods.order[0] == "model.model.embed_tokens"
     son = np.array([0 if (k is None or k in mods.order[:mods.order.index("model.model.layers.0") + 1]) else 1
@@ -185,3 +189,105 @@ def test_cli_export_and_bad_input_one_line_exit_2(gpt, tmp_path):
         in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     r = cli("mine.json", "--to", "megatron", "--topology", "mine.yaml")
     assert r.returncode == 0, r.stderr
+
+
+def test_megatron_keeps_the_whole_embedding_in_the_first_stage_and_rotary_is_not_the_embedding(gpt, llama):
+    wte_only = np.ones(gpt.num_nodes, dtype=np.int64)
+    wte_only[[gpt.index["arange"], gpt.index["embedding"]]] = 0  # stage 0: wte; stage 1: wpe onwards
+    plan = StagePlan(wte_only, ((0,), (1,)), num_microbatches=2)
+    with pytest.raises(PlanError, match=r"stage 1 holds wpe \(part of the embedding.*first stage"):
+        ex.to_megatron(plan, gpt)
+    mods = ex.modules(llama)
+    son = np.array([0 if k == "model.model.embed_tokens" else 1 for k in mods.key])
+    son[[v for v in range(llama.num_nodes) if mods.key[v] is None and not len(llama.predecessors(v))]] = 0
+    text = ex.to_megatron(StagePlan(son, ((0,), (1,)), num_microbatches=2), llama)
+    assert '--pipeline-model-parallel-layout "E|t*2L"' in text  # rotary_emb, in stage 1, is no embedding
+
+
+def test_interleaved_plans_deploy_refuses_are_refused(gpt):
+    four = cut_after(gpt, [0, 1, 2])
+    for m in (1, 3):
+        plan = StagePlan(four, ((0,), (1,), (0,), (1,)), num_microbatches=m, schedule="interleaved1f1b")
+        for fmt in ex.FORMATS:
+            with pytest.raises(PlanError, match=rf"interleaved1f1b needs num_microbatches \({m}\) divisible by the "
+                                                r"number of device groups \(2\)"):
+                ex.export_plan(plan, gpt, fmt)
+
+
+def test_snap_header_prices_the_snapped_plan(gpt):
+    from placement_rl.cost import resolve_costs, simulate_pipeline
+
+    topo = load_topology("8x_a100_nvswitch")
+    inside = np.zeros(gpt.num_nodes, dtype=np.int64)
+    inside[gpt.index["gelu_1"]:] = 1
+    plan = StagePlan(inside, ((0,), (1,)), num_microbatches=2, meta={"step_time": 123.0})
+    text = ex.to_megatron(plan, gpt, snap=True, topology=topo)
+    snapped = ex.from_megatron(text, gpt)
+    costs = resolve_costs(gpt, topo)
+    want = simulate_pipeline(gpt, costs, topo, snapped).step_time
+    header = text.splitlines()[1]
+    assert f"predicted step {want:.6g} s after --snap moved blocks.1 to stage 0" in header and "123" not in header
+    assert f"as cut: {simulate_pipeline(gpt, costs, topo, plan).step_time:.6g} s" in header
+    assert "not priced (no topology" in ex.to_torchtitan(plan, gpt, snap=True).splitlines()[1]
+    whole = StagePlan(cut_after(gpt, [1]), ((0,), (1,)), num_microbatches=2, meta={"step_time": 123.0})
+    assert "predicted step 123 s" in ex.to_megatron(whole, gpt, snap=True, topology=topo)
+
+
+def test_untied_embeddings_and_a_note_for_models_that_are_no_gpt_decoder(gpt, llama):
+    from dataclasses import replace
+
+    one = np.zeros(gpt.num_nodes, dtype=np.int64)
+    assert "--untie-embeddings-and-output-weights" not in ex.to_megatron(StagePlan(one, ((0,),)), gpt)  # tied
+    son = np.zeros(llama.num_nodes, dtype=np.int64)
+    assert "--untie-embeddings-and-output-weights" in ex.to_megatron(StagePlan(son, ((0,),)), llama)
+    hf = {"class": "BertForMaskedLM", "task": "masked_lm", "config": {"tie_word_embeddings": True}}
+    bert_like = replace(llama, meta={**llama.meta, "hf": hf})
+    text = ex.to_megatron(StagePlan(son, ((0,),)), bert_like)
+    assert "--untie-embeddings-and-output-weights" not in text  # the config's word wins over the graph
+    notes = [x for x in text.splitlines() if x.startswith("# note:")]
+    assert len(notes) == 1 and "BertForMaskedLM (masked_lm), not a GPT-style decoder" in notes[0]
+    assert not any(x.startswith("# note:") for x in ex.to_megatron(StagePlan(one, ((0,),)), gpt).splitlines())
+
+
+@pytest.fixture
+def plan_dir(gpt, tmp_path):
+    gpt.to_json(tmp_path / "graph.json")
+    plans(gpt)["tp2 x pp2 1f1b m2"].to_json(tmp_path / "plan.json", graph=gpt,
+                                           topology=load_topology("8x_a100_nvswitch"))
+    return tmp_path
+
+
+def export_cli(capsys, *args):
+    """(exit code, stdout, stderr lines) of ``placement-rl export`` run in-process."""
+    from placement_rl.cli.export import main
+
+    code = 0
+    try:
+        main([str(a) for a in args])
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, [x for x in err.splitlines() if x.strip()]
+
+
+def test_cli_refuses_an_out_it_cannot_write_before_any_work(plan_dir, capsys):
+    plan = plan_dir / "plan.json"
+    (plan_dir / "file.txt").write_text("x")
+    (plan_dir / "link.txt").symlink_to(plan_dir / "file.txt")
+    before = sorted(p.name for p in plan_dir.iterdir())
+    cases = [(plan_dir, "is a folder: give a file path"), (plan_dir / "file.txt" / "x.txt", "which is not a folder"),
+             (plan_dir / "link.txt", "not a regular file"), ("/dev/null", "not a regular file")]
+    if os.path.isdir("/proc"):
+        cases.append(("/proc/nope/x.txt", "cannot be written"))
+    for out, msg in cases:
+        for plan_arg in (plan, plan_dir / "missing.json"):  # refused before the plan is even read
+            code, _, err = export_cli(capsys, plan_arg, "--to", "megatron", "--out", out)
+            assert code == 2 and len(err) == 1 and "--out" in err[0] and msg in err[0], (out, err)
+    assert sorted(p.name for p in plan_dir.iterdir()) == before
+    code, out, err = export_cli(capsys, plan, "--to", "megatron", "--out", plan_dir / "new" / "args.txt")
+    assert code == 0 and not err and (plan_dir / "new" / "args.txt").is_file()
+
+
+def test_cli_names_a_folder_given_as_the_plan(plan_dir, capsys):
+    code, _, err = export_cli(capsys, plan_dir, "--to", "megatron")
+    assert code == 2 and len(err) == 1 and "is a folder, not a plan file" in err[0], err

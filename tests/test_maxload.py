@@ -398,7 +398,7 @@ def test_unwritable_outputs_are_refused_before_solving(tmp_path, capsys):
 
     path = _write(tmp_path, random_instance(0, n=4))
     (tmp_path / "afile").write_text("")
-    for out, words in ((tmp_path, "is a folder"), (tmp_path / "afile" / "s.json", "cannot be written")):
+    for out, words in ((tmp_path, "is a folder"), (tmp_path / "afile" / "s.json", "which is not a folder")):
         with pytest.raises(SystemExit) as exc:
             main([str(path), "--out", str(out)])
         err = capsys.readouterr()

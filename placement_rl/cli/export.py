@@ -3,8 +3,10 @@ Megatron-LM's arguments (``placement_rl.export``; docs/export.md).
 
 A file conversion with no experiment to configure, so plain flags rather than Hydra overrides:
 ``--graph`` (default: ``graph.json`` beside the plan), ``--topology`` (default: the preset the plan names, needed
-only to read its device names), ``--out`` (default: stdout; written whole or not at all), ``--snap`` (move a module
-the plan splits between stages whole to the stage holding most of its FLOPs). Bad input: one line, exit 2.
+only to read its device names and to price a snapped plan), ``--out`` (default: stdout; written whole or not at
+all, refused before any work when it cannot be written), ``--snap`` (move a module the plan splits between stages
+whole to the stage holding most of its FLOPs). Bad input: one line, exit 2. Notes on what the target trainer will
+not see as planned (``# note:`` lines of the output) also go to stderr when the output goes to ``--out``.
 """
 
 from __future__ import annotations
@@ -34,13 +36,17 @@ def parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> str:
+    from placement_rl.cli.args import check_output_file
     from placement_rl.export import export_plan
     from placement_rl.graph.ir import CompGraph
     from placement_rl.graph.io import atomic_write_text
     from placement_rl.plans import STAGE_PLAN_SCHEMA, StagePlan
     from placement_rl.topology import load_topology
 
+    check_output_file(args.out, "--out")
     path = Path(args.plan)
+    if path.is_dir():
+        raise PlacementRLError(f"{path} is a folder, not a plan file: give the plan.json in it")
     if not path.is_file():
         raise PlacementRLError(f"plan file {path} does not exist")
     try:
@@ -63,9 +69,12 @@ def run(args: argparse.Namespace) -> str:
         raise PlacementRLError(f"{path} was planned on topology '{topo_name}', which is not a preset: pass its YAML "
                                "with --topology <file>") from None
     plan = StagePlan.from_json(path, topology=topology, graph=graph)
-    text = export_plan(plan, graph, args.to, snap=args.snap)
+    text = export_plan(plan, graph, args.to, snap=args.snap, topology=topology)
     if args.out:
-        atomic_write_text(args.out, text)
+        try:
+            atomic_write_text(args.out, text)
+        except OSError as exc:  # checked up front; this is what changed since (a full disk, a folder removed)
+            raise PlacementRLError(f"--out {args.out} cannot be written ({exc.strerror or exc})") from None
     return text
 
 
@@ -79,6 +88,9 @@ def main(argv: list[str] | None = None) -> None:
         fail(str(exc))
         return
     if args.out:
+        for line in text.splitlines():
+            if line.startswith("# note:"):
+                print(line[2:], file=sys.stderr)
         print(f"wrote {args.out} ({args.to})")
     else:
         sys.stdout.write(text)

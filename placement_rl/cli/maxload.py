@@ -20,6 +20,7 @@ import sys
 
 import numpy as np
 
+from placement_rl.cli.args import check_output_file
 from placement_rl.errors import PlacementRLError
 
 USAGE = ("placement-rl maxload INSTANCE.json [--out FILE] [--contiguous] [--seconds S] [--ideals N] [--split FILE] "
@@ -94,28 +95,6 @@ def _loads_line(inst, loads) -> str:
     return ", ".join(parts)
 
 
-def _writable(path: str | None, flag: str) -> None:
-    """Refuse an output path that cannot be written before any work (a folder, under a file, no permission)."""
-    import os
-    import tempfile
-    from pathlib import Path
-
-    if not path:
-        return
-    target = Path(path)
-    if target.is_dir() or path.endswith(("/", "\\")):
-        raise PlacementRLError(f"{flag} {path} is a folder: give a file path")
-    if target.is_symlink() or (target.exists() and not target.is_file()):
-        raise PlacementRLError(f"{flag} {path} is not a regular file (a link, device or pipe): give a file path")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".probe")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise PlacementRLError(f"{flag} {path} cannot be written ({exc.strerror or exc})") from None
-
-
 def _gap(best: float, bound: float) -> str:
     return f"gap {best / bound - 1:.2%}" if bound > 0 else "no bound above 0"
 
@@ -133,8 +112,8 @@ def run(args: argparse.Namespace) -> list[str]:
         raise PlacementRLError(f"--ideals must be at least 2 (got {args.ideals})")
     if args.write_instance and not args.topology:
         raise PlacementRLError("--write-instance needs --topology (it writes the instance made from a graph)")
-    _writable(args.out, "--out")
-    _writable(args.write_instance, "--write-instance")
+    check_output_file(args.out, "--out")
+    check_output_file(args.write_instance, "--write-instance")
     inst = _from_graph(args) if args.topology else read_instance(args.instance)
     lines = [f"instance: {inst.describe()}"]
     if args.write_instance:

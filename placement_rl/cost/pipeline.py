@@ -91,7 +91,7 @@ from placement_rl.cost.simulate import _inverse_bandwidth, _owned, check_costs
 from placement_rl.cost.types import CostTable, Interval, SimResult
 from placement_rl.errors import PlanError, ProfileError, fmt_bytes
 from placement_rl.graph.ir import CompGraph
-from placement_rl.plans import StagePlan, graph_batch_size
+from placement_rl.plans import StagePlan, check_interleaved, graph_batch_size
 from placement_rl.topology import DeviceTopology
 
 PIPELINE_SCHEDULES = {"gpipe": GPIPE, "1f1b": ONE_F_ONE_B, "interleaved1f1b": INTERLEAVED}
@@ -124,13 +124,7 @@ class _Layout:
         if len(used) != len(set(used)):
             raise PlanError("device groups of a stage plan must be identical or disjoint; "
                             f"groups {[list(x) for x in uniq]} partly overlap")
-        if plan.schedule == "interleaved1f1b" and s > g:
-            if s % g or any(self.sgroup[k] != k % g for k in range(s)):
-                raise PlanError(f"interleaved1f1b needs virtual stage k on device group k mod {g} "
-                                f"(round-robin, {g} groups); got groups {self.sgroup.tolist()} for stages 0..{s - 1}")
-            if m % g:
-                raise PlanError(f"interleaved1f1b needs num_microbatches ({m}) divisible by the number of "
-                                f"device groups ({g})")
+        check_interleaved(plan, self.sgroup.tolist(), g)
         sched = PIPELINE_SCHEDULES[plan.schedule] if train else GPIPE  # inference: forwards stream, none waits
         *self.order, ok = schedule_order(s, m, sched, self.sgroup, g)
         if not ok:
