@@ -24,24 +24,37 @@ def _bit(words, k, b):
 
 
 @njit(cache=True, nogil=True)
-def set_comm(words, i, j, src_block, src_cost, cons_ptr, cons_block):
+def set_comm(words, i, j, src_block, src_cost, cons_ptr, cons_block, by_block_ptr, by_block, seen, stamp):
     """The communication a set ``J minus I`` pays on an accelerator: the cost of every source whose output
-    crosses its boundary, once."""
+    crosses its boundary, once. Only the sources in a block of the set or feeding one can cross it (``by_block``:
+    those of each block, CSR); ``seen`` marks the sources looked at with ``stamp`` (unique per call)."""
     total = 0.0
-    for s in range(src_block.shape[0]):
-        b = src_block[s]
-        inside = _bit(words, j, b) & ~_bit(words, i, b) & np.uint64(1)
-        for q in range(cons_ptr[s], cons_ptr[s + 1]):
-            c = cons_block[q]
-            if (_bit(words, j, c) & ~_bit(words, i, c) & np.uint64(1)) != inside:
-                total += src_cost[s]
-                break
+    for w in range(words.shape[1]):
+        bits = words[j, w] & ~words[i, w]
+        t = 0
+        while bits != np.uint64(0):
+            if bits & np.uint64(1):
+                b = w * 64 + t
+                for q in range(by_block_ptr[b], by_block_ptr[b + 1]):
+                    s = by_block[q]
+                    if seen[s] == stamp:
+                        continue
+                    seen[s] = stamp
+                    sb = src_block[s]
+                    inside = _bit(words, j, sb) & ~_bit(words, i, sb) & np.uint64(1)
+                    for qq in range(cons_ptr[s], cons_ptr[s + 1]):
+                        c = cons_block[qq]
+                        if (_bit(words, j, c) & ~_bit(words, i, c) & np.uint64(1)) != inside:
+                            total += src_cost[s]
+                            break
+            bits >>= np.uint64(1)
+            t += 1
     return total
 
 
 @njit(cache=True, nogil=True)
-def _dp_one(words, card, acc, cpu, size, bad, max_size, src_block, src_cost, cons_ptr, cons_block, j, f, choice,
-            sub, ub):
+def _dp_one(words, card, acc, cpu, size, bad, max_size, src_block, src_cost, cons_ptr, cons_block, by_block_ptr,
+            by_block, j, f, choice, sub, ub):
     """Fill ``f[:, :, j]`` and its parents from every ideal inside ``j`` (all filled) whose difference costs at
     most ``ub`` on some device (no set of a split of max-load ``ub`` or less costs more); returns the pairs
     visited. (A scan in index order: visiting only the ideals whose times lie within ``ub``, found by bisection,
@@ -52,6 +65,7 @@ def _dp_one(words, card, acc, cpu, size, bad, max_size, src_block, src_cost, con
     arg = np.full((nc, na), -1, dtype=np.int64)
     kind = np.full((nc, na), -1, dtype=np.int64)
     pairs = 0
+    seen = np.zeros(src_block.shape[0], dtype=np.int64)
     for i in range(j):
         c_cost = cpu[j] - cpu[i]
         base = acc[j] - acc[i]
@@ -71,7 +85,8 @@ def _dp_one(words, card, acc, cpu, size, bad, max_size, src_block, src_cost, con
                 if useful:
                     break
             if useful:
-                a_cost = base + set_comm(words, i, j, src_block, src_cost, cons_ptr, cons_block)
+                a_cost = base + set_comm(words, i, j, src_block, src_cost, cons_ptr, cons_block, by_block_ptr,
+                                         by_block, seen, i + 1)
                 if a_cost > ub:
                     a_cost = INF
         for c in range(nc):
@@ -109,7 +124,7 @@ def _dp_one(words, card, acc, cpu, size, bad, max_size, src_block, src_cost, con
 
 @njit(cache=True, nogil=True, parallel=True)
 def maxload_dp(words, card, acc, cpu, size, bad, max_size, src_block, src_cost, cons_ptr, cons_block,
-               j0, j1, f, choice, sub, ub):
+               by_block_ptr, by_block, j0, j1, f, choice, sub, ub):
     """Fill ``f`` [C + 1, A + 1, K] for ideals ``j0 .. j1 - 1``, all of one size (so none is inside another: they
     are filled in parallel), every smaller one already filled (``f[:, :, 0] = 0``). ``choice``: 0 a CPU core left
     unused, 1 an accelerator left unused, 2 the last set on a CPU core, 3 on an accelerator, ``sub`` its lower
@@ -119,7 +134,7 @@ def maxload_dp(words, card, acc, cpu, size, bad, max_size, src_block, src_cost, 
     pairs = np.zeros(j1 - j0, dtype=np.int64)
     for t in prange(j1 - j0):
         pairs[t] = _dp_one(words, card, acc, cpu, size, bad, max_size, src_block, src_cost, cons_ptr, cons_block,
-                           j0 + t, f, choice, sub, ub)
+                           by_block_ptr, by_block, j0 + t, f, choice, sub, ub)
     return pairs.sum()
 
 

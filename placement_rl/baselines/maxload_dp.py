@@ -55,6 +55,18 @@ def _sources(inst: MaxLoadInstance, blocks: Blocks, pos: np.ndarray):
             np.array(ptr, dtype=np.int64), np.array(cons, dtype=np.int64))
 
 
+def _by_block(src_block: np.ndarray, cons_ptr: np.ndarray, cons: np.ndarray, count: int):
+    """Per block, the sources in it or feeding it (CSR over ``_sources``' numbering): the only ones that can cross
+    the boundary of a set holding the block."""
+    pairs = [(int(b), s) for s, b in enumerate(src_block.tolist())]
+    pairs += [(int(c), s) for s in range(len(src_block)) for c in cons[cons_ptr[s]:cons_ptr[s + 1]].tolist()]
+    pairs = sorted(set(pairs))
+    ptr = np.zeros(count + 1, dtype=np.int64)
+    for b, _ in pairs:
+        ptr[b + 1] += 1
+    return np.cumsum(ptr), np.array([s for _, s in pairs], dtype=np.int64)
+
+
 def _prefix_family(preds: list[int], count: int) -> np.ndarray:
     order, placed = [], 0
     remaining = set(range(count))
@@ -162,8 +174,8 @@ def contiguous_dp(inst: MaxLoadInstance, blocks: Blocks, *, ideal_limit: int = I
         ub = best.max_load * (1 + 1e-9) if best is not None else np.inf
         if not np.isfinite(ub) and fam.members.shape[0] > len(fam.core) + 1:
             lin = _Family(fam.blocks, fam.core, fam.pos, _prefix_family(fam.preds, len(fam.core)), False, fam.preds)
-            ub = _dp_split(inst, lin, None, t0).stats["dp_value"] * (1 + 1e-9)
-        got = _dp_split(inst, fam, progress, t0, ub)
+            ub = _dp_guessing(inst, lin, None, t0).stats["dp_value"] * (1 + 1e-9)
+        got = _dp_split(inst, fam, progress, t0, ub) if np.isfinite(ub) else _dp_guessing(inst, fam, progress, t0)
         pairs += got.stats["ideal_pairs"]
         if got.max_load < np.inf and (best is None or got.max_load < best.max_load):
             best = got
@@ -172,6 +184,30 @@ def contiguous_dp(inst: MaxLoadInstance, blocks: Blocks, *, ideal_limit: int = I
     best.notes[:0] = [note] if note else []
     best.stats.update(ideal_pairs=float(pairs), seconds=time.perf_counter() - t0)
     return best
+
+
+def _dp_guessing(inst: MaxLoadInstance, fam: _Family, progress, t0: float) -> Split:
+    """The dynamic program over one family with no split in hand: with bounds guessed from a lower bound up (x
+    1.25 each time), each run trying only sets that cost no more, until one holds a split (then it is the best:
+    every set of a split under the guess was tried), or the guess passes what any split costs."""
+    blocks, core = fam.blocks, fam.core
+    n_dev = inst.accelerators + inst.cpus
+    ok = (blocks.bad[core] < 0.5) & (blocks.size[core] <= inst.max_size * (1 + 1e-12)) & (inst.accelerators > 0)
+    cheapest = np.minimum(np.where(ok, blocks.acc[core], np.inf), blocks.cpu[core] if inst.cpus else np.inf)
+    top = float(np.maximum(blocks.acc[core], blocks.cpu[core]).sum() + inst.out_cost.sum())  # every split's loads
+    guess = float(max(cheapest.max(initial=0.0), cheapest.sum() / max(n_dev, 1))) if np.isfinite(cheapest).all() \
+        else 0.0
+    guess, pairs = max(guess, top * 1e-3), 0.0
+    while guess < top:
+        got = _dp_split(inst, fam, progress, t0, guess)
+        pairs += got.stats["ideal_pairs"]
+        if np.isfinite(got.stats["dp_value"]):
+            got.stats["ideal_pairs"] = pairs
+            return got
+        guess *= 1.25
+    got = _dp_split(inst, fam, progress, t0, np.inf)
+    got.stats["ideal_pairs"] += pairs
+    return got
 
 
 def _dp_split(inst: MaxLoadInstance, fam: _Family, progress, t0: float, ub: float = np.inf) -> Split:
@@ -184,6 +220,7 @@ def _dp_split(inst: MaxLoadInstance, fam: _Family, progress, t0: float, ub: floa
     acc, cpu, size, bad = (fm @ blocks.acc[core], fm @ blocks.cpu[core], fm @ blocks.size[core],
                            fm @ blocks.bad[core])
     src = _sources(inst, blocks, fam.pos)
+    src = (*src, *_by_block(src[0], src[2], src[3], members.shape[1]))
     k = members.shape[0]
     f = np.full((inst.cpus + 1, inst.accelerators + 1, k), np.inf)
     f[:, :, 0] = 0.0
