@@ -1,15 +1,99 @@
-"""``placement-rl deploy``: run a plan for real (DP x PP job or op-level executor); measured vs predicted."""
+"""``placement-rl deploy``: run a plan for real (DP x PP job or op-level executor); measured vs predicted.
+
+Every argument is checked before anything is written or started (``check_plan_file``, ``check_launch``, the
+plan against its graph and topology, the profile against the graph): bad input is one line, exit 2, and no
+``job/`` folder or ``deploy.json``.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import signal
 import subprocess
+import sys
+import tempfile
+import warnings
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir, write_json
-from placement_rl.errors import ConfigError, ExecutionError
+from placement_rl.errors import ConfigError, ExecutionError, PlanError, ProfileError
 from placement_rl.graph.ir import CompGraph
+
+# integer fields of a stage plan file, which the loader would otherwise refuse without naming them
+_INT_FIELDS = ("num_microbatches", "batch_size", "make_vocab_size_divisible_by")
+_NO_GPU = "the plan's devices are GPUs"  # the start of the executor's warning for a GPU plan run on CPUs
+_CPU_FOR_GPU = ("warning: the plan is for the GPUs of '{topology}' and runs on this machine's CPUs (torch sees no "
+                "CUDA GPU, or device=cpu); the ratio compares a CPU run with the GPU prediction")
+
+
+def check_plan_file(path: str) -> None:
+    """``PlanError`` when ``path`` is no plan file (missing, a folder) or a stage plan's integer field is not one
+    (the field named); the loader checks the rest."""
+    p = Path(path)
+    if p.is_dir():
+        raise PlanError(f"plan '{p}' is a folder, not a plan file: name the plan.json or placement.json in it")
+    if not p.is_file():
+        raise PlanError(f"plan file '{p}' does not exist")
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return  # the loader says what is wrong with the text
+    if not isinstance(data, dict) or data.get("schema") != "placement_rl.stage_plan":
+        return
+    for key in _INT_FIELDS:
+        v = data.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, float) and v.is_integer())):
+            raise PlanError(f"{p}: field '{key}' must be an integer, got {v!r}")
+
+
+def check_launch(plan, *, nnodes: int, node_rank: int | None, rdzv_endpoint: str | None) -> None:
+    """``ConfigError`` when the launch options do not fit ``plan``: several nodes need a stage plan whose
+    process count ``nnodes`` divides, ``rdzv_endpoint='host:port'`` and ``node_rank < nnodes``; one node takes
+    neither of those."""
+    from placement_rl.plans import StagePlan
+
+    if nnodes < 1:
+        raise ConfigError(f"nnodes must be >= 1, got {nnodes}")
+    if nnodes == 1:
+        if rdzv_endpoint is not None or node_rank is not None:
+            raise ConfigError("rdzv_endpoint and node_rank apply to a run over several machines: add nnodes=<n>, "
+                              "or leave them out to run on this machine")
+        return
+    if not isinstance(plan, StagePlan):
+        raise ConfigError(f"an op-level placement runs in one process on this machine: nnodes={nnodes} applies to "
+                          "stage plans (plan.json) only; leave nnodes out")
+    world = int(plan.world_size)
+    if world % nnodes:
+        fits = [n for n in range(1, world + 1) if world % n == 0]
+        raise ConfigError(f"the plan runs {world} processes, which nnodes={nnodes} does not divide (every node "
+                          f"runs as many): use nnodes in {{{', '.join(map(str, fits))}}}")
+    if not rdzv_endpoint:
+        raise ConfigError(f"nnodes={nnodes} needs rdzv_endpoint=host:port (the rendezvous address every node "
+                          "reaches, e.g. the first node's 29500)")
+    host, _, port = str(rdzv_endpoint).rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"rdzv_endpoint '{rdzv_endpoint}' is not host:port (e.g. 10.0.0.1:29500)")
+    if node_rank is not None and not 0 <= int(node_rank) < nnodes:
+        raise ConfigError(f"node_rank {node_rank} is not in 0..{nnodes - 1} (nnodes={nnodes})")
+
+
+def describe_plan(plan) -> str:
+    """``2 stage(s) x DP 2 x TP 2 = 8 processes``; per-stage degrees when the stages differ."""
+    dp, tp = tuple(plan.dp_degrees), tuple(plan.tp) or (1,) * plan.num_stages
+    kind = plan.sharding.upper()
+    if len(set(dp)) == 1 and len(set(tp)) == 1:
+        width = f"{kind} {dp[0]}" + (f" x TP {tp[0]}" if tp[0] > 1 else "")
+        return f"{plan.num_stages} stage(s) x {width} = {plan.world_size} processes"
+    width = f"{kind} per stage {', '.join(map(str, dp))}"
+    if any(t > 1 for t in tp):
+        width += f"; TP per stage {', '.join(map(str, tp))}"
+    return f"{plan.num_stages} stages ({width}) = {plan.world_size} processes"
 
 
 def _graph(cfg: DictConfig) -> CompGraph:
@@ -32,69 +116,158 @@ def _model(graph: CompGraph) -> tuple[str, dict]:
     return str(zoo_name), dict(graph.meta.get("zoo_overrides") or {})
 
 
-def _predict(graph, topology, plan, profile: str | None, costs_file: str | None = None) -> tuple[float, str]:
+def load_profile(path: str, graph: CompGraph, topology):
+    """The ``ProfileDB`` at ``path`` for ``graph`` on ``topology``; ``ProfileError`` (the nodes it lacks named)
+    when it has times for none of the topology's devices, as ``costs.path`` refuses it; a warning line naming
+    the devices priced by the roofline when it covers some only.
+
+    A coarsened graph (``place`` writes one) the profile holds uncoarsened (``profile`` records the captured graph)
+    is priced from its members' times (``ProfileDB.with_coarsened``)."""
+    from placement_rl.profiling import ProfileDB
+
+    db = ProfileDB.load(path).with_coarsened(graph)
+    covered = [d.name for d in topology.devices if db.lookup(graph, d) is not None]
+    if not covered:
+        raise ProfileError(f"{path}: {db.why_no_times(graph, topology)}: profile this graph (`placement-rl profile` "
+                           "with the graph settings the plan was made with), or leave profile out for the roofline")
+    rest = [d.name for d in topology.devices if d.name not in covered]
+    if rest:
+        print(f"warning: profile {path} has no times for devices {', '.join(rest)}: the prediction prices them by "
+              "the roofline", file=sys.stderr)
+    return db
+
+
+def _predict(graph, topology, plan, profile: str | None, costs_file: str | None = None
+             ) -> tuple[float | None, str]:
     """Predicted step time: with a ProfileDB, the executor-aware prediction of ``placement_rl.profiling`` for
     op-level placements (devices sharing one torch device merged, optimizer and step overheads measured), the
-    measured cost table for stage plans; without one, the topology's roofline."""
+    measured cost table for stage plans; without one, the topology's roofline. ``(None, why)`` for a stage plan
+    whose schedule the simulator does not model (the executor still runs it)."""
     from placement_rl.cost import resolve_costs, simulate, simulate_pipeline
+    from placement_rl.cost.pipeline import PIPELINE_SCHEDULES
     from placement_rl.plans import StagePlan
 
+    if isinstance(plan, StagePlan) and plan.schedule not in PIPELINE_SCHEDULES:
+        return None, f"the simulator does not model schedule '{plan.schedule}'"
     if costs_file:  # measured costs from a file (cost.costs_file) price the plan
         from placement_rl.cost.costs_file import load_costs
 
         graph, costs = load_costs(costs_file, graph, topology)
         sim = simulate_pipeline if isinstance(plan, StagePlan) else simulate
         return float(sim(graph, costs, topology, plan).step_time), costs.describe_source(topology.device_names)
-    if profile and not isinstance(plan, StagePlan):
-        from placement_rl.profiling import ProfileDB
+    db = load_profile(profile, graph, topology) if profile else None
+    if db is not None and not isinstance(plan, StagePlan):
         from placement_rl.profiling.fidelity import predict_step_time
 
-        pred = predict_step_time(graph, topology, plan, ProfileDB.load(profile))
+        pred = predict_step_time(graph, topology, plan, db)
         return float(pred.step_time), ", ".join(sorted(set(pred.source)))
-    profiles = None
-    if profile:
-        from placement_rl.profiling import ProfileDB
-
-        profiles = [ProfileDB.load(profile)]
-    costs = resolve_costs(graph, topology, profiles=profiles)
+    costs = resolve_costs(graph, topology, profiles=None if db is None else [db])
     sim = simulate_pipeline if isinstance(plan, StagePlan) else simulate
     return float(sim(graph, costs, topology, plan).step_time), costs.describe_source(topology.device_names)
 
 
+def _gpu_plan_on_cpu(plan, topology, device: str) -> bool:
+    """Whether a stage plan for GPUs will run on this machine's CPUs (no CUDA here, or device=cpu); the op-level
+    executor refuses that (``check_devices``)."""
+    import torch
+
+    from placement_rl.plans import StagePlan
+
+    if not isinstance(plan, StagePlan):
+        return False
+    used = {d for g in plan.stage_devices for d in g}
+    gpus = bool(used) and all(topology.devices[d].kind == "gpu" for d in used)
+    return gpus and (device == "cpu" or not torch.cuda.is_available())
+
+
+def _torchrun(cmd: list[str], *, job_dir: Path, timeout_s: float, endpoint: str | None) -> None:
+    """Run ``cmd`` (torchrun) in its own process group; ``ExecutionError`` when it fails or outlives
+    ``timeout_s`` (its whole group is stopped then). The ranks' output is torchrun's, on this terminal."""
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        if proc.poll() is None:
+            for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+                try:
+                    os.killpg(proc.pid, sig)
+                    proc.wait(timeout=wait)
+                    break
+                except ProcessLookupError:
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+    errors = sorted(str(p) for p in (job_dir / "result").glob("rank*.error.json"))
+    where = (f"; errors the ranks raised: {', '.join(errors)}" if errors
+             else "; torchrun's output (the ranks' too) is above")
+    if code is None:
+        raise ExecutionError(f"torchrun did not finish within {timeout_s:g} s: every node must start the same "
+                             f"deploy with its node_rank and reach the rendezvous at {endpoint}{where}")
+    if code != 0:
+        raise ExecutionError(f"torchrun exited with code {code}{where}")
+
+
 def run(cfg: DictConfig) -> dict:
+    from placement_rl.executor.distributed import DeployConfig
     from placement_rl.plans import StagePlan, load_plan
 
+    check_plan_file(str(cfg.plan))
+    dcfg = DeployConfig(steps=int(cfg.steps), warmup=int(cfg.warmup), lr=float(cfg.lr), device=str(cfg.device),
+                        timeout_s=float(cfg.timeout_s), threads=int(cfg.threads)).validate()
     graph, topology = _graph(cfg), build_topology(cfg.topology, threads=int(cfg.threads))
     plan = load_plan(str(cfg.plan), topology=topology, graph=graph)
     plan.validate(graph, topology)
+    nnodes = int(cfg.nnodes)
+    node_rank = None if cfg.node_rank is None else int(cfg.node_rank)
+    check_launch(plan, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=cfg.rdzv_endpoint)
+    if isinstance(plan, StagePlan):
+        from placement_rl.executor._mesh import parallel_dims
+
+        parallel_dims(plan)  # what the distributed executor runs: one DP degree, a schedule it has, ...
+    else:
+        from placement_rl.executor.local import check_devices
+
+        check_devices(topology)
     model, overrides = _model(graph)
     from placement_rl.cli.costs import costs_path
 
     predicted, source = _predict(graph, topology, plan, cfg.profile, costs_path(cfg))
+    if predicted is None:
+        print(f"note: no predicted step time ({source}); deploying the plan all the same")
+    on_cpu = _gpu_plan_on_cpu(plan, topology, str(cfg.device))
     out = output_dir()
     if isinstance(plan, StagePlan):
-        from placement_rl.executor.distributed import (DeployConfig, build_torchrun_command, collect_results,
-                                                       deploy_stage_plan, prepare_job, DeploySpec)
+        from placement_rl.executor.distributed import (DeploySpec, build_torchrun_command, collect_results,
+                                                       launch_local, prepare_job)
 
-        dcfg = DeployConfig(steps=int(cfg.steps), warmup=int(cfg.warmup), lr=float(cfg.lr), device=str(cfg.device),
-                            timeout_s=float(cfg.timeout_s), threads=int(cfg.threads)).validate()
-        if int(cfg.nnodes) > 1:
-            job = prepare_job([DeploySpec(plan=plan, graph=graph, model=model, overrides=overrides,
-                                          topology=topology)], config=dcfg, job_dir=out / "job")
-            per_node = job.world_size // int(cfg.nnodes)
-            cmd = build_torchrun_command(job.job_dir, nproc_per_node=per_node, nnodes=int(cfg.nnodes),
-                                         node_rank=cfg.node_rank, rdzv_endpoint=cfg.rdzv_endpoint)
+        print(f"deploying {describe_plan(plan)} ({plan.schedule}, {plan.num_microbatches} micro-batches"
+              f"{f' over {nnodes} nodes' if nnodes > 1 else ''}) ...")
+        spec = DeploySpec(plan=plan, graph=graph, model=model, overrides=overrides, topology=topology)
+        # one node: a temporary job directory, kept after a failure (the error names the ranks' logs in it)
+        job_dir = out / "job" if nnodes > 1 else Path(tempfile.mkdtemp(prefix="prl-deploy-"))
+        try:
+            with warnings.catch_warnings():  # said below, in one line, once the plan is accepted
+                warnings.filterwarnings("ignore", message=_NO_GPU, category=RuntimeWarning)
+                job = prepare_job([spec], config=dcfg, job_dir=job_dir)
+        except BaseException:
+            if nnodes == 1:
+                shutil.rmtree(job_dir, ignore_errors=True)
+            raise
+        if on_cpu:
+            print(_CPU_FOR_GPU.format(topology=topology.name), file=sys.stderr)
+        if nnodes > 1:
+            cmd = build_torchrun_command(job.job_dir, nproc_per_node=job.world_size // nnodes, nnodes=nnodes,
+                                         node_rank=node_rank, rdzv_endpoint=cfg.rdzv_endpoint)
             print("running:", " ".join(cmd))
-            try:
-                subprocess.run(cmd, check=True, timeout=float(cfg.timeout_s) + 60)
-            except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-                raise ExecutionError(f"torchrun failed ({exc}); rank logs are in {job.job_dir}") from None
+            print(f"waiting up to {float(cfg.timeout_s) + 60:g} s for {nnodes} nodes at {cfg.rdzv_endpoint}",
+                  flush=True)
+            _torchrun(cmd, job_dir=job.job_dir, timeout_s=float(cfg.timeout_s) + 60, endpoint=str(cfg.rdzv_endpoint))
             result = collect_results(job.job_dir)[0].to_dict()
         else:
-            print(f"deploying {plan.num_stages} stage(s) x {plan.sharding.upper()} {plan.dp_degrees[0]} = "
-                  f"{plan.world_size} processes ({plan.schedule}, {plan.num_microbatches} micro-batches) ...")
-            result = deploy_stage_plan(plan, graph, model=model, overrides=overrides, config=dcfg,
-                                       topology=topology).to_dict()
+            result = launch_local(job)[0].to_dict()
+            shutil.rmtree(job_dir, ignore_errors=True)
         measured = float(result["step_time"])
         kind = "stage_plan"
     else:
@@ -112,12 +285,16 @@ def run(cfg: DictConfig) -> dict:
         result = {"step_time": measured, "step_times": list(map(float, res.step_times)),
                   "peak_memory_per_device": [float(x) for x in res.peak_memory_per_device], "loss": float(res.loss)}
         kind = "placement"
+    ratio = measured / predicted if predicted else None
     report = {"plan": str(cfg.plan), "kind": kind, "graph": graph.name, "topology": topology.name,
               "measured_step_time": measured, "predicted_step_time": predicted, "prediction_source": source,
-              "ratio_measured_to_predicted": measured / predicted if predicted > 0 else None, "result": result}
+              "ratio_measured_to_predicted": ratio, "ran_on_cpu_for_gpus": on_cpu, "result": result}
     write_json(out / "deploy.json", report)
-    print(f"measured {measured * 1e3:.3f} ms per step, predicted {predicted * 1e3:.3f} ms ({source}); "
-          f"ratio {measured / predicted:.2f}")
+    if ratio is None:
+        print(f"measured {measured * 1e3:.3f} ms per step; no prediction ({source})")
+    else:
+        print(f"measured {measured * 1e3:.3f} ms per step, predicted {predicted * 1e3:.3f} ms ({source}); "
+              f"ratio {ratio:.2f}" + (" (a CPU run against the GPU prediction)" if on_cpu else ""))
     print(f"wrote {out / 'deploy.json'}")
     return report
 

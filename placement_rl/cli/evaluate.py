@@ -171,7 +171,7 @@ def run(cfg: DictConfig) -> list[Row]:
             res = (simulate if isinstance(plan, Placement) else simulate_pipeline)(graph, costs, topology, plan)
             extra = (plan, res)
         rows = compare(graph, costs, topology, budget=budget, seed=seed, case=case, placers=placers,
-                       partitioners=parts, objective=objective,
+                       partitioners=parts, num_microbatches=int(cfg.num_microbatches), objective=objective,
                        seconds=seconds, progress=bool(cfg.progress))
         if extra is not None:
             plan, res = extra

@@ -103,11 +103,7 @@ def load_costs(path: str | os.PathLike, graph: CompGraph, topology: DeviceTopolo
         db = ProfileDB.load(path)
         costs = resolve_costs(graph, topology, profiles=db)
         if not any(src.startswith("measured:") for src in costs.source):  # a profile of another graph or host
-            graphs = sorted({str(e.get("name", "?")) for e in db.data["graphs"].values()})
-            raise ProfileError(f"{where}: the profile has no times for graph '{graph.name}' (fingerprint "
-                               f"{graph.fingerprint()}) on any device of topology '{topology.name}' (it holds graph"
-                               f"{'s' if len(graphs) != 1 else ''} {', '.join(graphs) or 'none'} on "
-                               f"{', '.join(db.device_names) or 'no device'}): profile this graph (`placement-rl "
+            raise ProfileError(f"{where}: {db.why_no_times(graph, topology)}: profile this graph (`placement-rl "
                                "profile`), or leave costs.path out for the estimates")
         return graph, costs
     if not isinstance(data, Mapping):

@@ -47,7 +47,7 @@ import shutil
 import statistics
 import tempfile
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -211,8 +211,11 @@ def check_memory(plan: StagePlan, graph: CompGraph, topology: DeviceTopology) ->
     """``PlanError`` naming the device and bytes when the plan does not fit the topology's memory (the cost
     model's memory rule: training state incl. Adam, FSDP shards + gathered unit, in-flight activations)."""
     from placement_rl.cost import resolve_costs
-    from placement_rl.cost.pipeline import PipelineSimulator
+    from placement_rl.cost.pipeline import PIPELINE_SCHEDULES, PipelineSimulator
 
+    if plan.schedule not in PIPELINE_SCHEDULES:  # zb1p: not simulated; its in-flight activations are 1f1b's
+        stacked = len({d for g in plan.stage_devices for d in g}) < sum(len(g) for g in plan.stage_devices)
+        plan = replace(plan, schedule="interleaved1f1b" if stacked else "1f1b")
     res = PipelineSimulator(graph, resolve_costs(graph, topology), topology).run(plan)
     if not res.feasible:
         errs = list(res.meta.get("memory_errors", ()))
@@ -311,7 +314,8 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
 
 def prepare_job(specs: Sequence[DeploySpec], *, config: DeployConfig | None = None,
                 job_dir: str | Path) -> PreparedJob:
-    """Validate every plan and write the job directory the ranks read; no process is started.
+    """Validate every plan and write the job directory the ranks read; no process is started. A plan refused
+    here leaves no job directory behind (unless ``job_dir`` existed before).
 
     All plans of one job run in the same processes, one after the other: they need the same world size.
     """
@@ -319,17 +323,23 @@ def prepare_job(specs: Sequence[DeploySpec], *, config: DeployConfig | None = No
     if not specs:
         raise ConfigError("prepare_job needs at least one plan")
     job = Path(job_dir)
+    created = not job.exists()
     (job / "result").mkdir(parents=True, exist_ok=True)
     parts = []
-    for i, spec in enumerate(specs):
-        dims = prepare_part(spec, part_dir=job / f"part{i}")
-        if parts and dims.world_size != parts[0].world_size:
-            raise PlanError(f"plan #{i} needs {dims.world_size} processes, plan #0 needs {parts[0].world_size}; plans "
-                            "deployed together must have the same world size")
-        parts.append(dims)
-    devices = {_resolve_device(config, s.plan, s.topology) for s in specs}
-    if len(devices) != 1:
-        raise ConfigError("plans deployed together must all run on CPUs or all on GPUs")
+    try:
+        for i, spec in enumerate(specs):
+            dims = prepare_part(spec, part_dir=job / f"part{i}")
+            if parts and dims.world_size != parts[0].world_size:
+                raise PlanError(f"plan #{i} needs {dims.world_size} processes, plan #0 needs "
+                                f"{parts[0].world_size}; plans deployed together must have the same world size")
+            parts.append(dims)
+        devices = {_resolve_device(config, s.plan, s.topology) for s in specs}
+        if len(devices) != 1:
+            raise ConfigError("plans deployed together must all run on CPUs or all on GPUs")
+    except BaseException:
+        if created:  # a refused plan leaves no job directory behind
+            shutil.rmtree(job, ignore_errors=True)
+        raise
     device = devices.pop()
     backend = "nccl" if device == "cuda" else "gloo"
     atomic_write_text(job / "job.json", json.dumps({

@@ -71,6 +71,12 @@ def _torch_devices(topology: DeviceTopology) -> list[torch.device]:
     return out
 
 
+def check_devices(topology: DeviceTopology) -> None:
+    """``ExecutionError`` when a device of ``topology`` is a CUDA GPU and this machine has none (before a run
+    starts: ``run_placement`` would refuse it)."""
+    _torch_devices(topology)
+
+
 def node_devices(graph: CompGraph, placement: Placement | Sequence[int], topology: DeviceTopology) -> dict[str, int]:
     """Original op name -> device index (through ``members`` for a coarsened graph)."""
     p = placement if isinstance(placement, Placement) else Placement(placement)

@@ -263,6 +263,62 @@ class ProfileDB:
                 return fwd, bwd
         return None
 
+    def member_entry(self, graph: CompGraph) -> dict[str, Any] | None:
+        """For a coarsened ``graph``: the entry that recorded every member (the captured graph ``profile``
+        measures), or None."""
+        if graph.members is None:
+            return None
+        wanted = {m for grp in graph.members for m in grp}
+        return next((e for e in self.data["graphs"].values() if wanted <= set(e["nodes"])), None)
+
+    def with_coarsened(self, graph: CompGraph) -> "ProfileDB":
+        """This profile with an entry of its own for a coarsened ``graph`` it holds only uncoarsened (``place``
+        writes the coarsened graph, ``profile`` records the captured one): a group's times are the sums of its
+        members', the whole step and optimizer times the model's. Itself where nothing is to add."""
+        entry = None if self.graph_entry(graph) is not None else self.member_entry(graph)
+        if entry is None:
+            return self
+        assert graph.members is not None
+        wanted = {m for grp in graph.members for m in grp}
+        times = {dev: {name: [sum(t[m][0] for m in grp), 0.0, sum(t[m][2] for m in grp), 0.0,
+                              min(t[m][4] for m in grp)] for name, grp in zip(graph.names, graph.members)}
+                 for dev, t in entry["times"].items() if wanted <= set(t)}
+        if not times:  # the members' entry names the nodes it lacks (``why_no_times``)
+            return self
+        own = {"name": graph.name, "nodes": list(graph.names), "signatures": [], "times": times,
+               "step": dict(entry["step"]), "optimizer": dict(entry.get("optimizer", {}))}
+        return ProfileDB(self.path, device_map=self.device_map,
+                         data={**self.data, "graphs": {**self.data["graphs"], graph.fingerprint(): own}})
+
+    def missing_nodes(self, graph: CompGraph, device_name: str) -> list[str] | None:
+        """For messages: the nodes of ``graph`` (for a coarsened graph, its members) the entry recorded for it
+        has no times for on ``device_name`` (empty: none missing), or None when no entry holds the graph."""
+        entry = self.graph_entry(graph)
+        wanted = list(graph.names) if entry is not None else None
+        if entry is None and graph.members is not None:
+            wanted = [m for grp in graph.members for m in grp]
+            entry = self.member_entry(graph)
+        if entry is None or wanted is None:
+            return None
+        times = entry["times"].get(device_name, {})
+        return [n for n in wanted if n not in times]
+
+    def why_no_times(self, graph: CompGraph, topology: DeviceTopology, *, show: int = 3) -> str:
+        """For messages: why ``lookup`` finds no times for ``graph`` on ``topology``'s devices -- the nodes
+        it lacks (the first ``show`` named) on the profiled device they resolve to, else the graphs and devices
+        the profile holds."""
+        for dev in topology.devices:
+            name = self.resolve_device(dev)
+            missing = self.missing_nodes(graph, name) if name is not None else None
+            if missing:
+                more = f", ... ({len(missing)} in all)" if len(missing) > show else ""
+                return (f"the profile lacks times for {len(missing)} node{'s' if len(missing) != 1 else ''} of "
+                        f"graph '{graph.name}' on device '{name}' ({', '.join(missing[:show])}{more})")
+        graphs = sorted({str(e.get("name", "?")) for e in self.data["graphs"].values()})
+        return (f"the profile has no times for graph '{graph.name}' (fingerprint {graph.fingerprint()}) on any "
+                f"device of topology '{topology.name}' (it holds graph{'s' if len(graphs) != 1 else ''} "
+                f"{', '.join(graphs) or 'none'} on {', '.join(self.device_names) or 'no device'})")
+
     # ------------------------------------------------------------------ links
     def put_link(self, src: str, dst: str, backend: str, sizes: Sequence[float], times: Sequence[float],
                  latency: float, bandwidth: float) -> None:

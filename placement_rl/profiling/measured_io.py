@@ -21,6 +21,10 @@ def read_measurements(path: str | Path) -> tuple[list[str], object | None]:
     from placement_rl.profiling import neusight, pipedream, sailor, vidur
 
     p = Path(path)
+    if p.is_dir():
+        raise ProfileError(f"measurement file '{p}' is a folder: name one file in it")
+    if not p.exists():
+        raise ProfileError(f"measurement file '{p}' does not exist")
     name = p.name
     if name.endswith(".graph.txt"):
         prof = pipedream.read_profile(p)
