@@ -34,9 +34,14 @@ def _read_json(path_or_str: str | os.PathLike, what: str) -> dict[str, Any]:
     where = what
     if isinstance(path_or_str, os.PathLike) or not str(path_or_str).lstrip().startswith("{"):
         p = Path(path_or_str)
+        if p.is_dir():
+            raise PlanError(f"{what} '{p}' is a folder, not a {what} file: name the plan.json or placement.json in it")
         if not p.is_file():
             raise PlanError(f"{what} file '{p}' does not exist")
-        where, text = str(p), p.read_text()
+        try:
+            where, text = str(p), p.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PlanError(f"{what} file '{p}' cannot be read as text ({exc})") from None
     else:
         text = str(path_or_str)
     try:
@@ -46,6 +51,12 @@ def _read_json(path_or_str: str | os.PathLike, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise PlanError(f"{where}: top level must be a JSON object")
     return data
+
+
+def read_plan_file(path: str | os.PathLike) -> dict[str, Any]:
+    """The JSON object of a plan file (``PlanError`` naming a missing file, a folder, text that is no JSON object),
+    before a topology or graph is at hand to load it."""
+    return _read_json(Path(path), "plan")
 
 
 def _check_schema(data: Mapping[str, Any], schema: str) -> None:
@@ -369,6 +380,11 @@ class StagePlan:
                   graph: CompGraph | None = None) -> "StagePlan":
         data = _read_json(path_or_str, "stage plan")
         _check_schema(data, STAGE_PLAN_SCHEMA)
+        for key in ("num_microbatches", "batch_size", "make_vocab_size_divisible_by"):
+            v = data.get(key)
+            if v is not None and (isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, float)
+                                                                                      and v.is_integer()))):
+                raise PlanError(f"stage plan JSON field '{key}' must be an integer, got {v!r}")
         groups = data.get("stage_devices")
         if not isinstance(groups, list) or not all(isinstance(g, list) for g in groups):
             raise PlanError("stage plan JSON needs 'stage_devices': a list of lists of device names")

@@ -119,20 +119,24 @@ def test_a_plan_refused_by_prepare_job_leaves_no_job_folder(gpt, tmp_path):
 
 # ---------------------------------------------------------------------------------------------- plan file
 def test_plan_file_folder_missing_and_bad_field_are_named(gpt, tmp_path):
-    from placement_rl.cli.deploy import check_plan_file
+    from placement_rl.plans import load_plan
 
-    folder, _, _ = gpt
+    folder, _, topo = gpt
     with pytest.raises(PlanError, match="is a folder, not a plan file"):
-        check_plan_file(str(folder))
+        load_plan(str(folder))
     with pytest.raises(PlanError, match="does not exist"):
-        check_plan_file(str(tmp_path / "nope.json"))
+        load_plan(str(tmp_path / "nope.json"))
     data = json.loads((folder / "plan.json").read_text())
     data["num_microbatches"] = "two"
     bad = tmp_path / "m_str.json"
     bad.write_text(json.dumps(data))
     with pytest.raises(PlanError, match=r"field 'num_microbatches' must be an integer, got 'two'"):
-        check_plan_file(str(bad))
-    check_plan_file(str(folder / "plan.json"))
+        load_plan(str(bad))
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(PlanError, match="cannot be read as text"):
+        load_plan(str(binary))
+    load_plan(str(folder / "plan.json"), topology=load_topology(str(topo)))
 
 
 def test_the_header_counts_per_stage_dp_and_tp():

@@ -1,13 +1,12 @@
 """``placement-rl deploy``: run a plan for real (DP x PP job or op-level executor); measured vs predicted.
 
-Every argument is checked before anything is written or started (``check_plan_file``, ``check_launch``, the
-plan against its graph and topology, the profile against the graph): bad input is one line, exit 2, and no
+Every argument is checked before anything is written or started (the plan file, ``check_launch``, the plan
+against its graph and topology, the profile against the graph): bad input is one line, exit 2, and no
 ``job/`` folder or ``deploy.json``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -20,36 +19,12 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir, write_json
-from placement_rl.errors import ConfigError, ExecutionError, PlanError, ProfileError
+from placement_rl.errors import ConfigError, ExecutionError, ProfileError
 from placement_rl.graph.ir import CompGraph
 
-# integer fields of a stage plan file, which the loader would otherwise refuse without naming them
-_INT_FIELDS = ("num_microbatches", "batch_size", "make_vocab_size_divisible_by")
 _NO_GPU = "the plan's devices are GPUs"  # the start of the executor's warning for a GPU plan run on CPUs
 _CPU_FOR_GPU = ("warning: the plan is for the GPUs of '{topology}' and runs on this machine's CPUs (torch sees no "
                 "CUDA GPU, or device=cpu); the ratio compares a CPU run with the GPU prediction")
-
-
-def check_plan_file(path: str) -> None:
-    """``PlanError`` when ``path`` is no plan file (missing, a folder) or a stage plan's integer field is not one
-    (the field named); the loader checks the rest."""
-    p = Path(path)
-    if p.is_dir():
-        raise PlanError(f"plan '{p}' is a folder, not a plan file: name the plan.json or placement.json in it")
-    if not p.is_file():
-        raise PlanError(f"plan file '{p}' does not exist")
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return  # the loader says what is wrong with the text
-    if not isinstance(data, dict) or data.get("schema") != "placement_rl.stage_plan":
-        return
-    for key in _INT_FIELDS:
-        v = data.get(key)
-        if v is None:
-            continue
-        if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, float) and v.is_integer())):
-            raise PlanError(f"{p}: field '{key}' must be an integer, got {v!r}")
 
 
 def check_launch(plan, *, nnodes: int, node_rank: int | None, rdzv_endpoint: str | None) -> None:
@@ -211,9 +186,9 @@ def _torchrun(cmd: list[str], *, job_dir: Path, timeout_s: float, endpoint: str 
 
 def run(cfg: DictConfig) -> dict:
     from placement_rl.executor.distributed import DeployConfig
-    from placement_rl.plans import StagePlan, load_plan
+    from placement_rl.plans import StagePlan, load_plan, read_plan_file
 
-    check_plan_file(str(cfg.plan))
+    read_plan_file(str(cfg.plan))  # a missing file, a folder, no JSON: said before the graph is built
     dcfg = DeployConfig(steps=int(cfg.steps), warmup=int(cfg.warmup), lr=float(cfg.lr), device=str(cfg.device),
                         timeout_s=float(cfg.timeout_s), threads=int(cfg.threads)).validate()
     graph, topology = _graph(cfg), build_topology(cfg.topology, threads=int(cfg.threads))

@@ -12,7 +12,6 @@ not see as planned (``# note:`` lines of the output) also go to stderr when the 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -40,20 +39,13 @@ def run(args: argparse.Namespace) -> str:
     from placement_rl.export import export_plan
     from placement_rl.graph.ir import CompGraph
     from placement_rl.graph.io import atomic_write_text
-    from placement_rl.plans import STAGE_PLAN_SCHEMA, StagePlan
+    from placement_rl.plans import STAGE_PLAN_SCHEMA, StagePlan, read_plan_file
     from placement_rl.topology import load_topology
 
     check_output_file(args.out, "--out")
     path = Path(args.plan)
-    if path.is_dir():
-        raise PlacementRLError(f"{path} is a folder, not a plan file: give the plan.json in it")
-    if not path.is_file():
-        raise PlacementRLError(f"plan file {path} does not exist")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise PlacementRLError(f"{path} is not JSON ({exc})") from None
-    if not isinstance(data, dict) or data.get("schema") != STAGE_PLAN_SCHEMA:
+    data = read_plan_file(path)
+    if data.get("schema") != STAGE_PLAN_SCHEMA:
         raise PlacementRLError(f"{path} is not a stage plan (schema '{STAGE_PLAN_SCHEMA}'); export takes a pipeline "
                                "plan.json, not an op-level placement")
     gpath = Path(args.graph) if args.graph else path.parent / "graph.json"
