@@ -23,7 +23,7 @@ def _better(a_max, a_sq, b_max, b_sq):
 
 
 @njit(cache=True, nogil=True)
-def _score(objective, device, n_acc, n_dev, acc, cpu, edges, out_cost):
+def score_split(objective, device, n_acc, n_dev, acc, cpu, edges, out_cost):
     """(objective, tie-break) of a split: max-load and the sum of squared loads, or latency and the sum of finish
     times."""
     if objective == LATENCY:
@@ -64,7 +64,7 @@ def _move_group(grp, n_g, s, dev_block, device, ptr, nodes, n_acc, n_dev, acc, c
             continue
         for z in range(n_g):
             _assign(grp[z], d, dev_block, device, ptr, nodes)
-        m, q = _score(objective, device, n_acc, n_dev, acc, cpu, edges, out_cost)
+        m, q = score_split(objective, device, n_acc, n_dev, acc, cpu, edges, out_cost)
         counter[0] += 1
         if _better(m, q, cur[0], cur[1]):
             cur[0], cur[1] = m, q
@@ -91,7 +91,7 @@ def local_search(dev_block, best_block, best, ptr, nodes, aptr, adj, n_acc, n_de
     for b in range(nb):
         _assign(b, dev_block[b], dev_block, device, ptr, nodes)
         mem[dev_block[b]] += bsize[b]
-    cur = np.array(_score(objective, device, n_acc, n_dev, acc, cpu, edges, out_cost))
+    cur = np.array(score_split(objective, device, n_acc, n_dev, acc, cpu, edges, out_cost))
     counter = np.zeros(1, dtype=np.int64)
     grp = np.empty(nb, dtype=np.int64)
     while counter[0] < max_evals and stall[0] < patience:
@@ -151,6 +151,6 @@ def local_search(dev_block, best_block, best, ptr, nodes, aptr, adj, n_acc, n_de
                     mem[s0] -= need
                     mem[d] += need
                     _assign(grp[z], d, dev_block, device, ptr, nodes)
-        cur[0], cur[1] = _score(objective, device, n_acc, n_dev, acc, cpu, edges, out_cost)
+        cur[0], cur[1] = score_split(objective, device, n_acc, n_dev, acc, cpu, edges, out_cost)
         counter[0] += 1
     return counter[0]

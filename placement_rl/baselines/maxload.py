@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from placement_rl.baselines._maxload_kernel import device_loads
-from placement_rl.baselines._maxload_search import MAXLOAD, _score, local_search
+from placement_rl.baselines._maxload_search import MAXLOAD, local_search, score_split
 from placement_rl.baselines.maxload_blocks import Blocks, blocks_of, precedence
 from placement_rl.errors import GraphError
 from placement_rl.graph.maxload_file import MaxLoadInstance
@@ -97,8 +97,8 @@ def improve(inst: MaxLoadInstance, blocks: Blocks, start: Split, *, seconds: flo
 def search_blocks(inst: MaxLoadInstance, blocks: Blocks, start: np.ndarray, n_dev: int, objective: int, *,
                   seconds: float, seed: int = 0) -> tuple[np.ndarray, dict[str, float]]:
     """The local search of ``improve`` for ``objective`` (``_maxload_search.MAXLOAD`` over ``n_dev`` devices, or
-    ``LATENCY`` with the CPUs as device ``n_dev - 1``) from the split ``start`` (device per node): the best split found (device per
-    node) and its figures."""
+    ``LATENCY`` with the CPUs as device ``n_dev - 1``) from the split ``start`` (device per node): the best split
+    found (device per node) and its figures."""
     t0 = time.perf_counter()
     nb = blocks.count
     edges = _sorted_edges(inst)
@@ -112,8 +112,8 @@ def search_blocks(inst: MaxLoadInstance, blocks: Blocks, start: np.ndarray, n_de
     dev_block = np.empty(nb, dtype=np.int64)
     dev_block[blocks.block] = start
     best_block = dev_block.copy()
-    best = np.array(_score(objective, start.astype(np.int64), inst.accelerators, n_dev, inst.acc, inst.cpu, edges,
-                           inst.out_cost))
+    best = np.array(score_split(objective, start.astype(np.int64), inst.accelerators, n_dev, inst.acc, inst.cpu,
+                                edges, inst.out_cost))
     scored, chunk, calls, stall = 0, 200, 0, np.zeros(1, dtype=np.int64)
     patience = PATIENCE * nb * n_dev
     while time.perf_counter() - t0 < seconds and stall[0] < patience:  # chunks of about 0.2 s
