@@ -158,8 +158,22 @@ class Placement:
         if any(not isinstance(x, int) or isinstance(x, bool) or not 0 <= x < len(names) for x in dev):
             raise PlanError(f"'device_of_node' entries must be integers in [0, {len(names)})")
         mapping = _device_map(names, topology, "placement")
-        p = Placement(mapping[np.array(dev, dtype=np.int64)] if dev else np.zeros(0, np.int64),
-                      meta=data.get("meta") or {})
+        device = mapping[np.array(dev, dtype=np.int64)] if dev else np.zeros(0, np.int64)
+        nodes = data.get("nodes")
+        if nodes is not None and (not isinstance(nodes, list) or len(nodes) != len(dev)
+                                  or not all(isinstance(x, str) for x in nodes) or len(set(nodes)) != len(nodes)):
+            raise PlanError("placement JSON field 'nodes' must name each node once, one per entry of "
+                            "'device_of_node'")
+        if graph is not None and nodes is not None and nodes != list(graph.names):  # the names say the order
+            index = {x: v for v, x in enumerate(graph.names)}
+            other = next((x for x in nodes if x not in index), None)
+            if other is not None or len(nodes) != graph.num_nodes:
+                raise PlanError(f"placement names node {other!r} (of {len(nodes)}), which graph '{graph.name}' ("
+                                f"{graph.num_nodes} nodes) does not have: it was made for another graph")
+            ordered = np.empty_like(device)
+            ordered[[index[x] for x in nodes]] = device
+            device = ordered
+        p = Placement(device, meta=data.get("meta") or {})
         if graph is not None:
             _check_graph(data, graph, "placement", len(dev))
             if topology is not None:

@@ -42,6 +42,24 @@ def test_placement_json_round_trip(g, topo, tmp_path) -> None:
     assert [flipped.devices[d].name for d in again.device_of_node] == ["gpu0", "gpu1", "gpu3", "gpu3", "gpu2", "gpu0"]
 
 
+def test_placement_nodes_listed_in_another_order_keep_their_devices(g, topo) -> None:
+    """A placement file says which node each entry is (``nodes``): entries in another order mean the same
+    placement; a name the graph lacks or a name given twice is refused."""
+    p = Placement([0, 1, 3, 3, 2, 0])
+    data = json.loads(p.to_json(graph=g, topology=topo))
+    order = [5, 2, 0, 4, 1, 3]
+    data["nodes"] = [data["nodes"][v] for v in order]
+    data["device_of_node"] = [data["device_of_node"][v] for v in order]
+    back = Placement.from_json(json.dumps(data), topology=topo, graph=g)
+    np.testing.assert_array_equal(back.device_of_node, p.device_of_node)
+    data["nodes"][0] = "elsewhere"
+    with pytest.raises(PlanError, match="names node 'elsewhere'"):
+        Placement.from_json(json.dumps(data), topology=topo, graph=g)
+    data["nodes"][0] = data["nodes"][1]
+    with pytest.raises(PlanError, match="must name each node once"):
+        Placement.from_json(json.dumps(data), topology=topo, graph=g)
+
+
 def test_stage_plan_json_round_trip(g, topo, tmp_path) -> None:
     plan = StagePlan(stage_of_node=[0, 0, 1, 1, 2, 2], stage_devices=[(0, 1), (2,), (3,)], num_microbatches=4,
                      schedule="gpipe", batch_size=16).validate(g, topo)
