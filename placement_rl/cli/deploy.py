@@ -194,6 +194,7 @@ def run(cfg: DictConfig) -> dict:
     graph, topology = _graph(cfg), build_topology(cfg.topology, threads=int(cfg.threads))
     plan = load_plan(str(cfg.plan), topology=topology, graph=graph)
     plan.validate(graph, topology)
+    model, overrides = _model(graph)  # a graph deploy cannot build is said before what it would run on
     nnodes = int(cfg.nnodes)
     node_rank = None if cfg.node_rank is None else int(cfg.node_rank)
     check_launch(plan, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=cfg.rdzv_endpoint)
@@ -205,7 +206,6 @@ def run(cfg: DictConfig) -> dict:
         from placement_rl.executor.local import check_devices
 
         check_devices(topology)
-    model, overrides = _model(graph)
     from placement_rl.cli.costs import costs_path
 
     predicted, source = _predict(graph, topology, plan, cfg.profile, costs_path(cfg))
