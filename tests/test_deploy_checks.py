@@ -278,3 +278,17 @@ def test_evaluate_single_case_passes_num_microbatches(tmp_path, monkeypatch):
     rows = evaluate.run(OmegaConf.create(cfg))
     plans = [r.plan for r in rows if r.placer == "pp_uniform"]
     assert plans and plans[0].num_microbatches == 2
+
+
+def test_a_long_op_level_deploy_says_how_far_it_is(capsys, monkeypatch):
+    """``deploy`` of a placement prints a step line at most every 10 s (never the last step)."""
+    import time
+
+    from placement_rl.cli.deploy import _every
+
+    clock = iter([0.0, 4.0, 11.0, 12.0, 25.0, 40.0])
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    progress = _every(10.0)
+    for done in range(1, 6):
+        progress(done, 5)
+    assert capsys.readouterr().out.splitlines() == ["  step 2/5 (11 s)", "  step 4/5 (25 s)"]

@@ -66,7 +66,10 @@ def test_coarsened_placement_maps_through_members(topo):
 def test_run_placement_trains_and_reports(topo):
     module, inputs = zoo.build("mlp", **CASES["mlp"])
     graph = capture(module, inputs, name="mlp")
-    res = run_placement(module, inputs, graph, np.arange(graph.num_nodes) % 2, topo, steps=3, warmup=1)
+    seen = []
+    res = run_placement(module, inputs, graph, np.arange(graph.num_nodes) % 2, topo, steps=3, warmup=1,
+                        progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]  # after every step, warm-up included
     assert len(res.step_times) == 3 and res.median_step_time == pytest.approx(np.median(res.step_times))
     assert len(res.losses) == 4 and res.losses[-1] < res.losses[0]  # Adam steps lower the loss
     assert res.loss == pytest.approx(reference(module, inputs)[0], abs=1e-5)

@@ -155,6 +155,22 @@ def _gpu_plan_on_cpu(plan, topology, device: str) -> bool:
     return gpus and (device == "cpu" or not torch.cuda.is_available())
 
 
+def _every(seconds: float):
+    """A ``progress(done, total)`` that prints a line at most every ``seconds`` (long measurements say how far)."""
+    import time
+
+    start = last = time.perf_counter()
+
+    def progress(done: int, total: int) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        if now - last >= seconds and done < total:
+            last = now
+            print(f"  step {done}/{total} ({now - start:.0f} s)", flush=True)
+
+    return progress
+
+
 def _torchrun(cmd: list[str], *, job_dir: Path, timeout_s: float, endpoint: str | None) -> None:
     """Run ``cmd`` (torchrun) in its own process group; ``ExecutionError`` when it fails or outlives
     ``timeout_s`` (its whole group is stopped then). The ranks' output is torchrun's, on this terminal."""
@@ -255,7 +271,7 @@ def run(cfg: DictConfig) -> dict:
         module, inputs = zoo.build(model, **overrides)
         print(f"running the op-level placement on {topology.name} ({int(cfg.steps)} steps) ...")
         res = run_placement(module, inputs, graph, plan, topology, steps=int(cfg.steps), warmup=int(cfg.warmup),
-                            lr=float(cfg.lr), time_limit_s=float(cfg.timeout_s))
+                            lr=float(cfg.lr), time_limit_s=float(cfg.timeout_s), progress=_every(10.0))
         measured = float(res.median_step_time)
         result = {"step_time": measured, "step_times": list(map(float, res.step_times)),
                   "peak_memory_per_device": [float(x) for x in res.peak_memory_per_device], "loss": float(res.loss)}

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -274,7 +274,8 @@ def _cpu_memory(placed: PlacedProgram, optimizer: str) -> np.ndarray:
 def run_placement(module: torch.nn.Module, inputs: Sequence[Any], graph: CompGraph,
                   placement: Placement | Sequence[int], topology: DeviceTopology, *, steps: int = 5,
                   warmup: int = 1, optimizer: str = "adam", lr: float = 1e-3, time_limit_s: float | None = None,
-                  program: Program | None = None, clock: str = "wall") -> LocalRunResult:
+                  program: Program | None = None, clock: str = "wall",
+                  progress: Callable[[int, int], None] | None = None) -> LocalRunResult:
     """Run ``warmup + steps`` real training steps of the placed program; time the last ``steps``.
 
     ``clock``: ``"wall"`` (devices synchronised around each step) or ``"thread"`` (CPU seconds of this
@@ -282,6 +283,7 @@ def run_placement(module: torch.nn.Module, inputs: Sequence[Any], graph: CompGra
 
     ``time_limit_s`` bounds the whole measurement (checked after each step): over it,
     ``MeasurementTimeout`` (an ``ExecutionError``) is raised. ``program``: a cached ``export_program``.
+    ``progress(done, total)`` is called after each step, warm-up steps included.
     """
     if optimizer not in OPTIMIZERS:
         raise ExecutionError(f"unknown optimizer '{optimizer}' (choose one of {', '.join(OPTIMIZERS)})")
@@ -300,7 +302,7 @@ def run_placement(module: torch.nn.Module, inputs: Sequence[Any], graph: CompGra
     t_start = time.perf_counter()
     try:
         return _run(module, inputs, graph, p, topology, steps=steps, warmup=warmup, optimizer=optimizer, lr=lr,
-                    time_limit_s=time_limit_s, program=program, t_start=t_start, now=now)
+                    time_limit_s=time_limit_s, program=program, t_start=t_start, now=now, progress=progress)
     except torch.cuda.OutOfMemoryError as exc:
         torch.cuda.empty_cache()
         raise ExecutionError(f"CUDA out of memory running the placement ({str(exc).splitlines()[0]}); "
@@ -308,7 +310,7 @@ def run_placement(module: torch.nn.Module, inputs: Sequence[Any], graph: CompGra
 
 
 def _run(module, inputs, graph, placement, topology, *, steps, warmup, optimizer, lr, time_limit_s, program,
-         t_start, now) -> LocalRunResult:
+         t_start, now, progress=None) -> LocalRunResult:
     placed = PlacedProgram(module, inputs, graph, placement, topology, program=program)
     devices = placed.devices
     params = placed.trainable()
@@ -318,6 +320,8 @@ def _run(module, inputs, graph, placement, topology, *, steps, warmup, optimizer
         torch.cuda.reset_peak_memory_stats(d)
 
     def check_time() -> None:
+        if progress is not None:
+            progress(len(losses), warmup + steps)
         if time_limit_s is not None and time.perf_counter() - t_start > time_limit_s:
             raise MeasurementTimeout(f"measurement of placement exceeded its time limit of {time_limit_s:g} s "
                                      f"({time.perf_counter() - t_start:.1f} s elapsed); raise the limit or use a "
