@@ -4,7 +4,7 @@ Both validate against a graph and a topology (``PlanError`` naming the problem) 
 JSON stores device *names*, so a plan loaded against a topology that lacks a device fails clearly. Written with
 its graph, a plan also stores the graph's name and ``fingerprint()``; loaded with a graph, it is refused for any
 other graph, even one with as many nodes (files without a fingerprint, written before plans carried one, are
-checked by ``validate`` alone).
+checked by ``validate`` alone). The file checks are ``placement_rl.plan_files``'.
 """
 
 from __future__ import annotations
@@ -12,90 +12,21 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from placement_rl.errors import PlanError
+from placement_rl.plan_files import VERSION, check_graph, check_schema, device_map, read_json
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.graph.ir import CompGraph
 from placement_rl.topology import DeviceTopology
 
 PLACEMENT_SCHEMA = "placement_rl.placement"
 STAGE_PLAN_SCHEMA = "placement_rl.stage_plan"
-VERSION = 1
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "zb1p")
 SHARDINGS = ("dp", "fsdp")  # replicate each stage (DDP) or shard it over its DP group (FSDP2 / ZeRO-3)
 RECOMPUTE = ("none", "selective", "full")  # activation recomputation per stage (``placement_rl.cost.recompute``)
-
-
-def _read_json(path_or_str: str | os.PathLike, what: str) -> dict[str, Any]:
-    where = what
-    if isinstance(path_or_str, os.PathLike) or not str(path_or_str).lstrip().startswith("{"):
-        p = Path(path_or_str)
-        if p.is_dir():
-            raise PlanError(f"{what} '{p}' is a folder, not a {what} file: name the plan.json or placement.json in it")
-        if not p.is_file():
-            raise PlanError(f"{what} file '{p}' does not exist")
-        try:
-            where, text = str(p), p.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise PlanError(f"{what} file '{p}' cannot be read as text ({exc})") from None
-    else:
-        text = str(path_or_str)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PlanError(f"{where}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    if not isinstance(data, dict):
-        raise PlanError(f"{where}: top level must be a JSON object")
-    return data
-
-
-def read_plan_file(path: str | os.PathLike) -> dict[str, Any]:
-    """The JSON object of a plan file (``PlanError`` naming a missing file, a folder, text that is no JSON object),
-    before a topology or graph is at hand to load it."""
-    return _read_json(Path(path), "plan")
-
-
-def _check_schema(data: Mapping[str, Any], schema: str) -> None:
-    if data.get("schema") != schema:
-        raise PlanError(f"field 'schema' is {data.get('schema')!r}, expected '{schema}'")
-    if data.get("version") != VERSION:
-        raise PlanError(f"unknown {schema} version {data.get('version')!r} (this release reads {VERSION})")
-    if not isinstance(data.get("meta") or {}, dict):
-        raise PlanError(f"field 'meta' must be a JSON object, got {data.get('meta')!r}")
-
-
-def _check_graph(data: Mapping[str, Any], graph: CompGraph, what: str, num_nodes: int) -> None:
-    """A plan file names the graph it was made for by ``graph_fingerprint``: refuse it for any other graph, even
-    one with as many nodes (its node indices would silently mean other ops). Files without one (written before
-    plans carried it, or without a graph) are checked by ``validate`` alone."""
-    fp = data.get("graph_fingerprint")
-    if fp is None:
-        return
-    if not isinstance(fp, str):
-        raise PlanError(f"{what} JSON field 'graph_fingerprint' must be a string, got {fp!r}")
-    if fp != graph.fingerprint():
-        raise PlanError(f"{what} was made for graph '{data.get('graph')}' (fingerprint {fp}, {num_nodes} nodes), "
-                        f"not this one: graph '{graph.name}' has fingerprint {graph.fingerprint()} "
-                        f"({graph.num_nodes} nodes); give the graph it was made for (the graph.json written beside "
-                        "it), or make a new plan")
-
-
-def _device_map(names: Sequence[str], topology: DeviceTopology | None, what: str) -> np.ndarray:
-    """Indices into ``topology.devices`` of the device names stored in a plan file."""
-    if topology is None:
-        return np.arange(len(names), dtype=np.int64)
-    have = {d.name: i for i, d in enumerate(topology.devices)}
-    out = []
-    for nm in names:
-        if not isinstance(nm, str) or nm not in have:
-            raise PlanError(f"{what} uses device '{nm}' which topology '{topology.name}' lacks "
-                            f"(devices: {', '.join(topology.device_names)})")
-        out.append(have[nm])
-    return np.array(out, dtype=np.int64)
 
 
 @dataclass(frozen=True, eq=False)
@@ -150,14 +81,14 @@ class Placement:
     @staticmethod
     def from_json(path_or_str: str | os.PathLike, *, topology: DeviceTopology | None = None,
                   graph: CompGraph | None = None) -> "Placement":
-        data = _read_json(path_or_str, "placement")
-        _check_schema(data, PLACEMENT_SCHEMA)
+        data = read_json(path_or_str, "placement")
+        check_schema(data, PLACEMENT_SCHEMA)
         names, dev = data.get("devices"), data.get("device_of_node")
         if not isinstance(names, list) or not isinstance(dev, list):
             raise PlanError("placement JSON needs lists 'devices' and 'device_of_node'")
         if any(not isinstance(x, int) or isinstance(x, bool) or not 0 <= x < len(names) for x in dev):
             raise PlanError(f"'device_of_node' entries must be integers in [0, {len(names)})")
-        mapping = _device_map(names, topology, "placement")
+        mapping = device_map(names, topology, "placement")
         device = mapping[np.array(dev, dtype=np.int64)] if dev else np.zeros(0, np.int64)
         nodes = data.get("nodes")
         if nodes is not None and (not isinstance(nodes, list) or len(nodes) != len(dev)
@@ -175,7 +106,7 @@ class Placement:
             device = ordered
         p = Placement(device, meta=data.get("meta") or {})
         if graph is not None:
-            _check_graph(data, graph, "placement", len(dev))
+            check_graph(data, graph, "placement", len(dev))
             if topology is not None:
                 p.validate(graph, topology)
         return p
@@ -392,8 +323,8 @@ class StagePlan:
     @staticmethod
     def from_json(path_or_str: str | os.PathLike, *, topology: DeviceTopology | None = None,
                   graph: CompGraph | None = None) -> "StagePlan":
-        data = _read_json(path_or_str, "stage plan")
-        _check_schema(data, STAGE_PLAN_SCHEMA)
+        data = read_json(path_or_str, "stage plan")
+        check_schema(data, STAGE_PLAN_SCHEMA)
         for key in ("num_microbatches", "batch_size", "make_vocab_size_divisible_by"):
             v = data.get(key)
             if v is not None and (isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, float)
@@ -406,7 +337,7 @@ class StagePlan:
         if not isinstance(stages, list) or any(not isinstance(x, int) or isinstance(x, bool) for x in stages):
             raise PlanError("stage plan JSON needs 'stage_of_node': a list of integer stage ids")
         if topology is not None:
-            idx_groups = [tuple(_device_map([str(x) for x in g], topology, "stage plan").tolist()) for g in groups]
+            idx_groups = [tuple(device_map([str(x) for x in g], topology, "stage plan").tolist()) for g in groups]
         else:
             names = [str(x) for g in groups for x in g]
             bad = next((x for x in names if not x.removeprefix("dev").isdigit()), None)
@@ -427,7 +358,7 @@ class StagePlan:
         except (TypeError, ValueError, OverflowError) as exc:
             raise PlanError(f"stage plan JSON has an invalid field ({exc})") from None
         if graph is not None:
-            _check_graph(data, graph, "stage plan", len(stages))
+            check_graph(data, graph, "stage plan", len(stages))
             if topology is not None:
                 plan.validate(graph, topology)
         return plan
@@ -468,7 +399,7 @@ def graph_batch_size(graph: CompGraph) -> int | None:
 def load_plan(path: str | os.PathLike, *, topology: DeviceTopology | None = None,
               graph: CompGraph | None = None) -> Placement | StagePlan:
     """Load a ``placement.json`` or a ``plan.json`` (dispatch on its schema)."""
-    data = _read_json(path, "plan")
+    data = read_json(path, "plan")
     if data.get("schema") == STAGE_PLAN_SCHEMA:
         return StagePlan.from_json(path, topology=topology, graph=graph)
     if data.get("schema") == PLACEMENT_SCHEMA:

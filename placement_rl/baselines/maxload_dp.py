@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from placement_rl.baselines._maxload_kernel import maxload_dp
-from placement_rl.baselines.maxload import Split, evaluate
+from placement_rl.baselines.maxload import Split, evaluate, lower_bound
 from placement_rl.baselines.maxload_blocks import Blocks, merge_pendants
 from placement_rl.errors import GraphError
 from placement_rl.graph.ideals import enumerate_ideals_masks
@@ -191,13 +191,9 @@ def _dp_guessing(inst: MaxLoadInstance, fam: _Family, progress, t0: float) -> Sp
     1.25 each time), each run trying only sets that cost no more, until one holds a split (then it is the best:
     every set of a split under the guess was tried), or the guess passes what any split costs."""
     blocks, core = fam.blocks, fam.core
-    n_dev = inst.accelerators + inst.cpus
-    ok = (blocks.bad[core] < 0.5) & (blocks.size[core] <= inst.max_size * (1 + 1e-12)) & (inst.accelerators > 0)
-    cheapest = np.minimum(np.where(ok, blocks.acc[core], np.inf), blocks.cpu[core] if inst.cpus else np.inf)
     top = float(np.maximum(blocks.acc[core], blocks.cpu[core]).sum() + inst.out_cost.sum())  # every split's loads
-    guess = float(max(cheapest.max(initial=0.0), cheapest.sum() / max(n_dev, 1))) if np.isfinite(cheapest).all() \
-        else 0.0
-    guess, pairs = max(guess, top * 1e-3), 0.0
+    guess = lower_bound(inst, blocks)  # a start only: above the optimum, the first run just prunes less
+    guess, pairs = max(guess if np.isfinite(guess) else 0.0, top * 1e-3), 0.0
     while guess < top:
         got = _dp_split(inst, fam, progress, t0, guess)
         pairs += got.stats["ideal_pairs"]

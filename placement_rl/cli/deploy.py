@@ -202,7 +202,8 @@ def _torchrun(cmd: list[str], *, job_dir: Path, timeout_s: float, endpoint: str 
 
 def run(cfg: DictConfig) -> dict:
     from placement_rl.executor.distributed import DeployConfig
-    from placement_rl.plans import StagePlan, load_plan, read_plan_file
+    from placement_rl.plan_files import read_plan_file
+    from placement_rl.plans import StagePlan, load_plan
 
     read_plan_file(str(cfg.plan))  # a missing file, a folder, no JSON: said before the graph is built
     dcfg = DeployConfig(steps=int(cfg.steps), warmup=int(cfg.warmup), lr=float(cfg.lr), device=str(cfg.device),

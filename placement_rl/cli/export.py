@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> str:
     from placement_rl.export import export_plan
     from placement_rl.graph.ir import CompGraph
     from placement_rl.graph.io import atomic_write_text
-    from placement_rl.plans import STAGE_PLAN_SCHEMA, StagePlan, read_plan_file
+    from placement_rl.plan_files import read_plan_file
+    from placement_rl.plans import STAGE_PLAN_SCHEMA, StagePlan
     from placement_rl.topology import load_topology
 
     check_output_file(args.out, "--out")
