@@ -84,8 +84,8 @@ def _init(graph: CompGraph, costs: CostTable, topology: DeviceTopology, names: S
 
     small = synthetic.sample("layered", num_nodes=48, seed=0)
     small_costs = resolve_costs(small, topology)
-    for name in names:
-        _one(small, small_costs, topology, (name, 0.01, 0), objective=objective)
+    for name in names:  # a search that refuses this graph (``exhaustive``) is told apart here, not a dead worker
+        _one(small, small_costs, topology, (name, 0.01, 0), objective=objective, refusals=True)
     fit(Problem(small, small_costs, topology, budget=1, seed=0),
         np.arange(small.num_nodes, dtype=np.int64) % topology.num_devices)
     _PROBLEM = (graph, costs, topology, budget, objective)
