@@ -178,13 +178,14 @@ def test_bad_options_are_graph_errors() -> None:
         coarsen.coarsen("graph.json")  # type: ignore[arg-type]
 
 
-def test_5000_nodes_under_two_seconds() -> None:
+def test_5000_nodes_in_seconds() -> None:
+    """A guard against a quadratic step (about 0.5 s here; the figure is the benchmark's), loose for a loaded CI."""
     g = synthetic.sample("layered", num_nodes=5000, seed=0)
     g.topo_order  # noqa: B018 - CSR/topological caches are the graph's, not coarsening's
     t0 = time.perf_counter()
     c = coarsen.coarsen(g)
     coarsen.coarsen(g, max_nodes=50)
-    assert time.perf_counter() - t0 < 2.0
+    assert time.perf_counter() - t0 < 10.0
     _assert_conserved(g, c)
 
 

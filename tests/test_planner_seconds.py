@@ -41,7 +41,7 @@ def test_exact_out_of_seconds_keeps_its_best_plan_and_says_it_is_not_exhaustive(
     assert full.meta["exhaustive"] and full.meta["configurations_searched"] == full.meta["configurations"]
     t0 = time.perf_counter()
     cut = baselines.get_pipeline("exact")(g, c, topo, budget=10**9, seed=0, seconds=1e-4)
-    assert time.perf_counter() - t0 < full.meta["search_seconds"] + 1.0
+    assert time.perf_counter() - t0 < full.meta["search_seconds"] + 2.0
     assert cut.meta["exhaustive"] is False and cut.meta["configurations_searched"] < full.meta["configurations"]
     assert cut.meta["step_time"] >= full.meta["step_time"] * (1 - 1e-9)  # less searched, never better
 
