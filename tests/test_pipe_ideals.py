@@ -148,3 +148,38 @@ def test_ideal_enumeration_equals_brute_force_on_random_dags(seed):
         closed.sort(key=lambda m: (bin(m).count("1"), m))
         assert _ideal_masks(preds, n, limit=1 << n) == closed
         assert _ideal_masks(preds, n, limit=len(closed) - 1) is None
+
+
+def test_exact_moves_cuts_where_the_simulator_disagrees_with_its_objective(tmp_path):
+    """An 8-layer MLP captured at operator level (18 nodes) on 3 A100s and a T4, 4 micro-batches: the analytic
+    objective's best 4-stage cuts simulate 1.8225 ms and ``exact`` returned a 3-stage plan of 1.782 ms, while
+    ``pp_exhaustive`` (every contiguous plan) found 1.7056 ms; the cuts moved by the simulator reach it."""
+    import torch
+    import torch.nn.functional as F
+
+    from placement_rl.cost import resolve_costs
+    from placement_rl.graph import capture
+    from placement_rl.topology import load_topology
+
+    class MLP(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ls = torch.nn.ModuleList([torch.nn.Linear(2048, 2048) for _ in range(8)])
+
+        def forward(self, x):
+            for lin in self.ls:
+                x = F.gelu(lin(x))
+            return x.pow(2).mean()
+
+    torch.manual_seed(0)
+    graph = capture.capture(MLP(), (torch.randn(64, 2048),))
+    (tmp_path / "t.yaml").write_text(
+        "name: one_slow\ndevices:\n  - {name: fast, count: 3, kind: gpu, model: A100 SXM4 80GB, host: 0}\n"
+        "  - {name: slow, count: 1, kind: gpu, model: T4, host: 0}\n"
+        "links:\n  intra_host: {bandwidth: 16.0e+9, latency: 1.0e-5}\n")
+    topo = load_topology(str(tmp_path / "t.yaml"))
+    costs = resolve_costs(graph, topo)
+    best = baselines.get_pipeline("pp_exhaustive")(graph, costs, topo, budget=10**6, seed=0)
+    plan = baselines.get_pipeline("exact")(graph, costs, topo, budget=10**5, seed=0)
+    assert plan.meta["refine_moves"] > 0 and plan.meta["refined_configurations"] > 0
+    assert plan.meta["step_time"] <= best.meta["step_time"] * (1 + 1e-9)

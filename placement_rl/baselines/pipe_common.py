@@ -223,6 +223,10 @@ class PipeProblem:
         self._step[key] = float(res.step_time)
         return s
 
+    def scored_items(self) -> list[tuple[tuple, Score]]:
+        """Every plan simulated so far as (its cache key, its score): ``pipe_refine`` climbs from the best."""
+        return list(self._scored.items())
+
     def best_of(self, cands: Iterable[Plan]) -> Plan:
         """The best simulated candidate (in the given order while the budget and seconds last; else the first);
         ``cands`` may be an iterator (made as they are scored)."""

@@ -37,7 +37,8 @@ With tensor parallelism (``pipe_tp``; TP degree per stage, TP groups inside a ho
 in one TP group, DP across hosts), ``megatron`` (TP within a host, PP across hosts, DP for the rest) and
 ``exact`` (every pp x dp x tp x micro-batch count x sharding, cuts by Alpa's dynamic program; see its limits), and
 ``exact`` also searches the full stage-plan space (``pipe_ideals``: stages any ideal differences of the DAG, any
-device group per stage, any subset of the devices; a DP over ideals, exact for time per sample).
+device group per stage, any subset of the devices; a DP over ideals, exact for time per sample); its best
+configurations' cuts are then moved while the simulator prefers it (``pipe_refine``).
 
 ``objective`` (every partitioner): ``step`` (default: the simulated step time) or ``throughput`` (steady-state time
 per batch, ``cost.throughput``): candidates are ranked by it. ``seconds`` (every partitioner): a wall-clock budget
@@ -139,7 +140,6 @@ def fsdp(pp: PipeProblem) -> Plan:
 
 def hybrid(pp: PipeProblem) -> Plan:
     """Every ``pp x dp <= D`` on the fastest devices (a prime D or a slow device need not force a shape)."""
-    n, d = pp.n, pp.d
     cands = _replicated(pp, "dp") + _replicated(pp, "fsdp")  # pp = 1 first: never worse than dp / fsdp
     rest = _hybrid_shapes(pp, device_counts(pp))
     if not cands and not rest:  # nothing over every device fits the batch: fewer devices
@@ -250,14 +250,19 @@ def pp_exhaustive(pp: PipeProblem) -> Plan:
 def exact(pp: PipeProblem) -> Plan:
     """The full stage-plan space (``pipe_ideals``: any ideal differences as stages, any device group per stage,
     any subset of devices) plus the DP x TP x PP configurations of ``pipe_tp.exact``; the best simulated plan
-    (by ``pp.objective``) wins, ties going to ``pipe_tp.exact``'s plan."""
+    (by ``pp.objective``) wins, ties going to ``pipe_tp.exact``'s plan; then the cuts of the best configurations'
+    plans moved while the simulator prefers it (``pipe_refine``)."""
     from placement_rl.baselines.pipe_ideals import ideal_candidates
+    from placement_rl.baselines.pipe_refine import refine
 
     cands, info = ideal_candidates(pp)
     head = pp.best_of([c for _, c in cands[:1]]) if cands else None  # the DP's best is simulated whatever the budget
     legacy = pipe_tp.exact(pp)
     pp.extra_meta = {**pp.extra_meta, **info}
-    return pp.best_of([legacy] + ([head] if head else []) + [c for _, c in cands[1:]])
+    best = pp.best_of([legacy] + ([head] if head else []) + [c for _, c in cands[1:]])
+    climbed, moved = refine(pp)  # the cuts the simulator prefers near the best configurations' plans
+    pp.extra_meta.update(moved)
+    return best if climbed is None else pp.best_of([best, climbed])
 
 
 PARTITIONERS: dict[str, Callable[[PipeProblem], Plan]] = {
