@@ -154,3 +154,24 @@ def test_memory_messages_show_small_sizes():
 
     assert fmt_bytes(10) == "10 B" and fmt_bytes(1536) == "1.50 KiB" and fmt_bytes(3 * 2**20) == "3.00 MiB"
     assert fmt_bytes(2.5 * 2**30) == "2.50 GiB"
+
+
+def test_a_zero_byte_edge_across_devices_still_orders_its_ends() -> None:
+    """An edge of no bytes (``make_graph``'s default) sends nothing, but its consumer starts after its producer:
+    on two devices the forward was x [0, 1] and y [0, 2] side by side (forward 2.0, below the lower bound)."""
+    from placement_rl.baselines.bounds import lower_bound
+    from placement_rl.cost.schedule import ScheduleState
+
+    g = graph(2, [(0, 1, 0.0)])
+    costs = table([1.0, 2.0], [1.0, 1.0])
+    topo = topology()
+    res = simulate(g, costs, topo, [0, 1], timeline=True)
+    fwd = {iv.label: iv for iv in res.timeline if iv.kind == "fwd"}
+    assert fwd["n1"].start == pytest.approx(fwd["n0"].end) and res.meta["forward_time"] == pytest.approx(3.0)
+    assert not [iv for iv in res.timeline if iv.kind == "transfer"]  # nothing sent forward
+    assert res.step_time >= lower_bound(g, costs, topo).value * (1 - 1e-12)
+    state = ScheduleState(g, costs, topo)  # the constructive env's kernels: the same times
+    for d in (0, 1):
+        state.features()
+        state.place([d])
+    assert state.finish()[0] == pytest.approx(res.step_time, rel=1e-12)

@@ -66,7 +66,8 @@ def fwd_place(v, dv, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, link_up
     """Schedule node ``v``'s forward op on device ``dv`` (its predecessors are scheduled; ``dev[v]`` is set).
 
     An input crossing devices is sent when its first consumer there is scheduled, carrying that edge's bytes;
-    a later consumer on the same device that needs more of the tensor (a larger edge) sends the rest then.
+    a later consumer on the same device that needs more of the tensor (a larger edge) sends the rest then. An edge
+    of zero bytes sends nothing, but its consumer still starts after its producer's finish.
     """
     nd = dev_free.shape[0]
     ready = 0.0
@@ -91,8 +92,8 @@ def fwd_place(v, dv, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, link_up
                 mem[dv] += b - have
                 if record:
                     _record(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, 2, link, st, t, u)
-            else:
-                t = arrive[slot]
+            else:  # sent already; or nothing to send (a zero-byte edge): it still waits for its producer
+                t = arrive[slot] if arrive[slot] > finish[u] else finish[u]
         if t > ready:
             ready = t
     st = dev_free[dv] if dev_free[dv] > ready else ready
@@ -138,8 +139,8 @@ def fwd_candidates(v, dev, pred_ptr, pred_idx, pred_eid, edge_bytes, fwd, link_u
                     scratch[du] = t
                     nb += b - have
                     lb += have
-                else:
-                    t = arrive[slot]
+                else:  # as ``fwd_place``: a zero-byte edge still waits for its producer
+                    t = arrive[slot] if arrive[slot] > finish[u] else finish[u]
                     lb += b
             if t > ready:
                 ready = t
