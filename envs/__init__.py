@@ -23,11 +23,11 @@ __all__ = ["ENV_IDS", "EnvConfig", "GraphSource", "ObsLayout", "OneShotConfig", 
            "PipelineConfig", "PipelineEnv", "PlacementConfig", "PlacementEnv", "RewardSource", "SimulatedReward",
            "Task"]
 
-# Episodes of PlacementEnv and PipelineEnv end by construction (passes x nodes, nodes - 1 + stages steps),
-# so only the one-step env gets a time limit.
+# Every episode ends by construction (one step; passes x nodes; nodes - 1 + stages steps; nodes), so none gets a
+# time limit (one of a step marked the one-step env's natural end truncated too).
 ENV_IDS = {
     "placement_rl/PlacementEnv-v0": ("placement_rl.envs.placement:PlacementEnv", None),
-    "placement_rl/OneShotPlacementEnv-v0": ("placement_rl.envs.oneshot:OneShotPlacementEnv", 1),
+    "placement_rl/OneShotPlacementEnv-v0": ("placement_rl.envs.oneshot:OneShotPlacementEnv", None),
     "placement_rl/PipelineEnv-v0": ("placement_rl.envs.pipeline:PipelineEnv", None),
     "placement_rl/ConstructivePlacementEnv-v0": ("placement_rl.envs.constructive:ConstructivePlacementEnv", None),
 }

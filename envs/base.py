@@ -15,6 +15,7 @@ Every environment takes the same construction arguments (all keyword-only)::
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
@@ -29,10 +30,25 @@ from placement_rl.envs.features import ObsBuffer, ObsLayout, static_features
 from placement_rl.envs.graph_source import CostFn, GraphSource, Task
 from placement_rl.envs.reward import RewardSource
 
-__all__ = ["BaseEnv", "EnvConfig", "node_memory"]
+__all__ = ["BaseEnv", "EnvConfig", "action_index", "node_memory"]
 
 DEFAULT_GRAPH = "synthetic:layered"
 DEFAULT_TOPOLOGY = "4x_v100_nvlink"
+def action_index(action: Any, space: gym.spaces.Discrete) -> int:
+    """An action of a ``Discrete`` space as an int (a Python or NumPy integer, or a one-element array); anything
+    outside the space is a one-line ``ConfigError`` (an index past it used to be folded onto a device in silence)."""
+    try:
+        arr = np.asarray(action)
+        a = int(arr.reshape(()))
+        exact = arr.dtype.kind in "iub" or float(arr.reshape(())) == a
+    except (TypeError, ValueError):
+        raise ConfigError(f"an action of {space} is one integer, got {action!r}") from None
+    if not exact or not space.start <= a < space.start + space.n:
+        raise ConfigError(f"action {action!r} is outside the action space {space} (integers {space.start}.."
+                          f"{space.start + space.n - 1})")
+    return a
+
+
 def node_memory(task: Task) -> np.ndarray:
     """Bytes a node pins on its device whatever the placement (``placement_rl.cost.memory.static_memory``).
     The simulator adds received buffers, which depend on the placement, so it may still say infeasible.
@@ -181,17 +197,18 @@ class BaseEnv(gym.Env):
         rank = (0 if feasible else 1, float(step_time))
         old = self._best.get(task_key)
         if old is None or rank < old[0]:
-            self._best[task_key] = (rank, value)
+            self._best[task_key] = (rank, copy.deepcopy(value))
             old = self._best[task_key]
-        return old[0][1], old[1]
+        return old[0][1], copy.deepcopy(old[1])  # the caller's to change: the env's own stays as it was
 
     def _obs(self) -> dict[str, np.ndarray]:
         return self.buf.observation(copy=self.config.copy_obs)
 
     def _fold_device(self, action: Any) -> int:
-        """An action index as a real device: indices of padded devices wrap around (``a mod D``)."""
+        """An action index as a real device: indices of padded devices (inside the action space) wrap around
+        (``a mod D``); one outside the space is refused (``action_index``)."""
         assert self.state is not None
-        return int(action) % self.state.task.topology.num_devices
+        return action_index(action, self.action_space) % self.state.task.topology.num_devices
 
     def render(self) -> str | None:
         if self.render_mode != "ansi" or self.state is None:

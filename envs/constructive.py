@@ -46,6 +46,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from placement_rl.envs.base import action_index
 from placement_rl.envs.constructive_task import NUM_NODE_FEATURES, ConstructiveTask
 from placement_rl.envs.graph_source import GraphSource
 from placement_rl.cost.schedule import DEFAULT_WINDOW, NUM_DEVICE_FEATURES, ScheduleState
@@ -116,9 +117,12 @@ class ConstructivePlacementEnv(gym.Env):
         return self._obs(), {"reference": task.reference, "graph": g.name, "topology": task.topology.name}
 
     def step(self, action: Any):
-        assert self.state is not None and self.task is not None, "call reset() first"
         st = self.state
-        st.place(int(action) % st.topology.num_devices)  # padded indices wrap; a memory-masked device is allowed
+        if st is None or self.task is None or st.done:
+            raise ConfigError("call reset() before step()" if st is None else
+                              "the episode has ended (every node is placed): call reset() before step()")
+        # padded indices (inside the action space) wrap; a memory-masked device is allowed
+        st.place(action_index(action, self.action_space) % st.topology.num_devices)
         if not st.done:
             return self._obs(), 0.0, False, False, {}
         time = float(st.finish()[0])

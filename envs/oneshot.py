@@ -56,7 +56,8 @@ class OneShotPlacementEnv(BaseEnv):
     A task drawn with the env's RNG; nothing placed.
 
     ## Episode End
-    Terminates after the one step (registered with ``max_episode_steps=1``).
+    Terminates after the one step (``terminated``; no time limit: a ``TimeLimit`` of one step marked every
+    episode truncated as well).
 
     ## Arguments
     ``graph``, ``topology``, ``cost_fn``, ``reward_source``, ``config`` / options of ``OneShotConfig`` (see

@@ -15,7 +15,7 @@ from placement_rl.cost.pipeline import PIPELINE_SCHEDULES, PipelineSimulator
 from placement_rl.errors import ConfigError
 from placement_rl.plans import RECOMPUTE, SHARDINGS, StagePlan, graph_batch_size
 
-from placement_rl.envs.base import BaseEnv, EnvConfig, TaskState, node_memory
+from placement_rl.envs.base import BaseEnv, EnvConfig, TaskState, action_index, node_memory
 from placement_rl.envs.graph_source import Task
 from placement_rl.envs.pipeline_options import CUT, DP, MB, RC, RC_ACTIONS, SHARD, TP, PlanOptionPhases
 from placement_rl.envs.reward import final_reward
@@ -236,6 +236,7 @@ class PipelineEnv(PlanOptionPhases, BaseEnv):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         st = self._new_task()
+        self._done = False
         n = st.task.graph.num_nodes
         self.stage = np.full(n, -1, dtype=np.int64)
         self._order = st.task.graph.topo_order
@@ -274,8 +275,10 @@ class PipelineEnv(PlanOptionPhases, BaseEnv):
 
     def step(self, action: Any):
         st = self.state
-        if st is None:
-            raise ConfigError("call reset() before step()")
+        if st is None or self._done:
+            raise ConfigError("call reset() before step()" if st is None else
+                              "the episode has ended (the plan is simulated): call reset() before step()")
+        action = action_index(action, self.action_space)
         if self._phase[0] == CUT:
             node = int(self._order[self._pos])
             cut = int(action) % 2 == 1 and self._num_stages < self._max_stages
@@ -381,6 +384,7 @@ class PipelineEnv(PlanOptionPhases, BaseEnv):
         self.buf.device_mask.fill(0)
         info = self._info()
         best_time, best_plan = self._record_best(res.feasible, value, plan)
+        self._done = True
         info.update(step_time=res.step_time, feasible=res.feasible, plan=plan, best_plan=best_plan,
                     best_step_time=best_time, objective_value=value)
         return self._obs(), float(reward), True, False, info

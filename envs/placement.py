@@ -151,8 +151,9 @@ class PlacementEnv(BaseEnv):
 
     def step(self, action: Any):
         st = self.state
-        if st is None:
-            raise ConfigError("call reset() before step()")
+        if st is None or self._k >= self._order.shape[0]:
+            raise ConfigError("call reset() before step()" if st is None else
+                              "the episode has ended (every node is placed): call reset() before step()")
         i = int(self._order[self._k])
         a = self._fold_device(action)
         old = int(self.devices[i])

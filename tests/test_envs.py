@@ -398,3 +398,51 @@ def test_maskable_ppo_accepts_the_env(cls, graph, topo):
     action, _ = model.predict(env.reset(seed=0)[0], action_masks=env.action_masks(), deterministic=True)
     mask = env.action_masks().reshape(-1, 3) if cls is OneShotPlacementEnv else env.action_masks()[None]
     assert all(mask[i, a] for i, a in enumerate(np.atleast_1d(action)))
+
+
+# ---------------------------------------------------------------- contract
+@pytest.mark.parametrize("env_id", list(envs.ENV_IDS))
+def test_actions_outside_the_space_and_steps_out_of_an_episode_are_one_line_errors(env_id, graph, topo):
+    """An index past the action space (99 of ``Discrete(3)``, -1) was folded onto a device, a step after the
+    episode's end raised an ``IndexError`` (PlacementEnv), an ``AssertionError`` before reset (constructive) or ran
+    again (PipelineEnv); each is a ``ConfigError`` naming what to do now."""
+    env = gym.make(env_id, graph=graph, topology=topo, max_devices=3).unwrapped
+    with pytest.raises(ConfigError, match="reset"):
+        env.step(env.action_space.sample())
+    env.reset(seed=0)
+    if isinstance(env.action_space, gym.spaces.Discrete):
+        for bad in (99, -1, 1.5, "a"):
+            with pytest.raises(ConfigError, match="action"):
+                env.step(bad)
+    done = False
+    while not done:
+        _, _, term, trunc, _ = env.step(_masked_action(env, np.random.default_rng(0)))
+        done = term or trunc
+    with pytest.raises(ConfigError, match="reset"):  # (no action is allowed now: any one in the space)
+        env.step(np.zeros(env.action_space.shape, np.int64) if env.action_space.shape else 0)
+
+
+@pytest.mark.parametrize("env_id", [e for e in envs.ENV_IDS if "Constructive" not in e])
+def test_the_best_result_in_info_is_the_callers_copy(env_id, graph, topo):
+    """``info["best_placement"]`` / ``info["best_plan"]`` was the env's own object: a caller's edit changed the
+    best the env reported next, beside the best step time of another placement."""
+    env = gym.make(env_id, graph=graph, topology=topo, max_devices=3).unwrapped
+    key = "best_plan" if isinstance(env, PipelineEnv) else "best_placement"
+
+    def arr(x):
+        return x.stage_of_node if key == "best_plan" else x
+
+    def episode():
+        env.reset(seed=0)
+        rng, done = np.random.default_rng(0), False
+        while not done:  # the same actions each time: the same result, so the best stays the first one
+            _, _, term, trunc, info = env.step(_masked_action(env, rng))
+            done = term or trunc
+        return info
+
+    first = episode()
+    kept = arr(first[key]).copy()
+    arr(first[key])[:] = 1 - kept  # the caller's copy, changed
+    second = episode()
+    assert second["best_step_time"] == first["best_step_time"]
+    np.testing.assert_array_equal(arr(second[key]), kept)
