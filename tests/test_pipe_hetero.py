@@ -139,3 +139,26 @@ def test_planners_do_not_return_a_cpu_paced_fsdp_group_priced_at_accelerator_spe
     else:
         assert not any(3 in grp and len(grp) > 1 for grp in plan.stage_devices)
         assert true <= 8 * 1.0 / 3 + 1.0  # about the three accelerators' speed
+
+
+def test_hybrid_cuts_keep_a_small_fast_device_within_its_memory() -> None:
+    """A fast device with little memory beside a slow one with much: the time-balanced cuts put 6 of 8 layers on
+    the fast device, past its memory (``hybrid``'s plan did not fit, and nor did any other shape); the cuts it
+    takes now are the least bottleneck among those that fit, a plan of the same shape that does."""
+    from placement_rl import baselines
+
+    topo = DeviceTopology.from_dict({
+        "name": "small_fast", "devices": [
+            {"name": "fast", "count": 1, "kind": "gpu", "peak_flops": 1e13, "mem_bandwidth": 1e12,
+             "memory_bytes": 13 * 40 * MIB},
+            {"name": "slow", "count": 1, "kind": "gpu", "peak_flops": 1e13, "mem_bandwidth": 1e12,
+             "memory_bytes": 1e12}],
+        "links": {"intra_host": {"bandwidth": 1e10, "latency": 1e-6}}})
+    g = layers(8)  # 4 x 40 MiB of training state per layer: at most 3 layers on the fast device
+    fwd = np.array([[1.0, 3.0]] * 8)
+    costs = per_device(fwd, 2 * fwd, topo)
+    plan = baselines.get_pipeline("hybrid")(g, costs, topo, budget=10**4, seed=0)
+    res = simulate_pipeline(g, costs, topo, plan)
+    assert res.feasible and plan.num_stages == 2
+    fast = plan.stage_devices.index((0,))
+    assert (plan.stage_of_node == fast).sum() == 3  # as many as fit

@@ -43,13 +43,15 @@ class Stages:
 
 
 def microbatch_choices(num_stages: int, dp: int, batch_size: int | None, *, schedule: str) -> list[int]:
-    """Micro-batch counts a whole-plan search tries: powers of two 1..``MAX_MICROBATCHES``; a pipeline
-    (more than one stage) at least as many as stages (the executor's 1F1B needs it; fewer only adds
-    bubble); with ``batch_size`` only counts with ``batch_size % (m * dp) == 0``."""
+    """Micro-batch counts a whole-plan search tries: powers of two 1..``MAX_MICROBATCHES`` (not every count: a
+    search's "optimum" is over these); under the 1F1B schedules a pipeline (more than one stage) at least as many
+    as stages (the executor's 1F1B needs it), under GPipe fewer too (one micro-batch through two stages can beat
+    four: the per-micro-batch launches); with ``batch_size`` only counts with ``batch_size % (m * dp) == 0``."""
     out = []
     m = 1
     while m <= MAX_MICROBATCHES:
-        if (num_stages == 1 or m >= num_stages) and (batch_size is None or batch_size % (m * dp) == 0):
+        if (num_stages == 1 or m >= num_stages or schedule == "gpipe") and (batch_size is None
+                                                                           or batch_size % (m * dp) == 0):
             out.append(m)
         m *= 2
     return out
@@ -103,6 +105,7 @@ class PipeProblem:
         self._step: dict[tuple, float] = {}  # simulated step time per scored plan (the score may be throughput)
         self.extra_meta: dict[str, object] = {}  # what a planner reports about its search (plan.meta)
         self.cut_short = False  # ``best_of`` ran out of budget or seconds before its last candidate
+        self._mem_prefix: tuple[np.ndarray, np.ndarray] | None = None  # ``stage_fits``' parameter / activation sums
 
     # --------------------------------------------------------------- costs
     def degree_ok(self, r: int, m: int | None = None) -> bool:
@@ -160,6 +163,26 @@ class PipeProblem:
             params = self.param_prefix[j] - self.param_prefix[:j]
             cost += 2.0 * (r - 1) / r * inv_r * params + 2.0 * (r - 1) * lat_r
         return cost
+
+    def stage_fits(self, j: int, lo: int, hi: int, r: int, m: int, inflight: int,
+                   sharding: str = "dp") -> np.ndarray:
+        """For every i < j: whether positions [i, j) fit each device of ``devs[lo:hi]`` (DP degree ``r``, ``m``
+        micro-batches, ``inflight`` of them holding activations at once) by the rule of ``exact``'s cut search
+        (``pipe_tp._stage_mats``): the parameters' training state (sharded over ``r`` under FSDP) and the
+        activations of the micro-batches in flight."""
+        from placement_rl.cost.memory import BUCKET_BYTES, FSDP_GATHER_FACTOR, STATE_FACTOR
+
+        if self._mem_prefix is None:
+            param, act = self.sim.node_arrays(1)[4:6]
+            self._mem_prefix = (np.concatenate([[0.0], np.cumsum(param[self.order])]),
+                                np.concatenate([[0.0], np.cumsum(act[self.order])]))
+        pp_, pa = self._mem_prefix
+        params = pp_[j] - pp_[:j]
+        state = (STATE_FACTOR * params / r + FSDP_GATHER_FACTOR * np.minimum(params, BUCKET_BYTES)
+                 if sharding == "fsdp" and r > 1 else STATE_FACTOR * params)
+        mem = state + (pa[j] - pa[:j]) / (m * r) * inflight
+        cap = float(self.topology.array("memory_bytes")[self.devs[lo:hi]].min())
+        return mem <= cap
 
     # -------------------------------------------------------------- scoring
     def plan(self, cuts: list[int], degrees: tuple[int, ...], meta: dict | None = None, m: int | None = None,

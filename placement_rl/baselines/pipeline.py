@@ -155,15 +155,35 @@ def _hybrid_shapes(pp: PipeProblem, counts: list[int]) -> list[tuple[float, Plan
         if (s == 1 and r == d) or s > n:
             continue
         for m in microbatch_choices(s, r, pp.batch_size, schedule=pp.schedule):
-            all_cuts = minmax_partition(n, s, lambda j, k: pp.stage_time_vec(j, k * r, (k + 1) * r, r, m))
-            if len(all_cuts) < s:
-                continue
-            cuts = all_cuts[s - 1]
-            est = max(pp.stage_time_vec(cuts[k + 1], k * r, (k + 1) * r, r, m)[cuts[k]] for k in range(s))
-            est *= (m + s - 1) / m  # the pipeline bubble
-            rest += [(est, (cuts, (r,) * s, m, sh)) for sh in SHARDINGS]
+            for sh in SHARDINGS:
+                got = _fitting_cuts(pp, s, r, m, sh)
+                if got is not None:
+                    rest.append((got[0] * (m + s - 1) / m, (got[1], (r,) * s, m, sh)))  # with the pipeline bubble
     rest.sort(key=lambda c: c[0])
     return rest
+
+
+def _fitting_cuts(pp: PipeProblem, s: int, r: int, m: int, sharding: str) -> tuple[float, list[int]] | None:
+    """``hybrid``'s time-balanced cuts for ``s`` stages of DP degree ``r``: the least bottleneck among the cuts
+    whose stages fit their devices' memory (``PipeProblem.stage_fits``; a slow or small device need not take more
+    than it holds), else the unconstrained ones (simulated as not fitting); None for fewer positions than stages."""
+    inflight = (lambda k: m) if pp.schedule == "gpipe" else (lambda k: min(m, s - k))
+
+    def timed(j: int, k: int) -> np.ndarray:
+        return pp.stage_time_vec(j, k * r, (k + 1) * r, r, m)
+
+    def fitting(j: int, k: int) -> np.ndarray:
+        return np.where(pp.stage_fits(j, k * r, (k + 1) * r, r, m, inflight(k), sharding), timed(j, k), np.inf)
+
+    for cost in (fitting, timed):
+        all_cuts = minmax_partition(pp.n, s, cost)
+        if len(all_cuts) < s:
+            return None
+        cuts = all_cuts[s - 1]
+        est = max(float(cost(cuts[k + 1], k)[cuts[k]]) for k in range(s))
+        if np.isfinite(est):
+            return est, cuts
+    return None
 
 
 def pipedream(pp: PipeProblem) -> Plan:
