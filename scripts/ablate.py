@@ -3,7 +3,8 @@ write their results pages (markdown, CSV, plots).
 
     python scripts/ablate.py encoder --mode full                  # -> docs/ablation_encoder.md (+ csv, png)
     python scripts/ablate.py all --mode quick                     # every ablation, quick budgets -> outputs/
-    python scripts/ablate.py agent --mode quick --budget 300 --seeds 0,1 --set agent.n_steps=32 --workers 2
+    python scripts/ablate.py agent --mode quick --budget 300 --seeds 0,1 --set agent.n_steps=32 \
+        --set agent.batch_size=32 --workers 2                   # a rollout of n_envs x 32 steps, batches of 32
 """
 
 from __future__ import annotations

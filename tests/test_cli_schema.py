@@ -39,6 +39,7 @@ BAD = [  # (command, overrides, words the one-line message must hold)
     ("inspect", ["graph=synthetic", "graph.num_nodes=100000000"], ["graph.num_nodes=100000000", "<= 1000000"]),
     ("inspect", ["graph.name=nope"], ["graph.name=nope", "no such zoo model", "gpt"]),
     ("inspect", ["foo=1"], ["foo", "+foo=1"]),
+    ("train", ["trainer.total_stepz=10"], ["'trainer.total_stepz' is not a key", "did you mean trainer.total_steps?"]),
     ("evaluate", ["budget=0"], ["budget=0", ">= 1"]),
     ("evaluate", ["suite=all"], ["suite=all", "default, single"]),
     ("evaluate", ["placers=[heft,nope]"], ["placers", "nope", "m_etf"]),
@@ -225,3 +226,49 @@ def test_messages_and_files_write_numbers_plainly(tmp_path):
 
 def test_a_sweep_without_multirun_is_one_line_saying_how():
     _refused("place", ["seed=0,1"], "seed=0,1 lists several values", "-m", "seed=[...]")
+
+
+def test_pretrain_ranges_are_two_integers():
+    """``trainer.pretrain.sizes=[16]`` was a ``ValueError`` traceback (exit 1), ``[a, b]`` a comparison error."""
+    from placement_rl.studies.pretrain import PretrainSpec
+
+    for bad in ([16], (16, 40, 80), ("a", "b"), (16.5, 40), 16):
+        with pytest.raises(ConfigError, match="sizes must be \\[lo, hi\\], two integers"):
+            PretrainSpec(sizes=bad)
+    with pytest.raises(ConfigError, match="devices must be"):
+        PretrainSpec(devices=[2])
+    assert PretrainSpec(sizes=(16, 40), devices=[2, 4]).sizes == (16, 40)
+
+
+def test_train_refuses_a_folder_with_an_earlier_run_and_a_resume_it_cannot_do(tmp_path, capsys):
+    """A second run into one folder replaced some of the first run's files and left the others (one folder, two
+    runs); ``resume=true`` was ignored outside pretraining and said nothing where there was nothing to resume."""
+    from omegaconf import OmegaConf
+
+    from placement_rl.cli.train import check_run_folder
+
+    def cfg(**kw):
+        return OmegaConf.create({"trainer": {"pretrain": kw.pop("pretrain", None)}, "resume": False,
+                                 "checkpoint": None, **kw})
+
+    check_run_folder(cfg(), tmp_path)  # an empty folder
+    (tmp_path / "metrics.json").write_text("{}")
+    with pytest.raises(ConfigError, match="holds an earlier run \\(metrics.json\\)"):
+        check_run_folder(cfg(), tmp_path)
+    (tmp_path / "checkpoint.pt").write_bytes(b"x")
+    check_run_folder(cfg(checkpoint=str(tmp_path / "checkpoint.pt")), tmp_path)  # going on from its own checkpoint
+    with pytest.raises(ConfigError, match="resume=true continues an unfinished trainer=pretrain run"):
+        check_run_folder(cfg(resume=True), tmp_path)
+    check_run_folder(cfg(resume=True, pretrain={"sizes": [16, 40]}), tmp_path)
+    assert "holds no unfinished pretraining" in capsys.readouterr().out
+
+
+def test_the_train_header_says_when_ppo_runs_more_steps_than_asked():
+    from types import SimpleNamespace
+
+    from placement_rl.cli.train import _rollout_note
+
+    ppo = SimpleNamespace(algo="maskable_ppo", n_envs=16, n_steps=32)
+    assert _rollout_note(ppo, 256) == " (run as 512: whole rollouts of n_envs x n_steps = 512)"
+    assert _rollout_note(ppo, 1024) == "" and _rollout_note(SimpleNamespace(algo="reinforce", n_envs=16,
+                                                                            n_steps=32), 256) == ""

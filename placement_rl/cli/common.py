@@ -243,7 +243,7 @@ def _compose(config_name: str, overrides: list[str], dirs: list[str]) -> tuple[d
         dirs_cfg = {key: OmegaConf.to_container(hydra_cfg[key], resolve=False) for key in ("run", "sweep")}
         return OmegaConf.to_container(cfg, resolve=True), dirs_cfg
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        raise ConfigError(_other_source(exc) or _one_line(exc)) from None
+        raise ConfigError(_other_source(exc) or _unknown_key(exc, config_name) or _one_line(exc)) from None
 
 
 # graph keys of one source only: the override that sets one on a graph of another source means that source
@@ -264,6 +264,26 @@ def _other_source(exc: BaseException) -> str | None:
     return (f"graph.{m.group(1)} is a key of graph={source}, which this graph is not: add graph={source} (e.g. "
             + ("graph=synthetic graph.family=layered graph.num_nodes=500)" if source == "synthetic" else
                "graph=hf graph.model_type=llama +graph.overrides.num_hidden_layers=4)"))
+
+
+def _unknown_key(exc: BaseException, command: str) -> str | None:
+    """For an override of a key the config lacks that is close to one it has (``trainer.total_stepz``), that key:
+    Hydra's own advice (``+trainer.total_stepz=``) adds a key nothing reads, and the run goes on without it."""
+    import difflib
+    import re
+
+    from placement_rl.cli.schema import COMMANDS, GROUPS
+
+    m = re.match(r"Could not override '([\w.]+)'", str(exc))
+    if m is None:
+        return None
+    key = m.group(1)
+    head, _, rest = key.partition(".")
+    known = [f"{head}.{k}" for k in GROUPS[head]] if head in GROUPS and rest else list(COMMANDS.get(command, {}))
+    close = difflib.get_close_matches(key, known, n=1)
+    if not close:
+        return None
+    return f"'{key}' is not a key of this config: did you mean {close[0]}? (+{key}= would add a key nothing reads)"
 
 
 def _one_line(exc: BaseException) -> str:

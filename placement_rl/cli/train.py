@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from omegaconf import DictConfig
 
 from placement_rl.cli.common import (build_graph, build_topology, hydra_app, output_dir, plural, save_plan,
@@ -105,8 +107,9 @@ def run_pretrain(cfg: DictConfig) -> dict:
               f", greedy / eft_rollout {h.get('greedy_over_eft_rollout_geomean', float('nan')):.4f}")
     print(f"checkpoint.pt sha256 {metrics['checkpoint_sha']}, policy weights {metrics['weights_sha']} "
           f"({metrics['workers']} workers, {metrics['train_seconds']:.0f} s)")
-    print(f"artifacts in {out}: checkpoint.pt (and checkpoint_imitation.pt, checkpoint_pi.pt), dev.md, dev.csv, "
-          f"training.json, metrics.json")
+    wrote = [f for f in ("checkpoint.pt", "checkpoint_imitation.pt", "checkpoint_pi.pt", "checkpoint_ei.pt", "dev.md",
+                         "dev.csv", "training.json", "metrics.json") if (out / f).is_file()]
+    print(f"artifacts in {out}: {', '.join(wrote)}")
     return metrics
 
 
@@ -192,10 +195,44 @@ def run_constructive(cfg: DictConfig) -> dict:
     return metrics
 
 
+def _rollout_note(agent, steps: int) -> str:
+    """What PPO runs of ``steps``: whole rollouts of ``n_envs x n_steps`` (SB3 rounds up; REINFORCE does not)."""
+    roll = int(agent.n_envs) * int(agent.n_steps)
+    if agent.algo == "reinforce" or steps % roll == 0:
+        return ""
+    return f" (run as {-(-steps // roll) * roll}: whole rollouts of n_envs x n_steps = {roll})"
+
+
+def check_run_folder(cfg: DictConfig, out: Path) -> None:
+    """Before any work: a folder holding an earlier run's results is refused (this run would replace some of its
+    files and leave the others: one folder, two runs), unless the run continues from a checkpoint in it; and
+    ``resume=true`` means continuing an unfinished ``trainer=pretrain`` run (it was ignored elsewhere, and said
+    nothing where there was nothing to resume)."""
+    from placement_rl.studies.pretrain import STATE
+
+    pretrain = bool(cfg.trainer.get("pretrain"))
+    if cfg.get("resume", False):
+        if not pretrain:
+            raise ConfigError("resume=true continues an unfinished trainer=pretrain run; to go on from a checkpoint "
+                              "give checkpoint=<checkpoint.pt>")
+        if not (out / STATE).is_dir():
+            print(f"resume: {out} holds no unfinished pretraining ({STATE}/): starting a new run")
+        return
+    ckpt = cfg.get("checkpoint")
+    if ckpt and Path(str(ckpt)).resolve().parent == out.resolve():
+        return  # continuing from this folder's own checkpoint
+    earlier = [f for f in ("checkpoint.pt", "metrics.json") if (out / f).is_file()]
+    if earlier:
+        raise ConfigError(f"{out} holds an earlier run ({', '.join(earlier)}): choose another hydra.run.dir or "
+                          "remove those files" + (" (resume=true continues an unfinished pretraining)" if pretrain
+                                                  else ""))
+
+
 def run(cfg: DictConfig) -> dict:
     from placement_rl.agents.train import Trainer, final_plan
     from placement_rl.report import training_curve
 
+    check_run_folder(cfg, output_dir())
     if cfg.trainer.get("pretrain"):
         return run_pretrain(cfg)
     if cfg.trainer.get("family"):
@@ -211,7 +248,7 @@ def run(cfg: DictConfig) -> dict:
     tcfg = cfg.trainer
     print(f"training {agent.algo} + {encoder.name} on {cfg.env.id}: graph {graph.name} "
           f"({plural(graph.num_nodes, 'node')}), topology {topology.name} ({plural(topology.num_devices, 'device')}), "
-          f"{int(tcfg.total_steps)} steps")
+          f"{int(tcfg.total_steps)} steps{_rollout_note(agent, int(tcfg.total_steps))}")
     trainer = Trainer(env_id=str(cfg.env.id), env_kwargs=env_kwargs(cfg, graph, topology), agent=agent,
                       encoder=encoder, seed=int(cfg.seed), config=to_container(cfg),
                       tensorboard_dir=str(out / "tb") if tcfg.tensorboard else None)

@@ -117,6 +117,12 @@ class PretrainSpec:
     def __post_init__(self) -> None:
         if self.train_tasks < 1 or self.val_tasks < 0:
             raise ConfigError(f"train_tasks must be >= 1 and val_tasks >= 0, got {self.train_tasks}, {self.val_tasks}")
+        for name in ("sizes", "devices"):  # [lo, hi]: two integers (a one-element list was a traceback)
+            v = getattr(self, name)
+            if not (isinstance(v, (list, tuple)) and len(v) == 2
+                    and all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in v)):
+                raise ConfigError(f"{name} must be [lo, hi], two integers, got "
+                                  f"{list(v) if isinstance(v, (list, tuple)) else v!r}")
         lo, hi = self.sizes
         if not 3 <= lo <= hi:
             raise ConfigError(f"sizes must be [lo, hi] with 3 <= lo <= hi, got {list(self.sizes)}")
