@@ -162,3 +162,20 @@ def test_hybrid_cuts_keep_a_small_fast_device_within_its_memory() -> None:
     assert res.feasible and plan.num_stages == 2
     fast = plan.stage_devices.index((0,))
     assert (plan.stage_of_node == fast).sum() == 3  # as many as fit
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_hybrid_where_no_cut_fits_keeps_the_time_balanced_cuts(schedule: str) -> None:
+    """Where no stage of any split fits its devices, the memory-kept cuts' DP has only infinite costs (its argmin
+    gave empty stages, and ``hybrid`` an ``IndexError``): the time-balanced cuts are kept, simulated as not fitting."""
+    from placement_rl import baselines
+
+    topo = DeviceTopology.from_dict({
+        "name": "tiny", "devices": [{"name": "gpu", "count": 3, "kind": "gpu", "peak_flops": 1e13,
+                                     "mem_bandwidth": 1e12, "memory_bytes": 5e9}],
+        "links": {"intra_host": {"bandwidth": 1e10, "latency": 1e-6}}})
+    g = layers(3, params=3e9)  # 12 GB of training state per layer: nothing fits anywhere
+    fwd = np.array([[1.0, 1.5, 2.0]] * 3)
+    costs = per_device(fwd, 2 * fwd, topo)
+    plan = baselines.get_pipeline("hybrid")(g, costs, topo, budget=10**4, seed=0, schedule=schedule)
+    assert not simulate_pipeline(g, costs, topo, plan).feasible

@@ -180,6 +180,8 @@ def _fitting_cuts(pp: PipeProblem, s: int, r: int, m: int, sharding: str) -> tup
         if len(all_cuts) < s:
             return None
         cuts = all_cuts[s - 1]
+        if any(b <= a for a, b in zip(cuts, cuts[1:])):  # no split fits (the DP's argmin over inf): go on
+            continue
         est = max(float(cost(cuts[k + 1], k)[cuts[k]]) for k in range(s))
         if np.isfinite(est):
             return est, cuts
