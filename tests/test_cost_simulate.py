@@ -175,3 +175,26 @@ def test_a_zero_byte_edge_across_devices_still_orders_its_ends() -> None:
         state.features()
         state.place([d])
     assert state.finish()[0] == pytest.approx(res.step_time, rel=1e-12)
+
+
+def test_the_constructive_state_takes_an_inference_task_whose_training_state_would_not_fit() -> None:
+    """Two 1.5 GB layers on two 4 GB devices: 12 GB of training state, 3 GB of parameters. ``simulate`` prices the
+    inference placement as fitting; ``ScheduleState`` (and every placer on it: sim_eft, la_rule, the policy)
+    refused the task with the training state's figure."""
+    from placement_rl import baselines
+    from placement_rl.cost.modes import inference_costs
+    from placement_rl.cost.schedule import ScheduleState
+
+    topo = topology(memory=4e9)
+    g = graph(2, [(0, 1, 1e6)], param_bytes=[1.5e9, 1.5e9])
+    costs = inference_costs(table([1.0, 1.0], [1.0, 1.0]))
+    assert simulate(g, costs, topo, [0, 1]).feasible
+    state = ScheduleState(g, costs, topo)
+    for d in (0, 1):
+        state.features()
+        state.place([d])
+    assert state.feasible()[0]
+    for name in ("sim_eft", "la_rule"):
+        assert baselines.get(name)(g, costs, topo, budget=100, seed=0).meta["feasible"], name
+    with pytest.raises(PlanError, match="for its parameters"):
+        ScheduleState(graph(2, [(0, 1, 1e6)], param_bytes=[5e9, 5e9]), costs, topo)

@@ -65,7 +65,7 @@ from placement_rl.cost.episodes import episode_threads, episodes_extra
 from placement_rl.cost.features import (BASE_FEATURES, DEVICE_FEATURES, NUM_BASE_FEATURES,  # noqa: F401
                                         NUM_DEVICE_FEATURES, STEP_COL, TOPOLOGY_COL, WINDOW_COL)
 from placement_rl.cost._op_kernel import bwd_pass, fwd_candidates, fwd_place, reset_state
-from placement_rl.cost.memory import static_memory
+from placement_rl.cost.memory import pinned_memory, static_memory
 from placement_rl.cost.comm_fit import link_segments, split_segments
 from placement_rl.cost.simulate import _grad_and_memory, _owned, check_costs, priority_order
 from placement_rl.cost.types import CostTable
@@ -221,13 +221,20 @@ def window_time_scale(scale: float, num_nodes: int) -> float:
     return scale * ref / num_nodes
 
 
-def check_fits(graph: CompGraph, topology: DeviceTopology) -> None:
-    """``PlanError`` when the graph's placement-independent memory exceeds all devices' memory together."""
-    need, have = float(static_memory(graph).sum()), float(topology.array("memory_bytes").sum())
+def check_fits(graph: CompGraph, topology: DeviceTopology, costs: CostTable | None = None) -> None:
+    """``PlanError`` when the graph's placement-independent memory exceeds all devices' memory together: under
+    ``costs`` what the simulator pins (``pinned_memory``: the parameters alone for inference, which training's
+    state refused), else the training state."""
+    from placement_rl.cost.modes import mode_of
+
+    infer = costs is not None and mode_of(costs) == "inference"
+    need = float((pinned_memory(graph, costs) if costs is not None else static_memory(graph)).sum())
+    have = float(topology.array("memory_bytes").sum())
     if need > have:
-        raise PlanError(f"graph '{graph.name}' needs {fmt_bytes(need)} for parameters, optimizer state and "
-                        f"activations but topology '{topology.name}' has {fmt_bytes(have)} in all: "
-                        f"use a smaller batch or model, or a topology with more memory")
+        what = "its parameters" if infer else "parameters, optimizer state and activations"
+        raise PlanError(f"graph '{graph.name}' needs {fmt_bytes(need)} for {what} but topology '{topology.name}' "
+                        f"has {fmt_bytes(have)} in all: use a smaller batch or model, or a topology with more "
+                        "memory")
 
 
 class ScheduleState:
@@ -240,7 +247,7 @@ class ScheduleState:
     def __init__(self, graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, episodes: int = 1,
                  order: str = "program", window: int = DEFAULT_WINDOW) -> None:
         check_costs(graph, costs, topology)
-        check_fits(graph, topology)
+        check_fits(graph, topology, costs)
         n, d, k = graph.num_nodes, topology.num_devices, int(episodes)
         if k < 1:
             raise PlanError(f"episodes must be >= 1, got {episodes}")
