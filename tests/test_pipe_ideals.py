@@ -13,6 +13,7 @@ from placement_rl.cost.modes import inference_costs
 from placement_rl.graph.ideals import enumerate_ideals, ideal_bound, ideal_family, prefix_ideals
 from placement_rl.graph.ir import make_graph
 from placement_rl.plans import StagePlan
+from placement_rl.topology import DeviceTopology
 
 from tests.test_pipe_hetero import mixed_topology
 
@@ -183,3 +184,65 @@ def test_exact_moves_cuts_where_the_simulator_disagrees_with_its_objective(tmp_p
     plan = baselines.get_pipeline("exact")(graph, costs, topo, budget=10**5, seed=0)
     assert plan.meta["refine_moves"] > 0 and plan.meta["refined_configurations"] > 0
     assert plan.meta["step_time"] <= best.meta["step_time"] * (1 + 1e-9)
+
+
+def _fuzz_case(seed: int):
+    """A small random stage-planning problem: 3-7 nodes with zero / tiny / huge sizes, forks, 2-4 devices of
+    random speeds and links, sometimes inference costs or small memories (the generator that found ``exact`` behind
+    ``pp_exhaustive`` and ``pipedream``)."""
+    rng = np.random.default_rng(seed)
+    d = int(rng.integers(2, 5))
+    n = int(rng.integers(3, 8))
+    nodes = [dict(name=f"n{i}", fwd_flops=float(rng.choice([0.0, 1e6, 1e9])),
+                  bwd_flops=float(rng.choice([0.0, 0.0, 1e6, 2e9])),
+                  param_bytes=float(rng.choice([0.0, 0.0, 1e3, 1e8, 3e9])),
+                  act_bytes=float(rng.choice([0.0, 1e3, 1e8, 2e9])),
+                  out_bytes=float(rng.choice([0.0, 1e3, 1e6, 1e9]))) for i in range(n)]
+    edges, style = [], rng.integers(0, 4)
+    for v in range(1, n):
+        for _ in range(int(rng.integers(0, 3)) if style else 1):
+            edges.append((int(rng.integers(0, v)), v, float(rng.choice([0.0, 0.0, 1.0, 1e3, 1e6, 1e9, 1e11]))))
+            if rng.random() < 0.15:
+                edges.append((edges[-1][0], v, float(rng.choice([0.0, 5.0, 1e6, 2e9]))))
+    seen, uniq = set(), []
+    for e in edges:
+        if e[:2] not in seen:
+            seen.add(e[:2])
+            uniq.append(e)
+    g = make_graph(nodes, uniq, name=f"fuzz{seed}")
+    hetero = rng.random() < 0.5
+    base = rng.uniform(0.0, 1.0, n) * rng.choice([1e-4, 1.0, 1e3], n)
+    base[rng.random(n) < 0.2] = 0.0
+    speed = rng.uniform(0.3, 3.0, d) if hetero else np.ones(d)
+    fwd = base[:, None] * speed[None, :]
+    if hetero and rng.random() < 0.3:
+        fwd = fwd * rng.uniform(0.5, 2.0, (n, d))
+    bb = rng.uniform(0.0, 2.0, n) * base
+    bb[rng.random(n) < 0.2] = 0.0
+    lat = rng.choice([0.0, 1e-5, 0.1, 1.0], (d, d)) if hetero else np.full((d, d), float(rng.choice([0.0, 1e-3, 0.5])))
+    bw = rng.choice([1e3, 1e9, 1e12, np.inf], (d, d)) if hetero else np.full((d, d), float(rng.choice([1e6, 1e10])))
+    np.fill_diagonal(lat, 0.0)
+    np.fill_diagonal(bw, np.inf)
+    costs = CostTable(fwd_time=fwd, bwd_time=bb[:, None] * speed[None, :], link_latency=lat, link_bandwidth=bw,
+                      source=("hand",) * d)
+    if rng.random() < 0.15:
+        costs = inference_costs(costs)
+    mems = rng.choice([1e9, 5e9, 1e11], d) if rng.random() < 0.4 else np.full(d, 1e13)
+    topo = DeviceTopology.from_dict({"name": f"t{d}", "devices": [
+        {"name": f"g{i}", "count": 1, "kind": "gpu", "peak_flops": 1e12, "mem_bandwidth": 1e12,
+         "memory_bytes": float(mems[i]), "launch_overhead": 0.0} for i in range(d)],
+        "links": {"intra_host": {"bandwidth": 1e9, "latency": 1e-5}}})
+    return g, costs, topo
+
+
+@pytest.mark.parametrize("seed", [90, 311, 1160, 62, 225, 0, 1, 2])
+def test_exact_is_never_behind_the_other_planners_on_small_problems(seed):
+    """On small problems ``exact`` also simulates ``pp_exhaustive``'s whole space and the closed-form planners'
+    plans: it was behind them on 1.7% of these random problems (seeds 90, 311, 1160, 62, 225 among them)."""
+    g, costs, topo = _fuzz_case(seed)
+    plans = {name: baselines.get_pipeline(name)(g, costs, topo, budget=20000, seed=0)
+             for name in ("exact", "pp_exhaustive", "pipedream", "hybrid", "pp_time_dp")}
+    res = {k: simulate_pipeline(g, costs, topo, p) for k, p in plans.items()}
+    best = min((r.step_time for k, r in res.items() if k != "exact" and r.feasible), default=np.inf)
+    if np.isfinite(best):
+        assert res["exact"].feasible and res["exact"].step_time <= best * (1 + 1e-12), seed
