@@ -1068,3 +1068,19 @@ def test_path_and_milp_bounds_let_a_node_needing_no_gradient_skip_its_consumers_
     lb = lower_bound(g, costs, topo, milp_seconds=2.0, blocks=False)
     assert lb.parts["path"] == pytest.approx(3.0) and lb.value <= step * (1 + 1e-9)
     assert lb.parts.get("milp", 0.0) <= step * (1 + 1e-9)
+
+
+def test_the_cp_part_of_a_problem_whose_start_meets_the_bound_is_not_run():
+    """Zero-time ops: the start's step time is 0, the bound 0; ``cp_bound`` refused its upper bound of 0 (a
+    ``ValueError`` out of ``lower_bound``)."""
+    from placement_rl.baselines.bounds import lower_bound
+
+    g = make_graph([dict(name="a", bwd_flops=1.0), dict(name="b", bwd_flops=1.0)], [(0, 1, 0.0)])
+    topo = DeviceTopology.from_dict({
+        "name": "t2", "devices": [{"name": "gpu", "count": 2, "kind": "gpu", "peak_flops": 1e12,
+                                   "mem_bandwidth": 1e15, "memory_bytes": 16e9, "launch_overhead": 0.0}],
+        "links": {"intra_host": {"bandwidth": 1e9, "latency": 0.0}}})
+    costs = CostTable(fwd_time=np.zeros((2, 2)), bwd_time=np.zeros((2, 2)), link_latency=np.zeros((2, 2)),
+                      link_bandwidth=np.full((2, 2), np.inf), source=("hand",) * 2)
+    lb = lower_bound(g, costs, topo, cp_seconds=1.0)
+    assert lb.value == 0.0 and "cp" not in lb.parts

@@ -288,10 +288,11 @@ def lower_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
 
         start = sim_eft_devices(graph, costs, topology) if cp_start is None else np.asarray(cp_start, dtype=np.int64)
         upper = Problem(graph, costs, topology, budget=2, seed=0).score(start).step_time
-        got = cp_bound(graph, costs, topology, upper=upper, seconds=cp_seconds, hint=start,
-                       lower=max(parts.values()))
-        parts["cp"] = got.bound
-        cp_placement = got.placement
+        if upper > max(parts.values()):  # else that start is optimal already (a graph of zero-time ops: upper 0)
+            got = cp_bound(graph, costs, topology, upper=upper, seconds=cp_seconds, hint=start,
+                           lower=max(parts.values()))
+            parts["cp"] = got.bound
+            cp_placement = got.placement
     if exact_budget > 0 and topology.num_devices > 1:
         from placement_rl.baselines.common import Problem
         from placement_rl.baselines.search import count_placements, device_classes, exhaustive
