@@ -1048,6 +1048,17 @@ def test_la_rule_runs_above_the_rollout_cap(monkeypatch):
     assert "eft_rollout" not in refs and refs["la_rule"][0] == pytest.approx(rule.meta["step_time"], rel=1e-12)
 
 
+def _two_devices(op_time: float):
+    """Two equal devices on free links, and a 2-node cost table of ``op_time`` per forward and backward."""
+    topo = DeviceTopology.from_dict({
+        "name": "t2", "devices": [{"name": "gpu", "count": 2, "kind": "gpu", "peak_flops": 1e12,
+                                   "mem_bandwidth": 1e15, "memory_bytes": 16e9, "launch_overhead": 0.0}],
+        "links": {"intra_host": {"bandwidth": 1e9, "latency": 0.0}}})
+    costs = CostTable(fwd_time=np.full((2, 2), op_time), bwd_time=np.full((2, 2), op_time),
+                      link_latency=np.zeros((2, 2)), link_bandwidth=np.full((2, 2), np.inf), source=("hand",) * 2)
+    return topo, costs
+
+
 def test_path_and_milp_bounds_let_a_node_needing_no_gradient_skip_its_consumers_backward():
     """x -> y where x's output needs no gradient (no parameters, nothing before it): x's backward waits for its own
     forward only, as in the simulator. The path and milp parts charged it after y's backward: 4.0 over a placement
@@ -1057,12 +1068,7 @@ def test_path_and_milp_bounds_let_a_node_needing_no_gradient_skip_its_consumers_
 
     g = make_graph([dict(name="x"), dict(name="y", bwd_flops=1.0, param_bytes=4.0)], [(0, 1, 0.0)])
     assert needs_grad(g).tolist() == [False, True]
-    topo = DeviceTopology.from_dict({
-        "name": "t2", "devices": [{"name": "gpu", "count": 2, "kind": "gpu", "peak_flops": 1e12,
-                                   "mem_bandwidth": 1e15, "memory_bytes": 16e9, "launch_overhead": 0.0}],
-        "links": {"intra_host": {"bandwidth": 1.0, "latency": 0.0}}})
-    costs = CostTable(fwd_time=np.ones((2, 2)), bwd_time=np.ones((2, 2)), link_latency=np.zeros((2, 2)),
-                      link_bandwidth=np.full((2, 2), np.inf), source=("hand",) * 2)
+    topo, costs = _two_devices(1.0)
     step = simulate(g, costs, topo, Placement(np.array([0, 1]))).step_time
     assert step == pytest.approx(3.0)
     lb = lower_bound(g, costs, topo, milp_seconds=2.0, blocks=False)
@@ -1076,11 +1082,6 @@ def test_the_cp_part_of_a_problem_whose_start_meets_the_bound_is_not_run():
     from placement_rl.baselines.bounds import lower_bound
 
     g = make_graph([dict(name="a", bwd_flops=1.0), dict(name="b", bwd_flops=1.0)], [(0, 1, 0.0)])
-    topo = DeviceTopology.from_dict({
-        "name": "t2", "devices": [{"name": "gpu", "count": 2, "kind": "gpu", "peak_flops": 1e12,
-                                   "mem_bandwidth": 1e15, "memory_bytes": 16e9, "launch_overhead": 0.0}],
-        "links": {"intra_host": {"bandwidth": 1e9, "latency": 0.0}}})
-    costs = CostTable(fwd_time=np.zeros((2, 2)), bwd_time=np.zeros((2, 2)), link_latency=np.zeros((2, 2)),
-                      link_bandwidth=np.full((2, 2), np.inf), source=("hand",) * 2)
+    topo, costs = _two_devices(0.0)
     lb = lower_bound(g, costs, topo, cp_seconds=1.0)
     assert lb.value == 0.0 and "cp" not in lb.parts
