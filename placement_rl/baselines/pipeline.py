@@ -251,13 +251,20 @@ def count_compositions(s: int, total_max: int, allowed: Callable[[int], bool]) -
     return int(ways.sum())
 
 
-def _exhaustive_space(pp: PipeProblem):
-    """``pp_exhaustive``'s candidate count and a generator of them."""
+def _exhaustive_space(pp: PipeProblem, cap: int | None = None):
+    """``pp_exhaustive``'s candidate count (with ``cap``: counted only until it passes ``cap``, which the count
+    then exceeds; a 512-device count would take minutes) and a generator of them."""
     n, d = pp.n, pp.d
     stages = range(1, min(n, d) + 1)
     ms = {s: microbatch_choices(s, 1, None, schedule=pp.schedule) for s in stages}
-    total = len(SHARDINGS) * sum(math.comb(n - 1, s - 1) * count_compositions(s, d, lambda r: pp.degree_ok(r, m))
-                                 for s in stages for m in ms[s])
+    total = 0
+    for s in stages:
+        for m in ms[s]:
+            total += len(SHARDINGS) * math.comb(n - 1, s - 1) * count_compositions(s, d, lambda r: pp.degree_ok(r, m))
+            if cap is not None and total > cap:
+                break
+        if cap is not None and total > cap:
+            break
     cands = (([0, *bars, n], degrees, m, sh) for s in stages for m in ms[s]
              for degrees in compositions(s, d, lambda r: pp.degree_ok(r, m))
              for bars in itertools.combinations(range(1, n), s - 1) for sh in SHARDINGS)
@@ -300,8 +307,9 @@ def exact(pp: PipeProblem) -> Plan:
             others.append(fn(pp))
         except ConfigError:  # no plan of that planner's shape (the batch does not split): the others go on
             pass
-    total, every = _exhaustive_space(pp)
-    small = total <= min(EXACT_ENUMERATE, max(pp.left // 2, 0))
+    limit = min(EXACT_ENUMERATE, max(pp.left // 2, 0))
+    total, every = _exhaustive_space(pp, cap=limit)
+    small = total <= limit
     pp.extra_meta["contiguous_enumerated"] = bool(small)
     best = pp.best_of([legacy] + ([head] if head else []) + [c for _, c in cands[1:]] + others
                       + (list(every) if small else []))
