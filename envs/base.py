@@ -34,6 +34,8 @@ __all__ = ["BaseEnv", "EnvConfig", "action_index", "node_memory"]
 
 DEFAULT_GRAPH = "synthetic:layered"
 DEFAULT_TOPOLOGY = "4x_v100_nvlink"
+
+
 def action_index(action: Any, space: gym.spaces.Discrete) -> int:
     """An action of a ``Discrete`` space as an int (a Python or NumPy integer, or a one-element array); anything
     outside the space is a one-line ``ConfigError`` (an index past it used to be folded onto a device in silence)."""
