@@ -141,10 +141,11 @@ def test_planners_do_not_return_a_cpu_paced_fsdp_group_priced_at_accelerator_spe
         assert true <= 8 * 1.0 / 3 + 1.0  # about the three accelerators' speed
 
 
-def test_hybrid_cuts_keep_a_small_fast_device_within_its_memory() -> None:
+@pytest.mark.parametrize("planner", ["hybrid", "pp_time_dp", "pipedream"])
+def test_cuts_keep_a_small_fast_device_within_its_memory(planner: str) -> None:
     """A fast device with little memory beside a slow one with much: the time-balanced cuts put 6 of 8 layers on
-    the fast device, past its memory (``hybrid``'s plan did not fit, and nor did any other shape); the cuts it
-    takes now are the least bottleneck among those that fit, a plan of the same shape that does."""
+    the fast device, past its memory (the planners' plans did not fit, and nor did any other shape); the cuts they
+    take now are the least bottleneck among those that fit, a plan of the same shape that does."""
     from placement_rl import baselines
 
     topo = DeviceTopology.from_dict({
@@ -157,7 +158,7 @@ def test_hybrid_cuts_keep_a_small_fast_device_within_its_memory() -> None:
     g = layers(8)  # 4 x 40 MiB of training state per layer: at most 3 layers on the fast device
     fwd = np.array([[1.0, 3.0]] * 8)
     costs = per_device(fwd, 2 * fwd, topo)
-    plan = baselines.get_pipeline("hybrid")(g, costs, topo, budget=10**4, seed=0)
+    plan = baselines.get_pipeline(planner)(g, costs, topo, budget=10**4, seed=0)
     res = simulate_pipeline(g, costs, topo, plan)
     assert res.feasible and plan.num_stages == 2
     fast = plan.stage_devices.index((0,))

@@ -14,10 +14,11 @@ Fixed micro-batch count (the ``num_microbatches`` argument), DDP replication:
 * ``pp_params``: as ``pp_uniform`` with parameter bytes balanced (DeepSpeed ``partition_method="parameters"``:
   the contiguous split minimising the largest stage's parameters).
 * ``pp_time_dp``: for each stage count ``S <= D`` a dynamic program over cut points minimising the slowest
-  stage (fwd + bwd time on its device + its outgoing boundary transfers, both directions); the ``S`` with
-  the best simulated step time wins.
+  stage (fwd + bwd time on its device + its outgoing boundary transfers, both directions), once on time alone
+  and once with every stage kept to its device's memory; the plan with the best simulated step time wins.
 * ``pipedream``: PipeDream's planner -- a DP over (prefix of the order, devices used) whose last stage may be
-  replicated over ``r`` devices (compute / r, plus the ring all-reduce of its parameters); the best plan for
+  replicated over ``r`` devices (compute / r, plus the ring all-reduce of its parameters), on time alone and with
+  every stage kept to its devices' memory (as PipeDream's optimizer); the best plan for
   every device count is simulated, and so is full replication of the whole model over all devices (plain
   DP, which PipeDream's planner also weighs) at every micro-batch count; the best is kept.
 
@@ -109,12 +110,22 @@ def pp_params(pp: PipeProblem) -> Plan:
 
 
 def pp_time_dp(pp: PipeProblem) -> Plan:
+    """For every stage count the cuts of least bottleneck, on time alone and with each stage kept to its device's
+    memory (its micro-batches in flight taken at their most over the stage counts); the best simulated wins."""
+    s_max = min(pp.d, pp.n)
+    inflight = (lambda k: pp.m) if pp.schedule == "gpipe" else (lambda k: min(pp.m, s_max - k))
+
+    def kept(j: int, k: int) -> np.ndarray:
+        return np.where(pp.stage_fits(j, k, k + 1, 1, pp.m, inflight(k)), pp.stage_time_vec(j, k, k + 1, 1), np.inf)
+
     cands = []
-    all_cuts = minmax_partition(pp.n, min(pp.d, pp.n), lambda j, k: pp.stage_time_vec(j, k, k + 1, 1))
-    for s, cuts in enumerate(all_cuts, start=1):
-        degrees = pp.fit_degrees((1,) * s)
-        bottleneck = max(pp.stage_time_vec(cuts[k + 1], k, k + 1, 1)[cuts[k]] for k in range(s))
-        cands.append((bottleneck, cuts, degrees))
+    for cost in (lambda j, k: pp.stage_time_vec(j, k, k + 1, 1), kept):
+        for s, cuts in enumerate(minmax_partition(pp.n, s_max, cost), start=1):
+            if any(b <= a for a, b in zip(cuts, cuts[1:])):  # no split of s stages fits (an argmin over inf)
+                continue
+            bottleneck = max(float(cost(cuts[k + 1], k)[cuts[k]]) for k in range(s))
+            if np.isfinite(bottleneck) and (bottleneck, cuts) not in [c[:2] for c in cands]:
+                cands.append((bottleneck, cuts, pp.fit_degrees((1,) * s)))
     cands.sort(key=lambda c: c[0])  # best estimate first (taken when the budget runs out)
     return pp.best_of([pp.choice(cuts, degrees) for _, cuts, degrees in cands])
 
@@ -192,7 +203,22 @@ def _fitting_cuts(pp: PipeProblem, s: int, r: int, m: int, sharding: str) -> tup
 
 
 def pipedream(pp: PipeProblem) -> Plan:
-    """a[b, m]: best bottleneck covering positions [0, grid[b]) with stages on the first m devices."""
+    """PipeDream's DP (``_pipedream_dp``) twice: on time alone, and with every stage kept to its devices' memory (as
+    PipeDream's optimizer does; a stage's micro-batches in flight taken at their most, ``pp.m``); the best simulated
+    of both, and of full replication, wins."""
+    timed = _pipedream_dp(pp, lambda j, lo, m, r: pp.stage_time_vec(j, lo, m, r))
+    kept = _pipedream_dp(pp, lambda j, lo, m, r: np.where(pp.stage_fits(j, lo, m, r, pp.m, pp.m),
+                                                          pp.stage_time_vec(j, lo, m, r), np.inf))
+    cands = sorted(kept + timed, key=lambda c: c[0])  # best estimate first (taken when the budget runs out)
+    if not cands:
+        raise ConfigError(f"pipedream found no plan: batch_size {pp.batch_size} admits no DP degree with "
+                          f"num_microbatches {pp.m}")
+    return pp.best_of(_replicated(pp, "dp") + [pp.choice(cuts, degrees) for _, cuts, degrees in cands])
+
+
+def _pipedream_dp(pp: PipeProblem, stage_cost: Callable[[int, int, int, int], np.ndarray]) -> list[tuple]:
+    """a[b, m]: best bottleneck covering positions [0, grid[b]) with stages on the first m devices; the plan of
+    every device count with a finite bottleneck, as (bottleneck, cuts, DP degrees)."""
     n, d = pp.n, pp.d
     grid = cut_grid(n)
     g = len(grid) - 1
@@ -207,7 +233,7 @@ def pipedream(pp: PipeProblem) -> Plan:
                     continue
                 lo = m - r  # devices [lo, m) replicate this stage
                 # a[i, 0] is finite only at i = 0 and a[0, lo > 0] never, so stages stay non-empty
-                cost = np.maximum(a[:b, lo], pp.stage_time_vec(j, lo, m, r)[grid[:b]])
+                cost = np.maximum(a[:b, lo], stage_cost(j, lo, m, r)[grid[:b]])
                 i = int(np.argmin(cost))
                 if cost[i] < a[b, m]:
                     a[b, m] = cost[i]
@@ -223,11 +249,7 @@ def pipedream(pp: PipeProblem) -> Plan:
             degrees.append(int(r))
             b, mm = int(i), mm - int(r)
         cands.append((a[g, m], cuts[::-1], tuple(degrees[::-1])))
-    if not cands:
-        raise ConfigError(f"pipedream found no plan: batch_size {pp.batch_size} admits no DP degree with "
-                          f"num_microbatches {pp.m}")
-    cands.sort(key=lambda c: c[0])  # best estimate first (taken when the budget runs out)
-    return pp.best_of(_replicated(pp, "dp") + [pp.choice(cuts, degrees) for _, cuts, degrees in cands])
+    return cands
 
 
 def compositions(s: int, total_max: int, allowed: Callable[[int], bool] = lambda r: True) -> list[tuple[int, ...]]:
