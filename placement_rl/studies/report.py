@@ -248,7 +248,8 @@ def write_study(spec: StudySpec, results: Sequence[RunResult], out_dir: str | os
     lines = [f"# {spec.title}", "", spec.question, "",
              f"Mode **{spec.mode}**: {len(spec.cells)} cells x {len(spec.seeds)} seeds, an equal budget of "
              f"**{spec.budget} simulator calls** per run (the baselines get the same budget and seed). "
-             f"Step times are simulated by the cost model (roofline costs unless profiles are installed); {judged}.",
+             "Step times are simulated by the cost model (the calibrated GPU model for GPUs, the roofline for "
+             f"other devices, measured profiles where given); {judged}.",
              "", "Reproduce:", "", "```bash", spec.command or f"python scripts/ablate.py {spec.name} --mode {spec.mode}",
              "```", "", "## Findings", "", *[f"* {f}" for f in findings(rows, spec.budget)], "", "## Results (mean ± std over seeds)",
              "", markdown_table(table, ["cell", "step", "ratio", "speedup", "greedy", "base", "wins", "secs", "seeds"],

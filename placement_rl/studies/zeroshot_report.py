@@ -127,7 +127,8 @@ def write_zeroshot(spec: ZeroShotSpec, rows: Sequence[ZeroShotRow], families: Se
         "(every non-learned placer with the same budget and seed).", "",
         f"Mode **{spec.mode}**, seeds {', '.join(map(str, spec.seeds))}. Agent {t.agent.algo}, encoder "
         f"{t.encoder.name} (hidden {t.encoder.hidden}, {t.encoder.layers} layers), env {t.env_id.split('/')[-1]}. "
-        "Step times are simulated by the cost model (roofline costs unless profiles are installed).", "",
+        "Step times are simulated by the cost model (the calibrated GPU model for GPUs, the roofline for other "
+        "devices, measured profiles where given).", "",
         "Reproduce:", "", "```bash", spec.command or f"python scripts/zeroshot.py --mode {spec.mode}", "```", "",
         "## Family", "",
         f"* {spec.family_count} synthetic graphs ({', '.join(spec.family_synthetic)}; {spec.family_nodes[0]}-"
