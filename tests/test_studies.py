@@ -170,3 +170,11 @@ def test_budgeted_finetune_keeps_every_learned_row_within_the_budget():
     learned = [r for r in res.rows if r.kind == "learned"]
     assert graph.num_nodes * topo.num_devices + 1 > budget // 34  # 16 samples twice would not fit here
     assert learned and max(r.sim_calls for r in learned) <= budget
+
+
+def test_a_study_row_of_one_seed_shows_no_spread():
+    """One seed has no standard deviation: its cells read "1.02", not "1.02 ± 0"."""
+    from placement_rl.studies.report import pm
+
+    assert pm({"seeds": 1, "ratio_mean": 1.02, "ratio_std": 0.0}, "ratio") == "1.02"
+    assert pm({"seeds": 3, "ratio_mean": 1.02, "ratio_std": 0.01}, "ratio") == "1.02 ± 0.01"

@@ -41,6 +41,11 @@ def fmt_pm(mean: float, std: float, digits: int = 3) -> str:
     return f"{mean:.{digits}g} ± {std:.2g}" if np.isfinite(std) else f"{mean:.{digits}g}"
 
 
+def pm(row: dict, key: str, digits: int = 3) -> str:
+    """A study row's ``key`` as ``mean ± std`` over its seeds; the mean alone for one seed (no spread to show)."""
+    return fmt_pm(row[f"{key}_mean"], row[f"{key}_std"] if row.get("seeds", 2) > 1 else float("nan"), digits)
+
+
 def _plt():
     import matplotlib
 
@@ -167,9 +172,9 @@ def findings(rows: Sequence[Mapping[str, Any]], budget: int | None = None) -> li
     worst = max(ok, key=lambda r: r["ratio_mean"])
     runs = sum(r["seeds"] for r in rows)
     wins = sum(r["beats_baseline"] for r in rows)
-    out = [f"Best cell: **{best['cell']}**, {fmt_pm(best['ratio_mean'], best['ratio_std'])} x the best baseline "
+    out = [f"Best cell: **{best['cell']}**, {pm(best, 'ratio')} x the best baseline "
            f"({best['best_baseline']}, {best['baseline_ms_mean']:.4g} ms); worst: **{worst['cell']}**, "
-           f"{fmt_pm(worst['ratio_mean'], worst['ratio_std'])} x.",
+           f"{pm(worst, 'ratio')} x.",
            f"{wins} of {runs} runs ({sum(r['ratio_mean'] < 1 for r in ok)} of {len(rows)} cells on average) beat the "
            f"best baseline under the same simulator-call budget.",
            "Speed-up over the best single device: "
@@ -236,11 +241,10 @@ def write_study(spec: StudySpec, results: Sequence[RunResult], out_dir: str | os
     curves_plot(results, cells, spec.budget, out / f"{stem}_curves.png",
                 title=f"{spec.title}: best so far, mean ± std over {len(spec.seeds)} seeds")
     relative_bars(results, cells, out / f"{stem}_relative.png", title=f"{spec.title} (mean ± std; dots: seeds)")
-    table = [{"cell": r["cell"], "step": fmt_pm(r["step_time_ms_mean"], r["step_time_ms_std"], 4),
-              "ratio": fmt_pm(r["ratio_mean"], r["ratio_std"]), "speedup": fmt_pm(r["speedup_mean"], r["speedup_std"]),
-              "greedy": fmt_pm(r["greedy_time_ms_mean"], r["greedy_time_ms_std"], 4),
+    table = [{"cell": r["cell"], "step": pm(r, "step_time_ms", 4), "ratio": pm(r, "ratio"),
+              "speedup": pm(r, "speedup"), "greedy": pm(r, "greedy_time_ms", 4),
               "base": f"{r['best_baseline']} {r['baseline_ms_mean']:.4g}",
-              "wins": f"{r['beats_baseline']}/{r['seeds']}", "secs": fmt_pm(r["train_seconds_mean"], r["train_seconds_std"]),
+              "wins": f"{r['beats_baseline']}/{r['seeds']}", "secs": pm(r, "train_seconds"),
               "seeds": r["seed_list"]} for r in rows]
     judged = ("placements of the coarsened graph are expanded to the uncoarsened graph and simulated there; the "
               "baselines run on the uncoarsened graph" if spec.judge == "original" else
