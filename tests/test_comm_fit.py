@@ -93,3 +93,29 @@ def test_unknown_measured_system_is_a_topology_error() -> None:
         "links": {"intra_host": {"bandwidth": 1e10, "latency": 1e-6}}})
     with pytest.raises(TopologyError, match="not a measured system"):
         link_segments(topo)
+
+
+@pytest.mark.parametrize("name", ["8x_a100_dgx", "8x_h100_dgx", "2x_a100_nvlink_pair", "2x4_v100_ib", "cpu_2gpu"])
+def test_link_segments_equal_the_table_of_each_pair(name: str) -> None:
+    """The links' segment tables, built with array operations, against each pair's table built on its own (the
+    measured p2p fit of its kind of link between two GPUs, else latency + bytes / bandwidth, each padded with its
+    last row)."""
+    from placement_rl.cost.comm_fit import fit_applies, fit_segments, inverse_bandwidth, select_fit
+
+    topo = load_topology(name)
+    got = link_segments(topo)
+    d, inv = topo.num_devices, inverse_bandwidth(topo.link_bandwidth)
+    system = fit_applies(topo)
+    segs = {}
+    if system is not None:
+        fits = {dpn: select_fit("p2p", 2, system, dpn, exact_p2p=True) for dpn in (1, 2)}
+        segs = {dpn: fit_segments(*f) for dpn, f in fits.items() if f is not None}
+    assert got.shape[:2] == (d, d) and got.shape[2] == max([1, *(t.shape[0] for t in segs.values())])
+    for i in range(d):
+        for j in range(d):
+            a, b = topo.devices[i], topo.devices[j]
+            dpn = 2 if a.host == b.host else 1
+            tab = segs[dpn] if i != j and dpn in segs and a.kind == b.kind == "gpu" else np.array(
+                [[np.inf, topo.link_latency[i, j], inv[i, j]]])
+            want = np.vstack([tab] + [tab[-1:]] * (got.shape[2] - tab.shape[0]))
+            np.testing.assert_array_equal(got[i, j], want)

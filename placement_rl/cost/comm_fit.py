@@ -181,22 +181,29 @@ def inverse_bandwidth(bandwidth: np.ndarray) -> np.ndarray:
 def link_segments(topology: Any, costs: Any = None) -> np.ndarray:
     """``float64 [D, D, K, 3]``: each link's segment table: the measured p2p fit where ``fit_applies`` and
     the pair's kind of link was measured, else ``latency + bytes / bandwidth`` (of ``costs``, else the
-    topology). The kernels take it as ``split_segments(...)``."""
+    topology). The kernels take it as ``split_segments(...)``. Built with array operations: a table per pair in
+    Python took 0.22 s at 256 devices, which every search paid before its clock started."""
     d = topology.num_devices
     src = topology if costs is None else costs
-    latency, inv = src.link_latency, inverse_bandwidth(src.link_bandwidth)
-    tables = [np.array([[np.inf, latency[i, j], inv[i, j]]]) for i in range(d) for j in range(d)]
+    latency, inv = np.asarray(src.link_latency, dtype=np.float64), inverse_bandwidth(src.link_bandwidth)
+    analytic = np.stack([np.full((d, d), np.inf), latency, inv], axis=-1)[:, :, None, :]  # one unbounded row
     system = fit_applies(topology, costs)
+    segs: dict[int, np.ndarray] = {}
     if system is not None:
         fits = {dpn: select_fit("p2p", 2, system, dpn, exact_p2p=True) for dpn in (1, 2)}
         segs = {dpn: fit_segments(*f) for dpn, f in fits.items() if f is not None}
-        devs = topology.devices
-        for i in range(d):
-            for j in range(d):
-                dpn = 2 if devs[i].host == devs[j].host else 1
-                if i != j and dpn in segs and devs[i].kind == devs[j].kind == "gpu":
-                    tables[i * d + j] = segs[dpn]
-    return np.ascontiguousarray(pad_segments(tables).reshape(d, d, -1, 3))
+    if not segs:
+        return np.ascontiguousarray(analytic)
+    k = max(t.shape[0] for t in segs.values())
+    out = np.repeat(analytic, k, axis=2)  # each table padded with its last, unbounded row (``pad_segments``)
+    devs = topology.devices
+    host = np.array([dv.host for dv in devs], dtype=object)
+    gpu = np.array([dv.kind == "gpu" for dv in devs])
+    same = host[:, None] == host[None, :]
+    pairs = gpu[:, None] & gpu[None, :] & ~np.eye(d, dtype=bool)
+    for dpn, tab in segs.items():  # 2 devices per node: the pair shares a host; 1: it does not
+        out[pairs & (same if dpn == 2 else ~same)] = np.vstack([tab] + [tab[-1:]] * (k - tab.shape[0]))
+    return np.ascontiguousarray(out)
 
 
 def segment_time(table: np.ndarray, nbytes: float) -> float:
