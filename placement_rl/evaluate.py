@@ -180,9 +180,10 @@ def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, bud
 
 
 def _search_note(meta: dict[str, Any]) -> str:
-    """What ``exact`` did not search: the full stage-plan space when too large (its ideals), and configurations
-    or simulations left when its budget or seconds ran out (``meta["exhaustive"]`` false)."""
-    notes = []
+    """A planner's own note (``tp``: why no TP degree > 1), and what ``exact`` did not search: the full stage-plan
+    space when too large (its ideals), and configurations or simulations left when its budget or seconds ran out
+    (``meta["exhaustive"]`` false)."""
+    notes = [str(meta.get("note", ""))]
     if not meta.get("ideals_complete", True):
         notes.append(str(meta.get("ideal_note", "")))
     if meta.get("exhaustive") is False:

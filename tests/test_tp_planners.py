@@ -34,6 +34,21 @@ def test_registered():
     assert {"tp", "megatron", "exact"} <= set(baselines.pipeline_names())
 
 
+@pytest.mark.parametrize("name", ["tp", "megatron"])
+def test_tp_and_megatron_plan_on_the_gpus_of_a_cluster_with_a_cpu(case, name):
+    """``cpu_2gpu``: the CPU sat in a DP group with the two GPUs (TP 1: no degree divides a host of three), which it
+    paced to 0.67 x one GPU; the plan now takes TP 2 over the GPUs and leaves the CPU out."""
+    g = case[0]
+    topo = load_topology("cpu_2gpu")
+    c = resolve_costs(g, topo)
+    plan, res = run(name, g, c, topo)
+    used = {d for grp in plan.stage_devices for d in grp}
+    assert all(topo.devices[d].kind == "gpu" for d in used) and plan.tp == (2,) * plan.num_stages
+    one = load_topology("1x_v100_pcie_32gb")
+    one_gpu = run("dp", g, resolve_costs(g, one), one)[1].step_time
+    assert res.feasible and res.step_time < one_gpu
+
+
 def test_tp_and_megatron_keep_tp_inside_a_host(case):
     g, c, topo = case
     plan, res = run("tp", g, c, topo)
@@ -141,3 +156,21 @@ def test_nothing_to_split_and_short_budget():
     assert plan.tp == (1,) and "nothing to split" in plan.meta["note"]
     plan, _ = run("exact", g, c, topo, budget=5)  # a short budget simulates the best estimates only
     assert plan.meta["sim_calls"] <= 5 and plan.meta["exhaustive"] is False
+
+
+def test_evaluate_shows_why_tp_fell_back_to_data_parallelism(case):
+    """``tp``'s note (no TP degree > 1: one GPU per host here) reaches the comparison's note column; it was
+    dropped, and the row read as plain DP with no reason."""
+    from placement_rl import evaluate
+
+    from placement_rl.topology import DeviceTopology
+
+    g = case[0]
+    topo = DeviceTopology.from_dict({"name": "two_hosts", "devices": [
+        {"name": "a", "kind": "gpu", "model": "V100 SXM2 32GB", "host": 0},
+        {"name": "b", "kind": "gpu", "model": "V100 SXM2 32GB", "host": 1}],
+        "links": {"intra_host": {"bandwidth": 1e11, "latency": 1e-6},
+                  "inter_host": {"bandwidth": 1e10, "latency": 1e-5}}})
+    rows = evaluate.compare(g, resolve_costs(g, topo), topo, budget=2000, placers=[], partitioners=("tp",))
+    (row,) = [r for r in rows if r.placer == "tp"]
+    assert "no TP degree > 1" in row.note, row.note

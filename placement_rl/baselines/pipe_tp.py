@@ -6,7 +6,8 @@ homogeneous presets), TP innermost, and a TP degree is offered only when it divi
 in that order (TP groups never span hosts) and the graph's split sizes (``graph.tp.check_degree``).
 
 * ``tp``: all devices of a host in one TP group (the largest degree <= the host size that the graph allows),
-  DP across hosts, one stage; micro-batch count and DDP / FSDP searched.
+  DP across hosts, one stage; micro-batch count and DDP / FSDP searched. On the GPUs of a cluster that also has
+  CPUs (``accelerators``), as ``megatron``.
 * ``megatron``: the usual Megatron-LM rule -- TP within a host (as ``tp``), PP across hosts (every divisor of
   the host count), DP for the rest; time-balanced cuts; micro-batches searched; DDP.
 * ``exact``: every ``(pp, dp, tp)`` with ``pp x dp x tp <= D`` (also plans on fewer devices: a DP plan over 8
@@ -55,9 +56,18 @@ EXACT_GRID = 128
 MAX_BOUNDS = 1024
 
 
-def host_size(pp: PipeProblem) -> int:
-    """Devices per host run in ``pp.devs`` order (the smallest run: TP groups must fit every host)."""
-    hosts = [pp.topology.devices[int(d)].host for d in pp.devs]
+def accelerators(pp: PipeProblem) -> int:
+    """How many of the fastest devices (``pp.devs``' first) are of the fastest one's kind: the GPUs of a cluster
+    that also has CPUs (``tp`` and ``megatron`` plan on these; a CPU in a DP group with GPUs paced it, 0.67 x one
+    GPU on ``cpu_2gpu``)."""
+    kinds = [pp.topology.devices[int(d)].kind for d in pp.devs]
+    return next((i for i, k in enumerate(kinds) if k != kinds[0]), len(kinds))
+
+
+def host_size(pp: PipeProblem, count: int | None = None) -> int:
+    """Devices per host run in ``pp.devs`` order (the smallest run: TP groups must fit every host), over the first
+    ``count`` devices (default all)."""
+    hosts = [pp.topology.devices[int(d)].host for d in pp.devs[:count]]
     runs, cur = [], 1
     for a, b in zip(hosts, hosts[1:]):
         if a == b:
@@ -69,9 +79,9 @@ def host_size(pp: PipeProblem) -> int:
     return min(runs)
 
 
-def tp_choices(pp: PipeProblem, limit: int | None = None) -> list[int]:
-    """TP degrees the graph allows that divide every host's run of devices (1 always)."""
-    h = host_size(pp)
+def tp_choices(pp: PipeProblem, limit: int | None = None, count: int | None = None) -> list[int]:
+    """TP degrees the graph allows that divide every host's run of devices (of the first ``count``; 1 always)."""
+    h = host_size(pp, count)
     ann = tpmod.annotation(pp.graph)
     out = [1]
     for t in range(2, min(h, limit or h) + 1):
@@ -86,20 +96,21 @@ def tp_choices(pp: PipeProblem, limit: int | None = None) -> list[int]:
 
 
 def _plans_whole(pp: PipeProblem, t: int, shardings=SHARDINGS) -> list[Plan]:
-    d = pp.d // t
+    d = accelerators(pp) // t
     return [([0, pp.n], (d,), m, sh, (t,)) for m in microbatch_choices(1, d, pp.batch_size, schedule=pp.schedule)
             for sh in shardings]
 
 
 def tp_planner(pp: PipeProblem) -> Plan:
-    t = tp_choices(pp)[-1]
+    t = tp_choices(pp, count=accelerators(pp))[-1]
     if t == 1:  # plain data parallelism, saying why
         note = tpmod.annotation(pp.graph).note
         pp.extra_meta = {"note": f"no TP degree > 1 for graph '{pp.graph.name}' on topology '{pp.topology.name}' "
                                  f"({note or 'no degree divides both the host size and the split sizes'})"}
     cands = _plans_whole(pp, t)
     if not cands:
-        raise ConfigError(f"batch_size {pp.batch_size} does not split over DP degree {pp.d // t} (TP {t}): no tp plan")
+        raise ConfigError(f"batch_size {pp.batch_size} does not split over DP degree {accelerators(pp) // t} (TP {t}): "
+                          "no tp plan")
     return pp.best_of(cands)
 
 
@@ -316,12 +327,13 @@ def _pipeline_plans(pp: PipeProblem, grid: np.ndarray, s: int, t: int, dp: int, 
 
 
 def megatron(pp: PipeProblem) -> Plan:
-    t = tp_choices(pp)[-1]
-    hosts = max(1, pp.d // host_size(pp))
+    acc = accelerators(pp)
+    t = tp_choices(pp, count=acc)[-1]
+    hosts = max(1, acc // host_size(pp, acc))
     cands: list[Plan] = []
     grid = cut_grid(pp.n, EXACT_GRID)
     for s in (s for s in range(1, hosts + 1) if hosts % s == 0 and s <= len(grid) - 1):
-        dp = pp.d // (t * s)
+        dp = acc // (t * s)
         for m in microbatch_choices(s, dp, pp.batch_size, schedule=pp.schedule):
             cands += [c for _, c in _pipeline_plans(pp, grid, s, t, dp, m, shardings=("dp",), alpa=False)[0]]
     if not cands:
