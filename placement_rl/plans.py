@@ -27,6 +27,27 @@ STAGE_PLAN_SCHEMA = "placement_rl.stage_plan"
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "zb1p")
 SHARDINGS = ("dp", "fsdp")  # replicate each stage (DDP) or shard it over its DP group (FSDP2 / ZeRO-3)
 RECOMPUTE = ("none", "selective", "full")  # activation recomputation per stage (``placement_rl.cost.recompute``)
+_PLAN_FIELDS = ("stage_devices", "num_microbatches", "schedule", "batch_size", "sharding", "tp",
+                "make_vocab_size_divisible_by", "recompute", "sequence_parallel")  # compared beside the stages
+
+
+def _same_meta(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Meta dicts equal by value (numpy arrays inside compared element-wise)."""
+    if a.keys() != b.keys():
+        return False
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            if not np.array_equal(np.asarray(x), np.asarray(y)):
+                return False
+        else:
+            try:
+                if not bool(x == y):
+                    return False
+            except (TypeError, ValueError):
+                if repr(x) != repr(y):
+                    return False
+    return True
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,6 +68,15 @@ class Placement:
 
     def __len__(self) -> int:
         return int(self.device_of_node.shape[0])
+
+    def __eq__(self, other: object) -> bool:  # by value (gymnasium's determinism check compares infos with ==)
+        if not isinstance(other, Placement):
+            return NotImplemented
+        return (np.array_equal(self.device_of_node, other.device_of_node)
+                and _same_meta(self.meta, other.meta))
+
+    def __hash__(self) -> int:
+        return hash(self.device_of_node.tobytes())
 
     def validate(self, graph: CompGraph, topology: DeviceTopology) -> "Placement":
         if len(self) != graph.num_nodes:
@@ -204,6 +234,19 @@ class StagePlan:
         if not isinstance(self.sequence_parallel, (bool, np.bool_)):
             raise PlanError(f"sequence_parallel must be true or false, got {self.sequence_parallel!r}")
         object.__setattr__(self, "sequence_parallel", bool(self.sequence_parallel))
+        if self.sequence_parallel and not self.uses_tp:
+            raise PlanError("sequence_parallel is true but no stage has a TP degree > 1 (sequence parallelism splits "
+                            "the TP regions' token-wise ops): set it false or give a stage tp > 1")
+
+    def __eq__(self, other: object) -> bool:  # by value, as Placement
+        if not isinstance(other, StagePlan):
+            return NotImplemented
+        return (np.array_equal(self.stage_of_node, other.stage_of_node)
+                and all(getattr(self, f) == getattr(other, f) for f in _PLAN_FIELDS)
+                and _same_meta(self.meta, other.meta))
+
+    def __hash__(self) -> int:
+        return hash((self.stage_of_node.tobytes(), *(getattr(self, f) for f in _PLAN_FIELDS)))
 
     @property
     def num_stages(self) -> int:

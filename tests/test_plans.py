@@ -180,3 +180,43 @@ def test_every_plan_the_cli_writes_carries_the_graph_fingerprint(g, topo, tmp_pa
     for value in (np.array([0, 1, 2, 3, 0, 1]), stage_plan):
         _, name = save_plan(value, g, topo, tmp_path)
         assert json.loads((tmp_path / name).read_text())["graph_fingerprint"] == g.fingerprint()
+
+
+def test_plans_compare_by_value_so_gymnasiums_determinism_check_holds() -> None:
+    a = StagePlan(stage_of_node=[0, 0, 1], stage_devices=[(0,), (1,)], num_microbatches=2, meta={"x": np.arange(3)})
+    b = StagePlan(stage_of_node=np.array([0, 0, 1]), stage_devices=[[0], [1]], num_microbatches=2,
+                  meta={"x": np.arange(3)})
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert a != StagePlan(stage_of_node=[0, 0, 1], stage_devices=[(0,), (1,)], num_microbatches=4)
+    assert a != StagePlan(stage_of_node=[0, 1, 1], stage_devices=[(0,), (1,)], num_microbatches=2,
+                          meta={"x": np.arange(3)})
+    assert a != StagePlan(stage_of_node=[0, 0, 1], stage_devices=[(0,), (1,)], num_microbatches=2,
+                          meta={"x": np.arange(1, 4)})
+    p, q = Placement([0, 1, 1], meta={"placer": "t"}), Placement(np.array([0, 1, 1]), meta={"placer": "t"})
+    assert p == q and hash(p) == hash(q) and p != Placement([0, 1, 0], meta={"placer": "t"}) and p != a
+
+
+def test_one_node_pipeline_env_passes_gymnasiums_checker() -> None:
+    from gymnasium.utils.env_checker import check_env
+
+    from placement_rl.envs import PipelineEnv
+    one = DeviceTopology.from_dict({
+        "name": "one", "devices": [{"name": "gpu", "count": 1, "kind": "gpu", "peak_flops": 1e13,
+                                    "mem_bandwidth": 1e12, "memory_bytes": 16e9}],
+        "links": {"intra_host": {"bandwidth": 1e10, "latency": 1e-5}}})
+    g = make_graph([dict(name="n0", fwd_flops=1e9, bwd_flops=2e9, out_bytes=1e6, param_bytes=1e6, act_bytes=1e6)],
+                   [], name="single")
+    check_env(PipelineEnv(graph=g, topology=one), skip_render_check=True)
+
+
+def test_sequence_parallel_without_a_tp_stage_is_refused(g, topo, tmp_path) -> None:
+    with pytest.raises(PlanError, match="no stage has a TP degree > 1"):
+        StagePlan(stage_of_node=[0] * 6, stage_devices=[(0, 1)], sequence_parallel=True)
+    plan = StagePlan(stage_of_node=[0] * 6, stage_devices=[(0, 1)]).validate(g, topo)
+    path = tmp_path / "plan.json"
+    plan.to_json(path, graph=g, topology=topo)
+    data = json.loads(path.read_text())
+    data["sequence_parallel"] = True
+    path.write_text(json.dumps(data))
+    with pytest.raises(PlanError, match="set it false"):
+        load_plan(path, topology=topo, graph=g)

@@ -260,7 +260,7 @@ class PipelineSimulator:
             ffix[:, nodes] += segment_times(tab_f, ann.ar_fwd[nodes] / (m * p))[None, :]
             bfix[:, nodes] += segment_times(tab_b, ann.ar_bwd[nodes] / (m * p))[None, :]
         groups = tuple(plan.dp_groups(s)[0] for s in range(plan.num_stages))
-        kernel_plan = dataclasses.replace(plan, stage_devices=groups, tp=())
+        kernel_plan = dataclasses.replace(plan, stage_devices=groups, tp=(), sequence_parallel=False)  # priced above
         arrays = (*self._graph_arrays[:3], fvar, ffix, bvar, bfix)
         return kernel_plan, (arrays, (param, act, *self._size_arrays[2:]))
 
