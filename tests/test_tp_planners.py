@@ -174,3 +174,35 @@ def test_evaluate_shows_why_tp_fell_back_to_data_parallelism(case):
     rows = evaluate.compare(g, resolve_costs(g, topo), topo, budget=2000, placers=[], partitioners=("tp",))
     (row,) = [r for r in rows if r.placer == "tp"]
     assert "no TP degree > 1" in row.note, row.note
+
+
+def _hosts(*sizes):
+    from placement_rl.topology import DeviceTopology
+    gpu = {"kind": "gpu", "peak_flops": 15.7e12, "mem_bandwidth": 9e11, "memory_bytes": 34359738368}
+    return DeviceTopology.from_dict({
+        "name": "hosts" + "+".join(map(str, sizes)),
+        "devices": [{"name": f"h{h}_gpu", "count": n, "host": h, **gpu} for h, n in enumerate(sizes)],
+        "links": {"intra_host": {"bandwidth": 5e10, "latency": 5e-6}, "inter_host": {"bandwidth": 1.25e10,
+                                                                                     "latency": 2e-5}}})
+
+
+@pytest.mark.parametrize("sizes, t, used", [((8, 1), 8, 8), ((6, 4), 2, 10)])
+def test_tp_degrees_per_host_prefix_not_the_smallest_host(case, sizes, t, used):
+    """Hosts of 8 + 1 GPUs: TP stayed 1 on all nine (the smallest host decided); TP 8 runs on the 8 now. Hosts of
+    6 + 4: TP 4 divided the smallest host, so a plan on 8 devices put a TP group across the two hosts; 4 is offered
+    only on the first host's 4 now, and the widest plan (TP 2) takes all ten."""
+    g = case[0]
+    topo = _hosts(*sizes)
+    c = resolve_costs(g, topo)
+    pp = PipeProblem(g, c, topo, budget=10, seed=0, num_microbatches=1, schedule="1f1b", batch_size=None)
+    assert pipe_tp.usable(pp, t) == used
+    for name in ("tp", "megatron"):
+        plan, res = run(name, g, c, topo)
+        assert res.feasible
+        for s in range(plan.num_stages):
+            for grp in plan.tp_groups(s):
+                assert len({topo.devices[d].host for d in grp}) == 1
+    for s, dp, tt, m in pipe_tp.configurations(pp):
+        assert s * dp * tt <= pipe_tp.usable(pp, tt)
+    if sizes == (8, 1):
+        assert run("tp", g, c, topo)[0].tp == (8,) and 8 in {tt for _, _, tt, _ in pipe_tp.configurations(pp)}

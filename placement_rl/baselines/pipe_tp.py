@@ -2,8 +2,9 @@
 
 Every plan has one DP degree and one TP degree for all its stages (the 3-D ``pp x dp x tp`` mesh the executor
 runs); stage ``k`` takes the next ``dp x tp`` devices of ``PipeProblem.devs`` (fastest first, index order on
-homogeneous presets), TP innermost, and a TP degree is offered only when it divides the devices of every host
-in that order (TP groups never span hosts) and the graph's split sizes (``graph.tp.check_degree``).
+homogeneous presets), TP innermost, and a TP degree is offered on the devices of that order whose hosts take whole
+TP groups (``usable``: TP groups never span hosts; on hosts of 8 + 1 GPUs TP 8 runs on the 8) where it divides
+the graph's split sizes (``graph.tp.check_degree``).
 
 * ``tp``: all devices of a host in one TP group (the largest degree <= the host size that the graph allows),
   DP across hosts, one stage; micro-batch count and DDP / FSDP searched. On the GPUs of a cluster that also has
@@ -64,28 +65,43 @@ def accelerators(pp: PipeProblem) -> int:
     return next((i for i, k in enumerate(kinds) if k != kinds[0]), len(kinds))
 
 
-def host_size(pp: PipeProblem, count: int | None = None) -> int:
-    """Devices per host run in ``pp.devs`` order (the smallest run: TP groups must fit every host), over the first
-    ``count`` devices (default all)."""
+def _host_runs(pp: PipeProblem, count: int | None = None) -> list[int]:
+    """Devices per host run in ``pp.devs`` order, over the first ``count`` devices (default all)."""
     hosts = [pp.topology.devices[int(d)].host for d in pp.devs[:count]]
-    runs, cur = [], 1
-    for a, b in zip(hosts, hosts[1:]):
-        if a == b:
-            cur += 1
+    runs: list[int] = []
+    for k, h in enumerate(hosts):
+        if k and h == hosts[k - 1]:
+            runs[-1] += 1
         else:
-            runs.append(cur)
-            cur = 1
-    runs.append(cur)
-    return min(runs)
+            runs.append(1)
+    return runs
+
+
+def host_size(pp: PipeProblem, count: int | None = None) -> int:
+    """The smallest host run of devices in ``pp.devs`` order, over the first ``count`` devices (default all)."""
+    return min(_host_runs(pp, count))
+
+
+def usable(pp: PipeProblem, t: int, count: int | None = None) -> int:
+    """How many devices (a prefix of ``pp.devs``'s first ``count``) take TP groups of ``t`` that never span hosts:
+    whole host runs while ``t`` divides them, then ``t``'s largest multiple in the first run it does not divide (on
+    hosts of 8 + 1 GPUs, TP 8 on the 8; the smallest host no longer decides for all)."""
+    total = 0
+    for r in _host_runs(pp, count):
+        total += r - r % t
+        if r % t:
+            break
+    return total
 
 
 def tp_choices(pp: PipeProblem, limit: int | None = None, count: int | None = None) -> list[int]:
-    """TP degrees the graph allows that divide every host's run of devices (of the first ``count``; 1 always)."""
-    h = host_size(pp, count)
+    """TP degrees the graph allows that have at least one TP group on the first ``count`` devices (``usable``;
+    1 always)."""
+    h = max(_host_runs(pp, count))
     ann = tpmod.annotation(pp.graph)
     out = [1]
     for t in range(2, min(h, limit or h) + 1):
-        if h % t:
+        if usable(pp, t, count) < t:
             continue
         try:
             tpmod.check_degree(pp.graph, t, ann)
@@ -96,7 +112,7 @@ def tp_choices(pp: PipeProblem, limit: int | None = None, count: int | None = No
 
 
 def _plans_whole(pp: PipeProblem, t: int, shardings=SHARDINGS) -> list[Plan]:
-    d = accelerators(pp) // t
+    d = usable(pp, t, accelerators(pp)) // t
     return [([0, pp.n], (d,), m, sh, (t,)) for m in microbatch_choices(1, d, pp.batch_size, schedule=pp.schedule)
             for sh in shardings]
 
@@ -109,8 +125,8 @@ def tp_planner(pp: PipeProblem) -> Plan:
                                  f"({note or 'no degree divides both the host size and the split sizes'})"}
     cands = _plans_whole(pp, t)
     if not cands:
-        raise ConfigError(f"batch_size {pp.batch_size} does not split over DP degree {accelerators(pp) // t} (TP {t}): "
-                          "no tp plan")
+        dp = usable(pp, t, accelerators(pp)) // t
+        raise ConfigError(f"batch_size {pp.batch_size} does not split over DP degree {dp} (TP {t}): no tp plan")
     return pp.best_of(cands)
 
 
@@ -329,7 +345,8 @@ def _pipeline_plans(pp: PipeProblem, grid: np.ndarray, s: int, t: int, dp: int, 
 def megatron(pp: PipeProblem) -> Plan:
     acc = accelerators(pp)
     t = tp_choices(pp, count=acc)[-1]
-    hosts = max(1, acc // host_size(pp, acc))
+    acc = usable(pp, t, acc)
+    hosts = len(_host_runs(pp, acc))
     cands: list[Plan] = []
     grid = cut_grid(pp.n, EXACT_GRID)
     for s in (s for s in range(1, hosts + 1) if hosts % s == 0 and s <= len(grid) - 1):
@@ -347,8 +364,9 @@ def configurations(pp: PipeProblem) -> list[tuple[int, int, int, int]]:
     g = len(cut_grid(pp.n, EXACT_GRID)) - 1
     out = []
     for t in tp_choices(pp):
-        for s in range(1, min(pp.d // t, g) + 1):
-            for dp in range(1, pp.d // (t * s) + 1):
+        d = usable(pp, t)
+        for s in range(1, min(d // t, g) + 1):
+            for dp in range(1, d // (t * s) + 1):
                 for m in microbatch_choices(s, dp, pp.batch_size, schedule=pp.schedule):
                     out.append((s, dp, t, m))
     return out
@@ -381,4 +399,4 @@ def exact(pp: PipeProblem) -> Plan:
     return best
 
 
-__all__ = ["configurations", "cut_objective", "exact", "host_size", "megatron", "tp_choices", "tp_planner"]
+__all__ = ["configurations", "cut_objective", "exact", "host_size", "megatron", "tp_choices", "tp_planner", "usable"]
