@@ -43,6 +43,18 @@ def test_no_subcommand_lists_them(tmp_path):
         assert cmd in r.stdout
 
 
+def test_a_commands_help_lists_only_the_groups_it_composes():
+    from placement_rl.cli.help import command_groups
+
+    assert command_groups("deploy") == ["graph", "topology"] and command_groups("inspect") == ["graph"]
+    assert {"agent", "encoder", "env", "trainer"} <= set(command_groups("train"))
+    r = subprocess.run([sys.executable, "-m", "placement_rl.cli.main", "deploy", "--help"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0 and r.stdout.startswith("placement-rl deploy: run a plan.json")
+    assert "\ntopology: " in r.stdout and "2x_cpu" in r.stdout and "plan: ???" in r.stdout
+    assert "\nagent:" not in r.stdout and "\ntrainer:" not in r.stdout  # Hydra listed every group of conf/
+
+
 def test_unknown_subcommand_exits_2(tmp_path):
     r = subprocess.run([sys.executable, "-m", "placement_rl.cli.main", "fly"], capture_output=True, text=True)
     assert r.returncode == 2 and "unknown subcommand 'fly'" in r.stderr

@@ -342,6 +342,11 @@ def hydra_app(config_name: str, *, writes: Iterable[str] = ()) -> Callable[[Call
             register_configs(config_name)  # its structured config in Hydra's ConfigStore (schema/, base/)
             try:
                 sys.argv += preflight(config_name, sys.argv[1:])
+                if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
+                    from placement_rl.cli.help import help_override
+                    from placement_rl.cli.main import COMMANDS
+
+                    sys.argv += help_override(config_name, COMMANDS[config_name][1])
             except PlacementRLError as exc:
                 fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             try:

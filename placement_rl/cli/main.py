@@ -49,7 +49,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     module = importlib.import_module(COMMANDS[cmd][0])
     sys.argv = [f"placement-rl {cmd}", *rest]
-    module.main()
+    try:
+        module.main()
+    except BrokenPipeError:  # output piped into a reader that stopped (``| head``): no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
 
 
 if __name__ == "__main__":
