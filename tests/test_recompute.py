@@ -307,3 +307,20 @@ def test_a_short_training_picks_recomputation(long_sequences):
     tr.policy.set_training_mode(False)
     info = rollout(tr.policy, env, deterministic=True, rng=np.random.default_rng(0), seed=0)
     assert info["plan"].recompute == ("full",) and info["feasible"]
+
+
+def test_exact_says_when_a_coarsened_graph_leaves_selective_recomputation_out():
+    """On a coarsened graph selective recomputation cannot be priced (the attention cores are merged), so exact's
+    plan recomputes whole layers where memory forces it: its note says so (it said nothing)."""
+    from placement_rl import baselines
+    from placement_rl.graph.coarsen import coarsen
+
+    whole = capture_zoo("gpt", batch_size=8, seq_len=2048, vocab_size=4096, d_model=256, n_layers=4, n_heads=8)
+    topo = load_topology("2x_small_gpu")
+    for g in (whole, coarsen(whole, depth=2)):
+        plan = baselines.get_pipeline("exact")(g, resolve_costs(g, topo), topo, budget=4000, seed=0,
+                                               schedule="gpipe")
+        noted = "selective recomputation not weighed" in str(plan.meta.get("note", ""))
+        assert noted == (g.members is not None and "full" in plan.recompute)
+        if g is not whole:
+            assert noted

@@ -337,7 +337,11 @@ def exact(pp: PipeProblem) -> Plan:
                       + (list(every) if small else []))
     climbed, moved = refine(pp)  # the cuts the simulator prefers near the best configurations' plans
     pp.extra_meta.update(moved)
-    return best if climbed is None else pp.best_of([best, climbed])
+    best = best if climbed is None else pp.best_of([best, climbed])
+    if len(best) > 5 and "full" in (best[5] or ()) and pp.graph.members is not None:
+        pp.extra_meta["note"] = (f"selective recomputation not weighed: graph '{pp.graph.name}' is coarsened (its "
+                                 "attention cores merged away; graph.coarsen.enabled=false keeps them)")
+    return best
 
 
 PARTITIONERS: dict[str, Callable[[PipeProblem], Plan]] = {
