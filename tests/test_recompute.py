@@ -324,3 +324,22 @@ def test_exact_says_when_a_coarsened_graph_leaves_selective_recomputation_out():
         assert noted == (g.members is not None and "full" in plan.recompute)
         if g is not whole:
             assert noted
+
+
+def test_exact_and_the_simulator_take_layer_ids_with_gaps():
+    """Coarsened inception's layer regions are 0, 2, 3 (no node of layer 1 left whole): exact's stage tables
+    indexed one past their end (``IndexError``: `evaluate suite=single graph=inception` died)."""
+    from placement_rl import baselines
+    from placement_rl.cost.recompute import regions
+    from placement_rl.graph.coarsen import coarsen
+
+    g = coarsen(capture_zoo("inception"))
+    ids = set(regions(g, "full").tolist()) - {-1}
+    assert ids and ids != set(range(len(ids)))  # the case: ids with a gap
+    topo = load_topology("cpu_2gpu")
+    c = resolve_costs(g, topo)
+    plan = baselines.get_pipeline("exact")(g, c, topo, budget=150, seed=0)
+    assert simulate_pipeline(g, c, topo, plan).feasible
+    full = StagePlan(np.zeros(g.num_nodes, dtype=np.int64), ((1,),), recompute=("full",))
+    assert simulate_pipeline(g, c, topo, full).step_time > simulate_pipeline(g, c, topo, StagePlan(
+        np.zeros(g.num_nodes, dtype=np.int64), ((1,),))).step_time

@@ -204,8 +204,10 @@ class _Stages:
             pos = np.full(int(rid.max()) + 1, self.pp.n)  # each region's first position in the order
             np.minimum.at(pos, rid[order][inside], np.flatnonzero(inside))
             kept, freed = np.zeros(self.pp.n), np.zeros(self.pp.n)
-            kept[pos] = kept_bytes(run, rid)
-            freed[pos] = np.bincount(rid[order][inside], weights=act[order][inside], minlength=pos.size)
+            present = pos < self.pp.n  # region ids with nodes (a graph's layer ids may skip some: inception)
+            kept[pos[present]] = kept_bytes(run, rid)[present]
+            freed[pos[present]] = np.bincount(rid[order][inside], weights=act[order][inside],
+                                              minlength=pos.size)[present]
             held = np.where(inside, 0.0, act[order]) + kept
             pe = np.concatenate([[0.0], np.cumsum(fwd)])[g]
             ph = np.concatenate([[0.0], np.cumsum(held)])[g]
