@@ -248,6 +248,8 @@ class PipelineEnv(PlanOptionPhases, BaseEnv):
             self._devs = np.arange(nd)
         d = st.task.topology.num_devices // (self.config.tp or 1)
         self._max_stages = min(d, self.config.max_stages or d)
+        if self.config.num_microbatches and self.config.schedule == "1f1b":  # Schedule1F1B: micro-batches >= stages
+            self._max_stages = min(self._max_stages, self.config.num_microbatches)
         self._batch = self.config.batch_size if self.config.batch_size is not None else graph_batch_size(st.task.graph)
         first = int(self._order[0])
         self.stage[first] = 0

@@ -236,8 +236,10 @@ def ideal_candidates(pp: PipeProblem) -> tuple[list[tuple[float, Plan]], dict[st
             stages = search.plan_of(parents, int(ci), int(g))
             est = m * val
             best_bottleneck = min(best_bottleneck, est)
+            s = max(stages.stage_of_node) + 1
+            if pp.schedule == "1f1b" and s > m:  # torch's Schedule1F1B (what deploy runs) refuses it
+                continue
             if pp.objective == "step":
-                s = max(stages.stage_of_node) + 1
                 est = val * (m + s - 1)
             key = (stages, m)
             if key in seen:

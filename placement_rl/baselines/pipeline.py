@@ -7,7 +7,8 @@ the devices sorted fastest first (ties by index), a run's length being the stage
 are scored with the ``PipelineSimulator`` (feasible first, then step time), and ``batch_size`` (when
 given) rules out DP degrees x micro-batch counts that do not divide it.
 
-Fixed micro-batch count (the ``num_microbatches`` argument), DDP replication:
+Fixed micro-batch count (the ``num_microbatches`` argument), DDP replication; under 1F1B at most as many stages as
+micro-batches (``stage_cap``: torch's ``Schedule1F1B``, which ``deploy`` runs, refuses fewer):
 
 * ``pp_uniform``: stages = devices, equal node counts per stage, DP degree 1; also every smaller stage count
   on the fastest devices (a slow device need not be a stage), the best simulated shape wins.
@@ -88,10 +89,17 @@ def device_counts(pp: PipeProblem, *, fallback: bool = False) -> list[int]:
     return sorted(out, reverse=True)
 
 
+def stage_cap(pp: PipeProblem) -> int:
+    """The most stages a plan at the problem's micro-batch count may have: under 1F1B as many as micro-batches
+    (torch's ``Schedule1F1B`` refuses fewer micro-batches than stages, so ``deploy`` and ``export`` did)."""
+    return min(pp.d, pp.n, pp.m) if pp.schedule == "1f1b" else min(pp.d, pp.n)
+
+
 def _stage_counts(pp: PipeProblem) -> list[int]:
     """Stage counts a fixed-shape planner tries: one per device first (its classic shape), then fewer stages on
-    the fastest devices (``device_counts``), the best simulated one wins."""
-    return [s for s in device_counts(pp) if s <= pp.n] or [min(pp.d, pp.n)]
+    the fastest devices (``device_counts``), the best simulated one wins; at most ``stage_cap``."""
+    cap = stage_cap(pp)
+    return sorted({min(s, cap) for s in device_counts(pp)}, reverse=True)
 
 
 def pp_uniform(pp: PipeProblem) -> Plan:
@@ -112,7 +120,7 @@ def pp_params(pp: PipeProblem) -> Plan:
 def pp_time_dp(pp: PipeProblem) -> Plan:
     """For every stage count the cuts of least bottleneck, on time alone and with each stage kept to its device's
     memory (its micro-batches in flight taken at their most over the stage counts); the best simulated wins."""
-    s_max = min(pp.d, pp.n)
+    s_max = stage_cap(pp)
     inflight = (lambda k: pp.m) if pp.schedule == "gpipe" else (lambda k: min(pp.m, s_max - k))
 
     def kept(j: int, k: int) -> np.ndarray:
@@ -209,8 +217,8 @@ def pipedream(pp: PipeProblem) -> Plan:
     timed = _pipedream_dp(pp, lambda j, lo, m, r: pp.stage_time_vec(j, lo, m, r))
     kept = _pipedream_dp(pp, lambda j, lo, m, r: np.where(pp.stage_fits(j, lo, m, r, pp.m, pp.m),
                                                           pp.stage_time_vec(j, lo, m, r), np.inf))
-    cands = sorted(kept + timed, key=lambda c: c[0])  # best estimate first (taken when the budget runs out)
-    if not cands:
+    cands = sorted((c for c in kept + timed if len(c[2]) <= stage_cap(pp)), key=lambda c: c[0])  # best estimate
+    if not cands:  # first (taken when the budget runs out)
         raise ConfigError(f"pipedream found no plan: batch_size {pp.batch_size} admits no DP degree with "
                           f"num_microbatches {pp.m}")
     return pp.best_of(_replicated(pp, "dp") + [pp.choice(cuts, degrees) for _, cuts, degrees in cands])
