@@ -33,6 +33,7 @@ import torch.distributed as dist
 from placement_rl.executor._runner import PartRunner
 
 FAULT_ENV = "PLACEMENT_RL_FAULT"
+DROPOUT_SEED = 20240917  # the first seed of a replica's dropout stream (replica d: DROPOUT_SEED + d)
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -84,6 +85,10 @@ def train(cfg: dict[str, Any], part_dir: Path, *, rank: int, device: torch.devic
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     run = PartRunner(cfg, part_dir, rank=rank, device=device)
+    # dropout: the ranks of one model replica (its TP group and pipeline stages) draw from one stream, so the
+    # replicated regions of a TP group drop the same elements and their parameters' gradients stay equal on every
+    # TP rank (Megatron's rule); DP replicas draw their own (each rank's stream started where its build left it)
+    torch.manual_seed(DROPOUT_SEED + run.dp_rank)
     progress.mark(f"{part_dir.name} built")
     timings, losses = [], []
     grads: dict[str, torch.Tensor] = {}
