@@ -59,3 +59,21 @@ def test_evaluate_notes_whole_and_a_bar_over_the_placers(case, capsys):
         and "not exhaustive: " in note["exact"]
     assert "give it more seconds or use a smaller graph" in note["pp_exhaustive"]
     assert {d["placer"]: d["note"] for d in table_rows(rows)} == note  # the table keeps every note whole
+
+
+def test_exact_and_hybrid_stop_building_candidates_when_the_seconds_are_spent(case, monkeypatch):
+    """``evaluate seconds=2``: exact took 5.2 s under load and hybrid 3.0 s (one simulation): both built every
+    candidate (the other planners' dynamic programs, every shape's cuts) before the clock was looked at."""
+    from placement_rl.baselines import pipeline
+
+    g, c, topo = case
+    assert "others_cut_short" not in baselines.get_pipeline("exact")(g, c, topo, budget=10**9, seed=0).meta
+    assert baselines.get_pipeline("exact")(g, c, topo, budget=10**9, seed=0, seconds=1e-4).meta["others_cut_short"]
+    made = []
+    real = pipeline._fitting_cuts
+    monkeypatch.setattr(pipeline, "_fitting_cuts", lambda *a: made.append(1) or real(*a))
+    baselines.get_pipeline("hybrid")(g, c, topo, budget=10**9, seed=0)
+    whole = len(made)
+    made.clear()
+    plan = baselines.get_pipeline("hybrid")(g, c, topo, budget=10**9, seed=0, seconds=1e-4)
+    assert plan.num_stages >= 1 and 0 < len(made) < whole

@@ -71,6 +71,7 @@ from placement_rl.topology import DeviceTopology
 
 Segments = list[int]  # cut positions: stage k covers topo positions [cuts[k], cuts[k + 1])
 EXACT_ENUMERATE = 2000  # ``exact`` also simulates every plan of ``pp_exhaustive``'s space when it has no more
+OTHERS_SHARE = 0.6  # of given seconds, after which exact takes no more of the other planners' plans
 EXACT_OTHERS_DEVICES = 16  # and takes pipedream's, hybrid's and pp_time_dp's plans up to this many devices (their
 # dynamic programs grow as D^2: at 512 devices pipedream's alone would run for hours)
 
@@ -176,6 +177,8 @@ def _hybrid_shapes(pp: PipeProblem, counts: list[int]) -> list[tuple[float, Plan
     for r, s in ((r, s) for used in counts for r in range(used, 0, -1) if used % r == 0 for s in [used // r]):
         if (s == 1 and r == d) or s > n:
             continue
+        if rest and pp.out_of_time(0.5):  # given seconds: the shapes so far, the rest of them to simulate
+            break
         for m in microbatch_choices(s, r, pp.batch_size, schedule=pp.schedule):
             for sh in SHARDINGS:
                 got = _fitting_cuts(pp, s, r, m, sh)
@@ -332,7 +335,10 @@ def exact(pp: PipeProblem) -> Plan:
     # and, where it is small, the whole contiguous space: exact is never behind them (it was on 1.7% of random
     # small problems: analytic objectives rank plans otherwise than the simulator)
     others = []
-    for fn in (pipedream, hybrid, pp_time_dp) if pp.d <= EXACT_OTHERS_DEVICES else ():
+    for fn in (pp_time_dp, pipedream, hybrid) if pp.d <= EXACT_OTHERS_DEVICES else ():  # cheapest first
+        if pp.out_of_time(OTHERS_SHARE):  # given seconds: what is left simulates the candidates
+            pp.extra_meta["others_cut_short"] = True
+            break
         try:
             others.append(fn(pp))
         except ConfigError:  # no plan of that planner's shape (the batch does not split): the others go on
