@@ -14,7 +14,9 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from dataclasses import replace
 from pathlib import Path
+from typing import Any, Mapping
 
 from omegaconf import DictConfig
 
@@ -25,6 +27,15 @@ from placement_rl.graph.ir import CompGraph
 _NO_GPU = "the plan's devices are GPUs"  # the start of the executor's warning for a GPU plan run on CPUs
 _CPU_FOR_GPU = ("warning: the plan is for the GPUs of '{topology}' and runs on this machine's CPUs (torch sees no "
                 "CUDA GPU, or device=cpu); the ratio compares a CPU run with the GPU prediction")
+# the unit of every number in deploy.json (key paths; ``ranks[]``: each entry of the list)
+UNITS = {"measured_step_time": "s", "predicted_step_time": "s", "ratio_measured_to_predicted": "1",
+         "result.step_time": "s", "result.step_times": "s", "result.optimizer_time": "s", "result.wall_time": "s",
+         "result.throughput": "samples/s", "result.batch_size": "samples", "result.peak_memory_bytes": "bytes",
+         "result.peak_memory_per_device": "bytes", "result.ranks[].step_times": "s",
+         "result.ranks[].optimizer_times": "s", "result.ranks[].cpu_times": "s (process CPU time)",
+         "result.ranks[].median_step_time": "s", "result.ranks[].peak_memory_bytes": "bytes",
+         "result.ranks[].model_state_bytes": "bytes", "plan_layout.batch_size": "samples",
+         "plan_layout.graph_batch_size": "samples", "plan_layout.stage_sizes": "graph nodes"}
 
 
 def check_launch(plan, *, nnodes: int, node_rank: int | None, rdzv_endpoint: str | None) -> None:
@@ -94,7 +105,7 @@ def _model(graph: CompGraph) -> tuple[str, dict]:
 def load_profile(path: str, graph: CompGraph, topology):
     """The ``ProfileDB`` at ``path`` for ``graph`` on ``topology``; ``ProfileError`` (the nodes it lacks named)
     when it has times for none of the topology's devices, as ``costs.path`` refuses it; a warning line naming
-    the devices priced by the roofline when it covers some only.
+    the devices priced by the cost model when it covers some only.
 
     A coarsened graph (``place`` writes one) the profile holds uncoarsened (``profile`` records the captured graph)
     is priced from its members' times (``ProfileDB.with_coarsened``)."""
@@ -104,11 +115,11 @@ def load_profile(path: str, graph: CompGraph, topology):
     covered = [d.name for d in topology.devices if db.lookup(graph, d) is not None]
     if not covered:
         raise ProfileError(f"{path}: {db.why_no_times(graph, topology)}: profile this graph (`placement-rl profile` "
-                           "with the graph settings the plan was made with), or leave profile out for the roofline")
+                           "with the graph settings the plan was made with), or leave profile out for the cost model")
     rest = [d.name for d in topology.devices if d.name not in covered]
     if rest:
         print(f"warning: profile {path} has no times for devices {', '.join(rest)}: the prediction prices them by "
-              "the roofline", file=sys.stderr)
+              "the cost model (calibrated for GPUs, roofline for CPUs)", file=sys.stderr)
     return db
 
 
@@ -116,7 +127,8 @@ def _predict(graph, topology, plan, profile: str | None, costs_file: str | None 
              ) -> tuple[float | None, str]:
     """Predicted step time: with a ProfileDB, the executor-aware prediction of ``placement_rl.profiling`` for
     op-level placements (devices sharing one torch device merged, optimizer and step overheads measured), the
-    measured cost table for stage plans; without one, the topology's roofline. ``(None, why)`` for a stage plan
+    measured cost table for stage plans; without one, the cost model (``resolve_costs``: the calibrated model for
+    GPUs unless the topology says ``cost_model: roofline``, the roofline for CPUs). ``(None, why)`` for a stage plan
     whose schedule the simulator does not model (the executor still runs it)."""
     from placement_rl.cost import resolve_costs, simulate, simulate_pipeline
     from placement_rl.cost.pipeline import PIPELINE_SCHEDULES
@@ -128,17 +140,85 @@ def _predict(graph, topology, plan, profile: str | None, costs_file: str | None 
         from placement_rl.cost.costs_file import load_costs
 
         graph, costs = load_costs(costs_file, graph, topology)
-        sim = simulate_pipeline if isinstance(plan, StagePlan) else simulate
-        return float(sim(graph, costs, topology, plan).step_time), costs.describe_source(topology.device_names)
-    db = load_profile(profile, graph, topology) if profile else None
-    if db is not None and not isinstance(plan, StagePlan):
-        from placement_rl.profiling.fidelity import predict_step_time
+    else:
+        db = load_profile(profile, graph, topology) if profile else None
+        if db is not None and not isinstance(plan, StagePlan):
+            from placement_rl.profiling.fidelity import predict_step_time
 
-        pred = predict_step_time(graph, topology, plan, db)
-        return float(pred.step_time), ", ".join(sorted(set(pred.source)))
-    costs = resolve_costs(graph, topology, profiles=None if db is None else [db])
-    sim = simulate_pipeline if isinstance(plan, StagePlan) else simulate
-    return float(sim(graph, costs, topology, plan).step_time), costs.describe_source(topology.device_names)
+            pred = predict_step_time(graph, topology, plan, db)
+            return float(pred.step_time), ", ".join(sorted(set(pred.source)))
+        costs = resolve_costs(graph, topology, profiles=None if db is None else [db])
+    if not isinstance(plan, StagePlan):
+        return float(simulate(graph, costs, topology, plan).step_time), costs.describe_source(topology.device_names)
+    plan, cost_batch = _priced_batch(graph, plan, costs.meta.get("batch_size"))
+    step = simulate_pipeline(graph, costs, topology, plan, cost_batch_size=cost_batch).step_time
+    return float(step), costs.describe_source(topology.device_names)
+
+
+def _priced_batch(graph, plan, costs_batch: float | None):
+    """``(plan, cost_batch_size)`` for ``simulate_pipeline``: the batch the executor runs (the plan's ``batch_size``,
+    else the graph's) against the batch the costs are for (``costs_batch``, else the graph's), so a plan of batch 16
+    on a graph captured at 8 is priced at 16 (op times scaled by 2; one line says so). ``(plan, None)`` when the
+    graph does not record its batch (costs taken for the whole batch, as before)."""
+    from placement_rl.plans import graph_batch_size
+
+    captured = graph_batch_size(graph)
+    if captured is None and costs_batch is None:
+        return plan, None
+    if plan.batch_size is None:
+        plan = replace(plan, batch_size=captured)
+    measured = costs_batch if costs_batch is not None else captured
+    if plan.batch_size is None or measured is None:
+        return plan, None
+    if plan.batch_size != measured:
+        print(f"note: the plan runs batch {plan.batch_size} and the costs are for batch {measured:g}: the prediction "
+              f"scales the ops' times by {plan.batch_size / measured:g} (transfer sizes stay the graph's)")
+    return plan, float(measured)
+
+
+def _task_overrides() -> list[str] | None:
+    """The user's command-line overrides (Hydra's ``overrides.task``); None outside a Hydra run (``run(cfg)``)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
+
+
+def choose_topology(cfg: DictConfig, plan_data: Mapping[str, Any], overrides: list[str] | None):
+    """``(topology, line)``: the topology the plan file names when it is a preset and the user gave no ``topology``
+    override (``topology=``, ``topology.<key>=``), as ``export`` does; else the composed one (default ``2x_cpu``).
+    ``line`` says which was taken and why (None when nothing needs saying). ``overrides`` None: the composed one."""
+    from placement_rl.topology import load_topology, preset_names
+
+    named = plan_data.get("topology")
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides or ()]
+    given = overrides is None or any(k == "topology" or k.startswith(("topology.", "topology@")) for k in keys)
+    default = str(cfg.topology.get("name") or "")
+    if given or not isinstance(named, str) or named == default:
+        return build_topology(cfg.topology, threads=int(cfg.threads)), None
+    if named not in preset_names():
+        return (build_topology(cfg.topology, threads=int(cfg.threads)),
+                f"note: the plan names topology '{named}', which is not a preset: deploying on the default "
+                f"'{default}' (give topology=<preset> or topology.path=<its YAML>)")
+    return load_topology(named), (f"deploying on topology '{named}', the one the plan names (topology=<preset> "
+                                  "deploys on another)")
+
+
+def plan_layout(plan, graph: CompGraph, topology) -> dict[str, Any]:
+    """What a stage plan runs, for ``deploy.json``: schedule, micro-batches, batch, sharding, DP / TP degrees,
+    recomputation, sequence parallelism, the stages' devices (by name) and sizes (nodes), each rank's plan device."""
+    import numpy as np
+
+    from placement_rl.executor._mesh import parallel_dims, rank_devices
+    from placement_rl.plans import graph_batch_size
+
+    names = topology.device_names
+    return {"schedule": plan.schedule, "num_microbatches": int(plan.num_microbatches),
+            "batch_size": plan.batch_size if plan.batch_size is not None else graph_batch_size(graph),
+            "graph_batch_size": graph_batch_size(graph), "sharding": plan.sharding, "dp": list(plan.dp_degrees),
+            "tp": list(plan.tp), "recompute": list(plan.recompute), "sequence_parallel": plan.sequence_parallel,
+            "stage_devices": [[names[d] for d in grp] for grp in plan.stage_devices],
+            "stage_sizes": np.bincount(plan.stage_of_node, minlength=plan.num_stages).tolist(),
+            "rank_devices": [names[d] for d in rank_devices(plan, parallel_dims(plan))]}
 
 
 def _gpu_plan_on_cpu(plan, topology, device: str) -> bool:
@@ -205,10 +285,11 @@ def run(cfg: DictConfig) -> dict:
     from placement_rl.plan_files import read_plan_file
     from placement_rl.plans import StagePlan, load_plan
 
-    read_plan_file(str(cfg.plan))  # a missing file, a folder, no JSON: said before the graph is built
+    data = read_plan_file(str(cfg.plan))  # a missing file, a folder, no JSON: said before the graph is built
     dcfg = DeployConfig(steps=int(cfg.steps), warmup=int(cfg.warmup), lr=float(cfg.lr), device=str(cfg.device),
                         timeout_s=float(cfg.timeout_s), threads=int(cfg.threads)).validate()
-    graph, topology = _graph(cfg), build_topology(cfg.topology, threads=int(cfg.threads))
+    graph = _graph(cfg)
+    topology, line = choose_topology(cfg, data, _task_overrides())
     plan = load_plan(str(cfg.plan), topology=topology, graph=graph)
     plan.validate(graph, topology)
     model, overrides = _model(graph)  # a graph deploy cannot build is said before what it would run on
@@ -225,6 +306,8 @@ def run(cfg: DictConfig) -> dict:
         check_devices(topology)
     from placement_rl.cli.costs import costs_path
 
+    if line:
+        print(line)
     predicted, source = _predict(graph, topology, plan, cfg.profile, costs_path(cfg))
     if predicted is None:
         print(f"note: no predicted step time ({source}); deploying the plan all the same")
@@ -275,12 +358,14 @@ def run(cfg: DictConfig) -> dict:
                             lr=float(cfg.lr), time_limit_s=float(cfg.timeout_s), progress=_every(10.0))
         measured = float(res.median_step_time)
         result = {"step_time": measured, "step_times": list(map(float, res.step_times)),
-                  "peak_memory_per_device": [float(x) for x in res.peak_memory_per_device], "loss": float(res.loss)}
+                  "peak_memory_per_device": [float(x) for x in res.peak_memory_per_device], "loss": float(res.loss),
+                  "losses": [float(x) for x in res.losses]}  # loss: the first step; losses: all, warm-up included
         kind = "placement"
     ratio = measured / predicted if predicted else None
     report = {"plan": str(cfg.plan), "kind": kind, "graph": graph.name, "topology": topology.name,
               "measured_step_time": measured, "predicted_step_time": predicted, "prediction_source": source,
-              "ratio_measured_to_predicted": ratio, "ran_on_cpu_for_gpus": on_cpu, "result": result}
+              "ratio_measured_to_predicted": ratio, "ran_on_cpu_for_gpus": on_cpu, "result": result,
+              "plan_layout": plan_layout(plan, graph, topology) if kind == "stage_plan" else None, "units": UNITS}
     write_json(out / "deploy.json", report)
     if ratio is None:
         print(f"measured {measured * 1e3:.3f} ms per step; no prediction ({source})")

@@ -147,3 +147,40 @@ def device_of_rank(plan: StagePlan, dims: ParallelDims, rank: int) -> int:
     """The plan's device index (into its topology) that global ``rank`` stands for."""
     dp_rank, pp_rank = dims.coords(rank)
     return plan.stage_devices[dims.stages_of(pp_rank)[0]][dp_rank * dims.tp + dims.tp_rank(rank)]
+
+
+def rank_devices(plan: StagePlan, dims: ParallelDims) -> tuple[int, ...]:
+    """The plan's device index of every global rank (``device_of_rank`` for ranks ``0..world_size-1``)."""
+    return tuple(device_of_rank(plan, dims, r) for r in range(dims.world_size))
+
+
+def _cuda_index(torch_device: str) -> int | None:
+    kind, _, index = str(torch_device).partition(":")
+    return int(index) if kind == "cuda" and index.isdigit() else None
+
+
+def cuda_binding(devices: list | None, *, rank: int, local_rank: int, local_world: int,
+                 device_count: int) -> tuple[int, str]:
+    """The CUDA index global ``rank`` binds to, and a note (empty when it follows the plan).
+
+    ``devices``: per global rank ``{"name", "torch_device", "host"}``, the plan's device of each rank (``job.json``'s
+    ``rank_devices``), or None. The rank takes its plan device's index (``cuda:2`` -> 2) when the plan's devices of
+    every rank on this node (ranks ``rank - local_rank ..`` + ``local_world``) sit on one host with distinct
+    ``cuda:<i>`` indices below ``device_count``; else ``local_rank % device_count`` (torchrun's rank order), with
+    a note saying why.
+    """
+    fallback = local_rank % device_count
+    if not devices:
+        return fallback, "the job names no plan device per rank"
+    first = rank - local_rank
+    mine = devices[first:first + local_world]
+    if len(mine) != local_world:
+        return fallback, f"the job names plan devices for {len(devices)} ranks, not rank {rank}'s node"
+    index = [_cuda_index(d.get("torch_device", "")) for d in mine]
+    bad = next((d for d, i in zip(mine, index) if i is None or i >= device_count), None)
+    if bad is not None:
+        return fallback, (f"plan device '{bad.get('name')}' is {bad.get('torch_device')}, not a CUDA index below "
+                          f"{device_count} on this machine")
+    if len({d.get("host") for d in mine}) != 1 or len(set(index)) != len(index):
+        return fallback, "the plan's devices of this node's ranks are not distinct GPUs of one host"
+    return index[local_rank], ""

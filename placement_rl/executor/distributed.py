@@ -35,7 +35,10 @@ schedule (and DDP) their gradients are summed over the owning stages (an all-red
 a local sum for stages on one rank), so every copy takes the same Adam step.
 
 Backends: gloo on CPU, NCCL on CUDA (``device="cuda"``, or ``"auto"`` when GPUs are present and the
-plan's devices are GPUs; one GPU per rank, ``LOCAL_RANK``). Launch with :func:`launch_local` on this
+plan's devices are GPUs; one GPU per rank: the plan device's ``torch_device`` index when the job was prepared with
+a topology and the node's ranks map to distinct GPUs of one host, else ``LOCAL_RANK``, with a note; see
+``_mesh.cuda_binding``). ``job.json``'s ``rank_devices`` and each rank's ``plan_device`` in the result say which
+device of the plan a rank stands for (the same on CPU). Launch with :func:`launch_local` on this
 machine, or with ``torchrun`` on one or several machines using :func:`build_torchrun_command` (then
 :func:`collect_results`).
 """
@@ -57,7 +60,7 @@ from torch import nn
 
 from placement_rl.errors import ConfigError, ExecutionError, PlanError
 from placement_rl.executor._launch import build_torchrun_command, run_ranks
-from placement_rl.executor._mesh import ParallelDims, parallel_dims
+from placement_rl.executor._mesh import ParallelDims, parallel_dims, rank_devices
 from placement_rl.executor._stages import (assign_stages, crossing_values, export_step, param_aliases, program_module,
                                            split_stages, tied_parameters, value_meta)
 from placement_rl.graph.io import atomic_write_text
@@ -189,6 +192,12 @@ def _resolve_device(config: DeployConfig, plan: StagePlan, topology: DeviceTopol
         warnings.warn(f"the plan's devices are GPUs of '{topology.name}' but torch sees no CUDA GPU here: running "
                       "its layout on CPU processes (gloo)", RuntimeWarning, stacklevel=3)
     return "cuda" if torch.cuda.is_available() and gpus else "cpu"
+
+
+def plan_devices_of_ranks(plan: StagePlan, dims: ParallelDims, topology: DeviceTopology) -> list[dict[str, Any]]:
+    """The plan's device of every global rank: ``{"name", "torch_device", "host"}`` (``_mesh.rank_devices``)."""
+    return [{"name": d.name, "torch_device": d.torch_device, "host": d.host}
+            for d in (topology.devices[i] for i in rank_devices(plan, dims))]
 
 
 def _model(model: str | None, overrides: Mapping[str, Any] | None, module: nn.Module | None,
@@ -342,9 +351,12 @@ def prepare_job(specs: Sequence[DeploySpec], *, config: DeployConfig | None = No
         raise
     device = devices.pop()
     backend = "nccl" if device == "cuda" else "gloo"
+    # the plan's device of every rank, when every plan has a topology and all of them map the ranks alike
+    maps = [None if s.topology is None else plan_devices_of_ranks(s.plan, d, s.topology) for s, d in zip(specs, parts)]
     atomic_write_text(job / "job.json", json.dumps({
         "schema": JOB_SCHEMA, "version": VERSION, "backend": backend, "config": asdict(config) | {"device": device},
-        "world_size": parts[0].world_size, "parts": [f"part{i}" for i in range(len(parts))]}, indent=1))
+        "world_size": parts[0].world_size, "parts": [f"part{i}" for i in range(len(parts))],
+        "rank_devices": maps[0] if all(m is not None and m == maps[0] for m in maps) else None}, indent=1))
     return PreparedJob(job_dir=job, parts=tuple(parts), backend=backend, threads=config.threads,
                        timeout_s=config.timeout_s)
 

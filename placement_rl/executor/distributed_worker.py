@@ -30,6 +30,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from placement_rl.executor._mesh import cuda_binding
 from placement_rl.executor._runner import PartRunner
 
 FAULT_ENV = "PLACEMENT_RL_FAULT"
@@ -55,10 +56,19 @@ class Progress:
         _write_atomic(self.path, f"{self.value} {what}")
 
 
-def init_distributed(backend: str, timeout_s: float, device_kind: str) -> tuple[int, int, torch.device]:
+def init_distributed(backend: str, timeout_s: float, device_kind: str,
+                     rank_devices: list | None = None) -> tuple[int, int, torch.device]:
+    """Join the process group. On CUDA the rank binds to its plan device's GPU (``cuda:2`` for a plan device whose
+    ``torch_device`` is ``cuda:2``; ``_mesh.cuda_binding``), else to ``LOCAL_RANK`` with a note on stderr."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if device_kind == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        index, note = cuda_binding(rank_devices, rank=rank, local_rank=local,
+                                   local_world=int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+                                   device_count=torch.cuda.device_count())
+        if note and local == 0:
+            print(f"note: ranks take GPUs in LOCAL_RANK order, not the plan's devices: {note}", file=sys.stderr)
+        device = torch.device("cuda", index)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
@@ -80,7 +90,7 @@ def _fault(rank: int) -> None:
 
 
 def train(cfg: dict[str, Any], part_dir: Path, *, rank: int, device: torch.device, progress: Progress,
-          fault: bool) -> dict[str, Any]:
+          fault: bool, plan_device: str | None = None) -> dict[str, Any]:
     """Build this rank's share of one plan (a *part* of the job) and run its training steps."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -109,7 +119,8 @@ def train(cfg: dict[str, Any], part_dir: Path, *, rank: int, device: torch.devic
     peak, kind = run.peak_memory()
     step_times = [t.wall for t in timings]
     return {"rank": rank, "dp_rank": run.dp_rank, "pp_rank": run.dims.coords(rank)[1], "tp_rank": run.dims.tp_rank(rank),
-            "stages": [sp.index for sp in run.splits], "device": str(device), "step_times": step_times,
+            "stages": [sp.index for sp in run.splits], "device": str(device), "plan_device": plan_device,
+            "step_times": step_times,
             "optimizer_times": [t.optimizer for t in timings], "cpu_times": [t.cpu for t in timings],
             "median_step_time": statistics.median(step_times) if step_times else None,
             "losses": losses, "peak_memory_bytes": peak, "memory_kind": kind,
@@ -132,10 +143,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = Progress(job_dir, rank)
     progress.mark("started")
     try:
-        rank, _, device = init_distributed(job["backend"], float(cfg["timeout_s"]), cfg["device"])
+        devices = job.get("rank_devices")  # the plan's device of every rank (a job written with a topology)
+        rank, _, device = init_distributed(job["backend"], float(cfg["timeout_s"]), cfg["device"], devices)
         progress.mark("process group")
+        plan_device = devices[rank]["name"] if devices and rank < len(devices) else None
         for i, name in enumerate(job["parts"]):
-            result = train(cfg, job_dir / name, rank=rank, device=device, progress=progress, fault=i == 0)
+            result = train(cfg, job_dir / name, rank=rank, device=device, progress=progress, fault=i == 0,
+                           plan_device=plan_device)
             _write_atomic(job_dir / name / "result" / f"rank{rank}.json", json.dumps(result))
         progress.mark("done")
     except BaseException as exc:
