@@ -66,7 +66,7 @@ class Row:
     placer: str
     kind: str  # "placement" | "pipeline"
     step_time: float
-    speedup: float  # over the best single device
+    speedup: float  # over the best single device, whether or not either fits (``shown_speedups``: the tables')
     feasible: bool
     search_seconds: float
     sim_calls: int
@@ -79,17 +79,50 @@ class Row:
         return d
 
 
-def _row(case: str, name: str, kind: str, plan: Placement | StagePlan, res: SimResult, single: float,
-         seconds: float) -> Row:
-    return Row(case=case, placer=name, kind=kind, step_time=float(res.step_time),
-               speedup=float(single / res.step_time) if res.step_time > 0 else float("nan"),
+def _row(case: str, name: str, kind: str, plan: Placement | StagePlan, res: SimResult, seconds: float) -> Row:
+    """A placer's row; its speed-up is set by ``with_speedups`` once the case's rows are all in."""
+    return Row(case=case, placer=name, kind=kind, step_time=float(res.step_time), speedup=float("nan"),
                feasible=bool(res.feasible), search_seconds=seconds, sim_calls=int(plan.meta.get("sim_calls", 0)),
                plan=plan)
+
+
+def _ratio(single: float, step_time: float) -> float:
+    return float(single / step_time) if step_time > 0 and np.isfinite(single) else float("nan")
+
+
+def _single_devices(rows: list[Row]) -> dict[str, Row]:
+    return {r.case: r for r in rows if r.placer == "single_device" and r.kind == "placement"}
+
+
+def with_speedups(rows: list[Row]) -> list[Row]:
+    """``rows`` with each speed-up over its case's ``single_device`` row, wherever that row is listed (NaN in a
+    case without one)."""
+    single = _single_devices(rows)
+    return [dataclasses.replace(r, speedup=_ratio(single[r.case].step_time if r.case in single else float("nan"),
+                                                  r.step_time)) for r in rows]
+
+
+def shown_speedups(rows: list[Row]) -> list[float]:
+    """The speed-up each table shows: NaN (``n/a``) where the row or its case's single device does not fit in
+    memory (a step time it cannot run at has no ratio to one it can)."""
+    single = _single_devices(rows)
+    return [r.speedup if r.feasible and r.case in single and single[r.case].feasible else float("nan")
+            for r in rows]
 
 
 def _as_steady(res: SimResult, steady: float) -> SimResult:
     """``res`` with its steady-state time per batch in place of the step time (kept in ``meta``)."""
     return dataclasses.replace(res, step_time=float(steady), meta={**dict(res.meta), "one_step_time": res.step_time})
+
+
+def priced(graph: CompGraph, costs: CostTable, topology: DeviceTopology, plan: Placement | StagePlan, *,
+           objective: str = "step") -> SimResult:
+    """The plan simulated; with ``objective="throughput"`` its steady-state time per batch as the step time."""
+    if isinstance(plan, Placement):
+        res = simulate(graph, costs, topology, plan)
+        return _as_steady(res, op_steady_time(graph, costs, plan)) if objective == "throughput" else res
+    res = simulate_pipeline(graph, costs, topology, plan)
+    return _as_steady(res, res.meta["steady_time"]) if objective == "throughput" else res
 
 
 def _side_by_side(graph: CompGraph, costs: CostTable, topology: DeviceTopology, names: list[str], *, budget: int,
@@ -125,7 +158,6 @@ def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, bud
         names.insert(0, "single_device")
     partitioners = list(partitioners or ())
     rows: list[Row] = []
-    single = float("nan")
     held = "" if seconds is None else f" and {seconds:g} s"
     bar = tqdm(total=len(names) + len(partitioners), desc=f"placers ({budget} simulator calls{held} each)",
                unit="placer", disable=not progress, dynamic_ncols=True)
@@ -144,12 +176,8 @@ def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, bud
             bar.update(1)
             continue
         dt = float(p.meta["search_seconds"]) if name in aside else time.perf_counter() - t0
-        res = simulate(graph, costs, topology, p)
-        if objective == "throughput":
-            res = _as_steady(res, op_steady_time(graph, costs, p))
-        if name == "single_device":
-            single = float(res.step_time)
-        rows.append(_row(case, name, "placement", p, res, single, dt))
+        res = priced(graph, costs, topology, p, objective=objective)
+        rows.append(_row(case, name, "placement", p, res, dt))
         bar.update(1)
         if on_done:
             on_done(rows[-1])
@@ -165,10 +193,8 @@ def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, bud
             bar.update(1)
             continue
         dt = time.perf_counter() - t0
-        res = simulate_pipeline(graph, costs, topology, plan)
-        if objective == "throughput":
-            res = _as_steady(res, res.meta["steady_time"])
-        rows.append(_row(case, name, "pipeline", plan, res, single, dt))
+        res = priced(graph, costs, topology, plan, objective=objective)
+        rows.append(_row(case, name, "pipeline", plan, res, dt))
         note = _search_note(plan.meta)
         if note:
             rows[-1] = dataclasses.replace(rows[-1], note=note)
@@ -176,7 +202,7 @@ def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, bud
         if on_done:
             on_done(rows[-1])
     bar.close()
-    return rows
+    return with_speedups(rows)  # a single_device listed after other placers is their reference too
 
 
 def _search_note(meta: dict[str, Any]) -> str:
@@ -208,9 +234,9 @@ PIPELINE_PARTITIONERS = ("pp_uniform", "pp_params", "pp_time_dp", "pipedream")  
 
 def pipeline_summary(rows: list[Row]) -> list[dict[str, Any]]:
     """Per case with pipeline rows: DP, FSDP, best hybrid, best pipeline partitioner, learned (rows whose
-    placer starts with ``learned`` or ``given:``), the exhaustive optimum, the best plan without and with tensor
-    parallelism over every pipeline row (``planner: ms (plan)``) and the exact DP x TP x PP search, each as
-    ``ms (plan)``."""
+    placer starts with ``learned``; else a given plan, as ``given:<file>: ms (plan)``), the exhaustive optimum, the
+    best plan without and with tensor parallelism over every pipeline row (``planner: ms (plan)``) and the exact
+    DP x TP x PP search, each as ``ms (plan)``."""
     def cell(r: Row | None) -> str:
         if r is None:
             return "-"
@@ -226,11 +252,12 @@ def pipeline_summary(rows: list[Row]) -> list[dict[str, Any]]:
         pipe = {r.placer: r for r in rows if r.case == case and r.kind == "pipeline"}
         parts = [pipe[n] for n in PIPELINE_PARTITIONERS if n in pipe]
         best = best_row(parts, kind="pipeline")
-        learned = [r for r in pipe.values() if r.placer.startswith(("learned", "given:"))]
+        learned = [r for r in pipe.values() if r.placer.startswith("learned")]
+        given = [r for r in pipe.values() if r.placer.startswith("given:")]
         out.append({"case": case, "dp": cell(pipe.get("dp")), "fsdp": cell(pipe.get("fsdp")),
                     "hybrid": cell(pipe.get("hybrid")),
                     "best_pipeline": (f"{best.placer}: {cell(best)}" if best is not None else "-"),
-                    "learned": cell(learned[0]) if learned else "not run",
+                    "learned": cell(learned[0]) if learned else _named(given[0], cell) if given else "not run",
                     "exhaustive": cell(pipe.get("pp_exhaustive")),
                     "best_no_tp": _named(best_row([r for r in pipe.values() if not _uses_tp(r)], kind="pipeline"),
                                          cell),

@@ -50,7 +50,7 @@ import numpy as np
 from placement_rl.errors import PlacementRLError, PlanError
 from placement_rl.graph.ir import CompGraph
 from placement_rl.graph.layers import Modules, modules
-from placement_rl.plans import StagePlan, check_interleaved, graph_batch_size
+from placement_rl.plans import RECOMPUTE, StagePlan, check_interleaved, graph_batch_size
 from placement_rl.topology import DeviceTopology
 
 FORMATS = ("torchtitan", "megatron")
@@ -98,8 +98,11 @@ def layout(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> Layout:
         raise PlanError("virtual stages must go round-robin over the device groups (stage k on group k mod pp)")
     check_interleaved(plan, [k % dims.pp for k in range(dims.num_stages)], dims.pp)  # as deploy and evaluate
     if len(set(plan.recompute)) > 1:
+        most = most_recompute(plan)
         raise PlanError(f"stages recompute differently ({list(plan.recompute)}): torchtitan and Megatron-LM set one "
-                        "recomputation for the whole model; give every stage the same")
+                        f"recomputation for the whole model; give every stage the same, or export with "
+                        f"--uniform-recompute to recompute '{most}' in every stage (the most any stage does: no stage "
+                        "keeps more activations than planned, the step is slower)")
     batch = plan.batch_size if plan.batch_size is not None else graph_batch_size(graph)
     if batch is None:
         raise PlanError(f"the plan and graph '{graph.name}' name no batch size: set the plan's batch_size")
@@ -148,6 +151,36 @@ def _stage_of_node(graph: CompGraph, mods: Modules, stage_of: dict[str, int]) ->
     return son
 
 
+def most_recompute(plan: StagePlan) -> str:
+    """The most recomputation any stage of ``plan`` does (``none`` < ``selective`` < ``full``)."""
+    return max(plan.recompute, key=RECOMPUTE.index)
+
+
+def uniform_recompute(plan: StagePlan) -> StagePlan:
+    """``plan`` with every stage recomputing as much as its most recomputing stage (``most_recompute``: no stage keeps
+    more activations than planned), for trainers that set one recomputation for the whole model; the plan's
+    per-stage modes go to ``meta["recompute_as_planned"]`` and its predicted step, for the plan as planned, is
+    dropped. A plan that already recomputes uniformly is returned as is."""
+    if len(set(plan.recompute)) <= 1:
+        return plan
+    meta = {k: v for k, v in plan.meta.items() if k not in ("step_time", "steady_time")}
+    meta["recompute_as_planned"] = list(plan.recompute)
+    return replace(plan, recompute=(most_recompute(plan),) * plan.num_stages, meta=meta)
+
+
+def _price(plan: StagePlan, graph: CompGraph, topology: DeviceTopology | None) -> float | str:
+    """One training step of ``plan`` from the topology's estimates (``cost.resolve_costs``), or why not."""
+    from placement_rl.cost import resolve_costs, simulate_pipeline
+
+    if topology is None:
+        return "no topology: pass --topology"
+    try:
+        return float(simulate_pipeline(graph, resolve_costs(graph, topology), topology,
+                                       plan.validate(graph, topology)).step_time)
+    except PlacementRLError as exc:
+        return str(exc)
+
+
 def _snapped_step(plan: StagePlan, graph: CompGraph, lay: Layout, topology: DeviceTopology | None) -> str:
     """The header's words on a plan ``--snap`` changed: which modules moved, and both plans' predicted step times
     from the topology's estimates (the plan's own prediction was for the plan as cut)."""
@@ -169,12 +202,35 @@ def _snapped_step(plan: StagePlan, graph: CompGraph, lay: Layout, topology: Devi
     return f"predicted step {after:.6g} s after {said} (as cut: {before:.6g} s; topology estimates)"
 
 
+def _step_words(plan: StagePlan, graph: CompGraph, topology: DeviceTopology | None) -> str:
+    """The header's predicted step: the plan's own (``meta["step_time"]``) unless it was planned for inference
+    (``meta["mode"]``; plans without it read as training) or its recomputation was made uniform: then one
+    training step priced from the topology's estimates, since the settings written train the model."""
+    own = plan.meta.get("step_time")
+    own = float(own) if isinstance(own, (int, float)) and not isinstance(own, bool) else None
+    inference = str(plan.meta.get("mode", "train")) == "inference"
+    if not inference and "recompute_as_planned" not in plan.meta:
+        return "" if own is None else f", predicted step {own:.6g} s"
+    step = _price(plan, graph, topology)
+    words = (f", predicted training step {step:.6g} s (topology estimates)" if isinstance(step, float)
+             else f", predicted training step not priced ({step})")
+    if inference and own is not None:
+        words += (f"; the plan's own {own:.6g} s is one forward pass (planned with mode=inference), not a "
+                  "training step")
+    return words
+
+
 def _header(plan: StagePlan, graph: CompGraph, what: str, lay: Layout, topology: DeviceTopology | None) -> list[str]:
     head = f"# {what}: placement-rl stage plan for graph '{graph.name}' (fingerprint {graph.fingerprint()[:16]})"
     if lay.moved:
-        return [head, f"# {plan.num_stages} stage(s), {_snapped_step(plan, graph, lay, topology)}"]
-    return [head, f"# {plan.num_stages} stage(s), predicted step {plan.meta['step_time']:.6g} s"
-            if isinstance(plan.meta.get("step_time"), (int, float)) else f"# {plan.num_stages} stage(s)"]
+        lines = [head, f"# {plan.num_stages} stage(s), {_snapped_step(plan, graph, lay, topology)}"]
+    else:
+        lines = [head, f"# {plan.num_stages} stage(s){_step_words(plan, graph, topology)}"]
+    if "recompute_as_planned" in plan.meta:
+        lines.append(f"# note: the plan recomputes {plan.meta['recompute_as_planned']} per stage; exported with "
+                     f"'{lay.recompute}' in every stage (--uniform-recompute): less memory and a slower step than "
+                     "planned")
+    return lines
 
 
 def to_torchtitan(plan: StagePlan, graph: CompGraph, *, snap: bool = False,
@@ -417,12 +473,15 @@ def from_megatron(text: str, graph: CompGraph) -> StagePlan:
 
 
 def export_plan(plan: StagePlan, graph: CompGraph, fmt: str, *, snap: bool = False,
-                topology: DeviceTopology | None = None) -> str:
-    """``to_torchtitan`` or ``to_megatron`` by name."""
+                topology: DeviceTopology | None = None, uniform: bool = False) -> str:
+    """``to_torchtitan`` or ``to_megatron`` by name; ``uniform``: a plan whose stages recompute differently is
+    exported with ``uniform_recompute`` (refused otherwise)."""
     if fmt not in FORMATS:
         raise PlanError(f"unknown export format '{fmt}' (choose one of {', '.join(FORMATS)})")
+    if uniform:
+        plan = uniform_recompute(plan)
     return (to_torchtitan if fmt == "torchtitan" else to_megatron)(plan, graph, snap=snap, topology=topology)
 
 
 __all__ = ["FORMATS", "Layout", "Modules", "export_plan", "from_megatron", "from_torchtitan", "layout", "modules",
-           "to_megatron", "to_torchtitan", "untied_embeddings"]
+           "most_recompute", "to_megatron", "to_torchtitan", "uniform_recompute", "untied_embeddings"]

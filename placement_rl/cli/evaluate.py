@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -14,7 +14,7 @@ from placement_rl.cli.costs import build_costs, costs_path
 from placement_rl.cost import simulate, simulate_pipeline
 from placement_rl.errors import ConfigError
 from placement_rl.evaluate import (DEFAULT_PIPELINE_CASES, DEFAULT_SUITE, Row, best_row, compare, pipeline_summary,
-                                   run_suite)
+                                   priced, run_suite, shown_speedups, with_speedups)
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.plans import Placement, StagePlan, load_plan
 from placement_rl.report import gantt, markdown_table, speedup_bars, write_csv
@@ -23,15 +23,18 @@ COLUMNS = ("case", "kind", "placer", "step_time_ms", "speedup", "feasible", "sea
 HEADERS = ("case", "kind", "placer", "step time (ms)", "speed-up", "feasible", "search s", "sim calls", "note")
 PIPE_COLUMNS = ("case", "dp", "fsdp", "hybrid", "best_pipeline", "learned", "exhaustive", "best_no_tp", "best_tp",
                 "exact")
-PIPE_HEADERS = ("case", "DP (DDP)", "FSDP", "best hybrid DP x PP", "best pipeline partitioner", "learned",
+PIPE_HEADERS = ("case", "DP (DDP)", "FSDP", "best hybrid DP x PP", "best pipeline partitioner", "learned or given",
                 "exhaustive optimum", "best without TP", "best with TP", "exact DP x TP x PP")
 
 
 def table_rows(rows: list[Row]) -> list[dict]:
+    """The rows as the tables show them: step time in ms, the speed-up n/a where the row or the case's single
+    device does not fit (``evaluate.shown_speedups``)."""
     out = []
-    for r in rows:
+    for r, speedup in zip(rows, shown_speedups(rows)):
         d = r.as_dict()
         d["step_time_ms"] = r.step_time * 1e3
+        d["speedup"] = speedup
         d["note"] = r.note or ""  # whole: a note says what to change
         out.append(d)
     return out
@@ -115,9 +118,8 @@ def compare_learned(graph, costs, topology, out: Path, *, label: str, plan, step
     single = next((r.step_time for r in rows if r.placer == "single_device"), float("nan"))
     kind = "pipeline" if pipeline else "placement"
 
-    def row(x: ExtraRow) -> Row:
-        return Row(case, x.label, kind, x.step_time, single / x.step_time, x.feasible, x.seconds, x.sim_calls,
-                   plan=x.plan)
+    def row(x: ExtraRow) -> Row:  # its speed-up: with_speedups below
+        return Row(case, x.label, kind, x.step_time, float("nan"), x.feasible, x.seconds, x.sim_calls, plan=x.plan)
 
     base = best_row(rows, kind=None)
     own = {r.placer: {"step_time": r.step_time, "feasible": r.feasible, "sim_calls": r.sim_calls,
@@ -126,6 +128,7 @@ def compare_learned(graph, costs, topology, out: Path, *, label: str, plan, step
     rows += [row(x) for x in learned]
     rows.append(row(ExtraRow(label, step_time, feasible, seconds, sim_calls, plan)))
     rows += [row(x) for x in (*after, *timed)]
+    rows = with_speedups(rows)
     write_comparison(rows, {case: (graph, costs, topology)}, out,
                      title=f"{what} vs baselines on {case} (budget {sim_calls_all} simulator calls)", files=files)
     metrics = {"best_single_device_time": single, "heuristics": own}
@@ -168,17 +171,16 @@ def run(cfg: DictConfig) -> list[Row]:
         if cfg.plan:
             plan = load_plan(str(cfg.plan), topology=topology, graph=graph)
             plan.validate(graph, topology)
-            res = (simulate if isinstance(plan, Placement) else simulate_pipeline)(graph, costs, topology, plan)
-            extra = (plan, res)
+            extra = (plan, priced(graph, costs, topology, plan, objective=objective))
         rows = compare(graph, costs, topology, budget=budget, seed=seed, case=case, placers=placers,
                        partitioners=parts, num_microbatches=int(cfg.num_microbatches), objective=objective,
                        seconds=seconds, progress=bool(cfg.progress))
         if extra is not None:
             plan, res = extra
-            single = next((r.step_time for r in rows if r.placer == "single_device"), float("nan"))
-            rows.append(Row(case, f"given:{Path(str(cfg.plan)).name}",
-                            "placement" if isinstance(plan, Placement) else "pipeline", float(res.step_time),
-                            float(single / res.step_time), bool(res.feasible), 0.0, 1, plan=plan))
+            rows = with_speedups(rows + [Row(case, f"given:{Path(str(cfg.plan)).name}",
+                                             "placement" if isinstance(plan, Placement) else "pipeline",
+                                             float(res.step_time), float("nan"), bool(res.feasible), 0.0, 1,
+                                             plan=plan)])
         problems = {case: (graph, costs, topology)}
     else:
         raise ConfigError(f"suite is '{cfg.suite}': choose default or single")
@@ -193,29 +195,53 @@ def run(cfg: DictConfig) -> list[Row]:
     metrics = {"budget": budget, "seconds": seconds, "seed": seed, "mode": modes, "objective": objective,
                "rows": table_rows(rows)}
     if len(problems) == 1:  # one case: its best plans as files `placement-rl deploy plan=<file>` takes
-        metrics["best"] = _write_best(rows, *next(iter(problems.values())), out, files)
+        metrics["best"] = _write_best(rows, *next(iter(problems.values())), out, files, objective=objective)
     write_json(out / "metrics.json", metrics)  # a placer that cannot run has step time NaN: null here
     print(md)
     print(f"wrote {out}: {', '.join([*files, 'metrics.json'])}")
     return rows
 
 
-def _write_best(rows: list[Row], graph, costs, topology, out: Path, files: list[str]) -> dict:
+def _write_best(rows: list[Row], graph, costs, topology, out: Path, files: list[str], *,
+                objective: str = "step") -> dict:
     """The fastest feasible op-level placement and stage plan of a single case as ``best_placement/placement.json``
-    and ``best_plan/plan.json`` (each beside its ``graph.json``); returns their placer and step time."""
-    from placement_rl.cli.common import save_plan
+    and ``best_plan/plan.json`` (each beside its ``graph.json``), each with its provenance in ``meta``
+    (``_provenance``); returns their placer and step time."""
+    from placement_rl.cost.modes import mode_of
 
     got = {}
+    mode = mode_of(costs)
     for kind, folder in (("placement", "best_placement"), ("pipeline", "best_plan")):
         best = best_row([r for r in rows if r.plan is not None], kind=kind)
         if best is None:
             continue
         (out / folder).mkdir(exist_ok=True)
-        value = best.plan.device_of_node if isinstance(best.plan, Placement) else best.plan
-        _, name = save_plan(value, graph, topology, out / folder)
+        plan = _provenance(best, graph, costs, topology, mode=mode, objective=objective)
+        name = "placement.json" if isinstance(plan, Placement) else "plan.json"
+        graph.to_json(out / folder / "graph.json")
+        plan.to_json(out / folder / name, graph=graph, topology=topology)
         files.append(f"{folder}/{name}")
         got[kind] = {"placer": best.placer, "step_time": best.step_time, "file": f"{folder}/{name}"}
     return got
+
+
+def _provenance(best: Row, graph, costs, topology, *, mode: str, objective: str) -> Placement | StagePlan:
+    """``best.plan`` with the meta both best files carry: what its placer recorded (budget, seed, calls; a given
+    plan keeps its file's, adding ``given``) less the search trace, and as priced here: ``step_time`` (one training
+    step, or with ``mode`` inference one forward pass), ``feasible``, ``mode`` (and ``objective`` /
+    ``steady_time`` under the throughput objective)."""
+    plan = best.plan
+    if isinstance(plan, Placement):
+        plan = Placement(plan.device_of_node[: graph.num_nodes], meta=plan.meta)
+    res = (simulate if isinstance(plan, Placement) else simulate_pipeline)(graph, costs, topology, plan)
+    meta = {k: v for k, v in plan.meta.items() if k != "trace"}
+    meta.setdefault("placer", best.placer)
+    if best.placer.startswith("given:"):
+        meta["given"] = best.placer.split(":", 1)[1]
+    meta.update(step_time=float(res.step_time), feasible=bool(res.feasible), mode=mode)
+    if objective != "step":
+        meta.update(objective=objective, steady_time=float(best.step_time))
+    return Placement(plan.device_of_node, meta=meta) if isinstance(plan, Placement) else replace(plan, meta=meta)
 
 
 main = hydra_app("evaluate", writes=(*COMPARISON_FILES, "metrics.json"))(run)

@@ -3,9 +3,12 @@ Megatron-LM's arguments (``placement_rl.export``; docs/export.md).
 
 A file conversion with no experiment to configure, so plain flags rather than Hydra overrides:
 ``--graph`` (default: ``graph.json`` beside the plan), ``--topology`` (default: the preset the plan names, needed
-only to read its device names and to price a snapped plan), ``--out`` (default: stdout; written whole or not at
+only to read its device names and to price a training step the plan does not carry: a snapped plan, one planned
+for inference or made to recompute uniformly), ``--out`` (default: stdout; written whole or not at
 all, refused before any work when it cannot be written), ``--snap`` (move a module the plan splits between stages
-whole to the stage holding most of its FLOPs). Bad input: one line, exit 2. Notes on what the target trainer will
+whole to the stage holding most of its FLOPs), ``--uniform-recompute`` (a plan whose stages recompute differently,
+which both trainers cannot run as planned, is refused unless given: then every stage recomputes as much as the most
+recomputing one, and the header prices that). Bad input: one line, exit 2. Notes on what the target trainer will
 not see as planned (``# note:`` lines of the output) also go to stderr when the output goes to ``--out``.
 """
 
@@ -31,6 +34,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--topology", help="topology preset or YAML (default: the one the plan names)")
     p.add_argument("--out", help="output file (default: stdout)")
     p.add_argument("--snap", action="store_true", help="move modules split between stages to their main stage")
+    p.add_argument("--uniform-recompute", action="store_true",
+                   help="stages that recompute differently: recompute in every stage as the most recomputing one does")
     return p
 
 
@@ -62,7 +67,7 @@ def run(args: argparse.Namespace) -> str:
         raise PlacementRLError(f"{path} was planned on topology '{topo_name}', which is not a preset: pass its YAML "
                                "with --topology <file>") from None
     plan = StagePlan.from_json(path, topology=topology, graph=graph)
-    text = export_plan(plan, graph, args.to, snap=args.snap, topology=topology)
+    text = export_plan(plan, graph, args.to, snap=args.snap, topology=topology, uniform=args.uniform_recompute)
     if args.out:
         try:
             atomic_write_text(args.out, text)
