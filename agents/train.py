@@ -278,7 +278,7 @@ class Trainer:
 def final_plan(trainer: Trainer, *, samples: int, seed: int) -> dict[str, Any]:
     """Score the trained policy: one greedy rollout plus ``samples`` sampled ones on a fresh env (their simulator
     calls count in ``trainer.tracker.sim_calls``); return the best of those and of everything evaluated during
-    training (``source`` says which)."""
+    training (``source`` says which), and under ``policy`` the best of the policy's own rollouts alone."""
     from placement_rl.agents.rollout import rollout
 
     env = trainer.make_eval_env()
@@ -293,7 +293,10 @@ def final_plan(trainer: Trainer, *, samples: int, seed: int) -> dict[str, Any]:
     infeasible, t, k, value = min(results, key=lambda r: (r[0], r[1]))
     greedy = results[0]
     tr = trainer.tracker
-    out = {"policy_greedy_time": greedy[1], "policy_best_of_k_time": t, "samples": samples}
+    out = {"policy_greedy_time": greedy[1], "policy_best_of_k_time": t, "samples": samples,
+           # the policy's own output (the learned row), apart from the best placement training explored
+           "policy": {"step_time": t, "feasible": not infeasible, "value": value,
+                      "source": "policy_greedy" if k == 0 else "policy_sampled"}}
     if tr.best_value is not None and (tr.best_feasible, -tr.best_time) >= (not infeasible, -t):
         out.update(step_time=tr.best_time, feasible=tr.best_feasible, value=tr.best_value, source="training")
     else:

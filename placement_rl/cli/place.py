@@ -9,7 +9,7 @@ from omegaconf import DictConfig
 
 from placement_rl.cli.common import (Phases, build_graph, build_topology, hydra_app, output_dir, plural, save_plan,
                                      warm_up, write_json)
-from placement_rl.errors import ConfigError
+from placement_rl.errors import ConfigError, PlanError
 
 # every file place may write in its run folder (a StagePlan policy writes plan.json, others placement.json)
 WRITES = ("graph.json", "placement.json", "plan.json", "metrics.json", "comparison.md", "comparison.csv",
@@ -22,6 +22,49 @@ def _artifacts(out, plan_file: str, compared: list[str], searched: bool = False,
                                                 *(["search/placement.json"] if searched else []), *timed,
                                                 *(["fit/placement.json"] if fitted else []),
                                                 *(["cp/placement.json"] if cp else []), *compared])
+
+
+def costs_line(costs) -> str:
+    """``costs: <source>, ...``: what priced the rows (as ``evaluate``'s header says it)."""
+    return "costs: " + ", ".join(sorted(set(costs.source)))
+
+
+def label_costs(out, costs, name: str = "comparison.md") -> None:
+    """Put the ``costs: ...`` line under the title of ``out/name`` (written by ``compare_learned``)."""
+    from placement_rl.graph.io import atomic_write_text
+
+    path = out / name
+    if path.is_file():
+        title, _, rest = path.read_text().partition("\n\n")
+        atomic_write_text(path, f"{title}\n\n{costs_line(costs)}\n\n{rest}")
+
+
+def checkpoint_id(path: str) -> dict:
+    """The checkpoint's identity, the same whatever the launcher: the shipped one as ``shipped:<its path in the
+    package>`` (a Ray worker runs from a temporary copy of the package), any other as given; and its sha256."""
+    import hashlib
+    from pathlib import Path
+
+    import placement_rl
+
+    p, name = Path(path), str(path)
+    package = Path(placement_rl.__file__).parent.resolve()
+    if p.resolve().is_relative_to(package):
+        name = "shipped:placement_rl/" + p.resolve().relative_to(package).as_posix()
+    sha = hashlib.sha256(p.read_bytes()).hexdigest()[:16] if p.is_file() else None
+    return {"checkpoint": name, "checkpoint_sha": sha}
+
+
+def check_memory(graph, topology, costs) -> None:
+    """``check_fits``'s refusal (the model's state exceeds all devices' memory together: no op-level placement
+    fits), with where plans that split the batch or shard the state are found."""
+    from placement_rl.cost.schedule import check_fits
+
+    try:
+        check_fits(graph, topology, costs)
+    except PlanError as exc:
+        raise PlanError(f"{exc}; stage plans that split the batch (micro-batches) or shard the state (FSDP) may "
+                        "fit: `placement-rl evaluate suite=single` with this graph and topology lists them") from None
 
 
 def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
@@ -74,6 +117,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         from placement_rl.cli.costs import build_costs
 
         graph, costs = build_costs(cfg, graph, topology)  # costs.path= (measured) or estimates
+        check_memory(graph, topology, costs)
         task = ConstructiveTask.build(graph, topology, costs, teachers=False)
     if tuned and tuned != f"{graph.name}@{topology.name}":  # the names ``train`` recorded (after its costs)
         print(f"note: {ckpt_path} was fine-tuned on {tuned}, not {graph.name}@{topology.name}: a fine-tuned policy "
@@ -110,7 +154,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     plan, plan_file = save_plan(res.best_devices, graph, topology, out)
     # every placement's simulator calls: N x D + 1 with the whole-graph window (its completions), else 1
     calls = placement_calls(policy, task) * (1 + samples)
-    metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, "checkpoint": ckpt_path,
+    metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, **checkpoint_id(ckpt_path),
                "policy": "constructive", "window": window, "finetuned_on": tuned,
                "samples": samples, "greedy_step_time": res.greedy_time,
                "best_of_k_step_time": res.best_time, "step_time": step_time, "chosen": chosen,
@@ -169,6 +213,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
                                        step_time=step_time, feasible=metrics["feasible"], seconds=wall,
                                        sim_calls=calls, seed=seed, what="zero-shot placement", files=compared,
                                        progress=phases.enabled, learned=greedy_row, after=searched, timed=same))
+        label_costs(out, costs)
     write_json(out / "metrics.json", metrics)
     found = (f"best of {plural(samples, 'sample')} {res.best_time * 1e3:.3f} ms" if samples > 0
              else "no samples (samples=0: greedy only)")
@@ -185,6 +230,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
              if teacher else "")
           + (f"; best baseline {metrics['best_baseline']} {metrics['best_baseline_time'] * 1e3:.3f} ms"
              if "best_baseline" in metrics else ""))
+    print(costs_line(costs))
     if not fits:
         print(overflow_note(graph, costs, topology, res.best_devices, samples, searched=search, fitted=fitted,
                             policy_searched=None if timed is None else timed["policy_search"]))
@@ -269,6 +315,12 @@ def too_big_node(graph, costs, topology) -> tuple[str, float, float] | None:
     return (graph.names[v], float(mem[v]), most) if len(mem) and mem[v] > most else None
 
 
+# decode=one_pass embeds the graph once (agents.rollout.zero_shot_place); training scored step-by-step rollouts
+ONE_PASS_NOTE = ("note: decode=one_pass embeds the graph once and places every node from that, an approximation of "
+                 "this PlacementEnv policy; decode=sequential replays its step-by-step rollout, the greedy placement "
+                 "training scored (policy_greedy_time in train's metrics.json)")
+
+
 def run(cfg: DictConfig) -> dict:
     import gymnasium as gym
 
@@ -315,6 +367,7 @@ def run(cfg: DictConfig) -> dict:
             res = zero_shot_place(policy, env, samples=samples, seed=int(cfg.seed))
         infeasible, step_time, value, calls = not res.feasible, res.step_time, res.device_of_node, res.sim_calls
         chosen = res.chosen
+        print(ONE_PASS_NOTE)
     else:
         def episode(k: int) -> tuple[bool, float, int, object]:  # k = 0: greedy
             info = rollout(policy, env, deterministic=(k == 0), rng=rng, seed=int(cfg.seed) + k)
@@ -333,10 +386,10 @@ def run(cfg: DictConfig) -> dict:
     wall = time.perf_counter() - t0
     out = output_dir()
     plan, plan_file = save_plan(value, graph, topology, out)
-    metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, "checkpoint":
-               str(cfg.checkpoint), "decode": cfg.decode, "samples": samples, "step_time": step_time,
+    metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name,
+               **checkpoint_id(str(cfg.checkpoint)), "decode": cfg.decode, "samples": samples, "step_time": step_time,
                "feasible": not infeasible, "chosen": chosen, "sim_calls": calls,
-               "wall_seconds": wall}
+               "wall_seconds": wall, "cost_source": costs.describe_source(topology.device_names)}
     compared: list[str] = []
     if cfg.compare:
         from placement_rl.cli.evaluate import compare_learned
@@ -345,11 +398,13 @@ def run(cfg: DictConfig) -> dict:
                                        step_time=step_time, feasible=not infeasible, seconds=wall, sim_calls=calls,
                                        seed=int(cfg.seed), what="zero-shot placement", files=compared,
                                        progress=phases.enabled))
+        label_costs(out, costs)
     write_json(out / "metrics.json", metrics)
     print(f"zero-shot placement of {graph.name} ({graph.num_nodes} nodes) on {topology.name}: "
           f"{step_time * 1e3:.3f} ms ({'feasible' if not infeasible else 'INFEASIBLE'}), {wall:.2f} s"
           + (f"; best baseline {metrics['best_baseline']} {metrics['best_baseline_time'] * 1e3:.3f} ms"
              if "best_baseline" in metrics else ""))
+    print(costs_line(costs))
     print(_artifacts(out, plan_file, compared))
     return metrics
 

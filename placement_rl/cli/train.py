@@ -113,6 +113,33 @@ def run_pretrain(cfg: DictConfig) -> dict:
     return metrics
 
 
+def _task_overrides() -> list[str]:
+    """The command line's overrides of this job (none outside Hydra)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def constructive_ignores(overrides: list[str]) -> list[str]:
+    """The overrides ``env=constructive`` does not read: the encoder group (a fine-tune keeps the checkpoint's
+    encoder) and the trainer group but ``trainer.compare`` (its budget is the agent's search and RL keys)."""
+    given = [o.lstrip("+~") for o in overrides]
+    return [o for o in given if o.split("=", 1)[0].split(".")[0] in ("encoder", "trainer")
+            and o.split("=", 1)[0] != "trainer.compare"]
+
+
+def workers_note(cfg: DictConfig) -> str | None:
+    """``workers`` / ``ray.address`` scale out ``trainer=pretrain`` only: one line when a run of another kind sets
+    them (its results are the same with any count)."""
+    set_ = [f"workers={cfg.get('workers')}"] if str(cfg.get("workers", "auto")) not in ("auto", "1") else []
+    if (cfg.get("ray") or {}).get("address"):
+        set_.append(f"ray.address={cfg.ray.address}")
+    if not set_:
+        return None
+    verb = "apply" if len(set_) > 1 else "applies"
+    return f"note: {' and '.join(set_)} {verb} to trainer=pretrain only: this run trains in this process"
+
+
 # the searches run at the zero-shot rows' seconds too (policy_search, the slowest: at the fine-tuned policy's only)
 ZERO_SHOT_SEARCHES = ("local_search", "la_rule_search")
 FINE_TUNED = "policy fine-tuned (greedy)"  # the row the three searches (with policy_search) run for
@@ -123,6 +150,7 @@ def run_constructive(cfg: DictConfig) -> dict:
     import torch
 
     from placement_rl.agents.constructive_train import default_checkpoint, load_policy, set_windows
+    from placement_rl.cli.place import check_memory, checkpoint_id, costs_line, label_costs
     from placement_rl.studies.finetune import describe, finetune
 
     if str(cfg.agent.get("algo")) != "constructive":
@@ -133,9 +161,16 @@ def run_constructive(cfg: DictConfig) -> dict:
     policy, base, _ = load_policy(ckpt, strict=bool(cfg.get("strict_checkpoint", False)), log=print)
     fcfg = constructive_config(cfg, base)
     set_windows(policy, fcfg)  # the agent's full_window / full_window_train over the checkpoint's
+    ignored = constructive_ignores(_task_overrides())
+    if ignored:
+        print(f"note: env=constructive ignores {', '.join(ignored)}: it fine-tunes the checkpoint's {fcfg.encoder} "
+              f"encoder (hidden {fcfg.hidden}, {fcfg.layers} layers), its budget is agent.ft_search_rounds x "
+              "agent.ft_search_seconds (+ agent.pi_rounds, agent.rl_iters), its best-of-k agent.eval_samples; of "
+              "the trainer group it reads trainer.compare only")
     from placement_rl.cli.costs import build_costs
 
     graph, costs = build_costs(cfg, graph, topology)  # costs.path= (measured) or estimates
+    check_memory(graph, topology, costs)
     out = output_dir()
     warm_s = warm_up(policy)  # numba's first compile after an install is no row's seconds
     print(f"fine-tuning the policy {ckpt} on {graph.name} ({plural(graph.num_nodes, 'node')}) / {topology.name} "
@@ -160,7 +195,7 @@ def run_constructive(cfg: DictConfig) -> dict:
     best = res.best("learned")
     plan, plan_file = save_plan(best.devices, graph, topology, out)
     rows = describe(res)
-    metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, "checkpoint": ckpt,
+    metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, **checkpoint_id(ckpt),
                "cost_source": costs.describe_source(topology.device_names), "rows": rows,
                "learned_step_time": best.step_time, "learned_row": best.label, "warm_up_seconds": warm_s}
     files = ["checkpoint.pt", "graph.json", plan_file, "metrics.json", "learned.md", "training.png"]
@@ -174,7 +209,7 @@ def run_constructive(cfg: DictConfig) -> dict:
     md = (f"# Learned placement of {graph.name} on {topology.name}\n\nLearned rows are the policy's own output; "
           f"search rows are searches (seeded by the policy, or the ones a user would run instead at a learned "
           f"row's seconds); the rest are heuristics (`la_rule`: the argmin of the policy's own lookahead feature). `vs_best_one_pass`: step "
-          f"time over the best of HEFT, m-ETF, m-SCT and METIS.\n\n"
+          f"time over the best of HEFT, m-ETF, m-SCT and METIS.\n\n{costs_line(costs)}\n\n"
           + markdown_table(rows, ("row", "kind", "step_time_ms", "vs_best_one_pass", "feasible", "sim_calls", "seconds"),
                            ("row", "kind", "step time (ms)", "vs best one-pass", "feasible", "sim calls", "s")))
     atomic_write_text(out / "learned.md", md)
@@ -188,6 +223,7 @@ def run_constructive(cfg: DictConfig) -> dict:
                               step_time=best.step_time, feasible=best.feasible, seconds=best.seconds,
                               sim_calls=best.sim_calls, seed=int(cfg.seed), what="learned", files=files,
                               progress=bool(cfg.progress))
+        label_costs(out, costs)
         metrics.update(got)
     write_json(out / "metrics.json", metrics)
     print(md.split("\n\n", 2)[2])
@@ -228,6 +264,10 @@ def check_run_folder(cfg: DictConfig, out: Path) -> None:
                                                   else ""))
 
 
+SEEN = "training_best"  # the folder of the best placement seen in training (not the policy's output)
+SEEN_ROW = "best seen in training (exploration, not the policy's output)"
+
+
 def run(cfg: DictConfig) -> dict:
     from placement_rl.agents.train import Trainer, final_plan
     from placement_rl.report import training_curve
@@ -235,6 +275,9 @@ def run(cfg: DictConfig) -> dict:
     check_run_folder(cfg, output_dir())
     if cfg.trainer.get("pretrain"):
         return run_pretrain(cfg)
+    note = workers_note(cfg)
+    if note:
+        print(note)
     if cfg.trainer.get("family"):
         return run_family(cfg)
     if str(cfg.env.id) == CONSTRUCTIVE_ENV:
@@ -257,28 +300,46 @@ def run(cfg: DictConfig) -> dict:
         print(f"resumed from {cfg.checkpoint} at step {trainer.num_timesteps}")
     trainer.learn(int(tcfg.total_steps), progress=bool(cfg.progress))
     trainer.save(out / "checkpoint.pt")
-    best = final_plan(trainer, samples=int(tcfg.eval_samples), seed=int(cfg.seed))
+    res = final_plan(trainer, samples=int(tcfg.eval_samples), seed=int(cfg.seed))
+    best = res["policy"]  # the learned row: the policy's own output (greedy, or the best of it and its samples)
     plan, plan_file = save_plan(best["value"], graph, topology, out)
     tr = trainer.tracker
+    seen = None  # the best placement evaluated during training (exploration included): a row of its own
+    if tr.best_value is not None:
+        (out / SEEN).mkdir(exist_ok=True)
+        seen_plan, seen_file = save_plan(tr.best_value, graph, topology, out / SEEN)
+        seen = {"step_time": tr.best_time, "feasible": tr.best_feasible, "plan": seen_plan,
+                "file": f"{SEEN}/{seen_file}"}
     single = tr.best_single_time
+    costs = trainer.unwrapped_env.task.costs
+    k = int(tcfg.eval_samples)
+    policy_what = f"best of greedy + {plural(k, 'sample')}" if k > 0 else "greedy"
     metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, "env": str(cfg.env.id),
                "agent": agent.algo, "encoder": encoder.name, "seed": int(cfg.seed),
                "total_steps": trainer.num_timesteps, "episodes": tr.episodes, "sim_calls": tr.sim_calls,
                "train_seconds": trainer.train_seconds, "best_single_device_time": single,
                "step_time": best["step_time"], "feasible": best["feasible"], "plan_source": best["source"],
                "speedup_over_single_device": single / best["step_time"] if best["step_time"] > 0 else None,
-               "policy_greedy_time": best["policy_greedy_time"],
-               "policy_best_of_k_time": best["policy_best_of_k_time"]}
+               "policy_greedy_time": res["policy_greedy_time"],
+               "policy_best_of_k_time": res["policy_best_of_k_time"],
+               "cost_source": costs.describe_source(topology.device_names)}
+    if seen is not None:
+        metrics["best_seen_in_training"] = {"step_time": seen["step_time"], "feasible": seen["feasible"],
+                                            "file": seen["file"]}
     refs = {"best single device": single}
     compared: list[str] = []
     if tcfg.compare:
-        from placement_rl.cli.evaluate import compare_learned
+        from placement_rl.cli.evaluate import ExtraRow, compare_learned
+        from placement_rl.cli.place import label_costs
 
-        got = compare_learned(graph, trainer.unwrapped_env.task.costs, topology, out,
-                              label=f"learned:{agent.algo}+{encoder.name}", plan=plan, step_time=best["step_time"],
-                              feasible=bool(best["feasible"]), seconds=trainer.train_seconds, sim_calls=tr.sim_calls,
-                              seed=int(cfg.seed), what="learned", files=compared,
-                              progress=bool(cfg.progress))
+        before = [] if seen is None else [ExtraRow(SEEN_ROW, seen["step_time"], bool(seen["feasible"]),
+                                                   trainer.train_seconds, tr.sim_calls, seen["plan"])]
+        got = compare_learned(graph, costs, topology, out,
+                              label=f"learned:{agent.algo}+{encoder.name} ({policy_what})", plan=plan,
+                              step_time=best["step_time"], feasible=bool(best["feasible"]),
+                              seconds=trainer.train_seconds, sim_calls=tr.sim_calls, seed=int(cfg.seed),
+                              what="learned", files=compared, progress=bool(cfg.progress), learned=before)
+        label_costs(out, costs)
         got.pop("best_single_device_time")
         metrics.update(got)
         if "best_baseline" in got:
@@ -286,12 +347,20 @@ def run(cfg: DictConfig) -> dict:
     training_curve(tr.curve, out / "training.png", references=refs,
                    title=f"{agent.algo} + {encoder.name} on {graph.name} / {topology.name}")
     write_json(out / "metrics.json", metrics)
-    print(f"best step time {best['step_time'] * 1e3:.3f} ms (single device {single * 1e3:.3f} ms, "
-          f"speed-up {metrics['speedup_over_single_device']:.3f}x)"
+    from placement_rl.cli.place import costs_line
+
+    speedup = metrics["speedup_over_single_device"]
+    print(f"policy ({policy_what}) {best['step_time'] * 1e3:.3f} ms"
+          + ("" if best["feasible"] else " (overflows memory)")
+          + f", greedy {res['policy_greedy_time'] * 1e3:.3f} ms (single device {single * 1e3:.3f} ms"
+          + (f", speed-up {speedup:.3f}x)" if speedup is not None else ")")
+          + (f"; {SEEN_ROW} {seen['step_time'] * 1e3:.3f} ms ({seen['file']})" if seen is not None else "")
           + (f"; best baseline {metrics['best_baseline']} {metrics['best_baseline_time'] * 1e3:.3f} ms"
              if "best_baseline" in metrics else ""))
+    print(costs_line(costs))
     print(f"artifacts in {out}: " + ", ".join(["checkpoint.pt", "graph.json", plan_file, "metrics.json",
-                                                "training.png", *compared] + (["tb/"] if tcfg.tensorboard else [])))
+                                                *([seen["file"]] if seen is not None else []), "training.png",
+                                                *compared] + (["tb/"] if tcfg.tensorboard else [])))
     return metrics
 
 
