@@ -313,7 +313,9 @@ class ProfileConfig:
 class DeployConfig:
     costs: CostsConfig = field(default_factory=CostsConfig)
     plan: str = opt("???", doc="a plan.json (DP x PP) or placement.json")
-    profile: Optional[str] = opt(None, null=True, doc="a ProfileDB for the prediction; null = the roofline")
+    profile: Optional[str] = opt(None, null=True, doc="a ProfileDB for the prediction; null = the cost model: "
+                                 "calibrated for GPUs (roofline if the topology sets cost_model: roofline), "
+                                 "roofline for CPUs")
     steps: int = opt(5, low=1)
     warmup: int = opt(1, low=0)
     lr: float = opt(0.001, low=0, open_low=True)
@@ -382,7 +384,7 @@ def defaults_of(cls: type, prefix: str = "") -> dict[str, Any]:
 
 
 # commands whose YAML takes its values from the dataclass (``- base/<command>@_here_`` first in its defaults list)
-BASED = ("evaluate", "place", "profile", "deploy")
+BASED = ("evaluate", "place", "profile", "deploy", "train")
 
 
 def register_configs(command: str | None = None) -> None:
