@@ -384,7 +384,7 @@ def defaults_of(cls: type, prefix: str = "") -> dict[str, Any]:
 
 
 # commands whose YAML takes its values from the dataclass (``- base/<command>@_here_`` first in its defaults list)
-BASED = ("evaluate", "place", "profile", "deploy", "train")
+BASED = ("evaluate", "place", "profile", "deploy")
 
 
 def register_configs(command: str | None = None) -> None:
