@@ -11,6 +11,9 @@ Every environment takes the same construction arguments (all keyword-only)::
 * ``cost_fn``: ``(graph, topology) -> CostTable`` (default ``resolve_costs``), e.g. to plug in profiles.
 * ``reward_source``: see ``envs.reward`` (an object with ``evaluate`` or a per-task factory).
 * ``config`` / ``**options``: the env's frozen config dataclass, or its fields as keywords.
+* ``render_mode``: ``"ansi"`` (``render()`` returns the placement as text) or None; any other mode is accepted
+  and renders nothing (``gymnasium.make`` warns about it; SB3's ``make_vec_env`` passes ``"rgb_array"`` unless
+  told otherwise).
 """
 
 from __future__ import annotations
@@ -124,8 +127,8 @@ class BaseEnv(gym.Env):
                  reward_source: Any = None, config: Any = None, render_mode: str | None = None,
                  **options: Any) -> None:
         self.config = make_config(self.config_cls, config, options)
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ConfigError(f"render_mode '{render_mode}' is not supported (choose ansi or None)")
+        # any other mode is kept, not refused: gymnasium.make warns about it, and SB3's make_vec_env asks every env
+        # for 'rgb_array' unless told otherwise; render() draws only 'ansi'
         self.render_mode = render_mode
         if isinstance(graph, GraphSource):
             if topology is not None or cost_fn is not None:

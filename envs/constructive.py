@@ -46,7 +46,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from placement_rl.envs.base import action_index
+from placement_rl.envs.base import DEFAULT_GRAPH, DEFAULT_TOPOLOGY, action_index
 from placement_rl.envs.constructive_task import NUM_NODE_FEATURES, ConstructiveTask
 from placement_rl.envs.graph_source import GraphSource
 from placement_rl.cost.schedule import DEFAULT_WINDOW, NUM_DEVICE_FEATURES, ScheduleState
@@ -59,9 +59,14 @@ __all__ = ["ConstructivePlacementEnv"]
 class ConstructivePlacementEnv(gym.Env):
     metadata = {"render_modes": []}
 
-    def __init__(self, *, graph: Any, topology: Any = None, max_nodes: int | None = None,
+    def __init__(self, *, graph: Any = None, topology: Any = None, max_nodes: int | None = None,
                  max_edges: int | None = None, max_devices: int | None = None,
                  infeasible_penalty: float = 1.0, window: int = DEFAULT_WINDOW) -> None:
+        """``graph`` / ``topology`` as the other envs take them (``envs.base``; defaults ``synthetic:layered`` on
+        ``4x_v100_nvlink``)."""
+        if not isinstance(graph, GraphSource):
+            graph = DEFAULT_GRAPH if graph is None else graph
+            topology = DEFAULT_TOPOLOGY if topology is None else topology
         if isinstance(graph, GraphSource):
             self.source = graph
         elif isinstance(graph, CompGraph):

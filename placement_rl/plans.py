@@ -9,6 +9,7 @@ checked by ``validate`` alone). The file checks are ``placement_rl.plan_files``'
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from dataclasses import dataclass, field
@@ -29,6 +30,19 @@ SHARDINGS = ("dp", "fsdp")  # replicate each stage (DDP) or shard it over its DP
 RECOMPUTE = ("none", "selective", "full")  # activation recomputation per stage (``placement_rl.cost.recompute``)
 _PLAN_FIELDS = ("stage_devices", "num_microbatches", "schedule", "batch_size", "sharding", "tp",
                 "make_vocab_size_divisible_by", "recompute", "sequence_parallel")  # compared beside the stages
+_FILE_KEYS = ("schema", "version", "meta", "graph", "graph_fingerprint", "topology")  # what to_dict writes, both kinds
+PLACEMENT_KEYS = (*_FILE_KEYS, "devices", "device_of_node", "nodes")
+STAGE_PLAN_KEYS = (*_FILE_KEYS, "stage_of_node", *_PLAN_FIELDS)
+
+
+def check_keys(data: Mapping[str, Any], known: Sequence[str], what: str) -> None:
+    """``PlanError`` for a top-level key a plan file may not have (a typo such as ``microbatches`` would otherwise
+    read as the field's default), naming the nearest known key. ``meta`` inside stays free-form."""
+    for key in data:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean '{near[0]}'?" if near else f"known fields: {', '.join(known)}"
+            raise PlanError(f"{what} JSON has unknown field '{key}': {hint} (free-form data goes under 'meta')")
 
 
 def _same_meta(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
@@ -113,6 +127,7 @@ class Placement:
                   graph: CompGraph | None = None) -> "Placement":
         data = read_json(path_or_str, "placement")
         check_schema(data, PLACEMENT_SCHEMA)
+        check_keys(data, PLACEMENT_KEYS, "placement")
         names, dev = data.get("devices"), data.get("device_of_node")
         if not isinstance(names, list) or not isinstance(dev, list):
             raise PlanError("placement JSON needs lists 'devices' and 'device_of_node'")
@@ -368,6 +383,7 @@ class StagePlan:
                   graph: CompGraph | None = None) -> "StagePlan":
         data = read_json(path_or_str, "stage plan")
         check_schema(data, STAGE_PLAN_SCHEMA)
+        check_keys(data, STAGE_PLAN_KEYS, "stage plan")
         for key in ("num_microbatches", "batch_size", "make_vocab_size_divisible_by"):
             v = data.get(key)
             if v is not None and (isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, float)

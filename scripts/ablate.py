@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from placement_rl.studies.ablation import run_study  # noqa: E402
+from placement_rl.studies.ablation import StudyFailed, run_study  # noqa: E402
 from placement_rl.studies.config import experiment_names, load_study  # noqa: E402
-from placement_rl.studies.report import read_runs, study_stem, write_study  # noqa: E402
+from placement_rl.studies.report import read_failures, read_runs, study_stem, write_study  # noqa: E402
 from placement_rl.errors import PlacementRLError  # noqa: E402
 
 PREFIX = "ablation_"
@@ -50,12 +50,23 @@ def main(argv: list[str] | None = None) -> int:
             spec = load_study(PREFIX + name, mode=args.mode, budget=args.budget, seeds=seeds,
                               overrides=args.overrides, workers=args.workers,
                               command=command.replace(" all ", f" {name} ", 1))
+            failures = []
             if args.render_only:
                 results = read_runs(out / f"{study_stem(spec)}_runs.json")
+                failures = read_failures(out / f"{study_stem(spec)}_failed.json")
             else:
-                results = run_study(spec, progress=not args.no_progress)
-            page = write_study(spec, results, out)
+                try:
+                    results = run_study(spec, progress=not args.no_progress)
+                except StudyFailed as exc:  # the finished runs are still written, the failed ones named
+                    results, failures = exc.results, exc.failures
+            page = write_study(spec, results, out, failures)
             print(f"{name}: {len(results)} runs in {time.perf_counter() - t0:.0f} s -> {page}", flush=True)
+            if failures:
+                more = f" (and {len(failures) - 1} more failed runs)" if len(failures) > 1 else ""
+                text = f"study '{name}': {failures[0].describe()}{more}; the {len(results)} finished runs are on {page}"
+                if not args.render_only:
+                    raise PlacementRLError(text)
+                print(f"note: {text}", file=sys.stderr)
     except PlacementRLError as exc:
         print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2

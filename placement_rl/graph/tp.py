@@ -252,8 +252,10 @@ def check_degree(graph: CompGraph, tp: int, ann: TPAnnotation | None = None, *,
         keep = [d for d in ann.divisors if not (padded and d == ann.vocab)]
         hint = (" (or pad the vocabulary: make_vocab_size_divisible_by > 0)"
                 if ann.vocab and ann.vocab % tp and not padded else "")
-        raise PlanError(f"TP degree {tp} does not divide {', '.join(what)} of graph '{graph.name}'; choose a TP "
-                        f"degree dividing {math.gcd(*keep)}{hint}")
+        g = math.gcd(*keep)
+        choice = (f"choose a TP degree dividing {g}" if g > 1 else
+                  "only TP degree 1 divides all its split sizes: use tp 1")
+        raise PlanError(f"TP degree {tp} does not divide {', '.join(what)} of graph '{graph.name}'; {choice}{hint}")
 
 
 def shard_graph(graph: CompGraph, tp: int, ann: TPAnnotation | None = None, *,

@@ -14,6 +14,7 @@ study in ``placement_rl.studies.zeroshot``; tables, plots and pages in ``placeme
 from __future__ import annotations
 
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -25,7 +26,7 @@ from placement_rl.agents.rollout import rollout
 from placement_rl.agents.train import AgentSpec, EncoderSpec, Trainer
 from placement_rl.cost import resolve_costs, simulate
 from placement_rl.cost.types import CostTable
-from placement_rl.errors import ConfigError
+from placement_rl.errors import ConfigError, PlacementRLError
 from placement_rl.evaluate import best_row, compare
 from placement_rl.graph.coarsen import expand_placement
 from placement_rl.graph.ir import CompGraph
@@ -33,8 +34,8 @@ from placement_rl.graph.spec import graph_from_spec
 from placement_rl.plans import Placement
 from placement_rl.topology import DeviceTopology, load_topology
 
-__all__ = ["BaselineRef", "Cell", "Problem", "RunResult", "StudySpec", "TrainOutcome", "baseline_reference",
-           "build_problem", "run_cell", "run_study", "train_to_budget"]
+__all__ = ["BaselineRef", "Cell", "Problem", "RunFailure", "RunResult", "StudyFailed", "StudySpec", "TrainOutcome",
+           "baseline_reference", "build_problem", "run_cell", "run_study", "train_to_budget"]
 
 JUDGES = ("cell", "original")
 STEP_CAP = 3  # env steps per simulator call of the budget before a run is stopped (see train_to_budget)
@@ -144,6 +145,33 @@ class RunResult:
                 "best_baseline": self.baseline, "best_baseline_ms": self.baseline_time * 1e3,
                 "single_device_ms": self.single_time * 1e3, "sim_calls": self.sim_calls, "budget": self.budget,
                 "episodes": self.episodes, "train_seconds": self.seconds}
+
+
+@dataclass(frozen=True)
+class RunFailure:
+    """A (cell, seed) run that raised: its error in one line (the exception's type too, unless a domain error)."""
+
+    cell: str
+    seed: int
+    error: str
+
+    @staticmethod
+    def of(cell: str, seed: int, exc: BaseException) -> "RunFailure":
+        text = (str(exc).splitlines() or [""])[0]
+        return RunFailure(cell, seed, text if isinstance(exc, PlacementRLError) else f"{type(exc).__name__}: {text}")
+
+    def describe(self) -> str:
+        return f"cell '{self.cell}' seed {self.seed} failed: {self.error}"
+
+
+class StudyFailed(PlacementRLError):
+    """Some runs of a study raised; the others finished. ``results``: the finished runs (cell x seed order),
+    ``failures``: the failed ones, so a caller can still write the finished runs and name the failed cells."""
+
+    def __init__(self, results: Sequence["RunResult"], failures: Sequence[RunFailure]) -> None:
+        self.results, self.failures = list(results), list(failures)
+        more = f" (and {len(failures) - 1} more failed runs)" if len(failures) > 1 else ""
+        super().__init__(f"{failures[0].describe()}{more}; {len(results)} runs finished")
 
 
 # ------------------------------------------------------------------------------------------------ problems
@@ -299,15 +327,22 @@ def run_cell(cell: Cell, seed: int, budget: int, problem: Problem) -> tuple[Trai
     return out, greedy_time(trainer, problem, seed=seed)
 
 
-def _job(args: tuple[Cell, int, int, Problem]) -> tuple[TrainOutcome, float]:
-    return run_cell(*args)
+def _job(args: tuple[Cell, int, int, Problem]) -> tuple[TrainOutcome, float] | RunFailure:
+    """``run_cell``, with an error returned as a ``RunFailure`` (one run's failure does not end the study)."""
+    try:
+        return run_cell(*args)
+    except Exception as exc:  # noqa: BLE001 - any error of one run: reported with its cell, the others go on
+        if not isinstance(exc, PlacementRLError):  # a bug, not bad input: keep its traceback for whoever fixes it
+            traceback.print_exc()
+        return RunFailure.of(args[0].name, args[1], exc)
 
 
 def run_study(spec: StudySpec, *, progress: bool = True,
               on_result: Callable[[RunResult], None] | None = None) -> list[RunResult]:
     """Every cell x seed of ``spec``, each next to the best baseline of its case. With ``spec.workers`` > 1 the
     runs are jobs on Ray workers (``placement_rl.scale``; each run's seed is its own, so the results do not
-    depend on the worker count); results are handled here in cell x seed order as they arrive."""
+    depend on the worker count); results are handled here in cell x seed order as they arrive. A run that raises
+    does not stop the others: ``StudyFailed`` at the end carries the finished runs and names the failed ones."""
     from tqdm.auto import tqdm
 
     from placement_rl.scale import Workers
@@ -318,8 +353,17 @@ def run_study(spec: StudySpec, *, progress: bool = True,
     bar = tqdm(total=len(jobs), desc=f"study {spec.name}", unit="run", disable=not progress, dynamic_ncols=True)
     refs: dict[tuple[int, str, int], BaselineRef] = {}
     results: list[RunResult] = []
+    failures: list[RunFailure] = []
+    done = 0  # runs handled (in cell x seed order)
 
-    def handle(i: int, got: tuple[TrainOutcome, float]) -> None:
+    def handle(i: int, got: tuple[TrainOutcome, float] | RunFailure) -> None:
+        nonlocal done
+        done += 1
+        if isinstance(got, RunFailure):
+            failures.append(got)
+            bar.update(1)
+            bar.set_postfix_str(got.describe()[:80])
+            return
         (cell, seed), (out, greedy) = jobs[i], got
         p = problems[cell.name]
         key = (id(p.judge_graph), cell.topology, seed)
@@ -338,12 +382,12 @@ def run_study(spec: StudySpec, *, progress: bool = True,
 
     try:
         if spec.workers > 1:
-            arrived: dict[int, tuple[TrainOutcome, float]] = {}
+            arrived: dict[int, tuple[TrainOutcome, float] | RunFailure] = {}
 
-            def in_order(i: int, got: tuple[TrainOutcome, float]) -> None:
+            def in_order(i: int, got: tuple[TrainOutcome, float] | RunFailure) -> None:
                 arrived[i] = got
-                while len(results) in arrived:
-                    handle(len(results), arrived.pop(len(results)))
+                while done in arrived:
+                    handle(done, arrived.pop(done))
 
             with Workers(spec.workers) as workers:
                 shared = {name: workers.put(p) for name, p in problems.items()}  # each problem shipped once
@@ -351,7 +395,9 @@ def run_study(spec: StudySpec, *, progress: bool = True,
                             cost=[float(spec.budget)] * len(jobs))
         else:
             for i, (c, s) in enumerate(jobs):
-                handle(i, run_cell(c, s, spec.budget, problems[c.name]))
+                handle(i, _job((c, s, spec.budget, problems[c.name])))
     finally:
         bar.close()
+    if failures:
+        raise StudyFailed(results, failures)
     return results

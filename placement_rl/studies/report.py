@@ -3,7 +3,8 @@ step time relative to the best baseline.
 
 ``write_study(spec, results, out_dir)`` writes ``<stem>.md``, ``<stem>_runs.csv``, ``<stem>_summary.csv``,
 ``<stem>_curves.png``, ``<stem>_relative.png`` and ``<stem>_runs.json`` (every run with its curve, read back by
-``read_runs`` to render a page again) (stem ``ablation_<name>``) and returns the page path.
+``read_runs`` to render a page again) (stem ``ablation_<name>``) and returns the page path. Runs that failed
+(``StudyFailed``) are named on the page and kept in ``<stem>_failed.json`` (``read_failures``).
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from placement_rl.studies.ablation import RunResult, StudySpec
+from placement_rl.studies.ablation import RunFailure, RunResult, StudySpec
 from placement_rl.studies.stats import curve_band, summarise
 from placement_rl.errors import ConfigError
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.report import markdown_table, write_csv
 
-__all__ = ["curves_plot", "fmt_pm", "read_runs", "relative_bars", "save_figure", "study_stem", "write_runs",
-           "write_study"]
+__all__ = ["curves_plot", "fmt_pm", "read_failures", "read_runs", "relative_bars", "save_figure", "study_stem",
+           "tied", "write_runs", "write_study"]
 
 RUN_COLUMNS = ("cell", "seed", "step_time_ms", "feasible", "greedy_time_ms", "ratio_to_best_baseline",
                "speedup_over_single", "best_baseline", "best_baseline_ms", "single_device_ms", "sim_calls",
@@ -44,6 +45,14 @@ def fmt_pm(mean: float, std: float, digits: int = 3) -> str:
 def pm(row: dict, key: str, digits: int = 3) -> str:
     """A study row's ``key`` as ``mean ± std`` over its seeds; the mean alone for one seed (no spread to show)."""
     return fmt_pm(row[f"{key}_mean"], row[f"{key}_std"] if row.get("seeds", 2) > 1 else float("nan"), digits)
+
+
+def tied(names: Sequence[str], value: Any, rel: float = 1e-9) -> list[str]:
+    """The names whose ``value(name)`` is the least (within ``rel``): one name, or all that tie for it."""
+    if not names:
+        return []
+    low = min(value(n) for n in names)
+    return [n for n in names if value(n) <= low + rel * abs(low)]
 
 
 def _plt():
@@ -166,15 +175,28 @@ def relative_bars(results: Sequence[RunResult], cells: Sequence[str], path: str 
 def findings(rows: Sequence[Mapping[str, Any]], budget: int | None = None) -> list[str]:
     """Plain statements read off the summary (no interpretation)."""
     ok = [r for r in rows if np.isfinite(r["ratio_mean"])]
+    if not rows:
+        return ["No run finished."]
     if not ok:
         return ["No run found a feasible placement."]
-    best = min(ok, key=lambda r: r["ratio_mean"])
-    worst = max(ok, key=lambda r: r["ratio_mean"])
+    by = {r["cell"]: r for r in ok}
+    best = tied(list(by), lambda c: by[c]["ratio_mean"])
+    worst = tied(list(by), lambda c: -by[c]["ratio_mean"])
+    b = by[best[0]]
+    base = f"({b['best_baseline']}, {b['baseline_ms_mean']:.4g} ms)"
+    names = " and ".join(f"**{c}**" for c in best)
+    if len(ok) == 1:
+        which = "Only cell with a result" if len(rows) == 1 else "Only cell with a feasible placement"
+        first = f"{which}: {names}, {pm(b, 'ratio')} x the best baseline {base}."
+    elif len(best) == len(ok):
+        first = f"All {len(ok)} cells tie: {pm(b, 'ratio')} x the best baseline {base}."
+    else:
+        first = (f"Best cell{'s (tied)' if len(best) > 1 else ''}: {names}, {pm(b, 'ratio')} x the best baseline "
+                 f"{base}; worst{' (tied)' if len(worst) > 1 else ''}: {' and '.join(f'**{c}**' for c in worst)}, "
+                 f"{pm(by[worst[0]], 'ratio')} x.")
     runs = sum(r["seeds"] for r in rows)
     wins = sum(r["beats_baseline"] for r in rows)
-    out = [f"Best cell: **{best['cell']}**, {pm(best, 'ratio')} x the best baseline "
-           f"({best['best_baseline']}, {best['baseline_ms_mean']:.4g} ms); worst: **{worst['cell']}**, "
-           f"{pm(worst, 'ratio')} x.",
+    out = [first,
            f"{wins} of {runs} runs ({sum(r['ratio_mean'] < 1 for r in ok)} of {len(rows)} cells on average) beat the "
            f"best baseline under the same simulator-call budget.",
            "Speed-up over the best single device: "
@@ -227,20 +249,49 @@ def read_runs(path: str | os.PathLike, cls: type = RunResult) -> list[Any]:
         raise ConfigError(f"'{p}' does not hold saved study runs ({exc})") from None
 
 
-def write_study(spec: StudySpec, results: Sequence[RunResult], out_dir: str | os.PathLike) -> Path:
+def read_failures(path: str | os.PathLike) -> list[RunFailure]:
+    """The failed runs ``write_study`` kept beside the runs (none when the file is absent: every run finished)."""
+    p = Path(path)
+    if not p.is_file():
+        return []
+    try:
+        return [RunFailure(**d) for d in json.loads(p.read_text())]
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"'{p}' does not hold failed study runs ({exc})") from None
+
+
+def _failure_lines(spec: StudySpec, failures: Sequence[RunFailure]) -> list[str]:
+    if not failures:
+        return []
+    total = len(spec.cells) * len(spec.seeds)
+    return ["## Failed runs", "", f"{len(failures)} of {total} runs failed and are left out of every table and "
+            "figure on this page:", "", *[f"* {f.describe()}" for f in failures], ""]
+
+
+def write_study(spec: StudySpec, results: Sequence[RunResult], out_dir: str | os.PathLike,
+                failures: Sequence[RunFailure] = ()) -> Path:
     out = Path(out_dir)
     stem = study_stem(spec)
     write_runs(out / f"{stem}_runs.json", results)
-    cells = [c.name for c in spec.cells]
+    failed = out / f"{stem}_failed.json"
+    if failures:
+        write_runs(failed, failures)
+    elif failed.exists():
+        failed.unlink()  # from an earlier run of the study: every run finished this time
+    ran = {r.cell for r in results}
+    cells = [c.name for c in spec.cells if c.name in ran]
     rows = summarise(results, cells)
     write_csv(out / f"{stem}_runs.csv", [r.as_dict() for r in results], RUN_COLUMNS)
     summary_cols = ["cell", "seeds", "seed_list", "feasible_runs", "beats_baseline", "best_baseline"] + [
         f"{k}_{s}" for k in ("step_time_ms", "ratio", "speedup", "greedy_time_ms", "baseline_ms", "single_ms",
                              "train_seconds", "sim_calls") for s in ("mean", "std")]
     write_csv(out / f"{stem}_summary.csv", rows, summary_cols)
-    curves_plot(results, cells, spec.budget, out / f"{stem}_curves.png",
-                title=f"{spec.title}: best so far, mean ± std over {len(spec.seeds)} seeds")
-    relative_bars(results, cells, out / f"{stem}_relative.png", title=f"{spec.title} (mean ± std; dots: seeds)")
+    figures = []
+    if cells:
+        curves_plot(results, cells, spec.budget, out / f"{stem}_curves.png",
+                    title=f"{spec.title}: best so far, mean ± std over {len(spec.seeds)} seeds")
+        relative_bars(results, cells, out / f"{stem}_relative.png", title=f"{spec.title} (mean ± std; dots: seeds)")
+        figures = [f"![learning curves]({stem}_curves.png)", "", f"![relative step time]({stem}_relative.png)", ""]
     table = [{"cell": r["cell"], "step": pm(r, "step_time_ms", 4), "ratio": pm(r, "ratio"),
               "speedup": pm(r, "speedup"), "greedy": pm(r, "greedy_time_ms", 4),
               "base": f"{r['best_baseline']} {r['baseline_ms_mean']:.4g}",
@@ -255,7 +306,9 @@ def write_study(spec: StudySpec, results: Sequence[RunResult], out_dir: str | os
              "Step times are simulated by the cost model (the calibrated GPU model for GPUs, the roofline for "
              f"other devices, measured profiles where given); {judged}.",
              "", "Reproduce:", "", "```bash", spec.command or f"python scripts/ablate.py {spec.name} --mode {spec.mode}",
-             "```", "", "## Findings", "", *[f"* {f}" for f in findings(rows, spec.budget)], "", "## Results (mean ± std over seeds)",
+             "```", "", *_failure_lines(spec, failures),
+             "## Findings", "", *[f"* {f}" for f in findings(rows, spec.budget)], "",
+             "## Results (mean ± std over seeds)",
              "", markdown_table(table, ["cell", "step", "ratio", "speedup", "greedy", "base", "wins", "secs", "seeds"],
                                 [spec.factor, "step time (ms)", "vs best baseline", "speed-up vs 1 device",
                                  "greedy policy (ms)", "best baseline (ms)", "beats baseline", "train wall (s)",
@@ -264,8 +317,7 @@ def write_study(spec: StudySpec, results: Sequence[RunResult], out_dir: str | os
              "the best non-learned placer's step time for the same seed and budget (below 1 is better); *greedy "
              "policy* is one deterministic rollout of the trained policy afterwards (not charged to the budget); "
              "std is the sample standard deviation over seeds.", "",
-             f"![learning curves]({stem}_curves.png)", "", f"![relative step time]({stem}_relative.png)", "",
-             "## Cells", "", *_case_lines(spec), "",
+             *figures, "## Cells", "", *_case_lines(spec), "",
              f"Per-run numbers: [{stem}_runs.csv]({stem}_runs.csv); per-cell: [{stem}_summary.csv]({stem}_summary.csv).",
              ""]
     return atomic_write_text(out / f"{stem}.md", "\n".join(lines))

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from placement_rl.studies.stats import band, mean_std, step_curve
-from placement_rl.studies.report import _plt, fmt_pm, save_figure, write_runs
+from placement_rl.studies.report import _plt, fmt_pm, pm, save_figure, tied, write_runs
 from placement_rl.studies.zeroshot import METHODS, FamilyRun, ZeroShotRow, ZeroShotSpec
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.report import markdown_table, write_csv
@@ -113,18 +113,21 @@ def write_zeroshot(spec: ZeroShotSpec, rows: Sequence[ZeroShotRow], families: Se
     relative_plot(rows, cases, out / f"{STEM}_relative.png")
     curves_plot(rows, cases, spec.budget, out / f"{STEM}_curves.png")
     table = [{"case": r["case"], "held": r["held_out"], "method": r["method"] if r["method"] != "baseline"
-              else f"best baseline ({r['placers']})", "step": fmt_pm(r["step_time_ms_mean"], r["step_time_ms_std"], 4),
-              "ratio": fmt_pm(r["ratio_mean"], r["ratio_std"]), "secs": fmt_pm(r["seconds_mean"], r["seconds_std"]),
+              else f"best baseline ({r['placers']})", "step": pm(r, "step_time_ms", 4),
+              "ratio": pm(r, "ratio"), "secs": pm(r, "seconds"),
               "calls": f"{r['sim_calls_mean']:.0f}", "ok": f"{r['feasible_runs']}/{r['seeds']}"} for r in summary]
     fam_s, fam_sd = mean_std([f.seconds for f in families])
+    fam_sd = fam_sd if len(families) > 1 else float("nan")  # one seed: no spread to show
     t = spec.template
     lines = [
         "# Zero-shot placement of unseen models and topologies", "",
         "Does a policy trained on a family of graphs place models and clusters it has never seen? For each seed a "
         "family policy is trained, then every held-out case is placed four ways: **zero-shot** (the family policy, "
-        f"one greedy + {spec.samples} sampled rollouts, no training), **fine-tune** (the family policy trained on the "
-        f"case for {spec.budget} simulator calls), **scratch** (a fresh policy, same budget) and the **best baseline** "
-        "(every non-learned placer with the same budget and seed).", "",
+        f"one greedy + up to {spec.samples} sampled rollouts while they fit the budget, no training), **fine-tune** "
+        f"(the family policy trained on the case for {spec.budget} simulator calls), **scratch** (a fresh policy, "
+        "same budget) and the **best baseline** (every non-learned placer with the same budget and seed). The "
+        "greedy rollout always runs: where it alone takes more calls than the budget, the *simulator calls* column "
+        "shows them.", "",
         f"Mode **{spec.mode}**, seeds {', '.join(map(str, spec.seeds))}. Agent {t.agent.algo}, encoder "
         f"{t.encoder.name} (hidden {t.encoder.hidden}, {t.encoder.layers} layers), env {t.env_id.split('/')[-1]}. "
         "Step times are simulated by the cost model (the calibrated GPU model for GPUs, the roofline for other "
@@ -158,9 +161,17 @@ def zeroshot_findings(summary: Sequence[dict[str, Any]], cases: Sequence[str]) -
             continue
         parts = [f"{m} {by[m]['ratio_mean']:.3g}x" for m in ("zero-shot", "fine-tune", "scratch") if m in by]
         learned = [m for m in ("zero-shot", "fine-tune", "scratch") if m in by and np.isfinite(by[m]["ratio_mean"])]
-        best = min(learned, key=lambda m: by[m]["ratio_mean"]) if learned else "none"
+        first = tied(learned, lambda m: by[m]["ratio_mean"])
+        if not learned:
+            verdict = "no learned method found a feasible placement"
+        elif len(learned) == 1:
+            verdict = f"only {learned[0]} found a feasible placement"
+        elif len(first) == len(learned):
+            verdict = f"the learned methods tie ({' = '.join(first)})"
+        else:
+            verdict = f"best learned method: {' and '.join(first)}" + (" (tied)" if len(first) > 1 else "")
         out.append(f"**{c}** (held out: {next(iter(by.values()))['held_out']}): {', '.join(parts)} the best baseline; "
-                   f"best learned method: {best}.")
+                   f"{verdict}.")
     zs = [r["ratio_mean"] for r in summary if r["method"] == "zero-shot" and np.isfinite(r["ratio_mean"])]
     sc = [r["ratio_mean"] for r in summary if r["method"] == "scratch" and np.isfinite(r["ratio_mean"])]
     ft = [r["ratio_mean"] for r in summary if r["method"] == "fine-tune" and np.isfinite(r["ratio_mean"])]
