@@ -199,7 +199,9 @@ class Workers:
 
         cpus, nodes = cluster_size()
         c = self._conn
-        return (f"{self.count} workers on {c.where} ({cpus} CPU{'s' if cpus != 1 else ''} on {nodes} "
+        count = (f"{self.count} workers requested, {cpus} CPU{'s' if cpus != 1 else ''}: {cpus} at a time,"
+                 if 0 < cpus < self.count else f"{self.count} workers")  # a job takes one CPU
+        return (f"{count} on {c.where} ({cpus} CPU{'s' if cpus != 1 else ''} on {nodes} "
                 f"node{'s' if nodes != 1 else ''}){c.note}; "
                 f"placement-rl {c.identity['placement-rl']} source {c.identity['source_sha']} checked on "
                 f"{self.nodes_checked} node{'s' if self.nodes_checked != 1 else ''}")

@@ -7,7 +7,9 @@
   never joined by accident, and its presence is said in the note (``ray.address=auto`` joins it deliberately).
   Two trainings started at once each get their own instance.
 * ``address`` set (``auto`` or ``host:port``), or Ray's ``RAY_ADDRESS`` variable set (as ``ray job submit``
-  does): the running cluster is joined, and the run's first line says so with its CPUs and nodes.
+  does): the running cluster is joined, and the run's first line says so with its CPUs and nodes. The address is
+  probed first (``probe``: a TCP connection, ``PROBE_TIMEOUT`` seconds): ``ray.init`` retries a dead address
+  forever, so one where nothing answers is a one-line ``ConfigError`` instead.
 * Ray already initialised in this process (by the caller): reused as it is, and left running.
 
 When joining a cluster (and on request), the driver ships its package to every worker (``runtime_env``
@@ -25,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +37,7 @@ from placement_rl.errors import ConfigError, PlacementRLError
 from placement_rl.scale_code import code_identity, mismatch, stage_package, staged_roots
 
 CHECK_TIMEOUT = 600.0  # seconds for every node to start a worker and report its code (imports, shipped package)
+PROBE_TIMEOUT = 5.0  # seconds for a cluster's address to answer before ray.init, which retries a dead one forever
 
 
 class CodeMismatchError(PlacementRLError):
@@ -78,6 +82,39 @@ def cluster_size() -> tuple[int, int]:
     return int(ray.cluster_resources().get("CPU", 0)), len(nodes)
 
 
+def _host_port(address: str) -> tuple[str, int] | None:
+    """The ``(host, port)`` that ``ray.init(address=...)`` connects to (``auto``: the running cluster Ray finds on
+    this machine); ``None`` where the form is not one of these (left to Ray). ``ConfigError`` when ``auto`` finds
+    no cluster."""
+    if address == "auto":
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+
+            address = canonicalize_bootstrap_address("auto") or ""
+        except ConnectionError:
+            raise ConfigError("no running Ray cluster found on this machine") from None
+        except Exception:  # noqa: BLE001 -- a private Ray helper: Ray itself says what is wrong
+            return None
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    return (host.strip("[]"), int(port)) if host and port.isdigit() else None
+
+
+def probe(address: str, *, timeout: float = PROBE_TIMEOUT) -> str | None:
+    """Why nothing answers at the cluster ``address`` (a TCP connection to its host and port, at most ``timeout``
+    seconds), or ``None`` when something does (or the form is left to Ray)."""
+    target = _host_port(address)
+    if target is None:
+        return None
+    host, port = target
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except socket.timeout:
+        return f"nothing answers at {host}:{port} within {timeout:.0f} s"
+    except OSError as exc:
+        return f"nothing answers at {host}:{port}: {exc.strerror or exc}"
+
+
 def connect(requested: int | str, address: str | None, *, ship: bool | None = None) -> Connection:
     """Reach Ray as the module doc says; ``ConfigError`` in one line when the cluster cannot be joined.
     ``ship``: send the driver's package to the workers; ``None``: when joining a cluster (a private instance's
@@ -93,6 +130,14 @@ def connect(requested: int | str, address: str | None, *, ship: bool | None = No
     if address is None and os.environ.get("RAY_ADDRESS", "").strip():  # Ray's own way to name a cluster: a join
         address, via = os.environ["RAY_ADDRESS"].strip(), "RAY_ADDRESS"
     ship = address is not None if ship is None else ship
+    if address is not None:
+        try:
+            why = probe(address)
+        except ConfigError as exc:
+            why = str(exc)
+        if why is not None:
+            raise ConfigError(f"cannot join the Ray cluster at {via}={address} ({why}): start it with "
+                              f"`ray start --head`, or fix the address")
     kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": True}
     staged = tempfile.mkdtemp(prefix="placement-rl-ship-") if ship else None
     try:
@@ -171,4 +216,4 @@ def disconnect(conn: Connection) -> None:
 
 
 __all__ = ["CodeMismatchError", "Connection", "check_code", "cluster_size", "connect", "disconnect",
-           "other_instances"]
+           "other_instances", "probe"]

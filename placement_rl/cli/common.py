@@ -57,8 +57,8 @@ OWN_LAUNCHERS = "hydra_plugins.placement_rl_launcher."  # placement_rl.cli.sweep
 
 
 class JobFailed(PlacementRLError):
-    """A job of a sweep on ``hydra/launcher=ray_workers`` failed: its one line, which the launcher reports (with
-    the job's overrides) instead of the job printing it and exiting. ``domain``: bad input, not a bug."""
+    """A job of a multirun failed: its one line, which the launcher reports (with the job's number and overrides,
+    ``placement_rl.cli.sweep``) instead of the job printing it and exiting. ``domain``: bad input, not a bug."""
 
     def __init__(self, line: str, domain: bool = True) -> None:
         super().__init__(line)
@@ -68,15 +68,21 @@ class JobFailed(PlacementRLError):
         return JobFailed, (str(self), self.domain)
 
 
+class SweepExit(SystemExit):
+    """The end of a multirun whose jobs were launched (some failed, or it was interrupted): its exit code stands
+    (a plain exit code 1 before any job is Hydra failing to compose the config, which ``hydra_app`` makes 2)."""
+
+
 def _launcher_reports_failures() -> bool:
-    """Whether this job runs in a sweep of ``placement_rl.cli.sweep``'s launcher, which reports a failure itself."""
+    """Whether this job runs in a multirun, whose launcher reports a failure with the job's number and overrides
+    while the other jobs go on: ``placement_rl.cli.sweep``'s own, or any other (Hydra's basic one, joblib) through
+    ``sweep.failures_reported``."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     try:
         hc = HydraConfig.get() if HydraConfig.initialized() else None
-        return (hc is not None and hc.mode == RunMode.MULTIRUN
-                and str(hc.launcher.get("_target_")).startswith(OWN_LAUNCHERS))
+        return hc is not None and hc.mode == RunMode.MULTIRUN
     except Exception:  # noqa: BLE001 - no Hydra context: a plain run
         return False
 
@@ -175,7 +181,16 @@ def _split_args(args: list[str]) -> tuple[list[str], list[str], set[str]]:
 
 
 _MULTIRUN = {"-m", "--multirun"}
+_HYDRA_MODES = {"-m": "-m", "--multirun": "-m", "-r": "--run", "--run": "--run", "-c": "--cfg", "--cfg": "--cfg",
+                "-i": "--info", "--info": "--info", "-sc": "--shell-completion",
+                "--shell-completion": "--shell-completion"}
 _SWEEP_CHECKS = 64  # composes a multirun's check may take (each ~0.1 s); the jobs check the rest themselves
+
+
+def multirun_first(args: list[str]) -> list[str]:
+    """``-m`` / ``--multirun`` moved before the overrides: Hydra's parser refuses overrides that follow it
+    (``+experiment=x --multirun seed=0,1``, the form the experiment files' headers show)."""
+    return [a for a in args if a in _MULTIRUN] + [a for a in args if a not in _MULTIRUN]
 
 
 def preflight(config_name: str, args: list[str]) -> list[str]:
@@ -185,6 +200,11 @@ def preflight(config_name: str, args: list[str]) -> list[str]:
     from placement_rl.cli import schema
 
     overrides, dirs, flags = _split_args(args)
+    modes = sorted({_HYDRA_MODES[f] for f in flags if f in _HYDRA_MODES})
+    if len(modes) > 1:  # Hydra's own refusal is a traceback
+        raise ConfigError(f"{' and '.join(modes)} cannot be given together (Hydra takes one of -m, --run, --cfg, "
+                          f"--info, --shell-completion)" + ("; --cfg shows the config of one job: drop -m and give "
+                                                            "each swept key one value" if "--cfg" in modes else ""))
     schema.set_config_dirs(dirs)
     for o in overrides:
         schema.check_override(config_name, o)
@@ -243,7 +263,7 @@ def _compose(config_name: str, overrides: list[str], dirs: list[str]) -> tuple[d
         dirs_cfg = {key: OmegaConf.to_container(hydra_cfg[key], resolve=False) for key in ("run", "sweep")}
         return OmegaConf.to_container(cfg, resolve=True), dirs_cfg
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        raise ConfigError(_other_source(exc) or _unknown_key(exc, config_name) or _one_line(exc)) from None
+        raise ConfigError(_other_source(exc) or _unknown_key(exc, config_name, overrides) or _one_line(exc)) from None
 
 
 # graph keys of one source only: the override that sets one on a graph of another source means that source
@@ -266,9 +286,10 @@ def _other_source(exc: BaseException) -> str | None:
                "graph=hf graph.model_type=llama +graph.overrides.num_hidden_layers=4)"))
 
 
-def _unknown_key(exc: BaseException, command: str) -> str | None:
+def _unknown_key(exc: BaseException, command: str, overrides: Iterable[str] = ()) -> str | None:
     """For an override of a key the config lacks that is close to one it has (``trainer.total_stepz``), that key:
-    Hydra's own advice (``+trainer.total_stepz=``) adds a key nothing reads, and the run goes on without it."""
+    Hydra's own advice (``+trainer.total_stepz=``) adds a key nothing reads, and the run goes on without it. For a
+    key of other options of its group (``agent.n_envs`` with ``agent=constructive``), those options."""
     import difflib
     import re
 
@@ -283,7 +304,46 @@ def _unknown_key(exc: BaseException, command: str) -> str | None:
     close = difflib.get_close_matches(key, known, n=1)
     if not close:
         return None
+    if close[0] == key:  # a key of the group, not of the option chosen
+        having = _options_with(head, rest)
+        chosen = _chosen_option(command, head, overrides)
+        if having:
+            return (f"{key} is a key of {head}={'|'.join(having)}, not of {head}={chosen or '?'}: choose one of those"
+                    f" (in a sweep over {head}, ++{key}=... sets it in every job, added where the option lacks it)")
     return f"'{key}' is not a key of this config: did you mean {close[0]}? (+{key}= would add a key nothing reads)"
+
+
+def _options_with(group: str, key: str) -> list[str]:
+    """The options of config group ``group`` whose YAML file sets ``key`` (dotted)."""
+    from placement_rl.cli.keys import group_options, option_file
+
+    out = []
+    for option in group_options(group):
+        path = option_file(group, option)
+        try:
+            if path is not None and OmegaConf.select(OmegaConf.load(path), key, default=None) is not None:
+                out.append(option)
+        except Exception:  # noqa: BLE001 - a file Hydra reports itself when it is chosen
+            continue
+    return out
+
+
+def _chosen_option(command: str, group: str, overrides: Iterable[str]) -> str | None:
+    """The option of ``group`` a command line chooses: its override (``agent=ppo``), else the command's default."""
+    chosen = None
+    for o in overrides:
+        name, eq, value = o.partition("=")
+        if eq and name.lstrip("+") == group:
+            chosen = value
+    if chosen is not None:
+        return chosen
+    try:
+        for entry in OmegaConf.load(conf_dir() / f"{command}.yaml").get("defaults", []):
+            if isinstance(entry, DictConfig) and group in entry:
+                return str(entry[group])
+    except Exception:  # noqa: BLE001 - no such file: the option is not named
+        return None
+    return None
 
 
 def _one_line(exc: BaseException) -> str:
@@ -340,6 +400,7 @@ def hydra_app(config_name: str, *, writes: Iterable[str] = ()) -> Callable[[Call
             from placement_rl.cli.configs import register_configs
 
             register_configs(config_name)  # its structured config in Hydra's ConfigStore (schema/, base/)
+            sys.argv[1:] = multirun_first(sys.argv[1:])
             try:
                 sys.argv += preflight(config_name, sys.argv[1:])
                 if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
@@ -349,12 +410,18 @@ def hydra_app(config_name: str, *, writes: Iterable[str] = ()) -> Callable[[Call
                     sys.argv += help_override(config_name, COMMANDS[config_name][1])
             except PlacementRLError as exc:
                 fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            from placement_rl.cli.sweep import failures_reported
+
             try:
-                hydra_main()
+                with failures_reported():
+                    hydra_main()
             except SystemExit as exc:
-                if exc.code == 1 and not _TASK_STARTED:  # Hydra could not compose the config
+                if exc.code == 1 and not _TASK_STARTED and not isinstance(exc, SweepExit):  # no config composed
                     sys.exit(2)
                 raise
+            except KeyboardInterrupt:  # a multirun's launcher waiting for its jobs
+                print("interrupted", file=sys.stderr)
+                sys.exit(130)
 
         return main
 

@@ -106,6 +106,17 @@ def group_options(group: str) -> list[str]:
     return sorted(names)
 
 
+def option_file(group: str, option: str) -> Path | None:
+    """The YAML file of option ``option`` of config group ``group`` (a user's ``--config-dir`` first)."""
+    from placement_rl.topology import conf_dir
+
+    for base in (*_extra_dirs, conf_dir()):
+        for suffix in (".yaml", ".yml"):
+            if (base / group / f"{option}{suffix}").is_file():
+                return base / group / f"{option}{suffix}"
+    return None
+
+
 def is_group(name: str) -> bool:
     from placement_rl.topology import conf_dir
 

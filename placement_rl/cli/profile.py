@@ -39,19 +39,34 @@ def run(cfg: DictConfig):
     local = {d.name: d for d in detect_local(measure=False).devices}
     graph = res.graph
     for dev in res.devices:
+        kept = res.kept.get(dev, 0)
+        if kept:
+            rec = res.db.data["devices"][dev]
+            print(f"{dev}: {kept} of {graph.num_nodes} nodes kept from the earlier run in {res.path} "
+                  f"({rec.get('threads')} thread{'s' if rec.get('threads') != 1 else ''}, repeats {cfg.repeats}); "
+                  f"{graph.num_nodes - kept} measured")
+    for dev in res.devices:
         hit = res.db.lookup(graph, local[dev])
         if hit is not None:
             fwd, bwd, label = hit
-            print(f"{dev}: {graph.num_nodes} nodes, forward {fwd.sum() * 1e3:.3f} ms, backward {bwd.sum() * 1e3:.3f} ms "
-                  f"(sum of per-node medians; {label})")
+            print(f"{dev}: {graph.num_nodes} nodes, forward {fwd.sum() * 1e3:.3f} ms, "
+                  f"backward {bwd.sum() * 1e3:.3f} ms (sum of per-node medians; {label})")
     for link in res.db.links():
-        per_byte = (f"bandwidth {link['bandwidth'] / 1e9:.2f} GB/s" if link["bandwidth"] < NO_PER_BYTE else
-                    "no time per byte (" + ("the same torch device: nothing is copied)" if link["src"] == link["dst"]
-                                            else "none measured)"))
-        print(f"link {link['src']} -> {link['dst']} [{link['backend']}]: latency {link['latency'] * 1e6:.1f} us, "
-              + per_byte)
+        print(link_line(link))
     print(f"wrote {res.path} and {out / 'graph.json'}")
     return res
+
+
+def link_line(link: dict) -> str:
+    """One measured link fit, as ``profile`` prints it."""
+    if link["src"] == link["dst"] and link["backend"] == "copy":  # .to() onto its own device: nothing moves
+        per_byte = "no time per byte (the same torch device: nothing is copied)"
+    elif link["bandwidth"] < NO_PER_BYTE:
+        per_byte = f"bandwidth {link['bandwidth'] / 1e9:.2f} GB/s"
+    else:
+        per_byte = "no time per byte (none measured)"
+    where = f"link {link['src']} -> {link['dst']} [{link['backend']}]"
+    return f"{where}: latency {link['latency'] * 1e6:.1f} us, {per_byte}"
 
 
 main = hydra_app("profile", writes=("graph.json", "profile.json"))(run)

@@ -16,6 +16,10 @@ ablation cells, ...) as one job of ``placement_rl.scale.Workers``, a Ray task in
   fails is one line (the domain error's message, or the exception's type, message and innermost line); the other
   jobs still run, and the sweep then ends with one line on stderr and exit code 2 (1 when a job hit a bug rather
   than bad input). A worker that dies is retried (``scale.RETRIES``).
+* **Other launchers** (Hydra's basic one, ``hydra/launcher=joblib``, the default of ``train``) end the same way
+  (``failures_reported``): a failed job raises instead of exiting, the batch's other jobs run, and the sweep ends
+  with one line per failed job (``#num overrides: failed: ...``), one on stderr and exit code 2. Ctrl-C on any
+  sweep is one line (``interrupted: <done> of <total> sweep jobs finished``) and exit code 130.
 * On a joined cluster each job writes its folder on the node that runs it, at the driver's path: use a shared
   file system (or ``workers=1``) when the results must land on the driver's disk.
 
@@ -145,12 +149,102 @@ def _job_line(job: SweepJob) -> str:
     return f"#{job.num} {' '.join(job.overrides)}".rstrip()
 
 
+def _own_overrides(job_overrides: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:
+    """Each job's overrides that differ between the sweep's jobs (what names it in a progress line)."""
+    from hydra.core.utils import filter_overrides
+
+    common = set.intersection(*(set(o) for o in job_overrides)) if len(job_overrides) > 1 else set()
+    return [tuple(o for o in filter_overrides(overrides) if o not in common) for overrides in job_overrides]
+
+
+def _end(failed: list[tuple[str, Any]], total: int, seconds: float) -> None:
+    """The sweep's last line on stderr for its failed jobs (``(job line, JobFailed)``), and its exit code: 2, or 1
+    when a job hit a bug rather than bad input."""
+    from placement_rl.cli.common import SweepExit, plural
+
+    first_job, first = failed[0]
+    more = f" (and {plural(len(failed) - 1, 'other')})" if len(failed) > 1 else ""
+    print(f"error: {len(failed)} of {plural(total, 'sweep job')} failed in {seconds:.0f} s; {first_job}: {first}{more}",
+          file=sys.stderr, flush=True)
+    raise SweepExit(2 if all(getattr(e, "domain", False) for _, e in failed) else 1)
+
+
+def _interrupted(done: int, total: int) -> None:
+    from placement_rl.cli.common import SweepExit
+
+    print(f"interrupted: {done} of {total} sweep jobs finished", file=sys.stderr, flush=True)
+    raise SweepExit(130)
+
+
+def _report_failures(launch: Any) -> Any:
+    """``launch`` of another launcher (Hydra's basic one, joblib) made to end as this module's ``launch`` does: one
+    line per failed job (``#num overrides: failed: ...``), then one line on stderr and exit code 2 (1 for a bug,
+    after its traceback where it survived), once the batch's other jobs have run. (Hydra itself would raise the
+    first failure, and a job that exited took the whole sweep down with it.)"""
+    import traceback
+
+    from hydra.core.utils import JobStatus
+
+    from placement_rl.cli.common import JobFailed
+
+    def reported(job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
+        t0 = time.perf_counter()
+        try:
+            rets = launch(job_overrides, initial_job_idx)
+        except KeyboardInterrupt:
+            _interrupted(0, len(job_overrides))
+        names = _own_overrides(job_overrides)
+        failed, bug = [], None
+        for k, ret in enumerate(rets):
+            if ret.status != JobStatus.FAILED:
+                continue
+            exc = ret._return_value
+            line = f"#{initial_job_idx + k} {' '.join(names[k])}".rstrip()
+            if not isinstance(exc, JobFailed):
+                bug = bug or exc
+                exc = JobFailed(_describe_exception(exc), domain=False)
+            failed.append((line, exc))
+            print(f"{line}: failed: {exc}", flush=True)
+        if failed:
+            if bug is not None and bug.__traceback__ is not None:
+                traceback.print_exception(type(bug), bug, bug.__traceback__)
+            _end(failed, len(rets), time.perf_counter() - t0)
+        return rets
+
+    return reported
+
+
+@contextlib.contextmanager
+def failures_reported() -> Any:
+    """While a command's Hydra app runs: the launcher of a multirun, if it is not this module's, reports its failed
+    jobs as ``launch`` does (``_report_failures``). Its instance's ``launch`` is wrapped as Hydra makes it."""
+    from hydra.core.plugins import Plugins
+
+    from placement_rl.cli.common import OWN_LAUNCHERS
+
+    plugins = Plugins.instance()
+    instantiate = plugins.instantiate_launcher
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        plugins.__dict__.pop("instantiate_launcher", None)  # once: nothing of this travels to a job's process
+        launcher = instantiate(*args, **kwargs)
+        if not type(launcher).__module__.startswith(OWN_LAUNCHERS):
+            launcher.launch = _report_failures(launcher.launch)
+        return launcher
+
+    plugins.instantiate_launcher = wrapped
+    try:
+        yield
+    finally:
+        plugins.__dict__.pop("instantiate_launcher", None)
+
+
 def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[Any]:
     """Hydra's ``Launcher.launch`` for ``RayWorkersLauncher``: the jobs' ``JobReturn`` in input order."""
     from pathlib import Path
 
     from hydra.core.singleton import Singleton
-    from hydra.core.utils import JobStatus, configure_log, filter_overrides, setup_globals
+    from hydra.core.utils import JobStatus, configure_log, setup_globals
     from omegaconf import open_dict
 
     from placement_rl.cli.common import fail, plural
@@ -162,14 +256,12 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     Path(str(config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
     jobs = []
-    common = set.intersection(*(set(o) for o in job_overrides)) if len(job_overrides) > 1 else set()
-    for k, overrides in enumerate(job_overrides):
+    for k, (overrides, own) in enumerate(zip(job_overrides, _own_overrides(job_overrides))):
         num = initial_job_idx + k
         cfg = context.config_loader.load_sweep_config(config, list(overrides))  # as the basic launcher does
         with open_dict(cfg):
             cfg.hydra.job.id = num
             cfg.hydra.job.num = num
-        own = tuple(o for o in filter_overrides(overrides) if o not in common)
         jobs.append(SweepJob(num, own, cfg, os.getcwd(), os.getpid()))
     try:
         workers = Workers(launcher.workers, address=launcher.address)
@@ -193,21 +285,20 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
             print(f"[{done}/{total}] {_job_line(jobs[i])}: failed in {outcome.seconds:.1f} s: "
                   f"{ret._return_value}", flush=True)
 
-    with workers:
-        print(f"sweep of {plural(total, 'job')} in {config.hydra.sweep.dir} on {workers.describe()}", flush=True)
-        state = Singleton.get_state() if workers.on_ray else None
-        try:
-            workers.map(run_one, jobs, shared=(launcher.task_function, context.callbacks, state),
-                        on_result=report)
-        except PlacementRLError as exc:  # a worker that died more often than the retries allow, a lost cluster
-            fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    try:
+        with workers:
+            print(f"sweep of {plural(total, 'job')} in {config.hydra.sweep.dir} on {workers.describe()}", flush=True)
+            state = Singleton.get_state() if workers.on_ray else None
+            try:
+                workers.map(run_one, jobs, shared=(launcher.task_function, context.callbacks, state),
+                            on_result=report)
+            except PlacementRLError as exc:  # a worker that died more often than the retries allow, a lost cluster
+                fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    except KeyboardInterrupt:  # Ctrl-C while the jobs run: the jobs in flight are cancelled, Ray shut down
+        _interrupted(sum(o is not None for o in outcomes), total)
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     if failed:
-        first_job, first = failed[0]
-        more = f" (and {plural(len(failed) - 1, 'other')})" if len(failed) > 1 else ""
-        print(f"error: {len(failed)} of {plural(total, 'sweep job')} failed in {time.perf_counter() - t0:.0f} s; "
-              f"{_job_line(first_job)}: {first}{more}", file=sys.stderr, flush=True)
-        sys.exit(2 if all(getattr(e, "domain", False) for _, e in failed) else 1)
+        _end([(_job_line(job), e) for job, e in failed], total, time.perf_counter() - t0)
     return [o.ret for o in outcomes]
 
 

@@ -26,7 +26,12 @@ An edge time ``t`` becomes the bytes that take ``t`` on ``time_link``: ``(t - la
 of the graph needs a forward time (and in train mode a backward time) for every device of the topology. Memory
 fields are written into the graph (``load_costs`` returns it with the table). A measured profile written by
 ``placement-rl profile`` (schema ``placement_rl.profile``) is read as well: its times go through
-``resolve_costs``. Any problem is one ``ProfileError`` line naming the file and what to fix.
+``resolve_costs``, its ``copy`` link fits replace the topology's links between two torch devices of one host (a
+pair on one torch device, e.g. two logical CPUs, keeps the topology's: its copy moves nothing), and each measured
+device's cost source says what was profiled and which links price the transfers (``measured:p.json:cpu (AMD EPYC,
+1 thread; links: topology)``). Times it cannot be right about (a node the graph lacks) are refused, implausible ones
+(zero for a node with FLOPs, over ``IMPLAUSIBLE`` x the topology's estimate) are a warning line on stderr. Any
+problem is one ``ProfileError`` line naming the file and what to fix.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from placement_rl.topology import DeviceTopology
 SCHEMA = "placement_rl.costs"
 VERSION = 1
 UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+IMPLAUSIBLE = 1e4  # a profiled time this many times the topology's own estimate is a hand edit or a broken run
 
 
 def _read(path: str | os.PathLike) -> tuple[str, Any]:
@@ -101,11 +107,19 @@ def load_costs(path: str | os.PathLike, graph: CompGraph, topology: DeviceTopolo
         from placement_rl.profiling.db import ProfileDB
 
         db = ProfileDB.load(path)
-        costs = resolve_costs(graph, topology, profiles=db)
+        foreign = db.foreign_nodes(graph)
+        if foreign is not None:
+            raise ProfileError(f"{where}: node '{foreign[1]}' (times on '{foreign[0]}') is not in graph '{graph.name}' "
+                               f"(fingerprint {graph.fingerprint()}): remove it from the profile, or re-profile")
+        linked, links = _profile_links(db, topology)
+        costs = resolve_costs(graph, linked, profiles=db)
         if not any(src.startswith("measured:") for src in costs.source):  # a profile of another graph or host
             raise ProfileError(f"{where}: {db.why_no_times(graph, topology)}: profile this graph (`placement-rl "
                                "profile`), or leave costs.path out for the estimates")
-        return graph, costs
+        _warn_implausible(where, graph, costs, resolve_costs(graph, linked))
+        source = tuple(_profile_label(src, db, dev, links) if src.startswith("measured:") else src
+                       for src, dev in zip(costs.source, topology.devices))
+        return graph, dataclasses.replace(costs, source=source, meta={**dict(costs.meta), "links": links})
     if not isinstance(data, Mapping):
         raise ProfileError(f"{where}: top level must be a mapping with schema '{SCHEMA}'")
     if data.get("schema") != SCHEMA:
@@ -216,6 +230,73 @@ def load_costs(path: str | os.PathLike, graph: CompGraph, topology: DeviceTopolo
                       source=(f"measured:{Path(where).name}",) * d, graph_fingerprint=new_graph.fingerprint(),
                       topology_name=topology.name, meta=meta)
     return new_graph, (inference_costs(costs) if mode == "inference" else costs)
+
+
+def _profile_links(db: Any, topology: DeviceTopology) -> tuple[DeviceTopology, str]:
+    """``topology`` with the profile's measured ``copy`` fits on the links between two torch devices of one host
+    where the profile has them, and ``measured`` / ``topology``: what prices the transfers."""
+    bw, lat = np.array(topology.link_bandwidth), np.array(topology.link_latency)
+    measured = False
+    for i, a in enumerate(topology.devices):
+        for j in range(i + 1, topology.num_devices):
+            b = topology.devices[j]
+            got = db.link(a.torch_device, b.torch_device) if a.host == b.host else None
+            if got is None or _torch_device(a.torch_device) == _torch_device(b.torch_device):
+                continue
+            lat[i, j] = lat[j, i] = got[0]
+            bw[i, j] = bw[j, i] = got[1]
+            measured = True
+    if not measured:
+        return topology, "topology"
+    return dataclasses.replace(topology, link_bandwidth=bw, link_latency=lat), "measured"
+
+
+def _torch_device(name: str) -> str:
+    return "cuda:0" if name == "cuda" else name
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Whether two hardware names share a model number (``Tesla V100-PCIE-32GB`` / ``V100-PCIe-32GB``)."""
+    import re
+
+    def numbers(x: str) -> set[str]:
+        return {t for t in re.split(r"[^a-z0-9]+", x.lower()) if any(c.isdigit() for c in t)}
+    return bool(numbers(a) & numbers(b)) or a.strip().lower() == b.strip().lower()
+
+
+def _profile_label(source: str, db: Any, device: Any, links: str) -> str:
+    """A measured device's cost source with what the profile measured (model, threads) and, where the topology
+    names another model for the device it prices, that one: ``measured:p.json:cpu (AMD EPYC, 1 thread; links:
+    topology)``."""
+    rec = db.data["devices"].get(db.resolve_device(device) or "", {})
+    what = [str(rec["model"])] if rec.get("model") else []
+    if rec.get("kind") == "cpu" and isinstance(rec.get("threads"), int):
+        what.append(f"{rec['threads']} thread{'s' if rec['threads'] != 1 else ''}")
+    if device.model and rec.get("model") and not _same_model(device.model, str(rec["model"])):
+        what.append(f"pricing {device.name}, a {device.model}")
+    return f"{source} ({', '.join(what) + '; ' if what else ''}links: {links})"
+
+
+def _warn_implausible(where: str, graph: CompGraph, costs: CostTable, estimate: CostTable, show: int = 3) -> None:
+    """One warning line on stderr per kind of implausible profiled time: zero forward time for a node with FLOPs,
+    a time over ``IMPLAUSIBLE`` x the topology's estimate (hand edits, broken runs)."""
+    import sys
+
+    measured = [j for j, src in enumerate(costs.source) if src.startswith("measured:")]
+    zero, huge = [], []
+    for i, name in enumerate(graph.names):
+        t = [(costs.fwd_time[i, j], costs.bwd_time[i, j], estimate.fwd_time[i, j], estimate.bwd_time[i, j])
+             for j in measured]
+        if graph.fwd_flops[i] > 0 and any(f == 0 for f, _, _, _ in t):
+            zero.append(name)
+        elif any(f > IMPLAUSIBLE * ef > 0 or b > IMPLAUSIBLE * eb > 0 for f, b, ef, eb in t):
+            huge.append(f"{name} {max(max(f, b) for f, b, _, _ in t):.3g} s")
+    for found, what in ((zero, f"a forward time of 0 for {'nodes' if len(zero) != 1 else 'a node'} with FLOPs"),
+                        (huge, f"times over {IMPLAUSIBLE:g} x the topology's estimate")):
+        if found:
+            more = f", ... ({len(found)} in all)" if len(found) > show else ""
+            print(f"warning: {where}: {what}: {', '.join(found[:show])}{more}; check the file or "
+                  f"re-profile", file=sys.stderr)
 
 
 def _time_link(where: str, value: Any, topology: DeviceTopology) -> tuple[float, float]:

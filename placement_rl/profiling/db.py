@@ -303,6 +303,15 @@ class ProfileDB:
         times = entry["times"].get(device_name, {})
         return [n for n in wanted if n not in times]
 
+    def foreign_nodes(self, graph: CompGraph) -> tuple[str, str] | None:
+        """For a profile read as ``graph``'s costs: a ``(device, node)`` whose times the entry holding ``graph``
+        (under its fingerprint, else its members') has for a node neither that entry nor ``graph`` has, or None."""
+        entry = self.graph_entry(graph) or self.member_entry(graph)
+        if entry is None:
+            return None
+        known = set(entry["nodes"]) | set(graph.names) | {m for grp in graph.members or () for m in grp}
+        return next(((dev, n) for dev, t in sorted(entry["times"].items()) for n in t if n not in known), None)
+
     def why_no_times(self, graph: CompGraph, topology: DeviceTopology, *, show: int = 3) -> str:
         """For messages: why ``lookup`` finds no times for ``graph`` on ``topology``'s devices -- the nodes
         it lacks (the first ``show`` named) on the profiled device they resolve to, else the graphs and devices
@@ -314,6 +323,15 @@ class ProfileDB:
                 more = f", ... ({len(missing)} in all)" if len(missing) > show else ""
                 return (f"the profile lacks times for {len(missing)} node{'s' if len(missing) != 1 else ''} of "
                         f"graph '{graph.name}' on device '{name}' ({', '.join(missing[:show])}{more})")
+        here = socket.gethostname()
+        elsewhere = {n: r.get("host") for n, r in self.data["devices"].items() if r.get("host") != here}
+        if elsewhere and not any(self.resolve_device(d) for d in topology.devices):
+            names = sorted(elsewhere)
+            return (f"its device{'s' if len(names) != 1 else ''} "
+                    f"{', '.join(f'{n} (host {elsewhere[n]})' for n in names)} {'were' if len(names) != 1 else 'was'}"
+                    f" profiled on another host than this one ({here}) and price{'' if len(names) != 1 else 's'} only"
+                    f" a topology device named {' or '.join(names)} (topology '{topology.name}' has "
+                    f"{', '.join(topology.device_names)})")
         graphs = sorted({str(e.get("name", "?")) for e in self.data["graphs"].values()})
         return (f"the profile has no times for graph '{graph.name}' (fingerprint {graph.fingerprint()}) on any "
                 f"device of topology '{topology.name}' (it holds graph{'s' if len(graphs) != 1 else ''} "

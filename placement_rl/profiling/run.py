@@ -4,14 +4,15 @@ Profiles zoo model ``model`` (built with ``overrides`` and captured as ``capture
 local device (``detect_local`` names: ``cpu``, ``gpu0``, ...), then runs the link benchmarks that apply
 (``copy`` between the devices, pinned host<->GPU, GPU peer-to-peer, gloo and NCCL send/recv), and writes
 everything to the ProfileDB at ``output``. Re-running with the same output resumes: nodes and links
-already in the file are kept and skipped.
+already in the file are kept and skipped (``ProfileRun.kept`` counts them), provided they were timed with the same
+thread count and repeats; other settings are refused (``ProfileError``: another output file, or the same settings).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -31,6 +32,27 @@ class ProfileRun:
     graph: CompGraph
     devices: tuple[str, ...]
     path: Path
+    kept: Mapping[str, int] = field(default_factory=dict)  # per device: nodes whose times an earlier run recorded
+
+
+def check_resume(db: ProfileDB, graph: CompGraph, device: str, *, threads: int, repeats: int) -> int:
+    """How many of ``graph``'s nodes ``db`` already timed on ``device`` (a resumed run keeps them); a
+    ``ProfileError`` when those times, or the device's, were taken with another thread count or repeats."""
+    from placement_rl.profiling.ops import op_names_of
+
+    rec = db.data["devices"].get(device)
+    done = db.node_times(graph, device)
+    kept = [n for n in op_names_of(graph) if n in done]
+    had_threads = rec.get("threads") if rec is not None else None
+    had_repeats = sorted({int(done[n][4]) for n in kept})
+    if (had_threads is not None and int(had_threads) != threads) or (had_repeats and had_repeats != [repeats]):
+        was = ", ".join(x for x in (f"{had_threads} thread{'s' if had_threads != 1 else ''}"
+                                    if had_threads is not None else "",
+                                    f"repeats {'/'.join(map(str, had_repeats))}" if had_repeats else "") if x)
+        raise ProfileError(f"profile {db.label} timed device '{device}' with {was}, not {threads} "
+                           f"thread{'s' if threads != 1 else ''} and repeats {repeats}: resume it with those settings, "
+                           f"or write another output file")
+    return len(kept)
 
 
 @contextlib.contextmanager
@@ -80,10 +102,12 @@ def run_profile(model: str, *, output: str | os.PathLike, overrides: Mapping[str
     graph = capture(module, inputs, name=model,
                     meta={"zoo": model, "zoo_overrides": overrides,
                           "zoo_options": zoo.resolve_options(model, overrides)})
-    if graph_out is not None:
-        graph.to_json(graph_out)
     devs = select_devices(devices)
     db = ProfileDB.open(output)
+    timing_threads = int(threads) if threads is not None else torch.get_num_threads()
+    kept = {dev.name: check_resume(db, graph, dev.name, threads=timing_threads, repeats=repeats) for dev in devs}
+    if graph_out is not None:
+        graph.to_json(graph_out)
     with torch_threads(threads):
         for dev in devs:
             profile_graph(module, inputs, graph, dev, warmup=warmup, repeats=repeats, progress=progress, db=db,
@@ -96,4 +120,4 @@ def run_profile(model: str, *, output: str | os.PathLike, overrides: Mapping[str
                 if (f.src, f.dst, f.backend) not in have:
                     db.put_link(f.src, f.dst, f.backend, f.sizes, f.times, f.latency, f.bandwidth)
     db.save()
-    return ProfileRun(db=db, graph=graph, devices=tuple(d.name for d in devs), path=Path(output))
+    return ProfileRun(db=db, graph=graph, devices=tuple(d.name for d in devs), path=Path(output), kept=kept)
