@@ -214,3 +214,19 @@ def test_the_readme_is_a_short_front_door():
         assert command in text and command in (ROOT / ".ci" / "run").read_text()
     for link in re.findall(r"\]\(((?:docs|results)/[\w./-]+|CHANGELOG\.md)\)", text):
         assert (ROOT / link).exists(), f"README links {link}, which does not exist"
+
+
+def test_the_suite_headline_takes_no_speedup_over_a_single_device_that_overflows():
+    """gpt-large / gpt-xl on 2x small GPUs: the single device overflows, so their 1.96 x was no speed-up; the
+    headline counts the cases where one device fits and the page shows n/a."""
+    from placement_rl.studies.headlines import _suite_rows
+
+    case = {"placement": {"speedup": 3.0, "ms": 1.0, "placers": ["a"]},
+            "stage_plan": {"speedup": 9.0, "ms": 1.0, "placers": ["b"]}}
+    doc = {"figures": {"budget": 10, "cases": {"fits": {**case, "single_device_fits": True,
+                                                        "placement": {"speedup": 1.5, "ms": 2.0, "placers": ["a"]},
+                                                        "stage_plan": {"speedup": 2.0, "ms": 2.0, "placers": ["b"]}},
+                                               "overflows": {**case, "single_device_fits": False}}}}
+    (_, op), (title, plan) = _suite_rows(doc)
+    assert op.startswith("up to 1.50x (fits") and "1 cases where one device fits" in _suite_rows(doc)[0][0]
+    assert "(1 cases)" in title and "9.00x" not in plan and "2.00x (fits)" in plan

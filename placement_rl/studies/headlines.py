@@ -17,15 +17,16 @@ def _pct(x: float) -> str:
 def _suite_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     fig = doc["figures"]
     cases = fig["cases"]
-    op = {c: v["placement"] for c, v in cases.items() if v.get("placement")}
+    fits = {c for c, v in cases.items() if v.get("single_device_fits")}  # no speed-up over a device it overflows
+    op = {c: v["placement"] for c, v in cases.items() if v.get("placement") and c in fits}
     best_op = max(op, key=lambda c: op[c]["speedup"])
     gains = sorted((c for c in op if op[c]["speedup"] > 1.005), key=lambda c: -op[c]["speedup"])
-    plans = {c: v["stage_plan"] for c, v in cases.items() if v.get("stage_plan")}
+    plans = {c: v["stage_plan"] for c, v in cases.items() if v.get("stage_plan") and c in fits}
     lo, hi = min(plans, key=lambda c: plans[c]["speedup"]), max(plans, key=lambda c: plans[c]["speedup"])
     budget = fig["budget"]
     return [
-        (f"op-level placement vs the best single device, benchmark suite ({len(cases)} cases, {budget:,} "
-         f"simulator calls per placer)",
+        (f"op-level placement vs the best single device, benchmark suite ({len(op)} cases where one device fits, "
+         f"{budget:,} simulator calls per placer)",
          f"up to {op[best_op]['speedup']:.2f}x ({best_op}: {op[best_op]['ms']:.2f} ms, "
          f"{', '.join(op[best_op]['placers'][:3])}); > 1.00x on {len(gains)} of {len(op)} cases"),
         (f"stage plan (DP / FSDP / DP x PP / TP) vs the best single device ({len(plans)} cases)",

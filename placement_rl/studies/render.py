@@ -157,10 +157,10 @@ def suite_table(folder: Path) -> str:
         ex = c.get("exhaustive_ms") or {}
         exhaustive = "; ".join(f"{v:.2f} ms ({'op-level' if k == 'placement' else 'stage plans'})"
                                for k, v in ex.items()) or "too large"
-        lines.append(f"| {case} | {single} | " + (f"{op['ms']:.2f} ({names(op)}) | {op['speedup']:.2f}x" if op else
-                                                 "- | -")
-                     + f" | {heur} | " + (f"{plan['ms']:.2f} ({names(plan)}) | {plan['speedup']:.2f}x" if plan else
-                                          "- | -") + f" | {exhaustive} |")
+        ratio = (lambda best: f"{best['speedup']:.2f}x" if c.get("single_device_fits") else "n/a")
+        lines.append(f"| {case} | {single} | " + (f"{op['ms']:.2f} ({names(op)}) | {ratio(op)}" if op else "- | -")
+                     + f" | {heur} | " + (f"{plan['ms']:.2f} ({names(plan)}) | {ratio(plan)}" if plan else "- | -")
+                     + f" | {exhaustive} |")
     return "\n".join(lines)
 
 
