@@ -144,3 +144,13 @@ def test_constructive_fine_tune_says_which_costs_priced_its_rows(tmp_path, monke
     assert "\n\ncosts: calibrated:neusight-v2\n\n|" in (tmp_path / "learned.md").read_text()
     assert "costs: calibrated:neusight-v2" in out.splitlines()
     assert m["checkpoint"] == "shipped:placement_rl/data/policy/pretrained.pt" and m["checkpoint_sha"]
+
+
+def test_train_says_when_no_training_episode_finished(tmp_path, monkeypatch, capsys):
+    """PipelineEnv with maskable PPO at 64 steps: one rollout of 16 envs x 32 steps, shorter than an episode of a
+    34-node graph, so the policy saw no reward and its rows were an untrained policy's, without a word."""
+    monkeypatch.setattr(train, "output_dir", lambda: tmp_path)
+    m = train.run(_cfg("train", "graph=mlp", "topology=2x_k80", "progress=false", "env=pipeline",
+                       "agent=maskable_ppo", "trainer=quick", "trainer.total_steps=64", "trainer.compare=false"))
+    assert m["training_episodes"] == 0 and m["episodes"] > 0  # the final rollouts' episodes only
+    assert "note: no training episode finished in 512 steps" in capsys.readouterr().out

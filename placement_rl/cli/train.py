@@ -299,6 +299,11 @@ def run(cfg: DictConfig) -> dict:
         trainer.load_weights(str(cfg.checkpoint))
         print(f"resumed from {cfg.checkpoint} at step {trainer.num_timesteps}")
     trainer.learn(int(tcfg.total_steps), progress=bool(cfg.progress))
+    trained_episodes = int(trainer.tracker.episodes)  # before the final rollouts add theirs
+    if trained_episodes == 0:  # no reward reached the policy: its rows are an untrained policy's
+        print(f"note: no training episode finished in {trainer.num_timesteps} steps (an episode of {cfg.env.id} takes "
+              f"about one step per node or more; {graph.num_nodes} nodes): the policy saw no reward; raise "
+              "trainer.total_steps or lower agent.n_envs (each env gets total_steps / n_envs steps)")
     trainer.save(out / "checkpoint.pt")
     res = final_plan(trainer, samples=int(tcfg.eval_samples), seed=int(cfg.seed))
     best = res["policy"]  # the learned row: the policy's own output (greedy, or the best of it and its samples)
@@ -316,7 +321,8 @@ def run(cfg: DictConfig) -> dict:
     policy_what = f"best of greedy + {plural(k, 'sample')}" if k > 0 else "greedy"
     metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, "env": str(cfg.env.id),
                "agent": agent.algo, "encoder": encoder.name, "seed": int(cfg.seed),
-               "total_steps": trainer.num_timesteps, "episodes": tr.episodes, "sim_calls": tr.sim_calls,
+               "total_steps": trainer.num_timesteps, "episodes": tr.episodes, "training_episodes": trained_episodes,
+               "sim_calls": tr.sim_calls,
                "train_seconds": trainer.train_seconds, "best_single_device_time": single,
                "step_time": best["step_time"], "feasible": best["feasible"], "plan_source": best["source"],
                "speedup_over_single_device": single / best["step_time"] if best["step_time"] > 0 else None,
