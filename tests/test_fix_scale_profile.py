@@ -33,6 +33,7 @@ def profile_of(graph, topology, *, host: str | None = None, repeats: int = 3) ->
     est = resolve_costs(graph, topology)
     db = ProfileDB()
     db.add_device("cpu", local_cpu())
+    db.data["devices"]["cpu"]["threads"] = 1  # as timed with one thread (add_device records the process's setting)
     if host is not None:
         db.data["devices"]["cpu"]["host"] = host
     for i, name in enumerate(graph.names):

@@ -6,7 +6,6 @@ import contextlib
 import functools
 import json
 import math
-import re
 import shutil
 import sys
 import time
@@ -15,6 +14,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
+from placement_rl.cli.jobs import OWN_LAUNCHERS, JobFailed, SweepExit, fail, plain_numbers, plural  # noqa: F401
 from placement_rl.errors import ConfigError, PlacementRLError
 from placement_rl.graph.ir import CompGraph
 from placement_rl.topology import CONF_PACKAGE, DeviceTopology, conf_dir, detect_local, load_topology, source_conf_dir
@@ -39,40 +39,6 @@ def config_path() -> str:
     return f"pkg://{CONF_PACKAGE}"
 
 
-_NUMPY_SCALAR = re.compile(r"\bnp\.(?:float|int|uint|bool|str|complex)\w*\(([^()]*)\)")
-
-
-def plain_numbers(text: str) -> str:
-    """``np.float64(-5.0)`` -> ``-5.0``: numpy 2 writes its scalars' type into ``repr``, not a reader's business."""
-    return _NUMPY_SCALAR.sub(r"\1", text)
-
-
-def fail(message: str) -> None:
-    """Print one line on stderr and exit with code 2."""
-    print(f"error: {plain_numbers(message)}", file=sys.stderr)
-    sys.exit(2)
-
-
-OWN_LAUNCHERS = "hydra_plugins.placement_rl_launcher."  # placement_rl.cli.sweep's launcher (not imported here)
-
-
-class JobFailed(PlacementRLError):
-    """A job of a multirun failed: its one line, which the launcher reports (with the job's number and overrides,
-    ``placement_rl.cli.sweep``) instead of the job printing it and exiting. ``domain``: bad input, not a bug."""
-
-    def __init__(self, line: str, domain: bool = True) -> None:
-        super().__init__(line)
-        self.domain = domain
-
-    def __reduce__(self) -> tuple:
-        return JobFailed, (str(self), self.domain)
-
-
-class SweepExit(SystemExit):
-    """The end of a multirun whose jobs were launched (some failed, or it was interrupted): its exit code stands
-    (a plain exit code 1 before any job is Hydra failing to compose the config, which ``hydra_app`` makes 2)."""
-
-
 def _launcher_reports_failures() -> bool:
     """Whether this job runs in a multirun, whose launcher reports a failure with the job's number and overrides
     while the other jobs go on: ``placement_rl.cli.sweep``'s own, or any other (Hydra's basic one, joblib) through
@@ -92,11 +58,6 @@ def _job_fail(line: str) -> None:
     if _launcher_reports_failures():
         raise JobFailed(plain_numbers(line))
     fail(line)
-
-
-def plural(n: int, word: str) -> str:
-    """``1 device``, ``4 devices``."""
-    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def _strict(x: Any) -> Any:

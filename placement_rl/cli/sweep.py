@@ -109,7 +109,7 @@ def run_one(job: SweepJob, task_function: Any, callbacks: Any, state: Any) -> Jo
     from hydra.core.utils import JobReturn, JobStatus, run_job
     from hydra.types import HydraContext
 
-    from placement_rl.cli.common import JobFailed
+    from placement_rl.cli.jobs import JobFailed
     from placement_rl.errors import PlacementRLError
 
     t0 = time.perf_counter()
@@ -160,7 +160,7 @@ def _own_overrides(job_overrides: Sequence[Sequence[str]]) -> list[tuple[str, ..
 def _end(failed: list[tuple[str, Any]], total: int, seconds: float) -> None:
     """The sweep's last line on stderr for its failed jobs (``(job line, JobFailed)``), and its exit code: 2, or 1
     when a job hit a bug rather than bad input."""
-    from placement_rl.cli.common import SweepExit, plural
+    from placement_rl.cli.jobs import SweepExit, plural
 
     first_job, first = failed[0]
     more = f" (and {plural(len(failed) - 1, 'other')})" if len(failed) > 1 else ""
@@ -170,7 +170,7 @@ def _end(failed: list[tuple[str, Any]], total: int, seconds: float) -> None:
 
 
 def _interrupted(done: int, total: int) -> None:
-    from placement_rl.cli.common import SweepExit
+    from placement_rl.cli.jobs import SweepExit
 
     print(f"interrupted: {done} of {total} sweep jobs finished", file=sys.stderr, flush=True)
     raise SweepExit(130)
@@ -185,7 +185,7 @@ def _report_failures(launch: Any) -> Any:
 
     from hydra.core.utils import JobStatus
 
-    from placement_rl.cli.common import JobFailed
+    from placement_rl.cli.jobs import JobFailed
 
     def reported(job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
         t0 = time.perf_counter()
@@ -220,7 +220,7 @@ def failures_reported() -> Any:
     jobs as ``launch`` does (``_report_failures``). Its instance's ``launch`` is wrapped as Hydra makes it."""
     from hydra.core.plugins import Plugins
 
-    from placement_rl.cli.common import OWN_LAUNCHERS
+    from placement_rl.cli.jobs import OWN_LAUNCHERS
 
     plugins = Plugins.instance()
     instantiate = plugins.instantiate_launcher
@@ -247,7 +247,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     from hydra.core.utils import JobStatus, configure_log, setup_globals
     from omegaconf import open_dict
 
-    from placement_rl.cli.common import fail, plural
+    from placement_rl.cli.jobs import fail, plural
     from placement_rl.errors import PlacementRLError
     from placement_rl.scale import Workers
 
