@@ -1,6 +1,7 @@
 """Shared machinery of the environments: options, graph source, observation layout, per-task state.
 
-Every environment takes the same construction arguments (all keyword-only)::
+The op-level, one-shot and pipeline environments take the same construction arguments (all keyword-only;
+``ConstructivePlacementEnv`` takes ``graph``, ``topology`` and its own options, see ``envs.constructive``)::
 
     Env(graph=..., topology=..., cost_fn=None, reward_source=None, config=None, render_mode=None, **options)
 

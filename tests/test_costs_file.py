@@ -176,3 +176,30 @@ def test_build_costs_reads_costs_path_and_mode_for_every_command(tmp_path):
     assert g2.edge_bytes[0] == 3e5
     g3, est = build_costs(OmegaConf.create({"costs": {"path": None}}), g, topo)
     assert g3 is g and est.meta.get("mode", "train") == "train" and est.bwd_time.any()
+
+
+def test_yaml_as_the_docs_write_it(tmp_path):
+    """docs/costs_file.md writes ``param_bytes: 4.0e6``, which YAML 1.1 reads as a string (refused: "must be a number
+    >= 0, got '4.0e6'"), and ``memory: {gpu: 2.0e6}`` on a cluster with a CPU (refused: no entry for the CPU, though
+    the largest entry given is what counts)."""
+    text = write(tmp_path, costs_doc(), "c.yaml").read_text()
+    p = tmp_path / "doc.yaml"
+    p.write_text(text.replace("  a:\n", "  a:\n    param_bytes: 4.0e6\n    memory: {gpu: 2.0e6}\n", 1))
+    assert yaml.safe_load(p.read_text())["nodes"]["a"]["param_bytes"] == "4.0e6"  # the case: a string
+    g, _ = load_costs(p, graph4(), mixed_topology(2))
+    assert g.param_bytes[0] == 4.0e6 and g.act_bytes[0] == 2.0e6
+    with pytest.raises(ProfileError, match="param_bytes must be a number >= 0, got 'lots'"):
+        p.write_text(text.replace("  a:\n", "  a:\n    param_bytes: lots\n", 1))
+        load_costs(p, graph4(), mixed_topology(2))
+
+
+def test_a_costs_file_of_the_captured_graph_on_a_coarsened_one_says_so(tmp_path):
+    """The CLI coarsens by default, so a file keyed by the graph file's node names met a graph of groups: the error
+    named a missing node and not why."""
+    from placement_rl.graph.coarsen import coarsen
+
+    g = graph4()
+    merged = coarsen(g, max_nodes=2)
+    assert merged.members is not None and set(merged.names) != set(g.names)
+    with pytest.raises(ProfileError, match="this graph is coarsened.*graph.coarsen.enabled=false"):
+        load_costs(write(tmp_path, costs_doc()), merged, mixed_topology(2))

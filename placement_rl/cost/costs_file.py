@@ -80,6 +80,11 @@ def _read(path: str | os.PathLike) -> tuple[str, Any]:
 
 
 def _number(where: str, value: Any, *, what: str) -> float:
+    if isinstance(value, str):  # YAML 1.1 reads 4.0e6 (no sign in the exponent) as a string, as the topology reader
+        try:                    # takes it
+            value = float(value)
+        except ValueError:
+            pass
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise ProfileError(f"{where}: {what} must be a number >= 0, got {value!r}")
     return float(value)
@@ -148,8 +153,10 @@ def load_costs(path: str | os.PathLike, graph: CompGraph, topology: DeviceTopolo
     index = {nm: i for i, nm in enumerate(graph.names)}
     extra = [k for k in nodes if k not in index]
     if extra:
+        merged = (" (this graph is coarsened: its nodes are groups of the captured ones; graph.coarsen.enabled=false "
+                  "keeps the names the file uses)") if graph.members and any(len(m) > 1 for m in graph.members) else ""
         raise ProfileError(f"{where}: node '{extra[0]}' is not in graph '{graph.name}' (fingerprint "
-                           f"{graph.fingerprint()})")
+                           f"{graph.fingerprint()}){merged}")
     missing = [nm for nm in graph.names if nm not in nodes]
     if missing:
         raise ProfileError(f"{where}: node '{missing[0]}' of graph '{graph.name}' has no entry "
@@ -177,7 +184,11 @@ def load_costs(path: str | os.PathLike, graph: CompGraph, topology: DeviceTopolo
             if key in entry:
                 arr[i] = _number(at, entry[key], what=key)
         if "memory" in entry:  # total bytes the node pins (per device kind: the largest), as kept activations
-            acts[i] = float(_per_device(at, entry["memory"], topology, "memory", 1.0).max())
+            mem = entry["memory"]
+            if isinstance(mem, Mapping) and mem:  # the largest entry given: the kinds it leaves out need none
+                acts[i] = max(_number(at, v, what=f"memory['{k}']") for k, v in mem.items())
+            else:
+                acts[i] = float(_per_device(at, mem, topology, "memory", 1.0).max())
             params[i] = params[i] if "param_bytes" in entry else 0.0
         if "devices" in entry:
             devs = entry["devices"]
