@@ -154,3 +154,16 @@ def test_train_says_when_no_training_episode_finished(tmp_path, monkeypatch, cap
                        "agent=maskable_ppo", "trainer=quick", "trainer.total_steps=64", "trainer.compare=false"))
     assert m["training_episodes"] == 0 and m["episodes"] > 0  # the final rollouts' episodes only
     assert "note: no training episode finished in 512 steps" in capsys.readouterr().out
+    # nothing was explored in training: no "best seen in training" row (it was the final rollouts' best)
+    assert "best_seen_in_training" not in m and not (tmp_path / "training_best").exists()
+
+
+def test_train_gives_no_speedup_over_a_single_device_that_does_not_fit(tmp_path, monkeypatch, capsys):
+    """gpt (8 layers, d 1024) on two 2 GiB GPUs: one device overflows, and train printed a 1.211 x speed-up over it
+    (evaluate's tables show n/a)."""
+    monkeypatch.setattr(train, "output_dir", lambda: tmp_path)
+    m = train.run(_cfg("train", "graph=gpt", "+graph.overrides={n_layers: 8, d_model: 1024, seq_len: 128}",
+                       "topology=2x_small_gpu", "progress=false", "env=pipeline", "agent=reinforce",
+                       "trainer=quick", "trainer.total_steps=64", "trainer.compare=false"))
+    assert m["speedup_over_single_device"] is None
+    assert "does not fit" in capsys.readouterr().out

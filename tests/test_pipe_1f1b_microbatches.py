@@ -49,3 +49,14 @@ def test_pipeline_env_with_a_fixed_micro_batch_count_cuts_at_most_that_many_stag
             a = 1 if mask[1] and rng.random() < 0.5 else int(rng.choice(np.flatnonzero(mask)))
             _, _, done, _, info = env.step(a)
         assert info["plan"].num_stages <= 2
+
+
+def test_a_planner_held_to_fewer_stages_says_why(case):
+    """At num_microbatches=1 under 1F1B the fixed-count planners return one stage on one device: the single
+    device's time with an empty note, as if that were all they could find."""
+    g, c, topo = case
+    for name in ("pp_uniform", "pp_params", "pp_time_dp"):
+        plan = baselines.get_pipeline(name)(g, c, topo, budget=300, seed=0, num_microbatches=1, schedule="1f1b")
+        assert plan.num_stages == 1 and "1F1B needs as many micro-batches as stages" in plan.meta["note"]
+        free = baselines.get_pipeline(name)(g, c, topo, budget=300, seed=0, num_microbatches=8, schedule="1f1b")
+        assert "note" not in free.meta

@@ -96,10 +96,19 @@ def stage_cap(pp: PipeProblem) -> int:
     return min(pp.d, pp.n, pp.m) if pp.schedule == "1f1b" else min(pp.d, pp.n)
 
 
+def _note_cap(pp: PipeProblem) -> int:
+    """``stage_cap``, saying in the plan's note when it keeps the planner below its stage count."""
+    cap = stage_cap(pp)
+    if cap < min(pp.d, pp.n):
+        pp.extra_meta["note"] = (f"at most {cap} stage{'s' if cap > 1 else ''}: 1F1B needs as many micro-batches as "
+                                 f"stages (num_microbatches={pp.m}); raise num_microbatches or use schedule=gpipe")
+    return cap
+
+
 def _stage_counts(pp: PipeProblem) -> list[int]:
     """Stage counts a fixed-shape planner tries: one per device first (its classic shape), then fewer stages on
     the fastest devices (``device_counts``), the best simulated one wins; at most ``stage_cap``."""
-    cap = stage_cap(pp)
+    cap = _note_cap(pp)
     return sorted({min(s, cap) for s in device_counts(pp)}, reverse=True)
 
 
@@ -121,7 +130,7 @@ def pp_params(pp: PipeProblem) -> Plan:
 def pp_time_dp(pp: PipeProblem) -> Plan:
     """For every stage count the cuts of least bottleneck, on time alone and with each stage kept to its device's
     memory (its micro-batches in flight taken at their most over the stage counts); the best simulated wins."""
-    s_max = stage_cap(pp)
+    s_max = _note_cap(pp)
     inflight = (lambda k: pp.m) if pp.schedule == "gpipe" else (lambda k: min(pp.m, s_max - k))
 
     def kept(j: int, k: int) -> np.ndarray:
@@ -220,7 +229,8 @@ def pipedream(pp: PipeProblem) -> Plan:
     timed = _pipedream_dp(pp, lambda j, lo, m, r: pp.stage_time_vec(j, lo, m, r))
     kept = _pipedream_dp(pp, lambda j, lo, m, r: np.where(pp.stage_fits(j, lo, m, r, pp.m, pp.m),
                                                           pp.stage_time_vec(j, lo, m, r), np.inf))
-    cands = sorted((c for c in kept + timed if len(c[2]) <= stage_cap(pp)), key=lambda c: c[0])  # best estimate
+    cap = _note_cap(pp) if any(len(c[2]) > stage_cap(pp) for c in kept + timed) else stage_cap(pp)
+    cands = sorted((c for c in kept + timed if len(c[2]) <= cap), key=lambda c: c[0])  # best estimate
     if not cands:  # first (taken when the budget runs out)
         raise ConfigError(f"pipedream found no plan: batch_size {pp.batch_size} admits no DP degree with "
                           f"num_microbatches {pp.m}")
@@ -343,6 +353,7 @@ def exact(pp: PipeProblem) -> Plan:
             others.append(fn(pp))
         except ConfigError:  # no plan of that planner's shape (the batch does not split): the others go on
             pass
+    pp.extra_meta.pop("note", None)  # the other planners' notes (a stage cap at their micro-batch count) are theirs
     limit = min(EXACT_ENUMERATE, max(pp.left // 2, 0))
     total, every = _exhaustive_space(pp, cap=limit)
     small = total <= limit

@@ -304,18 +304,21 @@ def run(cfg: DictConfig) -> dict:
         print(f"note: no training episode finished in {trainer.num_timesteps} steps (an episode of {cfg.env.id} takes "
               f"about one step per node or more; {graph.num_nodes} nodes): the policy saw no reward; raise "
               "trainer.total_steps or lower agent.n_envs (each env gets total_steps / n_envs steps)")
+    # the best placement training evaluated (exploration included), before the final rollouts add theirs
+    explored = (trainer.tracker.best_value, trainer.tracker.best_time, trainer.tracker.best_feasible)
     trainer.save(out / "checkpoint.pt")
     res = final_plan(trainer, samples=int(tcfg.eval_samples), seed=int(cfg.seed))
     best = res["policy"]  # the learned row: the policy's own output (greedy, or the best of it and its samples)
     plan, plan_file = save_plan(best["value"], graph, topology, out)
     tr = trainer.tracker
     seen = None  # the best placement evaluated during training (exploration included): a row of its own
-    if tr.best_value is not None:
+    if explored[0] is not None and trained_episodes > 0:
         (out / SEEN).mkdir(exist_ok=True)
-        seen_plan, seen_file = save_plan(tr.best_value, graph, topology, out / SEEN)
-        seen = {"step_time": tr.best_time, "feasible": tr.best_feasible, "plan": seen_plan,
-                "file": f"{SEEN}/{seen_file}"}
+        seen_plan, seen_file = save_plan(explored[0], graph, topology, out / SEEN)
+        seen = {"step_time": explored[1], "feasible": explored[2], "plan": seen_plan, "file": f"{SEEN}/{seen_file}"}
     single = tr.best_single_time
+    state = getattr(trainer.unwrapped_env, "state", None)
+    single_fits = bool(getattr(state, "best_single_feasible", True))
     costs = trainer.unwrapped_env.task.costs
     k = int(tcfg.eval_samples)
     policy_what = f"best of greedy + {plural(k, 'sample')}" if k > 0 else "greedy"
@@ -325,7 +328,9 @@ def run(cfg: DictConfig) -> dict:
                "sim_calls": tr.sim_calls,
                "train_seconds": trainer.train_seconds, "best_single_device_time": single,
                "step_time": best["step_time"], "feasible": best["feasible"], "plan_source": best["source"],
-               "speedup_over_single_device": single / best["step_time"] if best["step_time"] > 0 else None,
+               # no speed-up where either does not fit memory (as evaluate's tables)
+               "speedup_over_single_device": (single / best["step_time"] if best["step_time"] > 0 and best["feasible"]
+                                              and single_fits else None),
                "policy_greedy_time": res["policy_greedy_time"],
                "policy_best_of_k_time": res["policy_best_of_k_time"],
                "cost_source": costs.describe_source(topology.device_names)}
@@ -359,6 +364,7 @@ def run(cfg: DictConfig) -> dict:
     print(f"policy ({policy_what}) {best['step_time'] * 1e3:.3f} ms"
           + ("" if best["feasible"] else " (overflows memory)")
           + f", greedy {res['policy_greedy_time'] * 1e3:.3f} ms (single device {single * 1e3:.3f} ms"
+          + ("" if single_fits else ", does not fit")
           + (f", speed-up {speedup:.3f}x)" if speedup is not None else ")")
           + (f"; {SEEN_ROW} {seen['step_time'] * 1e3:.3f} ms ({seen['file']})" if seen is not None else "")
           + (f"; best baseline {metrics['best_baseline']} {metrics['best_baseline_time'] * 1e3:.3f} ms"
