@@ -55,6 +55,19 @@ def test_a_commands_help_lists_only_the_groups_it_composes():
     assert "\nagent:" not in r.stdout and "\ntrainer:" not in r.stdout  # Hydra listed every group of conf/
 
 
+def test_help_after_overrides_and_a_group_the_command_does_not_take():
+    """``train +experiment=zeroshot --help`` failed (the help override came after the flag: argparse refused it);
+    ``evaluate agent=ppo`` got Hydra's advice ``+agent=ppo``, which evaluate then took and ignored."""
+    r = subprocess.run([sys.executable, "-m", "placement_rl.cli.main", "train", "+experiment=zeroshot", "--help"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("placement-rl train: ")
+    for arg in ("agent=ppo", "+agent=ppo"):
+        r = subprocess.run([sys.executable, "-m", "placement_rl.cli.main", "evaluate", arg], capture_output=True,
+                           text=True)
+        assert r.returncode == 2 and "placement-rl evaluate takes no agent group (its groups: graph, topology)" \
+            in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
 def test_unknown_subcommand_exits_2(tmp_path):
     r = subprocess.run([sys.executable, "-m", "placement_rl.cli.main", "fly"], capture_output=True, text=True)
     assert r.returncode == 2 and "unknown subcommand 'fly'" in r.stderr

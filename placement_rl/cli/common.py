@@ -154,6 +154,22 @@ def multirun_first(args: list[str]) -> list[str]:
     return [a for a in args if a in _MULTIRUN] + [a for a in args if a not in _MULTIRUN]
 
 
+def _own_groups_only(config_name: str, overrides: list[str]) -> None:
+    """``ConfigError`` for an override choosing a config group the command does not compose (``evaluate agent=ppo``:
+    Hydra advises ``+agent=ppo``, which then adds a group nothing reads)."""
+    from placement_rl.cli.help import command_groups
+    from placement_rl.cli.keys import is_group
+
+    own = command_groups(config_name) + (["experiment"] if config_name == "train" else [])  # +experiment=<name>
+    for o in overrides:
+        name, eq, _ = o.partition("=")
+        group = name.lstrip("+~")
+        if eq and "." not in group and "/" not in group and group not in own and is_group(group) \
+                and group not in ("hydra", "base", "schema"):
+            raise ConfigError(f"{name}=: placement-rl {config_name} takes no {group} group (its groups: "
+                              f"{', '.join(own) or 'none'}); {group}= is read by placement-rl train")
+
+
 def preflight(config_name: str, args: list[str]) -> list[str]:
     """Check a command line before Hydra runs (no run directory yet): group options exist (each value of a
     multirun sweep), the composed config fits ``schema`` (once per sweep value), the run folder can be written;
@@ -167,6 +183,7 @@ def preflight(config_name: str, args: list[str]) -> list[str]:
                           f"--info, --shell-completion)" + ("; --cfg shows the config of one job: drop -m and give "
                                                             "each swept key one value" if "--cfg" in modes else ""))
     schema.set_config_dirs(dirs)
+    _own_groups_only(config_name, overrides)
     for o in overrides:
         schema.check_override(config_name, o)
     extra = schema.implied_overrides(config_name, overrides)
@@ -368,7 +385,7 @@ def hydra_app(config_name: str, *, writes: Iterable[str] = ()) -> Callable[[Call
                     from placement_rl.cli.help import help_override
                     from placement_rl.cli.main import COMMANDS
 
-                    sys.argv += help_override(config_name, COMMANDS[config_name][1])
+                    sys.argv[1:1] = help_override(config_name, COMMANDS[config_name][1])  # before any flag
             except PlacementRLError as exc:
                 fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             from placement_rl.cli.sweep import failures_reported
