@@ -292,3 +292,18 @@ def test_a_long_op_level_deploy_says_how_far_it_is(capsys, monkeypatch):
     for done in range(1, 6):
         progress(done, 5)
     assert capsys.readouterr().out.splitlines() == ["  step 2/5 (11 s)", "  step 4/5 (25 s)"]
+
+
+def test_the_memory_check_takes_the_batch_the_plan_runs():
+    """The prediction prices the plan's batch_size; the memory check took the graph's capture batch, so a plan of 64
+    x the batch on a graph captured at 8 passed it."""
+    from placement_rl.executor.distributed import check_memory
+    from placement_rl.graph.capture import capture_zoo
+
+    graph = capture_zoo("gpt", batch_size=8, seq_len=128, vocab_size=256, d_model=128, n_layers=2, n_heads=4)
+    topology = load_topology("2x_small_gpu")
+    whole = StagePlan(stage_of_node=[0] * graph.num_nodes, stage_devices=[(0, 1)], batch_size=8)
+    check_memory(whole, graph, topology)  # fits at its own batch
+    with pytest.raises(PlanError, match="does not fit topology '2x_small_gpu'"):
+        check_memory(StagePlan(stage_of_node=[0] * graph.num_nodes, stage_devices=[(0, 1)], batch_size=8 * 512),
+                     graph, topology)

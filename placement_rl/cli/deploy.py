@@ -172,7 +172,7 @@ def _priced_batch(graph, plan, costs_batch: float | None):
         return plan, None
     if plan.batch_size != measured:
         print(f"note: the plan runs batch {plan.batch_size} and the costs are for batch {measured:g}: the prediction "
-              f"scales the ops' times by {plan.batch_size / measured:g} (transfer sizes stay the graph's)")
+              f"scales the ops' times, activations and boundary tensors by {plan.batch_size / measured:g}")
     return plan, float(measured)
 
 

@@ -225,7 +225,12 @@ def check_memory(plan: StagePlan, graph: CompGraph, topology: DeviceTopology) ->
     if plan.schedule not in PIPELINE_SCHEDULES:  # zb1p: not simulated; its in-flight activations are 1f1b's
         stacked = len({d for g in plan.stage_devices for d in g}) < sum(len(g) for g in plan.stage_devices)
         plan = replace(plan, schedule="interleaved1f1b" if stacked else "1f1b")
-    res = PipelineSimulator(graph, resolve_costs(graph, topology), topology).run(plan)
+    from placement_rl.plans import graph_batch_size
+
+    costs = resolve_costs(graph, topology)
+    captured = graph_batch_size(graph)  # the plan's batch_size is what runs: activations at that batch
+    scaled = plan.batch_size is not None and captured is not None and costs.meta.get("batch_size") is None
+    res = PipelineSimulator(graph, costs, topology, cost_batch_size=float(captured) if scaled else None).run(plan)
     if not res.feasible:
         errs = list(res.meta.get("memory_errors", ()))
         more = f" (and {len(errs) - 1} more devices)" if len(errs) > 1 else ""
