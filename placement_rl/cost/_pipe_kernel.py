@@ -96,8 +96,7 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
     micro-batch holds its received buffer only while its forward runs).
 
     ``batch_ratio``: plan batch size / batch size the node times were measured at; a stage's variable
-    node time is scaled by ``batch_ratio / (m * p)`` (1 when the costs were measured at its micro-batch), its
-    activations and the tensors crossing its boundaries by ``batch_ratio`` (then split over ``m * p``).
+    node time is scaled by ``batch_ratio / (m * p)`` (1 when the costs were measured at its micro-batch).
     ``order``: a topological order (buckets and FSDP units follow it); ``shard``: 0 DDP, 1 FSDP;
     ``coll``: per stage and collective its segment table (``comm_fit.split_segments`` of ``[S, 3, K, 3]``); ``cap``: bucket /
     unit size in bytes.
@@ -157,7 +156,7 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
         umax[v] = s
         ubytes[v] = 0.0
         sparam[s] += param[v]
-        sact[s] += act[v] * batch_ratio  # activations at the batch the plan runs
+        sact[s] += act[v]
         scale = sscale[s]
         for x in range(gptr[s], gptr[s + 1]):
             g = gdev[x]
@@ -172,8 +171,8 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
             u = src[e]
             if b > umax[u]:
                 umax[u] = b
-            if ebytes[e] * batch_ratio > ubytes[u]:  # a tensor at the batch the plan runs
-                ubytes[u] = ebytes[e] * batch_ratio
+            if ebytes[e] > ubytes[u]:
+                ubytes[u] = ebytes[e]
     for u in range(n):  # each crossing tensor passes every boundary between its producer and last consumer
         if umax[u] > stage[u]:
             cut[stage[u]] += ubytes[u]

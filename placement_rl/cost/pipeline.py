@@ -172,6 +172,7 @@ class PipelineSimulator:
         self._size_arrays = (_owned(graph.param_bytes), _owned(graph.act_bytes),
                              _owned(costs.link_latency), _inverse_bandwidth(costs))
         self._layouts: dict[tuple, _Layout] = {}
+        self._graph_batch = graph_batch_size(graph)
         self._out = np.zeros(3)
         self._no_rec = (np.zeros(1, i64), np.zeros(0, np.int8), np.zeros(0, i64), np.zeros(0), np.zeros(0),
                         np.zeros(0, i64))
@@ -304,6 +305,13 @@ class PipelineSimulator:
                             "batch_size to scale them")
         return float(plan.batch_size) / self.cost_batch_size
 
+    def size_ratio(self, plan: StagePlan) -> float:
+        """Plan batch size over the graph's own (its activations and tensors are for that batch; 1.0 when either
+        is unknown)."""
+        if plan.batch_size is None or self._graph_batch is None:
+            return 1.0
+        return float(plan.batch_size) / float(self._graph_batch)
+
     def _simulate(self, plan: StagePlan, rec: tuple) -> _Layout:
         ratio = self.batch_ratio(plan)
         graph_arrays, size_arrays = self._graph_arrays, self._size_arrays
@@ -312,6 +320,10 @@ class PipelineSimulator:
             plan, (graph_arrays, size_arrays) = self._tp_plan(plan)
         if any(r != "none" for r in given.recompute):
             graph_arrays, size_arrays = self._recompute(given, graph_arrays, size_arrays)
+        sized = self.size_ratio(given)
+        if sized != 1.0:  # a plan of another batch than the graph's: its activations and crossing tensors scale
+            graph_arrays = (*graph_arrays[:2], graph_arrays[2] * sized, *graph_arrays[3:])
+            size_arrays = (size_arrays[0], size_arrays[1] * sized, *size_arrays[2:])
         lay = self._layout(plan)
         s, m = plan.num_stages, int(plan.num_microbatches)
         nf, ni = work_sizes(self.graph.num_nodes, s, m, int(lay.gptr[-1]), lay.num_groups)
