@@ -22,17 +22,20 @@ def cli(tmp_path: Path, *args: str, timeout: int = 300, run: str = "run") -> sub
                           cwd=tmp_path, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+def tiny_graph_object():
+    return make_graph([{"name": "a", "fwd_flops": 1e9, "bwd_flops": 2e9, "param_bytes": 4e6, "act_bytes": 1e6,
+                        "out_bytes": 1e6},
+                       {"name": "b", "fwd_flops": 2e9, "bwd_flops": 4e9, "param_bytes": 8e6, "act_bytes": 1e6,
+                        "out_bytes": 1e6},
+                       {"name": "c", "fwd_flops": 1e9, "bwd_flops": 2e9, "param_bytes": 4e6, "act_bytes": 1e6,
+                        "out_bytes": 4}],
+                      [[0, 1, 1e6], [0, 2, 1e6], [1, 2, 1e6]], name="tiny")
+
+
 @pytest.fixture
 def tiny_graph(tmp_path: Path) -> Path:
-    g = make_graph([{"name": "a", "fwd_flops": 1e9, "bwd_flops": 2e9, "param_bytes": 4e6, "act_bytes": 1e6,
-                     "out_bytes": 1e6},
-                    {"name": "b", "fwd_flops": 2e9, "bwd_flops": 4e9, "param_bytes": 8e6, "act_bytes": 1e6,
-                     "out_bytes": 1e6},
-                    {"name": "c", "fwd_flops": 1e9, "bwd_flops": 2e9, "param_bytes": 4e6, "act_bytes": 1e6,
-                     "out_bytes": 4}],
-                   [[0, 1, 1e6], [0, 2, 1e6], [1, 2, 1e6]], name="tiny")
     path = tmp_path / "tiny.json"
-    g.to_json(path)
+    tiny_graph_object().to_json(path)
     return path
 
 

@@ -18,13 +18,7 @@ from placement_rl.topology import load_topology
 
 torch.set_num_threads(1)
 
-CPU4 = """name: 4x_cpu
-devices:
-  - {name: cpu, count: 4, kind: cpu, torch_device: cpu, host: 0, peak_flops: 1.0e+11, mem_bandwidth: 2.6e+10,
-     memory_bytes: 8589934592}
-links:
-  intra_host: {bandwidth: 1.0e+10, latency: 2.0e-6, kind: shm}
-"""
+from tests.test_deploy_checks import CPU4  # noqa: E402 - four CPU devices
 
 
 def _deploy_cfg(*overrides: str):

@@ -16,23 +16,18 @@ from placement_rl.cli.evaluate import _write_best, table_rows
 from placement_rl.cost import resolve_costs
 from placement_rl.cost.modes import inference_costs
 from placement_rl.evaluate import Row, compare, pipeline_summary, with_speedups
-from placement_rl.graph import make_graph
 from placement_rl.plans import Placement, StagePlan
 from placement_rl.report import markdown_table
 from placement_rl.topology import load_topology
+
+from tests.test_cli import tiny_graph_object  # noqa: E402 - three nodes, one fork
 
 torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    return make_graph([{"name": "a", "fwd_flops": 1e9, "bwd_flops": 2e9, "param_bytes": 4e6, "act_bytes": 1e6,
-                        "out_bytes": 1e6},
-                       {"name": "b", "fwd_flops": 2e9, "bwd_flops": 4e9, "param_bytes": 8e6, "act_bytes": 1e6,
-                        "out_bytes": 1e6},
-                       {"name": "c", "fwd_flops": 1e9, "bwd_flops": 2e9, "param_bytes": 4e6, "act_bytes": 1e6,
-                        "out_bytes": 4}],
-                      [[0, 1, 1e6], [0, 2, 1e6], [1, 2, 1e6]], name="tiny")
+    return tiny_graph_object()
 
 
 def test_speedups_use_a_single_device_listed_after_the_placer(tiny):

@@ -10,17 +10,12 @@ import torch
 from placement_rl import export as ex
 from placement_rl.cost import resolve_costs, simulate_pipeline
 from placement_rl.errors import PlanError
-from placement_rl.graph.capture import capture_zoo
 from placement_rl.plans import StagePlan
 from placement_rl.topology import load_topology
 
+from tests.test_export import gpt  # noqa: E402,F401 - the fixture: a small GPT
+
 torch.set_num_threads(1)
-GPT = dict(batch_size=8, seq_len=8, vocab_size=50257, d_model=16, n_layers=4, n_heads=2, dropout=0.0)
-
-
-@pytest.fixture(scope="module")
-def gpt():
-    return capture_zoo("gpt", **GPT)
 
 
 @pytest.fixture(scope="module")

@@ -15,15 +15,9 @@ from placement_rl.graph.ir import make_graph
 from placement_rl.plans import PLACEMENT_KEYS, STAGE_PLAN_KEYS, Placement, StagePlan, load_plan
 from placement_rl.topology import DeviceTopology
 
+from tests.test_plans import topo  # noqa: E402,F401 - the fixture: four GPUs
+
 torch.set_num_threads(1)
-
-
-@pytest.fixture
-def topo() -> DeviceTopology:
-    return DeviceTopology.from_dict({
-        "name": "four", "devices": [{"name": "gpu", "count": 4, "kind": "gpu", "peak_flops": 1e13,
-                                     "mem_bandwidth": 1e12, "memory_bytes": 16e9}],
-        "links": {"intra_host": {"bandwidth": 1e10, "latency": 1e-5}}})
 
 
 @pytest.fixture
