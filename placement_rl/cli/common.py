@@ -315,13 +315,9 @@ def _chosen_option(command: str, group: str, overrides: Iterable[str]) -> str | 
             chosen = value
     if chosen is not None:
         return chosen
-    try:
-        for entry in OmegaConf.load(conf_dir() / f"{command}.yaml").get("defaults", []):
-            if isinstance(entry, DictConfig) and group in entry:
-                return str(entry[group])
-    except Exception:  # noqa: BLE001 - no such file: the option is not named
-        return None
-    return None
+    from placement_rl.cli.help import command_defaults
+
+    return command_defaults(command).get(group)
 
 
 def _one_line(exc: BaseException) -> str:

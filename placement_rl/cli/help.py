@@ -13,19 +13,25 @@ from placement_rl.cli.keys import group_options
 HELP_GROUP = "hydra/help"
 
 
-def command_groups(config_name: str) -> list[str]:
-    """The config groups the command's primary config composes (its ``defaults`` list, Hydra's own left out)."""
+def command_defaults(config_name: str) -> dict[str, str]:
+    """``{group: option}`` of the command's primary config's ``defaults`` list (Hydra's own left out)."""
     import yaml
 
     from placement_rl.topology import conf_dir
 
     path = conf_dir() / f"{config_name}.yaml"
     data = yaml.safe_load(path.read_text()) if path.is_file() else None
-    out = []
+    out: dict[str, str] = {}
     for item in (data or {}).get("defaults") or []:
         if isinstance(item, dict):
-            out += [k for k in item if not str(k).startswith("override ") and not str(k).startswith("hydra")]
+            out.update({str(k): str(v) for k, v in item.items()
+                        if not str(k).startswith("override ") and not str(k).startswith("hydra")})
     return out
+
+
+def command_groups(config_name: str) -> list[str]:
+    """The config groups the command's primary config composes (``command_defaults``' groups, in order)."""
+    return list(command_defaults(config_name))
 
 
 def help_override(config_name: str, summary: str) -> list[str]:
