@@ -166,7 +166,7 @@ def test_deploy_takes_the_topology_the_plan_names_unless_one_is_given(overrides,
 
 
 def test_outside_hydra_there_are_no_task_overrides():
-    from placement_rl.cli.deploy import _task_overrides
+    from placement_rl.cli.given import task_overrides as _task_overrides
 
     assert _task_overrides() is None
 

@@ -258,7 +258,9 @@ class EvaluateConfig:
     placers: Optional[list] = opt(None, choices=_placers, null=True, doc="placer names; null = all")
     pipeline: bool = opt(True, doc="also run the pipeline partitioners")
     num_microbatches: int = opt(4, low=1)
-    plan: Optional[str] = opt(None, null=True, doc="a placement.json or plan.json to score as well")
+    plan: Optional[str] = opt(None, null=True, doc="a placement.json or plan.json to score as well, on the "
+                                 "graph.json beside it and the topology preset it names unless graph / topology "
+                                 "are given")
     progress: bool = opt(True)
 
 

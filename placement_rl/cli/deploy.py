@@ -20,7 +20,8 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig
 
-from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir, write_json
+from placement_rl.cli.common import build_topology, hydra_app, output_dir, write_json
+from placement_rl.cli.given import plan_graph, plan_topology, task_overrides
 from placement_rl.errors import ConfigError, ExecutionError, ProfileError
 from placement_rl.graph.ir import CompGraph
 
@@ -80,14 +81,6 @@ def describe_plan(plan) -> str:
     if any(t > 1 for t in tp):
         width += f"; TP per stage {', '.join(map(str, tp))}"
     return f"{plan.num_stages} stages ({width}) = {plan.world_size} processes"
-
-
-def _graph(cfg: DictConfig) -> CompGraph:
-    if not cfg.graph.get("path"):
-        beside = Path(str(cfg.plan)).parent / "graph.json"
-        if beside.is_file():
-            return CompGraph.from_json(beside)
-    return build_graph(cfg.graph)
 
 
 def _model(graph: CompGraph) -> tuple[str, dict]:
@@ -176,31 +169,10 @@ def _priced_batch(graph, plan, costs_batch: float | None):
     return plan, float(measured)
 
 
-def _task_overrides() -> list[str] | None:
-    """The user's command-line overrides (Hydra's ``overrides.task``); None outside a Hydra run (``run(cfg)``)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
-
-
 def choose_topology(cfg: DictConfig, plan_data: Mapping[str, Any], overrides: list[str] | None):
     """``(topology, line)``: the topology the plan file names when it is a preset and the user gave no ``topology``
-    override (``topology=``, ``topology.<key>=``), as ``export`` does; else the composed one (default ``2x_cpu``).
-    ``line`` says which was taken and why (None when nothing needs saying). ``overrides`` None: the composed one."""
-    from placement_rl.topology import load_topology, preset_names
-
-    named = plan_data.get("topology")
-    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides or ()]
-    given = overrides is None or any(k == "topology" or k.startswith(("topology.", "topology@")) for k in keys)
-    default = str(cfg.topology.get("name") or "")
-    if given or not isinstance(named, str) or named == default:
-        return build_topology(cfg.topology, threads=int(cfg.threads)), None
-    if named not in preset_names():
-        return (build_topology(cfg.topology, threads=int(cfg.threads)),
-                f"note: the plan names topology '{named}', which is not a preset: deploying on the default "
-                f"'{default}' (give topology=<preset> or topology.path=<its YAML>)")
-    return load_topology(named), (f"deploying on topology '{named}', the one the plan names (topology=<preset> "
-                                  "deploys on another)")
+    override (``cli.given.plan_topology``), else the composed one (default ``2x_cpu``), at ``threads=``."""
+    return plan_topology(cfg, plan_data, overrides, build=lambda t: build_topology(t, threads=int(cfg.threads)))
 
 
 def plan_layout(plan, graph: CompGraph, topology) -> dict[str, Any]:
@@ -288,8 +260,8 @@ def run(cfg: DictConfig) -> dict:
     data = read_plan_file(str(cfg.plan))  # a missing file, a folder, no JSON: said before the graph is built
     dcfg = DeployConfig(steps=int(cfg.steps), warmup=int(cfg.warmup), lr=float(cfg.lr), device=str(cfg.device),
                         timeout_s=float(cfg.timeout_s), threads=int(cfg.threads)).validate()
-    graph = _graph(cfg)
-    topology, line = choose_topology(cfg, data, _task_overrides())
+    graph = plan_graph(cfg, str(cfg.plan), always_beside=True)
+    topology, line = choose_topology(cfg, data, task_overrides())
     plan = load_plan(str(cfg.plan), topology=topology, graph=graph)
     plan.validate(graph, topology)
     model, overrides = _model(graph)  # a graph deploy cannot build is said before what it would run on

@@ -164,7 +164,17 @@ def run(cfg: DictConfig) -> list[Row]:
         from placement_rl.cli.schema import check_not_files
 
         check_not_files(out, ("best_placement", "best_plan"), "evaluate writes the case's best plans")
-        graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
+        if cfg.plan:  # a plan brings its graph (graph.json beside it) and topology preset unless told otherwise
+            from placement_rl.cli.given import plan_graph, plan_topology, task_overrides
+            from placement_rl.plan_files import read_plan_file
+
+            data, overrides = read_plan_file(str(cfg.plan)), task_overrides()
+            graph = plan_graph(cfg, str(cfg.plan), overrides)
+            topology, line = plan_topology(cfg, data, overrides, verb=("evaluating", "evaluates"))
+            if line:
+                print(line)
+        else:
+            graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
         case = f"{graph.name}/{topology.name}"
         extra = None
         graph, costs = build_costs(cfg, graph, topology)

@@ -1,0 +1,56 @@
+"""What the user gave on the command line, and the graph and topology a plan file brings with it.
+
+``deploy`` and ``evaluate plan=<file>`` take a plan's own graph (the ``graph.json`` beside it, which ``place``,
+``train`` and ``evaluate`` write) and the topology preset it names, unless the command line names another."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from omegaconf import DictConfig
+
+from placement_rl.cli.common import build_graph, build_topology
+from placement_rl.graph import CompGraph
+
+
+def task_overrides() -> list[str] | None:
+    """The user's command-line overrides (Hydra's ``overrides.task``); None outside a Hydra run (``run(cfg)``)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
+
+
+def overridden(overrides: list[str] | None, group: str) -> bool:
+    """Whether ``overrides`` set ``group`` (``group=``, ``group.<key>=``, ``group@...``); None (outside Hydra,
+    where nothing says what was given) counts as set."""
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides or ()]
+    return overrides is None or any(k == group or k.startswith((f"{group}.", f"{group}@")) for k in keys)
+
+
+def plan_graph(cfg: DictConfig, plan_path: str, overrides: list[str] | None = None, *,
+               always_beside: bool = False) -> CompGraph:
+    """The ``graph.json`` beside ``plan_path`` when there is one and the command line names no graph (with
+    ``always_beside`` unless it gives ``graph.path``); else the composed ``graph`` group."""
+    beside = Path(plan_path).parent / "graph.json"
+    use = not cfg.graph.get("path") if always_beside else not overridden(overrides, "graph")
+    if use and beside.is_file():
+        return CompGraph.from_json(beside)
+    return build_graph(cfg.graph)
+
+
+def plan_topology(cfg: DictConfig, plan_data: Mapping[str, Any], overrides: list[str] | None, *,
+                  verb: tuple[str, str] = ("deploying", "deploys"), build: Callable[[Any], Any] = build_topology):
+    """``(topology, line)``: the topology the plan file names when it is a preset and the user gave no ``topology``
+    override, as ``export`` does; else the composed one (``build(cfg.topology)``). ``line`` says which was taken and
+    why (None when nothing needs saying), ``verb`` its words. ``overrides`` None: the composed one."""
+    from placement_rl.topology import load_topology, preset_names
+
+    named = plan_data.get("topology")
+    default = str(cfg.topology.get("name") or "")
+    if overridden(overrides, "topology") or not isinstance(named, str) or named == default:
+        return build(cfg.topology), None
+    if named not in preset_names():
+        return (build(cfg.topology), f"note: the plan names topology '{named}', which is not a preset: {verb[0]} on "
+                                     f"the default '{default}' (give topology=<preset> or topology.path=<its YAML>)")
+    return load_topology(named), (f"{verb[0]} on topology '{named}', the one the plan names (topology=<preset> "
+                                  f"{verb[1]} on another)")
