@@ -97,7 +97,8 @@ def _stub_executor(monkeypatch, run_dir: Path) -> None:
     import placement_rl.executor.local as local
     from placement_rl.executor.local import LocalRunResult
 
-    result = SimpleNamespace(to_dict=lambda: {"step_time": 0.01, "losses": [3.0, 2.0], "ranks": []})
+    result = SimpleNamespace(to_dict=lambda: {"step_time": 0.01, "losses": [3.0, 2.0], "throughput": 800.0,
+                                              "peak_memory_bytes": 10, "ranks": [{"step_times": [0.01]}]})
     monkeypatch.setattr(deploy, "output_dir", lambda: run_dir)
     monkeypatch.setattr(dist, "prepare_job", lambda specs, config, job_dir: SimpleNamespace(job_dir=Path(job_dir)))
     monkeypatch.setattr(dist, "launch_local", lambda job: [result])
@@ -128,6 +129,9 @@ def test_deploy_json_records_the_plan_layout_rank_devices_and_units(mlp, tmp_pat
     units = report["units"]
     assert units["measured_step_time"] == "s" and units["predicted_step_time"] == "s"
     assert units["result.throughput"] == "samples/s" and units["result.peak_memory_bytes"] == "bytes"
+    # only what the report has: a stage plan's result has no per-device memory, no optimizer times per rank here
+    assert "result.peak_memory_per_device" not in units and units["result.ranks[].step_times"] == "s"
+    assert "result.ranks[].optimizer_times" not in units
     assert report["measured_step_time"] == 0.01  # existing keys kept
     assert {"predicted_step_time", "prediction_source", "ratio_measured_to_predicted", "result"} <= set(report)
 
@@ -143,6 +147,8 @@ def test_the_op_level_report_keeps_every_steps_loss(mlp, tmp_path, monkeypatch):
     report = json.loads((run_dir / "deploy.json").read_text())
     assert report["result"]["losses"] == [3.5, 3.1, 2.7] and report["result"]["loss"] == 3.5
     assert report["kind"] == "placement" and report["plan_layout"] is None and report["units"]["result.step_times"]
+    assert report["units"]["result.peak_memory_per_device"] == "bytes" and "plan_layout.batch_size" not in report[
+        "units"] and "result.ranks[].step_times" not in report["units"]
 
 
 # ------------------------------------------------------------------------------------------------- topology

@@ -39,6 +39,21 @@ UNITS = {"measured_step_time": "s", "predicted_step_time": "s", "ratio_measured_
          "plan_layout.graph_batch_size": "samples", "plan_layout.stage_sizes": "graph nodes"}
 
 
+def units_of(report: Mapping[str, Any]) -> dict[str, str]:
+    """The entries of ``UNITS`` whose field ``report`` has (a stage plan's result has no per-device memory, an
+    op-level one no ranks): ``a.b`` a nested key, ``a[].b`` a key of a list's items."""
+    def has(node: Any, path: list[str]) -> bool:
+        if not path:
+            return node is not None
+        key, rest = path[0], path[1:]
+        if key.endswith("[]"):
+            items = node.get(key[:-2]) if isinstance(node, Mapping) else None
+            return isinstance(items, list) and any(has(x, rest) for x in items)
+        return isinstance(node, Mapping) and key in node and has(node[key], rest)
+
+    return {k: v for k, v in UNITS.items() if has(report, k.split("."))}
+
+
 def check_launch(plan, *, nnodes: int, node_rank: int | None, rdzv_endpoint: str | None) -> None:
     """``ConfigError`` when the launch options do not fit ``plan``: several nodes need a stage plan whose
     process count ``nnodes`` divides, ``rdzv_endpoint='host:port'`` and ``node_rank < nnodes``; one node takes
@@ -337,7 +352,8 @@ def run(cfg: DictConfig) -> dict:
     report = {"plan": str(cfg.plan), "kind": kind, "graph": graph.name, "topology": topology.name,
               "measured_step_time": measured, "predicted_step_time": predicted, "prediction_source": source,
               "ratio_measured_to_predicted": ratio, "ran_on_cpu_for_gpus": on_cpu, "result": result,
-              "plan_layout": plan_layout(plan, graph, topology) if kind == "stage_plan" else None, "units": UNITS}
+              "plan_layout": plan_layout(plan, graph, topology) if kind == "stage_plan" else None}
+    report["units"] = units_of(report)
     write_json(out / "deploy.json", report)
     if ratio is None:
         print(f"measured {measured * 1e3:.3f} ms per step; no prediction ({source})")
