@@ -8,8 +8,9 @@
   Two trainings started at once each get their own instance.
 * ``address`` set (``auto`` or ``host:port``), or Ray's ``RAY_ADDRESS`` variable set (as ``ray job submit``
   does): the running cluster is joined, and the run's first line says so with its CPUs and nodes. The address is
-  probed first (``probe``: a TCP connection, ``PROBE_TIMEOUT`` seconds): ``ray.init`` retries a dead address
-  forever, so one where nothing answers is a one-line ``ConfigError`` instead.
+  probed first (``probe``: a TCP connection and a gRPC channel, ``PROBE_TIMEOUT`` seconds each): ``ray.init``
+  retries a dead address forever and waits without end on a port that is no Ray head, so either is a one-line
+  ``ConfigError`` instead.
 * Ray already initialised in this process (by the caller): reused as it is, and left running.
 
 When joining a cluster (and on request), the driver ships its package to every worker (``runtime_env``
@@ -100,19 +101,42 @@ def _host_port(address: str) -> tuple[str, int] | None:
 
 
 def probe(address: str, *, timeout: float = PROBE_TIMEOUT) -> str | None:
-    """Why nothing answers at the cluster ``address`` (a TCP connection to its host and port, at most ``timeout``
-    seconds), or ``None`` when something does (or the form is left to Ray)."""
+    """Why nothing answers at the cluster ``address`` as a Ray head would (a TCP connection to its host and port,
+    then a gRPC channel, each at most ``timeout`` seconds), or ``None`` when one does (or the form is left to
+    Ray)."""
     target = _host_port(address)
     if target is None:
         return None
     host, port = target
     try:
         with socket.create_connection((host, port), timeout=timeout):
-            return None
+            pass
     except socket.timeout:
         return f"nothing answers at {host}:{port} within {timeout:.0f} s"
     except OSError as exc:
         return f"nothing answers at {host}:{port}: {exc.strerror or exc}"
+    return _not_grpc(host, port, timeout)
+
+
+def _not_grpc(host: str, port: int, timeout: float) -> str | None:
+    """Why what listens at ``host:port`` is no Ray head (its GCS and client server speak gRPC; ``ray.init`` waits
+    without end on anything else), or ``None`` when a gRPC channel opens within ``timeout`` seconds (or the check
+    cannot run: no ``grpc``, or TLS, ``RAY_USE_TLS``)."""
+    try:
+        import grpc
+    except ImportError:
+        return None
+    if os.environ.get("RAY_USE_TLS", "0").strip().lower() in ("1", "true"):
+        return None
+    channel = grpc.insecure_channel(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+        return None
+    except grpc.FutureTimeoutError:
+        return (f"{host}:{port} answers but not as a Ray head (no gRPC within {timeout:.0f} s; the head's port is "
+                "6379 unless `ray start --port` says otherwise, a client's ray:// 10001)")
+    finally:
+        channel.close()
 
 
 def connect(requested: int | str, address: str | None, *, ship: bool | None = None) -> Connection:

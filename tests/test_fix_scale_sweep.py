@@ -44,10 +44,21 @@ def test_an_address_where_nothing_listens_is_one_reason():
     why = probe(f"127.0.0.1:{port}", timeout=3)
     assert why is not None and why.startswith(f"nothing answers at 127.0.0.1:{port}"), why
     assert probe(f"ray://127.0.0.1:{port}", timeout=3).startswith("nothing answers")
-    with socket.socket() as s:  # something listening: no reason (ray.init takes it from there)
+    with socket.socket() as s:  # something listening that speaks no gRPC: ray.init waited on it without end
         s.bind(("127.0.0.1", 0))
         s.listen()
-        assert probe(f"127.0.0.1:{s.getsockname()[1]}", timeout=3) is None
+        why = probe(f"127.0.0.1:{s.getsockname()[1]}", timeout=2)
+        assert why is not None and "answers but not as a Ray head" in why, why
+    grpc = pytest.importorskip("grpc")
+    from concurrent import futures
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))  # a gRPC server, as a Ray head's GCS is
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        assert probe(f"127.0.0.1:{port}", timeout=5) is None
+    finally:
+        server.stop(0)
     assert probe("not-an-address", timeout=3) is None  # a form Ray itself refuses
 
 

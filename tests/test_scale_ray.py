@@ -156,6 +156,9 @@ def test_existing_instance_is_not_joined_by_accident_and_address_joins_it(ray_on
     assert "private local Ray instance (2 CPUs on 1 node)" in first, first
     assert "another Ray instance runs on this machine" in first and ray_on_machine in first, first
     assert "shipped" not in first and "checked on 1 node" in first  # this machine's install: nothing to ship
+    from placement_rl.scale_ray import probe
+
+    assert probe(ray_on_machine) is None  # a real head passes the probe (TCP, then a gRPC channel)
     with Workers(2, address=ray_on_machine) as w:
         joined = w.describe()
         assert w.map(abs, [-4, 5]) == [4, 5]
