@@ -149,6 +149,39 @@ def test_a_failed_job_does_not_take_the_sweep_down(tmp_path, launcher):
     assert (tmp_path / "sweep" / "1" / "graph.json").is_file()
 
 
+def test_a_joblib_workers_ctrl_c_leaves_the_line_to_the_driver(monkeypatch):
+    """Ctrl-C on ``train -m`` (joblib) printed ``interrupted`` from each worker, then the driver's line."""
+    import os
+
+    from placement_rl.cli.common import DRIVER_PID, in_job_worker
+
+    monkeypatch.delenv(DRIVER_PID, raising=False)
+    assert not in_job_worker()  # a plain run (no command started it): says ``interrupted`` itself
+    monkeypatch.setenv(DRIVER_PID, str(os.getpid()))
+    assert not in_job_worker()  # the driver, or the basic launcher's job in it
+    monkeypatch.setenv(DRIVER_PID, str(os.getpid() + 1))
+    assert in_job_worker()  # a worker process the driver started
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_a_joblib_sweep_is_one_line(tmp_path):
+    import signal
+    import time
+
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    p = subprocess.Popen([sys.executable, "-m", "placement_rl.cli.main", "train", "-m", "seed=0,1",
+                          f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    deadline = time.time() + 120  # until both jobs have started (their folders), then Ctrl-C on the whole group
+    while time.time() < deadline and not all((tmp_path / "sweep" / k).is_dir() for k in "01"):
+        time.sleep(0.5)
+    time.sleep(3)
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    lines = [ln for ln in err.splitlines() if ln.strip() and "][INFO]" not in ln]
+    assert p.returncode == 130 and lines == ["interrupted: 0 of 2 sweep jobs finished"], err[-3000:]
+
+
 # ------------------------------------------------------------------------- 3: Ctrl-C on ray_workers
 def test_ctrl_c_on_a_ray_workers_sweep_says_how_many_jobs_finished(tmp_path, monkeypatch, capsys):
     from placement_rl.scale import Workers

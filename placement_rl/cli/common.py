@@ -6,6 +6,7 @@ import contextlib
 import functools
 import json
 import math
+import os
 import shutil
 import sys
 import time
@@ -336,6 +337,16 @@ def _os_error_line(exc: OSError) -> str:
     return f"{path}: {exc.strerror}" if path and exc.strerror else (str(exc).splitlines() or [type(exc).__name__])[0]
 
 
+DRIVER_PID = "PLACEMENT_RL_DRIVER_PID"
+
+
+def in_job_worker() -> bool:
+    """Whether this process runs a job for a command started in another (a joblib launcher's worker), whose
+    Ctrl-C the driver reports as ``interrupted: <done> of <total> sweep jobs finished``."""
+    pid = os.environ.get(DRIVER_PID)
+    return pid is not None and pid != str(os.getpid())
+
+
 def hydra_app(config_name: str, *, writes: Iterable[str] = ()) -> Callable[[Callable[[DictConfig], Any]],
                                                                          Callable[[], None]]:
     """Turn ``run(cfg)`` into a Hydra ``main``. The command line is checked first (``preflight``: group options,
@@ -365,7 +376,8 @@ def hydra_app(config_name: str, *, writes: Iterable[str] = ()) -> Callable[[Call
                 _discard_run_dir()
                 _job_fail(_os_error_line(exc))
             except KeyboardInterrupt:
-                print("interrupted", file=sys.stderr)
+                if not in_job_worker():  # a launcher's worker process: the sweep's driver says it, once
+                    print("interrupted", file=sys.stderr)
                 sys.exit(130)
 
         hydra_main = hydra.main(config_path=config_path(), config_name=config_name, version_base="1.3")(task)
@@ -374,6 +386,7 @@ def hydra_app(config_name: str, *, writes: Iterable[str] = ()) -> Callable[[Call
             from placement_rl.cli.configs import register_configs
 
             register_configs(config_name)  # its structured config in Hydra's ConfigStore (schema/, base/)
+            os.environ[DRIVER_PID] = str(os.getpid())  # inherited by a launcher's worker processes (joblib)
             sys.argv[1:] = multirun_first(sys.argv[1:])
             try:
                 sys.argv += preflight(config_name, sys.argv[1:])
