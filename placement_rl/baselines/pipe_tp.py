@@ -26,10 +26,10 @@ the graph's split sizes (``graph.tp.check_degree``).
 ``tau_k`` (one micro-batch, forward + backward, on the ``k``-th device group, by the simulator's rules): variable
 node time / (m dp) + fixed (launch) time + the TP all-reduces at the micro-batch's bytes over the stage's own first
 TP group (with sequence parallelism: a reduce-scatter and an all-gather of the same bytes, and the token-wise ops on
-1/t of the sequence), forward and backward each paced by the slowest device of its first DP group, + both directions
-of the
-boundary transfer (every tensor produced before the cut and consumed after it, skip connections passed along, on the
-slowest link between the two groups). With one micro-batch and DP degree 1 the objective *is* the simulated step
+1/t of the sequence), each node at the time of the slowest rank of its TP group (unequal devices), forward and
+backward each paced by the slowest TP group of the stage, + both directions of the boundary transfer (every tensor
+produced before the cut and consumed after it, skip connections passed along, on the slowest link between the two
+groups). With one micro-batch and DP degree 1 the objective *is* the simulated step
 time (``cut_objective``; tested on every plan of a brute force). Limits of ``exact``: it is exact over the discrete
 choices and over cuts *for that analytic objective* (with m > 1 the simulator's event-level schedule, and DP / FSDP
 collectives and their overlap, are only in the final simulated ranking: on the brute force's small GPT the objective
@@ -160,7 +160,8 @@ class _Stages:
 
     def tau(self, k: int) -> np.ndarray:
         """``[G, G]`` forward + backward time of a stage between grid cuts, one micro-batch, on group ``k``: the
-        slowest replica of its first DP group, TP all-reduces over its first TP group (inf where a >= b)."""
+        slowest replica (TP group) of the stage, each node at its TP group's slowest rank, TP all-reduces over its
+        first TP group (inf where a >= b)."""
         grp = self.group(k)
         if grp not in self._tau:
             fvar, ffix, bvar, bfix, _, _, arf, arb = self.arrays
@@ -173,9 +174,12 @@ class _Stages:
                 b_comm = sum(segment_times(tab, arb[order] * scale) for tab in tabs)
             g = self.grid
             fwd = bwd = None
-            for d in grp[::self.t]:
-                pf = np.concatenate([[0.0], np.cumsum(fvar[d][order] * scale + ffix[d][order] + f_comm)])[g]
-                pb = np.concatenate([[0.0], np.cumsum(bvar[d][order] * scale + bfix[d][order] + b_comm)])[g]
+            for i in range(0, len(grp), self.t):
+                ranks = list(grp[i:i + self.t])  # a TP group: its slowest rank sets each node's pace
+                nf = (fvar[ranks][:, order] * scale + ffix[ranks][:, order]).max(axis=0)
+                nb = (bvar[ranks][:, order] * scale + bfix[ranks][:, order]).max(axis=0)
+                pf = np.concatenate([[0.0], np.cumsum(nf + f_comm)])[g]
+                pb = np.concatenate([[0.0], np.cumsum(nb + b_comm)])[g]
                 f, b = pf[None, :] - pf[:, None], pb[None, :] - pb[:, None]
                 fwd, bwd = (f, b) if fwd is None else (np.maximum(fwd, f), np.maximum(bwd, b))
             self._tau[grp] = np.where(self.valid, fwd + bwd, np.inf)
@@ -185,22 +189,23 @@ class _Stages:
         """``(extra, act, transient)`` ``[G, G]`` of recomputation ``mode`` for a stage on group ``k``: its
         checkpointed regions' forward again (one micro-batch), the activations it then keeps per micro-batch
         (other ops' + the regions' inputs) and the largest region's per micro-batch (``cost.recompute``; regions
-        counted whole by their first node). None where the graph has no such regions."""
+        counted whole by their first node; the forward again at the slowest rank of the first TP group). None where
+        the graph has no such regions."""
         from placement_rl.cost.recompute import kept_bytes, regions, repeated_of
         from placement_rl.graph.tp import shard_graph
 
-        key = ("rc", mode, self.group(k)[0])
+        key = ("rc", mode, self.group(k)[:self.t])
         if key not in self._tau:
             try:
                 rid = regions(self.pp.graph, mode)
             except PlanError:
                 return None
             fvar, ffix, _, _, _, act = self.arrays[:6]
-            order, g, d, scale = self.pp.order, self.grid, self.group(k)[0], 1.0 / (self.m * self.dp)
+            order, g, ranks, scale = self.pp.order, self.grid, list(self.group(k)[:self.t]), 1.0 / (self.m * self.dp)
             run = self.pp.graph if self.t == 1 else shard_graph(self.pp.graph, self.t, sequence_parallel=self.sp)
             inside = (rid >= 0)[order]
             again = repeated_of(self.pp.graph, mode)[order]  # what the checkpoint runs again (early stop)
-            fwd = np.where(again, fvar[d][order] * scale + ffix[d][order], 0.0)
+            fwd = np.where(again, (fvar[ranks][:, order] * scale + ffix[ranks][:, order]).max(axis=0), 0.0)
             pos = np.full(int(rid.max()) + 1, self.pp.n)  # each region's first position in the order
             np.minimum.at(pos, rid[order][inside], np.flatnonzero(inside))
             kept, freed = np.zeros(self.pp.n), np.zeros(self.pp.n)

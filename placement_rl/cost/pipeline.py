@@ -65,8 +65,12 @@ Tensor parallelism (``plan.tp``; see ``cost.tensor_parallel`` for what is and is
 degree t on ``dp x t`` devices runs each node at one TP rank's cost (split ops at their smaller shapes through
 the same per-op model, plus its blocking TP all-reduces per micro-batch over the stage's TP group), with its
 parameters and saved activations per rank. The schedule, DP / FSDP collectives and pipeline transfers are then
-simulated on the stage's first DP group (device j = 0 of every TP group, p = dp); every device of a TP group
-reports that rank's memory and busy time. All TP groups of a stage are taken to be alike (their own links).
+simulated on the stage's first DP group (device j = 0 of every TP group, p = dp). Unequal devices in one TP group:
+its ranks meet at every TP collective, so each node (forward and backward apart, recomputation included) takes its
+slowest rank's time, whatever the order the group lists its devices in. Every device of a TP group reports the first
+rank's memory (the same bytes on every rank, each checked against its own device's memory) and busy time (the
+group's pace). The TP all-reduces, DP collectives and pipeline transfers are priced on the first TP group and the
+first DP group's links (all TP groups of a stage are taken to be alike in their links).
 
 Activation recomputation (``plan.recompute``, per stage ``none`` / ``selective`` / ``full``; see
 ``cost.recompute``): a checkpointed region's forward runs again in its backward, and it keeps only its inputs plus,
@@ -320,6 +324,8 @@ class PipelineSimulator:
             plan, (graph_arrays, size_arrays) = self._tp_plan(plan)
         if any(r != "none" for r in given.recompute):
             graph_arrays, size_arrays = self._recompute(given, graph_arrays, size_arrays)
+        if given.uses_tp:  # after recomputation: a TP group waits for its slowest rank on every node
+            _pace_tp_groups(given, graph_arrays, ratio)
         sized = self.size_ratio(given)
         if sized != 1.0:  # a plan of another batch than the graph's: its activations and crossing tensors scale
             graph_arrays = (*graph_arrays[:2], graph_arrays[2] * sized, *graph_arrays[3:])
@@ -361,7 +367,7 @@ class PipelineSimulator:
         busy, mem = np.zeros(self.topology.num_devices), np.zeros(self.topology.num_devices)
         busy[lay.device_idx] = lay.out_group[1, lay.device_group]
         mem[lay.device_idx] = lay.out_group[0, lay.device_group]
-        if plan.uses_tp:  # every rank of a TP group is like its first (the one the kernel timed)
+        if plan.uses_tp:  # every rank of a TP group reports its first's (the one the kernel timed, at the group's pace)
             for s in range(plan.num_stages):
                 for grp in plan.tp_groups(s):
                     busy[list(grp)], mem[list(grp)] = busy[grp[0]], mem[grp[0]]
@@ -409,6 +415,25 @@ class PipelineSimulator:
             out.append(Interval(kind=_KINDS[kind], resource=resource, start=float(rec[3][k]),
                                 end=float(rec[4][k]), label=label))
         return tuple(out)
+
+
+def _pace_tp_groups(plan: StagePlan, graph_arrays: tuple, ratio: float) -> None:
+    """Each TP group's first rank's node times (the row the kernel reads) set, node by node, to those of the group's
+    slowest rank for that node, forward and backward apart (the ranks meet at every TP collective, so the slowest
+    sets the pace whatever the device order). ``graph_arrays``: ``_tp_plan``'s copies, changed in place; a node's
+    time is ``var * ratio / (m * dp) + fix`` as in the kernel. Equal rows (equal devices) are left as they were."""
+    m = int(plan.num_microbatches)
+    for s, (t, p) in enumerate(zip(plan.tp, plan.dp_degrees)):
+        if t == 1:
+            continue
+        nodes = np.flatnonzero(plan.stage_of_node == s)
+        scale = ratio / (m * p)
+        for ranks in plan.tp_groups(s):
+            ranks_arr = np.asarray(ranks)
+            for var, fix in (graph_arrays[3:5], graph_arrays[5:7]):
+                rows = var[np.ix_(ranks_arr, nodes)] * scale + fix[np.ix_(ranks_arr, nodes)]
+                slow = ranks_arr[np.argmax(rows, axis=0)]
+                var[ranks[0], nodes], fix[ranks[0], nodes] = var[slow, nodes], fix[slow, nodes]
 
 
 def simulate_pipeline(graph: CompGraph, costs: CostTable, topology: DeviceTopology, plan: StagePlan, *,
