@@ -10,10 +10,16 @@ capacities down, so a placement the model admits fits). Devices of one speed and
 keeping every link's times maps onto each other are interchangeable (a symmetry cut, ``bounds_cp._link_keys``).
 CP-SAT starts from a hint: the better of ``sim_eft`` and ``la_rule_search`` run for ``HINT_SHARE`` of the seconds
 (made to fit by ``memory.fit`` when over memory); its solution is simulated and the faster placement that fits is
-returned (so never worse than the hint). ``meta``: ``cp_bound`` (no placement that fits memory is faster: CP-SAT's
-proven bound on the model, valid when stopped early), ``cp_optimal`` (the model solved: on graphs whose producers send every
-consumer the same bytes its optimum is the simulator's), ``cp_improved`` (the solution beat the hint) and
-``cp_seconds``; ``cp_bound`` is None where CP-SAT proved nothing in its seconds (large models).
+returned (so never worse than the hint). The hint's search gets the budget less ``RESERVE`` calls, and its calls count
+in the budget: given seconds, ``la_rule`` decodes at several windows (``cost.decode.decode_windows``); where the calls
+left do not cover them the hint is ``la_rule_search`` without seconds (one decode at the placing window, then
+annealing with the calls left), and where they do not cover that decode, ``sim_eft``'s placement annealed with them
+(``cp_hint`` in the meta names the search that gave the second start). ``meta``: ``cp_bound`` (no placement that
+fits memory is faster: CP-SAT's proven bound on the model, valid when stopped early), ``cp_optimal`` (the model
+solved: on graphs whose producers send every consumer the same bytes its optimum is the simulator's),
+``cp_improved`` (the solution beat the hint) and ``cp_seconds``; ``cp_bound`` is None where CP-SAT proved nothing in
+its seconds (large models). Where the budget leaves no call to score CP-SAT's solution (a budget of 0 or 1; 2 where
+a start overflows memory and its fit is scored), CP-SAT does not run: the best start comes back and ``note`` says why.
 
 Seconds: ``seconds`` when given, else ``CP_SECONDS``; CP-SAT stops early when it proves its solution optimal. The
 model grows as N x D^2 (links): on 4 devices it proves optima of ~10-20-node graphs in seconds; at 100-200 nodes it
@@ -42,6 +48,7 @@ def cp_sat(prob: Problem) -> np.ndarray:
     from placement_rl.baselines.bounds_cp import LINKS_MAX, TICKS, _require_ortools, _solve, _whole
     from placement_rl.baselines.eft import la_rule_search, sim_eft_devices
     from placement_rl.baselines.memory import best_start
+    from placement_rl.baselines.search import anneal
 
     n, nd = prob.n, prob.d
     if n > MAX_NODES:
@@ -57,16 +64,30 @@ def cp_sat(prob: Problem) -> np.ndarray:
     seconds = float(prob.seconds) if prob.seconds is not None else CP_SECONDS
     g, c, t = prob.graph, prob.costs, prob.topology
     starts = [sim_eft_devices(g, c, t)]
-    if prob.budget > RESERVE + 1:  # la_rule_search in HINT_SHARE of the seconds (its own budget, charged here;
-        # RESERVE calls kept to score the two starts and CP-SAT's solution: at budget - 1 the hint went unscored
-        # and the placer returned ``sim_eft``'s placement)
-        sub = Problem(g, c, t, budget=prob.budget - RESERVE, seed=prob.seed, seconds=HINT_SHARE * seconds)
+    calls = prob.budget - RESERVE  # the hint's own budget, charged here; RESERVE calls kept to score the two starts
+    hint_name = "sim_eft"          # and CP-SAT's solution (at budget - 1 the hint went unscored)
+    if calls >= _rule_calls(n, nd, timed=False) + 1:  # the rule's decodes and the scoring of its placement
+        timed = calls >= _rule_calls(n, nd, timed=True) + 1  # with seconds, the rule decodes at several windows
+        sub = Problem(g, c, t, budget=calls, seed=prob.seed, seconds=HINT_SHARE * seconds if timed else None)
         starts.append(la_rule_search(sub))
+        prob.charge(sub.calls)
+        hint_name = "la_rule_search"
+    elif calls > 1:  # too few calls for the rule: sim_eft's placement annealed with them
+        sub = Problem(g, c, t, budget=calls, seed=prob.seed, seconds=HINT_SHARE * seconds)
+        s = sub.score(starts[0])
+        if s is not None:
+            starts.append(anneal(sub, starts[0], s))
+            hint_name = "sim_eft, annealed"
         prob.charge(sub.calls)
     scored = [(d_, prob.score(d_, after_time=True)) for d_ in starts]
     hint, hint_s = best_start(prob, scored)
-    if hint_s is None or nd == 1:
-        return starts[0]
+    prob.meta["cp_hint"] = hint_name
+    if nd == 1:
+        return hint
+    if hint_s is None or prob.budget - prob.calls < 1:
+        prob.meta["note"] = (f"CP-SAT not run: the budget ({prob.budget} simulator call{'s' * (prob.budget != 1)}) "
+                             f"leaves none to score its solution after its starts (give it {RESERVE} or more)")
+        return hint
     # the horizon: the hint's step time when it fits; else one no schedule of a placement that fits runs past
     serial = float(prob.node_time.max(axis=1).sum())
     upper = hint_s.step_time if hint_s.feasible else 4.0 * (serial + _all_transfers(prob))
@@ -87,6 +108,18 @@ def cp_sat(prob: Problem) -> np.ndarray:
     prob.meta.update(cp_bound=bound * tick * (1.0 - 1e-9) if bound > 0 else None, cp_optimal=bool(optimal),
                      cp_improved=improved, cp_seconds=time.perf_counter() - t0)
     return best
+
+
+def _rule_calls(n: int, nd: int, *, timed: bool) -> int:
+    """The most completed placements ``la_rule`` charges: one decode at the placing window, or (``timed``: given
+    seconds) ``decode_windows``' decodes at ``SMALL_WINDOW`` and the halvings of that window, one step time each
+    after the first."""
+    from placement_rl.cost.decode import SMALL_WINDOW, _halvings
+    from placement_rl.cost.window import placing_window, window_completions
+
+    w = min(placing_window(n), max(n, 1))
+    todo = [min(SMALL_WINDOW, w), *_halvings(w, SMALL_WINDOW)] if timed else [w]
+    return sum(window_completions(n, nd, x) for x in todo) + len(todo) - 1
 
 
 def _all_transfers(prob: Problem) -> float:
