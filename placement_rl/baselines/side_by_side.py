@@ -25,6 +25,7 @@ instead, one after another (one line on stderr says so): never a hang.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Sequence
 
 from placement_rl.cost.types import CostTable
@@ -254,6 +255,7 @@ def _serve() -> None:
     import pickle
     import sys
 
+    _die_with_parent()
     results = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # a library's print must not corrupt the results
     sys.stdout = sys.stderr
@@ -271,6 +273,23 @@ def _serve() -> None:
                 msg = pickle.dumps(("err", RuntimeError(repr(reply[1]))), protocol=pickle.HIGHEST_PROTOCOL)
             _send(results, msg)
     except (EOFError, OSError):  # the caller is gone (it ended, or stopped reading after another job's error)
+        return
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the caller says it, once
+        os._exit(130)
+
+
+def _die_with_parent() -> None:
+    """Linux: this worker gets SIGKILL when the process that started it dies (a caller killed with SIGKILL or by the
+    OOM killer left its workers searching on); elsewhere nothing (they end at their search's seconds)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG (the starting thread's end: run() starts
+    except (OSError, AttributeError):             # its workers and waits for them on one thread)
         return
 
 
