@@ -45,21 +45,31 @@ def _num(entry: Mapping[str, Any], key: str, where: str, default: float | None =
 def _with_datasheet(entry: Mapping[str, Any], kind: str, data: Mapping[str, Any], where: str) -> Mapping[str, Any]:
     """A GPU entry with the figures it leaves out taken from its ``model``'s datasheet (``placement_rl.datasheets``;
     a figure given on the device, or a topology-level L2 / tensor-core peak, wins). A required figure that is
-    neither given nor known is a one-line error saying so."""
-    from placement_rl.datasheets import lookup
+    neither given nor known is a one-line error saying so (with the nearest known names), and so is a model the
+    datasheet row it matches contradicts (``datasheets.resolve``: ``H100 94GB``, ``A100X``) unless the entry gives
+    every figure the row would fill."""
+    from placement_rl.datasheets import Datasheet, nearest, resolve
 
     if kind != "gpu":
         return entry
     model = str(entry.get("model", "") or "")
-    sheet = lookup(model) if model else None
+    wanted = [k for k in Datasheet.__dataclass_fields__ if k != "product" and k not in entry and k not in data]
+    try:
+        sheet = resolve(model) if model else None
+    except TopologyError as exc:
+        if not wanted:
+            return entry
+        raise TopologyError(f"{where}: {exc}") from None
     if sheet is None:
         missing = next((k for k in ("peak_flops", "mem_bandwidth", "memory_bytes") if k not in entry), None)
         if missing:
+            near = nearest(model) if model else []
             hint = (f"model '{model}' is not a GPU placement_rl.datasheets knows" if model else
                     "or name the product in 'model:', e.g. H100-SXM5-80GB or L40S, to take its datasheet figures")
+            hint += f"; nearest: {', '.join(near)}" if near else ""
             raise TopologyError(f"{where}: missing field '{missing}' ({hint})")
         return entry
-    filled = {k: v for k, v in sheet.fields().items() if k not in entry and k not in data}
+    filled = {k: v for k, v in sheet.fields().items() if k in wanted}
     if filled:
         logging.getLogger(__name__).info("%s: %s from the datasheet of %s", where, ", ".join(filled), sheet.product)
     return {**filled, **entry}

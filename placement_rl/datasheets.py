@@ -10,12 +10,24 @@ Figures are the vendors' datasheets and architecture whitepapers (tensor-core pe
 sparsity" figure halved); memory in the vendor's GB taken as GiB, as the presets do, except where a row says the
 figure is what the device itself reports (the H200 we measured). A family name without its variant (``A100``,
 ``V100``, ``P100``) gets the base variant's memory (40 / 16 / 16 GB): give ``memory_bytes`` for the larger one.
+
+Spellings: case, ``-`` and ``_`` do not matter, a memory size may be written ``80 GB``, ``80G`` or ``80GiB`` (all
+``80GB``) and a variant letter may stand apart (``L40-S`` is the L40S). A name that contradicts the row it matches
+is refused rather than priced as another card (``resolve`` raises ``TopologyError`` naming the product's rows, a
+topology device that would take figures from it is refused so, ``lookup`` returns None): a memory size the row
+does not have (``H100 94GB`` matches the 80 GB H100 SXM5; the 94 GB card is the H100 NVL, so name it), or a letter
+glued to the model number that is no variant the table knows (``A100X``). A memory size is the row's own (its product's
+``<n>GB``); the GH200's row also takes 480 GB, its Grace memory, as the device names itself (``NVIDIA GH200
+480GB``). ``nearest(name)`` gives the known names closest to an unknown one (difflib), for error messages.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
+
+from placement_rl.errors import TopologyError
 
 GiB, MiB = 2**30, 2**20
 
@@ -136,20 +148,78 @@ _TABLE = tuple((tuple(_word(w) for w in words), Datasheet(*rest)) for words, *re
 def _normalise(name: str) -> str:
     up = name.upper().replace("_", " ").replace("-", " ")
     up = re.sub(r"(RTX|GTX)(?=\d)", r"\1 ", up)  # "rtx4090" -> "RTX 4090"
-    return re.sub(r"(?<=\d)(TI|SUPER)\b", r" \1", up)  # "2080Ti" -> "2080 TI"
+    up = re.sub(r"(?<=\d)(TI|SUPER)\b", r" \1", up)  # "2080Ti" -> "2080 TI"
+    up = re.sub(r"(?<![A-Z0-9.])(\d{1,3}(?:\.\d+)?) ?G(?:I?B)?\b", r"\1GB", up)  # "80 GB", "32G", "80GiB" -> "80GB"
+    up = re.sub(r"\b([A-Z]+\d+) ([A-Z])\b", r"\1\2", up)  # "L40-S" -> "L40S", "V100 S" -> "V100S"
+    return re.sub(r"\bT4G\b", "T4", up)  # AWS's T4G (G5g instances) is a T4
+
+
+# what may follow a model number without a space: a form factor, memory kind, Ti / SUPER, a count (``H100x8``);
+# any other letters name a variant the table may not have (``A100X``)
+_GLUE = re.compile(r"(SXM|PCIE|NVL|HBM|TI|SUPER)\d*E?|X\d+")
+# memory sizes a row also answers to besides its own (GB): the GH200 names itself by its Grace memory
+_ALSO_GB = {"GH200 96GB": (480.0,)}
+
+
+def _model_word(words: tuple[str, ...]) -> str:
+    """The model number among a row's words (``A100`` of A100 / 80GB / PCIE; ``3080`` of RTX / 3080 / TI)."""
+    return next((w for w in words if any(c.isdigit() for c in w) and not w.endswith("GB")), words[0])
+
+
+def _row_gb(sheet: Datasheet) -> float:
+    m = re.search(r"(\d+)GB", sheet.product)
+    return float(m.group(1)) if m else float(round(sheet.memory_bytes / GiB))
+
+
+def _family(word: str) -> str:
+    return f"{word} rows: " + ", ".join(sheet.product for row, (_, sheet) in zip(_ROWS, _TABLE)
+                                         if _model_word(row[0]) == word)
+
+
+def resolve(name: str) -> Datasheet | None:
+    """The datasheet of the GPU product ``name``: the first row whose words all appear in it, None if none does.
+    ``TopologyError`` (one line naming the product's rows) where the name contradicts that row: it states a memory
+    size the row does not have, or glues letters to the model number that are no variant the table knows."""
+    up = _normalise(str(name))
+    for row, (patterns, sheet) in zip(_ROWS, _TABLE):
+        if not all(w.search(up) for w in patterns):
+            continue
+        words = row[0]
+        word = _model_word(words)
+        glued = [m.group(1) for m in re.finditer(r"(?<![A-Z0-9])" + re.escape(word) + r"(?![0-9])([A-Z0-9]*)", up)]
+        if glued and all(g and not _GLUE.fullmatch(g) and g not in words for g in glued):
+            raise TopologyError(f"GPU model '{name}': '{word}{glued[0]}' is no {word} variant the table knows "
+                                f"({_family(word)}); name one of them in 'model:', or give every figure on the device")
+        stated = [float(x) for x in re.findall(r"(?<![A-Z0-9.])(\d+(?:\.\d+)?)GB\b", up)]
+        ok = (_row_gb(sheet),) + _ALSO_GB.get(sheet.product, ())
+        bad = next((x for x in stated if x not in ok), None)
+        if bad is not None:
+            raise TopologyError(f"GPU model '{name}' says {bad:g} GB, but its row '{sheet.product}' is "
+                                f"{_row_gb(sheet):g} GB ({_family(word)}); name one of them in 'model:', or give "
+                                "every figure on the device")
+        return sheet
+    return None
 
 
 def lookup(name: str) -> Datasheet | None:
-    """The datasheet of the GPU product ``name`` (None if the table does not know it)."""
-    up = _normalise(str(name))
-    for words, sheet in _TABLE:
-        if all(w.search(up) for w in words):
-            return sheet
-    return None
+    """The datasheet of the GPU product ``name`` (None if the table does not know it, or ``resolve`` refuses it)."""
+    try:
+        return resolve(name)
+    except TopologyError:
+        return None
+
+
+def nearest(name: str, n: int = 3) -> list[str]:
+    """Up to ``n`` names the table knows (each row's words, e.g. ``H100 PCIE``) closest to ``name`` (difflib,
+    spaces and the vendor's brand words left out), for the error on an unknown model; [] when none is close."""
+    known = {" ".join(words): "".join(words) for words, *_ in _ROWS}
+    key = re.sub(r"\b(NVIDIA|TESLA|GEFORCE|QUADRO)\b|\s", "", _normalise(str(name)))
+    close = difflib.get_close_matches(key, list(known.values()), n=n, cutoff=0.6)
+    return [next(k for k, v in known.items() if v == c) for c in close]
 
 
 def products() -> list[str]:
     return [sheet.product for _, sheet in _TABLE]
 
 
-__all__ = ["Datasheet", "lookup", "products"]
+__all__ = ["Datasheet", "lookup", "nearest", "products", "resolve"]

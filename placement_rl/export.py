@@ -33,9 +33,17 @@ stages is refused (one line naming it) unless ``snap=True``, which moves it whol
 its forward FLOPs; the header then names the modules moved and gives the snapped plan's predicted step time (the
 topology's estimates, ``cost.resolve_costs``; needs ``topology``). An interleaved plan whose micro-batches do not
 divide over its device groups is refused as the pipeline simulator refuses it.
+
+Neither trainer's settings say which GPU runs which rank: both number ranks pipeline rank outermost, then DP, TP
+innermost, and a launcher gives rank ``r`` the ``r``-th GPU it starts. A plan whose devices are not ``0..world-1``
+in that order (stage 0 on an A100, stage 1 on the H100 ...) gets a ``# rank_devices = [...]`` line (the plan's
+device of every rank), a ``# note:`` naming each rank's device and, with ``topology``, one ``# node k:`` line per
+run of consecutive ranks on one host (the node order to launch the hosts in, its ``CUDA_VISIBLE_DEVICES``); a host
+whose ranks are not consecutive gets a note of its own (torchrun cannot number them so).
 ``from_torchtitan`` / ``from_megatron`` read the text back into a ``StagePlan`` for the same
-graph (devices ``0..world-1``, TP innermost, then DP, then pipeline rank; nodes outside every module follow their
-inputs' latest stage, those without inputs their consumers' earliest): a plan cut so round-trips exactly (tests).
+graph (the ``rank_devices`` line's devices, else ``0..world-1``, in the trainers' rank order; nodes outside every
+module follow their inputs' latest stage, those without inputs their consumers' earliest): a plan cut so
+round-trips exactly (tests).
 """
 
 from __future__ import annotations
@@ -76,6 +84,7 @@ class Layout:
     stage_modules: tuple[tuple[str, ...], ...]
     mods: Modules
     moved: tuple[tuple[str, int], ...] = ()  # (module, stage) that --snap moved whole
+    rank_devices: tuple[int, ...] = ()  # the plan's device of every trainer rank (``trainer_rank_devices``)
 
     @property
     def virtual(self) -> int:
@@ -129,11 +138,12 @@ def layout(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> Layout:
     empty = [s for s, ms in enumerate(per) if not ms]
     if empty:
         raise PlanError(f"stage {empty[0]} holds no whole module after snapping: use fewer stages")
+    ranks = tuple(int(d) for c in range(dims.pp) for d in plan.stage_devices[dims.stages_of(c)[0]])
     return Layout(tp=dims.tp, dp=dims.dp, pp=dims.pp, num_stages=dims.num_stages, schedule=plan.schedule,
                   num_microbatches=dims.num_microbatches, batch_size=int(batch), sharding=plan.sharding,
                   vocab_divisible_by=plan.make_vocab_size_divisible_by, recompute=plan.recompute[0],
                   sequence_parallel=plan.sequence_parallel and dims.tp > 1,
-                  stage_modules=tuple(per), mods=mods, moved=tuple(moved))
+                  stage_modules=tuple(per), mods=mods, moved=tuple(moved), rank_devices=ranks)
 
 
 def _stage_of_node(graph: CompGraph, mods: Modules, stage_of: dict[str, int]) -> np.ndarray:
@@ -220,6 +230,64 @@ def _step_words(plan: StagePlan, graph: CompGraph, topology: DeviceTopology | No
     return words
 
 
+def _rank_lines(lay: Layout, topology: DeviceTopology | None) -> list[str]:
+    """Where the plan's devices are not ranks 0..world-1 in order (the trainers' ranks: pipeline rank outermost,
+    then DP, TP innermost, which the readers assume): a ``# rank_devices`` line the readers take back, a note
+    naming each rank's device, and, with a topology, the node order to launch the hosts in and each node's
+    ``CUDA_VISIBLE_DEVICES`` (torchrun numbers a node's ranks consecutively, local rank i on visible GPU i)."""
+    ranks = lay.rank_devices
+    if ranks == tuple(range(len(ranks))):
+        return []
+    devs = topology.devices if topology is not None and max(ranks) < topology.num_devices else None
+    name = (lambda d: devs[d].name) if devs is not None else (lambda d: f"device {d}")
+    said = ", ".join(f"rank {r} {name(d)}" for r, d in enumerate(ranks[:8])) + (", ..." if len(ranks) > 8 else "")
+    lines = [f"# rank_devices = [{', '.join(map(str, ranks))}]",
+             f"# note: pipeline ranks must run on the plan's devices, not on devices 0..{len(ranks) - 1} in order: "
+             f"{said} (ranks as torchtitan and Megatron-LM number them: pipeline rank outermost, TP innermost)"
+             + ("; launch the hosts as the nodes below" if devs is not None else
+                "; the device indices are the plan's topology's")]
+    if devs is None:
+        return lines
+    nodes: list[list[int]] = []  # runs of consecutive ranks on one host
+    for r, d in enumerate(ranks):
+        if nodes and devs[ranks[nodes[-1][0]]].host == devs[d].host:
+            nodes[-1].append(r)
+        else:
+            nodes.append([r])
+    for k, rs in enumerate(nodes):
+        host = devs[ranks[rs[0]]].host
+        index = [str(devs[ranks[r]].torch_device).partition(":") for r in rs]
+        visible = (", CUDA_VISIBLE_DEVICES=" + ",".join(i for _, _, i in index)
+                   if all(kind == "cuda" and i.isdigit() for kind, _, i in index) else "")
+        which = f"rank {rs[0]}" if len(rs) == 1 else f"ranks {rs[0]}-{rs[-1]}"
+        lines.append(f"# node {k}: host {host}, {which} ({', '.join(devs[ranks[r]].name for r in rs)}){visible}")
+    hosts = [devs[ranks[rs[0]]].host for rs in nodes]
+    split = next((h for h in hosts if hosts.count(h) > 1), None)
+    if split is not None:
+        held = ", ".join(str(r) for r, d in enumerate(ranks) if devs[d].host == split)
+        lines.append(f"# note: host {split} holds ranks {held}, which are not consecutive: torchrun numbers a "
+                     "node's ranks consecutively, so start that host's processes by hand with these ranks")
+    return lines
+
+
+def _read_rank_devices(text: str, world: int) -> list[int] | None:
+    """The ``# rank_devices`` line ``_rank_lines`` writes (None: ranks 0..world-1 run on devices 0..world-1)."""
+    m = re.search(r"^# rank_devices = \[([^\]]*)\]", text, re.M)
+    if m is None:
+        return None
+    try:
+        ranks = [int(x) for x in m.group(1).split(",") if x.strip()]
+    except ValueError:
+        raise PlanError(f"rank_devices [{m.group(1)}] must list device indices") from None
+    if len(ranks) != world:
+        raise PlanError(f"rank_devices names {len(ranks)} devices, but the degrees make {world} ranks")
+    twice = next((d for d in ranks if ranks.count(d) > 1 or d < 0), None)
+    if twice is not None:
+        raise PlanError(f"rank_devices names device {twice} twice" if twice >= 0 else
+                        f"rank_devices names device {twice}: indices are >= 0")
+    return ranks
+
+
 def _header(plan: StagePlan, graph: CompGraph, what: str, lay: Layout, topology: DeviceTopology | None) -> list[str]:
     head = f"# {what}: placement-rl stage plan for graph '{graph.name}' (fingerprint {graph.fingerprint()[:16]})"
     if lay.moved:
@@ -230,7 +298,7 @@ def _header(plan: StagePlan, graph: CompGraph, what: str, lay: Layout, topology:
         lines.append(f"# note: the plan recomputes {plan.meta['recompute_as_planned']} per stage; exported with "
                      f"'{lay.recompute}' in every stage (--uniform-recompute): less memory and a slower step than "
                      "planned")
-    return lines
+    return lines + _rank_lines(lay, topology)
 
 
 def to_torchtitan(plan: StagePlan, graph: CompGraph, *, snap: bool = False,
@@ -361,7 +429,8 @@ def to_megatron(plan: StagePlan, graph: CompGraph, *, snap: bool = False,
 
 # ----------------------------------------------------------------------------------------------- back to a plan
 def _plan(graph: CompGraph, parts: list[list[str]], *, tp: int, dp: int, pp: int, m: int, schedule: str,
-          sharding: str, batch: int, vocab: int, recompute: str = "none", sp: bool = False) -> StagePlan:
+          sharding: str, batch: int, vocab: int, recompute: str = "none", sp: bool = False,
+          text: str = "") -> StagePlan:
     mods = modules(graph)
     stage_of: dict[str, int] = {}
     for s, ms in enumerate(parts):
@@ -376,7 +445,8 @@ def _plan(graph: CompGraph, parts: list[list[str]], *, tp: int, dp: int, pp: int
         raise PlanError(f"module '{missing[0]}' of graph '{graph.name}' is in no stage")
     son = _stage_of_node(graph, mods, stage_of)
     w = dp * tp
-    groups = tuple(tuple(range((s % pp) * w, (s % pp + 1) * w)) for s in range(len(parts)))
+    ranks = _read_rank_devices(text, w * pp) or list(range(w * pp))
+    groups = tuple(tuple(ranks[(s % pp) * w:(s % pp + 1) * w]) for s in range(len(parts)))
     return StagePlan(son, groups, num_microbatches=m, schedule=schedule, batch_size=batch, sharding=sharding,
                      tp=(tp,) * len(parts), make_vocab_size_divisible_by=vocab, recompute=(recompute,) * len(parts),
                      sequence_parallel=sp)
@@ -412,7 +482,7 @@ def from_torchtitan(text: str, graph: CompGraph) -> StagePlan:
     return _plan(graph, [list(p) for p in parts], tp=tp, dp=dp, pp=pp, m=max(batch // (dp * micro), 1),
                  schedule=schedule, sharding="fsdp" if shard > 1 else "dp", batch=batch,
                  vocab=int(vocab.group(1)) if vocab else 128, recompute=rc,
-                 sp="# sequence_parallel = true" in text)
+                 sp="# sequence_parallel = true" in text, text=text)
 
 
 def _megatron_args(text: str) -> dict[str, Any]:
@@ -469,7 +539,7 @@ def from_megatron(text: str, graph: CompGraph) -> StagePlan:
         raise PlanError(f"--recompute-granularity '{rc}' has no stage-plan counterpart (selective, full)")
     return _plan(graph, parts, tp=tp, dp=dp, pp=pp, m=batch // (dp * micro), schedule=schedule,
                  sharding="fsdp" if a.get("use-torch-fsdp2") else "dp", batch=batch, vocab=vocab, recompute=rc,
-                 sp=bool(a.get("sequence-parallel")))
+                 sp=bool(a.get("sequence-parallel")), text=text)
 
 
 def export_plan(plan: StagePlan, graph: CompGraph, fmt: str, *, snap: bool = False,

@@ -165,6 +165,8 @@ class DeviceTopology:
         import yaml
 
         p = Path(path)
+        if p.is_dir():
+            raise _folder_error(p)
         if not p.is_file():
             raise TopologyError(f"topology file '{p}' does not exist")
         try:
@@ -233,10 +235,20 @@ def load_topology(name_or_path: str | os.PathLike) -> DeviceTopology:
     if p.suffix in (".yaml", ".yml") or p.is_file():
         return DeviceTopology.from_yaml(p)
     preset = conf_dir() / "topology" / f"{s}.yaml"
+    if not preset.is_file() and p.is_dir():
+        raise _folder_error(p)
     if not preset.is_file():
         raise TopologyError(f"unknown topology preset '{s}' (presets: {', '.join(preset_names())}, local; "
                             "or give a YAML file path)")
     return DeviceTopology.from_yaml(preset)
+
+
+def _folder_error(p: Path) -> TopologyError:
+    """A topology path that is a folder: say so, and name a few of its YAML files."""
+    files = sorted(str(q) for q in p.glob("*.y*ml") if q.suffix in (".yaml", ".yml"))
+    hint = (f"give one of its files ({', '.join(files[:3])}{', ...' if len(files) > 3 else ''})" if files
+            else "it holds no .yaml file; give a topology YAML file")
+    return TopologyError(f"topology '{p}' is a folder, not a YAML file: {hint} or a preset name")
 
 
 def detect_local(*, measure: bool = True) -> DeviceTopology:
