@@ -49,11 +49,48 @@ def graph_from_spec(spec: Mapping[str, Any]) -> CompGraph:
         from placement_rl.graph.coarsen import coarsen
 
         cap = opts.get("max_nodes")
+        fine = graph
         if graph.members is None:
             graph = coarsen(graph, **{k: v for k, v in opts.items() if v is not None})
         elif cap is not None and graph.num_nodes > int(cap):  # already coarsened: only merged further
             graph = coarsen(graph, max_nodes=int(cap))
+        if graph is not fine:
+            _say_if_serialised(fine, graph)
     return graph
+
+
+SERIAL_WARN = 2.0  # a coarse graph whose longest path is this many times its source's: said
+
+
+def longest_path(graph: CompGraph) -> float:
+    """The graph's longest path in forward + backward FLOPs (every node at one speed, transfers free)."""
+    import numpy as np
+
+    work = graph.fwd_flops + graph.bwd_flops
+    best = np.zeros(graph.num_nodes)
+    pp, pi = graph.pred_ptr, graph.pred_idx
+    for v in graph.topo_order.tolist():
+        lo, hi = pp[v], pp[v + 1]
+        best[v] = work[v] + (best[pi[lo:hi]].max() if hi > lo else 0.0)
+    return float(best.max()) if graph.num_nodes else 0.0
+
+
+def _say_if_serialised(fine: CompGraph, coarse: CompGraph) -> None:
+    """A warning when coarsening lost most of the graph's parallelism (its longest path ``SERIAL_WARN`` x or more the
+    source's, every node at one speed and transfers free: groups that run in sequence what the ops ran side by
+    side, as merging a wide graph without module paths does): placements and bounds of the groups are then far from
+    those of the ops."""
+    import logging
+
+    before, after = longest_path(fine), longest_path(coarse)
+    if before <= 0 or after < SERIAL_WARN * before:
+        return
+    total = float((fine.fwd_flops + fine.bwd_flops).sum())
+    logging.getLogger(__name__).warning(
+        "coarsening '%s' from %d nodes to %d groups made its longest path %.1f x the nodes' (parallelism %.1f -> "
+        "%.1f): placements and bounds of the groups can be far slower than placements of the nodes; "
+        "graph.coarsen.max_nodes=<more groups> keeps more, graph.coarsen.enabled=false places every node (slower)",
+        fine.name, fine.num_nodes, coarse.num_nodes, after / before, total / before, total / after)
 
 
 HF_KEYS = ("config", "model_type", "task", "overrides", "batch_size", "seq_len", "seed", "attention")
