@@ -266,13 +266,30 @@ def block_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
     return float(got) * (1.0 - 1e-9)
 
 
+def relaxed_start(graph: CompGraph, costs: CostTable, topology: DeviceTopology) -> np.ndarray:
+    """The ``cp`` part's default start: ``sim_eft``'s placement; where the model exceeds all devices' memory together
+    (which ``sim_eft`` refuses), ``sim_eft``'s with every device holding the whole model (memory ignored, as the
+    bounds relax it)."""
+    from dataclasses import replace
+
+    from placement_rl.baselines.eft import sim_eft_devices
+    from placement_rl.cost.memory import pinned_memory
+
+    need = float(pinned_memory(graph, costs).sum())
+    if need > float(topology.array("memory_bytes").sum()):
+        devices = [replace(d, memory_bytes=max(float(d.memory_bytes), need)) for d in topology.devices]
+        topology = replace(topology, devices=devices)
+    return sim_eft_devices(graph, costs, topology)
+
+
 def lower_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, exact_budget: int = 0,
                 milp_seconds: float = 0.0, blocks: bool = True, cp_seconds: float = 0.0,
                 cp_start: np.ndarray | None = None) -> Bound:
     """The best lower bound on any placement's step time (module doc); ``exact_budget`` > 0 enumerates problems
     of at most that many placements (after symmetry) for the optimum; ``milp_seconds`` > 0 adds the ``milp`` part
     (up to ``MILP_MAX_VARS`` node-device pairs); ``blocks`` the blocks part; ``cp_seconds`` > 0 the ``cp`` part
-    (``bounds_cp``: CP-SAT, OR-Tools needed; ``cp_start`` a placement to start it from, else ``sim_eft``'s)."""
+    (``bounds_cp``: CP-SAT, OR-Tools needed; ``cp_start`` a placement to start it from, else ``sim_eft``'s, with
+    memory ignored where the model exceeds all devices' memory together: ``relaxed_start``)."""
     parts = {"path": path_bound(graph, costs), "work": work_bound(costs)}
     n, d = graph.num_nodes, topology.num_devices
     cp_placement = None
@@ -285,9 +302,8 @@ def lower_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
     if cp_seconds > 0 and d > 1 and n > 1:
         from placement_rl.baselines.bounds_cp import cp_bound
         from placement_rl.baselines.common import Problem
-        from placement_rl.baselines.eft import sim_eft_devices
 
-        start = sim_eft_devices(graph, costs, topology) if cp_start is None else np.asarray(cp_start, dtype=np.int64)
+        start = relaxed_start(graph, costs, topology) if cp_start is None else np.asarray(cp_start, dtype=np.int64)
         upper = Problem(graph, costs, topology, budget=2, seed=0).score(start).step_time
         if upper > max(parts.values()):  # else that start is optimal already (a graph of zero-time ops: upper 0)
             got = cp_bound(graph, costs, topology, upper=upper, seconds=cp_seconds, hint=start,
@@ -309,4 +325,5 @@ def lower_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
     return Bound(max(parts.values()), parts, cp_placement=cp_placement)
 
 
-__all__ = ["Bound", "block_bound", "cut_costs", "lower_bound", "milp_bound", "path_bound", "work_bound"]
+__all__ = ["Bound", "block_bound", "cut_costs", "lower_bound", "milp_bound", "path_bound", "relaxed_start",
+           "work_bound"]

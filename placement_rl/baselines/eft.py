@@ -24,7 +24,9 @@ Given seconds (``Problem.seconds``), ``eft_rollout`` stops its lookahead when th
 rest by the earliest finish (the meta's ``start_cut`` says where), and ``la_rule`` takes the best of whole decodes
 at the windows that fit in its seconds (``cost.decode.decode_windows``, the same start ``policy_search`` takes with
 the policy), so their searches return in their seconds like every other search (at 2,000 nodes ``eft_rollout``
-alone takes 4-8 s on this machine, ``la_rule`` at its window 0.3-0.9 s).
+alone takes 4-8 s on this machine, ``la_rule`` at its window 0.3-0.9 s). Those windows are also held to its calls
+(``first_window``: fewer of them where the budget does not cover them all, down to the one decode at its window it
+makes without seconds), so a placer given seconds never spends more calls than its budget.
 * ``eft_rollout_search``: ``eft_rollout``, then simulated annealing (``search.anneal``, the local-search placer's
   moves and temperature) from its placement with the rest of the budget: the cheap heuristic + search a learned
   placer is measured against in fine-tuning (``scripts/bench_generalization.py --part finetune``). Never worse
@@ -46,7 +48,7 @@ import placement_rl.baselines.search as search
 from placement_rl.baselines.common import Problem
 from placement_rl.baselines.memory import best_start
 from placement_rl.cost.lookahead import complete_eft, eft_rollout as _eft_rollout
-from placement_rl.cost.decode import LA_RULE, START_SHARE, decode, decode_windows
+from placement_rl.cost.decode import LA_RULE, SMALL_WINDOW, START_SHARE, _halvings, decode, decode_windows
 from placement_rl.cost.schedule import ScheduleState
 from placement_rl.cost.window import placing_window, window_completions
 from placement_rl.errors import ConfigError
@@ -59,23 +61,47 @@ LINK_SCALES = (1.5, 2.0, 0.75, 3.0, 4.0)  # the link slowdowns a one-pass rule a
 
 
 def la_rule_devices(graph, costs, topology, window: int | None = None, *, deadline: float | None = None,
-                    stats: dict[str, int] | None = None) -> tuple[np.ndarray, int]:
+                    stats: dict[str, int] | None = None, calls: int | None = None) -> tuple[np.ndarray, int]:
     """``(devices, completions)``: the ``la_step`` rule at ``window`` (default: the policy's placing window); with a
     ``deadline`` (a ``time.perf_counter()`` value) the best of whole decodes at the windows that fit before it
     (``cost.decode.decode_windows``; one cut short places the rest by the earliest finish; ``stats``:
-    ``lookahead_steps``, the most decisions the rule made in one decode, and ``windows``)."""
+    ``lookahead_steps``, the most decisions the rule made in one decode, and ``windows``) and, given ``calls``, whose
+    completions fit in them (``first_window``; at least one decode at ``window``, whatever ``calls`` says)."""
     w = placing_window(graph.num_nodes) if window is None else int(window)
+    small = SMALL_WINDOW if deadline is None or calls is None else first_window(graph.num_nodes,
+                                                                                topology.num_devices, w, calls)
     log: list = []
-    st, completions = decode_windows(graph, costs, topology, LA_RULE, window=w, deadline=deadline, log=log)
+    st, completions = decode_windows(graph, costs, topology, LA_RULE, window=w, deadline=deadline, small=small,
+                                     log=log)
     if stats is not None:
         stats["lookahead_steps"] = max(e[1] for e in log)
         stats["windows"] = [list(e[:2]) for e in log]
     return st.devices[0].copy(), completions
 
 
+def windows_calls(n: int, d: int, window: int, small: int = SMALL_WINDOW) -> int:
+    """The most completions ``decode_windows`` charges with a deadline and first window ``small``: a whole decode at
+    each window it may try (``small``, then ``window`` and its halvings), plus one step time per decode after the
+    first."""
+    window = min(int(window), max(n, 1))
+    todo = [min(int(small), window), *_halvings(window, int(small))]
+    return sum(window_completions(n, d, x) for x in todo) + len(todo) - 1
+
+
+def first_window(n: int, d: int, window: int, calls: int) -> int:
+    """``decode_windows``' first window such that its decodes charge at most ``calls`` completions: ``SMALL_WINDOW``,
+    doubled while they would charge more (fewer halvings of ``window`` tried); from ``window`` on, the one decode at
+    ``window`` (the least any of them charges)."""
+    small = SMALL_WINDOW
+    while small < min(int(window), max(n, 1)) and windows_calls(n, d, window, small) > calls:
+        small *= 2
+    return small
+
+
 def la_rule(prob: Problem, share: float = 1.0) -> np.ndarray:
-    """The rule (module doc); with seconds, its decodes fit in ``share`` of them (``la_rule_search``: the search's
-    start share, ``cost.decode.START_SHARE``)."""
+    """The rule (module doc); with seconds, its decodes fit in ``share`` of them and in the budget (its calls left
+    less one, the score of its placement: ``first_window``; ``la_rule_search``: the search's start share,
+    ``cost.decode.START_SHARE``)."""
     n, d = prob.n, prob.d
     need = window_completions(n, d, placing_window(n)) + 1
     if prob.budget < need:
@@ -83,7 +109,8 @@ def la_rule(prob: Problem, share: float = 1.0) -> np.ndarray:
                           f"calls (the budget is {prob.budget})")
     stats: dict[str, int] = {}
     deadline = None if prob.seconds is None else prob.start + float(share) * prob.seconds
-    devices, completions = la_rule_devices(prob.graph, prob.costs, prob.topology, deadline=deadline, stats=stats)
+    devices, completions = la_rule_devices(prob.graph, prob.costs, prob.topology, deadline=deadline, stats=stats,
+                                           calls=prob.budget - prob.calls - 1)
     prob.charge(completions)
     _note_cut(prob, "la_rule", stats)
     if deadline is not None:

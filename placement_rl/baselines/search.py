@@ -12,7 +12,9 @@
 * ``exhaustive``: every placement of the ``N`` nodes on the ``D`` devices up to relabelling of
   interchangeable devices (two devices are interchangeable when swapping them leaves the costs, memory
   and links unchanged): within each class, a new device is always the lowest unused one. That is the true
-  optimum under the simulator. Too many placements for the budget -> ``ConfigError`` naming the count.
+  optimum under the simulator. Too many placements for the budget -> ``ConfigError`` naming the count. Given
+  seconds that end first, the best placement simulated by then, ``meta["exhaustive"]`` false and a ``note``
+  (``meta["exhaustive"]`` true: the optimum).
 * ``refine(graph, costs, topology, start, budget=, seed=)``: the same annealing from a given placement (e.g. a
   learned one), as its own placer: a result it improves is reported as the search's, not the start's.
 """
@@ -323,6 +325,9 @@ def size_text(n: int, d: int) -> str:
 
 
 def exhaustive(prob: Problem) -> np.ndarray:
+    """Every placement up to relabelling of interchangeable devices (module doc): the optimum, ``meta["exhaustive"]``
+    true. Given seconds that end before the enumeration, it stops there and returns the best placement simulated,
+    ``meta["exhaustive"]`` false and a ``note`` saying how many it simulated (not the optimum)."""
     n, d = prob.n, prob.d
     cls = device_classes(prob)
     labels = sorted(set(cls.tolist()))
@@ -335,27 +340,40 @@ def exhaustive(prob: Problem) -> np.ndarray:
     best, best_s = None, None
     cur = np.zeros(n, dtype=np.int64)
     nxt_new = [0] * len(members)  # per class: how many of its devices are already used
+    done = 0  # placements simulated; the enumeration stops at the first the seconds leave unscored
 
-    def rec(i: int) -> None:
-        nonlocal best, best_s
+    def rec(i: int) -> bool:
+        """False once the seconds are spent (the enumeration stops)."""
+        nonlocal best, best_s, done
         if i == n:
             s = prob.score(cur)
-            if s is not None and (best_s is None or s.key < best_s.key):
+            if s is None:
+                return False
+            done += 1
+            if best_s is None or s.key < best_s.key:
                 best, best_s = cur.copy(), s
-            return
+            return True
         for c, devs in enumerate(members):
             for k in devs[:nxt_new[c]]:  # devices of this class already in use
                 cur[i] = k
-                rec(i + 1)
+                if not rec(i + 1):
+                    return False
             if nxt_new[c] < len(devs):  # the lowest unused device of the class
                 cur[i] = devs[nxt_new[c]]
                 nxt_new[c] += 1
-                rec(i + 1)
+                going = rec(i + 1)
                 nxt_new[c] -= 1
+                if not going:
+                    return False
+        return True
 
-    rec(0)
-    assert best is not None
-    return best
+    whole = rec(0)
+    prob.meta["exhaustive"] = whole
+    if not whole:
+        why = "the budget ran out" if prob.seconds is None else f"cut short at {prob.seconds:g} s"
+        prob.meta["note"] = (f"not exhaustive: {done} of {total} placements simulated, {why} (the best of them, "
+                             "not the optimum)")
+    return best if best is not None else cur  # none simulated: the first placement, scored by ``finish``
 
 
 def refine(graph, costs, topology, start, *, budget: int, seed: int = 0):
