@@ -42,7 +42,8 @@ def _num(entry: Mapping[str, Any], key: str, where: str, default: float | None =
     return f
 
 
-def _with_datasheet(entry: Mapping[str, Any], kind: str, data: Mapping[str, Any], where: str) -> Mapping[str, Any]:
+def _with_datasheet(entry: Mapping[str, Any], kind: str, data: Mapping[str, Any], where: str,
+                    filled_from: list | None = None) -> Mapping[str, Any]:
     """A GPU entry with the figures it leaves out taken from its ``model``'s datasheet (``placement_rl.datasheets``;
     a figure given on the device, or a topology-level L2 / tensor-core peak, wins). A required figure that is
     neither given nor known is a one-line error saying so (with the nearest known names), and so is a model the
@@ -70,9 +71,26 @@ def _with_datasheet(entry: Mapping[str, Any], kind: str, data: Mapping[str, Any]
             raise TopologyError(f"{where}: missing field '{missing}' ({hint})")
         return entry
     filled = {k: v for k, v in sheet.fields().items() if k in wanted}
-    if filled:
+    if filled and filled_from is not None:  # the caller says it, once for a run of entries alike
+        filled_from.append((tuple(filled), sheet.product))
+    elif filled:
         logging.getLogger(__name__).info("%s: %s from the datasheet of %s", where, ", ".join(filled), sheet.product)
     return {**filled, **entry}
+
+
+def _say_filled(where: str, filled: list[tuple[int, tuple[str, ...], str]]) -> None:
+    """One INFO line per run of consecutive device entries that took the same figures from the same datasheet
+    (``devices[0-63]``: a topology of one entry per host said it 64 times)."""
+    log = logging.getLogger(__name__)
+    k = 0
+    while k < len(filled):
+        j = k
+        while j + 1 < len(filled) and filled[j + 1][0] == filled[j][0] + 1 and filled[j + 1][1:] == filled[k][1:]:
+            j += 1
+        first, keys, product = filled[k]
+        span = f"{first}" if j == k else f"{first}-{filled[j][0]}"
+        log.info("%s: devices[%s]: %s from the datasheet of %s", where, span, ", ".join(keys), product)
+        k = j + 1
 
 
 def _check_fields(entry: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
@@ -113,6 +131,7 @@ def read_topology(data: Any, where: str) -> dict[str, Any]:
     if not isinstance(devs_in, list) or not devs_in:
         raise TopologyError(f"{where}: field 'devices' must be a non-empty list")
     devices: list[Device] = []
+    filled: list[tuple[int, tuple[str, ...], str]] = []  # (entry, figures, product) taken from datasheets
     for k, entry in enumerate(devs_in):
         w = f"{where}: devices[{k}]"
         if not isinstance(entry, dict) or "name" not in entry:
@@ -129,7 +148,9 @@ def read_topology(data: Any, where: str) -> dict[str, Any]:
         host = entry.get("host", 0)
         if not isinstance(host, int) or isinstance(host, bool) or host < 0:
             raise TopologyError(f"{w}: field 'host' must be a non-negative integer, got {host!r}")
-        entry = _with_datasheet(entry, kind, data, w)
+        took: list = []
+        entry = _with_datasheet(entry, kind, data, w, took)
+        filled += [(k, *x) for x in took]
         vals = {key: _num(entry, key, w) for key in ("peak_flops", "mem_bandwidth", "memory_bytes")}
         for key, v in vals.items():
             if v <= 0:
@@ -154,6 +175,7 @@ def read_topology(data: Any, where: str) -> dict[str, Any]:
             td = base_td if (":" in base_td or base_td == "cpu") else f"{base_td}:{start + c}"
             devices.append(Device(name=name, kind=kind, torch_device=td, host=host, launch_overhead=overhead,
                                   **vals, **extra))
+    _say_filled(where, filled)
     n = len(devices)
     names = [d.name for d in devices]
     if len(set(names)) != n:

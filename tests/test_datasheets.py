@@ -136,3 +136,20 @@ def test_the_datasheet_line_comes_once_per_command(tmp_path, caplog):
         build_topology(str(tmp_path / "t.yaml"))
     assert len(caplog.records) == 1 and caplog.records[0].getMessage().endswith("from the datasheet of L40S 48GB")
     assert logging.getLogger("placement_rl._topology_reader").level == logging.NOTSET
+
+
+def test_entries_alike_share_one_datasheet_line(tmp_path, caplog):
+    """A topology of one entry per host said which figures came from a datasheet once per entry (64 lines at 512
+    GPUs); now once per run of consecutive entries that took the same figures from the same row."""
+    import logging
+
+    devices = [{"name": f"h{k}g", "count": 8, "kind": "gpu", "model": "H100", "host": k} for k in range(6)]
+    devices[4] = {**devices[4], "model": "L40S"}
+    path = tmp_path / "hosts.yaml"
+    path.write_text(yaml.safe_dump({"name": "hosts", "devices": devices, "links": {
+        "intra_host": {"bandwidth": 400e9, "latency": 2e-6}, "inter_host": {"bandwidth": 50e9, "latency": 5e-6}}}))
+    with caplog.at_level(logging.INFO, logger="placement_rl._topology_reader"):
+        assert load_topology(path).num_devices == 48
+    said = [r.getMessage().split(": ", 1)[1] for r in caplog.records]
+    assert [s.split(":")[0] for s in said] == ["devices[0-3]", "devices[4]", "devices[5]"], said
+    assert said[1].endswith("L40S 48GB") and said[0].endswith(said[2].split(" from ")[1])
