@@ -3,7 +3,8 @@ stage, micro-batches, DP or sharded DP), as users choose it.
 
 All share one search space, so ``pp_exhaustive`` bounds the others: stage ``k`` is the ``k``-th contiguous
 segment of ``graph.topo_order`` (so no edge goes backwards), and the device groups are consecutive runs of
-the devices sorted fastest first (ties by index), a run's length being the stage's DP degree. Candidates
+the devices sorted fastest first (ties by index), a run's length being the stage's DP degree (``pp_exhaustive``
+and ``exact`` also try every order of unequal devices, ``pipe_orders``, where their budgets hold it). Candidates
 are scored with the ``PipelineSimulator`` (feasible first, then step time), and ``batch_size`` (when
 given) rules out DP degrees x micro-batch counts that do not divide it.
 
@@ -29,11 +30,15 @@ Whole-plan searches (they choose the micro-batch count among ``microbatch_choice
 * ``dp``: DDP -- one stage, the whole model replicated on every device, gradients all-reduced in buckets
   that overlap the backward; the best micro-batch count (gradient accumulation) is kept.
 * ``fsdp``: sharded DP (FSDP2 / ZeRO-3) over every device: one stage, ``sharding="fsdp"``.
-* ``hybrid``: DP x PP -- every ``pp x dp <= D`` on the fastest devices (equal DP degree per stage, as the executor's
-  2-D mesh runs it), every micro-batch count, DDP or FSDP inside each stage, cuts from the time-balanced DP
-  for that stage count; ``dp`` and ``fsdp`` are among its candidates, simulated first.
+* ``hybrid``: DP x PP -- every ``pp x dp = n`` on the ``n`` fastest devices (equal DP degree per stage, as the
+  executor's 2-D mesh runs it), every micro-batch count, DDP or FSDP inside each stage, cuts from the time-balanced
+  DP for that stage count; ``n = D`` and, on unequal devices, on a ``D`` that is not a power of two or where the
+  batch does not split over all ``D``, also fewer devices (``device_counts``: ``D - 1``, the powers of two, every
+  count where the next device is slower); ``dp`` and ``fsdp`` are among its candidates, simulated first.
 * ``pp_exhaustive``: every stage count x cut set x DP-degree vector (sum <= D) x micro-batch count x
-  sharding; ``ConfigError`` when that is more than the budget.
+  sharding; ``ConfigError`` when that is more than the budget. On unequal devices also every order of their
+  classes (a pipeline may start on a slower GPU, ``pipe_orders``) where the budget holds it, else the fastest-first
+  runs alone and ``meta["note"]`` says so.
 
 With tensor parallelism (``pipe_tp``; TP degree per stage, TP groups inside a host): ``tp`` (a host's devices
 in one TP group, DP across hosts), ``megatron`` (TP within a host, PP across hosts, DP for the rest) and
@@ -71,6 +76,8 @@ from placement_rl.topology import DeviceTopology
 
 Segments = list[int]  # cut positions: stage k covers topo positions [cuts[k], cuts[k + 1])
 EXACT_ENUMERATE = 2000  # ``exact`` also simulates every plan of ``pp_exhaustive``'s space when it has no more
+EXACT_ORDERS = 20000  # and on unequal devices, with every order of their classes (``pipe_orders``), this many
+FASTEST_FIRST_ONLY = "over fastest-first device runs only"  # ``pp_exhaustive``'s note where it is not the optimum
 OTHERS_SHARE = 0.6  # of given seconds, after which exact takes no more of the other planners' plans
 EXACT_OTHERS_DEVICES = 16  # and takes pipedream's, hybrid's and pp_time_dp's plans up to this many devices (their
 # dynamic programs grow as D^2: at 512 devices pipedream's alone would run for hours)
@@ -171,9 +178,13 @@ def fsdp(pp: PipeProblem) -> Plan:
 
 
 def hybrid(pp: PipeProblem) -> Plan:
-    """Every ``pp x dp <= D`` on the fastest devices (a prime D or a slow device need not force a shape)."""
+    """Every ``pp x dp = n`` on the ``n`` fastest devices for each count ``n`` of ``device_counts``: ``n = D``; on
+    unequal devices, on a ``D`` that is not a power of two (a prime D need not force a shape) or where the batch does
+    not split over all ``D`` devices, also ``D - 1``, the powers of two below ``D`` and every count where the next
+    device is slower (a slow device need not be a stage or a replica)."""
     cands = _replicated(pp, "dp") + _replicated(pp, "fsdp")  # pp = 1 first: never worse than dp / fsdp
-    rest = _hybrid_shapes(pp, device_counts(pp))
+    fewer = not cands or pp.d & (pp.d - 1) != 0  # on equal devices: no DP over them all, or a D of few shapes
+    rest = _hybrid_shapes(pp, device_counts(pp, fallback=fewer))
     if not cands and not rest:  # nothing over every device fits the batch: fewer devices
         rest = _hybrid_shapes(pp, device_counts(pp, fallback=True))
     return pp.best_of(cands + [c for _, c in rest])
@@ -315,6 +326,12 @@ def _exhaustive_space(pp: PipeProblem, cap: int | None = None):
 
 
 def pp_exhaustive(pp: PipeProblem) -> Plan:
+    """Every contiguous plan (TP 1, no recomputation): every stage count x cut set x DP-degree vector x micro-batch
+    count x sharding on consecutive runs of the devices sorted fastest first and, on unequal devices, on every
+    order of their classes (``pipe_orders``) where the budget holds them all; where it does not, the fastest-first
+    runs alone, and ``meta["note"]`` says so."""
+    from placement_rl.baselines.pipe_orders import order_space
+
     n, d = pp.n, pp.d
     total, cands = _exhaustive_space(pp)
     if total > pp.budget:
@@ -322,10 +339,15 @@ def pp_exhaustive(pp: PipeProblem) -> Plan:
         raise ConfigError(f"pp_exhaustive needs {size} simulations (every cut set x DP degrees x micro-batch count "
                           f"x sharding for {n} nodes on {d} devices), but the budget is {pp.budget}: raise the "
                           "budget or use a smaller graph")
-    best = pp.best_of(cands)
+    more, orders = order_space(pp, cap=pp.budget - total)
+    if more > pp.budget - total:
+        orders, more = iter(()), 0
+        pp.extra_meta["note"] = (f"{FASTEST_FIRST_ONLY}: every order of the unequal devices needs more than the "
+                                 f"budget of {pp.budget} simulations")
+    best = pp.best_of(itertools.chain(cands, orders))
     if pp.cut_short:  # its row is the optimum or nothing
-        raise ConfigError(f"pp_exhaustive stopped at {pp.seconds:g} s after {pp.calls} of its {total} simulations "
-                          "(not the optimum): give it more seconds or use a smaller graph")
+        raise ConfigError(f"pp_exhaustive stopped at {pp.seconds:g} s after {pp.calls} of its {total + more} "
+                          "simulations (not the optimum): give it more seconds or use a smaller graph")
     return best
 
 
@@ -333,8 +355,16 @@ def exact(pp: PipeProblem) -> Plan:
     """The full stage-plan space (``pipe_ideals``: any ideal differences as stages, any device group per stage,
     any subset of devices) plus the DP x TP x PP configurations of ``pipe_tp.exact``; the best simulated plan
     (by ``pp.objective``) wins, ties going to ``pipe_tp.exact``'s plan; then the cuts of the best configurations'
-    plans moved while the simulator prefers it (``pipe_refine``)."""
+    plans moved while the simulator prefers it (``pipe_refine``).
+
+    What ``meta`` proves: ``exhaustive``, every DP x TP x PP configuration of ``pipe_tp.exact`` searched and its
+    candidates simulated; ``ideals_complete``, the DP over ideals saw every ideal (its estimate's optimum is exact,
+    but only its best estimates are simulated); ``contiguous_enumerated``, every contiguous plan (TP 1, no
+    recomputation) was simulated, on the fastest-first runs and, on unequal devices, on every order of their classes
+    (``pipe_orders``): the plan is then at least as fast as each of them. Only the last bounds the simulated step
+    time, and only over that space."""
     from placement_rl.baselines.pipe_ideals import ideal_candidates
+    from placement_rl.baselines.pipe_orders import order_space
     from placement_rl.baselines.pipe_refine import refine
 
     cands, info = ideal_candidates(pp)
@@ -354,18 +384,29 @@ def exact(pp: PipeProblem) -> Plan:
         except ConfigError:  # no plan of that planner's shape (the batch does not split): the others go on
             pass
     pp.extra_meta.pop("note", None)  # the other planners' notes (a stage cap at their micro-batch count) are theirs
-    limit = min(EXACT_ENUMERATE, max(pp.left // 2, 0))
-    total, every = _exhaustive_space(pp, cap=limit)
-    small = total <= limit
-    pp.extra_meta["contiguous_enumerated"] = bool(small)
-    best = pp.best_of([legacy] + ([head] if head else []) + [c for _, c in cands[1:]] + others
-                      + (list(every) if small else []))
+    left = max(pp.left, 0)
+    limit = min(EXACT_ENUMERATE, left // 2)  # fastest-first runs: every device order where the devices are equal
+    wide = min(EXACT_ORDERS, left)  # with every order of unequal device classes (``pipe_orders``): all of what is
+    # left, if need be (the climbs below then only move the cuts of plans with TP or recomputation)
+    total, every = _exhaustive_space(pp, cap=max(limit, wide))
+    more, orders = order_space(pp, cap=max(wide - total, 0))  # (0 on equal devices)
+    full = more > 0 and total + more <= wide
+    listed = (list(every) if total <= limit or full else []) + (list(orders) if full else [])
+    best = pp.best_of([legacy] + ([head] if head else []) + [c for _, c in cands[1:]] + others + listed)
+    pp.extra_meta["contiguous_enumerated"] = (full or (more == 0 and total <= limit)) and not pp.cut_short
+    notes = []
+    if more > 0 and not pp.extra_meta["contiguous_enumerated"]:  # unequal devices: a better order may exist
+        notes.append("not every contiguous plan simulated: " + (
+            "the budget or seconds ran out" if full else
+            f"with every order of the unequal devices they are more than the {wide} simulations left"))
     climbed, moved = refine(pp)  # the cuts the simulator prefers near the best configurations' plans
     pp.extra_meta.update(moved)
     best = best if climbed is None else pp.best_of([best, climbed])
     if len(best) > 5 and "full" in (best[5] or ()) and pp.graph.members is not None:
-        pp.extra_meta["note"] = (f"selective recomputation not weighed: graph '{pp.graph.name}' is coarsened (its "
-                                 "attention cores merged away; graph.coarsen.enabled=false keeps them)")
+        notes.append(f"selective recomputation not weighed: graph '{pp.graph.name}' is coarsened (its attention "
+                     "cores merged away; graph.coarsen.enabled=false keeps them)")
+    if notes:
+        pp.extra_meta["note"] = "; ".join(notes)
     return best
 
 
@@ -401,4 +442,4 @@ def get(name: str):
     return partitioner
 
 
-__all__ = ["PARTITIONERS", "compositions", "count_compositions", "get"]
+__all__ = ["FASTEST_FIRST_ONLY", "PARTITIONERS", "compositions", "count_compositions", "get"]

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 from omegaconf import DictConfig
 
+from placement_rl.baselines.pipeline import FASTEST_FIRST_ONLY
 from placement_rl.cli.common import build_graph, build_topology, hydra_app, output_dir, write_json
 from placement_rl.cli.costs import build_costs, costs_path
 from placement_rl.cost import simulate, simulate_pipeline
@@ -40,6 +41,14 @@ def table_rows(rows: list[Row]) -> list[dict]:
     return out
 
 
+def _marked_partial(summary: list[dict], rows: list[Row]) -> list[dict]:
+    """The pipeline summary with the exhaustive cell marked where ``pp_exhaustive`` searched the fastest-first
+    device runs alone (unequal devices whose every order needs more than the budget): not the optimum there."""
+    partial = {r.case for r in rows if r.placer == "pp_exhaustive" and FASTEST_FIRST_ONLY in (r.note or "")}
+    return [{**s, "exhaustive": f"{s['exhaustive']} ({FASTEST_FIRST_ONLY})"} if s["case"] in partial else s
+            for s in summary]
+
+
 # the files write_comparison writes (and timeline_<case>.png per case)
 COMPARISON_FILES = ("comparison.md", "comparison.csv", "speedup.png")
 
@@ -51,7 +60,7 @@ def write_comparison(rows: list[Row], problems: dict, out: Path, *, title: str,
     written = list(COMPARISON_FILES)
     trows = table_rows(rows)
     md = f"# {title}\n\n" + markdown_table(trows, COLUMNS, HEADERS)
-    summary = pipeline_summary(rows)
+    summary = _marked_partial(pipeline_summary(rows), rows)
     if summary:
         md += ("\n## Pipeline cases: data parallelism, sharding, DP x PP, TP\n\nms (plan: stages x DP degree x TP "
                "degree, micro-batches, dp = DDP / fsdp = sharded)\n\n" + markdown_table(summary, PIPE_COLUMNS, PIPE_HEADERS))
