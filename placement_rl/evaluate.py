@@ -178,6 +178,8 @@ def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, bud
         dt = float(p.meta["search_seconds"]) if name in aside else time.perf_counter() - t0
         res = priced(graph, costs, topology, p, objective=objective)
         rows.append(_row(case, name, "placement", p, res, dt))
+        if p.meta.get("note"):  # what the placer says of its result (exhaustive cut short, CP-SAT not run)
+            rows[-1] = dataclasses.replace(rows[-1], note=str(p.meta["note"]))
         bar.update(1)
         if on_done:
             on_done(rows[-1])

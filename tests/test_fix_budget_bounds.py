@@ -112,3 +112,14 @@ def test_exhaustive_cut_short_by_its_seconds_says_so(small_case):
     assert note.startswith("not exhaustive: ") and "of 729 placements simulated" in note and "cut short at" in note
     assert "\n" not in note
     assert len(p.device_of_node) == g.num_nodes and "step_time" in p.meta  # a placement, scored
+
+
+def test_the_evaluate_table_shows_a_placers_note(small_case):
+    """An op-level placer's note (exhaustive cut short, CP-SAT not run) reached no table: only planners' did."""
+    from placement_rl.evaluate import compare
+
+    g, c, t = small_case
+    rows = compare(g, c, t, budget=1000, seed=0, placers=["exhaustive", "single_device"], partitioners=[],
+                   seconds=1e-9, progress=False)
+    notes = {r.placer: r.note for r in rows}
+    assert notes["exhaustive"].startswith("not exhaustive: ") and not notes["single_device"]
