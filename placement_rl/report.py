@@ -6,6 +6,7 @@ import csv
 import io
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -46,7 +47,9 @@ def _savefig(fig, path: str | os.PathLike) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    with warnings.catch_warnings():  # a title in a script the font lacks (a graph named in CJK) draws boxes
+        warnings.filterwarnings("ignore", message="Glyph .* missing from font", category=UserWarning)
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
     os.replace(tmp, path)
     import matplotlib.pyplot as plt
 

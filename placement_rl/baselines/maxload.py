@@ -5,14 +5,16 @@ a CPU core's its nodes' CPU times. Nodes of one colour class share a device, an 
 ``max_size`` bytes and only nodes it supports.
 
 This module scores splits (``evaluate``), bounds them (``lower_bound``, for every split, contiguous or not),
-improves one by local search (``improve``; any shape), enumerates tiny instances (``enumerate_splits``) and writes
-a split in the solvers' format (``split_json``). The units a split assigns are ``maxload_blocks``'; the best
+improves one by local search (``improve``; any shape), enumerates tiny instances (``enumerate_splits``), writes
+a split in the solvers' format (``split_json``) and lets the searches run on no more devices of a kind than there
+are blocks (``fewer_devices``, ``widen``). The units a split assigns are ``maxload_blocks``'; the best
 contiguous split is ``maxload_dp``'s, CP-SAT's split of any shape ``maxload_cp``'s, and ``maxload_solve.solve``
 runs them all.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -80,6 +82,32 @@ def lower_bound(inst: MaxLoadInstance, blocks: Blocks | None = None) -> float:
     on_cpu = b.cpu if inst.cpus > 0 else np.full(b.count, np.inf)
     cheapest = np.minimum(on_acc, on_cpu)
     return float(max(cheapest.max(), cheapest.sum() / (inst.accelerators + inst.cpus)))
+
+
+def fewer_devices(inst: MaxLoadInstance, count: int) -> MaxLoadInstance:
+    """``inst`` with at most ``count`` accelerators and ``count`` CPU cores (``inst`` itself where it has no more):
+    a split of ``count`` blocks, each whole on one device, uses at most that many devices of a kind, and devices of
+    a kind are interchangeable, so the best splits are the same while the searches' work, which grows with the
+    devices, is bounded. ``widen`` maps a split of it back."""
+    if inst.accelerators <= count and inst.cpus <= count:
+        return inst
+    return dataclasses.replace(inst, accelerators=min(inst.accelerators, count), cpus=min(inst.cpus, count))
+
+
+def widen(inst: MaxLoadInstance, small: MaxLoadInstance, split: Split) -> Split:
+    """A split of ``fewer_devices(inst, ...)`` (``small``) as a split of ``inst``: its CPU cores numbered after all
+    of ``inst``'s accelerators (``widen_devices``), the loads of every device of ``inst``."""
+    if small is inst:
+        return split
+    device = widen_devices(inst, small, split.device)
+    return dataclasses.replace(split, device=device, loads=evaluate(inst, device)[0])
+
+
+def widen_devices(inst: MaxLoadInstance, small: MaxLoadInstance, device: np.ndarray) -> np.ndarray:
+    """Devices of ``fewer_devices(inst, ...)`` (``small``) as devices of ``inst``: the same accelerators, the CPU
+    cores after all of ``inst``'s accelerators."""
+    device = np.asarray(device, dtype=np.int64)
+    return np.where(device >= small.accelerators, device - small.accelerators + inst.accelerators, device)
 
 
 def improve(inst: MaxLoadInstance, blocks: Blocks, start: Split, *, seconds: float, seed: int = 0) -> Split:
@@ -167,4 +195,5 @@ def split_json(inst: MaxLoadInstance, split: Split) -> dict:
             "contiguous_optimum": split.contiguous_optimum, "notes": split.notes, **split.stats}
 
 
-__all__ = ["Split", "enumerate_splits", "evaluate", "improve", "lower_bound", "split_json"]
+__all__ = ["Split", "enumerate_splits", "evaluate", "fewer_devices", "improve", "lower_bound", "split_json",
+           "widen", "widen_devices"]

@@ -22,7 +22,7 @@ import numpy as np
 
 from placement_rl.baselines._maxload_kernel import latency_score
 from placement_rl.baselines._maxload_search import LATENCY
-from placement_rl.baselines.maxload import _sorted_edges, search_blocks
+from placement_rl.baselines.maxload import _sorted_edges, fewer_devices, search_blocks, widen_devices
 from placement_rl.baselines.maxload_blocks import blocks_of
 from placement_rl.baselines.maxload_dp import contiguous_dp
 from placement_rl.errors import GraphError
@@ -82,12 +82,14 @@ def build_seconds(inst: MaxLoadInstance) -> float:
 
 
 def solve_latency(inst: MaxLoadInstance, *, seconds: float = 10.0, ideal_limit: int | None = None) -> LatencyResult:
-    """The best split for latency (module doc); ``ideal_limit`` for the max-load split's dynamic program."""
+    """The best split for latency (module doc); ``ideal_limit`` for the max-load split's dynamic program. The
+    searches run on at most one accelerator per colour class (``maxload.fewer_devices``: more cannot help)."""
     from placement_rl.baselines import maxload_cp
     from placement_rl.baselines.maxload_dp import IDEAL_LIMIT
 
     check_inference(inst)
     t0 = time.perf_counter()
+    full, inst = inst, fewer_devices(inst, blocks_of(inst, contiguous=False).count)
     cpu_all = np.full(inst.num_nodes, inst.accelerators, dtype=np.int64)
     cands: dict[str, tuple[float, np.ndarray] | None] = {"all_cpu": None, "maxload_split": None,
                                                          "local_search": None, "cp_sat": None}
@@ -130,7 +132,8 @@ def solve_latency(inst: MaxLoadInstance, *, seconds: float = 10.0, ideal_limit: 
             cands["cp_sat"] = (latency_of(inst, device), device) if device is not None else None
     name, (best, device) = min(((k, v) for k, v in cands.items() if v is not None and np.isfinite(v[0])),
                                key=lambda kv: kv[1][0])
-    return LatencyResult({k: (None if v is None else v[0]) for k, v in cands.items()}, device, best,
+    return LatencyResult({k: (None if v is None else v[0]) for k, v in cands.items()},
+                         widen_devices(full, inst, device), best,
                          min(bound, best), maxload_cp.proven(best, bound), name, time.perf_counter() - t0, notes)
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from placement_rl.baselines import maxload_cp
-from placement_rl.baselines.maxload import Split, improve, lower_bound
+from placement_rl.baselines.maxload import Split, fewer_devices, improve, lower_bound, widen
 from placement_rl.baselines.maxload_blocks import blocks_of
 from placement_rl.baselines.maxload_dp import IDEAL_LIMIT, contiguous_dp
 from placement_rl.errors import GraphError
@@ -33,9 +33,11 @@ def solve(inst: MaxLoadInstance, *, ideal_limit: int = IDEAL_LIMIT, seconds: flo
           progress: Callable[[str], None] | None = None) -> MaxLoadResult:
     """The contiguous DP, then local search and CP-SAT on the colour classes for a better split of any shape and a
     bound (``seconds`` in all, half each; CP-SAT only where OR-Tools is installed and its model builds in half its
-    share, else the local search takes them all)."""
+    share, else the local search takes them all). All of them run on at most one device of each kind per colour
+    class (``fewer_devices``: more cannot help, and would only slow them); the splits come back on ``inst``'s."""
     classes, blocks = blocks_of(inst, contiguous=False), blocks_of(inst)
     notes: list[str] = []
+    full, inst = inst, fewer_devices(inst, classes.count)
     try:
         dp = contiguous_dp(inst, blocks, ideal_limit=ideal_limit, progress=progress)
     except GraphError as exc:
@@ -71,7 +73,13 @@ def solve(inst: MaxLoadInstance, *, ideal_limit: int = IDEAL_LIMIT, seconds: flo
     optimal = maxload_cp.proven(best.max_load, bound)
     if dp is not None and dp.contiguous_optimum and dp.max_load <= best.max_load * (1 + 1e-12):
         best = dp
-    return MaxLoadResult(dp, best, min(bound, best.max_load), optimal, notes, (blocks.count, classes.count))
+    if inst is not full:
+        notes.append(f"searched on {inst.accelerators} accelerators and {inst.cpus} CPU cores of the "
+                     f"{full.accelerators} and {full.cpus}: a split of {classes.count} colour classes uses no more of "
+                     "a kind")
+    wide_dp = widen(full, inst, dp) if dp is not None else None
+    best = wide_dp if best is dp else widen(full, inst, best)
+    return MaxLoadResult(wide_dp, best, min(bound, best.max_load), optimal, notes, (blocks.count, classes.count))
 
 
 __all__ = ["MaxLoadResult", "solve"]

@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 
 from placement_rl.cli.common import build_graph, hydra_app, output_dir
 from placement_rl.graph.ir import CompGraph
+from placement_rl.graph.members import member_graph
 
 
 def _fmt(x: float, unit: str = "") -> str:
@@ -18,16 +19,20 @@ def _fmt(x: float, unit: str = "") -> str:
 
 
 def summarize(graph: CompGraph, *, top: int = 8) -> str:
-    """A human-readable summary: size, FLOPs, parameters, activation memory, top op types."""
+    """A human-readable summary: size, FLOPs, parameters, activation memory, edge traffic, top op types. For a
+    coarsened graph the traffic is given between its ops and between its groups, and the op types are its ops'
+    (from the graph it was made from, ``meta["member_graph"]``; where it no longer keeps that, the groups', each
+    counted as the type of its costliest op, and said so)."""
     t = graph.totals()
     groups = graph.num_nodes
+    fine = member_graph(graph)  # (the graph of the ops, group of each op) of a coarsened graph, or None
     ops = sum(len(m) for m in graph.members) if graph.members is not None else graph.num_nodes
     lines = [
         f"graph {graph.name}  (fingerprint {graph.fingerprint()})",
         f"  ops {ops}   nodes/groups {groups}   edges {graph.num_edges}",
         f"  forward {_fmt(t['fwd_flops'], 'FLOP')}   backward {_fmt(t['bwd_flops'], 'FLOP')}",
         f"  parameters {_fmt(t['param_bytes'], 'B')}   activations kept for backward {_fmt(t['act_bytes'], 'B')}",
-        f"  edge traffic {_fmt(t['edge_bytes'], 'B')}",
+        f"  edge traffic {_traffic(graph, fine)}",
     ]
     hf = graph.meta.get("hf")
     if isinstance(hf, dict) and hf.get("model_type"):  # graph=hf: what was built from the config
@@ -42,16 +47,30 @@ def summarize(graph: CompGraph, *, top: int = 8) -> str:
         if hf.get("unused_params"):
             lines.append(f"  text input only: {_fmt(float(hf['unused_params']))} parameters of its vision / audio "
                          "towers take no part in the step and are not in the graph")
-    lines.append("  top op types (by forward FLOPs):")
+    by, unit = (graph, "nodes") if graph.members is None else (fine[0], "ops") if fine else (graph, "groups")
+    lines.append({"nodes": "  top op types (by forward FLOPs):",
+                  "ops": f"  top op types of the {by.num_nodes} ops (by forward FLOPs):",
+                  "groups": "  top op types of the groups (each counted as its costliest op's type; by forward "
+                            "FLOPs):"}[unit])
     flops: Counter[str] = Counter()
     count: Counter[str] = Counter()
-    for op, f in zip(graph.op_types, graph.fwd_flops.tolist()):
+    for op, f in zip(by.op_types, by.fwd_flops.tolist()):
         flops[op] += f
         count[op] += 1
-    total = max(t["fwd_flops"], 1.0)
+    total = max(float(by.fwd_flops.sum()), 1.0)
     for op, f in flops.most_common(top):
-        lines.append(f"    {op:<28} {count[op]:>5} nodes  {100 * f / total:6.2f}% of FLOPs")
+        lines.append(f"    {op:<28} {count[op]:>5} {unit:<6} {100 * f / total:6.2f}% of FLOPs")
     return "\n".join(lines)
+
+
+def _traffic(graph: CompGraph, fine) -> str:
+    """The bytes the edges carry: of the graph, or of a coarsened graph's ops and between its groups (the edges
+    inside a group vanish, and a tensor one group sends to another counts once)."""
+    between = _fmt(float(graph.edge_bytes.sum()), "B")
+    if graph.members is None:
+        return between
+    ops = f"{_fmt(float(fine[0].edge_bytes.sum()), 'B')} between the ops, " if fine else ""
+    return f"{ops}{between} between the {graph.num_nodes} groups"
 
 
 def run(cfg: DictConfig) -> CompGraph:

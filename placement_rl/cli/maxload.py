@@ -91,11 +91,23 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+LOADS_SHOWN = 16  # the most loads of one kind printed one by one; past it, those not at 0 (or their range)
+
+
 def _loads_line(inst, loads) -> str:
     parts = []
     for label, part in (("accelerators", loads[:inst.accelerators]), ("CPU cores", loads[inst.accelerators:])):
-        if len(part):
+        busy = part[part != 0]
+        if not len(part):
+            continue
+        if len(part) <= LOADS_SHOWN:
             parts.append(f"{label} [" + ", ".join(f"{x:.6g}" for x in part) + "]")
+        elif len(busy) <= LOADS_SHOWN:
+            parts.append(f"{len(part)} {label}: {len(part) - len(busy)} at 0, the others ["
+                         + ", ".join(f"{x:.6g}" for x in busy) + "]")
+        else:
+            parts.append(f"{len(part)} {label}: {len(part) - len(busy)} at 0, the others from {busy.min():.6g} to "
+                         f"{busy.max():.6g}")
     return ", ".join(parts)
 
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 SCHEMA = "placement_rl.graph"
 VERSION = 1
+STRING_WHERE = "graph JSON"  # what ``read_graph_json`` says a graph given as a JSON string came from
 NODE_ARRAYS = ("fwd_flops", "bwd_flops", "out_bytes", "param_bytes", "act_bytes")
 
 
@@ -59,7 +60,24 @@ def _non_finite(value: Any, path: str) -> str | None:
     return None
 
 
-def graph_fields(data: Any, *, where: str = "graph JSON") -> dict[str, Any]:
+def _is_amount(v: Any) -> bool:
+    """A number a float holds, finite and >= 0: not a bool, a string, NaN, an infinity or an integer too large for
+    a float (``10**400``)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(v)) and v >= 0
+    except OverflowError:
+        return False
+
+
+def _show(v: Any) -> str:
+    """``repr(v)``, with an integer of many digits cut short (the message stays one readable line)."""
+    text = repr(v)
+    return f"{text[:12]}... ({len(text.lstrip('-'))} digits)" if isinstance(v, int) and len(text) > 24 else text
+
+
+def graph_fields(data: Any, *, where: str = STRING_WHERE) -> dict[str, Any]:
     """The ``CompGraph`` fields a graph JSON object holds (``CompGraph(**graph_fields(data))``); any problem is a
     ``GraphError``."""
     if not isinstance(data, dict):
@@ -93,13 +111,19 @@ def graph_fields(data: Any, *, where: str = "graph JSON") -> dict[str, Any]:
             if k not in nd:
                 raise GraphError(f"{where}: node '{nd['name']}' (#{i}) lacks field '{k}'")
             v = nd[k]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise GraphError(f"{where}: node '{nd['name']}' (#{i}) has invalid {k}={v!r}: "
+            if not _is_amount(v):
+                raise GraphError(f"{where}: node '{nd['name']}' (#{i}) has invalid {k}={_show(v)}: "
                                  "costs must be finite and non-negative numbers")
     for e, ed in enumerate(edges):
         if (not isinstance(ed, list) or len(ed) != 3 or not all(isinstance(x, int) and not isinstance(x, bool)
                                                                  for x in ed[:2])):
             raise GraphError(f"{where}: edge #{e} must be [src_index, dst_index, bytes], got {ed!r}")
+        if not all(0 <= x < len(nodes) for x in ed[:2]):
+            raise GraphError(f"{where}: edge #{e} [{_show(ed[0])}, {_show(ed[1])}] is dangling: node indices must "
+                             f"be in [0, {len(nodes)})")
+        if not _is_amount(ed[2]):
+            raise GraphError(f"{where}: edge #{e} '{nodes[ed[0]]['name']}' -> '{nodes[ed[1]]['name']}' has invalid "
+                             f"edge_bytes={_show(ed[2])}: edge bytes must be finite and non-negative numbers")
     has_members = any("members" in nd for nd in nodes)
     return dict(
         names=tuple(nd["name"] for nd in nodes),
@@ -118,7 +142,7 @@ def read_graph_json(path_or_str: str | os.PathLike) -> tuple[Any, str]:
     """``(the parsed JSON, where it came from)`` of a graph JSON file path or JSON string; a missing file or
     malformed JSON is a ``GraphError``."""
     text: str
-    where = "graph JSON"
+    where = STRING_WHERE
     if isinstance(path_or_str, os.PathLike) or (isinstance(path_or_str, str)
                                                and not path_or_str.lstrip().startswith("{")):
         p = Path(path_or_str)
@@ -132,4 +156,7 @@ def read_graph_json(path_or_str: str | os.PathLike) -> tuple[Any, str]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise GraphError(f"{where}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except ValueError:  # an integer past Python's digit limit for parsing
+        raise GraphError(f"{where}: holds a number with too many digits to read (Python's limit for an integer): "
+                         "costs must be finite numbers") from None
     return data, where

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from placement_rl.errors import GraphError
-from placement_rl.graph.codec import NODE_ARRAYS, graph_fields, graph_to_dict, read_graph_json
+from placement_rl.graph.codec import NODE_ARRAYS, STRING_WHERE, graph_fields, graph_to_dict, read_graph_json
 from placement_rl.graph.files import atomic_write_text
 from placement_rl.graph.tp_kinds import KINDS as TP_KINDS, SCHEMA_VERSION as TP_SCHEMA_VERSION
 
@@ -376,9 +376,16 @@ class CompGraph:
 
     @staticmethod
     def from_json(path_or_str: str | os.PathLike) -> "CompGraph":
-        """Load a graph from a JSON file path or a JSON string; any problem is a ``GraphError``."""
+        """Load a graph from a JSON file path or a JSON string; any problem is a ``GraphError`` (naming the file,
+        for one read from a file)."""
         data, where = read_graph_json(path_or_str)
-        return CompGraph(**graph_fields(data, where=where))
+        fields = graph_fields(data, where=where)
+        try:
+            return CompGraph(**fields)
+        except GraphError as exc:  # the graph's own checks (``validate``) name the file as the reader's do
+            if where == STRING_WHERE:
+                raise
+            raise GraphError(f"{where}: {exc}") from None
 
     def replace(self, **changes: Any) -> "CompGraph":
         """A copy with some fields changed (validated again)."""
