@@ -16,7 +16,7 @@ rule as much as the policy.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -246,9 +246,11 @@ def greedy_result(policy: DevicePolicy, task: ConstructiveTask) -> TaskResult:
     return TaskResult(task, g, None, time.perf_counter() - t0)
 
 
-def with_samples(policy: DevicePolicy, res: TaskResult, samples: int, generator: torch.Generator) -> TaskResult:
+def with_samples(policy: DevicePolicy, res: TaskResult, samples: int, generator: torch.Generator,
+                 done: Callable[[int], None] | None = None) -> TaskResult:
     """``res`` with ``samples`` placements added, timed (0: unchanged): the policy's greedy ones on links
-    ``LINK_SCALES`` x slower (as many as ``samples`` allows), then the rest drawn from ``generator``."""
+    ``LINK_SCALES`` x slower (as many as ``samples`` allows), then the rest drawn from ``generator`` (each part one
+    batched decode; ``done(k)``, when given, after each: the placements finished so far)."""
     import time
 
     from placement_rl.baselines.eft import LINK_SCALES
@@ -259,8 +261,12 @@ def with_samples(policy: DevicePolicy, res: TaskResult, samples: int, generator:
     t0 = time.perf_counter()
     scales = tuple(LINK_SCALES[:samples])
     parts = [link_scaled(policy, res.task, scales)]
+    if done is not None:
+        done(len(scales))
     if samples > len(scales):
         parts.append(rollout(policy, res.task, samples=samples - len(scales), greedy=False, generator=generator))
+        if done is not None:
+            done(samples)
     s = Rollout(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("devices", "times", "feasible")))
     return TaskResult(res.task, res.greedy, s, res.greedy_seconds, time.perf_counter() - t0, scales)
 

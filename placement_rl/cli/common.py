@@ -84,20 +84,44 @@ def write_json(path: Path, data: Any) -> Path:
 
 class Phases:
     """Progress of a command's long phases on stdout: a line when one starts (with ``detail``), a line with its
-    seconds when it ends (``with phases("greedy placement") as note: ...; note.append("12.3 ms")``)."""
+    seconds when it ends (``with phases("greedy placement") as note: ...; note.append("12.3 ms")``). A phase given
+    ``status`` (a function returning e.g. ``"5 of 16 done"``) also prints ``<label>: <status>, <s> s so far`` every
+    ``every`` seconds while it runs (one whose work reports nothing itself for minutes)."""
 
-    def __init__(self, enabled: bool = True):
-        self.enabled = enabled
+    def __init__(self, enabled: bool = True, every: float = 10.0):
+        self.enabled, self.every = enabled, every
 
     @contextlib.contextmanager
-    def __call__(self, label: str, detail: str = "") -> Iterator[list[str]]:
+    def __call__(self, label: str, detail: str = "", status: Callable[[], str] | None = None) -> Iterator[list[str]]:
         note: list[str] = []
         if self.enabled:
             print(f"{label} ..." + (f" ({detail})" if detail else ""), flush=True)
         t0 = time.perf_counter()
-        yield note
+        with self._beat(label, status, t0):
+            yield note
         if self.enabled:
             print(f"{label}: {time.perf_counter() - t0:.1f} s" + (f", {'; '.join(note)}" if note else ""), flush=True)
+
+    @contextlib.contextmanager
+    def _beat(self, label: str, status: Callable[[], str] | None, t0: float) -> Iterator[None]:
+        if not self.enabled or status is None:
+            yield
+            return
+        import threading
+
+        stop = threading.Event()
+
+        def beat() -> None:  # a daemon thread: it prints between the work's own steps (it needs the GIL)
+            while not stop.wait(self.every):
+                print(f"{label}: {status()}, {time.perf_counter() - t0:.0f} s so far", flush=True)
+
+        thread = threading.Thread(target=beat, name="placement-rl-progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
 
 def _discard_run_dir() -> None:
@@ -347,16 +371,19 @@ def in_job_worker() -> bool:
     return pid is not None and pid != str(os.getpid())
 
 
-def hydra_app(config_name: str, *, writes: Iterable[str] = ()) -> Callable[[Callable[[DictConfig], Any]],
-                                                                         Callable[[], None]]:
+def hydra_app(config_name: str, *, writes: Iterable[str] = (), replaces: Iterable[str] = ()
+              ) -> Callable[[Callable[[DictConfig], Any]], Callable[[], None]]:
     """Turn ``run(cfg)`` into a Hydra ``main``. The command line is checked first (``preflight``: group options,
     typed values, see ``placement_rl.cli.schema``; the run folder); domain errors become one line on stderr and
     exit code 2, and a config that fails to compose (bad override) also exits 2. ``writes``: file names the
     command writes in its run folder, refused before any work where a folder of that name is in the way; a file
-    it still cannot write is one line as well."""
+    it still cannot write is one line as well. ``replaces``: every file the command may write there (shell
+    patterns such as ``timeline_*.png``, ``sub/name`` in a sub-folder): those an earlier run left in a run folder
+    given again are removed before it runs, with a line naming them (``remove_earlier``), so that one folder
+    never holds two runs' results."""
     import hydra
 
-    writes = tuple(writes)
+    writes, replaces = tuple(writes), tuple(replaces)
 
     def wrap(run: Callable[[DictConfig], Any]) -> Callable[[], None]:
         @functools.wraps(run)
@@ -368,6 +395,12 @@ def hydra_app(config_name: str, *, writes: Iterable[str] = ()) -> Callable[[Call
 
                 schema.validate(config_name, OmegaConf.to_container(cfg, resolve=True))
                 schema.check_not_folders(output_dir(), writes)
+                from placement_rl.cli.run_folder import config_paths, listed, remove_earlier
+
+                removed = remove_earlier(output_dir(), replaces, keep=config_paths(cfg))
+                if removed:
+                    print(f"{output_dir()} held an earlier {config_name} run's files, removed (this run writes its "
+                          f"own): {listed(removed)}", flush=True)
                 run(cfg)
             except PlacementRLError as exc:
                 _discard_run_dir()

@@ -9,11 +9,16 @@ from omegaconf import DictConfig
 
 from placement_rl.cli.common import (Phases, build_graph, build_topology, hydra_app, output_dir, plural, save_plan,
                                      warm_up, write_json)
+from placement_rl.cli.place_search import FOLDER
 from placement_rl.errors import ConfigError, PlanError
 
 # every file place may write in its run folder (a StagePlan policy writes plan.json, others placement.json)
 WRITES = ("graph.json", "placement.json", "plan.json", "metrics.json", "comparison.md", "comparison.csv",
           "speedup.png")
+# and with them, what an earlier run in a folder given again may have left: removed before a run (``hydra_app``)
+REPLACES = (*WRITES, "timeline_*.png", *(f"{sub}/{name}" for sub in ("search", "fit", "cp", FOLDER)
+                                          for name in ("graph.json", "placement.json", "plan.json")),
+            *(f"{FOLDER}/{name}" for name in ("trace.csv", "anytime.png")))
 
 
 def _artifacts(out, plan_file: str, compared: list[str], searched: bool = False, cp: bool = False,
@@ -101,7 +106,6 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
             raise ConfigError("bound_seconds > 0 needs OR-Tools for its CP-SAT bound: pip install "
                               "'placement-rl[exact]' (or set bound_seconds=0)")
     if budget > 0 or bound_seconds > 0 or search_seconds > 0:
-        from placement_rl.cli.place_search import FOLDER
         from placement_rl.cli.schema import check_not_files
 
         if search_seconds > 0:
@@ -130,13 +134,19 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         res = greedy_result(policy, task)
         note.append(f"{res.greedy_time * 1e3:.3f} ms")
     if samples > 0:
-        with phases(plural(samples, "sampled placement"), f"the greedy one took {res.greedy_seconds:.1f} s") as note:
-            res = with_samples(policy, res, samples, torch.Generator().manual_seed(seed))
+        done = [0]  # placements finished so far, for the line every 10 s on a long run (512 devices, 10,000 nodes)
+        with phases(plural(samples, "sampled placement"), f"the greedy one took {res.greedy_seconds:.1f} s",
+                    status=lambda: samples_status(done[0], samples)) as note:
+            res = with_samples(policy, res, samples, torch.Generator().manual_seed(seed),
+                               done=lambda k: done.__setitem__(0, k))
             note.append(f"best {res.best_time * 1e3:.3f} ms")
     wall = time.perf_counter() - t0
     # the plan is the fastest placement that fits memory (the greedy one when none does), and the metrics say so
     step_time, fits = res.best_time, res.best_feasible
-    what = "lower bound on any placement's step time" + (f" (CP-SAT for {bound_seconds:g} s)" if bound_seconds else "")
+    groups = coarse_groups(graph)
+    what = ("lower bound on any placement's step time" if groups is None else
+            f"lower bound on the step time of any placement of these {plural(groups, 'group')}") \
+        + (f" (CP-SAT for {bound_seconds:g} s)" if bound_seconds else "")
     with phases(what) as note:  # how much any placement could still gain
         from placement_rl.baselines.bounds import lower_bound
 
@@ -236,7 +246,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
                             policy_searched=None if timed is None else timed["policy_search"]))
     found = [r["step_time"] for r in [search, *ran.values()] if r is not None and r["feasible"]]
     best = min([step_time, *found]) if fits else min(found, default=step_time)  # the fastest that fits, if any
-    print(bound_note(bound, best, fits=fits or bool(found)))
+    print(bound_note(bound, best, fits=fits or bool(found), groups=groups))
     if cp_row is not None:
         over = "" if cp_row["feasible"] else " (overflows memory: the model relaxes it)"
         print(f"CP-SAT's own placement (its own row, not the plan): {cp_row['step_time'] * 1e3:.3f} ms{over}"
@@ -246,12 +256,31 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     return metrics
 
 
-def bound_note(bound, step_time: float, fits: bool = True) -> str:
+def samples_status(done: int, samples: int) -> str:
+    """``0 of 16 done (the 5 on slower links decoded together)``: each part of ``with_samples`` is one batched
+    decode, counted when it ends."""
+    from placement_rl.baselines.eft import LINK_SCALES
+
+    scaled = min(samples, len(LINK_SCALES))
+    part = (f"the {scaled} on slower links" if done < scaled else f"the {samples - scaled} drawn ones")
+    return f"{done} of {samples} done" + (f" ({part} decoded together)" if done < samples else "")
+
+
+def coarse_groups(graph) -> int | None:
+    """The number of groups when ``graph`` is a coarsened one (its nodes group more ops than it has nodes), else
+    None: a bound on placing it bounds placements of those groups, not of the ops."""
+    source = (graph.meta.get("coarsen") or {}).get("source_nodes", 0)
+    return graph.num_nodes if graph.members is not None and int(source) > graph.num_nodes else None
+
+
+def bound_note(bound, step_time: float, fits: bool = True, groups: int | None = None) -> str:
     """One line: no placement is faster than the bound (which part gives it), and how far the plan is above it
-    (``fits`` false: the plan overflows memory, which the bound sets aside)."""
+    (``fits`` false: the plan overflows memory, which the bound sets aside; ``groups``: the graph placed is
+    coarsened into that many groups, and the bound holds for placements of those)."""
     part = max(bound.parts, key=bound.parts.get)
     gap = bound.gap(step_time)
-    return (f"lower bound {bound.value * 1e3:.3f} ms (no placement is faster; from its {part} part): the plan is "
+    which = "no placement" if groups is None else f"no placement of these {plural(groups, 'group')}"
+    return (f"lower bound {bound.value * 1e3:.3f} ms ({which} is faster; from its {part} part): the plan is "
             + ("at the bound" if gap < 5e-4 else f"{gap:.1%} above it, at most {1 - 1 / (1 + gap):.1%} to gain")
             + ("" if fits else " (memory aside: the bound does not count it, and the plan does not fit)"))
 
@@ -409,4 +438,4 @@ def run(cfg: DictConfig) -> dict:
     return metrics
 
 
-main = hydra_app("place", writes=WRITES)(run)
+main = hydra_app("place", writes=WRITES, replaces=REPLACES)(run)
