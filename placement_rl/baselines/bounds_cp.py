@@ -39,6 +39,7 @@ OR-Tools is optional (``pip install placement-rl[exact]``); without it ``cp_boun
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -52,6 +53,10 @@ TICKS = 2_000_000  # integer ticks in the horizon (the upper bound given): ~1e-6
 LINKS_MAX = 20_000  # N x D^2 up to which the links are modelled (``_links``) unless told
 LINKS_SHARE = 0.3  # of the seconds, for the model without links first
 ORBIT_MAX_DEVICES = 8  # up to this many devices, which devices the links cannot tell apart is found by enumeration
+LOAD_SHARE = 0.3  # CP-SAT's loading and presolve run past its time limit by up to about this share of the seconds
+# the model took to build (200 nodes on 8 devices with links and memory: built in 0.9 s, then 0.25-0.3 s past limits
+# of 0.01-0.3 s): given a deadline, CP-SAT's time limit is that much less (``_solve``)
+MIN_SEARCH = 0.05  # seconds: with less than this left for CP-SAT's search by the deadline, it does not run
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,16 @@ class CpResult:
     placement: np.ndarray | None  # [N] device of each node in the best solution CP-SAT found (None: none)
     optimal: bool  # the model was solved to optimality (bound == makespan, in ticks)
     seconds: float
+    note: str = ""  # what CP-SAT did not give in its seconds (no bound above ``lower``, no placement): one line
+
+
+class _Late(Exception):
+    """Building the model ran past its deadline."""
+
+
+def _in_time(deadline: float | None) -> None:
+    if deadline is not None and time.perf_counter() > deadline:
+        raise _Late
 
 
 def _require_ortools():
@@ -116,15 +131,17 @@ def _link_keys(key: np.ndarray, pair: np.ndarray) -> tuple[np.ndarray, np.ndarra
     nd = len(key)
     _, sig = np.unique(pair.reshape(pair.shape[0], nd * nd).T, axis=0, return_inverse=True)
     sig = np.asarray(sig).reshape(nd, nd)  # one id per link: equal ids, equal transfer times for every node
-    if nd <= ORBIT_MAX_DEVICES:
-        perms = (np.asarray(q) for q in itertools.permutations(range(nd)))
-    else:  # swaps (if a-b and b-c keep the model, so does a-c: every swap within a class is among them)
-        perms = (_swap(nd, a, b) for a in range(nd) for b in range(a + 1, nd) if key[a] == key[b])
+    if nd <= ORBIT_MAX_DEVICES:  # every relabelling at once (8 devices: 40,320 of them, one at a time took 0.5 s)
+        perms = np.array(list(itertools.permutations(range(nd))), dtype=np.int64).reshape(-1, nd)
+        ok = (key[perms] == key).all(axis=1) & (sig[perms[:, :, None], perms[:, None, :]] == sig).all(axis=(1, 2))
+        kept = perms[ok]  # the identity among them
+        first = np.minimum(kept.min(axis=0), np.arange(nd))
+        return first, np.stack([kept[int(np.argmax(kept[:, d] == first[d]))] for d in range(nd)])
+    # swaps (if a-b and b-c keep the model, so does a-c: every swap within a class is among them)
+    perms = (_swap(nd, a, b) for a in range(nd) for b in range(a + 1, nd) if key[a] == key[b])
     kept = [q for q in perms if np.array_equal(key[q], key) and np.array_equal(sig[np.ix_(q, q)], sig)]
     orbit = [{int(q[d]) for q in kept} | {d} for d in range(nd)]
     first = np.array([min(o) for o in orbit], dtype=np.int64)
-    if nd <= ORBIT_MAX_DEVICES:
-        return first, np.stack([next(q for q in kept if q[d] == first[d]) for d in range(nd)])
     return first, _swaps_to_first(first)
 
 
@@ -143,9 +160,22 @@ def _swaps_to_first(key: np.ndarray) -> np.ndarray:
 
 
 def _solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray | None, seconds: float, workers: int,
-           seed: int):
-    """CP-SAT on ``p``; returns (proven bound, best makespan or None, placement or None, optimal), in ticks."""
+           seed: int, deadline: float | None = None):
+    """CP-SAT on ``p`` for at most ``seconds``; returns (proven bound, best makespan or None, placement or None,
+    optimal), in ticks. With a ``deadline`` (a ``time.perf_counter()`` instant) the model is built and solved by
+    then: CP-SAT's search gets at most the seconds left once it is built, less ``LOAD_SHARE`` of the building's;
+    None where the building runs past the deadline or leaves less than ``MIN_SEARCH`` (CP-SAT not run)."""
+    try:
+        return _build_and_solve(p, horizon=horizon, lower=lower, hint=hint, seconds=seconds, workers=workers,
+                                seed=seed, deadline=deadline)
+    except _Late:
+        return None
+
+
+def _build_and_solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray | None, seconds: float,
+                     workers: int, seed: int, deadline: float | None):
     cp_model = _require_ortools()
+    t0 = time.perf_counter()
     n, nd = p.fwd.shape
     hosts = sorted(set(p.host.tolist()))
     m = cp_model.CpModel()
@@ -158,6 +188,7 @@ def _solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray | None, se
     per_dev: list[list] = [[] for _ in range(nd)]
     load: list[list] = [[] for _ in range(nd)]
     for v in range(n):
+        _in_time(deadline)
         m.AddExactlyOne(x[v])
         m.Add(fe[v] == fs[v] + sum(int(p.fwd[v, d]) * x[v][d] for d in range(nd)))
         m.Add(be[v] == bs[v] + sum(int(p.bwd[v, d]) * x[v][d] for d in range(nd)))
@@ -171,6 +202,7 @@ def _solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray | None, se
         m.AddNoOverlap(per_dev[d])
         m.Add(sum(w * b for w, b in load[d]) <= mk)  # implied by NoOverlap; tightens the linear relaxation
     for u, v in p.edges.tolist():
+        _in_time(deadline)
         c = int(p.cut[u])
         if c <= 0:
             m.Add(fs[v] >= fe[u])
@@ -192,11 +224,11 @@ def _solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray | None, se
         if p.grad[u]:
             m.Add(bs[u] >= be[v] + wait)
     if p.pair is not None:
-        _links(m, p, x, fs, fe, bs, be, horizon)
+        _links(m, p, x, fs, fe, bs, be, horizon, deadline)
     if p.order is not None:
-        _fifo(m, p, x, fs, fe, bs, be, horizon)
+        _fifo(m, p, x, fs, fe, bs, be, horizon, deadline)
     if p.memory is not None:
-        _memory(m, p, x)
+        _memory(m, p, x, deadline)
     for d in range(nd):  # symmetry: one node on the first device of its kind
         if int(p.to_first[d][d]) != d:
             m.Add(x[p.first][d] == 0)
@@ -207,6 +239,11 @@ def _solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray | None, se
             for d in range(nd):
                 m.AddHint(x[v][d], int(h[v] == d))
     m.Minimize(mk)
+    if deadline is not None:  # what is left once built, less CP-SAT's own loading of the model
+        now = time.perf_counter()
+        seconds = min(seconds, deadline - now - LOAD_SHARE * (now - t0))
+        if seconds < MIN_SEARCH:
+            raise _Late
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(max(seconds, 0.01))
     solver.parameters.num_workers = int(max(1, workers))
@@ -221,7 +258,7 @@ def _solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray | None, se
     return bound, float(solver.ObjectiveValue()), place, status == cp_model.OPTIMAL
 
 
-def _fifo(m, p: _Problem, x, fs, fe, bs, be, horizon: int) -> None:
+def _fifo(m, p: _Problem, x, fs, fe, bs, be, horizon: int, deadline: float | None = None) -> None:
     """The simulator runs each device's forward ops in its priority order, one after the other (no op starts
     before the one placed there before it ends, even when its own inputs came first), then the backward ops in
     the reverse order after the last forward: ``free[d][k]``, when device ``d`` is done with the first ``k`` nodes
@@ -229,6 +266,7 @@ def _fifo(m, p: _Problem, x, fs, fe, bs, be, horizon: int) -> None:
     n, nd = p.fwd.shape
     order = [int(v) for v in p.order]
     for d in range(nd):
+        _in_time(deadline)
         prev = None
         for v in order:  # forward
             cur = m.NewIntVar(0, horizon, f"ff{d}_{v}")
@@ -245,7 +283,7 @@ def _fifo(m, p: _Problem, x, fs, fe, bs, be, horizon: int) -> None:
             prev = cur
 
 
-def _memory(m, p: _Problem, x) -> None:
+def _memory(m, p: _Problem, x, deadline: float | None = None) -> None:
     """Every device holds what the simulator counts (``cost.simulate``, as ``memory.fit``): the bytes its nodes pin
     and, per producer on another device, the largest tensor that producer sends it (``r[u, d]``, at least each
     edge's bytes where the consumer is on ``d`` and the producer is not)."""
@@ -253,6 +291,7 @@ def _memory(m, p: _Problem, x) -> None:
     n, nd = p.fwd.shape
     recv: dict[tuple[int, int], object] = {}
     for (u, v), b in zip(p.edges.tolist(), np.asarray(edge_bytes).tolist()):
+        _in_time(deadline)
         if b <= 0:
             continue
         for d in range(nd):
@@ -265,7 +304,7 @@ def _memory(m, p: _Problem, x) -> None:
               + sum(r for (_, k), r in recv.items() if k == d) <= int(capacity[d]))
 
 
-def _links(m, p: _Problem, x, fs, fe, bs, be, horizon: int) -> None:
+def _links(m, p: _Problem, x, fs, fe, bs, be, horizon: int, deadline: float | None = None) -> None:
     """Each ordered pair of devices is one link that carries one transfer at a time (the simulator's
     ``link_free``): node ``u`` on ``a`` with a consumer on ``b`` sends at least one chunk over ``a -> b`` after its
     forward ends, and each consumer there waits for it; with a gradient, one goes back over ``b -> a`` after every
@@ -277,6 +316,7 @@ def _links(m, p: _Problem, x, fs, fe, bs, be, horizon: int) -> None:
         cons[u].append(v)
     on_link: dict[tuple[int, int], list] = {(a, b): [] for a in range(nd) for b in range(nd) if a != b}
     for u in range(n):
+        _in_time(deadline)
         if not cons[u]:
             continue
         for b in range(nd):
@@ -345,9 +385,9 @@ def cp_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, up
     model the slower links between hosts; ``links``: model each link carrying one transfer at a time (default: up
     to ``LINKS_MAX`` = N x D^2); ``order``: the simulator's priority order each device follows (None: any order,
     a bound for every order). With the links, the model without them is solved first (``LINKS_SHARE`` of the
-    seconds: it proves a bound fast), then the one with them, from that bound."""
-    import time
-
+    seconds: it proves a bound fast), then the one with them, from that bound. Building the models counts in the
+    seconds (a model built past them is not solved: ``_solve``'s deadline); ``note`` says where CP-SAT proved no
+    bound above ``lower`` or found no placement in them."""
     t0 = time.perf_counter()
     n = graph.num_nodes
     if n == 0:
@@ -356,22 +396,41 @@ def cp_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, up
         raise ValueError(f"upper must be a finite step time > 0 of some placement, got {upper}")
     if links is None:
         links = n * topology.num_devices ** 2 <= LINKS_MAX
+    deadline = t0 + seconds
     p, tick = _whole(graph, costs, topology, upper, hosts, links, order)
-    lo = int(np.floor(lower / tick)) if lower > 0 else 0
+    lo = given = int(np.floor(lower / tick)) if lower > 0 else 0
     first = None
     if links:  # the model without links first
         quick = replace(p, pair=None)
         first = _solve(quick, horizon=TICKS + 1, lower=lo, hint=hint, seconds=LINKS_SHARE * seconds, workers=workers,
-                       seed=seed)
-        lo = max(lo, int(np.floor(first[0])))
-    left = seconds - (time.perf_counter() - t0)
-    bound, _, place, optimal = _solve(p, horizon=TICKS + 1, lower=lo, hint=hint, seconds=max(left, 0.01),
-                                      workers=workers, seed=seed)
+                       seed=seed, deadline=deadline)
+        if first is not None:
+            lo = max(lo, int(np.floor(first[0])))
+    left = deadline - time.perf_counter()
+    got = _solve(p, horizon=TICKS + 1, lower=lo, hint=hint, seconds=max(left, 0.01), workers=workers, seed=seed,
+                 deadline=deadline)
+    bound, place, optimal = (0.0, None, False) if got is None else (got[0], got[2], got[3])
     if first is not None:
         bound = max(bound, first[0])
         if place is None:
             place = first[2]
-    return CpResult(max(bound * tick * (1.0 - 1e-9), 0.0), place, optimal, time.perf_counter() - t0)
+    note = _note(seconds, n, topology.num_devices, ran=first is not None or got is not None,
+                 proved=bound > given, placed=place is not None, linked=links and got is None)
+    return CpResult(max(bound * tick * (1.0 - 1e-9), 0.0), place, optimal, time.perf_counter() - t0, note)
+
+
+def _note(seconds: float, n: int, nd: int, *, ran: bool, proved: bool, placed: bool, linked: bool) -> str:
+    """``CpResult.note``: what CP-SAT did not give in its seconds (empty: a bound above the known one, a
+    placement); ``linked``: the model with the links was not solved for want of time."""
+    size = f"{n} nodes on {nd} devices"
+    if not ran:
+        return f"CP-SAT did not run: building its model of {size} took its {seconds:g} s"
+    missing = [what for what, got in (("proved no lower bound above the known one", proved),
+                                      ("found no placement", placed)) if not got]
+    if not missing:
+        return ""
+    return (f"CP-SAT {' and '.join(missing)} in {seconds:g} s ({size}"
+            + ("; the model with the links was not built in time)" if linked else ")"))
 
 
 __all__ = ["CpResult", "TICKS", "cp_bound"]

@@ -21,9 +21,12 @@ solved: on graphs whose producers send every consumer the same bytes its optimum
 its seconds (large models). Where the budget leaves no call to score CP-SAT's solution (a budget of 0 or 1; 2 where
 a start overflows memory and its fit is scored), CP-SAT does not run: the best start comes back and ``note`` says why.
 
-Seconds: ``seconds`` when given, else ``CP_SECONDS``; CP-SAT stops early when it proves its solution optimal. The
-model grows as N x D^2 (links): on 4 devices it proves optima of ~10-20-node graphs in seconds; at 100-200 nodes it
-is a search from the hint that may find nothing better.
+Seconds: ``seconds`` when given, else ``CP_SECONDS``, for everything: the starts, building the model and CP-SAT's
+search (``bounds_cp._solve``'s deadline: where the model is not built in time, or leaves CP-SAT too little, CP-SAT
+does not run, the best start comes back and ``note`` says why); CP-SAT stops early when it proves its solution
+optimal. The model grows as N x D^2 (links): on 4 devices it proves optima of ~10-20-node graphs in seconds; at
+100-200 nodes it is a search from the hint that may find nothing better (on 8 devices its model alone takes about a
+second to build at 200 nodes).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ UNITS = 10_000_000  # the largest capacity in integer memory units (a unit: ~1e-
 
 def cp_sat(prob: Problem) -> np.ndarray:
     """The placement (module doc)."""
-    from placement_rl.baselines.bounds_cp import LINKS_MAX, TICKS, _require_ortools, _solve, _whole
+    from placement_rl.baselines.bounds_cp import LINKS_MAX, MIN_SEARCH, TICKS, _require_ortools, _solve, _whole
     from placement_rl.baselines.eft import la_rule_search, sim_eft_devices
     from placement_rl.baselines.memory import best_start
     from placement_rl.baselines.search import anneal
@@ -60,8 +63,9 @@ def cp_sat(prob: Problem) -> np.ndarray:
         _require_ortools()
     except ImportError as e:
         raise ConfigError(str(e)) from None
-    t0 = time.perf_counter()
+    t0 = prob.start
     seconds = float(prob.seconds) if prob.seconds is not None else CP_SECONDS
+    deadline = t0 + seconds  # the starts, the model's building and CP-SAT's search all within the seconds
     g, c, t = prob.graph, prob.costs, prob.topology
     starts = [sim_eft_devices(g, c, t)]
     calls = prob.budget - RESERVE  # the hint's own budget, charged here; RESERVE calls kept to score the two starts
@@ -95,11 +99,18 @@ def cp_sat(prob: Problem) -> np.ndarray:
     pinned = np.ceil(prob.node_mem / unit)
     edge_bytes = np.ceil(np.asarray(g.edge_bytes, dtype=np.float64) / unit)
     capacity = np.floor(prob.capacity / unit)
-    p, tick = _whole(g, c, t, upper, False, n * nd ** 2 <= LINKS_MAX, "program", kinds=capacity)
-    p = replace(p, memory=(pinned, edge_bytes, capacity))
-    left = max(seconds - (time.perf_counter() - t0), 0.05)
-    bound, _, place, optimal = _solve(p, horizon=TICKS + 1, lower=0, hint=hint, seconds=left, workers=1,
-                                      seed=prob.seed)
+    got = None
+    if deadline - time.perf_counter() >= MIN_SEARCH:  # else the starts took the seconds
+        p, tick = _whole(g, c, t, upper, False, n * nd ** 2 <= LINKS_MAX, "program", kinds=capacity)
+        p = replace(p, memory=(pinned, edge_bytes, capacity))
+        got = _solve(p, horizon=TICKS + 1, lower=0, hint=hint, seconds=deadline - time.perf_counter(), workers=1,
+                     seed=prob.seed, deadline=deadline)
+    if got is None:  # building the model (or the starts) took the seconds: CP-SAT's search would run past them
+        prob.meta.update(cp_bound=None, cp_optimal=False, cp_improved=False, cp_seconds=time.perf_counter() - t0,
+                         note=f"CP-SAT not run: its starts and model of {n} nodes on {nd} devices took the "
+                              f"{seconds:g} s (give it more seconds)")
+        return hint
+    bound, _, place, optimal = got
     best, best_s, improved = hint, hint_s, False
     if place is not None:
         s = prob.score(place, after_time=True)

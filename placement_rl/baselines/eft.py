@@ -150,15 +150,23 @@ def link_views(graph, costs, topology, chooser: int = LA_RULE, head: tuple | Non
 def la_rule_links(prob: Problem) -> np.ndarray:
     """``la_rule``, and the rule deciding on links ``LINK_SCALES`` x slower, each run on the true links: the best
     (a multi-pass rule: each decode charged as ``la_rule``'s; given seconds or calls, the scales that fit after the
-    plain rule, in ``LINK_SCALES``' order; ``link_scales`` in the meta)."""
+    plain rule, in ``LINK_SCALES``' order; ``link_scales`` in the meta). Given seconds, the views decode at the
+    largest window the plain rule decoded whole, while one more fits in them (timed as ``link_starts`` does: at
+    first by the seconds the plain rule took, then by the slowest view)."""
     best = la_rule(prob)
     best_s = prob.score(best)
     w = placing_window(prob.n)
-    need = window_completions(prob.n, prob.d, w)
+    first = prob.elapsed  # the plain rule's seconds: at least one whole decode at the window below
+    if prob.seconds is not None:  # its seconds may have left none whole at the placing window
+        whole = [int(e[0]) for e in prob.meta.get("start_windows", []) if int(e[1]) >= prob.n]
+        w = max(whole, default=0)
+    need = window_completions(prob.n, prob.d, w) if w else 0
     done = [1.0]
 
-    def fits(_slowest: float | None) -> bool:  # calls left (``prob.left`` is 0 once the seconds run out)
-        return best_s is not None and prob.left >= need + 1
+    def fits(slowest: float | None) -> bool:  # calls left, and with seconds the time for one more view
+        one = first if slowest is None else slowest
+        return (w > 0 and best_s is not None and prob.left >= need + 1
+                and (prob.seconds is None or prob.elapsed + one <= prob.seconds))
 
     for scale, dev in link_views(prob.graph, prob.costs, prob.topology, LA_RULE, window=w, fits=fits):
         prob.charge(need)
