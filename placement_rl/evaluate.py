@@ -172,7 +172,8 @@ def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, bud
             if isinstance(p, ConfigError):  # refused in its worker: the same note row as here
                 raise p
         except ConfigError as exc:
-            rows.append(Row(case, name, "placement", float("nan"), float("nan"), False, 0.0, 0, note=str(exc)))
+            spent = 0.0 if name in aside else time.perf_counter() - t0  # a worker's refusal says no seconds
+            rows.append(Row(case, name, "placement", float("nan"), float("nan"), False, spent, 0, note=str(exc)))
             bar.update(1)
             continue
         dt = float(p.meta["search_seconds"]) if name in aside else time.perf_counter() - t0
@@ -191,7 +192,8 @@ def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, bud
                                                 num_microbatches=num_microbatches, objective=objective,
                                                 seconds=seconds)
         except ConfigError as exc:
-            rows.append(Row(case, name, "pipeline", float("nan"), float("nan"), False, 0.0, 0, note=str(exc)))
+            rows.append(Row(case, name, "pipeline", float("nan"), float("nan"), False, time.perf_counter() - t0, 0,
+                            note=str(exc)))
             bar.update(1)
             continue
         dt = time.perf_counter() - t0

@@ -218,6 +218,17 @@ def test_the_cp_bound_says_when_cp_sat_did_not_run(monkeypatch):
     assert got.note == "CP-SAT did not run: building its model of 12 nodes on 4 devices took its 1 s"
 
 
+def test_lower_bound_carries_the_cp_parts_note(monkeypatch):
+    """``place`` prints the cp part's note from the ``Bound`` (it said nothing when CP-SAT proved nothing)."""
+    pytest.importorskip("ortools")
+    from placement_rl.baselines.bounds import lower_bound
+
+    g, t = synthetic.sample("dataflow", num_nodes=12, seed=3), load_topology("4x_v100_nvlink")
+    _slow_fifo(monkeypatch, 1.2)
+    got = lower_bound(g, resolve_costs(g, t), t, cp_seconds=1.0)
+    assert got.cp_note.startswith("CP-SAT did not run") and got.cp_placement is None
+
+
 def test_the_cp_bound_notes_nothing_when_it_proves_a_bound_and_places():
     """A small model CP-SAT solves: a bound, a placement, no note."""
     pytest.importorskip("ortools")

@@ -78,6 +78,7 @@ class Bound:
     parts: dict[str, float] = field(default_factory=dict)  # path, work, blocks, milp, exact (where computed)
     exact: bool = False  # the value is the optimum (exhaustive enumeration)
     cp_placement: np.ndarray | None = field(default=None, repr=False, compare=False)  # the cp part's own solution
+    cp_note: str = field(default="", compare=False)  # the cp part's: CP-SAT did not run, or proved and found nothing
 
     def gap(self, step_time: float) -> float:
         """How far ``step_time`` is above the bound (``step_time / value - 1``): the most any placement can gain
@@ -292,7 +293,7 @@ def lower_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
     memory ignored where the model exceeds all devices' memory together: ``relaxed_start``)."""
     parts = {"path": path_bound(graph, costs), "work": work_bound(costs)}
     n, d = graph.num_nodes, topology.num_devices
-    cp_placement = None
+    cp_placement, cp_note = None, ""
     if blocks and n > 1:
         parts["blocks"] = block_bound(graph, costs, topology)
     if milp_seconds > 0 and d > 1 and 0 < n * d <= MILP_MAX_VARS:
@@ -309,7 +310,7 @@ def lower_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
             got = cp_bound(graph, costs, topology, upper=upper, seconds=cp_seconds, hint=start,
                            lower=max(parts.values()))
             parts["cp"] = got.bound
-            cp_placement = got.placement
+            cp_placement, cp_note = got.placement, got.note
     if exact_budget > 0 and topology.num_devices > 1:
         from placement_rl.baselines.common import Problem
         from placement_rl.baselines.search import count_placements, device_classes, exhaustive
@@ -322,7 +323,7 @@ def lower_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
             if best is not None and best.feasible:
                 parts["exact"] = best.step_time
                 return Bound(best.step_time, parts, exact=True)
-    return Bound(max(parts.values()), parts, cp_placement=cp_placement)
+    return Bound(max(parts.values()), parts, cp_placement=cp_placement, cp_note=cp_note)
 
 
 __all__ = ["Bound", "block_bound", "cut_costs", "lower_bound", "milp_bound", "path_bound", "relaxed_start",

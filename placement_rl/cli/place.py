@@ -152,6 +152,8 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
 
         bound = lower_bound(graph, costs, topology, cp_seconds=bound_seconds, cp_start=res.best_devices)
         note.append(f"{bound.value * 1e3:.3f} ms")
+    if bound.cp_note:  # CP-SAT ran out of seconds building its model, or proved and found nothing in them
+        print(bound.cp_note + ("" if bound.cp_placement is not None else ": no cp/ placement written"))
     cp_row = None
     if bound.cp_placement is not None:  # CP-SAT's own solution: a search row of its own, never the plan
         from placement_rl.baselines.common import Problem
