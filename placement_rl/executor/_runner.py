@@ -32,8 +32,8 @@ from torch.distributed.pipelining import schedules as pp_schedules
 from torch.nn.parallel import DistributedDataParallel
 
 from placement_rl.executor._mesh import ParallelDims
-from placement_rl.executor._stages import (StageSplit, program_module, retarget, split_stages, stage_parameters,
-                                           tied_parameters, untie)
+from placement_rl.executor._stages import (StageSplit, import_op_modules, program_module, retarget, split_stages,
+                                           stage_parameters, tied_parameters, untie)
 
 
 def loss_is_stage_output(output: torch.Tensor, target: Any) -> torch.Tensor:
@@ -208,6 +208,7 @@ class PartRunner:
         self.dims = dims = read_dims(part)
         self.rank, self.device = rank, device
         self.dp_rank, pp_rank = dims.coords(rank)
+        import_op_modules(part.get("op_modules") or ())  # custom ops must be registered to load the program
         gm = program_module(torch.export.load(str(part_dir / "program.pt2")))
         self.splits, ties = build_stages(gm, {k: int(v) for k, v in part["stage_map"].items()}, dims, pp_rank,
                                          device, part["param_aliases"])

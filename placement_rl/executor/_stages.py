@@ -12,6 +12,9 @@ live across the boundary before it and whose outputs are the values live across 
 it. Values a later stage needs are threaded through the stages in between: this is how the
 **targets** reach the last stage, which computes the loss itself (its output *is* the loss, so the
 schedule's ``loss_fn`` returns it unchanged). The first stage takes all user inputs in the model's order.
+A value a later stage receives is a leaf of autograd there, so a stage that writes into it in place
+(``nn.ReLU(inplace=True)`` right after a cut) works on a copy (``<value>__received``); gradients reach the
+received value through the copy.
 
 Parameters used by nodes of several stages (tied weights such as GPT's embedding and LM head) get an
 independent copy per stage; :func:`tied_parameters` lists them so the executor can sum their
@@ -20,15 +23,17 @@ gradients over the owning stages before the optimizer step.
 
 from __future__ import annotations
 
+import re
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
 from torch import fx, nn
 
-from placement_rl.errors import PlanError
+from placement_rl.errors import ExecutionError, PlanError
 from placement_rl.graph.ir import CompGraph
 
 
@@ -47,6 +52,29 @@ class StageSplit:
 def export_step(module: nn.Module, inputs: Sequence[torch.Tensor]) -> torch.export.ExportedProgram:
     """``torch.export`` of the training step (the same call ``capture`` makes, so node names agree)."""
     return torch.export.export(module, tuple(inputs), strict=False)
+
+
+def check_autograd_functions(module: nn.Module, inputs: Sequence[torch.Tensor]) -> str | None:
+    """A one-line refusal naming the custom ``torch.autograd.Function`` classes ``module`` uses, or None."""
+    found = custom_autograd_functions(module, inputs)
+    if not found:
+        return None
+    return (f"the model uses custom torch.autograd.Function {', '.join(found)}: the executors run its exported "
+            "program, which differentiates the Function's forward ops instead of calling its backward, so the "
+            "gradients would differ; write it as a torch.library.custom_op with register_autograd")
+
+
+def custom_autograd_functions(module: nn.Module, inputs: Sequence[torch.Tensor]) -> list[str]:
+    """The custom ``torch.autograd.Function`` classes (qualified names) one forward of ``module(*inputs)``
+    differentiates through (``graph.autograd_fns``): ``torch.export`` traces through a Function's forward, so a
+    program differentiates those ops and the Function's own backward never runs. ``ExecutionError`` where the
+    forward does not run."""
+    from placement_rl.graph.autograd_fns import custom_autograd_functions as found, qualified
+
+    classes = found(module, inputs)
+    if classes is None:
+        raise ExecutionError("cannot run the model's forward on its inputs: check them with module(*inputs)")
+    return [qualified(c) for c in classes]
 
 
 def program_module(ep: torch.export.ExportedProgram) -> fx.GraphModule:
@@ -71,6 +99,94 @@ def original_param_names(gm: nn.Module, aliases: dict[str, str] | None = None) -
     """``id(parameter) -> canonical fully-qualified name`` of the model it was exported from."""
     aliases = aliases or {}
     return {id(p): aliases.get(name, name) for name, p in gm.named_parameters()}
+
+
+TORCH_NAMESPACES = frozenset({  # op namespaces a bare ``import torch`` defines
+    "aten", "prims", "debugprims", "rngprims", "inductor_prims", "_native", "_quantized", "quantized", "quantization",
+    "_c10d_functional", "_c10d_functional_autograd", "c10d", "c10d_functional", "_dtensor", "symm_mem", "mkl",
+    "mkldnn", "mkldnn_prepacked", "onednn", "sparse", "profiler", "export", "inductor", "higher_order"})
+
+
+def _defining_module(op: torch._ops.OpOverload) -> str | None:
+    """The Python module that registered ``op`` (``torch.library.custom_op``, or its fake / kernel registration)."""
+    import sys
+
+    from torch._library import custom_ops, simple_registry
+
+    qualname = op._schema.name
+    opdef = custom_ops.OPDEFS.get(qualname)
+    if opdef is not None and getattr(opdef._init_fn, "__module__", None):
+        return opdef._init_fn.__module__
+    fake = simple_registry.singleton.find(qualname).fake_impl.kernel
+    source = getattr(fake, "source", "") if fake is not None else ""
+    path = source.rpartition(":")[0]
+    if path:
+        for name, mod in list(sys.modules.items()):
+            if getattr(mod, "__file__", None) == path:
+                return name
+    return None
+
+
+def op_modules(gm: fx.GraphModule) -> list[tuple[str, str]]:
+    """``(module, sys.path entry)`` of every Python module that defines a non-torch op of ``gm`` (its body
+    sub-graphs included), for a fresh interpreter to import before it loads the saved program.
+
+    ``PlanError`` naming the op when its module cannot be found or is not importable from a file (defined in
+    ``__main__`` or interactively).
+    """
+    import importlib.util
+    import sys
+
+    out: dict[str, str] = {}
+    for sub in gm.modules():
+        if not isinstance(sub, fx.GraphModule):
+            continue
+        for n in sub.graph.nodes:
+            op = n.target
+            if n.op != "call_function" or not isinstance(op, torch._ops.OpOverload):
+                continue
+            if op.namespace in TORCH_NAMESPACES:
+                continue
+            name = _defining_module(op)
+            if name is None and importlib.util.find_spec(op.namespace) is not None:
+                name = op.namespace  # an extension's C++ op (torchvision::nms): importing the package loads it
+            if name is not None and (name.split(".")[0] == "torch" or name in out):
+                continue
+            file = getattr(sys.modules.get(name), "__file__", None) if name else None
+            if name is None or name == "__main__" or not file:
+                where = f"is defined in {name}" if name else "comes from no module found"
+                raise PlanError(f"custom op '{op._schema.name}' (node '{n.name}') {where}: the ranks load the "
+                                "program in fresh processes and cannot import it; define the op in an importable "
+                                "module (a .py file or package)")
+            path = Path(file).resolve()
+            depth = name.count(".") + (path.name == "__init__.py")
+            out[name] = str(path.parents[depth])
+    return sorted(out.items())
+
+
+def import_op_modules(modules: Sequence[Sequence[str]]) -> None:
+    """Import the modules :func:`op_modules` listed (their ``sys.path`` entries appended where missing)."""
+    import importlib
+    import sys
+
+    for name, root in modules:
+        if root not in sys.path:
+            sys.path.append(root)
+        importlib.import_module(name)
+
+
+def check_static_shapes(gm: fx.GraphModule) -> None:
+    """``PlanError`` naming the first value of ``gm`` whose shape depends on the data (``nonzero``, boolean masks):
+    pipeline stages send and receive buffers of shapes fixed before the first step."""
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in val.shape):
+            frames = [ln.strip() for ln in str(n.meta.get("stack_trace") or "").strip().splitlines()]
+            at = re.match(r'File "(.*)", line (\d+)', frames[-2]) if len(frames) >= 2 else None
+            where = f" ({Path(at[1]).name}:{at[2]}: {frames[-1]})" if at else ""
+            raise PlanError(f"node '{n.name}'{where} has a data-dependent shape {list(val.shape)}; the distributed "
+                            "executor's pipeline stages need static shapes: compute it with fixed shapes (masks) or "
+                            "use a one-stage plan")
 
 
 def value_meta(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> dict[str, tuple[list[int], str, bool]]:
@@ -105,12 +221,30 @@ def plan_node_stages(graph: CompGraph, stage_of_node: np.ndarray) -> dict[str, i
     return {m: int(stage_of_node[i]) for i, grp in enumerate(groups) for m in grp}
 
 
+def interpreted_region(gm: fx.GraphModule, names: Sequence[str]) -> str | None:
+    """A message when one of ``names`` (graph node names) is an op of a ``torch.cond`` / ``map`` region that capture
+    interpreted (``<cond>__true__<op>``): the program holds the region as one higher-order op, which the executors
+    do not split. None when no name is such an op."""
+    from placement_rl.graph.hop import COND, MAP
+
+    hops = [n.name for n in gm.graph.nodes if n.op == "call_function" and n.target in (COND, MAP)]
+    have = {n.name for n in gm.graph.nodes}
+    for m in names:
+        if m not in have and any(m.startswith(f"{h}__") for h in hops):
+            return (f"node '{m}' is an op of an interpreted torch.cond / map region; graphs with such regions can be "
+                    "priced and placed but not executed")
+    return None
+
+
 def assign_stages(gm: fx.GraphModule, graph: CompGraph, stage_of_node: np.ndarray) -> dict[str, int]:
     """Stage of every compute node of ``gm``; ``PlanError`` if the plan and the program disagree."""
     named = plan_node_stages(graph, stage_of_node)
     compute = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
     have = {n.name for n in compute}
     missing = [m for m in named if m not in have]
+    region = interpreted_region(gm, missing)
+    if region:
+        raise PlanError(f"graph '{graph.name}': {region}")
     if missing:
         raise PlanError(f"graph '{graph.name}' and the model do not match: {len(missing)} plan node(s) are not in "
                         f"the model's exported program (first: '{missing[0]}'); capture the graph from this "
@@ -148,6 +282,38 @@ def _loss_node(gm: fx.GraphModule) -> fx.Node:
     return outs[0]
 
 
+def alias_roots(nodes: Sequence[fx.Node], values: Sequence[fx.Node]) -> tuple[dict[fx.Node, fx.Node], list[fx.Node]]:
+    """Which of ``values`` each node aliases, and which of ``values`` ``nodes`` (in program order) write in place.
+
+    Returns ``root`` (every value maps to itself, every node of ``nodes`` whose result is one of them or a view of
+    one to that value) and the values written, directly or through a view. Read from the ops' schemas: an
+    argument marked ``Tensor(a!)`` is written, an op whose result aliases an argument (``view``, ``transpose``,
+    ``relu_``) passes the alias on; ``getitem`` and other ops without a schema alias what they read when that is
+    itself an alias (an element of ``split``'s views, not of ``max``'s results).
+    """
+    root: dict[fx.Node, fx.Node] = {v: v for v in values}
+    written: dict[fx.Node, None] = {}
+    for n in nodes:
+        schema = getattr(n.target, "_schema", None)
+        if schema is None:
+            srcs = [root[a] for a in n.all_input_nodes if a in root and root[a] is not a]
+            if srcs and n.op == "call_function":
+                root[n] = srcs[0]
+            continue
+        aliased = any(r.alias_info is not None for r in schema.returns)
+        for i, arg in enumerate(schema.arguments):
+            if arg.alias_info is None:
+                continue
+            value = n.args[i] if i < len(n.args) else n.kwargs.get(arg.name)
+            for a in (value if isinstance(value, (list, tuple)) else (value,)):
+                if isinstance(a, fx.Node) and a in root:
+                    if arg.alias_info.is_write:
+                        written[root[a]] = None
+                    if aliased:
+                        root[n] = root[a]
+    return root, list(written)
+
+
 def split_stages(gm: fx.GraphModule, stage: dict[str, int], num_stages: int, *,
                  aliases: dict[str, str] | None = None) -> list[StageSplit]:
     """Cut ``gm`` into ``num_stages`` GraphModules; stage k holds the compute nodes mapped to k.
@@ -172,6 +338,7 @@ def split_stages(gm: fx.GraphModule, stage: dict[str, int], num_stages: int, *,
             for a in n.all_input_nodes:
                 if a in made_in:
                     last_use[a] = max(last_use.get(a, -1), stage[n.name])
+    same = alias_roots(nodes, nodes)[0]  # values sharing memory in the program
     splits = []
     for k in range(num_stages):
         g = fx.Graph()
@@ -180,6 +347,15 @@ def split_stages(gm: fx.GraphModule, stage: dict[str, int], num_stages: int, *,
         for v in live_in:
             env[v] = g.placeholder(v.name)
             env[v].meta = v.meta.copy()
+        if k > 0:  # a received activation is a leaf: the stage writes into its own copy
+            for v in alias_roots([n for n in nodes if stage.get(n.name) == k], live_in)[1]:
+                twin = next((u for u in live_in if u is not v and same[u] is same[v]), None)
+                if twin is not None:  # sent as two tensors, they no longer share memory
+                    raise PlanError(f"stage {k} writes in place into '{v.name}', which it receives together with "
+                                    f"its alias '{twin.name}'; move the cut so that both are made in stage {k}")
+                env[v] = g.create_node("call_function", torch.ops.aten.clone.default, (env[v],),
+                                        name=f"{v.name}__received")
+                env[v].meta = v.meta.copy()
         for n in nodes:
             if stage.get(n.name) != k:
                 continue

@@ -10,6 +10,9 @@ Flow (everything that can be wrong is checked before a process starts)::
                     memory check with a topology          (the cost model's memory rule; device and bytes named)
                     torch.export at micro-batch size; assign_stages(program, graph, plan)
                                                           (every plan node in the program, contiguous stages)
+                    no custom autograd.Function (its backward would not run), the modules defining custom ops
+                    (each rank imports them), static shapes in a pipeline, no in-place write into a value
+                    received with its alias (a received value a stage writes into is copied first)
                     TP: degree divides heads / hidden / vocab, split GEMMs are nn.Linear / nn.Embedding
                     calls, no cut inside a TP region, TP groups on one host (with a topology)
                     write JOB_DIR: job.json + one part per plan (part.json, program.pt2, inputs.pt)
@@ -61,7 +64,8 @@ from torch import nn
 from placement_rl.errors import ConfigError, ExecutionError, PlanError
 from placement_rl.executor._launch import build_torchrun_command, run_ranks
 from placement_rl.executor._mesh import ParallelDims, parallel_dims, rank_devices
-from placement_rl.executor._stages import (assign_stages, crossing_values, export_step, param_aliases, program_module,
+from placement_rl.executor._stages import (assign_stages, check_autograd_functions, check_static_shapes,
+                                           crossing_values, export_step, op_modules, param_aliases, program_module,
                                            split_stages, tied_parameters, value_meta)
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.graph.ir import CompGraph
@@ -276,8 +280,12 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
     except Exception as exc:  # torch.export raises many kinds
         raise ExecutionError(f"cannot export the model at micro-batch size {size // chunks} ({type(exc).__name__}: "
                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    custom = check_autograd_functions(module, micro)
+    if custom:
+        raise PlanError(custom)
     gm = program_module(ep)
     stage_map = assign_stages(gm, graph, plan.stage_of_node)
+    imports = op_modules(gm)  # the modules defining its custom ops, imported by each rank before it loads the program
     tp_kinds: dict[str, str] = {}
     tp_vocab: list[int] = []  # [vocabulary, padded] when a TP plan pads it (Megatron's make_vocab_size_divisible_by)
     tp_seq_norms: list[str] = []  # sequence parallelism: the norms run under SequenceParallel
@@ -301,13 +309,15 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
 
     aliases = param_aliases(module)
     splits = split_stages(gm, stage_map, dims.num_stages, aliases=aliases)
-    metas = value_meta(program_module(ep), micro)
+    if not dims.plain:  # a pipeline's stages are built from the values' shapes (a one-stage plan needs none)
+        check_static_shapes(gm)
+    metas = {} if dims.plain else value_meta(program_module(ep), micro)
     ties = tied_parameters(splits)
     if plan.sharding == "fsdp" and ties and dims.dp > 1:
         raise PlanError(f"an fsdp plan cannot share tied parameters {sorted(ties)} between stages (their sharded "
                         "gradients are not synchronised); put them in one stage or use sharding dp")
     crossing = crossing_values(splits)
-    odd = [v for v in crossing if v not in metas]
+    odd = [] if dims.plain else [v for v in crossing if v not in metas]
     if odd:
         raise PlanError(f"value '{odd[0]}' passes between stages but is not a single tensor; move the cut so that "
                         "only tensors cross stages")
@@ -317,8 +327,8 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
         torch.export.save(ep, str(part_dir / "program.pt2"))
     torch.save(tuple(t.detach().cpu() for t in batch), part_dir / "inputs.pt")
     atomic_write_text(part_dir / "part.json", json.dumps({
-        "dims": asdict(dims), "stage_map": stage_map, "param_aliases": aliases,
-        "value_meta": {v: metas[v] for v in crossing}, "batch_size": size, "tp_kinds": tp_kinds,
+        "dims": asdict(dims), "stage_map": stage_map, "param_aliases": aliases, "op_modules": imports,
+        "value_meta": {v: metas[v] for v in crossing if v in metas}, "batch_size": size, "tp_kinds": tp_kinds,
         "tp_vocab": tp_vocab, "tp_seq_norms": tp_seq_norms, "tp_seq_values": tp_seq_values,
         "recompute_regions": regions_of(plan, graph),
         "tied": {k: list(v) for k, v in tied_parameters(splits).items()},

@@ -33,7 +33,8 @@ import numpy as np
 import torch
 from torch import fx
 
-from placement_rl.errors import ExecutionError, PlanError, ProfileError, fmt_bytes
+from placement_rl.errors import ExecutionError, GraphError, PlanError, ProfileError, fmt_bytes
+from placement_rl.executor._stages import check_autograd_functions, interpreted_region
 from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import Placement
 from placement_rl.profiling.program import Program, export_program, is_tensor, mutated_args, retarget, transfer
@@ -95,6 +96,11 @@ class PlacedProgram:
                  placement: Placement | Sequence[int], topology: DeviceTopology, *,
                  program: Program | None = None) -> None:
         self.program = program or export_program(module, inputs)
+        region = interpreted_region(self.program.graph_module,
+                                    [m for grp in graph.members for m in grp] if graph.members is not None
+                                    else list(graph.names))
+        if region:
+            raise GraphError(f"graph '{graph.name}': {region}")
         self.program.check_graph(graph)
         self.topology = topology
         self.devices = _torch_devices(topology)
@@ -295,6 +301,9 @@ def run_placement(module: torch.nn.Module, inputs: Sequence[Any], graph: CompGra
     except PlanError as exc:
         raise ExecutionError(f"invalid placement: {exc}") from None
     check_memory(graph, p, topology, optimizer=optimizer)
+    custom = check_autograd_functions(module, inputs)
+    if custom:
+        raise ExecutionError(custom)
     try:
         now = clock_fn(clock, next((d for d in _torch_devices(topology) if d.type == "cuda"), None))
     except ProfileError as exc:

@@ -90,13 +90,15 @@ def measure_tp_dispatch(part_dir: str | Path, *, repeats: int = 10, warmup: int 
     from placement_rl.executor import _tp
     from placement_rl.executor._recompute import apply_recompute
     from placement_rl.executor._runner import read_dims
-    from placement_rl.executor._stages import program_module, split_stages, stage_parameters, tied_parameters, untie
+    from placement_rl.executor._stages import (import_op_modules, program_module, split_stages, stage_parameters,
+                                               tied_parameters, untie)
 
     part_dir = Path(part_dir)
     part = json.loads((part_dir / "part.json").read_text())
     dims = read_dims(part)
     if dims.tp == 1:
         raise PlanError(f"{part_dir.name}: the plan has no tensor parallelism (TP degree 1); nothing to probe")
+    import_op_modules(part.get("op_modules") or ())
     inputs = torch.load(part_dir / "inputs.pt", weights_only=True)
     micro = inputs[0].shape[0] // (dims.dp * dims.num_microbatches)
     stage_map = {k: int(v) for k, v in part["stage_map"].items()}
