@@ -43,6 +43,16 @@ Model (pure and deterministic), for S stages, m micro-batches, stage s on a devi
   flight, each micro-batch holding ``act_bytes / (m * p)`` plus its received boundary buffer (so GPipe
   holds m micro-batches, 1F1B at most S-s at stage s). Over a device's memory: ``feasible=False`` and
   ``meta["memory_errors"]`` names each such device and its bytes.
+* Tied parameters (``graph.meta["tied"]``, written by capture: a parameter several nodes consume, such as GPT's
+  embedding and LM head; its bytes are on the first user's ``param_bytes``): as the executor does, every stage that
+  holds a user but not that first one keeps its own copy, so the copy's bytes join the parameters of the stage's
+  earliest user (training state, DDP buckets and FSDP units as any parameter; under TP sharded as the first user's
+  parameters are at the stage's degree). In training, after its stages' schedules end (DP syncs included), each
+  such parameter's gradient is summed over the stages holding it: an all-reduce of its bytes per rank (an FSDP
+  stage's shard, a TP rank's share) among the first device of each stage's first DP group, the tied all-reduces
+  of a device group one after another, a local sum where every such stage is on one device group
+  (``meta["tied_allreduce_time"]``, in ``comm_time`` and the timeline; ``meta["tied_copy_bytes"]`` per stage).
+  The parameter counts once in the graph and in op-level ``simulate``.
 * ``meta``: per-stage forward/backward time per micro-batch, end, collective time (``allreduce_time``:
   DDP bucket all-reduces, or FSDP all-gathers + reduce-scatters over the step), the bubble fraction
   ``1 - mean over groups of compute busy time / step_time``, and ``cost_batch_size`` (None: whole batch).
@@ -81,7 +91,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -93,7 +103,7 @@ from placement_rl.cost.memory import BUCKET_BYTES
 from placement_rl.cost.modes import check_mode, mode_of
 from placement_rl.cost.simulate import _inverse_bandwidth, _owned, check_costs
 from placement_rl.cost.types import CostTable, Interval, SimResult
-from placement_rl.errors import PlanError, ProfileError, fmt_bytes
+from placement_rl.errors import GraphError, PlanError, ProfileError, fmt_bytes
 from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import StagePlan, check_interleaved, graph_batch_size
 from placement_rl.topology import DeviceTopology
@@ -186,6 +196,12 @@ class PipelineSimulator:
         self._tp: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
         self._tp_ann = None
         self._tp_coll: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._ties = tied_parameters(graph)
+        self._pos = np.empty(graph.num_nodes, dtype=np.int64)  # each node's place in the topological order
+        self._pos[self._order] = np.arange(graph.num_nodes)
+        self._tie_coll: dict[tuple[int, ...], np.ndarray] = {}
+        self._tie_sync: list[tuple[float, float, tuple[int, ...]]] = []  # last plan's tied all-reduces
+        self._tie_copy = np.zeros(0)  # last plan's tied copy bytes per stage
 
     # ------------------------------------------------------------------ tensor parallelism
     def _tp_arrays(self, t: int, divisible_by: int = 128, sequence_parallel: bool = False) -> tuple[np.ndarray, ...]:
@@ -330,6 +346,10 @@ class PipelineSimulator:
         if sized != 1.0:  # a plan of another batch than the graph's: its activations and crossing tensors scale
             graph_arrays = (*graph_arrays[:2], graph_arrays[2] * sized, *graph_arrays[3:])
             size_arrays = (size_arrays[0], size_arrays[1] * sized, *size_arrays[2:])
+        syncs: list[tuple[float, tuple[int, ...]]] = []
+        if self._ties:  # each stage holding a user of a tied parameter but not its first user: a copy of it
+            copies, syncs = self._tied_copies(given)
+            size_arrays = (size_arrays[0] + copies, *size_arrays[1:])
         lay = self._layout(plan)
         s, m = plan.num_stages, int(plan.num_microbatches)
         nf, ni = work_sizes(self.graph.num_nodes, s, m, int(lay.gptr[-1]), lay.num_groups)
@@ -348,7 +368,72 @@ class PipelineSimulator:
         if self._out[1] != OK:
             plan.validate(self.graph, self.topology)  # raises the PlanError that names the problem
             raise PlanError(f"stage plan does not fit graph '{self.graph.name}'")
+        if self._ties:
+            self._tied_sync(plan, lay, syncs if self.mode == "train" else [])
         return lay
+
+    def _tied_copies(self, plan: StagePlan) -> tuple[np.ndarray, list[tuple[float, tuple[int, ...]]]]:
+        """Per node, the tied-parameter copy bytes (per rank) its stage keeps on it (the stage's earliest user of a
+        tied parameter whose first user is in another stage); per tied parameter held by several stages, its
+        gradient bytes per rank and those stages."""
+        n, num = self.graph.num_nodes, plan.num_stages
+        copies, syncs = np.zeros(n), []
+        self._tie_copy = np.zeros(num)
+        stage = np.asarray(plan.stage_of_node)
+        if stage.shape[0] != n:
+            return copies, syncs  # the kernel rejects the plan
+        for nbytes, users in self._ties:
+            st = stage[users]
+            if st.min() < 0 or st.max() >= num:
+                return copies, []  # the kernel rejects the plan
+            held = np.unique(st)
+            if held.size < 2:
+                continue
+            per_rank = 0.0
+            for s in held.tolist():
+                share = nbytes * self._tp_share(plan, s, int(users[0]))
+                if s != st[0]:
+                    mine = users[st == s]
+                    copies[mine[np.argmin(self._pos[mine])]] += share
+                    self._tie_copy[s] += share
+                p = plan.dp_degrees[s]
+                per_rank = max(per_rank, share / p if plan.sharding == "fsdp" and p > 1 else share)
+            syncs.append((per_rank, tuple(held.tolist())))
+        return copies, syncs
+
+    def _tp_share(self, plan: StagePlan, s: int, owner: int) -> float:
+        """Share of a tied parameter one TP rank of stage ``s`` holds: that of the parameters of its first user
+        ``owner`` at the stage's TP degree (1 without TP)."""
+        t = plan.tp[s]
+        full = float(self._size_arrays[0][owner])
+        if t == 1 or full <= 0.0:
+            return 1.0
+        return float(self._tp_arrays(t, plan.make_vocab_size_divisible_by, plan.sequence_parallel)[4][owner]) / full
+
+    def _tied_sync(self, plan: StagePlan, lay: _Layout, syncs: list[tuple[float, tuple[int, ...]]]) -> None:
+        """After the kernel: each tied gradient all-reduced among its stages' device groups once they are done
+        (step time and comm time in ``self._out`` extended; the all-reduces kept for ``run``)."""
+        from placement_rl.cost.tensor_parallel import segment_times
+
+        self._tie_sync = []
+        if not syncs:
+            return
+        free = np.zeros(lay.num_groups)
+        np.maximum.at(free, lay.sgroup, lay.out_stage[2])
+        for nbytes, stages in syncs:
+            groups = tuple(sorted({int(lay.sgroup[s]) for s in stages}))
+            dur = 0.0
+            if len(groups) > 1:  # stages on one device group: a local sum
+                devs = tuple(plan.stage_devices[s][0] for s in stages)
+                devs = tuple(dict.fromkeys(devs))
+                if devs not in self._tie_coll:
+                    self._tie_coll[devs] = coeff_array("allreduce", devs, self.topology, self.costs)
+                dur = float(segment_times(self._tie_coll[devs], np.array([nbytes]))[0])
+            start = float(free[list(groups)].max())
+            free[list(groups)] = start + dur
+            self._tie_sync.append((start, start + dur, groups))
+            self._out[2] += dur
+        self._out[0] = max(float(self._out[0]), float(free.max()))
 
     def step_time(self, plan: StagePlan) -> float:
         """Simulated step time (seconds) of ``plan``."""
@@ -380,6 +465,9 @@ class PipelineSimulator:
                 "allreduce_time": st[4].tolist(), "microbatch_bytes": st[5].tolist(),
                 "bubble_fraction": bubble, "cost_batch_size": self.cost_batch_size, "link_time": st[6].tolist(),
                 "cost_source": self._source, "sharding": plan.sharding, "tp": list(plan.tp), "mode": self.mode}
+        if self._ties:
+            meta["tied_allreduce_time"] = sum(end - start for start, end, _ in self._tie_sync)
+            meta["tied_copy_bytes"] = self._tie_copy.tolist()
         from placement_rl.cost.throughput import pipeline_steady_time
 
         meta["steady_time"] = pipeline_steady_time(plan, meta)
@@ -414,7 +502,36 @@ class PipelineSimulator:
             label = f"stage{lab}" if kind == 4 else f"stage{lab // m} mb{lab % m}"
             out.append(Interval(kind=_KINDS[kind], resource=resource, start=float(rec[3][k]),
                                 end=float(rec[4][k]), label=label))
+        for start, end, groups in self._tie_sync:
+            if end > start:
+                out.extend(Interval(kind="allreduce", resource=lay.group_names[g], start=start, end=end, label="tied")
+                           for g in groups)
         return tuple(out)
+
+
+def tied_parameters(graph: CompGraph) -> tuple[tuple[float, np.ndarray], ...]:
+    """``graph.meta["tied"]`` (see ``placement_rl.graph.capture``) as ``(bytes, node indices of its users)`` per tied
+    parameter, the first user (the node charged with its bytes) first; ``GraphError`` naming a malformed entry."""
+    data = graph.meta.get("tied")
+    if data is None:
+        return ()
+    where = f"graph '{graph.name}' meta['tied']"
+    if not isinstance(data, (list, tuple)):
+        raise GraphError(f"{where} must be a list of {{'bytes': B, 'nodes': [names]}} objects, "
+                         f"got {type(data).__name__}")
+    index = graph.index
+    out = []
+    for k, tie in enumerate(data):
+        nbytes = tie.get("bytes") if isinstance(tie, Mapping) else None
+        nodes = tie.get("nodes") if isinstance(tie, Mapping) else None
+        if (isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)) or not math.isfinite(nbytes) or nbytes < 0
+                or not isinstance(nodes, (list, tuple)) or not nodes):
+            raise GraphError(f"{where}[{k}] must be {{'bytes': B >= 0, 'nodes': [node names]}}, got {tie!r}"[:300])
+        missing = [nm for nm in nodes if not isinstance(nm, str) or nm not in index]
+        if missing:
+            raise GraphError(f"{where}[{k}] names node {missing[0]!r}, which graph '{graph.name}' does not have")
+        out.append((float(nbytes), np.array([index[nm] for nm in nodes], dtype=np.int64)))
+    return tuple(out)
 
 
 def _pace_tp_groups(plan: StagePlan, graph_arrays: tuple, ratio: float) -> None:

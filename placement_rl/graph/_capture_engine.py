@@ -15,7 +15,8 @@ parameters the call owns) runs under a second ``FlopCounterMode``. So per node:
 * ``act_bytes``: bytes of the storages saved for backward, each storage counted once over the
   whole graph (by the first node that saves it); parameter and buffer storages are excluded,
   saved model inputs (e.g. the image a first conv keeps for its weight grad) are included;
-* ``param_bytes``: bytes of the trainable parameters this node consumes first;
+* ``param_bytes``: bytes of the trainable parameters this node consumes first (a parameter that several nodes
+  consume, such as an embedding tied to the LM head, is listed with its users by ``measure_graph(ties=...)``);
 * ``out_bytes`` and, per producer, the bytes of the tensors passed along each edge.
 
 ``getitem`` of a multi-output op (a list/tuple value) is folded into its producer. ``cond`` and
@@ -38,7 +39,7 @@ import torch
 from torch import fx
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
-from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
+from torch.utils.flop_counter import FlopCounterMode, conv_flop_count, sdpa_backward_flop_count, sdpa_flop_count
 
 
 @dataclass(frozen=True)
@@ -107,10 +108,17 @@ class _Measure:
                  device: torch.device | None) -> None:
         self.trainable = {id(p): p for p in trainable}
         self.claimed: set[int] = set()
+        self.users: dict[int, list[str]] = {}  # id of a trainable parameter -> nodes consuming it, in program order
         self.constant_keys = {_storage_key(t) for t in constants}
         self.saved: dict[int, Any] = {}  # storage key -> storage, kept alive so keys stay unique
         self.device = device
         self.flops: dict[Hashable, tuple[float, float, bool]] = {}  # signature -> (fwd, bwd, measured)
+
+    def ties(self) -> list[dict[str, Any]]:
+        """``{"bytes": B, "nodes": [names]}`` per trainable parameter consumed by more than one node, in the
+        order parameters were first used; ``nodes[0]`` is the node charged with its bytes."""
+        return [{"bytes": float(self.trainable[pid].numel() * self.trainable[pid].element_size()), "nodes": list(names)}
+                for pid, names in self.users.items() if len(names) > 1]
 
     def _retarget(self, x: Any) -> Any:
         return self.device if isinstance(x, torch.device) else x
@@ -125,6 +133,9 @@ class _Measure:
         for t in used:
             if id(t) in self.trainable:
                 uses_params = True
+                users = self.users.setdefault(id(t), [])
+                if not users or users[-1] != rec.name:
+                    users.append(rec.name)
                 if id(t) not in self.claimed:
                     self.claimed.add(id(t))
                     rec.param_bytes += t.numel() * t.element_size()
@@ -196,7 +207,20 @@ def _conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padd
     return fwd * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
 
 
-_FLOPS = {torch.ops.aten.convolution_backward: _conv_backward_flops}
+def _cpu_attention_flops(q_shape, k_shape, v_shape, *_args, out_shape=None, **_kwargs) -> int:
+    """``aten._scaled_dot_product_flash_attention_for_cpu`` (what ``scaled_dot_product_attention`` runs on CPU
+    tensors): torch 2.13 counts its CUDA kernels only, so attention on real CPU tensors came out 0 FLOPs."""
+    return sdpa_flop_count(q_shape, k_shape, v_shape)
+
+
+def _cpu_attention_backward_flops(grad_out_shape, q_shape, k_shape, v_shape, *_args, out_shape=None,
+                                  **_kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out_shape, q_shape, k_shape, v_shape)
+
+
+_FLOPS = {torch.ops.aten.convolution_backward: _conv_backward_flops,
+          torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention_flops,
+          torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_attention_backward_flops}
 
 
 class _PerItem(tuple):
@@ -205,19 +229,25 @@ class _PerItem(tuple):
 
 def measure_graph(graph: fx.Graph, *, leaves: Mapping[fx.Node, Any], describe: Callable[[fx.Node], OpCall],
                   trainable: Iterable[torch.Tensor], constants: Iterable[torch.Tensor],
-                  device: torch.device | None = None) -> tuple[list[NodeRecord], int]:
+                  device: torch.device | None = None,
+                  ties: list[dict[str, Any]] | None = None) -> tuple[list[NodeRecord], int]:
     """Measure every call node of ``graph``; returns the records (program order) and unclaimed param bytes.
 
     ``leaves`` gives the value of every placeholder and get_attr node (trainable parameters must
     require grad); ``device`` (e.g. meta) replaces every ``torch.device`` argument of the ops.
     ``cond`` and ``map_impl`` nodes are interpreted: their bodies' ops become nodes (see ``hop``).
-    Raises ``NodeFailure`` if a node's forward fails.
+    ``ties``, when given a list, receives one ``{"bytes": B, "nodes": [names]}`` per trainable parameter
+    that more than one node consumes (an embedding tied to the LM head, a weight used at every step of an
+    unrolled loop): its bytes and its users in program order, the first being the node whose ``param_bytes``
+    count them. Raises ``NodeFailure`` if a node's forward fails.
     """
     trainable = list(trainable)
     walker = _Walker(_Measure(trainable=trainable, constants=constants, device=device), describe)
     with torch.enable_grad():
         walker.run(graph, dict(leaves), {n: [] for n in leaves}, prefix="")
     unclaimed = sum(p.numel() * p.element_size() for p in trainable if id(p) not in walker.m.claimed)
+    if ties is not None:
+        ties.extend(walker.m.ties())
     return walker.records, unclaimed
 
 

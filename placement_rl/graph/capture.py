@@ -16,18 +16,29 @@ Export graphs are interpreted on ``meta`` tensors (exact FLOPs and bytes, no com
 if an op cannot run on meta (data-dependent shapes) the whole graph is interpreted again on real
 copies of the inputs, parameters and buffers (``exec="real"`` in ``meta``). The fx path always runs
 real tensors through a deep copy of the module (so buffers of the caller's module never change).
+``symbolic_trace`` keeps every ``torch.nn`` module as one call; a call of one that has submodules
+(``TransformerEncoder``/``Decoder``, ``MultiheadAttention``) is replaced by the aten ops it runs on the
+example inputs (``make_fx`` on real tensors, nodes named ``<call>__<op>``), so its layers are nodes priced
+op by op. One that cannot be traced so stays one node, with a warning naming it.
+
+A ``torch.autograd.Function`` in the forward is traced through by both methods: the graph prices
+autograd's backward of its forward ops, not its own backward; capture warns, naming the Function.
 
 ``meta`` of the graph records: ``batch_size`` (the first input's leading dimension), ``tp`` (tensor-parallel
 split annotations, ``placement_rl.graph.tp.detect``), ``capture_method`` (export|fx), ``exec`` (meta|real),
 ``torch_version``, ``input_bytes``, ``buffer_bytes`` (buffers and constants), ``param_bytes`` and
 ``num_params`` (trainable), ``unused_param_bytes`` (trainable but consumed by no node),
 ``bwd_flops_fallback`` (nodes whose backward FLOPs use the fallback rule), ``export_error``
-(when fx was the fallback), and whatever the caller passes in ``meta=`` (e.g. zoo name/options).
+(when fx was the fallback), ``whole_modules`` (fx: calls of modules with submodules left one node; only
+when there are), ``autograd_functions`` (custom Functions in the forward; only when there are), and
+whatever the caller passes in ``meta=`` (e.g. zoo name/options).
 """
 
 from __future__ import annotations
 
 import copy
+import operator
+import traceback
 import warnings
 from typing import Any, Mapping, Sequence
 
@@ -159,9 +170,138 @@ def _measure_export(module: nn.Module, inputs: tuple, exec_mode: str):
 
 
 # ----------------------------------------------------------------------------------------------- fx
+def _has_children(module: nn.Module) -> bool:
+    return next(module.children(), None) is not None
+
+
+class _CallInputs(fx.Interpreter):
+    """Runs the traced graph once and keeps, for each node of ``wanted``, the values of its flattened
+    ``(args, kwargs)`` (tensors detached, ``requires_grad`` kept)."""
+
+    def __init__(self, gm: fx.GraphModule, wanted: set[fx.Node]) -> None:
+        super().__init__(gm)
+        self.wanted = wanted
+        self.seen: dict[fx.Node, list[Any]] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n in self.wanted:
+            flat = torch.utils._pytree.tree_leaves((n.args, n.kwargs))
+            values = [self.env[x] if isinstance(x, fx.Node) else x for x in flat]
+            self.seen[n] = [v.detach().requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v
+                            for v in values]
+        return super().run_node(n)
+
+
+def _aten_program(sub: nn.Module, node: fx.Node, values: list[Any]) -> fx.GraphModule:
+    """The aten ops ``sub`` runs on ``values`` (the flattened arguments of call node ``node``): ``make_fx`` on
+    real tensors, so data-dependent branches (``TransformerDecoder``'s causal-mask check) are taken as these
+    inputs take them. Raises where the program is not a plain list of aten ops."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    _, spec = torch.utils._pytree.tree_flatten((node.args, node.kwargs))
+    if not all(isinstance(v, torch.Tensor) or v is None or isinstance(v, (bool, int, float, str)) for v in values):
+        raise TypeError("arguments other than tensors and scalars")
+
+    def call(*flat: Any) -> Any:
+        args, kwargs = torch.utils._pytree.tree_unflatten(list(flat), spec)
+        return sub(*args, **kwargs)
+
+    call._orig_mod = sub  # make_fx records each op's submodule path (nn_module_stack) for a module given so
+    with torch.enable_grad():
+        gm = make_fx(call, tracing_mode="real", pre_dispatch=True, record_module_stack=True,
+                     _error_on_data_dependent_ops=False)(*values)
+    gm.graph.eliminate_dead_code()  # the values read by data-dependent branches (``item``) are baked in
+    holders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(holders) != len(values):
+        raise TypeError(f"{len(holders)} placeholders for {len(values)} arguments")
+    for n in gm.graph.nodes:  # plain aten ops on tensors: no grad-mode switches, higher-order ops or submodules
+        if n.op == "call_function" and not (isinstance(n.target, torch._ops.OpOverload)
+                                            or n.target is operator.getitem):
+            raise TypeError(f"call of {n.target}")
+        if n.op in ("call_module", "call_method") or (n.op == "get_attr"
+                                                      and not isinstance(_attr(gm, n.target), torch.Tensor)):
+            raise TypeError(f"{n.op} node '{n.name}'")
+    return gm
+
+
+def _splice(traced: fx.GraphModule, node: fx.Node, gm: fx.GraphModule) -> None:
+    """Replace call node ``node`` of ``traced`` by the ops of ``gm`` (its aten program), named
+    ``<node>__<op>``, with the module path of each op below the called module's."""
+    graph, path = traced.graph, str(node.target)
+    flat = torch.utils._pytree.tree_leaves((node.args, node.kwargs))
+    result = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    env: dict[fx.Node, Any] = dict(zip((n for n in gm.graph.nodes if n.op == "placeholder"), flat))
+    picks = {}
+    if isinstance(result, (tuple, list)):  # e.g. MultiheadAttention's (output, weights): getitem users
+        for user in node.users:
+            index = user.args[1] if user.target is operator.getitem and len(user.args) == 2 else None
+            if not isinstance(index, int) or (user.users and not isinstance(result[index], fx.Node)):
+                raise TypeError(f"use '{user.name}' of a multi-output module")
+            picks[user] = result[index]
+    elif not isinstance(result, fx.Node):
+        raise TypeError("module returns no tensor")
+    if any(isinstance(r, fx.Node) and r.op == "placeholder" and not isinstance(env[r], fx.Node)
+           for r in ([result] if isinstance(result, fx.Node) else picks.values())):
+        raise TypeError("module returns a constant argument")
+    names: dict[int, str] = {}
+    for name, t in list(traced.named_parameters(remove_duplicate=False)) + list(traced.named_buffers()):
+        names.setdefault(id(t), name)
+    with graph.inserting_before(node):
+        for n in gm.graph.nodes:
+            if n.op == "get_attr":
+                value = _attr(gm, n.target)
+                target = names.get(id(value))
+                if target is None:  # a tensor the module holds outside its parameters and buffers
+                    target = names[id(value)] = f"{node.name}__{n.target}"
+                    setattr(traced, target, value)
+                env[n] = graph.get_attr(target)
+            elif n.op == "call_function":
+                new = graph.create_node("call_function", n.target, fx.node.map_arg(n.args, env.__getitem__),
+                                        fx.node.map_arg(n.kwargs, env.__getitem__), name=f"{node.name}__{n.name}")
+                inner = _innermost_path(n)
+                new.meta["nn_module_stack"] = {"expanded": (f"{path}.{inner}" if inner else path, "")}
+                env[n] = new
+    if isinstance(result, fx.Node):
+        node.replace_all_uses_with(env[result])
+    for user, picked in picks.items():
+        if user.users:
+            user.replace_all_uses_with(env[picked])
+        graph.erase_node(user)
+    graph.erase_node(node)
+
+
+def _expand_torch_modules(traced: fx.GraphModule, inputs: tuple) -> list[str]:
+    """fx keeps every ``torch.nn`` module whole (one call node); replace each call of one that has submodules
+    (``TransformerEncoder``, ``TransformerDecoder``, ``MultiheadAttention``, ...) by the aten ops it runs, so
+    its layers, attention and FLOPs are nodes of their own. Returns ``<node> (<class>)`` of the calls left
+    whole (their program could not be traced op by op)."""
+    calls = [n for n in traced.graph.nodes
+             if n.op == "call_module" and _has_children(traced.get_submodule(str(n.target)))]
+    if not calls:
+        return []
+    seen: dict[fx.Node, list[Any]] = {}
+    try:
+        recorder = _CallInputs(traced, set(calls))
+        with torch.enable_grad():
+            recorder.run(*(x.detach().clone() if isinstance(x, torch.Tensor) else x for x in inputs))
+        seen = recorder.seen
+    except Exception:  # noqa: BLE001 -- the calls stay whole and capture says so
+        pass
+    whole = []
+    for node in calls:
+        sub = traced.get_submodule(str(node.target))
+        try:
+            _splice(traced, node, _aten_program(sub, node, seen[node]))
+        except Exception:  # noqa: BLE001
+            whole.append(f"{node.name} ({type(sub).__name__})")
+    traced.graph.lint()
+    return whole
+
+
 def _measure_fx(module: nn.Module, inputs: tuple):
     root = copy.deepcopy(module)
     traced = fx.symbolic_trace(root)
+    whole = _expand_torch_modules(traced, inputs)
     user_values = iter(inputs)
     leaves: dict[fx.Node, Any] = {}
     counts = {"input_bytes": 0, "buffer_bytes": 0, "param_bytes": 0, "num_params": 0}
@@ -200,7 +340,27 @@ def _measure_fx(module: nn.Module, inputs: tuple):
                                         constants=constants)
     except NodeFailure as exc:
         raise GraphError(f"cannot measure the fx graph ({exc})") from None
-    return records, dict(counts, unused_param_bytes=unused, exec="real")
+    return records, dict(counts, unused_param_bytes=unused, exec="real"), whole
+
+
+# ------------------------------------------------------------------------------------------ checks
+def _export_hint(exc: BaseException) -> str:
+    """``"; likely fix: ..."`` where the export failure has a known cause in the user's call, else ``""``."""
+    try:
+        frames, chain = [], []
+        while exc is not None and exc not in chain:  # the exception, its cause, the cause's cause...
+            chain.append(exc)
+            frames += [f for f, _ in traceback.walk_tb(exc.__traceback__)]
+            exc = exc.__cause__ or exc.__context__
+        for caller, frame in zip(frames, frames[1:]):
+            if frame.f_code.co_name == "_detect_is_causal_mask" and "transformer" in frame.f_code.co_filename:
+                owner = type(caller.f_locals.get("self")).__name__
+                arg = "tgt_is_causal" if owner in ("TransformerDecoder", "TransformerDecoderLayer") else "is_causal"
+                return (f"; likely fix: pass {arg}=True to {owner} with a causal mask (torch.export cannot read the "
+                        "mask's values to detect it)")
+    except Exception:  # noqa: BLE001 -- a hint only
+        pass
+    return ""
 
 
 # ------------------------------------------------------------------------------------------ public
@@ -275,12 +435,12 @@ def capture(module: nn.Module, example_inputs: Any, *, method: str = "export", n
             raise
         except Exception as exc:  # torch.export raises many types; fall back to fx
             info["export_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
-            warnings.warn(f"torch.export failed ({info['export_error']}); falling back to torch.fx.symbolic_trace",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(f"torch.export failed ({info['export_error']}){_export_hint(exc)}; falling back to "
+                          "torch.fx.symbolic_trace", RuntimeWarning, stacklevel=2)
             used = "fx"
     if used == "fx":
         try:
-            records, counts = _measure_fx(module, inputs)
+            records, counts, whole = _measure_fx(module, inputs)
         except GraphError:
             raise
         except Exception as exc:
@@ -288,6 +448,19 @@ def capture(module: nn.Module, example_inputs: Any, *, method: str = "export", n
             extra = f"; export failed too ({info['export_error']})" if info else ""
             raise CaptureError(f"cannot trace {type(module).__name__} with torch.fx ({why}){extra}",
                                f"torch.export: {info['export_error']}" if info else f"torch.fx: {why}") from None
+        if whole:
+            info["whole_modules"] = whole
+            warnings.warn(f"{len(whole)} graph node(s) are whole modules priced as one op (no inner ops, FLOPs of "
+                          f"ops torch cannot count missing, no split inside): {', '.join(whole)}",
+                          RuntimeWarning, stacklevel=2)
+    from placement_rl.graph.autograd_fns import custom_autograd_functions
+
+    functions = [c.__qualname__ for c in custom_autograd_functions(module, inputs) or ()]
+    if functions:
+        info["autograd_functions"] = functions
+        warnings.warn(f"{', '.join(functions)}: custom torch.autograd.Function backward not captured: the graph "
+                      "holds the forward's ops and prices autograd's backward of them, not the Function's own",
+                      RuntimeWarning, stacklevel=2)
     full_meta: dict[str, Any] = {
         "capture_method": used, "torch_version": torch.__version__, **counts, **info,
         "bwd_flops_fallback": [r.name for r in records if not r.bwd_measured],

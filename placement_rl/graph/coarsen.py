@@ -349,6 +349,16 @@ def _assemble(graph: CompGraph, q: _Quotient, *, depth: int | str, fold: bool) -
     meta = {**graph.meta, FINE_KEY: fine, "original_names": list(original),
             "coarsen": {"depth": depth, "fold_param_free": fold, "source_nodes": n,
                         "source_name": graph.name}}
+    if "tied" in meta:  # users of a shared parameter -> their groups (a parameter inside one group is not tied)
+        index = {nm: i for i, nm in enumerate(graph.names)}
+        try:
+            ties = [{**t, "nodes": list(dict.fromkeys(names[gof[index[nm]]] if nm in index else nm
+                                                      for nm in t["nodes"]))} for t in meta.pop("tied")]
+        except (TypeError, KeyError):
+            raise GraphError(f"graph '{graph.name}': meta['tied'] must be a list of {{'bytes': B, 'nodes': [names]}} "
+                             "objects") from None
+        if any(len(t["nodes"]) > 1 for t in ties):
+            meta["tied"] = [t for t in ties if len(t["nodes"]) > 1]
     return CompGraph(
         names=tuple(names),
         op_types=tuple(graph.op_types[int(i)] for i in best),
