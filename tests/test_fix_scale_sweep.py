@@ -169,13 +169,17 @@ def test_ctrl_c_on_a_joblib_sweep_is_one_line(tmp_path):
     import time
 
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    # SIGINT as a terminal leaves it (a shell running this in the background ignores it, and the child would too)
     p = subprocess.Popen([sys.executable, "-m", "placement_rl.cli.main", "train", "-m", "seed=0,1",
-                          f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
-    deadline = time.time() + 120  # until both jobs have started (their folders), then Ctrl-C on the whole group
-    while time.time() < deadline and not all((tmp_path / "sweep" / k).is_dir() for k in "01"):
+                          f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    logs = [tmp_path / "sweep" / k / "train.log" for k in "01"]
+    deadline = time.time() + 180  # until both jobs run their task (their logs written), then Ctrl-C on the group
+    while time.time() < deadline and not all(f.is_file() and f.stat().st_size > 0 for f in logs):
+        assert p.poll() is None, p.stderr.read()[-3000:]
         time.sleep(0.5)
-    time.sleep(3)
+    time.sleep(2)
     os.killpg(p.pid, signal.SIGINT)
     _, err = p.communicate(timeout=120)
     lines = [ln for ln in err.splitlines() if ln.strip() and "][INFO]" not in ln]

@@ -30,7 +30,8 @@ def _wait_reading(pid: int) -> None:
 
 def test_ctrl_c_ends_a_worker_quietly():
     p = subprocess.Popen([sys.executable, "-c", SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+                         stderr=subprocess.PIPE, env=dict(os.environ, PYTHONWARNINGS="ignore"),
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal leaves it
     _wait_reading(p.pid)  # imported and waiting for its problem
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
