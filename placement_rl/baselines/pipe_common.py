@@ -22,6 +22,7 @@ import numpy as np
 
 from placement_rl.baselines.common import Score, check_inputs
 from placement_rl.cost import PIPELINE_SCHEDULES, PipelineSimulator
+from placement_rl.cost.pipeline import tied_parameters
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import ConfigError
 from placement_rl.graph.ir import CompGraph
@@ -106,6 +107,8 @@ class PipeProblem:
         self.extra_meta: dict[str, object] = {}  # what a planner reports about its search (plan.meta)
         self.cut_short = False  # ``best_of`` ran out of budget or seconds before its last candidate
         self._mem_prefix: tuple[np.ndarray, np.ndarray] | None = None  # ``stage_fits``' parameter / activation sums
+        # tied parameters (``cost.pipeline.tied_parameters``): bytes, users' positions sorted, first user (its owner)
+        self.ties = [(b, np.sort(self._pos[u]), int(u[0])) for b, u in tied_parameters(graph)]
 
     # --------------------------------------------------------------- costs
     def degree_ok(self, r: int, m: int | None = None) -> bool:
@@ -159,17 +162,31 @@ class PipeProblem:
             cost = (var / r + m * fixed).max(axis=0)  # each replica runs m micro-batches
         if j < self.n and hi < self.d:  # activations out and gradients back
             cost += 2.0 * (lat_n + self.crossing_out(j) * (inv_n / r))
-        if r > 1:  # ring all-reduce of the stage's gradients
+        if r > 1:  # ring all-reduce of the stage's gradients (its tied copies' too: in its DDP buckets)
             params = self.param_prefix[j] - self.param_prefix[:j]
+            if self.ties:
+                params = params + self.copy_bytes(np.arange(j), j)
             cost += 2.0 * (r - 1) / r * inv_r * params + 2.0 * (r - 1) * lat_r
         return cost
+
+    def copy_bytes(self, start: np.ndarray, end: np.ndarray, t: int = 1, sequence_parallel: bool = False
+                   ) -> np.ndarray | float:
+        """Tied-parameter copy bytes (per rank at TP degree ``t``) a stage of positions ``[start, end)`` keeps
+        (arrays broadcast): as the simulator (``PipelineSimulator.tied_copies``), a copy of each tied parameter it
+        has a user of but not the first user. 0.0 on a graph without ties."""
+        out: np.ndarray | float = 0.0
+        for nbytes, upos, owner in self.ties:
+            p0 = self._pos[owner]
+            holds = (upos.searchsorted(end) > upos.searchsorted(start)) & ~((start <= p0) & (p0 < end))
+            out = out + holds * (nbytes * self.sim.tied_share(t, owner, sequence_parallel=sequence_parallel))
+        return out
 
     def stage_fits(self, j: int, lo: int, hi: int, r: int, m: int, inflight: int,
                    sharding: str = "dp") -> np.ndarray:
         """For every i < j: whether positions [i, j) fit each device of ``devs[lo:hi]`` (DP degree ``r``, ``m``
         micro-batches, ``inflight`` of them holding activations at once) by the rule of ``exact``'s cut search
-        (``pipe_tp._stage_mats``): the parameters' training state (sharded over ``r`` under FSDP) and the
-        activations of the micro-batches in flight."""
+        (``pipe_tp._stage_mats``): the parameters' training state (its tied copies included, ``copy_bytes``;
+        sharded over ``r`` under FSDP) and the activations of the micro-batches in flight."""
         from placement_rl.cost.memory import BUCKET_BYTES, FSDP_GATHER_FACTOR, STATE_FACTOR
 
         if self._mem_prefix is None:
@@ -178,6 +195,8 @@ class PipeProblem:
                                 np.concatenate([[0.0], np.cumsum(act[self.order])]))
         pp_, pa = self._mem_prefix
         params = pp_[j] - pp_[:j]
+        if self.ties:  # a stage's copies of tied parameters are trained as its own
+            params = params + self.copy_bytes(np.arange(j), j)
         state = (STATE_FACTOR * params / r + FSDP_GATHER_FACTOR * np.minimum(params, BUCKET_BYTES)
                  if sharding == "fsdp" and r > 1 else STATE_FACTOR * params)
         mem = state + (pa[j] - pa[:j]) / (m * r) * inflight

@@ -29,7 +29,12 @@ TP group (with sequence parallelism: a reduce-scatter and an all-gather of the s
 1/t of the sequence), each node at the time of the slowest rank of its TP group (unequal devices), forward and
 backward each paced by the slowest TP group of the stage, + both directions of the boundary transfer (every tensor
 produced before the cut and consumed after it, skip connections passed along, on the slowest link between the two
-groups). With one micro-batch and DP degree 1 the objective *is* the simulated step
+groups). Tied parameters (``graph.meta["tied"]``, priced as the simulator does): a stage's copies
+(``PipeProblem.copy_bytes``) count in its memory as its own parameters, and a plan's objective ends no earlier than
+its tied gradient all-reduces, each started once its stages are done (``PipelineSimulator.tied_sync``; a stage ends
+when the stages before it have run their backward after it); the cut search's dynamic program does not see these
+all-reduces (they depend on the whole plan), the candidates' estimates and the simulated ranking do. With one
+micro-batch and DP degree 1 the objective *is* the simulated step
 time (``cut_objective``; tested on every plan of a brute force). Limits of ``exact``: it is exact over the discrete
 choices and over cuts *for that analytic objective* (with m > 1 the simulator's event-level schedule, and DP / FSDP
 collectives and their overlap, are only in the final simulated ranking: on the brute force's small GPT the objective
@@ -144,6 +149,8 @@ class _Stages:
         ppar = np.concatenate([[0.0], np.cumsum(param[order])])
         pact = np.concatenate([[0.0], np.cumsum(act[order])])
         self.params = ppar[g][None, :] - ppar[g][:, None]
+        if pp.ties:  # each stage's copies of tied parameters (per rank), trained as its own parameters
+            self.params = self.params + pp.copy_bytes(g[:, None], g[None, :], t, self.sp)
         self.act = (pact[g][None, :] - pact[g][:, None]) / (m * dp)
         self.valid = g[None, :] > g[:, None]
         # a cut carries every tensor produced before it and consumed after it (skip connections passed along);
@@ -152,6 +159,7 @@ class _Stages:
         for b in range(1, len(g) - 1):
             self.cross[b] = pp.crossing_out(int(g[b]))[0] / (m * dp)
         self._tau: dict[tuple[int, ...], np.ndarray] = {}
+        self._bwd: dict[tuple[int, ...], np.ndarray] = {}
 
     def group(self, k: int) -> tuple[int, ...]:
         """Devices of the ``k``-th stage position: ``dp x tp`` of ``pp.devs``, TP innermost."""
@@ -183,7 +191,13 @@ class _Stages:
                 f, b = pf[None, :] - pf[:, None], pb[None, :] - pb[:, None]
                 fwd, bwd = (f, b) if fwd is None else (np.maximum(fwd, f), np.maximum(bwd, b))
             self._tau[grp] = np.where(self.valid, fwd + bwd, np.inf)
+            self._bwd[grp] = bwd
         return self._tau[grp]
+
+    def bwd(self, k: int) -> np.ndarray:
+        """``[G, G]`` backward part of ``tau(k)`` (the slowest TP group's)."""
+        self.tau(k)
+        return self._bwd[self.group(k)]
 
     def recompute(self, k: int, mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """``(extra, act, transient)`` ``[G, G]`` of recomputation ``mode`` for a stage on group ``k``: its
@@ -310,6 +324,33 @@ def _stage_mats(pp: PipeProblem, st: _Stages, s: int, t: int, dp: int, m: int, s
     return mats, chosen
 
 
+def _objective(taus: list[float], m: int) -> float:
+    """``sum_k tau_k + (m - 1) max_k tau_k`` (``inf`` where a stage is over memory, also at ``m = 1``)."""
+    return sum(taus) + (m - 1) * max(taus) if m > 1 else sum(taus)
+
+
+def _with_ties(pp: PipeProblem, st: _Stages, cuts: list[int], rc: tuple[str, ...], sh: str, obj: float) -> float:
+    """``obj`` (the analytic step over grid cuts ``cuts``, recomputation ``rc`` per stage) extended by the tied
+    gradient all-reduces as the simulator runs them (``PipelineSimulator.tied_sync``) after each stage's end: the
+    step less the backward spans (recomputation and gradient transfer in) of the stages before it."""
+    s = len(cuts) - 1
+    if not pp.ties or s == 1 or not np.isfinite(obj):
+        return obj
+    tails = []
+    for k in range(s - 1):  # stage k ends once stages 0..k-1 have run their backward after it
+        a, b = cuts[k], cuts[k + 1]
+        tail = float(st.bwd(k)[a, b])
+        if rc[k] != "none":
+            tail += float(st.recompute(k, rc[k])[0][a, b])
+        lat, inv = st.link(k)
+        tails.append(tail + lat + float(st.cross[b]) * inv)
+    ends = obj - np.concatenate([[0.0], np.cumsum(tails)])
+    plan = pp.plan([int(st.grid[i]) for i in cuts], (st.dp,) * s, m=st.m, sharding=sh, tp=(st.t,) * s,
+                   recompute=rc, sequence_parallel=st.sp)
+    syncs = pp.sim.tied_copies(plan)[1]
+    return max(obj, pp.sim.tied_sync(plan, ends, syncs)[2]) if syncs else obj
+
+
 def cut_objective(pp: PipeProblem, cuts: list[int], dp: int, m: int, sharding: str = "dp", tp: int = 1,
                   modes: tuple[str, ...] = ("none",), sequence_parallel: bool = False) -> float:
     """The analytic step time ``exact``'s cut search minimises for one plan (``cuts``: positions in
@@ -321,9 +362,12 @@ def cut_objective(pp: PipeProblem, cuts: list[int], dp: int, m: int, sharding: s
     if any(int(c) not in where for c in cuts):
         raise ConfigError(f"cuts {list(cuts)} are not on the exact search's grid of {len(grid)} points")
     s = len(cuts) - 1
-    mats, _ = _stage_mats(pp, _Stages(pp, grid, tp, dp, m, sequence_parallel), s, tp, dp, m, sharding, modes)
-    taus = [float(mats[k][where[int(cuts[k])], where[int(cuts[k + 1])]]) for k in range(s)]
-    return sum(taus) + (m - 1) * max(taus)
+    st = _Stages(pp, grid, tp, dp, m, sequence_parallel)
+    mats, chosen = _stage_mats(pp, st, s, tp, dp, m, sharding, modes)
+    at = [where[int(c)] for c in cuts]
+    taus = [float(mats[k][at[k], at[k + 1]]) for k in range(s)]
+    rc = tuple(modes[int(chosen[k][at[k], at[k + 1]])] for k in range(s))
+    return _with_ties(pp, st, at, rc, sharding, _objective(taus, m))
 
 
 def _pipeline_plans(pp: PipeProblem, grid: np.ndarray, s: int, t: int, dp: int, m: int,
@@ -344,7 +388,7 @@ def _pipeline_plans(pp: PipeProblem, grid: np.ndarray, s: int, t: int, dp: int, 
         for cuts in {tuple(x) for x in (a_cuts, mm_cuts) if x is not None}:
             taus = [float(mats[k][cuts[k], cuts[k + 1]]) for k in range(s)]
             rc = tuple(modes[int(chosen[k][cuts[k], cuts[k + 1]])] for k in range(s))
-            out.append((sum(taus) + (m - 1) * max(taus),
+            out.append((_with_ties(pp, st, list(cuts), rc, sh, _objective(taus, m)),
                         ([int(grid[i]) for i in cuts], (dp,) * s, m, sh, (t,) * s, rc, st.sp)))
     return out, capped
 

@@ -348,7 +348,7 @@ class PipelineSimulator:
             size_arrays = (size_arrays[0], size_arrays[1] * sized, *size_arrays[2:])
         syncs: list[tuple[float, tuple[int, ...]]] = []
         if self._ties:  # each stage holding a user of a tied parameter but not its first user: a copy of it
-            copies, syncs = self._tied_copies(given)
+            copies, syncs = self.tied_copies(given)
             size_arrays = (size_arrays[0] + copies, *size_arrays[1:])
         lay = self._layout(plan)
         s, m = plan.num_stages, int(plan.num_microbatches)
@@ -372,10 +372,10 @@ class PipelineSimulator:
             self._tied_sync(plan, lay, syncs if self.mode == "train" else [])
         return lay
 
-    def _tied_copies(self, plan: StagePlan) -> tuple[np.ndarray, list[tuple[float, tuple[int, ...]]]]:
+    def tied_copies(self, plan: StagePlan) -> tuple[np.ndarray, list[tuple[float, tuple[int, ...]]]]:
         """Per node, the tied-parameter copy bytes (per rank) its stage keeps on it (the stage's earliest user of a
         tied parameter whose first user is in another stage); per tied parameter held by several stages, its
-        gradient bytes per rank and those stages."""
+        gradient bytes per rank and those stages. Planners price ties with it."""
         n, num = self.graph.num_nodes, plan.num_stages
         copies, syncs = np.zeros(n), []
         self._tie_copy = np.zeros(num)
@@ -391,7 +391,8 @@ class PipelineSimulator:
                 continue
             per_rank = 0.0
             for s in held.tolist():
-                share = nbytes * self._tp_share(plan, s, int(users[0]))
+                share = nbytes * self.tied_share(plan.tp[s], int(users[0]), plan.make_vocab_size_divisible_by,
+                                                 plan.sequence_parallel)
                 if s != st[0]:
                     mine = users[st == s]
                     copies[mine[np.argmin(self._pos[mine])]] += share
@@ -401,27 +402,30 @@ class PipelineSimulator:
             syncs.append((per_rank, tuple(held.tolist())))
         return copies, syncs
 
-    def _tp_share(self, plan: StagePlan, s: int, owner: int) -> float:
-        """Share of a tied parameter one TP rank of stage ``s`` holds: that of the parameters of its first user
-        ``owner`` at the stage's TP degree (1 without TP)."""
-        t = plan.tp[s]
+    def tied_share(self, t: int, owner: int, divisible_by: int = 128, sequence_parallel: bool = False) -> float:
+        """Share of a tied parameter one TP rank of a stage of TP degree ``t`` holds: that of the parameters of its
+        first user ``owner`` (1 without TP)."""
         full = float(self._size_arrays[0][owner])
         if t == 1 or full <= 0.0:
             return 1.0
-        return float(self._tp_arrays(t, plan.make_vocab_size_divisible_by, plan.sequence_parallel)[4][owner]) / full
+        return float(self._tp_arrays(t, divisible_by, sequence_parallel)[4][owner]) / full
 
-    def _tied_sync(self, plan: StagePlan, lay: _Layout, syncs: list[tuple[float, tuple[int, ...]]]) -> None:
-        """After the kernel: each tied gradient all-reduced among its stages' device groups once they are done
-        (step time and comm time in ``self._out`` extended; the all-reduces kept for ``run``)."""
+    def tied_sync(self, plan: StagePlan, stage_end: np.ndarray, syncs: list[tuple[float, tuple[int, ...]]],
+                  sgroup: np.ndarray | None = None) -> tuple[list[tuple[float, float, tuple[int, ...]]], float, float]:
+        """Each tied gradient (``tied_copies``' ``syncs``) all-reduced among its stages' device groups once they
+        are done (``stage_end`` per stage; ``sgroup``: each stage's device group, default one per distinct group of
+        ``plan.stage_devices``), the all-reduces of a group one after another: ``(start, end, groups)`` of each, their
+        total time and when the last group is free (at least the latest stage end)."""
         from placement_rl.cost.tensor_parallel import segment_times
 
-        self._tie_sync = []
-        if not syncs:
-            return
-        free = np.zeros(lay.num_groups)
-        np.maximum.at(free, lay.sgroup, lay.out_stage[2])
+        if sgroup is None:
+            uniq: dict[tuple[int, ...], int] = {}
+            sgroup = np.array([uniq.setdefault(g, len(uniq)) for g in plan.stage_devices], dtype=np.int64)
+        free = np.zeros(int(sgroup.max()) + 1)
+        np.maximum.at(free, sgroup, stage_end)
+        out, total = [], 0.0
         for nbytes, stages in syncs:
-            groups = tuple(sorted({int(lay.sgroup[s]) for s in stages}))
+            groups = tuple(sorted({int(sgroup[s]) for s in stages}))
             dur = 0.0
             if len(groups) > 1:  # stages on one device group: a local sum
                 devs = tuple(plan.stage_devices[s][0] for s in stages)
@@ -431,9 +435,19 @@ class PipelineSimulator:
                 dur = float(segment_times(self._tie_coll[devs], np.array([nbytes]))[0])
             start = float(free[list(groups)].max())
             free[list(groups)] = start + dur
-            self._tie_sync.append((start, start + dur, groups))
-            self._out[2] += dur
-        self._out[0] = max(float(self._out[0]), float(free.max()))
+            out.append((start, start + dur, groups))
+            total += dur
+        return out, total, float(free.max())
+
+    def _tied_sync(self, plan: StagePlan, lay: _Layout, syncs: list[tuple[float, tuple[int, ...]]]) -> None:
+        """After the kernel: the tied all-reduces (``tied_sync``) extend the step time and comm time in
+        ``self._out``; kept for ``run``."""
+        self._tie_sync = []
+        if not syncs:
+            return
+        self._tie_sync, total, end = self.tied_sync(plan, lay.out_stage[2], syncs, lay.sgroup)
+        self._out[2] += total
+        self._out[0] = max(float(self._out[0]), end)
 
     def step_time(self, plan: StagePlan) -> float:
         """Simulated step time (seconds) of ``plan``."""

@@ -27,7 +27,9 @@ autograd's backward of its forward ops, not its own backward; capture warns, nam
 ``meta`` of the graph records: ``batch_size`` (the first input's leading dimension), ``tp`` (tensor-parallel
 split annotations, ``placement_rl.graph.tp.detect``), ``capture_method`` (export|fx), ``exec`` (meta|real),
 ``torch_version``, ``input_bytes``, ``buffer_bytes`` (buffers and constants), ``param_bytes`` and
-``num_params`` (trainable), ``unused_param_bytes`` (trainable but consumed by no node),
+``num_params`` (trainable), ``unused_param_bytes`` (trainable but consumed by no node), ``tied`` (only where a
+trainable parameter is consumed by more than one node, e.g. an embedding tied to the LM head: per such parameter
+``{"bytes": B, "nodes": [its users]}``, the first user being the node whose ``param_bytes`` count it),
 ``bwd_flops_fallback`` (nodes whose backward FLOPs use the fallback rule), ``export_error``
 (when fx was the fallback), ``whole_modules`` (fx: calls of modules with submodules left one node; only
 when there are), ``autograd_functions`` (custom Functions in the forward; only when there are), and
@@ -157,14 +159,15 @@ def _measure_export(module: nn.Module, inputs: tuple, exec_mode: str):
     failure: NodeFailure | None = None
     for mode in modes:
         leaves, trainable, constants, counts = _export_leaves(ep, gm, module, inputs, mode)
+        ties: list[dict[str, Any]] = []
         try:
             records, unused = measure_graph(gm.graph, leaves=leaves, describe=_describe_export, trainable=trainable,
                                             constants=constants,
-                                            device=torch.device("meta") if mode == "meta" else None)
+                                            device=torch.device("meta") if mode == "meta" else None, ties=ties)
         except NodeFailure as exc:
             failure = exc
             continue
-        return records, dict(counts, unused_param_bytes=unused, exec=mode)
+        return records, dict(counts, unused_param_bytes=unused, exec=mode, **({"tied": ties} if ties else {}))
     reason = f"cannot measure the exported graph ({failure})"
     raise CaptureError(f"{reason}; try method='fx' or exec_mode='real'", reason)
 
@@ -335,12 +338,13 @@ def _measure_fx(module: nn.Module, inputs: tuple):
         return OpCall(fn=node.target, op_type=_op_name(node.target), module_path=_innermost_path(node),
                       cache_key=node.target)
 
+    ties: list[dict[str, Any]] = []
     try:
         records, unused = measure_graph(traced.graph, leaves=leaves, describe=describe, trainable=trainable,
-                                        constants=constants)
+                                        constants=constants, ties=ties)
     except NodeFailure as exc:
         raise GraphError(f"cannot measure the fx graph ({exc})") from None
-    return records, dict(counts, unused_param_bytes=unused, exec="real"), whole
+    return records, dict(counts, unused_param_bytes=unused, exec="real", **({"tied": ties} if ties else {})), whole
 
 
 # ------------------------------------------------------------------------------------------ checks
@@ -368,31 +372,39 @@ _WEIGHT_VIEWS = {"t", "numpy_t", "transpose", "permute", "mt", "adjoint", "swapa
 _WEIGHT_USERS = {"matmul", "mm", "bmm", "linear", "addmm", "baddbmm", "einsum"}
 
 
-def _weights_to_their_gemm(records: list[NodeRecord]) -> list[NodeRecord]:
+def _weights_to_their_gemm(records: list[NodeRecord], ties: Sequence[dict[str, Any]] = ()) -> list[NodeRecord]:
     """``x @ self.weight.T`` (Falcon's linear, hand-written layers): the transpose is the first op to touch the
     weight and so claims its bytes, leaving a parameter-free ``matmul`` (priced as a batched matmul with no
     weight gradient, never split by TP) fed by a weight "activation". A transpose-like view whose only input is
     a parameter (no producer node) and whose one consumer is a matmul is folded into that matmul, as
-    ``F.linear`` folds it: the matmul owns the weight, the view node and its edge go."""
+    ``F.linear`` folds it: the matmul owns the weight, the view node and its edge go (and in ``ties``, the
+    ``meta["tied"]`` entries, changed in place, the matmul stands for it)."""
     users: dict[str, list[NodeRecord]] = {}
     for r in records:
         for src in r.inputs:
             users.setdefault(src, []).append(r)
-    folded = set()
+    folded: dict[str, str] = {}
     for r in records:
         got = users.get(r.name, [])
         if (r.param_bytes > 0 and not r.inputs and r.fwd_flops == 0 and base_name(r.op_type) in _WEIGHT_VIEWS
                 and len(got) == 1 and base_name(got[0].op_type) in _WEIGHT_USERS):
             got[0].param_bytes += r.param_bytes
             got[0].inputs.pop(r.name)
-            folded.add(r.name)
+            folded[r.name] = got[0].name
+    for tie in ties if folded else ():
+        tie["nodes"] = list(dict.fromkeys(folded.get(nm, nm) for nm in tie["nodes"]))
     return [r for r in records if r.name not in folded] if folded else records
 
 
 def _to_graph(records: list[NodeRecord], *, name: str, meta: Mapping[str, Any]) -> CompGraph:
     if not records:
         raise GraphError(f"cannot capture '{name}': the traced program has no ops")
-    records = _weights_to_their_gemm(records)
+    ties = [dict(t) for t in meta.get("tied", ())]
+    records = _weights_to_their_gemm(records, ties)
+    if ties:  # a parameter whose users were a view and its matmul alone now has one user: no longer tied
+        meta = {k: v for k, v in meta.items() if k != "tied"}
+        if any(len(t["nodes"]) > 1 for t in ties):
+            meta["tied"] = [t for t in ties if len(t["nodes"]) > 1]
     index = {r.name: i for i, r in enumerate(records)}
     edges, edge_bytes = [], []
     for i, r in enumerate(records):
