@@ -11,19 +11,12 @@ import yaml
 
 from placement_rl import export as ex
 from placement_rl.errors import PlanError
-from placement_rl.graph.capture import capture_zoo
 from placement_rl.plans import StagePlan
 from placement_rl.topology import DeviceTopology
 
 torch.set_num_threads(1)
-GPT = dict(batch_size=8, seq_len=8, vocab_size=50257, d_model=16, n_layers=4, n_heads=2, dropout=0.0)
 
-
-@pytest.fixture(scope="module")
-def gpt():
-    return capture_zoo("gpt", **GPT)
-
-
+from tests.test_export import gpt  # noqa: E402,F401 - the small gpt fixture
 @pytest.fixture(scope="module")
 def mixed():
     """H100, A100 80GB and L4, each on its own host; then two L4s on host 3."""

@@ -22,6 +22,8 @@ from placement_rl.graph.capture import capture
 from placement_rl.plans import StagePlan
 from placement_rl.topology import load_topology
 
+from tests.test_fix_capture_user import STE  # noqa: E402 - a straight-through estimator
+
 torch.set_num_threads(1)
 B = 8
 
@@ -118,16 +120,6 @@ class CondNet(nn.Module):
         return self.l3(h).pow(2).mean()
 
 
-class StraightThrough(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clamp(-0.5, 0.5)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g
-
-
 class STENet(nn.Module):
     """A custom backward (straight-through estimator), BatchNorm and a cache the forward assigns."""
 
@@ -137,7 +129,7 @@ class STENet(nn.Module):
 
     def forward(self, x, y):
         self.cache = x.detach()
-        return F.cross_entropy(self.l2(StraightThrough.apply(self.bn(self.l1(x)) * 3)), y)
+        return F.cross_entropy(self.l2(STE.apply(self.bn(self.l1(x)) * 3)), y)
 
 
 def _build(cls, *, image: bool = False, width: int = 16):
@@ -245,10 +237,10 @@ def test_a_custom_autograd_function_is_refused_by_both_executors_naming_it(tmp_p
     module, inputs = _build(STENet)
     graph = capture(copy.deepcopy(module), inputs, name="ste")
     before = {k: v.clone() for k, v in module.state_dict().items()}
-    assert custom_autograd_functions(module, inputs) == [f"{__name__}.StraightThrough"]
+    assert custom_autograd_functions(module, inputs) == [f"{STE.__module__}.STE"]
     assert not hasattr(module, "cache")  # the probe's forward leaves the module as it was
     assert all(torch.equal(v, before[k]) for k, v in module.state_dict().items())
-    pattern = rf"custom torch.autograd.Function {__name__}.StraightThrough: .* gradients would differ"
+    pattern = rf"custom torch.autograd.Function {STE.__module__}.STE: .* gradients would differ"
     plan = StagePlan(stage_of_node=np.zeros(graph.num_nodes, dtype=np.int64), stage_devices=((0, 1),))
     with pytest.raises(PlanError, match=pattern):
         prepare_job([DeploySpec(plan=plan, graph=graph, module=module, inputs=inputs)],
