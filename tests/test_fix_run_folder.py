@@ -3,6 +3,7 @@ while they run; the bound of a coarsened graph is said to hold for its groups.""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import torch
 
 from placement_rl.cli import place
 from placement_rl.cli.common import Phases
-from placement_rl.cli.run_folder import config_paths, remove_earlier
+from placement_rl.cli.run_folder import config_paths, set_aside
 
 
 def _touch(path: Path, text: str = "x") -> Path:
@@ -23,23 +24,49 @@ def _touch(path: Path, text: str = "x") -> Path:
     return path
 
 
-def test_remove_earlier_takes_the_commands_files_only(tmp_path):
-    """An earlier run's files go (patterns, sub-folders left empty with them); the user's files, folders and the
-    inputs the config names stay."""
-    for name in ("comparison.md", "speedup.png", "timeline_mlp_4x.png", "placement.json", "graph.json",
-                 "policy_search/placement.json", "policy_search/trace.csv", "search/placement.json",
-                 "notes.txt", "cp/mine.txt", "place.log", ".hydra/config.yaml"):
+def test_an_earlier_runs_files_are_set_aside_and_come_back_on_failure(tmp_path):
+    """An earlier finished run's files go (patterns, sub-folders left empty with them) and come back if the new run
+    fails; the user's files, folders and the inputs the config names stay; a folder no run finished in is left."""
+    names = ("comparison.md", "speedup.png", "timeline_mlp_4x.png", "placement.json", "graph.json", "metrics.json",
+             "policy_search/placement.json", "policy_search/trace.csv", "search/placement.json",
+             "notes.txt", "cp/mine.txt", "place.log", ".hydra/config.yaml")
+    for name in names:
         _touch(tmp_path / name)
     (tmp_path / "fit").mkdir()  # an empty folder of that name, not made by this run: left alone
     cfg = {"graph": {"path": str(tmp_path / "graph.json")}, "other": ["x", 3, None]}
-    removed = remove_earlier(tmp_path, place.REPLACES, keep=config_paths(cfg))
-    assert removed == ["comparison.md", "placement.json", "policy_search/placement.json", "policy_search/trace.csv",
-                       "search/placement.json", "speedup.png", "timeline_mlp_4x.png"]
+    earlier = set_aside(tmp_path, place.REPLACES, keep=config_paths(cfg))
+    assert earlier.names == ["comparison.md", "metrics.json", "placement.json", "policy_search/placement.json",
+                             "policy_search/trace.csv", "search/placement.json", "speedup.png", "timeline_mlp_4x.png"]
     left = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
     assert left == [".hydra/config.yaml", "cp/mine.txt", "graph.json", "notes.txt", "place.log"]
     assert not (tmp_path / "policy_search").exists() and not (tmp_path / "search").exists()
     assert (tmp_path / "fit").is_dir() and (tmp_path / "cp").is_dir()
-    assert remove_earlier(tmp_path / "absent", place.REPLACES) == []
+    _touch(tmp_path / "placement.json", "new")  # the failed run wrote this one again: it stays
+    earlier.restore()
+    back = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert back == sorted(names) and (tmp_path / "placement.json").read_text() == "new"
+    assert [p.name for p in tmp_path.parent.iterdir() if "-earlier-" in p.name] == []  # its store is gone
+    (tmp_path / "metrics.json").unlink()  # no finished run: nothing is taken
+    assert set_aside(tmp_path, place.REPLACES).names == [] and (tmp_path / "comparison.md").is_file()
+    assert set_aside(tmp_path / "absent", place.REPLACES).names == []
+
+
+def test_a_failed_rerun_keeps_the_earlier_results(tmp_path):
+    """A rerun refused for a bad input (a graph file with a cycle) deleted the earlier run's files, then the folder."""
+    run = tmp_path / "run"
+    for name in ("comparison.md", "metrics.json", "placement.json", "notes.txt"):
+        _touch(run / name)
+    bad = _touch(tmp_path / "cycle.json", json.dumps({
+        "schema": "placement_rl.graph", "version": 1, "name": "c", "edges": [[0, 1, 1], [1, 0, 1]],
+        "nodes": [{"name": x, "fwd_flops": 1, "bwd_flops": 1, "out_bytes": 1, "param_bytes": 0, "act_bytes": 0}
+                  for x in "ab"]}))
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-m", "placement_rl.cli.main", "place", f"graph.path={bad}",
+                        "topology=1x_t4", "samples=0", "compare=false", "progress=false", f"hydra.run.dir={run}"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 2, r.stderr
+    files = sorted(p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file() and ".hydra" not in p.parts)
+    assert {"comparison.md", "metrics.json", "placement.json", "notes.txt"} <= set(files), files
 
 
 def test_place_in_a_folder_given_again_says_what_it_removed(tmp_path):

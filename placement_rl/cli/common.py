@@ -379,7 +379,8 @@ def hydra_app(config_name: str, *, writes: Iterable[str] = (), replaces: Iterabl
     command writes in its run folder, refused before any work where a folder of that name is in the way; a file
     it still cannot write is one line as well. ``replaces``: every file the command may write there (shell
     patterns such as ``timeline_*.png``, ``sub/name`` in a sub-folder): those an earlier run left in a run folder
-    given again are removed before it runs, with a line naming them (``remove_earlier``), so that one folder
+    given again are set aside before it runs, with a line naming them (``run_folder.set_aside``; put back
+    where it fails), so that one folder
     never holds two runs' results."""
     import hydra
 
@@ -395,13 +396,18 @@ def hydra_app(config_name: str, *, writes: Iterable[str] = (), replaces: Iterabl
 
                 schema.validate(config_name, OmegaConf.to_container(cfg, resolve=True))
                 schema.check_not_folders(output_dir(), writes)
-                from placement_rl.cli.run_folder import config_paths, listed, remove_earlier
+                from placement_rl.cli.run_folder import config_paths, listed, set_aside
 
-                removed = remove_earlier(output_dir(), replaces, keep=config_paths(cfg))
-                if removed:
-                    print(f"{output_dir()} held an earlier {config_name} run's files, removed (this run writes its "
-                          f"own): {listed(removed)}", flush=True)
-                run(cfg)
+                earlier = set_aside(output_dir(), replaces, keep=config_paths(cfg))
+                if earlier.names:
+                    print(f"{output_dir()} held an earlier {config_name} run's files, replaced (this run writes its "
+                          f"own; they come back if it fails): {listed(earlier.names)}", flush=True)
+                try:
+                    run(cfg)
+                except BaseException:
+                    earlier.restore()  # a failed run keeps the earlier results
+                    raise
+                earlier.drop()
             except PlacementRLError as exc:
                 _discard_run_dir()
                 _job_fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)

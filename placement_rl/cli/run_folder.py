@@ -1,37 +1,16 @@
-"""A run folder given again (``hydra.run.dir=`` twice): the files an earlier run of the command left there go before
-it writes its own (``hydra_app(replaces=...)``), so one folder never holds two runs' results."""
+"""A run folder given again (``hydra.run.dir=`` twice): the files an earlier run of the command left there are set
+aside before it writes its own (``hydra_app(replaces=...)``), so one folder never holds two runs' results, and put
+back where the new run fails (a bad input must not cost the earlier results)."""
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from omegaconf import DictConfig, OmegaConf
-
-
-def remove_earlier(folder: Path, names: Iterable[str], *, keep: Iterable[Path] = ()) -> list[str]:
-    """Remove the files matching ``names`` (shell patterns relative to ``folder``, ``sub/name`` in a sub-folder,
-    which goes too when that leaves it empty) that an earlier run left in ``folder``, but not those in ``keep``
-    (the files the config names: an input read from there); only files, never a folder of the user's. Returns
-    the names removed, relative to ``folder``, sorted."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    kept = {Path(p).resolve() for p in keep}
-    removed, parents = [], set()
-    for pattern in names:
-        for path in folder.glob(pattern):
-            if (path.is_file() or path.is_symlink()) and path.resolve() not in kept:
-                path.unlink()
-                removed.append(path.relative_to(folder).as_posix())
-                parents.add(path.parent)
-    for parent in sorted(parents, key=lambda p: len(p.parts), reverse=True):
-        while parent != folder and folder in parent.parents:
-            try:
-                parent.rmdir()  # only when empty: a file of the user's keeps it
-            except OSError:
-                break
-            parent = parent.parent
-    return sorted(set(removed))
 
 
 def config_paths(cfg: DictConfig | dict) -> list[Path]:
@@ -58,3 +37,58 @@ def config_paths(cfg: DictConfig | dict) -> list[Path]:
 
 def listed(names: list[str], most: int = 12) -> str:
     return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+MARKER = "metrics.json"  # what every finished run of a command that replaces files writes last
+
+
+@dataclass
+class Earlier:
+    """The files of an earlier run moved out of the way (``set_aside``): ``restore`` puts back those the new run
+    did not write again, ``drop`` deletes them."""
+
+    folder: Path
+    store: Path | None = None
+    names: list[str] = field(default_factory=list)
+
+    def restore(self) -> None:
+        if self.store is None:
+            return
+        for name in self.names:
+            src, dst = self.store / name, self.folder / name
+            if src.exists() and not dst.exists():
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(src, dst)
+        self.drop()
+
+    def drop(self) -> None:
+        if self.store is not None:
+            shutil.rmtree(self.store, ignore_errors=True)
+            self.store = None
+
+
+def set_aside(folder: Path, names: Iterable[str], *, keep: Iterable[Path] = ()) -> Earlier:
+    """Move the files matching ``names`` (shell patterns relative to ``folder``, ``sub/name`` in a sub-folder,
+    which goes too when that leaves it empty; only files, and never those in ``keep``: the inputs the config names) out of ``folder`` into a hidden folder
+    beside it, where an earlier finished run (its ``MARKER``) left them; nothing where none did (a folder of the
+    user's own files, or of a run that did not finish: the new run writes the same names)."""
+    folder = Path(folder)
+    if not (folder / MARKER).is_file():
+        return Earlier(folder)
+    kept = {Path(p).resolve() for p in keep}
+    found = sorted({path.relative_to(folder).as_posix() for pattern in names for path in folder.glob(pattern)
+                    if (path.is_file() or path.is_symlink()) and path.resolve() not in kept})
+    if not found:
+        return Earlier(folder)
+    store = Path(tempfile.mkdtemp(prefix=f".{folder.name}-earlier-", dir=folder.parent))
+    for name in found:
+        (store / name).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(folder / name, store / name)
+    for parent in sorted({(folder / n).parent for n in found}, key=lambda p: len(p.parts), reverse=True):
+        while parent != folder and folder in parent.parents:
+            try:
+                parent.rmdir()  # only when empty: a file of the user's keeps it
+            except OSError:
+                break
+            parent = parent.parent
+    return Earlier(folder, store, found)
