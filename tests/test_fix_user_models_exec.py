@@ -251,6 +251,40 @@ def test_a_custom_autograd_function_is_refused_by_both_executors_naming_it(tmp_p
     assert custom_autograd_functions(*_build(CustomOpNet)) == []  # a custom op's registered backward is exported
 
 
+class Gated(nn.Module):
+    """A gate used only through ``argmax``: its parameters get no gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.gate, self.l2 = nn.Linear(16, 32), nn.Linear(32, 2), nn.Linear(32, 3)
+
+    def forward(self, x, y):
+        h = torch.relu(self.l1(x))
+        return F.cross_entropy(self.l2(h * (1 + self.gate(h).argmax(-1, keepdim=True).float())), y)
+
+
+def test_parameters_without_gradient_are_refused_under_ddp_only(tmp_path):
+    """DDP over DP 2 left the other gradients of the gate's bucket unaveraged (0.58 off after one step, silently);
+    FSDP, DP 1 and a frozen gate are right and run."""
+    from placement_rl.executor._stages import check_unused_parameters
+    from placement_rl.graph.autograd_fns import params_without_grad
+
+    module, inputs = _build(Gated)
+    assert params_without_grad(module, inputs) == ["gate.weight", "gate.bias"]
+    graph = capture(copy.deepcopy(module), inputs, name="gated")
+    plan = StagePlan(stage_of_node=np.zeros(graph.num_nodes, dtype=np.int64), stage_devices=((0, 1),))
+    with pytest.raises(PlanError, match=r"^parameter\(s\) gate.weight, gate.bias get no gradient .* sharding fsdp$"):
+        prepare_job([DeploySpec(plan=plan, graph=graph, module=module, inputs=inputs)],
+                    config=DeployConfig(device="cpu"), job_dir=tmp_path / "job")
+    assert not (tmp_path / "job").exists()
+    assert check_unused_parameters(module, inputs, dp=2, ddp=False) is None  # fsdp / the executor's own all-reduce
+    assert check_unused_parameters(module, inputs, dp=1, ddp=True) is None
+    module.gate.requires_grad_(False)
+    assert params_without_grad(module, inputs) == [] and check_unused_parameters(module, inputs, dp=2, ddp=True) is None
+    for cls in (InPlaceNet, STENet):  # every other parameter gets its gradient
+        assert params_without_grad(*_build(cls)) == []
+
+
 @pytest.mark.distributed
 def test_user_models_deploy_and_match_the_reference():
     """One launch: an in-place op first in stage 1, a custom op in the ranks, data-dependent shapes on one stage."""

@@ -64,6 +64,23 @@ def check_autograd_functions(module: nn.Module, inputs: Sequence[torch.Tensor]) 
             "gradients would differ; write it as a torch.library.custom_op with register_autograd")
 
 
+def check_unused_parameters(module: nn.Module, inputs: Sequence[torch.Tensor], *, dp: int, ddp: bool) -> str | None:
+    """A one-line refusal naming the trainable parameters that get no gradient when ``ddp`` wraps the stages at DP
+    degree ``dp`` > 1 (DDP then leaves the other gradients of their bucket unaveraged, silently on one step), or
+    None. FSDP and the executor's own all-reduce (zero-bubble schedules, TP) average them right."""
+    if dp == 1 or not ddp:
+        return None
+    from placement_rl.graph.autograd_fns import params_without_grad
+
+    unused = params_without_grad(module, inputs)
+    if not unused:
+        return None
+    names = ", ".join(unused[:4]) + (f" and {len(unused) - 4} more" if len(unused) > 4 else "")
+    return (f"parameter(s) {names} get no gradient from the loss (used only through ops such as argmax, or not at "
+            f"all): DDP at DP degree {dp} would leave the other gradients of their bucket unaveraged; set "
+            "requires_grad=False on them, or use sharding fsdp")
+
+
 def custom_autograd_functions(module: nn.Module, inputs: Sequence[torch.Tensor]) -> list[str]:
     """The custom ``torch.autograd.Function`` classes (qualified names) one forward of ``module(*inputs)``
     differentiates through (``graph.autograd_fns``): ``torch.export`` traces through a Function's forward, so a

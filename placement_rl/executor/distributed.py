@@ -65,8 +65,8 @@ from placement_rl.errors import ConfigError, ExecutionError, PlanError
 from placement_rl.executor._launch import build_torchrun_command, run_ranks
 from placement_rl.executor._mesh import ParallelDims, parallel_dims, rank_devices
 from placement_rl.executor._stages import (assign_stages, check_autograd_functions, check_static_shapes,
-                                           crossing_values, export_step, op_modules, param_aliases, program_module,
-                                           split_stages, tied_parameters, value_meta)
+                                           check_unused_parameters, crossing_values, export_step, op_modules,
+                                           param_aliases, program_module, split_stages, tied_parameters, value_meta)
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import StagePlan
@@ -283,6 +283,10 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
     custom = check_autograd_functions(module, micro)
     if custom:
         raise PlanError(custom)
+    manual_dp = "ZeroBubble" in dims.schedule_class_name() or dims.tp > 1  # the executor's own all-reduce, not DDP
+    unused = check_unused_parameters(module, micro, dp=dims.dp, ddp=dims.sharding == "dp" and not manual_dp)
+    if unused:
+        raise PlanError(unused)
     gm = program_module(ep)
     stage_map = assign_stages(gm, graph, plan.stage_of_node)
     imports = op_modules(gm)  # the modules defining its custom ops, imported by each rank before it loads the program
