@@ -49,7 +49,8 @@ UNITS = 10_000_000  # the largest capacity in integer memory units (a unit: ~1e-
 def cp_sat(prob: Problem) -> np.ndarray:
     """The placement (module doc)."""
     from placement_rl.baselines.bounds_cp import LINKS_MAX, MIN_SEARCH, TICKS, _require_ortools, _solve, _whole
-    from placement_rl.baselines.eft import la_rule_search, sim_eft_devices
+    from placement_rl.baselines.eft import la_rule_search, sim_eft_devices, windows_calls
+    from placement_rl.cost.window import placing_window, window_completions
     from placement_rl.baselines.memory import best_start
     from placement_rl.baselines.search import anneal
 
@@ -70,8 +71,9 @@ def cp_sat(prob: Problem) -> np.ndarray:
     starts = [sim_eft_devices(g, c, t)]
     calls = prob.budget - RESERVE  # the hint's own budget, charged here; RESERVE calls kept to score the two starts
     hint_name = "sim_eft"          # and CP-SAT's solution (at budget - 1 the hint went unscored)
-    if calls >= _rule_calls(n, nd, timed=False) + 1:  # the rule's decodes and the scoring of its placement
-        timed = calls >= _rule_calls(n, nd, timed=True) + 1  # with seconds, the rule decodes at several windows
+    window = min(placing_window(n), max(n, 1))
+    if calls >= window_completions(n, nd, window) + 1:  # the rule's decode and the scoring of its placement
+        timed = calls >= windows_calls(n, nd, window) + 1  # with seconds, the rule decodes at several windows
         sub = Problem(g, c, t, budget=calls, seed=prob.seed, seconds=HINT_SHARE * seconds if timed else None)
         starts.append(la_rule_search(sub))
         prob.charge(sub.calls)
@@ -119,18 +121,6 @@ def cp_sat(prob: Problem) -> np.ndarray:
     prob.meta.update(cp_bound=bound * tick * (1.0 - 1e-9) if bound > 0 else None, cp_optimal=bool(optimal),
                      cp_improved=improved, cp_seconds=time.perf_counter() - t0)
     return best
-
-
-def _rule_calls(n: int, nd: int, *, timed: bool) -> int:
-    """The most completed placements ``la_rule`` charges: one decode at the placing window, or (``timed``: given
-    seconds) ``decode_windows``' decodes at ``SMALL_WINDOW`` and the halvings of that window, one step time each
-    after the first."""
-    from placement_rl.cost.decode import SMALL_WINDOW, _halvings
-    from placement_rl.cost.window import placing_window, window_completions
-
-    w = min(placing_window(n), max(n, 1))
-    todo = [min(SMALL_WINDOW, w), *_halvings(w, SMALL_WINDOW)] if timed else [w]
-    return sum(window_completions(n, nd, x) for x in todo) + len(todo) - 1
 
 
 def _all_transfers(prob: Problem) -> float:

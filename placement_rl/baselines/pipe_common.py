@@ -22,7 +22,7 @@ import numpy as np
 
 from placement_rl.baselines.common import Score, check_inputs
 from placement_rl.cost import PIPELINE_SCHEDULES, PipelineSimulator
-from placement_rl.cost.pipeline import tied_parameters
+from placement_rl.cost.pipeline_tied import tied_parameters
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import ConfigError
 from placement_rl.graph.ir import CompGraph
@@ -107,7 +107,7 @@ class PipeProblem:
         self.extra_meta: dict[str, object] = {}  # what a planner reports about its search (plan.meta)
         self.cut_short = False  # ``best_of`` ran out of budget or seconds before its last candidate
         self._mem_prefix: tuple[np.ndarray, np.ndarray] | None = None  # ``stage_fits``' parameter / activation sums
-        # tied parameters (``cost.pipeline.tied_parameters``): bytes, users' positions sorted, first user (its owner)
+        # tied parameters (``cost.pipeline_tied.tied_parameters``): bytes, users' positions sorted, first user (its owner)
         self.ties = [(b, np.sort(self._pos[u]), int(u[0])) for b, u in tied_parameters(graph)]
 
     # --------------------------------------------------------------- costs

@@ -91,7 +91,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -101,9 +101,10 @@ from placement_rl.cost.collectives import KINDS, coeff_array
 from placement_rl.cost.comm_fit import pad_segments, split_segments
 from placement_rl.cost.memory import BUCKET_BYTES
 from placement_rl.cost.modes import check_mode, mode_of
+from placement_rl.cost.pipeline_tied import TiedParameters, tied_parameters
 from placement_rl.cost.simulate import _inverse_bandwidth, _owned, check_costs
 from placement_rl.cost.types import CostTable, Interval, SimResult
-from placement_rl.errors import GraphError, PlanError, ProfileError, fmt_bytes
+from placement_rl.errors import PlanError, ProfileError, fmt_bytes
 from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import StagePlan, check_interleaved, graph_batch_size
 from placement_rl.topology import DeviceTopology
@@ -150,7 +151,7 @@ class _Layout:
         self.out_group = np.zeros((2, g))
 
 
-class PipelineSimulator:
+class PipelineSimulator(TiedParameters):
     """``simulate_pipeline`` prepared once per (graph, costs, topology) for fast repeated evaluation.
 
     ``step_time(plan)`` returns only the step time; ``run(plan)`` a full ``SimResult``; ``calls`` counts
@@ -372,83 +373,6 @@ class PipelineSimulator:
             self._tied_sync(plan, lay, syncs if self.mode == "train" else [])
         return lay
 
-    def tied_copies(self, plan: StagePlan) -> tuple[np.ndarray, list[tuple[float, tuple[int, ...]]]]:
-        """Per node, the tied-parameter copy bytes (per rank) its stage keeps on it (the stage's earliest user of a
-        tied parameter whose first user is in another stage); per tied parameter held by several stages, its
-        gradient bytes per rank and those stages. Planners price ties with it."""
-        n, num = self.graph.num_nodes, plan.num_stages
-        copies, syncs = np.zeros(n), []
-        self._tie_copy = np.zeros(num)
-        stage = np.asarray(plan.stage_of_node)
-        if stage.shape[0] != n:
-            return copies, syncs  # the kernel rejects the plan
-        for nbytes, users in self._ties:
-            st = stage[users]
-            if st.min() < 0 or st.max() >= num:
-                return copies, []  # the kernel rejects the plan
-            held = np.unique(st)
-            if held.size < 2:
-                continue
-            per_rank = 0.0
-            for s in held.tolist():
-                share = nbytes * self.tied_share(plan.tp[s], int(users[0]), plan.make_vocab_size_divisible_by,
-                                                 plan.sequence_parallel)
-                if s != st[0]:
-                    mine = users[st == s]
-                    copies[mine[np.argmin(self._pos[mine])]] += share
-                    self._tie_copy[s] += share
-                p = plan.dp_degrees[s]
-                per_rank = max(per_rank, share / p if plan.sharding == "fsdp" and p > 1 else share)
-            syncs.append((per_rank, tuple(held.tolist())))
-        return copies, syncs
-
-    def tied_share(self, t: int, owner: int, divisible_by: int = 128, sequence_parallel: bool = False) -> float:
-        """Share of a tied parameter one TP rank of a stage of TP degree ``t`` holds: that of the parameters of its
-        first user ``owner`` (1 without TP)."""
-        full = float(self._size_arrays[0][owner])
-        if t == 1 or full <= 0.0:
-            return 1.0
-        return float(self._tp_arrays(t, divisible_by, sequence_parallel)[4][owner]) / full
-
-    def tied_sync(self, plan: StagePlan, stage_end: np.ndarray, syncs: list[tuple[float, tuple[int, ...]]],
-                  sgroup: np.ndarray | None = None) -> tuple[list[tuple[float, float, tuple[int, ...]]], float, float]:
-        """Each tied gradient (``tied_copies``' ``syncs``) all-reduced among its stages' device groups once they
-        are done (``stage_end`` per stage; ``sgroup``: each stage's device group, default one per distinct group of
-        ``plan.stage_devices``), the all-reduces of a group one after another: ``(start, end, groups)`` of each, their
-        total time and when the last group is free (at least the latest stage end)."""
-        from placement_rl.cost.tensor_parallel import segment_times
-
-        if sgroup is None:
-            uniq: dict[tuple[int, ...], int] = {}
-            sgroup = np.array([uniq.setdefault(g, len(uniq)) for g in plan.stage_devices], dtype=np.int64)
-        free = np.zeros(int(sgroup.max()) + 1)
-        np.maximum.at(free, sgroup, stage_end)
-        out, total = [], 0.0
-        for nbytes, stages in syncs:
-            groups = tuple(sorted({int(sgroup[s]) for s in stages}))
-            dur = 0.0
-            if len(groups) > 1:  # stages on one device group: a local sum
-                devs = tuple(plan.stage_devices[s][0] for s in stages)
-                devs = tuple(dict.fromkeys(devs))
-                if devs not in self._tie_coll:
-                    self._tie_coll[devs] = coeff_array("allreduce", devs, self.topology, self.costs)
-                dur = float(segment_times(self._tie_coll[devs], np.array([nbytes]))[0])
-            start = float(free[list(groups)].max())
-            free[list(groups)] = start + dur
-            out.append((start, start + dur, groups))
-            total += dur
-        return out, total, float(free.max())
-
-    def _tied_sync(self, plan: StagePlan, lay: _Layout, syncs: list[tuple[float, tuple[int, ...]]]) -> None:
-        """After the kernel: the tied all-reduces (``tied_sync``) extend the step time and comm time in
-        ``self._out``; kept for ``run``."""
-        self._tie_sync = []
-        if not syncs:
-            return
-        self._tie_sync, total, end = self.tied_sync(plan, lay.out_stage[2], syncs, lay.sgroup)
-        self._out[2] += total
-        self._out[0] = max(float(self._out[0]), end)
-
     def step_time(self, plan: StagePlan) -> float:
         """Simulated step time (seconds) of ``plan``."""
         self._simulate(plan, self._no_rec)
@@ -521,31 +445,6 @@ class PipelineSimulator:
                 out.extend(Interval(kind="allreduce", resource=lay.group_names[g], start=start, end=end, label="tied")
                            for g in groups)
         return tuple(out)
-
-
-def tied_parameters(graph: CompGraph) -> tuple[tuple[float, np.ndarray], ...]:
-    """``graph.meta["tied"]`` (see ``placement_rl.graph.capture``) as ``(bytes, node indices of its users)`` per tied
-    parameter, the first user (the node charged with its bytes) first; ``GraphError`` naming a malformed entry."""
-    data = graph.meta.get("tied")
-    if data is None:
-        return ()
-    where = f"graph '{graph.name}' meta['tied']"
-    if not isinstance(data, (list, tuple)):
-        raise GraphError(f"{where} must be a list of {{'bytes': B, 'nodes': [names]}} objects, "
-                         f"got {type(data).__name__}")
-    index = graph.index
-    out = []
-    for k, tie in enumerate(data):
-        nbytes = tie.get("bytes") if isinstance(tie, Mapping) else None
-        nodes = tie.get("nodes") if isinstance(tie, Mapping) else None
-        if (isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)) or not math.isfinite(nbytes) or nbytes < 0
-                or not isinstance(nodes, (list, tuple)) or not nodes):
-            raise GraphError(f"{where}[{k}] must be {{'bytes': B >= 0, 'nodes': [node names]}}, got {tie!r}"[:300])
-        missing = [nm for nm in nodes if not isinstance(nm, str) or nm not in index]
-        if missing:
-            raise GraphError(f"{where}[{k}] names node {missing[0]!r}, which graph '{graph.name}' does not have")
-        out.append((float(nbytes), np.array([index[nm] for nm in nodes], dtype=np.int64)))
-    return tuple(out)
 
 
 def _pace_tp_groups(plan: StagePlan, graph_arrays: tuple, ratio: float) -> None:
