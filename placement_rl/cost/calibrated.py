@@ -29,7 +29,8 @@ Per node ``v`` of class ``c`` (``placement_rl.graph.op_classes.op_class``), on a
 GPU); a version-1 fit (no tiles, no trend) is still read and priced by ``_gemm_time_v1``.
 Backward is 0 where ``needs_grad`` says no gradient flows. dtype: ``fp32`` (default) uses ``peak_flops``;
 ``tf32`` / ``bf16`` use the tensor-core peaks (``peak_flops_tf32`` / ``peak_flops_bf16`` of the device or
-topology) for GEMM-like ops, and ``bf16`` halves the bytes moved. Only fp32 is measured in the fit data.
+topology) for GEMM-like ops, and ``bf16`` halves the bytes moved. Only fp32 is measured in the fit data. A graph
+captured in bf16 / fp16 (``meta["dtype"]``) is read in fp32 bytes (``features``) and runs in bf16 by default.
 """
 
 from __future__ import annotations
@@ -99,8 +100,21 @@ class NodeFeatures:
     pointwise: np.ndarray | None = None  # bool [N] a 1x1 stride-1 conv: a plain GEMM, priced with linear's terms
 
 
-def features(graph: Any) -> NodeFeatures:
-    """``NodeFeatures`` of a ``CompGraph``."""
+CAPTURED_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}  # element bytes of a graph captured in each dtype
+
+
+def features(graph: Any, captured: str | None = None) -> NodeFeatures:
+    """``NodeFeatures`` of a ``CompGraph``, its bytes in fp32 (the model's unit; ``node_times`` scales them to
+    the run's dtype): a graph captured in bf16 / fp16 (``captured``, else its ``meta["dtype"]``) has its bytes
+    doubled. An edge of no bytes is a pure dependency: no data gradient flows along it."""
+    captured = captured or graph.meta.get("dtype") or "fp32"
+    if captured not in CAPTURED_BYTES:
+        raise ProfileError(f"graph dtype '{captured}' is not priced (valid: {', '.join(CAPTURED_BYTES)})")
+    if captured != "fp32":
+        wide = 4.0 / CAPTURED_BYTES[captured]
+        graph = graph.replace(out_bytes=np.asarray(graph.out_bytes, dtype=np.float64) * wide,
+                              param_bytes=np.asarray(graph.param_bytes, dtype=np.float64) * wide,
+                              edge_bytes=np.asarray(graph.edge_bytes, dtype=np.float64) * wide)
     n = graph.num_nodes
     cls = np.array([CLASSES.index(op_class(t, p, f)) for t, p, f in
                     zip(graph.op_types, graph.param_bytes, graph.fwd_flops)], dtype=np.int64)
@@ -115,7 +129,7 @@ def features(graph: Any) -> NodeFeatures:
     if graph.num_edges:
         np.add.at(in_b, dst, graph.edge_bytes)
     gemm = np.isin(cls, [CLASSES.index(c) for c in GEMM_CLASSES])
-    keep = gemm[dst] & grad[src] if graph.num_edges else np.zeros(0, dtype=bool)
+    keep = gemm[dst] & grad[src] & (np.asarray(graph.edge_bytes) > 0) if graph.num_edges else np.zeros(0, dtype=bool)
     first = np.zeros(n)  # bytes of a GEMM's first and second input edge (bmm: the two operands)
     second = np.zeros(n)
     for e in np.flatnonzero(gemm[dst]) if graph.num_edges else ():

@@ -95,14 +95,18 @@ def _measured(source: CostSource, graph: CompGraph, device: Device) -> tuple[np.
 GPU_MODELS = ("calibrated", "roofline")
 
 
-def _estimator(graph: CompGraph, topology: DeviceTopology, gpu_model: str | None):
+def _estimator(graph: CompGraph, topology: DeviceTopology, gpu_model: str | None, captured: str | None = None):
     """``estimate(device) -> (fwd, bwd, overhead, label)``: the calibrated model for GPUs, else the roofline. A
     coarsened group is priced as the sum of its members on the graph it was made from, where the coarse graph
     carries it (``placement_rl.graph.members``): priced as one op of its dominant member's class with the
-    members' summed FLOPs and bytes, a transformer block's group came out 1.2-1.6x its members' sum on a GPU."""
+    members' summed FLOPs and bytes, a transformer block's group came out 1.2-1.6x its members' sum on a GPU.
+
+    The run's dtype is the topology's ``dtype``; where it names none, the graph's (``meta["dtype"]``, what capture
+    saw: a model captured in bf16 / fp16 runs in bf16 on a GPU with a bf16 peak, in fp32 on one without)."""
+    captured = captured or graph.meta.get("dtype")
     fine = member_graph(graph)
     if fine is not None:
-        inner, gof, n = _estimator(fine[0], topology, gpu_model), fine[1], graph.num_nodes
+        inner, gof, n = _estimator(fine[0], topology, gpu_model, captured), fine[1], graph.num_nodes
 
         def estimate_groups(dev: Device) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
             f, b, o, label = inner(dev)
@@ -113,7 +117,8 @@ def _estimator(graph: CompGraph, topology: DeviceTopology, gpu_model: str | None
     model = gpu_model if gpu_model is not None else str(topology.meta.get("cost_model", "calibrated"))
     if model not in GPU_MODELS:
         raise ProfileError(f"unknown GPU cost model '{model}' (valid: {', '.join(GPU_MODELS)})")
-    dtype = str(topology.meta.get("dtype", "fp32"))
+    given = topology.meta.get("dtype")
+    dtype = str(given) if given is not None else ("bf16" if captured in ("bf16", "fp16") else "fp32")
     fit = cal.shipped_fit() if model == "calibrated" else None
     feat: list = []
     memo: dict[tuple, tuple] = {}
@@ -123,18 +128,21 @@ def _estimator(graph: CompGraph, topology: DeviceTopology, gpu_model: str | None
             f, b, o = roofline_times(graph, dev)
             return f, b, o, "roofline"
         tensor = {"tf32": dev.peak_flops_tf32, "bf16": dev.peak_flops_bf16}.get(dtype, 0.0)
+        run = dtype
         if dtype != "fp32" and not tensor:
-            raise ProfileError(f"dtype '{dtype}' needs device '{dev.name}' (or its topology) to give "
-                               f"'peak_flops_{dtype}'")
-        key = (dev.peak_flops, dev.mem_bandwidth, dev.sm_count, dev.l2_bytes, tensor,
+            if given is not None:
+                raise ProfileError(f"dtype '{dtype}' needs device '{dev.name}' (or its topology) to give "
+                                   f"'peak_flops_{dtype}'")
+            run = "fp32"  # a half-precision capture on a GPU with no bf16 peak: its fp32 peak, fp32 bytes
+        key = (dev.peak_flops, dev.mem_bandwidth, dev.sm_count, dev.l2_bytes, tensor, run,
                cal.datasheet(str(dev.model or dev.name)))
         if key not in memo:
             if not feat:
-                feat.append(cal.features(graph))
+                feat.append(cal.features(graph, captured))
             spec = cal.spec_of_device(dev)  # datasheet figures + architecture from the model name
-            memo[key] = cal.node_times(feat[0], spec, fit, dtype=dtype, tensor_peak=tensor or None)
+            memo[key] = cal.node_times(feat[0], spec, fit, dtype=run, tensor_peak=tensor or None)
         f, b, o = memo[key]
-        label = f"calibrated:{fit.name}" + ("" if dtype == "fp32" else f":{dtype}")
+        label = f"calibrated:{fit.name}" + ("" if run == "fp32" else f":{run}")
         return f, b, o, label
 
     return estimate

@@ -347,3 +347,20 @@ class _Walker:
             stacked = [torch.stack(o) for o in per_out]
         stacked = [t.requires_grad_(True) if any(x.requires_grad for x in o) else t for t, o in zip(stacked, per_out)]
         return tuple(stacked), _PerItem(per_src)
+
+
+def half_dtype(module: torch.nn.Module, inputs: tuple) -> str | None:
+    """``"bf16"`` / ``"fp16"`` where most floating-point bytes of the module's parameters and buffers (else of its
+    tensor inputs) are in that dtype, else None (fp32, the graph's default)."""
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+    for tensors in (list(module.parameters()) + list(module.buffers()),
+                    [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]):
+        size: dict[str, int] = {}
+        for t in tensors:
+            if t.is_floating_point():
+                k = names.get(t.dtype, "other")
+                size[k] = size.get(k, 0) + t.numel() * t.element_size()
+        if size:
+            top = max(size, key=size.get)
+            return top if top != "other" else None
+    return None

@@ -1,0 +1,69 @@
+"""A model captured in bf16 / fp16 is priced as that model run in bf16, and a pure dependency carries no gradient."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from placement_rl.cost.resolve import resolve_costs
+from placement_rl.graph.capture import capture
+from placement_rl.graph.ir import make_graph
+from placement_rl.topology import load_topology
+
+torch.set_num_threads(1)
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512))
+
+
+def _bf16(topology):
+    return dataclasses.replace(topology, meta={**topology.meta, "dtype": "bf16"})
+
+
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
+def test_a_half_precision_capture_is_priced_as_the_fp32_capture_run_in_bf16(half):
+    x = torch.randn(256, 512)
+    g32 = capture(_mlp(), (x,))
+    g16 = capture(_mlp().to(half), (x.to(half),))
+    assert "dtype" not in g32.meta
+    assert g16.meta["dtype"] == {torch.bfloat16: "bf16", torch.float16: "fp16"}[half]
+    assert np.allclose(g16.out_bytes, np.asarray(g32.out_bytes) / 2)  # the graph keeps the bytes it saw
+    h100 = load_topology("1x_h100_sxm")
+    want = resolve_costs(g32, _bf16(h100))
+    for top in (h100, _bf16(h100)):  # by default, and with the topology saying bf16: bytes not halved twice
+        got = resolve_costs(g16, top)
+        assert got.source == want.source and got.source[0].endswith(":bf16")
+        assert np.allclose(got.fwd_time, want.fwd_time, rtol=1e-9)
+        assert np.allclose(got.bwd_time, want.bwd_time, rtol=1e-9)
+    fp32 = resolve_costs(g32, h100)  # tensor cores: the fp32 pricing is no stand-in for it
+    assert (fp32.fwd_time - fp32.launch_overhead).sum() > 1.5 * (want.fwd_time - want.launch_overhead).sum()
+
+
+def test_a_half_precision_capture_on_a_gpu_without_a_bf16_peak_runs_at_its_fp32_peak():
+    x = torch.randn(256, 512)
+    g32 = capture(_mlp(), (x,))
+    g16 = capture(_mlp().half(), (x.half(),))
+    t4 = load_topology("1x_t4")
+    got, want = resolve_costs(g16, t4), resolve_costs(g32, t4)
+    assert got.source == want.source
+    assert np.allclose(got.fwd_time, want.fwd_time, rtol=1e-9)
+    assert np.allclose(got.bwd_time, want.bwd_time, rtol=1e-9)
+
+
+def test_a_zero_byte_edge_into_a_gemm_prices_no_data_gradient():
+    nodes = [dict(name="x", op_type="linear", fwd_flops=2 * 64 * 256 * 256, out_bytes=64 * 256 * 4.0,
+                  param_bytes=256 * 256 * 4.0),
+             dict(name="y", op_type="linear", fwd_flops=2 * 64 * 256 * 256, out_bytes=64 * 256 * 4.0,
+                  param_bytes=256 * 256 * 4.0),
+             dict(name="z", op_type="linear", fwd_flops=2 * 64 * 256 * 256, out_bytes=64 * 256 * 4.0,
+                  param_bytes=256 * 256 * 4.0)]
+    data = [("x", "y", 64 * 256 * 4.0), ("y", "z", 64 * 256 * 4.0)]
+    plain = make_graph(nodes, data)
+    ordered = make_graph(nodes, data + [("x", "z", 0.0)])  # z waits for x; no tensor flows
+    top = load_topology("1x_h100_sxm")
+    a, b = resolve_costs(plain, top), resolve_costs(ordered, top)
+    assert np.allclose(a.bwd_time, b.bwd_time, rtol=1e-12)
+    assert np.allclose(a.fwd_time, b.fwd_time, rtol=1e-12)
