@@ -233,8 +233,8 @@ def check_fits(graph: CompGraph, topology: DeviceTopology, costs: CostTable | No
     if need > have:
         what = "its parameters" if infer else "parameters, optimizer state and activations"
         raise PlanError(f"graph '{graph.name}' needs {fmt_bytes(need)} for {what} but topology '{topology.name}' "
-                        f"has {fmt_bytes(have)} in all: use a smaller batch or model, or a topology with more "
-                        "memory")
+                        f"has {fmt_bytes(have)} in all ({fmt_bytes(need - have)} short): use a smaller batch or model, "
+                        "or a topology with more memory")
 
 
 class ScheduleState:

@@ -33,6 +33,7 @@ Model (pure and deterministic):
 from __future__ import annotations
 
 import heapq
+import threading
 
 import numpy as np
 
@@ -144,14 +145,24 @@ class Simulator:
             _owned(graph.succ_eid, i64), _owned(graph.edge_bytes, np.float64),
             _owned(costs.fwd_time), _owned(costs.bwd_time), *split_segments(link_segments(topology, costs)),
             *_grad_and_memory(graph, costs))
-        self._work = (np.zeros(n), np.zeros(n), np.zeros(n * d), np.zeros(n * d), np.zeros(d), np.zeros(d * d),
-                      np.zeros(d), np.zeros(d), np.zeros(d, i64), np.zeros(2))
-        self._busy, self._mem, self._out = np.zeros(d), np.zeros(d), np.zeros(4)
+        self._owner = threading.get_ident()  # the thread that uses the scratch buffers below; others get their own
+        self._scratch = self._new_scratch()
         self._no_rec = (np.zeros(1, i64), np.zeros(0, np.int8), np.zeros(0, i64), np.zeros(0), np.zeros(0),
                         np.zeros(0, i64))
         self._rec_size = 2 * n + 2 * e
         self._capacity = topology.array("memory_bytes")
         self._source = costs.describe_source(topology.device_names)
+
+    def _new_scratch(self) -> tuple:
+        """The kernel's work arrays, then busy time, memory and the outputs (step, comm, forward, valid)."""
+        n, d = self.graph.num_nodes, self.topology.num_devices
+        work = (np.zeros(n), np.zeros(n), np.zeros(n * d), np.zeros(n * d), np.zeros(d), np.zeros(d * d),
+                np.zeros(d), np.zeros(d), np.zeros(d, np.int64), np.zeros(2))
+        return (*work, np.zeros(d), np.zeros(d), np.zeros(4))
+
+    def __setstate__(self, state: dict) -> None:  # unpickled in another process: this thread owns the buffers
+        self.__dict__.update(state)
+        self._owner = threading.get_ident()
 
     def _as_devices(self, device_of_node) -> np.ndarray:
         if isinstance(device_of_node, Placement):
@@ -167,17 +178,20 @@ class Simulator:
             dev.setflags(write=False)
         return dev
 
-    def _simulate(self, dev: np.ndarray, rec: tuple) -> None:
-        simulate_ops(dev, *self._graph_arrays, *self._work, self._busy, self._mem, self._out,
-                     len(rec[1]) > 0, *rec)
+    def _simulate(self, dev: np.ndarray, rec: tuple) -> tuple:
+        """``(busy, memory, out)`` of one simulation; a thread other than the owner works in buffers of its own
+        (the kernel releases the GIL: shared buffers gave wrong step times under threads)."""
+        scratch = self._scratch if threading.get_ident() == self._owner else self._new_scratch()
+        simulate_ops(dev, *self._graph_arrays, *scratch, len(rec[1]) > 0, *rec)
         self.calls += 1
-        if self._out[3] == 0.0:
+        busy, mem, out = scratch[-3:]
+        if out[3] == 0.0:
             Placement(dev).validate(self.graph, self.topology)
+        return busy, mem, out
 
     def step_time(self, device_of_node: np.ndarray) -> float:
         """Simulated step time (seconds) of a placement given as a device index per node."""
-        self._simulate(self._as_devices(device_of_node), self._no_rec)
-        return float(self._out[0])
+        return float(self._simulate(self._as_devices(device_of_node), self._no_rec)[2][0])
 
     def run(self, placement, timeline: bool = False) -> SimResult:
         """Full result (step time, busy time and memory per device, feasibility, optional timeline)."""
@@ -188,9 +202,9 @@ class Simulator:
                    np.zeros(r, np.int64))
         else:
             rec = self._no_rec
-        self._simulate(dev, rec)
-        mem = self._mem.copy()
-        meta = {"order": self.order_name, "forward_time": float(self._out[2]), "cost_source": self._source}
+        busy, mem, out = self._simulate(dev, rec)
+        mem = mem.copy()
+        meta = {"order": self.order_name, "forward_time": float(out[2]), "cost_source": self._source}
         broken: list[str] = []
         if self.costs.meta.get("allowed") or self.costs.meta.get("colocate"):
             from placement_rl.cost.costs_file import restriction_errors
@@ -198,8 +212,8 @@ class Simulator:
             broken = restriction_errors(self.costs, dev, self.graph.names, self.topology.device_names)
             if broken:
                 meta["restriction_errors"] = broken
-        return SimResult(step_time=float(self._out[0]), feasible=bool(np.all(mem <= self._capacity)) and not broken,
-                         device_busy=self._busy.copy(), peak_memory=mem, comm_time=float(self._out[1]),
+        return SimResult(step_time=float(out[0]), feasible=bool(np.all(mem <= self._capacity)) and not broken,
+                         device_busy=busy.copy(), peak_memory=mem, comm_time=float(out[1]),
                          timeline=self._timeline(rec) if timeline else None, meta=meta)
 
     def _timeline(self, rec: tuple) -> tuple[Interval, ...]:
