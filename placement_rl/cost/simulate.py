@@ -137,7 +137,7 @@ class Simulator:
         self.graph, self.costs, self.topology, self.order_name = graph, costs, topology, order
         self.order = priority_order(graph, costs, order)
         self.calls = 0
-        n, d, e = graph.num_nodes, topology.num_devices, graph.num_edges
+        n, e = graph.num_nodes, graph.num_edges
         i64 = np.int64
         self._graph_arrays = (
             self.order, _owned(graph.pred_ptr, i64), _owned(graph.pred_idx, i64), _owned(graph.pred_eid, i64),
