@@ -65,10 +65,16 @@ def evaluate(inst: MaxLoadInstance, device: np.ndarray) -> tuple[np.ndarray, lis
     if len(unsupported):
         broken.append(f"{len(unsupported)} nodes an accelerator cannot run are on one (first: node "
                       f"{inst.ids[unsupported[0]]})")
-    for c in np.unique(inst.colour[inst.colour >= 0]):
-        if len(np.unique(device[inst.colour == c])) > 1:
-            broken.append(f"colour class {c} is split over devices")
-            break
+    _, first, cls = np.unique(inst.colour, return_index=True, return_inverse=True)
+    lead = first[cls.reshape(-1)]  # the first node of each node's colour class
+    apart = np.flatnonzero(device != device[lead])
+    if len(apart):
+        v = int(apart[0])
+        u = int(lead[v])
+        on = [f"accelerator {d}" if d < inst.accelerators else f"CPU core {d - inst.accelerators}"
+              for d in (int(device[u]), int(device[v]))]
+        broken.append(f"a colour class is split over devices: node {inst.ids[u]} on {on[0]}, node {inst.ids[v]} "
+                      f"on {on[1]}")
     return loads, broken
 
 
@@ -184,7 +190,8 @@ def enumerate_splits(inst: MaxLoadInstance, *, limit: int = 1_000_000) -> tuple[
 
 def split_json(inst: MaxLoadInstance, split: Split) -> dict:
     """The split in the solvers' output format (``maxLoad``, ``fpgas`` and ``cpus`` as ``{load, nodes}``, empty
-    devices left out), with what found it."""
+    devices left out), with what found it: ``method``, ``contiguous_optimum``, ``notes`` and ``figures`` (the
+    method's own: ``Split.stats``, its ``seconds`` included)."""
     groups: dict[str, list] = {"fpgas": [], "cpus": []}
     for d in range(inst.accelerators + inst.cpus):
         nodes = sorted(inst.ids[v] for v in np.flatnonzero(split.device == d))
@@ -192,7 +199,7 @@ def split_json(inst: MaxLoadInstance, split: Split) -> dict:
             groups["fpgas" if d < inst.accelerators else "cpus"].append({"load": float(split.loads[d]),
                                                                          "nodes": nodes})
     return {"maxLoad": split.max_load, **groups, "method": split.method,
-            "contiguous_optimum": split.contiguous_optimum, "notes": split.notes, **split.stats}
+            "contiguous_optimum": split.contiguous_optimum, "notes": list(split.notes), "figures": dict(split.stats)}
 
 
 __all__ = ["Split", "enumerate_splits", "evaluate", "fewer_devices", "improve", "lower_bound", "split_json",

@@ -40,13 +40,9 @@ def _find(parent: list[int], x: int) -> int:
 
 
 def _classes(inst: MaxLoadInstance) -> tuple[np.ndarray, int]:
-    """Colour class per node (a node without one is its own), numbered ``0 .. m-1``."""
-    key: dict[int, int] = {}
-    cls = np.empty(inst.num_nodes, dtype=np.int64)
-    for v in range(inst.num_nodes):
-        c = int(inst.colour[v])
-        cls[v] = key.setdefault(c, len(key)) if c >= 0 else key.setdefault(-(v + 1) - 2**40, len(key))
-    return cls, len(key)
+    """Colour class per node (``inst.colour``: a node without a ``colorClass`` has its own), numbered ``0 .. m-1``."""
+    values, cls = np.unique(inst.colour, return_inverse=True)
+    return cls.reshape(-1).astype(np.int64), len(values)
 
 
 def precedence(inst: MaxLoadInstance, classes: tuple[np.ndarray, int] | None = None) -> list[tuple[int, int]]:

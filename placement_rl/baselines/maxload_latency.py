@@ -9,14 +9,16 @@ last node is ready. A split whose subgraphs feed each other in a cycle has none 
 
 ``latency_of(inst, device)`` scores a split (device per node: accelerators ``0 .. A-1``, any larger id a CPU);
 ``solve_latency(inst, seconds)`` returns the best of: every node on a CPU, the max-load dynamic program's contiguous
-split (the paper's baseline), a local search from the better of those (``maxload.search_blocks``, half the seconds)
-and CP-SAT on the paper's integer program (the other half, hinted with the best so far), with CP-SAT's bound.
+split (the paper's baseline; its dynamic program's time comes on top of ``seconds``), a local search from the better
+of those (``maxload.search_blocks``, half the seconds) and CP-SAT on the paper's integer program (the other half,
+hinted with the best so far), with CP-SAT's bound.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -81,9 +83,12 @@ def build_seconds(inst: MaxLoadInstance) -> float:
     return BUILD_SECONDS * (inst.num_nodes * (4 * na + 3) + 5 * len(inst.edges) * na)
 
 
-def solve_latency(inst: MaxLoadInstance, *, seconds: float = 10.0, ideal_limit: int | None = None) -> LatencyResult:
-    """The best split for latency (module doc); ``ideal_limit`` for the max-load split's dynamic program. The
-    searches run on at most one accelerator per colour class (``maxload.fewer_devices``: more cannot help)."""
+def solve_latency(inst: MaxLoadInstance, *, seconds: float = 10.0, ideal_limit: int | None = None,
+                  progress: Callable[[str], None] | None = None) -> LatencyResult:
+    """The best split for latency (module doc); ``ideal_limit`` for the max-load split's dynamic program, which runs
+    before the ``seconds`` of search and reports to ``progress`` as in ``maxload_solve.solve`` (so do the searches
+    as they start). The searches run on at most one accelerator per colour class (``maxload.fewer_devices``: more
+    cannot help)."""
     from placement_rl.baselines import maxload_cp
     from placement_rl.baselines.maxload_dp import IDEAL_LIMIT
 
@@ -97,7 +102,7 @@ def solve_latency(inst: MaxLoadInstance, *, seconds: float = 10.0, ideal_limit: 
     notes = [] if inst.accelerators else ["the max-load split: not run: no accelerator"]
     if inst.accelerators:
         try:
-            dp = contiguous_dp(inst, blocks_of(inst), ideal_limit=ideal_limit or IDEAL_LIMIT)
+            dp = contiguous_dp(inst, blocks_of(inst), ideal_limit=ideal_limit or IDEAL_LIMIT, progress=progress)
             cands["maxload_split"] = (latency_of(inst, dp.device), dp.device)
         except GraphError as exc:
             notes.append(f"the max-load split: {str(exc).split(': ', 1)[-1]}")
@@ -120,11 +125,16 @@ def solve_latency(inst: MaxLoadInstance, *, seconds: float = 10.0, ideal_limit: 
         notes.append("local search not run: " + ("no accelerator" if not inst.accelerators else "--seconds 0"))
     else:  # local search from the better start, then CP-SAT from its split
         start = np.minimum(hint[1], inst.accelerators)
-        found, _ = search_blocks(inst, blocks_of(inst, contiguous=False), start, inst.accelerators + 1, LATENCY,
-                                 seconds=seconds / 2 if run_cp else seconds)
+        classes = blocks_of(inst, contiguous=False)
+        search_seconds = seconds / 2 if run_cp else seconds
+        if progress is not None and search_seconds >= 2:
+            progress(f"local search on {classes.count} colour classes for {search_seconds:.3g} s")
+        found, _ = search_blocks(inst, classes, start, inst.accelerators + 1, LATENCY, seconds=search_seconds)
         cands["local_search"] = (latency_of(inst, found), found)
         hint = min(hint, cands["local_search"], key=lambda c: c[0])
     if run_cp:
+        if progress is not None:
+            progress(f"CP-SAT on the latency program ({inst.num_nodes} nodes) for up to {seconds / 2:.3g} s")
         got = _cp_latency(inst, hint, seconds=seconds / 2)
         if got is not None:
             device, cp_bound = got
@@ -160,9 +170,9 @@ def _cp_latency(inst: MaxLoadInstance, hint: tuple[float, np.ndarray], *, second
                 m.Add(x[v][d] == 0)
     for d in range(na):
         m.Add(sum(int(size_u[v]) * x[v][d] for v in range(n)) <= cap_u)
-    for c in np.unique(inst.colour[inst.colour >= 0]):
-        members = np.flatnonzero(inst.colour == c).tolist()
-        for a, b in zip(members, members[1:]):
+    by_class = np.argsort(inst.colour, kind="stable").tolist()
+    for a, b in zip(by_class, by_class[1:]):  # consecutive members of one colour class share a device
+        if inst.colour[a] == inst.colour[b]:
             for d in range(na + 1):
                 m.Add(x[a][d] == x[b][d])
     edges = inst.edges.tolist()

@@ -5,18 +5,20 @@ format of Tarnawski et al. (NeurIPS 2020, msr-fiddle/dnn-partitioning) over its 
 Prints the instance, the best contiguous split (a dynamic program over every ideal: optimal when it says so), the
 best split of any shape (local search, then CP-SAT where OR-Tools is installed) and a lower bound on every split.
 Plain flags: ``--out`` (write the best split in the solvers' JSON format, whole or not at all), ``--contiguous``
-(write the contiguous one instead), ``--seconds`` (for the search after the dynamic program; 0: none),
-``--ideals`` (how many ideals the dynamic program may enumerate), ``--split FILE`` (score a given split instead,
-e.g. a published one), ``--topology T`` (INSTANCE is one of the project's graph JSON files: make the instance
-on topology ``T``, ``--write-instance FILE`` keeps it), ``--objective latency`` (one sample's time through an
-inference graph instead: ``baselines.maxload_latency``). Bad input: one line, exit 2.
+(write the contiguous one instead), ``--seconds`` (for the search after the dynamic program, whose own time comes
+on top; 0: none), ``--ideals`` (how many ideals the dynamic program may enumerate), ``--split FILE`` (score a given
+split instead, e.g. a published one), ``--topology T`` (INSTANCE is one of the project's graph JSON files: make the
+instance on topology ``T``, ``--write-instance FILE`` keeps it), ``--objective latency`` (one sample's time through
+an inference graph instead: ``baselines.maxload_latency``). Bad input: one line, exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import time
 
 import numpy as np
 
@@ -25,6 +27,9 @@ from placement_rl.errors import PlacementRLError
 
 USAGE = ("placement-rl maxload INSTANCE.json [--out FILE] [--contiguous] [--seconds S] [--ideals N] [--split FILE] "
          "[--objective maxload|latency] [--topology T [--write-instance FILE]]")
+
+
+MAX_SECONDS = 1e6  # about 11.6 days: a larger --seconds is a typo, not a plan
 
 
 def parser() -> argparse.ArgumentParser:
@@ -36,7 +41,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("instance", help="instance JSON (maxSizePerFPGA, maxFPGAs, maxCPUs, nodes, edges)")
     p.add_argument("--out", help="write the split here (JSON: maxLoad, fpgas, cpus as {load, nodes})")
     p.add_argument("--contiguous", action="store_true", help="write the best contiguous split, not the best one")
-    p.add_argument("--seconds", type=float, default=10.0, help="search after the dynamic program (default 10; 0: none)")
+    p.add_argument("--seconds", type=float, default=10.0,
+                   help=f"search after the dynamic program (default 10; 0: none; at most {MAX_SECONDS:.0f})")
     p.add_argument("--ideals", type=int, default=IDEAL_LIMIT,
                    help=f"most ideals the dynamic program enumerates (default {IDEAL_LIMIT})")
     p.add_argument("--split", help="score this split file (the solvers' output format) instead of solving")
@@ -102,12 +108,13 @@ def _loads_line(inst, loads) -> str:
             continue
         if len(part) <= LOADS_SHOWN:
             parts.append(f"{label} [" + ", ".join(f"{x:.6g}" for x in part) + "]")
-        elif len(busy) <= LOADS_SHOWN:
-            parts.append(f"{len(part)} {label}: {len(part) - len(busy)} at 0, the others ["
-                         + ", ".join(f"{x:.6g}" for x in busy) + "]")
+        elif (part == part[0]).all():
+            parts.append(f"{len(part)} {label}: all at {part[0]:.6g}")
         else:
-            parts.append(f"{len(part)} {label}: {len(part) - len(busy)} at 0, the others from {busy.min():.6g} to "
-                         f"{busy.max():.6g}")
+            zeros = len(part) - len(busy)
+            head = f"{len(part)} {label}: " + (f"{zeros} at 0, the others " if zeros else "")
+            parts.append(head + ("[" + ", ".join(f"{x:.6g}" for x in busy) + "]" if len(busy) <= LOADS_SHOWN else
+                                 f"from {busy.min():.6g} to {busy.max():.6g}"))
     return ", ".join(parts)
 
 
@@ -122,8 +129,10 @@ def run(args: argparse.Namespace) -> list[str]:
     from placement_rl.graph.files import atomic_write_text
     from placement_rl.graph.maxload_file import read_instance, read_split
 
-    if args.seconds < 0 or args.seconds != args.seconds:
-        raise PlacementRLError(f"--seconds must be >= 0 (got {args.seconds})")
+    t0 = time.perf_counter()
+    if not (math.isfinite(args.seconds) and 0 <= args.seconds <= MAX_SECONDS):
+        raise PlacementRLError(f"--seconds must be a finite number from 0 (no search) to {MAX_SECONDS:.0f} "
+                               f"(got {args.seconds:g})")
     if args.ideals < 2:
         raise PlacementRLError(f"--ideals must be at least 2 (got {args.ideals})")
     if args.write_instance and not args.topology:
@@ -135,7 +144,7 @@ def run(args: argparse.Namespace) -> list[str]:
     if args.write_instance:
         lines.append(f"wrote the instance to {args.write_instance}")
     if args.objective == "latency":
-        return lines + _latency(args, inst)
+        return lines + _latency(args, inst, t0)
     if args.split:
         device = read_split(args.split, inst)
         loads, broken = evaluate(inst, device)
@@ -146,8 +155,11 @@ def run(args: argparse.Namespace) -> list[str]:
                      "lower bound: none (no split fits the instance without breaking a constraint)")
         lines += [f"warning: the split breaks a constraint: {b}" for b in broken]
         if args.out:
-            split = Split(device, loads, float(loads.max()), f"given ({args.split})", notes=broken)
-            atomic_write_text(args.out, json.dumps({**split_json(inst, split), "breaks": broken}, indent=1) + "\n")
+            split = Split(device, loads, float(loads.max()), f"given ({args.split})")
+            data = {**split_json(inst, split), "breaks": broken,
+                    "lower_bound": bound if np.isfinite(bound) else None, "instance": inst.path,
+                    "seconds": time.perf_counter() - t0}
+            atomic_write_text(args.out, json.dumps(data, indent=1) + "\n")
             lines.append(f"wrote {args.out}")
         return lines
     res = solve(inst, ideal_limit=args.ideals, seconds=args.seconds, progress=_say)
@@ -161,7 +173,8 @@ def run(args: argparse.Namespace) -> list[str]:
                f"{dp.stats['ideals']:.0f} ideals, not proven optimal")
         lines.append(f"contiguous split (dynamic program over {how}, {dp.stats['ideal_pairs']:.0f} pairs, "
                      f"{dp.stats['seconds']:.2f} s): max-load {dp.max_load:.6g} ({_loads_line(inst, dp.loads)})")
-    lines += [f"note: {n}" for n in (dp.notes if dp else []) + res.notes]
+    notes = (dp.notes if dp else []) + res.notes
+    lines += [f"note: {n}" for n in notes]
     if best is not dp:
         versus = f"{best.max_load / dp.max_load:.4f} x contiguous; " if dp is not None else ""
         lines.append(f"best split of any shape ({best.method}): max-load {best.max_load:.6g} "
@@ -179,8 +192,9 @@ def run(args: argparse.Namespace) -> list[str]:
         if args.contiguous and dp is None:
             raise PlacementRLError("--contiguous: no contiguous split fits (leave it out to write the best split)")
         chosen = dp if args.contiguous else best
-        data = {**split_json(inst, chosen), "lower_bound": res.lower_bound,
-                "optimal": res.optimal and chosen.max_load <= best.max_load * (1 + 1e-12), "instance": inst.path}
+        data = {**split_json(inst, chosen), "notes": notes, "lower_bound": res.lower_bound,
+                "optimal": res.optimal and chosen.max_load <= best.max_load * (1 + 1e-12), "instance": inst.path,
+                "seconds": time.perf_counter() - t0}
         atomic_write_text(args.out, json.dumps(data, indent=1) + "\n")
         lines.append(f"wrote {args.out}")
     else:
@@ -188,8 +202,9 @@ def run(args: argparse.Namespace) -> list[str]:
     return lines
 
 
-def _latency(args: argparse.Namespace, inst) -> list[str]:
-    """The latency objective: score ``--split`` or solve (``baselines.maxload_latency``)."""
+def _latency(args: argparse.Namespace, inst, t0: float) -> list[str]:
+    """The latency objective: score ``--split`` or solve (``baselines.maxload_latency``); ``t0``: when the run
+    started (the written file's ``seconds``)."""
     import dataclasses
 
     from placement_rl.baselines.maxload import evaluate
@@ -207,7 +222,7 @@ def _latency(args: argparse.Namespace, inst) -> list[str]:
         groups = [sorted(inst.ids[v] for v in np.flatnonzero(device == d)) for d in range(na)]
         cpu = sorted(inst.ids[v] for v in np.flatnonzero(device >= na))
         data = {"totalLatency": value if np.isfinite(value) else None, "fpgas": [{"nodes": g} for g in groups if g],
-                "cpus": [{"nodes": cpu}], **extra, "instance": inst.path}
+                "cpus": [{"nodes": cpu}], **extra, "instance": inst.path, "seconds": time.perf_counter() - t0}
         atomic_write_text(args.out, json.dumps(data, indent=1) + "\n")
         return f"wrote {args.out}"
 
@@ -220,9 +235,9 @@ def _latency(args: argparse.Namespace, inst) -> list[str]:
                                             "no latency (its subgraphs feed each other in a cycle)")]
         lines += [f"warning: the split breaks a constraint: {b}" for b in broken]
         if args.out:
-            lines.append(write(device, value, {"method": f"given ({args.split})", "breaks": broken}))
+            lines.append(write(device, value, {"method": f"given ({args.split})", "breaks": broken, "notes": []}))
         return lines
-    res = solve_latency(inst, seconds=args.seconds, ideal_limit=args.ideals)
+    res = solve_latency(inst, seconds=args.seconds, ideal_limit=args.ideals, progress=_say)
     names = {"all_cpu": "every node on a CPU", "maxload_split": "the max-load dynamic program's split",
              "local_search": "local search from the better of those", "cp_sat": "CP-SAT from the best so far"}
     prefix = {"all_cpu": "every node", "maxload_split": "the max-load", "local_search": "local search",
@@ -238,7 +253,7 @@ def _latency(args: argparse.Namespace, inst) -> list[str]:
     lines.append(f"best: {names[res.method]}, latency {res.latency:.6g}; lower bound {res.bound:.6g} ({proof})")
     if args.out:
         lines.append(write(res.device, res.latency, {"method": res.method, "lower_bound": res.bound,
-                                                     "optimal": res.optimal}))
+                                                     "optimal": res.optimal, "notes": res.notes}))
     return lines
 
 

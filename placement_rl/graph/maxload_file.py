@@ -5,9 +5,10 @@ accelerator) and ``maxCPUs`` CPU cores.
 
 An instance file is one JSON object: ``maxSizePerFPGA`` (bytes), ``maxFPGAs``, ``maxCPUs``, ``nodes`` (``id``,
 ``supportedOnFpga``, ``cpuLatency``, ``fpgaLatency``, ``isBackwardNode``, optional ``size`` (bytes, default 0) and
-``colorClass`` (nodes sharing one run on one device)) and ``edges`` (``sourceId``, ``destId``, ``cost``: the time to
-move the source's output between an accelerator and CPU memory, the same on every edge out of one node). Other keys
-(``name``, ``layerId``, edge ``size``) are kept or ignored. A split file is the solvers' output: ``fpgas`` and
+``colorClass`` (any integer, negative ones too: nodes sharing one run on one device; a node without the key is in
+no class with others)) and ``edges`` (``sourceId``, ``destId``, ``cost``: the time to move the source's output
+between an accelerator and CPU memory, the same on every edge out of one node). Other keys (``name``, ``layerId``,
+edge ``size``) are kept or ignored. A split file is the solvers' output: ``fpgas`` and
 ``cpus``, each a list of ``{"nodes": [ids]}`` (``load`` and ``maxLoad`` are ignored when read).
 
 ``read_instance(path)`` -> ``MaxLoadInstance`` (arrays in file order) and ``read_split(path, instance)`` -> device
@@ -32,7 +33,8 @@ from placement_rl.errors import GraphError
 @dataclass(frozen=True, eq=False)
 class MaxLoadInstance:
     """One instance: per node (file order) ``ids``, ``names``, ``acc`` / ``cpu`` times, ``size`` bytes,
-    ``supported`` (may run on an accelerator), ``backward``, ``colour`` (colocation class, -1: none) and
+    ``supported`` (may run on an accelerator), ``backward``, ``colour`` (colocation class, numbered ``0 .. m-1`` in
+    file order: nodes sharing a ``colorClass`` share one, a node without the key has one of its own) and
     ``out_cost`` (the time to move its output off its device, 0 without out-edges); ``edges`` int [E, 2] (node
     indices); ``max_size`` bytes per accelerator; ``accelerators`` and ``cpus`` (device counts)."""
 
@@ -85,6 +87,14 @@ def _finite_int(value: Any) -> bool:
     return abs(int(value)) < 2**63
 
 
+def _shown(value: Any) -> str:
+    """A JSON value for an error message: a string quoted and called one (``'1', a string``), null as ``null``,
+    anything else as Python prints it; at most 40 characters of it."""
+    if isinstance(value, str):
+        return f"{value[:40]!r}, a string"
+    return "null" if value is None else str(value)[:40]
+
+
 def _number(path: Path, where: str, value: Any, *, integer: bool = False) -> float:
     if integer:
         ok = _finite_int(value) and value >= 0
@@ -93,19 +103,19 @@ def _number(path: Path, where: str, value: Any, *, integer: bool = False) -> flo
               and math.isfinite(value) and value >= 0)
     if not ok:
         kind = "a whole number" if integer else "a finite number"
-        raise GraphError(f"{path}: {where} must be {kind} >= 0 (got {str(value)[:40]})")
+        raise GraphError(f"{path}: {where} must be {kind} >= 0 (got {_shown(value)})")
     return float(value)
 
 
 def _flag(path: Path, where: str, value: Any) -> bool:
     if value in (0, 1) or isinstance(value, bool):
         return bool(value)
-    raise GraphError(f"{path}: {where} must be true / false or 0 / 1 (got {value!r})")
+    raise GraphError(f"{path}: {where} must be true / false or 0 / 1 (got {_shown(value)})")
 
 
 def _int(path: Path, where: str, value: Any) -> int:
     if not _finite_int(value):
-        raise GraphError(f"{path}: {where} must be an integer (got {str(value)[:40]})")
+        raise GraphError(f"{path}: {where} must be an integer (got {_shown(value)})")
     return int(value)
 
 
@@ -136,6 +146,7 @@ def read_instance(path: str | Path) -> MaxLoadInstance:
     if not isinstance(edges, list):
         raise GraphError(f"{path}: edges must be a list")
     index: dict[int, int] = {}
+    classes: dict[Any, int] = {}  # colorClass (int), or ("none", k) for node k without one -> class number
     cols: dict[str, list] = {k: [] for k in ("acc", "cpu", "size", "supported", "backward", "colour", "names")}
     for k, node in enumerate(nodes):
         where = f"nodes[{k}]"
@@ -150,8 +161,8 @@ def read_instance(path: str | Path) -> MaxLoadInstance:
         cols["size"].append(_number(path, f"{where}.size", node.get("size", 0.0)))
         cols["supported"].append(_flag(path, f"{where}.supportedOnFpga", _field(path, node, "supportedOnFpga", where)))
         cols["backward"].append(_flag(path, f"{where}.isBackwardNode", _field(path, node, "isBackwardNode", where)))
-        colour = node.get("colorClass")
-        cols["colour"].append(-1 if colour is None else _int(path, f"{where}.colorClass", colour))
+        key = _int(path, f"{where}.colorClass", node["colorClass"]) if "colorClass" in node else ("none", k)
+        cols["colour"].append(classes.setdefault(key, len(classes)))
         cols["names"].append(str(node.get("name", nid)))
     out_cost = np.zeros(len(nodes))
     has_cost = np.zeros(len(nodes), dtype=bool)
@@ -233,7 +244,7 @@ def read_split(path: str | Path, inst: MaxLoadInstance, *, pooled_cpus: bool = F
                 continue
             for nid in members:
                 if not _finite_int(nid) or int(nid) not in index:
-                    raise GraphError(f"{path}: {key}[{k}] names node {str(nid)[:40]}, which {inst.path} does not "
+                    raise GraphError(f"{path}: {key}[{k}] names node {_shown(nid)}, which {inst.path} does not "
                                      "have")
                 nid = int(nid)
                 if device[index[nid]] >= 0:
@@ -250,11 +261,15 @@ def read_split(path: str | Path, inst: MaxLoadInstance, *, pooled_cpus: bool = F
 def _colocate_rest(inst: MaxLoadInstance, device: np.ndarray) -> None:
     """Give a node the split leaves out the device of its colour class, where the class has exactly one (a forward
     split read for a training graph: each backward node joins its forward node)."""
-    for c in np.unique(inst.colour[(device < 0) & (inst.colour >= 0)]):
-        members = inst.colour == c
-        placed = np.unique(device[members & (device >= 0)])
-        if len(placed) == 1:
-            device[members & (device < 0)] = placed[0]
+    placed = device >= 0
+    if placed.all() or not placed.any():
+        return
+    m = int(inst.colour.max()) + 1
+    low, high = np.full(m, np.iinfo(np.int64).max), np.full(m, -1)
+    np.minimum.at(low, inst.colour[placed], device[placed])
+    np.maximum.at(high, inst.colour[placed], device[placed])
+    fill = ~placed & (low == high)[inst.colour]
+    device[fill] = high[inst.colour[fill]]
 
 
 __all__ = ["MaxLoadInstance", "read_instance", "read_split"]
