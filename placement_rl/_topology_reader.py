@@ -5,6 +5,7 @@ datasheet fill for GPUs that name their product, per-field checks with one-line 
 from __future__ import annotations
 
 import logging
+import numbers
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -35,11 +36,26 @@ def _num(entry: Mapping[str, Any], key: str, where: str, default: float | None =
     v = entry[key]
     try:
         f = float(v)
+    except OverflowError:  # a Python int past float range
+        raise TopologyError(f"{where}: field '{key}' must be a finite number, got {_shown(v)}") from None
     except (TypeError, ValueError):
-        raise TopologyError(f"{where}: field '{key}' must be a number, got {v!r}") from None
-    if isinstance(v, bool) or not np.isfinite(f):
-        raise TopologyError(f"{where}: field '{key}' must be a finite number, got {v!r}")
+        raise TopologyError(f"{where}: field '{key}' must be a number, got {_shown(v)}") from None
+    if isinstance(v, (bool, np.bool_)) or not np.isfinite(f):
+        raise TopologyError(f"{where}: field '{key}' must be a finite number, got {_shown(v)}")
     return f
+
+
+def _int(entry: Mapping[str, Any], key: str, default: int) -> int | None:
+    """``entry[key]`` (``default`` when absent) as a Python int when it is an integer (Python or numpy, not a
+    bool), else None."""
+    v = entry.get(key, default)
+    return int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else None
+
+
+def _shown(v: Any, width: int = 60) -> str:
+    """``repr(v)``, cut to ``width`` characters (a 400-digit integer)."""
+    r = repr(v)
+    return r if len(r) <= width else r[:width - 3] + "..."
 
 
 def _with_datasheet(entry: Mapping[str, Any], kind: str, data: Mapping[str, Any], where: str,
@@ -142,12 +158,13 @@ def read_topology(data: Any, where: str) -> dict[str, Any]:
         kind = entry.get("kind", "gpu")
         if not isinstance(kind, str) or kind not in DEVICE_KINDS:
             raise TopologyError(f"{w}: field 'kind' is {kind!r}, expected one of {DEVICE_KINDS}")
-        count = entry.get("count", 1)
-        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_DEVICE_COUNT:
-            raise TopologyError(f"{w}: field 'count' must be an integer in [1, {MAX_DEVICE_COUNT}], got {count!r}")
-        host = entry.get("host", 0)
-        if not isinstance(host, int) or isinstance(host, bool) or host < 0:
-            raise TopologyError(f"{w}: field 'host' must be a non-negative integer, got {host!r}")
+        count = _int(entry, "count", 1)
+        if count is None or not 1 <= count <= MAX_DEVICE_COUNT:
+            raise TopologyError(f"{w}: field 'count' must be an integer in [1, {MAX_DEVICE_COUNT}], "
+                                f"got {_shown(entry['count'])}")
+        host = _int(entry, "host", 0)
+        if host is None or host < 0:
+            raise TopologyError(f"{w}: field 'host' must be a non-negative integer, got {_shown(entry['host'])}")
         took: list = []
         entry = _with_datasheet(entry, kind, data, w, took)
         filled += [(k, *x) for x in took]
@@ -161,15 +178,17 @@ def read_topology(data: Any, where: str) -> dict[str, Any]:
         for key, v in extra.items():
             if v < 0:
                 raise TopologyError(f"{w}: field '{key}' must be >= 0, got {v!r}")
-        sm = entry.get("sm_count", 0)
-        if not isinstance(sm, int) or isinstance(sm, bool) or sm < 0:
-            raise TopologyError(f"{w}: field 'sm_count' must be a non-negative integer, got {sm!r}")
+        sm = _int(entry, "sm_count", 0)
+        if sm is None or sm < 0:
+            raise TopologyError(f"{w}: field 'sm_count' must be a non-negative integer, "
+                                f"got {_shown(entry['sm_count'])}")
         extra["sm_count"] = sm
         extra["model"] = str(entry.get("model", ""))
         base_td = str(entry.get("torch_device", "cpu" if kind == "cpu" else "cuda"))
-        start = entry.get("index_start", 0)
-        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
-            raise TopologyError(f"{w}: field 'index_start' must be a non-negative integer, got {start!r}")
+        start = _int(entry, "index_start", 0)
+        if start is None or start < 0:
+            raise TopologyError(f"{w}: field 'index_start' must be a non-negative integer, "
+                                f"got {_shown(entry['index_start'])}")
         for c in range(count):
             name = f"{entry['name']}{c}" if count > 1 or entry.get("numbered", False) else str(entry["name"])
             td = base_td if (":" in base_td or base_td == "cpu") else f"{base_td}:{start + c}"

@@ -36,9 +36,10 @@ reader and its checks are ``placement_rl._topology_reader``.
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -63,12 +64,34 @@ class DeviceTopology:
     meta: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "devices", tuple(self.devices))
+        try:
+            devices = tuple(self.devices)
+        except TypeError:
+            raise TopologyError(f"topology '{self.name}': field 'devices' must be a list of Device, "
+                                f"got {_shown(self.devices)}") from None
+        for k, d in enumerate(devices):
+            if not isinstance(d, Device):
+                raise TopologyError(f"topology '{self.name}': devices[{k}] is a {type(d).__name__}, not a Device "
+                                    "(build each with Device(...), or read mappings with DeviceTopology.from_dict)")
+        object.__setattr__(self, "devices", tuple(_plain(d) for d in devices))
         for key in ("link_bandwidth", "link_latency"):
-            arr = np.array(getattr(self, key), dtype=np.float64)
+            try:
+                arr = np.array(getattr(self, key), dtype=np.float64)
+            except (TypeError, ValueError, OverflowError):
+                n = len(devices)
+                raise TopologyError(f"topology '{self.name}': '{key}' must be a {n}x{n} array of numbers, got "
+                                    f"{_shown(getattr(self, key))}") from None
             arr.setflags(write=False)
             object.__setattr__(self, key, arr)
         self.validate()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled (``multiprocessing``, ``copy.deepcopy``): the link arrays read-only again, as built."""
+        self.__dict__.update(state)
+        for key in ("link_bandwidth", "link_latency"):
+            arr = state.get(key)
+            if isinstance(arr, np.ndarray):
+                arr.setflags(write=False)
 
     @property
     def num_devices(self) -> int:
@@ -105,33 +128,36 @@ class DeviceTopology:
                 raise TopologyError(f"device '{d.name}': field 'kind' is {d.kind!r}, expected one of {DEVICE_KINDS}")
             for key in ("peak_flops", "mem_bandwidth", "memory_bytes"):
                 v = getattr(d, key)
-                if not (isinstance(v, numbers.Real) and not isinstance(v, bool) and np.isfinite(v) and v > 0):
-                    raise TopologyError(f"device '{d.name}': field '{key}' must be a positive number, got {v!r}")
-            for key in ("l2_bytes", "peak_flops_tf32", "peak_flops_bf16"):
+                if not (_finite(v) and v > 0):
+                    raise TopologyError(f"device '{d.name}': field '{key}' must be a finite positive number, "
+                                        f"got {_shown(v)}")
+            for key in ("l2_bytes", "peak_flops_tf32", "peak_flops_bf16", "launch_overhead"):
                 v = getattr(d, key)
-                if not (isinstance(v, numbers.Real) and not isinstance(v, bool) and np.isfinite(v) and v >= 0):
-                    raise TopologyError(f"device '{d.name}': field '{key}' must be a number >= 0, got {v!r}")
-            if not isinstance(d.sm_count, int) or isinstance(d.sm_count, bool) or d.sm_count < 0:
-                raise TopologyError(f"device '{d.name}': field 'sm_count' must be an integer >= 0")
-            lo = d.launch_overhead
-            if not (isinstance(lo, numbers.Real) and not isinstance(lo, bool) and np.isfinite(lo) and lo >= 0):
-                raise TopologyError(f"device '{d.name}': field 'launch_overhead' must be >= 0")
-        for key in ("link_bandwidth", "link_latency"):
+                if not (_finite(v) and v >= 0):
+                    raise TopologyError(f"device '{d.name}': field '{key}' must be a finite number >= 0, "
+                                        f"got {_shown(v)}")
+            if not _integer(d.sm_count) or d.sm_count < 0:
+                raise TopologyError(f"device '{d.name}': field 'sm_count' must be an integer >= 0, "
+                                    f"got {_shown(d.sm_count)}")
+        off = ~np.eye(n, dtype=bool)
+        for key, what in (("link_bandwidth", "bandwidth"), ("link_latency", "latency")):
             arr = getattr(self, key)
             if arr.shape != (n, n):
                 raise TopologyError(f"topology '{self.name}': '{key}' must be {n}x{n}, got {arr.shape}")
+            bad = off & ~(np.isfinite(arr) & ((arr > 0) if what == "bandwidth" else (arr >= 0)))
+            if bad.any():  # each value before the symmetry: a NaN is not finite, whatever its mirror holds
+                i, j = np.argwhere(bad)[0]
+                need = "positive" if what == "bandwidth" else "non-negative"
+                raise TopologyError(f"link {names[i]} <-> {names[j]}: '{what}' must be a finite {need} number, "
+                                    f"got {arr[i, j]:g}")
+            if np.isnan(np.diag(arr)).any():
+                i = int(np.flatnonzero(np.isnan(np.diag(arr)))[0])
+                raise TopologyError(f"topology '{self.name}': '{key}[{i}, {i}]' ({names[i]} to itself) is nan; "
+                                    f"the diagonal is {'inf' if what == 'bandwidth' else '0'}")
             if not np.allclose(arr, arr.T, equal_nan=False):
                 raise TopologyError(f"topology '{self.name}': '{key}' must be symmetric")
         if len(self.link_kind) != n or any(len(row) != n for row in self.link_kind):
             raise TopologyError(f"topology '{self.name}': 'link_kind' must be {n}x{n}")
-        off = ~np.eye(n, dtype=bool)
-        bw, lat = self.link_bandwidth[off], self.link_latency[off]
-        if n > 1 and not (np.all(np.isfinite(bw)) and np.all(bw > 0)):
-            i, j = np.argwhere(off & ~(np.isfinite(self.link_bandwidth) & (self.link_bandwidth > 0)))[0]
-            raise TopologyError(f"link {names[i]} <-> {names[j]}: 'bandwidth' must be a positive number")
-        if n > 1 and not (np.all(np.isfinite(lat)) and np.all(lat >= 0)):
-            i, j = np.argwhere(off & ~(np.isfinite(self.link_latency) & (self.link_latency >= 0)))[0]
-            raise TopologyError(f"link {names[i]} <-> {names[j]}: 'latency' must be a non-negative number")
 
     def summary(self) -> str:
         lines = [f"topology {self.name}: {self.num_devices} devices on {self.num_hosts} host(s)"]
@@ -187,6 +213,33 @@ class DeviceTopology:
                 for d in self.devices]
         return {**dict(self.meta), "name": self.name, "description": self.description, "devices": devs,
                 "links": {"pairs": pairs}}
+
+
+def _finite(v: Any) -> bool:
+    """``v`` is a real number (not a bool) that a float holds finitely (a Python int past float range is not)."""
+    if not isinstance(v, numbers.Real) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
+def _integer(v: Any) -> bool:
+    """``v`` is an integer (a Python or numpy one), not a bool."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _shown(v: Any, width: int = 60) -> str:
+    """``repr(v)``, cut to ``width`` characters (a 400-digit integer, a long list)."""
+    r = repr(v)
+    return r if len(r) <= width else r[:width - 3] + "..."
+
+
+def _plain(d: Device) -> Device:
+    """``d`` with numpy scalars as Python numbers (``np.int32(80)`` -> 80), so ``to_dict`` writes plain YAML."""
+    fields = {k: v.item() for k, v in vars(d).items() if isinstance(v, np.generic)}
+    return replace(d, **fields) if fields else d
 
 
 # ------------------------------------------------------------------ presets

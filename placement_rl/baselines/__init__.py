@@ -9,6 +9,14 @@ The returned ``Placement.meta`` records ``placer``, ``budget``, ``seed``, ``sim_
 improvement) and, when it was simulated, ``step_time`` and ``feasible``. ``objective="throughput"``: every
 simulated candidate is scored by its steady-state time per batch (``cost.throughput``), so searches minimise it
 (constructive heuristics still build for the step time); meta adds ``objective`` and ``steady_time``.
+A bad ``budget``, ``seconds``, ``objective`` or ``seed`` (an integer >= 0; CP-SAT takes it modulo 2**31) is a one-line
+``ConfigError``, and so is a case a placer cannot run (too large for ``exhaustive`` or ``cp_sat``, a budget short of
+``la_rule``'s completions): ``evaluate`` shows it as a row with that note. A graph whose memory exceeds all devices'
+together (no placement fits) is placed all the same, as is one no placer happens to fit: every placer returns a
+placement with ``meta["feasible"]`` False (the schedule-state rules decide with memory ignored,
+``eft.state_topology``, and say so in ``meta["note"]``; ``cp_sat`` then returns its best start), so ``evaluate`` lists
+those rows as not fitting beside the stage plans that may fit, while ``place`` and ``train`` refuse such a graph up
+front (``cost.schedule.check_fits``).
 
 Pipeline partitioners (``pipeline_names()``, ``get_pipeline(name)``), each called as
 ``partitioner(graph, costs, topology, *, budget, seed, num_microbatches=4, schedule="1f1b",

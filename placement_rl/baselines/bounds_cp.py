@@ -104,8 +104,9 @@ class _Problem:
 
 
 def _ticks(values, tick: float, cap: float) -> np.ndarray:
+    """``values`` (seconds, at most ``cap``; inf: 0) in whole ticks, rounded down (``tick`` > 0)."""
     v = np.asarray(values, dtype=np.float64)
-    return np.where(np.isfinite(v), np.floor(np.minimum(v, cap) / tick), 0).astype(np.int64)
+    return np.floor(np.where(np.isfinite(v), np.minimum(v, cap), 0.0) / tick).astype(np.int64)
 
 
 def _device_keys(costs: CostTable, host: np.ndarray, by_host: bool) -> np.ndarray:
@@ -247,7 +248,7 @@ def _build_and_solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(max(seconds, 0.01))
     solver.parameters.num_workers = int(max(1, workers))
-    solver.parameters.random_seed = int(seed)
+    solver.parameters.random_seed = int(seed) % 2**31  # CP-SAT's seed is a 32-bit int; any integer >= 0 given
     status = solver.Solve(m)
     if status == cp_model.INFEASIBLE:  # cannot happen below a real placement's horizon; prove nothing
         return 0.0, None, None, False
@@ -351,7 +352,7 @@ def _whole(graph: CompGraph, costs: CostTable, topology: DeviceTopology, upper: 
     from placement_rl.cost.simulate import priority_order
 
     n = graph.num_nodes
-    tick = float(upper) / TICKS
+    tick = float(upper) / TICKS if upper > 0 else 1.0  # upper 0: every time is 0 (cap), in ticks of any size
     cap = 2.0 * float(upper)
     cut = _ticks(cut_costs(graph, costs, topology), tick, cap)
     host = np.array([dv.host for dv in topology.devices])

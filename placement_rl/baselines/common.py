@@ -54,6 +54,7 @@ class Problem:
     def __init__(self, graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int,
                  seed: int, seconds: float | None = None, objective: str = "step") -> None:
         check_inputs(graph, costs, topology, budget)
+        check_seed(seed)
         check_devices(topology)
         from placement_rl.cost.modes import check_objective
 
@@ -63,7 +64,7 @@ class Problem:
         self.graph, self.costs, self.topology = graph, costs, topology
         self.budget, self.seed = int(budget), int(seed)
         self.seconds = None if seconds is None else float(seconds)
-        self.rng = np.random.default_rng(seed)
+        self.rng = np.random.default_rng(self.seed)
         self.sim = Simulator(graph, costs, topology)
         self.start = time.perf_counter()
         self._scored: dict[bytes, Score] = {}
@@ -100,6 +101,13 @@ class Problem:
     @cached_property
     def capacity(self) -> np.ndarray:
         return self.topology.array("memory_bytes")
+
+    @cached_property
+    def fits_at_all(self) -> bool:
+        """Whether the graph's pinned memory fits all devices' memory together (``cost.schedule.check_fits``'s
+        test). Where it does not, no placement fits: the rules on the schedule state, which refuses such a graph,
+        decide with memory ignored (``eft.state_topology``), so every placer returns an infeasible placement."""
+        return not float(self.node_mem.sum()) > float(self.capacity.sum())
 
     @cached_property
     def device_order(self) -> np.ndarray:
@@ -197,6 +205,13 @@ def check_inputs(graph: CompGraph, costs: CostTable, topology: DeviceTopology, b
     """Budget check; a cost table of another graph/topology is refused by ``Simulator`` (ProfileError)."""
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 0:
         raise ConfigError(f"budget must be a non-negative integer number of simulator calls, got {budget!r}")
+
+
+def check_seed(seed: object) -> None:
+    """``ConfigError`` unless ``seed`` is an integer >= 0 (a Python or numpy one, not a bool): what every placer's
+    random generator takes (CP-SAT takes it modulo 2**31, ``bounds_cp._solve``)."""
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError(f"seed must be an integer >= 0, got {seed!r}")
 
 
 def topo_positions(graph: CompGraph) -> np.ndarray:

@@ -20,6 +20,8 @@ solved: on graphs whose producers send every consumer the same bytes its optimum
 ``cp_improved`` (the solution beat the hint) and ``cp_seconds``; ``cp_bound`` is None where CP-SAT proved nothing in
 its seconds (large models). Where the budget leaves no call to score CP-SAT's solution (a budget of 0 or 1; 2 where
 a start overflows memory and its fit is scored), CP-SAT does not run: the best start comes back and ``note`` says why.
+Nor does it where no placement fits memory (its model has no solution; ``note`` says so) or where the best start's
+step time is 0 (every time 0: that start is optimal, ``cp_bound`` 0 and ``cp_optimal`` true).
 
 Seconds: ``seconds`` when given, else ``CP_SECONDS``, for everything: the starts, building the model and CP-SAT's
 search (``bounds_cp._solve``'s deadline: where the model is not built in time, or leaves CP-SAT too little, CP-SAT
@@ -49,7 +51,7 @@ UNITS = 10_000_000  # the largest capacity in integer memory units (a unit: ~1e-
 def cp_sat(prob: Problem) -> np.ndarray:
     """The placement (module doc)."""
     from placement_rl.baselines.bounds_cp import LINKS_MAX, MIN_SEARCH, TICKS, _require_ortools, _solve, _whole
-    from placement_rl.baselines.eft import la_rule_search, sim_eft_devices, windows_calls
+    from placement_rl.baselines.eft import la_rule_search, sim_eft, windows_calls
     from placement_rl.cost.window import placing_window, window_completions
     from placement_rl.baselines.memory import best_start
     from placement_rl.baselines.search import anneal
@@ -68,7 +70,7 @@ def cp_sat(prob: Problem) -> np.ndarray:
     seconds = float(prob.seconds) if prob.seconds is not None else CP_SECONDS
     deadline = t0 + seconds  # the starts, the model's building and CP-SAT's search all within the seconds
     g, c, t = prob.graph, prob.costs, prob.topology
-    starts = [sim_eft_devices(g, c, t)]
+    starts = [sim_eft(prob)]  # memory ignored where no placement fits it (``eft.state_topology``: a note says so)
     calls = prob.budget - RESERVE  # the hint's own budget, charged here; RESERVE calls kept to score the two starts
     hint_name = "sim_eft"          # and CP-SAT's solution (at budget - 1 the hint went unscored)
     window = min(placing_window(n), max(n, 1))
@@ -89,6 +91,12 @@ def cp_sat(prob: Problem) -> np.ndarray:
     hint, hint_s = best_start(prob, scored)
     prob.meta["cp_hint"] = hint_name
     if nd == 1:
+        return hint
+    if not prob.fits_at_all:  # the model admits only placements that fit memory: it has no solution
+        prob.meta["note"] = f"{prob.meta.get('note', 'no placement fits memory')}; CP-SAT not run (it models memory)"
+        return hint
+    if hint_s is not None and hint_s.feasible and hint_s.step_time <= 0:  # every time 0: nothing is faster
+        prob.meta.update(cp_bound=0.0, cp_optimal=True, cp_improved=False, cp_seconds=time.perf_counter() - t0)
         return hint
     if hint_s is None or prob.budget - prob.calls < 1:
         prob.meta["note"] = (f"CP-SAT not run: the budget ({prob.budget} simulator call{'s' * (prob.budget != 1)}) "

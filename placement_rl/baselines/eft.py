@@ -20,6 +20,11 @@
 * ``la_rule_search``: ``la_rule`` and, while they fit in half the seconds, the rule on links ``LINK_SCALES`` x
   slower (``link_starts``), then annealing from the best with the rest of the budget (or seconds).
 
+Where no placement fits memory (the graph's pinned memory exceeds all devices' together, which the schedule state
+these rules decide on refuses: ``cost.schedule.check_fits``), each decides with memory ignored (``state_topology``:
+every device holding the whole graph, as ``bounds.relaxed_start``) and its placement is scored on the true memory: it
+returns an infeasible placement, as every other placer does (a ``note`` in the meta says so).
+
 Given seconds (``Problem.seconds``), ``eft_rollout`` stops its lookahead when the seconds run out and places the
 rest by the earliest finish (the meta's ``start_cut`` says where), and ``la_rule`` takes the best of whole decodes
 at the windows that fit in its seconds (``cost.decode.decode_windows``, the same start ``policy_search`` takes with
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import numpy as np
 
@@ -51,7 +57,8 @@ from placement_rl.cost.lookahead import complete_eft, eft_rollout as _eft_rollou
 from placement_rl.cost.decode import LA_RULE, SMALL_WINDOW, START_SHARE, _halvings, decode, decode_windows
 from placement_rl.cost.schedule import ScheduleState
 from placement_rl.cost.window import placing_window, window_completions
-from placement_rl.errors import ConfigError
+from placement_rl.errors import ConfigError, fmt_bytes
+from placement_rl.topology import DeviceTopology
 
 ROLLOUT_MAX_NODES = 4000  # O(N^2 D): about 10 s at 4,000 nodes on 8 devices on one core
 LINK_SCALES = (1.5, 2.0, 0.75, 3.0, 4.0)  # the link slowdowns a one-pass rule also decides on (``la_rule_links``,
@@ -109,7 +116,7 @@ def la_rule(prob: Problem, share: float = 1.0) -> np.ndarray:
                           f"calls (the budget is {prob.budget})")
     stats: dict[str, int] = {}
     deadline = None if prob.seconds is None else prob.start + float(share) * prob.seconds
-    devices, completions = la_rule_devices(prob.graph, prob.costs, prob.topology, deadline=deadline, stats=stats,
+    devices, completions = la_rule_devices(prob.graph, prob.costs, state_topology(prob), deadline=deadline, stats=stats,
                                            calls=prob.budget - prob.calls - 1)
     prob.charge(completions)
     _note_cut(prob, "la_rule", stats)
@@ -168,7 +175,7 @@ def la_rule_links(prob: Problem) -> np.ndarray:
         return (w > 0 and best_s is not None and prob.left >= need + 1
                 and (prob.seconds is None or prob.elapsed + one <= prob.seconds))
 
-    for scale, dev in link_views(prob.graph, prob.costs, prob.topology, LA_RULE, window=w, fits=fits):
+    for scale, dev in link_views(prob.graph, prob.costs, state_topology(prob), LA_RULE, window=w, fits=fits):
         prob.charge(need)
         s = prob.score(dev)
         done.append(scale)
@@ -186,7 +193,21 @@ def sim_eft_devices(graph, costs, topology) -> np.ndarray:
 
 
 def sim_eft(prob: Problem) -> np.ndarray:
-    return sim_eft_devices(prob.graph, prob.costs, prob.topology)
+    return sim_eft_devices(prob.graph, prob.costs, state_topology(prob))
+
+
+def state_topology(prob: Problem) -> DeviceTopology:
+    """The topology the rules build their schedule state on: ``prob.topology``, or where no placement fits memory
+    (``Problem.fits_at_all``: the state refuses such a graph) the same devices each holding the whole graph (memory
+    ignored, as ``bounds.relaxed_start``), with a ``note`` in the meta saying so; placements are still scored on
+    ``prob.topology``, so the result is infeasible."""
+    if prob.fits_at_all:
+        return prob.topology
+    need, have = float(prob.node_mem.sum()), float(prob.capacity.sum())
+    prob.meta["note"] = (f"no placement fits memory (the graph pins {fmt_bytes(need)}, the devices have "
+                         f"{fmt_bytes(have)} in all): placed with memory ignored")
+    devices = [replace(d, memory_bytes=max(float(d.memory_bytes), need)) for d in prob.topology.devices]
+    return replace(prob.topology, devices=devices)
 
 
 def eft_rollout(prob: Problem, share: float = 1.0) -> np.ndarray:
@@ -200,7 +221,7 @@ def eft_rollout(prob: Problem, share: float = 1.0) -> np.ndarray:
                           f"simulator calls (the budget is {prob.budget})")
     stats: dict[str, int] = {}
     deadline = None if prob.seconds is None else prob.start + float(share) * prob.seconds
-    devices, _, _ = _eft_rollout(prob.graph, prob.costs, prob.topology, stats=stats, deadline=deadline)
+    devices, _, _ = _eft_rollout(prob.graph, prob.costs, state_topology(prob), stats=stats, deadline=deadline)
     prob.charge(int(stats["completions"]))
     _note_cut(prob, "eft_rollout", stats)
     return devices
@@ -243,7 +264,7 @@ def link_starts(prob: Problem, start: np.ndarray, score, chooser: int = LA_RULE,
         one = first if slowest is None else slowest
         return prob.left >= need + 1 and (prob.seconds is None or prob.elapsed + one <= START_SHARE * prob.seconds)
 
-    for scale, dev in link_views(prob.graph, prob.costs, prob.topology, chooser, head, window=w, fits=fits):
+    for scale, dev in link_views(prob.graph, prob.costs, state_topology(prob), chooser, head, window=w, fits=fits):
         prob.charge(need)
         scored.append((dev, prob.score(dev)))
         taken.append(scale)
