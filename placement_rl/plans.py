@@ -20,7 +20,7 @@ import numpy as np
 from placement_rl.errors import PlanError
 from placement_rl.plan_files import VERSION, check_graph, check_schema, device_map, read_json
 from placement_rl.graph.io import atomic_write_text
-from placement_rl.graph.ir import CompGraph
+from placement_rl.graph.ir import CompGraph, int_array, restore_read_only
 from placement_rl.topology import DeviceTopology
 
 PLACEMENT_SCHEMA = "placement_rl.placement"
@@ -43,6 +43,55 @@ def check_keys(data: Mapping[str, Any], known: Sequence[str], what: str) -> None
             near = difflib.get_close_matches(str(key), known, n=1)
             hint = f"did you mean '{near[0]}'?" if near else f"known fields: {', '.join(known)}"
             raise PlanError(f"{what} JSON has unknown field '{key}': {hint} (free-form data goes under 'meta')")
+
+
+def _index_list(value: Any, field_: str, what: str) -> np.ndarray:
+    """``value`` as a read-only int64 list of indices; ``PlanError`` for another shape, or an entry a cast would
+    change (a fraction, NaN, beyond int64)."""
+    if value is None or isinstance(value, (str, bytes, int, float, Mapping)):
+        raise PlanError(f"{field_} must be a list of integer {what} values, got {value!r}"[:300])
+    try:
+        arr = int_array(value)
+    except ValueError as exc:
+        if len(exc.args) == 2:
+            raise PlanError(f"{field_} entry #{exc.args[1]}: {exc.args[0]} (each is an integer {what})") from None
+        raise PlanError(f"{field_} must be a list of integer {what} values ({exc})") from None
+    except (TypeError, OverflowError) as exc:
+        raise PlanError(f"{field_} must be a list of integer {what} values ({exc})") from None
+    if arr.ndim != 1:
+        got = f"shape {list(arr.shape)}" if arr.ndim else repr(value)
+        raise PlanError(f"{field_} must be a flat list of integer {what} values, got {got}"[:300])
+    arr.setflags(write=False)
+    return arr
+
+
+def _json_value(x: Any) -> Any:
+    """``json.dumps``'s ``default``: numpy scalars and arrays as numbers and lists."""
+    if isinstance(x, (np.generic, np.ndarray)):
+        return x.tolist()
+    raise TypeError(f"{type(x).__name__} {x!r} is not JSON"[:200])
+
+
+def _dumps(data: Mapping[str, Any], what: str) -> str:
+    """A plan file's text: strict JSON (no NaN or infinity), numpy values written as numbers; ``PlanError`` naming
+    the ``meta`` field JSON cannot hold."""
+    try:
+        return json.dumps(data, indent=1, allow_nan=False, default=_json_value)
+    except (TypeError, ValueError) as exc:
+        meta = data.get("meta") or {}
+        key = next((k for k, v in meta.items() if not _json_ok(v)), None)
+        where = f"meta['{key}']" if key is not None else "a field"
+        hint = ("NaN and infinity have no JSON form" if isinstance(exc, ValueError)
+                else "store numbers, strings, lists and dicts")
+        raise PlanError(f"{what} {where} cannot be written as JSON ({exc}): {hint}") from None
+
+
+def _json_ok(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=False, default=_json_value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _same_meta(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
@@ -72,13 +121,11 @@ class Placement:
     meta: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        try:
-            arr = np.array(self.device_of_node, dtype=np.int64).reshape(-1)
-        except (TypeError, ValueError):
-            raise PlanError("device_of_node must be a list of integer device indices") from None
-        arr.setflags(write=False)
-        object.__setattr__(self, "device_of_node", arr)
+        object.__setattr__(self, "device_of_node", _index_list(self.device_of_node, "device_of_node", "device index"))
         object.__setattr__(self, "meta", dict(self.meta))
+
+    def __setstate__(self, state: dict) -> None:  # unpickled (another process): its array read-only again
+        restore_read_only(self, state)
 
     def __len__(self) -> int:
         return int(self.device_of_node.shape[0])
@@ -104,6 +151,8 @@ class Placement:
         return self
 
     def to_dict(self, graph: CompGraph | None = None, topology: DeviceTopology | None = None) -> dict[str, Any]:
+        if not len(self):
+            raise PlanError("placement has no entries (a device per node): there is nothing to write")
         used = sorted(set(self.device_of_node.tolist()))
         names = [topology.devices[i].name if topology else f"dev{i}" for i in range(max(used) + 1)]
         out: dict[str, Any] = {"schema": PLACEMENT_SCHEMA, "version": VERSION,
@@ -117,7 +166,7 @@ class Placement:
 
     def to_json(self, path: str | os.PathLike | None = None, *, graph: CompGraph | None = None,
                 topology: DeviceTopology | None = None) -> str:
-        text = json.dumps(self.to_dict(graph, topology), indent=1)
+        text = _dumps(self.to_dict(graph, topology), "placement")
         if path is not None:
             atomic_write_text(path, text)
         return text
@@ -198,15 +247,11 @@ class StagePlan:
     sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "stage_of_node", _index_list(self.stage_of_node, "stage_of_node", "stage id"))
         try:
-            arr = np.array(self.stage_of_node, dtype=np.int64).reshape(-1)
-        except (TypeError, ValueError):
-            raise PlanError("stage_of_node must be a list of integer stage ids") from None
-        arr.setflags(write=False)
-        object.__setattr__(self, "stage_of_node", arr)
-        try:
-            groups = tuple(tuple(int(d) for d in grp) for grp in self.stage_devices)
-        except (TypeError, ValueError):
+            groups = tuple(tuple(_index_list(list(grp), f"stage_devices[{k}]", "device index").tolist())
+                           for k, grp in enumerate(self.stage_devices))
+        except TypeError:
             raise PlanError("stage_devices must be a list of lists of device indices") from None
         object.__setattr__(self, "stage_devices", groups)
         object.__setattr__(self, "meta", dict(self.meta))
@@ -252,6 +297,9 @@ class StagePlan:
         if self.sequence_parallel and not self.uses_tp:
             raise PlanError("sequence_parallel is true but no stage has a TP degree > 1 (sequence parallelism splits "
                             "the TP regions' token-wise ops): set it false or give a stage tp > 1")
+
+    def __setstate__(self, state: dict) -> None:  # unpickled (another process): its array read-only again
+        restore_read_only(self, state)
 
     def __eq__(self, other: object) -> bool:  # by value, as Placement
         if not isinstance(other, StagePlan):
@@ -373,7 +421,7 @@ class StagePlan:
 
     def to_json(self, path: str | os.PathLike | None = None, *, graph: CompGraph | None = None,
                 topology: DeviceTopology | None = None) -> str:
-        text = json.dumps(self.to_dict(graph, topology), indent=1)
+        text = _dumps(self.to_dict(graph, topology), "stage plan")
         if path is not None:
             atomic_write_text(path, text)
         return text

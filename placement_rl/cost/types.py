@@ -7,6 +7,10 @@ Shapes (N nodes, D devices):
     launch_overhead: float64 [N, D] seconds, the fixed (per-launch) part included in *each* of
         ``fwd_time`` and ``bwd_time``; it does not shrink when a pipeline splits the batch into
         micro-batches or replicas (default: zeros)
+
+A ``CostTable`` checks itself when built (by ``resolve_costs``, a costs file or by hand): the shapes above, times
+finite and >= 0, and between distinct devices link latencies finite and >= 0 and bandwidths > 0 (inf: no per-byte
+cost); the diagonal is never read. Anything else is a ``ProfileError`` naming the field.
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
+
+from placement_rl.errors import ProfileError
+from placement_rl.graph.ir import restore_read_only
 
 
 @dataclass(frozen=True, eq=False)
@@ -30,13 +37,58 @@ class CostTable:
     launch_overhead: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        if self.launch_overhead is None:
-            object.__setattr__(self, "launch_overhead", np.zeros_like(np.asarray(self.fwd_time, dtype=np.float64)))
         for key in ("fwd_time", "bwd_time", "link_latency", "link_bandwidth", "launch_overhead"):
-            arr = np.array(getattr(self, key), dtype=np.float64, order="C", copy=True)
+            value = getattr(self, key)
+            if value is None and key == "launch_overhead":
+                value = np.zeros_like(self.fwd_time)
+            try:
+                arr = np.array(value, dtype=np.float64, order="C", copy=True)
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise ProfileError(f"cost table field '{key}' must be an array of numbers ({exc})") from None
             arr.setflags(write=False)
             object.__setattr__(self, key, arr)
-        object.__setattr__(self, "source", tuple(self.source))
+        try:
+            object.__setattr__(self, "source", tuple(self.source))
+        except TypeError:
+            raise ProfileError(f"cost table field 'source' must be a list of strings (one per device), got "
+                               f"{self.source!r}"[:300]) from None
+        self._check()
+
+    def _check(self) -> None:
+        """``ProfileError`` naming the field: shapes [N, D] and [D, D], times finite and >= 0, link latencies
+        finite and >= 0 and bandwidths > 0 (inf: free) between distinct devices (the diagonal is never read)."""
+        fwd = self.fwd_time
+        if fwd.ndim != 2:
+            raise ProfileError(f"cost table field 'fwd_time' must be [N nodes, D devices], got shape {list(fwd.shape)}")
+        n, d = fwd.shape
+        for key, shape in (("bwd_time", (n, d)), ("launch_overhead", (n, d)), ("link_latency", (d, d)),
+                           ("link_bandwidth", (d, d))):
+            got = getattr(self, key).shape
+            if got != shape:
+                raise ProfileError(f"cost table field '{key}' has shape {list(got)}, expected {list(shape)} "
+                                   f"({'N nodes x D devices' if shape == (n, d) else 'D x D devices'}, as 'fwd_time' "
+                                   f"{list(fwd.shape)})")
+        if len(self.source) != d or not all(isinstance(x, str) for x in self.source):
+            raise ProfileError(f"cost table field 'source' must list {d} strings (one per device), got "
+                               f"{list(self.source)!r}"[:300])
+        for key in ("fwd_time", "bwd_time", "launch_overhead"):
+            arr = getattr(self, key)
+            bad = np.argwhere(~np.isfinite(arr) | (arr < 0))
+            if bad.size:
+                i, j = (int(x) for x in bad[0])
+                raise ProfileError(f"cost table field '{key}' is {float(arr[i, j])!r} for node #{i} on device #{j}: "
+                                   "times must be finite seconds >= 0")
+        off = ~np.eye(d, dtype=bool)
+        for key, bad in (("link_latency", off & ~(np.isfinite(self.link_latency) & (self.link_latency >= 0))),
+                         ("link_bandwidth", off & ~(self.link_bandwidth > 0))):
+            if bad.any():
+                i, j = (int(x) for x in np.argwhere(bad)[0])
+                what = "finite seconds >= 0" if key == "link_latency" else "bytes/s > 0 (inf: no per-byte cost)"
+                raise ProfileError(f"cost table field '{key}' is {float(getattr(self, key)[i, j])!r} between devices "
+                                   f"#{i} and #{j}: must be {what}")
+
+    def __setstate__(self, state: dict) -> None:  # unpickled (another process): its arrays read-only again
+        restore_read_only(self, state)
 
     @property
     def num_nodes(self) -> int:

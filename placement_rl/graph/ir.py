@@ -17,6 +17,7 @@ whose op names must be nodes of the graph (its members, when coarsened).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -37,6 +38,25 @@ def _is_int(x: Any, lo: int) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= lo
 
 
+def int_array(value: Any) -> np.ndarray:
+    """``value`` as an int64 array of its own shape, refusing what a cast would silently change: fractions, NaN,
+    infinities and integers beyond int64. ``ValueError`` (the first such entry, flat position, as ``args``) for
+    those; ``TypeError`` / ``ValueError`` from numpy for what is no number at all."""
+    arr = np.asarray(value)
+    if arr.dtype.kind in "iub":
+        if arr.dtype.kind == "u" and arr.size and arr.max() > np.iinfo(np.int64).max:
+            k = int(np.flatnonzero(arr.reshape(-1) > np.iinfo(np.int64).max)[0])
+            raise ValueError(f"{int(arr.reshape(-1)[k])} is beyond int64", k)
+        return arr.astype(np.int64)
+    flt = np.array(value, dtype=np.float64)  # numeric strings, Python ints beyond int64 (as floats)
+    flat = flt.reshape(-1)
+    bad = np.flatnonzero(~np.isfinite(flat) | (flat != np.floor(flat)) | (np.abs(flat) >= 2.0**63))
+    if bad.size:
+        k, v = int(bad[0]), float(flat[bad[0]])
+        raise ValueError(f"{v!r} is {'beyond int64' if v.is_integer() else 'not an integer'}", k)
+    return flt.astype(np.int64)
+
+
 def _csr(n: int, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """CSR of ``values`` grouped by ``keys``: (ptr [n+1], values sorted by key, edge ids)."""
     order = np.argsort(keys, kind="stable")
@@ -44,6 +64,38 @@ def _csr(n: int, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.n
     np.add.at(ptr, keys + 1, 1)
     np.cumsum(ptr, out=ptr)
     return ptr, values[order].astype(np.int64), order.astype(np.int64)
+
+
+def _edge_array(edges: Any) -> np.ndarray:
+    """``CompGraph.edges`` as a read-only int64 [E, 2] array; ``GraphError`` for any other shape or a value that is
+    no integer node index."""
+    what = "field 'edges' must be an [E, 2] array of (src, dst) integer node indices"
+    if edges is None or isinstance(edges, (str, bytes, Mapping, int, float)):
+        raise GraphError(f"{what}, got {edges!r}"[:300])
+    try:
+        arr = int_array(edges)
+    except ValueError as exc:
+        if len(exc.args) == 2 and np.ndim(edges) == 2 and np.shape(edges)[1] == 2:
+            raise GraphError(f"field 'edges': edge #{exc.args[1] // 2} endpoint {exc.args[0]} (endpoints are "
+                             "node indices)") from None
+        raise GraphError(f"{what} ({exc.args[0]})") from None
+    except (TypeError, OverflowError) as exc:
+        raise GraphError(f"{what} ({exc})") from None
+    if arr.size == 0:
+        arr = arr.reshape(0, 2)
+    if arr.ndim != 2 or arr.shape[1] != 2:
+        raise GraphError(f"{what}, got shape {list(arr.shape)} (bytes go in 'edge_bytes'; make_graph takes "
+                         "[src, dst, bytes] triples)")
+    arr.setflags(write=False)
+    return arr
+
+
+def restore_read_only(obj: Any, state: dict) -> None:
+    """``__setstate__`` of the frozen value types: the pickled fields back, every array among them read-only."""
+    for value in state.values():
+        if isinstance(value, np.ndarray):
+            value.setflags(write=False)
+    obj.__dict__.update(state)
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,22 +122,32 @@ class CompGraph:
         set_(self, "op_types", tuple(str(x) for x in self.op_types))
         set_(self, "module_paths", tuple(str(x) for x in self.module_paths))
         for key in NODE_ARRAYS + ("edge_bytes",):
+            value = getattr(self, key)
             try:
-                arr = np.array(getattr(self, key), dtype=np.float64).reshape(-1)
-            except (TypeError, ValueError) as exc:
+                arr = np.array(value, dtype=np.float64)
+            except (TypeError, ValueError, OverflowError) as exc:
                 raise GraphError(f"field '{key}' must be a list of numbers ({exc})") from None
+            if arr.ndim != 1:
+                got = f"shape {list(arr.shape)}" if arr.ndim else repr(value)
+                raise GraphError(f"field '{key}' must be a flat list of numbers (one per "
+                                 f"{'edge' if key == 'edge_bytes' else 'node'}), got {got}")
             arr.setflags(write=False)
             set_(self, key, arr)
-        try:
-            edges = np.array(self.edges, dtype=np.int64).reshape(-1, 2)
-        except (TypeError, ValueError) as exc:
-            raise GraphError(f"field 'edges' must be a list of [src, dst] integer pairs ({exc})") from None
-        edges.setflags(write=False)
-        set_(self, "edges", edges)
+        set_(self, "edges", _edge_array(self.edges))
         if self.members is not None:
-            set_(self, "members", tuple(tuple(str(m) for m in grp) for grp in self.members))
+            try:
+                set_(self, "members", tuple(tuple(str(m) for m in grp) for grp in self.members))
+            except TypeError:
+                raise GraphError(f"field 'members' must be a list of op-name lists (one per node), got "
+                                 f"{self.members!r}"[:300]) from None
+        if not isinstance(self.meta, Mapping):
+            raise GraphError(f"field 'meta' must be a dict (free-form JSON data; {{}} for none), got "
+                             f"{self.meta!r}"[:300])
         set_(self, "meta", dict(self.meta))
         self.validate()
+
+    def __setstate__(self, state: dict) -> None:  # unpickled (another process): its arrays read-only again
+        restore_read_only(self, state)
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -394,25 +456,63 @@ class CompGraph:
         return CompGraph(**fields)
 
 
+def _is_number(v: Any) -> bool:
+    """A single real number (not a bool) that ``float`` takes: numpy scalars and numeric strings included."""
+    try:
+        return not isinstance(v, (bool, np.bool_)) and np.ndim(v) == 0 and isinstance(float(v), float)
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+NODE_FIELDS = ("name", "op_type", "module_path", *NODE_ARRAYS, "members")  # what a ``make_graph`` node may give
+
+
 def make_graph(nodes: Sequence[Mapping[str, Any]], edges: Sequence[Sequence[float]], *, name: str = "graph",
                meta: Mapping[str, Any] | None = None) -> CompGraph:
     """Build a graph from node dicts (``name`` plus the per-node fields) and ``[src, dst, bytes]`` edges.
 
     Missing per-node numbers default to 0, missing ``op_type`` to ``"op"``, ``module_path`` to ``""``.
-    Edge endpoints may be node indices or node names.
+    Edge endpoints may be node indices or node names; ``bytes`` may be left out (0). A node field other than
+    ``NODE_FIELDS`` (a misspelt cost would otherwise read as 0) or a malformed node or edge is a ``GraphError``
+    naming its index and field. (A graph *file* drops unknown node fields: ``docs/graph_file.md``.)
     """
-    names = [str(nd.get("name", f"n{i}")) for i, nd in enumerate(nodes)]
+    names: list[str] = []
+    for i, nd in enumerate(nodes):
+        if not isinstance(nd, Mapping):
+            raise GraphError(f"node #{i} must be a dict with 'name' and per-node fields, got {nd!r}"[:300])
+        names.append(str(nd.get("name", f"n{i}")))
+        for key in nd:
+            if key not in NODE_FIELDS:
+                near = difflib.get_close_matches(str(key), NODE_FIELDS, n=1)
+                hint = f"did you mean '{near[0]}'?" if near else f"valid: {', '.join(NODE_FIELDS)}"
+                raise GraphError(f"node '{names[i]}' (#{i}) has unknown field '{key}': {hint}")
+        for key in NODE_ARRAYS:
+            if not _is_number(nd.get(key, 0.0)):
+                raise GraphError(f"node '{names[i]}' (#{i}) has {key}={nd[key]!r}: must be a number (finite, "
+                                 ">= 0)"[:300])
     idx = {nm: i for i, nm in enumerate(names)}
 
-    def _end(x: Any) -> int:
+    def _end(k: int, end: str, x: Any) -> int:
         if isinstance(x, str):
             if x not in idx:
-                raise GraphError(f"edge endpoint '{x}' names no node")
+                raise GraphError(f"edge #{k} {end} '{x}' names no node")
             return idx[x]
-        return int(x)
+        v = float(x) if _is_number(x) else -1.0
+        if not (v.is_integer() and 0 <= v < len(names)):
+            raise GraphError(f"edge #{k} has {end}={x!r}: give a node name or an index in [0, {len(names)})"[:300])
+        return int(v)
 
-    e = [(_end(ed[0]), _end(ed[1])) for ed in edges]
-    eb = [float(ed[2]) if len(ed) > 2 else 0.0 for ed in edges]
+    if isinstance(edges, (str, bytes, Mapping)) or not hasattr(edges, "__iter__"):
+        raise GraphError(f"edges must be a list of [src, dst, bytes], got {edges!r}"[:300])
+    e, eb = [], []
+    for k, ed in enumerate(edges):
+        if isinstance(ed, (str, bytes, Mapping)) or not hasattr(ed, "__len__") or len(ed) not in (2, 3):
+            raise GraphError(f"edge #{k} must be [src, dst] or [src, dst, bytes], got {ed!r}"[:300])
+        e.append((_end(k, "src", ed[0]), _end(k, "dst", ed[1])))
+        b = ed[2] if len(ed) == 3 else 0.0
+        if not _is_number(b):
+            raise GraphError(f"edge #{k} has bytes={b!r}: must be a number (finite, >= 0)"[:300])
+        eb.append(float(b))
     members = None
     if any("members" in nd for nd in nodes):
         members = [tuple(nd.get("members", (names[i],))) for i, nd in enumerate(nodes)]
@@ -425,5 +525,5 @@ def make_graph(nodes: Sequence[Mapping[str, Any]], edges: Sequence[Sequence[floa
         edge_bytes=eb,
         name=name,
         members=members,
-        meta=dict(meta or {}),
+        meta={} if meta is None else meta,
     )
