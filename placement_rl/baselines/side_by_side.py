@@ -43,6 +43,8 @@ SEARCHES = ("local_search", "la_rule_search", "eft_rollout_search")
 # interpreter, the problem, the kernels loaded), so two searches of S seconds take about S + 1.3 s side by side
 # against 2 S one after another (two pairs at 0.07 and 1.1 s: 3.0 s side by side, 2.35 s one after another)
 FROM_SECONDS = 2.0
+MAX_WAIT = 3600.0  # seconds of one wait for the workers: a job's deadline may be further off (its seconds are any
+# number), and ``select`` raises ``OverflowError`` for a wait past about 24 days
 MAX_MESSAGE = 1 << 36  # bytes: a length above this is not one of the messages the workers and the caller send
 _PROBLEM: tuple | None = None  # (graph, costs, topology) in a worker
 
@@ -174,7 +176,10 @@ def _pool(graph: CompGraph, costs: CostTable, topology: DeviceTopology, jobs: li
         for w in range(len(procs)):
             give(w, True)
         while busy:
-            ready = sel.select(timeout=max(min(d for _, d in busy.values()) - time.monotonic(), 0.0))
+            due = min(d for _, d in busy.values()) - time.monotonic()
+            ready = sel.select(timeout=min(max(due, 0.0), MAX_WAIT))
+            if not ready and due > MAX_WAIT:  # waited MAX_WAIT of a longer wait: wait on
+                continue
             if not ready:
                 i = min(busy.values(), key=lambda x: x[1])[0]
                 raise TimeoutError(f"{jobs[i][0]} ran far past its {jobs[i][1]:g} s in a worker process")

@@ -107,21 +107,32 @@ class Phases:
         if not self.enabled or status is None:
             yield
             return
-        import threading
-
-        stop = threading.Event()
-
-        def beat() -> None:  # a daemon thread: it prints between the work's own steps (it needs the GIL)
-            while not stop.wait(self.every):
-                print(f"{label}: {status()}, {time.perf_counter() - t0:.0f} s so far", flush=True)
-
-        thread = threading.Thread(target=beat, name="placement-rl-progress", daemon=True)
-        thread.start()
-        try:
+        with heartbeat(label, status, self.every, start=t0):
             yield
-        finally:
-            stop.set()
-            thread.join()
+
+
+@contextlib.contextmanager
+def heartbeat(label: str, status: Callable[[], str], every: float = 10.0, *, start: float | None = None
+              ) -> Iterator[None]:
+    """``<label>: <status()>, <s> s so far`` on stdout every ``every`` seconds while the block runs (nothing where
+    it ends sooner), ``s`` counted from ``start`` (a ``time.perf_counter()`` value; default: now): work that reports
+    nothing itself for minutes (a phase of ``Phases``, ``inspect``'s capture of a large model)."""
+    import threading
+
+    t0 = time.perf_counter() if start is None else start
+    stop = threading.Event()
+
+    def beat() -> None:  # a daemon thread: it prints between the work's own steps (it needs the GIL)
+        while not stop.wait(every):
+            print(f"{label}: {status()}, {time.perf_counter() - t0:.0f} s so far", flush=True)
+
+    thread = threading.Thread(target=beat, name="placement-rl-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _discard_run_dir() -> None:
@@ -195,6 +206,26 @@ def _own_groups_only(config_name: str, overrides: list[str]) -> None:
                               f"{', '.join(own) or 'none'}); {group}= is read by placement-rl train")
 
 
+def added_keys(config_name: str, overrides: Iterable[str]) -> list[str]:
+    """A note for each ``+key=`` / ``++key=`` override adding a key no schema of the command declares
+    (``schema.declared``): the run goes on (a key read before it is declared works), but nothing may read it
+    (``inspect +budget=5``: a key of evaluate)."""
+    from placement_rl.cli import schema
+    from placement_rl.cli.keys import is_group
+
+    notes = []
+    for o in overrides:
+        name, eq, _ = o.partition("=")
+        key = name.lstrip("+")
+        if not eq or not name.startswith("+") or "@" in key or "/" in key or key.split(".")[0] == "hydra" \
+                or ("." not in key and is_group(key)) or schema.declared(config_name, key):
+            continue
+        others = commands_with(key, but=config_name)
+        notes.append(f"note: {o} adds a key placement-rl {config_name} does not read"
+                     + (f" ({key} is a key of placement-rl {_and(others)})" if others else ""))
+    return notes
+
+
 def preflight(config_name: str, args: list[str]) -> list[str]:
     """Check a command line before Hydra runs (no run directory yet): group options exist (each value of a
     multirun sweep), the composed config fits ``schema`` (once per sweep value), the run folder can be written;
@@ -211,6 +242,8 @@ def preflight(config_name: str, args: list[str]) -> list[str]:
     _own_groups_only(config_name, overrides)
     for o in overrides:
         schema.check_override(config_name, o)
+    for line in added_keys(config_name, overrides):
+        print(line, file=sys.stderr, flush=True)
     extra = schema.implied_overrides(config_name, overrides)
     if flags - _MULTIRUN:
         return extra  # --help, --cfg, ...: Hydra handles them
@@ -292,10 +325,13 @@ def _other_source(exc: BaseException) -> str | None:
 def _unknown_key(exc: BaseException, command: str, overrides: Iterable[str] = ()) -> str | None:
     """For an override of a key the config lacks that is close to one it has (``trainer.total_stepz``), that key:
     Hydra's own advice (``+trainer.total_stepz=``) adds a key nothing reads, and the run goes on without it. For a
-    key of other options of its group (``agent.n_envs`` with ``agent=constructive``), those options."""
+    key of other options of its group (``agent.n_envs`` with ``agent=constructive``), those options. For a key of
+    other commands (``deploy samples=3``) or of a group this command does not compose (``evaluate agent.lr=``),
+    those commands."""
     import difflib
     import re
 
+    from placement_rl.cli.help import command_groups
     from placement_rl.cli.schema import COMMANDS, GROUPS
 
     m = re.match(r"Could not override '([\w.]+)'", str(exc))
@@ -303,32 +339,84 @@ def _unknown_key(exc: BaseException, command: str, overrides: Iterable[str] = ()
         return None
     key = m.group(1)
     head, _, rest = key.partition(".")
+    if rest and head in GROUPS and head not in command_groups(command):
+        return _group_elsewhere(command, key)
     known = [f"{head}.{k}" for k in GROUPS[head]] if head in GROUPS and rest else list(COMMANDS.get(command, {}))
     close = difflib.get_close_matches(key, known, n=1)
-    if not close:
-        return None
-    if close[0] == key:  # a key of the group, not of the option chosen
+    if close and close[0] == key:  # a key of the group, not of the option chosen
         having = _options_with(head, rest)
         chosen = _chosen_option(command, head, overrides)
         if having:
-            return (f"{key} is a key of {head}={'|'.join(having)}, not of {head}={chosen or '?'}: choose one of those"
+            fix = f"add {head}={having[0]}" if len(having) == 1 else "choose one of those"
+            return (f"{key} is a key of {head}={'|'.join(having)}, not of {head}={chosen or '?'}: {fix}"
                     f" (in a sweep over {head}, ++{key}=... sets it in every job, added where the option lacks it)")
+        close = []  # declared for the group, set by none of its options: Hydra's advice (+key=) adds it
+    others = [] if head in GROUPS and rest else commands_with(key, but=command)  # a group's: the same everywhere
+    if others:
+        return (f"{key} is not a key of placement-rl {command} (it is a key of placement-rl {_and(others)})"
+                + (f": did you mean {close[0]}?" if close else ""))
+    if not close:
+        return None
     return f"'{key}' is not a key of this config: did you mean {close[0]}? (+{key}= would add a key nothing reads)"
 
 
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def commands_with(key: str, but: str = "") -> list[str]:
+    """The commands other than ``but`` whose schema declares ``key`` (dotted, as the command line names it), their
+    own or of a config group they compose."""
+    from placement_rl.cli.help import command_groups
+    from placement_rl.cli.schema import COMMANDS, GROUPS
+
+    head, _, rest = key.partition(".")
+    return [c for c, table in COMMANDS.items() if c != but and (
+        key in table or (rest in GROUPS.get(head, {}) and head in command_groups(c)))]
+
+
+def _group_elsewhere(command: str, key: str) -> str:
+    """The line for ``key`` of a config group that ``command`` does not compose (as ``_own_groups_only``)."""
+    from placement_rl.cli.help import command_groups
+    from placement_rl.cli.schema import COMMANDS
+
+    head = key.split(".", 1)[0]
+    users = [c for c in COMMANDS if c != command and head in command_groups(c)]
+    return (f"{key}: placement-rl {command} takes no {head} group (its groups: "
+            f"{', '.join(command_groups(command)) or 'none'})" + (f"; {head}.* is read by placement-rl "
+                                                                     f"{_and(users)}" if users else ""))
+
+
+_ABSENT = object()  # a key a YAML file does not set (one it sets to null is set)
+
+
 def _options_with(group: str, key: str) -> list[str]:
-    """The options of config group ``group`` whose YAML file sets ``key`` (dotted)."""
+    """The options of config group ``group`` whose YAML file sets ``key`` (dotted; in a file of ``# @package
+    _global_``, such as ``trainer/pretrain.yaml``, at ``<group>.<key>``)."""
     from placement_rl.cli.keys import group_options, option_file
 
     out = []
     for option in group_options(group):
         path = option_file(group, option)
         try:
-            if path is not None and OmegaConf.select(OmegaConf.load(path), key, default=None) is not None:
+            where = f"{group}.{key}" if path is not None and _global_package(path) else key
+            if path is not None and OmegaConf.select(OmegaConf.load(path), where, default=_ABSENT) is not _ABSENT:
                 out.append(option)
         except Exception:  # noqa: BLE001 - a file Hydra reports itself when it is chosen
             continue
     return out
+
+
+def _global_package(path: Path) -> bool:
+    """Whether a config group's YAML file places its keys at the top of the config (a ``# @package _global_``
+    header line before its first key)."""
+    for line in path.read_text().splitlines():
+        text = line.strip()
+        if text and not text.startswith("#"):
+            return False
+        if text.replace(" ", "") == "#@package_global_":
+            return True
+    return False
 
 
 def _chosen_option(command: str, group: str, overrides: Iterable[str]) -> str | None:

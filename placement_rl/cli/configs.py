@@ -27,6 +27,11 @@ from typing import Any, Optional, Sequence
 
 from placement_rl.cli.keys import Choices, Key, WorkersKey, group_options
 
+# the most seconds a wall-clock key takes (about 32 years: no run is longer, and a larger value overflowed waits
+# that take a timeout: a process group's takes up to about 1e14 s, a thread's about 9e9 s)
+MAX_SECONDS = 1e9
+
+
 def opt(default: Any, *, low: float | None = None, high: float | None = None, open_low: bool = False,
         choices: Choices | None = None, null: bool = False, doc: str = "") -> Any:
     """A config field: its default and the range / choices a value must fit (``doc``: what it means)."""
@@ -165,7 +170,8 @@ class AgentConfig:
     ei_lr: float = opt(0.0, low=0)
     ei_max_nodes: int = opt(1000, low=1)
     ft_search_rounds: int = opt(2, low=0, doc="fine-tuning: rounds of search from the policy's placements")
-    ft_search_seconds: float = opt(3.0, low=0, doc="fine-tuning: wall-clock seconds of one round's search")
+    ft_search_seconds: float = opt(3.0, low=0, high=MAX_SECONDS,
+                                   doc="fine-tuning: wall-clock seconds of one round's search")
     equal_seconds: bool = opt(True, doc="fine-tuning: also run the searches at the learned rows' seconds")
     clone_epochs: int = opt(400, low=0)
     clone_lr: float = opt(0.003, low=0, open_low=True, doc="fine-tuning: the learning rate of cloning a round's placement")
@@ -250,12 +256,12 @@ class EvaluateConfig:
     objective: str = opt("step", choices=("step", "throughput"), doc="throughput: steady-state time per batch")
     suite: str = opt("default", choices=("default", "single"))
     budget: int = opt(5000, low=1, doc="simulator calls per placer (heuristics use fewer; searches use all)")
-    seconds: Optional[float] = opt(None, low=0, open_low=True, null=True,
+    seconds: Optional[float] = opt(None, low=0, open_low=True, high=MAX_SECONDS, null=True,
                                    doc="wall-clock seconds per placer and stage planner as well (searches stop at "
                                        "whichever of calls and seconds ends first: raise budget to compare at equal "
                                        "seconds; pp_exhaustive cut short is a note)")
     seed: int = opt(0, low=0)
-    placers: Optional[list] = opt(None, choices=_placers, null=True, doc="placer names; null = all")
+    placers: Optional[list] = opt(None, low=1, choices=_placers, null=True, doc="placer names; null = all")
     pipeline: bool = opt(True, doc="also run the pipeline partitioners")
     num_microbatches: int = opt(4, low=1)
     plan: Optional[str] = opt(None, null=True, doc="a placement.json or plan.json to score as well, on the "
@@ -288,11 +294,13 @@ class PlaceConfig:
     full_window: Optional[int] = opt(None, low=0, null=True, doc="graphs of at most this many nodes read the whole "
                                                                 "rest of the graph (null: the checkpoint's)")
     search_budget: int = opt(0, low=0, doc="> 0: local search from the best learned placement")
-    search_seconds: float = opt(0.0, low=0, doc="> 0: policy_search (the policy's repairs inside simulated "
-                                                "annealing) for that many seconds, anytime, and with compare the "
-                                                "searches a user would run instead at the same seconds")
-    bound_seconds: float = opt(0.0, low=0, doc="> 0: CP-SAT tightens the lower bound for that long (OR-Tools: "
-                                               "placement-rl[exact]; near the optimum up to ~100 nodes)")
+    search_seconds: float = opt(0.0, low=0, high=MAX_SECONDS,
+                                doc="> 0: policy_search (the policy's repairs inside simulated annealing) for that "
+                                    "many seconds, anytime, and with compare the searches a user would run instead "
+                                    "at the same seconds")
+    bound_seconds: float = opt(0.0, low=0, high=MAX_SECONDS,
+                               doc="> 0: CP-SAT tightens the lower bound for that long (OR-Tools: "
+                                   "placement-rl[exact]; near the optimum up to ~100 nodes)")
     seed: int = opt(0, low=0)
     compare: bool = opt(True, doc="baselines with the same simulator-call budget -> comparison.md")
     progress: bool = opt(True)
@@ -300,7 +308,7 @@ class PlaceConfig:
 
 @dataclass
 class ProfileConfig:
-    devices: Optional[list] = opt(None, null=True, doc="local device names; null = all")
+    devices: Optional[list] = opt(None, low=1, null=True, doc="local device names; null = all")
     warmup: int = opt(3, low=0)
     repeats: int = opt(10, low=1)
     links: bool = opt(True)
@@ -322,7 +330,7 @@ class DeployConfig:
     warmup: int = opt(1, low=0)
     lr: float = opt(0.001, low=0, open_low=True)
     device: str = opt("auto", choices=("auto", "cpu", "cuda"))
-    timeout_s: float = opt(300, low=0, open_low=True)
+    timeout_s: float = opt(300, low=0, open_low=True, high=MAX_SECONDS)
     threads: int = opt(1, low=1)
     nnodes: int = opt(1, low=1)
     node_rank: Optional[int] = opt(None, low=0, null=True)

@@ -173,20 +173,23 @@ def run(cfg: DictConfig) -> list[Row]:
         from placement_rl.cli.schema import check_not_files
 
         check_not_files(out, ("best_placement", "best_plan"), "evaluate writes the case's best plans")
-        if cfg.plan:  # a plan brings its graph (graph.json beside it) and topology preset unless told otherwise
-            from placement_rl.cli.given import plan_graph, plan_topology, task_overrides
+        mode = str(cfg.get("mode") or "train")
+        if cfg.plan:  # a plan brings its graph (graph.json beside it), topology preset and mode unless told otherwise
+            from placement_rl.cli.given import plan_graph, plan_mode, plan_topology, task_overrides
             from placement_rl.plan_files import read_plan_file
 
             data, overrides = read_plan_file(str(cfg.plan)), task_overrides()
             graph = plan_graph(cfg, str(cfg.plan), overrides)
             topology, line = plan_topology(cfg, data, overrides, verb=("evaluating", "evaluates"))
-            if line:
-                print(line)
+            mode, mode_line = plan_mode(cfg, data, overrides)
+            for text in (line, mode_line):
+                if text:
+                    print(text)
         else:
             graph, topology = build_graph(cfg.graph), build_topology(cfg.topology)
         case = f"{graph.name}/{topology.name}"
         extra = None
-        graph, costs = build_costs(cfg, graph, topology)
+        graph, costs = build_costs({"costs": cfg.get("costs"), "mode": mode}, graph, topology)
         if cfg.plan:
             plan = load_plan(str(cfg.plan), topology=topology, graph=graph)
             plan.validate(graph, topology)

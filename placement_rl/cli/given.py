@@ -1,7 +1,8 @@
 """What the user gave on the command line, and the graph and topology a plan file brings with it.
 
 ``deploy`` and ``evaluate plan=<file>`` take a plan's own graph (the ``graph.json`` beside it, which ``place``,
-``train`` and ``evaluate`` write) and the topology preset it names, unless the command line names another."""
+``train`` and ``evaluate`` write) and the topology preset it names, unless the command line names another;
+``evaluate plan=<file>`` also the mode the plan was priced in (``meta.mode``, which ``evaluate`` records)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -54,3 +55,23 @@ def plan_topology(cfg: DictConfig, plan_data: Mapping[str, Any], overrides: list
                                      f"the default '{default}' (give topology=<preset> or topology.path=<its YAML>)")
     return load_topology(named), (f"{verb[0]} on topology '{named}', the one the plan names (topology=<preset> "
                                   f"{verb[1]} on another)")
+
+
+# what one step of each mode is, as the lines below say it
+STEP = {"train": "a training step", "inference": "a forward pass"}
+
+
+def plan_mode(cfg: DictConfig, plan_data: Mapping[str, Any], overrides: list[str] | None) -> tuple[str, str | None]:
+    """``(mode, line)``: the mode the plan file records (``meta.mode``) when the user gave no ``mode``, else the
+    composed ``cfg.mode`` (default train). ``line`` says which was taken where the two differ (None otherwise).
+    ``overrides`` None: the composed one."""
+    meta = plan_data.get("meta")
+    recorded = meta.get("mode") if isinstance(meta, Mapping) else None
+    mode = str(cfg.get("mode") or "train")
+    if recorded not in STEP or recorded == mode:
+        return mode, None
+    if overridden(overrides, "mode"):
+        return mode, (f"note: the plan was priced in mode {recorded} (its meta.mode), as {STEP[recorded]}; "
+                      f"mode={mode} prices it as {STEP[mode]} here")
+    return recorded, (f"evaluating in mode {recorded}, the one the plan was priced in (its meta.mode; mode={mode} "
+                      f"prices it as {STEP[mode]})")

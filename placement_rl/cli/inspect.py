@@ -6,7 +6,7 @@ from collections import Counter
 
 from omegaconf import DictConfig
 
-from placement_rl.cli.common import build_graph, hydra_app, output_dir
+from placement_rl.cli.common import build_graph, heartbeat, hydra_app, output_dir
 from placement_rl.graph.ir import CompGraph
 from placement_rl.graph.members import member_graph
 
@@ -73,8 +73,27 @@ def _traffic(graph: CompGraph, fine) -> str:
     return f"{ops}{between} between the {graph.num_nodes} groups"
 
 
+PROGRESS_EVERY = 10.0  # seconds between the lines that say a graph is still being built
+
+
+def _building(gcfg: DictConfig) -> tuple[str, str]:
+    """(what is built, what building it does) for the lines printed while a slow graph is built."""
+    if gcfg.get("path"):
+        what, work = f"graph {gcfg.path}", "reading"
+    elif gcfg.get("source", "zoo") == "synthetic":
+        what, work = f"synthetic {gcfg.get('family')} graph", "sampling"
+    elif gcfg.get("source", "zoo") == "hf":
+        what, work = f"transformers model {gcfg.get('model_type') or gcfg.get('config')}", "capture"
+    else:
+        what, work = f"zoo model {gcfg.get('name')}", "capture"
+    coarsen = gcfg.get("coarsen") or {}
+    return what, work + (" and coarsening" if coarsen.get("enabled", False) else "") + " running"
+
+
 def run(cfg: DictConfig) -> CompGraph:
-    graph = build_graph(cfg.graph)
+    what, work = _building(cfg.graph)
+    with heartbeat(what, lambda: work, PROGRESS_EVERY):  # a large model's capture takes minutes
+        graph = build_graph(cfg.graph)
     print(summarize(graph))
     out = output_dir() / "graph.json"
     graph.to_json(out)

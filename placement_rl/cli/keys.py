@@ -13,9 +13,9 @@ Choices = Sequence[str] | Callable[[], Iterable[str]]
 
 @dataclass(frozen=True)
 class Key:
-    """One config value: ``kind`` is int, float, bool, str, list or dict; ``low``/``high`` bound numbers
-    (``open_low``: strictly above ``low``); ``choices`` (a list, or a function giving one) bound strings and the
-    items of a list; ``null``: None is allowed."""
+    """One config value: ``kind`` is int, float, bool, str, list or dict; ``low``/``high`` bound numbers (for a
+    list, ``low`` is the fewest items; ``open_low``: strictly above ``low``); ``choices`` (a list, or a function
+    giving one) bound strings and the items of a list; ``null``: None is allowed."""
 
     kind: type
     low: float | None = None
@@ -37,8 +37,12 @@ class Key:
             text = word + (" " + " and ".join(bounds) if bounds else "")
         else:
             text = {bool: "true or false", str: "a string", list: "a list", dict: "a mapping"}.get(self.kind, "?")
-        if self.kind is list and self.choices is not None:
-            text = "a list of names from " + ", ".join(self._choices())
+        if self.kind is list:
+            one = self.low == 1
+            some = ("at least one " if one else f"at least {_num(self.low)} ") if self.low else ""
+            text = (f"a list of {some}{'name' if one else 'names'} from " + ", ".join(self._choices())
+                    if self.choices is not None else f"a list of {some}{'item' if one else 'items'}" if some
+                    else "a list")
         return text + (" (or null)" if self.null else "")
 
     def _choices(self) -> list[str]:
@@ -58,7 +62,7 @@ class Key:
                 return True
             return self.high is not None and value > self.high
         if self.kind is list:
-            if not isinstance(value, (list, tuple)):
+            if not isinstance(value, (list, tuple)) or (self.low is not None and len(value) < self.low):
                 return True
             return self.choices is not None and any(v not in self._choices() for v in value)
         if self.kind is dict:

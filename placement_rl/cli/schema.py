@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from placement_rl.cli.configs import COMMAND_SCHEMAS, GROUP_SCHEMAS, _zoo_names, keys_of
+from placement_rl.cli.configs import COMMAND_SCHEMAS, GROUP_SCHEMAS, _zoo_names, defaults_of, keys_of
 from placement_rl.cli.keys import (Key, WorkersKey, group_options, is_group,  # noqa: F401 (re-exported)
                                    set_config_dirs)
 from placement_rl.errors import ConfigError
@@ -52,6 +52,9 @@ COMMANDS: dict[str, dict[str, Key]] = {name: keys_of(cls) for name, cls in COMMA
 
 # how to fix a missing mandatory value (``???`` in the YAML)
 REQUIRED_HINT = {"checkpoint": "checkpoint=<checkpoint.pt>", "plan": "plan=<plan.json | placement.json>"}
+# each command's mandatory keys (``???`` in its schema): an empty value (``deploy plan=``) is missing as well
+REQUIRED: dict[str, list[str]] = {name: [k for k, v in defaults_of(cls).items() if v == "???"]
+                                  for name, cls in COMMAND_SCHEMAS.items()}
 
 
 def register(where: str, key: str, spec: Key) -> None:
@@ -114,6 +117,25 @@ def check_override(command: str, override: str) -> None:
         if why is not None:
             raise ConfigError(f"{override}: {why}")
     check_group_choice(override)
+
+
+# config subtrees whose keys are declared nowhere here: their reader takes them (a topology preset's fields, which
+# the topology reader checks; the env's keyword options)
+OPEN = ("topology", "env.options")
+
+
+def declared(command: str, key: str) -> bool:
+    """Whether a schema of ``command`` declares ``key`` (dotted): one of its own keys or of a config group it
+    composes, a mapping above such keys (``trainer.pretrain``), or a key inside a mapping-valued key
+    (``graph.overrides.n_layers``) or an ``OPEN`` subtree of a group it composes."""
+    from placement_rl.cli.help import command_groups
+
+    groups = command_groups(command)
+    table = {**COMMANDS.get(command, {}),
+             **{f"{g}.{k}": spec for g in groups if g in GROUPS for k, spec in GROUPS[g].items()}}
+    free = [k for k, spec in table.items() if spec.kind is dict] + [o for o in OPEN if o.split(".")[0] in groups]
+    return (key in table or key in free or any(k.startswith(f"{key}.") for k in table)
+            or any(key.startswith(f"{k}.") for k in free))
 
 
 # ------------------------------------------------------------------------------------------- paths
@@ -188,6 +210,10 @@ def _check(prefix: str, table: Mapping[str, Key], cfg: Mapping[str, Any]) -> Non
         if value == "???":
             hint = REQUIRED_HINT.get(name, f"{name}=<value>")
             raise ConfigError(f"{name} is required: add {hint}")
+        if spec.kind is list and isinstance(value, (list, tuple)) and spec.low and len(value) < spec.low:
+            some = "one name" if spec.low == 1 else f"{_show(spec.low)} names"
+            raise ConfigError(f"{name}={_show(value)}: give at least {some}"
+                              + (", or null for all" if spec.null else ""))
         if spec.kind is list and spec.choices is not None and isinstance(value, (list, tuple)):
             bad = [v for v in value if v not in spec._choices()]
             if bad:
@@ -207,6 +233,10 @@ def _show(value: Any) -> str:
 def validate(command: str, cfg: Mapping[str, Any]) -> None:
     """Check a composed config (plain containers, unresolved ``???`` kept) of ``command``; ``ConfigError`` on the
     first bad value."""
+    for key in REQUIRED.get(command, ()):
+        present, value = _get(cfg, key)
+        if present and isinstance(value, str) and not value.strip():
+            raise ConfigError(f"{key} is required: add {REQUIRED_HINT.get(key, f'{key}=<value>')}")
     _check("", COMMANDS.get(command, {}), cfg)
     for group, table in GROUPS.items():
         sub = cfg.get(group)

@@ -115,6 +115,8 @@ def _check_value(name: str, key: str, value: Any, default: Any) -> Any:
           else isinstance(value, type(default)))
     if not ok:
         raise GraphError(f"zoo model '{name}': option {key}={value!r} must be of type {type(default).__name__}")
+    if key == "seed" and value < 0:  # as graph.seed (a generator's seed is a count)
+        raise GraphError(f"zoo model '{name}': option seed={value!r} must be an integer >= 0")
     return float(value) if isinstance(default, float) else value
 
 
