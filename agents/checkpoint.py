@@ -5,6 +5,11 @@ Format (a dict of tensors and plain values, never pickled objects)::
     {"format": "placement_rl.checkpoint", "format_version": 1, "algo": "ppo" | "maskable_ppo" | "reinforce",
      "config": {...training config...}, "obs": {"max_nodes", "max_edges", "max_devices", "op_type_buckets",
      "num_features"}, "num_timesteps": int, "policy": state_dict, "optimizer": state_dict}
+
+The config of an env policy (``agents.train.Trainer.save``) holds ``env_id``, ``encoder``, ``env_options`` (the
+env's options as plain values; absent in checkpoints of earlier releases) and, for a warm-started ``PlacementEnv``
+trained on one graph and topology, ``start``: ``{"graph": fingerprint, "graph_name", "topology": name,
+"num_devices", "devices": [...]}``, the placement the next episode there starts from.
 """
 
 from __future__ import annotations
@@ -127,6 +132,16 @@ def _check_fields(data: dict[str, Any], p: Path) -> None:
             raise bad("'config.encoder' must hold name, hidden and layers")
         if not _is_int(obs.get("max_devices"), 1) or not _is_int(obs.get("op_type_buckets"), 1):
             raise bad("'obs' needs max_devices and op_type_buckets >= 1")
+        opts = config.get("env_options", {})
+        if not (isinstance(opts, dict) and all(isinstance(k, str) and (v is None or isinstance(v, (str, int, float)))
+                                               for k, v in opts.items())):
+            raise bad("'config.env_options' must map option names to plain values")
+        start = config.get("start")
+        if start is not None and not (isinstance(start, dict) and isinstance(start.get("graph"), str)
+                                      and isinstance(start.get("topology"), str)
+                                      and isinstance(start.get("devices"), list)
+                                      and all(_is_int(d) for d in start["devices"])):
+            raise bad("'config.start' must hold graph, topology and devices (non-negative integers)")
     if not isinstance(policy, dict) or not policy or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                                             for k, v in policy.items()):
         raise bad("'policy' must map parameter names to tensors")

@@ -28,7 +28,7 @@ from placement_rl.agents.checkpoint import check_compatible, load_checkpoint, sa
 from placement_rl.agents.policy import init_cut_prior
 from placement_rl.agents.reinforce import Reinforce, ReinforceConfig
 from placement_rl.agents.tracking import BestTracker, SimCallCounter
-from placement_rl.envs.warm_start import make_env
+from placement_rl.envs.warm_start import HeuristicStartPlacementEnv, make_env
 from placement_rl.envs.graph_source import GraphSource
 from placement_rl.errors import CheckpointError, ConfigError
 
@@ -37,6 +37,7 @@ __all__ = ["ALGOS", "AgentSpec", "BestTracker", "EncoderSpec", "SimCallCounter",
 
 ALGOS = ("maskable_ppo", "ppo", "reinforce")
 PIPELINE_ENV_ID = "placement_rl/PipelineEnv-v0"
+NOT_OPTIONS = ("graph", "topology", "cost_fn", "reward_source", "render_mode")  # env_kwargs a checkpoint leaves out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -246,9 +247,39 @@ class Trainer:
     def _optimizer(self) -> torch.optim.Optimizer:
         return self.model.optimizer if self.agent.algo == "reinforce" else self.policy.optimizer
 
+    def env_options(self) -> dict[str, Any]:
+        """The env's options as plain values (``env_kwargs`` less ``NOT_OPTIONS`` and what is not a plain value),
+        which ``placement-rl place`` builds its env with."""
+        kw = dict(self.env_kwargs)
+        given = kw.pop("config", None)
+        opts = dataclasses.asdict(given) if dataclasses.is_dataclass(given) else {}
+        opts.update({k: v for k, v in kw.items() if k not in NOT_OPTIONS})
+        return {k: v for k, v in opts.items() if v is None or isinstance(v, (str, int, float, bool))}
+
+    def start_record(self) -> dict[str, Any] | None:
+        """Where the next episode on the task starts, for a warm-started ``PlacementEnv`` trained on one graph and
+        topology (``envs.warm_start``; the greedy rollout of ``final_plan`` starts there): the graph's fingerprint
+        and name, the topology's name and device count, and ``devices``; else None."""
+        env = self.unwrapped_env
+        src, st = getattr(env, "source", None), getattr(env, "state", None)
+        if not isinstance(env, HeuristicStartPlacementEnv) or st is None or "start" not in st.extra or not (
+                src.is_finite and len(src.graphs) == 1 and len(src.topologies) == 1):
+            return None
+        g, t = st.task.graph, st.task.topology
+        devices = st.extra["incumbent" if env.start == "incumbent" else "start"]
+        return {"graph": g.fingerprint(), "graph_name": g.name, "topology": t.name, "num_devices": t.num_devices,
+                "devices": [int(d) for d in devices]}
+
     def save(self, path: str | Path) -> Path:
+        """Write ``checkpoint.pt`` (``agents.checkpoint``); its config holds the run's ``config``, ``algo``,
+        ``env_id``, ``encoder``, ``env_options`` and, where ``start_record`` gives one, ``start``."""
         cfg = dict(self.config)
-        cfg.update(algo=self.agent.algo, env_id=self.env_id, encoder=dataclasses.asdict(self.encoder))
+        cfg.update(algo=self.agent.algo, env_id=self.env_id, encoder=dataclasses.asdict(self.encoder),
+                   env_options=self.env_options())
+        cfg.pop("start", None)
+        start = self.start_record()
+        if start is not None:
+            cfg["start"] = start
         return save_checkpoint(path, algo=self.agent.algo, config=cfg, obs=self.obs_info(),
                                num_timesteps=self.num_timesteps, policy=self.policy.state_dict(),
                                optimizer=self._optimizer().state_dict())

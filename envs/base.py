@@ -15,6 +15,11 @@ The op-level, one-shot and pipeline environments take the same construction argu
 * ``render_mode``: ``"ansi"`` (``render()`` returns the placement as text) or None; any other mode is accepted
   and renders nothing (``gymnasium.make`` warns about it; SB3's ``make_vec_env`` passes ``"rgb_array"`` unless
   told otherwise).
+
+Placements in ``info`` (``placement``, ``best_placement``) are int64 ``[N_max]``: the device of each node, -1 past
+the task's ``num_nodes`` (as the observation's ``placement``), so they keep one shape over a graph family and
+gymnasium's vector envs (``SyncVectorEnv``, ``AsyncVectorEnv``), which stack array infos, can batch them; take
+``[:num_nodes]`` for the task's own nodes. With one graph ``N_max`` is its node count unless ``max_nodes`` is set.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from placement_rl.envs.features import ObsBuffer, ObsLayout, static_features
 from placement_rl.envs.graph_source import CostFn, GraphSource, Task
 from placement_rl.envs.reward import RewardSource
 
-__all__ = ["BaseEnv", "EnvConfig", "action_index", "node_memory"]
+__all__ = ["BaseEnv", "EnvConfig", "action_index", "node_memory", "padded_placement"]
 
 DEFAULT_GRAPH = "synthetic:layered"
 DEFAULT_TOPOLOGY = "4x_v100_nvlink"
@@ -53,6 +58,14 @@ def action_index(action: Any, space: gym.spaces.Discrete) -> int:
         raise ConfigError(f"action {action!r} is outside the action space {space} (integers {space.start}.."
                           f"{space.start + space.n - 1})")
     return a
+
+
+def padded_placement(devices: np.ndarray, max_nodes: int) -> np.ndarray:
+    """``devices`` (int64 [num_nodes]) as a new int64 ``[max_nodes]`` array, -1 past ``num_nodes``: the shape of a
+    placement in ``info`` (see the module docstring)."""
+    out = np.full(max_nodes, -1, dtype=np.int64)
+    out[:len(devices)] = devices
+    return out
 
 
 def node_memory(task: Task) -> np.ndarray:

@@ -29,8 +29,27 @@ step in the tail and the branch's backward at every decision; zero for padded de
 HEFT, m-ETF, m-SCT, METIS) on that task, so every graph speaks the same units and "as good as the best
 heuristic" is 0; ``infeasible_penalty`` (default 1) less when the placement does not fit in memory.
 
+## Starting State
+A task drawn from the graph source with the env's RNG, nothing placed, the first node in the simulator's order
+current. A task whose placement-independent memory (``placement_rl.cost.schedule.check_fits``) exceeds all the
+topology's devices together has no placement that fits and no schedule state: from a source of several tasks (a
+synthetic family, lists of graphs or topologies) it is set aside and another drawn, up to ``MAX_DRAWS`` in a row,
+then ``reset`` raises ``PlanError`` naming the last graph and topology; from a single graph and topology it raises
+at once.
+
 ## Episode End
 Terminates after ``N`` steps (one per node); never truncated.
+
+## Arguments
+``graph`` and ``topology`` as the other envs take them (``envs.base``; defaults ``synthetic:layered`` on
+``4x_v100_nvlink``), ``max_nodes`` / ``max_edges`` / ``max_devices`` (observation padding; None: the largest the
+source yields), ``infeasible_penalty``, ``window`` (the lookahead window of the device features), ``render_mode``:
+``"ansi"`` (``render()`` returns the placement so far as text) or None; any other mode is accepted and renders
+nothing, as ``envs.base`` says.
+
+``info``: at reset ``reference`` (``T_ref``), ``graph`` and ``topology`` (their names); ``{}`` after every step but
+the last; after the last ``step_time``, ``feasible``, ``placement`` (int64 ``[N_max]``, -1 past ``num_nodes``: see
+``envs.base``) and ``reference``.
 
 ## Version History
 * v0: initial version (the device features gained the window and topology-position columns in place; policies
@@ -46,24 +65,26 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from placement_rl.envs.base import DEFAULT_GRAPH, DEFAULT_TOPOLOGY, action_index
+from placement_rl.envs.base import DEFAULT_GRAPH, DEFAULT_TOPOLOGY, action_index, padded_placement
 from placement_rl.envs.constructive_task import NUM_NODE_FEATURES, ConstructiveTask
-from placement_rl.envs.graph_source import GraphSource
-from placement_rl.cost.schedule import DEFAULT_WINDOW, NUM_DEVICE_FEATURES, ScheduleState
-from placement_rl.errors import ConfigError
+from placement_rl.envs.graph_source import GraphSource, Task
+from placement_rl.cost.schedule import DEFAULT_WINDOW, NUM_DEVICE_FEATURES, ScheduleState, check_fits
+from placement_rl.errors import ConfigError, PlanError
 from placement_rl.graph.ir import CompGraph
 
-__all__ = ["ConstructivePlacementEnv"]
+__all__ = ["MAX_DRAWS", "ConstructivePlacementEnv"]
+
+MAX_DRAWS = 16  # tasks drawn in a row at reset before a source whose tasks do not fit in memory is refused
 
 
 class ConstructivePlacementEnv(gym.Env):
-    metadata = {"render_modes": []}
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
     def __init__(self, *, graph: Any = None, topology: Any = None, max_nodes: int | None = None,
                  max_edges: int | None = None, max_devices: int | None = None,
-                 infeasible_penalty: float = 1.0, window: int = DEFAULT_WINDOW) -> None:
-        """``graph`` / ``topology`` as the other envs take them (``envs.base``; defaults ``synthetic:layered`` on
-        ``4x_v100_nvlink``)."""
+                 infeasible_penalty: float = 1.0, window: int = DEFAULT_WINDOW, render_mode: str | None = None) -> None:
+        """See the module docstring (``## Arguments``)."""
+        self.render_mode = render_mode  # any mode is kept, as envs.base does; render() draws only 'ansi'
         if not isinstance(graph, GraphSource):
             graph = DEFAULT_GRAPH if graph is None else graph
             topology = DEFAULT_TOPOLOGY if topology is None else topology
@@ -101,7 +122,7 @@ class ConstructivePlacementEnv(gym.Env):
     # ------------------------------------------------------------------------------------------------ gym
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        t = self.source.sample(self.np_random)
+        t = self._draw()
         if "constructive" not in t.cache:
             t.cache["constructive"] = ConstructiveTask.build(t.graph, t.topology, t.costs)
         self.task = task = t.cache["constructive"]
@@ -133,14 +154,42 @@ class ConstructivePlacementEnv(gym.Env):
         time = float(st.finish()[0])
         feasible = bool(st.feasible()[0])
         reward = float(np.log(self.task.reference / time)) - (0.0 if feasible else self.infeasible_penalty)
-        info = {"step_time": time, "feasible": feasible, "placement": st.devices[0].copy(),
+        info = {"step_time": time, "feasible": feasible, "placement": padded_placement(st.devices[0], self.max_nodes),
                 "reference": self.task.reference}
         return self._final_obs(), reward, True, False, info
 
     def action_masks(self) -> np.ndarray:
         return self._mask.astype(bool)
 
+    def render(self) -> str | None:
+        if self.render_mode != "ansi" or self.state is None:
+            return None
+        st, g = self.state, self.state.graph
+        rows = [f"{g.name} on {st.topology.name}: current node {'-' if st.done else st.node}"]
+        rows += [f"  {g.names[i]:<32} -> {d if d >= 0 else '-'}" for i, d in enumerate(st.devices[0].tolist())]
+        return "\n".join(rows)
+
     # ----------------------------------------------------------------------------------------- helpers
+    def _draw(self) -> Task:
+        """A task whose memory fits the topology (see ``## Starting State``)."""
+        single = self.source.is_finite and len(self.source.graphs) * len(self.source.topologies) == 1
+        for _ in range(1 if single else MAX_DRAWS):
+            t = self.source.sample(self.np_random)
+            if "constructive" in t.cache:
+                return t
+            if "constructive_unfit" not in t.cache:
+                try:
+                    check_fits(t.graph, t.topology, t.costs)
+                    t.cache["constructive_unfit"] = None
+                except PlanError as exc:
+                    t.cache["constructive_unfit"] = str(exc)
+            if t.cache["constructive_unfit"] is None:
+                return t
+        if single:
+            raise PlanError(t.cache["constructive_unfit"])
+        raise PlanError(f"{MAX_DRAWS} tasks in a row drawn from the graph source do not fit in memory, the last: "
+                        f"{t.cache['constructive_unfit']}")
+
     def _obs(self) -> dict[str, np.ndarray]:
         st = self.state
         feats, mask = st.features()

@@ -10,7 +10,7 @@ from gymnasium import spaces
 
 from placement_rl.errors import ConfigError
 
-from placement_rl.envs.base import BaseEnv, EnvConfig, TaskState, node_memory
+from placement_rl.envs.base import BaseEnv, EnvConfig, TaskState, node_memory, padded_placement
 from placement_rl.envs.graph_source import Task
 from placement_rl.envs.reward import best_single_device, final_reward, make_reward_source
 
@@ -61,9 +61,10 @@ class OneShotPlacementEnv(BaseEnv):
 
     ## Arguments
     ``graph``, ``topology``, ``cost_fn``, ``reward_source``, ``config`` / options of ``OneShotConfig`` (see
-    ``envs.base``). ``info`` has ``step_time``, ``feasible``, ``best_single_time``, ``placement``; at reset
-    they describe the reference (every node on the best single device); after the step the chosen
-    placement, plus ``best_step_time`` and ``best_placement`` (best seen on this task).
+    ``envs.base``). ``info`` has ``step_time``, ``feasible``, ``best_single_time``, ``placement`` (int64
+    ``[N_max]``, -1 past ``num_nodes``: see ``envs.base``); at reset they describe the reference (every node on the
+    best single device); after the step the chosen placement, plus ``best_step_time`` and ``best_placement`` (best
+    seen on this task, the same shape).
 
     ## Version History
     * v0: initial version.
@@ -138,8 +139,9 @@ class OneShotPlacementEnv(BaseEnv):
         if result is None:
             return {"step_time": st.best_single, "feasible": st.best_single_feasible,
                     "best_single_time": st.best_single,
-                    "placement": np.full(st.task.graph.num_nodes, st.best_device, dtype=np.int64)}
-        placement = self.devices.copy()
+                    "placement": padded_placement(np.full(st.task.graph.num_nodes, st.best_device),
+                                                  self.layout.max_nodes)}
+        placement = padded_placement(self.devices, self.layout.max_nodes)
         best_time, best = self._record_best(result[1], result[0], placement)
         return {"step_time": result[0], "feasible": result[1], "best_single_time": st.best_single,
                 "placement": placement, "best_step_time": best_time, "best_placement": best}

@@ -147,8 +147,9 @@ class PipelineEnv(PlanOptionPhases, BaseEnv):
     ## Arguments
     ``graph``, ``topology``, ``cost_fn``, ``config`` / options of ``PipelineConfig`` (see ``envs.base``;
     ``reward_source`` is for op-level envs and is rejected here). ``info`` has ``phase``, ``num_stages``,
-    ``best_single_time``; at the end also ``step_time``, ``feasible``, ``plan`` (StagePlan), ``best_plan`` and
-    ``best_step_time`` (best seen on this task).
+    ``best_single_time``; at the end also ``step_time``, ``feasible``, ``plan`` (StagePlan), ``objective_value``
+    (what the reward scores: the step time, or with ``objective="throughput"`` the steady-state time per batch),
+    ``best_plan`` and ``best_step_time`` (the best plan seen on this task and its ``objective_value``).
 
     ## Version History
     * v0: initial version (cuts and DP degrees; fixed micro-batches).

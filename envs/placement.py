@@ -10,7 +10,7 @@ from gymnasium import spaces
 
 from placement_rl.errors import ConfigError
 
-from placement_rl.envs.base import BaseEnv, EnvConfig, TaskState, node_memory
+from placement_rl.envs.base import BaseEnv, EnvConfig, TaskState, node_memory, padded_placement
 from placement_rl.envs.graph_source import Task
 from placement_rl.envs.reward import best_single_device, final_reward, make_reward_source, step_gain
 
@@ -91,7 +91,8 @@ class PlacementEnv(BaseEnv):
     ## Arguments
     ``graph``, ``topology``, ``cost_fn``, ``reward_source``, ``config`` / options of ``PlacementConfig``
     (see ``envs.base``). ``info`` has ``step_time``, ``feasible``, ``best_single_time``, ``placement`` (int64
-    [num_nodes]); at the end also ``best_step_time`` and ``best_placement`` (best seen on this task).
+    ``[N_max]``, -1 past ``num_nodes``: see ``envs.base``); at the end also ``best_step_time`` and ``best_placement``
+    (best seen on this task, the same shape).
 
     ## Version History
     * v0: initial version.
@@ -211,8 +212,8 @@ class PlacementEnv(BaseEnv):
     def _info(self, done: bool) -> dict[str, Any]:
         st = self.state
         assert st is not None
-        info: dict[str, Any] = {"step_time": self._time, "feasible": self._feasible,
-                                "best_single_time": st.best_single, "placement": self.devices.copy()}
+        info: dict[str, Any] = {"step_time": self._time, "feasible": self._feasible, "best_single_time": st.best_single,
+                                "placement": padded_placement(self.devices, self.layout.max_nodes)}
         if done:
             best_time, best = self._record_best(self._feasible, self._time, info["placement"])
             info.update(best_step_time=best_time, best_placement=best)

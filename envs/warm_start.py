@@ -9,7 +9,8 @@ of "everything on one device" spends the agent's simulator budget on improving a
 The calls count towards the training budget (``SimCallCounter`` adds ``TaskState.extra["start_calls"]``).
 
 ``make_env(env_id, env_kwargs)`` builds an env from its registered id, and reads the extra values
-``initial_placement="heuristic"`` / ``"incumbent"`` of ``PlacementEnv`` as this env.
+``initial_placement="heuristic"`` / ``"incumbent"`` of ``PlacementEnv`` as this env (with them ``start_devices``
+too).
 """
 
 from __future__ import annotations
@@ -61,28 +62,45 @@ class HeuristicStartPlacementEnv(PlacementEnv):
     ``start="heuristic"``: every episode starts from ``heuristic_start``'s placement. ``start="incumbent"``:
     from the best placement evaluated so far on the task (by any env sharing the task, e.g. the trainer's
     vector envs), the heuristic one at first — each episode then walks the nodes trying to improve the
-    incumbent, as an improvement policy.
+    incumbent, as an improvement policy. ``start_devices`` (a device per node) replaces the heuristic placement
+    (no heuristic runs), e.g. the incumbent a checkpoint recorded (``placement-rl place``); it must place the
+    task's nodes on its devices. Envs that share a task share its start: the first to draw the task sets it.
 
     Everything else (observation, action, rewards, masks, episode end) is ``PlacementEnv``'s; the reward stays
     normalised by the best single-device time. The env is built with ``initial_placement="random"`` so that
     ``PlacementEnv.reset`` simulates the initial devices, which this class supplies instead of random ones.
     """
 
-    def __init__(self, *, start: str = "heuristic", start_seed: int = 0, **kwargs: Any) -> None:
+    def __init__(self, *, start: str = "heuristic", start_seed: int = 0, start_devices: Any = None,
+                 **kwargs: Any) -> None:
         if start not in STARTS:
             raise ConfigError(f"start must be one of {', '.join(STARTS)}, got {start!r}")
         kwargs["initial_placement"] = "random"
         super().__init__(**kwargs)
         self.start, self.start_seed = start, int(start_seed)
+        self.start_devices = None if start_devices is None else np.array(start_devices, dtype=np.int64)
 
     def _initial_devices(self, st: TaskState) -> np.ndarray:
         ex = st.extra
         if "start" not in ex:
             t = st.task
-            devices, calls, name = heuristic_start(t.graph, t.costs, t.topology, seed=self.start_seed)
+            if self.start_devices is None:
+                devices, calls, name = heuristic_start(t.graph, t.costs, t.topology, seed=self.start_seed)
+            else:
+                devices, calls, name = self._given(t.graph, t.topology), 0, "given"
             ex.update(start=devices, start_calls=calls, start_placer=name, incumbent=devices.copy(),
                       incumbent_key=(1, float("inf")))
         return (ex["incumbent"] if self.start == "incumbent" else ex["start"]).copy()
+
+    def _given(self, graph: CompGraph, topology: DeviceTopology) -> np.ndarray:
+        dev = self.start_devices
+        assert dev is not None
+        if dev.shape != (graph.num_nodes,):
+            raise ConfigError(f"start_devices has shape {dev.shape}; graph '{graph.name}' has {graph.num_nodes} nodes")
+        d = topology.num_devices
+        if dev.size and not (dev.min() >= 0 and dev.max() < d):
+            raise ConfigError(f"start_devices holds devices outside 0..{d - 1} (topology '{topology.name}')")
+        return dev.copy()
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         obs, info = super().reset(seed=seed, options=options)
@@ -99,12 +117,12 @@ class HeuristicStartPlacementEnv(PlacementEnv):
         key = (0 if info["feasible"] else 1, float(info["step_time"]))
         if key < ex["incumbent_key"]:
             ex["incumbent_key"] = key
-            ex["incumbent"] = info["placement"].copy()
+            ex["incumbent"] = info["placement"][:self.devices.shape[0]].copy()
 
 
 def make_env(env_id: str, env_kwargs: dict[str, Any]) -> gym.Env:
     """``gym.make(env_id, **env_kwargs)`` (without the passive checker), or ``HeuristicStartPlacementEnv`` for
-    ``PlacementEnv`` with ``initial_placement="heuristic"``."""
+    ``PlacementEnv`` with ``initial_placement="heuristic"`` or ``"incumbent"``."""
     kwargs = dict(env_kwargs)
     if env_id == PLACEMENT_ENV_ID and kwargs.get("initial_placement") in STARTS:
         return HeuristicStartPlacementEnv(start=kwargs.pop("initial_placement"), **kwargs)

@@ -348,16 +348,45 @@ def too_big_node(graph, costs, topology) -> tuple[str, float, float] | None:
 
 # decode=one_pass embeds the graph once (agents.rollout.zero_shot_place); training scored step-by-step rollouts
 ONE_PASS_NOTE = ("note: decode=one_pass embeds the graph once and places every node from that, an approximation of "
-                 "this PlacementEnv policy; decode=sequential replays its step-by-step rollout, the greedy placement "
-                 "training scored (policy_greedy_time in train's metrics.json)")
+                 "this PlacementEnv policy; decode=sequential replays its step-by-step rollout: on the graph and "
+                 "topology it trained on, the greedy placement training scored (policy_greedy_time in train's "
+                 "metrics.json), as place runs the env with the options the checkpoint records and starts where "
+                 "training's next episode would have")
+# the env options a checkpoint records that place sets itself: the observation's padding
+LAYOUT_OPTIONS = ("max_nodes", "max_edges", "max_devices", "op_type_buckets")
+
+
+def env_setup(ckpt: dict, graph, topology) -> tuple[dict, str | None]:
+    """``(env options, start)``: the options the checkpoint records (less the padding, which place sets), with
+    ``start_devices`` where it records the start of a warm-started ``PlacementEnv`` (``envs.warm_start``) on this
+    graph and topology; ``start`` says where a ``PlacementEnv``'s episodes start (None for the other envs)."""
+    from placement_rl.envs.warm_start import STARTS
+
+    config = ckpt["config"]
+    opts = {k: v for k, v in (config.get("env_options") or {}).items() if k not in LAYOUT_OPTIONS}
+    if not config["env_id"].startswith("placement_rl/PlacementEnv"):
+        return opts, None
+    if "env_options" not in config:
+        return opts, "initial_placement=best_single (the env's default: the checkpoint records no env options)"
+    ip = str(opts.get("initial_placement", "best_single"))
+    rec = config.get("start")
+    if ip in STARTS and rec and rec["graph"] == graph.fingerprint() and rec["topology"] == topology.name \
+            and rec.get("num_devices") == topology.num_devices and len(rec["devices"]) == graph.num_nodes:
+        opts["start_devices"] = list(rec["devices"])
+        return opts, f"initial_placement={ip}: the placement training recorded on this graph and topology"
+    return opts, f"initial_placement={ip}" + (": the best cheap heuristic's placement" if ip in STARTS else "")
+
+
+def unrecorded_note(path: str) -> str:
+    return (f"note: {path} records no env options (an earlier release wrote it): the env runs with its defaults "
+            "(PlacementEnv: every node starts on the best single device), which may not be training's, so a "
+            "sequential rollout may not be the one training scored")
 
 
 def run(cfg: DictConfig) -> dict:
-    import gymnasium as gym
-
-    from placement_rl import envs  # noqa: F401 - registers the environments
     from placement_rl.agents.checkpoint import load_checkpoint
     from placement_rl.agents.rollout import load_policy_for, rollout
+    from placement_rl.envs.warm_start import make_env
 
     if cfg.decode not in ("one_pass", "sequential"):
         raise ConfigError(f"decode is '{cfg.decode}': choose one_pass or sequential")
@@ -385,8 +414,11 @@ def run(cfg: DictConfig) -> dict:
                           f"with max_devices={obs_cfg['max_devices']}")
     pipeline = env_id.startswith("placement_rl/PipelineEnv")
     t0 = time.perf_counter()
-    env = gym.make(env_id, graph=graph, topology=topology, max_devices=obs_cfg["max_devices"],
-                   op_type_buckets=obs_cfg["op_type_buckets"], max_nodes=graph.num_nodes)
+    opts, start = env_setup(ckpt, graph, topology)
+    if "env_options" not in ckpt["config"]:
+        print(unrecorded_note(str(cfg.checkpoint)))
+    env = make_env(env_id, {"graph": graph, "topology": topology, **opts, "max_devices": obs_cfg["max_devices"],
+                            "op_type_buckets": obs_cfg["op_type_buckets"], "max_nodes": graph.num_nodes})
     policy = load_policy_for(env, ckpt["policy"], enc_kwargs)
     rng = np.random.default_rng(int(cfg.seed))
     samples = int(cfg.samples)
@@ -397,6 +429,7 @@ def run(cfg: DictConfig) -> dict:
                     f"{plural(samples, 'sample')}"):
             res = zero_shot_place(policy, env, samples=samples, seed=int(cfg.seed))
         infeasible, step_time, value, calls = not res.feasible, res.step_time, res.device_of_node, res.sim_calls
+        calls += int(env.unwrapped.state.extra.get("start_calls", 0))  # a warm start's heuristics
         chosen = res.chosen
         print(ONE_PASS_NOTE)
     else:
@@ -411,7 +444,8 @@ def run(cfg: DictConfig) -> dict:
             with phases(f"{plural(samples, 'sampled rollout')}"):
                 results += [episode(k) for k in range(1, samples + 1)]
         infeasible, step_time, k, value = min(results, key=lambda r: (r[0], r[1]))
-        calls = int(getattr(env.unwrapped.state.source, "calls", samples + 1))
+        st = env.unwrapped.state
+        calls = int(getattr(st.source, "calls", samples + 1)) + int(st.extra.get("start_calls", 0))
         chosen = "greedy" if k == 0 else f"sample {k}"
     costs = env.unwrapped.task.costs
     wall = time.perf_counter() - t0
@@ -419,7 +453,7 @@ def run(cfg: DictConfig) -> dict:
     plan, plan_file = save_plan(value, graph, topology, out)
     metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name,
                **checkpoint_id(str(cfg.checkpoint)), "decode": cfg.decode, "samples": samples, "step_time": step_time,
-               "feasible": not infeasible, "chosen": chosen, "sim_calls": calls,
+               "feasible": not infeasible, "chosen": chosen, "sim_calls": calls, **({"start": start} if start else {}),
                "wall_seconds": wall, "cost_source": costs.describe_source(topology.device_names)}
     compared: list[str] = []
     if cfg.compare:
