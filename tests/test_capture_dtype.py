@@ -67,3 +67,42 @@ def test_a_zero_byte_edge_into_a_gemm_prices_no_data_gradient():
     a, b = resolve_costs(plain, top), resolve_costs(ordered, top)
     assert np.allclose(a.bwd_time, b.bwd_time, rtol=1e-12)
     assert np.allclose(a.fwd_time, b.fwd_time, rtol=1e-12)
+
+
+class _Autocast(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = _mlp()
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.body(x)
+
+
+class _BigBuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = _mlp()
+        self.register_buffer("table", torch.zeros(4_000_000, dtype=torch.bfloat16))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def test_an_autocast_capture_is_priced_as_the_fp32_capture_run_in_bf16():
+    x = torch.randn(256, 512)
+    g32 = capture(_mlp(), (x,))
+    auto = capture(_Autocast(), (x,))
+    assert auto.meta["dtype"] == "bf16" and auto.meta["param_dtype"] == "fp32"
+    h100 = load_topology("1x_h100_sxm")
+    want, got = resolve_costs(g32, _bf16(h100)), resolve_costs(auto, h100)
+    lin = [i for i, t in enumerate(auto.op_types) if "linear" in t]
+    ref = [i for i, t in enumerate(g32.op_types) if "linear" in t]
+    assert len(lin) == len(ref) == 2 and got.source == want.source
+    assert np.allclose(got.fwd_time[lin], want.fwd_time[ref], rtol=1e-9)
+    assert np.allclose(got.bwd_time[lin], want.bwd_time[ref], rtol=1e-9)
+
+
+def test_a_large_half_precision_buffer_beside_fp32_weights_is_no_half_precision_model():
+    g = capture(_BigBuffer(), (torch.randn(256, 512),))
+    assert "dtype" not in g.meta and "param_dtype" not in g.meta

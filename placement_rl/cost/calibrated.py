@@ -30,7 +30,8 @@ GPU); a version-1 fit (no tiles, no trend) is still read and priced by ``_gemm_t
 Backward is 0 where ``needs_grad`` says no gradient flows. dtype: ``fp32`` (default) uses ``peak_flops``;
 ``tf32`` / ``bf16`` use the tensor-core peaks (``peak_flops_tf32`` / ``peak_flops_bf16`` of the device or
 topology) for GEMM-like ops, and ``bf16`` halves the bytes moved. Only fp32 is measured in the fit data. A graph
-captured in bf16 / fp16 (``meta["dtype"]``) is read in fp32 bytes (``features``) and runs in bf16 by default.
+captured in bf16 / fp16 (``meta["dtype"]``: its ops' outputs; ``meta["param_dtype"]`` where the parameters differ,
+as under autocast) is read in fp32 bytes (``features``) and runs in bf16 by default.
 """
 
 from __future__ import annotations
@@ -103,17 +104,21 @@ class NodeFeatures:
 CAPTURED_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}  # element bytes of a graph captured in each dtype
 
 
-def features(graph: Any, captured: str | None = None) -> NodeFeatures:
+def features(graph: Any, captured: str | None = None, params: str | None = None) -> NodeFeatures:
     """``NodeFeatures`` of a ``CompGraph``, its bytes in fp32 (the model's unit; ``node_times`` scales them to
-    the run's dtype): a graph captured in bf16 / fp16 (``captured``, else its ``meta["dtype"]``) has its bytes
-    doubled. An edge of no bytes is a pure dependency: no data gradient flows along it."""
+    the run's dtype): a graph captured in bf16 / fp16 (``captured``, else its ``meta["dtype"]``) has its output and
+    edge bytes doubled, and its parameter bytes where they are in half precision too (``params``, else
+    ``meta["param_dtype"]``, else ``captured``: under autocast they are fp32). An edge of no bytes is a pure
+    dependency: no data gradient flows along it."""
     captured = captured or graph.meta.get("dtype") or "fp32"
-    if captured not in CAPTURED_BYTES:
-        raise ProfileError(f"graph dtype '{captured}' is not priced (valid: {', '.join(CAPTURED_BYTES)})")
-    if captured != "fp32":
-        wide = 4.0 / CAPTURED_BYTES[captured]
+    params = params or graph.meta.get("param_dtype") or captured
+    for name in (captured, params):
+        if name not in CAPTURED_BYTES:
+            raise ProfileError(f"graph dtype '{name}' is not priced (valid: {', '.join(CAPTURED_BYTES)})")
+    if captured != "fp32" or params != "fp32":
+        wide, wide_p = 4.0 / CAPTURED_BYTES[captured], 4.0 / CAPTURED_BYTES[params]
         graph = graph.replace(out_bytes=np.asarray(graph.out_bytes, dtype=np.float64) * wide,
-                              param_bytes=np.asarray(graph.param_bytes, dtype=np.float64) * wide,
+                              param_bytes=np.asarray(graph.param_bytes, dtype=np.float64) * wide_p,
                               edge_bytes=np.asarray(graph.edge_bytes, dtype=np.float64) * wide)
     n = graph.num_nodes
     cls = np.array([CLASSES.index(op_class(t, p, f)) for t, p, f in

@@ -95,18 +95,21 @@ def _measured(source: CostSource, graph: CompGraph, device: Device) -> tuple[np.
 GPU_MODELS = ("calibrated", "roofline")
 
 
-def _estimator(graph: CompGraph, topology: DeviceTopology, gpu_model: str | None, captured: str | None = None):
+def _estimator(graph: CompGraph, topology: DeviceTopology, gpu_model: str | None,
+               precision: tuple[str | None, str | None] | None = None):
     """``estimate(device) -> (fwd, bwd, overhead, label)``: the calibrated model for GPUs, else the roofline. A
     coarsened group is priced as the sum of its members on the graph it was made from, where the coarse graph
     carries it (``placement_rl.graph.members``): priced as one op of its dominant member's class with the
     members' summed FLOPs and bytes, a transformer block's group came out 1.2-1.6x its members' sum on a GPU.
 
     The run's dtype is the topology's ``dtype``; where it names none, the graph's (``meta["dtype"]``, what capture
-    saw: a model captured in bf16 / fp16 runs in bf16 on a GPU with a bf16 peak, in fp32 on one without)."""
-    captured = captured or graph.meta.get("dtype")
+    saw: a model captured in bf16 / fp16 runs in bf16 on a GPU with a bf16 peak, in fp32 on one without);
+    ``precision``: the graph's ``(dtype, param_dtype)`` (default: its meta's), kept for the graph of its members."""
+    precision = precision or (graph.meta.get("dtype"), graph.meta.get("param_dtype"))
+    captured = precision[0]
     fine = member_graph(graph)
     if fine is not None:
-        inner, gof, n = _estimator(fine[0], topology, gpu_model, captured), fine[1], graph.num_nodes
+        inner, gof, n = _estimator(fine[0], topology, gpu_model, precision), fine[1], graph.num_nodes
 
         def estimate_groups(dev: Device) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
             f, b, o, label = inner(dev)
@@ -138,7 +141,7 @@ def _estimator(graph: CompGraph, topology: DeviceTopology, gpu_model: str | None
                cal.datasheet(str(dev.model or dev.name)))
         if key not in memo:
             if not feat:
-                feat.append(cal.features(graph, captured))
+                feat.append(cal.features(graph, *precision))
             spec = cal.spec_of_device(dev)  # datasheet figures + architecture from the model name
             memo[key] = cal.node_times(feat[0], spec, fit, dtype=run, tensor_peak=tensor or None)
         f, b, o = memo[key]

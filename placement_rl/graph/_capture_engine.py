@@ -41,6 +41,8 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count, sdpa_backward_flop_count, sdpa_flop_count
 
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}  # the graph meta's names
+
 
 @dataclass(frozen=True)
 class OpCall:
@@ -65,6 +67,7 @@ class NodeRecord:
     param_bytes: float = 0.0
     act_bytes: float = 0.0
     inputs: dict[str, float] = field(default_factory=dict)  # producer name -> edge bytes
+    out_dtypes: dict[str, float] = field(default_factory=dict)  # output bytes per floating dtype (``DTYPE_NAMES``)
 
 
 class NodeFailure(Exception):
@@ -155,6 +158,10 @@ class _Measure:
                 self.saved[key] = t.untyped_storage()
                 rec.act_bytes += t.untyped_storage().nbytes()
         rec.out_bytes = float(tensor_bytes(out))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                k = DTYPE_NAMES.get(t.dtype, "other")
+                rec.out_dtypes[k] = rec.out_dtypes.get(k, 0.0) + float(t.numel() * t.element_size())
         wrt += [p for p in call.owned_params if p.requires_grad]
         outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
         if cached is not None:
@@ -349,18 +356,43 @@ class _Walker:
         return tuple(stacked), _PerItem(per_src)
 
 
-def half_dtype(module: torch.nn.Module, inputs: tuple) -> str | None:
-    """``"bf16"`` / ``"fp16"`` where most floating-point bytes of the module's parameters and buffers (else of its
-    tensor inputs) are in that dtype, else None (fp32, the graph's default)."""
-    names = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-    for tensors in (list(module.parameters()) + list(module.buffers()),
-                    [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]):
-        size: dict[str, int] = {}
+def _top(size: dict[str, float]) -> str | None:
+    return max(size, key=size.get) if size else None
+
+
+def activation_dtype(records: list[NodeRecord]) -> str | None:
+    """The floating dtype of most bytes of the captured ops' outputs (``bf16``, ``fp16``, ``fp32`` or ``other``;
+    None where no op puts out a floating tensor): under ``torch.autocast`` a model of fp32 parameters computes in
+    bf16 / fp16."""
+    size: dict[str, float] = {}
+    for r in records:
+        for k, b in r.out_dtypes.items():
+            size[k] = size.get(k, 0.0) + b
+    return _top(size)
+
+
+def param_dtype(module: torch.nn.Module, inputs: tuple) -> str | None:
+    """The floating dtype of most bytes of the module's parameters (else of its tensor inputs), as
+    ``activation_dtype`` names it; buffers do not count (a large bf16 table beside fp32 weights is no bf16 model)."""
+    for tensors in (list(module.parameters()), [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]):
+        size: dict[str, float] = {}
         for t in tensors:
             if t.is_floating_point():
-                k = names.get(t.dtype, "other")
-                size[k] = size.get(k, 0) + t.numel() * t.element_size()
+                k = DTYPE_NAMES.get(t.dtype, "other")
+                size[k] = size.get(k, 0.0) + float(t.numel() * t.element_size())
         if size:
-            top = max(size, key=size.get)
-            return top if top != "other" else None
+            return _top(size)
     return None
+
+
+def graph_dtypes(records: list[NodeRecord], module: torch.nn.Module, inputs: tuple) -> dict[str, str]:
+    """The graph meta's precision keys (none for an fp32 model): ``dtype`` (``bf16`` / ``fp16``: the ops' outputs,
+    the bytes of ``out_bytes`` / edges, are half-precision elements; the model runs in it) and ``param_dtype``
+    (where the parameters' dtype differs from that: ``fp32`` under autocast)."""
+    act, par = activation_dtype(records), param_dtype(module, inputs)
+    half = act if act in ("bf16", "fp16") else None
+    par = par if par in ("bf16", "fp16", "fp32") else "fp32"
+    out = {"dtype": half} if half else {}
+    if par != (half or "fp32"):
+        out["param_dtype"] = par
+    return out

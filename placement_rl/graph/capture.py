@@ -48,7 +48,7 @@ import torch
 from torch import fx, nn
 
 from placement_rl.errors import CaptureError, GraphError
-from placement_rl.graph._capture_engine import NodeFailure, NodeRecord, OpCall, half_dtype, measure_graph, tensor_bytes
+from placement_rl.graph._capture_engine import NodeFailure, NodeRecord, OpCall, graph_dtypes, measure_graph, tensor_bytes
 from placement_rl.graph.hop import RegionOp, base_op, flatten_wrappers
 from placement_rl.graph.ir import CompGraph
 from placement_rl.graph.op_classes import base_name
@@ -473,9 +473,7 @@ def capture(module: nn.Module, example_inputs: Any, *, method: str = "export", n
         warnings.warn(f"{', '.join(functions)}: custom torch.autograd.Function backward not captured: the graph "
                       "holds the forward's ops and prices autograd's backward of them, not the Function's own",
                       RuntimeWarning, stacklevel=2)
-    half = half_dtype(module, inputs)
-    if half:  # the graph's bytes are in it; the GPU model reads them as such and runs it in bf16 by default
-        info["dtype"] = half
+    info.update(graph_dtypes(records, module, inputs))  # the GPU model reads the bytes in it, runs it in bf16
     full_meta: dict[str, Any] = {
         "capture_method": used, "torch_version": torch.__version__, **counts, **info,
         "bwd_flops_fallback": [r.name for r in records if not r.bwd_measured],
