@@ -76,6 +76,19 @@ def test_a_key_of_another_command_names_it_without_the_append_advice(command, ov
     assert str(info.value) == line
 
 
+@pytest.mark.parametrize("command,overrides,line", [
+    ("inspect", ["graph=gpt", "graph.overrides.n_layers=2"], "'graph.overrides.n_layers' is not in the composed "
+                                                             "config, which reads it: add it with "
+                                                             "+graph.overrides.n_layers=<value>"),
+    ("evaluate", ["topology.dtype=bf16"], "'topology.dtype' is not in the composed config, which reads it: add it "
+                                          "with +topology.dtype=<value>"),
+])
+def test_a_key_the_command_reads_but_no_preset_sets_gets_the_append_advice(command, overrides, line):
+    with pytest.raises(ConfigError) as info:
+        preflight(command, overrides)
+    assert str(info.value) == line
+
+
 @pytest.mark.parametrize("command,overrides,note", [
     ("inspect", ["+budget=5"], "note: +budget=5 adds a key placement-rl inspect does not read (budget is a key of "
                                "placement-rl evaluate)"),

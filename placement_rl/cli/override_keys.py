@@ -77,6 +77,7 @@ def unknown_key(exc: BaseException, command: str, overrides: Iterable[str] = ())
     import difflib
     import re
 
+    from placement_rl.cli import schema
     from placement_rl.cli.help import command_groups
     from placement_rl.cli.schema import COMMANDS, GROUPS
 
@@ -97,6 +98,8 @@ def unknown_key(exc: BaseException, command: str, overrides: Iterable[str] = ())
             return (f"{key} is a key of {head}={'|'.join(having)}, not of {head}={chosen or '?'}: {fix}"
                     f" (in a sweep over {head}, ++{key}=... sets it in every job, added where the option lacks it)")
         close = []  # declared for the group, set by none of its options: Hydra's advice (+key=) adds it
+    if schema.declared(command, key):  # in a mapping or open subtree this command reads (graph.overrides.n_layers,
+        return (f"'{key}' is not in the composed config, which reads it: add it with +{key}=<value>")  # topology.dtype)
     others = [] if head in GROUPS and rest else commands_with(key, but=command)  # a group's: the same everywhere
     if others:
         return (f"{key} is not a key of placement-rl {command} (it is a key of placement-rl {_and(others)})"
