@@ -15,8 +15,9 @@ key, value, and the mask where the model passes one), output and one log-sum-exp
 (``fused_attention_memory``), not the seq x seq matrix the CPU math kernel saves under capture; the fused kernel's
 time is priced as one GEMM-like op of its FLOPs, not measured).
 
-The graph is captured in fp32, whatever dtype the config names (hub configs say ``bfloat16``): the project's
-graphs count fp32 bytes and the topology's ``dtype`` (``+topology.dtype=bf16``) prices a bf16 run.
+The graph is captured in fp32, whatever dtype the config names (hub configs say ``bfloat16``): its bytes are fp32
+(the weights of mixed-precision training) and the topology's ``dtype`` (``+topology.dtype=bf16``) prices a bf16 run
+(a module captured in bf16 by hand records ``meta["dtype"]`` instead: docs/graph_file.md, Precision).
 
 Tasks and the training step captured (the forward returns the loss):
 
