@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -72,9 +73,25 @@ def _json_value(x: Any) -> Any:
     raise TypeError(f"{type(x).__name__} {x!r} is not JSON"[:200])
 
 
+def _no_nan(x: Any) -> Any:
+    """``x`` with every NaN / infinite number inside (dicts, lists, numpy values) as None: JSON has no form for them
+    (an infeasible plan's meta holds an infinite best time)."""
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(x) else None
+    if isinstance(x, np.ndarray):
+        return _no_nan(x.tolist())
+    if isinstance(x, Mapping):
+        return {k: _no_nan(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_no_nan(v) for v in x]
+    return x
+
+
 def _dumps(data: Mapping[str, Any], what: str) -> str:
-    """A plan file's text: strict JSON (no NaN or infinity), numpy values written as numbers; ``PlanError`` naming
-    the ``meta`` field JSON cannot hold."""
+    """A plan file's text: strict JSON, numpy values written as numbers, a NaN or infinite number in ``meta`` as
+    null; ``PlanError`` naming the ``meta`` field JSON cannot hold."""
+    if isinstance(data.get("meta"), Mapping):
+        data = {**data, "meta": _no_nan(data["meta"])}
     try:
         return json.dumps(data, indent=1, allow_nan=False, default=_json_value)
     except (TypeError, ValueError) as exc:

@@ -184,9 +184,12 @@ def test_placement_json_is_strict_and_takes_numpy_values(problem):
     g, topo, _ = problem
     text = Placement([0, 1, 1], meta={"x": np.float32(1.5), "n": np.int64(3), "arr": np.arange(2)}).to_json()
     assert json.loads(text)["meta"] == {"x": 1.5, "n": 3, "arr": [0, 1]}
-    with pytest.raises(PlanError, match=r"placement meta\['bad'\] cannot be written as JSON .*NaN") as exc:
-        Placement([0, 1, 1], meta={"ok": 1, "bad": float("nan")}).to_json(graph=g, topology=topo)
-    one_line(exc)
+    # JSON has no NaN / infinity: written as null (an infeasible stage plan's meta holds an infinite best time)
+    text = Placement([0, 1, 1], meta={"ok": 1, "bad": float("nan"), "inf": [np.float64("inf"), 2.0]}).to_json(
+        graph=g, topology=topo)
+    assert json.loads(text)["meta"] == {"ok": 1, "bad": None, "inf": [None, 2.0]}
+    plan = StagePlan(stage_of_node=[0, 0, 0], stage_devices=((0,),), meta={"ideal_best_steady": float("inf")})
+    assert json.loads(plan.to_json())["meta"]["ideal_best_steady"] is None
     with pytest.raises(PlanError, match="placement has no entries") as exc:
         Placement([]).to_json()
     one_line(exc)
