@@ -203,3 +203,14 @@ def test_a_costs_file_of_the_captured_graph_on_a_coarsened_one_says_so(tmp_path)
     assert merged.members is not None and set(merged.names) != set(g.names)
     with pytest.raises(ProfileError, match="this graph is coarsened.*graph.coarsen.enabled=false"):
         load_costs(write(tmp_path, costs_doc()), merged, mixed_topology(2))
+
+
+def test_a_coarsening_that_only_renamed_nodes_is_said_too(tmp_path):
+    """Coarsening by module path renames a lone node after its module (``layer0`` -> ``encoder``) without merging
+    it: the file's names are missing all the same."""
+    g = graph4()
+    renamed = make_graph([{"name": f"group{i}", "members": [nm], "fwd_flops": float(g.fwd_flops[i])}
+                          for i, nm in enumerate(g.names)], [(int(u), int(v), float(b)) for (u, v), b in
+                                                            zip(g.edges.tolist(), g.edge_bytes)])
+    with pytest.raises(ProfileError, match="this graph is coarsened.*graph.coarsen.enabled=false"):
+        load_costs(write(tmp_path, costs_doc()), renamed, mixed_topology(2))

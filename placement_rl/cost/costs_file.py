@@ -153,10 +153,8 @@ def load_costs(path: str | os.PathLike, graph: CompGraph, topology: DeviceTopolo
     index = {nm: i for i, nm in enumerate(graph.names)}
     extra = [k for k in nodes if k not in index]
     if extra:
-        merged = (" (this graph is coarsened: its nodes are groups of the captured ones; graph.coarsen.enabled=false "
-                  "keeps the names the file uses)") if graph.members and any(len(m) > 1 for m in graph.members) else ""
         raise ProfileError(f"{where}: node '{extra[0]}' is not in graph '{graph.name}' (fingerprint "
-                           f"{graph.fingerprint()}){merged}")
+                           f"{graph.fingerprint()}){_coarsened(graph)}")
     missing = [nm for nm in graph.names if nm not in nodes]
     if missing:
         raise ProfileError(f"{where}: node '{missing[0]}' of graph '{graph.name}' has no entry "
@@ -212,7 +210,7 @@ def load_costs(path: str | os.PathLike, graph: CompGraph, topology: DeviceTopolo
             raise ProfileError(f"{at} must be {{src, dst}} with exactly one of 'bytes' or 'time'")
         if e["src"] not in index or e["dst"] not in index:
             name = e["src"] if e["src"] not in index else e["dst"]
-            raise ProfileError(f"{at}: node '{name}' is not in graph '{graph.name}'")
+            raise ProfileError(f"{at}: node '{name}' is not in graph '{graph.name}'{_coarsened(graph)}")
         key = (index[e["src"]], index[e["dst"]])
         if key not in lookup:
             raise ProfileError(f"{at}: graph '{graph.name}' has no edge {e['src']} -> {e['dst']}")
@@ -355,3 +353,11 @@ def stage_restriction_errors(costs: CostTable, stage_of_node: np.ndarray, groups
 
 
 __all__ = ["SCHEMA", "load_costs", "restriction_errors", "stage_restriction_errors"]
+
+
+def _coarsened(graph: CompGraph) -> str:
+    """The hint for a node name the graph lacks where the command coarsened it (a group renamed even one node)."""
+    if graph.members and any(len(m) > 1 or m[0] != nm for nm, m in zip(graph.names, graph.members)):
+        return (" (this graph is coarsened: its nodes are groups of the captured ones, named by module path; "
+                "graph.coarsen.enabled=false keeps the names the file uses)")
+    return ""
