@@ -91,6 +91,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 from typing import Any
 
 import numpy as np
@@ -145,6 +146,7 @@ class _Layout:
         if not ok:
             raise RuntimeError(f"schedule '{plan.schedule}' deadlocks for {s} stages on {g} groups with {m} "
                                "micro-batches: this is a bug in the pipeline simulator")
+        # the kernel's work buffers and per-stage / per-group outputs, used by the simulator's creating thread only
         self.fw = np.zeros(0)
         self.iw = np.zeros(0, dtype=np.int64)
         self.out_stage = np.zeros((7, s))
@@ -155,7 +157,8 @@ class PipelineSimulator(TiedParameters):
     """``simulate_pipeline`` prepared once per (graph, costs, topology) for fast repeated evaluation.
 
     ``step_time(plan)`` returns only the step time; ``run(plan)`` a full ``SimResult``; ``calls`` counts
-    evaluations. Layouts of device groups are validated once and kept per instance.
+    evaluations. Layouts of device groups are validated once and kept per instance. One instance may be called from
+    several threads at once: a thread other than its creator works in buffers of its own.
     ``cost_batch_size``: the batch size the node times were measured at (default ``costs.meta["batch_size"]``,
     else the plan's whole batch; see the module docstring).
     """
@@ -188,6 +191,7 @@ class PipelineSimulator(TiedParameters):
                              _owned(costs.link_latency), _inverse_bandwidth(costs))
         self._layouts: dict[tuple, _Layout] = {}
         self._graph_batch = graph_batch_size(graph)
+        self._owner = threading.get_ident()  # the thread that uses ``_out`` and the layouts' buffers; others: their own
         self._out = np.zeros(3)
         self._no_rec = (np.zeros(1, i64), np.zeros(0, np.int8), np.zeros(0, i64), np.zeros(0), np.zeros(0),
                         np.zeros(0, i64))
@@ -201,8 +205,10 @@ class PipelineSimulator(TiedParameters):
         self._pos = np.empty(graph.num_nodes, dtype=np.int64)  # each node's place in the topological order
         self._pos[self._order] = np.arange(graph.num_nodes)
         self._tie_coll: dict[tuple[int, ...], np.ndarray] = {}
-        self._tie_sync: list[tuple[float, float, tuple[int, ...]]] = []  # last plan's tied all-reduces
-        self._tie_copy = np.zeros(0)  # last plan's tied copy bytes per stage
+
+    def __setstate__(self, state: dict) -> None:  # unpickled in another process: this thread owns the buffers
+        self.__dict__.update(state)
+        self._owner = threading.get_ident()
 
     # ------------------------------------------------------------------ tensor parallelism
     def _tp_arrays(self, t: int, divisible_by: int = 128, sequence_parallel: bool = False) -> tuple[np.ndarray, ...]:
@@ -333,7 +339,22 @@ class PipelineSimulator(TiedParameters):
             return 1.0
         return float(plan.batch_size) / float(self._graph_batch)
 
-    def _simulate(self, plan: StagePlan, rec: tuple) -> _Layout:
+    def _buffers(self, lay: _Layout, nf: int, ni: int) -> tuple[np.ndarray, ...]:
+        """The kernel's work buffers and outputs (per stage, per group, ``out``): the layout's and ``_out`` in the
+        creating thread, new ones in any other (the kernel releases the GIL: shared buffers gave wrong step times
+        under threads)."""
+        if threading.get_ident() != self._owner:
+            return (np.zeros(nf), np.zeros(ni, dtype=np.int64), np.zeros_like(lay.out_stage),
+                    np.zeros_like(lay.out_group), np.zeros(3))
+        if lay.fw.shape[0] < nf:
+            lay.fw, lay.iw = np.zeros(nf), np.zeros(ni, dtype=np.int64)
+        return lay.fw, lay.iw, lay.out_stage, lay.out_group, self._out
+
+    def _simulate(self, plan: StagePlan, rec: tuple) -> tuple:
+        """``(layout, out, out_stage, out_group, tie_sync, tie_copy)`` of one simulation: ``out`` = (step time,
+        status, comm time), the kernel's per-stage and per-group outputs, the tied all-reduces ``(start, end,
+        groups)`` and the tied copy bytes per stage (None without tied parameters); its own arrays in a thread other
+        than the creator (see ``_buffers``)."""
         ratio = self.batch_ratio(plan)
         graph_arrays, size_arrays = self._graph_arrays, self._size_arrays
         given = plan
@@ -348,35 +369,31 @@ class PipelineSimulator(TiedParameters):
             graph_arrays = (*graph_arrays[:2], graph_arrays[2] * sized, *graph_arrays[3:])
             size_arrays = (size_arrays[0], size_arrays[1] * sized, *size_arrays[2:])
         syncs: list[tuple[float, tuple[int, ...]]] = []
+        tie_copy = None
         if self._ties:  # each stage holding a user of a tied parameter but not its first user: a copy of it
-            copies, syncs = self.tied_copies(given)
+            copies, syncs, tie_copy = self._tied_copies(given)
             size_arrays = (size_arrays[0] + copies, *size_arrays[1:])
         lay = self._layout(plan)
         s, m = plan.num_stages, int(plan.num_microbatches)
-        nf, ni = work_sizes(self.graph.num_nodes, s, m, int(lay.gptr[-1]), lay.num_groups)
-        if lay.fw.shape[0] < nf:
-            lay.fw, lay.iw = np.zeros(nf), np.zeros(ni, dtype=np.int64)
+        fw, iw, out_stage, out_group, out = self._buffers(
+            lay, *work_sizes(self.graph.num_nodes, s, m, int(lay.gptr[-1]), lay.num_groups))
         stage = plan.stage_of_node
         if stage.shape[0] != self.graph.num_nodes:
             plan.validate(self.graph, self.topology)
         simulate_pipe(stage, s, m, *lay.order, lay.gptr, lay.gdev, lay.sgroup,
                       lay.num_groups, *graph_arrays, ratio, *size_arrays, self._order,
                       1 if plan.sharding == "fsdp" else 0, lay.coll, BUCKET_BYTES, 1 if self.mode == "train" else 0,
-                      lay.fw, lay.iw,
-                      lay.out_stage, lay.out_group,
-                      self._out, len(rec[1]) > 0, *rec)
+                      fw, iw, out_stage, out_group, out, len(rec[1]) > 0, *rec)
         self.calls += 1
-        if self._out[1] != OK:
+        if out[1] != OK:
             plan.validate(self.graph, self.topology)  # raises the PlanError that names the problem
             raise PlanError(f"stage plan does not fit graph '{self.graph.name}'")
-        if self._ties:
-            self._tied_sync(plan, lay, syncs if self.mode == "train" else [])
-        return lay
+        tie_sync = self._tied_sync(plan, lay, syncs, out_stage, out) if self._ties and self.mode == "train" else []
+        return lay, out, out_stage, out_group, tie_sync, tie_copy
 
     def step_time(self, plan: StagePlan) -> float:
         """Simulated step time (seconds) of ``plan``."""
-        self._simulate(plan, self._no_rec)
-        return float(self._out[0])
+        return float(self._simulate(plan, self._no_rec)[1][0])
 
     def run(self, plan: StagePlan, timeline: bool = False) -> SimResult:
         """Full result: step time, busy time and memory per device, feasibility, per-stage meta, timeline."""
@@ -386,17 +403,17 @@ class PipelineSimulator(TiedParameters):
                    np.zeros(r, np.int64))
         else:
             rec = self._no_rec
-        lay = self._simulate(plan, rec)
+        lay, out, out_stage, out_group, tie_sync, tie_copy = self._simulate(plan, rec)
         busy, mem = np.zeros(self.topology.num_devices), np.zeros(self.topology.num_devices)
-        busy[lay.device_idx] = lay.out_group[1, lay.device_group]
-        mem[lay.device_idx] = lay.out_group[0, lay.device_group]
+        busy[lay.device_idx] = out_group[1, lay.device_group]
+        mem[lay.device_idx] = out_group[0, lay.device_group]
         if plan.uses_tp:  # every rank of a TP group reports its first's (the one the kernel timed, at the group's pace)
             for s in range(plan.num_stages):
                 for grp in plan.tp_groups(s):
                     busy[list(grp)], mem[list(grp)] = busy[grp[0]], mem[grp[0]]
-        step = float(self._out[0])
-        bubble = 1.0 - float(lay.out_group[1].mean()) / step if step > 0 else 0.0
-        st = lay.out_stage
+        step = float(out[0])
+        bubble = 1.0 - float(out_group[1].mean()) / step if step > 0 else 0.0
+        st = out_stage
         meta = {"schedule": plan.schedule, "num_microbatches": int(plan.num_microbatches),
                 "stage_fwd_time": st[0].tolist(), "stage_bwd_time": st[1].tolist(),
                 "stage_end": st[2].tolist(), "stage_last_backward": st[3].tolist(),
@@ -404,8 +421,8 @@ class PipelineSimulator(TiedParameters):
                 "bubble_fraction": bubble, "cost_batch_size": self.cost_batch_size, "link_time": st[6].tolist(),
                 "cost_source": self._source, "sharding": plan.sharding, "tp": list(plan.tp), "mode": self.mode}
         if self._ties:
-            meta["tied_allreduce_time"] = sum(end - start for start, end, _ in self._tie_sync)
-            meta["tied_copy_bytes"] = self._tie_copy.tolist()
+            meta["tied_allreduce_time"] = sum(end - start for start, end, _ in tie_sync)
+            meta["tied_copy_bytes"] = tie_copy.tolist()
         from placement_rl.cost.throughput import pipeline_steady_time
 
         meta["steady_time"] = pipeline_steady_time(plan, meta)
@@ -425,10 +442,10 @@ class PipelineSimulator(TiedParameters):
             if broken:
                 meta["restriction_errors"] = broken
         return SimResult(step_time=step, feasible=not over.size and not broken,
-                         device_busy=busy, peak_memory=mem, comm_time=float(self._out[2]),
-                         timeline=self._timeline(rec, lay, plan) if timeline else None, meta=meta)
+                         device_busy=busy, peak_memory=mem, comm_time=float(out[2]),
+                         timeline=self._timeline(rec, lay, plan, tie_sync) if timeline else None, meta=meta)
 
-    def _timeline(self, rec: tuple, lay: _Layout, plan: StagePlan) -> tuple[Interval, ...]:
+    def _timeline(self, rec: tuple, lay: _Layout, plan: StagePlan, tie_sync: list) -> tuple[Interval, ...]:
         g, m = lay.num_groups, plan.num_microbatches
         out = []
         for k in range(int(rec[0][0])):
@@ -440,7 +457,7 @@ class PipelineSimulator(TiedParameters):
             label = f"stage{lab}" if kind == 4 else f"stage{lab // m} mb{lab % m}"
             out.append(Interval(kind=_KINDS[kind], resource=resource, start=float(rec[3][k]),
                                 end=float(rec[4][k]), label=label))
-        for start, end, groups in self._tie_sync:
+        for start, end, groups in tie_sync:
             if end > start:
                 out.extend(Interval(kind="allreduce", resource=lay.group_names[g], start=start, end=end, label="tied")
                            for g in groups)

@@ -51,16 +51,19 @@ class TiedParameters:
         """Per node, the tied-parameter copy bytes (per rank) its stage keeps on it (the stage's earliest user of a
         tied parameter whose first user is in another stage); per tied parameter held by several stages, its
         gradient bytes per rank and those stages. Planners price ties with it."""
+        return self._tied_copies(plan)[:2]
+
+    def _tied_copies(self, plan: StagePlan) -> tuple[np.ndarray, list[tuple[float, tuple[int, ...]]], np.ndarray]:
+        """``tied_copies`` and the copy bytes (per rank) each stage keeps."""
         n, num = self.graph.num_nodes, plan.num_stages
-        copies, syncs = np.zeros(n), []
-        self._tie_copy = np.zeros(num)
+        copies, syncs, per_stage = np.zeros(n), [], np.zeros(num)
         stage = np.asarray(plan.stage_of_node)
         if stage.shape[0] != n:
-            return copies, syncs  # the kernel rejects the plan
+            return copies, syncs, per_stage  # the kernel rejects the plan
         for nbytes, users in self._ties:
             st = stage[users]
             if st.min() < 0 or st.max() >= num:
-                return copies, []  # the kernel rejects the plan
+                return copies, [], per_stage  # the kernel rejects the plan
             held = np.unique(st)
             if held.size < 2:
                 continue
@@ -71,11 +74,11 @@ class TiedParameters:
                 if s != st[0]:
                     mine = users[st == s]
                     copies[mine[np.argmin(self._pos[mine])]] += share
-                    self._tie_copy[s] += share
+                    per_stage[s] += share
                 p = plan.dp_degrees[s]
                 per_rank = max(per_rank, share / p if plan.sharding == "fsdp" and p > 1 else share)
             syncs.append((per_rank, tuple(held.tolist())))
-        return copies, syncs
+        return copies, syncs, per_stage
 
     def tied_share(self, t: int, owner: int, divisible_by: int = 128, sequence_parallel: bool = False) -> float:
         """Share of a tied parameter one TP rank of a stage of TP degree ``t`` holds: that of the parameters of its
@@ -114,12 +117,13 @@ class TiedParameters:
             total += dur
         return out, total, float(free.max())
 
-    def _tied_sync(self, plan: StagePlan, lay: _Layout, syncs: list[tuple[float, tuple[int, ...]]]) -> None:
-        """After the kernel: the tied all-reduces (``tied_sync``) extend the step time and comm time in
-        ``self._out``; kept for ``run``."""
-        self._tie_sync = []
+    def _tied_sync(self, plan: StagePlan, lay: _Layout, syncs: list[tuple[float, tuple[int, ...]]],
+                   out_stage: np.ndarray, out: np.ndarray) -> list[tuple[float, float, tuple[int, ...]]]:
+        """After the kernel (its per-stage outputs ``out_stage``): the tied all-reduces (``tied_sync``) extend the
+        step time and comm time in that call's ``out``; returned for ``run``."""
         if not syncs:
-            return
-        self._tie_sync, total, end = self.tied_sync(plan, lay.out_stage[2], syncs, lay.sgroup)
-        self._out[2] += total
-        self._out[0] = max(float(self._out[0]), end)
+            return []
+        tie_sync, total, end = self.tied_sync(plan, out_stage[2], syncs, lay.sgroup)
+        out[2] += total
+        out[0] = max(float(out[0]), end)
+        return tie_sync
