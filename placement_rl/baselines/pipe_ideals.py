@@ -2,9 +2,11 @@
 
 Space: stage ``s`` is any ideal difference ``I_{s+1} minus I_s`` (a contiguous set of the DAG, not a cut of one
 topological order, ``graph.ideals``); any device group serves any stage (a slow device may be any stage or
-none); a plan may use any subset of the devices. Devices with the same cost column, memory and restrictions
-form a class (a cluster of 6 accelerators and a CPU has 2); a stage's group is a *composition* (how many
-devices of each class), mixed groups allowed and paced by their slowest member in forward and backward alike.
+none); a plan may use any subset of the devices. Interchangeable devices form a class (``device_classes``: the
+same cost column, memory and restrictions, and a swap of the two leaves the links unchanged; 6 accelerators on one
+switch and a CPU have 2, the 4 V100s of a DGX-1 quad on their unequal NVLinks 4); a stage's group is a
+*composition* (how many devices of each class), mixed groups allowed and paced by their slowest member in forward
+and backward alike.
 
 Objective minimised exactly: the bottleneck ``max`` over stages of the stage's per-micro-batch compute (forward
 + backward span on its slowest member, the simulator's ``tf + tb``) and its DDP gradient sync per micro-batch
@@ -15,19 +17,23 @@ stage's composition); a transition appends a stage. Work: ``pairs of nested idea
 compositions^2`` per micro-batch count; over ``WORK_LIMIT`` the family of ideals falls back to the prefixes of one
 topological order (``meta["ideals"]`` says so, with the chain-cover bound on the ideal count).
 
-It is the simulator's steady state exactly when (a) devices of one class are interchangeable (same links to the
-others: one host, or a class per host), (b) a stage's parameters fit one DDP bucket (25 MiB; more buckets
-add a latency each), (c) a producer's edges out of an ideal carry the same bytes (one tensor), (d) memory does
-not bind (a stage is kept within its group's memory with ``min(m, D)`` micro-batches in flight, 1F1B holds at
-most the stages after it: conservative), (e) DDP; FSDP variants of the best plans are simulated too. Every
-final state (each set of devices used, each last composition) yields a plan; the best ``SIMULATED`` of them by
-estimate (time per sample: ``m x bottleneck``; step time: ``(m + S - 1) x bottleneck``) are simulated, so
-``exact`` is exact for time per sample and a strong search for step time.
+It is the simulator's steady state exactly when (a) devices of one class are interchangeable (so by construction,
+unless links split equal devices into more classes than their compositions (``MAX_COMPOSITIONS``) or the work
+limit allow: the DP then takes the cost classes, prices each composition on its best-connected devices and
+simulates each plan on them first, and ``meta["ideal_note"]`` says it is not exact over the device choices),
+(b) a stage's parameters fit one DDP bucket (25 MiB; more buckets add a latency each), (c) a producer's edges out
+of an ideal carry the same bytes (one tensor), (d) memory does not bind (a stage is kept within its group's
+memory with ``min(m, D)`` micro-batches in flight, 1F1B holds at most the stages after it: conservative), (e) DDP;
+FSDP variants of the best plans are simulated too. Every final state (each set of devices used, each last
+composition) yields a plan; the best ``SIMULATED`` of them by estimate (time per sample: ``m x bottleneck``; step
+time: ``(m + S - 1) x bottleneck``) are simulated, so ``exact`` is exact for time per sample and a strong search
+for step time.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import time
 
 import numpy as np
@@ -42,7 +48,10 @@ from placement_rl.graph.ideals import IdealFamily, ideal_family, prefix_ideals
 ENUM_LIMIT = 4096          # ideals listed at most before falling back to one order's prefixes
 WORK_LIMIT = 4e9           # nested pairs x device states x compositions^2 x micro-batch counts
 MAX_COMPOSITIONS = 64      # beyond: single-class groups of power-of-two sizes (and each whole class)
+PICK_WORK = 1 << 18        # choices x group size^2 a best-connected pick compares whole, at most (beyond: grown)
 FSDP_VARIANTS = 8          # the best plans with a replicated stage are also simulated sharded
+LINKS_MERGED = ("equal devices taken as interchangeable although their links differ (each group's devices "
+                "picked best-connected): not exact over the device choices")
 SIMULATED = {"throughput": 8, "step": 64}  # DP plans handed to the simulator, best estimate first: the DP's
 # estimate is the steady time itself (a few suffice), the step time only ranks them (more are worth a look)
 
@@ -56,8 +65,9 @@ def restrictions(pp: PipeProblem) -> tuple[np.ndarray, list[list[int]]]:
     return allowed, [list(map(int, g)) for g in pp.costs.meta.get("colocate") or []]
 
 
-def device_classes(pp: PipeProblem, allowed: np.ndarray) -> list[list[int]]:
-    """Devices with identical cost columns, launch overheads, memory and restrictions, fastest class first."""
+def cost_classes(pp: PipeProblem, allowed: np.ndarray) -> list[list[int]]:
+    """Devices with identical cost columns, launch overheads, memory and restrictions (links not looked at),
+    fastest class first."""
     c = pp.costs
     mem = pp.topology.array("memory_bytes")
     keys: dict[bytes, list[int]] = {}
@@ -67,6 +77,129 @@ def device_classes(pp: PipeProblem, allowed: np.ndarray) -> list[list[int]]:
         keys.setdefault(key, []).append(d)
     total = (c.fwd_time + c.bwd_time).sum(axis=0)
     return sorted(keys.values(), key=lambda ds: (total[ds[0]], ds[0]))
+
+
+def device_classes(pp: PipeProblem, allowed: np.ndarray) -> list[list[int]]:
+    """Interchangeable devices, fastest class first (ties: lowest device): a class of ``cost_classes`` split where
+    links differ, two devices being in one class only where swapping them leaves the link latency and bandwidth
+    matrices unchanged (a transposition automorphism; two such swaps compose into a third, so this is an
+    equivalence). Uniform links keep the cost classes; on a DGX-1's NVLink mesh every GPU is its own class, on hosts
+    joined by a slower network each host's devices are one."""
+    mats = [np.asarray(pp.costs.link_latency, dtype=np.float64), np.asarray(pp.costs.link_bandwidth, dtype=np.float64)]
+    total = (pp.costs.fwd_time + pp.costs.bwd_time).sum(axis=0)
+    apart = any(np.isnan(m).any() for m in mats)  # NaN != NaN: no swap keeps such a matrix equal to itself
+    out: list[list[int]] = []
+    for members in cost_classes(pp, allowed):
+        if apart:
+            out += [[x] for x in members]
+            continue
+        left = list(members)
+        while left:
+            a, rest = left[0], np.asarray(left[1:], dtype=np.int64)
+            same = np.ones(rest.size, dtype=bool)
+            for m in mats:
+                same &= _swap_keeps(m, a, rest)
+            out.append([a, *rest[same].tolist()])
+            left = rest[~same].tolist()
+    return sorted(out, key=lambda ds: (total[ds[0]], ds[0]))
+
+
+def _swap_keeps(m: np.ndarray, a: int, b: np.ndarray) -> np.ndarray:
+    """Per device ``b[k]``: whether swapping devices ``a`` and ``b[k]`` leaves ``m`` unchanged (rows and columns
+    equal off ``a`` and ``b``, equal diagonal entries, ``m[a, b] == m[b, a]``)."""
+    k = np.arange(b.size)
+    rows, cols = m[b] == m[a], m[:, b].T == m[:, a]
+    for x in (rows, cols):
+        x[:, a] = True
+        x[k, b] = True
+    return rows.all(axis=1) & cols.all(axis=1) & (m[b, b] == m[a, a]) & (m[a, b] == m[b, a])
+
+
+# ------------------------------------------------------------------ best-connected device choices
+def split_classes(pp: PipeProblem) -> list[list[int]] | None:
+    """The cost classes (``cost_classes``) where links split one of them (``device_classes`` has more classes:
+    equal devices that are not interchangeable), else None."""
+    allowed = restrictions(pp)[0]
+    classes = cost_classes(pp, allowed)
+    return classes if len(device_classes(pp, allowed)) > len(classes) else None
+
+
+def link_arrays(pp: PipeProblem) -> tuple[np.ndarray, np.ndarray]:
+    """Link latency and inverse bandwidth (NaN as the slowest link)."""
+    lat = np.nan_to_num(np.asarray(pp.costs.link_latency, dtype=np.float64), nan=np.inf)
+    bw = np.asarray(pp.costs.link_bandwidth, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(np.isnan(bw), np.inf, 1.0 / bw)
+    return lat, inv
+
+
+def connected_groups(pp: PipeProblem, classes: list[list[int]], seq: tuple[tuple[int, ...], ...],
+                     links: tuple[np.ndarray, np.ndarray] | None = None, before: tuple[tuple[int, ...], ...] = ()
+                     ) -> tuple[tuple[int, ...], ...]:
+    """Devices of each stage for a sequence of compositions (devices per class), stage by stage after the groups
+    ``before`` (their devices taken): each class's share picked from its devices left (``_pick``: the group's
+    slowest link least, then its slowest link from the previous stage's group). Where every pair's links are alike:
+    each class's devices in index order."""
+    lat, inv = links if links is not None else link_arrays(pp)
+    groups = tuple(before)
+    for v in seq:
+        groups += (_next_connected(lat, inv, classes, groups, v),)
+    return groups[len(before):]
+
+
+def _next_connected(lat: np.ndarray, inv: np.ndarray, classes: list[list[int]], groups: tuple,
+                    v: tuple[int, ...]) -> tuple[int, ...]:
+    used = {x for g in groups for x in g}
+    prev = groups[-1] if groups else ()
+    out: tuple[int, ...] = ()
+    for devs, cnt in zip(classes, v):
+        if cnt:
+            out += _pick(lat, inv, tuple(x for x in devs if x not in used), cnt, out, prev)
+    return out
+
+
+def _pick(lat: np.ndarray, inv: np.ndarray, pool: tuple[int, ...], k: int, fixed: tuple[int, ...],
+          prev: tuple[int, ...]) -> tuple[int, ...]:
+    """``k`` devices of ``pool`` (ascending) joining ``fixed`` in a group that follows the group ``prev``: least
+    slowest link inside the group (1 / bandwidth, then latency), then least slowest link from ``prev``, then the
+    lowest devices. Every choice compared where that is at most ``PICK_WORK`` link entries; beyond, the group grown
+    a device at a time."""
+    if k >= len(pool):
+        return pool
+    if math.comb(len(pool), k) * (len(fixed) + k) ** 2 <= PICK_WORK:
+        combos = np.array(list(itertools.combinations(pool, k)), dtype=np.int64)
+        grp = np.concatenate([np.broadcast_to(np.array(fixed, dtype=np.int64), (len(combos), len(fixed))), combos],
+                             axis=1)
+        off = ~np.eye(grp.shape[1], dtype=bool)
+        before = np.array(prev, dtype=np.int64)
+        keys = [np.where(off, m[grp[:, :, None], grp[:, None, :]], -np.inf).max(axis=(1, 2)) for m in (inv, lat)]
+        keys += [m[before[None, :, None], grp[:, None, :]].max(axis=(1, 2)) if prev else np.zeros(len(combos))
+                 for m in (inv, lat)]
+        best = int(np.lexsort(keys[::-1])[0])  # stable: the lowest devices among equals (combinations in order)
+        return tuple(int(x) for x in combos[best])
+    cand = np.array(pool, dtype=np.int64)
+    inside = [np.zeros(cand.size) for _ in range(2)]  # slowest link from each candidate to the group
+    worst = [0.0, 0.0]  # slowest link inside the group so far
+    for x in fixed:
+        for i, m in enumerate((inv, lat)):
+            inside[i] = np.maximum(inside[i], np.maximum(m[cand, x], m[x, cand]))
+    for i, m in enumerate((inv, lat)):
+        if len(fixed) > 1:
+            f = np.array(fixed, dtype=np.int64)
+            worst[i] = float(np.where(~np.eye(f.size, dtype=bool), m[np.ix_(f, f)], -np.inf).max())
+    back = [m[np.array(prev, dtype=np.int64)][:, cand].max(axis=0) if prev else np.zeros(cand.size)
+            for m in (inv, lat)]
+    free = np.ones(cand.size, dtype=bool)
+    chosen: list[int] = []
+    for _ in range(k):
+        keys = [np.maximum(worst[0], inside[0]), np.maximum(worst[1], inside[1]), back[0], back[1]]
+        j = int(np.lexsort([*keys[::-1], ~free])[0])
+        chosen.append(int(cand[j]))
+        free[j] = False
+        worst = [float(keys[0][j]), float(keys[1][j])]
+        for i, m in enumerate((inv, lat)):
+            inside[i] = np.maximum(inside[i], np.maximum(m[cand, cand[j]], m[cand[j], cand]))
+    return tuple(sorted(chosen))
 
 
 def compositions(avail: list[int]) -> np.ndarray:
@@ -101,15 +234,36 @@ class IdealSearch:
     def __init__(self, pp: PipeProblem, *, enum_limit: int = ENUM_LIMIT, work_limit: float = WORK_LIMIT) -> None:
         self.pp = pp
         self.allowed, self.colocate = restrictions(pp)
-        self.classes = device_classes(pp, self.allowed)
+        self.train = mode_of(pp.costs) == "train"
+        self.ms = microbatch_choices(1, 1, pp.batch_size, schedule=pp.schedule) or [1]
+
+        def work_per_pair(classes: list[list[int]]) -> int:
+            avail = [len(c) for c in classes]
+            g = compositions(avail).shape[0]
+            return math.prod(a + 1 for a in avail) * g * (g + 1) * len(self.ms)
+
+        coarse = cost_classes(pp, self.allowed)
+        per_pair = work_per_pair(coarse)
+        limit = max(2, int(np.sqrt(2 * work_limit / per_pair)))
+        fam = ideal_family(pp.graph, limit=min(enum_limit, limit), colocate=self.colocate)
+        # links split a cost class: its devices as the classes of ``device_classes`` where each of their
+        # compositions is listed and the family's DP stays within the work limit, else the cost classes with each
+        # composition priced on its best-connected devices (``concrete``) and each plan simulated on them first
+        # (``connected_first``; ``self.linked`` false)
+        self.classes, self.linked = coarse, True
+        fine = device_classes(pp, self.allowed)
+        if len(fine) > len(coarse):
+            fine_pair = work_per_pair(fine)
+            if (math.prod(len(c) + 1 for c in fine) - 1 <= MAX_COMPOSITIONS
+                    and fam.count * (fam.count - 1) / 2 * fine_pair <= work_limit):
+                self.classes, per_pair = fine, fine_pair
+            else:
+                self.linked = False
         self.avail = [len(c) for c in self.classes]
         self.comp = compositions(self.avail)
         self.nxt = _next_states(self.avail, self.comp)
-        self.train = mode_of(pp.costs) == "train"
-        self.ms = microbatch_choices(1, 1, pp.batch_size, schedule=pp.schedule) or [1]
-        per_pair = self.nxt.shape[0] * self.comp.shape[0] * (self.comp.shape[0] + 1) * len(self.ms)
-        limit = max(2, int(np.sqrt(2 * work_limit / per_pair)))
-        fam = ideal_family(pp.graph, limit=min(enum_limit, limit), colocate=self.colocate)
+        self._links = None if self.linked else link_arrays(pp)
+        self._picked: dict[tuple, tuple[tuple[int, ...], ...]] = {}  # best-connected groups per composition sequence
         if not fam.complete and (fam.count**2 / 2) * per_pair > work_limit:
             fam = IdealFamily(fam.members, False, fam.bound, fam.note + "; the prefix family is over the work "
                               f"limit too ({fam.count} prefixes x {per_pair} per pair)")
@@ -169,7 +323,16 @@ class IdealSearch:
         self.ratio = ratio
 
     def concrete(self, g: int) -> tuple[int, ...]:
+        """The devices composition ``g`` is priced on: each class's first ones (best-connected where links split
+        a class, ``linked`` false)."""
+        if not self.linked:
+            return self._connected((tuple(int(x) for x in self.comp[g]),))[0]
         return tuple(d for k, cnt in enumerate(self.comp[g]) for d in self.classes[k][:cnt])
+
+    def _connected(self, seq: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+        if seq not in self._picked:
+            self._picked[seq] = connected_groups(self.pp, self.classes, seq, self._links)
+        return self._picked[seq]
 
     def run(self, m: int) -> tuple[np.ndarray, tuple[np.ndarray, ...], int]:
         k, ns, ng = self.family.count, self.nxt.shape[0], self.comp.shape[0]
@@ -206,18 +369,33 @@ class IdealSearch:
                 cursor += cnt
         return Stages(tuple(int(x) for x in stage), tuple(tuple(int(x) for x in g) for g in groups))
 
+    def connected_first(self, cand: tuple[float, Plan]) -> list[tuple[float, Plan]]:
+        """Where links split a class (``linked`` false): the plan on the best-connected devices of its classes
+        (``connected_groups``, as ``concrete`` priced its groups), then the plan itself (index order) where they
+        differ; else the plan alone."""
+        est, (st, *rest) = cand
+        if self.linked:
+            return [cand]
+        class_of = {d: k for k, devs in enumerate(self.classes) for d in devs}
+        seq = tuple(tuple(sum(class_of[x] == k for x in g) for k in range(len(self.classes))) for g in st.groups)
+        picked = self._connected(seq)
+        if [set(g) for g in picked] == [set(g) for g in st.groups]:
+            return [cand]
+        return [(est, (Stages(st.stage_of_node, picked), *rest)), cand]
+
 
 def ideal_candidates(pp: PipeProblem) -> tuple[list[tuple[float, Plan]], dict[str, object]]:
     """Plans from the DP over ideals with their estimates (best first) and what the search reports."""
     t0 = time.perf_counter()
     search = IdealSearch(pp)
     fam = search.family
+    note = fam.note if search.linked else "; ".join(x for x in (fam.note, LINKS_MERGED) if x)
     info: dict[str, object] = {"ideals": fam.count, "ideals_complete": fam.complete, "ideal_bound": fam.bound,
-                               "ideal_note": fam.note, "device_classes": len(search.classes),
+                               "ideal_note": note, "device_classes": len(search.classes),
                                "compositions": int(search.comp.shape[0]), "dp_work": search.work}
     if search.work > WORK_LIMIT:
         info["ideal_search_seconds"] = time.perf_counter() - t0
-        info["ideal_note"] = (f"{fam.note}; skipped: {search.work:.3g} DP steps is over the limit {WORK_LIMIT:.3g} "
+        info["ideal_note"] = (f"{note}; skipped: {search.work:.3g} DP steps is over the limit {WORK_LIMIT:.3g} "
                               "(coarsen the graph)")
         return [], info
     cands: list[tuple[float, Plan]] = []
@@ -226,7 +404,7 @@ def ideal_candidates(pp: PipeProblem) -> tuple[list[tuple[float, Plan]], dict[st
     for m in search.ms:
         if cands and pp.out_of_time(0.25):  # given seconds: the micro-batch counts searched so far (then
             # ``pipe_tp.exact``'s configurations up to half of them, and the simulations)
-            info["ideal_note"] = f"{fam.note}; micro-batch counts cut short at {pp.seconds:g} s"
+            info["ideal_note"] = f"{note}; micro-batch counts cut short at {pp.seconds:g} s"
             info["ideals_complete"] = False
             break
         f, parents, _ = search.run(m)
@@ -249,11 +427,12 @@ def ideal_candidates(pp: PipeProblem) -> tuple[list[tuple[float, Plan]], dict[st
             cands.append((est, (stages, degrees, m, "dp")))
     cands.sort(key=lambda c: c[0])
     total = len(cands)
-    cands = cands[:SIMULATED[pp.objective]]
+    cands = [c for cand in cands[:SIMULATED[pp.objective]] for c in search.connected_first(cand)]
     fsdp = [(est, (st, deg, m, "fsdp")) for est, (st, deg, m, _) in cands if max(deg) > 1][:FSDP_VARIANTS]
     info.update(ideal_candidates=total, ideal_best_steady=best_bottleneck,
                 ideal_search_seconds=time.perf_counter() - t0)
     return cands[:1] + fsdp + cands[1:], info
 
 
-__all__ = ["IdealSearch", "compositions", "device_classes", "ideal_candidates", "prefix_ideals"]
+__all__ = ["IdealSearch", "compositions", "connected_groups", "cost_classes", "device_classes", "ideal_candidates",
+           "link_arrays", "prefix_ideals", "split_classes"]

@@ -4,9 +4,11 @@ stage, micro-batches, DP or sharded DP), as users choose it.
 All share one search space, so ``pp_exhaustive`` bounds the others: stage ``k`` is the ``k``-th contiguous
 segment of ``graph.topo_order`` (so no edge goes backwards), and the device groups are consecutive runs of
 the devices sorted fastest first (ties by index), a run's length being the stage's DP degree (``pp_exhaustive``
-and ``exact`` also try every order of unequal devices, ``pipe_orders``, where their budgets hold it). Candidates
-are scored with the ``PipelineSimulator`` (feasible first, then step time), and ``batch_size`` (when
-given) rules out DP degrees x micro-batch counts that do not divide it.
+and ``exact`` also try every order and choice of devices that differ in speed, memory or links, ``pipe_orders``,
+where their budgets hold it; ``hybrid`` and ``pipedream`` also each plan on the best-connected devices where links
+differ between equal devices, as on a DGX-1's NVLink mesh). Candidates are scored with the ``PipelineSimulator``
+(feasible first, then step time), and ``batch_size`` (when given) rules out DP degrees x micro-batch counts that do
+not divide it.
 
 Fixed micro-batch count (the ``num_microbatches`` argument), DDP replication; under 1F1B at most as many stages as
 micro-batches (``stage_cap``: torch's ``Schedule1F1B``, which ``deploy`` runs, refuses fewer):
@@ -22,7 +24,8 @@ micro-batches (``stage_cap``: torch's ``Schedule1F1B``, which ``deploy`` runs, r
   replicated over ``r`` devices (compute / r, plus the ring all-reduce of its parameters), on time alone and with
   every stage kept to its devices' memory (as PipeDream's optimizer); the best plan for
   every device count is simulated, and so is full replication of the whole model over all devices (plain
-  DP, which PipeDream's planner also weighs) at every micro-batch count; the best is kept.
+  DP, which PipeDream's planner also weighs) at every micro-batch count; the best is kept. Where links differ
+  between equal devices each plan is simulated first on the best-connected of them (``_best_connected``).
 
 Whole-plan searches (they choose the micro-batch count among ``microbatch_choices``, ignoring
 ``num_microbatches``):
@@ -34,11 +37,13 @@ Whole-plan searches (they choose the micro-batch count among ``microbatch_choice
   executor's 2-D mesh runs it), every micro-batch count, DDP or FSDP inside each stage, cuts from the time-balanced
   DP for that stage count; ``n = D`` and, on unequal devices, on a ``D`` that is not a power of two or where the
   batch does not split over all ``D``, also fewer devices (``device_counts``: ``D - 1``, the powers of two, every
-  count where the next device is slower); ``dp`` and ``fsdp`` are among its candidates, simulated first.
+  count where the next device is slower); ``dp`` and ``fsdp`` are among its candidates, simulated first. Where links
+  differ between equal devices each plan is simulated first on the best-connected of them (``_best_connected``).
 * ``pp_exhaustive``: every stage count x cut set x DP-degree vector (sum <= D) x micro-batch count x
-  sharding; ``ConfigError`` when that is more than the budget. On unequal devices also every order of their
-  classes (a pipeline may start on a slower GPU, ``pipe_orders``) where the budget holds it, else the fastest-first
-  runs alone and ``meta["note"]`` says so.
+  sharding; ``ConfigError`` when that is more than the budget. On devices that differ (in speed, memory or links)
+  also every order and choice of their classes (a pipeline may start on a slower GPU, a DDP pair may have two
+  NVLinks: ``pipe_orders``) where the budget holds it, else the fastest-first runs alone (where links split equal
+  devices: also on the best-connected ones) and ``meta["note"]`` says so.
 
 With tensor parallelism (``pipe_tp``; TP degree per stage, TP groups inside a host): ``tp`` (a host's devices
 in one TP group, DP across hosts), ``megatron`` (TP within a host, PP across hosts, DP for the rest) and
@@ -61,12 +66,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
 import placement_rl.baselines.pipe_tp as pipe_tp
-from placement_rl.baselines.pipe_common import Plan, PipeProblem, cut_grid, microbatch_choices, minmax_partition
+from placement_rl.baselines.pipe_common import (Plan, PipeProblem, Stages, cut_grid, microbatch_choices,
+                                                 minmax_partition)
 from placement_rl.plans import SHARDINGS
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import ConfigError
@@ -187,7 +193,39 @@ def hybrid(pp: PipeProblem) -> Plan:
     rest = _hybrid_shapes(pp, device_counts(pp, fallback=fewer))
     if not cands and not rest:  # nothing over every device fits the batch: fewer devices
         rest = _hybrid_shapes(pp, device_counts(pp, fallback=True))
-    return pp.best_of(cands + [c for _, c in rest])
+    return pp.best_of(_best_connected(pp, cands + [c for _, c in rest]))
+
+
+def _best_connected(pp: PipeProblem, plans: list[Plan]) -> Iterator[Plan]:
+    """Each plan (TP 1) preceded by the same stages on the best-connected devices of its classes
+    (``pipe_ideals.connected_groups``) where links split equal devices: the runs of ``pp.devs`` take ties by
+    index, on a DGX-1 the DDP pair (0, 1) joined by one NVLink where (0, 3) has two. Where links split no class (or
+    the picks are the plan's own devices) the plans as they are."""
+    from placement_rl.baselines.pipe_ideals import connected_groups, link_arrays, split_classes
+
+    classes = split_classes(pp)
+    if classes is None:
+        yield from plans
+        return
+    links = link_arrays(pp)
+    class_of = {d: k for k, devs in enumerate(classes) for d in devs}
+    picked: dict[tuple, tuple[tuple[int, ...], ...]] = {}
+    for plan in plans:
+        cuts, degrees = plan[0], plan[1]
+        if isinstance(cuts, Stages) or (len(plan) > 4 and plan[4] and max(plan[4]) > 1):
+            yield plan
+            continue
+        bounds = np.cumsum([0, *degrees])
+        own = [pp.devs[bounds[k]:bounds[k + 1]].tolist() for k in range(len(degrees))]
+        seq = tuple(tuple(sum(class_of[x] == k for x in g) for k in range(len(classes))) for g in own)
+        if seq not in picked:
+            picked[seq] = connected_groups(pp, classes, seq, links)
+        if [set(g) for g in picked[seq]] != [set(g) for g in own]:
+            stage = np.empty(pp.n, dtype=np.int64)
+            for k in range(len(cuts) - 1):
+                stage[pp.order[cuts[k]:cuts[k + 1]]] = k
+            yield (Stages(tuple(int(x) for x in stage), picked[seq]), *plan[1:])
+        yield plan
 
 
 def _hybrid_shapes(pp: PipeProblem, counts: list[int]) -> list[tuple[float, Plan]]:
@@ -245,7 +283,8 @@ def pipedream(pp: PipeProblem) -> Plan:
     if not cands:  # first (taken when the budget runs out)
         raise ConfigError(f"pipedream found no plan: batch_size {pp.batch_size} admits no DP degree with "
                           f"num_microbatches {pp.m}")
-    return pp.best_of(_replicated(pp, "dp") + [pp.choice(cuts, degrees) for _, cuts, degrees in cands])
+    return pp.best_of(_best_connected(pp, _replicated(pp, "dp") + [pp.choice(cuts, degrees)
+                                                                   for _, cuts, degrees in cands]))
 
 
 def _pipedream_dp(pp: PipeProblem, stage_cost: Callable[[int, int, int, int], np.ndarray]) -> list[tuple]:
@@ -327,10 +366,11 @@ def _exhaustive_space(pp: PipeProblem, cap: int | None = None):
 
 def pp_exhaustive(pp: PipeProblem) -> Plan:
     """Every contiguous plan (TP 1, no recomputation): every stage count x cut set x DP-degree vector x micro-batch
-    count x sharding on consecutive runs of the devices sorted fastest first and, on unequal devices, on every
-    order of their classes (``pipe_orders``) where the budget holds them all; where it does not, the fastest-first
-    runs alone, and ``meta["note"]`` says so."""
-    from placement_rl.baselines.pipe_orders import order_space
+    count x sharding on consecutive runs of the devices sorted fastest first and, on devices that differ (speed,
+    memory or links), on every order and choice of their classes (``pipe_orders.order_space``) where the budget
+    holds them all; where it does not, the fastest-first runs alone (where links split equal devices, also on the
+    best-connected of them: ``pipe_orders.connected_space``), and ``meta["note"]`` says so."""
+    from placement_rl.baselines.pipe_orders import device_orders
 
     n, d = pp.n, pp.d
     total, cands = _exhaustive_space(pp)
@@ -339,11 +379,15 @@ def pp_exhaustive(pp: PipeProblem) -> Plan:
         raise ConfigError(f"pp_exhaustive needs {size} simulations (every cut set x DP degrees x micro-batch count "
                           f"x sharding for {n} nodes on {d} devices), but the budget is {pp.budget}: raise the "
                           "budget or use a smaller graph")
-    more, orders = order_space(pp, cap=pp.budget - total)
+    more, orders, every_order = device_orders(pp, cap=pp.budget - total)
     if more > pp.budget - total:
         orders, more = iter(()), 0
-        pp.extra_meta["note"] = (f"{FASTEST_FIRST_ONLY}: every order of the unequal devices needs more than the "
-                                 f"budget of {pp.budget} simulations")
+        pp.extra_meta["note"] = (f"{FASTEST_FIRST_ONLY}: every order of the devices that differ (in speed, memory "
+                                 f"or links) needs more than the budget of {pp.budget} simulations")
+    elif not every_order:
+        pp.extra_meta["note"] = (f"{FASTEST_FIRST_ONLY}, their devices also picked best-connected: every order and "
+                                 f"choice of the devices (their links differ) needs more than the budget of "
+                                 f"{pp.budget} simulations")
     best = pp.best_of(itertools.chain(cands, orders))
     if pp.cut_short:  # its row is the optimum or nothing
         raise ConfigError(f"pp_exhaustive stopped at {pp.seconds:g} s after {pp.calls} of its {total + more} "
@@ -360,11 +404,12 @@ def exact(pp: PipeProblem) -> Plan:
     What ``meta`` proves: ``exhaustive``, every DP x TP x PP configuration of ``pipe_tp.exact`` searched and its
     candidates simulated; ``ideals_complete``, the DP over ideals saw every ideal (its estimate's optimum is exact,
     but only its best estimates are simulated); ``contiguous_enumerated``, every contiguous plan (TP 1, no
-    recomputation) was simulated, on the fastest-first runs and, on unequal devices, on every order of their classes
-    (``pipe_orders``): the plan is then at least as fast as each of them. Only the last bounds the simulated step
-    time, and only over that space."""
+    recomputation) was simulated, on the fastest-first runs and, on devices that differ (speed, memory or links), on
+    every order and choice of their classes (``pipe_orders``): the plan is then at least as fast as each of them.
+    Only the last bounds the simulated step time, and only over that space (``pipe_tp.exact``'s configurations
+    take the devices in ``pp.devs`` order)."""
     from placement_rl.baselines.pipe_ideals import ideal_candidates
-    from placement_rl.baselines.pipe_orders import order_space
+    from placement_rl.baselines.pipe_orders import device_orders
     from placement_rl.baselines.pipe_refine import refine
 
     cands, info = ideal_candidates(pp)
@@ -389,16 +434,20 @@ def exact(pp: PipeProblem) -> Plan:
     wide = min(EXACT_ORDERS, left)  # with every order of unequal device classes (``pipe_orders``): all of what is
     # left, if need be (the climbs below then only move the cuts of plans with TP or recomputation)
     total, every = _exhaustive_space(pp, cap=max(limit, wide))
-    more, orders = order_space(pp, cap=max(wide - total, 0))  # (0 on equal devices)
+    # (0 on equal devices on alike links; not every order where links split many classes: best-connected picks)
+    more, orders, every_order = device_orders(pp, cap=max(wide - total, 0))
     full = more > 0 and total + more <= wide
     listed = (list(every) if total <= limit or full else []) + (list(orders) if full else [])
     best = pp.best_of([legacy] + ([head] if head else []) + [c for _, c in cands[1:]] + others + listed)
-    pp.extra_meta["contiguous_enumerated"] = (full or (more == 0 and total <= limit)) and not pp.cut_short
+    pp.extra_meta["contiguous_enumerated"] = ((full and every_order) or (more == 0 and total <= limit)) \
+        and not pp.cut_short
     notes = []
-    if more > 0 and not pp.extra_meta["contiguous_enumerated"]:  # unequal devices: a better order may exist
+    if more > 0 and not pp.extra_meta["contiguous_enumerated"]:  # devices that differ: a better order may exist
         notes.append("not every contiguous plan simulated: " + (
-            "the budget or seconds ran out" if full else
-            f"with every order of the unequal devices they are more than the {wide} simulations left"))
+            "the budget or seconds ran out" if full and every_order else
+            f"with every order and choice of the devices (their links differ) they are more than the {wide} "
+            "simulations left; over fastest-first runs, also on best-connected devices" if full else
+            f"with every order of the devices that differ they are more than the {wide} simulations left"))
     climbed, moved = refine(pp)  # the cuts the simulator prefers near the best configurations' plans
     pp.extra_meta.update(moved)
     best = best if climbed is None else pp.best_of([best, climbed])
