@@ -34,13 +34,14 @@ PATIENCE = 10  # local optima in a row without a better split, per block and dev
 @dataclass
 class Split:
     """A split: ``device`` per node (accelerators ``0 .. A-1``, CPU cores ``A ..``), ``loads`` per device, its
-    ``max_load``, what found it and whether it is proven the best contiguous split."""
+    ``max_load``, what found it and whether it is proven the best contiguous split (None: not known, as for a given
+    split, which is scored but not compared with one)."""
 
     device: np.ndarray
     loads: np.ndarray
     max_load: float
     method: str
-    contiguous_optimum: bool = False
+    contiguous_optimum: bool | None = False
     notes: list[str] = field(default_factory=list)
     stats: dict[str, float] = field(default_factory=dict)
 
@@ -190,8 +191,8 @@ def enumerate_splits(inst: MaxLoadInstance, *, limit: int = 1_000_000) -> tuple[
 
 def split_json(inst: MaxLoadInstance, split: Split) -> dict:
     """The split in the solvers' output format (``maxLoad``, ``fpgas`` and ``cpus`` as ``{load, nodes}``, empty
-    devices left out), with what found it: ``method``, ``contiguous_optimum``, ``notes`` and ``figures`` (the
-    method's own: ``Split.stats``, its ``seconds`` included)."""
+    devices left out), with what found it: ``method``, ``contiguous_optimum`` (null where not known), ``notes`` and
+    ``figures`` (the method's own: ``Split.stats``, its ``seconds`` included)."""
     groups: dict[str, list] = {"fpgas": [], "cpus": []}
     for d in range(inst.accelerators + inst.cpus):
         nodes = sorted(inst.ids[v] for v in np.flatnonzero(split.device == d))

@@ -19,7 +19,8 @@ def _fmt(x: float, unit: str = "") -> str:
 
 
 def summarize(graph: CompGraph, *, top: int = 8) -> str:
-    """A human-readable summary: size, FLOPs, parameters, activation memory, edge traffic, top op types. For a
+    """A human-readable summary: size, FLOPs, parameters, activation memory, edge traffic, the precision capture
+    recorded (a graph with no ``meta["dtype"]`` or ``meta["param_dtype"]`` is fp32: no line), top op types. For a
     coarsened graph the traffic is given between its ops and between its groups, and the op types are its ops'
     (from the graph it was made from, ``meta["member_graph"]``; where it no longer keeps that, the groups', each
     counted as the type of its costliest op, and said so)."""
@@ -34,6 +35,8 @@ def summarize(graph: CompGraph, *, top: int = 8) -> str:
         f"  parameters {_fmt(t['param_bytes'], 'B')}   activations kept for backward {_fmt(t['act_bytes'], 'B')}",
         f"  edge traffic {_traffic(graph, fine)}",
     ]
+    if graph.meta.get("dtype") or graph.meta.get("param_dtype"):  # captured in half precision, or under autocast
+        lines.append(_precision(graph))
     hf = graph.meta.get("hf")
     if isinstance(hf, dict) and hf.get("model_type"):  # graph=hf: what was built from the config
         size = hf.get("image_size")
@@ -61,6 +64,19 @@ def summarize(graph: CompGraph, *, top: int = 8) -> str:
     for op, f in flops.most_common(top):
         lines.append(f"    {op:<28} {count[op]:>5} {unit:<6} {100 * f / total:6.2f}% of FLOPs")
     return "\n".join(lines)
+
+
+def _precision(graph: CompGraph) -> str:
+    """The dtype capture recorded (``meta["dtype"]``: the ops' outputs; ``meta["param_dtype"]`` where the
+    parameters differ) and what the calibrated GPU model runs it in (``cost.resolve``): a half-precision graph in
+    bf16 on a GPU with a bf16 peak, else fp32, unless the topology's ``dtype:`` names one."""
+    dtype, params = graph.meta.get("dtype"), graph.meta.get("param_dtype")
+    line = f"  precision {dtype} (meta.dtype)" if dtype else "  precision fp32 (no meta.dtype)"
+    line += f", parameters {params} (meta.param_dtype)" if params else ""
+    if dtype in ("bf16", "fp16"):
+        return line + ("\n    the calibrated GPU model runs it in bf16 where the GPU has a bf16 peak, else fp32 "
+                       "(a topology's dtype: decides)")
+    return line + "\n    the calibrated GPU model runs it in fp32 (a topology's dtype: tf32 / bf16 decides)"
 
 
 def _traffic(graph: CompGraph, fine) -> str:

@@ -93,6 +93,13 @@ def _from_graph(args: argparse.Namespace):
 SIMPLE_BOUND = "the simple bound (the largest colour class on its cheapest device, or all work over all devices)"
 
 
+def _as_given(x: float) -> str:
+    """A number in its shortest exact spelling, less a trailing ``.0`` (``1000001``, where ``:g`` rounds it to
+    ``1e+06``, the limit itself)."""
+    text = repr(x)
+    return text[:-2] if text.endswith(".0") else text
+
+
 def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
@@ -132,7 +139,7 @@ def run(args: argparse.Namespace) -> list[str]:
     t0 = time.perf_counter()
     if not (math.isfinite(args.seconds) and 0 <= args.seconds <= MAX_SECONDS):
         raise PlacementRLError(f"--seconds must be a finite number from 0 (no search) to {MAX_SECONDS:.0f} "
-                               f"(got {args.seconds:g})")
+                               f"(got {_as_given(args.seconds)})")
     if args.ideals < 2:
         raise PlacementRLError(f"--ideals must be at least 2 (got {args.ideals})")
     if args.write_instance and not args.topology:
@@ -155,7 +162,7 @@ def run(args: argparse.Namespace) -> list[str]:
                      "lower bound: none (no split fits the instance without breaking a constraint)")
         lines += [f"warning: the split breaks a constraint: {b}" for b in broken]
         if args.out:
-            split = Split(device, loads, float(loads.max()), f"given ({args.split})")
+            split = Split(device, loads, float(loads.max()), f"given ({args.split})", None)  # not compared
             data = {**split_json(inst, split), "breaks": broken,
                     "lower_bound": bound if np.isfinite(bound) else None, "instance": inst.path,
                     "seconds": time.perf_counter() - t0}

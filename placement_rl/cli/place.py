@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from placement_rl.cli.common import (Phases, build_graph, build_topology, hydra_app, output_dir, plural, save_plan,
                                      warm_up, write_json)
@@ -354,16 +354,22 @@ ONE_PASS_NOTE = ("note: decode=one_pass embeds the graph once and places every n
                  "training's next episode would have")
 # the env options a checkpoint records that place sets itself: the observation's padding
 LAYOUT_OPTIONS = ("max_nodes", "max_edges", "max_devices", "op_type_buckets")
+# and those tied to the graph trained on (``envs.pipeline.PipelineConfig``): its batch, the micro-batches that
+# divide it, a TP degree its split sizes allow; on another graph the env takes that graph's (and chooses the rest)
+GRAPH_OPTIONS = ("batch_size", "num_microbatches", "tp")
 
 
-def env_setup(ckpt: dict, graph, topology) -> tuple[dict, str | None]:
-    """``(env options, start)``: the options the checkpoint records (less the padding, which place sets), with
+def env_setup(ckpt: dict, graph, topology, graph_cfg: dict | None = None) -> tuple[dict, str | None]:
+    """``(env options, start)``: the options the checkpoint records (less the padding, which place sets, and less
+    ``GRAPH_OPTIONS`` unless ``graph_cfg``, the graph config of this run, is the one training recorded), with
     ``start_devices`` where it records the start of a warm-started ``PlacementEnv`` (``envs.warm_start``) on this
     graph and topology; ``start`` says where a ``PlacementEnv``'s episodes start (None for the other envs)."""
     from placement_rl.envs.warm_start import STARTS
 
     config = ckpt["config"]
     opts = {k: v for k, v in (config.get("env_options") or {}).items() if k not in LAYOUT_OPTIONS}
+    if graph_cfg is None or graph_cfg != config.get("graph"):
+        opts = {k: v for k, v in opts.items() if k not in GRAPH_OPTIONS}
     if not config["env_id"].startswith("placement_rl/PlacementEnv"):
         return opts, None
     if "env_options" not in config:
@@ -375,6 +381,19 @@ def env_setup(ckpt: dict, graph, topology) -> tuple[dict, str | None]:
         opts["start_devices"] = list(rec["devices"])
         return opts, f"initial_placement={ip}: the placement training recorded on this graph and topology"
     return opts, f"initial_placement={ip}" + (": the best cheap heuristic's placement" if ip in STARTS else "")
+
+
+def graph_options_note(path: str, left: dict, graph) -> str:
+    """One line: the options of training's graph that place leaves out on this one, and the batch it runs at."""
+    from placement_rl.plans import graph_batch_size
+
+    batch = graph_batch_size(graph)
+    chosen = [name for key, name in (("num_microbatches", "the micro-batch count"), ("tp", "the TP degree"))
+              if key in left]
+    return (f"note: {path} was trained with {', '.join(f'{k}={v}' for k, v in left.items())}, options of the "
+            f"graph it trained on: {graph.name} is planned "
+            + (f"at its own batch ({batch})" if batch else "with no batch size (it records none)")
+            + ", as the baselines are" + (f", and the policy chooses {' and '.join(chosen)}" if chosen else ""))
 
 
 def unrecorded_note(path: str) -> str:
@@ -414,9 +433,13 @@ def run(cfg: DictConfig) -> dict:
                           f"with max_devices={obs_cfg['max_devices']}")
     pipeline = env_id.startswith("placement_rl/PipelineEnv")
     t0 = time.perf_counter()
-    opts, start = env_setup(ckpt, graph, topology)
+    opts, start = env_setup(ckpt, graph, topology, OmegaConf.to_container(cfg.graph, resolve=True))
     if "env_options" not in ckpt["config"]:
         print(unrecorded_note(str(cfg.checkpoint)))
+    left = {k: v for k, v in (ckpt["config"].get("env_options") or {}).items()
+            if k in GRAPH_OPTIONS and k not in opts and v is not None}  # training's graph's, not this one's
+    if left:
+        print(graph_options_note(str(cfg.checkpoint), left, graph))
     env = make_env(env_id, {"graph": graph, "topology": topology, **opts, "max_devices": obs_cfg["max_devices"],
                             "op_type_buckets": obs_cfg["op_type_buckets"], "max_nodes": graph.num_nodes})
     policy = load_policy_for(env, ckpt["policy"], enc_kwargs)

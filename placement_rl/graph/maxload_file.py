@@ -88,11 +88,14 @@ def _finite_int(value: Any) -> bool:
 
 
 def _shown(value: Any) -> str:
-    """A JSON value for an error message: a string quoted and called one (``'1', a string``), null as ``null``,
-    anything else as Python prints it; at most 40 characters of it."""
+    """A JSON value for an error message: a string quoted and called one (``'1', a string``), anything else as
+    JSON spells it (``true``, ``null``, ``[1, false]``); at most 40 characters of it."""
     if isinstance(value, str):
         return f"{value[:40]!r}, a string"
-    return "null" if value is None else str(value)[:40]
+    try:
+        return json.dumps(value)[:40]
+    except (RecursionError, TypeError, ValueError):  # nested past what the encoder takes, or not from JSON
+        return str(value)[:40]
 
 
 def _number(path: Path, where: str, value: Any, *, integer: bool = False) -> float:
