@@ -69,21 +69,14 @@ def test_a_key_of_a_global_trainer_option_names_that_option(override, option):
                                        "placement-rl evaluate, train, place and deploy)"),
     ("evaluate", ["agent.lr=0.1"], "agent.lr: placement-rl evaluate takes no agent group (its groups: graph, "
                                    "topology); agent.* is read by placement-rl train"),
-])
-def test_a_key_of_another_command_names_it_without_the_append_advice(command, overrides, line):
-    with pytest.raises(ConfigError) as info:
-        preflight(command, overrides)
-    assert str(info.value) == line
-
-
-@pytest.mark.parametrize("command,overrides,line", [
+    # a key the command reads but no preset sets: the append advice is the fix
     ("inspect", ["graph=gpt", "graph.overrides.n_layers=2"], "'graph.overrides.n_layers' is not in the composed "
                                                              "config, which reads it: add it with "
                                                              "+graph.overrides.n_layers=<value>"),
     ("evaluate", ["topology.dtype=bf16"], "'topology.dtype' is not in the composed config, which reads it: add it "
                                           "with +topology.dtype=<value>"),
 ])
-def test_a_key_the_command_reads_but_no_preset_sets_gets_the_append_advice(command, overrides, line):
+def test_a_key_of_another_command_or_of_no_preset_is_named_so(command, overrides, line):
     with pytest.raises(ConfigError) as info:
         preflight(command, overrides)
     assert str(info.value) == line
