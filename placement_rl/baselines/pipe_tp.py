@@ -2,9 +2,11 @@
 
 Every plan has one DP degree and one TP degree for all its stages (the 3-D ``pp x dp x tp`` mesh the executor
 runs); stage ``k`` takes the next ``dp x tp`` devices of ``PipeProblem.devs`` (fastest first, index order on
-homogeneous presets), TP innermost, and a TP degree is offered on the devices of that order whose hosts take whole
-TP groups (``usable``: TP groups never span hosts; on hosts of 8 + 1 GPUs TP 8 runs on the 8) where it divides
-the graph's split sizes (``graph.tp.check_degree``).
+homogeneous presets), TP innermost; where links split equal devices (a DGX-1's NVLink mesh) every planner also
+plans on the TP groups picked by links (``link_order``: on ``4x_v100_nvlink`` TP 2 on (0, 3) and (1, 2), two
+NVLinks each, beside (0, 1) and (2, 3)), the simulator keeping the faster. A TP degree is offered on the devices
+of that order whose hosts take whole TP groups (``usable``: TP groups never span hosts; on hosts of 8 + 1 GPUs TP 8
+runs on the 8) where it divides the graph's split sizes (``graph.tp.check_degree``).
 
 * ``tp``: all devices of a host in one TP group (the largest degree <= the host size that the graph allows),
   DP across hosts, one stage; micro-batch count and DDP / FSDP searched. On the GPUs of a cluster that also has
@@ -48,9 +50,11 @@ false).
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
-from placement_rl.baselines.pipe_common import PipeProblem, Plan, cut_grid, microbatch_choices
+from placement_rl.baselines.pipe_common import PipeProblem, Plan, Stages, cut_grid, microbatch_choices
 from placement_rl.cost.comm_fit import inverse_bandwidth
 from placement_rl.cost.memory import BUCKET_BYTES, FSDP_GATHER_FACTOR, STATE_FACTOR
 from placement_rl.cost.tensor_parallel import segment_times
@@ -116,10 +120,59 @@ def tp_choices(pp: PipeProblem, limit: int | None = None, count: int | None = No
     return out
 
 
+def link_order(pp: PipeProblem, t: int, count: int) -> np.ndarray | None:
+    """``pp.devs`` with its first ``count`` devices (whole TP groups of ``t``) regrouped by links where links split
+    equal devices (``pipe_ideals.split_classes``): TP group by TP group, each of the same devices per class as the
+    group of ``pp.devs`` it replaces, its slowest link least, then its slowest link from the group before
+    (``pipe_ideals.connected_groups``; on ``4x_v100_nvlink`` TP 2 on (0, 3) and (1, 2), two NVLinks each, where
+    index order gives (0, 1) and (2, 3), one each); the other devices follow in ``pp.devs`` order. None where TP is
+    1, links split no class, a group would span hosts, or the groups are ``pp.devs``' own."""
+    from placement_rl.baselines.pipe_ideals import connected_groups, split_classes
+
+    count -= count % t
+    if t < 2 or count < t:
+        return None
+    classes = split_classes(pp)
+    if classes is None:
+        return None
+    class_of = {d: k for k, devs in enumerate(classes) for d in devs}
+    own = [[int(x) for x in pp.devs[i:i + t]] for i in range(0, count, t)]
+    if any(x not in class_of for g in own for x in g):
+        return None
+    seq = tuple(tuple(sum(class_of[x] == k for x in g) for k in range(len(classes))) for g in own)
+    groups = connected_groups(pp, classes, seq)
+    host = [d.host for d in pp.topology.devices]
+    if any(len({host[x] for x in g}) > 1 for g in groups) or [set(g) for g in groups] == [set(g) for g in own]:
+        return None
+    head = [x for g in groups for x in g]
+    return np.array(head + [int(x) for x in pp.devs if int(x) not in set(head)], dtype=np.int64)
+
+
+def tp_orders(pp: PipeProblem, t: int, count: int) -> list[np.ndarray | None]:
+    """The device orders a TP planner plans on for TP degree ``t`` over ``count`` devices: ``pp.devs`` (None) and,
+    where it differs, ``link_order`` (the faster of their plans wins the simulation)."""
+    linked = link_order(pp, t, count)
+    return [None] if linked is None else [None, linked]
+
+
+def _on(pp: PipeProblem, cuts: list[int], devs: np.ndarray | None, widths: list[int]) -> list[int] | Stages:
+    """``cuts`` (positions in ``pp.order``) as a plan's first field: the cuts themselves on ``pp.devs`` (None), else
+    explicit stages on consecutive runs of ``devs`` of the given ``widths`` (dp x tp each)."""
+    if devs is None:
+        return list(cuts)
+    stage = np.empty(pp.n, dtype=np.int64)
+    for k in range(len(cuts) - 1):
+        stage[pp.order[cuts[k]:cuts[k + 1]]] = k
+    bounds = np.cumsum([0, *widths])
+    groups = tuple(tuple(int(x) for x in devs[bounds[k]:bounds[k + 1]]) for k in range(len(widths)))
+    return Stages(tuple(int(x) for x in stage), groups)
+
+
 def _plans_whole(pp: PipeProblem, t: int, shardings=SHARDINGS) -> list[Plan]:
-    d = usable(pp, t, accelerators(pp)) // t
-    return [([0, pp.n], (d,), m, sh, (t,)) for m in microbatch_choices(1, d, pp.batch_size, schedule=pp.schedule)
-            for sh in shardings]
+    count = usable(pp, t, accelerators(pp))
+    d = count // t
+    return [(_on(pp, [0, pp.n], devs, [d * t]), (d,), m, sh, (t,)) for devs in tp_orders(pp, t, count)
+            for m in microbatch_choices(1, d, pp.batch_size, schedule=pp.schedule) for sh in shardings]
 
 
 def tp_planner(pp: PipeProblem) -> Plan:
@@ -140,8 +193,11 @@ class _Stages:
     the ``k``-th device group, stage sizes, and the bytes crossing each cut: the simulator's rules
     (``cost.pipeline``), so that with one micro-batch the objective is the simulated step."""
 
-    def __init__(self, pp: PipeProblem, grid: np.ndarray, t: int, dp: int, m: int, sp: bool = False) -> None:
+    def __init__(self, pp: PipeProblem, grid: np.ndarray, t: int, dp: int, m: int, sp: bool = False,
+                 devs: np.ndarray | None = None) -> None:
         self.pp, self.grid, self.t, self.dp, self.m = pp, grid, t, dp, m
+        self.order_given = devs  # None: ``pp.devs`` (plans keep cuts); else a ``link_order`` (plans as ``Stages``)
+        self.devs = pp.devs if devs is None else devs
         self.sp = bool(sp) and t > 1
         self.arrays = pp.sim.node_arrays(t, sequence_parallel=self.sp)
         param, act = self.arrays[4], self.arrays[5]
@@ -162,9 +218,13 @@ class _Stages:
         self._bwd: dict[tuple[int, ...], np.ndarray] = {}
 
     def group(self, k: int) -> tuple[int, ...]:
-        """Devices of the ``k``-th stage position: ``dp x tp`` of ``pp.devs``, TP innermost."""
+        """Devices of the ``k``-th stage position: ``dp x tp`` of ``self.devs``, TP innermost."""
         w = self.dp * self.t
-        return tuple(int(x) for x in self.pp.devs[k * w:(k + 1) * w])
+        return tuple(int(x) for x in self.devs[k * w:(k + 1) * w])
+
+    def cuts(self, cuts: list[int]) -> list[int] | Stages:
+        """A plan's first field for ``cuts`` (positions in ``pp.order``) on this group order (``_on``)."""
+        return _on(self.pp, cuts, self.order_given, [self.dp * self.t] * (len(cuts) - 1))
 
     def tau(self, k: int) -> np.ndarray:
         """``[G, G]`` forward + backward time of a stage between grid cuts, one micro-batch, on group ``k``: the
@@ -292,7 +352,7 @@ def _stage_mats(pp: PipeProblem, st: _Stages, s: int, t: int, dp: int, m: int, s
     """Per stage position ``k`` of ``s``: ``tau[a, b]`` of a stage over grid cuts ``a..b`` on the ``k``-th device
     group, with the boundary to the next group both ways, under the fastest recomputation of ``modes`` that fits
     its memory (``inf`` where none fits), and that mode's index per cell."""
-    cap = pp.topology.array("memory_bytes")[pp.devs]
+    cap = pp.topology.array("memory_bytes")[st.devs]
     width = dp * t
     mats, chosen = [], []
     for k in range(s):
@@ -345,7 +405,7 @@ def _with_ties(pp: PipeProblem, st: _Stages, cuts: list[int], rc: tuple[str, ...
         lat, inv = st.link(k)
         tails.append(tail + lat + float(st.cross[b]) * inv)
     ends = obj - np.concatenate([[0.0], np.cumsum(tails)])
-    plan = pp.plan([int(st.grid[i]) for i in cuts], (st.dp,) * s, m=st.m, sharding=sh, tp=(st.t,) * s,
+    plan = pp.plan(st.cuts([int(st.grid[i]) for i in cuts]), (st.dp,) * s, m=st.m, sharding=sh, tp=(st.t,) * s,
                    recompute=rc, sequence_parallel=st.sp)
     syncs = pp.sim.tied_copies(plan)[1]
     return max(obj, pp.sim.tied_sync(plan, ends, syncs)[2]) if syncs else obj
@@ -372,16 +432,17 @@ def cut_objective(pp: PipeProblem, cuts: list[int], dp: int, m: int, sharding: s
 
 def _pipeline_plans(pp: PipeProblem, grid: np.ndarray, s: int, t: int, dp: int, m: int,
                     shardings=SHARDINGS, alpa: bool = True, modes: tuple[str, ...] = ("none",),
-                    sp: bool = False) -> tuple[list[tuple[float, Plan]], int]:
-    """Plans of ``s`` stages for one (tp, dp, m, sequence parallelism), each with its analytic estimate (inf: over
-    memory) and each stage's recomputation (the fastest of ``modes`` that fits)."""
-    st = _Stages(pp, grid, t, dp, m, sp)
+                    sp: bool = False, devs: np.ndarray | None = None) -> tuple[list[tuple[float, Plan]], int]:
+    """Plans of ``s`` stages for one (tp, dp, m, sequence parallelism) on the device order ``devs`` (None:
+    ``pp.devs``), each with its analytic estimate (inf: over memory) and each stage's recomputation (the fastest of
+    ``modes`` that fits)."""
+    st = _Stages(pp, grid, t, dp, m, sp, devs)
     out, capped = [], 0
     for sh in shardings:
         mats, chosen = _stage_mats(pp, st, s, t, dp, m, sh, modes)
         if s == 1:
             est = float(mats[0][0, -1])
-            out.append((m * est, ([0, pp.n], (dp,), m, sh, (t,), (modes[int(chosen[0][0, -1])],), st.sp)))
+            out.append((m * est, (st.cuts([0, pp.n]), (dp,), m, sh, (t,), (modes[int(chosen[0][0, -1])],), st.sp)))
             continue
         a_cuts, mm_cuts, c = _dp_cuts(mats, m, alpa)
         capped += c
@@ -389,7 +450,7 @@ def _pipeline_plans(pp: PipeProblem, grid: np.ndarray, s: int, t: int, dp: int, 
             taus = [float(mats[k][cuts[k], cuts[k + 1]]) for k in range(s)]
             rc = tuple(modes[int(chosen[k][cuts[k], cuts[k + 1]])] for k in range(s))
             out.append((_with_ties(pp, st, list(cuts), rc, sh, _objective(taus, m)),
-                        ([int(grid[i]) for i in cuts], (dp,) * s, m, sh, (t,) * s, rc, st.sp)))
+                        (st.cuts([int(grid[i]) for i in cuts]), (dp,) * s, m, sh, (t,) * s, rc, st.sp)))
     return out, capped
 
 
@@ -403,7 +464,9 @@ def megatron(pp: PipeProblem) -> Plan:
     for s in (s for s in range(1, hosts + 1) if hosts % s == 0 and s <= len(grid) - 1):
         dp = acc // (t * s)
         for m in microbatch_choices(s, dp, pp.batch_size, schedule=pp.schedule):
-            cands += [c for _, c in _pipeline_plans(pp, grid, s, t, dp, m, shardings=("dp",), alpa=False)[0]]
+            for devs in tp_orders(pp, t, acc):
+                cands += [c for _, c in _pipeline_plans(pp, grid, s, t, dp, m, shardings=("dp",), alpa=False,
+                                                        devs=devs)[0]]
     if not cands:
         raise ConfigError(f"megatron found no plan: batch_size {pp.batch_size} does not split over the DP degrees "
                           f"left after TP {t} x PP")
@@ -432,12 +495,15 @@ def exact(pp: PipeProblem) -> Plan:
     cands: list[tuple[float, Plan]] = []
     capped = 0
     searched = 0
+    orders: dict[int, list[np.ndarray | None]] = {}  # per TP degree: ``pp.devs`` and, where it differs, by links
     for s, dp, t, m in confs:
         if cands and pp.out_of_time(SEARCH_SHARE):  # given seconds: the configurations searched so far
             break
         searched += 1
-        for sp in ((False, True) if t > 1 else (False,)):
-            got, c = _pipeline_plans(pp, grid, s, t, dp, m, modes=RECOMPUTE, sp=sp)
+        if t not in orders:
+            orders[t] = tp_orders(pp, t, usable(pp, t))
+        for sp, devs in itertools.product((False, True) if t > 1 else (False,), orders[t]):
+            got, c = _pipeline_plans(pp, grid, s, t, dp, m, modes=RECOMPUTE, sp=sp, devs=devs)
             cands += got
             capped += c
     if not cands:
@@ -450,4 +516,5 @@ def exact(pp: PipeProblem) -> Plan:
     return best
 
 
-__all__ = ["configurations", "cut_objective", "exact", "host_size", "megatron", "tp_choices", "tp_planner", "usable"]
+__all__ = ["configurations", "cut_objective", "exact", "host_size", "link_order", "megatron", "tp_choices",
+           "tp_orders", "tp_planner", "usable"]

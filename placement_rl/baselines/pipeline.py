@@ -407,7 +407,8 @@ def exact(pp: PipeProblem) -> Plan:
     recomputation) was simulated, on the fastest-first runs and, on devices that differ (speed, memory or links), on
     every order and choice of their classes (``pipe_orders``): the plan is then at least as fast as each of them.
     Only the last bounds the simulated step time, and only over that space (``pipe_tp.exact``'s configurations
-    take the devices in ``pp.devs`` order)."""
+    take the devices in ``pp.devs`` order and, where links split equal devices, in groups by links:
+    ``pipe_tp.tp_orders``)."""
     from placement_rl.baselines.pipe_ideals import ideal_candidates
     from placement_rl.baselines.pipe_orders import device_orders
     from placement_rl.baselines.pipe_refine import refine
