@@ -197,3 +197,13 @@ def test_every_order_is_counted_as_listed_on_a_dgx1_quad() -> None:
     assert 0 < total == sum(1 for _ in plans)
     over, none = order_space(pp, cap=total - 1)
     assert over > total - 1 and next(none, None) is None
+
+
+def test_compositions_of_many_classes_do_not_overflow_into_an_enumeration():
+    """64 hosts of 8 equal GPUs are 64 classes: the product of their sizes overflowed int64 in numpy, came out small
+    and every composition was listed (a MemoryError at 512 devices)."""
+    from placement_rl.baselines.pipe_ideals import MAX_COMPOSITIONS, compositions
+
+    comps = compositions([8] * 64)
+    assert comps.shape[1] == 64 and 0 < len(comps) <= 64 * 5
+    assert len(compositions([1, 2])) == 5 <= MAX_COMPOSITIONS  # small spaces are still listed whole

@@ -204,7 +204,7 @@ def _pick(lat: np.ndarray, inv: np.ndarray, pool: tuple[int, ...], k: int, fixed
 
 def compositions(avail: list[int]) -> np.ndarray:
     """Group compositions ``[G, C]`` (devices per class, not all zero)."""
-    full = int(np.prod([a + 1 for a in avail])) - 1
+    full = math.prod(a + 1 for a in avail) - 1  # Python ints: 64 classes of 8 overflow int64
     if full <= MAX_COMPOSITIONS:
         out = [v for v in itertools.product(*[range(a + 1) for a in avail]) if any(v)]
     else:
@@ -218,7 +218,7 @@ def compositions(avail: list[int]) -> np.ndarray:
 def _next_states(avail: list[int], comp: np.ndarray) -> np.ndarray:
     radix = np.array([a + 1 for a in avail])
     stride = np.concatenate([[1], np.cumprod(radix)[:-1]]).astype(np.int64)
-    ns = int(np.prod(radix))
+    ns = math.prod(a + 1 for a in avail)
     digits = (np.arange(ns)[:, None] // stride[None, :]) % radix[None, :]
     out = np.full((ns, comp.shape[0]), -1, dtype=np.int64)
     for g, vec in enumerate(comp):

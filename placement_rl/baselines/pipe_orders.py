@@ -122,7 +122,7 @@ def _least_count(pp: PipeProblem, avail: list[int], comps: list[tuple[int, ...]]
         return None
     radix = np.array([a + 1 for a in avail], dtype=np.int64)
     stride = np.concatenate([[1], np.cumprod(radix)[:-1]]).astype(np.int64)
-    ns = int(np.prod(radix))
+    ns = math.prod(a + 1 for a in avail)
     digits = (np.arange(ns)[:, None] // stride[None, :]) % radix[None, :]  # devices left per class, per state
     sizes, src, dst = [], [], []
     for v in comps:
