@@ -658,6 +658,9 @@ def test_a_node_no_device_can_hold_is_named_and_no_search_is_advised():
     assert bound_note(bound, bound.value).endswith("the plan is at the bound")
     assert bound_note(bound, bound.value, fits=False).endswith("(memory aside: the bound does not count it, and the "
                                                                "plan does not fit)")
+    # a gap above a bound that counts no memory is room at most, which the line says
+    assert bound_note(bound, 2 * bound.value).endswith("at most 50.0% to gain (the bound sets memory aside: where "
+                                                       "memory is tight no placement may come near it)")
 
 
 def test_evaluate_placers_may_name_stage_planners_too(tmp_path, tiny_graph):

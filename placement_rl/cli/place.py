@@ -284,7 +284,9 @@ def bound_note(bound, step_time: float, fits: bool = True, groups: int | None = 
     which = "no placement" if groups is None else f"no placement of these {plural(groups, 'group')}"
     return (f"lower bound {bound.value * 1e3:.3f} ms ({which} is faster; from its {part} part): the plan is "
             + ("at the bound" if gap < 5e-4 else f"{gap:.1%} above it, at most {1 - 1 / (1 + gap):.1%} to gain")
-            + ("" if fits else " (memory aside: the bound does not count it, and the plan does not fit)"))
+            + (" (the bound sets memory aside: where memory is tight no placement may come near it)" if fits and
+               gap >= 5e-4 else "" if fits else " (memory aside: the bound does not count it, and the plan does "
+                                                 "not fit)"))
 
 
 def fit_row(graph, costs, topology, devices, seed: int) -> dict | None:
