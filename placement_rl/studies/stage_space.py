@@ -164,7 +164,7 @@ def planner_table(graph: CompGraph, costs: CostTable, topology: DeviceTopology, 
         if name == "exact":
             skipped = "skipped" in str(plan.meta.get("ideal_note", ""))
             note = (f"ideals {plan.meta.get('ideals')} ({'all' if plan.meta.get('ideals_complete') else 'prefixes'})"
-                    f", DP {'skipped (over the work limit: pipe_tp.exact alone)' if skipped else ''}"
+                    f", DP {'skipped (over the work limit: pipe_tp.exact alone), ' if skipped else ''}"
                     f"{plan.meta.get('ideal_search_seconds', float('nan')):.2f} s, bound {plan.meta.get('ideal_bound')}"
                     f" ideals, DP work {plan.meta.get('dp_work', 0):.3g}")
         out.append(Cell(name, res.meta["steady_time"] / batch, res.step_time, bool(res.feasible), dt,
