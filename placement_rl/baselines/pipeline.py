@@ -443,12 +443,16 @@ def exact(pp: PipeProblem) -> Plan:
     pp.extra_meta["contiguous_enumerated"] = ((full and every_order) or (more == 0 and total <= limit)) \
         and not pp.cut_short
     notes = []
+    # the order search's size: what the budget left, or the fixed cap a larger budget does not lift
+    limit_words = (f"the {wide} simulations left" if wide < EXACT_ORDERS else
+                   f"the fixed cap of {EXACT_ORDERS} simulations on the order search (EXACT_ORDERS in "
+                   "placement_rl/baselines/pipeline.py; a larger budget does not raise it)")
     if more > 0 and not pp.extra_meta["contiguous_enumerated"]:  # devices that differ: a better order may exist
         notes.append("not every contiguous plan simulated: " + (
             "the budget or seconds ran out" if full and every_order else
-            f"with every order and choice of the devices (their links differ) they are more than the {wide} "
-            "simulations left; over fastest-first runs, also on best-connected devices" if full else
-            f"with every order of the devices that differ they are more than the {wide} simulations left"))
+            f"with every order and choice of the devices (their links differ) they are more than {limit_words}; "
+            "over fastest-first runs, also on best-connected devices" if full else
+            f"with every order of the devices that differ they are more than {limit_words}"))
     climbed, moved = refine(pp)  # the cuts the simulator prefers near the best configurations' plans
     pp.extra_meta.update(moved)
     best = best if climbed is None else pp.best_of([best, climbed])

@@ -57,6 +57,16 @@ def plan_topology(cfg: DictConfig, plan_data: Mapping[str, Any], overrides: list
                                   f"{verb[1]} on another)")
 
 
+def fallback_hint(plan_data: Mapping[str, Any], topology, line: str | None, verb: str = "deploy") -> str | None:
+    """Why ``topology`` is not the one the plan names, for an error the plan meets on it: ``plan_topology`` fell
+    back to the composed one (its ``line`` a note) because the plan's topology is not a preset. None otherwise."""
+    named = plan_data.get("topology")
+    if not line or not line.startswith("note:") or not isinstance(named, str) or named == topology.name:
+        return None
+    return (f"the plan names topology '{named}', which is not a preset, so {verb} fell back to the default "
+            f"'{topology.name}': give topology.path=<its YAML> (or topology=<preset>)")
+
+
 # what one step of each mode is, as the lines below say it
 STEP = {"train": "a training step", "inference": "a forward pass"}
 
