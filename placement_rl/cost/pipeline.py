@@ -49,7 +49,8 @@ Model (pure and deterministic), for S stages, m micro-batches, stage s on a devi
   earliest user (training state, DDP buckets and FSDP units as any parameter; under TP sharded as the first user's
   parameters are at the stage's degree). In training, after its stages' schedules end (DP syncs included), each
   such parameter's gradient is summed over the stages holding it: an all-reduce of its bytes per rank (an FSDP
-  stage's shard, a TP rank's share) among the first device of each stage's first DP group, the tied all-reduces
+  stage's shard, a TP rank's share) among device k of each stage's group, for every k at once (the slowest sets the
+  time), the tied all-reduces
   of a device group one after another, a local sum where every such stage is on one device group
   (``meta["tied_allreduce_time"]``, in ``comm_time`` and the timeline; ``meta["tied_copy_bytes"]`` per stage).
   The parameter counts once in the graph and in op-level ``simulate``.
@@ -79,8 +80,10 @@ simulated on the stage's first DP group (device j = 0 of every TP group, p = dp)
 its ranks meet at every TP collective, so each node (forward and backward apart, recomputation included) takes its
 slowest rank's time, whatever the order the group lists its devices in. Every device of a TP group reports the first
 rank's memory (the same bytes on every rank, each checked against its own device's memory) and busy time (the
-group's pace). The TP all-reduces, DP collectives and pipeline transfers are priced on the first TP group and the
-first DP group's links (all TP groups of a stage are taken to be alike in their links).
+group's pace). Collectives that several groups run at once are priced by the slowest of them, whatever the order the
+plan lists its devices in: a stage's TP all-reduces by the slowest of its TP groups, its DP / FSDP collectives by the
+slowest of its DP groups, a pipeline transfer by the slowest link between the two stages' devices (every TP rank
+sends its share).
 
 Activation recomputation (``plan.recompute``, per stage ``none`` / ``selective`` / ``full``; see
 ``cost.recompute``): a checkpointed region's forward runs again in its backward, and it keeps only its inputs plus,
@@ -117,10 +120,14 @@ _KINDS = ("fwd", "bwd", "transfer", "grad_transfer", "allreduce")
 class _Layout:
     """Device-group arrays of one (stage_devices, schedule, m, batch_size): validated once, then reused."""
 
-    def __init__(self, plan: StagePlan, topology: DeviceTopology, costs: CostTable, train: bool = True) -> None:
+    def __init__(self, plan: StagePlan, topology: DeviceTopology, costs: CostTable, train: bool = True,
+                 coll_groups: tuple[tuple[tuple[int, ...], ...], ...] | None = None) -> None:
         groups = plan.stage_devices
-        # collective prices per stage: [S, kind, segment, (upper bytes, alpha, beta)]
-        tables = pad_segments([coeff_array(k, grp, topology, costs) for grp in groups for k in KINDS])
+        # collective prices per stage: [S, kind, segment, (upper bytes, alpha, beta)]; a stage whose collective runs
+        # on several groups at once (``coll_groups``: a TP stage's DP groups) is priced by the slowest of them
+        coll_groups = coll_groups if coll_groups is not None else tuple((grp,) for grp in groups)
+        tables = pad_segments([slowest_table([coeff_array(k, grp, topology, costs) for grp in cg])
+                               for cg in coll_groups for k in KINDS])
         self.coll = split_segments(tables.reshape(len(groups), len(KINDS), *tables.shape[1:]))
         uniq: dict[tuple[int, ...], int] = {}
         for grp in groups:
@@ -200,7 +207,8 @@ class PipelineSimulator(TiedParameters):
         self._source = costs.describe_source(topology.device_names)
         self._tp: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
         self._tp_ann = None
-        self._tp_coll: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._tp_coll: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._tp_link_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._ties = tied_parameters(graph)
         self._pos = np.empty(graph.num_nodes, dtype=np.int64)  # each node's place in the topological order
         self._pos[self._order] = np.arange(graph.num_nodes)
@@ -243,24 +251,46 @@ class PipelineSimulator(TiedParameters):
             return (*self._graph_arrays[3:], *self._size_arrays[:2], z, z)
         return (*self._tp_arrays(tp, divisible_by, sequence_parallel), self._tp_ann.ar_fwd, self._tp_ann.ar_bwd)
 
-    def _tp_collective(self, group: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-        """Segment tables of an all-reduce over a TP group, forward and backward (the same group)."""
-        if group not in self._tp_coll:
-            from placement_rl.cost.collectives import coeff_array
+    def _tp_collective(self, groups: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """Segment tables of an all-reduce over a stage's TP groups (or over one group of devices), forward and
+        backward (the same groups): the groups run it at once, so the slowest of them sets the time."""
+        groups = _as_groups(groups)
+        if groups not in self._tp_coll:
+            tab = slowest_table([coeff_array("allreduce", grp, self.topology, self.costs) for grp in groups])
+            self._tp_coll[groups] = (tab, tab)
+        return self._tp_coll[groups]
 
-            tab = coeff_array("allreduce", group, self.topology, self.costs)
-            self._tp_coll[group] = (tab, tab)
-        return self._tp_coll[group]
-
-    def _sp_collective(self, group: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-        """Segment tables of a reduce-scatter and an all-gather over a TP group (sequence parallelism)."""
-        key = ("sp", *group)
+    def _sp_collective(self, groups: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """Segment tables of a reduce-scatter and an all-gather over a stage's TP groups or one group of devices
+        (sequence parallelism; the slowest group sets each)."""
+        key = ("sp", *_as_groups(groups))
         if key not in self._tp_coll:
-            from placement_rl.cost.collectives import coeff_array
-
-            self._tp_coll[key] = (coeff_array("reducescatter", group, self.topology, self.costs),
-                                  coeff_array("allgather", group, self.topology, self.costs))
+            self._tp_coll[key] = tuple(slowest_table([coeff_array(kind, grp, self.topology, self.costs)
+                                                      for grp in key[1:]]) for kind in ("reducescatter", "allgather"))
         return self._tp_coll[key]
+
+    def _tp_links(self, plan: StagePlan) -> tuple[np.ndarray, np.ndarray]:
+        """Link latency and inverse bandwidth for the kernel of a TP plan, which sees each stage's first DP group
+        only: between a device of it and one of the next stage's, the slowest link between their TP groups (each
+        TP rank sends its share, so the transfer waits on the slowest pair, as for a plan without TP)."""
+        key = (plan.stage_devices, plan.tp)
+        links = self._tp_link_cache.get(key)
+        if links is None:
+            lat, inv = (x.copy() for x in self._size_arrays[2:4])
+            for s in range(plan.num_stages - 1):
+                here, there = plan.tp_groups(s), plan.tp_groups(s + 1)
+                if set(plan.stage_devices[s]) == set(plan.stage_devices[s + 1]):
+                    continue  # the kernel sends nothing within one device group
+                for g in here:
+                    for h in there:
+                        cross = np.ix_(g, h)
+                        lat[g[0], h[0]] = max(lat[g[0], h[0]], self._size_arrays[2][cross].max())
+                        inv[g[0], h[0]] = max(inv[g[0], h[0]], self._size_arrays[3][cross].max())
+            links = (lat, inv)
+            if len(self._tp_link_cache) >= 256:
+                self._tp_link_cache.clear()
+            self._tp_link_cache[key] = links
+        return links
 
     def _tp_plan(self, plan: StagePlan) -> tuple[StagePlan, tuple]:
         """The plan the kernel times (each stage on its first DP group) and the node arrays with TP applied."""
@@ -277,10 +307,10 @@ class PipelineSimulator(TiedParameters):
             a = self._tp_arrays(t, plan.make_vocab_size_divisible_by, plan.sequence_parallel)
             fvar[:, nodes], ffix[:, nodes], bvar[:, nodes], bfix[:, nodes] = (x[:, nodes] for x in a[:4])
             param[nodes], act[nodes] = a[4][nodes], a[5][nodes]
-            tab_f, tab_b = self._tp_collective(plan.tp_groups(s)[0])
+            tab_f, tab_b = self._tp_collective(plan.tp_groups(s))
             ann = self._tp_ann
             if plan.sequence_parallel:  # Megatron-SP: each all-reduce becomes a reduce-scatter and an all-gather
-                tab_f, tab_b = self._sp_collective(plan.tp_groups(s)[0])
+                tab_f, tab_b = self._sp_collective(plan.tp_groups(s))
                 for tab in (tab_f, tab_b):
                     ffix[:, nodes] += segment_times(tab, ann.ar_fwd[nodes] / (m * p))[None, :]
                     bfix[:, nodes] += segment_times(tab, ann.ar_bwd[nodes] / (m * p))[None, :]
@@ -290,7 +320,7 @@ class PipelineSimulator(TiedParameters):
         groups = tuple(plan.dp_groups(s)[0] for s in range(plan.num_stages))
         kernel_plan = dataclasses.replace(plan, stage_devices=groups, tp=(), sequence_parallel=False)  # priced above
         arrays = (*self._graph_arrays[:3], fvar, ffix, bvar, bfix)
-        return kernel_plan, (arrays, (param, act, *self._size_arrays[2:]))
+        return kernel_plan, (arrays, (param, act, *self._tp_links(plan)))
 
     def _recompute(self, plan: StagePlan, graph_arrays: tuple, size_arrays: tuple) -> tuple[tuple, tuple]:
         """Node arrays with each stage's activation recomputation (``cost.recompute``): forward repeated in the
@@ -309,15 +339,19 @@ class PipelineSimulator(TiedParameters):
         times, act = apply_recompute(plan, self.graph, run, graph_arrays[3:], size_arrays[1])
         return (*graph_arrays[:3], *times), (size_arrays[0], act, *size_arrays[2:])
 
-    def _layout(self, plan: StagePlan) -> _Layout:
-        key = (plan.stage_devices, plan.schedule, plan.num_microbatches, plan.batch_size)
+    def _layout(self, plan: StagePlan, given: StagePlan) -> _Layout:
+        """The layout of the kernel's ``plan``; ``given``: the plan it stands for (with TP: each stage's collectives
+        priced on the slowest of its DP groups)."""
+        key = (plan.stage_devices, plan.schedule, plan.num_microbatches, plan.batch_size, given.stage_devices,
+               given.tp)
         lay = self._layouts.get(key)
         if lay is None:
             if plan.schedule not in PIPELINE_SCHEDULES:
                 raise PlanError(f"simulate_pipeline models schedules {', '.join(PIPELINE_SCHEDULES)}; "
                                 f"'{plan.schedule}' is not modelled")
             plan.validate(self.graph, self.topology)
-            lay = _Layout(plan, self.topology, self.costs, self.mode == "train")
+            coll = tuple(given.dp_groups(s) for s in range(given.num_stages)) if given.uses_tp else None
+            lay = _Layout(plan, self.topology, self.costs, self.mode == "train", coll)
             if len(self._layouts) >= 256:
                 self._layouts.clear()
             self._layouts[key] = lay
@@ -373,7 +407,7 @@ class PipelineSimulator(TiedParameters):
         if self._ties:  # each stage holding a user of a tied parameter but not its first user: a copy of it
             copies, syncs, tie_copy = self._tied_copies(given)
             size_arrays = (size_arrays[0] + copies, *size_arrays[1:])
-        lay = self._layout(plan)
+        lay = self._layout(plan, given)
         s, m = plan.num_stages, int(plan.num_microbatches)
         fw, iw, out_stage, out_group, out = self._buffers(
             lay, *work_sizes(self.graph.num_nodes, s, m, int(lay.gptr[-1]), lay.num_groups))
@@ -388,7 +422,7 @@ class PipelineSimulator(TiedParameters):
         if out[1] != OK:
             plan.validate(self.graph, self.topology)  # raises the PlanError that names the problem
             raise PlanError(f"stage plan does not fit graph '{self.graph.name}'")
-        tie_sync = self._tied_sync(plan, lay, syncs, out_stage, out) if self._ties and self.mode == "train" else []
+        tie_sync = self._tied_sync(given, lay, syncs, out_stage, out) if self._ties and self.mode == "train" else []
         return lay, out, out_stage, out_group, tie_sync, tie_copy
 
     def step_time(self, plan: StagePlan) -> float:
@@ -481,6 +515,40 @@ def _pace_tp_groups(plan: StagePlan, graph_arrays: tuple, ratio: float) -> None:
                 rows = var[np.ix_(ranks_arr, nodes)] * scale + fix[np.ix_(ranks_arr, nodes)]
                 slow = ranks_arr[np.argmax(rows, axis=0)]
                 var[ranks[0], nodes], fix[ranks[0], nodes] = var[slow, nodes], fix[slow, nodes]
+
+
+def _as_groups(groups: tuple) -> tuple[tuple[int, ...], ...]:
+    """``groups`` as a tuple of device groups (one group of device indices: a tuple of that one)."""
+    if groups and isinstance(groups[0], (int, np.integer)):
+        return (tuple(int(d) for d in groups),)
+    return tuple(tuple(int(d) for d in grp) for grp in groups)
+
+
+def slowest_table(tables: list[np.ndarray]) -> np.ndarray:
+    """The segment table (rows ``(upper bytes, alpha, beta)``, see ``tensor_parallel.segment_times``) of the slowest of
+    ``tables`` at every byte count: collectives that run at once on several groups all end when the slowest does.
+    Equal tables: the first, unchanged."""
+    first = tables[0]
+    if all(t.shape == first.shape and np.array_equal(t, first) for t in tables[1:]):
+        return first
+    bounds = sorted({float(u) for t in tables for u in t[:-1, 0]} | {0.0})  # a last row has no upper bound
+    bounds.append(math.inf)
+    rows: list[tuple[float, float, float]] = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        if not hi > lo:
+            continue
+        lines = {(float(t[k, 1]), float(t[k, 2]))
+                 for t in tables for k in [min(int(np.searchsorted(t[:, 0], lo, side="right")), len(t) - 1)]}
+        cuts = {(a2 - a1) / (b1 - b2) for a1, b1 in lines for a2, b2 in lines if b1 != b2}
+        points = [lo, *sorted(x for x in cuts if lo < x < hi), hi]
+        for a, b in zip(points[:-1], points[1:]):
+            probe = (a + b) / 2 if math.isfinite(b) else 2 * a + 1.0
+            alpha, beta = max(lines, key=lambda line: (line[0] + line[1] * probe, line[1]))
+            if rows and rows[-1][1:] == (alpha, beta):
+                rows[-1] = (b, alpha, beta)
+            else:
+                rows.append((b, alpha, beta))
+    return np.array(rows)
 
 
 def simulate_pipeline(graph: CompGraph, costs: CostTable, topology: DeviceTopology, plan: StagePlan, *,

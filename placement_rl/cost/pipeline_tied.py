@@ -106,11 +106,13 @@ class TiedParameters:
             groups = tuple(sorted({int(sgroup[s]) for s in stages}))
             dur = 0.0
             if len(groups) > 1:  # stages on one device group: a local sum
-                devs = tuple(plan.stage_devices[s][0] for s in stages)
-                devs = tuple(dict.fromkeys(devs))
-                if devs not in self._tie_coll:
-                    self._tie_coll[devs] = coeff_array("allreduce", devs, self.topology, self.costs)
-                dur = float(segment_times(self._tie_coll[devs], np.array([nbytes]))[0])
+                # rank k of each stage with rank k of the others, every k at once: the slowest sets the time
+                ranks = max(len(plan.stage_devices[s]) for s in stages)
+                for k in range(ranks):
+                    devs = tuple(dict.fromkeys(plan.stage_devices[s][k % len(plan.stage_devices[s])] for s in stages))
+                    if devs not in self._tie_coll:
+                        self._tie_coll[devs] = coeff_array("allreduce", devs, self.topology, self.costs)
+                    dur = max(dur, float(segment_times(self._tie_coll[devs], np.array([nbytes]))[0]))
             start = float(free[list(groups)].max())
             free[list(groups)] = start + dur
             out.append((start, start + dur, groups))
