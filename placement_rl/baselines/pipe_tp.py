@@ -228,16 +228,16 @@ class _Stages:
 
     def tau(self, k: int) -> np.ndarray:
         """``[G, G]`` forward + backward time of a stage between grid cuts, one micro-batch, on group ``k``: the
-        slowest replica (TP group) of the stage, each node at its TP group's slowest rank, TP all-reduces over its
-        first TP group (inf where a >= b)."""
+        slowest replica (TP group) of the stage, each node at its TP group's slowest rank, TP all-reduces at the
+        slowest of its TP groups, as the simulator prices them (inf where a >= b)."""
         grp = self.group(k)
         if grp not in self._tau:
             fvar, ffix, bvar, bfix, _, _, arf, arb = self.arrays
             order, scale = self.pp.order, 1.0 / (self.m * self.dp)
             f_comm = b_comm = 0.0
             if self.t > 1:  # Megatron-SP: a reduce-scatter and an all-gather in place of each all-reduce
-                tabs = self.pp.sim._sp_collective(grp[:self.t]) if self.sp else self.pp.sim._tp_collective(
-                    grp[:self.t])[:1]
+                groups = tuple(tuple(grp[i:i + self.t]) for i in range(0, len(grp), self.t))  # the slowest sets it
+                tabs = self.pp.sim._sp_collective(groups) if self.sp else self.pp.sim._tp_collective(groups)[:1]
                 f_comm = sum(segment_times(tab, arf[order] * scale) for tab in tabs)
                 b_comm = sum(segment_times(tab, arb[order] * scale) for tab in tabs)
             g = self.grid
