@@ -271,15 +271,12 @@ def relaxed_start(graph: CompGraph, costs: CostTable, topology: DeviceTopology) 
     """The ``cp`` part's default start: ``sim_eft``'s placement; where the model exceeds all devices' memory together
     (which ``sim_eft`` refuses), ``sim_eft``'s with every device holding the whole model (memory ignored, as the
     bounds relax it)."""
-    from dataclasses import replace
-
-    from placement_rl.baselines.eft import sim_eft_devices
+    from placement_rl.baselines.eft import holding, sim_eft_devices
     from placement_rl.cost.memory import pinned_memory
 
     need = float(pinned_memory(graph, costs).sum())
     if need > float(topology.array("memory_bytes").sum()):
-        devices = [replace(d, memory_bytes=max(float(d.memory_bytes), need)) for d in topology.devices]
-        topology = replace(topology, devices=devices)
+        topology = holding(topology, need)
     return sim_eft_devices(graph, costs, topology)
 
 

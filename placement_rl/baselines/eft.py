@@ -206,8 +206,13 @@ def state_topology(prob: Problem) -> DeviceTopology:
     need, have = float(prob.node_mem.sum()), float(prob.capacity.sum())
     prob.meta["note"] = (f"no placement fits memory (the graph pins {fmt_bytes(need)}, the devices have "
                          f"{fmt_bytes(have)} in all): placed with memory ignored")
-    devices = [replace(d, memory_bytes=max(float(d.memory_bytes), need)) for d in prob.topology.devices]
-    return replace(prob.topology, devices=devices)
+    return holding(prob.topology, need)
+
+
+def holding(topology: DeviceTopology, need: float) -> DeviceTopology:
+    """``topology`` with every device holding at least ``need`` bytes (memory relaxed: the whole graph fits on any)."""
+    return replace(topology, devices=[replace(d, memory_bytes=max(float(d.memory_bytes), need))
+                                      for d in topology.devices])
 
 
 def eft_rollout(prob: Problem, share: float = 1.0) -> np.ndarray:

@@ -158,10 +158,7 @@ class _Measure:
                 self.saved[key] = t.untyped_storage()
                 rec.act_bytes += t.untyped_storage().nbytes()
         rec.out_bytes = float(tensor_bytes(out))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.is_floating_point():
-                k = DTYPE_NAMES.get(t.dtype, "other")
-                rec.out_dtypes[k] = rec.out_dtypes.get(k, 0.0) + float(t.numel() * t.element_size())
+        rec.out_dtypes = dtype_bytes(tree_leaves(out))
         wrt += [p for p in call.owned_params if p.requires_grad]
         outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
         if cached is not None:
@@ -356,6 +353,16 @@ class _Walker:
         return tuple(stacked), _PerItem(per_src)
 
 
+def dtype_bytes(values: Iterable[Any]) -> dict[str, float]:
+    """Bytes of the floating-point tensors among ``values`` per dtype (``DTYPE_NAMES``, else ``other``)."""
+    size: dict[str, float] = {}
+    for t in values:
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            k = DTYPE_NAMES.get(t.dtype, "other")
+            size[k] = size.get(k, 0.0) + float(t.numel() * t.element_size())
+    return size
+
+
 def _top(size: dict[str, float]) -> str | None:
     return max(size, key=size.get) if size else None
 
@@ -374,12 +381,8 @@ def activation_dtype(records: list[NodeRecord]) -> str | None:
 def param_dtype(module: torch.nn.Module, inputs: tuple) -> str | None:
     """The floating dtype of most bytes of the module's parameters (else of its tensor inputs), as
     ``activation_dtype`` names it; buffers do not count (a large bf16 table beside fp32 weights is no bf16 model)."""
-    for tensors in (list(module.parameters()), [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]):
-        size: dict[str, float] = {}
-        for t in tensors:
-            if t.is_floating_point():
-                k = DTYPE_NAMES.get(t.dtype, "other")
-                size[k] = size.get(k, 0.0) + float(t.numel() * t.element_size())
+    for tensors in (module.parameters(), tree_leaves(inputs)):
+        size = dtype_bytes(tensors)
         if size:
             return _top(size)
     return None
