@@ -139,6 +139,9 @@ class DeviceTopology:
             if not _integer(d.sm_count) or d.sm_count < 0:
                 raise TopologyError(f"device '{d.name}': field 'sm_count' must be an integer >= 0, "
                                     f"got {_shown(d.sm_count)}")
+            if not _integer(d.host) or d.host < 0:
+                raise TopologyError(f"device '{d.name}': field 'host' must be an integer >= 0 (devices of one "
+                                    f"machine share it), got {_shown(d.host)}")
         off = ~np.eye(n, dtype=bool)
         for key, what in (("link_bandwidth", "bandwidth"), ("link_latency", "latency")):
             arr = getattr(self, key)

@@ -82,6 +82,14 @@ def test_numpy_integers_are_accepted_wherever_python_ints_are():
     assert [d.torch_device for d in t.devices] == ["cuda:1", "cuda:2"] and t.devices[0].sm_count == 4
 
 
+@pytest.mark.parametrize("host", [0.5, "a", True, None, -1])
+def test_a_device_host_must_be_an_integer_in_one_line(host):
+    with pytest.raises(TopologyError, match="field 'host' must be an integer >= 0") as exc:
+        _topology(devices=[_device("a", host=host), _device("b")])
+    _one_line(exc)
+    assert _topology(devices=[_device("a", host=np.int64(1)), _device("b")]).num_hosts == 2
+
+
 def test_an_integer_field_still_refuses_a_float_or_bool():
     with pytest.raises(TopologyError, match="field 'sm_count' must be an integer >= 0, got 80.0"):
         _topology(devices=[_device("a", sm_count=np.float64(80)), _device("b")])
@@ -133,6 +141,18 @@ def test_every_placer_refuses_a_bad_seed_in_one_line(seed):
     for name in _names():
         with pytest.raises(ConfigError, match="seed must be an integer >= 0") as exc:
             baselines.get(name)(g, c, t, budget=100, seed=seed)
+        _one_line(exc)
+
+
+@pytest.mark.parametrize("seed", [None, -1, 1.5, True, "3"])
+def test_every_stage_planner_refuses_a_bad_seed_in_one_line(seed):
+    from placement_rl.baselines import pipeline
+
+    g, t = _graph(), _topology(2)
+    c = resolve_costs(g, t)
+    for name in pipeline.PARTITIONERS:
+        with pytest.raises(ConfigError, match="seed must be an integer >= 0") as exc:
+            pipeline.get(name)(g, c, t, budget=50, seed=seed, num_microbatches=1)
         _one_line(exc)
 
 

@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from placement_rl.baselines.common import Score, check_inputs
+from placement_rl.baselines.common import Score, check_inputs, check_seed
 from placement_rl.cost import PIPELINE_SCHEDULES, PipelineSimulator
 from placement_rl.cost.pipeline_tied import tied_parameters
 from placement_rl.cost.types import CostTable
@@ -63,6 +63,7 @@ class PipeProblem:
                  num_microbatches: int, schedule: str, batch_size: int | None, objective: str = "step",
                  seconds: float | None = None) -> None:
         check_inputs(graph, costs, topology, budget)
+        check_seed(seed)
         if seconds is not None and not (isinstance(seconds, (int, float)) and seconds > 0):
             raise ConfigError(f"seconds must be a number > 0 (a planner's wall-clock budget), got {seconds!r}")
         from placement_rl.cost.modes import check_objective
