@@ -152,6 +152,44 @@ def test_inspect_says_it_is_still_building_a_slow_graph(tmp_path, monkeypatch, c
 
 
 # --------------------------------------------------------------------------------- evaluate plan=<file> mode
+def test_evaluate_compares_a_given_plan_by_the_objective_it_records(tmp_path, monkeypatch, capsys):
+    from placement_rl.cli import evaluate, given
+    from placement_rl.cli.common import _compose
+    from placement_rl.cost import resolve_costs
+    from placement_rl.evaluate import priced
+    from placement_rl.graph import make_graph
+    from placement_rl.plans import Placement
+    from placement_rl.topology import load_topology
+
+    g = make_graph([{"name": n, "fwd_flops": 1e9, "bwd_flops": 2e9, "param_bytes": 4e6, "act_bytes": 1e6,
+                     "out_bytes": 1e6} for n in "abcd"], [[0, 1, 1e6], [1, 2, 1e6], [2, 3, 1e6]], name="chain")
+    topo = load_topology("2x_k80")
+    plan = Placement(np.array([0, 0, 1, 1]), meta={"placer": "heft", "objective": "throughput"})
+    (tmp_path / "made").mkdir()
+    g.to_json(tmp_path / "made" / "graph.json")
+    plan.to_json(tmp_path / "made" / "placement.json", graph=g, topology=topo)
+    costs = resolve_costs(g, topo)
+    want = {o: priced(g, costs, topo, plan, objective=o).step_time for o in ("step", "throughput")}
+    assert want["step"] > 1.2 * want["throughput"]
+
+    def given_row(extra: list[str], run: str) -> float:
+        (tmp_path / run).mkdir()
+        monkeypatch.setattr(evaluate, "output_dir", lambda: tmp_path / run)
+        monkeypatch.setattr(given, "task_overrides", lambda: [f"plan={tmp_path / 'made' / 'placement.json'}",
+                                                              *extra])
+        cfg, _ = _compose("evaluate", [f"plan={tmp_path / 'made' / 'placement.json'}", "placers=[single_device]",
+                                       "pipeline=false", "budget=8", "progress=false", *extra], [])
+        rows = evaluate.run(OmegaConf.create(cfg))
+        return next(r.step_time for r in rows if r.placer == "given:placement.json")
+
+    assert given_row([], "as_recorded") == pytest.approx(want["throughput"])
+    assert ("evaluating by objective throughput, the one the plan was planned for (its meta.objective)"
+            in capsys.readouterr().out.splitlines())
+    assert given_row(["objective=step"], "told") == pytest.approx(want["step"])
+    assert ("note: the plan was planned for objective throughput (its meta.objective); objective=step compares it "
+            "by step here") in capsys.readouterr().out.splitlines()
+
+
 def test_evaluate_prices_a_given_plan_in_the_mode_it_records(tmp_path, monkeypatch, capsys):
     from placement_rl.cli import evaluate, given
     from placement_rl.cli.common import _compose

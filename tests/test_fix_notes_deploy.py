@@ -97,3 +97,23 @@ def test_the_docs_say_which_rank_order_deploy_and_export_use(mlp):
     assert "header lists the same plan's devices in the trainers' order instead (pipeline rank outermost" in deploy_md
     assert "`plan_layout.rank_devices` lists the same plan's devices in another order" in export_md
     assert "DP replica outermost, then the pipeline rank" in export_md
+
+
+def test_evaluate_of_a_plan_on_a_topology_file_says_it_fell_back_too(mlp, monkeypatch, tmp_path):
+    from omegaconf import OmegaConf
+
+    import placement_rl.cli.evaluate as evaluate
+    import placement_rl.cli.given as given
+    from placement_rl.cli.common import _compose
+
+    folder, _ = mlp
+    args = [f"plan={folder / 'plan.json'}", "placers=[single_device]", "pipeline=false", "budget=8",
+            "progress=false"]
+    monkeypatch.setattr(given, "task_overrides", lambda: args[:1])
+    monkeypatch.setattr(evaluate, "output_dir", lambda: tmp_path)
+    cfg, _ = _compose("evaluate", args, [])
+    with pytest.raises(PlanError) as err:
+        evaluate.run(OmegaConf.create(cfg))
+    text = str(err.value)
+    assert "lacks" in text and "\n" not in text
+    assert "which is not a preset, so evaluate fell back to the default" in text

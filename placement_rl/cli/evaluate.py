@@ -148,6 +148,23 @@ def compare_learned(graph, costs, topology, out: Path, *, label: str, plan, step
     return metrics
 
 
+def _load_given(cfg: DictConfig, data, graph, topology, line: str | None) -> Placement | StagePlan:
+    """The plan file checked against the graph and topology; an error it meets on a default topology the plan's
+    own (not a preset) fell back to says so (``given.fallback_hint``)."""
+    from placement_rl.cli.given import fallback_hint
+    from placement_rl.errors import PlanError
+
+    try:
+        plan = load_plan(str(cfg.plan), topology=topology, graph=graph)
+        plan.validate(graph, topology)
+    except (PlanError, ConfigError) as e:
+        hint = fallback_hint(data, topology, line, verb="evaluate")
+        if hint is None:
+            raise
+        raise type(e)(f"{e}; {hint}") from None
+    return plan
+
+
 def run(cfg: DictConfig) -> list[Row]:
     out = output_dir()
     budget, seed = int(cfg.budget), int(cfg.seed)
@@ -175,14 +192,15 @@ def run(cfg: DictConfig) -> list[Row]:
         check_not_files(out, ("best_placement", "best_plan"), "evaluate writes the case's best plans")
         mode = str(cfg.get("mode") or "train")
         if cfg.plan:  # a plan brings its graph (graph.json beside it), topology preset and mode unless told otherwise
-            from placement_rl.cli.given import plan_graph, plan_mode, plan_topology, task_overrides
+            from placement_rl.cli.given import plan_graph, plan_mode, plan_objective, plan_topology, task_overrides
             from placement_rl.plan_files import read_plan_file
 
             data, overrides = read_plan_file(str(cfg.plan)), task_overrides()
             graph = plan_graph(cfg, str(cfg.plan), overrides)
             topology, line = plan_topology(cfg, data, overrides, verb=("evaluating", "evaluates"))
             mode, mode_line = plan_mode(cfg, data, overrides)
-            for text in (line, mode_line):
+            objective, objective_line = plan_objective(cfg, data, overrides)
+            for text in (line, mode_line, objective_line):
                 if text:
                     print(text)
         else:
@@ -191,8 +209,7 @@ def run(cfg: DictConfig) -> list[Row]:
         extra = None
         graph, costs = build_costs({"costs": cfg.get("costs"), "mode": mode}, graph, topology)
         if cfg.plan:
-            plan = load_plan(str(cfg.plan), topology=topology, graph=graph)
-            plan.validate(graph, topology)
+            plan = _load_given(cfg, data, graph, topology, line)
             extra = (plan, priced(graph, costs, topology, plan, objective=objective))
         rows = compare(graph, costs, topology, budget=budget, seed=seed, case=case, placers=placers,
                        partitioners=parts, num_microbatches=int(cfg.num_microbatches), objective=objective,

@@ -2,7 +2,8 @@
 
 ``deploy`` and ``evaluate plan=<file>`` take a plan's own graph (the ``graph.json`` beside it, which ``place``,
 ``train`` and ``evaluate`` write) and the topology preset it names, unless the command line names another;
-``evaluate plan=<file>`` also the mode the plan was priced in (``meta.mode``, which ``evaluate`` records)."""
+``evaluate plan=<file>`` also the mode the plan was priced in (``meta.mode``, which ``evaluate`` records) and the
+objective it was planned for (``meta.objective``, which a stage planner records when it is not ``step``)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -85,3 +86,20 @@ def plan_mode(cfg: DictConfig, plan_data: Mapping[str, Any], overrides: list[str
                       f"mode={mode} prices it as {STEP[mode]} here")
     return recorded, (f"evaluating in mode {recorded}, the one the plan was priced in (its meta.mode; mode={mode} "
                       f"prices it as {STEP[mode]})")
+
+
+def plan_objective(cfg: DictConfig, plan_data: Mapping[str, Any],
+                   overrides: list[str] | None) -> tuple[str, str | None]:
+    """``(objective, line)`` as ``plan_mode`` for the objective: the plan's ``meta.objective`` (``throughput``
+    where it was planned for steady-state time per batch) when the user gave no ``objective``."""
+    from placement_rl.cost.modes import OBJECTIVES
+
+    meta = plan_data.get("meta")
+    recorded = meta.get("objective") if isinstance(meta, Mapping) else None
+    objective = str(cfg.get("objective") or "step")
+    if recorded not in OBJECTIVES or recorded == objective:
+        return objective, None
+    if overridden(overrides, "objective"):
+        return objective, (f"note: the plan was planned for objective {recorded} (its meta.objective); "
+                           f"objective={objective} compares it by {objective} here")
+    return recorded, (f"evaluating by objective {recorded}, the one the plan was planned for (its meta.objective)")
