@@ -5,7 +5,9 @@
 Runs what ``placement-rl evaluate`` runs by default (every placer and stage planner on
 ``placement_rl.evaluate.DEFAULT_SUITE`` under an equal simulator-call budget) and writes, per case, the best single
 device, the best op-level placement, the best stage plan and the exhaustive optimum where one exists, each with
-its step time (ms), placers and speed-up; ``scripts/render.py`` renders the README's table from it.
+its step time (ms), placers and speed-up; ``scripts/render.py`` renders the README's table from it. It also
+records ``placement-rl evaluate``'s two comparison tables (every row; the pipeline cases' summary), which
+``scripts/render.py`` puts in docs/evaluate_suite.md, and draws docs/evaluate_speedup.png from the same rows.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ import argparse
 import math
 import sys
 import time
+from pathlib import Path
 
 import torch
 
+from placement_rl.cli.evaluate import comparison_tables, table_rows
 from placement_rl.evaluate import DEFAULT_PIPELINE_CASES, DEFAULT_SUITE, Row, best_row, run_suite
+from placement_rl.report import speedup_bars
 from placement_rl.results import write_result
 
 
@@ -61,11 +66,14 @@ def main() -> int:
                                pipeline_cases=DEFAULT_PIPELINE_CASES, progress=False)
     cases = {name: case_figures([r for r in rows if r.case == name]) for name in problems}
     sources = sorted({s for (_, costs, _) in problems.values() for s in costs.source})
+    full, pipe = comparison_tables(rows)
     path = write_result("evaluate_suite", {"budget": args.budget, "seed": args.seed, "cost_sources": sources,
-                                           "cases": cases},
+                                           "cases": cases, "tables": {"full": full, "pipeline": pipe}},
                         seconds=round(time.perf_counter() - start, 1), sim_calls=sum(r.sim_calls for r in rows),
                         command=" ".join(["python scripts/bench_suite.py", *sys.argv[1:]]))
-    print(f"wrote {path}")
+    plot = Path(__file__).resolve().parent.parent / "docs" / "evaluate_speedup.png"
+    speedup_bars([r for r in table_rows(rows) if r["kind"] == "placement"], plot)
+    print(f"wrote {path} and {plot}")
     return 0
 
 

@@ -49,6 +49,14 @@ def _marked_partial(summary: list[dict], rows: list[Row]) -> list[dict]:
             for s in summary]
 
 
+def comparison_tables(rows: list[Row]) -> tuple[str, str]:
+    """``(full, pipeline)``: comparison.md's tables as markdown, every row and the pipeline cases' summary (empty
+    without stage plans); ``scripts/bench_suite.py`` records both for docs/evaluate_suite.md."""
+    summary = _marked_partial(pipeline_summary(rows), rows)
+    return (markdown_table(table_rows(rows), COLUMNS, HEADERS),
+            markdown_table(summary, PIPE_COLUMNS, PIPE_HEADERS) if summary else "")
+
+
 # the files write_comparison writes (and timeline_<case>.png per case)
 COMPARISON_FILES = ("comparison.md", "comparison.csv", "speedup.png")
 
@@ -59,11 +67,11 @@ def write_comparison(rows: list[Row], problems: dict, out: Path, *, title: str,
     names of the files it wrote to ``files``."""
     written = list(COMPARISON_FILES)
     trows = table_rows(rows)
-    md = f"# {title}\n\n" + markdown_table(trows, COLUMNS, HEADERS)
-    summary = _marked_partial(pipeline_summary(rows), rows)
-    if summary:
+    full, pipe = comparison_tables(rows)
+    md = f"# {title}\n\n" + full
+    if pipe:
         md += ("\n## Pipeline cases: data parallelism, sharding, DP x PP, TP\n\nms (plan: stages x DP degree x TP "
-               "degree, micro-batches, dp = DDP / fsdp = sharded)\n\n" + markdown_table(summary, PIPE_COLUMNS, PIPE_HEADERS))
+               "degree, micro-batches, dp = DDP / fsdp = sharded)\n\n" + pipe)
     atomic_write_text(out / "comparison.md", md)
     write_csv(out / "comparison.csv", trows, COLUMNS)
     speedup_bars([r for r in trows if r["kind"] == "placement"], out / "speedup.png")

@@ -2,7 +2,7 @@
 ``docs/results.md``, each between markers, so that a printed figure is always a value of a results file.
 
 What each results file's headline rows say is ``studies.headlines``. ``suite_table(folder)`` is
-docs/evaluate_suite.md's summary table, ``recompute_table(folder)``
+docs/evaluate_suite.md's summary table (``suite_rows_table``: its other two), ``recompute_table(folder)``
 docs/tensor_parallel.md's recomputation figures. ``headline_rows(folder)`` builds one row per headline figure:
 what it is, its value (formatted from the JSON), when and on what machine it was measured (the file's
 provenance), and links to the JSON and the command that made it. ``render_block(text, name, body)`` replaces what lies between ``<!-- name:begin -->`` and ``<!-- name:end -->``;
@@ -164,6 +164,16 @@ def suite_table(folder: Path) -> str:
     return "\n".join(lines)
 
 
+def suite_rows_table(folder: Path, which: str) -> str:
+    """docs/evaluate_suite.md's tables as ``placement-rl evaluate`` writes them: ``full`` (every row) or
+    ``pipeline`` (the pipeline cases' summary), recorded by ``scripts/bench_suite.py``."""
+    doc = _load(folder).get("evaluate_suite")
+    tables = (doc or {}).get("figures", {}).get("tables")
+    if not tables:
+        return "(no tables in results/evaluate_suite.json: run python scripts/bench_suite.py)"
+    return f"Measured {measured_on(doc)}: `{doc.get('command', '?')}`.\n\n" + tables[which].rstrip()
+
+
 def recompute_table(folder: Path) -> str:
     """docs/tensor_parallel.md's activation recomputation figures (``results/bench_recompute.json``): saved bytes
     and, when measured, the deployed step time against the prediction, with the machine's load."""
@@ -210,14 +220,17 @@ def render_all(root: Path, *, check: bool = False) -> list[Path]:
     from placement_rl.graph.io import atomic_write_text
 
     folder = root / "results"
-    targets = {root / "README.md": (README_BLOCK, readme_table(headline_rows(folder))),
-               root / "docs" / "results.md": (DOCS_BLOCK, results_page(folder)),
-               root / "docs" / "evaluate_suite.md": ("suite", suite_table(folder)),
-               root / "docs" / "tensor_parallel.md": ("recompute", recompute_table(folder))}
+    suite = root / "docs" / "evaluate_suite.md"
+    targets = {root / "README.md": [(README_BLOCK, readme_table(headline_rows(folder)))],
+               root / "docs" / "results.md": [(DOCS_BLOCK, results_page(folder))],
+               suite: [("suite", suite_table(folder)), ("suite-pipeline", suite_rows_table(folder, "pipeline")),
+                       ("suite-full", suite_rows_table(folder, "full"))],
+               root / "docs" / "tensor_parallel.md": [("recompute", recompute_table(folder))]}
     changed = []
-    for path, (block, body) in targets.items():
-        old = path.read_text()
-        new = render_block(old, block, body, where=str(path))
+    for path, blocks in targets.items():
+        old = new = path.read_text()
+        for block, body in blocks:
+            new = render_block(new, block, body, where=str(path))
         if new != old:
             changed.append(path)
             if not check:
