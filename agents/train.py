@@ -272,11 +272,16 @@ class Trainer:
 
     def save(self, path: str | Path) -> Path:
         """Write ``checkpoint.pt`` (``agents.checkpoint``); its config holds the run's ``config``, ``algo``,
-        ``env_id``, ``encoder``, ``env_options`` and, where ``start_record`` gives one, ``start``."""
+        ``env_id``, ``encoder``, ``env_options``, ``graph_fingerprint`` where it trained on one graph and, where
+        ``start_record`` gives one, ``start``."""
         cfg = dict(self.config)
         cfg.update(algo=self.agent.algo, env_id=self.env_id, encoder=dataclasses.asdict(self.encoder),
                    env_options=self.env_options())
         cfg.pop("start", None)
+        cfg.pop("graph_fingerprint", None)
+        src = getattr(self.unwrapped_env, "source", None)
+        if src is not None and src.is_finite and len(src.graphs) == 1:  # what place compares its graph with
+            cfg["graph_fingerprint"] = src.graphs[0].fingerprint()
         start = self.start_record()
         if start is not None:
             cfg["start"] = start

@@ -102,8 +102,9 @@ def test_place_of_a_pipeline_checkpoint_on_another_graph_keeps_that_graphs_batch
                        "agent.n_envs=1", "agent.n_steps=32", "agent.batch_size=32", "trainer.compare=false",
                        "+env.options.batch_size=256", "+env.options.num_microbatches=8"))
     ckpt = tmp_path / "checkpoint.pt"
-    for sub, graph in (("same", trained), ("other", ("graph=mlp", "+graph.overrides.layers=4", "topology=2x_cpu",
-                                                      "progress=false"))):
+    as_file = (f"graph.path={tmp_path / 'graph.json'}", "topology=2x_cpu", "progress=false")  # the same graph
+    for sub, graph in (("same", trained), ("file", as_file),
+                       ("other", ("graph=mlp", "+graph.overrides.layers=4", "topology=2x_cpu", "progress=false"))):
         monkeypatch.setattr(place, "output_dir", lambda sub=sub: tmp_path / sub)
         (tmp_path / sub).mkdir()
         capsys.readouterr()
@@ -111,7 +112,7 @@ def test_place_of_a_pipeline_checkpoint_on_another_graph_keeps_that_graphs_batch
                             "decode=sequential"))
         out = capsys.readouterr().out
         plan = json.loads((tmp_path / sub / "plan.json").read_text())
-        if sub == "same":  # training's options: its greedy rollout, at its batch
+        if sub in ("same", "file"):  # training's graph (its fingerprint): its greedy rollout, at its batch
             assert plan["batch_size"] == 256 and pm["step_time"] == m["policy_greedy_time"]
             assert "left out" not in out
         else:  # the graph's own batch (null in the plan: mlp's 64), as every baseline row

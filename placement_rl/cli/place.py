@@ -361,16 +361,26 @@ LAYOUT_OPTIONS = ("max_nodes", "max_edges", "max_devices", "op_type_buckets")
 GRAPH_OPTIONS = ("batch_size", "num_microbatches", "tp")
 
 
+def same_graph(config: dict, graph, graph_cfg: dict | None) -> bool:
+    """Whether ``graph`` is the one training ran on: its fingerprint against the one the checkpoint records (a
+    graph file edited since, or a zoo model captured at another batch, differs), else (an earlier checkpoint)
+    its graph config against training's."""
+    recorded = config.get("graph_fingerprint")
+    if recorded is not None:
+        return recorded == graph.fingerprint()
+    return graph_cfg is not None and graph_cfg == config.get("graph")
+
+
 def env_setup(ckpt: dict, graph, topology, graph_cfg: dict | None = None) -> tuple[dict, str | None]:
     """``(env options, start)``: the options the checkpoint records (less the padding, which place sets, and less
-    ``GRAPH_OPTIONS`` unless ``graph_cfg``, the graph config of this run, is the one training recorded), with
+    ``GRAPH_OPTIONS`` unless ``graph`` is the one training ran on: ``same_graph``), with
     ``start_devices`` where it records the start of a warm-started ``PlacementEnv`` (``envs.warm_start``) on this
     graph and topology; ``start`` says where a ``PlacementEnv``'s episodes start (None for the other envs)."""
     from placement_rl.envs.warm_start import STARTS
 
     config = ckpt["config"]
     opts = {k: v for k, v in (config.get("env_options") or {}).items() if k not in LAYOUT_OPTIONS}
-    if graph_cfg is None or graph_cfg != config.get("graph"):
+    if not same_graph(config, graph, graph_cfg):
         opts = {k: v for k, v in opts.items() if k not in GRAPH_OPTIONS}
     if not config["env_id"].startswith("placement_rl/PlacementEnv"):
         return opts, None
