@@ -94,7 +94,9 @@ def _flatten(x: Any, prefix: str = "") -> list[tuple[str, str]]:
     return [(prefix, "null" if x is None else str(x))]
 
 
-PAGE_SKIPS = ("curves",)  # anytime traces: thousands of points each, plotted beside their tables (and in the JSON)
+# anytime traces (thousands of points each, plotted beside their tables) and whole markdown tables a benchmark
+# recorded (rendered into their own page: the suite's in docs/evaluate_suite.md)
+PAGE_SKIPS = ("curves", "tables")
 
 
 def results_page(folder: Path, results_link: str = "../results") -> str:
