@@ -44,6 +44,9 @@ whose ranks are not consecutive gets a note of its own (torchrun cannot number t
 graph (the ``rank_devices`` line's devices, else ``0..world-1``, in the trainers' rank order; nodes outside every
 module follow their inputs' latest stage, those without inputs their consumers' earliest): a plan cut so
 round-trips exactly (tests).
+
+A coarsened graph's stages hold its groups' members' modules (``placement_rl.export_modules``: a group named after
+one module may hold the embedding or the final norm too), and its plans read back onto its groups.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from placement_rl.errors import PlacementRLError, PlanError
+from placement_rl.export_modules import fill_stages, group_stages, member_plan, module_graph, split_note
 from placement_rl.graph.ir import CompGraph
 from placement_rl.graph.layers import Modules, modules
 from placement_rl.plans import RECOMPUTE, StagePlan, check_interleaved, graph_batch_size
@@ -96,12 +100,15 @@ class Layout:
 
 
 def layout(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> Layout:
-    """The plan at module granularity (``PlanError`` naming what cannot be exported)."""
+    """The plan at module granularity (``PlanError`` naming what cannot be exported); a coarsened graph's modules
+    are its groups' members' (``member_plan``)."""
     from placement_rl.executor._mesh import parallel_dims
 
     if len(plan.stage_of_node) != graph.num_nodes:
         raise PlanError(f"plan has {len(plan.stage_of_node)} entries but graph '{graph.name}' has {graph.num_nodes} "
                         "nodes: export it with the graph it was made for")
+    coarse = graph
+    plan, graph = member_plan(plan, graph)
     dims = parallel_dims(plan)  # one DP and one TP degree, groups equal or disjoint, a schedule torch runs
     if dims.num_stages > 1 and dims.layout not in ("single", "loop") and plan.schedule != "zb1p":
         raise PlanError("virtual stages must go round-robin over the device groups (stage k on group k mod pp)")
@@ -128,8 +135,9 @@ def layout(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> Layout:
     for k in mods.order:
         d = where[k]
         if len(d) > 1 and not snap:
-            raise PlanError(f"module '{k}' is split between stages {sorted(d)}: torchtitan and Megatron-LM cut between "
-                            "modules; move the cut to a layer boundary or export with --snap")
+            raise PlanError(f"module '{k}' is split between stages {sorted(d)}{split_note(coarse, mods.key, k)}: "
+                            "torchtitan and Megatron-LM cut between modules; move the cut to a layer boundary or "
+                            "export with --snap")
         last = max(last, max(d, key=d.get))
         stage_of[k] = last
         if set(d) != {last}:
@@ -149,16 +157,7 @@ def layout(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> Layout:
 def _stage_of_node(graph: CompGraph, mods: Modules, stage_of: dict[str, int]) -> np.ndarray:
     """Every node's stage when each module sits whole in ``stage_of[module]``: a node of no module follows its
     inputs' latest stage, one without inputs (targets, positions) its consumers' earliest."""
-    son = np.zeros(graph.num_nodes, dtype=np.int64)
-    for v in graph.topo_order.tolist():
-        k = mods.key[v]
-        preds = graph.predecessors(v)
-        son[v] = stage_of[k] if k is not None else int(son[preds].max()) if len(preds) else 0
-    for v in graph.topo_order.tolist()[::-1]:
-        succ = graph.successors(v)
-        if mods.key[v] is None and not len(graph.predecessors(v)) and len(succ):
-            son[v] = int(son[succ].min())
-    return son
+    return fill_stages(graph, [None if k is None else stage_of[k] for k in mods.key])
 
 
 def most_recompute(plan: StagePlan) -> str:
@@ -201,6 +200,7 @@ def _snapped_step(plan: StagePlan, graph: CompGraph, lay: Layout, topology: Devi
     said = f"--snap moved {names}"
     if topology is None:
         return f"{said}; predicted step not priced (no topology: pass --topology)"
+    plan, graph = member_plan(plan, graph)  # the modules moved are the member graph's
     stage_of = {k: s for s, ms in enumerate(lay.stage_modules) for k in ms}
     snapped = replace(plan, stage_of_node=_stage_of_node(graph, lay.mods, stage_of), meta={})
     try:
@@ -370,7 +370,8 @@ def _megatron_stage(ms: tuple[str, ...], mods: Modules, first: bool, last: bool,
 def untied_embeddings(graph: CompGraph) -> bool:
     """Whether the output layer has weights of its own (not the input embedding's): the model config's
     ``tie_word_embeddings`` where the graph records it, else the captured graph (a shared weight counts once, at
-    the embedding, so a tied output layer holds at most its bias)."""
+    the embedding, so a tied output layer holds at most its bias; a coarsened graph's members)."""
+    graph = module_graph(graph)
     cfg = (graph.meta.get("hf") or {}).get("config") or {}
     if isinstance(cfg.get("tie_word_embeddings"), bool):
         return not cfg["tie_word_embeddings"]
@@ -431,7 +432,9 @@ def to_megatron(plan: StagePlan, graph: CompGraph, *, snap: bool = False,
 def _plan(graph: CompGraph, parts: list[list[str]], *, tp: int, dp: int, pp: int, m: int, schedule: str,
           sharding: str, batch: int, vocab: int, recompute: str = "none", sp: bool = False,
           text: str = "") -> StagePlan:
-    mods = modules(graph)
+    """The plan whose stages hold ``parts`` (module names of ``module_graph(graph)``), on ``graph``'s nodes."""
+    fine = module_graph(graph)
+    mods = modules(fine)
     stage_of: dict[str, int] = {}
     for s, ms in enumerate(parts):
         for k in ms:
@@ -443,7 +446,7 @@ def _plan(graph: CompGraph, parts: list[list[str]], *, tp: int, dp: int, pp: int
     missing = [k for k in mods.order if k not in stage_of]
     if missing:
         raise PlanError(f"module '{missing[0]}' of graph '{graph.name}' is in no stage")
-    son = _stage_of_node(graph, mods, stage_of)
+    son = group_stages(graph, _stage_of_node(fine, mods, stage_of), mods.key)
     w = dp * tp
     ranks = _read_rank_devices(text, w * pp) or list(range(w * pp))
     groups = tuple(tuple(ranks[(s % pp) * w:(s % pp + 1) * w]) for s in range(len(parts)))
@@ -466,7 +469,7 @@ def from_torchtitan(text: str, graph: CompGraph) -> StagePlan:
     batch = int(tr.get("global_batch_size", -1))
     if batch < 1:
         batch = int(tr.get("local_batch_size", 8)) * dp
-    mods = modules(graph)
+    mods = modules(module_graph(graph))
     parts = par.get("module_fqns_per_model_part") or [list(mods.order)]
     names = {v: k for k, v in _TITAN_SCHEDULES.items()} | {"ZBVZeroBubble": "zb1p"}
     schedule = names.get(str(par.get("pipeline_parallel_schedule", "1F1B")))
@@ -514,7 +517,7 @@ def from_megatron(text: str, graph: CompGraph) -> StagePlan:
             from None
     world = re.search(r"world size (\d+)", text)
     dp = int(world.group(1)) // (tp * pp) if world else 1
-    mods = modules(graph)
+    mods = modules(module_graph(graph))
     layers = sorted(mods.layer, key=mods.layer.get)
     first = mods.order.index(layers[0])
     pre = [k for k in mods.order[:first] if k not in mods.layer]
