@@ -54,9 +54,10 @@ class Datasheet:
 # longer model number (A10 is not in A100, L4 not in L40, T4 not in RTX 4090).
 _ROWS: tuple[tuple[tuple[str, ...], str, float, float, float, int, float, float, float], ...] = (
     # Blackwell: the NVIDIA HGX B200 and GB200 NVL72 datasheets, per GPU (the 8- and 72-GPU figures divided); SM
-    # count and L2 of the B200 as the device reports them (148 SMs, 126 MiB); 0 where no figure is published (the
-    # cost model then estimates the SMs from the FP32 peak and leaves out the L2 term)
-    (("GB200",), "GB200 186GB (one GPU of an NVL72)", 80e12, 8.0e12, 186 * GiB, 0, 0.0, 1.25e15, 2.5e15),
+    # count and L2 of the B200 as the device reports them (148 SMs, 126 MiB), also for the GB200, whose GPU is the
+    # same B200 chip at a higher clock and power (with no SM count the cost model estimated 223 SMs from the FP32
+    # peak, left out the L2 term and priced the GB200 up to 14% slower than the B200 on convs and GEMMs)
+    (("GB200",), "GB200 186GB (one GPU of an NVL72)", 80e12, 8.0e12, 186 * GiB, 148, 126 * MiB, 1.25e15, 2.5e15),
     (("B200",), "B200 180GB (HGX)", 75e12, 8.0e12, 180 * GiB, 148, 126 * MiB, 1.125e15, 2.25e15),
     # Hopper: NVIDIA H100 / H200 / GH200 datasheets; SXM unless the name says PCIe or NVL
     (("GH200",), "GH200 96GB", 67e12, 4.0e12, 96 * GiB, 132, 50 * MiB, 494.7e12, 989.4e12),
