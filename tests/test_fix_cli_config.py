@@ -229,3 +229,20 @@ def test_evaluate_prices_a_given_plan_in_the_mode_it_records(tmp_path, monkeypat
     assert given_row(["mode=train"], "told") == pytest.approx(want["train"])
     assert ("note: the plan was priced in mode inference (its meta.mode), as a forward pass; mode=train prices it "
             "as a training step here") in capsys.readouterr().out.splitlines()
+
+
+# ------------------------------------------------------------------------------ collective_fit checked up front
+def test_an_unknown_collective_fit_is_refused_before_any_work(tmp_path):
+    """A topology file naming a measured system that is not shipped was refused only when the cost model first
+    priced its links, its error line glued to the placers' progress bar: now when the topology is built."""
+    from placement_rl.cli.common import build_topology
+    from placement_rl.errors import TopologyError
+
+    path = tmp_path / "x.yaml"
+    path.write_text("name: x\ncollective_fit: tpu_pod\ndevices:\n  - {name: g, count: 2, model: A100}\n"
+                    "links:\n  intra_host: {bandwidth: 1.0e11, latency: 1.0e-6}\n")
+    with pytest.raises(TopologyError, match="collective_fit 'tpu_pod' is not a measured system") as exc:
+        build_topology(OmegaConf.create({"path": str(path)}))
+    assert "\n" not in str(exc.value)
+    path.write_text(path.read_text().replace("tpu_pod", "a100_dgx"))
+    assert build_topology(OmegaConf.create({"path": str(path)})).num_devices == 2

@@ -408,9 +408,9 @@ def build_topology(tcfg: DictConfig | str, *, threads: int = 1) -> DeviceTopolog
     CPU's speed measured with ``threads`` torch threads, those a plan's processes run with (``deploy threads=``,
     default 1), whatever this process uses (one command predicted 2x another's time for the same plan)."""
     if isinstance(tcfg, str):
-        return load_topology(tcfg)
+        return _checked(load_topology(tcfg))
     if tcfg.get("path"):
-        return load_topology(str(tcfg.path))
+        return _checked(load_topology(str(tcfg.path)))
     if tcfg.get("detect", False):
         import torch
 
@@ -421,7 +421,16 @@ def build_topology(tcfg: DictConfig | str, *, threads: int = 1) -> DeviceTopolog
         finally:
             torch.set_num_threads(before)
     data = {k: v for k, v in to_container(tcfg).items() if k != "path"}
-    return DeviceTopology.from_dict(data, where=f"topology '{data.get('name', '?')}'")
+    return _checked(DeviceTopology.from_dict(data, where=f"topology '{data.get('name', '?')}'"))
+
+
+def _checked(topology: DeviceTopology) -> DeviceTopology:
+    """``topology`` once its ``collective_fit`` names a shipped measured system (the cost model checks it when it
+    first prices the links, after work has begun): a ``TopologyError`` before any work otherwise."""
+    from placement_rl.cost.comm_fit import measured_system
+
+    measured_system(topology)
+    return topology
 
 
 def warm_up(policy) -> float:
