@@ -199,9 +199,12 @@ class DeviceTopology:
         if not p.is_file():
             raise TopologyError(f"topology file '{p}' does not exist")
         try:
-            data = yaml.safe_load(p.read_text())
+            data = yaml.safe_load(p.read_text(encoding="utf-8"))
         except yaml.YAMLError as exc:
             raise TopologyError(f"{p}: malformed YAML ({str(exc).splitlines()[0]})") from None
+        except UnicodeDecodeError as exc:
+            raise TopologyError(f"{p}: is not a UTF-8 text file (byte {exc.start}: {exc.reason}); a topology "
+                                "file is YAML text") from None
         return DeviceTopology(**read_topology(data, str(p)))
 
     def to_dict(self) -> dict[str, Any]:

@@ -209,3 +209,19 @@ def test_the_cp_model_of_a_zero_horizon_has_zero_ticks_without_warnings():
         warnings.simplefilter("error")
         p, tick = _whole(z, c, t, 0.0, False, True, "program")
     assert tick > 0 and not p.fwd.any() and not p.bwd.any() and not p.cut.any() and not p.pair.any()
+
+
+def test_a_binary_graph_or_topology_file_is_one_line(tmp_path):
+    from placement_rl.errors import GraphError
+    from placement_rl.graph.codec import read_graph_json
+
+    bad = tmp_path / "binary.json"
+    bad.write_bytes(b"\xff\xfe\x00\x01garbage")
+    with pytest.raises(GraphError, match="is not a UTF-8 text file") as exc:
+        read_graph_json(str(bad))
+    _one_line(exc)
+    bad_yaml = tmp_path / "binary.yaml"
+    bad_yaml.write_bytes(b"\xff\xfe\x00\x01garbage")
+    with pytest.raises(TopologyError, match="is not a UTF-8 text file") as exc:
+        load_topology(str(bad_yaml))
+    _one_line(exc)

@@ -149,7 +149,11 @@ def read_graph_json(path_or_str: str | os.PathLike) -> tuple[Any, str]:
         if not p.is_file():
             raise GraphError(f"graph file '{p}' does not exist")
         where = str(p)
-        text = p.read_text()
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise GraphError(f"{where}: is not a UTF-8 text file (byte {exc.start}: {exc.reason}); a graph file is "
+                             "JSON text (docs/graph_file.md)") from None
     else:
         text = str(path_or_str)
     try:
