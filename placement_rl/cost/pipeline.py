@@ -5,9 +5,11 @@ Model (pure and deterministic), for S stages, m micro-batches, stage s on a devi
 * Stage compute per micro-batch: the stage's ops run one after the other on each replica; a node's time
   shrinks by ``1 / (m * p)`` except its launch overhead (``CostTable.launch_overhead``), which every
   micro-batch pays in full. Unequal devices in one group: the slowest sets the pace.
-* Costs measured at another batch size: by default node times are taken to be for the plan's whole
-  batch. When they were measured at batch size ``b`` (``cost_batch_size=b``, else
-  ``costs.meta["batch_size"]``; e.g. a graph captured and profiled at the per-replica micro-batch
+* Costs measured at another batch size: by default node times are taken to be for the graph's own batch (the
+  one capture records, which the cost model prices), else, where the graph records none, for the plan's whole
+  batch; a plan of twice the graph's batch takes twice the compute. When they were measured at batch size ``b``
+  (``cost_batch_size=b``, else ``costs.meta["batch_size"]``; e.g. a graph captured and profiled at the per-replica
+  micro-batch
   ``batch_size / (m * p)``, whose nodes match the full-batch graph one for one), the variable part is
   scaled by ``batch_size / (b * m * p)`` instead: exactly 1 at the micro-batch it was measured at, so
   the small-batch inefficiency a linear model misses (fixed per-op costs, cache effects, interpreter
@@ -167,7 +169,7 @@ class PipelineSimulator(TiedParameters):
     evaluations. Layouts of device groups are validated once and kept per instance. One instance may be called from
     several threads at once: a thread other than its creator works in buffers of its own.
     ``cost_batch_size``: the batch size the node times were measured at (default ``costs.meta["batch_size"]``,
-    else the plan's whole batch; see the module docstring).
+    else the graph's own batch, else the plan's whole batch; see the module docstring).
     """
 
     def __init__(self, graph: CompGraph, costs: CostTable, topology: DeviceTopology, *,
@@ -358,9 +360,10 @@ class PipelineSimulator(TiedParameters):
         return lay
 
     def batch_ratio(self, plan: StagePlan) -> float:
-        """Plan batch size over the batch size the costs were measured at (1.0: costs are for the whole batch)."""
+        """Plan batch size over the batch size the costs were measured at: ``cost_batch_size``, else the graph's
+        own batch (1.0 where neither is known or the plan gives no batch: costs for the whole batch)."""
         if self.cost_batch_size is None:
-            return 1.0
+            return self.size_ratio(plan)
         if plan.batch_size is None:
             raise PlanError(f"costs were measured at batch size {self.cost_batch_size:g}: the stage plan needs a "
                             "batch_size to scale them")
