@@ -99,7 +99,7 @@ def _building(gcfg: DictConfig) -> tuple[str, str]:
     elif gcfg.get("source", "zoo") == "synthetic":
         what, work = f"synthetic {gcfg.get('family')} graph", "sampling"
     elif gcfg.get("source", "zoo") == "hf":
-        what, work = f"transformers model {gcfg.get('model_type') or gcfg.get('config')}", "capture"
+        what, work = f"transformers model {gcfg.get('config') or gcfg.get('model_type')}", "capture"
     else:
         what, work = f"zoo model {gcfg.get('name')}", "capture"
     coarsen = gcfg.get("coarsen") or {}

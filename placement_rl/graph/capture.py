@@ -362,6 +362,9 @@ def _export_hint(exc: BaseException) -> str:
                 arg = "tgt_is_causal" if owner in ("TransformerDecoder", "TransformerDecoderLayer") else "is_causal"
                 return (f"; likely fix: pass {arg}=True to {owner} with a causal mask (torch.export cannot read the "
                         "mask's values to detect it)")
+        if any("Cache" in type(x).__name__ or "cache_utils" in str(x) for x in chain):
+            return ("; likely fix: call the transformers model with use_cache=False (its default returns the "
+                    "key-value cache, which capture cannot follow), e.g. in a wrapper that returns the loss")
     except Exception:  # noqa: BLE001 -- a hint only
         pass
     return ""
@@ -439,7 +442,7 @@ def capture(module: nn.Module, example_inputs: Any, *, method: str = "export", n
         raise GraphError(f"example_inputs must be a tuple of tensors, got {type(example_inputs).__name__}")
     inputs = tuple(example_inputs)
     info: dict[str, Any] = {}
-    used = method
+    used, hint = method, ""
     if method == "export":
         try:
             records, counts = _measure_export(module, inputs, exec_mode)
@@ -447,17 +450,20 @@ def capture(module: nn.Module, example_inputs: Any, *, method: str = "export", n
             raise
         except Exception as exc:  # torch.export raises many types; fall back to fx
             info["export_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
-            warnings.warn(f"torch.export failed ({info['export_error']}){_export_hint(exc)}; falling back to "
+            hint = _export_hint(exc)
+            warnings.warn(f"torch.export failed ({info['export_error']}){hint}; falling back to "
                           "torch.fx.symbolic_trace", RuntimeWarning, stacklevel=2)
             used = "fx"
     if used == "fx":
         try:
             records, counts, whole = _measure_fx(module, inputs)
-        except GraphError:
-            raise
+        except GraphError as exc:
+            if "export_error" not in info or type(exc) is not GraphError:
+                raise
+            raise GraphError(f"{exc}; torch.export failed first ({info['export_error']}){hint}") from None
         except Exception as exc:
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            extra = f"; export failed too ({info['export_error']})" if info else ""
+            extra = f"; export failed too ({info['export_error']}){hint}" if info else ""
             raise CaptureError(f"cannot trace {type(module).__name__} with torch.fx ({why}){extra}",
                                f"torch.export: {info['export_error']}" if info else f"torch.fx: {why}") from None
         if whole:
