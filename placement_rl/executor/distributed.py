@@ -73,7 +73,8 @@ from placement_rl.plans import StagePlan
 from placement_rl.topology import DeviceTopology
 
 __all__ = ["DeployConfig", "DeployResult", "DeploySpec", "PreparedJob", "build_torchrun_command", "collect_results",
-           "deploy_stage_plan", "deploy_stage_plans", "launch_local", "prepare_job", "reference_step"]
+           "deploy_stage_plan", "deploy_stage_plans", "launch_local", "prepare_job", "reference_step",
+           "sequence_parallel_names"]
 
 JOB_SCHEMA = "placement_rl.deploy_job"
 RESULT_SCHEMA = "placement_rl.deploy_result"
@@ -242,6 +243,27 @@ def check_memory(plan: StagePlan, graph: CompGraph, topology: DeviceTopology) ->
                         f"{more}; use sharding fsdp, more stages or more micro-batches")
 
 
+def sequence_parallel_names(graph: CompGraph) -> tuple[list[str], list[str]]:
+    """Sequence parallelism's ``(norms, values)`` as the exported program's node names: the ``layer_norm`` nodes
+    that run under ``SequenceParallel`` and the values it keeps sharded along the sequence (``_tp.apply_tp``). A
+    coarsened graph's groups are named after modules, not program nodes, so its names come from the graph its
+    groups were made from (``member_graph``); ``PlanError`` for a coarsened graph that no longer carries it."""
+    from placement_rl.graph import tp as tpmod
+    from placement_rl.graph.members import member_graph
+
+    if graph.members is not None:
+        found = member_graph(graph)
+        if found is None:
+            raise PlanError(f"sequence parallelism needs the program's nodes, and graph '{graph.name}' is coarsened "
+                            "without the graph its groups were made from; plan on the captured graph "
+                            "(graph.coarsen.enabled=false) or set sequence_parallel to false")
+        graph = found[0]
+    ann = tpmod.annotation(graph)
+    norms = sorted(graph.names[v] for v in np.flatnonzero(ann.seq_frac > 0) if graph.op_types[v] == "layer_norm")
+    seq_out = np.isin(ann.kind, [tpmod.KINDS.index(k) for k in ("row", "vocab_embedding")])
+    return norms, sorted(graph.names[v] for v in np.flatnonzero((ann.seq_frac > 0) | seq_out))
+
+
 def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
     """Validate one plan against its model and write its part directory; return its DP x PP layout."""
     plan, graph = spec.plan, spec.graph
@@ -304,11 +326,7 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
             tp_vocab = [int(vocab), tpmod.padded_vocab(int(vocab), dims.tp, plan.make_vocab_size_divisible_by)]
         check_program(gm, tp_kinds, dims.tp, stage_map, vocab=tuple(tp_vocab) or None)
         if plan.sequence_parallel:
-            ann = tpmod.annotation(graph)
-            tp_seq_norms = sorted(graph.names[v] for v in np.flatnonzero(ann.seq_frac > 0)
-                                  if graph.op_types[v] == "layer_norm")
-            seq_out = np.isin(ann.kind, [tpmod.KINDS.index(k) for k in ("row", "vocab_embedding")])
-            tp_seq_values = sorted(graph.names[v] for v in np.flatnonzero((ann.seq_frac > 0) | seq_out))
+            tp_seq_norms, tp_seq_values = sequence_parallel_names(graph)
     from placement_rl.executor._recompute import regions_of
 
     aliases = param_aliases(module)
