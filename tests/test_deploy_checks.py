@@ -307,3 +307,18 @@ def test_the_memory_check_takes_the_batch_the_plan_runs():
     with pytest.raises(PlanError, match="does not fit topology '2x_small_gpu'"):
         check_memory(StagePlan(stage_of_node=[0] * graph.num_nodes, stage_devices=[(0, 1)], batch_size=8 * 512),
                      graph, topology)
+
+
+def test_the_prediction_names_the_sources_of_the_plans_devices_only():
+    """A one-device plan on four devices listed all four devices' cost sources."""
+    from placement_rl.cli.deploy import _predict
+    from placement_rl.graph import make_graph
+
+    g = make_graph([{"name": n, "fwd_flops": 1e9, "bwd_flops": 2e9, "param_bytes": 4e6, "act_bytes": 1e6,
+                     "out_bytes": 1e6} for n in "abc"], [[0, 1, 1e6], [1, 2, 1e6]], name="chain")
+    topo = load_topology("4x_v100_pcie")
+    one = StagePlan(stage_of_node=[0, 0, 0], stage_devices=[(2,)], num_microbatches=1)
+    _, source = _predict(g, topo, one, None)
+    assert source.count("=") == 1 and source.startswith(f"{topo.device_names[2]}=")
+    _, source = _predict(g, topo, Placement([0, 1, 1]), None)
+    assert source.count("=") == 2

@@ -157,10 +157,19 @@ def _predict(graph, topology, plan, profile: str | None, costs_file: str | None 
             return float(pred.step_time), ", ".join(sorted(set(pred.source)))
         costs = resolve_costs(graph, topology, profiles=None if db is None else [db])
     if not isinstance(plan, StagePlan):
-        return float(simulate(graph, costs, topology, plan).step_time), costs.describe_source(topology.device_names)
+        return float(simulate(graph, costs, topology, plan).step_time), _sources(costs, topology, plan)
     plan, cost_batch = _priced_batch(graph, plan, costs.meta.get("batch_size"))
     step = simulate_pipeline(graph, costs, topology, plan, cost_batch_size=cost_batch).step_time
-    return float(step), costs.describe_source(topology.device_names)
+    return float(step), _sources(costs, topology, plan)
+
+
+def _sources(costs, topology, plan) -> str:
+    """Where the numbers of the devices ``plan`` uses came from (``CostTable.describe_source``, those alone)."""
+    from placement_rl.plans import StagePlan
+
+    used = sorted({d for g in plan.stage_devices for d in g} if isinstance(plan, StagePlan)
+                  else {int(d) for d in plan.device_of_node})
+    return ", ".join(f"{topology.device_names[d]}={costs.source[d]}" for d in used)
 
 
 def _priced_batch(graph, plan, costs_batch: float | None):
