@@ -134,8 +134,9 @@ def _estimator(graph: CompGraph, topology: DeviceTopology, gpu_model: str | None
         run = dtype
         if dtype != "fp32" and not tensor:
             if given is not None:
-                raise ProfileError(f"dtype '{dtype}' needs device '{dev.name}' (or its topology) to give "
-                                   f"'peak_flops_{dtype}'")
+                raise ProfileError(f"dtype '{dtype}' needs device '{dev.name}' to give 'peak_flops_{dtype}' (in its "
+                                   f"device entry: one at the topology's top level applies to every device, "
+                                   f"replacing their datasheet figures)")
             run = "fp32"  # a half-precision capture on a GPU with no bf16 peak: its fp32 peak, fp32 bytes
         key = (dev.peak_flops, dev.mem_bandwidth, dev.sm_count, dev.l2_bytes, tensor, run,
                cal.datasheet(str(dev.model or dev.name)))
