@@ -23,10 +23,12 @@ from placement_rl.cost import Simulator
 from placement_rl.cost.limits import check_devices
 from placement_rl.cost.memory import pinned_memory
 from placement_rl.cost.types import CostTable
-from placement_rl.errors import ConfigError
+from placement_rl.errors import ConfigError, fmt_bytes
 from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import Placement
 from placement_rl.topology import DeviceTopology
+
+NO_FIT = "no placement fits memory"  # how a placement's ``note`` begins where none fits (``Problem.no_fit_text``)
 
 
 class StartCut(Exception):
@@ -106,8 +108,15 @@ class Problem:
     def fits_at_all(self) -> bool:
         """Whether the graph's pinned memory fits all devices' memory together (``cost.schedule.check_fits``'s
         test). Where it does not, no placement fits: the rules on the schedule state, which refuses such a graph,
-        decide with memory ignored (``eft.state_topology``), so every placer returns an infeasible placement."""
+        decide with memory ignored (``eft.state_topology``), so every placer returns an infeasible placement, whose
+        ``note`` says why (``finish``: ``no_fit_text``)."""
         return not float(self.node_mem.sum()) > float(self.capacity.sum())
+
+    def no_fit_text(self) -> str:
+        """Why no placement fits where ``fits_at_all`` is false: the note ``finish`` gives (``eft.state_topology``'s
+        begins with it)."""
+        return (f"{NO_FIT} (the graph pins {fmt_bytes(float(self.node_mem.sum()))}, the devices have "
+                f"{fmt_bytes(float(self.capacity.sum()))} in all)")
 
     @cached_property
     def device_order(self) -> np.ndarray:
@@ -198,7 +207,19 @@ class Problem:
                 meta.update(objective=self.objective, steady_time=s.step_time)
                 meta["step_time"] = float(self.sim.run(devices).step_time)
         meta.update(extra)
+        if not self.fits_at_all:  # every placement is over memory: the result says why (after any note it has)
+            add_note(meta, self.no_fit_text())
         return Placement(devices, meta=meta).validate(self.graph, self.topology)
+
+
+def add_note(meta: dict, text: str) -> None:
+    """``text`` joined to ``meta["note"]`` with "; " (the note alone where there was none; unchanged where it
+    already says ``text``)."""
+    note = meta.get("note")
+    if not note:
+        meta["note"] = text
+    elif text not in str(note):
+        meta["note"] = f"{note}; {text}"
 
 
 def check_inputs(graph: CompGraph, costs: CostTable, topology: DeviceTopology, budget: int) -> None:

@@ -21,7 +21,11 @@ solved: on graphs whose producers send every consumer the same bytes its optimum
 its seconds (large models). Where the budget leaves no call to score CP-SAT's solution (a budget of 0 or 1; 2 where
 a start overflows memory and its fit is scored), CP-SAT does not run: the best start comes back and ``note`` says why.
 Nor does it where no placement fits memory (its model has no solution; ``note`` says so) or where the best start's
-step time is 0 (every time 0: that start is optimal, ``cp_bound`` 0 and ``cp_optimal`` true).
+step time is 0 (every time 0: that start is optimal, ``cp_bound`` 0 and ``cp_optimal`` true). Where the best start is
+over memory, CP-SAT first looks for a placement that fits memory alone (``_memory_fits``, in ``MEMORY_SHARE`` of the
+seconds left): where it proves there is none (the graph fits all devices together, not any split of it), the best
+start comes back and ``note`` says no placement fits memory; where CP-SAT's solution does not come either, ``note``
+says it found none that fits.
 
 Seconds: ``seconds`` when given, else ``CP_SECONDS``, for everything: the starts, building the model and CP-SAT's
 search (``bounds_cp._solve``'s deadline: where the model is not built in time, or leaves CP-SAT too little, CP-SAT
@@ -38,7 +42,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from placement_rl.baselines.common import Problem
+from placement_rl.baselines.common import NO_FIT, Problem, add_note
 from placement_rl.errors import ConfigError
 
 MAX_NODES = 200  # larger graphs: coarsen them first (``placement_rl.graph.coarsen``) or use a search
@@ -46,6 +50,7 @@ CP_SECONDS = 10.0  # CP-SAT's seconds when the placer is given none
 HINT_SHARE = 0.3  # of the seconds for the hint: ``la_rule_search`` (the rule, then annealing)
 RESERVE = 3  # calls kept from the hint's search: scoring ``sim_eft``'s start, the hint and CP-SAT's solution
 UNITS = 10_000_000  # the largest capacity in integer memory units (a unit: ~1e-7 of it)
+MEMORY_SHARE = 0.5  # of the seconds left, to prove that no placement fits memory where the best start is over it
 
 
 def cp_sat(prob: Problem) -> np.ndarray:
@@ -113,6 +118,12 @@ def cp_sat(prob: Problem) -> np.ndarray:
     if deadline - time.perf_counter() >= MIN_SEARCH:  # else the starts took the seconds
         p, tick = _whole(g, c, t, upper, False, n * nd ** 2 <= LINKS_MAX, "program", kinds=capacity)
         p = replace(p, memory=(pinned, edge_bytes, capacity))
+        proof_end = deadline - (1.0 - MEMORY_SHARE) * (deadline - time.perf_counter())
+        if not hint_s.feasible and _memory_fits(p, seed=prob.seed, deadline=proof_end) is False:  # no solution
+            add_note(prob.meta, f"{NO_FIT} (CP-SAT proved it on its model, bytes rounded up to units of "
+                                f"{1 / UNITS:g} of the largest device's memory): the best start returned")
+            prob.meta.update(cp_bound=None, cp_optimal=False, cp_improved=False, cp_seconds=time.perf_counter() - t0)
+            return hint
         got = _solve(p, horizon=TICKS + 1, lower=0, hint=hint, seconds=deadline - time.perf_counter(), workers=1,
                      seed=prob.seed, deadline=deadline)
     if got is None:  # building the model (or the starts) took the seconds: CP-SAT's search would run past them
@@ -122,6 +133,9 @@ def cp_sat(prob: Problem) -> np.ndarray:
         return hint
     bound, _, place, optimal = got
     best, best_s, improved = hint, hint_s, False
+    if place is None and not hint_s.feasible:
+        add_note(prob.meta, f"CP-SAT found no placement that fits memory in its {seconds:g} s: the best start "
+                            "returned")
     if place is not None:
         s = prob.score(place, after_time=True)
         if s is not None and s.key < best_s.key:
@@ -129,6 +143,33 @@ def cp_sat(prob: Problem) -> np.ndarray:
     prob.meta.update(cp_bound=bound * tick * (1.0 - 1e-9) if bound > 0 else None, cp_optimal=bool(optimal),
                      cp_improved=improved, cp_seconds=time.perf_counter() - t0)
     return best
+
+
+def _memory_fits(p, *, seed: int, deadline: float) -> bool | None:
+    """Whether some placement fits memory in the model ``p`` (``bounds_cp._memory``, its times left out; devices that
+    are interchangeable there pinned as in ``bounds_cp._solve``): False where CP-SAT proves none does, True where it
+    finds one, None where the ``deadline`` (a ``time.perf_counter()`` instant) comes first."""
+    from placement_rl.baselines.bounds_cp import _Late, _memory, _require_ortools
+
+    cp_model = _require_ortools()
+    n, nd = p.fwd.shape
+    m = cp_model.CpModel()
+    x = [[m.NewBoolVar(f"x{v}_{d}") for d in range(nd)] for v in range(n)]
+    for v in range(n):
+        m.AddExactlyOne(x[v])
+    try:
+        _memory(m, p, x, deadline)
+    except _Late:
+        return None
+    for d in range(nd):  # symmetry: the pinned node on the first device of its kind
+        if int(p.to_first[d][d]) != d:
+            m.Add(x[p.first][d] == 0)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = float(max(deadline - time.perf_counter(), 0.01))
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = int(seed) % 2**31
+    status = solver.Solve(m)
+    return {cp_model.INFEASIBLE: False, cp_model.FEASIBLE: True, cp_model.OPTIMAL: True}.get(status)
 
 
 def _all_transfers(prob: Problem) -> float:

@@ -20,11 +20,11 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from placement_rl.baselines.common import Score, check_inputs, check_seed
+from placement_rl.baselines.common import Score, add_note, check_inputs, check_seed
 from placement_rl.cost import PIPELINE_SCHEDULES, PipelineSimulator
 from placement_rl.cost.pipeline_tied import tied_parameters
 from placement_rl.cost.types import CostTable
-from placement_rl.errors import ConfigError
+from placement_rl.errors import ConfigError, fmt_bytes
 from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import StagePlan, graph_batch_size
 from placement_rl.topology import DeviceTopology
@@ -110,6 +110,26 @@ class PipeProblem:
         self._mem_prefix: tuple[np.ndarray, np.ndarray] | None = None  # ``stage_fits``' parameter / activation sums
         # tied parameters (``cost.pipeline_tied.tied_parameters``): bytes, users' positions sorted, first user (its owner)
         self.ties = [(b, np.sort(self._pos[u]), int(u[0])) for b, u in tied_parameters(graph)]
+
+    # -------------------------------------------------------------- memory
+    def state_bytes(self) -> float:
+        """Bytes every plan holds at least, over all its devices together: each parameter's training state
+        (``cost.memory.STATE_FACTOR`` x its bytes: DP replicates it, FSDP and TP shard it, a stage holds it once);
+        under inference costs the parameters alone."""
+        from placement_rl.cost.memory import STATE_FACTOR
+
+        params = float(np.sum(self.graph.param_bytes))
+        return params if self.sim.mode == "inference" else STATE_FACTOR * params
+
+    def fits_at_all(self) -> bool:
+        """Whether ``state_bytes`` fits all devices' memory together: where it does not, no plan fits."""
+        return not self.state_bytes() > float(self.topology.array("memory_bytes").sum())
+
+    def no_fit_text(self) -> str:
+        """Why no plan fits where ``fits_at_all`` is false (``finish`` notes it)."""
+        what = "take" if self.sim.mode == "inference" else "with their gradients and Adam state take"
+        return (f"no plan fits memory (the graph's parameters {what} {fmt_bytes(self.state_bytes())}, the devices "
+                f"have {fmt_bytes(float(self.topology.array('memory_bytes').sum()))} in all)")
 
     # --------------------------------------------------------------- costs
     def degree_ok(self, r: int, m: int | None = None) -> bool:
@@ -306,8 +326,19 @@ class PipeProblem:
             meta.update(step_time=self._step.get(key, s.step_time), feasible=s.feasible)
             if self.objective != "step":
                 meta.update(objective=self.objective, steady_time=s.step_time)
+        if not self.fits_at_all():  # every plan is over memory: the plan says why (after any note it has)
+            add_note(meta, self.no_fit_text())
         return self.plan(cuts, degrees, meta, m=m, sharding=sharding, tp=tp, recompute=rc,
                          sequence_parallel=sp).validate(self.graph, self.topology)
+
+
+def plan_of(key: tuple) -> Plan:
+    """A ``PipeProblem.score`` cache key as a plan ``(cuts, degrees, m, sharding, tp, recompute, sequence
+    parallel)``; cuts a list, or the key's ``Stages``."""
+    cuts, degrees, m, sharding, tp = key[:5]
+    rc = next((x for x in key[5:] if isinstance(x, tuple)), None)
+    cuts = cuts if isinstance(cuts, Stages) else list(cuts)
+    return cuts, tuple(degrees), int(m), sharding, tp, rc, "sp" in key[5:]
 
 
 def crossing_out(graph: CompGraph, pos: np.ndarray, j: int) -> np.ndarray:

@@ -71,11 +71,12 @@ from typing import Callable, Iterator
 import numpy as np
 
 import placement_rl.baselines.pipe_tp as pipe_tp
+from placement_rl.baselines.common import Score
 from placement_rl.baselines.pipe_common import (Plan, PipeProblem, Stages, cut_grid, microbatch_choices,
-                                                 minmax_partition)
+                                                 minmax_partition, plan_of)
 from placement_rl.plans import SHARDINGS
 from placement_rl.cost.types import CostTable
-from placement_rl.errors import ConfigError
+from placement_rl.errors import ConfigError, PlanError, fmt_bytes
 from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import StagePlan
 from placement_rl.topology import DeviceTopology
@@ -408,7 +409,8 @@ def exact(pp: PipeProblem) -> Plan:
     every order and choice of their classes (``pipe_orders``): the plan is then at least as fast as each of them.
     Only the last bounds the simulated step time, and only over that space (``pipe_tp.exact``'s configurations
     take the devices in ``pp.devs`` order and, where links split equal devices, in groups by links:
-    ``pipe_tp.tp_orders``)."""
+    ``pipe_tp.tp_orders``). Where no plan simulated fits memory, the simulated plans are tried again at the least
+    memory their shapes take (``_least_over``): the best of all, and where none fits, ``note`` says so."""
     from placement_rl.baselines.pipe_ideals import ideal_candidates
     from placement_rl.baselines.pipe_orders import device_orders
     from placement_rl.baselines.pipe_refine import refine
@@ -456,12 +458,44 @@ def exact(pp: PipeProblem) -> Plan:
     climbed, moved = refine(pp)  # the cuts the simulator prefers near the best configurations' plans
     pp.extra_meta.update(moved)
     best = best if climbed is None else pp.best_of([best, climbed])
+    if not any(s.feasible for _, s in pp.scored_items()):  # none fits: also at the least memory of each shape
+        best, over = _least_over(pp, best)
+        if over is None or not over.feasible:
+            by = "" if over is None else f" ({fmt_bytes(over.overflow)} over capacity in all)"
+            notes.append(f"no plan simulated fits memory: the least over it of the {len(pp.scored_items())} "
+                         f"simulated returned{by}")
     if len(best) > 5 and "full" in (best[5] or ()) and pp.graph.members is not None:
         notes.append(f"selective recomputation not weighed: graph '{pp.graph.name}' is coarsened (its attention "
                      "cores merged away; graph.coarsen.enabled=false keeps them)")
     if notes:
         pp.extra_meta["note"] = "; ".join(notes)
     return best
+
+
+def _least_over(pp: PipeProblem, best: Plan) -> tuple[Plan, Score | None]:
+    """``(plan, its score)`` where no plan simulated fits memory: ``best`` (the least over memory of them:
+    ``Score.key``, bytes over capacity then time) or, better, one of them again at the least memory its shape takes,
+    which ``pipe_tp``'s cut search leaves untried where no recomputation fits a stage: every stage recomputing (each
+    mode of ``pipe_tp.RECOMPUTE``, ``full`` first: training under GPipe or 1F1B; a mode the graph refuses is
+    dropped) and, with TP, sequence parallelism; the least over first, while the simulations and seconds last."""
+    train = pp.sim.mode == "train" and pp.schedule in ("gpipe", "1f1b")
+    modes = sorted((x for x in pipe_tp.RECOMPUTE if x != "none" and train), key=lambda x: x != "full")
+    best_s = pp.score(*best, past_seconds=True)
+    for key, _ in sorted(pp.scored_items(), key=lambda ks: ks[1].key):
+        cuts, degrees, m, sharding, tp = plan_of(key)[:5]
+        sp = bool(tp) and max(tp) > 1
+        for rc in [(mode,) * len(degrees) for mode in modes] + [None]:
+            try:
+                s = pp.score(cuts, degrees, m, sharding, tp, rc, sp)
+            except PlanError:  # the graph has no layers (full) or no attention cores (selective)
+                if rc is not None:
+                    modes.remove(rc[0])
+                continue
+            if s is None:  # the simulations or seconds are spent
+                return best, best_s
+            if best_s is None or s.key < best_s.key:
+                best, best_s = (cuts, degrees, m, sharding, tp, rc, sp), s
+    return best, best_s
 
 
 PARTITIONERS: dict[str, Callable[[PipeProblem], Plan]] = {

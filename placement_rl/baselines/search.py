@@ -14,7 +14,8 @@
   and links unchanged): within each class, a new device is always the lowest unused one. That is the true
   optimum under the simulator. Too many placements for the budget -> ``ConfigError`` naming the count. Given
   seconds that end first, the best placement simulated by then, ``meta["exhaustive"]`` false and a ``note``
-  (``meta["exhaustive"]`` true: the optimum).
+  (``meta["exhaustive"]`` true: the optimum). Where every placement is over memory, the one least over (bytes over
+  capacity summed over the devices, then step time: ``Score.key``), a ``note`` saying none fits.
 * ``refine(graph, costs, topology, start, budget=, seed=)``: the same annealing from a given placement (e.g. a
   learned one), as its own placer: a result it improves is reported as the search's, not the start's.
 """
@@ -30,9 +31,9 @@ import placement_rl.baselines.baechi as baechi
 import placement_rl.baselines.heft as heft
 import placement_rl.baselines.metis as metis
 import placement_rl.baselines.simple as simple
-from placement_rl.baselines.common import Problem, Score, StartCut
+from placement_rl.baselines.common import NO_FIT, Problem, Score, StartCut, add_note
 from placement_rl.baselines.memory import best_start, fit, fit_seconds, repair
-from placement_rl.errors import ConfigError
+from placement_rl.errors import ConfigError, fmt_bytes
 
 T0_FRAC = 0.0005  # start temperature / start step time. At 0.002 the walk drifted uphill and on some dev pairs
 # never returned below its start in 10 s; 0.0005 with region moves: 0.971 / 0.951 x la_rule against 0.976 / 0.961
@@ -363,7 +364,8 @@ def size_text(n: int, d: int) -> str:
 def exhaustive(prob: Problem) -> np.ndarray:
     """Every placement up to relabelling of interchangeable devices (module doc): the optimum, ``meta["exhaustive"]``
     true. Given seconds that end before the enumeration, it stops there and returns the best placement simulated,
-    ``meta["exhaustive"]`` false and a ``note`` saying how many it simulated (not the optimum)."""
+    ``meta["exhaustive"]`` false and a ``note`` saying how many it simulated (not the optimum). Where it simulated
+    them all and none fits memory, the one least over it, with a ``note`` saying so."""
     n, d = prob.n, prob.d
     if count_placements(n, [d], cap=prob.budget) > prob.budget:  # over the budget even were every device alike
         _too_many(prob)  # (the fewest placements): refused before the classes are worked out
@@ -409,6 +411,10 @@ def exhaustive(prob: Problem) -> np.ndarray:
         why = "the budget ran out" if prob.seconds is None else f"cut short at {prob.seconds:g} s"
         prob.meta["note"] = (f"not exhaustive: {done} of {total} placements simulated, {why} (the best of them, "
                              "not the optimum)")
+    elif best_s is not None and not best_s.feasible:  # every placement simulated: none fits
+        why = NO_FIT if prob.fits_at_all else prob.no_fit_text()
+        add_note(prob.meta, f"{why}: all {done} placements (up to interchangeable devices) are over it, the "
+                            f"least over returned ({fmt_bytes(best_s.overflow)} over capacity in all)")
     return best if best is not None else cur  # none simulated: the first placement, scored by ``finish``
 
 
