@@ -41,10 +41,11 @@ def test_ctrl_c_ends_a_worker_quietly():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_worker_dies_with_the_process_that_started_it(tmp_path):
     pidfile = tmp_path / "worker.pid"
-    worker = ("import os, time; from placement_rl.baselines.side_by_side import _die_with_parent; "
-              f"_die_with_parent(); open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(120)")
-    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; subprocess.Popen([sys.executable, "
-                               f"'-c', {worker!r}]); time.sleep(120)"])
+    from placement_rl.baselines.side_by_side import PROLOGUE
+
+    worker = PROLOGUE + f"import time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    parent = subprocess.Popen([sys.executable, "-c", f"import os, subprocess, sys, time; subprocess.Popen("
+                               f"[sys.executable, '-c', {worker!r}, str(os.getpid())]); time.sleep(120)"])
     deadline = time.time() + 60
     while not pidfile.is_file() or not pidfile.read_text():
         assert time.time() < deadline, "the worker did not start"
@@ -64,3 +65,17 @@ def test_a_worker_dies_with_the_process_that_started_it(tmp_path):
         time.sleep(0.2)
     os.kill(pid, signal.SIGKILL)
     pytest.fail("the worker outlived the process that started it")
+
+
+def test_a_worker_whose_starter_died_before_it_began_ends_at_once(tmp_path):
+    """The starter killed while the worker imported the package (seconds under load): PR_SET_PDEATHSIG set after
+    that came too late, and the orphan searched on for 5-10 s; now the prologue sees its parent is gone."""
+    from placement_rl.baselines.side_by_side import PROLOGUE
+
+    marker = tmp_path / "ran"
+    code = PROLOGUE + f"open({str(marker)!r}, 'w').write('x')"
+    gone = subprocess.run([sys.executable, "-c", code, str(2**22 + 7)], timeout=60)  # a pid that is not its parent
+    assert gone.returncode == 0 and not marker.exists()
+    subprocess.run([sys.executable, "-c", code, str(os.getpid())], timeout=60, check=True)
+    assert marker.read_text() == "x"
+

@@ -25,7 +25,6 @@ instead, one after another (one line on stderr says so): never a hang.
 from __future__ import annotations
 
 import os
-import sys
 from typing import Sequence
 
 from placement_rl.cost.types import CostTable
@@ -156,8 +155,8 @@ def _pool(graph: CompGraph, costs: CostTable, topology: DeviceTopology, jobs: li
     clean = False  # every worker was told to exit
     try:
         for _ in range(n):
-            procs.append(subprocess.Popen([sys.executable, "-c", f"from {__name__} import _serve; _serve()"],
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env))
+            procs.append(subprocess.Popen([sys.executable, "-c", f"{PROLOGUE}from {__name__} import _serve; _serve()",
+                                           str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env))
         for w, p in enumerate(procs):
             _send(p.stdin, head)
             sel.register(p.stdout, selectors.EVENT_READ, w)
@@ -260,7 +259,6 @@ def _serve() -> None:
     import pickle
     import sys
 
-    _die_with_parent()
     results = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # a library's print must not corrupt the results
     sys.stdout = sys.stderr
@@ -283,19 +281,19 @@ def _serve() -> None:
         os._exit(130)
 
 
-def _die_with_parent() -> None:
-    """Linux: this worker gets SIGKILL when the process that started it dies (a caller killed with SIGKILL or by the
-    OOM killer left its workers searching on); elsewhere nothing (they end at their search's seconds)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG (the starting thread's end: run() starts
-    except (OSError, AttributeError):             # its workers and waits for them on one thread)
-        return
+# A worker's first lines, before it imports the package (seconds under load): on Linux it gets SIGKILL when the
+# process that started it dies (PR_SET_PDEATHSIG: a caller killed with SIGKILL or by the OOM killer left its workers
+# searching on), and it ends at once when that process died before it got there (its parent pid, given as argv[1],
+# is no longer its parent); elsewhere it ends at its search's seconds or at the end of its input.
+PROLOGUE = ("import os, sys\n"
+            "if sys.platform.startswith('linux'):\n"
+            "    try:\n"
+            "        import ctypes, signal\n"
+            "        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)\n"
+            "    except (OSError, AttributeError):\n"
+            "        pass\n"
+            "if len(sys.argv) > 1 and os.getppid() != int(sys.argv[1]):\n"
+            "    sys.exit(0)\n")
 
 
 __all__ = ["FROM_SECONDS", "Job", "SEARCHES", "cores", "processes_for", "run"]
