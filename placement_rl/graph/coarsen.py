@@ -11,6 +11,8 @@ Algorithm (``coarsen``):
    another group that feeds the node, e.g. a module used twice or a residual around a shared module);
    the node then opens a new group with its label (the group name gets an index, ``mlp#1``).
    Because every step keeps the group graph acyclic, the result is acyclic by construction.
+   (Cycle checks search only between the two groups' places in a maintained topological order of the group
+   graph, ``placement_rl.graph._coarsen_reach``: exact, and near-linear in practice.)
 3. **Fold** groups that hold no parameters into a neighbour (producer first, then consumer), cycle-safe.
    Folding is skipped for graphs without any parameters (it would collapse them).
 4. With ``max_nodes``, repeatedly merge the cheapest group (fwd+bwd flops) into its cheapest adjacent
@@ -48,6 +50,7 @@ from typing import Sequence
 import numpy as np
 
 from placement_rl.errors import GraphError
+from placement_rl.graph._coarsen_reach import GroupOrder
 from placement_rl.graph.ir import NODE_ARRAYS, CompGraph
 from placement_rl.graph.members import FINE_KEY, member_graph, member_record
 
@@ -142,10 +145,13 @@ def _labels(graph: CompGraph, parts: list[list[str]], depth: int | str) -> list[
 
 
 class _Quotient:
-    """Mutable group graph: group of every node plus weighted group adjacency (kept acyclic)."""
+    """Mutable group graph: group of every node plus weighted group adjacency (kept acyclic).
+
+    ``order`` keeps a topological position per group (``pos``, valid for ``succ``) that prunes the cycle checks.
+    """
 
     def __init__(self, group_of: list[int], keys: list[tuple[str, str]], succ: list[dict[int, float]],
-                 graph: CompGraph) -> None:
+                 graph: CompGraph, pos: list[int]) -> None:
         self.group_of = group_of
         self.keys = keys
         self.succ = succ
@@ -153,6 +159,7 @@ class _Quotient:
         for a, nb in enumerate(succ):
             for b, w in nb.items():
                 self.pred[b][a] = w
+        self.order = GroupOrder(self.succ, self.pred, pos)
         gof = np.asarray(group_of, dtype=np.int64)
         g = len(succ)
         self.cost = np.bincount(gof, weights=graph.fwd_flops + graph.bwd_flops, minlength=g).tolist()
@@ -169,6 +176,8 @@ class _Quotient:
         group_of = [-1] * graph.num_nodes
         keys: list[tuple[str, str]] = []
         succ: list[dict[int, float]] = []
+        pred: list[set[int]] = []
+        order = GroupOrder(succ, pred)
         latest: dict[str, int] = {}
         for w in graph.topo_order.tolist():
             sent: dict[int, float] = {}
@@ -185,19 +194,24 @@ class _Quotient:
                 cands = [] if own is None else [own]
             chosen = -1
             for c in dict.fromkeys(cands):
-                if _can_join(succ, c, sent):
+                # w may join c unless c reaches one of w's other feeders
+                if not order.reaches(c, [g for g in sent if g != c]):
                     chosen = c
                     break
             if chosen < 0:
                 chosen = len(keys)
                 keys.append(labels[w])
                 succ.append({})
+                pred.append(set())
+                order.add()
                 latest[labels[w][0]] = chosen
             group_of[w] = chosen
             for gp, b in sent.items():
                 if gp != chosen:
                     succ[gp][chosen] = succ[gp].get(chosen, 0.0) + b
-        q = cls(group_of, keys, succ, graph)
+                    pred[chosen].add(gp)
+            order.place_after(chosen, sent)
+        q = cls(group_of, keys, succ, graph, order.pos)
         if fold:
             q._fold_param_free()
         return q
@@ -232,14 +246,16 @@ class _Quotient:
     # -- graph operations
     def safe(self, a: int, b: int) -> bool:
         """Contracting ``a`` and ``b`` keeps the group graph acyclic (no path between them via a third group)."""
+        reaches = self.order.reaches
         if b in self.succ[a]:
-            return len(self.succ[a]) == 1 or len(self.pred[b]) == 1 or not _reaches(self.succ, a, b, skip=b)
+            return len(self.succ[a]) == 1 or len(self.pred[b]) == 1 or not reaches(a, (b,), skip=b)
         if a in self.succ[b]:
-            return len(self.succ[b]) == 1 or len(self.pred[a]) == 1 or not _reaches(self.succ, b, a, skip=a)
-        return not _reaches(self.succ, a, b, skip=-1) and not _reaches(self.succ, b, a, skip=-1)
+            return len(self.succ[b]) == 1 or len(self.pred[a]) == 1 or not reaches(b, (a,), skip=a)
+        return not reaches(a, (b,)) and not reaches(b, (a,))
 
     def merge(self, *, into: int, other: int) -> None:
         a, b = into, other
+        plan = self.order.plan_contract(a, b)
         for x, w in self.succ[b].items():
             del self.pred[x][b]
             if x != a:
@@ -256,6 +272,7 @@ class _Quotient:
         self.alive[b] = False
         self.host[b] = a
         self.count -= 1
+        self.order.finish_contract(a, plan)
 
     def final_groups(self) -> np.ndarray:
         """Current group id of every node (resolving merges)."""
@@ -267,39 +284,6 @@ class _Quotient:
             while host[g] != r:
                 host[g], g = r, host[g]
         return np.asarray(host, dtype=np.int64)[np.asarray(self.group_of, dtype=np.int64)]
-
-
-def _can_join(succ: list[dict[int, float]], c: int, sent: dict[int, float]) -> bool:
-    """A node fed by groups ``sent`` may join group ``c`` unless ``c`` reaches one of the other feeders."""
-    targets = [g for g in sent if g != c]
-    if not targets:
-        return True
-    targets_set = set(targets)
-    stack, seen = list(succ[c]), set(succ[c])
-    while stack:
-        x = stack.pop()
-        if x in targets_set:
-            return False
-        for y in succ[x]:
-            if y not in seen:
-                seen.add(y)
-                stack.append(y)
-    return True
-
-
-def _reaches(succ: list[dict[int, float]], a: int, b: int, *, skip: int) -> bool:
-    """Whether ``b`` is reachable from ``a`` without using the direct edge ``a -> skip``."""
-    start = [x for x in succ[a] if x != skip]
-    stack, seen = start, set(start)
-    while stack:
-        x = stack.pop()
-        if x == b:
-            return True
-        for y in succ[x]:
-            if y not in seen:
-                seen.add(y)
-                stack.append(y)
-    return False
 
 
 def _assemble(graph: CompGraph, q: _Quotient, *, depth: int | str, fold: bool) -> CompGraph:
