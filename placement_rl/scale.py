@@ -15,6 +15,11 @@ teachers, teacher labelling of policy iteration, evaluation of (graph, topology)
   worker per node reports its package version, source / config hashes and library versions: any difference is refused in one
   line (``scale_ray.CodeMismatchError``) before any job runs. ``describe()`` is the run's first line.
 
+While jobs run on Ray, SIGTERM (what Slurm, Kubernetes and ``timeout`` send) raises ``KeyboardInterrupt`` as
+Ctrl-C does (``sigterm_as_interrupt``): the jobs in flight are cancelled and Ray is shut down, instead of Ray's
+failure handler aborting the driver with a C++ stack dump. ``map(..., still_running=...)`` hears every
+``HEARTBEAT`` seconds that pass without a job finishing (a job may run for hours, its output captured).
+
 Results come back in input order. Work is split by job, never raced: a job's result depends only on its
 inputs (seeds are drawn by the caller, per job, before dispatch), so 1 and N workers give the same results.
 A job whose worker process dies is run again (Ray's ``max_retries``); an exception raised by the job itself is
@@ -34,15 +39,19 @@ change nothing is reused, and the results made by other code are counted in ``st
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
+import signal
+import threading
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from placement_rl.errors import ConfigError, PlacementRLError
 
 AUTO = "auto"
 RETRIES = 3  # times a job whose worker died is run again
+HEARTBEAT = 30.0  # seconds without a job finishing before ``map``'s ``still_running`` is called (again)
 INSTALL_HINT = "pip install 'placement-rl[ray]'"
 
 
@@ -71,6 +80,38 @@ def check_workers(workers: int | str) -> int | str:
     if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or int(workers) < 1:
         raise ConfigError(f"workers must be a positive integer or auto, got {workers!r}")
     return int(workers)
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt(restore: Any = None) -> Iterator[None]:
+    """While it runs: SIGTERM raises ``KeyboardInterrupt`` in the main thread, as Ctrl-C does, so a run ends on its
+    interrupt path (jobs cancelled, Ray shut down, one line) instead of in Ray's failure handler (``ray.init``
+    installs one that aborts with a C++ stack dump). Enter it after ``ray.init``. On exit the SIGTERM handler is
+    ``restore`` (the one before ``ray.init``), else the one found on entry. Outside the main thread: nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM) if restore is None else restore
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)  # None: set outside Python
+
+
+def wait_beating(wait: Callable[[list[Any], float], list[Any]], refs: list[Any], *, every: float,
+                 beat: Callable[[], None]) -> list[Any]:
+    """The refs that ``wait(refs, timeout)`` finds ready, calling ``beat()`` each time ``every`` seconds pass
+    without any (``ray.wait`` with a timeout: a long job still shows the run is alive)."""
+    while True:
+        ready = wait(refs, every)
+        if ready:
+            return ready
+        beat()
 
 
 def _single_thread() -> None:
@@ -132,17 +173,19 @@ class Workers:
     """Run ``fn(item, *shared)`` over items here (``n=1``) or as Ray tasks (see the module docstring)."""
 
     def __init__(self, n: int | str = 1, *, address: str | None = None, retries: int = RETRIES,
-                 store: str | Path | None = None, ship: bool | None = None) -> None:
+                 store: str | Path | None = None, ship: bool | None = None,
+                 address_key: str = "ray.address") -> None:
         n = check_workers(n)
         if address is not None and not str(address).strip():
             address = None
         if n == 1 and address is not None:
-            raise ConfigError(f"ray.address={address} is set but workers=1 runs in this process: set workers=auto "
-                              f"(or a count) to use the cluster, or drop ray.address")
+            raise ConfigError(f"{address_key}={address} is set but workers=1 runs in this process: set workers=auto "
+                              f"(or a count) to use the cluster, or drop {address_key}")
         if retries < 0:
             raise ConfigError(f"retries must be >= 0, got {retries}")
         self.requested = n
         self.address = address
+        self.address_key = address_key  # the config key that set ``address``: what an error names
         self.retries = int(retries)
         self.store = Path(store) if store is not None else None
         self.reused = 0  # results taken from ``store`` instead of being computed
@@ -153,6 +196,7 @@ class Workers:
         self._remote: Any = None
         self._conn: Any = None  # scale_ray.Connection on Ray
         self._code_key: str | None = None
+        self._signals = contextlib.ExitStack()  # SIGTERM as Ctrl-C while this object holds Ray
         self.ship = ship  # the driver's package to the workers (runtime_env working_dir); None: on a joined cluster
         self.nodes_checked = 0
         self.note = ""
@@ -162,7 +206,7 @@ class Workers:
             if n != AUTO:
                 raise ConfigError(f"workers={n} runs on Ray, which is not installed: {INSTALL_HINT} (or workers=1)")
             if address is not None:
-                raise ConfigError(f"ray.address={address} needs Ray, which is not installed: {INSTALL_HINT}")
+                raise ConfigError(f"{address_key}={address} needs Ray, which is not installed: {INSTALL_HINT}")
             self.count = 1
             self.note = f"Ray is not installed: one worker in this process ({INSTALL_HINT} for every core)"
         else:
@@ -170,16 +214,18 @@ class Workers:
 
     # ------------------------------------------------------------------------------------------- Ray
     def _start_ray(self) -> None:
-        from placement_rl.scale_ray import check_code, connect, disconnect
+        from placement_rl.scale_ray import check_code, connect
 
         import ray
 
-        self._conn = connect(self.requested, self.address, ship=self.ship)
+        before = signal.getsignal(signal.SIGTERM)  # what it is again at close: ray.init replaces it
+        self._conn = connect(self.requested, self.address, ship=self.ship, key=self.address_key)
+        if self._conn.owner:
+            self._signals.enter_context(sigterm_as_interrupt(restore=before))
         try:
             self.nodes_checked = check_code(self._conn)  # before any job: every node runs the driver's code
         except BaseException:
-            disconnect(self._conn)
-            self._conn = None
+            self.close()
             raise
         self._owner = self._conn.owner
         self.count = max(1, self._conn.cpus if self.requested == AUTO else int(self.requested))
@@ -242,11 +288,13 @@ class Workers:
     def map(self, fn: Callable[..., Any], items: Sequence[Any], *, shared: Iterable[Any] = (),
             progress: Callable[[int, int], None] | None = None, keys: Sequence[str] | None = None,
             cost: Sequence[float] | None = None,
-            on_result: Callable[[int, Any], None] | None = None) -> list[Any]:
+            on_result: Callable[[int, Any], None] | None = None,
+            still_running: Callable[[int, int], None] | None = None, every: float = HEARTBEAT) -> list[Any]:
         """``[fn(item, *shared) for item in items]``, in input order. ``progress(done, total)`` and
         ``on_result(index, result)`` are called here as jobs finish on any worker. ``keys`` (with ``store``): each
         result is saved under its key and reused when found. ``cost``: an estimate per job; larger jobs are
-        dispatched first (balance, not results)."""
+        dispatched first (balance, not results). ``still_running(done, running)``: on Ray, called here each time
+        ``every`` seconds pass without a job finishing."""
         items = list(items)
         total = len(items)
         out: list[Any] = [None] * total
@@ -285,7 +333,15 @@ class Workers:
         shared_refs = [x if isinstance(x, ray.ObjectRef) else ray.put(_pack(x)) for x in shared]  # once per call
         pending: dict[Any, int] = {}
         window = 2 * self.count  # jobs in flight: every worker busy, the next one queued
+        slots = min(self.count, self._conn.cpus) if self._conn.cpus > 0 else self.count  # a job takes one CPU
         queue = iter(todo)
+
+        def wait(refs: list[Any], timeout: float) -> list[Any]:
+            return ray.wait(refs, num_returns=1, timeout=timeout)[0]
+
+        def beat() -> None:
+            if still_running is not None:
+                still_running(done, min(len(pending), slots))
         try:
             while True:
                 while len(pending) < window:
@@ -295,7 +351,7 @@ class Workers:
                     pending[self._remote.remote(fn_ref, items[i], *shared_refs)] = i
                 if not pending:
                     break
-                ready, _ = ray.wait(list(pending), num_returns=1)
+                ready = wait_beating(wait, list(pending), every=every, beat=beat)
                 for ref in ready:
                     i = pending.pop(ref)
                     out[i] = self._get(ref)
@@ -368,6 +424,7 @@ class Workers:
 
             disconnect(self._conn)  # shuts Ray down only where this object started or joined it
         self._conn = None
+        self._signals.close()  # SIGTERM's handler as it was before Ray
         self._ray = self._owner = False
 
     def __enter__(self) -> "Workers":

@@ -10,7 +10,8 @@
   does): the running cluster is joined, and the run's first line says so with its CPUs and nodes. The address is
   probed first (``probe``: a TCP connection and a gRPC channel, ``PROBE_TIMEOUT`` seconds each): ``ray.init``
   retries a dead address forever and waits without end on a port that is no Ray head, so either is a one-line
-  ``ConfigError`` instead.
+  ``ConfigError`` instead. When ``ray.init`` still fails, the line's hint comes from what answers there
+  (``_gcs_status``): no Ray head, or a cluster that wants a token, or either when that cannot be told.
 * Ray already initialised in this process (by the caller): reused as it is, and left running.
 
 When joining a cluster (and on request), the driver ships its package to every worker (``runtime_env``
@@ -118,6 +119,14 @@ def probe(address: str, *, timeout: float = PROBE_TIMEOUT) -> str | None:
     return _not_grpc(host, port, timeout)
 
 
+def _grpc_target(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _tls() -> bool:
+    return os.environ.get("RAY_USE_TLS", "0").strip().lower() in ("1", "true")
+
+
 def _not_grpc(host: str, port: int, timeout: float) -> str | None:
     """Why what listens at ``host:port`` is no Ray head (its GCS and client server speak gRPC; ``ray.init`` waits
     without end on anything else), or ``None`` when a gRPC channel opens within ``timeout`` seconds (or the check
@@ -126,9 +135,9 @@ def _not_grpc(host: str, port: int, timeout: float) -> str | None:
         import grpc
     except ImportError:
         return None
-    if os.environ.get("RAY_USE_TLS", "0").strip().lower() in ("1", "true"):
+    if _tls():
         return None
-    channel = grpc.insecure_channel(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    channel = grpc.insecure_channel(_grpc_target(host, port))
     try:
         grpc.channel_ready_future(channel).result(timeout=timeout)
         return None
@@ -139,10 +148,56 @@ def _not_grpc(host: str, port: int, timeout: float) -> str | None:
         channel.close()
 
 
-def connect(requested: int | str, address: str | None, *, ship: bool | None = None) -> Connection:
-    """Reach Ray as the module doc says; ``ConfigError`` in one line when the cluster cannot be joined.
-    ``ship``: send the driver's package to the workers; ``None``: when joining a cluster (a private instance's
-    workers import this machine's install, whose numba kernel caches the driver has already compiled)."""
+GCS_CALL = "/ray.rpc.NodeInfoGcsService/GetClusterId"  # the first call a joining driver makes to a Ray head
+
+
+def _gcs_status(host: str, port: int, timeout: float) -> str | None:
+    """The gRPC status a Ray head's first call (``GCS_CALL``, without a token) gets at ``host:port``: ``OK`` from a
+    Ray head, ``UNAUTHENTICATED`` from one with token authentication, ``UNIMPLEMENTED`` from a server that is no
+    Ray head; ``None`` where it cannot be asked (no ``grpc``, TLS)."""
+    try:
+        import grpc
+    except ImportError:
+        return None
+    if _tls():
+        return None
+    channel = grpc.insecure_channel(_grpc_target(host, port))
+    try:
+        channel.unary_unary(GCS_CALL)(b"", timeout=timeout)  # an empty request: bytes in, bytes out
+        return "OK"
+    except grpc.RpcError as exc:
+        return exc.code().name
+    finally:
+        channel.close()
+
+
+def _join_hint(address: str, key: str) -> str:
+    """What to do after ``ray.init`` failed to join the cluster at ``address`` (set by ``key``), from what answers
+    there (``_gcs_status``); both causes where they cannot be told apart."""
+    head = "start it with `ray start --head`"
+    token = (f"a cluster with token authentication (Ray's default) is joined at an explicit address only with "
+             f"RAY_AUTH_MODE=token and its token (`ray get-auth-token`), or on its head with {key}=auto")
+    target = None if address == "auto" or address.startswith("ray://") else _host_port(address)
+    status = _gcs_status(*target, PROBE_TIMEOUT) if target is not None else None
+    if status == "UNIMPLEMENTED":
+        return (f"{target[0]}:{target[1]} answers but is no Ray head (the head's port is 6379 unless "
+                f"`ray start --port` says otherwise, a client's ray:// 10001): fix the address")
+    if address == "auto":
+        return head
+    if os.environ.get("RAY_AUTH_MODE"):
+        return ("the cluster wants a token: check that this one is its head's (`ray get-auth-token`)"
+                if status == "UNAUTHENTICATED" else head)
+    if status == "UNAUTHENTICATED":
+        return token
+    return f"either no Ray head answers there ({head}, or fix the address), or {token}"
+
+
+def connect(requested: int | str, address: str | None, *, ship: bool | None = None,
+            key: str = "ray.address") -> Connection:
+    """Reach Ray as the module doc says; ``ConfigError`` in one line when the cluster cannot be joined, naming the
+    config ``key`` that set ``address``. ``ship``: send the driver's package to the workers; ``None``: when joining
+    a cluster (a private instance's workers import this machine's install, whose numba kernel caches the driver has
+    already compiled)."""
     import ray
 
     identity = code_identity()  # the files this driver reads now; with shipping, those of the shipped copy
@@ -150,7 +205,7 @@ def connect(requested: int | str, address: str | None, *, ship: bool | None = No
         cpus, nodes = cluster_size()
         return Connection("reused", "the Ray instance already running in this process", cpus, nodes, False, "",
                           identity)
-    via = "ray.address"
+    via = key
     if address is None and os.environ.get("RAY_ADDRESS", "").strip():  # Ray's own way to name a cluster: a join
         address, via = os.environ["RAY_ADDRESS"].strip(), "RAY_ADDRESS"
     ship = address is not None if ship is None else ship
@@ -177,16 +232,13 @@ def connect(requested: int | str, address: str | None, *, ship: bool | None = No
                      **kwargs)
             how, where = "private", "a private local Ray instance"
             note = (f"; another Ray instance runs on this machine ({', '.join(others)}): not joined "
-                    f"(ray.address=auto joins it deliberately)" if others else "")
+                    f"({key}=auto joins it deliberately)" if others else "")
         else:
             try:
                 ray.init(address=address, runtime_env=env, **kwargs)
             except (ConnectionError, RuntimeError, ValueError) as exc:
-                auth = ("; a cluster with token authentication (Ray's default) is joined at an explicit address "
-                        "only with RAY_AUTH_MODE=token and its token (`ray get-auth-token`), or on its head "
-                        "with ray.address=auto" if address != "auto" and not os.environ.get("RAY_AUTH_MODE") else "")
                 raise ConfigError(f"cannot join the Ray cluster at {via}={address} "
-                                  f"({str(exc).splitlines()[0]}): start it with `ray start --head`{auth}") from None
+                                  f"({str(exc).splitlines()[0]}): {_join_hint(address, via)}") from None
             gcs = ray.get_runtime_context().gcs_address
             how, where, note = "joined", f"the Ray cluster at {gcs} ({via}={address}), joined", ""
     except BaseException:

@@ -82,7 +82,8 @@ def test_a_sweep_on_a_dead_address_ends_in_one_line_and_exit_2(tmp_path):
             timeout=120)  # before the fix: Ray's GCS warnings every 30 s, forever
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     err = r.stderr.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"error: cannot join the Ray cluster at ray.address=127.0.0.1:{port}")
+    assert len(err) == 1 and err[0].startswith(
+        f"error: cannot join the Ray cluster at hydra.launcher.address=127.0.0.1:{port}")
 
 
 # ------------------------------------------------------------------- 2: failed jobs on other launchers

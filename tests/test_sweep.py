@@ -109,7 +109,7 @@ def test_beside_another_ray_instance_and_joining_it(ray_on_machine, tmp_path):
     # auto: the machine's current cluster (the one just started); an explicit host:port would need
     # RAY_AUTH_MODE=token in a fresh process, Ray's rule for token authentication
     out = ok(sweep(tmp_path, "inspect", *args, "hydra.launcher.address=auto", folder="joined"))
-    assert f"the Ray cluster at {ray_on_machine} (ray.address=auto), joined (1 CPU on 1 node)" in out, out
+    assert f"the Ray cluster at {ray_on_machine} (hydra.launcher.address=auto), joined (1 CPU on 1 node)" in out, out
     assert "shipped to every worker" in out, out
     basic = ok(sweep(tmp_path, "inspect", *args, launcher="basic", folder="basic"))
     assert basic.count("wrote ") == 2

@@ -12,14 +12,17 @@ ablation cells, ...) as one job of ``placement_rl.scale.Workers``, a Ray task in
   same ``hydra.job.num`` / ``id``, the sweep's timestamps), and runs through Hydra's ``run_job`` in the driver's
   working directory: its output folder (``hydra.sweep.dir``/``hydra.sweep.subdir``) holds what the basic launcher
   would write there, and its results are those of running the jobs one by one in this process.
-* **Progress**: one line per job as it finishes, on any worker (``[done/total] #num overrides: ... s``). A job that
+* **Progress**: one line per job as it finishes, on any worker (``[done/total] #num overrides: ... s``), and while
+  none finishes a line every ``scale.HEARTBEAT`` seconds (``sweep: 1 of 4 jobs finished, 2 running, 95 s so far``):
+  a worker's own output is printed as one block when its job ends. A job that
   fails is one line (the domain error's message, or the exception's type, message and innermost line); the other
   jobs still run, and the sweep then ends with one line on stderr and exit code 2 (1 when a job hit a bug rather
   than bad input). A worker that dies is retried (``scale.RETRIES``).
 * **Other launchers** (Hydra's basic one, ``hydra/launcher=joblib``, the default of ``train``) end the same way
   (``failures_reported``): a failed job raises instead of exiting, the batch's other jobs run, and the sweep ends
   with one line per failed job (``#num overrides: failed: ...``), one on stderr and exit code 2. Ctrl-C on any
-  sweep is one line (``interrupted: <done> of <total> sweep jobs finished``) and exit code 130.
+  sweep is one line (``interrupted: <done> of <total> sweep jobs finished``) and exit code 130; so is SIGTERM (what
+  Slurm, Kubernetes and ``timeout`` send) while this module's jobs run on Ray (``scale.sigterm_as_interrupt``).
 * On a joined cluster each job writes its folder on the node that runs it, at the driver's path: use a shared
   file system (or ``workers=1``) when the results must land on the driver's disk.
 
@@ -169,6 +172,27 @@ def _end(failed: list[tuple[str, Any]], total: int, seconds: float) -> None:
     raise SweepExit(2 if all(getattr(e, "domain", False) for _, e in failed) else 1)
 
 
+def _still_running(total: int, t0: float) -> Any:
+    """``Workers.map``'s ``still_running``: the sweep's line while no job finishes (a worker's output comes as one
+    block when its job ends)."""
+
+    def say(done: int, running: int) -> None:
+        print(f"sweep: {done} of {total} jobs finished, {running} running, {time.perf_counter() - t0:.0f} s so far",
+              flush=True)
+
+    return say
+
+
+def _address_key(config: Any) -> str:
+    """The key the user set the launcher's address with: ``hydra.launcher.address``, or the command's
+    ``ray.address`` (the launcher's default is an interpolation of it)."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.select(config, "hydra.launcher")
+    default = node is not None and "address" in node and OmegaConf.is_interpolation(node, "address")
+    return "ray.address" if default else "hydra.launcher.address"
+
+
 def _interrupted(done: int, total: int) -> None:
     from placement_rl.cli.jobs import SweepExit
 
@@ -263,10 +287,6 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
             cfg.hydra.job.id = num
             cfg.hydra.job.num = num
         jobs.append(SweepJob(num, own, cfg, os.getcwd(), os.getpid()))
-    try:
-        workers = Workers(launcher.workers, address=launcher.address)
-    except PlacementRLError as exc:
-        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     total = len(jobs)
     outcomes: list[JobOutcome | None] = [None] * total
     failed: list[tuple[SweepJob, Any]] = []
@@ -286,15 +306,19 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
                   f"{ret._return_value}", flush=True)
 
     try:
+        try:
+            workers = Workers(launcher.workers, address=launcher.address, address_key=_address_key(config))
+        except PlacementRLError as exc:
+            fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         with workers:
             print(f"sweep of {plural(total, 'job')} in {config.hydra.sweep.dir} on {workers.describe()}", flush=True)
             state = Singleton.get_state() if workers.on_ray else None
             try:
                 workers.map(run_one, jobs, shared=(launcher.task_function, context.callbacks, state),
-                            on_result=report)
+                            on_result=report, still_running=_still_running(total, t0))
             except PlacementRLError as exc:  # a worker that died more often than the retries allow, a lost cluster
                 fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-    except KeyboardInterrupt:  # Ctrl-C while the jobs run: the jobs in flight are cancelled, Ray shut down
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM while the jobs run: the jobs in flight cancelled, Ray shut down
         _interrupted(sum(o is not None for o in outcomes), total)
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     if failed:
@@ -307,9 +331,10 @@ _NOT_RESULTS = ("multirun.yaml", "hydra.yaml")  # Hydra's record of the sweep an
 
 
 def _measured_time(key: str) -> bool:
-    """A key or table column that holds measured wall-clock seconds (they differ between any two runs)."""
+    """A key or table column that holds wall-clock seconds (they differ between any two runs): ``s``, ``seconds``,
+    one naming seconds (``search_seconds``), or a header in seconds (``search s``, ``wall (s)``)."""
     k = key.strip().lower()
-    return k in ("s", "seconds") or "seconds" in k
+    return k in ("s", "seconds") or "seconds" in k or k.endswith((" s", "(s)"))  # not "_s": simulated_s
 
 
 def _without_times(value: Any) -> Any:
@@ -335,11 +360,22 @@ def _markdown_without_times(text: str) -> str:
     return "\n".join(out)
 
 
+def _csv_without_times(text: str) -> str:
+    """A CSV table with its columns of measured seconds (by header) cut out."""
+    import csv
+
+    rows = list(csv.reader(io.StringIO(text)))
+    keep = [i for i, h in enumerate(rows[0]) if not _measured_time(h)] if rows else []
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows([[r[i] for i in keep if i < len(r)] for r in rows])
+    return out.getvalue()
+
+
 def sweep_results(folder: Any) -> dict[str, str]:
     """What the jobs of a sweep computed, to compare two runs of it: ``{"<job>/<path>": sha256}`` over every file
     of its job folders but Hydra's logs and its records of the sweep and the launcher (``multirun.yaml``,
-    ``.hydra/hydra.yaml``); measured seconds are left out of JSON files (keys naming seconds) and markdown tables
-    (columns headed ``s`` or naming seconds)."""
+    ``.hydra/hydra.yaml``); measured seconds are left out of JSON files (keys naming seconds), markdown tables and
+    CSV files (columns headed ``s``, ``... s`` or naming seconds: ``_measured_time``)."""
     import hashlib
     import json
     from pathlib import Path
@@ -354,5 +390,7 @@ def sweep_results(folder: Any) -> dict[str, str]:
             data = json.dumps(_without_times(json.loads(data)), sort_keys=True).encode()
         elif f.suffix == ".md":
             data = _markdown_without_times(data.decode()).encode()
+        elif f.suffix == ".csv":
+            data = _csv_without_times(data.decode()).encode()
         out[f.relative_to(root).as_posix()] = hashlib.sha256(data).hexdigest()[:16]
     return out
