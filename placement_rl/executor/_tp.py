@@ -20,8 +20,8 @@ prices); a fused projection (a QKV whose output is split into equal chunks) woul
 all-gather before the split and run the heads replicated. Split sizes and view / reshape shapes are divided by the
 TP degree along the tracked sharded dimension, and a fused GEMM's output rows are interleaved so that each rank's
 contiguous shard holds its heads of every chunk (Megatron's layout); :class:`PartRunner.grads` un-permutes those
-rows (``ROW_PERM``). A region with an op this rewrite has no rule for (e.g. Llama's separate q / k / v, whose
-scores mix two columns) keeps the DTensor path.
+rows (``ROW_PERM``). The columns feeding one row GEMM (Llama's separate q / k / v) form one region
+(``_tp_region.local_regions``). A region with an op this rewrite has no rule for keeps the DTensor path.
 
 The step runs under ``implicit_replication`` (forward and backward; plain tensors meeting DTensors -- masks,
 targets, the residual stream -- count as replicated) and its outputs are plain tensors (a DTensor output, e.g. the
@@ -31,6 +31,7 @@ position embeddings) get identical gradients on every TP rank, as in Megatron wi
 
 Checked before any process starts (``_tp_region.check_program``): every annotated GEMM is an ``aten.linear`` or
 ``aten.embedding`` (GPT-2's ``Conv1D`` ``addmm`` is refused), every split size is divisible by the TP degree,
+a region left to DTensor has nothing DTensor cannot run (``_tp_region.dtensor_blocker``: fused attention on CPU),
 and no stage boundary cuts inside a TP region (only replicated tensors cross stages).
 """
 
@@ -42,7 +43,7 @@ import torch
 from torch import fx, nn
 
 from placement_rl.errors import PlanError
-from placement_rl.executor._tp_region import _COLUMN, _VOCAB, REAL_ROWS, ROW_PERM, _gemm, _weight, local_region
+from placement_rl.executor._tp_region import _COLUMN, _VOCAB, REAL_ROWS, ROW_PERM, _gemm, _weight, local_regions
 
 def _interleave(w: torch.Tensor, k: int, tp: int) -> torch.Tensor:
     """Row order that puts rank r's rows of each of the ``k`` chunks in its contiguous shard: index [P] with
@@ -154,13 +155,11 @@ def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
     plan: dict[str, Any] = {}
     made: list[tuple[str, nn.Module, str, list[int]]] = []  # (path, module, kind, ids of its original params)
     tp = int(tp_mesh.size())
-    local: dict[str, tuple[dict[fx.Node, tuple], int]] = {}
     padded: dict[int, nn.Parameter] = {}  # id of a vocab table -> its padded copy (one per tied parameter)
-    for n in gm.graph.nodes:
-        if kinds.get(n.name) == "column" and n.op == "call_function" and _gemm(n) == "linear":
-            got = local_region(gm, n, kinds, tp)
-            if got is not None:
-                local[n.name] = got
+    local = local_regions(gm, kinds, tp)
+    for rewrites, _ in local.values():  # local shapes and split sizes (args read the columns' calls once made)
+        for m, args in rewrites.items():
+            m.args = args
     seq = seq_norms or frozenset()
     entering = [n for n in gm.graph.nodes if n.op == "placeholder" and n.name in (seq_values or ())]
     if entering:  # pipeline stage > 0 with sequence parallelism: the residual stream it receives, sharded again
@@ -220,7 +219,7 @@ def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
         if vocab is not None and vocab[1] > vocab[0] and kind in _VOCAB and int(mod.weight.shape[0]) == vocab[0]:
             pad_vocab(gm, mod, call, kind, vocab, padded)
         if n.name in local:  # a column GEMM whose region runs on local shards (a fused one: rows interleaved)
-            rewrites, k = local[n.name]
+            k = local[n.name][1]
             if k > 1:
                 perm = _interleave(mod.weight, k, tp)
                 with torch.no_grad():
@@ -228,8 +227,6 @@ def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
                     if mod.bias is not None:
                         mod.bias.data = mod.bias.data[perm].clone()
                 setattr(mod, ROW_PERM, perm)
-            for m, args in rewrites.items():  # the split reads the new module call, not the erased node
-                m.args = tuple(call if a is n else a for a in args)
             plan[path] = ColwiseParallel(use_local_output=True, **({"input_layouts": Shard(1)} if seq else {}))
         elif kind == "seq_norm":
             plan[path] = SequenceParallel(use_local_output=False)

@@ -5,7 +5,7 @@ column GEMM to its row GEMM that run on local shards, with split sizes and view 
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from torch import fx, nn
 
@@ -52,7 +52,8 @@ def _gemm(node: fx.Node) -> str | None:
 def check_program(gm: fx.GraphModule, kinds: Mapping[str, str], tp: int,
                   stage_map: Mapping[str, int] | None = None, vocab: tuple[int, int] | None = None) -> None:
     """``PlanError`` (one line) when ``gm``'s annotated ops cannot run at TP degree ``tp`` (``vocab``: the
-    vocabulary and its padded size, when the plan pads it: the vocab-parallel tables are checked padded)."""
+    vocabulary and its padded size, when the plan pads it: the vocab-parallel tables are checked padded), or a TP
+    region that cannot run on local shards cannot run on DTensors either (:func:`dtensor_blocker`)."""
     if tp == 1:
         return
     nodes = {n.name: n for n in gm.graph.nodes}
@@ -71,6 +72,11 @@ def check_program(gm: fx.GraphModule, kinds: Mapping[str, str], tp: int,
         if size % tp:
             raise PlanError(f"TP degree {tp} does not divide the {'input' if kind == 'row' else 'output'} size "
                             f"{size} of '{w[0]}' ({kind}); choose a TP degree dividing it")
+    local = local_regions(gm, kinds, tp)
+    for cols in column_groups(gm, kinds):
+        why = None if cols[0].name in local else dtensor_blocker(gm, cols, kinds, tp)
+        if why:
+            raise PlanError(why)
     if stage_map:
         for n in gm.graph.nodes:
             if kinds.get(n.name) in _SHARDED_OUT and n.name in stage_map:
@@ -99,82 +105,271 @@ def _regroup(s_in: tuple[int, ...], d: int, s_out: tuple[int, ...], tp: int) -> 
     return None
 
 
-def local_region(gm: fx.GraphModule, col: fx.Node, kinds: Mapping[str, str], tp: int
-                 ) -> tuple[dict[fx.Node, tuple], int] | None:
-    """For column GEMM ``col`` (its output split into ``k`` equal chunks on its last dim when fused, else ``k = 1``):
-    the new args of every op of its TP region when it runs on local shards (``{node: args}``) and ``k``; None if an
-    op of the region has no rule here (then the DTensor path stays)."""
-    out = _shape(col)
-    if out is None:
+def _fused_view(s_in: tuple[int, ...], d: int, s_out: tuple[int, ...], tp: int) -> tuple[int, int] | None:
+    """``(j, k)`` when a view splits the fused output dim ``d`` (the last) into ``(k, heads, ...)`` with ``k`` chunks
+    (timm / ViT: ``reshape(b, t, 3, h, dh)``) and ``tp`` divides ``heads``: with the rows interleaved (each rank's
+    share of every chunk contiguous) the shard is then output dim ``j + 1``; else None."""
+    lead = 1
+    for x in s_in[:d]:
+        lead *= x
+    acc = 1
+    for j, x in enumerate(s_out[:-1]):
+        if acc == lead:
+            h = s_out[j + 1]
+            ok = d == len(s_in) - 1 and x > 1 and s_in[d] % x == 0 and h % tp == 0 and (s_in[d] // x) % h == 0
+            return (j, x) if ok else None
+        acc *= x
+    return None
+
+
+_LISTS = ("aten.split.Tensor", "aten.split_with_sizes", "aten.chunk.", "aten.unbind.")  # values: lists of tensors
+_SDPA = "aten.scaled_dot_product_attention."
+
+
+def _split(n: fx.Node, x: fx.Node, sx: tuple[int, ...], d: int, col: fx.Node | None, tp: int
+           ) -> tuple[tuple | None, int] | None:
+    """A split / chunk of ``x`` (sharded on ``d``): ``(new args or None, k)`` -- on another dim nothing changes
+    (``k = 0``); on ``d`` only the column's own output may be cut, into ``k`` equal chunks each ``tp`` divides
+    (sizes divided by ``tp``; a chunk count stays); None otherwise."""
+    chunk = str(n.target).startswith("aten.chunk.")
+    dim = int(n.args[2] if len(n.args) > 2 else 0) % len(sx)
+    if dim != d:
+        return None, 0
+    if chunk:
+        sizes = [sx[dim] // int(n.args[1])] * int(n.args[1]) if sx[dim] % int(n.args[1]) == 0 else []
+    else:
+        sizes = [n.args[1]] * (sx[dim] // n.args[1]) if isinstance(n.args[1], int) else list(n.args[1])
+    if x is not col or not sizes or len(set(sizes)) != 1 or sum(sizes) != sx[dim] or sizes[0] % tp:
         return None
-    sdim: dict[fx.Node, int] = {col: len(out) - 1}
+    k, size = len(sizes), sizes[0] // tp
+    if chunk:
+        return None, k
+    return (x, size if isinstance(n.args[1], int) else [size] * k, *n.args[2:]), k
+
+
+def _view(n: fx.Node, x: fx.Node, sx: tuple[int, ...], d: int, shp: tuple[int, ...], col: fx.Node | None,
+          tp: int) -> tuple[tuple, int, int] | None:
+    """A view / reshape of ``x`` (sharded on ``d``): ``(new args, sharded output dim, k)``, ``k > 0`` when it cuts
+    the column's fused output into ``k`` chunks (:func:`_fused_view`); None when the shard cannot follow."""
+    if not isinstance(n.args[1], (list, tuple)) or any(not isinstance(v, int) or v < -1 for v in n.args[1]):
+        return None
+    j, k = _regroup(sx, d, shp, tp), 0
+    if j is None and x is col:
+        fused = _fused_view(sx, d, shp, tp)
+        if fused is None:
+            return None
+        j, k = fused[0] + 1, fused[1]
+    if j is None:
+        return None
+    target = list(n.args[1])
+    target[j] //= 1 if target[j] == -1 else tp  # a -1 infers the local size
+    return (x, target), j, k
+
+
+def _sdpa(n: fx.Node, sdim: Mapping[fx.Node, int], shp: tuple[int, ...]) -> int | None:
+    """Fused attention (``scaled_dot_product_attention``) runs per head: its sharded output dim when q, k and v
+    are sharded on the same head dim and a mask does not span it (e.g. ``[b, 1, s, s]``), else None."""
+    q, k, v = n.args[:3]
+    mask = n.args[3] if len(n.args) > 3 else n.kwargs.get("attn_mask")
+    if any(a not in sdim for a in (q, k, v)):
+        return None
+    rel = {sdim[a] - len(_shape(a) or ()) for a in (q, k, v)}
+    if len(rel) != 1 or min(rel) > -3:
+        return None
+    d = rel.pop()
+    if isinstance(mask, fx.Node):
+        sm = _shape(mask)
+        if mask in sdim or sm is None or (len(sm) >= -d and sm[d] != 1):
+            return None
+    return len(shp) + d
+
+
+def _moved(n: fx.Node, t: str, sx: tuple[int, ...], d: int) -> int | None:
+    """Where the sharded dim ``d`` of a transpose / permute / unbind / select's input ends up (None: it is
+    removed, the op has no rule)."""
+    if t.startswith("aten.transpose.int"):
+        a, b = (int(v) % len(sx) for v in n.args[1:3])
+        return b if d == a else a if d == b else d
+    if t.startswith("aten.permute."):
+        return [int(v) % len(sx) for v in n.args[1]].index(d)
+    if t.startswith("aten.unsqueeze."):
+        return d + (int(n.args[1]) % (len(sx) + 1) <= d)
+    if t.startswith("aten.slice.Tensor"):  # along another dim only
+        return None if int(n.args[1] if len(n.args) > 1 else 0) % len(sx) == d else d
+    dim = int(n.args[1] if len(n.args) > 1 else 0) % len(sx)  # unbind / select: that dim disappears
+    return None if dim == d else d - (dim < d)
+
+
+def _cat(n: fx.Node, sdim: Mapping[fx.Node, int], shp: tuple[int, ...] | None) -> tuple[int, tuple, int] | None:
+    """Concatenation of tensors all sharded on the same dim, along another one (RoPE's ``rotate_half``); empty
+    operands (T5's cross-attention cache before its first step: ``(0,)``) are dropped."""
+    parts = n.args[0]
+    if shp is None or not isinstance(parts, (list, tuple)):
+        return None
+    parts = [a for a in parts if a in sdim or _shape(a) != (0,)]
+    if not parts or any(a not in sdim for a in parts):
+        return None
+    rel = {sdim[a] - len(_shape(a) or ()) for a in parts}
+    dim = int(n.args[1] if len(n.args) > 1 else 0) % len(shp)
+    if len(rel) != 1 or len(shp) + min(rel) == dim:
+        return None
+    return len(shp) + rel.pop(), (parts, *n.args[1:]), 0
+
+
+def _elementwise(n: fx.Node, ins: list[fx.Node], sdim: Mapping[fx.Node, int], shp: tuple[int, ...]) -> int | None:
+    """Element-wise op: the sharded dim stays put when every sharded operand agrees and no replicated operand
+    spans it."""
+    d = sdim[ins[0]] - len(_shape(ins[0]))
+    for a in n.args:
+        sa = _shape(a)
+        if isinstance(a, fx.Node) and a not in sdim and sa is not None and len(sa) >= -d and sa[d] != 1:
+            return None  # a replicated operand spans the sharded dim
+        if isinstance(a, fx.Node) and a in sdim and sdim[a] - len(sa) != d:
+            return None
+    return None if len(shp) < -d else len(shp) + d
+
+
+def _step(n: fx.Node, col: fx.Node | None, sdim: Mapping[fx.Node, int], ins: list[fx.Node], tp: int
+          ) -> tuple[int, tuple | None, int] | None:
+    """One op of a column's region: ``(its sharded output dim, its new args or None, k of a fused cut or 0)``,
+    None when the op has no rule (then the region keeps the DTensor path)."""
+    t = str(n.target)
+    x, shp = n.args[0], _shape(n)
+    if t.startswith("aten.cat."):
+        return _cat(n, sdim, shp)
+    sx = _shape(x)
+    if sx is None or (shp is None and not t.startswith(_LISTS)):
+        return None
+    d = sdim.get(x)
+    if t.startswith(("aten.split.Tensor", "aten.split_with_sizes", "aten.chunk.")):
+        got = _split(n, x, sx, d, col, tp) if d is not None else None
+        return None if got is None else (d, got[0], got[1])
+    if t.startswith(("aten.view.", "aten._unsafe_view.", "aten.reshape.")):
+        got = _view(n, x, sx, d, shp, col, tp) if d is not None else None
+        return None if got is None else (got[1], got[0], got[2])
+    if t.startswith(("aten.transpose.int", "aten.permute.", "aten.unbind.int", "aten.select.int", "aten.unsqueeze.",
+                     "aten.slice.Tensor")):
+        j = _moved(n, t, sx, d) if d is not None else None
+        return None if j is None else (j, None, 0)
+    if t.startswith("aten.expand."):  # the sharded dim keeps its (local) size
+        if d is None or not isinstance(n.args[1], (list, tuple)) or len(n.args[1]) != len(sx) \
+                or n.args[1][d] not in (-1, sx[d]):
+            return None
+        size = [v if i != d or v == -1 else v // tp for i, v in enumerate(n.args[1])]
+        return d, (x, size, *n.args[2:]), 0
+    if t.startswith(_SDPA):
+        j = _sdpa(n, sdim, shp)
+        return None if j is None else (j, None, 0)
+    if t.startswith(("aten.matmul.", "aten.bmm.")):
+        a, b = n.args[0], n.args[1]
+        if a not in sdim or b not in sdim:
+            return None
+        da, db = sdim[a] - len(_shape(a)), sdim[b] - len(_shape(b))
+        return (len(shp) + da, None, 0) if da == db and da <= -3 else None  # both sharded on one batch dim
+    if t.startswith(("aten.softmax.", "aten._softmax.", "aten.log_softmax.", "aten._log_softmax.")):
+        return None if d is None or int(n.args[1]) % len(sx) == d else (d, None, 0)
+    if t.startswith(_PASS):
+        j = _elementwise(n, ins, sdim, shp)
+        return None if j is None else (j, None, 0)
+    return None
+
+
+def local_region(gm: fx.GraphModule, col: fx.Node | Sequence[fx.Node], kinds: Mapping[str, str], tp: int
+                 ) -> tuple[dict[fx.Node, tuple], int] | None:
+    """For column GEMM(s) ``col`` feeding one row GEMM (several: Llama's separate q / k / v, a gated MLP): the new
+    args of every op of their TP region when it runs on local shards (``{node: args}``) and ``k``: the number of
+    equal chunks a single fused column's output is cut into on its last dim (``split``, ``chunk`` or a
+    ``(k, heads, ...)`` view), else 1. None if an op of the region has no rule here (then the DTensor path stays)."""
+    cols = [col] if isinstance(col, fx.Node) else list(col)
+    sdim: dict[fx.Node, int] = {}
+    for c in cols:
+        out = _shape(c)
+        if out is None:
+            return None
+        sdim[c] = len(out) - 1
+    fused = cols[0] if len(cols) == 1 else None  # only a lone column's output may be cut into chunks
     new: dict[fx.Node, tuple] = {}
     k = 0
     for n in gm.graph.nodes:
         ins = [a for a in n.all_input_nodes if a in sdim]
-        if not ins or n is col:
+        if not ins or n in cols:
             continue
-        t = str(n.target)
-        name = getattr(n.target, "__name__", "")
         if kinds.get(n.name) == "row":
             if len(ins) != 1 or n.args[0] is not ins[0] or sdim[ins[0]] != len(_shape(ins[0]) or ()) - 1:
                 return None
             continue
-        shp = _shape(n)
-        if name == "getitem":
+        if getattr(n.target, "__name__", "") == "getitem":
             sdim[n] = sdim[n.args[0]]
             continue
-        x = n.args[0]
-        sx = _shape(x)
-        split = t.startswith(("aten.split.Tensor", "aten.split_with_sizes"))  # its value is a list of tensors
-        if kinds.get(n.name) != "sharded" or sx is None or (shp is None and not split):
-            return None  # the sharded tensor leaves the region some other way
-        if split:
-            dim = (n.args[2] if len(n.args) > 2 else 0) % len(sx)
-            sizes = [n.args[1]] * (sx[dim] // n.args[1]) if isinstance(n.args[1], int) else list(n.args[1])
-            if x is not col or dim != sdim[x] or len(set(sizes)) != 1 or sum(sizes) != sx[dim] or sizes[0] % tp:
-                return None
-            k = len(sizes)
-            size = sizes[0] // tp
-            new[n] = (x, size if isinstance(n.args[1], int) else [size] * k, *n.args[2:])
-            sdim[n] = dim
-        elif t.startswith(("aten.view.", "aten._unsafe_view.", "aten.reshape.")):
-            if not isinstance(n.args[1], (list, tuple)) or any(not isinstance(v, int) or v < 0 for v in n.args[1]):
-                return None
-            j = _regroup(sx, sdim[x], shp, tp)
-            if j is None:
-                return None
-            target = list(n.args[1])
-            target[j] //= tp
-            new[n] = (x, target)
-            sdim[n] = j
-        elif t.startswith("aten.transpose.int"):
-            a, b = (int(v) % len(sx) for v in n.args[1:3])
-            d = sdim[x]
-            sdim[n] = b if d == a else a if d == b else d
-        elif t.startswith(("aten.matmul.", "aten.bmm.")):
-            a, b = n.args[0], n.args[1]
-            if a not in sdim or b not in sdim:
-                return None
-            da, db = sdim[a] - len(_shape(a)), sdim[b] - len(_shape(b))
-            if da != db or da > -3:
-                return None  # both sharded on the same batch dim
-            sdim[n] = len(shp) + da
-        elif t.startswith(("aten.softmax.", "aten._softmax.", "aten.log_softmax.", "aten._log_softmax.")):
-            if int(n.args[1]) % len(sx) == sdim[x]:
-                return None
-            sdim[n] = sdim[x]
-        elif t.startswith(_PASS):
-            d = sdim[ins[0]] - len(_shape(ins[0]))
-            for a in n.args:
-                sa = _shape(a)
-                if isinstance(a, fx.Node) and a not in sdim and sa is not None and len(sa) >= -d and sa[d] != 1:
-                    return None  # a replicated operand spans the sharded dim
-                if isinstance(a, fx.Node) and a in sdim and sdim[a] - len(sa) != d:
-                    return None
-            if len(shp) < -d:
-                return None
-            sdim[n] = len(shp) + d
-        else:
-            return None
+        got = _step(n, fused, sdim, ins, tp) if kinds.get(n.name) == "sharded" else None
+        if got is None or (got[2] and k and got[2] != k):
+            return None  # the sharded tensor leaves the region some other way, or an op has no rule
+        sdim[n], k = got[0], got[2] or k
+        if got[1] is not None:
+            new[n] = got[1]
     return new, max(k, 1)
+
+
+def column_groups(gm: fx.GraphModule, kinds: Mapping[str, str]) -> list[list[fx.Node]]:
+    """The column GEMMs (``aten.linear``) of ``gm`` grouped by the row GEMM their sharded ops reach, in program
+    order."""
+    groups: dict[fx.Node, list[fx.Node]] = {}
+    for c in gm.graph.nodes:
+        if kinds.get(c.name) != "column" or c.op != "call_function" or _gemm(c) != "linear":
+            continue
+        stack, seen, row = list(c.users), set(), None
+        while stack and row is None:
+            u = stack.pop()
+            if u in seen:
+                continue
+            seen.add(u)
+            if kinds.get(u.name) == "row":
+                row = u
+            elif kinds.get(u.name) == "sharded" or getattr(u.target, "__name__", "") == "getitem":
+                stack.extend(u.users)
+        groups.setdefault(row if row is not None else c, []).append(c)
+    return list(groups.values())
+
+
+def local_regions(gm: fx.GraphModule, kinds: Mapping[str, str], tp: int) -> dict[str, tuple[dict[fx.Node, tuple], int]]:
+    """Column name -> ``(rewrites, k)`` (:func:`local_region`) of every column whose region runs on local shards
+    (the columns of one region share its rewrites)."""
+    out: dict[str, tuple[dict[fx.Node, tuple], int]] = {}
+    for cols in column_groups(gm, kinds):
+        got = local_region(gm, cols, kinds, tp)
+        if got is not None:
+            out.update({c.name: got for c in cols})
+    return out
+
+
+def _region(cols: Sequence[fx.Node], kinds: Mapping[str, str]) -> list[fx.Node]:
+    """The sharded ops fed by columns ``cols`` up to their row GEMM."""
+    stack, seen = [u for c in cols for u in c.users], []
+    while stack:
+        u = stack.pop()
+        if u not in seen and (kinds.get(u.name) == "sharded" or getattr(u.target, "__name__", "") == "getitem"):
+            seen.append(u)
+            stack.extend(u.users)
+    return seen
+
+
+def dtensor_blocker(gm: fx.GraphModule, cols: Sequence[fx.Node], kinds: Mapping[str, str], tp: int) -> str | None:
+    """Why the region of ``cols`` (not run on local shards) cannot run on DTensors either, or None: fused attention
+    (DTensor has no rule for ``scaled_dot_product_attention`` on CPU: the ranks fail or hang), a concatenation with
+    an empty tensor (a cache before its first step) or a view cutting a column's sharded output into chunks
+    ``tp`` does not divide (a fused QKV reshaped ``(3, heads, head_dim)``)."""
+    where = f"the TP region of '{cols[0].name}'"
+    for n in _region(cols, kinds):
+        t = str(n.target)
+        if t.startswith(_SDPA):
+            return (f"{where} runs scaled_dot_product_attention ('{n.name}') with operands that cannot be split by "
+                    "heads (e.g. a mask spanning the heads) and DTensor cannot run it on CPU: use eager attention "
+                    "(attn_implementation='eager') or tp=1")
+        if t.startswith("aten.cat.") and any(_shape(a) == (0,) for a in n.args[0]):
+            return f"{where} concatenates an empty tensor ('{n.name}', a cache), which DTensor cannot shard: use tp=1"
+        if t.startswith(("aten.view.", "aten._unsafe_view.", "aten.reshape.")) and n.args[0] in cols:
+            sx, shp = _shape(n.args[0]), _shape(n)
+            if sx and shp and _regroup(sx, len(sx) - 1, shp, tp) is None:
+                return (f"{where} reshapes its output to {list(shp)} ('{n.name}'), which TP {tp} cannot split into "
+                        "whole heads: cut the fused projection with split / chunk on its last dim, or use tp=1")
+    return None
