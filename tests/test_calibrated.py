@@ -335,20 +335,6 @@ def test_gemm_dims_of_captured_shapes():
 
 
 
-def test_a_linear_fed_by_the_model_input_takes_its_shape_from_its_weight():
-    """The model's input is no node, so the first linear has no input bytes: its shape came out 0 (priced as a
-    cube of its FLOPs, 2-3x below the same layer fed by another): now N from the weight (with or without bias)."""
-    from placement_rl.cost.calibrated import gemm_dims
-
-    lin = np.array([CLASSES.index("linear")] * 2)
-    flops = np.full(2, 2.0 * 16 * 8192 * 8192)
-    out_b = np.full(2, 4.0 * 16 * 8192)
-    par = np.array([4.0 * 8192 * 8192, 4.0 * (8192 * 8192 + 8192)])
-    d = gemm_dims(lin, flops, np.zeros(2), out_b, par)
-    assert d.tolist() == [[1, 16, 8192, 8192]] * 2
-    assert gemm_dims(lin, flops, np.full(2, 4.0 * 16 * 8192), out_b, par).tolist() == d.tolist()
-
-
 @pytest.mark.parametrize("preset", GPU_PRESETS)
 def test_every_gpu_preset_resolves_calibrated(graph, preset):
     topo = load_topology(preset)

@@ -18,8 +18,7 @@ from placement_rl.graph.op_classes import CLASSES, GEMM_CLASSES
 def gemm_dims(cls: np.ndarray, flops: np.ndarray, in_b: np.ndarray, out_b: np.ndarray, param_b: np.ndarray,
               a_b: np.ndarray | None = None, b_b: np.ndarray | None = None) -> np.ndarray:
     """``[N, 4]`` (batch, M, N, K) in elements of every GEMM-like node's forward ``(M x K) @ (K x N)``, from its
-    FLOPs and fp32 bytes: ``K = F / 2 out``; linear ``M = in / K`` (with no input bytes ``N = params / K``, less
-    a bias); conv (implicit GEMM) ``N = C_out = params /
+    FLOPs and fp32 bytes: ``K = F / 2 out``; linear ``M = in / K``; conv (implicit GEMM) ``N = C_out = params /
     K``; bmm from its two operands' bytes (``a_b``, ``b_b``: ``B M K`` and ``B K N``). Rows that do not solve
     (no FLOPs, inconsistent bytes) are 0: priced as a large GEMM without tile quantisation."""
     n = cls.shape[0]
@@ -31,14 +30,6 @@ def gemm_dims(cls: np.ndarray, flops: np.ndarray, in_b: np.ndarray, out_b: np.nd
     m = np.where(lin & (kd > 0), in_b / 4.0 / np.maximum(kd, 1e-30), 0.0)
     good = lin & (m >= 1) & (out_el / np.maximum(m, 1e-30) >= 1)
     out[good] = np.stack([np.ones(good.sum()), m[good], out_el[good] / m[good], kd[good]], axis=1)
-    # a linear with no input bytes (fed by the model's input, which is no node): N from its weight, K x N plus
-    # an N bias where that divides whole (it was priced as a cube of its FLOPs, 2-3x below the same layer later on)
-    p_el = param_b / 4.0
-    with_bias = np.where(kd > 0, p_el / (kd + 1.0), 0.0)
-    nd = np.where(np.abs(with_bias - np.round(with_bias)) < 1e-6, np.round(with_bias),
-                  np.where(kd > 0, p_el / np.maximum(kd, 1e-30), 0.0))
-    alone = lin & ~good & (in_b <= 0) & (nd >= 1) & (out_el / np.maximum(nd, 1e-30) >= 1)
-    out[alone] = np.stack([np.ones(alone.sum()), out_el[alone] / nd[alone], nd[alone], kd[alone]], axis=1)
     conv = ok & (cls == CLASSES.index("conv"))
     co = np.where(conv & (kd > 0), np.floor(param_b / 4.0 / np.maximum(kd, 1e-30)), 0.0)
     good = conv & (co >= 1) & (out_el / np.maximum(co, 1e-30) >= 1)
