@@ -43,7 +43,8 @@ from placement_rl.baselines.pipe_common import PipeProblem, Plan, Stages, microb
 from placement_rl.cost.collectives import coeff_array
 from placement_rl.cost.comm_fit import pad_segments, split_segments
 from placement_rl.cost.modes import mode_of
-from placement_rl.graph.ideals import IdealFamily, ideal_family, prefix_ideals
+from placement_rl.graph.ideals import IdealFamily, ideal_bound, ideal_family, prefix_ideals
+from placement_rl.graph.ir import CompGraph
 
 ENUM_LIMIT = 4096          # ideals listed at most before falling back to one order's prefixes
 WORK_LIMIT = 4e9           # nested pairs x device states x compositions^2 x micro-batch counts
@@ -228,6 +229,45 @@ def _next_states(avail: list[int], comp: np.ndarray) -> np.ndarray:
     return out
 
 
+def antichain_size(graph: CompGraph) -> int:
+    """The size of an antichain of the DAG, found in linear time: the most nodes of one depth (edges on the
+    longest path from a source) or free together after a prefix of ``graph.topo_order`` (outside it, each
+    predecessor in it). Each subset of an antichain spans an ideal of its own (the subset and its ancestors), so
+    the graph has at least ``2 ** size`` ideals."""
+    n = graph.num_nodes
+    sp, si = graph.succ_ptr.tolist(), graph.succ_idx.tolist()
+    waiting = np.diff(graph.pred_ptr).tolist()  # predecessors outside the prefix
+    depth = [0] * n
+    free = best = waiting.count(0)
+    for v in graph.topo_order.tolist():
+        free -= 1
+        for w in si[sp[v]:sp[v + 1]]:
+            depth[w] = max(depth[w], depth[v] + 1)
+            waiting[w] -= 1
+            free += waiting[w] == 0
+        best = max(best, free)
+    return max(best, max(np.bincount(depth).tolist(), default=0))
+
+
+def listed_family(graph: CompGraph, limit: int, colocate: list[list[int]]) -> IdealFamily:
+    """``ideal_family``, without listing the ideals where an antichain (``antichain_size``) already proves more
+    than ``limit``: the listing would fail, but only after building a level of up to width^2 / 2 sets (seconds on
+    a graph of a few hundred parallel branches, past any planner's seconds)."""
+    width = antichain_size(graph)
+    if 2**width <= limit:
+        return ideal_family(graph, limit=limit, colocate=colocate)
+    bound = ideal_bound(graph)
+    return IdealFamily(prefix_ideals(graph, colocate), False, bound,
+                       f"more than {limit} ideals (at least 2^{width}: an antichain of {width} nodes; chain-cover "
+                       f"bound {_magnitude(bound)}): searched the prefixes of one topological order instead (coarsen "
+                       "the graph or raise the limit for the full space)")
+
+
+def _magnitude(x: int) -> str:
+    """``x`` in 3 digits, or its power of ten past floats (a chain-cover bound of thousands of chains)."""
+    return f"{x:.3g}" if x < 1e300 else f"~1e{int(math.log10(x))}"
+
+
 class IdealSearch:
     """Arrays of the DP for one problem (classes, compositions, per-ideal prefix sums), reused per m."""
 
@@ -245,7 +285,7 @@ class IdealSearch:
         coarse = cost_classes(pp, self.allowed)
         per_pair = work_per_pair(coarse)
         limit = max(2, int(np.sqrt(2 * work_limit / per_pair)))
-        fam = ideal_family(pp.graph, limit=min(enum_limit, limit), colocate=self.colocate)
+        fam = listed_family(pp.graph, min(enum_limit, limit), self.colocate)
         # links split a cost class: its devices as the classes of ``device_classes`` where each of their
         # compositions is listed and the family's DP stays within the work limit, else the cost classes with each
         # composition priced on its best-connected devices (``concrete``) and each plan simulated on them first
@@ -434,5 +474,5 @@ def ideal_candidates(pp: PipeProblem) -> tuple[list[tuple[float, Plan]], dict[st
     return cands[:1] + fsdp + cands[1:], info
 
 
-__all__ = ["IdealSearch", "compositions", "connected_groups", "cost_classes", "device_classes", "ideal_candidates",
-           "link_arrays", "prefix_ideals", "split_classes"]
+__all__ = ["IdealSearch", "antichain_size", "compositions", "connected_groups", "cost_classes", "device_classes",
+           "ideal_candidates", "link_arrays", "listed_family", "prefix_ideals", "split_classes"]
