@@ -58,3 +58,12 @@ def test_costs_measured_at_a_batch_still_win():
     a = simulate_pipeline(g, costs, topo, _plan(16)).step_time
     b = simulate_pipeline(g, costs, topo, _plan(16), cost_batch_size=4).step_time
     assert a == pytest.approx(b)
+
+
+def test_evaluate_notes_a_given_plan_at_another_batch():
+    from placement_rl.cli.evaluate import batch_note
+
+    g = _graph(8)
+    assert batch_note(_plan(16), g) == ("runs batch 16, the graph's is 8 (the single device's): the speed-up "
+                                        "compares steps, 2 x the samples here")
+    assert batch_note(_plan(8), g) == batch_note(_plan(None), g) == batch_note(_plan(16), _graph(None)) == ""

@@ -156,6 +156,18 @@ def compare_learned(graph, costs, topology, out: Path, *, label: str, plan, step
     return metrics
 
 
+def batch_note(plan, graph) -> str:
+    """A given stage plan's note where it runs another batch than its graph's (the single device's row runs the
+    graph's): its step time is for its own batch, so the speed-up compares steps, not samples."""
+    from placement_rl.plans import graph_batch_size
+
+    own, at = getattr(plan, "batch_size", None), graph_batch_size(graph)
+    if own is None or at is None or int(own) == int(at):
+        return ""
+    return (f"runs batch {int(own)}, the graph's is {at} (the single device's): the speed-up compares steps, "
+            f"{int(own) / at:g} x the samples here")
+
+
 def _load_given(cfg: DictConfig, data, graph, topology, line: str | None) -> Placement | StagePlan:
     """The plan file checked against the graph and topology; an error it meets on a default topology the plan's
     own (not a preset) fell back to says so (``given.fallback_hint``)."""
@@ -227,7 +239,7 @@ def run(cfg: DictConfig) -> list[Row]:
             rows = with_speedups(rows + [Row(case, f"given:{Path(str(cfg.plan)).name}",
                                              "placement" if isinstance(plan, Placement) else "pipeline",
                                              float(res.step_time), float("nan"), bool(res.feasible), 0.0, 1,
-                                             plan=plan)])
+                                             note=batch_note(plan, graph), plan=plan)])
         problems = {case: (graph, costs, topology)}
     else:
         raise ConfigError(f"suite is '{cfg.suite}': choose default or single")
