@@ -32,9 +32,11 @@ for step time.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -43,7 +45,8 @@ from placement_rl.baselines.pipe_common import PipeProblem, Plan, Stages, microb
 from placement_rl.cost.collectives import coeff_array
 from placement_rl.cost.comm_fit import pad_segments, split_segments
 from placement_rl.cost.modes import mode_of
-from placement_rl.graph.ideals import IdealFamily, ideal_bound, ideal_family, prefix_ideals
+from placement_rl.graph.ideals import (IdealFamily, ideal_bound, ideal_family, magnitude, prefix_family,
+                                       prefix_ideals)
 from placement_rl.graph.ir import CompGraph
 
 ENUM_LIMIT = 4096          # ideals listed at most before falling back to one order's prefixes
@@ -249,23 +252,20 @@ def antichain_size(graph: CompGraph) -> int:
     return max(best, max(np.bincount(depth).tolist(), default=0))
 
 
-def listed_family(graph: CompGraph, limit: int, colocate: list[list[int]]) -> IdealFamily:
+def listed_family(graph: CompGraph, limit: int, colocate: list[list[int]],
+                  searchable: Callable[[int], bool] = lambda count: True) -> IdealFamily:
     """``ideal_family``, without listing the ideals where an antichain (``antichain_size``) already proves more
     than ``limit``: the listing would fail, but only after building a level of up to width^2 / 2 sets (seconds on
-    a graph of a few hundred parallel branches, past any planner's seconds)."""
+    a graph of a few hundred parallel branches, past any planner's seconds). A prefix family whose count is not
+    ``searchable`` is counted, not built (``prefix_family``)."""
     width = antichain_size(graph)
     if 2**width <= limit:
-        return ideal_family(graph, limit=limit, colocate=colocate)
+        return ideal_family(graph, limit=limit, colocate=colocate, searchable=searchable)
     bound = ideal_bound(graph)
-    return IdealFamily(prefix_ideals(graph, colocate), False, bound,
-                       f"more than {limit} ideals (at least 2^{width}: an antichain of {width} nodes; chain-cover "
-                       f"bound {_magnitude(bound)}): searched the prefixes of one topological order instead (coarsen "
-                       "the graph or raise the limit for the full space)")
-
-
-def _magnitude(x: int) -> str:
-    """``x`` in 3 digits, or its power of ten past floats (a chain-cover bound of thousands of chains)."""
-    return f"{x:.3g}" if x < 1e300 else f"~1e{int(math.log10(x))}"
+    return prefix_family(graph, colocate, bound,
+                         f"more than {limit} ideals (at least 2^{width}: an antichain of {width} nodes; chain-cover "
+                         f"bound {magnitude(bound)}): searched the prefixes of one topological order instead "
+                         "(coarsen the graph or raise the limit for the full space)", searchable)
 
 
 class IdealSearch:
@@ -285,7 +285,9 @@ class IdealSearch:
         coarse = cost_classes(pp, self.allowed)
         per_pair = work_per_pair(coarse)
         limit = max(2, int(np.sqrt(2 * work_limit / per_pair)))
-        fam = listed_family(pp.graph, min(enum_limit, limit), self.colocate)
+        # a prefix family over the work limit on the cost classes is over it on any finer ones: not built
+        fam = listed_family(pp.graph, min(enum_limit, limit), self.colocate,
+                            lambda count: count * (count - 1) / 2 * per_pair <= work_limit)
         # links split a cost class: its devices as the classes of ``device_classes`` where each of their
         # compositions is listed and the family's DP stays within the work limit, else the cost classes with each
         # composition priced on its best-connected devices (``concrete``) and each plan simulated on them first
@@ -305,11 +307,13 @@ class IdealSearch:
         self._links = None if self.linked else link_arrays(pp)
         self._picked: dict[tuple, tuple[tuple[int, ...], ...]] = {}  # best-connected groups per composition sequence
         if not fam.complete and (fam.count**2 / 2) * per_pair > work_limit:
-            fam = IdealFamily(fam.members, False, fam.bound, fam.note + "; the prefix family is over the work "
-                              f"limit too ({fam.count} prefixes x {per_pair} per pair)")
+            fam = dataclasses.replace(fam, note=fam.note + "; the prefix family is over the work limit too "
+                                      f"({fam.count} prefixes x {per_pair} per pair)")
         self.family = fam
         self.work = fam.count * (fam.count - 1) / 2 * per_pair
-        self._arrays()
+        self.over_limit = self.work > work_limit
+        if not self.over_limit:  # else skipped: no arrays (at 20,000 prefixes they took a minute and 3 GB)
+            self._arrays()
 
     def _arrays(self) -> None:
         pp, mem = self.pp, self.family.members
@@ -433,7 +437,7 @@ def ideal_candidates(pp: PipeProblem) -> tuple[list[tuple[float, Plan]], dict[st
     info: dict[str, object] = {"ideals": fam.count, "ideals_complete": fam.complete, "ideal_bound": fam.bound,
                                "ideal_note": note, "device_classes": len(search.classes),
                                "compositions": int(search.comp.shape[0]), "dp_work": search.work}
-    if search.work > WORK_LIMIT:
+    if search.over_limit:
         info["ideal_search_seconds"] = time.perf_counter() - t0
         info["ideal_note"] = (f"{note}; skipped: {search.work:.3g} DP steps is over the limit {WORK_LIMIT:.3g} "
                               "(coarsen the graph)")

@@ -8,15 +8,17 @@ on a graph with parallel branches.
 ``enumerate_ideals(graph, limit=...)`` lists them all (smallest first; optionally only those that split no
 colocation group) or returns None past ``limit``; ``ideal_bound(graph)`` is an upper bound on their number
 (a greedy chain cover: an ideal is a prefix of every chain, so there are at most ``prod(len(chain) + 1)``);
-``prefix_ideals(graph)`` is the fallback family, the prefixes of ``graph.topo_order``.
+``prefix_ideals(graph)`` is the fallback family, the prefixes of ``graph.topo_order`` (``prefix_count`` counts
+them without the N^2 matrix).
 
 Shapes (N nodes, K ideals): ``members`` bool [K, N], row 0 the empty set, row K-1 every node.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -26,36 +28,48 @@ from placement_rl.graph.ir import CompGraph
 @dataclass(frozen=True, eq=False)
 class IdealFamily:
     """Ideals a planner may cut at: ``members`` bool [K, N] (smallest first), whether they are all of the graph's
-    ideals (``complete``), the upper bound on their number and a note saying what was done."""
+    ideals (``complete``), the upper bound on their number and a note saying what was done. ``members`` is None
+    where the family was only counted (``counted``: too many to search, so not built)."""
 
-    members: np.ndarray
+    members: np.ndarray | None
     complete: bool
     bound: int
     note: str
+    counted: int = 0
 
     @property
     def count(self) -> int:
-        return int(self.members.shape[0])
+        return self.counted if self.members is None else int(self.members.shape[0])
 
 
 def ideal_bound(graph: CompGraph) -> int:
     """Upper bound on the number of ideals: ``prod(len(c) + 1)`` over a greedy chain cover of the DAG (a node
-    extends the chain whose last node is its latest ancestor in topological order)."""
-    ends: dict[int, int] = {}  # node that ends a chain -> chain length
+    extends the chain whose last node is its latest ancestor in topological order). Ancestor sets are bit masks over
+    topological positions, so that latest chain end is the highest bit they share with the mask of chain ends."""
     pp, pi = graph.pred_ptr, graph.pred_idx
     order = graph.topo_order.tolist()
-    rank = {v: k for k, v in enumerate(order)}
-    anc: list[int] = [0] * graph.num_nodes
-    for v in order:
+    rank = [0] * graph.num_nodes
+    for k, v in enumerate(order):
+        rank[v] = k
+    anc: list[int] = [0] * graph.num_nodes  # bit rank[u] set for each ancestor u
+    ends = 0  # bit rank[u] set for each node u that ends a chain
+    length: dict[int, int] = {}  # rank of a chain's last node -> the chain's length
+    for k, v in enumerate(order):
         for u in pi[pp[v]:pp[v + 1]].tolist():
-            anc[v] |= anc[int(u)] | (1 << int(u))
-        tails = [u for u in ends if anc[v] >> u & 1]
-        tail = max(tails, key=rank.__getitem__) if tails else None
-        ends[v] = (ends.pop(tail) + 1) if tail is not None else 1
+            anc[v] |= anc[u] | (1 << rank[u])
+        shared = anc[v] & ends
+        tail = shared.bit_length() - 1
+        length[k] = length.pop(tail) + 1 if shared else 1
+        ends ^= (1 << k) | (1 << tail if shared else 0)
     bound = 1
-    for length in ends.values():
-        bound *= length + 1
+    for n in length.values():
+        bound *= n + 1
     return bound
+
+
+def magnitude(x: int) -> str:
+    """``x`` in 3 digits, or its power of ten past floats (a chain-cover bound of thousands of chains)."""
+    return f"{x:.3g}" if x < 1e300 else f"~1e{int(math.log10(x))}"
 
 
 def _masks(graph: CompGraph) -> list[int]:
@@ -104,6 +118,8 @@ def _ideal_masks(preds: Sequence[int], n: int, limit: int) -> list[int] | None:
             succ[u].append(v)
     level = {0: sum(1 << v for v in range(n) if not preds[v])}
     out: list[int] = [0]
+    if len(out) > limit:
+        return None
     while level:
         nxt: dict[int, int] = {}
         for ideal, free in level.items():
@@ -116,8 +132,8 @@ def _ideal_masks(preds: Sequence[int], n: int, limit: int) -> list[int] | None:
                     if preds[w] & grown == preds[w]:
                         more |= 1 << w
                 nxt[grown] = more
-        if len(out) + len(nxt) > limit:
-            return None
+                if len(out) + len(nxt) > limit:  # a level may hold far more sets than ``limit``: stop now
+                    return None
         level = nxt
         out.extend(sorted(nxt))
     return out
@@ -129,24 +145,49 @@ def prefix_ideals(graph: CompGraph, colocate: Sequence[Sequence[int]] = ()) -> n
     members = np.zeros((n + 1, n), dtype=bool)
     for k, v in enumerate(graph.topo_order.tolist()):
         members[k + 1:, v] = True
-    keep = np.ones(n + 1, dtype=bool)
+    return members[_prefixes_kept(graph, colocate)]
+
+
+def prefix_count(graph: CompGraph, colocate: Sequence[Sequence[int]] = ()) -> int:
+    """How many prefixes ``prefix_ideals`` keeps, without building them (N^2 booleans: 400 MB at 20,000 nodes)."""
+    return int(_prefixes_kept(graph, colocate).sum())
+
+
+def _prefixes_kept(graph: CompGraph, colocate: Sequence[Sequence[int]]) -> np.ndarray:
+    """bool [N + 1]: whether the prefix of each length splits no colocation group (the prefixes of a length past
+    the group's first node and up to its last split it)."""
+    position = np.empty(graph.num_nodes, dtype=np.int64)
+    position[graph.topo_order] = np.arange(graph.num_nodes)
+    keep = np.ones(graph.num_nodes + 1, dtype=bool)
     for grp in colocate:
         if len(grp) > 1:
-            inside = members[:, list(grp)].sum(axis=1)
-            keep &= (inside == 0) | (inside == len(grp))
-    return members[keep]
+            at = position[list(grp)]
+            keep[at.min() + 1:at.max() + 1] = False
+    return keep
 
 
-def ideal_family(graph: CompGraph, *, limit: int, colocate: Sequence[Sequence[int]] = ()) -> IdealFamily:
-    """All ideals when there are at most ``limit``, else the prefixes of one topological order (saying so)."""
+def prefix_family(graph: CompGraph, colocate: Sequence[Sequence[int]], bound: int, note: str,
+                  searchable: Callable[[int], bool] = lambda count: True) -> IdealFamily:
+    """The prefixes of one topological order (``prefix_ideals``) as a family that is not complete, built only
+    where their count is ``searchable`` (else ``members`` None: a planner that would skip them needs no N^2 matrix,
+    seconds and 400 MB at 20,000 nodes)."""
+    count = prefix_count(graph, colocate)
+    return IdealFamily(prefix_ideals(graph, colocate) if searchable(count) else None, False, bound, note, count)
+
+
+def ideal_family(graph: CompGraph, *, limit: int, colocate: Sequence[Sequence[int]] = (),
+                 searchable: Callable[[int], bool] = lambda count: True) -> IdealFamily:
+    """All ideals when there are at most ``limit``, else the prefixes of one topological order (saying so; built
+    only where their count is ``searchable``, ``prefix_family``)."""
     bound = ideal_bound(graph)
     members = enumerate_ideals(graph, limit=limit, colocate=colocate)
     if members is not None:
         return IdealFamily(members, True, bound, f"all {members.shape[0]} ideals of the graph (bound {bound})")
-    return IdealFamily(prefix_ideals(graph, colocate), False, bound,
-                       f"more than {limit} ideals (chain-cover bound {bound:.3g}): searched the prefixes of one "
-                       "topological order instead (coarsen the graph or raise the limit for the full space)")
+    return prefix_family(graph, colocate, bound,
+                         f"more than {limit} ideals (chain-cover bound {magnitude(bound)}): searched the prefixes of "
+                         "one topological order instead (coarsen the graph or raise the limit for the full space)",
+                         searchable)
 
 
-__all__ = ["IdealFamily", "enumerate_ideals", "enumerate_ideals_masks", "ideal_bound", "ideal_family",
-           "prefix_ideals"]
+__all__ = ["IdealFamily", "enumerate_ideals", "enumerate_ideals_masks", "ideal_bound", "ideal_family", "magnitude",
+           "prefix_count", "prefix_family", "prefix_ideals"]
