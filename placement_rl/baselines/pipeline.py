@@ -463,8 +463,8 @@ def exact(pp: PipeProblem) -> Plan:
         if over is None or not over.feasible:
             by = "" if over is None else f" ({fmt_bytes(over.overflow)} over capacity in all)"
             notes.append(f"no plan simulated fits memory: the least over it of the {len(pp.scored_items())} "
-                         f"simulated returned{by}; exact's space gives every stage one TP degree, and a plan with "
-                         "another degree per stage (e.g. TP 1 then 3) may fit: set the plan's tp by hand to try one")
+                         f"simulated returned{by}; exact's space gives every stage one TP degree (what deploy "
+                         "runs): a plan with a degree per stage (e.g. TP 1 then 3) may fit in the simulator")
     if len(best) > 5 and "full" in (best[5] or ()) and pp.graph.members is not None:
         notes.append(f"selective recomputation not weighed: graph '{pp.graph.name}' is coarsened (its attention "
                      "cores merged away; graph.coarsen.enabled=false keeps them)")
