@@ -16,7 +16,11 @@ Algorithm (``coarsen``):
 3. **Fold** groups that hold no parameters into a neighbour (producer first, then consumer), cycle-safe.
    Folding is skipped for graphs without any parameters (it would collapse them).
 4. With ``max_nodes``, repeatedly merge the cheapest group (fwd+bwd flops) into its cheapest adjacent
-   group whose contraction keeps the graph acyclic, until at most ``max_nodes`` groups remain.
+   group whose contraction keeps the graph acyclic, until at most ``max_nodes`` groups remain. When no such
+   merge is left and the count is still over, the groups left share no edge (pieces of the graph that no edge
+   joins, e.g. independent chains or isolated nodes): they are packed into ``max_nodes`` groups, the most
+   expensive first into the cheapest group so far. The packing runs only when the merges along edges leave the
+   count over: a graph those merges bring within it keeps exactly their groups.
 
 ``depth=None`` (automatic) tries depth 1, 2, ... (folding), then the depths without folding, then one
 group per node (``meta["coarsen"]["depth"] == "node"``), and keeps the first candidate with at least
@@ -66,7 +70,8 @@ def coarsen(graph: CompGraph, *, depth: int | None = None, fold_param_free: bool
     if it overshoots ``target[1]`` it is merged down to ``target[1]`` groups. When no depth reaches
     ``target[0]`` with folding, the depths are tried again without folding, then one group per node;
     if even that is too few, the candidate with the most groups is returned. ``max_nodes`` caps the
-    group count (cycle-safe merges of the cheapest groups). ``meta["coarsen"]`` records what was chosen.
+    group count (cycle-safe merges of the cheapest groups, then packing of the pieces no edge joins).
+    ``meta["coarsen"]`` records what was chosen.
     """
     if not isinstance(graph, CompGraph):
         raise GraphError(f"coarsen expects a CompGraph, got {type(graph).__name__}")
@@ -228,7 +233,8 @@ class _Quotient:
                     break
 
     def merge_down(self, max_nodes: int) -> None:
-        """Merge the cheapest group into its cheapest safe neighbour until ``max_nodes`` groups remain."""
+        """Merge the cheapest group into its cheapest safe neighbour until ``max_nodes`` groups remain; pieces of the
+        graph that no edge joins are then packed together (``merge_pieces``)."""
         heap = [(self.cost[a], a) for a in range(len(self.alive)) if self.alive[a]]
         heapq.heapify(heap)
         while self.count > max_nodes and heap:
@@ -242,6 +248,24 @@ class _Quotient:
                     self.merge(into=keep, other=gone)
                     heapq.heappush(heap, (self.cost[keep], keep))
                     break
+        if self.count > max_nodes:
+            self.merge_pieces(max_nodes)
+
+    def merge_pieces(self, max_nodes: int) -> None:
+        """Pack the groups left into ``max_nodes`` groups, the most expensive first into the cheapest so far.
+
+        Called when ``merge_down`` found no safe merge left: a group with successors can always merge with its
+        successor placed first in ``order`` (no path through a third group reaches that one), and a group with only
+        predecessors with its predecessor placed last, so the groups left share no edge (pieces of the graph that
+        no edge joins) and any two merge without closing a cycle."""
+        left = sorted((a for a in range(len(self.alive)) if self.alive[a]), key=lambda a: (-self.cost[a], a))
+        bins = [(self.cost[a], a) for a in left[:max_nodes]]
+        heapq.heapify(bins)
+        for b in left[max_nodes:]:
+            _, a = heapq.heappop(bins)
+            keep, gone = (a, b) if (self.cost[a], self.params[a]) > (self.cost[b], self.params[b]) else (b, a)
+            self.merge(into=keep, other=gone)
+            heapq.heappush(bins, (self.cost[keep], keep))
 
     # -- graph operations
     def safe(self, a: int, b: int) -> bool:
