@@ -127,17 +127,25 @@ def _tls() -> bool:
     return os.environ.get("RAY_USE_TLS", "0").strip().lower() in ("1", "true")
 
 
+def _channel(host: str, port: int) -> tuple[Any, Any]:
+    """``(grpc, an insecure channel to host:port)``, or ``(None, None)`` where none can be opened here: no ``grpc``
+    installed, or TLS (``RAY_USE_TLS``), whose certificates this probe does not hold."""
+    try:
+        import grpc
+    except ImportError:
+        return None, None
+    if _tls():
+        return None, None
+    return grpc, grpc.insecure_channel(_grpc_target(host, port))
+
+
 def _not_grpc(host: str, port: int, timeout: float) -> str | None:
     """Why what listens at ``host:port`` is no Ray head (its GCS and client server speak gRPC; ``ray.init`` waits
     without end on anything else), or ``None`` when a gRPC channel opens within ``timeout`` seconds (or the check
     cannot run: no ``grpc``, or TLS, ``RAY_USE_TLS``)."""
-    try:
-        import grpc
-    except ImportError:
+    grpc, channel = _channel(host, port)
+    if channel is None:
         return None
-    if _tls():
-        return None
-    channel = grpc.insecure_channel(_grpc_target(host, port))
     try:
         grpc.channel_ready_future(channel).result(timeout=timeout)
         return None
@@ -155,13 +163,9 @@ def _gcs_status(host: str, port: int, timeout: float) -> str | None:
     """The gRPC status a Ray head's first call (``GCS_CALL``, without a token) gets at ``host:port``: ``OK`` from a
     Ray head, ``UNAUTHENTICATED`` from one with token authentication, ``UNIMPLEMENTED`` from a server that is no
     Ray head; ``None`` where it cannot be asked (no ``grpc``, TLS)."""
-    try:
-        import grpc
-    except ImportError:
+    grpc, channel = _channel(host, port)
+    if channel is None:
         return None
-    if _tls():
-        return None
-    channel = grpc.insecure_channel(_grpc_target(host, port))
     try:
         channel.unary_unary(GCS_CALL)(b"", timeout=timeout)  # an empty request: bytes in, bytes out
         return "OK"

@@ -152,11 +152,13 @@ def test_inspect_says_it_is_still_building_a_slow_graph(tmp_path, monkeypatch, c
 
 
 # --------------------------------------------------------------------------------- evaluate plan=<file> mode
-def test_evaluate_compares_a_given_plan_by_the_objective_it_records(tmp_path, monkeypatch, capsys):
+def _given_chain(tmp_path, monkeypatch, meta: dict):
+    """A 4-node chain's placement (``meta`` recorded) written with its graph as ``evaluate`` writes them: ``(graph,
+    costs, topology, plan, given_row)``, ``given_row(extra, run)`` the given row's step time of ``evaluate
+    plan=<file> *extra`` in a run folder of its own."""
     from placement_rl.cli import evaluate, given
     from placement_rl.cli.common import _compose
     from placement_rl.cost import resolve_costs
-    from placement_rl.evaluate import priced
     from placement_rl.graph import make_graph
     from placement_rl.plans import Placement
     from placement_rl.topology import load_topology
@@ -164,24 +166,30 @@ def test_evaluate_compares_a_given_plan_by_the_objective_it_records(tmp_path, mo
     g = make_graph([{"name": n, "fwd_flops": 1e9, "bwd_flops": 2e9, "param_bytes": 4e6, "act_bytes": 1e6,
                      "out_bytes": 1e6} for n in "abcd"], [[0, 1, 1e6], [1, 2, 1e6], [2, 3, 1e6]], name="chain")
     topo = load_topology("2x_k80")
-    plan = Placement(np.array([0, 0, 1, 1]), meta={"placer": "heft", "objective": "throughput"})
+    plan = Placement(np.array([0, 0, 1, 1]), meta={"placer": "heft", **meta})
     (tmp_path / "made").mkdir()
     g.to_json(tmp_path / "made" / "graph.json")
     plan.to_json(tmp_path / "made" / "placement.json", graph=g, topology=topo)
-    costs = resolve_costs(g, topo)
-    want = {o: priced(g, costs, topo, plan, objective=o).step_time for o in ("step", "throughput")}
-    assert want["step"] > 1.2 * want["throughput"]
+    arg = f"plan={tmp_path / 'made' / 'placement.json'}"
 
     def given_row(extra: list[str], run: str) -> float:
         (tmp_path / run).mkdir()
         monkeypatch.setattr(evaluate, "output_dir", lambda: tmp_path / run)
-        monkeypatch.setattr(given, "task_overrides", lambda: [f"plan={tmp_path / 'made' / 'placement.json'}",
-                                                              *extra])
-        cfg, _ = _compose("evaluate", [f"plan={tmp_path / 'made' / 'placement.json'}", "placers=[single_device]",
-                                       "pipeline=false", "budget=8", "progress=false", *extra], [])
+        monkeypatch.setattr(given, "task_overrides", lambda: [arg, *extra])
+        cfg, _ = _compose("evaluate", [arg, "placers=[single_device]", "pipeline=false", "budget=8", "progress=false",
+                                       *extra], [])
         rows = evaluate.run(OmegaConf.create(cfg))
         return next(r.step_time for r in rows if r.placer == "given:placement.json")
 
+    return g, resolve_costs(g, topo), topo, plan, given_row
+
+
+def test_evaluate_compares_a_given_plan_by_the_objective_it_records(tmp_path, monkeypatch, capsys):
+    from placement_rl.evaluate import priced
+
+    g, costs, topo, plan, given_row = _given_chain(tmp_path, monkeypatch, {"objective": "throughput"})
+    want = {o: priced(g, costs, topo, plan, objective=o).step_time for o in ("step", "throughput")}
+    assert want["step"] > 1.2 * want["throughput"]
     assert given_row([], "as_recorded") == pytest.approx(want["throughput"])
     assert ("evaluating by objective throughput, the one the plan was planned for (its meta.objective)"
             in capsys.readouterr().out.splitlines())
@@ -191,36 +199,13 @@ def test_evaluate_compares_a_given_plan_by_the_objective_it_records(tmp_path, mo
 
 
 def test_evaluate_prices_a_given_plan_in_the_mode_it_records(tmp_path, monkeypatch, capsys):
-    from placement_rl.cli import evaluate, given
-    from placement_rl.cli.common import _compose
-    from placement_rl.cost import resolve_costs, simulate
+    from placement_rl.cost import simulate
     from placement_rl.cost.modes import inference_costs
-    from placement_rl.graph import make_graph
-    from placement_rl.plans import Placement
-    from placement_rl.topology import load_topology
 
-    g = make_graph([{"name": n, "fwd_flops": 1e9, "bwd_flops": 2e9, "param_bytes": 4e6, "act_bytes": 1e6,
-                     "out_bytes": 1e6} for n in "abcd"], [[0, 1, 1e6], [1, 2, 1e6], [2, 3, 1e6]], name="chain")
-    topo = load_topology("2x_k80")
-    plan = Placement(np.array([0, 0, 1, 1]), meta={"placer": "heft", "mode": "inference"})
-    (tmp_path / "made").mkdir()
-    g.to_json(tmp_path / "made" / "graph.json")
-    plan.to_json(tmp_path / "made" / "placement.json", graph=g, topology=topo)
-    costs = resolve_costs(g, topo)
+    g, costs, topo, plan, given_row = _given_chain(tmp_path, monkeypatch, {"mode": "inference"})
     want = {m: simulate(g, c, topo, plan).step_time for m, c in (("train", costs), ("inference",
                                                                                      inference_costs(costs)))}
     assert want["train"] > 1.5 * want["inference"]
-
-    def given_row(extra: list[str], run: str) -> float:
-        (tmp_path / run).mkdir()
-        monkeypatch.setattr(evaluate, "output_dir", lambda: tmp_path / run)
-        monkeypatch.setattr(given, "task_overrides", lambda: [f"plan={tmp_path / 'made' / 'placement.json'}",
-                                                              *extra])
-        cfg, _ = _compose("evaluate", [f"plan={tmp_path / 'made' / 'placement.json'}", "placers=[single_device]",
-                                       "pipeline=false", "budget=8", "progress=false", *extra], [])
-        rows = evaluate.run(OmegaConf.create(cfg))
-        return next(r.step_time for r in rows if r.placer == "given:placement.json")
-
     assert given_row([], "as_recorded") == pytest.approx(want["inference"])
     out = capsys.readouterr().out
     assert ("evaluating in mode inference, the one the plan was priced in (its meta.mode; mode=train prices it as "

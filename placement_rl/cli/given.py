@@ -72,14 +72,21 @@ def fallback_hint(plan_data: Mapping[str, Any], topology, line: str | None, verb
 STEP = {"train": "a training step", "inference": "a forward pass"}
 
 
+def _recorded(cfg: DictConfig, plan_data: Mapping[str, Any], key: str, default: str,
+              valid: Any) -> tuple[str, str | None]:
+    """``(the composed cfg.<key>, the plan's meta.<key>)``, the latter None unless one of ``valid`` and different."""
+    meta = plan_data.get("meta")
+    recorded = meta.get(key) if isinstance(meta, Mapping) else None
+    given = str(cfg.get(key) or default)
+    return given, (recorded if recorded in valid and recorded != given else None)
+
+
 def plan_mode(cfg: DictConfig, plan_data: Mapping[str, Any], overrides: list[str] | None) -> tuple[str, str | None]:
     """``(mode, line)``: the mode the plan file records (``meta.mode``) when the user gave no ``mode``, else the
     composed ``cfg.mode`` (default train). ``line`` says which was taken where the two differ (None otherwise).
     ``overrides`` None: the composed one."""
-    meta = plan_data.get("meta")
-    recorded = meta.get("mode") if isinstance(meta, Mapping) else None
-    mode = str(cfg.get("mode") or "train")
-    if recorded not in STEP or recorded == mode:
+    mode, recorded = _recorded(cfg, plan_data, "mode", "train", STEP)
+    if recorded is None:
         return mode, None
     if overridden(overrides, "mode"):
         return mode, (f"note: the plan was priced in mode {recorded} (its meta.mode), as {STEP[recorded]}; "
@@ -94,10 +101,8 @@ def plan_objective(cfg: DictConfig, plan_data: Mapping[str, Any],
     where it was planned for steady-state time per batch) when the user gave no ``objective``."""
     from placement_rl.cost.modes import OBJECTIVES
 
-    meta = plan_data.get("meta")
-    recorded = meta.get("objective") if isinstance(meta, Mapping) else None
-    objective = str(cfg.get("objective") or "step")
-    if recorded not in OBJECTIVES or recorded == objective:
+    objective, recorded = _recorded(cfg, plan_data, "objective", "step", OBJECTIVES)
+    if recorded is None:
         return objective, None
     if overridden(overrides, "objective"):
         return objective, (f"note: the plan was planned for objective {recorded} (its meta.objective); "
