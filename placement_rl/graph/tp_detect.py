@@ -11,8 +11,10 @@
   at GEMMs with parameters (the columns) or at sources that do not depend on the activations (masks,
   positions); every op fed by a column must feed only the pair; a norm or another parameterised op on the way
   means no pair. A GEMM is in at most one pair.
-* **Vocabulary parallelism**: the largest embedding table is split by rows (vocab-parallel embedding: masked
-  lookup, forward all-reduce of its output); the GEMM feeding the loss (the LM head, tied or not) is split by
+* **Vocabulary parallelism**: the word embedding is split by rows (vocab-parallel embedding: masked lookup,
+  forward all-reduce of its output): the table tied to the LM head (``meta["tied"]``), else one whose row count
+  is the head's vocabulary, else (no head, or no table matches) the largest; a position table is never taken for
+  it because it is large. The GEMM feeding the loss (the LM head, tied or not) is split by
   vocabulary (column-parallel), and the loss runs on vocab-sharded logits (Megatron's parallel cross-entropy:
   three all-reduces of one number per token).
 * Everything else is **replicated** (norms, residual adds, dropout on the residual stream, position
@@ -175,6 +177,30 @@ def _head_dim(graph: CompGraph, sharded: list[int], cls: list[str], e: float) ->
     return None
 
 
+def _vocab_embedding(graph: CompGraph, embeds: list[int], head: int, vocab: int | None, e: float) -> int:
+    """The embedding of ``embeds`` to split by vocabulary: the one tied to the LM head ``head`` (``meta["tied"]``
+    names a shared parameter's users), else the largest whose rows are the head's ``vocab`` (rows: parameters /
+    (``e`` x the head's input features)), else the largest (a position table larger than a character vocabulary
+    is never the word embedding when the head identifies it)."""
+    def largest(vs: list[int]) -> int:
+        return max(vs, key=lambda v: graph.param_bytes[v])
+
+    if head < 0:
+        return largest(embeds)
+    names = {graph.names[v]: v for v in embeds}
+    for tie in graph.meta.get("tied") or ():
+        users = list(tie.get("nodes", ()))
+        tied = [names[nm] for nm in users if nm in names]
+        if graph.names[head] in users and tied:
+            return largest(tied)
+    dims = _linear_dims(graph, head, e)
+    if vocab and dims is not None and dims[0] > 0:
+        fits = [v for v in embeds if int(round(graph.param_bytes[v] / (e * dims[0]))) == vocab]
+        if fits:
+            return largest(fits)
+    return largest(embeds)
+
+
 def detect(graph: CompGraph) -> dict[str, Any]:
     """TP split annotations of an uncoarsened graph (JSON-serialisable; see the module docstring)."""
     if graph.members is not None:
@@ -221,7 +247,7 @@ def detect(graph: CompGraph) -> dict[str, Any]:
             divisors.add(max(dims[0] // unit, 1) if dims[0] % unit == 0 else dims[0])
         pairs.append({"columns": [graph.names[c] for c in cols], "row": graph.names[r],
                       "sharded_ops": len(sharded), "head_dim": None if hd is None else unit})
-    vocab = None
+    vocab, head = None, -1
     # vocab-parallel LM head: the GEMM feeding the loss through views; the loss runs on sharded logits
     has_embedding = any(cls[v] == "embedding" and graph.param_bytes[v] > 0 for v in range(n))
     for loss in (v for v in range(n) if cls[v] == "loss" and (pairs or has_embedding)):
@@ -240,20 +266,21 @@ def detect(graph: CompGraph) -> dict[str, Any]:
             dims = _linear_dims(graph, src, e)
             kind[src], kind[path], kind[loss] = VOCAB_HEAD, SHARDED, VOCAB_LOSS
             ar_bwd[src] = _in_bytes(graph, src)[1]
+            head = src
             if dims is not None:
                 vocab = dims[1]
                 ar_fwd[loss] = 3.0 * dims[2] * 4.0
             break
     embeds = [v for v in range(n) if cls[v] == "embedding" and graph.param_bytes[v] > 0]
     if embeds and (vocab is not None or pairs):
-        big = max(embeds, key=lambda v: graph.param_bytes[v])
-        kind[big] = VOCAB_EMB
-        ar_fwd[big] = graph.out_bytes[big]
+        word = _vocab_embedding(graph, embeds, head, vocab, e)
+        kind[word] = VOCAB_EMB
+        ar_fwd[word] = graph.out_bytes[word]
         if vocab is None and pairs:  # rows of the table: parameters / (e x hidden), hidden from a pair's tokens
             dims = _linear_dims(graph, graph.index[pairs[0]["row"]], e)
-            if dims is not None and graph.out_bytes[big] > 0:
-                hidden = graph.out_bytes[big] / (e * dims[2])
-                vocab = int(round(graph.param_bytes[big] / (e * hidden)))
+            if dims is not None and graph.out_bytes[word] > 0:
+                hidden = graph.out_bytes[word] / (e * dims[2])
+                vocab = int(round(graph.param_bytes[word] / (e * hidden)))
     if vocab:
         divisors.add(int(vocab))
     opts = graph.meta.get("zoo_options") or {}
