@@ -24,7 +24,8 @@ rows (``ROW_PERM``). The columns feeding one row GEMM (Llama's separate q / k / 
 (``_tp_region.local_regions``). A region with an op this rewrite has no rule for keeps the DTensor path.
 
 The step runs under ``implicit_replication`` (forward and backward; plain tensors meeting DTensors -- masks,
-targets, the residual stream -- count as replicated) and its outputs are plain tensors (a DTensor output, e.g. the
+targets, the residual stream -- count as replicated; a floating-point one, not a parameter, goes through
+:class:`Whole` so that its gradient comes back plain) and its outputs are plain tensors (a DTensor output, e.g. the
 loss computed from vocab-sharded logits, is made whole). Parameters tied within a stage (GPT's embedding and LM
 head) are tied again after sharding when both shard the same way. Replicated parameters (norms, biases of row GEMMs,
 position embeddings) get identical gradients on every TP rank, as in Megatron without sequence parallelism.
@@ -112,6 +113,65 @@ class SeqShard(nn.Module):
         return whole.redistribute(self.mesh, [Shard(1)])
 
 
+def whole_or_dtensor_colwise(use_local_output: bool) -> Any:
+    """``ColwiseParallel`` for sequence parallelism whose input layout follows the input: a DTensor (the
+    sequence-sharded residual stream after a ``SequenceParallel`` norm or a row GEMM) is all-gathered by its own
+    placements, a plain tensor is whole (``Replicate``: the first block's input when no vocab-parallel embedding or
+    row GEMM precedes it -- a ViT's patches, features), so it is never read as a sequence shard."""
+    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    class _Colwise(ColwiseParallel):
+        @staticmethod
+        def _prepare_input_fn(input_layouts: Any, desired_input_layouts: Any, mod: nn.Module, inputs: Any,
+                              device_mesh: Any) -> Any:
+            x = inputs[0]
+            if not isinstance(x, DTensor):
+                return DTensor.from_local(x, device_mesh, (Replicate(),), run_check=False)
+            return x if tuple(x.placements) == tuple(desired_input_layouts) else x.redistribute(
+                placements=desired_input_layouts, async_op=True)
+
+    return _Colwise(use_local_output=use_local_output)
+
+
+class Whole(nn.Module):
+    """A plain (whole) tensor meeting a DTensor as a replicated DTensor (what ``implicit_replication`` would make
+    of it) with an autograd boundary: its gradient comes back plain, so the ops that made it never see a DTensor
+    gradient (a ViT's patch convolution before the sequence-sharded stream, an MoE's auxiliary loss added to the
+    vocab-parallel loss: its gradient reaches the experts' row GEMMs)."""
+
+    def __init__(self, mesh: Any) -> None:
+        super().__init__()
+        self.mesh = mesh
+
+    def forward(self, x: torch.Tensor) -> Any:
+        from torch.distributed.tensor import DTensor, Replicate
+
+        return x if isinstance(x, DTensor) else DTensor.from_local(x, self.mesh, [Replicate()], run_check=False)
+
+
+def wrap_plain_operands(gm: fx.GraphModule, sources: Sequence[fx.Node], mesh: Any) -> None:
+    """The floating-point plain operands of the ops that also read a DTensor (``sources``: the calls whose output
+    is a DTensor, and every op fed by one) go through :class:`Whole`."""
+    dt = set(sources)
+    wrapped: dict[fx.Node, fx.Node] = {}
+    for n in list(gm.graph.nodes):
+        if n in dt or n.op != "call_function" or not any(a in dt for a in n.all_input_nodes):
+            continue
+        dt.add(n)
+        for a in n.all_input_nodes:
+            val = a.meta.get("val")
+            if a in dt or a.op == "get_attr" or not isinstance(val, torch.Tensor) or not val.is_floating_point():
+                continue
+            if a not in wrapped:
+                if not hasattr(gm, "tp_whole"):
+                    gm.add_submodule("tp_whole", Whole(mesh))
+                with gm.graph.inserting_before(n):
+                    wrapped[a] = gm.graph.call_module("tp_whole", (a,))
+                wrapped[a].meta = dict(a.meta)
+            n.replace_input_with(a, wrapped[a])
+
+
 class TPStage(nn.Module):
     """A stage module that returns plain tensors; run it (forward and backward) under ``implicit_replication``."""
 
@@ -120,14 +180,26 @@ class TPStage(nn.Module):
         self.inner = inner
 
     def forward(self, *args: Any) -> Any:
-        from torch.distributed.tensor import DTensor
-
         out = self.inner(*args)
-
-        def plain(x: Any) -> Any:
-            return x.full_tensor() if isinstance(x, DTensor) else x
-
         return tuple(plain(x) for x in out) if isinstance(out, tuple) else plain(out)
+
+
+def plain(x: Any) -> Any:
+    """``x`` as a whole plain tensor. A ``Partial("avg")`` DTensor (a mean over the sequence-sharded stream: the
+    loss of a model without an LM head under sequence parallelism) first becomes a ``Partial("sum")`` of
+    ``local / n``: DTensor's backward of the average gives every rank the whole gradient, not ``1/n`` of it."""
+    from torch.distributed.tensor import DTensor, Partial
+
+    if not isinstance(x, DTensor):
+        return x
+    avg = [i for i, p in enumerate(x.placements) if p.is_partial() and getattr(p, "reduce_op", "") == "avg"]
+    if avg:
+        n = 1
+        for i in avg:
+            n *= x.device_mesh.size(i)
+        placements = [Partial("sum") if i in avg else p for i, p in enumerate(x.placements)]
+        x = DTensor.from_local(x.to_local() / n, x.device_mesh, placements, run_check=False)
+    return x.full_tensor()
 
 
 def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
@@ -141,8 +213,9 @@ def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
 
     ``seq_norms``: sequence parallelism (Megatron-SP): the residual stream between TP regions stays a DTensor
     sharded on the sequence (dim 1); these ``aten.layer_norm`` nodes become ``nn.LayerNorm`` under
-    ``SequenceParallel``, columns and the LM head all-gather their input (``input_layouts=Shard(1)``), rows and the
-    vocab-parallel embedding reduce-scatter their output (``output_layouts=Shard(1)``). ``seq_values``: the values
+    ``SequenceParallel``, columns and the LM head all-gather their input when it arrives sequence-sharded (a plain
+    input is whole: :func:`whole_or_dtensor_colwise`), rows and the vocab-parallel embedding reduce-scatter their
+    output (``output_layouts=Shard(1)``). ``seq_values``: the values
     sequence parallelism keeps sharded along the sequence; a stage input among them (a later pipeline stage: the
     previous stage sent it whole) becomes this rank's sequence shard (:class:`SeqShard`) before its first use.
 
@@ -161,6 +234,7 @@ def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
         for m, args in rewrites.items():
             m.args = args
     seq = seq_norms or frozenset()
+    dtensors: list[fx.Node] = []  # the calls whose output is a DTensor
     entering = [n for n in gm.graph.nodes if n.op == "placeholder" and n.name in (seq_values or ())]
     if entering:  # pipeline stage > 0 with sequence parallelism: the residual stream it receives, sharded again
         gm.add_submodule("tp_seq_in", SeqShard(tp_mesh))
@@ -170,6 +244,7 @@ def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
                 call = gm.graph.call_module("tp_seq_in", (n,))
             call.meta = dict(n.meta)
             n.replace_all_uses_with(call, delete_user_cb=lambda u, c=call: u is not c)
+            dtensors.append(call)
     for n in list(gm.graph.nodes):
         kind = kinds.get(n.name)
         if n.name in seq and n.op == "call_function" and "layer_norm" in str(n.target):
@@ -227,11 +302,11 @@ def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
                     if mod.bias is not None:
                         mod.bias.data = mod.bias.data[perm].clone()
                 setattr(mod, ROW_PERM, perm)
-            plan[path] = ColwiseParallel(use_local_output=True, **({"input_layouts": Shard(1)} if seq else {}))
+            plan[path] = whole_or_dtensor_colwise(True) if seq else ColwiseParallel(use_local_output=True)
         elif kind == "seq_norm":
             plan[path] = SequenceParallel(use_local_output=False)
         elif kind in _COLUMN:
-            plan[path] = ColwiseParallel(use_local_output=False, **({"input_layouts": Shard(1)} if seq else {}))
+            plan[path] = whole_or_dtensor_colwise(False) if seq else ColwiseParallel(use_local_output=False)
         elif kind == "row":
             plan[path] = (RowwiseParallel(input_layouts=Shard(-1), output_layouts=Shard(1), use_local_output=False)
                           if seq else RowwiseParallel(input_layouts=Shard(-1)))
@@ -239,6 +314,9 @@ def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
             plan[path] = (RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False)
                           if seq else RowwiseParallel(input_layouts=Replicate()))
         made.append((path, mod, kind, ids))
+        if kind in _COLUMN and n.name not in local or seq and kind in ("row", "vocab_embedding", "seq_norm"):
+            dtensors.append(call)
+    wrap_plain_operands(gm, dtensors, tp_mesh)
     for n in list(gm.graph.nodes):  # export's dtype / shape asserts have no DTensor rule and produce nothing
         if n.op == "call_function" and "_assert_tensor_metadata" in str(n.target) and not n.users:
             gm.graph.erase_node(n)

@@ -166,6 +166,19 @@ def _view(n: fx.Node, x: fx.Node, sx: tuple[int, ...], d: int, shp: tuple[int, .
     return (x, target), j, k
 
 
+def _unflatten(n: fx.Node, sx: tuple[int, ...], d: int, shp: tuple[int, ...], tp: int) -> tuple[tuple, int] | None:
+    """``unflatten(x, dim, sizes)`` of ``x`` (sharded on ``d``): ``(new args, sharded output dim)``; on ``d`` the
+    shard is the outermost of ``sizes`` (divided by ``tp`` unless -1), as for a view (:func:`_regroup`)."""
+    dim, sizes = int(n.args[1]) % len(sx), list(n.args[2])
+    if dim != d:
+        return n.args, d + (len(sizes) - 1 if d > dim else 0)
+    j = _regroup(sx, d, shp, tp)
+    if j is None or not dim <= j < dim + len(sizes):
+        return None
+    sizes[j - dim] //= 1 if sizes[j - dim] == -1 else tp
+    return (n.args[0], n.args[1], sizes), j
+
+
 def _sdpa(n: fx.Node, sdim: Mapping[fx.Node, int], shp: tuple[int, ...]) -> int | None:
     """Fused attention (``scaled_dot_product_attention``) runs per head: its sharded output dim when q, k and v
     are sharded on the same head dim and a mask does not span it (e.g. ``[b, 1, s, s]``), else None."""
@@ -247,6 +260,13 @@ def _step(n: fx.Node, col: fx.Node | None, sdim: Mapping[fx.Node, int], ins: lis
     if t.startswith(("aten.view.", "aten._unsafe_view.", "aten.reshape.")):
         got = _view(n, x, sx, d, shp, col, tp) if d is not None else None
         return None if got is None else (got[1], got[0], got[2])
+    if t.startswith("aten.unflatten.int"):
+        got = _unflatten(n, sx, d, shp, tp) if d is not None else None
+        return None if got is None else (got[1], got[0], 0)
+    if t.startswith("aten.repeat_interleave.self_int"):  # each rank repeats its own contiguous heads
+        if d is None or not isinstance(n.args[1], int) or len(n.args) > 3 and n.args[3] is not None:
+            return None
+        return d, None, 0
     if t.startswith(("aten.transpose.int", "aten.permute.", "aten.unbind.int", "aten.select.int", "aten.unsqueeze.",
                      "aten.slice.Tensor")):
         j = _moved(n, t, sx, d) if d is not None else None
@@ -280,7 +300,14 @@ def local_region(gm: fx.GraphModule, col: fx.Node | Sequence[fx.Node], kinds: Ma
     args of every op of their TP region when it runs on local shards (``{node: args}``) and ``k``: the number of
     equal chunks a single fused column's output is cut into on its last dim (``split``, ``chunk`` or a
     ``(k, heads, ...)`` view), else 1. None if an op of the region has no rule here (then the DTensor path stays)."""
-    cols = [col] if isinstance(col, fx.Node) else list(col)
+    got = _walk(gm, [col] if isinstance(col, fx.Node) else list(col), kinds, tp)
+    return None if isinstance(got, fx.Node) or got is None else got
+
+
+def _walk(gm: fx.GraphModule, cols: list[fx.Node], kinds: Mapping[str, str], tp: int
+          ) -> tuple[dict[fx.Node, tuple], int] | fx.Node | None:
+    """:func:`local_region`'s result, or the first op of the region that cannot run on local shards (None: a
+    column's output has no shape)."""
     sdim: dict[fx.Node, int] = {}
     for c in cols:
         out = _shape(c)
@@ -296,14 +323,14 @@ def local_region(gm: fx.GraphModule, col: fx.Node | Sequence[fx.Node], kinds: Ma
             continue
         if kinds.get(n.name) == "row":
             if len(ins) != 1 or n.args[0] is not ins[0] or sdim[ins[0]] != len(_shape(ins[0]) or ()) - 1:
-                return None
+                return n
             continue
         if getattr(n.target, "__name__", "") == "getitem":
             sdim[n] = sdim[n.args[0]]
             continue
         got = _step(n, fused, sdim, ins, tp) if kinds.get(n.name) == "sharded" else None
         if got is None or (got[2] and k and got[2] != k):
-            return None  # the sharded tensor leaves the region some other way, or an op has no rule
+            return n  # the sharded tensor leaves the region some other way, or an op has no rule
         sdim[n], k = got[0], got[2] or k
         if got[1] is not None:
             new[n] = got[1]
@@ -356,20 +383,56 @@ def _region(cols: Sequence[fx.Node], kinds: Mapping[str, str]) -> list[fx.Node]:
 def dtensor_blocker(gm: fx.GraphModule, cols: Sequence[fx.Node], kinds: Mapping[str, str], tp: int) -> str | None:
     """Why the region of ``cols`` (not run on local shards) cannot run on DTensors either, or None: fused attention
     (DTensor has no rule for ``scaled_dot_product_attention`` on CPU: the ranks fail or hang), a concatenation with
-    an empty tensor (a cache before its first step) or a view cutting a column's sharded output into chunks
-    ``tp`` does not divide (a fused QKV reshaped ``(3, heads, head_dim)``)."""
+    an empty tensor (a cache before its first step) or a view cutting a column's sharded output into heads ``tp``
+    does not divide. The message names the op that kept the region off local shards."""
     where = f"the TP region of '{cols[0].name}'"
     for n in _region(cols, kinds):
         t = str(n.target)
-        if t.startswith(_SDPA):
-            return (f"{where} runs scaled_dot_product_attention ('{n.name}') with operands that cannot be split by "
-                    "heads (e.g. a mask spanning the heads) and DTensor cannot run it on CPU: use eager attention "
-                    "(attn_implementation='eager') or tp=1")
-        if t.startswith("aten.cat.") and any(_shape(a) == (0,) for a in n.args[0]):
-            return f"{where} concatenates an empty tensor ('{n.name}', a cache), which DTensor cannot shard: use tp=1"
         if t.startswith(("aten.view.", "aten._unsafe_view.", "aten.reshape.")) and n.args[0] in cols:
             sx, shp = _shape(n.args[0]), _shape(n)
             if sx and shp and _regroup(sx, len(sx) - 1, shp, tp) is None:
-                return (f"{where} reshapes its output to {list(shp)} ('{n.name}'), which TP {tp} cannot split into "
-                        "whole heads: cut the fused projection with split / chunk on its last dim, or use tp=1")
+                return (f"{where} reshapes its output to {list(shp)} ('{n.name}', of '{n.args[0].name}'), which "
+                        f"TP {tp} cannot split into whole heads: {_heads_advice(sx, shp, tp)}")
+    for n in _region(cols, kinds):
+        t = str(n.target)
+        if t.startswith(_SDPA):
+            return (f"{where} runs scaled_dot_product_attention ('{n.name}'), which DTensor cannot run on CPU, and "
+                    f"cannot run on local heads: {_not_local(gm, cols, kinds, tp)}, or use tp=1")
+        if t.startswith("aten.cat.") and any(_shape(a) == (0,) for a in n.args[0]):
+            return f"{where} concatenates an empty tensor ('{n.name}', a cache), which DTensor cannot shard: use tp=1"
     return None
+
+
+def _heads_advice(sx: tuple[int, ...], shp: tuple[int, ...], tp: int) -> str:
+    """What to change when a view of a column's output ``sx`` into ``shp`` cannot be split by TP ``tp``: the head
+    count when ``tp`` does not divide it (a fused ``(k, heads, head_dim)`` view: the dim after the chunks), else the
+    fused layout."""
+    lead, acc, heads = 1, 1, None
+    for x in sx[:-1]:
+        lead *= x
+    for j, x in enumerate(shp):
+        if acc == lead:
+            heads = shp[j + 1] if len(shp) >= len(sx) + 2 and j + 1 < len(shp) else x
+            break
+        acc *= x
+    if heads == 1:
+        return "it has a single head; use tp=1"
+    if heads is not None and heads % tp:
+        return f"it has {heads} heads; choose a TP degree dividing {heads}, or use tp=1"
+    return "cut the fused projection with split / chunk on its last dim, or use tp=1"
+
+
+def _not_local(gm: fx.GraphModule, cols: Sequence[fx.Node], kinds: Mapping[str, str], tp: int) -> str:
+    """Why the region of ``cols`` does not run on local shards, naming the op (:func:`_walk`)."""
+    n = _walk(gm, list(cols), kinds, tp)
+    if not isinstance(n, fx.Node):
+        return "the columns' outputs have no recorded shape"
+    t = str(n.target)
+    if t.startswith(_SDPA):
+        return ("its mask spans the heads, or q / k / v are not split alike; compute attention without it (HF: "
+                "attn_implementation='eager')")
+    if t.startswith(("aten.split.Tensor", "aten.split_with_sizes", "aten.chunk.")):
+        return (f"'{n.name}' cuts a projection into parts {n.args[1]} that are not equal or not divisible by TP "
+                f"{tp}; use equal parts or separate projections")
+    return (f"'{n.name}' ({t}) has no local-shard rule; write it with view / reshape / transpose / expand (as HF's "
+            "repeat_kv does)")

@@ -14,7 +14,8 @@ Flow (everything that can be wrong is checked before a process starts)::
                     (each rank imports them), static shapes in a pipeline, no in-place write into a value
                     received with its alias (a received value a stage writes into is copied first)
                     TP: degree divides heads / hidden / vocab, split GEMMs are nn.Linear / nn.Embedding
-                    calls, no cut inside a TP region, TP groups on one host (with a topology)
+                    calls, no cut inside a TP region, TP groups on one host (with a topology), with
+                    sequence parallelism a sequence the TP degree divides
                     write JOB_DIR: job.json + one part per plan (part.json, program.pt2, inputs.pt)
       launch_local  one ``distributed_worker`` process per rank (torchrun's environment), watchdog;
                     ExecutionError naming the rank that died or hung, no process left behind
@@ -264,6 +265,16 @@ def sequence_parallel_names(graph: CompGraph) -> tuple[list[str], list[str]]:
     return norms, sorted(graph.names[v] for v in np.flatnonzero((ann.seq_frac > 0) | seq_out))
 
 
+def check_sequence(gm: Any, values: Sequence[str], tp: int) -> None:
+    """``PlanError`` when TP degree ``tp`` does not divide the sequence (dim 1) of a value that sequence
+    parallelism shards along it (``values``: exported node names, :func:`sequence_parallel_names`)."""
+    for n in gm.graph.nodes:
+        val = n.meta.get("val") if n.name in values else None
+        if isinstance(val, torch.Tensor) and val.dim() >= 3 and int(val.shape[1]) % tp:
+            raise PlanError(f"sequence length {int(val.shape[1])} is not divisible by TP {tp}: sequence_parallel "
+                            f"needs it ('{n.name}'); change the sequence length or set sequence_parallel to false")
+
+
 def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
     """Validate one plan against its model and write its part directory; return its DP x PP layout."""
     plan, graph = spec.plan, spec.graph
@@ -327,6 +338,7 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
         check_program(gm, tp_kinds, dims.tp, stage_map, vocab=tuple(tp_vocab) or None)
         if plan.sequence_parallel:
             tp_seq_norms, tp_seq_values = sequence_parallel_names(graph)
+            check_sequence(gm, tp_seq_values, dims.tp)
     from placement_rl.executor._recompute import regions_of
 
     aliases = param_aliases(module)
