@@ -265,6 +265,30 @@ def sequence_parallel_names(graph: CompGraph) -> tuple[list[str], list[str]]:
     return norms, sorted(graph.names[v] for v in np.flatnonzero((ann.seq_frac > 0) | seq_out))
 
 
+LOGIT_OPS = ("add", "sub", "mul", "div", "tanh")  # element-wise ops TP detection lets the vocab split cross
+
+
+def check_logits(gm: Any, kinds: Mapping[str, str]) -> None:
+    """``PlanError`` where the vocab-parallel LM head's logits go through an element-wise op before the loss (BART's
+    ``final_logits_bias``, Gemma 2's softcapping): priced vocab-split, but the executor's loss_parallel needs the
+    head's output itself (the ranks failed; before detection crossed them, the tied table's gradient was wrong)."""
+    for n in gm.graph.nodes:
+        if kinds.get(n.name) != "vocab_head":
+            continue
+        todo, seen = list(n.users), set()
+        while todo:
+            u = todo.pop()
+            if u in seen or kinds.get(u.name) != "sharded":
+                continue
+            seen.add(u)
+            op = str(getattr(u.target, "__name__", u.target)).split(".")[0].rstrip("_")
+            if op in LOGIT_OPS:
+                raise PlanError(f"the LM head '{n.name}' feeds its logits through '{u.name}' ({op}: a logits bias or "
+                                "softcapping) before the loss; TP deploy runs a vocab-parallel loss on the head's "
+                                "output only: use tp=1 for this model")
+            todo.extend(u.users)
+
+
 def check_sequence(gm: Any, values: Sequence[str], tp: int) -> None:
     """``PlanError`` when TP degree ``tp`` does not divide the sequence (dim 1) of a value that sequence
     parallelism shards along it (``values``: exported node names, :func:`sequence_parallel_names`)."""
@@ -336,6 +360,7 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
         if vocab:
             tp_vocab = [int(vocab), tpmod.padded_vocab(int(vocab), dims.tp, plan.make_vocab_size_divisible_by)]
         check_program(gm, tp_kinds, dims.tp, stage_map, vocab=tuple(tp_vocab) or None)
+        check_logits(gm, tp_kinds)
         if plan.sequence_parallel:
             tp_seq_norms, tp_seq_values = sequence_parallel_names(graph)
             check_sequence(gm, tp_seq_values, dims.tp)

@@ -12,11 +12,14 @@
   positions); every op fed by a column must feed only the pair; a norm or another parameterised op on the way
   means no pair. A GEMM is in at most one pair.
 * **Vocabulary parallelism**: the word embedding is split by rows (vocab-parallel embedding: masked lookup,
-  forward all-reduce of its output): the table tied to the LM head (``meta["tied"]``), else one whose row count
-  is the head's vocabulary, else (no head, or no table matches) the largest; a position table is never taken for
-  it because it is large. The GEMM feeding the loss (the LM head, tied or not) is split by
-  vocabulary (column-parallel), and the loss runs on vocab-sharded logits (Megatron's parallel cross-entropy:
-  three all-reduces of one number per token).
+  forward all-reduce of its output): among the tables not looked up by positions (indices from an ``arange``),
+  the one tied to the LM head (``meta["tied"]``; with no head found, the one tied to a GEMM: the output
+  projection), else one whose row count is the head's vocabulary, else (no head, or no table matches) the
+  largest; a position table is never taken for it because it is large. The GEMM feeding the loss (the LM head,
+  tied or not) is split by vocabulary (column-parallel): between them only views and element-wise ops that keep
+  the vocabulary axis (a bias over the vocabulary such as BART's ``final_logits_bias``, a scalar scale, Gemma2's
+  tanh softcapping), which run on the sharded logits; the loss runs on vocab-sharded logits (Megatron's parallel
+  cross-entropy: three all-reduces of one number per token).
 * Everything else is **replicated** (norms, residual adds, dropout on the residual stream, position
   embeddings): every TP rank runs it in full. Sequence parallelism is not modelled.
 
@@ -177,28 +180,74 @@ def _head_dim(graph: CompGraph, sharded: list[int], cls: list[str], e: float) ->
     return None
 
 
+def _from_positions(graph: CompGraph, v: int) -> bool:
+    """Whether lookup ``v``'s indices are positions: built (through parameter-free ops) from an ``arange``."""
+    seen, stack = set(), [int(u) for u in graph.predecessors(v)]
+    while stack:
+        u = stack.pop()
+        if u in seen or graph.param_bytes[u] > 0:
+            continue
+        seen.add(u)
+        if base_name(graph.op_types[u]) == "arange":
+            return True
+        stack.extend(int(x) for x in graph.predecessors(u))
+    return False
+
+
+def _tied_tables(graph: CompGraph, embeds: list[int], user: int | None) -> list[int]:
+    """The tables of ``embeds`` that share their parameter (``meta["tied"]`` names a shared parameter's users)
+    with GEMM ``user``, or with any GEMM when ``user`` is None (the output projection of a head not found)."""
+    names = {graph.names[v]: v for v in embeds}
+    out = []
+    for tie in graph.meta.get("tied") or ():
+        users = [nm for nm in tie.get("nodes", ()) if nm in graph.index]
+        if user is None:
+            shared = any(_is_matmul(graph.op_types[graph.index[nm]]) for nm in users)
+        else:
+            shared = graph.names[user] in users
+        if shared:
+            out.extend(names[nm] for nm in users if nm in names)
+    return out
+
+
 def _vocab_embedding(graph: CompGraph, embeds: list[int], head: int, vocab: int | None, e: float) -> int:
-    """The embedding of ``embeds`` to split by vocabulary: the one tied to the LM head ``head`` (``meta["tied"]``
-    names a shared parameter's users), else the largest whose rows are the head's ``vocab`` (rows: parameters /
-    (``e`` x the head's input features)), else the largest (a position table larger than a character vocabulary
-    is never the word embedding when the head identifies it)."""
+    """The embedding of ``embeds`` to split by vocabulary, among those not looked up by positions (an ``arange``;
+    all of them if each is): the one tied to the LM head ``head`` (to any GEMM when no head was found: the output
+    projection), else the largest whose rows are the head's ``vocab`` (rows: parameters / (``e`` x the head's input
+    features)), else the largest (a position table larger than a character vocabulary is never the word embedding
+    when the head or a tie identifies it)."""
     def largest(vs: list[int]) -> int:
         return max(vs, key=lambda v: graph.param_bytes[v])
 
-    if head < 0:
-        return largest(embeds)
-    names = {graph.names[v]: v for v in embeds}
-    for tie in graph.meta.get("tied") or ():
-        users = list(tie.get("nodes", ()))
-        tied = [names[nm] for nm in users if nm in names]
-        if graph.names[head] in users and tied:
-            return largest(tied)
-    dims = _linear_dims(graph, head, e)
+    words = [v for v in embeds if not _from_positions(graph, v)] or embeds
+    tied = _tied_tables(graph, words, head if head >= 0 else None)
+    if tied:
+        return largest(tied)
+    dims = _linear_dims(graph, head, e) if head >= 0 else None
     if vocab and dims is not None and dims[0] > 0:
-        fits = [v for v in embeds if int(round(graph.param_bytes[v] / (e * dims[0]))) == vocab]
+        fits = [v for v in words if int(round(graph.param_bytes[v] / (e * dims[0]))) == vocab]
         if fits:
             return largest(fits)
-    return largest(embeds)
+    return largest(words)
+
+
+_LOGIT_OPS = ("add", "sub", "mul", "div", "tanh")  # element-wise ops on the logits that keep the vocabulary axis
+
+
+def _keeps_vocab(graph: CompGraph, v: int, cls: list[str]) -> bool:
+    """Whether op ``v`` between the LM head and the loss keeps the logits' vocabulary axis: a view, or an op of
+    ``_LOGIT_OPS`` (a bias broadcast over the vocabulary, a scalar scale, tanh softcapping) whose output is the size
+    of its largest input and whose other inputs are smaller (broadcast)."""
+    if cls[v] == "view":
+        return True
+    if base_name(graph.op_types[v]).removesuffix("_") not in _LOGIT_OPS:
+        return False
+    src, by = _in_bytes(graph, v)
+    if src < 0 or float(graph.out_bytes[v]) != by:
+        return False
+    lo, hi = graph.pred_ptr[v], graph.pred_ptr[v + 1]
+    others = [float(graph.edge_bytes[int(graph.pred_eid[k])]) for k in range(lo, hi) if int(graph.pred_idx[k]) != src]
+    return all(b < by for b in others)
 
 
 def detect(graph: CompGraph) -> dict[str, Any]:
@@ -248,19 +297,15 @@ def detect(graph: CompGraph) -> dict[str, Any]:
         pairs.append({"columns": [graph.names[c] for c in cols], "row": graph.names[r],
                       "sharded_ops": len(sharded), "head_dim": None if hd is None else unit})
     vocab, head = None, -1
-    # vocab-parallel LM head: the GEMM feeding the loss through views; the loss runs on sharded logits
+    # vocab-parallel LM head: the GEMM feeding the loss through ops keeping the vocabulary axis (views, a
+    # bias, softcapping); the loss runs on sharded logits
     has_embedding = any(cls[v] == "embedding" and graph.param_bytes[v] > 0 for v in range(n))
     for loss in (v for v in range(n) if cls[v] == "loss" and (pairs or has_embedding)):
-        path, u = [], loss
-        while True:
-            src, _ = _in_bytes(graph, u)
-            if src < 0:
-                break
-            if cls[src] == "view" and kind[src] == REPLICATED and len(_live_successors(graph, src)) == 1:
-                path.append(src)
-                u = src
-                continue
-            break
+        path, src = [], _in_bytes(graph, loss)[0]
+        while src >= 0 and kind[src] == REPLICATED and len(_live_successors(graph, src)) == 1 \
+                and _keeps_vocab(graph, src, cls):
+            path.append(src)
+            src = _in_bytes(graph, src)[0]
         if src >= 0 and _is_matmul(graph.op_types[src]) and graph.fwd_flops[src] > 0 and kind[src] == REPLICATED \
                 and len(_live_successors(graph, src)) == 1:
             dims = _linear_dims(graph, src, e)

@@ -50,7 +50,8 @@ from torch import nn
 
 from placement_rl.errors import GraphError
 from placement_rl.graph.models.hf_config import (attention_sizes, check_sizes, get_field, has_field, is_config,
-                                                 load_config, positive_int, reason, text_config, transformers_module)
+                                                 kv_heads, load_config, positive_int, reason, text_config,
+                                                 transformers_module)
 
 TASKS = ("auto", "causal_lm", "masked_lm", "seq2seq_lm", "image_classification")
 ATTENTION = ("eager", "sdpa")
@@ -245,6 +246,8 @@ def build(*, config: str | None = None, model_type: str | None = None, task: str
             "vocab_size", "num_local_experts", "num_experts")
     sized = text if task != "image_classification" else vision
     sizing = {k: get_field(sized, k) for k in keys if positive_int(get_field(sized, k))}
+    if kv_heads(sized):  # Falcon names them otherwise (num_kv_heads, multi_query): TP checks read this key
+        sizing["num_key_value_heads"] = kv_heads(sized)
     heads, hidden = attention_sizes(sized)
     head_dim = positive_int(get_field(sized, "head_dim")) or (hidden / heads if heads and hidden else 64.0)
     desc = {"model_type": cfg.model_type, "task": task, "class": type(model).__name__, "params": int(params),

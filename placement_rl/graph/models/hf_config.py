@@ -205,6 +205,17 @@ def attention_sizes(cfg) -> tuple[int, int]:
     return heads, positive_int(get_field(cfg, "hidden_size")) or positive_int(get_field(cfg, "n_embd"))
 
 
+def kv_heads(cfg) -> int:
+    """Key-value heads of a config, 0 where it names none: ``num_key_value_heads``, else Falcon's (its
+    ``num_kv_heads`` with ``new_decoder_architecture``, one with ``multi_query``, else the query heads)."""
+    kv = positive_int(get_field(cfg, "num_key_value_heads"))
+    if kv or get_field(cfg, "new_decoder_architecture") is None:
+        return kv
+    if get_field(cfg, "new_decoder_architecture"):
+        return positive_int(get_field(cfg, "num_kv_heads"))
+    return 1 if get_field(cfg, "multi_query") else attention_sizes(cfg)[0]
+
+
 def check_sizes(cfg, model_type: str, seq_len: int | None) -> None:
     """Sizes the model's code would fail on deep inside a capture (a torch traceback, then a shape error), each a
     one-line ``GraphError``: ``seq_len`` (None: no token input) beyond the positions the text side has (a text
@@ -219,14 +230,15 @@ def check_sizes(cfg, model_type: str, seq_len: int | None) -> None:
         raise GraphError(f"graph.seq_len={seq_len} is longer than the config's {limit} positions "
                          f"({field}): lower it or raise that field in graph.overrides")
     heads, hidden = attention_sizes(cfg)
-    kv = positive_int(get_field(cfg, "num_key_value_heads"))
+    kv = kv_heads(cfg)
     if heads and hidden and hidden % heads and not any(positive_int(get_field(cfg, k)) for k in ("head_dim", "d_kv")):
         raise GraphError(f"the '{model_type}' config has hidden_size {hidden}, not a multiple of its "
                          f"{heads} attention heads: change one of them in graph.overrides")
     if heads and kv and heads % kv:
+        field = "num_key_value_heads" if positive_int(get_field(cfg, "num_key_value_heads")) else "num_kv_heads"
         raise GraphError(f"the '{model_type}' config has {heads} attention heads, not a multiple of its {kv} "
-                         "key-value heads (num_key_value_heads): change one of them in graph.overrides")
+                         f"key-value heads ({field}): change one of them in graph.overrides")
 
 
-__all__ = ["attention_sizes", "check_sizes", "get_field", "has_field", "is_config", "load_config", "positive_int",
-           "reason", "text_config", "transformers_module"]
+__all__ = ["attention_sizes", "check_sizes", "get_field", "has_field", "is_config", "kv_heads", "load_config",
+           "positive_int", "reason", "text_config", "transformers_module"]
