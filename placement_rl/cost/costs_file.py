@@ -15,6 +15,7 @@ Format (JSON, or YAML with the same fields)::
         bwd: {gpu: 2.4, cpu: 60.0}      # required in train mode
         param_bytes: 4.0e6              # optional: replaces the graph's (training state is 4 x this)
         act_bytes: 1.0e6                # optional: bytes kept for the backward, replaces the graph's
+        memory: {gpu: 2.0e6}            # optional: the same as act_bytes, per kind (the largest is used)
         devices: [gpu0, gpu1]           # optional: the only devices this node may run on
     edges:                              # optional: per edge the tensor's bytes or a measured transfer time
       - {src: layer0, dst: layer1, bytes: 2.0e6}
@@ -22,9 +23,12 @@ Format (JSON, or YAML with the same fields)::
     time_link: [gpu0, gpu1]             # the link edge times were measured on (default: the first two devices)
     colocate: [[layer0, layer1]]        # optional: node groups that must share a device / a stage
 
-An edge time ``t`` becomes the bytes that take ``t`` on ``time_link``: ``(t - latency) x bandwidth``. Every node
-of the graph needs a forward time (and in train mode a backward time) for every device of the topology. Memory
-fields are written into the graph (``load_costs`` returns it with the table). A measured profile written by
+An edge time ``t`` becomes the bytes that take ``t`` on ``time_link``: ``(t - latency) x bandwidth`` (on one
+device, where nothing is transferred, the graph's bytes stay). Every node of the graph needs a forward time (and in
+train mode a backward time) for every device of the topology. A key or an edge given twice is refused. Memory
+fields are written into the graph (``load_costs`` returns it with the table): ``memory`` replaces ``act_bytes``, the
+parameters stay the graph's unless ``param_bytes`` is given. Implausible times are warnings (``_warn_implausible``),
+for a costs file and a profile alike. A measured profile written by
 ``placement-rl profile`` (schema ``placement_rl.profile``) is read as well: its times go through
 ``resolve_costs``, its ``copy`` link fits replace the topology's links between two torch devices of one host (a
 pair on one torch device, e.g. two logical CPUs, keeps the topology's: its copy moves nothing), and each measured
@@ -55,7 +59,40 @@ from placement_rl.topology import DeviceTopology
 SCHEMA = "placement_rl.costs"
 VERSION = 1
 UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
-IMPLAUSIBLE = 1e4  # a profiled time this many times the topology's own estimate is a hand edit or a broken run
+IMPLAUSIBLE = 1e4  # a measured time this many times the topology's own estimate is a hand edit or a broken run
+LIKELY_UNIT = 300.0  # most times this many times the estimate: one factor on every time, e.g. ms read as s
+
+
+class _DuplicateKey(ValueError):
+    """A key given twice in one JSON object or YAML mapping (the parsers would keep the last in silence)."""
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s ``object_pairs_hook``: the object, refusing a key given twice."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(f"key '{key}' is given twice in one object")
+        out[key] = value
+    return out
+
+
+def _unique_yaml_loader() -> type:
+    """A ``yaml.SafeLoader`` that refuses a mapping key given twice (merge keys ``<<`` may still be overridden)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                    key = self.construct_object(key_node, deep=deep)
+                    if key in seen:
+                        mark = key_node.start_mark
+                        raise _DuplicateKey(f"key '{key}' is given twice in one mapping (line {mark.line + 1})")
+                    seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+    return UniqueKeyLoader
 
 
 def _read(path: str | os.PathLike) -> tuple[str, Any]:
@@ -66,17 +103,24 @@ def _read(path: str | os.PathLike) -> tuple[str, Any]:
         text = p.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise ProfileError(f"{p}: cannot read costs file ({exc.__class__.__name__})") from None
-    if p.suffix in (".yaml", ".yml"):
-        import yaml
-
-        try:
-            return str(p), yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ProfileError(f"{p}: malformed YAML ({str(exc).splitlines()[0]})") from None
     try:
-        return str(p), json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"{p}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+        if p.suffix in (".yaml", ".yml"):
+            return str(p), _load_yaml(p, text)
+        try:
+            return str(p), json.loads(text, object_pairs_hook=_unique_pairs)
+        except json.JSONDecodeError as exc:
+            raise ProfileError(f"{p}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except _DuplicateKey as exc:
+        raise ProfileError(f"{p}: {exc}: give each entry once") from None
+
+
+def _load_yaml(p: Path, text: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=_unique_yaml_loader())  # noqa: S506 -- a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"{p}: malformed YAML ({str(exc).splitlines()[0]})") from None
 
 
 def _number(where: str, value: Any, *, what: str) -> float:
@@ -119,8 +163,9 @@ def load_costs(path: str | os.PathLike, graph: CompGraph, topology: DeviceTopolo
         linked, links = _profile_links(db, topology)
         costs = resolve_costs(graph, linked, profiles=db)
         if not any(src.startswith("measured:") for src in costs.source):  # a profile of another graph or host
-            raise ProfileError(f"{where}: {db.why_no_times(graph, topology)}: profile this graph (`placement-rl "
-                               "profile`), or leave costs.path out for the estimates")
+            other = db.other_capture(graph)  # the same node names at another batch size or shapes
+            raise ProfileError(f"{where}: {other}" if other else f"{where}: {db.why_no_times(graph, topology)}: "
+                               "profile this graph (`placement-rl profile`), or leave costs.path out for the estimates")
         _warn_implausible(where, graph, costs, resolve_costs(graph, linked))
         source = tuple(_profile_label(src, db, dev, links) if src.startswith("measured:") else src
                        for src, dev in zip(costs.source, topology.devices))
@@ -181,13 +226,12 @@ def load_costs(path: str | os.PathLike, graph: CompGraph, topology: DeviceTopolo
         for key, arr in (("param_bytes", params), ("act_bytes", acts)):
             if key in entry:
                 arr[i] = _number(at, entry[key], what=key)
-        if "memory" in entry:  # total bytes the node pins (per device kind: the largest), as kept activations
-            mem = entry["memory"]
+        if "memory" in entry:  # bytes the node pins beyond its parameters' training state: its kept activations
+            mem = entry["memory"]  # (the parameters stay the graph's or param_bytes: they price the gradient sync)
             if isinstance(mem, Mapping) and mem:  # the largest entry given: the kinds it leaves out need none
                 acts[i] = max(_number(at, v, what=f"memory['{k}']") for k, v in mem.items())
             else:
                 acts[i] = float(_per_device(at, mem, topology, "memory", 1.0).max())
-            params[i] = params[i] if "param_bytes" in entry else 0.0
         if "devices" in entry:
             devs = entry["devices"]
             if not isinstance(devs, list) or not devs:
@@ -198,33 +242,8 @@ def load_costs(path: str | os.PathLike, graph: CompGraph, topology: DeviceTopolo
                 raise ProfileError(f"{at}: device '{unknown_dev[0]}' is not in topology '{topology.name}' "
                                    f"(devices: {', '.join(names)})")
             allowed[i] = sorted(names.index(x) for x in devs)
-    ebytes = np.array(graph.edge_bytes, dtype=float)
-    edges = data.get("edges") or []
-    if not isinstance(edges, list):
-        raise ProfileError(f"{where}: 'edges' must be a list of {{src, dst, bytes | time}}")
-    lookup = {(int(u), int(v)): e for e, (u, v) in enumerate(graph.edges.tolist())}
-    link = _time_link(where, data.get("time_link"), topology)
-    for k, e in enumerate(edges):
-        at = f"{where}: edges[{k}]"
-        if not isinstance(e, Mapping) or "src" not in e or "dst" not in e or ("bytes" in e) == ("time" in e):
-            raise ProfileError(f"{at} must be {{src, dst}} with exactly one of 'bytes' or 'time'")
-        if e["src"] not in index or e["dst"] not in index:
-            name = e["src"] if e["src"] not in index else e["dst"]
-            raise ProfileError(f"{at}: node '{name}' is not in graph '{graph.name}'{_coarsened(graph)}")
-        key = (index[e["src"]], index[e["dst"]])
-        if key not in lookup:
-            raise ProfileError(f"{at}: graph '{graph.name}' has no edge {e['src']} -> {e['dst']}")
-        if "bytes" in e:
-            ebytes[lookup[key]] = _number(at, e["bytes"], what="bytes")
-        else:
-            lat, bw = link
-            ebytes[lookup[key]] = max(_number(at, e["time"], what="time") * scale - lat, 0.0) * bw
-    colocate = []
-    for k, grp in enumerate(data.get("colocate") or []):
-        if not isinstance(grp, list) or any(x not in index for x in grp):
-            bad_name = next((x for x in grp if x not in index), grp) if isinstance(grp, list) else grp
-            raise ProfileError(f"{where}: colocate[{k}] names '{bad_name}', not a node of graph '{graph.name}'")
-        colocate.append(sorted(index[x] for x in grp))
+    ebytes = _edge_bytes(where, data, graph, topology, index, scale)
+    colocate = _colocate(where, data.get("colocate"), graph, index)
     new_graph = graph
     if (not np.array_equal(params, graph.param_bytes) or not np.array_equal(acts, graph.act_bytes)
             or not np.array_equal(ebytes, graph.edge_bytes)):
@@ -234,11 +253,74 @@ def load_costs(path: str | os.PathLike, graph: CompGraph, topology: DeviceTopolo
                             "allowed": {str(i): v for i, v in allowed.items()}}
     if batch is not None:
         meta["batch_size"] = batch
-    base = resolve_costs(new_graph, topology)  # links (latency, bandwidth) of the topology
+    base = resolve_costs(new_graph, topology)  # links (latency, bandwidth) of the topology, and the estimates
     costs = CostTable(fwd_time=fwd, bwd_time=bwd, link_latency=base.link_latency, link_bandwidth=base.link_bandwidth,
                       source=(f"measured:{Path(where).name}",) * d, graph_fingerprint=new_graph.fingerprint(),
                       topology_name=topology.name, meta=meta)
+    _warn_implausible(where, new_graph, costs, base, fix=f"check the file's times and its time_unit ({unit!r})")
     return new_graph, (inference_costs(costs) if mode == "inference" else costs)
+
+
+def _node_name(at: str, value: Any, what: str) -> str:
+    """A node name where the file must give one (a list or a mapping there is one line, not a ``TypeError``)."""
+    if not isinstance(value, str):
+        raise ProfileError(f"{at}: {what} must be a node name, got {value!r}")
+    return value
+
+
+def _edge_bytes(where: str, data: Mapping[str, Any], graph: CompGraph, topology: DeviceTopology,
+                index: Mapping[str, int], scale: float) -> np.ndarray:
+    """The graph's edge bytes with the file's ``edges`` entries: bytes as given, a time as the bytes that take it
+    on ``time_link``. On one device nothing is transferred, so a time there is checked and leaves the graph's."""
+    ebytes = np.array(graph.edge_bytes, dtype=float)
+    edges = data.get("edges") or []
+    if not isinstance(edges, list):
+        raise ProfileError(f"{where}: 'edges' must be a list of {{src, dst, bytes | time}}")
+    lookup = {(int(u), int(v)): e for e, (u, v) in enumerate(graph.edges.tolist())}
+    link = _time_link(where, data.get("time_link"), topology)
+    seen: dict[tuple[int, int], int] = {}
+    for k, e in enumerate(edges):
+        at = f"{where}: edges[{k}]"
+        if not isinstance(e, Mapping) or "src" not in e or "dst" not in e or ("bytes" in e) == ("time" in e):
+            raise ProfileError(f"{at} must be {{src, dst}} with exactly one of 'bytes' or 'time'")
+        src, dst = _node_name(at, e["src"], "'src'"), _node_name(at, e["dst"], "'dst'")
+        if src not in index or dst not in index:
+            raise ProfileError(f"{at}: node '{src if src not in index else dst}' is not in graph "
+                               f"'{graph.name}'{_coarsened(graph)}")
+        key = (index[src], index[dst])
+        if key not in lookup:
+            raise ProfileError(f"{at}: graph '{graph.name}' has no edge {src} -> {dst}")
+        if key in seen:
+            raise ProfileError(f"{at}: edge {src} -> {dst} is given twice (also edges[{seen[key]}]): give it once")
+        seen[key] = k
+        if "bytes" in e:
+            ebytes[lookup[key]] = _number(at, e["bytes"], what="bytes")
+            continue
+        t = _number(at, e["time"], what="time") * scale
+        if link is not None:
+            lat, bw = link
+            ebytes[lookup[key]] = max(t - lat, 0.0) * bw
+            if not math.isfinite(ebytes[lookup[key]]):
+                raise ProfileError(f"{at}: time {e['time']!r} gives {ebytes[lookup[key]]:g} bytes on time_link: "
+                                   "give the edge's 'bytes' instead")
+    return ebytes
+
+
+def _colocate(where: str, value: Any, graph: CompGraph, index: Mapping[str, int]) -> list[list[int]]:
+    """The ``colocate`` groups as node indices."""
+    if value is not None and not isinstance(value, list):
+        raise ProfileError(f"{where}: 'colocate' must be a list of node-name lists, got {value!r}")
+    groups = []
+    for k, grp in enumerate(value or []):
+        at = f"{where}: colocate[{k}]"
+        if not isinstance(grp, list):
+            raise ProfileError(f"{at} must be a list of node names, got {grp!r}")
+        names = [_node_name(at, x, "each entry") for x in grp]
+        bad = next((x for x in names if x not in index), None)
+        if bad is not None:
+            raise ProfileError(f"{at} names '{bad}', not a node of graph '{graph.name}'")
+        groups.append(sorted(index[x] for x in names))
+    return groups
 
 
 def _profile_links(db: Any, topology: DeviceTopology) -> tuple[DeviceTopology, str]:
@@ -286,9 +368,11 @@ def _profile_label(source: str, db: Any, device: Any, links: str) -> str:
     return f"{source} ({', '.join(what) + '; ' if what else ''}links: {links})"
 
 
-def _warn_implausible(where: str, graph: CompGraph, costs: CostTable, estimate: CostTable, show: int = 3) -> None:
-    """One warning line on stderr per kind of implausible profiled time: zero forward time for a node with FLOPs,
-    a time over ``IMPLAUSIBLE`` x the topology's estimate (hand edits, broken runs)."""
+def _warn_implausible(where: str, graph: CompGraph, costs: CostTable, estimate: CostTable, show: int = 3, *,
+                      fix: str = "check the file or re-profile") -> None:
+    """One warning line on stderr per kind of implausible measured time: zero forward time for a node with FLOPs, a
+    time over ``IMPLAUSIBLE`` x the topology's estimate (hand edits, broken runs), and most nodes' times over
+    ``LIKELY_UNIT`` x it (a unit mistake: one factor on every time, under ``IMPLAUSIBLE``)."""
     import sys
 
     measured = [j for j, src in enumerate(costs.source) if src.startswith("measured:")]
@@ -304,14 +388,27 @@ def _warn_implausible(where: str, graph: CompGraph, costs: CostTable, estimate: 
                         (huge, f"times over {IMPLAUSIBLE:g} x the topology's estimate")):
         if found:
             more = f", ... ({len(found)} in all)" if len(found) > show else ""
-            print(f"warning: {where}: {what}: {', '.join(found[:show])}{more}; check the file or "
-                  f"re-profile", file=sys.stderr)
+            print(f"warning: {where}: {what}: {', '.join(found[:show])}{more}; {fix}", file=sys.stderr)
+    ratio = _typical_ratio(costs.fwd_time[:, measured], estimate.fwd_time[:, measured])
+    if ratio > LIKELY_UNIT:
+        print(f"warning: {where}: most forward times are over {LIKELY_UNIT:g} x the topology's estimate (typically "
+              f"{ratio:.3g} x): a unit mistake? {fix}", file=sys.stderr)
 
 
-def _time_link(where: str, value: Any, topology: DeviceTopology) -> tuple[float, float]:
+def _typical_ratio(times: np.ndarray, estimate: np.ndarray) -> float:
+    """The median over nodes of a node's largest measured / estimated forward time (nodes estimated at 0 left out);
+    0 where no node has an estimate."""
+    ok = (estimate > 0).all(axis=1) & (times > 0).any(axis=1)
+    if not ok.any():
+        return 0.0
+    return float(np.median((times[ok] / estimate[ok]).max(axis=1)))
+
+
+def _time_link(where: str, value: Any, topology: DeviceTopology) -> tuple[float, float] | None:
+    """``(latency, bandwidth)`` of the link edge times were measured on; None on one device (no transfers)."""
     names = topology.device_names
     if topology.num_devices < 2:
-        return 0.0, math.inf
+        return None
     if value is None:
         a, b = 0, 1
     else:

@@ -5,7 +5,7 @@ Schema ``placement_rl.profile`` version 1::
     {"schema": "placement_rl.profile", "version": 1,
      "env": {"host", "torch", "cuda_runtime", "cuda_driver", "python", "created"},
      "devices": {name: {"torch_device", "kind", "model", "host", "threads", "env": {...}}},
-     "graphs": {fingerprint: {"name", "nodes": [name, ...], "signatures": [sig, ...],
+     "graphs": {fingerprint: {"name", "nodes": [name, ...], "signatures": [sig, ...], "batch_size" (optional),
                               "times": {device: {node: [fwd_med, fwd_iqr, bwd_med, bwd_iqr, repeats]}},
                               "step": {device: [median, iqr, repeats]},
                               "optimizer": {device: [median, iqr, repeats, param_bytes]}}},
@@ -38,6 +38,7 @@ import numpy as np
 from placement_rl.errors import ProfileError
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.graph.ir import CompGraph
+from placement_rl.graph.members import member_graph
 from placement_rl.topology import Device, DeviceTopology
 
 SCHEMA = "placement_rl.profile"
@@ -176,6 +177,9 @@ class ProfileDB:
             sigs = graph.meta.get("signatures")
             entry = {"name": graph.name, "nodes": list(graph.names),
                      "signatures": list(sigs) if isinstance(sigs, (list, tuple)) else [], "times": {}, "step": {}}
+            batch = graph.meta.get("batch_size")
+            if isinstance(batch, int) and not isinstance(batch, bool):
+                entry["batch_size"] = batch
             self.data["graphs"][fp] = entry
         return entry
 
@@ -227,7 +231,8 @@ class ProfileDB:
     def lookup(self, graph: CompGraph, device: Device) -> tuple[np.ndarray, np.ndarray, str] | None:
         """``(fwd [N], bwd [N], label)`` for ``graph`` on ``device``, or None when not profiled.
 
-        Order: the graph's own entry; for a coarsened graph, the entry that holds every member (a group's
+        Order: the graph's own entry; for a coarsened graph, the entry of the capture it was made from
+        (``meta["member_graph"]``; by node names for a graph without that record) holding every member (a group's
         time is the sum of its members'); then the per-op signature table.
         """
         name = self.resolve_device(device)
@@ -252,10 +257,7 @@ class ProfileDB:
     def _lookup_members(self, graph: CompGraph, device_name: str) -> tuple[np.ndarray, np.ndarray] | None:
         assert graph.members is not None
         wanted = {m for grp in graph.members for m in grp}
-        origin = graph.meta.get("source_fingerprint") or graph.meta.get("parent_fingerprint")
-        entries = list(self.data["graphs"].items())
-        entries.sort(key=lambda kv: kv[0] != origin)  # the recorded origin first
-        for _, entry in entries:
+        for entry in self._member_candidates(graph):
             times = entry["times"].get(device_name, {})
             if wanted.issubset(times):
                 fwd = np.array([sum(times[m][0] for m in grp) for grp in graph.members])
@@ -269,7 +271,38 @@ class ProfileDB:
         if graph.members is None:
             return None
         wanted = {m for grp in graph.members for m in grp}
-        return next((e for e in self.data["graphs"].values() if wanted <= set(e["nodes"])), None)
+        return next((e for e in self._member_candidates(graph) if wanted <= set(e["nodes"])), None)
+
+    def _member_candidates(self, graph: CompGraph) -> list[dict[str, Any]]:
+        """The entries whose times may price a coarsened ``graph``'s members: the one recorded for the graph it was
+        made from (``meta["member_graph"]``) where it carries that graph -- another entry with the same node names
+        is another batch size or shapes -- else, for a graph without that record, every entry (matched by name)."""
+        fine = member_graph(graph)
+        if fine is None:
+            return list(self.data["graphs"].values())
+        entry = self.data["graphs"].get(fine[0].fingerprint())
+        return [] if entry is None else [entry]
+
+    def other_capture(self, graph: CompGraph) -> str | None:
+        """For messages: where a coarsened ``graph``'s members have times only in an entry of another capture
+        (same node names; another batch size or shapes), what differs, else None."""
+        fine = member_graph(graph)
+        if fine is None or self._member_candidates(graph):
+            return None
+        wanted = {m for grp in graph.members or () for m in grp}
+        found = next(((fp, e) for fp, e in self.data["graphs"].items() if wanted <= set(e["nodes"])), None)
+        if found is None:
+            return None
+        fp, entry = found
+        theirs, ours = entry.get("batch_size"), fine[0].meta.get("batch_size")
+        if theirs is not None and ours is not None and theirs != ours:
+            return (f"the profile was taken at batch {theirs}, graph '{graph.name}' is at batch {ours}: re-profile "
+                    f"at batch {ours}, or use the graph at batch {theirs}")
+        return (f"the profile's times for graph '{entry.get('name', graph.name)}' were taken on another capture "
+                f"(fingerprint {fp}{f', batch {theirs}' if theirs is not None else ''}) than the graph "
+                f"'{graph.name}' was made from (fingerprint {fine[0].fingerprint()}"
+                f"{f', batch {ours}' if ours is not None else ''}): the same node names with other sizes (batch, "
+                "shapes); re-profile this graph")
 
     def with_coarsened(self, graph: CompGraph) -> "ProfileDB":
         """This profile with an entry of its own for a coarsened ``graph`` it holds only uncoarsened (``place``
@@ -313,9 +346,12 @@ class ProfileDB:
         return next(((dev, n) for dev, t in sorted(entry["times"].items()) for n in t if n not in known), None)
 
     def why_no_times(self, graph: CompGraph, topology: DeviceTopology, *, show: int = 3) -> str:
-        """For messages: why ``lookup`` finds no times for ``graph`` on ``topology``'s devices -- the nodes
-        it lacks (the first ``show`` named) on the profiled device they resolve to, else the graphs and devices
-        the profile holds."""
+        """For messages: why ``lookup`` finds no times for ``graph`` on ``topology``'s devices -- its members
+        profiled in another capture (``other_capture``), the nodes it lacks (the first ``show`` named) on the
+        profiled device they resolve to, else the graphs and devices the profile holds."""
+        other = self.other_capture(graph)
+        if other is not None:
+            return other
         for dev in topology.devices:
             name = self.resolve_device(dev)
             missing = self.missing_nodes(graph, name) if name is not None else None
