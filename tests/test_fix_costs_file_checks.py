@@ -135,3 +135,18 @@ def test_a_profile_at_another_batch_is_refused_for_a_coarsened_graph(tmp_path):
     _refused(path, double, topo, "the profile was taken at batch 8, graph", "is at batch 16")
     old = _profile(tmp_path, _at_batch(8), topo, batch=False)
     _refused(old, double, topo, "were taken on another capture", "batch 16")
+
+
+def test_inference_costs_in_train_mode_name_the_file_and_the_fix():
+    import numpy as np
+
+    from placement_rl.cost.modes import for_mode
+    from placement_rl.cost.types import CostTable
+    from placement_rl.errors import ConfigError
+
+    costs = CostTable(fwd_time=np.ones((2, 1)), bwd_time=np.zeros((2, 1)), link_latency=np.zeros((1, 1)),
+                      link_bandwidth=np.full((1, 1), np.inf), source=("measured:c.json",),
+                      meta={"mode": "inference", "costs_file": "c.json"})
+    with pytest.raises(ConfigError, match=r"these costs \(c.json\) were prepared for inference .* price with "
+                                          r"mode=inference"):
+        for_mode(costs, "train")

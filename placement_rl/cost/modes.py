@@ -61,7 +61,9 @@ def for_mode(costs: CostTable, mode: str) -> CostTable:
     if check_mode(mode) == "inference":
         return inference_costs(costs)
     if mode_of(costs) == "inference":
-        raise ConfigError("these costs were prepared for inference (no backward times): resolve them again for "
+        where = costs.meta.get("costs_file")
+        raise ConfigError(f"these costs{f' ({where})' if where else ''} were prepared for inference (no backward "
+                          "times): price with mode=inference, or give training costs (with backward times) for "
                           "mode=train")
     return costs
 
