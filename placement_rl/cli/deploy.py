@@ -21,8 +21,8 @@ from typing import Any, Mapping
 from omegaconf import DictConfig
 
 from placement_rl.cli.common import build_topology, hydra_app, output_dir, write_json
-from placement_rl.cli.given import fallback_hint, plan_graph, plan_topology, task_overrides
-from placement_rl.errors import ConfigError, ExecutionError, PlanError, ProfileError
+from placement_rl.cli.given import load_given, plan_graph, plan_topology, task_overrides
+from placement_rl.errors import ConfigError, ExecutionError, ProfileError
 from placement_rl.graph.ir import CompGraph
 
 _NO_GPU = "the plan's devices are GPUs"  # the start of the executor's warning for a GPU plan run on CPUs
@@ -279,21 +279,14 @@ def _torchrun(cmd: list[str], *, job_dir: Path, timeout_s: float, endpoint: str 
 def run(cfg: DictConfig) -> dict:
     from placement_rl.executor.distributed import DeployConfig
     from placement_rl.plan_files import read_plan_file
-    from placement_rl.plans import StagePlan, load_plan
+    from placement_rl.plans import StagePlan
 
     data = read_plan_file(str(cfg.plan))  # a missing file, a folder, no JSON: said before the graph is built
     dcfg = DeployConfig(steps=int(cfg.steps), warmup=int(cfg.warmup), lr=float(cfg.lr), device=str(cfg.device),
                         timeout_s=float(cfg.timeout_s), threads=int(cfg.threads)).validate()
     graph = plan_graph(cfg, str(cfg.plan), always_beside=True)
     topology, line = choose_topology(cfg, data, task_overrides())
-    try:
-        plan = load_plan(str(cfg.plan), topology=topology, graph=graph)
-        plan.validate(graph, topology)
-    except (PlanError, ConfigError) as e:  # a plan made on a topology file rarely fits the default: say why it ran
-        hint = fallback_hint(data, topology, line)
-        if hint is None:
-            raise
-        raise type(e)(f"{e}; {hint}") from None
+    plan = load_given(str(cfg.plan), data, graph, topology, line)
     model, overrides = _model(graph)  # a graph deploy cannot build is said before what it would run on
     nnodes = int(cfg.nnodes)
     node_rank = None if cfg.node_rank is None else int(cfg.node_rank)

@@ -17,7 +17,7 @@ from placement_rl.errors import ConfigError
 from placement_rl.evaluate import (DEFAULT_PIPELINE_CASES, DEFAULT_SUITE, Row, best_row, compare, pipeline_summary,
                                    priced, run_suite, shown_speedups, with_speedups)
 from placement_rl.graph.io import atomic_write_text
-from placement_rl.plans import Placement, StagePlan, load_plan
+from placement_rl.plans import Placement, StagePlan
 from placement_rl.report import gantt, markdown_table, speedup_bars, write_csv
 
 COLUMNS = ("case", "kind", "placer", "step_time_ms", "speedup", "feasible", "search_seconds", "sim_calls", "note")
@@ -168,23 +168,6 @@ def batch_note(plan, graph) -> str:
             f"{int(own) / at:g} x the samples here")
 
 
-def _load_given(cfg: DictConfig, data, graph, topology, line: str | None) -> Placement | StagePlan:
-    """The plan file checked against the graph and topology; an error it meets on a default topology the plan's
-    own (not a preset) fell back to says so (``given.fallback_hint``)."""
-    from placement_rl.cli.given import fallback_hint
-    from placement_rl.errors import PlanError
-
-    try:
-        plan = load_plan(str(cfg.plan), topology=topology, graph=graph)
-        plan.validate(graph, topology)
-    except (PlanError, ConfigError) as e:
-        hint = fallback_hint(data, topology, line, verb="evaluate")
-        if hint is None:
-            raise
-        raise type(e)(f"{e}; {hint}") from None
-    return plan
-
-
 def run(cfg: DictConfig) -> list[Row]:
     out = output_dir()
     budget, seed = int(cfg.budget), int(cfg.seed)
@@ -212,7 +195,8 @@ def run(cfg: DictConfig) -> list[Row]:
         check_not_files(out, ("best_placement", "best_plan"), "evaluate writes the case's best plans")
         mode = str(cfg.get("mode") or "train")
         if cfg.plan:  # a plan brings its graph (graph.json beside it), topology preset and mode unless told otherwise
-            from placement_rl.cli.given import plan_graph, plan_mode, plan_objective, plan_topology, task_overrides
+            from placement_rl.cli.given import (load_given, plan_graph, plan_mode, plan_objective, plan_topology,
+                                                 task_overrides)
             from placement_rl.plan_files import read_plan_file
 
             data, overrides = read_plan_file(str(cfg.plan)), task_overrides()
@@ -229,7 +213,7 @@ def run(cfg: DictConfig) -> list[Row]:
         extra = None
         graph, costs = build_costs({"costs": cfg.get("costs"), "mode": mode}, graph, topology)
         if cfg.plan:
-            plan = _load_given(cfg, data, graph, topology, line)
+            plan = load_given(str(cfg.plan), data, graph, topology, line, verb="evaluate")
             extra = (plan, priced(graph, costs, topology, plan, objective=objective))
         rows = compare(graph, costs, topology, budget=budget, seed=seed, case=case, placers=placers,
                        partitioners=parts, num_microbatches=int(cfg.num_microbatches), objective=objective,

@@ -68,6 +68,23 @@ def fallback_hint(plan_data: Mapping[str, Any], topology, line: str | None, verb
             f"'{topology.name}': give topology.path=<its YAML> (or topology=<preset>)")
 
 
+def load_given(path: str, plan_data: Mapping[str, Any], graph, topology, line: str | None, verb: str = "deploy"):
+    """The plan file at ``path`` loaded and checked against ``graph`` and ``topology``; an error it meets there on
+    the default topology ``plan_topology`` fell back to (``line``) says so (``fallback_hint``)."""
+    from placement_rl.errors import ConfigError, PlanError
+    from placement_rl.plans import load_plan
+
+    try:
+        plan = load_plan(path, topology=topology, graph=graph)
+        plan.validate(graph, topology)
+    except (PlanError, ConfigError) as e:  # a plan made on a topology file rarely fits the default: say why it ran
+        hint = fallback_hint(plan_data, topology, line, verb)
+        if hint is None:
+            raise
+        raise type(e)(f"{e}; {hint}") from None
+    return plan
+
+
 # what one step of each mode is, as the lines below say it
 STEP = {"train": "a training step", "inference": "a forward pass"}
 
