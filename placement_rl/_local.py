@@ -271,9 +271,10 @@ def _detect_gpu(index: int, measure: bool, nvml: _NVML, sources: dict[str, dict[
             "bus": nvml.bus_id(handle) if handle is not None else None,
             "pcie": nvml.pcie(handle) if handle is not None else None}
     # the product name, SM count and L2 size: the calibrated cost model's architecture facts and wave model; the
-    # tensor-core peaks (dtype tf32 / bf16) from the datasheet
+    # tensor-core peaks (dtype tf32 / bf16 / fp16) from the datasheet
     tensor = {} if sheet is None else {"peak_flops_tf32": sheet.peak_flops_tf32,
-                                       "peak_flops_bf16": sheet.peak_flops_bf16}
+                                       "peak_flops_bf16": sheet.peak_flops_bf16,
+                                       "peak_flops_fp16": sheet.peak_flops_fp16}
     if sheet is not None:
         src.update({k: "table" for k in tensor})
     dev = Device(name=name, kind="gpu", torch_device=td, peak_flops=float(peak), mem_bandwidth=float(bandwidth),

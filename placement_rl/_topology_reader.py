@@ -16,14 +16,14 @@ from placement_rl.devices import DEFAULT_LAUNCH_OVERHEAD, DEVICE_KINDS, Device
 
 DEVICE_FIELDS = ("name", "count", "kind", "torch_device", "host", "index_start", "numbered", "model", "peak_flops",
                  "mem_bandwidth", "memory_bytes", "launch_overhead", "sm_count", "l2_bytes", "peak_flops_tf32",
-                 "peak_flops_bf16")
+                 "peak_flops_bf16", "peak_flops_fp16")
 LINKS_FIELDS = ("intra_host", "inter_host", "pairs")
 LINK_FIELDS = ("bandwidth", "latency", "kind")
 PAIR_FIELDS = ("between",) + LINK_FIELDS
 # top-level fields the loader reads; any other top-level key is kept in ``meta`` unless it is a near miss of one of
 # these or of a device / links field (a typo such as ``link:`` or a device field such as ``hosts:`` at the top)
 TOP_FIELDS = ("name", "description", "devices", "links", "dtype", "cost_model", "collective_fit", "l2_bytes",
-              "peak_flops_tf32", "peak_flops_bf16")
+              "peak_flops_tf32", "peak_flops_bf16", "peak_flops_fp16")
 NOTE_FIELDS = ("peak_flops_fp64", "peak_flops_base", "peak_flops_tensor")  # datasheet notes in presets, not read
 MAX_DEVICE_COUNT = 65536  # devices per entry: a larger count is a typo, not a cluster (and would not fit in memory)
 
@@ -74,7 +74,7 @@ def _with_datasheet(entry: Mapping[str, Any], kind: str, data: Mapping[str, Any]
     try:
         sheet = resolve(model) if model else None
     except TopologyError as exc:
-        if not wanted:
+        if not [k for k in wanted if k != "peak_flops_fp16"]:  # no fp16 peak: the cost model takes the bf16 one
             return entry
         raise TopologyError(f"{where}: {exc}") from None
     if sheet is None:
@@ -174,7 +174,7 @@ def read_topology(data: Any, where: str) -> dict[str, Any]:
                 raise TopologyError(f"{w}: field '{key}' must be positive, got {v!r}")
         overhead = _num(entry, "launch_overhead", w, DEFAULT_LAUNCH_OVERHEAD[kind])
         extra = {key: _num(entry, key, w, _num(data, key, where, 0.0))
-                 for key in ("l2_bytes", "peak_flops_tf32", "peak_flops_bf16")}
+                 for key in ("l2_bytes", "peak_flops_tf32", "peak_flops_bf16", "peak_flops_fp16")}
         for key, v in extra.items():
             if v < 0:
                 raise TopologyError(f"{w}: field '{key}' must be >= 0, got {v!r}")
@@ -257,8 +257,8 @@ def read_topology(data: Any, where: str) -> dict[str, Any]:
         i, j = np.argwhere(lat < 0)[0]
         raise TopologyError(f"{where}: link '{names[i]}' <-> '{names[j]}' has negative latency")
     dtype = data.get("dtype", "fp32")
-    if dtype not in ("fp32", "tf32", "bf16"):
-        raise TopologyError(f"{where}: field 'dtype' is {dtype!r}, expected fp32, tf32 or bf16")
+    if dtype not in ("fp32", "tf32", "bf16", "fp16"):
+        raise TopologyError(f"{where}: field 'dtype' is {dtype!r}, expected fp32, tf32, bf16 or fp16")
     model = data.get("cost_model", "calibrated")
     if model not in ("calibrated", "roofline"):
         raise TopologyError(f"{where}: field 'cost_model' is {model!r}, expected calibrated or roofline")

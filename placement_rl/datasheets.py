@@ -1,7 +1,7 @@
 """GPU datasheet figures by product name, so that a topology can name its GPUs instead of copying their figures.
 
 ``lookup(name)`` -> ``Datasheet`` (or None): FP32 peak (no tensor cores), memory bandwidth, memory, SM count, L2
-and the dense TF32 / BF16 tensor-core peaks (0 where the GPU has none), for a product name as people write it or
+and the dense TF32 / BF16 / FP16 tensor-core peaks (0 where the GPU has none), for a product name as people write it or
 as ``torch.cuda.get_device_name`` reports it (``H100-SXM5-80GB``, ``NVIDIA H100 80GB HBM3``, ``Tesla T4``,
 ``rtx4090``). A topology YAML device with ``kind: gpu`` and a known ``model`` may leave out any of these fields
 (``placement_rl.topology``); ``placement_rl._local`` reads the same table for a detected GPU.
@@ -26,6 +26,7 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from placement_rl.errors import TopologyError
 
@@ -42,17 +43,25 @@ class Datasheet:
     l2_bytes: float
     peak_flops_tf32: float  # dense tensor-core FLOP/s (0: none)
     peak_flops_bf16: float
+    # dense FP16 with FP32 accumulation, as PyTorch runs it (-1: the BF16 peak, as on Ampere and newer, where one
+    # rate serves both; a Volta / Turing row gives its own, a Pascal P100 its packed FP16 rate)
+    peak_flops_fp16: float = -1.0
+
+    def __post_init__(self) -> None:
+        if self.peak_flops_fp16 < 0:
+            object.__setattr__(self, "peak_flops_fp16", self.peak_flops_bf16)
 
     def fields(self) -> dict[str, float | int]:
         return {"peak_flops": self.peak_flops, "mem_bandwidth": self.mem_bandwidth, "memory_bytes": self.memory_bytes,
                 "sm_count": self.sm_count, "l2_bytes": self.l2_bytes, "peak_flops_tf32": self.peak_flops_tf32,
-                "peak_flops_bf16": self.peak_flops_bf16}
+                "peak_flops_bf16": self.peak_flops_bf16, "peak_flops_fp16": self.peak_flops_fp16}
 
 
-# (words that must all appear in the name, product, FP32, bytes/s, memory, SMs, L2, TF32 dense, BF16 dense); the
+# (words that must all appear in the name, product, FP32, bytes/s, memory, SMs, L2, TF32 dense, BF16 dense[, FP16
+# dense with FP32 accumulation where it is not the BF16 figure]); the
 # first row whose words all appear wins, so a variant comes before its family. A word matches whole: not inside a
 # longer model number (A10 is not in A100, L4 not in L40, T4 not in RTX 4090).
-_ROWS: tuple[tuple[tuple[str, ...], str, float, float, float, int, float, float, float], ...] = (
+_ROWS: tuple[tuple[Any, ...], ...] = (
     # Blackwell: the NVIDIA HGX B200 and GB200 NVL72 datasheets, per GPU (the 8- and 72-GPU figures divided); SM
     # count and L2 of the B200 as the device reports them (148 SMs, 126 MiB), also for the GB200, whose GPU is the
     # same B200 chip at a higher clock and power (with no SM count the cost model estimated 223 SMs from the FP32
@@ -109,25 +118,30 @@ _ROWS: tuple[tuple[tuple[str, ...], str, float, float, float, int, float, float,
     # GeForce Blackwell (the RTX Blackwell whitepaper: FP16 / BF16 tensor peak with FP32 accumulate, dense)
     (("RTX", "5090"), "GeForce RTX 5090 32GB", 104.8e12, 1.792e12, 32 * GiB, 170, 96 * MiB, 104.8e12, 209.5e12),
     (("RTX", "5080"), "GeForce RTX 5080 16GB", 56.3e12, 960e9, 16 * GiB, 84, 64 * MiB, 56.3e12, 112.6e12),
-    # Turing and Volta GeForce / Titan (the Turing and Volta whitepapers; FP16 tensor cores only: no TF32 / BF16)
-    (("TITAN", "RTX"), "TITAN RTX 24GB", 16.3e12, 672e9, 24 * GiB, 72, 6 * MiB, 0.0, 0.0),
-    (("TITAN", "V"), "TITAN V 12GB", 14.9e12, 652.8e9, 12 * GiB, 80, 4.5 * MiB, 0.0, 0.0),
-    (("RTX", "2080", "TI"), "GeForce RTX 2080 Ti 11GB", 13.45e12, 616e9, 11 * GiB, 68, 5.5 * MiB, 0.0, 0.0),
-    (("RTX", "2080", "SUPER"), "GeForce RTX 2080 SUPER 8GB", 11.15e12, 496e9, 8 * GiB, 48, 4 * MiB, 0.0, 0.0),
-    (("RTX", "2080"), "GeForce RTX 2080 8GB", 10.07e12, 448e9, 8 * GiB, 46, 4 * MiB, 0.0, 0.0),
-    (("RTX", "2070", "SUPER"), "GeForce RTX 2070 SUPER 8GB", 9.06e12, 448e9, 8 * GiB, 40, 4 * MiB, 0.0, 0.0),
-    (("RTX", "2070"), "GeForce RTX 2070 8GB", 7.46e12, 448e9, 8 * GiB, 36, 4 * MiB, 0.0, 0.0),
+    # Turing and Volta GeForce / Titan (the Turing and Volta whitepapers; FP16 tensor cores only: no TF32 / BF16;
+    # GeForce Turing runs FP16 with FP32 accumulation at half its FP16-accumulate rate, the Titans at the full one)
+    (("TITAN", "RTX"), "TITAN RTX 24GB", 16.3e12, 672e9, 24 * GiB, 72, 6 * MiB, 0.0, 0.0, 130.5e12),
+    (("TITAN", "V"), "TITAN V 12GB", 14.9e12, 652.8e9, 12 * GiB, 80, 4.5 * MiB, 0.0, 0.0, 110e12),
+    (("RTX", "2080", "TI"), "GeForce RTX 2080 Ti 11GB", 13.45e12, 616e9, 11 * GiB, 68, 5.5 * MiB, 0.0, 0.0,
+     53.8e12),
+    (("RTX", "2080", "SUPER"), "GeForce RTX 2080 SUPER 8GB", 11.15e12, 496e9, 8 * GiB, 48, 4 * MiB, 0.0, 0.0,
+     44.6e12),
+    (("RTX", "2080"), "GeForce RTX 2080 8GB", 10.07e12, 448e9, 8 * GiB, 46, 4 * MiB, 0.0, 0.0, 40.3e12),
+    (("RTX", "2070", "SUPER"), "GeForce RTX 2070 SUPER 8GB", 9.06e12, 448e9, 8 * GiB, 40, 4 * MiB, 0.0, 0.0,
+     36.3e12),
+    (("RTX", "2070"), "GeForce RTX 2070 8GB", 7.46e12, 448e9, 8 * GiB, 36, 4 * MiB, 0.0, 0.0, 29.9e12),
     # Turing, Volta, Pascal, Kepler: NVIDIA T4 / V100 / P100 / P40 / P4 / K80 datasheets and whitepapers (no TF32 /
-    # BF16 tensor cores)
-    (("T4",), "T4 16GB", 8.1e12, 320e9, 16 * GiB, 40, 4 * MiB, 0.0, 0.0),
-    (("V100S",), "V100S PCIe 32GB", 16.4e12, 1.134e12, 32 * GiB, 80, 6 * MiB, 0.0, 0.0),
-    (("V100", "PCIE", "32GB"), "V100 PCIe 32GB", 14e12, 900e9, 32 * GiB, 80, 6 * MiB, 0.0, 0.0),
-    (("V100", "PCIE"), "V100 PCIe 16GB", 14e12, 900e9, 16 * GiB, 80, 6 * MiB, 0.0, 0.0),
-    (("V100", "32GB"), "V100 SXM2 32GB", 15.7e12, 900e9, 32 * GiB, 80, 6 * MiB, 0.0, 0.0),
-    (("V100",), "V100 SXM2 16GB", 15.7e12, 900e9, 16 * GiB, 80, 6 * MiB, 0.0, 0.0),
-    (("P100", "12GB"), "P100 PCIe 12GB", 9.3e12, 549e9, 12 * GiB, 56, 3 * MiB, 0.0, 0.0),
-    (("P100", "PCIE"), "P100 PCIe 16GB", 9.3e12, 732e9, 16 * GiB, 56, 4 * MiB, 0.0, 0.0),
-    (("P100",), "P100 SXM2 16GB", 10.6e12, 732e9, 16 * GiB, 56, 4 * MiB, 0.0, 0.0),
+    # BF16 tensor cores; FP16 tensor cores on the T4 and V100, packed FP16 at twice the FP32 rate on the P100, FP16
+    # at 1/64 of it on the other Pascal cards and none on Kepler: 0, priced at FP32)
+    (("T4",), "T4 16GB", 8.1e12, 320e9, 16 * GiB, 40, 4 * MiB, 0.0, 0.0, 65e12),
+    (("V100S",), "V100S PCIe 32GB", 16.4e12, 1.134e12, 32 * GiB, 80, 6 * MiB, 0.0, 0.0, 130e12),
+    (("V100", "PCIE", "32GB"), "V100 PCIe 32GB", 14e12, 900e9, 32 * GiB, 80, 6 * MiB, 0.0, 0.0, 112e12),
+    (("V100", "PCIE"), "V100 PCIe 16GB", 14e12, 900e9, 16 * GiB, 80, 6 * MiB, 0.0, 0.0, 112e12),
+    (("V100", "32GB"), "V100 SXM2 32GB", 15.7e12, 900e9, 32 * GiB, 80, 6 * MiB, 0.0, 0.0, 125e12),
+    (("V100",), "V100 SXM2 16GB", 15.7e12, 900e9, 16 * GiB, 80, 6 * MiB, 0.0, 0.0, 125e12),
+    (("P100", "12GB"), "P100 PCIe 12GB", 9.3e12, 549e9, 12 * GiB, 56, 3 * MiB, 0.0, 0.0, 18.7e12),
+    (("P100", "PCIE"), "P100 PCIe 16GB", 9.3e12, 732e9, 16 * GiB, 56, 4 * MiB, 0.0, 0.0, 18.7e12),
+    (("P100",), "P100 SXM2 16GB", 10.6e12, 732e9, 16 * GiB, 56, 4 * MiB, 0.0, 0.0, 21.2e12),
     (("P40",), "P40 24GB", 11.76e12, 346e9, 24 * GiB, 30, 3 * MiB, 0.0, 0.0),
     (("P4",), "P4 8GB", 5.5e12, 192e9, 8 * GiB, 20, 2 * MiB, 0.0, 0.0),
     # Pascal GeForce and Quadro (the GP102 / GP104 whitepaper and product pages)

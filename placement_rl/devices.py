@@ -23,4 +23,5 @@ class Device:
     l2_bytes: float = 0.0           # L2 cache (0: unknown)
     peak_flops_tf32: float = 0.0    # tensor-core peaks (0: unknown)
     peak_flops_bf16: float = 0.0
+    peak_flops_fp16: float = 0.0    # FP16 with FP32 accumulation (0: unknown; the BF16 peak stands in for it)
     model: str = ""                 # hardware model, e.g. "A100-80GB-PCIe"

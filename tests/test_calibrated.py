@@ -130,6 +130,23 @@ def test_more_fp32_lanes_per_sm_lower_the_simt_gemm_efficiency():
         node_times(ln, GpuSpec(67e12, 3.35e12, 132, 0, 9.0, False, 128), fit)[0])
 
 
+def test_a_tensor_core_peak_equal_to_the_fp32_peak_still_runs_on_the_tensor_cores():
+    """GeForce Ampere / Ada cards (RTX 3090 / 4090, L40) give a TF32 peak equal to their FP32 one: a tf32 GEMM there
+    runs on the tensor cores all the same, so it is priced as one at a peak 0.1% higher, not as a SIMT GEMM with
+    the 128-lane issue limit (the equality once switched pricing: a 10-16% slower step for 0.1% less peak)."""
+    from placement_rl.profiling.calibrate import kernel_features
+
+    fit = shipped_fit()
+    n = np.array([4096.0, 1024.0])
+    feat, _ = kernel_features("linear", {"B": np.ones(2), "M": n, "N": n, "K": n})
+    l40 = GpuSpec(90.5e12, 864e9, 142, 96 * 2**20, 8.9, True, 128)
+    same = node_times(feat, l40, fit, dtype="tf32", tensor_peak=90.5e12)[0]
+    above = node_times(feat, l40, fit, dtype="tf32", tensor_peak=90.5e12 * 1.001)[0]
+    simt = node_times(feat, l40, fit)[0]
+    assert same == pytest.approx(above, rel=0.005)
+    assert np.all(same < simt * 0.95)  # the SIMT GEMM is issue-bound on 128 lanes
+
+
 def test_fp32_convolutions_run_at_the_rate_of_64_lanes_on_a_128_lane_sm():
     """cuDNN's fp32 convolutions on a 128-lane SM (H100 / H200 measured) gain nothing from the second half of the
     lanes: with ``issue_conv`` = 0.5 a long conv on a 128-lane GPU takes what the same SMs with 64 lanes at the

@@ -9,7 +9,7 @@ import torch
 from placement_rl.cost.resolve import resolve_costs
 from placement_rl.graph.capture import capture
 from placement_rl.graph.ir import make_graph
-from placement_rl.topology import load_topology
+from placement_rl.topology import DeviceTopology, load_topology
 
 torch.set_num_threads(1)
 
@@ -19,38 +19,56 @@ def _mlp():
     return torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512))
 
 
+def _dtype(topology, dtype):
+    return dataclasses.replace(topology, meta={**topology.meta, "dtype": dtype})
+
+
 def _bf16(topology):
-    return dataclasses.replace(topology, meta={**topology.meta, "dtype": "bf16"})
+    return _dtype(topology, "bf16")
 
 
 @pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
-def test_a_half_precision_capture_is_priced_as_the_fp32_capture_run_in_bf16(half):
+def test_a_half_precision_capture_is_priced_as_the_fp32_capture_run_in_its_dtype(half):
     x = torch.randn(256, 512)
     g32 = capture(_mlp(), (x,))
     g16 = capture(_mlp().to(half), (x.to(half),))
+    name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[half]
     assert "dtype" not in g32.meta
-    assert g16.meta["dtype"] == {torch.bfloat16: "bf16", torch.float16: "fp16"}[half]
+    assert g16.meta["dtype"] == name
     assert np.allclose(g16.out_bytes, np.asarray(g32.out_bytes) / 2)  # the graph keeps the bytes it saw
     h100 = load_topology("1x_h100_sxm")
-    want = resolve_costs(g32, _bf16(h100))
-    for top in (h100, _bf16(h100)):  # by default, and with the topology saying bf16: bytes not halved twice
+    want = resolve_costs(g32, _dtype(h100, name))
+    for top in (h100, _dtype(h100, name)):  # by default, and with the topology saying it: bytes not halved twice
         got = resolve_costs(g16, top)
-        assert got.source == want.source and got.source[0].endswith(":bf16")
+        assert got.source == want.source and got.source[0].endswith(f":{name}")
         assert np.allclose(got.fwd_time, want.fwd_time, rtol=1e-9)
         assert np.allclose(got.bwd_time, want.bwd_time, rtol=1e-9)
     fp32 = resolve_costs(g32, h100)  # tensor cores: the fp32 pricing is no stand-in for it
     assert (fp32.fwd_time - fp32.launch_overhead).sum() > 1.5 * (want.fwd_time - want.launch_overhead).sum()
 
 
-def test_a_half_precision_capture_on_a_gpu_without_a_bf16_peak_runs_at_its_fp32_peak():
+def test_fp16_runs_on_the_fp16_tensor_cores_of_a_t4_and_v100_and_bf16_at_their_fp32_peak():
+    """The T4 and V100 have FP16 tensor cores and no BF16 ones: an fp16 capture runs there in fp16 (its GEMMs
+    several times faster than fp32, not priced at the FP32 peak), a bf16 one at the FP32 peak with fp32 bytes, and
+    an fp16 one on a P4 (FP16 at 1/64 rate: no peak in its datasheet) at the FP32 peak too."""
     x = torch.randn(256, 512)
     g32 = capture(_mlp(), (x,))
     g16 = capture(_mlp().half(), (x.half(),))
-    t4 = load_topology("1x_t4")
-    got, want = resolve_costs(g16, t4), resolve_costs(g32, t4)
-    assert got.source == want.source
-    assert np.allclose(got.fwd_time, want.fwd_time, rtol=1e-9)
-    assert np.allclose(got.bwd_time, want.bwd_time, rtol=1e-9)
+    gbf = capture(_mlp().bfloat16(), (x.bfloat16(),))
+    lin = [i for i, t in enumerate(g32.op_types) if "linear" in t]
+    for preset in ("1x_t4", "1x_v100_pcie_32gb"):
+        top = load_topology(preset)
+        assert top.devices[0].peak_flops_fp16 > 4 * top.devices[0].peak_flops
+        fp32, fp16, bf16 = resolve_costs(g32, top), resolve_costs(g16, top), resolve_costs(gbf, top)
+        assert fp16.source[0].endswith(":fp16") and bf16.source == fp32.source
+        assert np.allclose(bf16.fwd_time, fp32.fwd_time, rtol=1e-9)
+        gemm = lambda c: (c.fwd_time - c.launch_overhead)[lin].sum()  # noqa: E731
+        assert gemm(fp16) < gemm(fp32) / 2
+        assert np.allclose(fp16.fwd_time, resolve_costs(g32, _dtype(top, "fp16")).fwd_time, rtol=1e-9)
+    p4 = load_topology("1x_t4").to_dict()
+    p4["devices"][0].update(model="P4", peak_flops=5.5e12, mem_bandwidth=192e9, sm_count=20, peak_flops_fp16=0.0)
+    p4 = DeviceTopology.from_dict(p4)
+    assert resolve_costs(g16, p4).source == resolve_costs(g32, p4).source
 
 
 def test_a_zero_byte_edge_into_a_gemm_prices_no_data_gradient():

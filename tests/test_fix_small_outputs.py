@@ -76,7 +76,7 @@ def test_inspect_shows_the_graphs_precision():
     assert not any("precision" in x for x in summarize(_graph()).splitlines())  # fp32: nothing recorded
     assert lines(_graph(param_dtype="bf16")) == ("precision fp32 (no meta.dtype), parameters bf16 (meta.param_dtype)",
                                                  "the calibrated GPU model runs it in fp32 (a topology's dtype: "
-                                                 "tf32 / bf16 decides)")
+                                                 "tf32 / bf16 / fp16 decides)")
     head, how = lines(_graph(dtype="bf16"))
     assert head == "precision bf16 (meta.dtype)" and "in bf16 where the GPU has a bf16 peak, else fp32" in how
     assert lines(_graph(dtype="bf16", param_dtype="fp32"))[0] == ("precision bf16 (meta.dtype), parameters fp32 "

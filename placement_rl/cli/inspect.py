@@ -69,14 +69,14 @@ def summarize(graph: CompGraph, *, top: int = 8) -> str:
 def _precision(graph: CompGraph) -> str:
     """The dtype capture recorded (``meta["dtype"]``: the ops' outputs; ``meta["param_dtype"]`` where the
     parameters differ) and what the calibrated GPU model runs it in (``cost.resolve``): a half-precision graph in
-    bf16 on a GPU with a bf16 peak, else fp32, unless the topology's ``dtype:`` names one."""
+    its dtype on a GPU with that tensor-core peak, else fp32, unless the topology's ``dtype:`` names one."""
     dtype, params = graph.meta.get("dtype"), graph.meta.get("param_dtype")
     line = f"  precision {dtype} (meta.dtype)" if dtype else "  precision fp32 (no meta.dtype)"
     line += f", parameters {params} (meta.param_dtype)" if params else ""
     if dtype in ("bf16", "fp16"):
-        return line + ("\n    the calibrated GPU model runs it in bf16 where the GPU has a bf16 peak, else fp32 "
+        return line + (f"\n    the calibrated GPU model runs it in {dtype} where the GPU has a {dtype} peak, else fp32 "
                        "(a topology's dtype: decides)")
-    return line + "\n    the calibrated GPU model runs it in fp32 (a topology's dtype: tf32 / bf16 decides)"
+    return line + "\n    the calibrated GPU model runs it in fp32 (a topology's dtype: tf32 / bf16 / fp16 decides)"
 
 
 def _traffic(graph: CompGraph, fine) -> str:

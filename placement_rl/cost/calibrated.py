@@ -28,10 +28,11 @@ Per node ``v`` of class ``c`` (``placement_rl.graph.op_classes.op_class``), on a
 ``trend`` makes a GPU's achieved fraction of its peaks a function of its architecture (slopes shared by every
 GPU); a version-1 fit (no tiles, no trend) is still read and priced by ``_gemm_time_v1``.
 Backward is 0 where ``needs_grad`` says no gradient flows. dtype: ``fp32`` (default) uses ``peak_flops``;
-``tf32`` / ``bf16`` use the tensor-core peaks (``peak_flops_tf32`` / ``peak_flops_bf16`` of the device or
-topology) for GEMM-like ops, and ``bf16`` halves the bytes moved. Only fp32 is measured in the fit data. A graph
-captured in bf16 / fp16 (``meta["dtype"]``: its ops' outputs; ``meta["param_dtype"]`` where the parameters differ,
-as under autocast) is read in fp32 bytes (``features``) and runs in bf16 by default.
+``tf32`` / ``bf16`` / ``fp16`` use the tensor-core peaks (``peak_flops_tf32`` / ``peak_flops_bf16`` /
+``peak_flops_fp16`` of the device or topology) for GEMM-like ops, and ``bf16`` / ``fp16`` halve the bytes moved.
+Only fp32 is measured in the fit data. A graph captured in bf16 / fp16 (``meta["dtype"]``: its ops' outputs;
+``meta["param_dtype"]`` where the parameters differ, as under autocast) is read in fp32 bytes (``features``) and
+runs in its own dtype by default.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ __all__ = ["BWD_SLACK", "CLASSES", "DTYPES", "GEMM_CLASSES", "HARNESS_CLASSES", 
 
 # memory-bound classes whose kernel tables carry a harness floor of their own (``koff_<class>``; see ``harness_offset``)
 HARNESS_CLASSES = ("norm", "softmax", "ew", "ew_pass")
-DTYPES = ("fp32", "tf32", "bf16")
+DTYPES = ("fp32", "tf32", "bf16", "fp16")
 BWD_SLACK = 2.0  # a GEMM-like backward may run at half the forward's achieved rate, no slower
 def harness_offset(cls: np.ndarray, fit: "GpuFit") -> np.ndarray:
     """[rows] the fixed time a single-kernel table's timing harness adds to each row of class ``cls`` (not a GPU
@@ -211,9 +212,10 @@ def node_times(feat: NodeFeatures, spec: GpuSpec, fit: GpuFit, *, dtype: str = "
     """
     if dtype not in DTYPES:
         raise ProfileError(f"unknown dtype '{dtype}' (valid: {', '.join(DTYPES)})")
-    scale = 0.5 if dtype == "bf16" else 1.0
+    scale = 0.5 if dtype in ("bf16", "fp16") else 1.0
     elem = 4.0 * scale
-    peak = spec.peak_flops if dtype == "fp32" or not tensor_peak else float(tensor_peak)
+    tensor = dtype != "fp32" and bool(tensor_peak)  # GEMMs on the tensor cores (at any peak, even the FP32 one)
+    peak = float(tensor_peak) if tensor else spec.peak_flops
     cls = feat.cls
     i_b, o_b, p_b = feat.in_bytes * scale, feat.out_bytes * scale, feat.param_bytes * scale
     launch = fit.p("launch")
@@ -228,7 +230,7 @@ def node_times(feat: NodeFeatures, spec: GpuSpec, fit: GpuFit, *, dtype: str = "
     ws = ws + np.where(cls == CLASSES.index("embedding"), o_b, 0.0)  # a gather also reads its rows of the table
     l2 = spec.l2_bytes
     boost = 1.0 + fit.p("l2_gain") / (1.0 + (ws / l2) ** 2) if (l2 > 0 and isolated) else np.ones(n)
-    gpu = trend(spec, fit, simt=peak == spec.peak_flops)
+    gpu = trend(spec, fit, simt=not tensor)
     bw = spec.mem_bandwidth * fit.p("e_bw") * gpu[1] * boost
     nb = np.zeros(n)
     for c in MEM_CLASSES:
@@ -251,14 +253,15 @@ def node_times(feat: NodeFeatures, spec: GpuSpec, fit: GpuFit, *, dtype: str = "
         if feat.pointwise is not None and fit.q("wino") > 0:
             gcls[feat.pointwise] = CLASSES.index("linear")
         # a 3x3 stride-1 conv and its data gradient: the faster of the direct (implicit GEMM) and Winograd
-        wino = feat.wino is not None and fit.q("wino") > 0 and peak == spec.peak_flops
+        wino = feat.wino is not None and fit.q("wino") > 0 and not tensor
         if tiled:
             dims = feat.dims[gi]
-            fwd[gi] = _gemm_time(feat.flops[gi], dims, gcls[gi], fit, spec, peak, elem, gpu) + launch
+            fwd[gi] = _gemm_time(feat.flops[gi], dims, gcls[gi], fit, spec, peak, elem, gpu, simt=not tensor) + launch
             if wino:
                 fwd[gi] = np.minimum(fwd[gi], _wino_time(feat.wino[gi], dims, fit, spec, peak, elem, gpu) + launch)
             _, dwd = _bwd_dims(dims, cls[gi], np.zeros(gi.size))
-            dw = _gemm_time(feat.flops[gi] * (w_b > 0), dwd, gcls[gi], fit, spec, peak, elem, gpu)
+            dw = _gemm_time(feat.flops[gi] * (w_b > 0), dwd, gcls[gi], fit, spec, peak, elem, gpu,
+                            simt=not tensor)
         else:
             fwd[gi] = _gemm_time_v1(feat.flops[gi], o_b[gi], moved[gi], cls[gi], fit, spec, peak, elem) + launch
             dw = _gemm_time_v1(feat.flops[gi] * (w_b > 0), w_b, moved[gi], cls[gi], fit, spec, peak, elem)
@@ -269,7 +272,7 @@ def node_times(feat: NodeFeatures, spec: GpuSpec, fit: GpuFit, *, dtype: str = "
             eb = feat.edge_bytes * scale
             if tiled:
                 dxd, _ = _bwd_dims(feat.dims[d], cls[d], feat.edge_bytes / 4.0)
-                dx = _gemm_time(feat.flops[d], dxd, gcls[d], fit, spec, peak, elem, gpu)
+                dx = _gemm_time(feat.flops[d], dxd, gcls[d], fit, spec, peak, elem, gpu, simt=not tensor)
                 if wino:  # the data gradient of a 3x3 stride-1 conv is one too, C_in and C_out swapped
                     fd = feat.dims[d]
                     swapped = np.stack([fd[:, 0], fd[:, 1], fd[:, 3] / 9.0, 9.0 * fd[:, 2]], axis=1)

@@ -57,7 +57,7 @@ SPLITS = (1, 4)  # split-K factors
 
 def _gemm_time(flops: np.ndarray, dims: np.ndarray, cls: np.ndarray, fit: GpuFit, spec: GpuSpec, peak: float,
                elem: float, gpu: tuple[float, float], *, tiles: Sequence[tuple[int, int]] = TILES,
-               splits: Sequence[int] = SPLITS) -> np.ndarray:
+               splits: Sequence[int] = SPLITS, simt: bool = True) -> np.ndarray:
     """Time of GEMM-like nodes ``batch x (M x K) @ (K x N)`` (``dims`` rows; 0 = unknown shape).
 
     Per candidate CTA tile ``tm x tn`` and split-K factor ``s`` (the library picks the fastest, so does the
@@ -67,7 +67,8 @@ def _gemm_time(flops: np.ndarray, dims: np.ndarray, cls: np.ndarray, fit: GpuFit
     tiles (A read once per column of tiles, B once per row, ``/ l2_reuse``) plus the output, at ``bw x
     e_mem_gemm``; split-K adds writing and reading ``s`` partial outputs. Time = max(compute, memory).
     ``e = e_max[class] x trend(GPU)``. ``tiles`` / ``splits``: the candidates (a diagnostic prices one named
-    kernel's tile, ``placement_rl.profiling.kernel_choice``)."""
+    kernel's tile, ``placement_rl.profiling.kernel_choice``). ``simt``: the GEMM runs on the FP32 lanes (False:
+    on the tensor cores, whatever their peak: a GeForce card's TF32 peak is its FP32 one)."""
     e_max = np.ones_like(flops)
     k0 = np.ones_like(flops)
     for c in GEMM_CLASSES:
@@ -76,7 +77,7 @@ def _gemm_time(flops: np.ndarray, dims: np.ndarray, cls: np.ndarray, fit: GpuFit
     conv = cls == CLASSES.index("conv")
     lp = math.exp(fit.q("g_lp_gemm")) if spec.low_power else 1.0
     # cuDNN's conv algorithms: no low-power term (see trend), the issue rate of 64 FP32 lanes (conv_issue)
-    e = e_max * gpu[0] / np.where(conv, lp / conv_issue(spec, fit, simt=peak == spec.peak_flops), 1.0)
+    e = e_max * gpu[0] / np.where(conv, lp / conv_issue(spec, fit, simt=simt), 1.0)
     bw = spec.mem_bandwidth * gpu[1]
     e_mem = fit.p("e_mem_gemm")
     reuse = fit.q("l2_reuse")

@@ -13,7 +13,7 @@ ancestor, and no ``bwd_flops`` on it or any ancestor: e.g. a data input) has no 
 
 GPU devices use the calibrated model by default (``placement_rl.cost.calibrated``: per op class, fitted on
 public GPU measurements, a function of op features and the GPU's datasheet), labelled ``calibrated:<fit>``
-(plus ``:<dtype>`` for tf32 / bf16); ``gpu_model="roofline"`` (or ``cost_model: roofline`` in the
+(plus ``:<dtype>`` for tf32 / bf16 / fp16); ``gpu_model="roofline"`` (or ``cost_model: roofline`` in the
 topology YAML) keeps the plain roofline above. CPU devices always use the roofline.
 
 Measured sources plug in through the ``CostSource`` protocol: any object with
@@ -103,7 +103,8 @@ def _estimator(graph: CompGraph, topology: DeviceTopology, gpu_model: str | None
     members' summed FLOPs and bytes, a transformer block's group came out 1.2-1.6x its members' sum on a GPU.
 
     The run's dtype is the topology's ``dtype``; where it names none, the graph's (``meta["dtype"]``, what capture
-    saw: a model captured in bf16 / fp16 runs in bf16 on a GPU with a bf16 peak, in fp32 on one without);
+    saw: a model captured in bf16 runs in bf16 on a GPU with a bf16 peak, one in fp16 in fp16 on a GPU with an fp16
+    or bf16 peak (the V100's and T4's FP16 tensor cores), each in fp32 on a GPU without);
     ``precision``: the graph's ``(dtype, param_dtype)`` (default: its meta's), kept for the graph of its members."""
     precision = precision or (graph.meta.get("dtype"), graph.meta.get("param_dtype"))
     captured = precision[0]
@@ -121,7 +122,7 @@ def _estimator(graph: CompGraph, topology: DeviceTopology, gpu_model: str | None
     if model not in GPU_MODELS:
         raise ProfileError(f"unknown GPU cost model '{model}' (valid: {', '.join(GPU_MODELS)})")
     given = topology.meta.get("dtype")
-    dtype = str(given) if given is not None else ("bf16" if captured in ("bf16", "fp16") else "fp32")
+    dtype = str(given) if given is not None else (str(captured) if captured in ("bf16", "fp16") else "fp32")
     fit = cal.shipped_fit() if model == "calibrated" else None
     feat: list = []
     memo: dict[tuple, tuple] = {}
@@ -130,7 +131,8 @@ def _estimator(graph: CompGraph, topology: DeviceTopology, gpu_model: str | None
         if fit is None or dev.kind != "gpu":
             f, b, o = roofline_times(graph, dev)
             return f, b, o, "roofline"
-        tensor = {"tf32": dev.peak_flops_tf32, "bf16": dev.peak_flops_bf16}.get(dtype, 0.0)
+        tensor = {"tf32": dev.peak_flops_tf32, "bf16": dev.peak_flops_bf16,
+                  "fp16": dev.peak_flops_fp16 or dev.peak_flops_bf16}.get(dtype, 0.0)
         run = dtype
         if dtype != "fp32" and not tensor:
             if given is not None:

@@ -179,7 +179,7 @@ def kernel_times(k, fit: GpuFit | None, *, dtype: str = "fp32", tensor_peak: flo
     ``dtype`` tf32 / bf16 with ``tensor_peak``: GEMM classes at that peak, bf16 moving half the bytes."""
     f = k.feat
     if fit is None:
-        scale = 0.5 if dtype == "bf16" else 1.0
+        scale = 0.5 if dtype in ("bf16", "fp16") else 1.0
         peak = np.full(f.cls.shape, k.spec.peak_flops)
         if dtype != "fp32" and tensor_peak:  # GEMM classes on the tensor cores
             peak[np.isin(f.cls, [CLASSES.index(c) for c in GEMM_CLASSES])] = tensor_peak
