@@ -277,10 +277,14 @@ def _torchrun(cmd: list[str], *, job_dir: Path, timeout_s: float, endpoint: str 
 
 
 def run(cfg: DictConfig) -> dict:
+    from placement_rl.cli.costs import costs_path
     from placement_rl.executor.distributed import DeployConfig
     from placement_rl.plan_files import read_plan_file
     from placement_rl.plans import StagePlan
 
+    if cfg.profile and costs_path(cfg):
+        raise ConfigError(f"profile={cfg.profile} and costs.path={costs_path(cfg)} both price the prediction: give "
+                          "one of the two")
     data = read_plan_file(str(cfg.plan))  # a missing file, a folder, no JSON: said before the graph is built
     dcfg = DeployConfig(steps=int(cfg.steps), warmup=int(cfg.warmup), lr=float(cfg.lr), device=str(cfg.device),
                         timeout_s=float(cfg.timeout_s), threads=int(cfg.threads)).validate()
@@ -299,8 +303,6 @@ def run(cfg: DictConfig) -> dict:
         from placement_rl.executor.local import check_devices
 
         check_devices(topology)
-    from placement_rl.cli.costs import costs_path
-
     if line:
         print(line)
     predicted, source = _predict(graph, topology, plan, cfg.profile, costs_path(cfg))

@@ -22,6 +22,7 @@ from placement_rl.report import gantt, markdown_table, speedup_bars, write_csv
 
 COLUMNS = ("case", "kind", "placer", "step_time_ms", "speedup", "feasible", "search_seconds", "sim_calls", "note")
 HEADERS = ("case", "kind", "placer", "step time (ms)", "speed-up", "feasible", "search s", "sim calls", "note")
+CSV_COLUMNS = (*COLUMNS, "cost_source")  # comparison.csv: each row's case's cost source (``cost_sources``)
 PIPE_COLUMNS = ("case", "dp", "fsdp", "hybrid", "best_pipeline", "learned", "exhaustive", "best_no_tp", "best_tp",
                 "exact")
 PIPE_HEADERS = ("case", "DP (DDP)", "FSDP", "best hybrid DP x PP", "best pipeline partitioner", "learned or given",
@@ -57,14 +58,27 @@ def comparison_tables(rows: list[Row]) -> tuple[str, str]:
             markdown_table(summary, PIPE_COLUMNS, PIPE_HEADERS) if summary else "")
 
 
+def cost_sources(problems: dict) -> dict[str, str]:
+    """Each case's cost source, device by device (``CostTable.describe_source``: ``gpu0=measured:c.yaml, ...``)."""
+    return {case: costs.describe_source(topology.device_names) for case, (_, costs, topology) in problems.items()}
+
+
+def _sources_line(problems: dict) -> str:
+    """The cost sources for comparison.md's title: each distinct one, and device by device where a case's devices
+    are priced by different sources (a profile for the CPU, the model for the GPUs)."""
+    described = {costs.source[0] if len(set(costs.source)) == 1 else costs.describe_source(topology.device_names)
+                 for (_, costs, topology) in problems.values()}
+    return ", ".join(sorted(described))
+
+
 # the files write_comparison writes (and timeline_<case>.png per case)
 COMPARISON_FILES = ("comparison.md", "comparison.csv", "speedup.png")
 
 
 def write_comparison(rows: list[Row], problems: dict, out: Path, *, title: str,
                      files: list[str] | None = None) -> str:
-    """comparison.md / comparison.csv / speedup.png / timeline_<case>.png; returns the markdown and appends the
-    names of the files it wrote to ``files``."""
+    """comparison.md / comparison.csv (its rows with their case's ``cost_source``) / speedup.png /
+    timeline_<case>.png; returns the markdown and appends the names of the files it wrote to ``files``."""
     written = list(COMPARISON_FILES)
     trows = table_rows(rows)
     full, pipe = comparison_tables(rows)
@@ -73,7 +87,8 @@ def write_comparison(rows: list[Row], problems: dict, out: Path, *, title: str,
         md += ("\n## Pipeline cases: data parallelism, sharding, DP x PP, TP\n\nms (plan: stages x DP degree x TP "
                "degree, micro-batches, dp = DDP / fsdp = sharded)\n\n" + pipe)
     atomic_write_text(out / "comparison.md", md)
-    write_csv(out / "comparison.csv", trows, COLUMNS)
+    sources = cost_sources(problems)
+    write_csv(out / "comparison.csv", [{**r, "cost_source": sources.get(r["case"], "")} for r in trows], CSV_COLUMNS)
     speedup_bars([r for r in trows if r["kind"] == "placement"], out / "speedup.png")
     for case, (graph, costs, topology) in problems.items():
         best = best_row([r for r in rows if r.case == case], kind=None)
@@ -227,15 +242,16 @@ def run(cfg: DictConfig) -> list[Row]:
         problems = {case: (graph, costs, topology)}
     else:
         raise ConfigError(f"suite is '{cfg.suite}': choose default or single")
-    sources = sorted({s for (_, costs, _) in problems.values() for s in costs.source})
     files: list[str] = []
     what = "" if objective == "step" else ", times are steady-state time per batch"
     modes = sorted({str(c.meta.get("mode", "train")) for (_, c, _) in problems.values()})
     held = "" if seconds is None else f" and {seconds:g} s"
     md = write_comparison(rows, problems, out, title=f"placer comparison (budget {budget} simulator calls{held}, "
-                                                     f"seed {seed}, costs: {', '.join(sources)}, mode "
+                                                     f"seed {seed}, costs: {_sources_line(problems)}, mode "
                                                      f"{'/'.join(modes)}{what})", files=files)
+    sources = cost_sources(problems)  # one case: its line, as `place` writes it; the suite: case -> line
     metrics = {"budget": budget, "seconds": seconds, "seed": seed, "mode": modes, "objective": objective,
+               "cost_source": next(iter(sources.values())) if len(sources) == 1 else sources,
                "rows": table_rows(rows)}
     if len(problems) == 1:  # one case: its best plans as files `placement-rl deploy plan=<file>` takes
         metrics["best"] = _write_best(rows, *next(iter(problems.values())), out, files, objective=objective)

@@ -7,15 +7,17 @@ Format (JSON, or YAML with the same fields)::
     schema: placement_rl.costs          # required
     version: 1                          # required
     time_unit: ms                       # s (default), ms or us: the unit of every time in the file
-    batch_size: 32                      # optional: the batch the times were measured at (pipelines rescale)
+    batch_size: 32                      # optional: the batch the times were measured at (see below)
     mode: train                         # optional: train (default) or inference (backward times may be omitted)
     nodes:                              # one entry per graph node, by its name in the graph
       layer0:
-        fwd: {gpu: 1.2, cpu: 30.0}      # per device: its name, else its model, else its kind (gpu / cpu)
+        fwd: {gpu: 1.2, cpu: 30.0}      # per device: its name, else its model, else its kind (gpu / cpu);
+                                        # keys no device of the topology has are ignored (a warning names them)
         bwd: {gpu: 2.4, cpu: 60.0}      # required in train mode
         param_bytes: 4.0e6              # optional: replaces the graph's (training state is 4 x this)
         act_bytes: 1.0e6                # optional: bytes kept for the backward, replaces the graph's
-        memory: {gpu: 2.0e6}            # optional: the same as act_bytes, per kind (the largest is used)
+        memory: {gpu: 2.0e6}            # optional: the same as act_bytes, per kind (the largest of the
+                                        # topology's kinds is used)
         devices: [gpu0, gpu1]           # optional: the only devices this node may run on
     edges:                              # optional: per edge the tensor's bytes or a measured transfer time
       - {src: layer0, dst: layer1, bytes: 2.0e6}
@@ -24,7 +26,11 @@ Format (JSON, or YAML with the same fields)::
     colocate: [[layer0, layer1]]        # optional: node groups that must share a device / a stage
 
 An edge time ``t`` becomes the bytes that take ``t`` on ``time_link``: ``(t - latency) x bandwidth`` (on one
-device, where nothing is transferred, the graph's bytes stay). Every node of the graph needs a forward time (and in
+device, where nothing is transferred, the graph's bytes stay; a time below the latency is 0 bytes, with a warning).
+Times measured at a ``batch_size`` other than the graph's own batch (``plans.graph_batch_size``) are scaled to it
+linearly, ``x graph batch / batch_size``, as ``simulate_pipeline`` scales a node's time to a micro-batch: every
+placement and stage plan then prices the graph's batch (a note line says so; a graph that records no batch takes
+the times as they are and pipelines scale from ``batch_size``). Every node of the graph needs a forward time (and in
 train mode a backward time) for every device of the topology. A key or an edge given twice is refused. Memory
 fields are written into the graph (``load_costs`` returns it with the table): ``memory`` replaces ``act_bytes``, the
 parameters stay the graph's unless ``param_bytes`` is given. Implausible times are warnings (``_warn_implausible``),
@@ -33,9 +39,11 @@ for a costs file and a profile alike. A measured profile written by
 ``resolve_costs``, its ``copy`` link fits replace the topology's links between two torch devices of one host (a
 pair on one torch device, e.g. two logical CPUs, keeps the topology's: its copy moves nothing), and each measured
 device's cost source says what was profiled and which links price the transfers (``measured:p.json:cpu (AMD EPYC,
-1 thread; links: topology)``). Times it cannot be right about (a node the graph lacks) are refused, implausible ones
-(zero for a node with FLOPs, over ``IMPLAUSIBLE`` x the topology's estimate) are a warning line on stderr. Any
-problem is one ``ProfileError`` line naming the file and what to fix.
+1 thread; links: topology)``), and the topology's model where it names another (where a CPU device names none and
+the times are typically over ``OTHER_CPU`` x off its estimate, a note line says it is likely another CPU). Times
+it cannot be right about (a node the graph lacks) are refused, implausible ones (zero for a node with FLOPs, over
+``IMPLAUSIBLE`` x the topology's estimate) are a warning line on stderr. Any problem is one ``ProfileError`` line
+naming the file and what to fix.
 """
 
 from __future__ import annotations
@@ -61,6 +69,7 @@ VERSION = 1
 UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 IMPLAUSIBLE = 1e4  # a measured time this many times the topology's own estimate is a hand edit or a broken run
 LIKELY_UNIT = 300.0  # most times this many times the estimate: one factor on every time, e.g. ms read as s
+OTHER_CPU = 4.0  # a profile's CPU times typically this far off a CPU device's estimate: likely another CPU
 
 
 class _DuplicateKey(ValueError):
@@ -166,7 +175,9 @@ def load_costs(path: str | os.PathLike, graph: CompGraph, topology: DeviceTopolo
             other = db.other_capture(graph)  # the same node names at another batch size or shapes
             raise ProfileError(f"{where}: {other}" if other else f"{where}: {db.why_no_times(graph, topology)}: "
                                "profile this graph (`placement-rl profile`), or leave costs.path out for the estimates")
-        _warn_implausible(where, graph, costs, resolve_costs(graph, linked))
+        estimate = resolve_costs(graph, linked)
+        _warn_implausible(where, graph, costs, estimate)
+        _note_unnamed_cpus(where, db, topology, costs, estimate)
         source = tuple(_profile_label(src, db, dev, links) if src.startswith("measured:") else src
                        for src, dev in zip(costs.source, topology.devices))
         return graph, dataclasses.replace(costs, source=source, meta={**dict(costs.meta), "links": links})
@@ -208,6 +219,7 @@ def load_costs(path: str | os.PathLike, graph: CompGraph, topology: DeviceTopolo
     fwd, bwd = np.zeros((n, d)), np.zeros((n, d))
     params, acts = np.array(graph.param_bytes, dtype=float), np.array(graph.act_bytes, dtype=float)
     allowed: dict[int, list[int]] = {}
+    kinds, unused = _device_keys(topology), set()
     for nm, entry in nodes.items():
         i, at = index[nm], f"{where}: node '{nm}'"
         if not isinstance(entry, Mapping):
@@ -217,6 +229,8 @@ def load_costs(path: str | os.PathLike, graph: CompGraph, topology: DeviceTopolo
             raise ProfileError(f"{at}: unknown field '{sorted(bad)[0]}'")
         if "fwd" not in entry:
             raise ProfileError(f"{at} has no 'fwd' time")
+        unused |= {str(k) for key in ("fwd", "bwd", "memory") if isinstance(entry.get(key), Mapping)
+                   for k in entry[key] if k not in kinds}
         fwd[i] = _per_device(at, entry["fwd"], topology, "fwd", scale)
         if "bwd" in entry:
             bwd[i] = _per_device(at, entry["bwd"], topology, "bwd", scale)
@@ -229,7 +243,9 @@ def load_costs(path: str | os.PathLike, graph: CompGraph, topology: DeviceTopolo
         if "memory" in entry:  # bytes the node pins beyond its parameters' training state: its kept activations
             mem = entry["memory"]  # (the parameters stay the graph's or param_bytes: they price the gradient sync)
             if isinstance(mem, Mapping) and mem:  # the largest entry given: the kinds it leaves out need none
-                acts[i] = max(_number(at, v, what=f"memory['{k}']") for k, v in mem.items())
+                given = {k: _number(at, v, what=f"memory['{k}']") for k, v in mem.items()}
+                here = [v for k, v in given.items() if k in kinds]  # a kind the topology lacks pins nothing here
+                acts[i] = max(here) if here else acts[i]
             else:
                 acts[i] = float(_per_device(at, mem, topology, "memory", 1.0).max())
         if "devices" in entry:
@@ -242,7 +258,10 @@ def load_costs(path: str | os.PathLike, graph: CompGraph, topology: DeviceTopolo
                 raise ProfileError(f"{at}: device '{unknown_dev[0]}' is not in topology '{topology.name}' "
                                    f"(devices: {', '.join(names)})")
             allowed[i] = sorted(names.index(x) for x in devs)
-    ebytes = _edge_bytes(where, data, graph, topology, index, scale)
+    if unused:
+        _warn(f"{where}: entries for {', '.join(repr(k) for k in sorted(unused))} match no device of topology "
+              f"'{topology.name}' (by name, model or kind) and are ignored")
+    ebytes = _edge_bytes(where, data, graph, topology, index, unit)
     colocate = _colocate(where, data.get("colocate"), graph, index)
     new_graph = graph
     if (not np.array_equal(params, graph.param_bytes) or not np.array_equal(acts, graph.act_bytes)
@@ -251,6 +270,7 @@ def load_costs(path: str | os.PathLike, graph: CompGraph, topology: DeviceTopolo
         new_graph.validate()
     meta: dict[str, Any] = {"costs_file": where, "colocate": colocate,
                             "allowed": {str(i): v for i, v in allowed.items()}}
+    fwd, bwd, batch = _at_graph_batch(where, fwd, bwd, batch, graph, meta)
     if batch is not None:
         meta["batch_size"] = batch
     base = resolve_costs(new_graph, topology)  # links (latency, bandwidth) of the topology, and the estimates
@@ -268,11 +288,44 @@ def _node_name(at: str, value: Any, what: str) -> str:
     return value
 
 
+def _warn(text: str) -> None:
+    """One warning line on stderr."""
+    import sys
+
+    print(f"warning: {text}", file=sys.stderr)
+
+
+def _device_keys(topology: DeviceTopology) -> set[str]:
+    """What a per-device mapping may be keyed by: the topology's device names, models and kinds."""
+    return {k for dev in topology.devices for k in (dev.name, dev.model, dev.kind) if k}
+
+
+def _at_graph_batch(where: str, fwd: np.ndarray, bwd: np.ndarray, batch: int | None, graph: CompGraph,
+                    meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, int | None]:
+    """``(fwd, bwd, batch)`` for the graph's own batch: times measured at ``batch`` scaled linearly to it (as
+    ``simulate_pipeline`` scales to a micro-batch), the measured batch kept as ``meta["measured_batch_size"]``;
+    unchanged where either batch is unknown or they agree."""
+    import sys
+
+    from placement_rl.plans import graph_batch_size
+
+    own = graph_batch_size(graph)
+    if batch is None or own is None or own == batch:
+        return fwd, bwd, batch
+    meta["measured_batch_size"] = batch
+    print(f"note: {where}: times measured at batch_size {batch} are scaled by {own / batch:g} to batch {own}, the "
+          f"batch of graph '{graph.name}'", file=sys.stderr)
+    return fwd * (own / batch), bwd * (own / batch), own
+
+
 def _edge_bytes(where: str, data: Mapping[str, Any], graph: CompGraph, topology: DeviceTopology,
-                index: Mapping[str, int], scale: float) -> np.ndarray:
-    """The graph's edge bytes with the file's ``edges`` entries: bytes as given, a time as the bytes that take it
-    on ``time_link``. On one device nothing is transferred, so a time there is checked and leaves the graph's."""
+                index: Mapping[str, int], unit: str) -> np.ndarray:
+    """The graph's edge bytes with the file's ``edges`` entries: bytes as given, a time (in ``unit``) as the bytes
+    that take it on ``time_link``, a time below its latency as 0 bytes (one warning line names those edges). On one
+    device nothing is transferred, so a time there is checked and leaves the graph's."""
+    scale = UNITS[unit]
     ebytes = np.array(graph.edge_bytes, dtype=float)
+    low: list[str] = []
     edges = data.get("edges") or []
     if not isinstance(edges, list):
         raise ProfileError(f"{where}: 'edges' must be a list of {{src, dst, bytes | time}}")
@@ -300,9 +353,14 @@ def _edge_bytes(where: str, data: Mapping[str, Any], graph: CompGraph, topology:
         if link is not None:
             lat, bw = link
             ebytes[lookup[key]] = max(t - lat, 0.0) * bw
+            if t < lat:
+                low.append(f"edges[{k}] {src} -> {dst} time {e['time']!r} {unit}")
             if not math.isfinite(ebytes[lookup[key]]):
                 raise ProfileError(f"{at}: time {e['time']!r} gives {ebytes[lookup[key]]:g} bytes on time_link: "
                                    "give the edge's 'bytes' instead")
+    if low:
+        _warn(f"{where}: {', '.join(low)} {'is' if len(low) == 1 else 'are'} below time_link's latency "
+              f"({link[0] / scale:g} {unit}): priced as 0 bytes; give the edge's 'bytes' instead")
     return ebytes
 
 
@@ -366,6 +424,27 @@ def _profile_label(source: str, db: Any, device: Any, links: str) -> str:
     if device.model and rec.get("model") and not _same_model(device.model, str(rec["model"])):
         what.append(f"pricing {device.name}, a {device.model}")
     return f"{source} ({', '.join(what) + '; ' if what else ''}links: {links})"
+
+
+def _note_unnamed_cpus(where: str, db: Any, topology: DeviceTopology, costs: CostTable, estimate: CostTable) -> None:
+    """A note line on stderr where the profile's CPU times price CPU devices whose model the topology does not name
+    and are typically more than ``OTHER_CPU`` x off the topology's own estimate for them (either way): likely
+    another CPU or thread count, which the cost source cannot name (``_profile_label`` names a different model
+    where the topology gives one)."""
+    import sys
+
+    found: dict[str, list[int]] = {}
+    for j, (src, dev) in enumerate(zip(costs.source, topology.devices)):
+        rec = db.data["devices"].get(db.resolve_device(dev) or "", {})
+        if src.startswith("measured:") and dev.kind == "cpu" and not dev.model and rec.get("model"):
+            found.setdefault(str(rec["model"]), []).append(j)
+    for model, cols in found.items():
+        ratio = _typical_ratio(costs.fwd_time[:, cols], estimate.fwd_time[:, cols])
+        if ratio > OTHER_CPU or 0 < ratio * OTHER_CPU < 1:
+            names = ", ".join(topology.devices[j].name for j in cols)
+            print(f"note: {where}: the profile's CPU times ({model}) are typically {ratio:.3g} x the estimate for "
+                  f"{names}, whose model topology '{topology.name}' does not name: likely another CPU or thread "
+                  "count (give the device a 'model' to have it named in the cost source)", file=sys.stderr)
 
 
 def _warn_implausible(where: str, graph: CompGraph, costs: CostTable, estimate: CostTable, show: int = 3, *,
