@@ -196,9 +196,11 @@ TINY_S2S = dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attentio
 
 @pytest.mark.parametrize("kind,overrides,task,cls", [
     # the task is one the type has a class for: BEiT has a vocabulary (masked image modelling) but only an image
-    # classifier; Whisper is an encoder-decoder config whose only text head is the decoder's causal LM
+    # classifier; Whisper is an encoder-decoder config captured whole (its text head alone is the decoder's
+    # causal LM)
     ("beit", TINY_VIT, "image_classification", "BeitForImageClassification"),
-    ("whisper", TINY_S2S, "causal_lm", "WhisperForCausalLM"),
+    ("whisper", dict(TINY_S2S, max_source_positions=32, num_mel_bins=16), "seq2seq_lm",
+     "WhisperForConditionalGeneration"),
     # two image classifiers for one type and no architectures (transformers iterates None)
     ("deit", TINY_VIT, "image_classification", "DeiTForImageClassification"),
     # one head count per stage (a tuple): the head size is not read from it

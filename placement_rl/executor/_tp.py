@@ -21,7 +21,9 @@ all-gather before the split and run the heads replicated. Split sizes and view /
 TP degree along the tracked sharded dimension, and a fused GEMM's output rows are interleaved so that each rank's
 contiguous shard holds its heads of every chunk (Megatron's layout); :class:`PartRunner.grads` un-permutes those
 rows (``ROW_PERM``). The columns feeding one row GEMM (Llama's separate q / k / v) form one region
-(``_tp_region.local_regions``). A region with an op this rewrite has no rule for keeps the DTensor path.
+(``_tp_region.local_regions``). A replicated operand spanning the heads at their whole size (T5's cross-attention
+position bias added to the scores) is cut to the rank's heads (:class:`RankSlice`). A region with an op this
+rewrite has no rule for keeps the DTensor path.
 
 The step runs under ``implicit_replication`` (forward and backward; plain tensors meeting DTensors -- masks,
 targets, the residual stream -- count as replicated; a floating-point one, not a parameter, goes through
@@ -44,7 +46,9 @@ import torch
 from torch import fx, nn
 
 from placement_rl.errors import PlanError
-from placement_rl.executor._tp_region import _COLUMN, _VOCAB, REAL_ROWS, ROW_PERM, _gemm, _weight, local_regions
+from placement_rl.executor._tp_region import (_COLUMN, _VOCAB, REAL_ROWS, ROW_PERM, LocalSlice, _gemm, _weight,
+                                               local_regions)
+
 
 def _interleave(w: torch.Tensor, k: int, tp: int) -> torch.Tensor:
     """Row order that puts rank r's rows of each of the ``k`` chunks in its contiguous shard: index [P] with
@@ -132,6 +136,36 @@ def whole_or_dtensor_colwise(use_local_output: bool) -> Any:
                 placements=desired_input_layouts, async_op=True)
 
     return _Colwise(use_local_output=use_local_output)
+
+
+class RankSlice(nn.Module):
+    """This TP rank's contiguous slice of a replicated tensor along ``dim`` (the heads of a per-head position bias a
+    local region adds to its scores; rank r holds heads ``[r h / t, (r + 1) h / t)`` of the column's shard): a
+    narrow, no communication."""
+
+    def __init__(self, mesh: Any) -> None:
+        super().__init__()
+        self.mesh = mesh
+
+    def forward(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        n = x.shape[dim] // int(self.mesh.size())
+        return x.narrow(dim, int(self.mesh.get_local_rank()) * n, n)
+
+
+def local_operands(gm: fx.GraphModule, args: tuple, mesh: Any, made: dict[tuple[fx.Node, int], fx.Node]) -> tuple:
+    """``args`` of a local region's op with each :class:`LocalSlice` replaced by a call of :class:`RankSlice` on its
+    node, placed right after that node (one per node and dim, shared by the regions reading it: ``made``)."""
+    out = []
+    for a in args:
+        if isinstance(a, LocalSlice):
+            if (a.node, a.dim) not in made:
+                if not hasattr(gm, "tp_rank_slice"):
+                    gm.add_submodule("tp_rank_slice", RankSlice(mesh))
+                with gm.graph.inserting_after(a.node):
+                    made[(a.node, a.dim)] = gm.graph.call_module("tp_rank_slice", (a.node, a.dim))
+            a = made[(a.node, a.dim)]
+        out.append(a)
+    return tuple(out)
 
 
 class Whole(nn.Module):
@@ -230,9 +264,10 @@ def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
     tp = int(tp_mesh.size())
     padded: dict[int, nn.Parameter] = {}  # id of a vocab table -> its padded copy (one per tied parameter)
     local = local_regions(gm, kinds, tp)
+    slices: dict[tuple[fx.Node, int], fx.Node] = {}
     for rewrites, _ in local.values():  # local shapes and split sizes (args read the columns' calls once made)
         for m, args in rewrites.items():
-            m.args = args
+            m.args = local_operands(gm, args, tp_mesh, slices)
     seq = seq_norms or frozenset()
     dtensors: list[fx.Node] = []  # the calls whose output is a DTensor
     entering = [n for n in gm.graph.nodes if n.op == "placeholder" and n.name in (seq_values or ())]

@@ -5,8 +5,9 @@ column GEMM to its row GEMM that run on local shards, with split sizes and view 
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
+import torch
 from torch import fx, nn
 
 from placement_rl.errors import PlanError
@@ -23,11 +24,20 @@ _PASS = ("aten.dropout.", "aten.gelu.", "aten.relu.", "aten.silu.", "aten.tanh."
 
 
 def node_kinds(graph: CompGraph) -> dict[str, str]:
-    """Exported node name -> TP kind (``column``, ``row``, ``sharded``, ``vocab_*``) of the graph's annotation."""
+    """Exported node name -> TP kind (``column``, ``row``, ``sharded``, ``vocab_*``) of the graph's annotation.
+    Every other lookup of the vocab-parallel table (``meta["tied"]``: an encoder-decoder's word table shared by
+    the encoder and the decoder, as T5's) is vocab-parallel too: one table cannot be both split and whole."""
     data = graph.meta.get("tp")
     if not isinstance(data, Mapping):
         raise PlanError(f"graph '{graph.name}' carries no TP annotation (meta['tp']): capture it again")
-    return {str(k): str(v) for k, v in dict(data.get("nodes", {})).items()}
+    kinds = {str(k): str(v) for k, v in dict(data.get("nodes", {})).items()}
+    for tie in graph.meta.get("tied") or ():
+        users = [str(x) for x in (tie.get("nodes") or ())] if isinstance(tie, Mapping) else []
+        if any(kinds.get(u) == "vocab_embedding" for u in users):
+            for u in users:
+                if u in graph.index and u not in kinds and graph.op_types[graph.index[u]] == "embedding":
+                    kinds[u] = "vocab_embedding"
+    return kinds
 
 
 def _weight(gm: fx.GraphModule, node: fx.Node, arg: int) -> tuple[str, nn.Parameter] | None:
@@ -229,21 +239,57 @@ def _cat(n: fx.Node, sdim: Mapping[fx.Node, int], shp: tuple[int, ...] | None) -
     return len(shp) + rel.pop(), (parts, *n.args[1:]), 0
 
 
-def _elementwise(n: fx.Node, ins: list[fx.Node], sdim: Mapping[fx.Node, int], shp: tuple[int, ...]) -> int | None:
-    """Element-wise op: the sharded dim stays put when every sharded operand agrees and no replicated operand
-    spans it."""
-    d = sdim[ins[0]] - len(_shape(ins[0]))
-    for a in n.args:
+class LocalSlice(NamedTuple):
+    """An operand of a local region's op that is replicated but spans the sharded dim at its whole size (T5's
+    cross-attention position bias ``(1, heads, q, k)`` added to the scores): each rank reads its own slice along
+    ``dim`` (``executor._tp.local_operands`` inserts the call that cuts it; no communication)."""
+
+    node: fx.Node
+    dim: int
+
+
+def _elementwise(n: fx.Node, ins: list[fx.Node], sdim: Mapping[fx.Node, int], shp: tuple[int, ...], tp: int,
+                 needs_grad: set[fx.Node]) -> tuple[int, tuple | None] | None:
+    """Element-wise op: ``(sharded output dim, new args or None)``. The sharded dim stays put when every sharded
+    operand agrees; a replicated operand spanning it is cut to the rank's slice (:class:`LocalSlice`) when the
+    shard is on a head dim (not the last: a fused column's output features may be interleaved), the operand spans
+    all of it and needs no gradient (computed from neither a parameter nor a floating-point input: a slice would
+    give each rank its heads' share of the gradient only); else the op has no rule."""
+    s0 = _shape(ins[0])
+    d = sdim[ins[0]] - len(s0)
+    args, cut = list(n.args), False
+    for i, a in enumerate(n.args):
         sa = _shape(a)
         if isinstance(a, fx.Node) and a not in sdim and sa is not None and len(sa) >= -d and sa[d] != 1:
-            return None  # a replicated operand spans the sharded dim
+            if d == -1 or sa[d] != s0[d] or s0[d] % tp or a in needs_grad:
+                return None  # a replicated operand spans the sharded dim
+            args[i], cut = LocalSlice(a, len(sa) + d), True
         if isinstance(a, fx.Node) and a in sdim and sdim[a] - len(sa) != d:
             return None
-    return None if len(shp) < -d else len(shp) + d
+    return None if len(shp) < -d else (len(shp) + d, tuple(args) if cut else None)
 
 
-def _step(n: fx.Node, col: fx.Node | None, sdim: Mapping[fx.Node, int], ins: list[fx.Node], tp: int
-          ) -> tuple[int, tuple | None, int] | None:
+def grad_sources(gm: fx.GraphModule) -> set[fx.Node]:
+    """The nodes of ``gm`` computed from a trainable parameter or a floating-point input (a gradient may flow
+    into them)."""
+    out: set[fx.Node] = set()
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        if n.op == "placeholder" and isinstance(val, torch.Tensor) and val.is_floating_point():
+            out.add(n)
+        elif n.op == "get_attr":
+            obj: Any = gm
+            for part in str(n.target).split("."):
+                obj = getattr(obj, part, None)
+            if isinstance(obj, nn.Parameter) and obj.requires_grad:
+                out.add(n)
+        elif any(a in out for a in n.all_input_nodes):
+            out.add(n)
+    return out
+
+
+def _step(n: fx.Node, col: fx.Node | None, sdim: Mapping[fx.Node, int], ins: list[fx.Node], tp: int,
+          needs_grad: set[fx.Node]) -> tuple[int, tuple | None, int] | None:
     """One op of a column's region: ``(its sharded output dim, its new args or None, k of a fused cut or 0)``,
     None when the op has no rule (then the region keeps the DTensor path)."""
     t = str(n.target)
@@ -289,8 +335,8 @@ def _step(n: fx.Node, col: fx.Node | None, sdim: Mapping[fx.Node, int], ins: lis
     if t.startswith(("aten.softmax.", "aten._softmax.", "aten.log_softmax.", "aten._log_softmax.")):
         return None if d is None or int(n.args[1]) % len(sx) == d else (d, None, 0)
     if t.startswith(_PASS):
-        j = _elementwise(n, ins, sdim, shp)
-        return None if j is None else (j, None, 0)
+        got = _elementwise(n, ins, sdim, shp, tp, needs_grad)
+        return None if got is None else (got[0], got[1], 0)
     return None
 
 
@@ -315,6 +361,7 @@ def _walk(gm: fx.GraphModule, cols: list[fx.Node], kinds: Mapping[str, str], tp:
             return None
         sdim[c] = len(out) - 1
     fused = cols[0] if len(cols) == 1 else None  # only a lone column's output may be cut into chunks
+    needs_grad = grad_sources(gm)
     new: dict[fx.Node, tuple] = {}
     k = 0
     for n in gm.graph.nodes:
@@ -328,7 +375,7 @@ def _walk(gm: fx.GraphModule, cols: list[fx.Node], kinds: Mapping[str, str], tp:
         if getattr(n.target, "__name__", "") == "getitem":
             sdim[n] = sdim[n.args[0]]
             continue
-        got = _step(n, fused, sdim, ins, tp) if kinds.get(n.name) == "sharded" else None
+        got = _step(n, fused, sdim, ins, tp, needs_grad) if kinds.get(n.name) == "sharded" else None
         if got is None or (got[2] and k and got[2] != k):
             return n  # the sharded tensor leaves the region some other way, or an op has no rule
         sdim[n], k = got[0], got[2] or k

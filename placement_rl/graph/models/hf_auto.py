@@ -24,6 +24,9 @@ Tasks and the training step captured (the forward returns the loss):
 * ``causal_lm``: ``input_ids`` [batch, seq_len], ``labels`` = the same ids (shifted inside the model);
 * ``masked_lm``: ``input_ids`` and ``labels`` [batch, seq_len];
 * ``seq2seq_lm``: ``input_ids`` and ``labels`` [batch, seq_len] (the decoder's inputs are the shifted labels);
+  for Whisper (``WhisperForConditionalGeneration``) the encoder reads audio: ``input_features`` [batch,
+  num_mel_bins, 2 x max_source_positions] (3000 frames, 30 s, for the hub configs; the encoder accepts no other
+  length: lower ``max_source_positions`` in ``overrides`` for a smaller graph), recorded as ``audio_features``;
 * ``image_classification``: ``pixel_values`` [batch, channels, image_size, image_size] (224 where the config
   names no image size, as convolutional nets), ``labels`` [batch].
 
@@ -35,7 +38,10 @@ config's ``architectures`` names, else read from its suffix (``...ForCausalLM`` 
 what the config is (encoder-decoder -> ``seq2seq_lm``; an image size and no vocabulary ->
 ``image_classification``; a type with a masked-LM head (BERT, RoBERTa) -> ``masked_lm``; else ``causal_lm``); when
 that guess has no class, the first task (in ``TASKS`` order) that has one. A type with none of the four heads
-(audio, detection, segmentation ... models) is refused with one line.
+(audio, detection, segmentation ... models) is refused with one line. Whisper: ``seq2seq_lm``, the whole
+encoder-decoder (``WhisperForConditionalGeneration``) on audio features, unless the config names its decoder alone
+(``WhisperForCausalLM``) or ``graph.task=causal_lm`` asks for it; an encoder-decoder config captured as its
+decoder's causal LM without its config naming that class gets a one-line warning saying so.
 """
 
 from __future__ import annotations
@@ -67,21 +73,26 @@ _MAPPING_NAMES = {"causal_lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "masked_lm":
 _TOWER = re.compile(r"(^|\.)(vision_tower|vision_model|visual|audio_tower|audio_model|audio_encoder|"
                     r"multi_modal_projector|mm_projector)(\.|$)")
 _DEFAULT_IMAGE_SIZE = 224  # configs of convolutional nets (ResNet, RegNet ...) name no input resolution
+_SPEECH_TYPES = ("whisper",)  # speech encoder-decoders whose audio input the builder makes (``_audio_features``)
 
 
 class LossStep(nn.Module):
-    """forward(inputs, labels) -> the wrapped model's loss (a training step's forward)."""
+    """forward(inputs, labels) -> the wrapped model's loss (a training step's forward); ``inputs`` are the token ids,
+    or the audio features of a speech encoder-decoder (``audio=True``: Whisper's ``input_features``)."""
 
-    def __init__(self, model: nn.Module, task: str) -> None:
+    def __init__(self, model: nn.Module, task: str, audio: bool = False) -> None:
         super().__init__()
         self.model = model
         self.task = task
+        self.audio = audio
 
     def forward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.task == "image_classification":
             return self.model(pixel_values=inputs, labels=labels).loss
         if self.task == "masked_lm":
             return self.model(input_ids=inputs, labels=labels).loss
+        if self.audio:
+            return self.model(input_features=inputs, labels=labels, use_cache=False).loss
         return self.model(input_ids=inputs, labels=labels, use_cache=False).loss
 
 
@@ -97,6 +108,17 @@ def task_classes(cfg) -> dict[str, tuple[str, ...]]:
     return out
 
 
+def speech_class(cfg) -> str | None:
+    """The speech-to-text encoder-decoder class (``AutoModelForSpeechSeq2Seq``) of a config whose audio input the
+    builder makes (``_SPEECH_TYPES``: Whisper's ``WhisperForConditionalGeneration``), else None."""
+    kind = getattr(cfg, "model_type", None)
+    if kind not in _SPEECH_TYPES:
+        return None
+    names = getattr(transformers_module().models.auto.modeling_auto, "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", {})
+    name = names.get(kind)
+    return str(name) if name else None
+
+
 def infer_task(cfg) -> str:
     """The training task of a config (see the module doc)."""
     has = task_classes(cfg)
@@ -105,7 +127,11 @@ def infer_task(cfg) -> str:
         for task, names in has.items():
             if arch in names:
                 return task
+        if arch == speech_class(cfg):  # a hub Whisper config names the encoder-decoder
+            return "seq2seq_lm"
     guess = _guess_task(cfg, archs)
+    if guess == "seq2seq_lm" and speech_class(cfg) is not None:  # a bare Whisper config: the whole model
+        return guess
     if not has or guess in has:
         return guess
     return next(iter(has))  # the guess has no class for this type (an image model with a vocabulary: BEiT ...)
@@ -184,9 +210,10 @@ def build(*, config: str | None = None, model_type: str | None = None, task: str
     tf = transformers_module()
     cfg = load_config(config, model_type, overrides)
     task = infer_task(cfg) if task == "auto" else task
-    auto = getattr(tf, _AUTO_CLASS[task])
     has = task_classes(cfg)
-    if task not in has and not _registered(auto, cfg):
+    audio = task == "seq2seq_lm" and task not in has and speech_class(cfg) is not None
+    auto = getattr(tf, "AutoModelForSpeechSeq2Seq" if audio else _AUTO_CLASS[task])
+    if task not in has and not audio and not _registered(auto, cfg):
         if has:
             raise GraphError(f"graph.task={task}: a '{cfg.model_type}' config has no {_AUTO_CLASS[task]} model "
                              f"(it has: {', '.join(has)}); set graph.task")
@@ -204,6 +231,7 @@ def build(*, config: str | None = None, model_type: str | None = None, task: str
     _no_layerdrop(cfg)
     if getattr(cfg, "architectures", None) is None:  # auto classes with several candidates (DeiT) iterate it
         cfg.architectures = []
+    decoder_only = task == "causal_lm" and bool(get_field(cfg, "is_encoder_decoder"))  # WhisperForCausalLM clears it
     try:
         with torch.device("meta"):
             try:
@@ -238,8 +266,8 @@ def build(*, config: str | None = None, model_type: str | None = None, task: str
         vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else 0
         if vocab < 2:
             raise GraphError(f"the '{cfg.model_type}' config has no vocab_size: set graph.overrides.vocab_size")
-        inputs = torch.randint(0, vocab, (batch_size, seq_len), generator=gen)
-        labels = inputs.clone()
+        labels = torch.randint(0, vocab, (batch_size, seq_len), generator=gen)
+        inputs = torch.randn(batch_size, *_audio_features(model), generator=gen) if audio else labels.clone()
     inputs, labels = inputs.to("meta"), labels.to("meta")  # beside the meta weights (capture runs on meta tensors)
     params = sum(p.numel() for p in model.parameters())
     keys = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
@@ -255,6 +283,10 @@ def build(*, config: str | None = None, model_type: str | None = None, task: str
             "config": sizing}
     if task == "image_classification":
         desc["image_size"] = int(size)
+    if audio:
+        desc["audio_features"] = list(inputs.shape[1:])  # (mel bins, frames) beside the seq_len target tokens
+    if decoder_only and type(model).__name__ not in cfg.architectures:  # not a decoder the config names
+        _warn_decoder_only(cfg, type(model).__name__)
     if task != "image_classification":  # a multimodal model captured on text: its towers take no part in the step
         towers = sum(p.numel() for n, p in model.named_parameters() if _TOWER.search(n))
         if towers:
@@ -263,4 +295,21 @@ def build(*, config: str | None = None, model_type: str | None = None, task: str
                 "%s is captured on text input: the %.1f M parameters of its vision / audio towers take no part in the "
                 "step and are not in the graph (not placed, not in memory or gradient traffic)", type(model).__name__,
                 towers / 1e6)
-    return LossStep(model, task), (inputs, labels), desc
+    return LossStep(model, task, audio=audio), (inputs, labels), desc
+
+
+def _audio_features(model: nn.Module) -> tuple[int, int]:
+    """``(mel bins, frames)`` of a Whisper-style encoder's input: it refuses any length but ``max_source_positions``
+    x its two convolutions' strides (3000 frames, 30 s of audio, for the hub configs)."""
+    enc = model.get_encoder()
+    frames = int(model.config.max_source_positions) * int(enc.conv1.stride[0]) * int(enc.conv2.stride[0])
+    return int(model.config.num_mel_bins), frames
+
+
+def _warn_decoder_only(cfg, cls: str) -> None:
+    """One line where an encoder-decoder config is captured as its decoder's causal LM (Whisper by model type)."""
+    whole = speech_class(cfg)
+    how = (f"graph.task=seq2seq_lm captures the whole encoder-decoder ({whole}) on audio features" if whole else
+           "graph=hf cannot capture its whole model")
+    logging.getLogger(__name__).warning("%s is the decoder of the '%s' encoder-decoder alone (no encoder in the "
+                                        "graph): %s", cls, cfg.model_type, how)
