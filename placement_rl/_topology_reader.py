@@ -16,15 +16,15 @@ from placement_rl.devices import DEFAULT_LAUNCH_OVERHEAD, DEVICE_KINDS, Device
 
 DEVICE_FIELDS = ("name", "count", "kind", "torch_device", "host", "index_start", "numbered", "model", "peak_flops",
                  "mem_bandwidth", "memory_bytes", "launch_overhead", "sm_count", "l2_bytes", "peak_flops_tf32",
-                 "peak_flops_bf16", "peak_flops_fp16")
+                 "peak_flops_bf16", "peak_flops_fp16", "peak_flops_fp64")
 LINKS_FIELDS = ("intra_host", "inter_host", "pairs")
 LINK_FIELDS = ("bandwidth", "latency", "kind")
 PAIR_FIELDS = ("between",) + LINK_FIELDS
 # top-level fields the loader reads; any other top-level key is kept in ``meta`` unless it is a near miss of one of
 # these or of a device / links field (a typo such as ``link:`` or a device field such as ``hosts:`` at the top)
 TOP_FIELDS = ("name", "description", "devices", "links", "dtype", "cost_model", "collective_fit", "l2_bytes",
-              "peak_flops_tf32", "peak_flops_bf16", "peak_flops_fp16")
-NOTE_FIELDS = ("peak_flops_fp64", "peak_flops_base", "peak_flops_tensor")  # datasheet notes in presets, not read
+              "peak_flops_tf32", "peak_flops_bf16", "peak_flops_fp16", "peak_flops_fp64")
+NOTE_FIELDS = ("peak_flops_base", "peak_flops_tensor")  # datasheet notes in presets, not read
 MAX_DEVICE_COUNT = 65536  # devices per entry: a larger count is a typo, not a cluster (and would not fit in memory)
 
 
@@ -174,7 +174,7 @@ def read_topology(data: Any, where: str) -> dict[str, Any]:
                 raise TopologyError(f"{w}: field '{key}' must be positive, got {v!r}")
         overhead = _num(entry, "launch_overhead", w, DEFAULT_LAUNCH_OVERHEAD[kind])
         extra = {key: _num(entry, key, w, _num(data, key, where, 0.0))
-                 for key in ("l2_bytes", "peak_flops_tf32", "peak_flops_bf16", "peak_flops_fp16")}
+                 for key in ("l2_bytes", "peak_flops_tf32", "peak_flops_bf16", "peak_flops_fp16", "peak_flops_fp64")}
         for key, v in extra.items():
             if v < 0:
                 raise TopologyError(f"{w}: field '{key}' must be >= 0, got {v!r}")

@@ -44,7 +44,7 @@ class Datasheet:
     peak_flops_tf32: float  # dense tensor-core FLOP/s (0: none)
     peak_flops_bf16: float
     # dense FP16 with FP32 accumulation, as PyTorch runs it (-1: the BF16 peak, as on Ampere and newer, where one
-    # rate serves both; a Volta / Turing row gives its own, a Pascal P100 its packed FP16 rate)
+    # rate serves both; a Volta / Turing row gives its own)
     peak_flops_fp16: float = -1.0
 
     def __post_init__(self) -> None:
@@ -131,17 +131,17 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
      36.3e12),
     (("RTX", "2070"), "GeForce RTX 2070 8GB", 7.46e12, 448e9, 8 * GiB, 36, 4 * MiB, 0.0, 0.0, 29.9e12),
     # Turing, Volta, Pascal, Kepler: NVIDIA T4 / V100 / P100 / P40 / P4 / K80 datasheets and whitepapers (no TF32 /
-    # BF16 tensor cores; FP16 tensor cores on the T4 and V100, packed FP16 at twice the FP32 rate on the P100, FP16
-    # at 1/64 of it on the other Pascal cards and none on Kepler: 0, priced at FP32)
+    # BF16 tensor cores; FP16 tensor cores on the T4 and V100; the P100's packed FP16 runs at twice the FP32 rate
+    # with FP16 accumulation only, the other Pascal cards' FP16 at 1/64 of it, Kepler has none: 0, priced at FP32)
     (("T4",), "T4 16GB", 8.1e12, 320e9, 16 * GiB, 40, 4 * MiB, 0.0, 0.0, 65e12),
     (("V100S",), "V100S PCIe 32GB", 16.4e12, 1.134e12, 32 * GiB, 80, 6 * MiB, 0.0, 0.0, 130e12),
     (("V100", "PCIE", "32GB"), "V100 PCIe 32GB", 14e12, 900e9, 32 * GiB, 80, 6 * MiB, 0.0, 0.0, 112e12),
     (("V100", "PCIE"), "V100 PCIe 16GB", 14e12, 900e9, 16 * GiB, 80, 6 * MiB, 0.0, 0.0, 112e12),
     (("V100", "32GB"), "V100 SXM2 32GB", 15.7e12, 900e9, 32 * GiB, 80, 6 * MiB, 0.0, 0.0, 125e12),
     (("V100",), "V100 SXM2 16GB", 15.7e12, 900e9, 16 * GiB, 80, 6 * MiB, 0.0, 0.0, 125e12),
-    (("P100", "12GB"), "P100 PCIe 12GB", 9.3e12, 549e9, 12 * GiB, 56, 3 * MiB, 0.0, 0.0, 18.7e12),
-    (("P100", "PCIE"), "P100 PCIe 16GB", 9.3e12, 732e9, 16 * GiB, 56, 4 * MiB, 0.0, 0.0, 18.7e12),
-    (("P100",), "P100 SXM2 16GB", 10.6e12, 732e9, 16 * GiB, 56, 4 * MiB, 0.0, 0.0, 21.2e12),
+    (("P100", "12GB"), "P100 PCIe 12GB", 9.3e12, 549e9, 12 * GiB, 56, 3 * MiB, 0.0, 0.0, 0.0),
+    (("P100", "PCIE"), "P100 PCIe 16GB", 9.3e12, 732e9, 16 * GiB, 56, 4 * MiB, 0.0, 0.0, 0.0),
+    (("P100",), "P100 SXM2 16GB", 10.6e12, 732e9, 16 * GiB, 56, 4 * MiB, 0.0, 0.0, 0.0),
     (("P40",), "P40 24GB", 11.76e12, 346e9, 24 * GiB, 30, 3 * MiB, 0.0, 0.0),
     (("P4",), "P4 8GB", 5.5e12, 192e9, 8 * GiB, 20, 2 * MiB, 0.0, 0.0),
     # Pascal GeForce and Quadro (the GP102 / GP104 whitepaper and product pages)

@@ -24,4 +24,5 @@ class Device:
     peak_flops_tf32: float = 0.0    # tensor-core peaks (0: unknown)
     peak_flops_bf16: float = 0.0
     peak_flops_fp16: float = 0.0    # FP16 with FP32 accumulation (0: unknown; the BF16 peak stands in for it)
+    peak_flops_fp64: float = 0.0    # FP64 (0: unknown; an fp64 model is priced at the FP32 peak, with a warning)
     model: str = ""                 # hardware model, e.g. "A100-80GB-PCIe"

@@ -8,7 +8,8 @@ YAML schema (presets live in ``conf/topology/<name>.yaml``)::
       - {name: gpu, count: 4, kind: gpu, torch_device: cuda, host: 0,
          peak_flops: 15.7e12, mem_bandwidth: 900e9, memory_bytes: 32e9, launch_overhead: 1.0e-5,
          sm_count: 80, l2_bytes: 6291456, model: V100-SXM2-32GB,          # optional datasheet figures
-         peak_flops_tf32: 0, peak_flops_bf16: 0, peak_flops_fp16: 125e12}   # optional tensor-core peaks
+         peak_flops_tf32: 0, peak_flops_bf16: 0, peak_flops_fp16: 125e12,   # optional tensor-core peaks
+         peak_flops_fp64: 7.8e12}                                           # and FP64 peak
     dtype: fp32                    # optional: fp32 (default), tf32, bf16 or fp16; the GPU cost model's precision
     cost_model: calibrated         # optional: calibrated (default for GPUs) or roofline
     collective_fit: a100_dgx       # optional: a measured system whose NCCL fits price the links and
@@ -20,9 +21,10 @@ YAML schema (presets live in ``conf/topology/<name>.yaml``)::
         - {between: [gpu0, gpu1], bandwidth: 25e9, latency: 5.0e-6, kind: nvlink}
 
 Units: FLOP/s, bytes/s, bytes, seconds. A topology-level ``peak_flops_tf32`` / ``peak_flops_bf16`` /
-``peak_flops_fp16`` / ``l2_bytes`` is the default of every GPU that does not set its own. A GPU whose ``model`` is a product ``placement_rl.datasheets``
-knows (``- {name: gpu, count: 8, model: L40S}``) may leave out any of ``peak_flops``, ``mem_bandwidth``,
-``memory_bytes``, ``sm_count``, ``l2_bytes`` and the tensor-core peaks: they come from its datasheet (a figure
+``peak_flops_fp16`` / ``peak_flops_fp64`` / ``l2_bytes`` is the default of every GPU that does not set its own. A
+GPU whose ``model`` is a product ``placement_rl.datasheets`` knows (``- {name: gpu, count: 8, model: L40S}``) may
+leave out any of ``peak_flops``, ``mem_bandwidth``, ``memory_bytes``, ``sm_count``, ``l2_bytes`` and the
+tensor-core peaks (not the FP64 one: the table has none): they come from its datasheet (a figure
 given on the device or at the top level wins). A device entry may also set ``index_start`` (the first CUDA
 index of its ``count`` devices) and ``numbered: true`` (number its name even when ``count`` is 1).
 
@@ -131,7 +133,8 @@ class DeviceTopology:
                 if not (_finite(v) and v > 0):
                     raise TopologyError(f"device '{d.name}': field '{key}' must be a finite positive number, "
                                         f"got {_shown(v)}")
-            for key in ("l2_bytes", "peak_flops_tf32", "peak_flops_bf16", "peak_flops_fp16", "launch_overhead"):
+            for key in ("l2_bytes", "peak_flops_tf32", "peak_flops_bf16", "peak_flops_fp16", "peak_flops_fp64",
+                        "launch_overhead"):
                 v = getattr(d, key)
                 if not (_finite(v) and v >= 0):
                     raise TopologyError(f"device '{d.name}': field '{key}' must be a finite number >= 0, "
@@ -216,7 +219,7 @@ class DeviceTopology:
                  "peak_flops": d.peak_flops, "mem_bandwidth": d.mem_bandwidth, "memory_bytes": d.memory_bytes,
                  "launch_overhead": d.launch_overhead, "sm_count": d.sm_count, "l2_bytes": d.l2_bytes,
                  "peak_flops_tf32": d.peak_flops_tf32, "peak_flops_bf16": d.peak_flops_bf16,
-                 "peak_flops_fp16": d.peak_flops_fp16, "model": d.model}
+                 "peak_flops_fp16": d.peak_flops_fp16, "peak_flops_fp64": d.peak_flops_fp64, "model": d.model}
                 for d in self.devices]
         return {**dict(self.meta), "name": self.name, "description": self.description, "devices": devs,
                 "links": {"pairs": pairs}}

@@ -1,6 +1,7 @@
 """A model captured in bf16 / fp16 is priced as that model run in bf16, and a pure dependency carries no gradient."""
 
 import dataclasses
+import logging
 
 import numpy as np
 import pytest
@@ -124,3 +125,50 @@ def test_an_autocast_capture_is_priced_as_the_fp32_capture_run_in_bf16():
 def test_a_large_half_precision_buffer_beside_fp32_weights_is_no_half_precision_model():
     g = capture(_BigBuffer(), (torch.randn(256, 512),))
     assert "dtype" not in g.meta and "param_dtype" not in g.meta
+
+
+def test_an_fp64_capture_runs_at_the_fp64_peak_or_warns_that_the_fp32_one_is_optimistic(caplog):
+    """fp64 was captured as no dtype and priced as fp32 (up to 50x fast on a GeForce card): it is recorded, its
+    bytes are 8-byte elements, its GEMMs run at the topology's ``peak_flops_fp64`` (a preset's datasheet note once
+    left unread), and without one at the FP32 peak with a warning saying so."""
+    x = torch.randn(256, 512)
+    g32 = capture(_mlp(), (x,))
+    g64 = capture(_mlp().double(), (x.double(),))
+    assert g64.meta["dtype"] == "fp64" and "param_dtype" not in g64.meta
+    lin = [i for i, t in enumerate(g32.op_types) if "linear" in t]
+    v100 = load_topology("4x_v100_nvlink")
+    assert v100.devices[0].peak_flops_fp64 == 7.8e12
+    gemm = lambda c: (c.fwd_time - c.launch_overhead)[lin, 0].sum()  # noqa: E731
+    fp32, fp64 = resolve_costs(g32, v100), resolve_costs(g64, v100)
+    assert fp64.source[0].endswith(":fp64")
+    assert gemm(fp64) > 1.5 * gemm(fp32)  # 7.8 against 15.7 TFLOP/s
+    a100 = load_topology("1x_a100_80gb_pcie")  # no FP64 peak given: the FP32 one, said
+    with caplog.at_level(logging.WARNING):
+        got = resolve_costs(g64, a100)
+    assert got.source[0].endswith(":fp64") and gemm(got) >= gemm(resolve_costs(g32, a100)) * 0.99
+    assert any("peak_flops_fp64" in r.getMessage() and "optimistic" in r.getMessage() for r in caplog.records)
+
+
+def test_precision_refusals_name_the_missing_tensor_cores_and_an_override_is_said(caplog):
+    """``dtype: bf16`` on a V100 says it has no BF16 tensor cores and which dtypes it has (it asked for a figure the
+    card does not have); a topology dtype overriding the graph's captured one is said once."""
+    from placement_rl.errors import ProfileError
+
+    x = torch.randn(64, 512)
+    g16 = capture(_mlp().half(), (x.half(),))
+    with pytest.raises(ProfileError, match=r"no BF16 tensor cores: use dtype fp16 or fp32"):
+        resolve_costs(g16, _dtype(load_topology("1x_v100_pcie_32gb"), "bf16"))
+    with caplog.at_level(logging.WARNING):
+        resolve_costs(g16, _dtype(load_topology("1x_h100_sxm"), "tf32"))
+    assert any("says dtype tf32" in r.getMessage() and "captured in fp16" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("bad", ["fp8", "float16", "FP16", 16])
+def test_a_graph_file_with_a_precision_no_model_prices_is_refused_in_one_line(bad):
+    """``inspect`` passed ``meta.dtype: fp8`` and said it would run in fp32, while pricing refused it later."""
+    from placement_rl.errors import GraphError
+
+    g = capture(_mlp(), (torch.randn(8, 512),))
+    for key in ("dtype", "param_dtype"):
+        with pytest.raises(GraphError, match=rf"field 'meta.{key}' is .*expected one of fp32, bf16, fp16, fp64"):
+            g.replace(meta={**g.meta, key: bad}).validate()

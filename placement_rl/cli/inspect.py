@@ -76,6 +76,9 @@ def _precision(graph: CompGraph) -> str:
     if dtype in ("bf16", "fp16"):
         return line + (f"\n    the calibrated GPU model runs it in {dtype} where the GPU has a {dtype} peak, else fp32 "
                        "(a topology's dtype: decides)")
+    if dtype == "fp64":
+        return line + ("\n    the calibrated GPU model runs it in fp64 at a GPU's peak_flops_fp64, else at its FP32 "
+                       "peak (optimistic; a topology's dtype: decides)")
     return line + "\n    the calibrated GPU model runs it in fp32 (a topology's dtype: tf32 / bf16 / fp16 decides)"
 
 

@@ -30,7 +30,9 @@ GPU); a version-1 fit (no tiles, no trend) is still read and priced by ``_gemm_t
 Backward is 0 where ``needs_grad`` says no gradient flows. dtype: ``fp32`` (default) uses ``peak_flops``;
 ``tf32`` / ``bf16`` / ``fp16`` use the tensor-core peaks (``peak_flops_tf32`` / ``peak_flops_bf16`` /
 ``peak_flops_fp16`` of the device or topology) for GEMM-like ops, and ``bf16`` / ``fp16`` halve the bytes moved.
-Only fp32 is measured in the fit data. A graph captured in bf16 / fp16 (``meta["dtype"]``: its ops' outputs;
+``fp64`` moves twice the bytes at ``peak_flops_fp64`` where the device gives it (else the FP32 peak, which
+``resolve`` warns is optimistic). Only fp32 is measured in the fit data. A graph captured in bf16 / fp16 / fp64
+(``meta["dtype"]``: its ops' outputs;
 ``meta["param_dtype"]`` where the parameters differ, as under autocast) is read in fp32 bytes (``features``) and
 runs in its own dtype by default.
 """
@@ -57,7 +59,8 @@ __all__ = ["BWD_SLACK", "CLASSES", "DTYPES", "GEMM_CLASSES", "HARNESS_CLASSES", 
 
 # memory-bound classes whose kernel tables carry a harness floor of their own (``koff_<class>``; see ``harness_offset``)
 HARNESS_CLASSES = ("norm", "softmax", "ew", "ew_pass")
-DTYPES = ("fp32", "tf32", "bf16", "fp16")
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp64")
+ELEMENT_SCALE = {"bf16": 0.5, "fp16": 0.5, "fp64": 2.0}  # bytes moved per fp32 byte, by the run's dtype
 BWD_SLACK = 2.0  # a GEMM-like backward may run at half the forward's achieved rate, no slower
 def harness_offset(cls: np.ndarray, fit: "GpuFit") -> np.ndarray:
     """[rows] the fixed time a single-kernel table's timing harness adds to each row of class ``cls`` (not a GPU
@@ -102,13 +105,13 @@ class NodeFeatures:
     pointwise: np.ndarray | None = None  # bool [N] a 1x1 stride-1 conv: a plain GEMM, priced with linear's terms
 
 
-CAPTURED_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}  # element bytes of a graph captured in each dtype
+CAPTURED_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp64": 8.0}  # element bytes of a graph captured in each
 
 
 def features(graph: Any, captured: str | None = None, params: str | None = None) -> NodeFeatures:
     """``NodeFeatures`` of a ``CompGraph``, its bytes in fp32 (the model's unit; ``node_times`` scales them to
     the run's dtype): a graph captured in bf16 / fp16 (``captured``, else its ``meta["dtype"]``) has its output and
-    edge bytes doubled, and its parameter bytes where they are in half precision too (``params``, else
+    edge bytes doubled (fp64: halved), and its parameter bytes where they are in that precision too (``params``, else
     ``meta["param_dtype"]``, else ``captured``: under autocast they are fp32). An edge of no bytes is a pure
     dependency: no data gradient flows along it."""
     captured = captured or graph.meta.get("dtype") or "fp32"
@@ -209,13 +212,14 @@ def node_times(feat: NodeFeatures, spec: GpuSpec, fit: GpuFit, *, dtype: str = "
 
     ``isolated=True`` predicts an op timed on its own (as per-op profilers do): inputs warm in L2 and the
     timing harness's floor ``node_offset`` added; the default predicts the op inside a training step.
+    ``tensor_peak``: the peak of ``dtype`` (the tensor cores' for tf32 / bf16 / fp16, the FP64 units' for fp64).
     """
     if dtype not in DTYPES:
         raise ProfileError(f"unknown dtype '{dtype}' (valid: {', '.join(DTYPES)})")
-    scale = 0.5 if dtype in ("bf16", "fp16") else 1.0
+    scale = ELEMENT_SCALE.get(dtype, 1.0)
     elem = 4.0 * scale
-    tensor = dtype != "fp32" and bool(tensor_peak)  # GEMMs on the tensor cores (at any peak, even the FP32 one)
-    peak = float(tensor_peak) if tensor else spec.peak_flops
+    tensor = dtype in ("tf32", "bf16", "fp16") and bool(tensor_peak)  # tensor cores (at any peak, even the FP32 one)
+    peak = float(tensor_peak) if tensor_peak and dtype != "fp32" else spec.peak_flops  # fp64: its own SIMT peak
     cls = feat.cls
     i_b, o_b, p_b = feat.in_bytes * scale, feat.out_bytes * scale, feat.param_bytes * scale
     launch = fit.p("launch")

@@ -23,6 +23,7 @@ Measured sources plug in through the ``CostSource`` protocol: any object with
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -30,6 +31,7 @@ import numpy as np
 import placement_rl.cost.calibrated as cal
 from placement_rl.cost.grad import needs_grad
 from placement_rl.cost.types import CostTable
+from placement_rl.datasheets import lookup
 from placement_rl.errors import ProfileError
 from placement_rl.graph.ir import CompGraph
 from placement_rl.graph.members import member_graph
@@ -104,7 +106,9 @@ def _estimator(graph: CompGraph, topology: DeviceTopology, gpu_model: str | None
 
     The run's dtype is the topology's ``dtype``; where it names none, the graph's (``meta["dtype"]``, what capture
     saw: a model captured in bf16 runs in bf16 on a GPU with a bf16 peak, one in fp16 in fp16 on a GPU with an fp16
-    or bf16 peak (the V100's and T4's FP16 tensor cores), each in fp32 on a GPU without);
+    or bf16 peak (the V100's and T4's FP16 tensor cores), each in fp32 on a GPU without; one in fp64 in fp64, at the
+    GPU's ``peak_flops_fp64`` or, where it gives none, its FP32 peak with a warning that this is optimistic; a
+    topology ``dtype`` that overrides the graph's is said once); the roofline ignores the dtype;
     ``precision``: the graph's ``(dtype, param_dtype)`` (default: its meta's), kept for the graph of its members."""
     precision = precision or (graph.meta.get("dtype"), graph.meta.get("param_dtype"))
     captured = precision[0]
@@ -122,7 +126,10 @@ def _estimator(graph: CompGraph, topology: DeviceTopology, gpu_model: str | None
     if model not in GPU_MODELS:
         raise ProfileError(f"unknown GPU cost model '{model}' (valid: {', '.join(GPU_MODELS)})")
     given = topology.meta.get("dtype")
-    dtype = str(given) if given is not None else (str(captured) if captured in ("bf16", "fp16") else "fp32")
+    dtype = str(given) if given is not None else (str(captured) if captured in ("bf16", "fp16", "fp64") else "fp32")
+    if given is not None and captured not in (None, given) and model == "calibrated":
+        _say_once(f"topology '{topology.name}' says dtype {given}: graph '{graph.name}', captured in {captured}, is "
+                  f"priced in {given}")
     fit = cal.shipped_fit() if model == "calibrated" else None
     feat: list = []
     memo: dict[tuple, tuple] = {}
@@ -132,13 +139,15 @@ def _estimator(graph: CompGraph, topology: DeviceTopology, gpu_model: str | None
             f, b, o = roofline_times(graph, dev)
             return f, b, o, "roofline"
         tensor = {"tf32": dev.peak_flops_tf32, "bf16": dev.peak_flops_bf16,
-                  "fp16": dev.peak_flops_fp16 or dev.peak_flops_bf16}.get(dtype, 0.0)
+                  "fp16": dev.peak_flops_fp16 or dev.peak_flops_bf16, "fp64": dev.peak_flops_fp64}.get(dtype, 0.0)
         run = dtype
-        if dtype != "fp32" and not tensor:
+        if dtype == "fp64" and not tensor:
+            _say_once(f"graph '{graph.name}' runs in fp64 and GPU '{dev.name}' gives no 'peak_flops_fp64': its GEMMs "
+                      "are priced at the FP32 peak, optimistic (most GPUs run FP64 at 1/32-1/64 of it; the V100 / "
+                      "A100 / H100 at 1/2): give the device's peak_flops_fp64")
+        elif dtype != "fp32" and not tensor:
             if given is not None:
-                raise ProfileError(f"dtype '{dtype}' needs device '{dev.name}' to give 'peak_flops_{dtype}' (in its "
-                                   f"device entry: one at the topology's top level applies to every device, "
-                                   f"replacing their datasheet figures)")
+                raise ProfileError(_no_peak(dev, dtype))
             run = "fp32"  # a half-precision capture on a GPU with no bf16 peak: its fp32 peak, fp32 bytes
         key = (dev.peak_flops, dev.mem_bandwidth, dev.sm_count, dev.l2_bytes, tensor, run,
                cal.datasheet(str(dev.model or dev.name)))
@@ -152,6 +161,28 @@ def _estimator(graph: CompGraph, topology: DeviceTopology, gpu_model: str | None
         return f, b, o, label
 
     return estimate
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(text: str) -> None:
+    """A warning line, once per process and text."""
+    if text not in _SAID:
+        _SAID.add(text)
+        logging.getLogger(__name__).warning(text)
+
+
+def _no_peak(dev: Device, dtype: str) -> str:
+    """The one line for a topology ``dtype`` a GPU has no peak for: a product whose datasheet has none lacks those
+    tensor cores (a V100 has no BF16 / TF32 ones); else the figure to give."""
+    sheet = lookup(str(dev.model or dev.name))
+    if sheet is not None and not getattr(sheet, f"peak_flops_{dtype}", 0.0):
+        other = [d for d in ("fp16", "bf16", "tf32") if getattr(sheet, f"peak_flops_{d}", 0.0)]
+        return (f"dtype '{dtype}': device '{dev.name}' ({sheet.product}) has no {dtype.upper()} tensor cores: use "
+                f"dtype {' or '.join(other + ['fp32'])}")
+    return (f"dtype '{dtype}' needs device '{dev.name}' to give a positive 'peak_flops_{dtype}' (in its device "
+            f"entry: one at the topology's top level applies to every device, replacing their datasheet figures)")
 
 
 def resolve_costs(graph: CompGraph, topology: DeviceTopology,

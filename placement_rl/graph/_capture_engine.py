@@ -41,7 +41,8 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count, sdpa_backward_flop_count, sdpa_flop_count
 
-DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}  # the graph meta's names
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+               torch.float64: "fp64"}  # the graph meta's names
 
 
 @dataclass(frozen=True)
@@ -389,12 +390,12 @@ def param_dtype(module: torch.nn.Module, inputs: tuple) -> str | None:
 
 
 def graph_dtypes(records: list[NodeRecord], module: torch.nn.Module, inputs: tuple) -> dict[str, str]:
-    """The graph meta's precision keys (none for an fp32 model): ``dtype`` (``bf16`` / ``fp16``: the ops' outputs,
-    the bytes of ``out_bytes`` / edges, are half-precision elements; the model runs in it) and ``param_dtype``
+    """The graph meta's precision keys (none for an fp32 model): ``dtype`` (``bf16`` / ``fp16`` / ``fp64``: the ops'
+    outputs, the bytes of ``out_bytes`` / edges, are elements of it; the model runs in it) and ``param_dtype``
     (where the parameters' dtype differs from that: ``fp32`` under autocast)."""
     act, par = activation_dtype(records), param_dtype(module, inputs)
-    half = act if act in ("bf16", "fp16") else None
-    par = par if par in ("bf16", "fp16", "fp32") else "fp32"
+    half = act if act in ("bf16", "fp16", "fp64") else None
+    par = par if par in ("bf16", "fp16", "fp32", "fp64") else "fp32"
     out = {"dtype": half} if half else {}
     if par != (half or "fp32"):
         out["param_dtype"] = par

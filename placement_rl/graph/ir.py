@@ -57,6 +57,9 @@ def int_array(value: Any) -> np.ndarray:
     return flt.astype(np.int64)
 
 
+GRAPH_DTYPES = ("fp32", "bf16", "fp16", "fp64")  # meta.dtype / meta.param_dtype: what the cost models price
+
+
 def _csr(n: int, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """CSR of ``values`` grouped by ``keys``: (ptr [n+1], values sorted by key, edge ids)."""
     order = np.argsort(keys, kind="stable")
@@ -234,8 +237,13 @@ class CompGraph:
 
     def _check_meta(self) -> None:
         """The ``meta`` fields planners read: ``batch_size`` (and ``zoo_options.batch_size``), a positive integer
-        or null, and the TP annotation ``tp`` (``placement_rl.graph.tp``), whose op names must exist."""
+        or null, the precision ``dtype`` / ``param_dtype`` (one of ``GRAPH_DTYPES`` or absent), and the TP
+        annotation ``tp`` (``placement_rl.graph.tp``), whose op names must exist."""
         meta, g = self.meta, f"graph '{self.name}'"
+        for key in ("dtype", "param_dtype"):
+            if meta.get(key) is not None and meta[key] not in GRAPH_DTYPES:
+                raise GraphError(f"{g}: field 'meta.{key}' is {meta[key]!r}, expected one of {', '.join(GRAPH_DTYPES)} "
+                                 "(the elements its bytes count) or absent for fp32")
         opts = meta.get("zoo_options")
         if opts is not None and not isinstance(opts, Mapping):
             raise GraphError(f"{g}: field 'meta.zoo_options' must be an object, got {opts!r}")
