@@ -5,222 +5,34 @@ JSON stores device *names*, so a plan loaded against a topology that lacks a dev
 its graph, a plan also stores the graph's name and ``fingerprint()``; loaded with a graph, it is refused for any
 other graph, even one with as many nodes (files without a fingerprint, written before plans carried one, are
 checked by ``validate`` alone). The file checks are ``placement_rl.plan_files``'.
+
+``Placement`` is defined in ``placement_rl._placement``, the helpers both kinds share in
+``placement_rl._plan_values``; import both from here.
 """
 
 from __future__ import annotations
 
-import difflib
-import json
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from placement_rl._placement import PLACEMENT_KEYS, PLACEMENT_SCHEMA, Placement
+from placement_rl._plan_values import _FILE_KEYS, _dumps, _index_list, _same_meta, check_keys
 from placement_rl.errors import PlanError
 from placement_rl.plan_files import VERSION, check_graph, check_schema, device_map, read_json
 from placement_rl.graph.io import atomic_write_text
-from placement_rl.graph.ir import CompGraph, int_array, restore_read_only
+from placement_rl.graph.ir import CompGraph, restore_read_only
 from placement_rl.topology import DeviceTopology
 
-PLACEMENT_SCHEMA = "placement_rl.placement"
 STAGE_PLAN_SCHEMA = "placement_rl.stage_plan"
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "zb1p")
 SHARDINGS = ("dp", "fsdp")  # replicate each stage (DDP) or shard it over its DP group (FSDP2 / ZeRO-3)
 RECOMPUTE = ("none", "selective", "full")  # activation recomputation per stage (``placement_rl.cost.recompute``)
 _PLAN_FIELDS = ("stage_devices", "num_microbatches", "schedule", "batch_size", "sharding", "tp",
                 "make_vocab_size_divisible_by", "recompute", "sequence_parallel")  # compared beside the stages
-_FILE_KEYS = ("schema", "version", "meta", "graph", "graph_fingerprint", "topology")  # what to_dict writes, both kinds
-PLACEMENT_KEYS = (*_FILE_KEYS, "devices", "device_of_node", "nodes")
 STAGE_PLAN_KEYS = (*_FILE_KEYS, "stage_of_node", *_PLAN_FIELDS)
-
-
-def check_keys(data: Mapping[str, Any], known: Sequence[str], what: str) -> None:
-    """``PlanError`` for a top-level key a plan file may not have (a typo such as ``microbatches`` would otherwise
-    read as the field's default), naming the nearest known key. ``meta`` inside stays free-form."""
-    for key in data:
-        if key not in known:
-            near = difflib.get_close_matches(str(key), known, n=1)
-            hint = f"did you mean '{near[0]}'?" if near else f"known fields: {', '.join(known)}"
-            raise PlanError(f"{what} JSON has unknown field '{key}': {hint} (free-form data goes under 'meta')")
-
-
-def _index_list(value: Any, field_: str, what: str) -> np.ndarray:
-    """``value`` as a read-only int64 list of indices; ``PlanError`` for another shape, or an entry a cast would
-    change (a fraction, NaN, beyond int64)."""
-    if value is None or isinstance(value, (str, bytes, int, float, Mapping)):
-        raise PlanError(f"{field_} must be a list of integer {what} values, got {value!r}"[:300])
-    try:
-        arr = int_array(value)
-    except ValueError as exc:
-        if len(exc.args) == 2:
-            raise PlanError(f"{field_} entry #{exc.args[1]}: {exc.args[0]} (each is an integer {what})") from None
-        raise PlanError(f"{field_} must be a list of integer {what} values ({exc})") from None
-    except (TypeError, OverflowError) as exc:
-        raise PlanError(f"{field_} must be a list of integer {what} values ({exc})") from None
-    if arr.ndim != 1:
-        got = f"shape {list(arr.shape)}" if arr.ndim else repr(value)
-        raise PlanError(f"{field_} must be a flat list of integer {what} values, got {got}"[:300])
-    arr.setflags(write=False)
-    return arr
-
-
-def _json_value(x: Any) -> Any:
-    """``json.dumps``'s ``default``: numpy scalars and arrays as numbers and lists."""
-    if isinstance(x, (np.generic, np.ndarray)):
-        return x.tolist()
-    raise TypeError(f"{type(x).__name__} {x!r} is not JSON"[:200])
-
-
-def _no_nan(x: Any) -> Any:
-    """``x`` with every NaN / infinite number inside (dicts, lists, numpy values) as None: JSON has no form for them
-    (an infeasible plan's meta holds an infinite best time)."""
-    if isinstance(x, (float, np.floating)):
-        return float(x) if math.isfinite(x) else None
-    if isinstance(x, np.ndarray):
-        return _no_nan(x.tolist())
-    if isinstance(x, Mapping):
-        return {k: _no_nan(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_no_nan(v) for v in x]
-    return x
-
-
-def _dumps(data: Mapping[str, Any], what: str) -> str:
-    """A plan file's text: strict JSON, numpy values written as numbers, a NaN or infinite number in ``meta`` as
-    null; ``PlanError`` naming the ``meta`` field JSON cannot hold."""
-    if isinstance(data.get("meta"), Mapping):
-        data = {**data, "meta": _no_nan(data["meta"])}
-    try:
-        return json.dumps(data, indent=1, allow_nan=False, default=_json_value)
-    except (TypeError, ValueError) as exc:
-        meta = data.get("meta") or {}
-        key = next((k for k, v in meta.items() if not _json_ok(v)), None)
-        where = f"meta['{key}']" if key is not None else "a field"
-        hint = ("NaN and infinity have no JSON form" if isinstance(exc, ValueError)
-                else "store numbers, strings, lists and dicts")
-        raise PlanError(f"{what} {where} cannot be written as JSON ({exc}): {hint}") from None
-
-
-def _json_ok(value: Any) -> bool:
-    try:
-        json.dumps(value, allow_nan=False, default=_json_value)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
-def _same_meta(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Meta dicts equal by value (numpy arrays inside compared element-wise)."""
-    if a.keys() != b.keys():
-        return False
-    for k in a:
-        x, y = a[k], b[k]
-        if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
-            if not np.array_equal(np.asarray(x), np.asarray(y)):
-                return False
-        else:
-            try:
-                if not bool(x == y):
-                    return False
-            except (TypeError, ValueError):
-                if repr(x) != repr(y):
-                    return False
-    return True
-
-
-@dataclass(frozen=True, eq=False)
-class Placement:
-    """``device_of_node[i]`` is the index (into ``topology.devices``) of the device running node ``i``."""
-
-    device_of_node: np.ndarray
-    meta: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "device_of_node", _index_list(self.device_of_node, "device_of_node", "device index"))
-        object.__setattr__(self, "meta", dict(self.meta))
-
-    def __setstate__(self, state: dict) -> None:  # unpickled (another process): its array read-only again
-        restore_read_only(self, state)
-
-    def __len__(self) -> int:
-        return int(self.device_of_node.shape[0])
-
-    def __eq__(self, other: object) -> bool:  # by value (gymnasium's determinism check compares infos with ==)
-        if not isinstance(other, Placement):
-            return NotImplemented
-        return (np.array_equal(self.device_of_node, other.device_of_node)
-                and _same_meta(self.meta, other.meta))
-
-    def __hash__(self) -> int:
-        return hash(self.device_of_node.tobytes())
-
-    def validate(self, graph: CompGraph, topology: DeviceTopology) -> "Placement":
-        if len(self) != graph.num_nodes:
-            raise PlanError(f"placement has {len(self)} entries but graph '{graph.name}' has "
-                            f"{graph.num_nodes} nodes")
-        bad = np.flatnonzero((self.device_of_node < 0) | (self.device_of_node >= topology.num_devices))
-        if bad.size:
-            i = int(bad[0])
-            raise PlanError(f"node '{graph.names[i]}' is placed on device index {self.device_of_node[i]}, "
-                            f"but topology '{topology.name}' has devices 0..{topology.num_devices - 1}")
-        return self
-
-    def to_dict(self, graph: CompGraph | None = None, topology: DeviceTopology | None = None) -> dict[str, Any]:
-        if not len(self):
-            raise PlanError("placement has no entries (a device per node): there is nothing to write")
-        used = sorted(set(self.device_of_node.tolist()))
-        names = [topology.devices[i].name if topology else f"dev{i}" for i in range(max(used) + 1)]
-        out: dict[str, Any] = {"schema": PLACEMENT_SCHEMA, "version": VERSION,
-                               "devices": names, "device_of_node": self.device_of_node.tolist(),
-                               "meta": dict(self.meta)}
-        if graph is not None:
-            out.update(graph=graph.name, graph_fingerprint=graph.fingerprint(), nodes=list(graph.names))
-        if topology is not None:
-            out["topology"] = topology.name
-        return out
-
-    def to_json(self, path: str | os.PathLike | None = None, *, graph: CompGraph | None = None,
-                topology: DeviceTopology | None = None) -> str:
-        text = _dumps(self.to_dict(graph, topology), "placement")
-        if path is not None:
-            atomic_write_text(path, text)
-        return text
-
-    @staticmethod
-    def from_json(path_or_str: str | os.PathLike, *, topology: DeviceTopology | None = None,
-                  graph: CompGraph | None = None) -> "Placement":
-        data = read_json(path_or_str, "placement")
-        check_schema(data, PLACEMENT_SCHEMA)
-        check_keys(data, PLACEMENT_KEYS, "placement")
-        names, dev = data.get("devices"), data.get("device_of_node")
-        if not isinstance(names, list) or not isinstance(dev, list):
-            raise PlanError("placement JSON needs lists 'devices' and 'device_of_node'")
-        if any(not isinstance(x, int) or isinstance(x, bool) or not 0 <= x < len(names) for x in dev):
-            raise PlanError(f"'device_of_node' entries must be integers in [0, {len(names)})")
-        mapping = device_map(names, topology, "placement")
-        device = mapping[np.array(dev, dtype=np.int64)] if dev else np.zeros(0, np.int64)
-        nodes = data.get("nodes")
-        if nodes is not None and (not isinstance(nodes, list) or len(nodes) != len(dev)
-                                  or not all(isinstance(x, str) for x in nodes) or len(set(nodes)) != len(nodes)):
-            raise PlanError("placement JSON field 'nodes' must name each node once, one per entry of "
-                            "'device_of_node'")
-        if graph is not None and nodes is not None and nodes != list(graph.names):  # the names say the order
-            index = {x: v for v, x in enumerate(graph.names)}
-            other = next((x for x in nodes if x not in index), None)
-            if other is not None or len(nodes) != graph.num_nodes:
-                raise PlanError(f"placement names node {other!r} (of {len(nodes)}), which graph '{graph.name}' ("
-                                f"{graph.num_nodes} nodes) does not have: it was made for another graph")
-            ordered = np.empty_like(device)
-            ordered[[index[x] for x in nodes]] = device
-            device = ordered
-        p = Placement(device, meta=data.get("meta") or {})
-        if graph is not None:
-            check_graph(data, graph, "placement", len(dev))
-            if topology is not None:
-                p.validate(graph, topology)
-        return p
 
 
 @dataclass(frozen=True, eq=False)
@@ -530,3 +342,8 @@ def load_plan(path: str | os.PathLike, *, topology: DeviceTopology | None = None
         return Placement.from_json(path, topology=topology, graph=graph)
     raise PlanError(f"{path}: field 'schema' is {data.get('schema')!r}, expected '{PLACEMENT_SCHEMA}' or "
                     f"'{STAGE_PLAN_SCHEMA}'")
+
+
+__all__ = ["PLACEMENT_KEYS", "PLACEMENT_SCHEMA", "RECOMPUTE", "SCHEDULES", "SHARDINGS", "STAGE_PLAN_KEYS",
+           "STAGE_PLAN_SCHEMA", "Placement", "StagePlan", "check_interleaved", "check_keys", "graph_batch_size",
+           "load_plan"]

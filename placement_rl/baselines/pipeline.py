@@ -60,20 +60,25 @@ wins; ``exact`` also stops its configurations and its DP's micro-batch counts th
 
 The dynamic programs are O(P^2 D) (``pp_time_dp``) and O(P^2 D^2) (``pipedream``) over P candidate cut
 points: every position up to ``MAX_CUT_POINTS`` nodes, evenly spaced positions beyond (coarsen big graphs).
+
+The fixed micro-batch planners and the shape rules the planners share live in ``pipe_fixed``, ``pp_exhaustive`` and
+its space in ``pipe_exhaustive``; ``dp``, ``fsdp``, ``hybrid``, ``exact`` and the registry (``PARTITIONERS``,
+``get``) here.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 
 import placement_rl.baselines.pipe_tp as pipe_tp
 from placement_rl.baselines.common import Score
-from placement_rl.baselines.pipe_common import (Plan, PipeProblem, Stages, cut_grid, microbatch_choices,
-                                                 minmax_partition, plan_of)
+from placement_rl.baselines.pipe_common import Plan, PipeProblem, microbatch_choices, minmax_partition, plan_of
+from placement_rl.baselines.pipe_exhaustive import (FASTEST_FIRST_ONLY, _exhaustive_space, compositions,
+                                                     count_compositions, pp_exhaustive)
+from placement_rl.baselines.pipe_fixed import (_best_connected, _replicated, device_counts, pipedream, pp_params,
+                                                pp_time_dp, pp_uniform)
 from placement_rl.plans import SHARDINGS
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import ConfigError, PlanError, fmt_bytes
@@ -84,88 +89,9 @@ from placement_rl.topology import DeviceTopology
 Segments = list[int]  # cut positions: stage k covers topo positions [cuts[k], cuts[k + 1])
 EXACT_ENUMERATE = 2000  # ``exact`` also simulates every plan of ``pp_exhaustive``'s space when it has no more
 EXACT_ORDERS = 20000  # and on unequal devices, with every order of their classes (``pipe_orders``), this many
-FASTEST_FIRST_ONLY = "over fastest-first device runs only"  # ``pp_exhaustive``'s note where it is not the optimum
 OTHERS_SHARE = 0.6  # of given seconds, after which exact takes no more of the other planners' plans
 EXACT_OTHERS_DEVICES = 16  # and takes pipedream's, hybrid's and pp_time_dp's plans up to this many devices (their
 # dynamic programs grow as D^2: at 512 devices pipedream's alone would run for hours)
-
-
-def device_counts(pp: PipeProblem, *, fallback: bool = False) -> list[int]:
-    """How many of the fastest devices a fixed-shape planner may use, most first: all of them (its classic
-    shape); on a cluster of unequal devices (or with ``fallback``, when no shape over all of them fits) also
-    every count where the next device is slower (so a slow device can be left out), all but one, and the
-    powers of two (a prime count need not force a shape). Equal devices keep the classic shape alone."""
-    total = (pp.costs.fwd_time + pp.costs.bwd_time).sum(axis=0)[pp.devs]
-    slower = [k for k in range(1, pp.d) if total[k] > total[k - 1] * (1 + 1e-9)]
-    if not slower and not fallback:
-        return [pp.d]
-    out = {pp.d, max(pp.d - 1, 1), *slower}
-    out.update(2**k for k in range(pp.d.bit_length()) if 2**k <= pp.d)
-    return sorted(out, reverse=True)
-
-
-def stage_cap(pp: PipeProblem) -> int:
-    """The most stages a plan at the problem's micro-batch count may have: under 1F1B as many as micro-batches
-    (torch's ``Schedule1F1B`` refuses fewer micro-batches than stages, so ``deploy`` and ``export`` did)."""
-    return min(pp.d, pp.n, pp.m) if pp.schedule == "1f1b" else min(pp.d, pp.n)
-
-
-def _note_cap(pp: PipeProblem) -> int:
-    """``stage_cap``, saying in the plan's note when it keeps the planner below its stage count."""
-    cap = stage_cap(pp)
-    if cap < min(pp.d, pp.n):
-        pp.extra_meta["note"] = (f"at most {cap} stage{'s' if cap > 1 else ''}: 1F1B needs as many micro-batches as "
-                                 f"stages (num_microbatches={pp.m}); raise num_microbatches or use schedule=gpipe")
-    return cap
-
-
-def _stage_counts(pp: PipeProblem) -> list[int]:
-    """Stage counts a fixed-shape planner tries: one per device first (its classic shape), then fewer stages on
-    the fastest devices (``device_counts``), the best simulated one wins; at most ``stage_cap``."""
-    cap = _note_cap(pp)
-    return sorted({min(s, cap) for s in device_counts(pp)}, reverse=True)
-
-
-def pp_uniform(pp: PipeProblem) -> Plan:
-    cands = []
-    for s in _stage_counts(pp):
-        cuts = [int(round(k * pp.n / s)) for k in range(s + 1)]
-        cands.append(pp.choice(cuts, pp.fit_degrees((1,) * s)))
-    return pp.best_of(cands)
-
-
-def pp_params(pp: PipeProblem) -> Plan:
-    prefix = pp.param_prefix
-    all_cuts = minmax_partition(pp.n, min(pp.d, pp.n), lambda j, k: prefix[j] - prefix[:j])
-    return pp.best_of([pp.choice(all_cuts[s - 1], pp.fit_degrees((1,) * s)) for s in _stage_counts(pp)
-                       if s <= len(all_cuts)])
-
-
-def pp_time_dp(pp: PipeProblem) -> Plan:
-    """For every stage count the cuts of least bottleneck, on time alone and with each stage kept to its device's
-    memory (its micro-batches in flight taken at their most over the stage counts); the best simulated wins."""
-    s_max = _note_cap(pp)
-    inflight = (lambda k: pp.m) if pp.schedule == "gpipe" else (lambda k: min(pp.m, s_max - k))
-
-    def kept(j: int, k: int) -> np.ndarray:
-        return np.where(pp.stage_fits(j, k, k + 1, 1, pp.m, inflight(k)), pp.stage_time_vec(j, k, k + 1, 1), np.inf)
-
-    cands = []
-    for cost in (lambda j, k: pp.stage_time_vec(j, k, k + 1, 1), kept):
-        for s, cuts in enumerate(minmax_partition(pp.n, s_max, cost), start=1):
-            if any(b <= a for a, b in zip(cuts, cuts[1:])):  # no split of s stages fits (an argmin over inf)
-                continue
-            bottleneck = max(float(cost(cuts[k + 1], k)[cuts[k]]) for k in range(s))
-            if np.isfinite(bottleneck) and (bottleneck, cuts) not in [c[:2] for c in cands]:
-                cands.append((bottleneck, cuts, pp.fit_degrees((1,) * s)))
-    cands.sort(key=lambda c: c[0])  # best estimate first (taken when the budget runs out)
-    return pp.best_of([pp.choice(cuts, degrees) for _, cuts, degrees in cands])
-
-
-def _replicated(pp: PipeProblem, sharding: str) -> list[Plan]:
-    """One stage on every device, at each micro-batch count the batch allows."""
-    return [([0, pp.n], (pp.d,), m, sharding)
-            for m in microbatch_choices(1, pp.d, pp.batch_size, schedule=pp.schedule)]
 
 
 def _whole_model(pp: PipeProblem, sharding: str) -> Plan:
@@ -195,38 +121,6 @@ def hybrid(pp: PipeProblem) -> Plan:
     if not cands and not rest:  # nothing over every device fits the batch: fewer devices
         rest = _hybrid_shapes(pp, device_counts(pp, fallback=True))
     return pp.best_of(_best_connected(pp, cands + [c for _, c in rest]))
-
-
-def _best_connected(pp: PipeProblem, plans: list[Plan]) -> Iterator[Plan]:
-    """Each plan (TP 1) preceded by the same stages on the best-connected devices of its classes
-    (``pipe_ideals.connected_groups``) where links split equal devices: the runs of ``pp.devs`` take ties by
-    index, on a DGX-1 the DDP pair (0, 1) joined by one NVLink where (0, 3) has two. Where links split no class (or
-    the picks are the plan's own devices) the plans as they are."""
-    from placement_rl.baselines.pipe_ideals import connected_groups, link_arrays, split_classes
-
-    classes = split_classes(pp)
-    if classes is None:
-        yield from plans
-        return
-    links = link_arrays(pp)
-    class_of = {d: k for k, devs in enumerate(classes) for d in devs}
-    picked: dict[tuple, tuple[tuple[int, ...], ...]] = {}
-    for plan in plans:
-        cuts, degrees = plan[0], plan[1]
-        if isinstance(cuts, Stages) or (len(plan) > 4 and plan[4] and max(plan[4]) > 1):
-            yield plan
-            continue
-        bounds = np.cumsum([0, *degrees])
-        own = [pp.devs[bounds[k]:bounds[k + 1]].tolist() for k in range(len(degrees))]
-        seq = tuple(tuple(sum(class_of[x] == k for x in g) for k in range(len(classes))) for g in own)
-        if seq not in picked:
-            picked[seq] = connected_groups(pp, classes, seq, links)
-        if [set(g) for g in picked[seq]] != [set(g) for g in own]:
-            stage = np.empty(pp.n, dtype=np.int64)
-            for k in range(len(cuts) - 1):
-                stage[pp.order[cuts[k]:cuts[k + 1]]] = k
-            yield (Stages(tuple(int(x) for x in stage), picked[seq]), *plan[1:])
-        yield plan
 
 
 def _hybrid_shapes(pp: PipeProblem, counts: list[int]) -> list[tuple[float, Plan]]:
@@ -270,130 +164,6 @@ def _fitting_cuts(pp: PipeProblem, s: int, r: int, m: int, sharding: str) -> tup
         if np.isfinite(est):
             return est, cuts
     return None
-
-
-def pipedream(pp: PipeProblem) -> Plan:
-    """PipeDream's DP (``_pipedream_dp``) twice: on time alone, and with every stage kept to its devices' memory (as
-    PipeDream's optimizer does; a stage's micro-batches in flight taken at their most, ``pp.m``); the best simulated
-    of both, and of full replication, wins."""
-    timed = _pipedream_dp(pp, lambda j, lo, m, r: pp.stage_time_vec(j, lo, m, r))
-    kept = _pipedream_dp(pp, lambda j, lo, m, r: np.where(pp.stage_fits(j, lo, m, r, pp.m, pp.m),
-                                                          pp.stage_time_vec(j, lo, m, r), np.inf))
-    cap = _note_cap(pp) if any(len(c[2]) > stage_cap(pp) for c in kept + timed) else stage_cap(pp)
-    cands = sorted((c for c in kept + timed if len(c[2]) <= cap), key=lambda c: c[0])  # best estimate
-    if not cands:  # first (taken when the budget runs out)
-        raise ConfigError(f"pipedream found no plan: batch_size {pp.batch_size} admits no DP degree with "
-                          f"num_microbatches {pp.m}")
-    return pp.best_of(_best_connected(pp, _replicated(pp, "dp") + [pp.choice(cuts, degrees)
-                                                                   for _, cuts, degrees in cands]))
-
-
-def _pipedream_dp(pp: PipeProblem, stage_cost: Callable[[int, int, int, int], np.ndarray]) -> list[tuple]:
-    """a[b, m]: best bottleneck covering positions [0, grid[b]) with stages on the first m devices; the plan of
-    every device count with a finite bottleneck, as (bottleneck, cuts, DP degrees)."""
-    n, d = pp.n, pp.d
-    grid = cut_grid(n)
-    g = len(grid) - 1
-    a = np.full((g + 1, d + 1), np.inf)
-    choice = np.zeros((g + 1, d + 1, 2), dtype=np.int64)  # (grid index i, r) of the last stage
-    a[0, 0] = 0.0
-    for b in range(1, g + 1):
-        j = int(grid[b])
-        for m in range(1, d + 1):
-            for r in range(1, m + 1):
-                if not pp.degree_ok(r):
-                    continue
-                lo = m - r  # devices [lo, m) replicate this stage
-                # a[i, 0] is finite only at i = 0 and a[0, lo > 0] never, so stages stay non-empty
-                cost = np.maximum(a[:b, lo], stage_cost(j, lo, m, r)[grid[:b]])
-                i = int(np.argmin(cost))
-                if cost[i] < a[b, m]:
-                    a[b, m] = cost[i]
-                    choice[b, m] = (i, r)
-    cands = []
-    for m in range(1, d + 1):
-        if not np.isfinite(a[g, m]):
-            continue
-        cuts, degrees, b, mm = [n], [], g, m
-        while b > 0:
-            i, r = choice[b, mm]
-            cuts.append(int(grid[i]))
-            degrees.append(int(r))
-            b, mm = int(i), mm - int(r)
-        cands.append((a[g, m], cuts[::-1], tuple(degrees[::-1])))
-    return cands
-
-
-def compositions(s: int, total_max: int, allowed: Callable[[int], bool] = lambda r: True) -> list[tuple[int, ...]]:
-    """Vectors of ``s`` allowed positive integers with sum <= ``total_max``."""
-    if s == 0:
-        return [()]
-    return [(r, *rest) for r in range(1, total_max - s + 2) if allowed(r)
-            for rest in compositions(s - 1, total_max - r, allowed)]
-
-
-def count_compositions(s: int, total_max: int, allowed: Callable[[int], bool]) -> int:
-    """``len(compositions(s, total_max, allowed))`` without listing them (DP over parts and sum)."""
-    ways = np.zeros(total_max + 1, dtype=object)
-    ways[0] = 1
-    for _ in range(s):
-        nxt = np.zeros(total_max + 1, dtype=object)
-        for r in range(1, total_max + 1):
-            if allowed(r):
-                nxt[r:] += ways[:total_max + 1 - r]
-        ways = nxt
-    return int(ways.sum())
-
-
-def _exhaustive_space(pp: PipeProblem, cap: int | None = None):
-    """``pp_exhaustive``'s candidate count (with ``cap``: counted only until it passes ``cap``, which the count
-    then exceeds; a 512-device count would take minutes) and a generator of them."""
-    n, d = pp.n, pp.d
-    stages = range(1, min(n, d) + 1)
-    ms = {s: microbatch_choices(s, 1, None, schedule=pp.schedule) for s in stages}
-    total = 0
-    for s in stages:
-        for m in ms[s]:
-            total += len(SHARDINGS) * math.comb(n - 1, s - 1) * count_compositions(s, d, lambda r: pp.degree_ok(r, m))
-            if cap is not None and total > cap:
-                break
-        if cap is not None and total > cap:
-            break
-    cands = (([0, *bars, n], degrees, m, sh) for s in stages for m in ms[s]
-             for degrees in compositions(s, d, lambda r: pp.degree_ok(r, m))
-             for bars in itertools.combinations(range(1, n), s - 1) for sh in SHARDINGS)
-    return total, cands
-
-
-def pp_exhaustive(pp: PipeProblem) -> Plan:
-    """Every contiguous plan (TP 1, no recomputation): every stage count x cut set x DP-degree vector x micro-batch
-    count x sharding on consecutive runs of the devices sorted fastest first and, on devices that differ (speed,
-    memory or links), on every order and choice of their classes (``pipe_orders.order_space``) where the budget
-    holds them all; where it does not, the fastest-first runs alone (where links split equal devices, also on the
-    best-connected of them: ``pipe_orders.connected_space``), and ``meta["note"]`` says so."""
-    from placement_rl.baselines.pipe_orders import device_orders
-
-    n, d = pp.n, pp.d
-    total, cands = _exhaustive_space(pp)
-    if total > pp.budget:
-        size = str(total) if total < 10**12 else f"~1e{len(str(total)) - 1}"
-        raise ConfigError(f"pp_exhaustive needs {size} simulations (every cut set x DP degrees x micro-batch count "
-                          f"x sharding for {n} nodes on {d} devices), but the budget is {pp.budget}: raise the "
-                          "budget or use a smaller graph")
-    more, orders, every_order = device_orders(pp, cap=pp.budget - total)
-    if more > pp.budget - total:
-        orders, more = iter(()), 0
-        pp.extra_meta["note"] = (f"{FASTEST_FIRST_ONLY}: every order of the devices that differ (in speed, memory "
-                                 f"or links) needs more than the budget of {pp.budget} simulations")
-    elif not every_order:
-        pp.extra_meta["note"] = (f"{FASTEST_FIRST_ONLY}, their devices also picked best-connected: every order and "
-                                 f"choice of the devices (their links differ) needs more than the budget of "
-                                 f"{pp.budget} simulations")
-    best = pp.best_of(itertools.chain(cands, orders))
-    if pp.cut_short:  # its row is the optimum or nothing
-        raise ConfigError(f"pp_exhaustive stopped at {pp.seconds:g} s after {pp.calls} of its {total + more} "
-                          "simulations (not the optimum): give it more seconds or use a smaller graph")
-    return best
 
 
 def exact(pp: PipeProblem) -> Plan:

@@ -14,7 +14,7 @@ Model (pure and deterministic), for S stages, m micro-batches, stage s on a devi
   scaled by ``batch_size / (b * m * p)`` instead: exactly 1 at the micro-batch it was measured at, so
   the small-batch inefficiency a linear model misses (fixed per-op costs, cache effects, interpreter
   overhead) is in the prediction. Sizes (activation memory, boundary bytes) still come from ``graph``.
-  ``with_step_overhead`` adds a measured per-pass overhead that no op owns to every node.
+  ``with_step_overhead`` (``cost.overhead``) adds a measured per-pass overhead that no op owns to every node.
 * Boundary s|s+1 carries every tensor produced at or before s and consumed after it (skip connections
   are passed along), once per producer (its largest crossing edge), per micro-batch
   ``bytes / (m * min(p_s, p_s+1))`` on the slowest link between the two groups: ``latency + bytes /
@@ -85,7 +85,7 @@ rank's memory (the same bytes on every rank, each checked against its own device
 group's pace). Collectives that several groups run at once are priced by the slowest of them, whatever the order the
 plan lists its devices in: a stage's TP all-reduces by the slowest of its TP groups, its DP / FSDP collectives by the
 slowest of its DP groups, a pipeline transfer by the slowest link between the two stages' devices (every TP rank
-sends its share).
+sends its share). The simulator prices TP in ``cost.pipeline_tp``, each stage's device groups in ``cost._pipe_layout``.
 
 Activation recomputation (``plan.recompute``, per stage ``none`` / ``selective`` / ``full``; see
 ``cost.recompute``): a checkpointed region's forward runs again in its backward, and it keeps only its inputs plus,
@@ -94,75 +94,29 @@ while recomputed, one micro-batch's activations.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
-from typing import Any
 
 import numpy as np
 
 from placement_rl.cost._pipe_kernel import OK, simulate_pipe, work_sizes
-from placement_rl.cost._pipe_schedule import GPIPE, INTERLEAVED, ONE_F_ONE_B, schedule_order
-from placement_rl.cost.collectives import KINDS, coeff_array
-from placement_rl.cost.comm_fit import pad_segments, split_segments
+from placement_rl.cost._pipe_layout import PIPELINE_SCHEDULES, _Layout, slowest_table
 from placement_rl.cost.memory import BUCKET_BYTES
 from placement_rl.cost.modes import check_mode, mode_of
+from placement_rl.cost.overhead import with_node_overhead, with_step_overhead
 from placement_rl.cost.pipeline_tied import TiedParameters, tied_parameters
+from placement_rl.cost.pipeline_tp import TensorParallel, _pace_tp_groups
 from placement_rl.cost.simulate import _inverse_bandwidth, _owned, check_costs
 from placement_rl.cost.types import CostTable, Interval, SimResult
 from placement_rl.errors import PlanError, ProfileError, fmt_bytes
 from placement_rl.graph.ir import CompGraph
-from placement_rl.plans import StagePlan, check_interleaved, graph_batch_size
+from placement_rl.plans import StagePlan, graph_batch_size
 from placement_rl.topology import DeviceTopology
 
-PIPELINE_SCHEDULES = {"gpipe": GPIPE, "1f1b": ONE_F_ONE_B, "interleaved1f1b": INTERLEAVED}
 _KINDS = ("fwd", "bwd", "transfer", "grad_transfer", "allreduce")
 
 
-class _Layout:
-    """Device-group arrays of one (stage_devices, schedule, m, batch_size): validated once, then reused."""
-
-    def __init__(self, plan: StagePlan, topology: DeviceTopology, costs: CostTable, train: bool = True,
-                 coll_groups: tuple[tuple[tuple[int, ...], ...], ...] | None = None) -> None:
-        groups = plan.stage_devices
-        # collective prices per stage: [S, kind, segment, (upper bytes, alpha, beta)]; a stage whose collective runs
-        # on several groups at once (``coll_groups``: a TP stage's DP groups) is priced by the slowest of them
-        coll_groups = coll_groups if coll_groups is not None else tuple((grp,) for grp in groups)
-        tables = pad_segments([slowest_table([coeff_array(k, grp, topology, costs) for grp in cg])
-                               for cg in coll_groups for k in KINDS])
-        self.coll = split_segments(tables.reshape(len(groups), len(KINDS), *tables.shape[1:]))
-        uniq: dict[tuple[int, ...], int] = {}
-        for grp in groups:
-            uniq.setdefault(grp, len(uniq))
-        self.num_groups = len(uniq)
-        self.sgroup = np.array([uniq[g] for g in groups], dtype=np.int64)
-        self.gptr = np.zeros(len(groups) + 1, dtype=np.int64)
-        self.gptr[1:] = np.cumsum([len(g) for g in groups])
-        self.gdev = np.array([d for g in groups for d in g], dtype=np.int64)
-        names = topology.device_names
-        self.group_devices = list(uniq)
-        self.group_names = ["+".join(names[d] for d in grp) for grp in uniq]
-        self.device_idx = np.array([d for grp in uniq for d in grp], dtype=np.int64)
-        self.device_group = np.array([k for k, grp in enumerate(uniq) for _ in grp], dtype=np.int64)
-        s, g, m = len(groups), self.num_groups, plan.num_microbatches
-        used = [d for grp in uniq for d in grp]
-        if len(used) != len(set(used)):
-            raise PlanError("device groups of a stage plan must be identical or disjoint; "
-                            f"groups {[list(x) for x in uniq]} partly overlap")
-        check_interleaved(plan, self.sgroup.tolist(), g)
-        sched = PIPELINE_SCHEDULES[plan.schedule] if train else GPIPE  # inference: forwards stream, none waits
-        *self.order, ok = schedule_order(s, m, sched, self.sgroup, g)
-        if not ok:
-            raise RuntimeError(f"schedule '{plan.schedule}' deadlocks for {s} stages on {g} groups with {m} "
-                               "micro-batches: this is a bug in the pipeline simulator")
-        # the kernel's work buffers and per-stage / per-group outputs, used by the simulator's creating thread only
-        self.fw = np.zeros(0)
-        self.iw = np.zeros(0, dtype=np.int64)
-        self.out_stage = np.zeros((7, s))
-        self.out_group = np.zeros((2, g))
-
-
-class PipelineSimulator(TiedParameters):
+class PipelineSimulator(TensorParallel, TiedParameters):
     """``simulate_pipeline`` prepared once per (graph, costs, topology) for fast repeated evaluation.
 
     ``step_time(plan)`` returns only the step time; ``run(plan)`` a full ``SimResult``; ``calls`` counts
@@ -219,110 +173,6 @@ class PipelineSimulator(TiedParameters):
     def __setstate__(self, state: dict) -> None:  # unpickled in another process: this thread owns the buffers
         self.__dict__.update(state)
         self._owner = threading.get_ident()
-
-    # ------------------------------------------------------------------ tensor parallelism
-    def _tp_arrays(self, t: int, divisible_by: int = 128, sequence_parallel: bool = False) -> tuple[np.ndarray, ...]:
-        """Node arrays of one rank of a TP group of ``t``: (fvar, ffix, bvar, bfix [D, N], param, act [N]); the
-        vocabulary padded to a multiple of ``divisible_by x t`` (``graph.tp.padded_vocab``)."""
-        key = (t, divisible_by, bool(sequence_parallel))
-        if key not in self._tp:
-            from placement_rl.cost.tensor_parallel import tp_cost_table
-            from placement_rl.graph.tp import annotation
-
-            if self._tp_ann is None:
-                self._tp_ann = annotation(self.graph)
-            c, shard = tp_cost_table(self.graph, self.costs, self.topology, t, self._tp_ann, divisible_by=divisible_by,
-                                     sequence_parallel=sequence_parallel)
-            ff, fb = np.minimum(c.launch_overhead, c.fwd_time), np.minimum(c.launch_overhead, c.bwd_time)
-            self._tp[key] = ((c.fwd_time - ff).T.copy(), ff.T.copy(), (c.bwd_time - fb).T.copy(), fb.T.copy(),
-                             np.array(shard.param_bytes), np.array(shard.act_bytes))
-        return self._tp[key]
-
-    def node_arrays(self, tp: int = 1, divisible_by: int = 128,
-                    sequence_parallel: bool = False) -> tuple[np.ndarray, ...]:
-        """``(fvar, ffix, bvar, bfix [D, N], param, act [N], ar_fwd, ar_bwd [N])`` of one rank at TP degree ``tp``:
-        variable (shrinks with micro-batches and replicas) and fixed node times, per-rank sizes, and the TP
-        all-reduce bytes per node at the whole batch (zero at ``tp = 1``; with ``sequence_parallel`` each is a
-        reduce-scatter plus an all-gather of those bytes). For planners; read-only."""
-        if self._tp_ann is None:
-            from placement_rl.graph.tp import annotation
-
-            self._tp_ann = annotation(self.graph)
-        if tp == 1:
-            z = np.zeros(self.graph.num_nodes)
-            return (*self._graph_arrays[3:], *self._size_arrays[:2], z, z)
-        return (*self._tp_arrays(tp, divisible_by, sequence_parallel), self._tp_ann.ar_fwd, self._tp_ann.ar_bwd)
-
-    def _tp_collective(self, groups: tuple) -> tuple[np.ndarray, np.ndarray]:
-        """Segment tables of an all-reduce over a stage's TP groups (or over one group of devices), forward and
-        backward (the same groups): the groups run it at once, so the slowest of them sets the time."""
-        groups = _as_groups(groups)
-        if groups not in self._tp_coll:
-            tab = slowest_table([coeff_array("allreduce", grp, self.topology, self.costs) for grp in groups])
-            self._tp_coll[groups] = (tab, tab)
-        return self._tp_coll[groups]
-
-    def _sp_collective(self, groups: tuple) -> tuple[np.ndarray, np.ndarray]:
-        """Segment tables of a reduce-scatter and an all-gather over a stage's TP groups or one group of devices
-        (sequence parallelism; the slowest group sets each)."""
-        key = ("sp", *_as_groups(groups))
-        if key not in self._tp_coll:
-            self._tp_coll[key] = tuple(slowest_table([coeff_array(kind, grp, self.topology, self.costs)
-                                                      for grp in key[1:]]) for kind in ("reducescatter", "allgather"))
-        return self._tp_coll[key]
-
-    def _tp_links(self, plan: StagePlan) -> tuple[np.ndarray, np.ndarray]:
-        """Link latency and inverse bandwidth for the kernel of a TP plan, which sees each stage's first DP group
-        only: between a device of it and one of the next stage's, the slowest link between their TP groups (each
-        TP rank sends its share, so the transfer waits on the slowest pair, as for a plan without TP)."""
-        key = (plan.stage_devices, plan.tp)
-        links = self._tp_link_cache.get(key)
-        if links is None:
-            lat, inv = (x.copy() for x in self._size_arrays[2:4])
-            for s in range(plan.num_stages - 1):
-                here, there = plan.tp_groups(s), plan.tp_groups(s + 1)
-                if set(plan.stage_devices[s]) == set(plan.stage_devices[s + 1]):
-                    continue  # the kernel sends nothing within one device group
-                for g in here:
-                    for h in there:
-                        cross = np.ix_(g, h)
-                        lat[g[0], h[0]] = max(lat[g[0], h[0]], self._size_arrays[2][cross].max())
-                        inv[g[0], h[0]] = max(inv[g[0], h[0]], self._size_arrays[3][cross].max())
-            links = (lat, inv)
-            if len(self._tp_link_cache) >= 256:
-                self._tp_link_cache.clear()
-            self._tp_link_cache[key] = links
-        return links
-
-    def _tp_plan(self, plan: StagePlan) -> tuple[StagePlan, tuple]:
-        """The plan the kernel times (each stage on its first DP group) and the node arrays with TP applied."""
-        plan.validate(self.graph, self.topology)
-        from placement_rl.cost.tensor_parallel import segment_times
-
-        fvar, ffix, bvar, bfix = (self._graph_arrays[k].copy() for k in (3, 4, 5, 6))
-        param, act = self._size_arrays[0].copy(), self._size_arrays[1].copy()
-        m = int(plan.num_microbatches)
-        for s, (t, p) in enumerate(zip(plan.tp, plan.dp_degrees)):
-            if t == 1:
-                continue
-            nodes = np.flatnonzero(plan.stage_of_node == s)
-            a = self._tp_arrays(t, plan.make_vocab_size_divisible_by, plan.sequence_parallel)
-            fvar[:, nodes], ffix[:, nodes], bvar[:, nodes], bfix[:, nodes] = (x[:, nodes] for x in a[:4])
-            param[nodes], act[nodes] = a[4][nodes], a[5][nodes]
-            tab_f, tab_b = self._tp_collective(plan.tp_groups(s))
-            ann = self._tp_ann
-            if plan.sequence_parallel:  # Megatron-SP: each all-reduce becomes a reduce-scatter and an all-gather
-                tab_f, tab_b = self._sp_collective(plan.tp_groups(s))
-                for tab in (tab_f, tab_b):
-                    ffix[:, nodes] += segment_times(tab, ann.ar_fwd[nodes] / (m * p))[None, :]
-                    bfix[:, nodes] += segment_times(tab, ann.ar_bwd[nodes] / (m * p))[None, :]
-                continue
-            ffix[:, nodes] += segment_times(tab_f, ann.ar_fwd[nodes] / (m * p))[None, :]
-            bfix[:, nodes] += segment_times(tab_b, ann.ar_bwd[nodes] / (m * p))[None, :]
-        groups = tuple(plan.dp_groups(s)[0] for s in range(plan.num_stages))
-        kernel_plan = dataclasses.replace(plan, stage_devices=groups, tp=(), sequence_parallel=False)  # priced above
-        arrays = (*self._graph_arrays[:3], fvar, ffix, bvar, bfix)
-        return kernel_plan, (arrays, (param, act, *self._tp_links(plan)))
 
     def _recompute(self, plan: StagePlan, graph_arrays: tuple, size_arrays: tuple) -> tuple[tuple, tuple]:
         """Node arrays with each stage's activation recomputation (``cost.recompute``): forward repeated in the
@@ -501,59 +351,6 @@ class PipelineSimulator(TiedParameters):
         return tuple(out)
 
 
-def _pace_tp_groups(plan: StagePlan, graph_arrays: tuple, ratio: float) -> None:
-    """Each TP group's first rank's node times (the row the kernel reads) set, node by node, to those of the group's
-    slowest rank for that node, forward and backward apart (the ranks meet at every TP collective, so the slowest
-    sets the pace whatever the device order). ``graph_arrays``: ``_tp_plan``'s copies, changed in place; a node's
-    time is ``var * ratio / (m * dp) + fix`` as in the kernel. Equal rows (equal devices) are left as they were."""
-    m = int(plan.num_microbatches)
-    for s, (t, p) in enumerate(zip(plan.tp, plan.dp_degrees)):
-        if t == 1:
-            continue
-        nodes = np.flatnonzero(plan.stage_of_node == s)
-        scale = ratio / (m * p)
-        for ranks in plan.tp_groups(s):
-            ranks_arr = np.asarray(ranks)
-            for var, fix in (graph_arrays[3:5], graph_arrays[5:7]):
-                rows = var[np.ix_(ranks_arr, nodes)] * scale + fix[np.ix_(ranks_arr, nodes)]
-                slow = ranks_arr[np.argmax(rows, axis=0)]
-                var[ranks[0], nodes], fix[ranks[0], nodes] = var[slow, nodes], fix[slow, nodes]
-
-
-def _as_groups(groups: tuple) -> tuple[tuple[int, ...], ...]:
-    """``groups`` as a tuple of device groups (one group of device indices: a tuple of that one)."""
-    if groups and isinstance(groups[0], (int, np.integer)):
-        return (tuple(int(d) for d in groups),)
-    return tuple(tuple(int(d) for d in grp) for grp in groups)
-
-
-def slowest_table(tables: list[np.ndarray]) -> np.ndarray:
-    """The segment table (rows ``(upper bytes, alpha, beta)``, see ``tensor_parallel.segment_times``) of the slowest of
-    ``tables`` at every byte count: collectives that run at once on several groups all end when the slowest does.
-    Equal tables: the first, unchanged."""
-    first = tables[0]
-    if all(t.shape == first.shape and np.array_equal(t, first) for t in tables[1:]):
-        return first
-    bounds = sorted({float(u) for t in tables for u in t[:-1, 0]} | {0.0})  # a last row has no upper bound
-    bounds.append(math.inf)
-    rows: list[tuple[float, float, float]] = []
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        if not hi > lo:
-            continue
-        lines = {(float(t[k, 1]), float(t[k, 2]))
-                 for t in tables for k in [min(int(np.searchsorted(t[:, 0], lo, side="right")), len(t) - 1)]}
-        cuts = {(a2 - a1) / (b1 - b2) for a1, b1 in lines for a2, b2 in lines if b1 != b2}
-        points = [lo, *sorted(x for x in cuts if lo < x < hi), hi]
-        for a, b in zip(points[:-1], points[1:]):
-            probe = (a + b) / 2 if math.isfinite(b) else 2 * a + 1.0
-            alpha, beta = max(lines, key=lambda line: (line[0] + line[1] * probe, line[1]))
-            if rows and rows[-1][1:] == (alpha, beta):
-                rows[-1] = (b, alpha, beta)
-            else:
-                rows.append((b, alpha, beta))
-    return np.array(rows)
-
-
 def simulate_pipeline(graph: CompGraph, costs: CostTable, topology: DeviceTopology, plan: StagePlan, *,
                       timeline: bool = False, cost_batch_size: float | None = None,
                       mode: str | None = None) -> SimResult:
@@ -563,24 +360,5 @@ def simulate_pipeline(graph: CompGraph, costs: CostTable, topology: DeviceTopolo
                              mode=mode).run(plan, timeline=timeline)
 
 
-def with_node_overhead(costs: CostTable, seconds: np.ndarray, **meta: Any) -> CostTable:
-    """``costs`` plus fixed ``seconds`` on every node's forward and on its backward (``[N, 1]`` or ``[N, D]``),
-    counted as launch overhead (every micro-batch pays it in full, it does not scale with the batch); ``meta``
-    is recorded in the table's meta."""
-    add = np.broadcast_to(np.asarray(seconds, dtype=np.float64), costs.fwd_time.shape)
-    return dataclasses.replace(costs, fwd_time=costs.fwd_time + add, bwd_time=costs.bwd_time + add,
-                               launch_overhead=costs.launch_overhead + add, meta={**dict(costs.meta), **meta})
-
-
-def with_step_overhead(costs: CostTable, overhead: float | np.ndarray) -> CostTable:
-    """``costs`` plus a per-pass overhead no op owns, spread evenly over the nodes as fixed time.
-
-    ``overhead``: seconds per forward+backward pass of the whole graph, one number or one per device (e.g.
-    a profile's measured whole step minus the sum of its per-op times, at the batch the costs were
-    measured at). Each node gets ``overhead / (2 N)`` on its forward and on its backward, counted as
-    launch overhead (every micro-batch pays it in full), so a stage pays its share of nodes per micro-batch.
-    """
-    per = np.broadcast_to(np.asarray(overhead, dtype=np.float64), (costs.num_devices,))
-    if not np.all(np.isfinite(per)) or np.any(per < 0):
-        raise ProfileError(f"step overhead must be finite and >= 0 seconds, got {np.asarray(overhead).tolist()}")
-    return with_node_overhead(costs, per[None, :] / (2.0 * max(costs.num_nodes, 1)), step_overhead=per.tolist())
+__all__ = ["PIPELINE_SCHEDULES", "PipelineSimulator", "simulate_pipeline", "slowest_table", "with_node_overhead",
+           "with_step_overhead"]
