@@ -162,7 +162,7 @@ def load_costs(path: str | os.PathLike, graph: CompGraph, topology: DeviceTopolo
     """The graph (memory fields and edge bytes from the file) and its ``CostTable`` from a costs file."""
     where, data = _read(path)
     if isinstance(data, Mapping) and data.get("schema") == "placement_rl.profile":
-        from placement_rl.profiling.db import ProfileDB
+        from placement_rl.profiling.db import ProfileDB, precision
 
         db = ProfileDB.load(path)
         foreign = db.foreign_nodes(graph)
@@ -178,7 +178,8 @@ def load_costs(path: str | os.PathLike, graph: CompGraph, topology: DeviceTopolo
         estimate = resolve_costs(graph, linked)
         _warn_implausible(where, graph, costs, estimate)
         _note_unnamed_cpus(where, db, topology, costs, estimate)
-        source = tuple(_profile_label(src, db, dev, links) if src.startswith("measured:") else src
+        prec = precision(graph.meta)
+        source = tuple(_profile_label(src, db, dev, links, prec) if src.startswith("measured:") else src
                        for src, dev in zip(costs.source, topology.devices))
         return graph, dataclasses.replace(costs, source=source, meta={**dict(costs.meta), "links": links})
     if not isinstance(data, Mapping):
@@ -413,12 +414,13 @@ def _same_model(a: str, b: str) -> bool:
     return bool(numbers(a) & numbers(b)) or a.strip().lower() == b.strip().lower()
 
 
-def _profile_label(source: str, db: Any, device: Any, links: str) -> str:
-    """A measured device's cost source with what the profile measured (model, threads) and, where the topology
-    names another model for the device it prices, that one: ``measured:p.json:cpu (AMD EPYC, 1 thread; links:
-    topology)``."""
+def _profile_label(source: str, db: Any, device: Any, links: str, precision: str = "fp32") -> str:
+    """A measured device's cost source with what the profile measured (precision where not fp32, model, threads)
+    and, where the topology names another model for the device it prices, that one: ``measured:p.json:cpu (AMD
+    EPYC, 1 thread; links: topology)``, ``measured:p.json:cuda:0 (fp16, NVIDIA H100 ...; links: ...)``."""
     rec = db.data["devices"].get(db.resolve_device(device) or "", {})
-    what = [str(rec["model"])] if rec.get("model") else []
+    what = [precision] if precision != "fp32" else []
+    what += [str(rec["model"])] if rec.get("model") else []
     if rec.get("kind") == "cpu" and isinstance(rec.get("threads"), int):
         what.append(f"{rec['threads']} thread{'s' if rec['threads'] != 1 else ''}")
     if device.model and rec.get("model") and not _same_model(device.model, str(rec["model"])):

@@ -416,12 +416,17 @@ class CompGraph:
         return out
 
     def fingerprint(self) -> str:
-        """Stable hash of structure, op types and sizes (keys profiles); independent of ``name``/``meta``."""
+        """Stable hash of structure, op types, sizes and precision (keys profiles); independent of ``name`` and of
+        ``meta`` but ``dtype`` / ``param_dtype``, which count only where not fp32 (fp32 graphs keep their hashes)."""
         h = hashlib.sha256()
         h.update(("\x1f".join(self.names) + "\x1e" + "\x1f".join(self.op_types)).encode())
         for key in NODE_ARRAYS + ("edge_bytes",):
             h.update(np.ascontiguousarray(getattr(self, key), dtype="<f8").tobytes())
         h.update(np.ascontiguousarray(self.edges, dtype="<i8").tobytes())
+        dtype = self.meta.get("dtype") or "fp32"
+        precision = (dtype, self.meta.get("param_dtype") or dtype)
+        if precision != ("fp32", "fp32"):  # an fp16 and a bf16 capture have equal bytes
+            h.update(("\x1d" + "/".join(precision)).encode())
         return h.hexdigest()[:16]
 
     # ------------------------------------------------------------------ export

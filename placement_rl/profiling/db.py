@@ -6,6 +6,7 @@ Schema ``placement_rl.profile`` version 1::
      "env": {"host", "torch", "cuda_runtime", "cuda_driver", "python", "created"},
      "devices": {name: {"torch_device", "kind", "model", "host", "threads", "env": {...}}},
      "graphs": {fingerprint: {"name", "nodes": [name, ...], "signatures": [sig, ...], "batch_size" (optional),
+                              "precision" (optional; absent: fp32),
                               "times": {device: {node: [fwd_med, fwd_iqr, bwd_med, bwd_iqr, repeats]}},
                               "step": {device: [median, iqr, repeats]},
                               "optimizer": {device: [median, iqr, repeats, param_bytes]}}},
@@ -13,9 +14,14 @@ Schema ``placement_rl.profile`` version 1::
      "links": [{"src", "dst", "backend", "latency", "bandwidth", "sizes": [...], "times": [...]}]}
 
 Times are seconds (median of repeats, spread = inter-quartile range), bandwidth bytes/s, latency s.
-A node's ``signature`` is ``op_type(shape, shape, ...)`` of its tensor inputs: the per-op table lets a
-graph that was never profiled reuse the times of identical ops (``lookup`` falls back to it when every
-node's signature is known, see ``graph.meta["signatures"]``).
+A node's ``signature`` is ``op_type(shape, shape, ...)`` of its tensor inputs, then ``:bf16`` / ``:fp16`` /
+``:fp64`` where its tensors are of another precision than fp32: the per-op table lets a graph that was never
+profiled reuse the times of identical ops (``lookup`` falls back to it when every node's signature is known, see
+``graph.meta["signatures"]``).
+
+Precision: a graph's fingerprint and its ops' signatures name its precision (``precision``: ``meta["dtype"]``
+and ``meta["param_dtype"]``) where it is not fp32, so a profile's times price only graphs of the precision it
+measured; an entry records a precision other than fp32 in ``"precision"``.
 
 Lookup (the cost model's ``CostSource`` hook): a topology device matches a profiled device through an
 explicit ``device_map``; else a device profiled on this host with the same ``torch_device`` (the topology
@@ -80,6 +86,14 @@ def device_record(device: Device) -> dict[str, Any]:
     else:
         rec["model"] = cpu_model_name()
     return rec
+
+
+def precision(meta: Mapping[str, Any]) -> str:
+    """A graph's precision, as profiles record it: ``meta["dtype"]`` (absent: fp32), with ``meta["param_dtype"]``
+    where that differs (``bf16 with fp32 parameters``)."""
+    dtype = meta.get("dtype") or "fp32"
+    params = meta.get("param_dtype") or dtype
+    return dtype if params == dtype else f"{dtype} with {params} parameters"
 
 
 def _stat(x: Any, where: str) -> float:
@@ -180,6 +194,8 @@ class ProfileDB:
             batch = graph.meta.get("batch_size")
             if isinstance(batch, int) and not isinstance(batch, bool):
                 entry["batch_size"] = batch
+            if precision(graph.meta) != "fp32":
+                entry["precision"] = precision(graph.meta)
             self.data["graphs"][fp] = entry
         return entry
 
@@ -248,9 +264,9 @@ class ProfileDB:
             got = self._lookup_members(graph, name)
             if got is not None:
                 return got[0], got[1], label
-        sigs = graph.meta.get("signatures")
+        sigs = _op_signatures(graph)
         ops = self.data["ops"].get(name, {})
-        if isinstance(sigs, (list, tuple)) and len(sigs) == graph.num_nodes and sigs and all(s in ops for s in sigs):
+        if sigs and all(s in ops for s in sigs):
             return (np.array([ops[s][0] for s in sigs]), np.array([ops[s][1] for s in sigs]), f"{label}:ops")
         return None
 
@@ -283,9 +299,28 @@ class ProfileDB:
         entry = self.data["graphs"].get(fine[0].fingerprint())
         return [] if entry is None else [entry]
 
+    def other_precision(self, graph: CompGraph) -> str | None:
+        """For messages: where only entries of another precision hold every node of ``graph`` (or of the graph it
+        was coarsened from), one line naming both precisions, else None."""
+        own = precision(graph.meta)
+        wanted = [set(graph.names)]
+        if graph.members is not None:
+            wanted.append({m for grp in graph.members for m in grp})
+        found = [(fp, e) for fp, e in self.data["graphs"].items() if any(w <= set(e["nodes"]) for w in wanted)]
+        if not found or any(e.get("precision", "fp32") == own for _, e in found):
+            return None
+        fp, entry = found[0]
+        return (f"the profile's times for graph '{entry.get('name', graph.name)}' (fingerprint {fp}) were measured in "
+                f"{entry.get('precision', 'fp32')}, graph '{graph.name}' (fingerprint {graph.fingerprint()}) is {own}: "
+                f"a profile prices only the precision it measured; profile the {own} model")
+
     def other_capture(self, graph: CompGraph) -> str | None:
-        """For messages: where a coarsened ``graph``'s members have times only in an entry of another capture
-        (same node names; another batch size or shapes), what differs, else None."""
+        """For messages: where ``graph``'s nodes have times only in an entry of another precision
+        (``other_precision``), or a coarsened ``graph``'s members only in an entry of another capture (same node
+        names; another batch size or shapes), what differs, else None."""
+        other = self.other_precision(graph)
+        if other is not None:
+            return other
         fine = member_graph(graph)
         if fine is None or self._member_candidates(graph):
             return None
@@ -319,7 +354,8 @@ class ProfileDB:
         if not times:  # the members' entry names the nodes it lacks (``why_no_times``)
             return self
         own = {"name": graph.name, "nodes": list(graph.names), "signatures": [], "times": times,
-               "step": dict(entry["step"]), "optimizer": dict(entry.get("optimizer", {}))}
+               "step": dict(entry["step"]), "optimizer": dict(entry.get("optimizer", {})),
+               **({"precision": entry["precision"]} if "precision" in entry else {})}
         return ProfileDB(self.path, device_map=self.device_map,
                          data={**self.data, "graphs": {**self.data["graphs"], graph.fingerprint(): own}})
 
@@ -416,6 +452,17 @@ class ProfileDB:
         return DeviceTopology(name=topology.name, devices=topology.devices, link_bandwidth=bw, link_latency=lat,
                               link_kind=topology.link_kind, description=topology.description,
                               meta={**dict(topology.meta), "link_sources": sources})
+
+
+def _op_signatures(graph: CompGraph) -> list[str] | None:
+    """``graph.meta["signatures"]`` where the per-op table may price them: one per node and, for a graph of another
+    precision than fp32, naming a precision (signatures taken before they did would read as fp32 ops)."""
+    sigs = graph.meta.get("signatures")
+    if not isinstance(sigs, (list, tuple)) or not sigs or len(sigs) != graph.num_nodes:
+        return None
+    if precision(graph.meta) != "fp32" and all(str(s).endswith("]") for s in sigs):  # no ``:bf16`` suffix
+        return None
+    return list(sigs)
 
 
 def _same_torch_device(a: str, b: str) -> bool:

@@ -18,6 +18,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from placement_rl.errors import GraphError
+from placement_rl.graph._capture_engine import DTYPE_NAMES
 from placement_rl.graph.ir import CompGraph
 
 
@@ -137,8 +138,20 @@ class Record:
 
     @property
     def signature(self) -> str:
-        shapes = [tuple(x.shape) for x in pytree.tree_leaves((self.args, self.kwargs)) if is_tensor(x)]
-        return f"{op_name(self.target)}{shapes}"
+        """``op[shapes]`` of the tensor inputs, then ``:`` and the floating dtypes other than fp32 among the inputs
+        and outputs where there are any (``aten.mm.default[(8, 32), (32, 64)]:bf16``): another precision's op is
+        another op, an fp32 op's signature has no suffix."""
+        inputs = [x for x in pytree.tree_leaves((self.args, self.kwargs)) if is_tensor(x)]
+        shapes = [tuple(x.shape) for x in inputs]
+        return f"{op_name(self.target)}{shapes}{precision_suffix(inputs + pytree.tree_leaves(self.output))}"
+
+
+def precision_suffix(values: Sequence[Any]) -> str:
+    """``:bf16`` (``:bf16+fp16`` for several, sorted) for the floating tensors among ``values`` that are not fp32,
+    named as the graph meta names them; ``""`` where there are none."""
+    names = {DTYPE_NAMES.get(x.dtype, str(x.dtype).removeprefix("torch.")) for x in values
+             if is_tensor(x) and x.is_floating_point() and x.dtype != torch.float32}
+    return ":" + "+".join(sorted(names)) if names else ""
 
 
 def op_name(target: Any) -> str:
