@@ -280,7 +280,8 @@ def measure_optimizer(module: torch.nn.Module, device: Device | str, *, optimize
 
 
 def op_signatures(module: torch.nn.Module, inputs: Sequence[Any], graph: CompGraph) -> list[str]:
-    """``op(shapes)`` of every node of an uncoarsened ``graph`` captured from ``module`` on ``inputs``.
+    """``op[shapes]`` (with ``:bf16`` etc. where its tensors are not fp32: ``program.Record.signature``) of every
+    node of an uncoarsened ``graph`` captured from ``module`` on ``inputs``.
 
     Put them in ``graph.meta["signatures"]`` (``graph.replace(meta=...)``) to let ``ProfileDB.lookup``
     reuse per-op times measured on other graphs with the same ops and shapes.
