@@ -193,6 +193,27 @@ def _priced_batch(graph, plan, costs_batch: float | None):
     return plan, float(measured)
 
 
+def priced_precision(source: str | None, graph: CompGraph, topology) -> str:
+    """The precision that priced the plan: the suffix of its devices' cost source labels (``source``:
+    ``h0=calibrated:neusight-v2:bf16, ...``; a label without one, e.g. ``roofline``: fp32), ``bf16/fp32`` where they
+    differ; without a prediction (``source`` None) the topology's ``dtype``, else the graph's."""
+    from placement_rl.executor.distributed import PRECISIONS
+
+    if source is None:
+        declared = topology.meta.get("dtype") or graph.meta.get("dtype")
+        return str(declared) if declared in PRECISIONS else "fp32"
+    labels = [item.rpartition("=")[2] for item in source.split(", ")]
+    return "/".join(sorted({x if x in PRECISIONS else "fp32" for x in (lab.rpartition(":")[2] for lab in labels)}))
+
+
+def precision_note(precision: Mapping[str, str] | None) -> str | None:
+    """The line saying that the run's precision is not the one that priced the plan, and why; None when they agree."""
+    if not precision or precision["run"] == precision["priced"]:
+        return None
+    return (f"note: the plan was priced in {precision['priced']} and ran in {precision['run']} ({precision['why']}): "
+            f"the ratio compares a run in {precision['run']} with a prediction in {precision['priced']}")
+
+
 def choose_topology(cfg: DictConfig, plan_data: Mapping[str, Any], overrides: list[str] | None):
     """``(topology, line)``: the topology the plan file names when it is a preset and the user gave no ``topology``
     override (``cli.given.plan_topology``), else the composed one (default ``2x_cpu``), at ``threads=``."""
@@ -308,6 +329,7 @@ def run(cfg: DictConfig) -> dict:
     predicted, source = _predict(graph, topology, plan, cfg.profile, costs_path(cfg))
     if predicted is None:
         print(f"note: no predicted step time ({source}); deploying the plan all the same")
+    priced = priced_precision(None if predicted is None else source, graph, topology)
     on_cpu = _gpu_plan_on_cpu(plan, topology, str(cfg.device))
     out = output_dir()
     if isinstance(plan, StagePlan):
@@ -316,7 +338,8 @@ def run(cfg: DictConfig) -> dict:
 
         print(f"deploying {describe_plan(plan)} ({plan.schedule}, {plan.num_microbatches} micro-batches"
               f"{f' over {nnodes} nodes' if nnodes > 1 else ''}) ...")
-        spec = DeploySpec(plan=plan, graph=graph, model=model, overrides=overrides, topology=topology)
+        spec = DeploySpec(plan=plan, graph=graph, model=model, overrides=overrides, topology=topology,
+                          precision=priced)
         # one node: a temporary job directory, kept after a failure (the error names the ranks' logs in it)
         job_dir = out / "job" if nnodes > 1 else Path(tempfile.mkdtemp(prefix="prl-deploy-"))
         try:
@@ -341,6 +364,7 @@ def run(cfg: DictConfig) -> dict:
             result = launch_local(job)[0].to_dict()
             shutil.rmtree(job_dir, ignore_errors=True)
         measured = float(result["step_time"])
+        precision = result.get("precision")  # the ranks' (``DeployResult.precision``)
         kind = "stage_plan"
     else:
         from placement_rl.executor.local import run_placement
@@ -357,14 +381,21 @@ def run(cfg: DictConfig) -> dict:
         result = {"step_time": measured, "step_times": list(map(float, res.step_times)),
                   "peak_memory_per_device": [float(x) for x in res.peak_memory_per_device], "loss": float(res.loss),
                   "losses": [float(x) for x in res.losses]}  # loss: the first step; losses: all, warm-up included
+        precision = {"priced": priced, "run": "fp32"}
+        if priced != "fp32":
+            precision["why"] = "the op-level executor runs the model as built, in fp32"
         kind = "placement"
     ratio = measured / predicted if predicted else None
     report = {"plan": str(cfg.plan), "kind": kind, "graph": graph.name, "topology": topology.name,
               "measured_step_time": measured, "predicted_step_time": predicted, "prediction_source": source,
-              "ratio_measured_to_predicted": ratio, "ran_on_cpu_for_gpus": on_cpu, "result": result,
+              "ratio_measured_to_predicted": ratio, "ran_on_cpu_for_gpus": on_cpu, "precision": precision,
+              "result": result,
               "plan_layout": plan_layout(plan, graph, topology) if kind == "stage_plan" else None}
     report["units"] = units_of(report)
     write_json(out / "deploy.json", report)
+    note = precision_note(precision)
+    if note:
+        print(note)
     if ratio is None:
         print(f"measured {measured * 1e3:.3f} ms per step; no prediction ({source})")
     else:

@@ -287,8 +287,9 @@ def _write_best(rows: list[Row], graph, costs, topology, out: Path, files: list[
 def _provenance(best: Row, graph, costs, topology, *, mode: str, objective: str) -> Placement | StagePlan:
     """``best.plan`` with the meta both best files carry: what its placer recorded (budget, seed, calls; a given
     plan keeps its file's, adding ``given``) less the search trace, and as priced here: ``step_time`` (one training
-    step, or with ``mode`` inference one forward pass), ``feasible``, ``mode`` (and ``objective`` /
-    ``steady_time`` under the throughput objective)."""
+    step, or with ``mode`` inference one forward pass), ``feasible``, ``mode``, ``cost_source`` (what gave
+    ``step_time``, device by device as metrics.json's: cost model, profile, precision as in ``calibrated:<fit>:bf16``),
+    and under the throughput objective ``objective`` / ``steady_time``."""
     plan = best.plan
     if isinstance(plan, Placement):
         plan = Placement(plan.device_of_node[: graph.num_nodes], meta=plan.meta)
@@ -297,7 +298,8 @@ def _provenance(best: Row, graph, costs, topology, *, mode: str, objective: str)
     meta.setdefault("placer", best.placer)
     if best.placer.startswith("given:"):
         meta["given"] = best.placer.split(":", 1)[1]
-    meta.update(step_time=float(res.step_time), feasible=bool(res.feasible), mode=mode)
+    meta.update(step_time=float(res.step_time), feasible=bool(res.feasible), mode=mode,
+                cost_source=costs.describe_source(topology.device_names))
     if objective != "step":
         meta.update(objective=objective, steady_time=float(best.step_time))
     return Placement(plan.device_of_node, meta=meta) if isinstance(plan, Placement) else replace(plan, meta=meta)

@@ -1,14 +1,15 @@
 """One rank's share of one deployed plan: build it (torchtitan-style named steps) and run training steps.
 
-``PartRunner(cfg, part_dir, rank=..., device=...)`` reads a part directory written by
+``PartRunner(cfg, part_dir, rank=..., device=..., precision=...)`` reads a part directory written by
 ``placement_rl.executor.distributed.prepare_job`` and, inside an initialised process group, builds:
 ``build_stages`` (split + tied copies) -> ``build_mesh`` (2-D ``dp`` x ``pp``, or 3-D with ``tp``) -> ``tie_groups`` ->
 ``apply_tp`` (Megatron styles through ``parallelize_module`` over ``tp``, see ``_tp``; then the DP gradients are
 averaged by one all-reduce of the local shards over ``dp``, or FSDP2 shards over ``dp`` on top) ->
-``apply_dp`` (DDP over ``dp``) or ``apply_fsdp`` (FSDP2 ``fully_shard`` over ``dp``, for ``sharding=fsdp``)
--> ``pipeline_stage`` (static metadata) -> ``build_schedule`` (by name) -> Adam. A one-stage plan skips
-the pipeline: each rank runs its micro-batches in a plain loop (gradient accumulation; DDP syncs on the
-last one only, ``no_sync`` before), exactly what a hand-written DDP / FSDP2 script does.
+``apply_precision`` (the plan's priced precision, ``distributed.run_precision``: bf16 / fp16 under
+``torch.autocast``, TF32 matmuls) -> ``apply_dp`` (DDP over ``dp``) or ``apply_fsdp`` (FSDP2 ``fully_shard`` over
+``dp``, for ``sharding=fsdp``) -> ``pipeline_stage`` (static metadata) -> ``build_schedule`` (by name) -> Adam.
+A one-stage plan skips the pipeline: each rank runs its micro-batches in a plain loop (gradient accumulation; DDP
+syncs on the last one only, ``no_sync`` before), exactly what a hand-written DDP / FSDP2 script does.
 ``step()`` runs one timed training step. The worker entry point
 (``placement_rl.executor.distributed_worker``) and the benchmark's in-process A/B both use it.
 """
@@ -92,6 +93,44 @@ def tie_groups(dims: ParallelDims, ties: dict[str, tuple[int, ...]], rank: int) 
                 if rank in ranks:
                     out[name] = group
     return out
+
+
+class Autocast(nn.Module):
+    """``inner`` run under ``torch.autocast(device_type, dtype)``, its outputs given back in ``out_dtypes`` where
+    those are set: a pipeline stage sends and receives values in the dtypes of the schedule's static metadata (the
+    captured ones), so its neighbours' buffers and gradients match; autocast casts them again where it computes."""
+
+    def __init__(self, inner: nn.Module, device_type: str, dtype: torch.dtype,
+                 out_dtypes: Sequence[torch.dtype] | None = None) -> None:
+        super().__init__()
+        self.inner, self.device_type, self.dtype = inner, device_type, dtype
+        self.out_dtypes = None if out_dtypes is None else tuple(out_dtypes)
+
+    def forward(self, *args: Any) -> Any:
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            out = self.inner(*args)
+        if self.out_dtypes is None:
+            return out
+        if isinstance(out, tuple):
+            return tuple(o.to(d) for o, d in zip(out, self.out_dtypes))
+        return out.to(self.out_dtypes[0])
+
+
+def apply_precision(splits: Sequence[StageSplit], modules: Sequence[nn.Module], precision: str,
+                    device: torch.device, metas: dict[str, Any]) -> list[nn.Module]:
+    """Run each stage in ``precision`` (``distributed.run_precision`` chose it for this path): bf16 / fp16 under
+    ``Autocast`` (a pipeline stage's outputs in their ``metas`` dtypes), tf32 by TF32 matmuls (and cuDNN's,
+    torch's default), switched off again for an fp32 part run later in the same process."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+        if precision == "tf32":
+            torch.backends.cudnn.allow_tf32 = True
+    if precision not in ("bf16", "fp16"):
+        return list(modules)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return [Autocast(mod, device.type, dtype,
+                     [getattr(torch, metas[v][1]) for v in sp.outputs] if metas else None)
+            for sp, mod in zip(splits, modules)]
 
 
 def apply_dp(modules: Sequence[nn.Module], dp_mesh: DeviceMesh, *, device: torch.device,
@@ -203,7 +242,8 @@ def read_dims(part: dict[str, Any]) -> ParallelDims:
 class PartRunner:
     """This rank's stages of one plan, wrapped for DP, in a schedule, with its optimizer and data."""
 
-    def __init__(self, cfg: dict[str, Any], part_dir: Path, *, rank: int, device: torch.device) -> None:
+    def __init__(self, cfg: dict[str, Any], part_dir: Path, *, rank: int, device: torch.device,
+                 precision: str = "fp32") -> None:
         part = json.loads((part_dir / "part.json").read_text())
         self.dims = dims = read_dims(part)
         self.rank, self.device = rank, device
@@ -231,6 +271,8 @@ class PartRunner:
 
             for sp, mod in zip(self.splits, modules):
                 apply_recompute(getattr(mod, "inner", mod), recompute.get(str(sp.index), []))
+        modules = apply_precision(self.splits, modules, precision, device, part["value_meta"])
+        self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None  # one-stage DDP only
         if dims.sharding == "fsdp":
             modules = apply_fsdp(modules, mesh["dp"])
         elif dims.tp == 1:
@@ -296,7 +338,10 @@ class PartRunner:
         sync_tied_grads(self.tied, self.groups)
         self._sync()
         t1 = time.perf_counter()
-        if self.optimizer is not None:
+        if self.optimizer is not None and self.scaler is not None:
+            self.scaler.step(self.optimizer)  # skipped on every rank alike when the all-reduced grads overflow
+            self.scaler.update()
+        elif self.optimizer is not None:
             self.optimizer.step()
         self._sync()
         t2 = time.perf_counter()
@@ -326,7 +371,7 @@ class PartRunner:
             with contextlib.nullcontext() if sync else module.no_sync():
                 out = module(*(t[i * size:(i + 1) * size] for t in self.batch))
                 loss = out[0] if isinstance(out, (tuple, list)) else out
-                (loss / m).backward()
+                (loss / m if self.scaler is None else self.scaler.scale(loss / m)).backward()
             losses.append(loss.detach())
 
     def grads(self) -> dict[str, torch.Tensor]:

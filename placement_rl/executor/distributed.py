@@ -16,6 +16,7 @@ Flow (everything that can be wrong is checked before a process starts)::
                     TP: degree divides heads / hidden / vocab, split GEMMs are nn.Linear / nn.Embedding
                     calls, no cut inside a TP region, TP groups on one host (with a topology), with
                     sequence parallelism a sequence the TP degree divides
+                    the precision each plan runs in (``run_precision``: its priced one where the path has it)
                     write JOB_DIR: job.json + one part per plan (part.json, program.pt2, inputs.pt)
       launch_local  one ``distributed_worker`` process per rank (torchrun's environment), watchdog;
                     ExecutionError naming the rank that died or hung, no process left behind
@@ -73,14 +74,15 @@ from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import StagePlan
 from placement_rl.topology import DeviceTopology
 
-__all__ = ["DeployConfig", "DeployResult", "DeploySpec", "PreparedJob", "build_torchrun_command", "collect_results",
-           "deploy_stage_plan", "deploy_stage_plans", "launch_local", "prepare_job", "reference_step",
-           "sequence_parallel_names"]
+__all__ = ["PRECISIONS", "DeployConfig", "DeployResult", "DeploySpec", "PreparedJob", "build_torchrun_command",
+           "collect_results", "deploy_stage_plan", "deploy_stage_plans", "launch_local", "prepare_job",
+           "reference_step", "run_precision", "sequence_parallel_names"]
 
 JOB_SCHEMA = "placement_rl.deploy_job"
 RESULT_SCHEMA = "placement_rl.deploy_result"
 VERSION = 1
 DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp64")  # what can price a plan (a cost source label's suffix)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,6 +143,7 @@ class DeployResult:
     grads: Mapping[str, torch.Tensor] | None = field(default=None, repr=False)
     sharding: str = "dp"
     tp: int = 1
+    precision: Mapping[str, str] = field(default_factory=lambda: {"priced": "fp32", "run": "fp32"})  # run_precision
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k != "grads"}
@@ -150,7 +153,11 @@ class DeployResult:
 
 @dataclass(frozen=True)
 class DeploySpec:
-    """One plan to deploy: the plan, its graph, and the model (a zoo name + overrides, or a module + inputs)."""
+    """One plan to deploy: the plan, its graph, and the model (a zoo name + overrides, or a module + inputs).
+
+    ``precision``: the one that priced the plan (``PRECISIONS``; ``bf16/fp32``: its devices were priced in
+    different ones); the ranks run in it where they can (:func:`run_precision`).
+    """
 
     plan: StagePlan
     graph: CompGraph
@@ -159,6 +166,7 @@ class DeploySpec:
     module: nn.Module | None = None
     inputs: Sequence[torch.Tensor] | None = None
     topology: DeviceTopology | None = None
+    precision: str = "fp32"
 
 
 @dataclass(frozen=True)
@@ -198,6 +206,32 @@ def _resolve_device(config: DeployConfig, plan: StagePlan, topology: DeviceTopol
         warnings.warn(f"the plan's devices are GPUs of '{topology.name}' but torch sees no CUDA GPU here: running "
                       "its layout on CPU processes (gloo)", RuntimeWarning, stacklevel=3)
     return "cuda" if torch.cuda.is_available() and gpus else "cpu"
+
+
+def run_precision(priced: str, device: str, dims: ParallelDims) -> dict[str, str]:
+    """``{"priced", "run"}`` (+ ``"why"`` where they differ): the precision a plan priced in ``priced`` runs in on
+    ``device`` (``cpu`` / ``cuda``), as the ranks apply it to the model as built (fp32 for the zoo; ``_runner``).
+
+    bf16: ``torch.autocast`` (CPU and CUDA), every path but TP; fp16: autocast and a ``GradScaler``, on CUDA and a
+    one-stage DDP plan only (the scaler's overflow check must see the all-reduced gradients to skip a step on every
+    rank alike); tf32: TF32 matmuls on CUDA. Anything else runs in fp32, saying why.
+    """
+    if any(p not in PRECISIONS for p in priced.split("/")):
+        raise ConfigError(f"precision '{priced}' is unknown; choose one of {', '.join(PRECISIONS)}")
+    why = ""
+    if "/" in priced:
+        why = "the plan's devices were priced in different precisions"
+    elif priced == "fp64":
+        why = "the executor does not convert the model to fp64"
+    elif priced == "tf32" and device != "cuda":
+        why = "TF32 needs a CUDA GPU"
+    elif priced in ("bf16", "fp16") and dims.tp > 1:
+        why = "autocast is not wired into tensor-parallel stages"
+    elif priced == "fp16" and device != "cuda":
+        why = "fp16 needs a CUDA GPU for its gradient scaler"
+    elif priced == "fp16" and not (dims.plain and dims.sharding == "dp"):
+        why = "fp16 runs one-stage DDP plans only: the gradient scaler's overflow check needs all-reduced gradients"
+    return {"priced": priced, "run": "fp32", "why": why} if why else {"priced": priced, "run": priced}
 
 
 def plan_devices_of_ranks(plan: StagePlan, dims: ParallelDims, topology: DeviceTopology) -> list[dict[str, Any]]:
@@ -433,23 +467,25 @@ def prepare_job(specs: Sequence[DeploySpec], *, config: DeployConfig | None = No
         devices = {_resolve_device(config, s.plan, s.topology) for s in specs}
         if len(devices) != 1:
             raise ConfigError("plans deployed together must all run on CPUs or all on GPUs")
+        device = devices.pop()
+        precisions = [run_precision(s.precision, device, d) for s, d in zip(specs, parts)]
     except BaseException:
         if created:  # a refused plan leaves no job directory behind
             shutil.rmtree(job, ignore_errors=True)
         raise
-    device = devices.pop()
     backend = "nccl" if device == "cuda" else "gloo"
     # the plan's device of every rank, when every plan has a topology and all of them map the ranks alike
     maps = [None if s.topology is None else plan_devices_of_ranks(s.plan, d, s.topology) for s, d in zip(specs, parts)]
     atomic_write_text(job / "job.json", json.dumps({
         "schema": JOB_SCHEMA, "version": VERSION, "backend": backend, "config": asdict(config) | {"device": device},
-        "world_size": parts[0].world_size, "parts": [f"part{i}" for i in range(len(parts))],
+        "world_size": parts[0].world_size, "parts": [f"part{i}" for i in range(len(parts))], "precision": precisions,
         "rank_devices": maps[0] if all(m is not None and m == maps[0] for m in maps) else None}, indent=1))
     return PreparedJob(job_dir=job, parts=tuple(parts), backend=backend, threads=config.threads,
                        timeout_s=config.timeout_s)
 
 
-def _collect_part(part_dir: Path, *, backend: str, collect_grads: bool, wall_time: float) -> DeployResult:
+def _collect_part(part_dir: Path, *, backend: str, collect_grads: bool, wall_time: float,
+                  precision: Mapping[str, str]) -> DeployResult:
     part = json.loads((part_dir / "part.json").read_text())
     dims = ParallelDims(**{k: tuple(v) if isinstance(v, list) else v for k, v in part["dims"].items()})
     ranks = []
@@ -476,7 +512,8 @@ def _collect_part(part_dir: Path, *, backend: str, collect_grads: bool, wall_tim
                         losses=losses, peak_memory_bytes=int(peak["peak_memory_bytes"]),
                         memory_kind=peak["memory_kind"], world_size=dims.world_size, dp=dims.dp, pp=dims.pp,
                         schedule=dims.schedule, backend=backend, tied_parameters=tuple(sorted(part["tied"])),
-                        ranks=tuple(ranks), wall_time=wall_time, grads=grads, sharding=dims.sharding, tp=dims.tp)
+                        ranks=tuple(ranks), wall_time=wall_time, grads=grads, sharding=dims.sharding, tp=dims.tp,
+                        precision=dict(precision))
 
 
 def collect_results(job_dir: str | Path, *, wall_time: float = 0.0) -> list[DeployResult]:
@@ -484,7 +521,8 @@ def collect_results(job_dir: str | Path, *, wall_time: float = 0.0) -> list[Depl
     job_dir = Path(job_dir)
     job = json.loads((job_dir / "job.json").read_text())
     return [_collect_part(job_dir / name, backend=job["backend"], collect_grads=bool(job["config"]["collect_grads"]),
-                          wall_time=wall_time) for name in job["parts"]]
+                          wall_time=wall_time, precision=precision)
+            for name, precision in zip(job["parts"], job["precision"])]
 
 
 def launch_local(job: PreparedJob, *, nprocs: int | None = None, timeout_s: float | None = None,
@@ -531,14 +569,15 @@ def deploy_stage_plan(plan: StagePlan, graph: CompGraph, *, model: str | None = 
                       overrides: Mapping[str, Any] | None = None, module: nn.Module | None = None,
                       inputs: Sequence[torch.Tensor] | None = None, config: DeployConfig | None = None,
                       topology: DeviceTopology | None = None, job_dir: str | Path | None = None,
-                      extra_env: Mapping[str, str] | None = None) -> DeployResult:
+                      extra_env: Mapping[str, str] | None = None, precision: str = "fp32") -> DeployResult:
     """Deploy one plan on this machine: train ``config.steps`` steps and report the measurements.
 
     The model is a zoo name (``model=``, ``overrides=``) or a module with its example inputs (targets
-    included; ``module(*inputs)`` returns the loss). The result's ``to_dict()`` is what ``deploy.json`` holds.
+    included; ``module(*inputs)`` returns the loss). ``precision``: the one that priced the plan
+    (:func:`run_precision`). The result's ``to_dict()`` is what ``deploy.json`` holds.
     """
     spec = DeploySpec(plan=plan, graph=graph, model=model, overrides=dict(overrides or {}), module=module,
-                      inputs=inputs, topology=topology)
+                      inputs=inputs, topology=topology, precision=precision)
     return deploy_stage_plans([spec], config=config, job_dir=job_dir, extra_env=extra_env)[0]
 
 

@@ -90,11 +90,12 @@ def _fault(rank: int) -> None:
 
 
 def train(cfg: dict[str, Any], part_dir: Path, *, rank: int, device: torch.device, progress: Progress,
-          fault: bool, plan_device: str | None = None) -> dict[str, Any]:
-    """Build this rank's share of one plan (a *part* of the job) and run its training steps."""
+          fault: bool, plan_device: str | None = None, precision: str = "fp32") -> dict[str, Any]:
+    """Build this rank's share of one plan (a *part* of the job) and run its training steps in ``precision``
+    (``job.json``'s, ``distributed.run_precision``)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    run = PartRunner(cfg, part_dir, rank=rank, device=device)
+    run = PartRunner(cfg, part_dir, rank=rank, device=device, precision=precision)
     # dropout: the ranks of one model replica (its TP group and pipeline stages) draw from one stream, so the
     # replicated regions of a TP group drop the same elements and their parameters' gradients stay equal on every
     # TP rank (Megatron's rule); DP replicas draw their own (each rank's stream started where its build left it)
@@ -149,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan_device = devices[rank]["name"] if devices and rank < len(devices) else None
         for i, name in enumerate(job["parts"]):
             result = train(cfg, job_dir / name, rank=rank, device=device, progress=progress, fault=i == 0,
-                           plan_device=plan_device)
+                           plan_device=plan_device, precision=job["precision"][i]["run"])
             _write_atomic(job_dir / name / "result" / f"rank{rank}.json", json.dumps(result))
         progress.mark("done")
     except BaseException as exc:
