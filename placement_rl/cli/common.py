@@ -387,20 +387,24 @@ def build_graph(gcfg: DictConfig) -> CompGraph:
     return graph_from_spec(to_container(gcfg))
 
 
-def save_plan(value, graph: CompGraph, topology: DeviceTopology, out: Path):
-    """Write a learned result (a StagePlan, or a device array) as ``plan.json`` / ``placement.json`` next to
-    ``graph.json`` (so ``placement-rl deploy plan=<that file>`` finds its graph); return (plan, file name)."""
+def save_plan(value, graph: CompGraph, topology: DeviceTopology, out: Path, costs: Any = None):
+    """Write a result (a StagePlan, or a device array) as ``plan.json`` / ``placement.json`` next to ``graph.json``
+    (so ``placement-rl deploy plan=<that file>`` finds its graph); with ``costs``, the file's ``meta`` names the
+    cost source that priced it (``cost_source``: device by device, as metrics.json's: which cost model, profile and
+    precision, ``calibrated:<fit>:bf16``, its step time is for); return (plan, file name)."""
+    from dataclasses import replace
+
     import numpy as np
 
     from placement_rl.plans import Placement, StagePlan
 
+    source = {} if costs is None else {"cost_source": costs.describe_source(topology.device_names)}
+    plan = (replace(value, meta={**value.meta, **source}) if isinstance(value, StagePlan)
+            else Placement(np.asarray(value)[: graph.num_nodes], meta=source))
+    name = "plan.json" if isinstance(plan, StagePlan) else "placement.json"
     graph.to_json(out / "graph.json")
-    if isinstance(value, StagePlan):
-        value.to_json(out / "plan.json", graph=graph, topology=topology)
-        return value, "plan.json"
-    plan = Placement(np.asarray(value)[: graph.num_nodes])
-    plan.to_json(out / "placement.json", graph=graph, topology=topology)
-    return plan, "placement.json"
+    plan.to_json(out / name, graph=graph, topology=topology)
+    return plan, name
 
 
 def build_topology(tcfg: DictConfig | str, *, threads: int = 1) -> DeviceTopology:

@@ -7,8 +7,8 @@ import time
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from placement_rl.cli.common import (Phases, build_graph, build_topology, hydra_app, output_dir, plural, warm_up,
-                                     write_json)
+from placement_rl.cli.common import (Phases, build_graph, build_topology, hydra_app, output_dir, plural, save_plan,
+                                     warm_up, write_json)
 from placement_rl.cli.place_search import FOLDER
 from placement_rl.errors import ConfigError, PlanError
 
@@ -27,23 +27,6 @@ def _artifacts(out, plan_file: str, compared: list[str], searched: bool = False,
                                                 *(["search/placement.json"] if searched else []), *timed,
                                                 *(["fit/placement.json"] if fitted else []),
                                                 *(["cp/placement.json"] if cp else []), *compared])
-
-
-def save_priced(value, graph, topology, out, costs):
-    """``common.save_plan`` of ``value`` (a StagePlan or a device array), its file's ``meta`` naming the cost source
-    that priced it (``cost_source``: device by device, as metrics.json's), so the file says which cost model,
-    profile and precision (``calibrated:<fit>:bf16``) its step time is for; returns (plan, file name)."""
-    from dataclasses import replace
-
-    from placement_rl.plans import Placement, StagePlan
-
-    source = {"cost_source": costs.describe_source(topology.device_names)}
-    plan = (replace(value, meta={**value.meta, **source}) if isinstance(value, StagePlan)
-            else Placement(np.asarray(value)[: graph.num_nodes], meta=source))
-    name = "plan.json" if isinstance(plan, StagePlan) else "placement.json"
-    graph.to_json(out / "graph.json")
-    plan.to_json(out / name, graph=graph, topology=topology)
-    return plan, name
 
 
 def costs_line(costs) -> str:
@@ -181,7 +164,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
                   "devices": np.asarray(bound.cp_placement)}
     chosen = res.best_label  # greedy, greedy on links x slower (the first samples), or sample k
     out = output_dir()
-    plan, plan_file = save_priced(res.best_devices, graph, topology, out, costs)
+    plan, plan_file = save_plan(res.best_devices, graph, topology, out, costs=costs)
     # every placement's simulator calls: N x D + 1 with the whole-graph window (its completions), else 1
     calls = placement_calls(policy, task) * (1 + samples)
     metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, **checkpoint_id(ckpt_path),
@@ -203,7 +186,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
                       "seconds": wall + time.perf_counter() - t1, "devices": np.asarray(p.device_of_node)}
             note.append(f"{search['step_time'] * 1e3:.3f} ms")
         (out / "search").mkdir(exist_ok=True)
-        save_priced(search["devices"], graph, topology, out / "search", costs)
+        save_plan(search["devices"], graph, topology, out / "search", costs=costs)
         metrics["search"] = {k: v for k, v in search.items() if k != "devices"}
     timed, timed_files = None, []
     if search_seconds > 0:  # the policy-guided search for that many seconds (anytime), and the searches a user
@@ -211,7 +194,8 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
 
         timed = place_search.run_searches(policy, graph, costs, topology, task, search_seconds, seed=seed,
                                           compare=bool(cfg.compare), phases=phases)
-        timed_files = place_search.write(timed, graph, topology, out, search_seconds, learned=step_time)
+        timed_files = place_search.write(timed, graph, topology, out, search_seconds, learned=step_time,
+                                         costs=costs)
         metrics["policy_search"] = place_search.metrics(timed)
     ran = {} if timed is None else place_search.done(timed)  # policy_search and the same-seconds searches that ran
     fitted = None
@@ -219,11 +203,11 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         fitted = fit_row(graph, costs, topology, res.best_devices, seed)
         if fitted is not None:
             (out / "fit").mkdir(exist_ok=True)
-            save_priced(fitted["devices"], graph, topology, out / "fit", costs)
+            save_plan(fitted["devices"], graph, topology, out / "fit", costs=costs)
             metrics["fitted"] = {k: v for k, v in fitted.items() if k != "devices"}
     if cp_row is not None:
         (out / "cp").mkdir(exist_ok=True)
-        save_priced(cp_row["devices"], graph, topology, out / "cp", costs)
+        save_plan(cp_row["devices"], graph, topology, out / "cp", costs=costs)
         metrics["cp_solution"] = {k: v for k, v in cp_row.items() if k != "devices"}
     compared: list[str] = []
     if cfg.compare:
@@ -503,7 +487,7 @@ def run(cfg: DictConfig) -> dict:
     costs = env.unwrapped.task.costs
     wall = time.perf_counter() - t0
     out = output_dir()
-    plan, plan_file = save_priced(value, graph, topology, out, costs)
+    plan, plan_file = save_plan(value, graph, topology, out, costs=costs)
     metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name,
                **checkpoint_id(str(cfg.checkpoint)), "decode": cfg.decode, "samples": samples, "step_time": step_time,
                "feasible": not infeasible, "chosen": chosen, "sim_calls": calls, **({"start": start} if start else {}),

@@ -69,7 +69,8 @@ def done(found: dict[str, dict]) -> dict[str, dict]:
     return {n: r for n, r in found.items() if "refused" not in r}
 
 
-def write(found: dict[str, dict], graph, topology, out: Path, seconds: float, *, learned: float) -> list[str]:
+def write(found: dict[str, dict], graph, topology, out: Path, seconds: float, *, learned: float,
+          costs=None) -> list[str]:
     """``policy_search``'s placement, the traces (``trace.csv``: method, seconds, simulator calls, best step time)
     and the anytime plot (``anytime.png``, with the learned plan's step time dashed) in ``out/FOLDER``; returns
     the files written, relative to ``out``."""
@@ -79,7 +80,7 @@ def write(found: dict[str, dict], graph, topology, out: Path, seconds: float, *,
     found = done(found)
     folder = out / FOLDER
     folder.mkdir(exist_ok=True)
-    save_plan(found["policy_search"]["devices"], graph, topology, folder)
+    save_plan(found["policy_search"]["devices"], graph, topology, folder, costs=costs)
     write_csv(folder / "trace.csv", [{"method": name, "seconds": f"{s:.6g}", "sim_calls": c,
                                       "best_step_time_ms": f"{t * 1e3:.6g}"}
                                      for name, r in found.items() for s, c, t in r["trace"]],

@@ -193,7 +193,7 @@ def run_constructive(cfg: DictConfig) -> dict:
         equal_seconds_rows(res, zero_shot, asks, seed=int(cfg.seed), log=log)
     res.trainer.save(out / "checkpoint.pt", extra={"finetuned_on": f"{graph.name}@{topology.name}"})
     best = res.best("learned")
-    plan, plan_file = save_plan(best.devices, graph, topology, out)
+    plan, plan_file = save_plan(best.devices, graph, topology, out, costs=costs)
     rows = describe(res)
     metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, **checkpoint_id(ckpt),
                "cost_source": costs.describe_source(topology.device_names), "rows": rows,
@@ -201,7 +201,7 @@ def run_constructive(cfg: DictConfig) -> dict:
     files = ["checkpoint.pt", "graph.json", plan_file, "metrics.json", "learned.md", "training.png"]
     if any(r.kind == "search" for r in res.rows):
         s = res.best("search")
-        s_plan, _ = save_plan(s.devices, graph, topology, out / "search")
+        s_plan, _ = save_plan(s.devices, graph, topology, out / "search", costs=costs)
         metrics["search_step_time"] = s.step_time
         files.append("search/placement.json")
     from placement_rl.report import markdown_table, training_curve
