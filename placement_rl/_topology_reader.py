@@ -25,6 +25,7 @@ PAIR_FIELDS = ("between",) + LINK_FIELDS
 TOP_FIELDS = ("name", "description", "devices", "links", "dtype", "cost_model", "collective_fit", "l2_bytes",
               "peak_flops_tf32", "peak_flops_bf16", "peak_flops_fp16", "peak_flops_fp64")
 NOTE_FIELDS = ("peak_flops_base", "peak_flops_tensor")  # datasheet notes in presets, not read
+OPTIONAL_PEAKS = ("peak_flops_fp16", "peak_flops_fp64")  # without them fp16 runs at the bf16 peak, fp64 at fp32's
 MAX_DEVICE_COUNT = 65536  # devices per entry: a larger count is a typo, not a cluster (and would not fit in memory)
 
 
@@ -74,7 +75,7 @@ def _with_datasheet(entry: Mapping[str, Any], kind: str, data: Mapping[str, Any]
     try:
         sheet = resolve(model) if model else None
     except TopologyError as exc:
-        if not [k for k in wanted if k != "peak_flops_fp16"]:  # no fp16 peak: the cost model takes the bf16 one
+        if not [k for k in wanted if k not in OPTIONAL_PEAKS]:  # the cost model does without them
             return entry
         raise TopologyError(f"{where}: {exc}") from None
     if sheet is None:
@@ -87,10 +88,11 @@ def _with_datasheet(entry: Mapping[str, Any], kind: str, data: Mapping[str, Any]
             raise TopologyError(f"{where}: missing field '{missing}' ({hint})")
         return entry
     filled = {k: v for k, v in sheet.fields().items() if k in wanted}
-    if filled and filled_from is not None:  # the caller says it, once for a run of entries alike
-        filled_from.append((tuple(filled), sheet.product))
-    elif filled:
-        logging.getLogger(__name__).info("%s: %s from the datasheet of %s", where, ", ".join(filled), sheet.product)
+    said = tuple(k for k in filled if k not in OPTIONAL_PEAKS)  # the optional peaks alone: not worth a line
+    if said and filled_from is not None:  # the caller says it, once for a run of entries alike
+        filled_from.append((said, sheet.product))
+    elif said:
+        logging.getLogger(__name__).info("%s: %s from the datasheet of %s", where, ", ".join(said), sheet.product)
     return {**filled, **entry}
 
 

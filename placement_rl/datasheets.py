@@ -1,7 +1,8 @@
 """GPU datasheet figures by product name, so that a topology can name its GPUs instead of copying their figures.
 
-``lookup(name)`` -> ``Datasheet`` (or None): FP32 peak (no tensor cores), memory bandwidth, memory, SM count, L2
-and the dense TF32 / BF16 / FP16 tensor-core peaks (0 where the GPU has none), for a product name as people write it or
+``lookup(name)`` -> ``Datasheet`` (or None): FP32 peak (no tensor cores), memory bandwidth, memory, SM count, L2,
+the dense TF32 / BF16 / FP16 tensor-core peaks (0 where the GPU has none) and the FP64 peak, for a product name as
+people write it or
 as ``torch.cuda.get_device_name`` reports it (``H100-SXM5-80GB``, ``NVIDIA H100 80GB HBM3``, ``Tesla T4``,
 ``rtx4090``). A topology YAML device with ``kind: gpu`` and a known ``model`` may leave out any of these fields
 (``placement_rl.topology``); ``placement_rl._local`` reads the same table for a detected GPU.
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from placement_rl.errors import TopologyError
@@ -46,15 +47,34 @@ class Datasheet:
     # dense FP16 with FP32 accumulation, as PyTorch runs it (-1: the BF16 peak, as on Ampere and newer, where one
     # rate serves both; a Volta / Turing row gives its own)
     peak_flops_fp16: float = -1.0
+    # FP64 a GEMM reaches (the FP64 tensor cores' where there are some): ``_FP64`` for the data-centre cards that
+    # run it at 1/2 of FP32 or better, else 1/64 of the FP32 peak (Ampere and newer GeForce, workstation and
+    # inference cards, with BF16 tensor cores) or 1/32 (Turing, Pascal)
+    peak_flops_fp64: float = field(init=False, default=0.0)
 
     def __post_init__(self) -> None:
         if self.peak_flops_fp16 < 0:
             object.__setattr__(self, "peak_flops_fp16", self.peak_flops_bf16)
+        ratio = 1 / 64 if self.peak_flops_bf16 else 1 / 32
+        object.__setattr__(self, "peak_flops_fp64", _FP64.get(self.product, self.peak_flops * ratio))
 
     def fields(self) -> dict[str, float | int]:
         return {"peak_flops": self.peak_flops, "mem_bandwidth": self.mem_bandwidth, "memory_bytes": self.memory_bytes,
                 "sm_count": self.sm_count, "l2_bytes": self.l2_bytes, "peak_flops_tf32": self.peak_flops_tf32,
-                "peak_flops_bf16": self.peak_flops_bf16, "peak_flops_fp16": self.peak_flops_fp16}
+                "peak_flops_bf16": self.peak_flops_bf16, "peak_flops_fp16": self.peak_flops_fp16,
+                "peak_flops_fp64": self.peak_flops_fp64}
+
+
+# FP64 (tensor core where there is one) of the cards that run it fast: NVIDIA's datasheets (HGX B200 and GB200 NVL72
+# per GPU; H100 / H200 / GH200, A100 / A800, A30 FP64 Tensor Core; V100, TITAN V and P100 FP64 at 1/2 of FP32; the
+# K80 at 1/3)
+_FP64 = {"GB200 186GB (one GPU of an NVL72)": 45e12, "B200 180GB (HGX)": 37e12, "GH200 96GB": 67e12,
+         "H200 NVL": 60e12, "H200 SXM 141GB": 67e12, "H100 PCIe 80GB": 51e12, "H100 NVL 94GB": 60e12,
+         "H100 SXM5 80GB": 67e12, "A100 80GB PCIe": 19.5e12, "A100 SXM4 80GB": 19.5e12, "A100 40GB": 19.5e12,
+         "A800 80GB PCIe": 19.5e12, "A800 40GB PCIe": 19.5e12, "A800 SXM4 80GB": 19.5e12, "A30 24GB": 10.3e12,
+         "V100S PCIe 32GB": 8.2e12, "V100 PCIe 32GB": 7.0e12, "V100 PCIe 16GB": 7.0e12, "V100 SXM2 32GB": 7.8e12,
+         "V100 SXM2 16GB": 7.8e12, "TITAN V 12GB": 7.45e12, "P100 PCIe 12GB": 4.7e12, "P100 PCIe 16GB": 4.7e12,
+         "P100 SXM2 16GB": 5.3e12, "K80 (one of the board's two GPUs)": 1.455e12}
 
 
 # (words that must all appear in the name, product, FP32, bytes/s, memory, SMs, L2, TF32 dense, BF16 dense[, FP16

@@ -11,6 +11,7 @@ YAML schema (presets live in ``conf/topology/<name>.yaml``)::
          peak_flops_tf32: 0, peak_flops_bf16: 0, peak_flops_fp16: 125e12,   # optional tensor-core peaks
          peak_flops_fp64: 7.8e12}                                           # and FP64 peak
     dtype: fp32                    # optional: fp32 (default), tf32, bf16 or fp16; the GPU cost model's precision
+                                   # (fp64: a graph captured in fp64 runs in it, no topology dtype asks for it)
     cost_model: calibrated         # optional: calibrated (default for GPUs) or roofline
     collective_fit: a100_dgx       # optional: a measured system whose NCCL fits price the links and
                                    # collectives (placement_rl.cost.comm_fit; checked when first priced)
@@ -23,8 +24,8 @@ YAML schema (presets live in ``conf/topology/<name>.yaml``)::
 Units: FLOP/s, bytes/s, bytes, seconds. A topology-level ``peak_flops_tf32`` / ``peak_flops_bf16`` /
 ``peak_flops_fp16`` / ``peak_flops_fp64`` / ``l2_bytes`` is the default of every GPU that does not set its own. A
 GPU whose ``model`` is a product ``placement_rl.datasheets`` knows (``- {name: gpu, count: 8, model: L40S}``) may
-leave out any of ``peak_flops``, ``mem_bandwidth``, ``memory_bytes``, ``sm_count``, ``l2_bytes`` and the
-tensor-core peaks (not the FP64 one: the table has none): they come from its datasheet (a figure
+leave out any of ``peak_flops``, ``mem_bandwidth``, ``memory_bytes``, ``sm_count``, ``l2_bytes``, the
+tensor-core peaks and the FP64 one: they come from its datasheet (a figure
 given on the device or at the top level wins). A device entry may also set ``index_start`` (the first CUDA
 index of its ``count`` devices) and ``numbered: true`` (number its name even when ``count`` is 1).
 

@@ -142,11 +142,17 @@ def test_an_fp64_capture_runs_at_the_fp64_peak_or_warns_that_the_fp32_one_is_opt
     fp32, fp64 = resolve_costs(g32, v100), resolve_costs(g64, v100)
     assert fp64.source[0].endswith(":fp64")
     assert gemm(fp64) > 1.5 * gemm(fp32)  # 7.8 against 15.7 TFLOP/s
-    a100 = load_topology("1x_a100_80gb_pcie")  # no FP64 peak given: the FP32 one, said
+    a100 = load_topology("1x_a100_80gb_pcie")  # the datasheet's FP64 tensor-core peak, 19.5 TFLOP/s
+    assert a100.devices[0].peak_flops_fp64 == 19.5e12 and load_topology("1x_t4").devices[0].peak_flops_fp64 < 0.3e12
+    data = a100.to_dict()
+    data["devices"][0].update(model="", peak_flops_fp64=0.0)  # no figure, no product to take one from
+    bare = DeviceTopology.from_dict(data)
     with caplog.at_level(logging.WARNING):
-        got = resolve_costs(g64, a100)
-    assert got.source[0].endswith(":fp64") and gemm(got) >= gemm(resolve_costs(g32, a100)) * 0.99
-    assert any("peak_flops_fp64" in r.getMessage() and "optimistic" in r.getMessage() for r in caplog.records)
+        got = resolve_costs(g64, bare)
+        resolve_costs(g64, bare)
+    assert got.source[0].endswith(":fp64") and gemm(got) >= gemm(resolve_costs(g32, bare)) * 0.99
+    said = [r.getMessage() for r in caplog.records if "peak_flops_fp64" in r.getMessage()]
+    assert len(said) == 1 and "optimistic" in said[0] and bare.name in said[0]  # once per topology
 
 
 def test_precision_refusals_name_the_missing_tensor_cores_and_an_override_is_said(caplog):

@@ -78,7 +78,7 @@ from placement_rl.baselines.pipe_common import Plan, PipeProblem, microbatch_cho
 from placement_rl.baselines.pipe_exhaustive import (FASTEST_FIRST_ONLY, _exhaustive_space, compositions,
                                                      count_compositions, pp_exhaustive)
 from placement_rl.baselines.pipe_fixed import (_best_connected, _replicated, device_counts, pipedream, pp_params,
-                                                pp_time_dp, pp_uniform)
+                                                pp_time_dp, pp_uniform, stage_cap)
 from placement_rl.plans import SHARDINGS
 from placement_rl.cost.types import CostTable
 from placement_rl.errors import ConfigError, PlanError, fmt_bytes
@@ -301,4 +301,5 @@ def get(name: str):
     return partitioner
 
 
-__all__ = ["FASTEST_FIRST_ONLY", "PARTITIONERS", "compositions", "count_compositions", "get"]
+__all__ = ["FASTEST_FIRST_ONLY", "PARTITIONERS", "compositions", "count_compositions", "device_counts", "get",
+           "pipedream", "pp_exhaustive", "pp_params", "pp_time_dp", "pp_uniform", "stage_cap"]

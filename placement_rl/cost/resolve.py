@@ -131,6 +131,12 @@ def _estimator(graph: CompGraph, topology: DeviceTopology, gpu_model: str | None
         _say_once(f"topology '{topology.name}' says dtype {given}: graph '{graph.name}', captured in {captured}, is "
                   f"priced in {given}")
     fit = cal.shipped_fit() if model == "calibrated" else None
+    lacking = [d.name for d in topology.devices if d.kind == "gpu" and not d.peak_flops_fp64]
+    if dtype == "fp64" and fit is not None and lacking:
+        _say_once(f"graph '{graph.name}' runs in fp64 and topology '{topology.name}' gives no 'peak_flops_fp64' for "
+                  f"{', '.join(lacking[:4])}{' ...' if len(lacking) > 4 else ''}: their GEMMs are priced at the FP32 "
+                  "peak, optimistic (most GPUs run FP64 at 1/32-1/64 of it, the V100 / A100 / H100 at 1/2 or "
+                  "with FP64 tensor cores): give the devices' peak_flops_fp64")
     feat: list = []
     memo: dict[tuple, tuple] = {}
 
@@ -141,11 +147,7 @@ def _estimator(graph: CompGraph, topology: DeviceTopology, gpu_model: str | None
         tensor = {"tf32": dev.peak_flops_tf32, "bf16": dev.peak_flops_bf16,
                   "fp16": dev.peak_flops_fp16 or dev.peak_flops_bf16, "fp64": dev.peak_flops_fp64}.get(dtype, 0.0)
         run = dtype
-        if dtype == "fp64" and not tensor:
-            _say_once(f"graph '{graph.name}' runs in fp64 and GPU '{dev.name}' gives no 'peak_flops_fp64': its GEMMs "
-                      "are priced at the FP32 peak, optimistic (most GPUs run FP64 at 1/32-1/64 of it; the V100 / "
-                      "A100 / H100 at 1/2): give the device's peak_flops_fp64")
-        elif dtype != "fp32" and not tensor:
+        if dtype not in ("fp32", "fp64") and not tensor:
             if given is not None:
                 raise ProfileError(_no_peak(dev, dtype))
             run = "fp32"  # a half-precision capture on a GPU with no bf16 peak: its fp32 peak, fp32 bytes
