@@ -44,19 +44,25 @@ the times are typically over ``OTHER_CPU`` x off its estimate, a note line says 
 it cannot be right about (a node the graph lacks) are refused, implausible ones (zero for a node with FLOPs, over
 ``IMPLAUSIBLE`` x the topology's estimate) are a warning line on stderr. Any problem is one ``ProfileError`` line
 naming the file and what to fix.
+
+The reading lives beside this module: the file and its values in ``_costs_read``, edges, colocation and the batch in
+``_costs_edges``, a profile's links and labels in ``_costs_profile``, the plausibility warnings in
+``_costs_plausible``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import os
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
+from placement_rl.cost._costs_edges import _at_graph_batch, _colocate, _edge_bytes
+from placement_rl.cost._costs_plausible import IMPLAUSIBLE, LIKELY_UNIT, _warn_implausible
+from placement_rl.cost._costs_profile import OTHER_CPU, _note_unnamed_cpus, _profile_label, _profile_links
+from placement_rl.cost._costs_read import UNITS, _coarsened, _device_keys, _number, _per_device, _read, _warn
 from placement_rl.cost.modes import MODES, inference_costs
 from placement_rl.cost.resolve import resolve_costs
 from placement_rl.cost.types import CostTable
@@ -64,98 +70,11 @@ from placement_rl.errors import ProfileError
 from placement_rl.graph.ir import CompGraph
 from placement_rl.topology import DeviceTopology
 
+__all__ = ["IMPLAUSIBLE", "LIKELY_UNIT", "OTHER_CPU", "SCHEMA", "UNITS", "load_costs", "restriction_errors",
+           "stage_restriction_errors"]
+
 SCHEMA = "placement_rl.costs"
 VERSION = 1
-UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
-IMPLAUSIBLE = 1e4  # a measured time this many times the topology's own estimate is a hand edit or a broken run
-LIKELY_UNIT = 300.0  # most times this many times the estimate: one factor on every time, e.g. ms read as s
-OTHER_CPU = 4.0  # a profile's CPU times typically this far off a CPU device's estimate: likely another CPU
-
-
-class _DuplicateKey(ValueError):
-    """A key given twice in one JSON object or YAML mapping (the parsers would keep the last in silence)."""
-
-
-def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``json.loads``'s ``object_pairs_hook``: the object, refusing a key given twice."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(f"key '{key}' is given twice in one object")
-        out[key] = value
-    return out
-
-
-def _unique_yaml_loader() -> type:
-    """A ``yaml.SafeLoader`` that refuses a mapping key given twice (merge keys ``<<`` may still be overridden)."""
-    import yaml
-
-    class UniqueKeyLoader(yaml.SafeLoader):
-        def construct_mapping(self, node, deep=False):
-            seen: set[Any] = set()
-            for key_node, _ in node.value:
-                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
-                    key = self.construct_object(key_node, deep=deep)
-                    if key in seen:
-                        mark = key_node.start_mark
-                        raise _DuplicateKey(f"key '{key}' is given twice in one mapping (line {mark.line + 1})")
-                    seen.add(key)
-            return super().construct_mapping(node, deep=deep)
-    return UniqueKeyLoader
-
-
-def _read(path: str | os.PathLike) -> tuple[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise ProfileError(f"costs file '{p}' does not exist")
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"{p}: cannot read costs file ({exc.__class__.__name__})") from None
-    try:
-        if p.suffix in (".yaml", ".yml"):
-            return str(p), _load_yaml(p, text)
-        try:
-            return str(p), json.loads(text, object_pairs_hook=_unique_pairs)
-        except json.JSONDecodeError as exc:
-            raise ProfileError(f"{p}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    except _DuplicateKey as exc:
-        raise ProfileError(f"{p}: {exc}: give each entry once") from None
-
-
-def _load_yaml(p: Path, text: str) -> Any:
-    import yaml
-
-    try:
-        return yaml.load(text, Loader=_unique_yaml_loader())  # noqa: S506 -- a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"{p}: malformed YAML ({str(exc).splitlines()[0]})") from None
-
-
-def _number(where: str, value: Any, *, what: str) -> float:
-    if isinstance(value, str):  # YAML 1.1 reads 4.0e6 (no sign in the exponent) as a string, as the topology reader
-        try:                    # takes it
-            value = float(value)
-        except ValueError:
-            pass
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ProfileError(f"{where}: {what} must be a number >= 0, got {value!r}")
-    return float(value)
-
-
-def _per_device(where: str, value: Any, topology: DeviceTopology, what: str, scale: float) -> np.ndarray:
-    """One value per device from a number or a mapping keyed by device name, model or kind."""
-    if not isinstance(value, Mapping):
-        return np.full(topology.num_devices, _number(where, value, what=what) * scale)
-    out = np.empty(topology.num_devices)
-    for j, dev in enumerate(topology.devices):
-        key = next((k for k in (dev.name, dev.model, dev.kind) if k and k in value), None)
-        if key is None:
-            raise ProfileError(f"{where}: {what} has no entry for device '{dev.name}' (kind {dev.kind}"
-                               f"{', model ' + dev.model if dev.model else ''}): give one keyed by its name, model "
-                               "or kind")
-        out[j] = _number(where, value[key], what=f"{what}['{key}']") * scale
-    return out
 
 
 def load_costs(path: str | os.PathLike, graph: CompGraph, topology: DeviceTopology) -> tuple[CompGraph, CostTable]:
@@ -282,223 +201,6 @@ def load_costs(path: str | os.PathLike, graph: CompGraph, topology: DeviceTopolo
     return new_graph, (inference_costs(costs) if mode == "inference" else costs)
 
 
-def _node_name(at: str, value: Any, what: str) -> str:
-    """A node name where the file must give one (a list or a mapping there is one line, not a ``TypeError``)."""
-    if not isinstance(value, str):
-        raise ProfileError(f"{at}: {what} must be a node name, got {value!r}")
-    return value
-
-
-def _warn(text: str) -> None:
-    """One warning line on stderr."""
-    import sys
-
-    print(f"warning: {text}", file=sys.stderr)
-
-
-def _device_keys(topology: DeviceTopology) -> set[str]:
-    """What a per-device mapping may be keyed by: the topology's device names, models and kinds."""
-    return {k for dev in topology.devices for k in (dev.name, dev.model, dev.kind) if k}
-
-
-def _at_graph_batch(where: str, fwd: np.ndarray, bwd: np.ndarray, batch: int | None, graph: CompGraph,
-                    meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, int | None]:
-    """``(fwd, bwd, batch)`` for the graph's own batch: times measured at ``batch`` scaled linearly to it (as
-    ``simulate_pipeline`` scales to a micro-batch), the measured batch kept as ``meta["measured_batch_size"]``;
-    unchanged where either batch is unknown or they agree."""
-    import sys
-
-    from placement_rl.plans import graph_batch_size
-
-    own = graph_batch_size(graph)
-    if batch is None or own is None or own == batch:
-        return fwd, bwd, batch
-    meta["measured_batch_size"] = batch
-    print(f"note: {where}: times measured at batch_size {batch} are scaled by {own / batch:g} to batch {own}, the "
-          f"batch of graph '{graph.name}'", file=sys.stderr)
-    return fwd * (own / batch), bwd * (own / batch), own
-
-
-def _edge_bytes(where: str, data: Mapping[str, Any], graph: CompGraph, topology: DeviceTopology,
-                index: Mapping[str, int], unit: str) -> np.ndarray:
-    """The graph's edge bytes with the file's ``edges`` entries: bytes as given, a time (in ``unit``) as the bytes
-    that take it on ``time_link``, a time below its latency as 0 bytes (one warning line names those edges). On one
-    device nothing is transferred, so a time there is checked and leaves the graph's."""
-    scale = UNITS[unit]
-    ebytes = np.array(graph.edge_bytes, dtype=float)
-    low: list[str] = []
-    edges = data.get("edges") or []
-    if not isinstance(edges, list):
-        raise ProfileError(f"{where}: 'edges' must be a list of {{src, dst, bytes | time}}")
-    lookup = {(int(u), int(v)): e for e, (u, v) in enumerate(graph.edges.tolist())}
-    link = _time_link(where, data.get("time_link"), topology)
-    seen: dict[tuple[int, int], int] = {}
-    for k, e in enumerate(edges):
-        at = f"{where}: edges[{k}]"
-        if not isinstance(e, Mapping) or "src" not in e or "dst" not in e or ("bytes" in e) == ("time" in e):
-            raise ProfileError(f"{at} must be {{src, dst}} with exactly one of 'bytes' or 'time'")
-        src, dst = _node_name(at, e["src"], "'src'"), _node_name(at, e["dst"], "'dst'")
-        if src not in index or dst not in index:
-            raise ProfileError(f"{at}: node '{src if src not in index else dst}' is not in graph "
-                               f"'{graph.name}'{_coarsened(graph)}")
-        key = (index[src], index[dst])
-        if key not in lookup:
-            raise ProfileError(f"{at}: graph '{graph.name}' has no edge {src} -> {dst}")
-        if key in seen:
-            raise ProfileError(f"{at}: edge {src} -> {dst} is given twice (also edges[{seen[key]}]): give it once")
-        seen[key] = k
-        if "bytes" in e:
-            ebytes[lookup[key]] = _number(at, e["bytes"], what="bytes")
-            continue
-        t = _number(at, e["time"], what="time") * scale
-        if link is not None:
-            lat, bw = link
-            ebytes[lookup[key]] = max(t - lat, 0.0) * bw
-            if t < lat:
-                low.append(f"edges[{k}] {src} -> {dst} time {e['time']!r} {unit}")
-            if not math.isfinite(ebytes[lookup[key]]):
-                raise ProfileError(f"{at}: time {e['time']!r} gives {ebytes[lookup[key]]:g} bytes on time_link: "
-                                   "give the edge's 'bytes' instead")
-    if low:
-        _warn(f"{where}: {', '.join(low)} {'is' if len(low) == 1 else 'are'} below time_link's latency "
-              f"({link[0] / scale:g} {unit}): priced as 0 bytes; give the edge's 'bytes' instead")
-    return ebytes
-
-
-def _colocate(where: str, value: Any, graph: CompGraph, index: Mapping[str, int]) -> list[list[int]]:
-    """The ``colocate`` groups as node indices."""
-    if value is not None and not isinstance(value, list):
-        raise ProfileError(f"{where}: 'colocate' must be a list of node-name lists, got {value!r}")
-    groups = []
-    for k, grp in enumerate(value or []):
-        at = f"{where}: colocate[{k}]"
-        if not isinstance(grp, list):
-            raise ProfileError(f"{at} must be a list of node names, got {grp!r}")
-        names = [_node_name(at, x, "each entry") for x in grp]
-        bad = next((x for x in names if x not in index), None)
-        if bad is not None:
-            raise ProfileError(f"{at} names '{bad}', not a node of graph '{graph.name}'")
-        groups.append(sorted(index[x] for x in names))
-    return groups
-
-
-def _profile_links(db: Any, topology: DeviceTopology) -> tuple[DeviceTopology, str]:
-    """``topology`` with the profile's measured ``copy`` fits on the links between two torch devices of one host
-    where the profile has them, and ``measured`` / ``topology``: what prices the transfers."""
-    bw, lat = np.array(topology.link_bandwidth), np.array(topology.link_latency)
-    measured = False
-    for i, a in enumerate(topology.devices):
-        for j in range(i + 1, topology.num_devices):
-            b = topology.devices[j]
-            got = db.link(a.torch_device, b.torch_device) if a.host == b.host else None
-            if got is None or _torch_device(a.torch_device) == _torch_device(b.torch_device):
-                continue
-            lat[i, j] = lat[j, i] = got[0]
-            bw[i, j] = bw[j, i] = got[1]
-            measured = True
-    if not measured:
-        return topology, "topology"
-    return dataclasses.replace(topology, link_bandwidth=bw, link_latency=lat), "measured"
-
-
-def _torch_device(name: str) -> str:
-    return "cuda:0" if name == "cuda" else name
-
-
-def _same_model(a: str, b: str) -> bool:
-    """Whether two hardware names share a model number (``Tesla V100-PCIE-32GB`` / ``V100-PCIe-32GB``)."""
-    import re
-
-    def numbers(x: str) -> set[str]:
-        return {t for t in re.split(r"[^a-z0-9]+", x.lower()) if any(c.isdigit() for c in t)}
-    return bool(numbers(a) & numbers(b)) or a.strip().lower() == b.strip().lower()
-
-
-def _profile_label(source: str, db: Any, device: Any, links: str, precision: str = "fp32") -> str:
-    """A measured device's cost source with what the profile measured (precision where not fp32, model, threads)
-    and, where the topology names another model for the device it prices, that one: ``measured:p.json:cpu (AMD
-    EPYC, 1 thread; links: topology)``, ``measured:p.json:cuda:0 (fp16, NVIDIA H100 ...; links: ...)``."""
-    rec = db.data["devices"].get(db.resolve_device(device) or "", {})
-    what = [precision] if precision != "fp32" else []
-    what += [str(rec["model"])] if rec.get("model") else []
-    if rec.get("kind") == "cpu" and isinstance(rec.get("threads"), int):
-        what.append(f"{rec['threads']} thread{'s' if rec['threads'] != 1 else ''}")
-    if device.model and rec.get("model") and not _same_model(device.model, str(rec["model"])):
-        what.append(f"pricing {device.name}, a {device.model}")
-    return f"{source} ({', '.join(what) + '; ' if what else ''}links: {links})"
-
-
-def _note_unnamed_cpus(where: str, db: Any, topology: DeviceTopology, costs: CostTable, estimate: CostTable) -> None:
-    """A note line on stderr where the profile's CPU times price CPU devices whose model the topology does not name
-    and are typically more than ``OTHER_CPU`` x off the topology's own estimate for them (either way): likely
-    another CPU or thread count, which the cost source cannot name (``_profile_label`` names a different model
-    where the topology gives one)."""
-    import sys
-
-    found: dict[str, list[int]] = {}
-    for j, (src, dev) in enumerate(zip(costs.source, topology.devices)):
-        rec = db.data["devices"].get(db.resolve_device(dev) or "", {})
-        if src.startswith("measured:") and dev.kind == "cpu" and not dev.model and rec.get("model"):
-            found.setdefault(str(rec["model"]), []).append(j)
-    for model, cols in found.items():
-        ratio = _typical_ratio(costs.fwd_time[:, cols], estimate.fwd_time[:, cols])
-        if ratio > OTHER_CPU or 0 < ratio * OTHER_CPU < 1:
-            names = ", ".join(topology.devices[j].name for j in cols)
-            print(f"note: {where}: the profile's CPU times ({model}) are typically {ratio:.3g} x the estimate for "
-                  f"{names}, whose model topology '{topology.name}' does not name: likely another CPU or thread "
-                  "count (give the device a 'model' to have it named in the cost source)", file=sys.stderr)
-
-
-def _warn_implausible(where: str, graph: CompGraph, costs: CostTable, estimate: CostTable, show: int = 3, *,
-                      fix: str = "check the file or re-profile") -> None:
-    """One warning line on stderr per kind of implausible measured time: zero forward time for a node with FLOPs, a
-    time over ``IMPLAUSIBLE`` x the topology's estimate (hand edits, broken runs), and most nodes' times over
-    ``LIKELY_UNIT`` x it (a unit mistake: one factor on every time, under ``IMPLAUSIBLE``)."""
-    import sys
-
-    measured = [j for j, src in enumerate(costs.source) if src.startswith("measured:")]
-    zero, huge = [], []
-    for i, name in enumerate(graph.names):
-        t = [(costs.fwd_time[i, j], costs.bwd_time[i, j], estimate.fwd_time[i, j], estimate.bwd_time[i, j])
-             for j in measured]
-        if graph.fwd_flops[i] > 0 and any(f == 0 for f, _, _, _ in t):
-            zero.append(name)
-        elif any(f > IMPLAUSIBLE * ef > 0 or b > IMPLAUSIBLE * eb > 0 for f, b, ef, eb in t):
-            huge.append(f"{name} {max(max(f, b) for f, b, _, _ in t):.3g} s")
-    for found, what in ((zero, f"a forward time of 0 for {'nodes' if len(zero) != 1 else 'a node'} with FLOPs"),
-                        (huge, f"times over {IMPLAUSIBLE:g} x the topology's estimate")):
-        if found:
-            more = f", ... ({len(found)} in all)" if len(found) > show else ""
-            print(f"warning: {where}: {what}: {', '.join(found[:show])}{more}; {fix}", file=sys.stderr)
-    ratio = _typical_ratio(costs.fwd_time[:, measured], estimate.fwd_time[:, measured])
-    if ratio > LIKELY_UNIT:
-        print(f"warning: {where}: most forward times are over {LIKELY_UNIT:g} x the topology's estimate (typically "
-              f"{ratio:.3g} x): a unit mistake? {fix}", file=sys.stderr)
-
-
-def _typical_ratio(times: np.ndarray, estimate: np.ndarray) -> float:
-    """The median over nodes of a node's largest measured / estimated forward time (nodes estimated at 0 left out);
-    0 where no node has an estimate."""
-    ok = (estimate > 0).all(axis=1) & (times > 0).any(axis=1)
-    if not ok.any():
-        return 0.0
-    return float(np.median((times[ok] / estimate[ok]).max(axis=1)))
-
-
-def _time_link(where: str, value: Any, topology: DeviceTopology) -> tuple[float, float] | None:
-    """``(latency, bandwidth)`` of the link edge times were measured on; None on one device (no transfers)."""
-    names = topology.device_names
-    if topology.num_devices < 2:
-        return None
-    if value is None:
-        a, b = 0, 1
-    else:
-        if not isinstance(value, list) or len(value) != 2 or any(x not in names for x in value) or value[0] == value[1]:
-            raise ProfileError(f"{where}: time_link must name two devices of topology '{topology.name}', got {value!r}")
-        a, b = names.index(value[0]), names.index(value[1])
-    return float(topology.link_latency[a, b]), float(topology.link_bandwidth[a, b])
-
-
 def restriction_errors(costs: CostTable, device_of_node: np.ndarray, names: tuple[str, ...],
                        devices: tuple[str, ...]) -> list[str]:
     """What an op placement breaks of the costs file's device restrictions and colocation groups."""
@@ -528,14 +230,3 @@ def stage_restriction_errors(costs: CostTable, stage_of_node: np.ndarray, groups
         if len({int(stage_of_node[i]) for i in grp}) > 1:
             out.append(f"colocated nodes {', '.join(names[i] for i in grp)} are in different stages")
     return out
-
-
-__all__ = ["SCHEMA", "load_costs", "restriction_errors", "stage_restriction_errors"]
-
-
-def _coarsened(graph: CompGraph) -> str:
-    """The hint for a node name the graph lacks where the command coarsened it (a group renamed even one node)."""
-    if graph.members and any(len(m) > 1 or m[0] != nm for nm, m in zip(graph.names, graph.members)):
-        return (" (this graph is coarsened: its nodes are groups of the captured ones, named by module path; "
-                "graph.coarsen.enabled=false keeps the names the file uses)")
-    return ""
