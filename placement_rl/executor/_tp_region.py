@@ -340,18 +340,19 @@ def _step(n: fx.Node, col: fx.Node | None, sdim: Mapping[fx.Node, int], ins: lis
     return None
 
 
-def local_region(gm: fx.GraphModule, col: fx.Node | Sequence[fx.Node], kinds: Mapping[str, str], tp: int
-                 ) -> tuple[dict[fx.Node, tuple], int] | None:
+def local_region(gm: fx.GraphModule, col: fx.Node | Sequence[fx.Node], kinds: Mapping[str, str], tp: int,
+                 needs_grad: set[fx.Node] | None = None) -> tuple[dict[fx.Node, tuple], int] | None:
     """For column GEMM(s) ``col`` feeding one row GEMM (several: Llama's separate q / k / v, a gated MLP): the new
     args of every op of their TP region when it runs on local shards (``{node: args}``) and ``k``: the number of
     equal chunks a single fused column's output is cut into on its last dim (``split``, ``chunk`` or a
-    ``(k, heads, ...)`` view), else 1. None if an op of the region has no rule here (then the DTensor path stays)."""
-    got = _walk(gm, [col] if isinstance(col, fx.Node) else list(col), kinds, tp)
+    ``(k, heads, ...)`` view), else 1. None if an op of the region has no rule here (then the DTensor path stays).
+    ``needs_grad``: :func:`grad_sources` of ``gm`` where the caller has it (one walk of the graph for all regions)."""
+    got = _walk(gm, [col] if isinstance(col, fx.Node) else list(col), kinds, tp, needs_grad)
     return None if isinstance(got, fx.Node) or got is None else got
 
 
-def _walk(gm: fx.GraphModule, cols: list[fx.Node], kinds: Mapping[str, str], tp: int
-          ) -> tuple[dict[fx.Node, tuple], int] | fx.Node | None:
+def _walk(gm: fx.GraphModule, cols: list[fx.Node], kinds: Mapping[str, str], tp: int,
+          needs_grad: set[fx.Node] | None = None) -> tuple[dict[fx.Node, tuple], int] | fx.Node | None:
     """:func:`local_region`'s result, or the first op of the region that cannot run on local shards (None: a
     column's output has no shape)."""
     sdim: dict[fx.Node, int] = {}
@@ -361,7 +362,7 @@ def _walk(gm: fx.GraphModule, cols: list[fx.Node], kinds: Mapping[str, str], tp:
             return None
         sdim[c] = len(out) - 1
     fused = cols[0] if len(cols) == 1 else None  # only a lone column's output may be cut into chunks
-    needs_grad = grad_sources(gm)
+    needs_grad = grad_sources(gm) if needs_grad is None else needs_grad
     new: dict[fx.Node, tuple] = {}
     k = 0
     for n in gm.graph.nodes:
@@ -409,8 +410,9 @@ def local_regions(gm: fx.GraphModule, kinds: Mapping[str, str], tp: int) -> dict
     """Column name -> ``(rewrites, k)`` (:func:`local_region`) of every column whose region runs on local shards
     (the columns of one region share its rewrites)."""
     out: dict[str, tuple[dict[fx.Node, tuple], int]] = {}
+    needs_grad = grad_sources(gm)
     for cols in column_groups(gm, kinds):
-        got = local_region(gm, cols, kinds, tp)
+        got = local_region(gm, cols, kinds, tp, needs_grad)
         if got is not None:
             out.update({c.name: got for c in cols})
     return out

@@ -12,7 +12,8 @@ from typing import Mapping
 
 import numpy as np
 
-from placement_rl.cost.calibrated import CLASSES, GEMM_CLASSES, GpuFit, GpuSpec, node_times, table_times
+from placement_rl.cost.calibrated import (CLASSES, ELEMENT_SCALE, GEMM_CLASSES, GpuFit, GpuSpec, node_times,
+                                          table_times)
 from placement_rl.profiling.calibrate import FitData, GraphSample
 
 # NeuSight's published end-to-end training-latency errors on the workloads in shared/ (README of the data)
@@ -179,7 +180,7 @@ def kernel_times(k, fit: GpuFit | None, *, dtype: str = "fp32", tensor_peak: flo
     ``dtype`` tf32 / bf16 with ``tensor_peak``: GEMM classes at that peak, bf16 moving half the bytes."""
     f = k.feat
     if fit is None:
-        scale = 0.5 if dtype in ("bf16", "fp16") else 1.0
+        scale = ELEMENT_SCALE.get(dtype, 1.0)
         peak = np.full(f.cls.shape, k.spec.peak_flops)
         if dtype != "fp32" and tensor_peak:  # GEMM classes on the tensor cores
             peak[np.isin(f.cls, [CLASSES.index(c) for c in GEMM_CLASSES])] = tensor_peak
