@@ -636,7 +636,7 @@ def test_a_node_no_device_can_hold_is_named_and_no_search_is_advised():
     not fit (the bound sets memory aside)."""
     from placement_rl.baselines.bounds import lower_bound
     from placement_rl.baselines.common import Problem
-    from placement_rl.cli.place import bound_note, overflow_note, too_big_node
+    from placement_rl.cli.place_notes import bound_note, overflow_note, too_big_node
     from placement_rl.cost import resolve_costs
     from placement_rl.graph import synthetic
     from placement_rl.topology import DeviceTopology, load_topology
