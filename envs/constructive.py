@@ -43,9 +43,9 @@ Terminates after ``N`` steps (one per node); never truncated.
 ## Arguments
 ``graph`` and ``topology`` as the other envs take them (``envs.base``; defaults ``synthetic:layered`` on
 ``4x_v100_nvlink``), ``max_nodes`` / ``max_edges`` / ``max_devices`` (observation padding; None: the largest the
-source yields), ``infeasible_penalty``, ``window`` (the lookahead window of the device features), ``render_mode``:
-``"ansi"`` (``render()`` returns the placement so far as text) or None; any other mode is accepted and renders
-nothing, as ``envs.base`` says.
+source yields), ``infeasible_penalty`` (a non-negative number), ``window`` (the lookahead window of the device
+features), ``render_mode``: ``"ansi"`` (``render()`` returns the placement so far as text) or None; any other mode
+is accepted and renders nothing, as ``envs.base`` says. Any other keyword is refused with a ``ConfigError``.
 
 ``info``: at reset ``reference`` (``T_ref``), ``graph`` and ``topology`` (their names); ``{}`` after every step but
 the last; after the last ``step_time``, ``feasible``, ``placement`` (int64 ``[N_max]``, -1 past ``num_nodes``: see
@@ -59,6 +59,9 @@ the last; after the last ``step_time``, ``feasible``, ``placement`` (int64 ``[N_
 
 from __future__ import annotations
 
+import inspect
+import math
+import numbers
 from typing import Any
 
 import gymnasium as gym
@@ -82,8 +85,14 @@ class ConstructivePlacementEnv(gym.Env):
 
     def __init__(self, *, graph: Any = None, topology: Any = None, max_nodes: int | None = None,
                  max_edges: int | None = None, max_devices: int | None = None,
-                 infeasible_penalty: float = 1.0, window: int = DEFAULT_WINDOW, render_mode: str | None = None) -> None:
-        """See the module docstring (``## Arguments``)."""
+                 infeasible_penalty: float = 1.0, window: int = DEFAULT_WINDOW, render_mode: str | None = None,
+                 **unknown: Any) -> None:
+        """See the module docstring (``## Arguments``); any other keyword is a one-line ``ConfigError``."""
+        if unknown:
+            params = inspect.signature(ConstructivePlacementEnv.__init__).parameters
+            names = sorted(p for p in params if p not in ("self", "unknown"))
+            raise ConfigError(f"unknown option '{sorted(unknown)[0]}' for ConstructivePlacementEnv "
+                              f"(options: {', '.join(names)})")
         self.render_mode = render_mode  # any mode is kept, as envs.base does; render() draws only 'ansi'
         if not isinstance(graph, GraphSource):
             graph = DEFAULT_GRAPH if graph is None else graph
@@ -99,6 +108,9 @@ class ConstructivePlacementEnv(gym.Env):
         self.max_devices = int(max_devices or self.source.max_devices)
         if min(self.max_nodes, self.max_edges, self.max_devices) < 1:
             raise ConfigError("max_nodes, max_edges and max_devices must be >= 1")
+        if not (isinstance(infeasible_penalty, numbers.Real) and math.isfinite(infeasible_penalty)
+                and infeasible_penalty >= 0):
+            raise ConfigError(f"infeasible_penalty must be a non-negative number, got {infeasible_penalty!r}")
         self.infeasible_penalty = float(infeasible_penalty)
         self.window = int(window)
         if self.window < 0:

@@ -38,10 +38,11 @@ class OneShotPlacementEnv(BaseEnv):
 
     ## Action Space
     ``MultiDiscrete([D_max] * N_max)``: entry ``i`` is the device of node ``i``; entries of padded nodes are
-    ignored; indices of padded devices are read as ``a mod D``. ``action_masks()`` returns the concatenated
-    per-node masks (bool ``[N_max * D_max]``, sb3-contrib MaskablePPO's MultiDiscrete convention): a real
-    node allows the topology's devices (with ``mask_memory``, those its own memory fits); a padded node
-    allows only device 0.
+    ignored; indices of padded devices are read as ``a mod D``; an action outside the space (an entry out of
+    ``0..D_max-1`` or not an integer, or not ``N_max`` entries) is refused with a ``ConfigError``.
+    ``action_masks()`` returns the concatenated per-node masks (bool ``[N_max * D_max]``, sb3-contrib
+    MaskablePPO's MultiDiscrete convention): a real node allows the topology's devices (with ``mask_memory``,
+    those its own memory fits); a padded node allows only device 0.
 
     ## Observation Space
     As ``PlacementEnv`` (``envs.features``): at reset ``placement`` is -1 everywhere (nothing placed yet),
@@ -114,11 +115,7 @@ class OneShotPlacementEnv(BaseEnv):
         if st is None or self._done:
             raise ConfigError("call reset() before step(): a one-shot episode has a single step")
         n, d = st.task.graph.num_nodes, st.task.topology.num_devices
-        act = np.asarray(action, dtype=np.int64).reshape(-1)
-        if act.shape[0] != self.layout.max_nodes:
-            raise ConfigError(f"action must hold {self.layout.max_nodes} device indices (one per padded node), "
-                              f"got {act.shape[0]}")
-        self.devices = np.ascontiguousarray(act[:n] % d)
+        self.devices = np.ascontiguousarray(self._action_devices(action)[:n] % d)
         step_time, feasible = st.source.evaluate(self.devices)
         reward = final_reward(st.best_single, step_time, feasible, self.config.infeasible_penalty)
         self.buf.set_all_devices(self.devices)
@@ -126,6 +123,32 @@ class OneShotPlacementEnv(BaseEnv):
         self.buf.device_mask.fill(0)
         self._done = True
         return self._obs(), float(reward), True, False, self._info((step_time, feasible))
+
+    def _action_devices(self, action: Any) -> np.ndarray:
+        """``action`` as int64 ``[N_max]`` (integers, or floats with integer values, in any shape of that size); an
+        entry outside the action space or not an integer, or a wrong size, is a one-line ``ConfigError`` (such
+        entries used to be truncated and folded onto a device in silence)."""
+        n, d = self.layout.max_nodes, self.layout.max_devices
+        space = f"MultiDiscrete([{d}] * {n})"
+        try:
+            flat = np.asarray(action).reshape(-1)
+        except (TypeError, ValueError):
+            flat = np.zeros(0, dtype=object)
+        if flat.dtype.kind not in "iubf":
+            raise ConfigError(f"an action of {space} is {n} device indices, got {type(action).__name__} "
+                              f"of {flat.dtype}")
+        if flat.shape[0] != n:
+            raise ConfigError(f"action must hold {n} device indices (one per padded node) for the action space "
+                              f"{space}, got {flat.shape[0]}")
+        ok = (flat >= 0) & (flat < d)
+        if flat.dtype.kind == "f":
+            ok &= flat == np.floor(flat)
+        bad = np.flatnonzero(~ok)
+        if bad.size:
+            i = int(bad[0])
+            raise ConfigError(f"action entry #{i}: {flat[i].item()!r} is outside the action space {space} "
+                              f"(integers 0..{d - 1})")
+        return flat.astype(np.int64)
 
     def action_masks(self) -> np.ndarray:
         """Bool ``[N_max * D_max]``: per-node device masks, concatenated (see the class docstring)."""
