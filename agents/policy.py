@@ -27,8 +27,25 @@ from torch import nn
 
 from placement_rl.agents.encoders import build_encoder
 from placement_rl.agents.graph_batch import GraphBatch, batch_graphs
+from placement_rl.errors import ConfigError
 
 OP_EMBED_DIM = 8
+GRAPH_OBS_KEYS = ("node_features", "op_type", "edge_index", "num_nodes")  # what ``batch_graphs`` reads
+
+
+def check_graph_obs(observation_space: spaces.Space, mode: str) -> None:
+    """``ConfigError`` naming the first missing key unless ``observation_space`` is a ``Dict`` holding what
+    ``GraphFeatures`` reads (``GRAPH_OBS_KEYS``, and ``current_node`` in ``node`` mode): the observations of the
+    Placement, OneShot and Pipeline envs. ``ConstructivePlacementEnv``'s have none of ``op_type`` / ``current_node``:
+    its policy is ``agents.device_policy.DevicePolicy``, trained by ``agents.constructive_train``."""
+    keys = observation_space.spaces if isinstance(observation_space, spaces.Dict) else {}
+    need = GRAPH_OBS_KEYS + (("current_node",) if mode == "node" else ())
+    missing = next((k for k in need if k not in keys), None)
+    if missing is not None:
+        raise ConfigError(f"GraphPolicy / MaskableGraphPolicy are for the Placement, OneShot and Pipeline envs: this "
+                          f"observation has no '{missing}' key (ConstructivePlacementEnv is trained with its own "
+                          f"trainer, agents.constructive_train.ConstructiveTrainer: placement-rl train "
+                          f"trainer=pretrain)")
 
 
 def num_phases(observation_space: spaces.Dict) -> int:
@@ -42,6 +59,7 @@ class GraphFeatures(BaseFeaturesExtractor):
 
     def __init__(self, observation_space: spaces.Dict, *, encoder: str = "sage", hidden: int = 64, layers: int = 3,
                  mode: str = "node", op_type_buckets: int | None = None) -> None:
+        check_graph_obs(observation_space, mode)
         n_max, f = observation_space["node_features"].shape
         self.phases = num_phases(observation_space) if mode == "node" else 0
         dim = 2 * hidden + self.phases if mode == "node" else (n_max + 1) * hidden

@@ -139,6 +139,21 @@ def _side_by_side(graph: CompGraph, costs: CostTable, topology: DeviceTopology, 
     return dict(zip(todo, side_by_side.run(graph, costs, topology, jobs, budget=budget, refusals=True)))
 
 
+def _placer_names(placers: Iterable[str] | None) -> list[str]:
+    """``placers`` as a list of names (default: every registered placer); ``ConfigError`` for an entry that is no
+    name, such as a function: ``baselines.register`` it and pass its name."""
+    if placers is None:
+        return baselines.names()
+    if isinstance(placers, str):
+        placers = [placers]
+    names = list(placers)
+    for p in names:
+        if not isinstance(p, str):
+            raise ConfigError(f"placers lists names, got {p!r}: register a placer of your own with "
+                              f"placement_rl.baselines.register(name, fn) and pass its name"[:300])
+    return names
+
+
 def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, budget: int, seed: int = 0,
             case: str = "", placers: Iterable[str] | None = None, partitioners: Iterable[str] | None = (),
             num_microbatches: int = 4, on_done: Callable[[Row], None] | None = None,
@@ -153,7 +168,7 @@ def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, bud
     minimise their step time). ``progress``: a bar over the placers and partitioners."""
     from tqdm.auto import tqdm
 
-    names = list(placers) if placers is not None else baselines.names()
+    names = _placer_names(placers)
     if "single_device" not in names:
         names.insert(0, "single_device")
     partitioners = list(partitioners or ())

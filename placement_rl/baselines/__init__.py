@@ -4,6 +4,8 @@ Op-level placers (``names()``, ``get(name)``), each called as
 ``placer(graph, costs, topology, *, budget: int, seed: int, seconds=None) -> Placement``. ``budget`` is the number
 of simulator calls the placer may spend (heuristics use a few to check and repair memory; search uses all);
 ``seconds`` a wall-clock budget as well (searches stop when it is spent: comparisons at equal seconds).
+``register(name, fn)`` adds a placer of one's own: ``fn(problem: Problem) -> device per node``, as the built-in ones
+(``docs/baselines.md``).
 The returned ``Placement.meta`` records ``placer``, ``budget``, ``seed``, ``sim_calls`` (counted by the
 ``Simulator``), ``search_seconds``, ``trace`` (the anytime curve: ``[seconds, calls, best step time]`` at each
 improvement) and, when it was simulated, ``step_time`` and ``feasible``. ``objective="throughput"``: every
@@ -26,6 +28,7 @@ batch_size=None, objective="step") -> StagePlan``, with the same meta (calls cou
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Callable, Protocol
 
@@ -73,7 +76,31 @@ _PLACERS: dict[str, Callable[[Problem], np.ndarray]] = {
 
 
 def names() -> list[str]:
+    """The op-level placers' names, built-in ones first, then those added by ``register``, in order."""
     return list(_PLACERS)
+
+
+def register(name: str, fn: Callable[[Problem], np.ndarray], *, overwrite: bool = False) -> None:
+    """Add an op-level placer under ``name``, so ``get(name)``, ``names()`` and ``evaluate.compare`` run it as they
+    run the built-in ones. ``fn(problem)`` takes a ``Problem`` (graph, costs, topology, budget, seed; simulate a
+    candidate only through ``problem.score``, which counts the calls) and returns a device index per node. A name
+    already taken (a built-in one included) is refused unless ``overwrite``; a bad name or ``fn`` is a one-line
+    ``ConfigError``. The registry lives in this process only (``evaluate``'s side-by-side workers run the
+    built-in searches)."""
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"a placer's name must be a non-empty string, got {name!r}")
+    if name in _PLACERS and not overwrite:
+        raise ConfigError(f"placer '{name}' is already registered: pass overwrite=True to replace it")
+    if not callable(fn):
+        raise ConfigError(f"placer '{name}' must be a function fn(problem) -> device per node, got {fn!r}"[:200])
+    try:
+        inspect.signature(fn).bind(None)
+    except TypeError:
+        raise ConfigError(f"placer '{name}' must take one argument, the Problem: fn(problem) -> device per node "
+                          f"(get(name) wraps it into the full placer call)") from None
+    except ValueError:  # no signature to read (some built-in callables): the first call tells
+        pass
+    _PLACERS[name] = fn
 
 
 def get(name: str) -> Placer:
@@ -93,6 +120,7 @@ def get(name: str) -> Placer:
 
 
 def pipeline_names() -> list[str]:
+    """The pipeline partitioners' names (``get_pipeline``)."""
     from placement_rl.baselines import pipeline
 
     return list(pipeline.PARTITIONERS)
@@ -105,4 +133,4 @@ def get_pipeline(name: str) -> Partitioner:
     return pipeline.get(name)
 
 
-__all__ = ["Partitioner", "Placer", "get", "get_pipeline", "names", "pipeline_names"]
+__all__ = ["Partitioner", "Placer", "Problem", "get", "get_pipeline", "names", "pipeline_names", "register"]

@@ -23,7 +23,7 @@ from placement_rl.cost import Simulator
 from placement_rl.cost.limits import check_devices
 from placement_rl.cost.memory import pinned_memory
 from placement_rl.cost.types import CostTable
-from placement_rl.errors import ConfigError, fmt_bytes
+from placement_rl.errors import ConfigError, PlanError, fmt_bytes
 from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import Placement
 from placement_rl.topology import DeviceTopology
@@ -192,8 +192,19 @@ class Problem:
         load = np.bincount(devices, weights=self.node_mem, minlength=self.d)
         return bool((load <= self.capacity).all())
 
+    def checked(self, devices: object, name: str) -> np.ndarray:
+        """Placer ``name``'s output as int64 device indices, one per node of this graph: ``PlanError`` naming the
+        placer for an entry that is no integer (a cast would turn 0.7 into device 0 in silence), another shape or
+        length, or a device the topology lacks."""
+        try:
+            return Placement(devices).validate(self.graph, self.topology).device_of_node
+        except PlanError as exc:
+            raise PlanError(f"placer '{name}' returned a bad placement: {exc}") from None
+
     def finish(self, devices: np.ndarray, name: str, **extra: object) -> Placement:
-        devices = np.asarray(devices, dtype=np.int64)
+        """Score placer ``name``'s result (``devices``: a device index per node, ``checked``) and return it as a
+        ``Placement`` whose meta records the run (see ``placement_rl.baselines``)."""
+        devices = self.checked(devices, name)
         s = self.score(devices, after_time=True)  # the result is scored even when the seconds are spent
         meta: dict[str, object] = {"placer": name, "budget": self.budget, "seed": self.seed,
                                    "sim_calls": self.calls,
@@ -209,7 +220,7 @@ class Problem:
         meta.update(extra)
         if not self.fits_at_all:  # every placement is over memory: the result says why (after any note it has)
             add_note(meta, self.no_fit_text())
-        return Placement(devices, meta=meta).validate(self.graph, self.topology)
+        return Placement(devices, meta=meta)
 
 
 def add_note(meta: dict, text: str) -> None:
