@@ -143,6 +143,7 @@ def test_constructive_fine_tune_says_which_costs_priced_its_rows(tmp_path, monke
     out = capsys.readouterr().out
     assert "\n\ncosts: calibrated:neusight-v2\n\n|" in (tmp_path / "learned.md").read_text()
     assert "costs: calibrated:neusight-v2" in out.splitlines()
+    assert "`vs best one-pass`: step time over the best of HEFT, m-ETF, m-SCT and METIS" in out  # the column's legend
     assert m["checkpoint"] == "shipped:placement_rl/data/policy/pretrained.pt" and m["checkpoint_sha"]
 
 
