@@ -6,7 +6,6 @@ what the Python defaults run."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import yaml
@@ -108,3 +107,31 @@ def test_recipe_differences_sees_a_difference():
     hidden = ConstructiveConfig().hidden
     differ = configs.recipe_differences(["trainer=pretrain", f"encoder.hidden={hidden + 1}"])
     assert differ["ConstructiveConfig.hidden"] == (hidden + 1, hidden)
+
+
+def _python_agent_defaults() -> dict:
+    """``ConstructiveConfig``'s defaults (the Python API's, which are the pretraining recipe)."""
+    from placement_rl.agents.constructive_config import ConstructiveConfig
+
+    return {f.name: f.default for f in dataclasses.fields(ConstructiveConfig)}
+
+
+def test_the_agent_groups_constructive_defaults_are_the_python_ones():
+    """Every field ``AgentConfig`` shares with ``ConstructiveConfig`` has its default (null: decided elsewhere, by
+    the checkpoint), so each constructive default is defined once, for the CLI and the Python API alike."""
+    cli, python = configs.defaults_of(configs.AgentConfig), _python_agent_defaults()
+    differ = {k: (cli[k], python[k]) for k in sorted(cli.keys() & python.keys())
+              if cli[k] is not None and cli[k] != python[k]}
+    assert not differ, f"AgentConfig vs ConstructiveConfig defaults: {differ}"
+
+
+def test_the_fine_tuning_preset_departs_from_the_python_defaults_only_where_the_recipe_differs():
+    """``agent=constructive`` (what ``placement-rl train`` fine-tunes with) sets a value other than the Python
+    default only for a field ``trainer=pretrain`` sets back to it: the fine-tuning values (rl_algo, rl_lr, ...)
+    and the recipe's are the two sides of one split, and no other field has a second default."""
+    preset = yaml.safe_load((conf_dir() / "agent" / "constructive.yaml").read_text())
+    recipe = yaml.safe_load((conf_dir() / "trainer" / "pretrain.yaml").read_text())["agent"]
+    python = _python_agent_defaults()
+    stray = {k: (v, python[k]) for k, v in sorted(preset.items())
+             if k in python and v is not None and v != python[k] and k not in recipe}
+    assert not stray, f"conf/agent/constructive.yaml vs ConstructiveConfig defaults: {stray}"

@@ -3,7 +3,8 @@ type, range, choices and default (Hydra's ConfigStore holds them as ``schema/<na
 
 * A field is declared with ``opt(default, low=..., high=..., choices=..., null=..., doc=...)``: its annotation is
   the type, ``low`` / ``high`` (``open_low``: strictly above) bound a number, ``choices`` (names, or a function
-  giving them) bound a string or a list's items, ``null`` allows None.
+  giving them) bound a string or a list's items, ``null`` allows None. ``constructive(name, ...)`` declares a field
+  of ``AgentConfig`` whose default is ``ConstructiveConfig``'s field ``name`` (defined there, once).
 * ``keys_of(cls)`` derives the flat ``{dotted key: schema.Key}`` table that ``placement_rl.cli.schema`` checks a
   composed config against (one line naming the key and what it accepts, exit code 2), so no range is written
   twice; ``defaults_of(cls)`` gives the flat defaults.
@@ -21,6 +22,7 @@ type, range, choices and default (Hydra's ConfigStore holds them as ``schema/<na
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
@@ -32,13 +34,30 @@ from placement_rl.cli.keys import Choices, Key, WorkersKey, group_options
 MAX_SECONDS = 1e9
 
 
-def opt(default: Any, *, low: float | None = None, high: float | None = None, open_low: bool = False,
-        choices: Choices | None = None, null: bool = False, doc: str = "") -> Any:
-    """A config field: its default and the range / choices a value must fit (``doc``: what it means)."""
-    meta = {"low": low, "high": high, "open_low": open_low, "choices": choices, "null": null, "doc": doc}
+def _meta(*, low: float | None = None, high: float | None = None, open_low: bool = False,
+          choices: Choices | None = None, null: bool = False, doc: str = "") -> dict[str, Any]:
+    return {"low": low, "high": high, "open_low": open_low, "choices": choices, "null": null, "doc": doc}
+
+
+def opt(default: Any, **meta: Any) -> Any:
+    """A config field: its default and the range / choices a value must fit (``_meta``'s keywords; ``doc``: what it
+    means)."""
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
+        return field(default_factory=lambda: type(default)(default), metadata=_meta(**meta))
+    return field(default=default, metadata=_meta(**meta))
+
+
+def _constructive_default(name: str) -> Any:
+    from placement_rl.agents.constructive_config import ConstructiveConfig
+
+    return next(f.default for f in dataclasses.fields(ConstructiveConfig) if f.name == name)
+
+
+def constructive(name: str, **meta: Any) -> Any:
+    """A field of ``AgentConfig`` whose default is ``ConstructiveConfig``'s field ``name`` (the one definition of
+    the constructive policy's defaults; read when a default is asked for, so that a command's start-up does not
+    import the agents and torch). ``meta``: as ``opt``'s."""
+    return field(default_factory=functools.partial(_constructive_default, name), metadata=_meta(**meta))
 
 
 # ---------------------------------------------------------------------------------------------- choices
@@ -124,9 +143,13 @@ class ReinforceOptions:
 
 @dataclass
 class AgentConfig:
-    """``agent=<preset>``: the SB3 agents' fields and the constructive policy's (``ConstructiveConfig``). A
-    group's presets (``conf/agent/*.yaml``) set the values; a default here is what a preset that leaves a field
-    out composes to (the SB3 fields: ``agent=ppo``'s; the constructive ones: ``agent=constructive``'s)."""
+    """``agent=<preset>``: the SB3 agents' fields and the constructive policy's. A group's presets
+    (``conf/agent/*.yaml``) set the values; a default here is what a preset that leaves a field out would compose to:
+    the SB3 fields' are ``agent=ppo``'s; the constructive ones' are ``ConstructiveConfig``'s (the Python API's, which
+    are the pretraining recipe), read from it by ``constructive`` (``ent_coef``, which both read, included), except
+    the windows' (null: the checkpoint's) and the two keys only the CLI reads (``equal_seconds``,
+    ``search_budget``). ``agent=constructive`` sets the fine-tuning values (``rl_algo=sil``, ...) that
+    ``trainer=pretrain`` sets back."""
 
     algo: str = opt("constructive")
     # stable-baselines3 (ppo, maskable_ppo) and REINFORCE
@@ -137,47 +160,49 @@ class AgentConfig:
     n_epochs: int = opt(2, low=1)
     gamma: float = opt(0.9, low=0, high=1)
     gae_lambda: float = opt(0.95, low=0, high=1)
-    ent_coef: float = opt(0.003, low=0)
+    ent_coef: float = constructive("ent_coef", low=0, doc="agent=ppo / maskable_ppo set 0.2")
     clip_range: float = opt(0.2, low=0, high=1, open_low=True)
     reinforce: ReinforceOptions = field(default_factory=ReinforceOptions)
     # the constructive policy (placement_rl.agents.constructive_config.ConstructiveConfig)
-    lr: float = opt(1e-3, low=0, open_low=True)
-    bc_epochs: int = opt(8, low=0)
-    dagger_rounds: int = opt(2, low=0)
-    rl_algo: str = opt("sil", choices=("sil", "ppo", "q"))
-    rl_lr: float = opt(1e-3, low=0, open_low=True)
-    rl_iters: int = opt(0, low=0)
-    temperature: float = opt(1.0, low=0, open_low=True)
-    tasks_per_iter: int = opt(4, low=1)
-    samples: int = opt(16, low=1)
-    ppo_epochs: int = opt(8, low=1)
-    clip: float = opt(0.2, low=0, high=1, open_low=True)
-    sil_coef: float = opt(0.5, low=0)
-    regret_coef: float = opt(1.0, low=0)
-    teacher_search: int = opt(0, low=0)
+    lr: float = constructive("lr", low=0, open_low=True)
+    bc_epochs: int = constructive("bc_epochs", low=0)
+    dagger_rounds: int = constructive("dagger_rounds", low=0)
+    rl_algo: str = constructive("rl_algo", choices=("sil", "ppo", "q"))
+    rl_lr: float = constructive("rl_lr", low=0, open_low=True)
+    rl_iters: int = constructive("rl_iters", low=0)
+    temperature: float = constructive("temperature", low=0, open_low=True)
+    tasks_per_iter: int = constructive("tasks_per_iter", low=1)
+    samples: int = constructive("samples", low=1)
+    ppo_epochs: int = constructive("ppo_epochs", low=1)
+    clip: float = constructive("clip", low=0, high=1, open_low=True)
+    sil_coef: float = constructive("sil_coef", low=0)
+    regret_coef: float = constructive("regret_coef", low=0)
+    teacher_search: int = constructive("teacher_search", low=0)
     window: Optional[int] = opt(None, low=0, null=True)
     full_window: Optional[int] = opt(None, low=0, null=True)
     full_window_train: Optional[bool] = opt(None, null=True)
-    pi_rounds: int = opt(0, low=0)
-    pi_epochs: int = opt(3, low=0)
-    pi_lr: float = opt(0.0, low=0)
-    pi_label_every: int = opt(4, low=1)
-    pi_max_nodes: int = opt(500, low=1)
-    pi_max_labels: int = opt(48, low=1)
-    ei_rounds: int = opt(0, low=0)
-    ei_search_budget: int = opt(3000, low=0)
-    ei_epochs: int = opt(3, low=0)
-    ei_lr: float = opt(0.0, low=0)
-    ei_max_nodes: int = opt(1000, low=1)
-    ft_search_rounds: int = opt(2, low=0, doc="fine-tuning: rounds of search from the policy's placements")
-    ft_search_seconds: float = opt(3.0, low=0, high=MAX_SECONDS,
-                                   doc="fine-tuning: wall-clock seconds of one round's search")
+    pi_rounds: int = constructive("pi_rounds", low=0)
+    pi_epochs: int = constructive("pi_epochs", low=0)
+    pi_lr: float = constructive("pi_lr", low=0)
+    pi_label_every: int = constructive("pi_label_every", low=1)
+    pi_max_nodes: int = constructive("pi_max_nodes", low=1)
+    pi_max_labels: int = constructive("pi_max_labels", low=1)
+    ei_rounds: int = constructive("ei_rounds", low=0)
+    ei_search_budget: int = constructive("ei_search_budget", low=0)
+    ei_epochs: int = constructive("ei_epochs", low=0)
+    ei_lr: float = constructive("ei_lr", low=0)
+    ei_max_nodes: int = constructive("ei_max_nodes", low=1)
+    ft_search_rounds: int = constructive("ft_search_rounds", low=0,
+                                         doc="fine-tuning: rounds of search from the policy's placements")
+    ft_search_seconds: float = constructive("ft_search_seconds", low=0, high=MAX_SECONDS,
+                                            doc="fine-tuning: wall-clock seconds of one round's search")
     equal_seconds: bool = opt(True, doc="fine-tuning: also run the searches at the learned rows' seconds")
-    clone_epochs: int = opt(400, low=0)
-    clone_lr: float = opt(0.003, low=0, open_low=True, doc="fine-tuning: the learning rate of cloning a round's placement")
-    pi_max_completions: int = opt(4000, low=0)
-    eval_every: int = opt(10, low=1)
-    eval_samples: int = opt(16, low=0)
+    clone_epochs: int = constructive("clone_epochs", low=0)
+    clone_lr: float = constructive("clone_lr", low=0, open_low=True,
+                                   doc="fine-tuning: the learning rate of cloning a round's placement")
+    pi_max_completions: int = constructive("pi_max_completions", low=0)
+    eval_every: int = constructive("eval_every", low=1)
+    eval_samples: int = constructive("eval_samples", low=0)
     search_budget: int = opt(2000, low=0)
 
 
