@@ -126,7 +126,7 @@ def priced(graph: CompGraph, costs: CostTable, topology: DeviceTopology, plan: P
 
 
 def _side_by_side(graph: CompGraph, costs: CostTable, topology: DeviceTopology, names: list[str], *, budget: int,
-                  seed: int, seconds: float | None) -> dict[str, Placement | ConfigError]:
+                  seed: int, seconds: float | None, objective: str = "step") -> dict[str, Placement | ConfigError]:
     """With ``seconds`` of at least ``side_by_side.FROM_SECONDS``, the anytime searches among ``names``
     (``side_by_side.SEARCHES``) run side by side, one process and core each, on a machine with two cores or more;
     their placements by name, or the ``ConfigError`` of one that refuses the case (empty otherwise)."""
@@ -136,7 +136,8 @@ def _side_by_side(graph: CompGraph, costs: CostTable, topology: DeviceTopology, 
     jobs = [(n, float(seconds), seed) for n in todo] if seconds is not None else []
     if side_by_side.processes_for(jobs) < 2:
         return {}
-    return dict(zip(todo, side_by_side.run(graph, costs, topology, jobs, budget=budget, refusals=True)))
+    return dict(zip(todo, side_by_side.run(graph, costs, topology, jobs, budget=budget, objective=objective,
+                                           refusals=True)))
 
 
 def _placer_names(placers: Iterable[str] | None) -> list[str]:
@@ -163,9 +164,10 @@ def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, bud
     anytime searches run side by side, one process and core each, their seconds their own clock's);
     ``single_device`` is the reference.
     A placer that cannot run on this case (e.g. exhaustive search on a large graph) gets a row with
-    ``note`` saying why and ``step_time`` NaN. ``objective="throughput"``: the partitioners minimise, and every
-    row's ``step_time`` holds, the steady-state time per batch (``cost.throughput``; the op placers still
-    minimise their step time). ``progress``: a bar over the placers and partitioners."""
+    ``note`` saying why and ``step_time`` NaN. ``objective="throughput"``: the partitioners and the op-level
+    searches minimise, and every row's ``step_time`` holds, the steady-state time per batch (``cost.throughput``;
+    the constructive heuristics still build for the step time, ``cp_sat`` refuses it: a note row). ``progress``: a
+    bar over the placers and partitioners."""
     from tqdm.auto import tqdm
 
     names = _placer_names(placers)
@@ -177,13 +179,15 @@ def compare(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, bud
     bar = tqdm(total=len(names) + len(partitioners), desc=f"placers ({budget} simulator calls{held} each)",
                unit="placer", disable=not progress, dynamic_ncols=True)
     bar.set_postfix_str("the anytime searches, side by side" if seconds is not None else "")
-    aside = _side_by_side(graph, costs, topology, names, budget=budget, seed=seed, seconds=seconds)
+    aside = _side_by_side(graph, costs, topology, names, budget=budget, seed=seed, seconds=seconds,
+                          objective=objective)
     for name in names:
         bar.set_postfix_str(name)
         t0 = time.perf_counter()
         try:
             p = aside[name] if name in aside else baselines.get(name)(graph, costs, topology, budget=budget,
-                                                                        seed=seed, seconds=seconds)
+                                                                        seed=seed, seconds=seconds,
+                                                                        objective=objective)
             if isinstance(p, ConfigError):  # refused in its worker: the same note row as here
                 raise p
         except ConfigError as exc:
