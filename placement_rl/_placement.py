@@ -13,7 +13,7 @@ from placement_rl._plan_values import _FILE_KEYS, _dumps, _index_list, _same_met
 from placement_rl.errors import PlanError
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.graph.ir import CompGraph, restore_read_only
-from placement_rl.plan_files import VERSION, check_graph, check_schema, device_map, read_json
+from placement_rl.plan_files import VERSION, check_graph, check_schema, device_map, naming_file, read_json
 from placement_rl.topology import DeviceTopology
 
 PLACEMENT_SCHEMA = "placement_rl.placement"
@@ -81,7 +81,14 @@ class Placement:
     @staticmethod
     def from_json(path_or_str: str | os.PathLike, *, topology: DeviceTopology | None = None,
                   graph: CompGraph | None = None) -> "Placement":
-        data = read_json(path_or_str, "placement")
+        """The placement a file (or its JSON text) holds, checked against ``topology`` and ``graph`` where given;
+        an error on a file starts with its path (``naming_file``)."""
+        with naming_file(path_or_str):
+            return Placement._from_data(read_json(path_or_str, "placement"), topology, graph)
+
+    @staticmethod
+    def _from_data(data: Mapping[str, Any], topology: DeviceTopology | None,
+                   graph: CompGraph | None) -> "Placement":
         check_schema(data, PLACEMENT_SCHEMA)
         check_keys(data, PLACEMENT_KEYS, "placement")
         names, dev = data.get("devices"), data.get("device_of_node")

@@ -1,6 +1,7 @@
 """Reading a topology mapping (a YAML file's contents) into ``DeviceTopology`` fields: the schema's fields,
 datasheet fill for GPUs that name their product, per-field checks with one-line ``TopologyError``s, and the links matrix
-(the schema is in ``placement_rl.topology``'s docstring). ``DeviceTopology.from_dict`` / ``from_yaml`` call it."""
+(the schema is in ``placement_rl.topology``'s docstring). ``DeviceTopology.from_dict`` / ``from_yaml`` call it; with
+``notes`` it also warns where a valid file may not say what its author meant (``naming_notes``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from placement_rl.errors import TopologyError
-from placement_rl.devices import DEFAULT_LAUNCH_OVERHEAD, DEVICE_KINDS, Device
+from placement_rl.devices import DEFAULT_LAUNCH_OVERHEAD, DEVICE_KINDS, TORCH_DEVICE_HINT, Device, is_torch_device
 
 DEVICE_FIELDS = ("name", "count", "kind", "torch_device", "host", "index_start", "numbered", "model", "peak_flops",
                  "mem_bandwidth", "memory_bytes", "launch_overhead", "sm_count", "l2_bytes", "peak_flops_tf32",
@@ -140,8 +141,9 @@ def _check_top_level(data: Mapping[str, Any], where: str) -> None:
             raise TopologyError(f"{where}: top-level field {k!r} is not read; '{dev[0]}' belongs in {place}")
 
 
-def read_topology(data: Any, where: str) -> dict[str, Any]:
-    """The ``DeviceTopology`` fields ``data`` describes (``DeviceTopology(**read_topology(...))``)."""
+def read_topology(data: Any, where: str, *, notes: bool = False) -> dict[str, Any]:
+    """The ``DeviceTopology`` fields ``data`` describes (``DeviceTopology(**read_topology(...))``); ``notes``: warn
+    (once per process and line) about what ``naming_notes`` finds in a topology that is otherwise valid."""
     if not isinstance(data, dict):
         raise TopologyError(f"{where}: top level must be a mapping with 'name', 'devices' and 'links'")
     _check_top_level(data, where)
@@ -150,6 +152,7 @@ def read_topology(data: Any, where: str) -> dict[str, Any]:
         raise TopologyError(f"{where}: field 'devices' must be a non-empty list")
     devices: list[Device] = []
     filled: list[tuple[int, tuple[str, ...], str]] = []  # (entry, figures, product) taken from datasheets
+    numbered: list[tuple[str, str, list[str]]] = []  # (entry, its name, its devices' names) of names ending in a digit
     for k, entry in enumerate(devs_in):
         w = f"{where}: devices[{k}]"
         if not isinstance(entry, dict) or "name" not in entry:
@@ -187,15 +190,20 @@ def read_topology(data: Any, where: str) -> dict[str, Any]:
         extra["sm_count"] = sm
         extra["model"] = str(entry.get("model", ""))
         base_td = str(entry.get("torch_device", "cpu" if kind == "cpu" else "cuda"))
+        if not is_torch_device(base_td):
+            raise TopologyError(f"{w}: field 'torch_device' is {base_td!r}, not a torch device: {TORCH_DEVICE_HINT}")
         start = _int(entry, "index_start", 0)
         if start is None or start < 0:
             raise TopologyError(f"{w}: field 'index_start' must be a non-negative integer, "
                                 f"got {_shown(entry['index_start'])}")
+        first = len(devices)
         for c in range(count):
             name = f"{entry['name']}{c}" if count > 1 or entry.get("numbered", False) else str(entry["name"])
             td = base_td if (":" in base_td or base_td == "cpu") else f"{base_td}:{start + c}"
             devices.append(Device(name=name, kind=kind, torch_device=td, host=host, launch_overhead=overhead,
                                   **vals, **extra))
+        if str(entry["name"])[-1:].isdigit() and devices[first].name != str(entry["name"]):
+            numbered.append((w, str(entry["name"]), [d.name for d in devices[first:]]))
     _say_filled(where, filled)
     n = len(devices)
     names = [d.name for d in devices]
@@ -264,7 +272,98 @@ def read_topology(data: Any, where: str) -> dict[str, Any]:
     model = data.get("cost_model", "calibrated")
     if model not in ("calibrated", "roofline"):
         raise TopologyError(f"{where}: field 'cost_model' is {model!r}, expected calibrated or roofline")
+    if notes:
+        for line in naming_notes(devices, numbered, where, roofline=model == "roofline"):
+            _say_once(line)
     return dict(name=str(data.get("name", Path(where).stem)), devices=tuple(devices),
                 link_bandwidth=bw, link_latency=lat, link_kind=tuple(tuple(r) for r in kind_m),
                 description=str(data.get("description", "")),
                 meta={k: v for k, v in data.items() if k not in ("name", "devices", "links", "description")})
+
+
+def naming_notes(devices: Sequence[Device], numbered: Sequence[tuple[str, str, list[str]]], where: str, *,
+                 roofline: bool = False) -> list[str]:
+    """Warning lines for a valid topology that may not say what its author meant: GPUs without a ``model`` (the
+    calibrated cost model takes their architecture from the device name), an entry whose name ends in a digit
+    (``numbered``: ``name: l4, count: 2`` names ``l40``, ``l41``) and two GPUs of a host on one ``torch_device``."""
+    lines = [] if roofline else _model_notes(devices, where)
+    lines += [_digit_note(*entry) for entry in numbered]
+    return lines + _shared_torch_device(devices, where)
+
+
+def _product(name: str) -> str:
+    """The datasheet product ``name`` names (``placement_rl.datasheets.lookup``, its bracketed note left out), or
+    "" for none."""
+    from placement_rl.datasheets import lookup
+
+    sheet = lookup(name)
+    return sheet.product.split(" (")[0] if sheet else ""
+
+
+def _listed(names: Sequence[str], show: int = 3) -> str:
+    """``'a', 'b', 'c' and 5 more``."""
+    shown = ", ".join(f"'{x}'" for x in names[:show])
+    return shown + (f" and {len(names) - show} more" if len(names) > show else "")
+
+
+def _model_notes(devices: Sequence[Device], where: str) -> list[str]:
+    """One line per datasheet product (or none) whose name the GPUs without a ``model`` carry: the calibrated cost
+    model reads a GPU's architecture (compute capability, memory kind, FP32 lanes per SM) from its ``model``, else
+    from its device name (``placement_rl.cost.gpu_spec.spec_of_device``), so a device named ``t4`` is priced as a
+    T4 whatever figures it gives, and one named ``gpu0`` as a generic GPU."""
+    unnamed: dict[str, list[str]] = {}
+    for d in devices:
+        if d.kind == "gpu" and not d.model:
+            unnamed.setdefault(_product(d.name), []).append(d.name)
+    lines = []
+    for product, names in unnamed.items():
+        one = len(names) == 1
+        who = f"{where}: device{'' if one else 's'} {_listed(names)} ha{'s' if one else 've'} no 'model'"
+        if product:
+            lines.append(f"{who}: priced with the architecture of the datasheet product "
+                         f"{'its name matches' if one else 'their names match'} ({product}); set 'model:' to choose")
+        else:
+            lines.append(f"{who} and {'its name is' if one else 'their names are'} no datasheet product: priced as "
+                         "a generic GPU (Volta or newer, HBM memory, 64 FP32 lanes per SM) unless the name holds a "
+                         "GPU family placement_rl/cost/gpu_spec.py knows; set 'model:' to the product (e.g. H100, "
+                         "L4) to choose")
+    return lines
+
+
+def _digit_note(where: str, name: str, names: Sequence[str]) -> str:
+    """The line for an entry whose ``name`` ends in a digit, so that its numbered devices ``names`` run name and
+    number together (``l4`` + 0 reads as an L40)."""
+    other = _product(names[0])
+    reads = f"; '{names[0]}' reads as {other}" if other and other != _product(name) else ""
+    example = ", ".join(f"{name}_{c}" for c in range(min(len(names), 2)))
+    return (f"{where}: name '{name}' ends in a digit, so its devices are named {_listed(names)}{reads}; a separator "
+            f"keeps name and number apart (name: {name}_ gives {example})")
+
+
+def _shared_torch_device(devices: Sequence[Device], where: str) -> list[str]:
+    """The line for two GPUs of one host on the same ``torch_device`` (``torch_device: cuda`` on two entries gives
+    both ``cuda:0``): deploy then binds ranks in ``LOCAL_RANK`` order, not to the plan's devices."""
+    seen: dict[tuple[int, str], str] = {}
+    shared: list[tuple[str, str, int, str]] = []
+    for d in devices:
+        if d.kind == "gpu":
+            other = seen.setdefault((d.host, d.torch_device), d.name)
+            if other != d.name:
+                shared.append((other, d.name, d.host, d.torch_device))
+    if not shared:
+        return []
+    a, b, host, td = shared[0]
+    more = f" (and {len(shared) - 1} more such GPU{'s' if len(shared) > 2 else ''})" if len(shared) > 1 else ""
+    return [f"{where}: devices '{a}' and '{b}' on host {host} both have torch_device '{td}'{more}: deploy then gives "
+            "ranks GPUs in LOCAL_RANK order, not the plan's devices (docs/deploy.md); give each GPU of a host its own "
+            "index (torch_device: cuda:<index>, or index_start on the entry)"]
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(text: str) -> None:
+    """A warning line, once per process and text (the CLI reads a topology file twice: to check it, then to use it)."""
+    if text not in _SAID:
+        _SAID.add(text)
+        logging.getLogger(__name__).warning(text)

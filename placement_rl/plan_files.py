@@ -1,13 +1,14 @@
 """Reading a plan file (``placement_rl.plans``): its JSON object with one-line errors (a missing file, a folder,
 text that is no JSON object), its schema and version, the graph it was made for (by fingerprint) and the device
-names it stores, mapped onto a topology."""
+names it stores, mapped onto a topology; ``naming_file`` makes every error met reading a file start with its path."""
 
 from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -18,10 +19,30 @@ from placement_rl.topology import DeviceTopology
 VERSION = 1  # of both plan schemas
 
 
+def _file_of(path_or_str: str | os.PathLike) -> Path | None:
+    """The file a plan reader was given, or None where it was given the JSON text itself."""
+    if isinstance(path_or_str, os.PathLike) or not str(path_or_str).lstrip().startswith("{"):
+        return Path(path_or_str)
+    return None
+
+
+@contextmanager
+def naming_file(path_or_str: str | os.PathLike) -> Iterator[None]:
+    """Around the reading of a plan file: a ``PlanError`` raised inside starts with the file's path, as graph and
+    topology errors do (once: not where the message names the file already, nor for JSON text)."""
+    try:
+        yield
+    except PlanError as exc:
+        p = _file_of(path_or_str)
+        if p is None or str(p) in str(exc):
+            raise
+        raise type(exc)(f"{p}: {exc}") from None
+
+
 def read_json(path_or_str: str | os.PathLike, what: str) -> dict[str, Any]:
     where = what
-    if isinstance(path_or_str, os.PathLike) or not str(path_or_str).lstrip().startswith("{"):
-        p = Path(path_or_str)
+    p = _file_of(path_or_str)
+    if p is not None:
         if p.is_dir():
             raise PlanError(f"{what} '{p}' is a folder, not a {what} file: name the plan.json or placement.json in it")
         if not p.is_file():
@@ -86,4 +107,4 @@ def device_map(names: Sequence[str], topology: DeviceTopology | None, what: str)
     return np.array(out, dtype=np.int64)
 
 
-__all__ = ["VERSION", "check_graph", "check_schema", "device_map", "read_json", "read_plan_file"]
+__all__ = ["VERSION", "check_graph", "check_schema", "device_map", "naming_file", "read_json", "read_plan_file"]

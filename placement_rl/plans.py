@@ -21,7 +21,7 @@ import numpy as np
 from placement_rl._placement import PLACEMENT_KEYS, PLACEMENT_SCHEMA, Placement
 from placement_rl._plan_values import _FILE_KEYS, _dumps, _index_list, _same_meta, check_keys
 from placement_rl.errors import PlanError
-from placement_rl.plan_files import VERSION, check_graph, check_schema, device_map, read_json
+from placement_rl.plan_files import VERSION, check_graph, check_schema, device_map, naming_file, read_json
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.graph.ir import CompGraph, restore_read_only
 from placement_rl.topology import DeviceTopology
@@ -258,7 +258,14 @@ class StagePlan:
     @staticmethod
     def from_json(path_or_str: str | os.PathLike, *, topology: DeviceTopology | None = None,
                   graph: CompGraph | None = None) -> "StagePlan":
-        data = read_json(path_or_str, "stage plan")
+        """The stage plan a file (or its JSON text) holds, checked against ``topology`` and ``graph`` where given;
+        an error on a file starts with its path (``naming_file``)."""
+        with naming_file(path_or_str):
+            return StagePlan._from_data(read_json(path_or_str, "stage plan"), topology, graph)
+
+    @staticmethod
+    def _from_data(data: Mapping[str, Any], topology: DeviceTopology | None,
+                   graph: CompGraph | None) -> "StagePlan":
         check_schema(data, STAGE_PLAN_SCHEMA)
         check_keys(data, STAGE_PLAN_KEYS, "stage plan")
         for key in ("num_microbatches", "batch_size", "make_vocab_size_divisible_by"):

@@ -29,6 +29,12 @@ tensor-core peaks and the FP64 one: they come from its datasheet (a figure
 given on the device or at the top level wins). A device entry may also set ``index_start`` (the first CUDA
 index of its ``count`` devices) and ``numbered: true`` (number its name even when ``count`` is 1).
 
+A file that reads but may not say what its author meant gets a warning line (``from_yaml``; ``from_dict`` with
+``notes=True``): a GPU without ``model`` (the cost model then takes its architecture from the device *name*: one
+named ``t4`` is priced as a T4, one named ``gpu`` as a generic GPU), a ``count`` entry whose name ends in a digit
+(``name: l4, count: 2`` gives ``l40``, ``l41``; ``name: l4_`` gives ``l4_0``, ``l4_1``), and two GPUs of one host
+on the same ``torch_device``.
+
 A device entry, ``links``, ``links.intra_host`` / ``inter_host`` and a ``links.pairs`` entry accept only the
 fields above: any other (a typo such as ``modle``) is a ``TopologyError`` listing the valid ones. Two
 ``links.pairs`` entries for the same pair (in either order) must agree. Other top-level keys are kept in
@@ -190,8 +196,12 @@ class DeviceTopology:
 
     # ----------------------------------------------------------------- YAML
     @staticmethod
-    def from_dict(data: Any, *, where: str = "topology") -> "DeviceTopology":
-        return DeviceTopology(**read_topology(data, where))
+    def from_dict(data: Any, *, where: str = "topology", notes: bool = False) -> "DeviceTopology":
+        """The topology a mapping describes (the YAML schema above). ``notes=True`` warns, as ``from_yaml`` does for
+        a file, where it may not say what its author meant (a GPU without ``model:`` priced by its name, a name
+        ending in a digit that ``count`` numbers, two GPUs of a host on one ``torch_device``); off by default, for
+        topologies built in code (the training sampler names its GPUs ``h0_t4_0`` and so on on purpose)."""
+        return DeviceTopology(**read_topology(data, where, notes=notes))
 
     @staticmethod
     def from_yaml(path: str | os.PathLike) -> "DeviceTopology":
@@ -209,7 +219,7 @@ class DeviceTopology:
         except UnicodeDecodeError as exc:
             raise TopologyError(f"{p}: is not a UTF-8 text file (byte {exc.start}: {exc.reason}); a topology "
                                 "file is YAML text") from None
-        return DeviceTopology(**read_topology(data, str(p)))
+        return DeviceTopology(**read_topology(data, str(p), notes=True))
 
     def to_dict(self) -> dict[str, Any]:
         n = self.num_devices

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -146,7 +147,7 @@ def test_plan_for_another_graph_with_as_many_nodes_is_refused(g, topo, tmp_path)
     placement.to_json(tmp_path / "placement.json", graph=g, topology=topo)
     stage_plan.to_json(tmp_path / "plan.json", graph=g, topology=topo)
     for path, what in ((tmp_path / "placement.json", "placement"), (tmp_path / "plan.json", "stage plan")):
-        with pytest.raises(PlanError, match=rf"^{what} was made for graph 'graph' \(fingerprint {g.fingerprint()}, "
+        with pytest.raises(PlanError, match=rf"^{re.escape(str(path))}: {what} was made for graph 'graph' \(fingerprint {g.fingerprint()}, "
                                             rf"6 nodes\), not this one"):
             load_plan(path, topology=topo, graph=other)
         assert load_plan(path, topology=topo, graph=g) is not None

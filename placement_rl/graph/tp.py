@@ -98,8 +98,11 @@ def _annotation(graph: CompGraph) -> TPAnnotation:
     data = graph.meta.get("tp")
     if not isinstance(data, Mapping) or data.get("version") != SCHEMA_VERSION:
         if graph.members is not None:
-            return _empty(graph, f"graph '{graph.name}' is coarsened and carries no TP annotation (meta['tp']); "
-                                 "capture it again so that the annotation is recorded before coarsening")
+            return _empty(graph, f"graph '{graph.name}' is coarsened and carries no TP annotation (meta['tp']), "
+                                 "which is found on the ops before coarsening: a captured model records it (capture "
+                                 "it again); a graph file carries it only in the meta.tp that capture writes "
+                                 "(docs/tensor_parallel.md), else place the file uncoarsened "
+                                 "(graph.coarsen.enabled=false) to detect it on the file's ops")
         data = detect(graph)
     return _from_dict(graph, data)
 

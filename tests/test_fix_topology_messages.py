@@ -1,0 +1,191 @@
+"""What a topology or plan file says back: a GPU without ``model:`` priced by the product its device name matches
+(said, pricing unchanged), ``count:`` names ending in a digit (``l4`` -> ``l40``), two GPUs of a host on one
+``torch_device``, a ``torch_device`` torch refuses, plan-file errors that name the file, and the ``tp`` note on a
+coarsened graph without a TP annotation (captured graph or graph file)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from placement_rl.devices import Device, is_torch_device
+from placement_rl.errors import PlanError, TopologyError
+from placement_rl.graph import make_graph
+from placement_rl.plans import Placement, load_plan
+from placement_rl.topology import DeviceTopology, load_topology, preset_names
+
+READER = "placement_rl._topology_reader"
+FIGURES = {"kind": "gpu", "peak_flops": 2e13, "mem_bandwidth": 1e12, "memory_bytes": 32 * 2**30}
+LINKS = {"intra_host": {"bandwidth": 16e9, "latency": 1e-5}, "inter_host": {"bandwidth": 12e9, "latency": 2e-5}}
+
+
+def _file(tmp_path: Path, devices: list[dict], name: str = "t.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({"name": "t", "devices": devices, "links": LINKS}))
+    return path
+
+
+def _said(caplog, path: Path) -> list[str]:
+    """The reader's warning lines about ``path`` (each starts with it)."""
+    return [r.getMessage() for r in caplog.records
+            if r.name == READER and r.levelno == logging.WARNING and r.getMessage().startswith(f"{path}: ")]
+
+
+# ------------------------------------------------------------- GPUs without a model
+def test_gpu_without_model_says_which_product_its_name_prices_it_as(tmp_path, caplog):
+    path = _file(tmp_path, [{"name": "t4", **FIGURES}, {"name": "gpu", **FIGURES},
+                            {"name": "v100", "model": "V100-SXM2-32GB", **FIGURES}])
+    with caplog.at_level(logging.WARNING, logger=READER):
+        topo = load_topology(path)
+    said = _said(caplog, path)
+    assert f"{path}: device 't4' has no 'model': priced with the architecture of the datasheet product its name " \
+           "matches (T4 16GB); set 'model:' to choose" in said
+    generic = [s for s in said if "device 'gpu' has no 'model'" in s]
+    assert len(generic) == 1 and "no datasheet product: priced as a generic GPU" in generic[0]
+    assert not any("'v100'" in s for s in said)  # its model prices it
+    assert [d.model for d in topo.devices] == ["", "", "V100-SXM2-32GB"]  # nothing filled in: pricing unchanged
+
+
+def test_the_product_said_is_the_architecture_the_cost_model_prices():
+    """The reader may not import the cost model (layers): the datasheet row a name matches must give the same
+    architecture facts as ``gpu_spec.datasheet`` reads from the name itself, for every row's model word."""
+    from placement_rl import datasheets
+    from placement_rl.cost import gpu_spec
+    from placement_rl.datasheets import lookup
+
+    names = {"t4", "l4", "l40", "h100", "a100", "k80", "rtx4090", "h0_t4_0", "t4_slot", "gpu_h100"}
+    for words, *_ in datasheets._ROWS:
+        names |= {" ".join(words).lower(), "_".join(words).lower(), "-".join(words)}
+    for name in sorted(names):
+        sheet = lookup(name)
+        if sheet is not None:
+            assert gpu_spec.datasheet(name) == gpu_spec.datasheet(sheet.product), (name, sheet.product)
+
+
+def test_topologies_built_in_code_and_presets_say_nothing(caplog):
+    from placement_rl.envs.topology_sampler import random_topology
+    from placement_rl.studies.stage_space import mixed
+
+    with caplog.at_level(logging.WARNING, logger=READER):
+        for seed in range(20):  # GPUs named h0_t4_0 without a model, all on cuda:0: the training sampler's own
+            random_topology(np.random.default_rng(seed))
+        mixed(3)
+        for name in preset_names():
+            load_topology(name)
+    assert [r.getMessage() for r in caplog.records if r.name == READER and r.levelno >= logging.WARNING] == []
+
+
+def test_from_dict_says_it_when_asked(caplog):
+    data = {"name": "d", "devices": [{"name": "t4_slot", **FIGURES}], "links": {}}
+    with caplog.at_level(logging.WARNING, logger=READER):
+        DeviceTopology.from_dict(data, where="quiet")
+        DeviceTopology.from_dict(data, where="asked", notes=True)
+    said = [r.getMessage() for r in caplog.records if r.name == READER]
+    assert said == ["asked: device 't4_slot' has no 'model': priced with the architecture of the datasheet product "
+                    "its name matches (T4 16GB); set 'model:' to choose"]
+
+
+# ------------------------------------------------------------- count: names and torch devices
+def test_count_name_ending_in_a_digit_is_said_and_names_kept(tmp_path, caplog):
+    path = _file(tmp_path, [{"name": "l4", "count": 2, "model": "L4", **FIGURES},
+                            {"name": "l4_", "count": 2, "model": "L4", **FIGURES, "host": 1}])
+    with caplog.at_level(logging.WARNING, logger=READER):
+        topo = load_topology(path)
+    assert topo.device_names == ("l40", "l41", "l4_0", "l4_1")  # plan files name devices so: unchanged
+    said = [s for s in _said(caplog, path) if "ends in a digit" in s]
+    assert said == [f"{path}: devices[0]: name 'l4' ends in a digit, so its devices are named 'l40', 'l41'; 'l40' "
+                    "reads as L40 48GB; a separator keeps name and number apart (name: l4_ gives l4_0, l4_1)"]
+
+
+def test_two_gpus_of_a_host_on_one_torch_device_are_said(tmp_path, caplog):
+    path = _file(tmp_path, [{"name": "fast", "count": 3, "model": "V100-SXM2-32GB", "torch_device": "cuda", **FIGURES},
+                            {"name": "slow", "model": "T4", "torch_device": "cuda", **FIGURES},
+                            {"name": "other", "model": "T4", "torch_device": "cuda", **FIGURES, "host": 1}])
+    with caplog.at_level(logging.WARNING, logger=READER):
+        topo = load_topology(path)
+    assert [d.torch_device for d in topo.devices] == ["cuda:0", "cuda:1", "cuda:2", "cuda:0", "cuda:0"]
+    said = [s for s in _said(caplog, path) if "torch_device" in s]
+    assert len(said) == 1
+    assert said[0].startswith(f"{path}: devices 'fast0' and 'slow' on host 0 both have torch_device 'cuda:0': "
+                              "deploy then gives ranks GPUs in LOCAL_RANK order")
+
+
+# ------------------------------------------------------------- torch_device values
+@pytest.mark.parametrize("td", ["banana", "cuda:", "cuda:-1", "CUDA", "cuda:0:1", " cuda", "cuda:01", 3])
+def test_a_torch_device_torch_refuses_is_refused_naming_the_device(td):
+    with pytest.raises(TopologyError, match=rf"^device 'g': field 'torch_device' is {td!r}, not a torch device"):
+        Device(name="g", kind="gpu", torch_device=td, peak_flops=1.0, mem_bandwidth=1.0, memory_bytes=1.0)
+
+
+def test_torch_device_check_agrees_with_torch():
+    torch = pytest.importorskip("torch")
+    torch.set_num_threads(1)
+    for td in ["cpu", "cuda", "cuda:0", "cuda:12", "mps", "xpu:1", "meta", "hpu", "cpu:0", "banana", "cuda:",
+               "cuda:-1", "CUDA", "cuda:0:1", " cuda", "cuda: 1", "cuda:01", "cuda:+1", "cuda:1 ", "ort"]:
+        try:
+            torch.device(td)
+            accepted = True
+        except (RuntimeError, ValueError):
+            accepted = False
+        assert is_torch_device(td) == accepted, td
+
+
+def test_a_topology_file_with_a_bad_torch_device_says_where(tmp_path):
+    path = _file(tmp_path, [{"name": "g", "torch_device": "banana", **FIGURES}])
+    with pytest.raises(TopologyError, match=rf"^{path}: devices\[0\]: field 'torch_device' is 'banana', not a torch "
+                                            "device: give cpu, cuda"):
+        load_topology(path)
+
+
+# ------------------------------------------------------------- plan files
+def _case():
+    graph = make_graph([{"name": "a", "fwd_flops": 1e6}, {"name": "b", "fwd_flops": 1e6}], [["a", "b", 8.0]],
+                       name="g")
+    topo = DeviceTopology.from_dict({"name": "t", "devices": [{"name": "cpu", "count": 2, "kind": "cpu",
+                                                               "peak_flops": 1e11, "mem_bandwidth": 1e10,
+                                                               "memory_bytes": 1e10}], "links": LINKS})
+    return graph, topo
+
+
+def test_plan_file_errors_start_with_the_file_once(tmp_path):
+    graph, topo = _case()
+    path = tmp_path / "plan.json"
+    text = Placement([0, 1]).to_json(graph=graph, topology=topo)
+    bad = {**json.loads(text), "device_of_node": [7, 1]}
+    path.write_text(json.dumps(bad))
+    for load in (Placement.from_json, load_plan):
+        with pytest.raises(PlanError, match=rf"^{path}: 'device_of_node' entries must be integers in \[0, 2\)$"):
+            load(path, topology=topo, graph=graph)
+    with pytest.raises(PlanError, match=r"^'device_of_node' entries"):  # JSON text: no file to name
+        Placement.from_json(json.dumps(bad), topology=topo, graph=graph)
+    path.write_text(json.dumps({**json.loads(text), "devices": ["cpu0", "gpu9"]}))
+    with pytest.raises(PlanError, match=rf"^{path}: placement uses device 'gpu9' which topology 't' lacks"):
+        Placement.from_json(path, topology=topo, graph=graph)
+    path.write_text("{not json")
+    with pytest.raises(PlanError) as err:  # the reader names the file itself: not twice
+        Placement.from_json(path)
+    assert str(err.value).count(str(path)) == 1
+
+
+# ------------------------------------------------------------- the tp note
+def test_tp_note_of_a_coarsened_graph_without_annotation_fits_a_graph_file(tmp_path):
+    from placement_rl.graph.coarsen import coarsen
+    from placement_rl.graph.ir import CompGraph
+    from placement_rl.graph.tp import annotation
+
+    nodes = [{"name": f"n{i}", "op_type": "linear", "module_path": f"m{i // 2}", "fwd_flops": 1e6, "param_bytes": 4e3}
+             for i in range(6)]
+    fine = make_graph(nodes, [[f"n{i}", f"n{i + 1}", 8.0] for i in range(5)], name="file")
+    (tmp_path / "g.json").write_text(fine.to_json())
+    coarse = coarsen(CompGraph.from_json(tmp_path / "g.json"), target=(2, 3))
+    assert coarse.members is not None and "tp" not in coarse.meta
+    note = annotation(coarse).note
+    assert "capture it again" in note and "a graph file carries it only in the meta.tp" in note
+    assert "graph.coarsen.enabled=false" in note and "docs/tensor_parallel.md" in note
+    doc = Path(__file__).resolve().parent.parent / "docs" / "tensor_parallel.md"
+    assert 'stores `meta["tp"]`' in doc.read_text()  # the page the note points to documents it
