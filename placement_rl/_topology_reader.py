@@ -17,7 +17,7 @@ from placement_rl.devices import DEFAULT_LAUNCH_OVERHEAD, DEVICE_KINDS, TORCH_DE
 
 DEVICE_FIELDS = ("name", "count", "kind", "torch_device", "host", "index_start", "numbered", "model", "peak_flops",
                  "mem_bandwidth", "memory_bytes", "launch_overhead", "sm_count", "l2_bytes", "peak_flops_tf32",
-                 "peak_flops_bf16", "peak_flops_fp16", "peak_flops_fp64")
+                 "peak_flops_bf16", "peak_flops_fp16", "peak_flops_fp64", "architecture")
 LINKS_FIELDS = ("intra_host", "inter_host", "pairs")
 LINK_FIELDS = ("bandwidth", "latency", "kind")
 PAIR_FIELDS = ("between",) + LINK_FIELDS
@@ -141,6 +141,25 @@ def _check_top_level(data: Mapping[str, Any], where: str) -> None:
             raise TopologyError(f"{where}: top-level field {k!r} is not read; '{dev[0]}' belongs in {place}")
 
 
+def _architecture(entry: Mapping[str, Any], kind: str, w: str) -> str:
+    """A GPU entry's ``architecture``: a datasheet product whose architecture facts (compute capability, memory
+    kind, FP32 lanes per SM, board power class) the cost model prices the GPU with, for a card the datasheets do not
+    know (its figures given on the entry); a one-line error for a name they do not know or on a CPU."""
+    from placement_rl.datasheets import lookup, nearest
+
+    arch = entry.get("architecture", "")
+    if arch in ("", None):
+        return ""
+    if kind != "gpu":
+        raise TopologyError(f"{w}: field 'architecture' is for GPUs (the cost model prices a CPU by its roofline)")
+    if not isinstance(arch, str) or lookup(arch) is None:
+        near = nearest(str(arch))
+        raise TopologyError(f"{w}: field 'architecture' is {arch!r}, not a product placement_rl/datasheets.py "
+                            f"knows{' (nearest: ' + ', '.join(near) + ')' if near else ''}: name the product the "
+                            "GPU is built like (e.g. H100, A100, L4, T4)")
+    return arch
+
+
 def read_topology(data: Any, where: str, *, notes: bool = False) -> dict[str, Any]:
     """The ``DeviceTopology`` fields ``data`` describes (``DeviceTopology(**read_topology(...))``); ``notes``: warn
     (once per process and line) about what ``naming_notes`` finds in a topology that is otherwise valid."""
@@ -189,6 +208,7 @@ def read_topology(data: Any, where: str, *, notes: bool = False) -> dict[str, An
                                 f"got {_shown(entry['sm_count'])}")
         extra["sm_count"] = sm
         extra["model"] = str(entry.get("model", ""))
+        extra["architecture"] = _architecture(entry, kind, w)
         base_td = str(entry.get("torch_device", "cpu" if kind == "cpu" else "cuda"))
         if not is_torch_device(base_td):
             raise TopologyError(f"{w}: field 'torch_device' is {base_td!r}, not a torch device: {TORCH_DEVICE_HINT}")
@@ -313,7 +333,7 @@ def _model_notes(devices: Sequence[Device], where: str) -> list[str]:
     T4 whatever figures it gives, and one named ``gpu0`` as a generic GPU."""
     unnamed: dict[str, list[str]] = {}
     for d in devices:
-        if d.kind == "gpu" and not d.model:
+        if d.kind == "gpu" and not d.model and not d.architecture:
             unnamed.setdefault(_product(d.name), []).append(d.name)
     lines = []
     for product, names in unnamed.items():
@@ -321,12 +341,13 @@ def _model_notes(devices: Sequence[Device], where: str) -> list[str]:
         who = f"{where}: device{'' if one else 's'} {_listed(names)} ha{'s' if one else 've'} no 'model'"
         if product:
             lines.append(f"{who}: priced with the architecture of the datasheet product "
-                         f"{'its name matches' if one else 'their names match'} ({product}); set 'model:' to choose")
+                         f"{'its name matches' if one else 'their names match'} ({product}); set 'model:' (or "
+                         "'architecture:') to choose")
         else:
             lines.append(f"{who} and {'its name is' if one else 'their names are'} no datasheet product: priced as "
                          "a generic GPU (Volta or newer, HBM memory, 64 FP32 lanes per SM) unless the name holds a "
                          "GPU family placement_rl/cost/gpu_spec.py knows; set 'model:' to the product (e.g. H100, "
-                         "L4) to choose")
+                         "L4), or 'architecture:' to the product a card not in the datasheets is built like")
     return lines
 
 

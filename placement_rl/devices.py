@@ -41,6 +41,7 @@ class Device:
     peak_flops_fp16: float = 0.0    # FP16 with FP32 accumulation (0: unknown; the BF16 peak stands in for it)
     peak_flops_fp64: float = 0.0    # FP64 (0: unknown; an fp64 model is priced at the FP32 peak, with a warning)
     model: str = ""                 # hardware model, e.g. "A100-80GB-PCIe"
+    architecture: str = ""          # a GPU not in the datasheets: the product whose architecture it shares ("H100")
 
     def __post_init__(self) -> None:
         """``TopologyError`` for a ``torch_device`` torch would refuse (``banana``), here rather than at deploy."""

@@ -27,7 +27,10 @@ GPU whose ``model`` is a product ``placement_rl.datasheets`` knows (``- {name: g
 leave out any of ``peak_flops``, ``mem_bandwidth``, ``memory_bytes``, ``sm_count``, ``l2_bytes``, the
 tensor-core peaks and the FP64 one: they come from its datasheet (a figure
 given on the device or at the top level wins). A device entry may also set ``index_start`` (the first CUDA
-index of its ``count`` devices) and ``numbered: true`` (number its name even when ``count`` is 1).
+index of its ``count`` devices) and ``numbered: true`` (number its name even when ``count`` is 1). A GPU the
+datasheets do not know (its figures given on the entry) may set ``architecture`` to a product it is built like
+(``architecture: H100``): the cost model takes that product's compute capability, memory kind, FP32 lanes per SM
+and board power class, and none of its figures; without it, from ``model``, else from the device name.
 
 A file that reads but may not say what its author meant gets a warning line (``from_yaml``; ``from_dict`` with
 ``notes=True``): a GPU without ``model`` (the cost model then takes its architecture from the device *name*: one
@@ -230,7 +233,8 @@ class DeviceTopology:
                  "peak_flops": d.peak_flops, "mem_bandwidth": d.mem_bandwidth, "memory_bytes": d.memory_bytes,
                  "launch_overhead": d.launch_overhead, "sm_count": d.sm_count, "l2_bytes": d.l2_bytes,
                  "peak_flops_tf32": d.peak_flops_tf32, "peak_flops_bf16": d.peak_flops_bf16,
-                 "peak_flops_fp16": d.peak_flops_fp16, "peak_flops_fp64": d.peak_flops_fp64, "model": d.model}
+                 "peak_flops_fp16": d.peak_flops_fp16, "peak_flops_fp64": d.peak_flops_fp64, "model": d.model,
+                 **({"architecture": d.architecture} if d.architecture else {})}
                 for d in self.devices]
         return {**dict(self.meta), "name": self.name, "description": self.description, "devices": devs,
                 "links": {"pairs": pairs}}

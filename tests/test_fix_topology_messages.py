@@ -44,7 +44,7 @@ def test_gpu_without_model_says_which_product_its_name_prices_it_as(tmp_path, ca
         topo = load_topology(path)
     said = _said(caplog, path)
     assert f"{path}: device 't4' has no 'model': priced with the architecture of the datasheet product its name " \
-           "matches (T4 16GB); set 'model:' to choose" in said
+           "matches (T4 16GB); set 'model:' (or 'architecture:') to choose" in said
     generic = [s for s in said if "device 'gpu' has no 'model'" in s]
     assert len(generic) == 1 and "no datasheet product: priced as a generic GPU" in generic[0]
     assert not any("'v100'" in s for s in said)  # its model prices it
@@ -87,7 +87,7 @@ def test_from_dict_says_it_when_asked(caplog):
         DeviceTopology.from_dict(data, where="asked", notes=True)
     said = [r.getMessage() for r in caplog.records if r.name == READER]
     assert said == ["asked: device 't4_slot' has no 'model': priced with the architecture of the datasheet product "
-                    "its name matches (T4 16GB); set 'model:' to choose"]
+                    "its name matches (T4 16GB); set 'model:' (or 'architecture:') to choose"]
 
 
 # ------------------------------------------------------------- count: names and torch devices
@@ -189,3 +189,34 @@ def test_tp_note_of_a_coarsened_graph_without_annotation_fits_a_graph_file(tmp_p
     assert "graph.coarsen.enabled=false" in note and "docs/tensor_parallel.md" in note
     doc = Path(__file__).resolve().parent.parent / "docs" / "tensor_parallel.md"
     assert 'stores `meta["tp"]`' in doc.read_text()  # the page the note points to documents it
+
+
+def test_a_new_gpu_given_an_architecture_prices_as_that_product_with_its_own_figures():
+    """A card the datasheets do not know, given every figure of an H100 and ``architecture: H100``, prices as the
+    H100 does (without it, the generic architecture priced its fp32 GEMMs and convs up to 1.7x faster); the
+    architecture takes no figure; a name the datasheets do not know, or one on a CPU, is one line."""
+    from placement_rl.cost import resolve_costs
+    from placement_rl.graph import synthetic
+
+    h100 = DeviceTopology.from_dict({"name": "h", "devices": [{"name": "g", "model": "H100 SXM5 80GB"}],
+                                     "links": {}}).devices[0]
+    figures = {k: getattr(h100, k) for k in ("peak_flops", "mem_bandwidth", "memory_bytes", "sm_count", "l2_bytes",
+                                             "peak_flops_tf32", "peak_flops_bf16", "peak_flops_fp16",
+                                             "peak_flops_fp64")}
+    graph = synthetic.sample("transformer_like", num_nodes=40, seed=1)
+
+    def fwd(**dev):
+        topo = DeviceTopology.from_dict({"name": "t", "devices": [{"name": "acc", **figures, **dev}], "links": {}})
+        return resolve_costs(graph, topo).fwd_time[:, 0], topo
+
+    by_name, _ = fwd(model="H100 SXM5 80GB")
+    built_like, topo = fwd(model="Acme X1", architecture="H100")
+    np.testing.assert_array_equal(built_like, by_name)
+    assert topo.devices[0].memory_bytes == h100.memory_bytes and topo.devices[0].architecture == "H100"
+    assert DeviceTopology.from_dict(topo.to_dict()).devices[0].architecture == "H100"  # kept by a round trip
+    with pytest.raises(TopologyError, match="field 'architecture' is 'Acme Z9', not a product"):
+        fwd(model="Acme X1", architecture="Acme Z9")
+    with pytest.raises(TopologyError, match="field 'architecture' is for GPUs"):
+        DeviceTopology.from_dict({"name": "c", "devices": [{"name": "c", "kind": "cpu", "peak_flops": 1e12,
+                                                             "mem_bandwidth": 1e11, "memory_bytes": 1e10,
+                                                             "architecture": "H100"}], "links": {}})

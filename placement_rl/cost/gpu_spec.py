@@ -93,12 +93,14 @@ def arch_of(name: str) -> float:
 
 
 def spec_of_device(dev: Any) -> "GpuSpec":
-    """``GpuSpec`` of a topology ``Device`` (datasheet figures, architecture from its ``model`` or name)."""
-    name = str(getattr(dev, "model", "") or dev.name)
+    """``GpuSpec`` of a topology ``Device`` (datasheet figures, architecture from its ``architecture``, else its
+    ``model``, else its name)."""
+    name = str(getattr(dev, "architecture", "") or getattr(dev, "model", "") or dev.name)
     arch, gddr, lanes, low = datasheet(name)
     if arch == 0.0 and name not in _UNKNOWN and str(getattr(dev, "kind", "gpu")) == "gpu":
         _UNKNOWN.add(name)  # once per name and process
         logging.getLogger(__name__).warning(
             "GPU model '%s' is not in the datasheet table (placement_rl/cost/gpu_spec.py): priced as a Volta-or-newer "
-            "HBM GPU with 64 FP32 lanes per SM; set the device's 'model' to its product name (e.g. H100, L4)", name)
+            "HBM GPU with 64 FP32 lanes per SM; set the device's 'model' to its product name (e.g. H100, L4), or for "
+            "a card not in the table 'architecture' to the product it is built like", name)
     return GpuSpec(dev.peak_flops, dev.mem_bandwidth, dev.sm_count, dev.l2_bytes, arch, gddr, lanes, low)
