@@ -1,7 +1,8 @@
 """Reading a topology mapping (a YAML file's contents) into ``DeviceTopology`` fields: the schema's fields,
 datasheet fill for GPUs that name their product, per-field checks with one-line ``TopologyError``s, and the links matrix
 (the schema is in ``placement_rl.topology``'s docstring). ``DeviceTopology.from_dict`` / ``from_yaml`` call it; with
-``notes`` it also warns where a valid file may not say what its author meant (``naming_notes``)."""
+``notes`` it also warns where a valid file may not say what its author meant (``naming_notes``, and a figure too small
+for its unit, ``_unit_notes``: ``peak_flops: 67`` for 67 TFLOP/s)."""
 
 from __future__ import annotations
 
@@ -162,7 +163,8 @@ def _architecture(entry: Mapping[str, Any], kind: str, w: str) -> str:
 
 def read_topology(data: Any, where: str, *, notes: bool = False) -> dict[str, Any]:
     """The ``DeviceTopology`` fields ``data`` describes (``DeviceTopology(**read_topology(...))``); ``notes``: warn
-    (once per process and line) about what ``naming_notes`` finds in a topology that is otherwise valid."""
+    (once per process and line) about what ``_unit_notes`` and ``naming_notes`` find in a topology that is otherwise
+    valid (off for topologies built in code: tests' made-up devices give ``peak_flops: 1``)."""
     if not isinstance(data, dict):
         raise TopologyError(f"{where}: top level must be a mapping with 'name', 'devices' and 'links'")
     _check_top_level(data, where)
@@ -172,6 +174,7 @@ def read_topology(data: Any, where: str, *, notes: bool = False) -> dict[str, An
     devices: list[Device] = []
     filled: list[tuple[int, tuple[str, ...], str]] = []  # (entry, figures, product) taken from datasheets
     numbered: list[tuple[str, str, list[str]]] = []  # (entry, its name, its devices' names) of names ending in a digit
+    units: list[str] = []  # a figure too small to be in its unit (``_unit_notes``)
     for k, entry in enumerate(devs_in):
         w = f"{where}: devices[{k}]"
         if not isinstance(entry, dict) or "name" not in entry:
@@ -196,6 +199,7 @@ def read_topology(data: Any, where: str, *, notes: bool = False) -> dict[str, An
         for key, v in vals.items():
             if v <= 0:
                 raise TopologyError(f"{w}: field '{key}' must be positive, got {v!r}")
+        units += _unit_notes(vals, w)
         overhead = _num(entry, "launch_overhead", w, DEFAULT_LAUNCH_OVERHEAD[kind])
         extra = {key: _num(entry, key, w, _num(data, key, where, 0.0))
                  for key in ("l2_bytes", "peak_flops_tf32", "peak_flops_bf16", "peak_flops_fp16", "peak_flops_fp64")}
@@ -293,12 +297,35 @@ def read_topology(data: Any, where: str, *, notes: bool = False) -> dict[str, An
     if model not in ("calibrated", "roofline"):
         raise TopologyError(f"{where}: field 'cost_model' is {model!r}, expected calibrated or roofline")
     if notes:
-        for line in naming_notes(devices, numbered, where, roofline=model == "roofline"):
+        for line in units + naming_notes(devices, numbered, where, roofline=model == "roofline"):
             _say_once(line)
     return dict(name=str(data.get("name", Path(where).stem)), devices=tuple(devices),
                 link_bandwidth=bw, link_latency=lat, link_kind=tuple(tuple(r) for r in kind_m),
                 description=str(data.get("description", "")),
                 meta={k: v for k, v in data.items() if k not in ("name", "devices", "links", "description")})
+
+
+# the smallest figure a device may plausibly give (FLOP/s, B/s, bytes): below it, a unit slip such as TFLOP/s or
+# TB/s written without the exponent (``peak_flops: 67``, ``mem_bandwidth: 3.35``) priced a step at 30 years
+PLAUSIBLE_MIN = {"peak_flops": 1e9, "mem_bandwidth": 1e6, "memory_bytes": 1e6}
+
+
+def _unit_notes(vals: Mapping[str, float], w: str) -> list[str]:
+    """One line per figure of a device entry below ``PLAUSIBLE_MIN``, saying the figure it likely meant."""
+    lines = []
+    for key, v in vals.items():
+        if v >= PLAUSIBLE_MIN[key]:
+            continue
+        if key == "memory_bytes":
+            unit, meant = ("GiB", v * 2**30) if v < 1e4 else ("MiB", v * 2**20)
+            guess = f"{v:g} {unit} ({meant:.0f})"
+        elif key == "peak_flops":
+            guess = f"{v:g}e12 (TFLOP/s)" if v < 1e3 else f"{v:g}e9 (GFLOP/s)"
+        else:
+            guess = f"{v:g}e12 (TB/s)" if v < 20 else f"{v:g}e9 (GB/s)"
+        shown = {"peak_flops": "FLOP/s", "mem_bandwidth": "B/s", "memory_bytes": "bytes"}[key]
+        lines.append(f"{w}: {key} {v:g} {shown} is implausibly small: did you mean {guess}?")
+    return lines
 
 
 def naming_notes(devices: Sequence[Device], numbered: Sequence[tuple[str, str, list[str]]], where: str, *,
@@ -327,27 +354,21 @@ def _listed(names: Sequence[str], show: int = 3) -> str:
 
 
 def _model_notes(devices: Sequence[Device], where: str) -> list[str]:
-    """One line per datasheet product (or none) whose name the GPUs without a ``model`` carry: the calibrated cost
-    model reads a GPU's architecture (compute capability, memory kind, FP32 lanes per SM) from its ``model``, else
-    from its device name (``placement_rl.cost.gpu_spec.spec_of_device``), so a device named ``t4`` is priced as a
-    T4 whatever figures it gives, and one named ``gpu0`` as a generic GPU."""
+    """One line per datasheet product whose name GPUs without a ``model`` carry: the calibrated cost model reads a
+    GPU's architecture (compute capability, memory kind, FP32 lanes per SM) from its ``model``, else from its device
+    name (``placement_rl.cost.gpu_spec.spec_of_device``), so a device named ``t4`` is priced as a T4 whatever
+    figures it gives. A name no product matches is said when the cost model prices it (as a generic GPU)."""
     unnamed: dict[str, list[str]] = {}
     for d in devices:
-        if d.kind == "gpu" and not d.model and not d.architecture:
+        if d.kind == "gpu" and not d.model and not d.architecture and _product(d.name):
             unnamed.setdefault(_product(d.name), []).append(d.name)
     lines = []
     for product, names in unnamed.items():
         one = len(names) == 1
-        who = f"{where}: device{'' if one else 's'} {_listed(names)} ha{'s' if one else 've'} no 'model'"
-        if product:
-            lines.append(f"{who}: priced with the architecture of the datasheet product "
-                         f"{'its name matches' if one else 'their names match'} ({product}); set 'model:' (or "
-                         "'architecture:') to choose")
-        else:
-            lines.append(f"{who} and {'its name is' if one else 'their names are'} no datasheet product: priced as "
-                         "a generic GPU (Volta or newer, HBM memory, 64 FP32 lanes per SM) unless the name holds a "
-                         "GPU family placement_rl/cost/gpu_spec.py knows; set 'model:' to the product (e.g. H100, "
-                         "L4), or 'architecture:' to the product a card not in the datasheets is built like")
+        lines.append(f"{where}: device{'' if one else 's'} {_listed(names)} ha{'s' if one else 've'} no 'model': "
+                     f"priced with the architecture of the datasheet product "
+                     f"{'its name matches' if one else 'their names match'} ({product}); set 'model:' (or "
+                     "'architecture:') to choose")
     return lines
 
 

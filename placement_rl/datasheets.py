@@ -16,10 +16,14 @@ Spellings: case, ``-`` and ``_`` do not matter, a memory size may be written ``8
 ``80GB``) and a variant letter may stand apart (``L40-S`` is the L40S). A name that contradicts the row it matches
 is refused rather than priced as another card (``resolve`` raises ``TopologyError`` naming the product's rows, a
 topology device that would take figures from it is refused so, ``lookup`` returns None): a memory size the row
-does not have (``H100 94GB`` matches the 80 GB H100 SXM5; the 94 GB card is the H100 NVL, so name it), or a letter
-glued to the model number that is no variant the table knows (``A100X``). A memory size is the row's own (its product's
-``<n>GB``); the GH200's row also takes 480 GB, its Grace memory, as the device names itself (``NVIDIA GH200
-480GB``). ``nearest(name)`` gives the known names closest to an unknown one (difflib), for error messages.
+does not have (``H100 94GB`` matches the 80 GB H100 SXM5; the 94 GB card is the H100 NVL, so name it), a letter
+glued to the model number that is no variant the table knows (``A100X``), or a variant word the row's own words do
+not hold (``_VARIANTS``: ``Ti``, ``SUPER``, ``Laptop``, ``Mobile``, ``Max-Q``, ``DRIVE``, ``CNX``: ``RTX 3090 Ti``
+and ``RTX 4090 Laptop GPU`` are other cards than the RTX 3090 and RTX 4090, while ``RTX 3080 Ti`` has its row). A
+MIG slice (``NVIDIA A100-SXM4-40GB MIG 1g.5gb``, as torch names it) is refused too: it is a part of the card, with
+figures of its own. A memory size is the row's own (its product's ``<n>GB``); the GH200's row also takes 480 GB, its
+Grace memory, as the device names itself (``NVIDIA GH200 480GB``). ``nearest(name)`` gives the known names closest
+to an unknown one (difflib), for error messages.
 """
 
 from __future__ import annotations
@@ -189,6 +193,11 @@ def _normalise(name: str) -> str:
     return re.sub(r"\bT4G\b", "T4", up)  # AWS's T4G (G5g instances) is a T4
 
 
+# words that make a product another card than its base model (``RTX 3090 Ti``, ``RTX 4090 Laptop GPU``, ``DRIVE
+# A100``, ``H100 CNX``): one that the matched row's own words do not hold is refused, not priced as the base card
+_VARIANTS = re.compile(r"(?<![A-Z0-9])(TI|SUPER|LAPTOP|MOBILE|MAX ?Q|DRIVE|CNX)(?![A-Z0-9])")
+# a MIG slice as torch names it (``NVIDIA A100-SXM4-40GB MIG 1g.5gb``), read before ``_normalise`` makes 1g a size
+_MIG = re.compile(r"(?<![A-Z0-9])MIG(?![A-Z0-9])(?: *(\d+G\.\d+GB))?")
 # what may follow a model number without a space: a form factor, memory kind, Ti / SUPER, a count (``H100x8``);
 # any other letters name a variant the table may not have (``A100X``)
 _GLUE = re.compile(r"(SXM|PCIE|NVL|HBM|TI|SUPER)\d*E?|X\d+")
@@ -214,13 +223,19 @@ def _family(word: str) -> str:
 def resolve(name: str) -> Datasheet | None:
     """The datasheet of the GPU product ``name``: the first row whose words all appear in it, None if none does.
     ``TopologyError`` (one line naming the product's rows) where the name contradicts that row: it states a memory
-    size the row does not have, or glues letters to the model number that are no variant the table knows."""
+    size the row does not have, glues letters to the model number that are no variant the table knows, or holds a
+    variant word (``_VARIANTS``) the row's words do not; and for a MIG slice (``_refuse_mig``)."""
+    _refuse_mig(str(name))
     up = _normalise(str(name))
     for row, (patterns, sheet) in zip(_ROWS, _TABLE):
         if not all(w.search(up) for w in patterns):
             continue
         words = row[0]
         word = _model_word(words)
+        variant = next((m.group(1) for m in _VARIANTS.finditer(up) if m.group(1) not in words), None)
+        if variant is not None:
+            raise TopologyError(f"GPU model '{name}': '{variant}' names a variant the table has no row for "
+                                f"({_family(word)}); name one of them in 'model:', or give every figure on the device")
         glued = [m.group(1) for m in re.finditer(r"(?<![A-Z0-9])" + re.escape(word) + r"(?![0-9])([A-Z0-9]*)", up)]
         if glued and all(g and not _GLUE.fullmatch(g) and g not in words for g in glued):
             raise TopologyError(f"GPU model '{name}': '{word}{glued[0]}' is no {word} variant the table knows "
@@ -234,6 +249,18 @@ def resolve(name: str) -> Datasheet | None:
                                 "every figure on the device")
         return sheet
     return None
+
+
+def _refuse_mig(name: str) -> None:
+    """``TopologyError`` for a MIG slice's name: the slice has a part of the card's SMs, memory and bandwidth, which
+    no row gives (``_normalise`` would read its ``1g`` as a memory size and say the name contradicts the card)."""
+    m = _MIG.search(name.upper().replace("_", " ").replace("-", " "))
+    if m:
+        profile = f" ({m.group(1).lower()})" if m.group(1) else ""
+        raise TopologyError(f"GPU model '{name}' is a MIG slice{profile}, a part of the card that its datasheet row "
+                            "does not describe: give the slice's own figures on the device (peak_flops, mem_bandwidth, "
+                            "memory_bytes; sm_count, l2_bytes and the tensor-core peaks where known) and name the full "
+                            "card in 'architecture:' rather than 'model:'")
 
 
 def lookup(name: str) -> Datasheet | None:

@@ -369,14 +369,23 @@ def _top(size: dict[str, float]) -> str | None:
 
 
 def activation_dtype(records: list[NodeRecord]) -> str | None:
-    """The floating dtype of most bytes of the captured ops' outputs (``bf16``, ``fp16``, ``fp32`` or ``other``;
-    None where no op puts out a floating tensor): under ``torch.autocast`` a model of fp32 parameters computes in
-    bf16 / fp16."""
-    size: dict[str, float] = {}
+    """The floating dtype the captured ops compute in (``bf16``, ``fp16``, ``fp32``, ``fp64`` or ``other``; None
+    where no op puts out a floating tensor): the dtype of most forward FLOPs, each op's FLOPs counted for the dtypes
+    of its outputs (split by their bytes), so the GEMMs, convolutions and attention decide; where no op counts
+    FLOPs, the dtype of most output bytes. Under ``torch.autocast`` a model of fp32 parameters computes in bf16 /
+    fp16; a bf16 model whose loss upcasts its logits to fp32 computes in bf16 (the cast and the cross-entropy count
+    no FLOPs, though by bytes the fp32 logits of a small model outweigh its bf16 activations; the cost model then
+    reads their bytes as bf16 elements, twice as many as there are). Where the GEMMs are mixed, the dtype of most
+    of their FLOPs is the graph's and its other ops are priced in it too."""
+    by_flops: dict[str, float] = {}
+    by_bytes: dict[str, float] = {}
     for r in records:
+        total = sum(r.out_dtypes.values())
         for k, b in r.out_dtypes.items():
-            size[k] = size.get(k, 0.0) + b
-    return _top(size)
+            by_bytes[k] = by_bytes.get(k, 0.0) + b
+            if r.fwd_flops > 0 and total > 0:
+                by_flops[k] = by_flops.get(k, 0.0) + r.fwd_flops * b / total
+    return _top(by_flops) or _top(by_bytes)
 
 
 def param_dtype(module: torch.nn.Module, inputs: tuple) -> str | None:
