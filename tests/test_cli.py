@@ -331,8 +331,8 @@ def test_deploy_refuses_bad_dp_plans_before_any_process(tmp_path):
         (tmp_path / f"{name}.json").write_text(json.dumps(data))
         r = cli(tmp_path, "deploy", f"plan={tmp_path / name}.json", f"topology.path={small}", run=name)
         assert r.returncode == 2, (name, r.stderr)
-        lines = [x for x in r.stderr.strip().splitlines() if x.strip()]
-        assert len(lines) == 1 and message in lines[0], (name, r.stderr)
+        lines = [x for x in r.stderr.strip().splitlines() if x.strip() and "implausibly small" not in x]
+        assert len(lines) == 1 and message in lines[0], (name, r.stderr)  # the tiny memory said, then the error
         assert not (tmp_path / name / "deploy.json").exists()
 
 
@@ -411,7 +411,7 @@ def test_place_shows_its_phases_and_lists_what_it_writes(tmp_path):
     assert {"graph.json", "placement.json", "metrics.json", "speedup.png"} <= set(listed)
     assert any(name.startswith("timeline_") for name in listed)
     written = {p.name for p in (tmp_path / "run").iterdir() if p.name != ".hydra" and not p.name.endswith(".log")}
-    assert written == set(listed)
+    assert written == {name.split("/")[0] for name in listed}  # best/placement.json: the folder best
     # one device: the plan is the only placement, the bound (one device's serial work, the blocks part) is met
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["lower_bound"] == pytest.approx(metrics["step_time"], rel=1e-6)

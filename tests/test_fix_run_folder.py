@@ -89,7 +89,8 @@ def test_place_in_a_folder_given_again_says_what_it_removed(tmp_path):
         "comparison.csv, comparison.md, metrics.json, policy_search/anytime.png, policy_search/placement.json, "
         "speedup.png, timeline_mlp_4x_v100_nvlink.png"), r.stdout
     files = sorted(p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file() and ".hydra" not in p.parts)
-    assert files == ["graph.json", "metrics.json", "notes.txt", "place.log", "placement.json"]
+    assert files == ["best/graph.json", "best/placement.json", "graph.json", "metrics.json", "notes.txt", "place.log",
+                     "placement.json"]
 
 
 def test_phases_report_a_long_phase_while_it_runs(capsys):

@@ -120,14 +120,16 @@ class ExtraRow:
 def compare_learned(graph, costs, topology, out: Path, *, label: str, plan, step_time: float, feasible: bool,
                     seconds: float, sim_calls: int, seed: int, what: str, files: list[str] | None = None,
                     progress: bool = False, learned: Sequence[ExtraRow] = (), after: Sequence[ExtraRow] = (),
-                    timed: Sequence[ExtraRow] = ()) -> dict:
+                    timed: Sequence[ExtraRow] = (), found: dict | None = None) -> dict:
     """Run the baselines with the learned result's simulator-call budget, append its row, write the comparison
     files (their names appended to ``files``; ``progress``: a bar over the baselines, as ``evaluate`` shows);
     return metrics (best single device, best baseline and the ratio to it, and under ``heuristics`` the step
     time, calls and seconds of ``sim_eft`` and ``eft_rollout``: the bar of a constructive policy). ``learned``:
     more of the learned result's rows (the greedy placement beside the best of k), listed before it; ``after``:
     rows listed after it that spent more calls (a search seeded by it): the baselines then get the most calls any
-    row spent; ``timed``: searches held to seconds instead of calls, listed last (they do not set the budget)."""
+    row spent; ``timed``: searches held to seconds instead of calls, listed last (they do not set the budget);
+    ``found``: where given, each op-level baseline's placement is added to it as ``<name> (baseline)`` ->
+    ``step_time``, ``feasible``, ``devices`` (what ``place`` picks its fastest placement from)."""
     from tqdm.auto import tqdm
 
     from placement_rl import baselines
@@ -147,8 +149,12 @@ def compare_learned(graph, costs, topology, out: Path, *, label: str, plan, step
         rows = compare(graph, costs, topology, budget=max(sim_calls_all, 1), seed=seed, case=case,
                        partitioners=partitioners, on_done=done)
         bar.update(total - bar.n)  # placers that cannot run on this case report no row to on_done
-    single = next((r.step_time for r in rows if r.placer == "single_device"), float("nan"))
+    single = next((r for r in rows if r.placer == "single_device"), None)
     kind = "pipeline" if pipeline else "placement"
+    if found is not None:
+        found.update({f"{r.placer} (baseline)": {"step_time": r.step_time, "feasible": r.feasible,
+                                                 "devices": r.plan.device_of_node}
+                      for r in rows if isinstance(r.plan, Placement) and math.isfinite(r.step_time)})
 
     def row(x: ExtraRow) -> Row:  # its speed-up: with_speedups below
         return Row(case, x.label, kind, x.step_time, float("nan"), x.feasible, x.seconds, x.sim_calls, plan=x.plan)
@@ -163,7 +169,8 @@ def compare_learned(graph, costs, topology, out: Path, *, label: str, plan, step
     rows = with_speedups(rows)
     write_comparison(rows, {case: (graph, costs, topology)}, out,
                      title=f"{what} vs baselines on {case} (budget {sim_calls_all} simulator calls)", files=files)
-    metrics = {"best_single_device_time": single, "heuristics": own}
+    metrics = {"best_single_device_time": float("nan") if single is None else single.step_time,
+               "best_single_device_feasible": None if single is None else bool(single.feasible), "heuristics": own}
     if base is not None:
         # a placement that overflows memory has no ratio to one that fits (its step time is not one it can run at)
         metrics.update(best_baseline=base.placer, best_baseline_time=base.step_time,

@@ -11,24 +11,53 @@ from placement_rl.cli.common import (Phases, build_graph, build_topology, hydra_
                                      warm_up, write_json)
 from placement_rl.cli.place_search import FOLDER
 from placement_rl.cli.place_notes import (GRAPH_OPTIONS, ONE_PASS_NOTE, bound_note, coarse_groups, env_setup, fit_row,
-                                         graph_options_note, overflow_note, samples_status, unrecorded_note)
+                                         graph_options_note, overflow_note, samples_note, samples_status,
+                                         unrecorded_note)
 from placement_rl.errors import ConfigError, PlanError
 
+BEST = "best"  # the fastest placement that fits of all the run computed (``write_best``)
 # every file place may write in its run folder (a StagePlan policy writes plan.json, others placement.json)
 WRITES = ("graph.json", "placement.json", "plan.json", "metrics.json", "comparison.md", "comparison.csv",
           "speedup.png")
 # and with them, what an earlier run in a folder given again may have left: removed before a run (``hydra_app``)
-REPLACES = (*WRITES, "timeline_*.png", *(f"{sub}/{name}" for sub in ("search", "fit", "cp", FOLDER)
+REPLACES = (*WRITES, "timeline_*.png", *(f"{sub}/{name}" for sub in ("search", "fit", "cp", FOLDER, BEST)
                                           for name in ("graph.json", "placement.json", "plan.json")),
             *(f"{FOLDER}/{name}" for name in ("trace.csv", "anytime.png")))
 
 
 def _artifacts(out, plan_file: str, compared: list[str], searched: bool = False, cp: bool = False,
-               fitted: bool = False, timed: list[str] = ()) -> str:
+               fitted: bool = False, timed: list[str] = (), best: bool = False) -> str:
     return f"artifacts in {out}: " + ", ".join(["graph.json", plan_file, "metrics.json",
+                                                *([f"{BEST}/{plan_file}"] if best else []),
                                                 *(["search/placement.json"] if searched else []), *timed,
                                                 *(["fit/placement.json"] if fitted else []),
                                                 *(["cp/placement.json"] if cp else []), *compared])
+
+
+def write_best(found: dict[str, dict], graph, topology, out, costs) -> dict:
+    """The fastest placement that fits memory of ``found`` (its source -> ``step_time``, ``feasible``, ``devices``:
+    a device array, or the policy's StagePlan; a tie goes to the first, the policy's) as ``best/placement.json``
+    (``best/plan.json``) with ``save_plan``; returns metrics.json's ``best_step_time`` and ``best_source`` (None,
+    and nothing written, where none fits). A source is ``policy``, the folder that also holds it (``search``,
+    ``policy_search``, ``fit``, ``cp``), or ``<search> for <s> s`` (one run beside policy_search)."""
+    fits = [(r["step_time"], k, name) for k, (name, r) in enumerate(found.items()) if r["feasible"]]
+    if not fits:
+        return {"best_step_time": None, "best_source": None}
+    step_time, _, name = min(fits)
+    (out / BEST).mkdir(exist_ok=True)
+    save_plan(found[name]["devices"], graph, topology, out / BEST, costs=costs)
+    return {"best_step_time": step_time, "best_source": name}
+
+
+def best_line(metrics: dict, plan_file: str) -> str | None:
+    """One line where ``best/`` holds another placement than the policy's (``write_best``), else None."""
+    source = metrics["best_source"]
+    if source in (None, "policy"):
+        return None
+    own = f"{metrics['step_time'] * 1e3:.3f} ms" + ("" if metrics["feasible"] else ", overflowing memory")
+    folder = "/" if source in ("search", FOLDER, "fit", "cp") else ""
+    return (f"{BEST}/{plan_file}: the placement of {source}{folder} ({metrics['best_step_time'] * 1e3:.3f} ms), the "
+            f"fastest that fits of this run's; {plan_file} stays the policy's own ({own})")
 
 
 def costs_line(costs) -> str:
@@ -137,6 +166,9 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         res = greedy_result(policy, task)
         note.append(f"{res.greedy_time * 1e3:.3f} ms")
     if samples > 0:
+        line = samples_note(samples, res.greedy_seconds)
+        if line is not None:
+            print(line, flush=True)
         done = [0]  # placements finished so far, for the line every 10 s on a long run (512 devices, 10,000 nodes)
         with phases(plural(samples, "sampled placement"), f"the greedy one took {res.greedy_seconds:.1f} s",
                     status=lambda: samples_status(done[0], samples)) as note:
@@ -211,6 +243,11 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         (out / "cp").mkdir(exist_ok=True)
         save_plan(cp_row["devices"], graph, topology, out / "cp", costs=costs)
         metrics["cp_solution"] = {k: v for k, v in cp_row.items() if k != "devices"}
+    # every placement the run holds, the policy's first (then the baselines', with compare)
+    held = {"policy": {"step_time": step_time, "feasible": fits, "devices": res.best_devices},
+            **({} if search is None else {"search": search}),
+            **{n if n == "policy_search" else f"{n} for {search_seconds:g} s": r for n, r in ran.items()},
+            **({} if fitted is None else {"fit": fitted}), **({} if cp_row is None else {"cp": cp_row})}
     compared: list[str] = []
     if cfg.compare:
         from placement_rl.cli.evaluate import ExtraRow, compare_learned
@@ -228,8 +265,10 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         metrics.update(compare_learned(graph, costs, topology, out, label=label, plan=plan,
                                        step_time=step_time, feasible=metrics["feasible"], seconds=wall,
                                        sim_calls=calls, seed=seed, what="zero-shot placement", files=compared,
-                                       progress=phases.enabled, learned=greedy_row, after=searched, timed=same))
+                                       progress=phases.enabled, learned=greedy_row, after=searched, timed=same,
+                                       found=held))
         label_costs(out, costs)
+    metrics.update(write_best(held, graph, topology, out, costs))
     write_json(out / "metrics.json", metrics)
     found = (f"best of {plural(samples, 'sample')} {res.best_time * 1e3:.3f} ms" if samples > 0
              else "no samples (samples=0: greedy only)")
@@ -250,15 +289,17 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     if not fits:
         print(overflow_note(graph, costs, topology, res.best_devices, samples, searched=search, fitted=fitted,
                             policy_searched=None if timed is None else timed["policy_search"]))
-    found = [r["step_time"] for r in [search, *ran.values()] if r is not None and r["feasible"]]
-    best = min([step_time, *found]) if fits else min(found, default=step_time)  # the fastest that fits, if any
-    print(bound_note(bound, best, fits=fits or bool(found), groups=groups))
+    best = metrics["best_step_time"]  # the fastest that fits, if any
+    print(bound_note(bound, step_time if best is None else best, fits=best is not None, groups=groups))
     if cp_row is not None:
         over = "" if cp_row["feasible"] else " (overflows memory: the model relaxes it)"
         print(f"CP-SAT's own placement (its own row, not the plan): {cp_row['step_time'] * 1e3:.3f} ms{over}"
               + (", at the bound: optimal" if cp_row["feasible"] and bound.gap(cp_row["step_time"]) < 5e-4 else ""))
+    line = best_line(metrics, plan_file)
+    if line is not None:
+        print(line)
     print(_artifacts(out, plan_file, compared, searched=search is not None, cp=cp_row is not None,
-                     fitted=fitted is not None, timed=timed_files))
+                     fitted=fitted is not None, timed=timed_files, best=best is not None))
     return metrics
 
 
@@ -271,6 +312,9 @@ def run(cfg: DictConfig) -> dict:
         raise ConfigError(f"decode is '{cfg.decode}': choose one_pass or sequential")
     if int(cfg.samples) < 0:
         raise ConfigError(f"samples must be >= 0, got {cfg.samples}")
+    from placement_rl.cli.schema import check_not_files
+
+    check_not_files(output_dir(), (BEST,), "place writes the fastest placement that fits")
     if not cfg.checkpoint:
         from placement_rl.agents.constructive_train import default_checkpoint
 
@@ -338,22 +382,25 @@ def run(cfg: DictConfig) -> dict:
                **checkpoint_id(str(cfg.checkpoint)), "decode": cfg.decode, "samples": samples, "step_time": step_time,
                "feasible": not infeasible, "chosen": chosen, "sim_calls": calls, **({"start": start} if start else {}),
                "wall_seconds": wall, "cost_source": costs.describe_source(topology.device_names)}
+    held = {"policy": {"step_time": step_time, "feasible": not infeasible, "devices": value}}
     compared: list[str] = []
     if cfg.compare:
         from placement_rl.cli.evaluate import compare_learned
+        from placement_rl.plans import StagePlan
 
         metrics.update(compare_learned(graph, costs, topology, out, label="zero-shot policy", plan=plan,
                                        step_time=step_time, feasible=not infeasible, seconds=wall, sim_calls=calls,
                                        seed=int(cfg.seed), what="zero-shot placement", files=compared,
-                                       progress=phases.enabled))
+                                       progress=phases.enabled, found=None if isinstance(plan, StagePlan) else held))
         label_costs(out, costs)
+    metrics.update(write_best(held, graph, topology, out, costs))
     write_json(out / "metrics.json", metrics)
     print(f"zero-shot placement of {graph.name} ({graph.num_nodes} nodes) on {topology.name}: "
           f"{step_time * 1e3:.3f} ms ({'feasible' if not infeasible else 'INFEASIBLE'}), {wall:.2f} s"
           + (f"; best baseline {metrics['best_baseline']} {metrics['best_baseline_time'] * 1e3:.3f} ms"
              if "best_baseline" in metrics else ""))
     print(costs_line(costs))
-    print(_artifacts(out, plan_file, compared))
+    print(_artifacts(out, plan_file, compared, best=metrics["best_source"] is not None))
     return metrics
 
 

@@ -20,6 +20,33 @@ def samples_status(done: int, samples: int) -> str:
     return f"{done} of {samples} done" + (f" ({part} decoded together)" if done < samples else "")
 
 
+SAMPLES_NOTE_SECONDS = 30.0  # samples expected to take longer than this get a line before they start
+
+
+def samples_note(samples: int, greedy_seconds: float) -> str | None:
+    """One line before ``samples`` placements expected to take more than ``SAMPLES_NOTE_SECONDS``: about
+    ``samples`` x the greedy pass's seconds, and how to skip them; None where they are expected sooner.
+
+    Why that multiple (``agents.constructive_eval.with_samples``): each sample places every node again, making the
+    greedy pass's decisions with its window features. The ones on slower links run the greedy kernel itself, one
+    after another on one thread; the drawn ones run as one batch that still builds every episode's features at
+    every decision. Measured on a busy 2-core machine: 500 nodes on 8 devices, a sample on slower links 1.04 x the
+    greedy pass on one thread, a drawn one 1.28 x; 502 nodes on 64 devices, 1.50 and 1.37 x the greedy pass on two
+    threads. Where the command asks for threads the greedy pass splits each decision's devices over them
+    (``cost.split``), and the multiple then also carries their speed-up, or their loss on busy cores (the 8-device
+    pass took 18 x longer on two threads there): an order of magnitude, not a forecast."""
+    from placement_rl.baselines.eft import LINK_SCALES
+
+    expected = samples * greedy_seconds
+    if expected <= SAMPLES_NOTE_SECONDS:
+        return None
+    scaled = min(samples, len(LINK_SCALES))
+    parts = f"{scaled} on slower links" + (f", {samples - scaled} drawn" if samples > scaled else "")
+    took = f"{expected:.0f} s" if expected < 120 else f"{expected / 60:.0f} min"
+    return (f"{plural(samples, 'sample')} next, about {samples} x the greedy pass's {greedy_seconds:.1f} s "
+            f"({took}): each places every node again ({parts}); samples=0 skips them, fewer take less")
+
+
 def coarse_groups(graph) -> int | None:
     """The number of groups when ``graph`` is a coarsened one (its nodes group more ops than it has nodes), else
     None: a bound on placing it bounds placements of those groups, not of the ops."""
