@@ -31,6 +31,8 @@ from placement_rl.topology import DeviceTopology
 
 Plan = tuple  # (cuts, dp degrees, m, sharding[, tp degrees[, recompute per stage[, sequence parallel]]]); cuts
 # may be ``Stages``
+NO_FIT_SIMULATED = "no plan simulated fits memory"  # how a plan's ``note`` begins where none the planner
+# simulated fits, though the devices hold the state together (``PipeProblem.over_text``)
 MAX_MICROBATCHES = 32  # planners that choose m try powers of two up to this
 
 
@@ -108,6 +110,7 @@ class PipeProblem:
         self.extra_meta: dict[str, object] = {}  # what a planner reports about its search (plan.meta)
         self.cut_short = False  # ``best_of`` ran out of budget or seconds before its last candidate
         self._mem_prefix: tuple[np.ndarray, np.ndarray] | None = None  # ``stage_fits``' parameter / activation sums
+        self.memo: dict[tuple, object] = {}  # arrays a planner derives from the problem alone, by its own key
         # tied parameters (``cost.pipeline_tied.tied_parameters``): bytes, users' positions sorted, first user (its owner)
         self.ties = [(b, np.sort(self._pos[u]), int(u[0])) for b, u in tied_parameters(graph)]
 
@@ -130,6 +133,19 @@ class PipeProblem:
         what = "take" if self.sim.mode == "inference" else "with their gradients and Adam state take"
         return (f"no plan fits memory (the graph's parameters {what} {fmt_bytes(self.state_bytes())}, the devices "
                 f"have {fmt_bytes(float(self.topology.array('memory_bytes').sum()))} in all)")
+
+    def over_text(self, s: Score) -> str | None:
+        """Where the plan of score ``s`` and every plan simulated are over memory though the devices hold the state
+        together (``fits_at_all``; ``finish`` notes it): how far over, and whether it is the least over of them.
+        None where it or any plan simulated fits memory."""
+        cap = self.topology.array("memory_bytes")
+        over = [float(np.maximum(x.peak_memory - cap, 0.0).sum()) for x in self._scored.values()]
+        mine = float(np.maximum(s.peak_memory - cap, 0.0).sum())
+        if mine <= 0.0 or min(over) <= 0.0:
+            return None
+        which = "the least over it" if mine <= min(over) else "one over it"
+        return (f"{NO_FIT_SIMULATED}: {which} of the {len(over)} simulated returned ({fmt_bytes(mine)} over capacity "
+                "in all)")
 
     # --------------------------------------------------------------- costs
     def degree_ok(self, r: int, m: int | None = None) -> bool:
@@ -205,9 +221,10 @@ class PipeProblem:
     def stage_fits(self, j: int, lo: int, hi: int, r: int, m: int, inflight: int,
                    sharding: str = "dp") -> np.ndarray:
         """For every i < j: whether positions [i, j) fit each device of ``devs[lo:hi]`` (DP degree ``r``, ``m``
-        micro-batches, ``inflight`` of them holding activations at once) by the rule of ``exact``'s cut search
-        (``pipe_tp._stage_mats``): the parameters' training state (its tied copies included, ``copy_bytes``;
-        sharded over ``r`` under FSDP) and the activations of the micro-batches in flight."""
+        micro-batches, ``inflight`` of them holding activations at once): the parameters' training state (its tied
+        copies included, ``copy_bytes``; sharded over ``r`` under FSDP) and the activations of the micro-batches in
+        flight: ``exact``'s rule for training without recomputation (``pipe_tp._stage_memory``) less the received
+        buffers."""
         from placement_rl.cost.memory import BUCKET_BYTES, FSDP_GATHER_FACTOR, STATE_FACTOR
 
         if self._mem_prefix is None:
@@ -328,6 +345,8 @@ class PipeProblem:
                 meta.update(objective=self.objective, steady_time=s.step_time)
         if not self.fits_at_all():  # every plan is over memory: the plan says why (after any note it has)
             add_note(meta, self.no_fit_text())
+        elif s is not None and (over := self.over_text(s)) and NO_FIT_SIMULATED not in str(meta.get("note") or ""):
+            add_note(meta, over)  # (exact's own note says it with what else it tried)
         return self.plan(cuts, degrees, meta, m=m, sharding=sharding, tp=tp, recompute=rc,
                          sequence_parallel=sp).validate(self.graph, self.topology)
 

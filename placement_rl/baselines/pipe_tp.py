@@ -21,7 +21,10 @@ runs on the 8) where it divides the graph's split sizes (``graph.tp.check_degree
   ``(m - 1) t_max + min sum`` cannot win. Each resulting plan (and the minimax-bottleneck cuts) is then simulated
   and the best simulated plan is kept. Activation recomputation is one more per-stage dimension: each candidate
   stage takes the fastest of ``none`` / ``selective`` / ``full`` (``cost.recompute``) that fits its memory, so a
-  plan recomputes only where memory forces it (GPipe and 1F1B; interleaved plans do not recompute). Where TP > 1,
+  plan recomputes only where memory forces it (GPipe and 1F1B; interleaved plans do not recompute). A stage's
+  memory is the simulator's peak (``_stage_memory``: state, the activations and received buffers of the
+  micro-batches in flight, a region cut by a stage boundary counted as its part in the stage, recomputation's
+  transient): exact under DDP where each tensor has one size, never above it otherwise (see there). Where TP > 1,
   sequence parallelism (Megatron-SP, ``cost.tensor_parallel``) is searched too: every configuration with and
   without it.
 
@@ -62,7 +65,8 @@ from placement_rl.cost.memory import BUCKET_BYTES, FSDP_GATHER_FACTOR, STATE_FAC
 from placement_rl.cost.tensor_parallel import segment_times
 from placement_rl.errors import ConfigError, PlanError
 from placement_rl.graph import tp as tpmod
-from placement_rl.plans import RECOMPUTE, SHARDINGS
+from placement_rl.graph.ir import CompGraph
+from placement_rl.plans import RECOMPUTE, SHARDINGS, graph_batch_size
 
 EXACT_GRID = 128
 MAX_BOUNDS = 1024
@@ -101,6 +105,52 @@ def tp_planner(pp: PipeProblem) -> Plan:
     return pp.best_of(cands)
 
 
+def _size_ratio(pp: PipeProblem) -> float:
+    """The plan's batch over the graph's own (1.0 where either is unknown): the simulator scales activations and
+    crossing tensors by it (``PipelineSimulator.size_ratio``)."""
+    own = graph_batch_size(pp.graph)
+    return 1.0 if pp.batch_size is None or own is None else float(pp.batch_size) / own
+
+
+def _kept(run: CompGraph, rid: np.ndarray, pos: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """``[G, G]``: for a stage of positions ``[grid[a], grid[b])``, the bytes its parts of the regions ``rid`` keep
+    for their recomputation: each part's inputs from outside it, once per producer with its largest such edge
+    (``cost.recompute.kept_bytes`` of the stage's own parts; ``run``: the graph a rank runs, ``pos``: each node's
+    position). A producer inside the region is outside the part where it lies before the stage. The largest edge of
+    a producer into a part is summed over weight levels: level ``w`` adds ``w`` less the level below it wherever an
+    edge of at least ``w`` enters the part, which its first such edge at or after ``grid[a]`` decides."""
+    size, n = len(grid), len(pos)
+    out = np.zeros((size, size))
+    src, dst = (run.edges[:, 0], run.edges[:, 1]) if run.num_edges else (np.zeros(0, np.int64),) * 2
+    into = rid[dst] >= 0
+    src, dst, w, reg = src[into], dst[into], run.edge_bytes[into], rid[dst[into]]
+    if not src.size:
+        return out
+    first_of = np.where(rid[src] == reg, pos[src], -1)  # the part takes the edge only from a stage after this
+    pair = np.unique(np.stack([src, reg], axis=1), axis=0, return_inverse=True)[1].ravel()
+    by = np.lexsort((w, pair))
+    pair, w, at, first_of = pair[by], w[by], pos[dst[by]], first_of[by]
+    new_level = np.concatenate([[True], (pair[1:] != pair[:-1]) | (w[1:] != w[:-1])])
+    level = np.cumsum(new_level) - 1  # per edge: its (producer, region, weight) level
+    heads = np.flatnonzero(new_level)
+    new_pair = np.concatenate([[True], pair[heads[1:]] != pair[heads[:-1]]])
+    step = w[heads] - np.where(new_pair, 0.0, np.concatenate([[0.0], w[heads[:-1]]]))
+    lowest = np.maximum.accumulate(np.where(new_pair, np.arange(heads.size), 0))[level]  # the pair's first level
+    count = level - lowest + 1  # an edge enters every level of its pair up to its own
+    edge = np.repeat(np.arange(level.size), count)
+    lev = lowest[edge] + np.arange(edge.size) - np.repeat(np.cumsum(count) - count, count)
+    keys = np.sort(lev * (n + 1) + at[edge])
+    # per level and start cut a: the first edge of the level entering at or after grid[a]
+    ask = (np.arange(heads.size)[:, None] * (n + 1) + grid[None, :]).ravel()
+    got = np.minimum(np.searchsorted(keys, ask), keys.size - 1)
+    hit = keys[got] - (ask - np.tile(grid, heads.size))  # its position, where it is of the level
+    ok = (keys[got] >= ask) & (hit < n)
+    ok &= np.tile(grid, heads.size) > np.repeat(first_of[heads], size)
+    rows = np.tile(np.arange(size), heads.size)
+    np.add.at(out, (rows[ok], np.searchsorted(grid, hit[ok], side="right")), np.repeat(step, size)[ok])
+    return np.cumsum(out, axis=1)
+
+
 class _Stages:
     """Per-micro-batch stage times ``tau(k)[a, b]`` over the cut grid for one (tp, dp, m, sequence parallelism) on
     the ``k``-th device group, stage sizes, and the bytes crossing each cut: the simulator's rules
@@ -120,13 +170,17 @@ class _Stages:
         self.params = ppar[g][None, :] - ppar[g][:, None]
         if pp.ties:  # each stage's copies of tied parameters (per rank), trained as its own parameters
             self.params = self.params + pp.copy_bytes(g[:, None], g[None, :], t, self.sp)
-        self.act = (pact[g][None, :] - pact[g][:, None]) / (m * dp)
+        # activation bytes per micro-batch and replica, at the plan's batch (the simulator's ``size_ratio``)
+        ratio = _size_ratio(pp)
+        self.mem_scale = ratio / (m * dp)
+        self.act = (pact[g][None, :] - pact[g][:, None]) * self.mem_scale
         self.valid = g[None, :] > g[:, None]
         # a cut carries every tensor produced before it and consumed after it (skip connections passed along);
         # activations out and gradients back, per micro-batch and replica
         self.cross = np.zeros(len(g))
         for b in range(1, len(g) - 1):
             self.cross[b] = pp.crossing_out(int(g[b]))[0] / (m * dp)
+        self.recv = self.cross * ratio  # the buffer a stage from cut b holds per micro-batch in flight
         self._tau: dict[tuple[int, ...], np.ndarray] = {}
         self._bwd: dict[tuple[int, ...], np.ndarray] = {}
 
@@ -173,13 +227,11 @@ class _Stages:
         return self._bwd[self.group(k)]
 
     def recompute(self, k: int, mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """``(extra, act, transient)`` ``[G, G]`` of recomputation ``mode`` for a stage on group ``k``: its
-        checkpointed regions' forward again (one micro-batch), the activations it then keeps per micro-batch
-        (other ops' + the regions' inputs) and the largest region's per micro-batch (``cost.recompute``; regions
-        counted whole by their first node; the forward again at the slowest rank of the first TP group). None where
-        the graph has no such regions."""
-        from placement_rl.cost.recompute import kept_bytes, regions, repeated_of
-        from placement_rl.graph.tp import shard_graph
+        """``(extra, held, transient)`` ``[G, G]`` of recomputation ``mode`` for a stage on group ``k``: its
+        checkpointed regions' forward again (one micro-batch, at the slowest rank of the first TP group; a region
+        cut by a stage boundary priced as its nodes of the whole region's ``repeated``, of which the simulator may
+        repeat fewer) and ``rc_memory``. None where the graph has no such regions."""
+        from placement_rl.cost.recompute import regions, repeated_of
 
         key = ("rc", mode, self.group(k)[:self.t])
         if key not in self._tau:
@@ -187,28 +239,38 @@ class _Stages:
                 rid = regions(self.pp.graph, mode)
             except PlanError:
                 return None
-            fvar, ffix, _, _, _, act = self.arrays[:6]
+            fvar, ffix = self.arrays[:2]
             order, g, ranks, scale = self.pp.order, self.grid, list(self.group(k)[:self.t]), 1.0 / (self.m * self.dp)
-            run = self.pp.graph if self.t == 1 else shard_graph(self.pp.graph, self.t, sequence_parallel=self.sp)
-            inside = (rid >= 0)[order]
             again = repeated_of(self.pp.graph, mode)[order]  # what the checkpoint runs again (early stop)
             fwd = np.where(again, (fvar[ranks][:, order] * scale + ffix[ranks][:, order]).max(axis=0), 0.0)
-            pos = np.full(int(rid.max()) + 1, self.pp.n)  # each region's first position in the order
-            np.minimum.at(pos, rid[order][inside], np.flatnonzero(inside))
-            kept, freed = np.zeros(self.pp.n), np.zeros(self.pp.n)
-            present = pos < self.pp.n  # region ids with nodes (a graph's layer ids may skip some: inception)
-            kept[pos[present]] = kept_bytes(run, rid)[present]
-            freed[pos[present]] = np.bincount(rid[order][inside], weights=act[order][inside],
-                                              minlength=pos.size)[present]
-            held = np.where(inside, 0.0, act[order]) + kept
             pe = np.concatenate([[0.0], np.cumsum(fwd)])[g]
-            ph = np.concatenate([[0.0], np.cumsum(held)])[g]
-            trans = np.zeros((len(g), len(g)))
-            for i in range(len(g) - 1):  # largest region starting in [g[i], g[j])
-                run_max = np.maximum.accumulate(np.concatenate([[0.0], freed[g[i]:]]))
-                trans[i, i + 1:] = run_max[g[i + 1:] - g[i]]
-            self._tau[key] = (pe[None, :] - pe[:, None], (ph[None, :] - ph[:, None]) * scale, trans * scale)
+            self._tau[key] = (pe[None, :] - pe[:, None], *self.rc_memory(mode, rid))
         return self._tau[key]
+
+    def rc_memory(self, mode: str, rid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(held, transient)`` ``[G, G]`` bytes per micro-batch and replica of a stage between grid cuts under
+        recomputation ``mode`` (region ids ``rid``), as the simulator counts them (``cost.recompute.apply_recompute``:
+        the part of a region inside the stage is the region): the activations of nodes outside every region, plus
+        each region part's inputs from outside it (``_kept``), held per micro-batch in flight; and the largest part's
+        own activations, recomputed for one micro-batch at a time."""
+        key = ("pipe_tp.rc_memory", mode, self.t, self.sp, self.grid.tobytes())
+        if key not in self.pp.memo:  # the same for every configuration at this TP degree: kept by the problem
+            from placement_rl.graph.tp import shard_graph
+
+            act, order, g = self.arrays[5], self.pp.order, self.grid
+            run = self.pp.graph if self.t == 1 else shard_graph(self.pp.graph, self.t, sequence_parallel=self.sp)
+            ro = rid[order]
+            out = np.concatenate([[0.0], np.cumsum(np.where(ro < 0, act[order], 0.0))])[g]
+            pos = np.empty(self.pp.n, dtype=np.int64)
+            pos[order] = np.arange(self.pp.n)
+            held = out[None, :] - out[:, None] + _kept(run, rid, pos, g)
+            trans = np.zeros_like(held)
+            for r in np.unique(ro[ro >= 0]):
+                own = np.concatenate([[0.0], np.cumsum(np.where(ro == r, act[order], 0.0))])[g]
+                np.maximum(trans, own[None, :] - own[:, None], out=trans)
+            self.pp.memo[key] = (held, trans)
+        held, trans = self.pp.memo[key]
+        return held * self.mem_scale, trans * self.mem_scale
 
     def link(self, k: int) -> tuple[float, float]:
         """Slowest latency and inverse bandwidth between the first DP groups of stage positions k and k + 1."""
@@ -260,36 +322,50 @@ def _dp_cuts(mats: list[np.ndarray], m: int, alpa: bool = True) -> tuple[list[in
     return best_cuts, mm[1], capped
 
 
+def _stage_memory(pp: PipeProblem, st: _Stages, s: int, k: int, sh: str, mode: str) -> np.ndarray | None:
+    """``[G, G]`` peak bytes on each device of the ``k``-th of ``s`` stages between grid cuts under recomputation
+    ``mode`` (None where the graph or the schedule has none), by the simulator's rule (``cost.pipeline``): training
+    state (FSDP: its shard, and for the gathered unit ``min(params, BUCKET_BYTES)``, at most the largest unit the
+    simulator counts) plus, per micro-batch in flight (GPipe: m; 1F1B: ``min(m, s - k)``), its activations and the
+    buffer received over the stage's first cut, plus recomputation's transient; under inference costs the
+    parameters and one micro-batch's received buffer. Exact but for that FSDP unit and a tensor whose edges differ
+    in size (the received buffer takes the largest of its edges over that cut, the simulator the largest of all its
+    edges out of its stage): never above the simulated peak, so no plan that fits is left out."""
+    train = pp.sim.mode == "train"
+    factor, gather = (STATE_FACTOR, FSDP_GATHER_FACTOR) if train else (1.0, FSDP_GATHER_FACTOR - 1.0)
+    state = factor * st.params
+    if sh == "fsdp" and st.dp > 1:
+        state = state / st.dp + gather * np.minimum(st.params, BUCKET_BYTES)
+    recv = st.recv[:, None]
+    if not train:  # no activations kept for a backward: nothing to recompute
+        return state + recv if mode == "none" else None
+    inflight = st.m if pp.schedule == "gpipe" else min(st.m, s - k)
+    if mode == "none":
+        return state + (st.act + recv) * inflight
+    got = st.recompute(k, mode) if pp.schedule in ("gpipe", "1f1b") else None
+    return None if got is None else state + (got[1] + recv) * inflight + got[2]
+
+
 def _stage_mats(pp: PipeProblem, st: _Stages, s: int, t: int, dp: int, m: int, sh: str,
                 modes: tuple[str, ...] = ("none",)) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per stage position ``k`` of ``s``: ``tau[a, b]`` of a stage over grid cuts ``a..b`` on the ``k``-th device
     group, with the boundary to the next group both ways, under the fastest recomputation of ``modes`` that fits
-    its memory (``inf`` where none fits), and that mode's index per cell."""
+    its memory (``_stage_memory``; ``inf`` where none fits), and that mode's index per cell."""
     cap = pp.topology.array("memory_bytes")[st.devs]
     width = dp * t
     mats, chosen = [], []
     for k in range(s):
-        lo, hi = k * width, (k + 1) * width
         tau = st.tau(k)
         if k + 1 < s:
             lat_n, inv_n = st.link(k)
             tau = tau + 2.0 * (lat_n + st.cross[None, :] * inv_n)
-        if sh == "fsdp" and dp > 1:
-            state = STATE_FACTOR * st.params / dp + FSDP_GATHER_FACTOR * np.minimum(st.params, BUCKET_BYTES)
-        else:
-            state = STATE_FACTOR * st.params
-        inflight = m if pp.schedule == "gpipe" else min(m, s - k)
         best, pick = np.full_like(tau, np.inf), np.zeros(tau.shape, dtype=np.int64)
         for i, mode in enumerate(modes):
-            if mode == "none":
-                tau_r, mem = tau, state + st.act * inflight
-            else:
-                got = st.recompute(k, mode) if pp.schedule in ("gpipe", "1f1b") else None
-                if got is None:
-                    continue
-                extra, held, trans = got
-                tau_r, mem = tau + extra, state + held * inflight + trans
-            cand = np.where(mem <= cap[lo:hi].min(), tau_r, np.inf)
+            mem = _stage_memory(pp, st, s, k, sh, mode)
+            if mem is None:
+                continue
+            tau_r = tau if mode == "none" else tau + st.recompute(k, mode)[0]
+            cand = np.where(mem <= cap[k * width:(k + 1) * width].min(), tau_r, np.inf)
             better = cand < best
             best, pick = np.where(better, cand, best), np.where(better, i, pick)
         mats.append(best)

@@ -74,7 +74,8 @@ import numpy as np
 
 import placement_rl.baselines.pipe_tp as pipe_tp
 from placement_rl.baselines.common import Score
-from placement_rl.baselines.pipe_common import Plan, PipeProblem, microbatch_choices, minmax_partition, plan_of
+from placement_rl.baselines.pipe_common import (NO_FIT_SIMULATED, Plan, PipeProblem, microbatch_choices,
+                                                minmax_partition, plan_of)
 from placement_rl.baselines.pipe_exhaustive import (FASTEST_FIRST_ONLY, _exhaustive_space, compositions,
                                                      count_compositions, pp_exhaustive)
 from placement_rl.baselines.pipe_fixed import (_best_connected, _replicated, device_counts, pipedream, pp_params,
@@ -179,8 +180,11 @@ def exact(pp: PipeProblem) -> Plan:
     every order and choice of their classes (``pipe_orders``): the plan is then at least as fast as each of them.
     Only the last bounds the simulated step time, and only over that space (``pipe_tp.exact``'s configurations
     take the devices in ``pp.devs`` order and, where links split equal devices, in groups by links:
-    ``pipe_tp.tp_orders``). Where no plan simulated fits memory, the simulated plans are tried again at the least
-    memory their shapes take (``_least_over``): the best of all, and where none fits, ``note`` says so."""
+    ``pipe_tp.tp_orders``). No flag covers a plan that recomputes with a DP degree per stage (a first stage
+    recomputing on one device, the next on two): ``pipe_tp.exact`` recomputes with one DP degree for every stage,
+    the enumeration and ``pipe_ideals`` do not recompute. Where no plan simulated fits memory, the simulated plans
+    are tried again at the least memory their shapes take (``_least_over``): the best of all, and where none fits,
+    ``note`` says so."""
     from placement_rl.baselines.pipe_ideals import ideal_candidates
     from placement_rl.baselines.pipe_orders import device_orders
     from placement_rl.baselines.pipe_refine import refine
@@ -232,7 +236,7 @@ def exact(pp: PipeProblem) -> Plan:
         best, over = _least_over(pp, best)
         if over is None or not over.feasible:
             by = "" if over is None else f" ({fmt_bytes(over.overflow)} over capacity in all)"
-            notes.append(f"no plan simulated fits memory: the least over it of the {len(pp.scored_items())} "
+            notes.append(f"{NO_FIT_SIMULATED}: the least over it of the {len(pp.scored_items())} "
                          f"simulated returned{by}; exact's space gives every stage one TP degree (what deploy "
                          "runs): a plan with a degree per stage (e.g. TP 1 then 3) may fit in the simulator")
     if len(best) > 5 and "full" in (best[5] or ()) and pp.graph.members is not None:
