@@ -153,13 +153,15 @@ class PipelineEnv(PlanOptionPhases, BaseEnv):
 
     ## Version History
     * v0: initial version (cuts and DP degrees; fixed micro-batches).
-    * v0, issue 11: the micro-batch count and DP vs FSDP are decisions too (defaults ``num_microbatches=None``,
-      ``sharding="choose"``; pass ``num_microbatches=4, sharding="dp"`` for the old episodes).
-    * v0, issue 21: the TP degree is a decision (phase 4, ``tp=None``) on graphs with TP splits; observation key
-      ``tp``. Graphs without splits (synthetic families) have the same episodes as before; pass ``tp=1`` for the
-      old episodes on captured transformers.
-    * v0, issue 46: options ``device_order`` (``fastest``: a slow device is handed out last or not at all),
-      ``mode`` (``inference``) and ``objective`` (``throughput``); the defaults keep the old episodes.
+    * v0, micro-batches and sharding: the micro-batch count and DP vs FSDP are decisions too (defaults
+      ``num_microbatches=None``, ``sharding="choose"``; pass ``num_microbatches=4, sharding="dp"`` for the old
+      episodes).
+    * v0, tensor parallelism: the TP degree is a decision (phase 4, ``tp=None``) on graphs with TP splits;
+      observation key ``tp``. Graphs without splits (synthetic families) have the same episodes as before; pass
+      ``tp=1`` for the old episodes on captured transformers.
+    * v0, device order, inference and throughput: options ``device_order`` (``fastest``: a slow device is handed
+      out last or not at all), ``mode`` (``inference``) and ``objective`` (``throughput``); the defaults keep the
+      old episodes.
     * v0, activation recomputation: a per-stage decision (phase 5, ``recompute=None``) on graphs with layers or
       attention cores; observation key ``recompute``. Graphs without them (synthetic families) and inference
       have the same episodes as before; pass ``recompute="none"`` for the old episodes on captured transformers.

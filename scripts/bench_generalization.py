@@ -1,4 +1,4 @@
-"""Benchmarks of the pretrained constructive policy (issue 20's targets).
+"""Benchmarks of the pretrained constructive policy against its speed and quality targets.
 
     python scripts/bench_generalization.py --part dev        # zero-shot on the 32-pair dev split, every pair printed
     python scripts/bench_generalization.py --part test --runs R0 R1 R2

@@ -1,4 +1,4 @@
-"""RL benchmarks of issue 4: training throughput, learned vs baselines on the evaluate suite, zero-shot speed.
+"""RL benchmarks: training throughput, learned vs baselines on the evaluate suite, zero-shot speed.
 
     python scripts/bench_rl.py [--part all|throughput|suite|zeroshot] [--steps 20000] [--pipeline-steps 30000]
                                [--cases nmt/2xK80,...] [--kinds placement,pipeline] [--seed 0]

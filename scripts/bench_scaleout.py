@@ -1,4 +1,4 @@
-"""Scale-out benchmark (issue 23): 2 workers vs 1 on this machine, Ray's overhead, and a cost model of pretraining.
+"""Scale-out benchmark: 2 workers vs 1 on this machine, Ray's overhead, and a cost model of pretraining.
 
     python scripts/bench_scaleout.py --quick     # a few minutes on 2 cores: 12 training tasks
     python scripts/bench_scaleout.py             # 32 training tasks: a steadier cost model

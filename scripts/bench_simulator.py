@@ -5,7 +5,7 @@
 Op placement: synthetic graphs of 100, 1,000 and 5,000 nodes over 4 and 8 GPUs, random placements.
 Pipeline: a 1,000-node graph cut into 8 and 32 contiguous stages at random cut points, 32 micro-batches.
 Rates are per second of this thread's CPU time (other processes sharing the core do not count).
-Targets (issue 3): >= 20,000/s at 100 nodes, >= 2,000/s at 1,000 nodes, >= 10,000/s for 32 stages.
+Targets: >= 20,000/s at 100 nodes, >= 2,000/s at 1,000 nodes, >= 10,000/s for 32 stages.
 """
 
 from __future__ import annotations

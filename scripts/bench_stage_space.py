@@ -1,4 +1,4 @@
-"""Stage planners on the full stage-plan space (issue 46): measured-style graphs, a slow device in the cluster.
+"""Stage planners on the full stage-plan space: measured-style graphs, a slow device in the cluster.
 
     python scripts/bench_stage_space.py [--part all|table|step|scale] [--budget 2000] [--steps 10000] [--quick]
 

@@ -1,4 +1,4 @@
-"""Benchmark of tensor parallelism (issue 21): planners with and without TP, deploy vs hand-written DTensor TP,
+"""Benchmark of tensor parallelism: planners with and without TP, deploy vs hand-written DTensor TP,
 simulated vs measured TP step time on gloo.
 
     python scripts/bench_tp.py --out outputs/bench_tp [--parts abc] [--budget 4000] [--steps 10]

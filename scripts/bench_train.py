@@ -72,7 +72,7 @@ def main() -> None:
                "best_heuristic_ms": best_heur,
                "learned_ahead_of_every_heuristic": best_learned["step_time_ms"] < best_heur,
                "same_seconds": same,
-               # a learned row ahead of every heuristic row and of local_search at its own seconds (the bar),
+               # a learned row ahead of every heuristic row and of local_search at its own seconds (the minimum bar),
                # and one ahead of every search run at its seconds (the project's: la_rule_search, policy_search too)
                "learned_ahead_of_heuristics_and_local_search": [x["learned_row"] for x in both],
                "learned_ahead_of_every_search": [x["learned_row"] for x in same if x["ahead_of_every_search"]],

@@ -171,7 +171,7 @@ def findings(checks, runs, folder: Path, env: dict, fit: GpuFit) -> list[str]:
         b, rb = whole_mape(runs, "calibrated", False)
         c, rc = whole_mape(runs, "calibrated, launch 0", True)
         v, rv = whole_mape(runs, "two-GPU fit (v1)", False)
-        out.append(f"* **Whole models:** the symptom of the issue (a newer GPU predicted too fast) is gone: "
+        out.append(f"* **Whole models:** the two-GPU fit's symptom (a newer GPU predicted too fast) is gone: "
                    f"inference {b:.1f}% (mean ratio {rb:.3f}; the two-GPU fit {v:.1f}%, ratio {rv:.3f}); training "
                    f"{a:.1f}% (mean ratio {ra:.3f}; {'too slow' if ra > 1 else 'too fast'} on average). With the per-kernel launch cost at 0 training is {c:.1f}% (ratio "
                    f"{rc:.3f}). The current fit's launch cost is {1e6 * fit.p('launch'):.1f} us (earlier fits and "

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU work still owed, as the one prepared command a session lent a GPU runs (the device tool: one call,
+# The GPU work still owed, as the one prepared command to run when a GPU is lent (the device tool: one call,
 # timeout 600 s; about 9 minutes of work here):
 #
 #   bash scripts/gpu_session.sh                # writes $OUT/gpu_session.tgz ($OUT: the device tool's folder)

@@ -817,7 +817,7 @@ def test_a_batch_that_admits_no_whole_cluster_plan_is_a_config_error():
     for name in ("dp", "fsdp"):
         with pytest.raises(ConfigError, match="batch_size 4"):
             run_pipe(name, graph, topo, costs=costs, batch_size=4)
-    # hybrid need not use every device (issue 46): it falls back to a shape on fewer devices that the batch admits
+    # hybrid need not use every device: it falls back to a shape on fewer devices that the batch admits
     plan, res = run_pipe("hybrid", graph, topo, costs=costs, batch_size=4)
     assert plan.world_size < 8 and all(4 % (plan.num_microbatches * p) == 0 for p in plan.dp_degrees)
 
@@ -891,7 +891,7 @@ def test_dp_at_least_twice_as_fast_as_8_stage_gpipe_on_resnet18_a100():
         assert all(p.num_stages == 8 for p, _ in times)
         return min(r.step_time for _, r in times)
 
-    assert gpipe("pp_uniform") >= 2.0 * dp.step_time  # uniform cuts (as the issue measured): 2.1x
+    assert gpipe("pp_uniform") >= 2.0 * dp.step_time  # uniform cuts: 2.1x
     # time-balanced cuts are the best 8-stage GPipe plan the simulator knows: 1.97x
     assert gpipe("pp_time_dp") >= 1.9 * dp.step_time
 

@@ -1,4 +1,4 @@
-"""Scale-out across nodes (issue 47) on a two-node Ray cluster inside this machine (``ray.cluster_utils.Cluster``:
+"""Scale-out across nodes on a two-node Ray cluster inside this machine (``ray.cluster_utils.Cluster``:
 a head with 1 CPU and a second node with 2), joined through ``ray.address`` as a real cluster is:
 
 * labels, placements and step times identical on 1, 2 and 3 workers, with trajectories whose labelled states

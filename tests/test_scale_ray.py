@@ -1,4 +1,4 @@
-"""Scale-out in any Ray situation (issue 47): another Ray instance on the machine is never joined by accident,
+"""Scale-out in any Ray situation: another Ray instance on the machine is never joined by accident,
 ``ray.address`` joins deliberately, a worker running other code is refused before any job, stored results and
 resumes are keyed by the code, and two trainings started at once both finish with their own results.
 
