@@ -60,8 +60,11 @@ __all__ = ["BWD_SLACK", "CLASSES", "DTYPES", "GEMM_CLASSES", "HARNESS_CLASSES", 
 # memory-bound classes whose kernel tables carry a harness floor of their own (``koff_<class>``; see ``harness_offset``)
 HARNESS_CLASSES = ("norm", "softmax", "ew", "ew_pass")
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp64")
-ELEMENT_SCALE = {"bf16": 0.5, "fp16": 0.5, "fp64": 2.0}  # bytes moved per fp32 byte, by the run's dtype
+CAPTURED_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp64": 8.0}  # element bytes of a graph captured in each
+ELEMENT_SCALE = {k: b / 4.0 for k, b in CAPTURED_BYTES.items() if k != "fp32"}  # bytes moved per fp32 byte
 BWD_SLACK = 2.0  # a GEMM-like backward may run at half the forward's achieved rate, no slower
+
+
 def harness_offset(cls: np.ndarray, fit: "GpuFit") -> np.ndarray:
     """[rows] the fixed time a single-kernel table's timing harness adds to each row of class ``cls`` (not a GPU
     cost, so never part of a training step's prediction): ``kernel_offset`` for a GEMM library call, and for the
@@ -103,9 +106,6 @@ class NodeFeatures:
     dims: np.ndarray | None = None  # [N, 4] batch, M, N, K of each GEMM-like node (elements; see gemm_dims)
     wino: np.ndarray | None = None  # [N] Winograd F(4x4, 3x3) output tiles of a 3x3 stride-1 conv (0: not one)
     pointwise: np.ndarray | None = None  # bool [N] a 1x1 stride-1 conv: a plain GEMM, priced with linear's terms
-
-
-CAPTURED_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp64": 8.0}  # element bytes of a graph captured in each
 
 
 def features(graph: Any, captured: str | None = None, params: str | None = None) -> NodeFeatures:

@@ -52,11 +52,17 @@ _KINDS = ("fwd", "bwd", "transfer", "grad_transfer")
 
 
 def check_costs(graph: CompGraph, costs: CostTable, topology: DeviceTopology) -> None:
-    """Raise ``ProfileError`` when a cost table was resolved for another graph or topology."""
+    """Raise ``ProfileError`` when a cost table was resolved for another graph or topology: its shape, and the
+    graph fingerprint it records (where it records one: a table built by hand may not). The topology is checked
+    by its device count only: a topology renamed, or given other memory sizes, keeps its table."""
     if costs.num_nodes != graph.num_nodes or costs.num_devices != topology.num_devices:
         raise ProfileError(f"cost table is {costs.num_nodes} nodes x {costs.num_devices} devices but graph "
                            f"'{graph.name}' has {graph.num_nodes} nodes and topology '{topology.name}' "
                            f"{topology.num_devices} devices: call resolve_costs(graph, topology) again")
+    if costs.graph_fingerprint and costs.graph_fingerprint != graph.fingerprint():
+        raise ProfileError(f"cost table was resolved for another graph (fingerprint {costs.graph_fingerprint}, "
+                           f"graph '{graph.name}' has {graph.fingerprint()}): call resolve_costs(graph, topology) "
+                           "again")
 
 
 def _owned(arr: np.ndarray, dtype=np.float64) -> np.ndarray:
@@ -170,7 +176,7 @@ class Simulator:
         dev = device_of_node
         if not (isinstance(dev, np.ndarray) and dev.dtype == np.int64 and dev.ndim == 1
                 and dev.flags.c_contiguous):
-            dev = np.ascontiguousarray(np.asarray(device_of_node).reshape(-1), dtype=np.int64)
+            dev = np.ascontiguousarray(Placement(dev).device_of_node)  # PlanError for fractions, 2-D, NaN
         if dev.shape[0] != self.graph.num_nodes:
             Placement(dev).validate(self.graph, self.topology)
         if dev.flags.writeable:  # one compiled specialisation: read-only arrays (as in Placement)

@@ -48,6 +48,8 @@ class CostTable:
             arr.setflags(write=False)
             object.__setattr__(self, key, arr)
         try:
+            if isinstance(self.source, (str, bytes)):  # tuple("ab") would be one label per character
+                raise TypeError
             object.__setattr__(self, "source", tuple(self.source))
         except TypeError:
             raise ProfileError(f"cost table field 'source' must be a list of strings (one per device), got "
