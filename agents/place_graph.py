@@ -8,12 +8,13 @@ checkpoint (the shipped pretrained one by default): its greedy placement, or the
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 
 import torch
 
 from placement_rl.cost.types import CostTable
-from placement_rl.errors import ConfigError
+from placement_rl.errors import CheckpointError, ConfigError
 from placement_rl.graph.ir import CompGraph
 from placement_rl.plans import Placement
 from placement_rl.topology import DeviceTopology
@@ -33,12 +34,16 @@ def place_graph(graph: CompGraph, topology: DeviceTopology, costs: CostTable | N
     from placement_rl.cost import resolve_costs
     from placement_rl.envs.constructive_task import ConstructiveTask
 
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
+    if isinstance(samples, bool) or not isinstance(samples, numbers.Integral) or samples < 0:
         raise ConfigError(f"samples must be an integer >= 0, got {samples!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise ConfigError(f"seed must be an integer, got {seed!r}")
+    samples, seed = int(samples), int(seed)
     path = Path(checkpoint) if checkpoint is not None else default_checkpoint()
-    policy, _, _ = load_policy(path, strict=strict, log=print)
+    try:
+        policy, _, _ = load_policy(path, strict=strict, log=print)
+    except CheckpointError as exc:  # the CLI's wording names its key: here the argument
+        raise CheckpointError(str(exc).replace("drop strict_checkpoint", "pass strict=False")) from None
     costs = resolve_costs(graph, topology) if costs is None else costs
     task = ConstructiveTask.build(graph, topology, costs, teachers=False)
     res = greedy_result(policy, task)

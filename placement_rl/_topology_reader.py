@@ -1,8 +1,9 @@
 """Reading a topology mapping (a YAML file's contents) into ``DeviceTopology`` fields: the schema's fields,
 datasheet fill for GPUs that name their product, per-field checks with one-line ``TopologyError``s, and the links matrix
 (the schema is in ``placement_rl.topology``'s docstring). ``DeviceTopology.from_dict`` / ``from_yaml`` call it; with
-``notes`` it also warns where a valid file may not say what its author meant (``naming_notes``, and a figure too small
-for its unit, ``_unit_notes``: ``peak_flops: 67`` for 67 TFLOP/s)."""
+``notes`` it also warns where a valid file may not say what its author meant (``naming_notes``, a figure implausible
+for its unit, ``_unit_notes``: ``peak_flops: 67`` for 67 TFLOP/s, and an ``architecture`` that replaces a known model's,
+``_architecture_note``)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ TOP_FIELDS = ("name", "description", "devices", "links", "dtype", "cost_model", 
 NOTE_FIELDS = ("peak_flops_base", "peak_flops_tensor")  # datasheet notes in presets, not read
 OPTIONAL_PEAKS = ("peak_flops_fp16", "peak_flops_fp64")  # without them fp16 runs at the bf16 peak, fp64 at fp32's
 MAX_DEVICE_COUNT = 65536  # devices per entry: a larger count is a typo, not a cluster (and would not fit in memory)
+EXTRA_FIGURES = ("l2_bytes", "peak_flops_tf32", "peak_flops_bf16", "peak_flops_fp16", "peak_flops_fp64")
 
 
 def _num(entry: Mapping[str, Any], key: str, where: str, default: float | None = None) -> float:
@@ -163,8 +165,10 @@ def _architecture(entry: Mapping[str, Any], kind: str, w: str) -> str:
 
 def read_topology(data: Any, where: str, *, notes: bool = False) -> dict[str, Any]:
     """The ``DeviceTopology`` fields ``data`` describes (``DeviceTopology(**read_topology(...))``); ``notes``: warn
-    (once per process and line) about what ``_unit_notes`` and ``naming_notes`` find in a topology that is otherwise
-    valid (off for topologies built in code: tests' made-up devices give ``peak_flops: 1``)."""
+    (once per process and line) about what ``_unit_notes``, ``_architecture_note`` and ``naming_notes`` find in a
+    topology that is otherwise valid (off for topologies built in code: tests' made-up devices give ``peak_flops: 1``).
+    A GPU entry without ``torch_device`` or ``index_start`` takes the CUDA indices after the highest its host's
+    earlier entries took (each entry starting at ``cuda:0`` put two entries of a host on one GPU)."""
     if not isinstance(data, dict):
         raise TopologyError(f"{where}: top level must be a mapping with 'name', 'devices' and 'links'")
     _check_top_level(data, where)
@@ -174,7 +178,8 @@ def read_topology(data: Any, where: str, *, notes: bool = False) -> dict[str, An
     devices: list[Device] = []
     filled: list[tuple[int, tuple[str, ...], str]] = []  # (entry, figures, product) taken from datasheets
     numbered: list[tuple[str, str, list[str]]] = []  # (entry, its name, its devices' names) of names ending in a digit
-    units: list[str] = []  # a figure too small to be in its unit (``_unit_notes``)
+    said: list[str] = []  # a figure implausible for its unit, an architecture replacing the model's (with notes)
+    next_cuda: dict[int, int] = {}  # host -> the CUDA index after the highest its devices so far have
     for k, entry in enumerate(devs_in):
         w = f"{where}: devices[{k}]"
         if not isinstance(entry, dict) or "name" not in entry:
@@ -199,13 +204,12 @@ def read_topology(data: Any, where: str, *, notes: bool = False) -> dict[str, An
         for key, v in vals.items():
             if v <= 0:
                 raise TopologyError(f"{w}: field '{key}' must be positive, got {v!r}")
-        units += _unit_notes(vals, w)
         overhead = _num(entry, "launch_overhead", w, DEFAULT_LAUNCH_OVERHEAD[kind])
-        extra = {key: _num(entry, key, w, _num(data, key, where, 0.0))
-                 for key in ("l2_bytes", "peak_flops_tf32", "peak_flops_bf16", "peak_flops_fp16", "peak_flops_fp64")}
+        extra = {key: _num(entry, key, w, _num(data, key, where, 0.0)) for key in EXTRA_FIGURES}
         for key, v in extra.items():
             if v < 0:
                 raise TopologyError(f"{w}: field '{key}' must be >= 0, got {v!r}")
+        said += _unit_notes({**vals, **{key: v for key, v in extra.items() if key in entry}}, w)
         sm = _int(entry, "sm_count", 0)
         if sm is None or sm < 0:
             raise TopologyError(f"{w}: field 'sm_count' must be a non-negative integer, "
@@ -213,10 +217,12 @@ def read_topology(data: Any, where: str, *, notes: bool = False) -> dict[str, An
         extra["sm_count"] = sm
         extra["model"] = str(entry.get("model", ""))
         extra["architecture"] = _architecture(entry, kind, w)
+        said += _architecture_note(extra["model"], extra["architecture"], w)
         base_td = str(entry.get("torch_device", "cpu" if kind == "cpu" else "cuda"))
         if not is_torch_device(base_td):
             raise TopologyError(f"{w}: field 'torch_device' is {base_td!r}, not a torch device: {TORCH_DEVICE_HINT}")
-        start = _int(entry, "index_start", 0)
+        own = "torch_device" in entry or "index_start" in entry  # else the host's numbering goes on
+        start = _int(entry, "index_start", 0) if own else next_cuda.get(host, 0)
         if start is None or start < 0:
             raise TopologyError(f"{w}: field 'index_start' must be a non-negative integer, "
                                 f"got {_shown(entry['index_start'])}")
@@ -226,9 +232,12 @@ def read_topology(data: Any, where: str, *, notes: bool = False) -> dict[str, An
             td = base_td if (":" in base_td or base_td == "cpu") else f"{base_td}:{start + c}"
             devices.append(Device(name=name, kind=kind, torch_device=td, host=host, launch_overhead=overhead,
                                   **vals, **extra))
+            if td.startswith("cuda:"):
+                next_cuda[host] = max(next_cuda.get(host, 0), int(td[5:]) + 1)
         if str(entry["name"])[-1:].isdigit() and devices[first].name != str(entry["name"]):
             numbered.append((w, str(entry["name"]), [d.name for d in devices[first:]]))
     _say_filled(where, filled)
+    said += _unit_notes({key: _num(data, key, where) for key in EXTRA_FIGURES if key in data}, where)
     n = len(devices)
     names = [d.name for d in devices]
     if len(set(names)) != n:
@@ -250,6 +259,7 @@ def read_topology(data: Any, where: str, *, notes: bool = False) -> dict[str, An
             raise TopologyError(f"{w} must be a mapping with 'bandwidth' and 'latency'")
         _check_fields(spec, LINK_FIELDS, w)
         b, l_ = _num(spec, "bandwidth", w), _num(spec, "latency", w)
+        said += _unit_notes({"bandwidth": b, "latency": l_}, w)
         for i in range(n):
             for j in range(n):
                 if i != j and (devices[i].host == devices[j].host) == same:
@@ -257,6 +267,7 @@ def read_topology(data: Any, where: str, *, notes: bool = False) -> dict[str, An
     if not isinstance(links.get("pairs", []) or [], list):
         raise TopologyError(f"{where}: field 'links.pairs' must be a list of {{between, bandwidth, latency}}")
     given: dict[tuple[int, int], tuple[int, float, float, str]] = {}  # pair -> (entry, bandwidth, latency, kind)
+    pair_figures: list[tuple[int, dict[str, float]]] = []  # (entry, its figures) of links.pairs, for ``_pair_notes``
     for k, spec in enumerate(links.get("pairs", []) or []):
         w = f"{where}: links.pairs[{k}]"
         if not isinstance(spec, dict) or not isinstance(spec.get("between"), list) or len(spec["between"]) != 2:
@@ -270,6 +281,7 @@ def read_topology(data: Any, where: str, *, notes: bool = False) -> dict[str, An
         if i == j:
             raise TopologyError(f"{w}: a link must join two different devices, got '{a}' twice")
         bv, lv, kv = _num(spec, "bandwidth", w), _num(spec, "latency", w), str(spec.get("kind", "link"))
+        pair_figures.append((k, {"bandwidth": bv, "latency": lv}))
         first = given.setdefault((min(i, j), max(i, j)), (k, bv, lv, kv))
         if first[1:] != (bv, lv, kv):
             raise TopologyError(f"{w}: link {a} <-> {b_} (bandwidth {bv:g}, latency {lv:g}, kind {kv}) contradicts "
@@ -277,6 +289,7 @@ def read_topology(data: Any, where: str, *, notes: bool = False) -> dict[str, An
                                 f"{first[3]}): give each pair once")
         for x, y in ((i, j), (j, i)):
             bw[x, y], lat[x, y], kind_m[x][y] = bv, lv, kv
+    said += _pair_notes(pair_figures, where)
     for i in range(n):
         bw[i, i], lat[i, i], kind_m[i][i] = np.inf, 0.0, "local"
     missing = np.argwhere(np.isnan(bw))
@@ -297,7 +310,7 @@ def read_topology(data: Any, where: str, *, notes: bool = False) -> dict[str, An
     if model not in ("calibrated", "roofline"):
         raise TopologyError(f"{where}: field 'cost_model' is {model!r}, expected calibrated or roofline")
     if notes:
-        for line in units + naming_notes(devices, numbered, where, roofline=model == "roofline"):
+        for line in said + naming_notes(devices, numbered, where, roofline=model == "roofline"):
             _say_once(line)
     return dict(name=str(data.get("name", Path(where).stem)), devices=tuple(devices),
                 link_bandwidth=bw, link_latency=lat, link_kind=tuple(tuple(r) for r in kind_m),
@@ -305,27 +318,81 @@ def read_topology(data: Any, where: str, *, notes: bool = False) -> dict[str, An
                 meta={k: v for k, v in data.items() if k not in ("name", "devices", "links", "description")})
 
 
-# the smallest figure a device may plausibly give (FLOP/s, B/s, bytes): below it, a unit slip such as TFLOP/s or
-# TB/s written without the exponent (``peak_flops: 67``, ``mem_bandwidth: 3.35``) priced a step at 30 years
-PLAUSIBLE_MIN = {"peak_flops": 1e9, "mem_bandwidth": 1e6, "memory_bytes": 1e6}
+# the plausible range of a figure (FLOP/s, B/s, bytes, seconds): outside it, a unit slip such as TFLOP/s or TB/s
+# written without the exponent (``peak_flops: 67``, ``mem_bandwidth: 3.35``, a link's ``bandwidth: 25``) priced a step
+# at 30 years; 0, an optional figure the device lacks (no tensor cores), is none
+PLAUSIBLE_MIN = {"peak_flops": 1e9, "peak_flops_tf32": 1e9, "peak_flops_bf16": 1e9, "peak_flops_fp16": 1e9,
+                 "peak_flops_fp64": 1e9, "mem_bandwidth": 1e6, "memory_bytes": 1e6, "l2_bytes": 1e4, "bandwidth": 1e6}
+PLAUSIBLE_MAX = {"latency": 1.0}
+UNITS = {"mem_bandwidth": "B/s", "memory_bytes": "bytes", "l2_bytes": "bytes", "bandwidth": "B/s", "latency": "s"}
+
+
+def _implausible(key: str, v: float) -> str:
+    """``"small"`` for a figure of field ``key`` below ``PLAUSIBLE_MIN`` (0 aside), ``"large"`` for one above
+    ``PLAUSIBLE_MAX``, else ``""``."""
+    if 0 < v < PLAUSIBLE_MIN.get(key, 0.0):
+        return "small"
+    return "large" if v > PLAUSIBLE_MAX.get(key, np.inf) else ""
+
+
+def _meant(key: str, v: float) -> str:
+    """The figure an implausible ``v`` of field ``key`` likely meant (``peak_flops: 67``: ``67e12 (TFLOP/s)``)."""
+    if key == "memory_bytes":
+        unit, meant = ("GiB", v * 2**30) if v < 1e4 else ("MiB", v * 2**20)
+        return f"{v:g} {unit} ({meant:.0f})"
+    if key == "l2_bytes":
+        unit, meant = ("MiB", v * 2**20) if v < 1e3 else ("KiB", v * 2**10)
+        return f"{v:g} {unit} ({meant:.0f})"
+    if key.startswith("peak_flops"):
+        return f"{v:g}e12 (TFLOP/s)" if v < 1e3 else f"{v:g}e9 (GFLOP/s)"
+    if key == "mem_bandwidth":
+        return f"{v:g}e12 (TB/s)" if v < 20 else f"{v:g}e9 (GB/s)"
+    if key == "bandwidth":
+        return f"{v:g}e9 (GB/s)" if v < 1e3 else f"{v:g}e6 (MB/s)"
+    return f"{v:g}e-6 (us)" if v < 1e3 else f"{v:g}e-9 (ns)"  # latency
 
 
 def _unit_notes(vals: Mapping[str, float], w: str) -> list[str]:
-    """One line per figure of a device entry below ``PLAUSIBLE_MIN``, saying the figure it likely meant."""
+    """One line per figure of a device entry, the top level or a link outside its plausible range
+    (``_implausible``), saying the figure it likely meant."""
+    return [f"{w}: {key} {v:g} {UNITS.get(key, 'FLOP/s')} is implausibly {_implausible(key, v)}: did you mean "
+            f"{_meant(key, v)}?" for key, v in vals.items() if _implausible(key, v)]
+
+
+def _pair_notes(figures: Sequence[tuple[int, Mapping[str, float]]], where: str) -> list[str]:
+    """``_unit_notes`` of the ``links.pairs`` entries ``(entry, its figures)``: per field, the first entry's line and
+    how many more entries the slip has (a file of 28 pairs written in GB/s gets one line, not 28)."""
     lines = []
-    for key, v in vals.items():
-        if v >= PLAUSIBLE_MIN[key]:
-            continue
-        if key == "memory_bytes":
-            unit, meant = ("GiB", v * 2**30) if v < 1e4 else ("MiB", v * 2**20)
-            guess = f"{v:g} {unit} ({meant:.0f})"
-        elif key == "peak_flops":
-            guess = f"{v:g}e12 (TFLOP/s)" if v < 1e3 else f"{v:g}e9 (GFLOP/s)"
-        else:
-            guess = f"{v:g}e12 (TB/s)" if v < 20 else f"{v:g}e9 (GB/s)"
-        shown = {"peak_flops": "FLOP/s", "mem_bandwidth": "B/s", "memory_bytes": "bytes"}[key]
-        lines.append(f"{w}: {key} {v:g} {shown} is implausibly small: did you mean {guess}?")
+    for key in ("bandwidth", "latency"):
+        odd = [(k, vals[key]) for k, vals in figures if _implausible(key, vals[key])]
+        if odd:
+            more = f" (and {len(odd) - 1} more links.pairs entries)" if len(odd) > 1 else ""
+            lines += _unit_notes({key: odd[0][1]}, f"{where}: links.pairs[{odd[0][0]}]{more}")
     return lines
+
+
+def _family(product: str) -> str:
+    """The family of a datasheet product: its model number (``A100`` of ``A100 SXM4 80GB``, ``3080`` of ``GeForce
+    RTX 3080 Ti 12GB``), else its words less the memory size (``TITAN V``). The products of one family have the
+    architecture facts the cost model prices a GPU by (``cost.gpu_spec.datasheet``; the tests check the table)."""
+    words = [x for x in product.split(" (")[0].split() if not x.upper().endswith("GB")]
+    return next((x for x in words if any(c.isdigit() for c in x)), " ".join(words))
+
+
+def _architecture_note(model: str, arch: str, w: str) -> list[str]:
+    """The line for a GPU whose ``model`` is a datasheet product and whose ``architecture`` names a product of another
+    family (``_family``): the cost model prices it by the architecture, not by its model (an A100 with
+    ``architecture: H100`` priced 7% slower without a word), while ``architecture`` is for GPUs the datasheets do
+    not know."""
+    from placement_rl.datasheets import lookup
+
+    sheet = lookup(model) if model and arch else None
+    like = lookup(arch) if sheet else None  # a name ``_architecture`` accepted: known
+    if sheet is None or like is None or _family(sheet.product) == _family(like.product):
+        return []
+    return [f"{w}: architecture '{arch}' replaces the architecture of model '{model}' ({sheet.product}): the cost "
+            f"model prices it as built like {like.product}; 'architecture' is for a GPU the datasheets do not know: "
+            "drop it, or name such a GPU in 'model:'"]
 
 
 def naming_notes(devices: Sequence[Device], numbered: Sequence[tuple[str, str, list[str]]], where: str, *,

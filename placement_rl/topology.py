@@ -27,16 +27,21 @@ GPU whose ``model`` is a product ``placement_rl.datasheets`` knows (``- {name: g
 leave out any of ``peak_flops``, ``mem_bandwidth``, ``memory_bytes``, ``sm_count``, ``l2_bytes``, the
 tensor-core peaks and the FP64 one: they come from its datasheet (a figure
 given on the device or at the top level wins). A device entry may also set ``index_start`` (the first CUDA
-index of its ``count`` devices) and ``numbered: true`` (number its name even when ``count`` is 1). A GPU the
+index of its ``count`` devices) and ``numbered: true`` (number its name even when ``count`` is 1). A GPU entry
+with neither ``torch_device`` nor ``index_start`` takes the CUDA indices after those of the entries before it on
+its host (``{name: a, count: 2}`` then ``{name: b, count: 2}``: ``cuda:0`` to ``cuda:3``). A GPU the
 datasheets do not know (its figures given on the entry) may set ``architecture`` to a product it is built like
 (``architecture: H100``): the cost model takes that product's compute capability, memory kind, FP32 lanes per SM
-and board power class, and none of its figures; without it, from ``model``, else from the device name.
+and board power class, and none of its figures; without it, from ``model``, else from the device name. On a GPU
+whose ``model`` the datasheets know, an ``architecture`` of another product family still wins, with a warning.
 
 A file that reads but may not say what its author meant gets a warning line (``from_yaml``; ``from_dict`` with
 ``notes=True``): a GPU without ``model`` (the cost model then takes its architecture from the device *name*: one
 named ``t4`` is priced as a T4, one named ``gpu`` as a generic GPU), a ``count`` entry whose name ends in a digit
-(``name: l4, count: 2`` gives ``l40``, ``l41``; ``name: l4_`` gives ``l4_0``, ``l4_1``), and two GPUs of one host
-on the same ``torch_device``.
+(``name: l4, count: 2`` gives ``l40``, ``l41``; ``name: l4_`` gives ``l4_0``, ``l4_1``), two GPUs of one host
+on the same ``torch_device``, an ``architecture`` that replaces a known ``model``'s, and a figure implausible for
+its unit (a unit slip: ``peak_flops: 67`` or ``peak_flops_bf16: 312`` for TFLOP/s, ``l2_bytes: 40`` for MiB, a
+link's ``bandwidth: 25`` for GB/s or ``latency: 10`` for microseconds).
 
 A device entry, ``links``, ``links.intra_host`` / ``inter_host`` and a ``links.pairs`` entry accept only the
 fields above: any other (a typo such as ``modle``) is a ``TopologyError`` listing the valid ones. Two

@@ -48,7 +48,8 @@ def test_a_placer_returning_fractions_is_refused_naming_it_and_the_entry(case):
 
 
 @pytest.mark.parametrize("out, what", [(np.array([[0, 1, 0, 1, 0]]), "flat"), (np.array([0, 1]), "2 entries"),
-                                       (None, "list of integer"), (np.array([0, 1, 0, 1, 5]), "device index 5")])
+                                       (None, "device indices must be integers"), (["1"] * 5, "must be integers"),
+                                       ([True] * 5, "must be integers"), (np.array([0, 1, 0, 1, 5]), "device index 5")])
 def test_a_placer_returning_another_shape_or_device_is_refused_naming_it(case, out, what):
     baselines.register("bad", lambda prob: out)
     with pytest.raises(PlanError, match=rf"placer 'bad' .*{what}"):

@@ -219,3 +219,98 @@ def test_a_new_gpu_given_an_architecture_prices_as_that_product_with_its_own_fig
         DeviceTopology.from_dict({"name": "c", "devices": [{"name": "c", "kind": "cpu", "peak_flops": 1e12,
                                                              "mem_bandwidth": 1e11, "memory_bytes": 1e10,
                                                              "architecture": "H100"}], "links": {}})
+
+
+# ------------------------------------------------------------- unit slips beyond the three device figures
+def test_tensor_core_l2_and_link_figures_implausible_for_their_unit_are_said_once_per_field(tmp_path, caplog):
+    """``peak_flops_bf16: 312`` (TFLOP/s without e12) priced a bf16 step at 319 days, a link's ``bandwidth: 25``
+    and ``latency: 10`` a DP step at 30 days, without a word; 0 (no tensor cores) is no slip, a run of link pairs
+    with the same slip is one line, and topologies built in code stay quiet."""
+    gpu = {"name": "g", "count": 3, **FIGURES, "peak_flops_bf16": 312, "peak_flops_tf32": 156,
+           "peak_flops_fp64": 9.7, "peak_flops_fp16": 0, "l2_bytes": 40}
+    data = {"name": "t", "peak_flops_fp16": 100, "devices": [gpu], "links": {
+        "intra_host": {"bandwidth": 25, "latency": 10},
+        "pairs": [{"between": ["g0", "g1"], "bandwidth": 50, "latency": 1e-5},
+                  {"between": ["g1", "g2"], "bandwidth": 50, "latency": 1e-5}]}}
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with caplog.at_level(logging.WARNING, logger=READER):
+        topo = load_topology(path)
+    assert topo.devices[0].peak_flops_bf16 == 312 and topo.link_latency[0, 2] == 10  # taken as written
+    assert _said(caplog, path) == [
+        f"{path}: devices[0]: l2_bytes 40 bytes is implausibly small: did you mean 40 MiB (41943040)?",
+        f"{path}: devices[0]: peak_flops_tf32 156 FLOP/s is implausibly small: did you mean 156e12 (TFLOP/s)?",
+        f"{path}: devices[0]: peak_flops_bf16 312 FLOP/s is implausibly small: did you mean 312e12 (TFLOP/s)?",
+        f"{path}: devices[0]: peak_flops_fp64 9.7 FLOP/s is implausibly small: did you mean 9.7e12 (TFLOP/s)?",
+        f"{path}: peak_flops_fp16 100 FLOP/s is implausibly small: did you mean 100e12 (TFLOP/s)?",
+        f"{path}: links.intra_host: bandwidth 25 B/s is implausibly small: did you mean 25e9 (GB/s)?",
+        f"{path}: links.intra_host: latency 10 s is implausibly large: did you mean 10e-6 (us)?",
+        f"{path}: links.pairs[0] (and 1 more links.pairs entries): bandwidth 50 B/s is implausibly small: did you "
+        "mean 50e9 (GB/s)?"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=READER):
+        DeviceTopology.from_dict(data)
+        load_topology(_file(tmp_path, [{"name": "g", **FIGURES, "peak_flops_bf16": 312e12, "l2_bytes": 40 * 2**20,
+                                        "peak_flops_fp16": 0}], name="fine.yaml"))
+    assert [r.getMessage() for r in caplog.records if r.name == READER] == []
+
+
+# ------------------------------------------------------------- architecture on a known model
+def test_an_architecture_replacing_a_known_models_is_said(tmp_path, caplog):
+    """An A100 with ``architecture: H100`` was priced 7% slower than without it, without a word: said once; an
+    architecture of the model's own family (A100 80GB built like an A100), a model the datasheets do not know and a
+    MIG slice named in ``model`` (the line for it asks for ``architecture``) are quiet."""
+    path = _file(tmp_path, [{"name": "mine", "count": 2, "model": "A100-SXM4-40GB", "architecture": "H100"},
+                            {"name": "big", "model": "A100-SXM4-80GB", "architecture": "A100", "host": 1},
+                            {"name": "new", "model": "Acme X1", "architecture": "H100", **FIGURES, "host": 2},
+                            {"name": "mig", "model": "NVIDIA A100-SXM4-40GB MIG 1g.5gb", "architecture": "A100",
+                             **FIGURES, "sm_count": 14, "l2_bytes": 5e6, "peak_flops_tf32": 1e13,
+                             "peak_flops_bf16": 2e13, "host": 3}])
+    with caplog.at_level(logging.WARNING, logger=READER):
+        topo = load_topology(path)
+    assert [d.architecture for d in topo.devices] == ["H100", "H100", "A100", "H100", "A100"]  # kept: it still wins
+    assert [s for s in _said(caplog, path) if "architecture" in s] == [
+        f"{path}: devices[0]: architecture 'H100' replaces the architecture of model 'A100-SXM4-40GB' (A100 40GB): "
+        "the cost model prices it as built like H100 SXM5 80GB; 'architecture' is for a GPU the datasheets do not "
+        "know: drop it, or name such a GPU in 'model:'"]
+
+
+def test_products_of_one_family_have_the_architecture_the_cost_model_prices():
+    """The note keeps quiet where model and architecture are of one family (``_family``): that must never hide a
+    price change, so every family's products must have the same architecture facts in the cost model."""
+    from placement_rl import datasheets
+    from placement_rl._topology_reader import _family
+    from placement_rl.cost import gpu_spec
+
+    facts: dict[str, set] = {}
+    for product in datasheets.products():
+        facts.setdefault(_family(product), set()).add(gpu_spec.datasheet(product))
+    assert {family: len(f) for family, f in facts.items() if len(f) > 1} == {}
+    assert _family("TITAN RTX 24GB") != _family("TITAN V 12GB")  # no model number: the words tell them apart
+    assert _family("GeForce RTX 3080 Ti 12GB") == _family("GeForce RTX 3080 10GB")
+
+
+# ------------------------------------------------------------- CUDA indices of entries without torch_device
+def test_gpu_entries_without_torch_device_take_the_next_indices_of_their_host(tmp_path, caplog):
+    """Two entries on one host without ``torch_device`` both started at cuda:0 (the loader's own default), and the
+    file was then told to fix a value it never wrote: the host's numbering now goes on from entry to entry, after the
+    highest index an entry gave; a ``torch_device`` given twice is still said."""
+    path = _file(tmp_path, [{"name": "fast", "count": 3, **FIGURES}, {"name": "slow", **FIGURES},
+                            {"name": "cpu", "kind": "cpu", "peak_flops": 1e12, "mem_bandwidth": 1e11,
+                             "memory_bytes": 64e9},
+                            {"name": "far", "count": 2, **FIGURES, "host": 1},
+                            {"name": "set", "count": 2, **FIGURES, "host": 1, "index_start": 4},
+                            {"name": "after", **FIGURES, "host": 1}])
+    with caplog.at_level(logging.WARNING, logger=READER):
+        topo = load_topology(path)
+    assert [d.torch_device for d in topo.devices] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3", "cpu", "cuda:0",
+                                                      "cuda:1", "cuda:4", "cuda:5", "cuda:6"]
+    assert not [s for s in _said(caplog, path) if "torch_device" in s]
+    again = DeviceTopology.from_dict({"name": "t", "devices": [{"name": "a", "count": 2, **FIGURES},
+                                                               {"name": "b", "count": 2, **FIGURES}], "links": LINKS})
+    assert [d.torch_device for d in again.devices] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    twice = _file(tmp_path, [{"name": "a", **FIGURES}, {"name": "b", "torch_device": "cuda:0", **FIGURES}], "2.yaml")
+    with caplog.at_level(logging.WARNING, logger=READER):
+        load_topology(twice)
+    assert [s for s in _said(caplog, twice) if "torch_device" in s][0].startswith(
+        f"{twice}: devices 'a' and 'b' on host 0 both have torch_device 'cuda:0'")

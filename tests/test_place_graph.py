@@ -31,6 +31,12 @@ def _two_towers():
     return make_graph(nodes, edges, name="two_towers")
 
 
+def test_numpy_integers_are_integers():
+    graph, topo = _two_towers(), load_topology("2x_k80")
+    a = place_graph(graph, topo, samples=np.int64(2), seed=np.int32(3))
+    assert a.meta["step_time"] == place_graph(graph, topo, samples=2, seed=3).meta["step_time"]
+
+
 def test_greedy_and_best_of_k_are_what_they_simulate_to():
     graph, topo = _two_towers(), load_topology("4x_v100_pcie")
     costs = resolve_costs(graph, topo)

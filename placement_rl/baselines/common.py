@@ -195,7 +195,14 @@ class Problem:
     def checked(self, devices: object, name: str) -> np.ndarray:
         """Placer ``name``'s output as int64 device indices, one per node of this graph: ``PlanError`` naming the
         placer for an entry that is no integer (a cast would turn 0.7 into device 0 in silence), another shape or
-        length, or a device the topology lacks."""
+        length, or a device the topology lacks; strings and bools are no device indices."""
+        try:
+            kind = "U" if isinstance(devices, (str, bytes)) else np.asarray(devices).dtype.kind
+        except (TypeError, ValueError):  # ragged: Placement says what is wrong
+            kind = "i"
+        if kind not in "iuf":
+            raise PlanError(f"placer '{name}' returned a bad placement: device indices must be integers, got "
+                            f"{devices!r}"[:300])
         try:
             return Placement(devices).validate(self.graph, self.topology).device_of_node
         except PlanError as exc:

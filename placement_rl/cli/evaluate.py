@@ -128,8 +128,8 @@ def compare_learned(graph, costs, topology, out: Path, *, label: str, plan, step
     more of the learned result's rows (the greedy placement beside the best of k), listed before it; ``after``:
     rows listed after it that spent more calls (a search seeded by it): the baselines then get the most calls any
     row spent; ``timed``: searches held to seconds instead of calls, listed last (they do not set the budget);
-    ``found``: where given, each op-level baseline's placement is added to it as ``<name> (baseline)`` ->
-    ``step_time``, ``feasible``, ``devices`` (what ``place`` picks its fastest placement from)."""
+    ``found``: where given, each baseline's placement or stage plan is added to it as ``<name> (baseline)`` ->
+    ``step_time``, ``feasible``, ``devices`` (what ``place`` picks its fastest plan from)."""
     from tqdm.auto import tqdm
 
     from placement_rl import baselines
@@ -152,9 +152,9 @@ def compare_learned(graph, costs, topology, out: Path, *, label: str, plan, step
     single = next((r for r in rows if r.placer == "single_device"), None)
     kind = "pipeline" if pipeline else "placement"
     if found is not None:
-        found.update({f"{r.placer} (baseline)": {"step_time": r.step_time, "feasible": r.feasible,
-                                                 "devices": r.plan.device_of_node}
-                      for r in rows if isinstance(r.plan, Placement) and math.isfinite(r.step_time)})
+        found.update({f"{r.placer} (baseline)": {"step_time": r.step_time, "feasible": r.feasible, "devices":
+                                                 r.plan.device_of_node if isinstance(r.plan, Placement) else r.plan}
+                      for r in rows if isinstance(r.plan, (Placement, StagePlan)) and math.isfinite(r.step_time)})
 
     def row(x: ExtraRow) -> Row:  # its speed-up: with_speedups below
         return Row(case, x.label, kind, x.step_time, float("nan"), x.feasible, x.seconds, x.sim_calls, plan=x.plan)

@@ -26,9 +26,8 @@ REPLACES = (*WRITES, "timeline_*.png", *(f"{sub}/{name}" for sub in ("search", "
 
 
 def _artifacts(out, plan_file: str, compared: list[str], searched: bool = False, cp: bool = False,
-               fitted: bool = False, timed: list[str] = (), best: bool = False) -> str:
-    return f"artifacts in {out}: " + ", ".join(["graph.json", plan_file, "metrics.json",
-                                                *([f"{BEST}/{plan_file}"] if best else []),
+               fitted: bool = False, timed: list[str] = (), best: str | None = None) -> str:
+    return f"artifacts in {out}: " + ", ".join(["graph.json", plan_file, "metrics.json", *([best] if best else []),
                                                 *(["search/placement.json"] if searched else []), *timed,
                                                 *(["fit/placement.json"] if fitted else []),
                                                 *(["cp/placement.json"] if cp else []), *compared])
@@ -36,17 +35,18 @@ def _artifacts(out, plan_file: str, compared: list[str], searched: bool = False,
 
 def write_best(found: dict[str, dict], graph, topology, out, costs) -> dict:
     """The fastest placement that fits memory of ``found`` (its source -> ``step_time``, ``feasible``, ``devices``:
-    a device array, or the policy's StagePlan; a tie goes to the first, the policy's) as ``best/placement.json``
-    (``best/plan.json``) with ``save_plan``; returns metrics.json's ``best_step_time`` and ``best_source`` (None,
-    and nothing written, where none fits). A source is ``policy``, the folder that also holds it (``search``,
-    ``policy_search``, ``fit``, ``cp``), or ``<search> for <s> s`` (one run beside policy_search)."""
+    a device array, or a StagePlan; a tie goes to the first, the policy's) as ``best/placement.json`` (a stage plan:
+    ``best/plan.json``) with ``save_plan``; returns metrics.json's ``best_step_time``, ``best_source`` and
+    ``best_file`` (None, and nothing written, where none fits). A source is ``policy``, the folder that also holds
+    it (``search``, ``policy_search``, ``fit``, ``cp``), ``<search> for <s> s`` (one run beside policy_search) or
+    ``<name> (baseline)`` (a row of the comparison)."""
     fits = [(r["step_time"], k, name) for k, (name, r) in enumerate(found.items()) if r["feasible"]]
     if not fits:
-        return {"best_step_time": None, "best_source": None}
+        return {"best_step_time": None, "best_source": None, "best_file": None}
     step_time, _, name = min(fits)
     (out / BEST).mkdir(exist_ok=True)
-    save_plan(found[name]["devices"], graph, topology, out / BEST, costs=costs)
-    return {"best_step_time": step_time, "best_source": name}
+    _, file = save_plan(found[name]["devices"], graph, topology, out / BEST, costs=costs)
+    return {"best_step_time": step_time, "best_source": name, "best_file": f"{BEST}/{file}"}
 
 
 def best_line(metrics: dict, plan_file: str) -> str | None:
@@ -56,7 +56,7 @@ def best_line(metrics: dict, plan_file: str) -> str | None:
         return None
     own = f"{metrics['step_time'] * 1e3:.3f} ms" + ("" if metrics["feasible"] else ", overflowing memory")
     folder = "/" if source in ("search", FOLDER, "fit", "cp") else ""
-    return (f"{BEST}/{plan_file}: the placement of {source}{folder} ({metrics['best_step_time'] * 1e3:.3f} ms), the "
+    return (f"{metrics['best_file']}: the placement of {source}{folder} ({metrics['best_step_time'] * 1e3:.3f} ms), the "
             f"fastest that fits of this run's; {plan_file} stays the policy's own ({own})")
 
 
@@ -299,7 +299,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     if line is not None:
         print(line)
     print(_artifacts(out, plan_file, compared, searched=search is not None, cp=cp_row is not None,
-                     fitted=fitted is not None, timed=timed_files, best=best is not None))
+                     fitted=fitted is not None, timed=timed_files, best=metrics["best_file"]))
     return metrics
 
 
@@ -386,12 +386,11 @@ def run(cfg: DictConfig) -> dict:
     compared: list[str] = []
     if cfg.compare:
         from placement_rl.cli.evaluate import compare_learned
-        from placement_rl.plans import StagePlan
 
         metrics.update(compare_learned(graph, costs, topology, out, label="zero-shot policy", plan=plan,
                                        step_time=step_time, feasible=not infeasible, seconds=wall, sim_calls=calls,
                                        seed=int(cfg.seed), what="zero-shot placement", files=compared,
-                                       progress=phases.enabled, found=None if isinstance(plan, StagePlan) else held))
+                                       progress=phases.enabled, found=held))
         label_costs(out, costs)
     metrics.update(write_best(held, graph, topology, out, costs))
     write_json(out / "metrics.json", metrics)
@@ -400,7 +399,10 @@ def run(cfg: DictConfig) -> dict:
           + (f"; best baseline {metrics['best_baseline']} {metrics['best_baseline_time'] * 1e3:.3f} ms"
              if "best_baseline" in metrics else ""))
     print(costs_line(costs))
-    print(_artifacts(out, plan_file, compared, best=metrics["best_source"] is not None))
+    line = best_line(metrics, plan_file)
+    if line is not None:
+        print(line)
+    print(_artifacts(out, plan_file, compared, best=metrics["best_file"]))
     return metrics
 
 
