@@ -279,7 +279,7 @@ def test_products_of_one_family_have_the_architecture_the_cost_model_prices():
     """The note keeps quiet where model and architecture are of one family (``_family``): that must never hide a
     price change, so every family's products must have the same architecture facts in the cost model."""
     from placement_rl import datasheets
-    from placement_rl._topology_reader import _family
+    from placement_rl._topology_notes import _family
     from placement_rl.cost import gpu_spec
 
     facts: dict[str, set] = {}

@@ -18,6 +18,14 @@ def _stat(x: Any, where: str) -> float:
     return float(x)
 
 
+def _row(row: Any, layout: str, what: str) -> None:
+    """``row``: a list of as many finite non-negative numbers as ``layout`` (``[fwd, bwd, count]``) names."""
+    if not isinstance(row, list) or len(row) != layout.count(",") + 1:
+        raise ProfileError(f"{what} must be {layout}")
+    for x in row:
+        _stat(x, what)
+
+
 def _validate(data: Any, where: str) -> None:
     if not isinstance(data, dict):
         raise ProfileError(f"{where}: not a profile (top level must be a JSON object); re-run `placement-rl profile`")
@@ -42,31 +50,19 @@ def _validate(data: Any, where: str) -> None:
             if dev not in data["devices"] or not isinstance(nodes, dict):
                 raise ProfileError(f"{w}: times for unknown device '{dev}'; the file is damaged")
             for node, row in nodes.items():
-                if not isinstance(row, list) or len(row) != 5:
-                    raise ProfileError(f"{w}: node '{node}' on '{dev}' must be [fwd, fwd_iqr, bwd, bwd_iqr, repeats]")
-                for x in row:
-                    _stat(x, f"{w}: node '{node}' on '{dev}'")
+                _row(row, "[fwd, fwd_iqr, bwd, bwd_iqr, repeats]", f"{w}: node '{node}' on '{dev}'")
         for dev, row in entry["step"].items():
-            if not isinstance(row, list) or len(row) != 3:
-                raise ProfileError(f"{w}: step on '{dev}' must be [median, iqr, repeats]")
-            for x in row:
-                _stat(x, f"{w}: step on '{dev}'")
+            _row(row, "[median, iqr, repeats]", f"{w}: step on '{dev}'")
         opt = entry.get("optimizer", {})
         if not isinstance(opt, dict):
             raise ProfileError(f"{w}: 'optimizer' must be an object; the file is damaged")
         for dev, row in opt.items():
-            if not isinstance(row, list) or len(row) != 4:
-                raise ProfileError(f"{w}: optimizer on '{dev}' must be [median, iqr, repeats, param_bytes]")
-            for x in row:
-                _stat(x, f"{w}: optimizer on '{dev}'")
+            _row(row, "[median, iqr, repeats, param_bytes]", f"{w}: optimizer on '{dev}'")
     for dev, ops in data["ops"].items():
         if not isinstance(ops, dict):
             raise ProfileError(f"{where}: ops of '{dev}' must be an object; the file is damaged")
         for sig, row in ops.items():
-            if not isinstance(row, list) or len(row) != 3:
-                raise ProfileError(f"{where}: op '{sig}' on '{dev}' must be [fwd, bwd, count]")
-            for x in row:
-                _stat(x, f"{where}: op '{sig}' on '{dev}'")
+            _row(row, "[fwd, bwd, count]", f"{where}: op '{sig}' on '{dev}'")
     for k, rec in enumerate(data["links"]):
         if not isinstance(rec, dict) or not all(isinstance(rec.get(f), str) for f in ("src", "dst", "backend")):
             raise ProfileError(f"{where}: links[{k}] must have 'src', 'dst' and 'backend'; the file is damaged")
