@@ -309,8 +309,9 @@ def report(rows, classes, krows, newer, fit, pd_lines, factors, coll_lines, coll
              "* **Memory-bound ops** scale with bandwidth times the architecture term (HBM, Volta or newer: the "
              "H100 gets the A100 / V100 fraction), and keep their launch cost: they do not speed up with the FP32 "
              "peak.",
-             "* **Optimizer step**: not in these files (NeuSight times forward + backward); `simulate_pipeline` "
-             "prices it as a memory-bound pass over the parameters and optimizer state (unchanged here).", "",
+             "* **Optimizer step**: not in these files (NeuSight times forward + backward), and not in the simulated "
+             "step time either (its memory counts Adam's state: 4 x the parameter bytes); docs/fidelity_h100.md "
+             "gives the rule measured for adding it.", "",
              "## Reading the GEMM kernel tables",
              "",
              "NeuSight's linear and bmm tables name a GEMM `(B, M, N) @ (N, K) -> (B, M, K)`: **N is the reduced "
