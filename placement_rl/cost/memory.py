@@ -13,8 +13,12 @@ Training state per parameter byte (fp32 parameters, fp32 gradients, Adam's two f
   plus its received boundary buffer; GPipe keeps all m in flight, 1F1B at most ``S - s`` at stage s (the
   pipeline kernel tracks the peak event by event).
 
-Not modelled: DDP's gradient bucket copy, allocator fragmentation, CUDA context and workspace memory,
-mixed precision (fp16/bf16 copies), activation checkpointing.
+Precision: the bytes are the graph's (a bf16 capture's parameters count 2 bytes each, so pure bf16 training
+holds 8 bytes per parameter; under autocast the parameters stay fp32). Activation recomputation: stage plans only
+(``cost.recompute``). The optimizer is Adam (what ``deploy`` runs); SGD's smaller state is not a setting.
+
+Not modelled: DDP's gradient bucket copy, allocator fragmentation, CUDA context and workspace memory, fp32 master
+copies of low-precision parameters.
 """
 
 from __future__ import annotations
