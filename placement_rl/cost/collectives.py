@@ -6,9 +6,11 @@
 
 **Measured** (``algorithm="measured"``, and what ``auto`` takes when it applies): a topology naming a measured
 system (``collective_fit: a100_dgx``, see ``comm_fit``) prices a collective of GPUs from that system's NCCL
-fit (the measured GPU count and GPUs per node; an unmeasured count scales the nearest measured one by the
-ring factor). NCCL already picked its best algorithm in those runs, so the analytic ones below are not
-consulted. Otherwise (another system, a collective kind the tables lack) the analytic model below.
+fit (the measured GPU count and GPUs per node; an unmeasured count scales the nearest measured one of the same
+layout by the ring factor only where the system's own counts follow that rule: ``comm_fit.select_fit``). NCCL
+already picked its best algorithm in those runs, so the analytic ones below are not consulted. Otherwise
+(another system, a collective kind the tables lack, a layout across nodes on a system measured within one node
+or the other way round, a count the rule does not carry to) the analytic model below.
 
 ``nbytes`` is the full buffer: the gradient for an all-reduce, the gathered (unsharded) tensor for an
 all-gather, the input of a reduce-scatter. Links come from ``costs.link_latency`` / ``link_bandwidth``

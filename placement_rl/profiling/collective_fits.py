@@ -1,16 +1,20 @@
 """Fitted models of NCCL point-to-point and collective times, from the Sailor and Vidur tables.
 
 Each measured series (system, collective, GPU count, devices per node) is fitted by a piecewise-linear
-curve of ``log(time)`` against ``log2(bytes)`` with a knot every quarter octave (least squares over the
-series), which follows the latency floor of small messages and the bandwidth ramp of large ones. The
-knots ship as package data (``placement_rl/data/collective_fit.json``, written by
-``scripts/fit_gpu_costs.py``; sources in ``placement_rl/data/NOTICE``).
+curve of ``log(time)`` against ``log2(bytes)`` with a knot every quarter octave (Huber least squares over
+the series), which follows the latency floor of small messages and the bandwidth ramp of large ones. The
+curve never falls as the message grows, except at a protocol switch the table measured (``_steps``: the
+time per byte jumps and stays, over rows on both sides), where it falls only as far as the rows do; a knot
+in a gap of the table lies between its neighbours. The knots ship as package data
+(``placement_rl/data/collective_fit.json``, written by ``scripts/fit_gpu_costs.py``; sources in
+``placement_rl/data/NOTICE``).
 
-``fitted_collective_time(kind, nbytes, n_gpus, system)`` answers in seconds, or None for a system or
-collective the tables do not hold. Above the largest measured size the last octave's bandwidth
-continues linearly; below the smallest, the smallest time. A GPU count that was not measured scales the
-nearest measured count by the ring factor (``2(n-1)/n`` for all-reduce, ``(n-1)/n`` for all-gather and
-reduce-scatter).
+``fitted_collective_time(kind, nbytes, n_gpus, system)`` answers in seconds, or None for a system,
+collective, layout (one node or several) or GPU count the tables do not hold. Above the largest measured
+size the last octave's bandwidth continues linearly (``comm_fit._tail_slope``); below the smallest, the
+smallest time. A GPU count that was not measured scales the nearest measured count of the same layout by the
+ring factor (``2(n-1)/n`` for all-reduce, ``(n-1)/n`` for all-gather and reduce-scatter) only where the
+system's own measured counts follow that rule (``comm_fit.select_fit`` says where, and how far it missed).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ STEP_JUMP = 0.12  # a change of log(time per byte) this large between two neighb
                   # sides, is a protocol / algorithm switch: the curve breaks there instead of smoothing it
 STEP_SIDE = 4     # rows on each side that must agree on the jump
 STEP_FROM = 20.0  # log2 bytes: steps only from 1 MiB up (below, the latency floor; the tables flicker there)
+HUBER = float(np.log(1.1))  # log time: a row further than 10% from the curve pulls it linearly, not quadratically
 
 
 def _steps(x: np.ndarray, y: np.ndarray) -> list[int]:
@@ -57,13 +62,14 @@ def _steps(x: np.ndarray, y: np.ndarray) -> list[int]:
     return sorted(steps)
 
 
-def _hat_fit(x: np.ndarray, y: np.ndarray, step: float) -> tuple[np.ndarray, np.ndarray]:
-    """Piecewise-linear least-squares fit on knots at every multiple of ``step`` inside the rows' range plus the
-    two end rows (table sizes at powers of two land on knots), with a faint curvature penalty so a knot near
-    no row follows its neighbours instead of swinging."""
+def _hat_design(x: np.ndarray, y: np.ndarray, step: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(knots, a, b)`` of one regime: knots at every multiple of ``step`` inside the rows' range plus the two end
+    rows (table sizes at powers of two land on knots); ``a @ values ~ b`` holds the rows' hat-function weights and a
+    faint curvature penalty, so a knot near no row follows its neighbours."""
     lo, hi = float(x.min()), float(x.max())
     if hi - lo < 1e-9:
-        return np.array([lo, lo + step]), np.array([float(np.mean(y))] * 2)
+        tie = np.array([[1e-3, -1e-3]])
+        return np.array([lo, lo + step]), np.vstack([np.tile([1.0, 0.0], (x.size, 1)), tie]), np.r_[y, 0.0]
     grid = np.arange(np.ceil(lo / step) * step, hi, step)
     grid = grid[(grid - lo > step / 8) & (hi - grid > step / 8)]
     knots = np.concatenate([[lo], grid, [hi]])
@@ -73,27 +79,40 @@ def _hat_fit(x: np.ndarray, y: np.ndarray, step: float) -> tuple[np.ndarray, np.
     w = np.clip((x - knots[j]) / h[j], 0.0, 1.0)
     basis[np.arange(x.size), j] = 1.0 - w
     basis[np.arange(x.size), j + 1] += w
-    rows, rhs = [basis], [y]
-    if knots.size > 2:
-        d2 = np.zeros((knots.size - 2, knots.size))
-        i = np.arange(knots.size - 2)
-        d2[i, i], d2[i, i + 1], d2[i, i + 2] = 1.0, -2.0, 1.0
-        rows.append(1e-3 * d2)
-        rhs.append(np.zeros(knots.size - 2))
-    coef = np.linalg.lstsq(np.vstack(rows), np.concatenate(rhs), rcond=None)[0]
-    return knots, coef
+    d2 = np.zeros((knots.size - 2, knots.size))
+    i = np.arange(knots.size - 2)
+    d2[i, i], d2[i, i + 1], d2[i, i + 2] = 1.0, -2.0, 1.0
+    return knots, np.vstack([basis, 1e-3 * d2]), np.r_[y, np.zeros(knots.size - 2)]
+
+
+def _rising_fit(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Non-decreasing knot values ``c`` with ``a @ c ~ b``: ``c = c0 + cumsum(d)`` with every step ``d >= 0``, fitted
+    with a Huber loss (a row more than ``HUBER`` off the curve counts linearly, so the few rows of a table off its
+    own trend do not pull the curve halfway to them)."""
+    from scipy.optimize import least_squares, lsq_linear
+
+    k = a.shape[1]
+    lower = np.tril(np.ones((k, k)))  # c = lower @ (c0, d1, ..., d_{k-1})
+    bounds = (np.r_[-np.inf, np.zeros(k - 1)], np.full(k, np.inf))
+    al = a @ lower
+    start = lsq_linear(al, b, bounds=bounds, method="bvls").x  # the plain least-squares fit
+    p = least_squares(lambda q: al @ q - b, np.maximum(start, bounds[0]), jac=lambda q: al, bounds=bounds,
+                      loss="huber", f_scale=HUBER, method="trf").x
+    return lower @ p
 
 
 def fit_series(s: Series, step: float = KNOT_STEP) -> dict[str, Any]:
-    """Knots ``log2(bytes)`` and fitted ``log(seconds)`` of one series: a piecewise-linear curve per regime,
-    regimes split where the table switches protocol (``_steps``), so a switch is a step, not a ramp."""
+    """Knots ``log2(bytes)`` and fitted ``log(seconds)`` of one series: a non-decreasing piecewise-linear curve per
+    regime, regimes split where the table switches protocol (``_steps``), so a switch is a step, not a ramp (where
+    NCCL measured the larger message faster, the time falls there, and nowhere else)."""
     order = np.argsort(s.sizes, kind="stable")
     x = np.log2(s.sizes[order])
     y = np.log(s.times[order])
     cuts = [0] + [i + 1 for i in _steps(x, y)] + [x.size]
     ks, cs = [], []
     for a, b in zip(cuts[:-1], cuts[1:]):
-        k, c = _hat_fit(x[a:b], y[a:b], step)
+        k, design, rhs = _hat_design(x[a:b], y[a:b], step)
+        c = _rising_fit(design, rhs)
         if ks and k[0] <= ks[-1][-1]:
             k, c = k[1:], c[1:]
         ks.append(k)
@@ -181,3 +200,7 @@ def shipped_fits_for(series: Iterable[Series]) -> list[dict[str, Any]]:
             raise ProfileError(f"no shipped collective fit for {s.key}; re-run scripts/fit_gpu_costs.py")
         out.append(f)
     return out
+
+
+__all__ = ["fit_all", "fit_errors", "fit_series", "fitted_collective_time", "link_figures", "neighbour_consistency",
+           "shipped_fits_for", "systems"]
