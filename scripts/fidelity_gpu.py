@@ -3,13 +3,17 @@
     python scripts/fidelity_gpu.py [--data ../shared/gpu-measurements] [--out docs/fidelity_gpu.md] [--quick]
 
 Reads the files ``scripts/fit_gpu_costs.py --list-files`` lists (plus PipeDream, Sailor and Vidur for the
-sections on them). Five GPUs (A100, V100, P100, P4, T4): per-kernel errors of every NeuSight kernel table
+sections on them). Every GPU of the data (the fit's five: A100, V100, P100, P4, T4; any other the folder holds):
+per-kernel errors of every NeuSight kernel table
 (linear, bmm, conv, ln, softmax, gelu, add) and whole-model times of every label run, for the plain roofline,
 the old two-GPU fit (``placement_rl/data/gpu_fit_two_gpu_v1.json``), the shipped five-GPU fit and
-leave-one-GPU-out fits (refitted without the predicted GPU; the A100's 40GB and 80GB tables leave together);
-what the fits predict for a GPU outside the data (H100); the project's captured graphs mapped onto the measured
-nodes; PipeDream's per-layer CNN / GNMT profiles; the Sailor / Vidur collective fits. About 10 minutes on one
-core (six fits and eight captures); --quick skips the captures.
+leave-one-GPU-out fits (refitted without the predicted GPU's family, ``calibrate.family``: the A100's 40GB and
+80GB tables leave together, a GPU of another family is a group of its own); what the fits predict for a GPU
+outside the data (H100, when its device config is in the data); the project's captured graphs mapped onto the
+measured nodes; PipeDream's per-layer CNN / GNMT profiles; the Sailor / Vidur collective fits (sections whose files
+the data lacks say so in one line). About 10 minutes on one core (six fits and eight captures); --quick skips the
+captures. The results JSON goes to ``results/fidelity_gpu.json`` for the default ``--out``, else beside ``--out``
+(``report.md`` -> ``report.json``).
 """
 
 from __future__ import annotations
@@ -32,10 +36,11 @@ from placement_rl.profiling.gpu_fidelity import evaluate, kernel_errors, mape
 from placement_rl.results import read_result, write_result
 from placement_rl.topology import DEFAULT_LAUNCH_OVERHEAD, load_topology
 
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "docs" / "fidelity_gpu.md"
 PRESET = {"NVIDIA_A100_80GB_PCIe": "1x_a100_80gb_pcie", "Tesla_V100-PCIE-32GB": "1x_v100_pcie_32gb"}
 MODELS = ["roofline", "two-GPU fit (v1)", "calibrated", "leave-one-GPU-out"]
-FAMILIES = ("A100", "V100", "P100", "P4", "T4")
-V1_FIT = Path(__file__).resolve().parent.parent / "placement_rl" / "data" / "gpu_fit_two_gpu_v1.json"
+V1_FIT = ROOT / "placement_rl" / "data" / "gpu_fit_two_gpu_v1.json"
 NEWER = "NVIDIA_H100_80GB_HBM3"
 
 
@@ -47,8 +52,9 @@ def project_graph_rows(root: Path, logo: dict) -> list[str]:
         cfg = measured_map.zoo_config(w)
         if w.mode != "train":
             continue
-        if cfg is None:
-            out.append(f"| {gpu_report.GPU_LABEL.get(w.gpu, w.gpu)} | {w.key} | no zoo entry | - | "
+        if cfg is None or w.gpu not in PRESET:
+            why = "no zoo entry" if cfg is None else "no topology preset for this GPU"
+            out.append(f"| {gpu_report.GPU_LABEL.get(w.gpu, w.gpu)} | {w.key} | {why} | - | "
                        f"{w.e2e * 1e3:.0f} | - | - | - | - |")
             continue
         g = capture_zoo(cfg[0], **cfg[1])
@@ -73,6 +79,10 @@ def project_graph_rows(root: Path, logo: dict) -> list[str]:
 
 def cnn_mapping_rows(root: Path) -> list[str]:
     """PipeDream's ResNet-18 / -50 layers mapped onto the zoo's resnet18 / resnet50 captured at its batch."""
+    missing = [f"pipedream/{m}.graph.txt" for m in ("resnet18", "resnet50")
+               if not (root / "pipedream" / f"{m}.graph.txt").is_file()]
+    if missing:
+        return [absent("The CNN mapping", ", ".join(missing))]
     out = ["| zoo graph | PipeDream profile | batch | graph nodes | mapped / zero (views, scalar updates) / unmapped | "
            "cost_source of the mapped profile |", "|---|---|---|---|---|---|"]
     v100 = load_topology("1x_v100_pcie_32gb")
@@ -120,6 +130,9 @@ def kernel_choice_section(every, root: Path, fit) -> list[str]:
                 n, same = kc.agreement(named[(op, a)], named[(op, b)])
                 pairs.append(f"{gpu_report.GPU_LABEL.get(a, a)} / {gpu_report.GPU_LABEL.get(b, b)} {op} "
                              f"{100 * same:.0f}% of {n:,}")
+    if not told_bmm:
+        return ["## What is left in the GEMM tables: the library's kernel choice", "",
+                absent("The kernel choice", "neusight/kernels/bmm/<GPU>.csv"), ""]
     return ["## What is left in the GEMM tables: the library's kernel choice", "",
             "Every linear / bmm row names the cuBLAS kernel that ran, and with it the kernel's CTA tile (cuBLAS "
             "writes it column-major, `<output columns> x <rows>`) and, in the launch grid's z over the batch, its "
@@ -148,6 +161,11 @@ def kernel_choice_section(every, root: Path, fit) -> list[str]:
             "long kernels slow down, see below). Not modelled: nothing here transfers to an unseen GPU.", ""]
 
 
+def absent(what: str, files: str) -> str:
+    """The one line a section whose input files the data lacks is left as."""
+    return f"({what}: not in this report, the data has no `{files}`.)"
+
+
 def figures(rows, krows) -> dict:
     """This report's figures as data (``results/fidelity_gpu.json``): per model the whole-model training and
     inference MAPE % (mean, max), per kernel op the MAPE % of every model (mean over the GPUs' tables), and the
@@ -166,67 +184,139 @@ def figures(rows, krows) -> dict:
     return {"whole": whole, "kernels": kernels, "tables": len(krows), "worse_than_roofline": worse}
 
 
+def result_target(out: Path) -> tuple[str, Path | None]:
+    """Name and folder of the results JSON: ``fidelity_gpu`` under results/ (``$PLACEMENT_RL_RESULTS``) for the
+    repo's own report, else beside ``out`` and named after it (``x/report.md`` -> ``x/report.json``)."""
+    if out.resolve() == DEFAULT_OUT.resolve():
+        return "fidelity_gpu", None
+    if out.suffix == ".json":
+        raise PlacementRLError(f"--out {out}: give the Markdown report's name (.md); its results JSON goes beside it")
+    return out.stem, out.parent
+
+
+def check_data(root: Path | None) -> Path:
+    """The data folder, checked before any fit: it must hold ``neusight/`` with device configs, kernel tables and
+    label runs (a GPU without a device config ``calibrate.load_neusight`` names)."""
+    if root is None:
+        raise PlacementRLError("no GPU measurements found: pass --data or set PLACEMENT_RL_GPU_DATA")
+    ns = root / "neusight"
+    if not ns.is_dir():
+        raise PlacementRLError(f"--data {root}: no neusight/ folder in it (neusight/device_configs/, kernels/<op>/, "
+                               "labels/<GPU>/ in NeuSight's layout)")
+    if not any((ns / "device_configs").glob("*.json")):
+        raise PlacementRLError(f"no device configs in {ns / 'device_configs'} (one <GPU>.json per GPU of the data)")
+    if not any(True for op in calibrate.KERNEL_OPS for _ in (ns / "kernels" / op).glob("*.csv")):
+        raise PlacementRLError(f"no kernel tables in {ns / 'kernels'} (<op>/<GPU>.csv, op one of "
+                               f"{', '.join(calibrate.KERNEL_OPS)})")
+    if not any((ns / "labels").glob("*/*.csv")):
+        raise PlacementRLError(f"no label runs in {ns / 'labels'} (<GPU>/<workload>.csv and .json, NeuSight's label "
+                               "files)")
+    return root
+
+
+def leave_out_groups(gpus: list[str]) -> dict[str, list[str]]:
+    """The GPUs that leave together in a leave-one-GPU-out fit, per family (``calibrate.family``)."""
+    groups: dict[str, list[str]] = {}
+    for g in gpus:
+        groups.setdefault(calibrate.family(g), []).append(g)
+    if len(groups) < 2:
+        raise PlacementRLError("leave-one-GPU-out needs GPUs of two families at least; the data has only "
+                               f"{', '.join(gpus)} (family {', '.join(groups)})")
+    return groups
+
+
+def leave_one_out(data, groups: dict[str, list[str]], max_nfev: int) -> dict[str, GpuFit]:
+    """Per GPU, the fit made without its family's data."""
+    fits = {f: calibrate.fit(data, exclude=gpus, max_nfev=max_nfev) for f, gpus in groups.items()}
+    return {g: fits[f] for f, gpus in groups.items() for g in gpus}
+
+
+def newer_section(root: Path, graphs, v1: GpuFit, fit: GpuFit) -> list[str] | None:
+    """What the fits predict on the H100's NeuSight datasheet (None: the data has no such device config)."""
+    path = root / "neusight" / "device_configs" / f"{NEWER}.json"
+    if not path.is_file():
+        return None
+    h100 = calibrate.spec_of(neusight.read_device_config(path))
+    return gpu_report.newer_gpu_table(graphs, h100, {"two-GPU fit (v1)": v1, "calibrated": fit})
+
+
+def pipedream_section(root: Path, fit: GpuFit) -> tuple[list[str], dict[str, float]]:
+    """PipeDream's per-layer profiles against the roofline and the shipped fit (empty: no profiles in the data)."""
+    profs = [pipedream.read_profile(p) for p in sorted((root / "pipedream").glob("*.graph.txt"))]
+    if not profs:
+        return [], {}
+    graphs = [pipedream.pipedream_graph(p) for p in profs]
+    spec = spec_of_device(load_topology("1x_v100_pcie_32gb").devices[0])
+    return gpu_report.pipedream_rows(profs, graphs, spec, {"roofline": None, "calibrated": fit})
+
+
+def collective_sections(root: Path) -> tuple[list[str], dict, list[str], dict]:
+    """The Sailor / Vidur collective fits against their tables, and the simulators' prices on the presets."""
+    series = [s for d in sorted((root / "sailor").glob("*/")) for s in sailor.read_system(d)]
+    series += [s for d in sorted((root / "vidur").glob("*/")) for s in vidur.read_system(d)]
+    coll_lines, coll_sum = gpu_report.collective_table(series, collective_fits.shipped_fits_for(series))
+    sim_lines, sim_sum = gpu_report.simulator_collective_table(series)
+    return coll_lines, coll_sum, sim_lines, sim_sum
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=None)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "docs" / "fidelity_gpu.md"))
+    ap.add_argument("--out", default=str(DEFAULT_OUT),
+                    help="the report; its results JSON goes beside it (results/fidelity_gpu.json for the default)")
     ap.add_argument("--quick", action="store_true", help="skip capturing the project's graphs")
     ap.add_argument("--max-nfev", type=int, default=calibrate.FIT_NFEV)
     ap.add_argument("--kernel-rows", type=int, default=calibrate.FIT_KERNEL_ROWS)
     args = ap.parse_args()
     start = time.perf_counter()
     torch.set_num_threads(1)
-    try:
-        root = Path(args.data) if args.data else neusight.default_data_dir()
-        if root is None:
-            raise PlacementRLError("no GPU measurements found: pass --data or set PLACEMENT_RL_GPU_DATA")
+    try:  # everything but the leave-one-GPU-out fits and what needs them first: a missing input fails in seconds
+        name, folder = result_target(Path(args.out))
+        root = check_data(Path(args.data) if args.data else neusight.default_data_dir())
         data = calibrate.load_neusight(root / "neusight", max_kernel_rows=args.kernel_rows)
         every = calibrate.load_neusight(root / "neusight", max_kernel_rows=10**6)  # every kernel row >= 50 us
+        groups = leave_out_groups(every.gpus())
         fit = shipped_fit()
         if fit is None:
             raise PlacementRLError("no shipped fit: run scripts/fit_gpu_costs.py first")
         v1 = GpuFit.load(V1_FIT)
-        logo_fam = {f: calibrate.fit(data, exclude=[g for g in data.gpus() if calibrate.family(g) == f],
-                                     max_nfev=args.max_nfev) for f in FAMILIES}
-        logo = {g: logo_fam[calibrate.family(g)] for g in every.gpus()}
+        newer = newer_section(root, data.graphs, v1, fit)
+        pd_lines, factors = pipedream_section(root, fit)
+        coll_lines, coll_sum, sim_lines, sim_sum = collective_sections(root)
+        choice = kernel_choice_section(every, root, fit)
+        logo = leave_one_out(data, groups, args.max_nfev)
         fits = {"two-GPU fit (v1)": v1, "calibrated": fit, "leave-one-GPU-out": logo}
         rows, classes = evaluate(data, fits)
         krows = kernel_errors(every.kernels, {"roofline": None, **fits})
-        configs = {p.stem: neusight.read_device_config(p) for p in (root / "neusight" / "device_configs").glob("*.json")}
-        h100 = calibrate.spec_of(configs[NEWER])
-        newer = gpu_report.newer_gpu_table(data.graphs, h100, {"two-GPU fit (v1)": v1, "calibrated": fit})
-        profs = [pipedream.read_profile(p) for p in sorted((root / "pipedream").glob("*.graph.txt"))]
-        graphs = [pipedream.pipedream_graph(p) for p in profs]
-        v100 = load_topology("1x_v100_pcie_32gb").devices[0]
-        spec = spec_of_device(v100)
-        pd_lines, factors = gpu_report.pipedream_rows(profs, graphs, spec, {"roofline": None, "calibrated": fit})
-        series = [s for d in sorted((root / "sailor").glob("*/")) for s in sailor.read_system(d)]
-        series += [s for d in sorted((root / "vidur").glob("*/")) for s in vidur.read_system(d)]
-        coll_lines, coll_sum = gpu_report.collective_table(series, collective_fits.shipped_fits_for(series))
-        sim_lines, sim_sum = gpu_report.simulator_collective_table(series)
         proj = [] if args.quick else project_graph_rows(root, logo)
         cnn = [] if args.quick else cnn_mapping_rows(root)
-        choice = kernel_choice_section(every, root, fit)
     except PlacementRLError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     atomic_write_text(Path(args.out), "\n".join(report(rows, classes, krows, newer, fit, pd_lines, factors, coll_lines,
                                                         coll_sum, sim_lines, sim_sum, proj, cnn, root, choice)) + "\n")
-    result = write_result("fidelity_gpu", figures(rows, krows), seconds=round(time.perf_counter() - start, 1),
-                          command=" ".join(["python scripts/fidelity_gpu.py", *sys.argv[1:]]))
+    result = write_result(name, figures(rows, krows), seconds=round(time.perf_counter() - start, 1),
+                          command=" ".join(["python scripts/fidelity_gpu.py", *sys.argv[1:]]), folder=folder)
     print(f"wrote {result}")
+    print_summary(rows, krows)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def print_summary(rows, krows) -> None:
+    """The headline figures on stdout."""
     for m in MODELS[1:]:
         for train in (True, False):
             a, b = mape(rows, m, train=train)
             print(f"{m:22s} {'training ' if train else 'inference'} MAPE {a:5.1f}%  max {b:5.1f}%")
     for op in gpu_report.KERNEL_OPS_ORDER:
         sel = [r for r in krows if r.op == op]
-        print(f"kernel {op:8s} " + "  ".join(f"{m} {sum(r.mape[m] for r in sel) / len(sel):5.1f}%"
-                                              for m in MODELS))
+        if sel:
+            print(f"kernel {op:8s} " + "  ".join(f"{m} {sum(r.mape[m] for r in sel) / len(sel):5.1f}%"
+                                                  for m in MODELS))
     worse = [f"{r.gpu} {r.op}" for r in krows if r.mape["leave-one-GPU-out"] > r.mape["roofline"]]
     print(f"kernel tables where leave-one-GPU-out is worse than the roofline: {len(worse)}/{len(krows)} "
-          f"{', '.join(worse)}; wrote {args.out}")
-    return 0
+          f"{', '.join(worse)}")
 
 
 def measured_whole(name: str) -> str:
@@ -283,7 +373,8 @@ def report(rows, classes, krows, newer, fit, pd_lines, factors, coll_lines, coll
              "element-wise classes: `harness_offset`). The harness floors are the timing harness's, not the GPU's: "
              "no step-time prediction uses them.", "",
              "## What a newer GPU does differently", "",
-             "The symptom: the two-GPU fit predicted published H100 runs too fast. From the five GPUs' trends, reasoned "
+             "The symptom: the two-GPU fit predicted published H100 runs too fast. From the five GPUs' trends, "
+             "reasoned "
              "physically (no H100 measurement is fitted or checked here, except the one conv term below, set from "
              "the H100 and H200 we measured):", "",
              "* **FP32 lanes per SM.** All five fitted GPUs have 64 FP32 lanes per SM (NeuSight's configs); the "
@@ -357,39 +448,12 @@ def report(rows, classes, krows, newer, fit, pd_lines, factors, coll_lines, coll
     lines += ["", f"Leave-one-GPU-out is worse than the roofline on {len(k_worse)} of {len(krows)} tables"
               + (f": {', '.join(k_worse)}." if k_worse else "."), ""]
     lines += gpu_report.kernel_table(krows, MODELS, model=logo)
-    lines += ["", "## Whole-model inference (forward only), every GPU with label runs", ""]
-    lines += gpu_report.per_gpu_whole(rows, MODELS, train=False)
-    lines += [""]
-    lines += gpu_report.whole_table(rows, MODELS, train=False)
-    lines += ["", "## Whole-model training (forward + backward, no optimizer step): A100 80GB PCIe and V100", ""]
-    lines += gpu_report.per_gpu_whole(rows, MODELS, train=True)
-    lines += [""]
-    lines += gpu_report.whole_table(rows, MODELS)
-    lines += ["", "The per-node measurements summed (embedding + L x layer + head) miss the measured whole model by "
-              + ", ".join(f"{r.key}@{gpu_report.GPU_LABEL.get(r.gpu, r.gpu)} {100 * (r.node_sum / r.measured - 1):+.0f}%"
-                          for r in rows if r.train)
-              + ". In 5 of the 8 A100 runs the whole difference is in the forward (below): run-to-run state of "
-              "that host that a model of GPUs and ops cannot predict; it bounds the whole-model error of any per-op "
-              "predictor on these files (the oracles below).", ""]
-    lines += gpu_report.split_lines(root / "neusight")
-    lines += ["", "### What these files allow a per-op predictor", ""]
-    lines += gpu_report.floor_table(rows)
-    lines += ["", "### The GPU work, op by op: per-op predictions summed against the measured per-node sums", ""]
-    lines += gpu_report.work_table(rows, MODELS)
+    lines += whole_sections(rows, root)
     lines += ["", "## Per op class over the label workloads (isolated per-op timings, class totals)", "",
               f"Leave-one-GPU-out beats the roofline on {wins} of {total} (GPU, class) rows"
               + (f"; not on: {', '.join(losses)}." if losses else "."), ""]
     lines += gpu_report.class_table(classes, MODELS)
-    lines += ["", "## A newer GPU: H100 80GB HBM3 (NeuSight's datasheet; what the fits predict)", "",
-              "The training workloads' shapes priced on NeuSight's H100 datasheet (132 SMs, 128 FP32 lanes per SM, "
-              "66.9 TFLOP/s fp32, 3.43 TB/s, 50 MB L2). The issue-slot limit of 128-lane SMs (`issue_ffma`), the "
-              "tile / wave model at 132 SMs and the kernel overheads make the five-GPU fit slower than the two-GPU "
-              "fit on every workload. An H100 80GB HBM3 we measured ourselves (NeuSight's workloads rebuilt from their "
-              "configs) is a held-out check of that change: docs/fidelity_h100.md (`scripts/fidelity_measured_gpu.py "
-              f"--gpu nvidia_h100`{measured_whole('fidelity_h100')}). "
-              "The same Hopper chip with faster memory, an H200 we measured, is the held-out check: "
-              "docs/fidelity_h200.md (`scripts/fidelity_measured_gpu.py`).", ""]
-    lines += newer
+    lines += newer_lines(newer)
     lines += ["", "## The project's captured graphs, mapped onto the measured nodes", "",
               "gpt2_hf / bert_hf / opt_hf captured with the workload's configuration and one layer (whole model = "
               "non-layer nodes + L x layer-0 nodes); the last column prices the mapped nodes from the measured "
@@ -400,21 +464,80 @@ def report(rows, classes, krows, newer, fit, pd_lines, factors, coll_lines, coll
               "calibrated estimate; PipeDream's Input layer is data loading and is dropped):", ""]
     lines += cnn or ["(skipped: --quick)"]
     lines += ["", "## PipeDream per-layer profiles (GPU unnamed; V100 PCIe datasheet times one fitted speed factor "
-              "per cost model)", "",
-              "Speed factors (total measured / total predicted over all 14 profiles): "
-              + ", ".join(f"{k} {v:.2f}" for k, v in factors.items())
-              + ". Layer errors are time-weighted over layers above 0.1 ms.", ""]
-    lines += pd_lines
-    lines += ["", "## Collectives (Sailor, Vidur): fitted curves against the tables, messages >= 1 MiB", "",
-              "Share of rows within 10%: " + ", ".join(f"{k} {v:.0f}%" for k, v in coll_sum.items()
-                                                       if not k.endswith("_mean"))
-              + "; mean absolute error: " + ", ".join(f"{k[:-5]} {v:.1f}%" for k, v in coll_sum.items()
-                                                      if k.endswith("_mean")) + ".", ""]
-    lines += coll_lines
-    lines += ["", "## Collectives inside the simulators (presets naming a measured system)", "",
-              "Share within 10%: " + ", ".join(f"{k} {v:.0f}%" for k, v in sim_sum.items()) + ".", ""]
-    lines += sim_lines
-    return lines
+              "per cost model)", ""]
+    if factors:
+        lines += ["Speed factors (total measured / total predicted over all 14 profiles): "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in factors.items())
+                  + ". Layer errors are time-weighted over layers above 0.1 ms.", ""] + pd_lines
+    else:
+        lines.append(absent("PipeDream's profiles", "pipedream/*.graph.txt"))
+    return lines + collective_lines(coll_lines, coll_sum, sim_lines, sim_sum)
+
+
+def collective_lines(coll_lines, coll_sum, sim_lines, sim_sum) -> list[str]:
+    """The two collective sections (``collective_sections``), one line each when the data has no tables."""
+    tables = "sailor/<system>/*` or `vidur/<system>/*"
+    out = ["", "## Collectives (Sailor, Vidur): fitted curves against the tables, messages >= 1 MiB", ""]
+    if coll_sum:
+        out += ["Share of rows within 10%: " + ", ".join(f"{k} {v:.0f}%" for k, v in coll_sum.items()
+                                                         if not k.endswith("_mean"))
+                + "; mean absolute error: " + ", ".join(f"{k[:-5]} {v:.1f}%" for k, v in coll_sum.items()
+                                                        if k.endswith("_mean")) + ".", ""] + coll_lines
+    else:
+        out.append(absent("The collective fits", tables))
+    out += ["", "## Collectives inside the simulators (presets naming a measured system)", ""]
+    if sim_sum:
+        return out + ["Share within 10%: " + ", ".join(f"{k} {v:.0f}%" for k, v in sim_sum.items()) + ".", ""] \
+            + sim_lines
+    return out + [absent("The simulators' collectives", tables)]
+
+
+def whole_sections(rows, root: Path) -> list[str]:
+    """Whole-model inference and training: per GPU, per run, and (training) what the files allow a per-op
+    predictor; a mode without label runs in the data is one line."""
+    out = []
+    if not any(not r.train for r in rows):
+        out += ["", absent("Whole-model inference", "neusight/labels/<GPU>/<model>-inf-*.csv")]
+    else:
+        out += ["", "## Whole-model inference (forward only), every GPU with label runs", ""]
+        out += gpu_report.per_gpu_whole(rows, MODELS, train=False)
+        out += [""]
+        out += gpu_report.whole_table(rows, MODELS, train=False)
+    if not any(r.train for r in rows):
+        return out + ["", absent("Whole-model training", "neusight/labels/<GPU>/<model>-train-*.csv")]
+    out += ["", "## Whole-model training (forward + backward, no optimizer step): A100 80GB PCIe and V100", ""]
+    out += gpu_report.per_gpu_whole(rows, MODELS, train=True)
+    out += [""]
+    out += gpu_report.whole_table(rows, MODELS)
+    out += ["", "The per-node measurements summed (embedding + L x layer + head) miss the measured whole model by "
+             + ", ".join(f"{r.key}@{gpu_report.GPU_LABEL.get(r.gpu, r.gpu)} {100 * (r.node_sum / r.measured - 1):+.0f}%"
+                         for r in rows if r.train)
+             + ". In 5 of the 8 A100 runs the whole difference is in the forward (below): run-to-run state of "
+             "that host that a model of GPUs and ops cannot predict; it bounds the whole-model error of any per-op "
+             "predictor on these files (the oracles below).", ""]
+    out += gpu_report.split_lines(root / "neusight")
+    out += ["", "### What these files allow a per-op predictor", ""]
+    out += gpu_report.floor_table(rows)
+    out += ["", "### The GPU work, op by op: per-op predictions summed against the measured per-node sums", ""]
+    out += gpu_report.work_table(rows, MODELS)
+    return out
+
+
+def newer_lines(newer: list[str] | None) -> list[str]:
+    """The section on the H100's NeuSight datasheet (``newer_section``'s table), or one line when the data has no
+    H100 device config."""
+    if newer is None:
+        return ["", absent("A newer GPU, what the fits predict on the H100's datasheet",
+                           f"neusight/device_configs/{NEWER}.json"), ""]
+    return ["", "## A newer GPU: H100 80GB HBM3 (NeuSight's datasheet; what the fits predict)", "",
+           "The training workloads' shapes priced on NeuSight's H100 datasheet (132 SMs, 128 FP32 lanes per SM, "
+           "66.9 TFLOP/s fp32, 3.43 TB/s, 50 MB L2). The issue-slot limit of 128-lane SMs (`issue_ffma`), the "
+           "tile / wave model at 132 SMs and the kernel overheads make the five-GPU fit slower than the two-GPU "
+           "fit on every workload. An H100 80GB HBM3 we measured ourselves (NeuSight's workloads rebuilt from their "
+           "configs) is a held-out check of that change: docs/fidelity_h100.md (`scripts/fidelity_measured_gpu.py "
+           f"--gpu nvidia_h100`{measured_whole('fidelity_h100')}). "
+           "The same Hopper chip with faster memory, an H200 we measured, is the held-out check: "
+           "docs/fidelity_h200.md (`scripts/fidelity_measured_gpu.py`).", ""] + newer
 
 
 if __name__ == "__main__":

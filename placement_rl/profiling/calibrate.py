@@ -11,6 +11,7 @@ differ between the machines, see docs/fidelity_gpu.md). ``fit(..., exclude=gpu)`
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -288,9 +289,18 @@ def _config_for(configs: dict, gpu: str, path: Path):
     return got
 
 
+# a GPU's model number as NeuSight / Sailor / Vidur names spell it (``A100``, ``L40S``, ``GH200``, a bare ``4090``)
+# and the tokens beside it that are not one (memory size, form factor, memory kind)
+_MODEL = re.compile(r"[A-Za-z]+\d+[A-Za-z]*|\d{3,}[A-Za-z]*")
+_NOT_MODEL = re.compile(r"\d+GB|SXM\d*|PCIE\d*|HBM\d*e?|GDDR\d*X?", re.IGNORECASE)
+
+
 def family(gpu: str) -> str:
-    """GPU architecture family of a NeuSight GPU folder name (``A100``, ``V100`` ...), for leave-one-out."""
-    for fam in ("A100", "V100", "H100", "L4", "T4", "P100", "P4"):
-        if fam in gpu:
-            return fam
+    """GPU family of a NeuSight GPU folder name, for leave-one-out: its model number, the first ``_`` / ``-`` /
+    space separated word that is one, in capitals (``NVIDIA_A100-PCIE-40GB`` and ``NVIDIA_A100_80GB_PCIe``:
+    ``A100``; ``NVIDIA_L40S``: ``L40S``, not the L4's family). A whole word, never a part of one; a name without a
+    model number is its own family."""
+    for word in re.split(r"[\s_-]+", gpu):
+        if _MODEL.fullmatch(word) and not _NOT_MODEL.fullmatch(word):
+            return word.upper()
     return gpu
