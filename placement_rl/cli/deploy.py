@@ -98,6 +98,16 @@ def describe_plan(plan) -> str:
     return f"{plan.num_stages} stages ({width}) = {plan.world_size} processes"
 
 
+def run_mode(plan) -> str:
+    """How a stage plan's micro-batches run, for the line announcing it: ``1f1b, 4 micro-batches``; one stage has no
+    pipeline schedule (``1 micro-batch, no pipeline schedule``; several micro-batches accumulate gradients)."""
+    m = int(plan.num_microbatches)
+    count = f"{m} micro-batch{'es' if m != 1 else ''}"
+    if plan.num_stages > 1:
+        return f"{plan.schedule}, {count}"
+    return f"{count}{', gradients accumulated' if m > 1 else ''}, no pipeline schedule"
+
+
 def _model(graph: CompGraph) -> tuple[str, dict]:
     zoo_name = graph.meta.get("zoo")
     if not zoo_name and graph.meta.get("hf"):
@@ -221,15 +231,16 @@ def choose_topology(cfg: DictConfig, plan_data: Mapping[str, Any], overrides: li
 
 
 def plan_layout(plan, graph: CompGraph, topology) -> dict[str, Any]:
-    """What a stage plan runs, for ``deploy.json``: schedule, micro-batches, batch, sharding, DP / TP degrees,
-    recomputation, sequence parallelism, the stages' devices (by name) and sizes (nodes), each rank's plan device."""
+    """What a stage plan runs, for ``deploy.json``: schedule (None for one stage: no pipeline), micro-batches, batch,
+    sharding, DP / TP degrees, recomputation, sequence parallelism, the stages' devices (by name) and sizes (nodes),
+    each rank's plan device."""
     import numpy as np
 
     from placement_rl.executor._mesh import parallel_dims, rank_devices
     from placement_rl.plans import graph_batch_size
 
     names = topology.device_names
-    return {"schedule": plan.schedule, "num_microbatches": int(plan.num_microbatches),
+    return {"schedule": plan.schedule if plan.num_stages > 1 else None, "num_microbatches": int(plan.num_microbatches),
             "batch_size": plan.batch_size if plan.batch_size is not None else graph_batch_size(graph),
             "graph_batch_size": graph_batch_size(graph), "sharding": plan.sharding, "dp": list(plan.dp_degrees),
             "tp": list(plan.tp), "recompute": list(plan.recompute), "sequence_parallel": plan.sequence_parallel,
@@ -336,8 +347,7 @@ def run(cfg: DictConfig) -> dict:
         from placement_rl.executor.distributed import (DeploySpec, build_torchrun_command, collect_results,
                                                        launch_local, prepare_job)
 
-        print(f"deploying {describe_plan(plan)} ({plan.schedule}, {plan.num_microbatches} micro-batches"
-              f"{f' over {nnodes} nodes' if nnodes > 1 else ''}) ...")
+        print(f"deploying {describe_plan(plan)} ({run_mode(plan)}{f' over {nnodes} nodes' if nnodes > 1 else ''}) ...")
         spec = DeploySpec(plan=plan, graph=graph, model=model, overrides=overrides, topology=topology,
                           precision=priced)
         # one node: a temporary job directory, kept after a failure (the error names the ranks' logs in it)

@@ -74,7 +74,7 @@ class DeployResult:
     world_size: int
     dp: int
     pp: int
-    schedule: str
+    schedule: str | None  # the pipeline schedule that ran; None: one stage, no pipeline (a plain loop)
     backend: str
     tied_parameters: tuple[str, ...]
     ranks: tuple[Mapping[str, Any], ...]

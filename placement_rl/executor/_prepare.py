@@ -12,14 +12,15 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
-from torch import nn
+from torch import fx, nn
 
 from placement_rl.errors import ConfigError, ExecutionError, PlanError
 from placement_rl.executor._deploy_types import DeploySpec
 from placement_rl.executor._mesh import ParallelDims, parallel_dims
-from placement_rl.executor._stages import (assign_stages, check_autograd_functions, check_static_shapes,
-                                           check_unused_parameters, crossing_values, export_step, op_modules,
-                                           param_aliases, program_module, split_stages, tied_parameters, value_meta)
+from placement_rl.executor._stages import (align_programs, assign_stages, check_autograd_functions,
+                                           check_static_shapes, check_unused_parameters, crossing_values, export_step,
+                                           op_modules, param_aliases, plan_node_stages, program_module, split_stages,
+                                           tied_parameters, value_meta)
 from placement_rl.executor._tp_checks import check_logits, check_sequence, check_ties, sequence_parallel_names
 from placement_rl.graph.io import atomic_write_text
 from placement_rl.graph.ir import CompGraph
@@ -81,6 +82,35 @@ def check_memory(plan: StagePlan, graph: CompGraph, topology: DeviceTopology) ->
                         f"{more}; use sharding fsdp, more stages or more micro-batches")
 
 
+def program_names(module: nn.Module, batch: Sequence[torch.Tensor], gm: fx.GraphModule, graph: CompGraph,
+                  dims: ParallelDims) -> dict[str, str | None]:
+    """Graph node name -> the micro-batch program ``gm``'s node name where they differ (None: an op without compute
+    of its own that the export at micro-batch size 1 folded away, ``_stages.align_programs``); empty when they agree
+    or the graph is not this model's (``assign_stages`` says so). A folded op frees its name, which the later ops of
+    its kind take, so the graph's names are realigned when one of them is missing. ``PlanError`` naming the cause and
+    the fix when the micro-batch export changed the program otherwise."""
+    size = int(batch[0].shape[0])
+    micro = size // (dims.dp * dims.num_microbatches)
+    wanted = set(plan_node_stages(graph, np.zeros(graph.num_nodes, dtype=np.int64)))
+    if micro == size or wanted <= {n.name for n in gm.graph.nodes}:
+        return {}
+    ref = program_module(export_step(module, batch))  # at the whole batch, as the graph was captured
+    if not wanted <= {n.name for n in ref.graph.nodes}:
+        return {}
+    names, odd = align_programs(ref, gm)
+    if odd is not None:
+        raise PlanError(f"exporting the model at micro-batch size {micro} (batch {size} / (DP {dims.dp} x "
+                        f"{dims.num_microbatches} micro-batches)) changes its program at '{odd.name}' ({odd.target}), "
+                        f"so graph '{graph.name}' does not describe what would run; use a plan whose micro-batch holds "
+                        f"{'2 or more samples' if micro == 1 else 'another number of samples'}")
+    return {k: v for k, v in names.items() if k != v}
+
+
+def _renamed(names: Sequence[str], rename: Mapping[str, str | None]) -> list[str]:
+    """Graph node ``names`` as the program names them (:func:`program_names`), the ops it folded away left out."""
+    return [rename.get(m, m) for m in names if rename.get(m, m) is not None]
+
+
 def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
     """Validate one plan against its model and write its part directory; return its DP x PP layout."""
     plan, graph = spec.plan, spec.graph
@@ -127,7 +157,8 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
     if unused:
         raise PlanError(unused)
     gm = program_module(ep)
-    stage_map = assign_stages(gm, graph, plan.stage_of_node)
+    rename = program_names(module, batch, gm, graph, dims)  # graph names -> gm's where its export folded ops away
+    stage_map = assign_stages(gm, graph, plan.stage_of_node, rename)
     imports = op_modules(gm)  # the modules defining its custom ops, imported by each rank before it loads the program
     tp_kinds: dict[str, str] = {}
     tp_vocab: list[int] = []  # [vocabulary, padded] when a TP plan pads it (Megatron's make_vocab_size_divisible_by)
@@ -137,15 +168,16 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
         from placement_rl.executor._tp_region import check_program, node_kinds
         from placement_rl.graph import tp as tpmod
 
-        tp_kinds = node_kinds(graph)
+        graph_kinds = node_kinds(graph)
+        tp_kinds = {rename.get(k, k): v for k, v in graph_kinds.items() if rename.get(k, k) is not None}
         vocab = tpmod.annotation(graph).vocab
         if vocab:
             tp_vocab = [int(vocab), tpmod.padded_vocab(int(vocab), dims.tp, plan.make_vocab_size_divisible_by)]
         check_program(gm, tp_kinds, dims.tp, stage_map, vocab=tuple(tp_vocab) or None)
         check_logits(gm, tp_kinds)
-        check_ties(graph, tp_kinds)
+        check_ties(graph, graph_kinds)
         if plan.sequence_parallel:
-            tp_seq_norms, tp_seq_values = sequence_parallel_names(graph)
+            tp_seq_norms, tp_seq_values = (_renamed(x, rename) for x in sequence_parallel_names(graph))
             check_sequence(gm, tp_seq_values, dims.tp)
     from placement_rl.executor._recompute import regions_of
 
@@ -172,7 +204,7 @@ def prepare_part(spec: DeploySpec, *, part_dir: Path) -> ParallelDims:
         "dims": asdict(dims), "stage_map": stage_map, "param_aliases": aliases, "op_modules": imports,
         "value_meta": {v: metas[v] for v in crossing if v in metas}, "batch_size": size, "tp_kinds": tp_kinds,
         "tp_vocab": tp_vocab, "tp_seq_norms": tp_seq_norms, "tp_seq_values": tp_seq_values,
-        "recompute_regions": regions_of(plan, graph),
+        "recompute_regions": {s: [_renamed(r, rename) for r in rs] for s, rs in regions_of(plan, graph).items()},
         "tied": {k: list(v) for k, v in tied_parameters(splits).items()},
         "plan": plan.to_dict(graph), "model": {"zoo": spec.model, "overrides": dict(spec.overrides or {})}}, indent=1))
     return dims

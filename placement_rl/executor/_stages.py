@@ -3,7 +3,9 @@
 The model's ``forward(*inputs)`` returns the scalar loss (the zoo convention), so its exported program
 is a whole training step's forward. ``ep.module()`` keeps the node names of the program that
 ``placement_rl.graph.capture`` turned into a ``CompGraph``; a plan's ``stage_of_node`` therefore maps
-(through ``graph.members`` after coarsening) to those fx nodes. Nodes the captured graph left out
+(through ``graph.members`` after coarsening) to those fx nodes; an export at micro-batch size 1 may fold ops
+without compute of their own, which shifts the names of the later ops of their kinds, so :func:`align_programs`
+pairs the two programs' nodes and :func:`assign_stages` takes the renaming. Nodes the captured graph left out
 (e.g. ``getitem`` or in-place buffer updates) join the latest stage among their producers (or, having
 none, the earliest stage among their consumers), so no tensor is shipped needlessly.
 
@@ -27,7 +29,7 @@ import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -253,10 +255,49 @@ def interpreted_region(gm: fx.GraphModule, names: Sequence[str]) -> str | None:
     return None
 
 
-def assign_stages(gm: fx.GraphModule, graph: CompGraph, stage_of_node: np.ndarray) -> dict[str, int]:
-    """Stage of every compute node of ``gm``; ``PlanError`` if the plan and the program disagree."""
-    named = plan_node_stages(graph, stage_of_node)
-    compute = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+COMPUTE = ("call_function", "call_method", "call_module")
+NO_COMPUTE = ("aten.expand.", "aten.expand_as.", "aten.contiguous.", "aten.clone.", "aten.alias.", "aten.view.",
+              "aten._unsafe_view.", "aten.reshape.", "aten.squeeze.", "aten.unsqueeze.", "aten.flatten.",
+              "aten.detach.")  # ops without compute or parameters of their own: an export may fold them away
+
+
+def align_programs(ref: fx.GraphModule, got: fx.GraphModule) -> tuple[dict[str, str | None], fx.Node | None]:
+    """Pair the compute nodes of ``ref`` with those of ``got``, the same model exported at another batch size (at
+    micro-batch size 1 an export folds the ops that size-1 dims make no-ops, and later ops of their kinds take the
+    freed names). Returns ``(ref name -> got name, or None for an op got folded away; None)`` when ``got`` is ``ref``
+    less :data:`NO_COMPUTE` ops (every other op in the same order, reading the paired inputs), else ``({}, the first
+    node without a counterpart)``."""
+    inputs = {n.name: n for n in got.graph.nodes if n.op not in COMPUTE}
+    pair: dict[fx.Node, fx.Node] = {}
+    todo = iter([n for n in got.graph.nodes if n.op in COMPUTE])
+    nxt = next(todo, None)
+    names: dict[str, str | None] = {}
+    for n in ref.graph.nodes:
+        if n.op == "output":
+            continue
+        if n.op not in COMPUTE:
+            if n.name not in inputs:
+                return {}, n
+            pair[n] = inputs[n.name]
+            continue
+        want = list(dict.fromkeys(pair[a] for a in n.all_input_nodes))
+        if nxt is not None and nxt.target == n.target and nxt.all_input_nodes == want:
+            pair[n], names[n.name], nxt = nxt, nxt.name, next(todo, None)
+        elif str(n.target).startswith(NO_COMPUTE) and n.args and isinstance(n.args[0], fx.Node):
+            pair[n], names[n.name] = pair[n.args[0]], None
+        else:
+            return {}, n
+    return ({}, nxt) if nxt is not None else (names, None)
+
+
+def assign_stages(gm: fx.GraphModule, graph: CompGraph, stage_of_node: np.ndarray,
+                  rename: Mapping[str, str | None] | None = None) -> dict[str, int]:
+    """Stage of every compute node of ``gm``; ``PlanError`` if the plan and the program disagree. ``rename``: graph
+    node name -> ``gm``'s name where they differ (None: an op ``gm``'s export folded away; :func:`align_programs`)."""
+    rename = rename or {}
+    named = {rename.get(k, k): s for k, s in plan_node_stages(graph, stage_of_node).items()
+             if rename.get(k, k) is not None}
+    compute = [n for n in gm.graph.nodes if n.op in COMPUTE]
     have = {n.name for n in compute}
     missing = [m for m in named if m not in have]
     region = interpreted_region(gm, missing)

@@ -9,7 +9,9 @@ Flow (everything that can be wrong is checked before a process starts)::
                     batch checks                          (dp x num_microbatches divide the batch)
                     memory check with a topology          (the cost model's memory rule; device and bytes named)
                     torch.export at micro-batch size; assign_stages(program, graph, plan)
-                                                          (every plan node in the program, contiguous stages)
+                                                          (every plan node in the program, contiguous stages;
+                                                          names realigned past the ops without compute that an
+                                                          export at micro-batch size 1 folds, _prepare.program_names)
                     no custom autograd.Function (its backward would not run), the modules defining custom ops
                     (each rank imports them), static shapes in a pipeline, no in-place write into a value
                     received with its alias (a received value a stage writes into is copied first)
@@ -157,9 +159,9 @@ def _collect_part(part_dir: Path, *, backend: str, collect_grads: bool, wall_tim
                         optimizer_time=float(statistics.median(opt.tolist())), batch_size=part["batch_size"],
                         losses=losses, peak_memory_bytes=int(peak["peak_memory_bytes"]),
                         memory_kind=peak["memory_kind"], world_size=dims.world_size, dp=dims.dp, pp=dims.pp,
-                        schedule=dims.schedule, backend=backend, tied_parameters=tuple(sorted(part["tied"])),
-                        ranks=tuple(ranks), wall_time=wall_time, grads=grads, sharding=dims.sharding, tp=dims.tp,
-                        precision=dict(precision))
+                        schedule=None if dims.plain else dims.schedule, backend=backend,
+                        tied_parameters=tuple(sorted(part["tied"])), ranks=tuple(ranks), wall_time=wall_time,
+                        grads=grads, sharding=dims.sharding, tp=dims.tp, precision=dict(precision))
 
 
 def collect_results(job_dir: str | Path, *, wall_time: float = 0.0) -> list[DeployResult]:

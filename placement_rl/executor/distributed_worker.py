@@ -30,11 +30,11 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from placement_rl.executor._mesh import cuda_binding
+from placement_rl.executor._mesh import ParallelDims, cuda_binding
 from placement_rl.executor._runner import PartRunner
 
 FAULT_ENV = "PLACEMENT_RL_FAULT"
-DROPOUT_SEED = 20240917  # the first seed of a replica's dropout stream (replica d: DROPOUT_SEED + d)
+DROPOUT_SEED = 20240917  # the first seed of the dropout streams (:func:`dropout_seed`)
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -77,6 +77,17 @@ def init_distributed(backend: str, timeout_s: float, device_kind: str,
     return rank, world, device
 
 
+def dropout_seed(dims: ParallelDims, rank: int) -> int:
+    """The seed of ``rank``'s dropout stream: one per (DP replica, pipeline rank), shared by the ranks of a TP group.
+
+    Each pipeline rank draws its own masks (Megatron offsets the seed per pipeline rank: stages seeded alike drop
+    the same elements of same-shaped activations). A TP group shares its stream, so the replicated regions drop the
+    same elements on every TP rank and their parameters' gradients stay equal (Megatron's rule); a region on local
+    shards draws per TP rank from it (``_tp.rank_stream``)."""
+    dp_rank, pp_rank = dims.coords(rank)
+    return DROPOUT_SEED + dp_rank * dims.pp + pp_rank
+
+
 def _fault(rank: int) -> None:
     spec = os.environ.get(FAULT_ENV, "")
     if not spec:
@@ -96,10 +107,9 @@ def train(cfg: dict[str, Any], part_dir: Path, *, rank: int, device: torch.devic
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     run = PartRunner(cfg, part_dir, rank=rank, device=device, precision=precision)
-    # dropout: the ranks of one model replica (its TP group and pipeline stages) draw from one stream, so the
-    # replicated regions of a TP group drop the same elements and their parameters' gradients stay equal on every
-    # TP rank (Megatron's rule); DP replicas draw their own (each rank's stream started where its build left it)
-    torch.manual_seed(DROPOUT_SEED + run.dp_rank)
+    # dropout: a stream per DP replica and pipeline rank, shared by a TP group (:func:`dropout_seed`); seeded after
+    # the build, whose draws differ between the ranks
+    torch.manual_seed(dropout_seed(run.dims, rank))
     progress.mark(f"{part_dir.name} built")
     timings, losses = [], []
     grads: dict[str, torch.Tensor] = {}
@@ -119,9 +129,9 @@ def train(cfg: dict[str, Any], part_dir: Path, *, rank: int, device: torch.devic
         torch.save(grads, part_dir / "result" / f"rank{rank}_grads.pt")
     peak, kind = run.peak_memory()
     step_times = [t.wall for t in timings]
-    return {"rank": rank, "dp_rank": run.dp_rank, "pp_rank": run.dims.coords(rank)[1], "tp_rank": run.dims.tp_rank(rank),
-            "stages": [sp.index for sp in run.splits], "device": str(device), "plan_device": plan_device,
-            "step_times": step_times,
+    return {"rank": rank, "dp_rank": run.dp_rank, "pp_rank": run.dims.coords(rank)[1],
+            "tp_rank": run.dims.tp_rank(rank), "stages": [sp.index for sp in run.splits], "device": str(device),
+            "plan_device": plan_device, "step_times": step_times,
             "optimizer_times": [t.optimizer for t in timings], "cpu_times": [t.cpu for t in timings],
             "median_step_time": statistics.median(step_times) if step_times else None,
             "losses": losses, "peak_memory_bytes": peak, "memory_kind": kind,
