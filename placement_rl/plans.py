@@ -174,6 +174,9 @@ class StagePlan:
                             f"{n} nodes")
         if s == 0:
             raise PlanError("stage plan has no stages: 'stage_devices' is empty")
+        if s > n:
+            raise PlanError(f"stage plan has {s} stages for {n} nodes of graph '{graph.name}': every stage needs a "
+                            f"node, so use at most {n} stages")
         if self.stage_of_node.min() < 0 or self.stage_of_node.max() >= s:
             i = int(np.flatnonzero((self.stage_of_node < 0) | (self.stage_of_node >= s))[0])
             raise PlanError(f"node '{graph.names[i]}' is in stage {self.stage_of_node[i]}, but the plan has "

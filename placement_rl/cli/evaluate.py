@@ -219,7 +219,7 @@ def run(cfg: DictConfig) -> list[Row]:
         if cfg.plan:  # a plan brings its graph (graph.json beside it), topology preset and mode unless told otherwise
             from placement_rl.cli.given import (load_given, plan_graph, plan_mode, plan_objective, plan_topology,
                                                  task_overrides)
-            from placement_rl.plan_files import read_plan_file
+            from placement_rl.plan_files import naming_file, read_plan_file
 
             data, overrides = read_plan_file(str(cfg.plan)), task_overrides()
             graph = plan_graph(cfg, str(cfg.plan), overrides)
@@ -236,7 +236,8 @@ def run(cfg: DictConfig) -> list[Row]:
         graph, costs = build_costs({"costs": cfg.get("costs"), "mode": mode}, graph, topology)
         if cfg.plan:
             plan = load_given(str(cfg.plan), data, graph, topology, line, verb="evaluate")
-            extra = (plan, priced(graph, costs, topology, plan, objective=objective))
+            with naming_file(str(cfg.plan)):  # what only pricing refuses (zb1p, interleaved rules) names the file too
+                extra = (plan, priced(graph, costs, topology, plan, objective=objective))
         rows = compare(graph, costs, topology, budget=budget, seed=seed, case=case, placers=placers,
                        partitioners=parts, num_microbatches=int(cfg.num_microbatches), objective=objective,
                        seconds=seconds, progress=bool(cfg.progress))

@@ -3,6 +3,13 @@
 ``schedule_order(S, m, sched, sgroup, G)`` runs once per plan layout: it lists every op (kind 0 = forward,
 1 = backward; stage; micro-batch; device group) in an order that respects each group's schedule (GPipe, 1F1B,
 interleaved 1F1B) and every dependency, so ``_pipe_kernel.simulate_pipe`` times the ops in one pass.
+
+Interleaved 1F1B (v chunks per group): group g warms up with ``min(2 (G - g - 1) + (v - 1) G, m v)`` forwards, then
+alternates one forward and one backward, then drains its backwards. That is torch's ``ScheduleInterleaved1F1B``
+(what ``deploy`` runs) and Megatron-LM's order at its default micro-batch group size per virtual stage (G), which
+every Megatron-LM that takes ``export``'s ``--pipeline-model-parallel-layout`` (core 0.13 on) uses. Older Megatron-LM
+releases ran every forward first when ``m == G`` (all ``m v`` chunk-micro-batches held at once on every group): more
+activations at the peak than this order, whose later groups start their backwards sooner.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ Model (pure and deterministic), for S stages, m micro-batches, stage s on a devi
   overlap with compute.
 * Schedules, simulated event by event so that unequal stages are right: ``gpipe`` (all forwards, then all
   backwards), ``1f1b`` (S-s-1 warm-up forwards, then one forward / one backward, then the rest of the
-  backwards), ``interleaved1f1b`` (Megatron's interleaved order: virtual stage k runs on device group
-  ``k mod G``; needs S and m divisible by the number of groups G).
+  backwards), ``interleaved1f1b`` (torch's and Megatron-LM's interleaved order, see ``_pipe_schedule``: virtual
+  stage k runs on device group ``k mod G``; needs S and m divisible by the number of groups G).
 * Data parallelism, ``plan.sharding == "dp"`` (DDP): during the last micro-batch's backward (gradient
   accumulation skips the sync before it, as ``no_sync`` does) a stage's gradients fill buckets of
   ``BUCKET_BYTES`` (25 MiB, DDP's default) in reverse topological order; a bucket is all-reduced when the
@@ -57,8 +57,12 @@ Model (pure and deterministic), for S stages, m micro-batches, stage s on a devi
   (``meta["tied_allreduce_time"]``, in ``comm_time`` and the timeline; ``meta["tied_copy_bytes"]`` per stage).
   The parameter counts once in the graph and in op-level ``simulate``.
 * ``meta``: per-stage forward/backward time per micro-batch, end, collective time (``allreduce_time``:
-  DDP bucket all-reduces, or FSDP all-gathers + reduce-scatters over the step), the bubble fraction
-  ``1 - mean over groups of compute busy time / step_time``, and ``cost_batch_size`` (None: whole batch).
+  DDP bucket all-reduces, or FSDP all-gathers + reduce-scatters over the step), TP collective time
+  (``tp_comm_time``: a TP stage's blocking all-reduces over the step, inside its forward / backward times), the
+  bubble fraction ``1 - mean over groups of busy time / step_time``, and ``cost_batch_size`` (None: whole batch).
+* ``SimResult.device_busy``: a device's forward and backward spans over the step less its TP collectives (an FSDP
+  stage's exposed gathers stay in its spans); ``comm_time``: the pipeline transfers, DP / FSDP collectives and tied
+  all-reduces, summed (the TP collectives are apart, in ``meta["tp_comm_time"]``).
 
 Not modelled: slowdown of compute by concurrent communication (shared SMs / memory bandwidth), DDP's
 first-iteration bucket rebuild and its bucket memory copy, FSDP's CPU-side overhead per unit, the
@@ -291,22 +295,25 @@ class PipelineSimulator(TensorParallel, TiedParameters):
         else:
             rec = self._no_rec
         lay, out, out_stage, out_group, tie_sync, tie_copy = self._simulate(plan, rec)
+        tp_comm = self.tp_comm_time(plan, self.mode == "train") if plan.uses_tp else np.zeros(plan.num_stages)
+        compute = out_group[1] - np.bincount(lay.sgroup, weights=tp_comm, minlength=lay.num_groups)
         busy, mem = np.zeros(self.topology.num_devices), np.zeros(self.topology.num_devices)
-        busy[lay.device_idx] = out_group[1, lay.device_group]
+        busy[lay.device_idx] = compute[lay.device_group]
         mem[lay.device_idx] = out_group[0, lay.device_group]
         if plan.uses_tp:  # every rank of a TP group reports its first's (the one the kernel timed, at the group's pace)
             for s in range(plan.num_stages):
                 for grp in plan.tp_groups(s):
                     busy[list(grp)], mem[list(grp)] = busy[grp[0]], mem[grp[0]]
         step = float(out[0])
-        bubble = 1.0 - float(out_group[1].mean()) / step if step > 0 else 0.0
+        bubble = 1.0 - float(compute.mean()) / step if step > 0 else 0.0
         st = out_stage
         meta = {"schedule": plan.schedule, "num_microbatches": int(plan.num_microbatches),
                 "stage_fwd_time": st[0].tolist(), "stage_bwd_time": st[1].tolist(),
                 "stage_end": st[2].tolist(), "stage_last_backward": st[3].tolist(),
                 "allreduce_time": st[4].tolist(), "microbatch_bytes": st[5].tolist(),
                 "bubble_fraction": bubble, "cost_batch_size": self.cost_batch_size, "link_time": st[6].tolist(),
-                "cost_source": self._source, "sharding": plan.sharding, "tp": list(plan.tp), "mode": self.mode}
+                "cost_source": self._source, "sharding": plan.sharding, "tp": list(plan.tp), "mode": self.mode,
+                "tp_comm_time": tp_comm.tolist()}
         if self._ties:
             meta["tied_allreduce_time"] = sum(end - start for start, end, _ in tie_sync)
             meta["tied_copy_bytes"] = tie_copy.tolist()

@@ -25,12 +25,9 @@ class TensorParallel:
         key = (t, divisible_by, bool(sequence_parallel))
         if key not in self._tp:
             from placement_rl.cost.tensor_parallel import tp_cost_table
-            from placement_rl.graph.tp import annotation
 
-            if self._tp_ann is None:
-                self._tp_ann = annotation(self.graph)
-            c, shard = tp_cost_table(self.graph, self.costs, self.topology, t, self._tp_ann, divisible_by=divisible_by,
-                                     sequence_parallel=sequence_parallel)
+            c, shard = tp_cost_table(self.graph, self.costs, self.topology, t, self._annotation(),
+                                     divisible_by=divisible_by, sequence_parallel=sequence_parallel)
             ff, fb = np.minimum(c.launch_overhead, c.fwd_time), np.minimum(c.launch_overhead, c.bwd_time)
             self._tp[key] = ((c.fwd_time - ff).T.copy(), ff.T.copy(), (c.bwd_time - fb).T.copy(), fb.T.copy(),
                              np.array(shard.param_bytes), np.array(shard.act_bytes))
@@ -42,14 +39,19 @@ class TensorParallel:
         variable (shrinks with micro-batches and replicas) and fixed node times, per-rank sizes, and the TP
         all-reduce bytes per node at the whole batch (zero at ``tp = 1``; with ``sequence_parallel`` each is a
         reduce-scatter plus an all-gather of those bytes). For planners; read-only."""
+        ann = self._annotation()
+        if tp == 1:
+            z = np.zeros(self.graph.num_nodes)
+            return (*self._graph_arrays[3:], *self._size_arrays[:2], z, z)
+        return (*self._tp_arrays(tp, divisible_by, sequence_parallel), ann.ar_fwd, ann.ar_bwd)
+
+    def _annotation(self):
+        """The graph's TP annotation (``graph.tp.annotation``), looked up once."""
         if self._tp_ann is None:
             from placement_rl.graph.tp import annotation
 
             self._tp_ann = annotation(self.graph)
-        if tp == 1:
-            z = np.zeros(self.graph.num_nodes)
-            return (*self._graph_arrays[3:], *self._size_arrays[:2], z, z)
-        return (*self._tp_arrays(tp, divisible_by, sequence_parallel), self._tp_ann.ar_fwd, self._tp_ann.ar_bwd)
+        return self._tp_ann
 
     def _tp_collective(self, groups: tuple) -> tuple[np.ndarray, np.ndarray]:
         """Segment tables of an all-reduce over a stage's TP groups (or over one group of devices), forward and
@@ -93,34 +95,61 @@ class TensorParallel:
         return links
 
     def _tp_plan(self, plan: StagePlan) -> tuple[StagePlan, tuple]:
-        """The plan the kernel times (each stage on its first DP group) and the node arrays with TP applied."""
+        """The plan the kernel times (each stage on its first DP group) and the node arrays with TP applied: a TP
+        stage's nodes at one rank's cost, their TP collectives added to their fixed times."""
         plan.validate(self.graph, self.topology)
-        from placement_rl.cost.tensor_parallel import segment_times
-
         fvar, ffix, bvar, bfix = (self._graph_arrays[k].copy() for k in (3, 4, 5, 6))
         param, act = self._size_arrays[0].copy(), self._size_arrays[1].copy()
-        m = int(plan.num_microbatches)
-        for s, (t, p) in enumerate(zip(plan.tp, plan.dp_degrees)):
+        for s, t in enumerate(plan.tp):
             if t == 1:
                 continue
             nodes = np.flatnonzero(plan.stage_of_node == s)
             a = self._tp_arrays(t, plan.make_vocab_size_divisible_by, plan.sequence_parallel)
             fvar[:, nodes], ffix[:, nodes], bvar[:, nodes], bfix[:, nodes] = (x[:, nodes] for x in a[:4])
             param[nodes], act[nodes] = a[4][nodes], a[5][nodes]
-            tab_f, tab_b = self._tp_collective(plan.tp_groups(s))
-            ann = self._tp_ann
-            if plan.sequence_parallel:  # Megatron-SP: each all-reduce becomes a reduce-scatter and an all-gather
-                tab_f, tab_b = self._sp_collective(plan.tp_groups(s))
-                for tab in (tab_f, tab_b):
-                    ffix[:, nodes] += segment_times(tab, ann.ar_fwd[nodes] / (m * p))[None, :]
-                    bfix[:, nodes] += segment_times(tab, ann.ar_bwd[nodes] / (m * p))[None, :]
-                continue
-            ffix[:, nodes] += segment_times(tab_f, ann.ar_fwd[nodes] / (m * p))[None, :]
-            bfix[:, nodes] += segment_times(tab_b, ann.ar_bwd[nodes] / (m * p))[None, :]
+            for f, b in self._tp_node_comm(plan, s, nodes):
+                ffix[:, nodes] += f[None, :]
+                bfix[:, nodes] += b[None, :]
         groups = tuple(plan.dp_groups(s)[0] for s in range(plan.num_stages))
         kernel_plan = dataclasses.replace(plan, stage_devices=groups, tp=(), sequence_parallel=False)  # priced above
         arrays = (*self._graph_arrays[:3], fvar, ffix, bvar, bfix)
         return kernel_plan, (arrays, (param, act, *self._tp_links(plan)))
+
+    def _tp_node_comm(self, plan: StagePlan, s: int, nodes: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per collective kind of TP stage ``s`` (an all-reduce; with sequence parallelism, Megatron-SP, a
+        reduce-scatter and an all-gather of the same bytes), the seconds it takes on each of ``nodes`` per
+        micro-batch, forward and backward: at the micro-batch's bytes ``bytes / (m x dp)``, over the stage's TP
+        groups (the slowest sets it)."""
+        from placement_rl.cost.tensor_parallel import segment_times
+
+        ann, groups = self._annotation(), plan.tp_groups(s)
+        tabs = self._sp_collective(groups) if plan.sequence_parallel else self._tp_collective(groups)[:1]
+        per = int(plan.num_microbatches) * plan.dp_degrees[s]
+        return [(segment_times(tab, ann.ar_fwd[nodes] / per), segment_times(tab, ann.ar_bwd[nodes] / per))
+                for tab in tabs]
+
+    def tp_comm_time(self, plan: StagePlan, train: bool = True) -> np.ndarray:
+        """float [S]: the seconds each stage spends in its blocking TP collectives over the step -- every
+        micro-batch's forward ones and, in training, its backward ones plus, for the nodes activation recomputation
+        runs again, their forward ones once more (0 for a stage without TP). The kernel times them inside the
+        nodes' forward / backward (``_tp_plan``); ``run`` reports them as ``meta["tp_comm_time"]``, not as busy
+        compute."""
+        n = self.graph.num_nodes
+        fwd, bwd = np.zeros(n), np.zeros(n)
+        for s, t in enumerate(plan.tp):
+            if t > 1:
+                nodes = np.flatnonzero(plan.stage_of_node == s)
+                for f, b in self._tp_node_comm(plan, s, nodes):
+                    fwd[nodes] += f
+                    bwd[nodes] += b
+        if not train:
+            bwd[:] = 0.0
+        elif any(r != "none" for r in plan.recompute):  # the repeated forward's collectives, as the kernel has them
+            z = np.zeros((1, n))
+            bwd = self._recompute(plan, (*self._graph_arrays[:3], z, fwd[None, :], z, bwd[None, :]),
+                                  self._size_arrays)[0][6][0]
+        per_node = int(plan.num_microbatches) * (fwd + bwd)
+        return np.bincount(plan.stage_of_node, weights=per_node, minlength=plan.num_stages)
 
 
 def _pace_tp_groups(plan: StagePlan, graph_arrays: tuple, ratio: float) -> None:
