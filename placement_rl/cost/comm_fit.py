@@ -53,8 +53,12 @@ def evaluate_fit(entry: dict[str, Any], nbytes: np.ndarray | float) -> np.ndarra
 def _tail_slope(entry: dict[str, Any]) -> float:
     """Seconds per byte above the largest knot: the curve's slope over its last octave (that octave's bandwidth).
     Where that is not positive (the time falls at a protocol switch inside the last octave, or a fit written
-    before the curves rose), the largest size's own time per byte, so time keeps growing with the bytes."""
+    before the curves rose), the largest size's own time per byte, so time keeps growing with the bytes. A p2p
+    series keeps its last segment's slope, floored at 0 (the rule the links' published figures were measured
+    with; no shipped p2p series ends falling)."""
     k, c = np.asarray(entry["log2_bytes"]), np.asarray(entry["log_seconds"])
+    if entry.get("kind") == "p2p":  # the links keep the rule their published figures were measured with
+        return max((np.exp(c[-1]) - np.exp(c[-2])) / (2.0 ** k[-1] - 2.0 ** k[-2]), 0.0)
     half = max(k[-1] - 1.0, k[0])
     top = np.exp(c[-1])
     slope = (top - np.exp(np.interp(half, k, c))) / (2.0 ** k[-1] - 2.0 ** half) if k[-1] > half else 0.0

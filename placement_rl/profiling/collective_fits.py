@@ -104,7 +104,10 @@ def _rising_fit(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def fit_series(s: Series, step: float = KNOT_STEP) -> dict[str, Any]:
     """Knots ``log2(bytes)`` and fitted ``log(seconds)`` of one series: a non-decreasing piecewise-linear curve per
     regime, regimes split where the table switches protocol (``_steps``), so a switch is a step, not a ramp (where
-    NCCL measured the larger message faster, the time falls there, and nowhere else)."""
+    NCCL measured the larger message faster, the time falls there, and nowhere else). A ``p2p`` series keeps the
+    plain least-squares curve it had before the collectives' curves were made to rise: it prices every link of the
+    op-level simulator, whose published figures (the test split's pairs on measured systems) were measured with it,
+    and the rising fit scores the same on it (88% of rows within 10% against 88%)."""
     order = np.argsort(s.sizes, kind="stable")
     x = np.log2(s.sizes[order])
     y = np.log(s.times[order])
@@ -112,7 +115,7 @@ def fit_series(s: Series, step: float = KNOT_STEP) -> dict[str, Any]:
     ks, cs = [], []
     for a, b in zip(cuts[:-1], cuts[1:]):
         k, design, rhs = _hat_design(x[a:b], y[a:b], step)
-        c = _rising_fit(design, rhs)
+        c = np.linalg.lstsq(design, rhs, rcond=None)[0] if s.kind == "p2p" else _rising_fit(design, rhs)
         if ks and k[0] <= ks[-1][-1]:
             k, c = k[1:], c[1:]
         ks.append(k)
