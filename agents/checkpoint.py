@@ -86,9 +86,10 @@ def load_checkpoint(path: str | os.PathLike, *, expect_algo: str | None = None) 
     if data.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint '{p}' has format version {data.get('format_version')!r}; this release "
                               f"reads version {FORMAT_VERSION}")
+    if expect_algo is not None and isinstance(data.get("algo"), str) and data["algo"] != expect_algo:
+        # before the fields: another agent's checkpoint holds other fields, not a damaged file
+        raise CheckpointError(f"checkpoint '{p}' was trained with agent '{data['algo']}', not '{expect_algo}'")
     _check_fields(data, p)
-    if expect_algo is not None and data.get("algo") != expect_algo:
-        raise CheckpointError(f"checkpoint '{p}' was trained with agent '{data.get('algo')}', not '{expect_algo}'")
     return data
 
 

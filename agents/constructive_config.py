@@ -72,31 +72,32 @@ class ConstructiveConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for key in ("hidden", "layers", "samples", "tasks_per_iter", "ppo_epochs", "eval_every", "eval_samples"):
-            if int(getattr(self, key)) < 1:
-                raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)!r}")
-        for key in ("bc_epochs", "dagger_rounds", "rl_iters", "window", "full_window", "pi_rounds", "pi_epochs",
-                    "teacher_search", "clone_epochs", "pi_max_completions", "ei_rounds", "ei_epochs",
-                    "ei_search_budget", "ei_max_nodes"):
-            if int(getattr(self, key)) < 0:
-                raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)!r}")
-        if not float(self.regret_coef) >= 0:
-            raise ConfigError(f"regret_coef must be >= 0, got {self.regret_coef!r}")
-        if int(self.pi_label_every) < 1 or int(self.pi_max_nodes) < 1 or int(self.pi_max_labels) < 1:
-            raise ConfigError(f"pi_label_every and pi_max_nodes must be >= 1, got {self.pi_label_every!r}, "
-                              f"{self.pi_max_nodes!r}")
+        for keys, rule, ok in RANGES:
+            for key in keys:
+                if not ok(getattr(self, key)):
+                    raise FieldError(key, getattr(self, key), rule)
         if self.rl_algo not in RL_ALGOS:
-            raise ConfigError(f"rl_algo must be one of {', '.join(RL_ALGOS)}, got {self.rl_algo!r}")
-        if not float(self.pi_lr) >= 0:
-            raise ConfigError(f"pi_lr must be >= 0, got {self.pi_lr!r}")
-        if int(self.ft_search_rounds) < 0 or not float(self.ft_search_seconds) > 0:
-            raise ConfigError(f"ft_search_rounds must be >= 0 and ft_search_seconds > 0, got "
-                              f"{self.ft_search_rounds!r}, {self.ft_search_seconds!r}")
-        if not float(self.ei_lr) >= 0:
-            raise ConfigError(f"ei_lr must be >= 0, got {self.ei_lr!r}")
-        for key in ("lr", "rl_lr", "temperature", "clone_lr"):
-            if not float(getattr(self, key)) > 0:
-                raise ConfigError(f"{key} must be > 0, got {getattr(self, key)!r}")
+            raise FieldError("rl_algo", self.rl_algo, f"one of {', '.join(RL_ALGOS)}")
+
+
+class FieldError(ConfigError):
+    """A ``ConstructiveConfig`` field out of its range (``key must be <rule>, got <value>``), with ``key``,
+    ``value`` and ``rule`` apart: the command line names the key as it is typed there (``agent.<key>=<value>``)."""
+
+    def __init__(self, key: str, value: Any, rule: str) -> None:
+        super().__init__(f"{key} must be {rule}, got {value!r}")
+        self.key, self.value, self.rule = key, value, rule
+
+
+RANGES = (  # (fields, rule, check) of ``ConstructiveConfig``
+    (("hidden", "layers", "samples", "tasks_per_iter", "ppo_epochs", "eval_every", "eval_samples", "pi_label_every",
+      "pi_max_nodes", "pi_max_labels"), "an integer >= 1", lambda v: int(v) >= 1),
+    (("bc_epochs", "dagger_rounds", "rl_iters", "window", "full_window", "pi_rounds", "pi_epochs", "teacher_search",
+      "clone_epochs", "pi_max_completions", "ei_rounds", "ei_epochs", "ei_search_budget", "ei_max_nodes",
+      "ft_search_rounds"), "an integer >= 0", lambda v: int(v) >= 0),
+    (("regret_coef", "pi_lr", "ei_lr"), "a number >= 0", lambda v: float(v) >= 0),
+    (("lr", "rl_lr", "temperature", "clone_lr", "ft_search_seconds"), "a number > 0", lambda v: float(v) > 0),
+)
 
 
 def build_policy(cfg: ConstructiveConfig) -> DevicePolicy:
@@ -148,13 +149,16 @@ def checkpoint_drift(data: dict[str, Any]) -> list[str]:
 
 
 def drift_note(path: str | Path, drift: list[str]) -> str:
-    """One line saying how a checkpoint's code differs from this code's (empty when it does not)."""
+    """One line saying how a checkpoint's code differs from this code's, or that the checkpoint records no code
+    hashes to compare (``drift == ["provenance"]``); empty when neither."""
     if not drift:
         return ""
-    what = {"state_sha": "the state features", "cost_model_sha": "the cost model", "fits_sha": "the GPU fits",
-            "provenance": "no code hashes recorded"}
-    return (f"note: checkpoint '{path}' was trained with other code ({', '.join(what[k] for k in drift)} differ): "
-            f"its placements are valid, its figures may not be this release's (strict_checkpoint=true refuses it)")
+    what = {"state_sha": "the state features", "cost_model_sha": "the cost model", "fits_sha": "the GPU fits"}
+    head = (f"checkpoint '{path}' records no code hashes, so it may have been trained with other code"
+            if drift == ["provenance"] else
+            f"checkpoint '{path}' was trained with other code ({', '.join(what[k] for k in drift)} differ)")
+    return (f"note: {head}: its placements are valid, its figures may not be this release's "
+            "(strict_checkpoint=true refuses it)")
 
 
 def load_policy(path: str | Path, *, strict: bool = False,

@@ -27,8 +27,9 @@ def place_graph(graph: CompGraph, topology: DeviceTopology, costs: CostTable | N
     that fits memory of the greedy one and ``samples`` more (the first on slower views of the links, the rest
     drawn with ``seed``), as ``place`` gives them. ``costs`` default to ``resolve_costs(graph, topology)``;
     ``checkpoint`` to the shipped pretrained policy (``strict``: refuse one trained with other features or cost
-    model, else say so on stdout). ``meta`` holds ``step_time`` (seconds), ``feasible``, ``label`` (which
-    placement: greedy, a link view or a sample), ``greedy_step_time``, ``seconds`` and ``checkpoint``."""
+    model, else say so on stdout; one fine-tuned on another graph or cluster is said there too). ``meta`` holds
+    ``step_time`` (seconds), ``feasible``, ``label`` (which placement: greedy, a link view or a sample),
+    ``greedy_step_time``, ``seconds`` and ``checkpoint``."""
     from placement_rl.agents.constructive_config import default_checkpoint, load_policy
     from placement_rl.agents.constructive_eval import greedy_result, with_samples
     from placement_rl.cost import resolve_costs
@@ -41,9 +42,12 @@ def place_graph(graph: CompGraph, topology: DeviceTopology, costs: CostTable | N
     samples, seed = int(samples), int(seed)
     path = Path(checkpoint) if checkpoint is not None else default_checkpoint()
     try:
-        policy, _, _ = load_policy(path, strict=strict, log=print)
+        policy, _, data = load_policy(path, strict=strict, log=print)
     except CheckpointError as exc:  # the CLI's wording names its key: here the argument
         raise CheckpointError(str(exc).replace("drop strict_checkpoint", "pass strict=False")) from None
+    note = finetuned_note(path, data["config"].get("finetuned_on"), f"{graph.name}@{topology.name}")
+    if note:
+        print(note)
     costs = resolve_costs(graph, topology) if costs is None else costs
     task = ConstructiveTask.build(graph, topology, costs, teachers=False)
     res = greedy_result(policy, task)
@@ -53,3 +57,12 @@ def place_graph(graph: CompGraph, topology: DeviceTopology, costs: CostTable | N
         "step_time": res.best_time, "feasible": res.best_feasible, "label": res.best_label,
         "greedy_step_time": res.greedy_time, "seconds": res.greedy_seconds + res.sampled_seconds,
         "checkpoint": str(path)})
+
+
+def finetuned_note(path: str | Path, tuned: str | None, here: str) -> str:
+    """One line when the checkpoint at ``path`` was fine-tuned (``placement-rl train``) on ``tuned``, another
+    ``graph@topology`` than ``here`` (``place`` says the same); empty otherwise."""
+    if not tuned or tuned == here:
+        return ""
+    return (f"note: {path} was fine-tuned on {tuned}, not {here}: a fine-tuned policy places what it was fitted to "
+            "and other graphs or clusters worse than the shipped one (leave checkpoint out for that)")

@@ -293,6 +293,29 @@ def in_job_worker() -> bool:
     return pid is not None and pid != str(os.getpid())
 
 
+class Interrupted(KeyboardInterrupt):
+    """A Ctrl-C a command accounts for: ``hydra_app`` prints its line (``str(exc)``) in place of ``interrupted``."""
+
+
+@contextlib.contextmanager
+def files_on_interrupt(written: list[str], planned: Iterable[str]) -> Iterator[None]:
+    """A Ctrl-C in the block becomes ``Interrupted`` naming the files written so far (``written``: the caller
+    appends each as it writes it) and those of ``planned`` (names or shell patterns) not: ``interrupted: wrote
+    checkpoint.pt, placement.json; metrics.json, comparison.* not written``."""
+    from fnmatch import fnmatch
+
+    try:
+        yield
+    except Interrupted:
+        raise
+    except KeyboardInterrupt:
+        if not written:
+            raise Interrupted("interrupted: no file written") from None
+        left = [f for f in planned if not any(fnmatch(w, f) for w in written)]
+        raise Interrupted(f"interrupted: wrote {', '.join(written)}"
+                          + (f"; {', '.join(left)} not written" if left else "")) from None
+
+
 def hydra_app(config_name: str, *, writes: Iterable[str] = (), replaces: Iterable[str] = ()
               ) -> Callable[[Callable[[DictConfig], Any]], Callable[[], None]]:
     """Turn ``run(cfg)`` into a Hydra ``main``. The command line is checked first (``preflight``: group options,
@@ -303,7 +326,8 @@ def hydra_app(config_name: str, *, writes: Iterable[str] = (), replaces: Iterabl
     patterns such as ``timeline_*.png``, ``sub/name`` in a sub-folder): those an earlier run left in a run folder
     given again are set aside before it runs, with a line naming them (``run_folder.set_aside``; put back
     where it fails), so that one folder
-    never holds two runs' results."""
+    never holds two runs' results. A Ctrl-C exits 130 with ``interrupted`` on stderr (an ``Interrupted``: its own
+    line)."""
     import hydra
 
     writes, replaces = tuple(writes), tuple(replaces)
@@ -336,9 +360,9 @@ def hydra_app(config_name: str, *, writes: Iterable[str] = (), replaces: Iterabl
             except OSError as exc:  # a file it cannot write after all (disk full, a folder in the way)
                 _discard_run_dir()
                 _job_fail(_os_error_line(exc))
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as exc:
                 if not in_job_worker():  # a launcher's worker process: the sweep's driver says it, once
-                    print("interrupted", file=sys.stderr)
+                    print(str(exc) if isinstance(exc, Interrupted) else "interrupted", file=sys.stderr)
                 sys.exit(130)
 
         hydra_main = hydra.main(config_path=config_path(), config_name=config_name, version_base="1.3")(task)

@@ -194,7 +194,7 @@ class AgentConfig:
     ei_max_nodes: int = constructive("ei_max_nodes", low=1)
     ft_search_rounds: int = constructive("ft_search_rounds", low=0,
                                          doc="fine-tuning: rounds of search from the policy's placements")
-    ft_search_seconds: float = constructive("ft_search_seconds", low=0, high=MAX_SECONDS,
+    ft_search_seconds: float = constructive("ft_search_seconds", low=0, open_low=True, high=MAX_SECONDS,
                                             doc="fine-tuning: wall-clock seconds of one round's search")
     equal_seconds: bool = opt(True, doc="fine-tuning: also run the searches at the learned rows' seconds")
     clone_epochs: int = constructive("clone_epochs", low=0)

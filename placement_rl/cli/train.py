@@ -6,8 +6,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from placement_rl.cli.common import (build_graph, build_topology, hydra_app, output_dir, plural, save_plan,
-                                     to_container, warm_up, write_json)
+from placement_rl.cli.common import (build_graph, build_topology, files_on_interrupt, hydra_app, output_dir, plural,
+                                     save_plan, to_container, warm_up, write_json)
 from placement_rl.errors import ConfigError
 from placement_rl.graph.io import atomic_write_text
 
@@ -57,7 +57,7 @@ def constructive_config(cfg: DictConfig, base=None):
     """The ``ConstructiveConfig`` of the agent and encoder groups (over ``base``, a checkpoint's config)."""
     import dataclasses
 
-    from placement_rl.agents.constructive_train import ConstructiveConfig
+    from placement_rl.agents.constructive_config import ConstructiveConfig, FieldError
 
     known = {f.name for f in dataclasses.fields(ConstructiveConfig)}
     fields = dataclasses.asdict(base) if base is not None else {
@@ -70,6 +70,8 @@ def constructive_config(cfg: DictConfig, base=None):
     fields["seed"] = int(cfg.seed)
     try:
         return ConstructiveConfig(**fields)
+    except FieldError as exc:  # as the command line's other range errors: the key as typed, its rule
+        raise ConfigError(f"agent.{exc.key}={exc.value}: must be {exc.rule}") from None
     except TypeError as exc:
         raise ConfigError(f"bad agent config: {exc}") from None
 
@@ -146,11 +148,13 @@ FINE_TUNED = "policy fine-tuned (greedy)"  # the row the three searches (with po
 
 
 def run_constructive(cfg: DictConfig) -> dict:
-    """``env=constructive``: fine-tune the pretrained policy (or ``checkpoint=``) on one graph and topology."""
+    """``env=constructive``: fine-tune the pretrained policy (or ``checkpoint=``) on one graph and topology. The
+    checkpoint and the policy's placement are written as soon as fine-tuning ends, before the searches it is
+    compared with; a Ctrl-C names the files written and those not (``files_on_interrupt``)."""
     import torch
 
     from placement_rl.agents.constructive_train import default_checkpoint, load_policy, set_windows
-    from placement_rl.cli.place import check_memory, checkpoint_id, costs_line, label_costs
+    from placement_rl.cli.place import check_memory, checkpoint_id
     from placement_rl.studies.finetune import describe, finetune
 
     if str(cfg.agent.get("algo")) != "constructive":
@@ -181,56 +185,94 @@ def run_constructive(cfg: DictConfig) -> dict:
 
     zero_shot = copy.deepcopy(policy)  # the policy before fine-tuning: policy_search's proposal
     log = print if cfg.progress else (lambda _: None)
-    res = finetune(graph, topology, costs, policy, fcfg, samples=int(cfg.agent.eval_samples),
-                   search_budget=int(cfg.agent.get("search_budget", 0)), seed=int(cfg.seed), log=log)
-    if bool(cfg.agent.get("equal_seconds", True)):
-        from placement_rl.studies.finetune import equal_seconds_rows
+    head = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, **checkpoint_id(ckpt),
+            "cost_source": costs.describe_source(topology.device_names), "warm_up_seconds": warm_s}
+    written: list[str] = []  # the files written so far, in order
+    with files_on_interrupt(written, _constructive_files(cfg)):
+        res = finetune(graph, topology, costs, policy, fcfg, samples=int(cfg.agent.eval_samples),
+                       search_budget=int(cfg.agent.get("search_budget", 0)), seed=int(cfg.seed), log=log)
+        if res.note:
+            print(f"note: {res.note}")
+        res.trainer.save(out / "checkpoint.pt", extra={"finetuned_on": f"{graph.name}@{topology.name}"})
+        best = res.best("learned")  # the searches below add search rows only
+        plan, plan_file = save_plan(best.devices, graph, topology, out, costs=costs)
+        written += ["checkpoint.pt", "graph.json", plan_file]
+        if bool(cfg.agent.get("equal_seconds", True)):
+            from placement_rl.studies.finetune import equal_seconds_rows
 
-        learned = {r.label: r.seconds for r in res.rows if r.kind == "learned"}
-        asks = [(k, learned[k], ZERO_SHOT_SEARCHES) for k in learned if k.startswith("policy zero-shot")]
-        if FINE_TUNED in learned:
-            asks.append((FINE_TUNED, learned[FINE_TUNED], ("policy_search", *ZERO_SHOT_SEARCHES)))
-        equal_seconds_rows(res, zero_shot, asks, seed=int(cfg.seed), log=log)
-    res.trainer.save(out / "checkpoint.pt", extra={"finetuned_on": f"{graph.name}@{topology.name}"})
+            learned = {r.label: r.seconds for r in res.rows if r.kind == "learned"}
+            asks = [(k, learned[k], ZERO_SHOT_SEARCHES) for k in learned if k.startswith("policy zero-shot")]
+            if FINE_TUNED in learned:
+                asks.append((FINE_TUNED, learned[FINE_TUNED], ("policy_search", *ZERO_SHOT_SEARCHES)))
+            equal_seconds_rows(res, zero_shot, asks, seed=int(cfg.seed), log=log)
+        metrics = {**head, "rows": describe(res), "learned_step_time": best.step_time, "learned_row": best.label,
+                   **({"finetune_note": res.note} if res.note else {})}
+        _write_results(cfg, res, plan, metrics, written)
+    print(f"artifacts in {out}: {', '.join(written)}")
+    return metrics
+
+
+def _constructive_files(cfg: DictConfig) -> list[str]:
+    """The files a finished ``env=constructive`` run writes (``comparison.*``: the comparison's tables and plots)."""
+    searched = int(cfg.agent.get("search_budget", 0)) > 0 or bool(cfg.agent.get("equal_seconds", True))
+    return ["checkpoint.pt", "graph.json", "placement.json", *(["search/placement.json"] if searched else []),
+            "learned.md", "training.png", *(["comparison.*"] if cfg.trainer.compare else []), "metrics.json"]
+
+
+def _write_results(cfg: DictConfig, res, plan, metrics: dict, written: list[str]) -> None:
+    """After fine-tuning (its checkpoint and placement written): the best search row's placement, learned.md,
+    training.png, the comparison with the baselines (``trainer.compare``) and metrics.json, last; each file's name
+    is appended to ``written`` once it is written."""
+    from placement_rl.cli.place import costs_line, label_costs
+    from placement_rl.report import training_curve
+
+    graph, topology, costs, out = res.task.graph, res.task.topology, res.task.costs, output_dir()
     best = res.best("learned")
-    plan, plan_file = save_plan(best.devices, graph, topology, out, costs=costs)
-    rows = describe(res)
-    metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, **checkpoint_id(ckpt),
-               "cost_source": costs.describe_source(topology.device_names), "rows": rows,
-               "learned_step_time": best.step_time, "learned_row": best.label, "warm_up_seconds": warm_s}
-    files = ["checkpoint.pt", "graph.json", plan_file, "metrics.json", "learned.md", "training.png"]
     if any(r.kind == "search" for r in res.rows):
         s = res.best("search")
-        s_plan, _ = save_plan(s.devices, graph, topology, out / "search", costs=costs)
+        save_plan(s.devices, graph, topology, out / "search", costs=costs)
         metrics["search_step_time"] = s.step_time
-        files.append("search/placement.json")
-    from placement_rl.report import markdown_table, training_curve
-
-    md = (f"# Learned placement of {graph.name} on {topology.name}\n\nLearned rows are the policy's own output; "
-          f"search rows are searches (seeded by the policy, or the ones a user would run instead at a learned "
-          f"row's seconds); the rest are heuristics (`la_rule`: the argmin of the policy's own lookahead feature). "
-          f"`vs best one-pass`: step time over the best of HEFT, m-ETF, m-SCT and METIS (the list schedulers the "
-          f"policy was first measured against; `sim_eft` and `la_rule` are one-pass too).\n\n{costs_line(costs)}\n\n"
-          + markdown_table(rows, ("row", "kind", "step_time_ms", "vs_best_one_pass", "feasible", "sim_calls",
-                                  "seconds"),
-                           ("row", "kind", "step time (ms)", "vs best one-pass", "feasible", "sim calls", "s")))
+        written.append("search/placement.json")
+    md = learned_md(res, metrics["rows"], costs_line(costs))
     atomic_write_text(out / "learned.md", md)
+    written.append("learned.md")
     refs = {r.label: r.step_time for r in res.rows if r.kind == "heuristic" and r.feasible}
     training_curve([(c, t, t) for c, t in res.curve], out / "training.png",
                    references=refs, title=f"fine-tuning on {graph.name} / {topology.name}")
+    written.append("training.png")
     if cfg.trainer.compare:
         from placement_rl.cli.evaluate import compare_learned
 
         got = compare_learned(graph, costs, topology, out, label=f"learned: {best.label}", plan=plan,
                               step_time=best.step_time, feasible=best.feasible, seconds=best.seconds,
-                              sim_calls=best.sim_calls, seed=int(cfg.seed), what="learned", files=files,
+                              sim_calls=best.sim_calls, seed=int(cfg.seed), what="learned", files=written,
                               progress=bool(cfg.progress))
         label_costs(out, costs)
         metrics.update(got)
     write_json(out / "metrics.json", metrics)
-    print(md.split("\n\n", 1)[1])  # the legend, the cost source and the table
-    print(f"artifacts in {out}: {', '.join(files)}")
-    return metrics
+    written.append("metrics.json")
+    print(md.split("\n\n", 1)[1])  # the legend, the cost source, the note and the table
+
+
+def learned_md(res, rows: list[dict], costs: str) -> str:
+    """learned.md: the legend, the cost source (``costs``), fine-tuning's note where it left the weights unchanged,
+    and the ``rows`` (``studies.finetune.describe``)."""
+    from placement_rl.report import markdown_table
+
+    legend = ("Learned rows are the policy's own output; search rows are searches (seeded by the policy, or the ones "
+              "a user would run instead at a learned row's seconds); the rest are heuristics (`la_rule`: the argmin "
+              "of the policy's own lookahead feature). `vs best one-pass`: step time over the best of HEFT, m-ETF, "
+              "m-SCT and METIS (the list schedulers the policy was first measured against; `sim_eft` and `la_rule` "
+              "are one-pass too). Sim calls and seconds: a heuristic's and a zero-shot row's are its own; every row "
+              "after the zero-shot ones (fine-tuning, fine-tuned, the searches seeded by the policy, `learned + local "
+              "search` too) counts all the learned work from the zero-shot evaluation on; a search at a learned "
+              "row's seconds counts its own.")
+    table = markdown_table(rows, ("row", "kind", "step_time_ms", "vs_best_one_pass", "feasible", "sim_calls",
+                                  "seconds"),
+                           ("row", "kind", "step time (ms)", "vs best one-pass", "feasible", "sim calls", "s"))
+    g, topo = res.task.graph, res.task.topology
+    return "\n\n".join([f"# Learned placement of {g.name} on {topo.name}", legend, costs,
+                         *([f"note: {res.note}"] if res.note else []), table])
 
 
 def _rollout_note(agent, steps: int) -> str:

@@ -10,8 +10,12 @@ fine-tuning (a sample or a greedy decode) are learned; the rollout's own placeme
 ``learned + local search`` are search rows; the
 one-pass heuristics (HEFT, m-ETF, m-SCT, METIS), ``sim_eft`` and ``eft_rollout`` are heuristic rows. Simulator
 calls are counted as complete placements evaluated (a one-pass rule: 1; ``eft_rollout``: one per tried device and
-decision, about N x D; a learned row: its episodes), and every row carries its own seconds (the learned rows'
-exclude building the heuristics' rows) and its computed feasibility.
+decision, about N x D; a learned row: its episodes), and every row carries its seconds (the learned rows' exclude
+building the heuristics' rows) and its computed feasibility. Calls and seconds are on one basis in each row: the
+zero-shot rows' are their own; those of the rows after them (fine-tuning, fine-tuned, the searches seeded by the
+policy, ``learned + local search`` too) count all the learned work from the zero-shot evaluation on. The fine-tuned
+best-of-k samples with the zero-shot one's seed, so equal weights give equal rows; ``FinetuneResult.note`` says
+when fine-tuning left the weights as they were.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import torch
 
 from placement_rl.agents.constructive import placement_calls, rollout, state_window
 from placement_rl.agents.policy_rollout import rollout_over_student
@@ -64,6 +69,7 @@ class FinetuneResult:
     rows: list[LearnedRow]
     curve: list[tuple[int, float]]  # (simulator calls, best learned step time so far)
     trainer: ConstructiveTrainer
+    note: str = ""  # one line when fine-tuning left the policy's weights as they were (``unchanged_note``)
 
     def best(self, kind: str = "learned") -> LearnedRow:
         return min((r for r in self.rows if r.kind == kind), key=lambda r: (not r.feasible, r.step_time))
@@ -101,6 +107,8 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
     if budget is not None:
         samples = max(1, min(samples, budget // (2 * per) - 1))  # both evaluations (zero-shot, fine-tuned) fit
     t0 = time.perf_counter()  # the learned rows' own seconds: not the heuristics' (teachers are not needed here)
+    before = {k: v.detach().clone() for k, v in policy.state_dict().items()}  # whether fine-tuning changes them
+    zs_window = state_window(policy, graph.num_nodes)
     zs = evaluate(policy, [task], samples=samples, seed=seed)[0]
     n_calls = per * (1 + samples)
     t_zs = time.perf_counter() - t0
@@ -169,7 +177,8 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
              if config.rl_iters > 0 else "policy fine-tuning (best of its greedy placements)")
     rows.append(LearnedRow(label, "learned", best_t, _feasible(graph, costs, topology, dev), dev,
                            n_calls, time.perf_counter() - t0))
-    ft = evaluate(trainer.policy, [task], samples=samples, seed=seed + 1)[0]
+    # the zero-shot evaluation's draws: equal weights give equal rows
+    ft = evaluate(trainer.policy, [task], samples=samples, seed=seed)[0]
     greedy_calls = n_calls + per_ft  # the greedy row: fine-tuning and its own placement, not the samples
     n_calls += per_ft * (1 + samples)
     secs_ft = time.perf_counter() - t0
@@ -181,13 +190,27 @@ def finetune(graph: CompGraph, topology: DeviceTopology, costs: CostTable, polic
         from placement_rl.baselines.search import refine
 
         best = min((r for r in rows if r.kind == "learned"), key=lambda r: (not r.feasible, r.step_time))
-        t1 = time.perf_counter()
         p = refine(graph, costs, topology, best.devices, budget=search_budget, seed=seed)
         res = simulate(graph, costs, topology, p)
+        # calls and seconds alike: the learned work it starts from plus the refine's
         rows.append(LearnedRow("learned + local search", "search", res.step_time, res.feasible,
                                np.asarray(p.device_of_node), n_calls + int(p.meta.get("sim_calls", search_budget)),
-                               time.perf_counter() - t1))
-    return FinetuneResult(task, rows, curve, trainer)
+                               time.perf_counter() - t0))
+    note = unchanged_note(before, trainer.policy, zs_window, state_window(trainer.policy, graph.num_nodes))
+    return FinetuneResult(task, rows, curve, trainer, note)
+
+
+def unchanged_note(before: dict[str, Any], policy: DevicePolicy, zs_window: int, ft_window: int) -> str:
+    """One line when ``policy``'s weights are still ``before``: its fine-tuned rows are then the zero-shot policy's
+    placements, drawn with the same seed (at its trained window where that is narrower than the zero-shot
+    ``zs_window``); empty when fine-tuning changed them."""
+    now = policy.state_dict()
+    if before.keys() != now.keys() or not all(torch.equal(before[k], now[k]) for k in now):
+        return ""
+    where = "" if ft_window == zs_window else (f" placing at its trained window of {ft_window} nodes (the zero-shot "
+                                              "rows read the whole graph)")
+    return ("fine-tuning left the policy's weights unchanged: the fine-tuned rows are the zero-shot policy's "
+            f"placements{where}, sampled with the same seed")
 
 
 def _own_policy_iteration(trainer: ConstructiveTrainer, task: ConstructiveTask, config: ConstructiveConfig,
