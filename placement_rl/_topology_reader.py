@@ -31,6 +31,7 @@ TOP_FIELDS = ("name", "description", "devices", "links", "dtype", "cost_model", 
 NOTE_FIELDS = ("peak_flops_base", "peak_flops_tensor")  # datasheet notes in presets, not read
 OPTIONAL_PEAKS = ("peak_flops_fp16", "peak_flops_fp64")  # without them fp16 runs at the bf16 peak, fp64 at fp32's
 MAX_DEVICE_COUNT = 65536  # devices per entry: a larger count is a typo, not a cluster (and would not fit in memory)
+FILLED_LINES = 4  # datasheet lines (runs of entries alike) past which they fold into one per datasheet
 EXTRA_FIGURES = ("l2_bytes", "peak_flops_tf32", "peak_flops_bf16", "peak_flops_fp16", "peak_flops_fp64")
 
 
@@ -103,17 +104,38 @@ def _with_datasheet(entry: Mapping[str, Any], kind: str, data: Mapping[str, Any]
 
 def _say_filled(where: str, filled: list[tuple[int, tuple[str, ...], str]]) -> None:
     """One INFO line per run of consecutive device entries that took the same figures from the same datasheet
-    (``devices[0-63]``: a topology of one entry per host said it 64 times)."""
+    (``devices[0-63]``: a topology of one entry per host said it 64 times); where that is more than ``FILLED_LINES``
+    lines (hosts of several models in turn: 128 lines at 1,024 GPUs), one line per datasheet and figures, naming its
+    entries and how many (``devices[0, 4, 8, ...] (32 entries)``). A line of one entry reads ``devices[4]``."""
+    runs: list[tuple[list[int], tuple[str, ...], str]] = []
+    for k, keys, product in filled:
+        if runs and runs[-1][0][-1] == k - 1 and runs[-1][1:] == (keys, product):
+            runs[-1][0].append(k)
+        else:
+            runs.append(([k], keys, product))
+    if len(runs) > FILLED_LINES:
+        alike: dict[tuple[tuple[str, ...], str], list[int]] = {}
+        for entries, keys, product in runs:
+            alike.setdefault((keys, product), []).extend(entries)
+        runs = [(entries, keys, product) for (keys, product), entries in alike.items()]
     log = logging.getLogger(__name__)
-    k = 0
-    while k < len(filled):
-        j = k
-        while j + 1 < len(filled) and filled[j + 1][0] == filled[j][0] + 1 and filled[j + 1][1:] == filled[k][1:]:
-            j += 1
-        first, keys, product = filled[k]
-        span = f"{first}" if j == k else f"{first}-{filled[j][0]}"
-        log.info("%s: devices[%s]: %s from the datasheet of %s", where, span, ", ".join(keys), product)
-        k = j + 1
+    for entries, keys, product in runs:
+        log.info("%s: %s: %s from the datasheet of %s", where, _entries_text(entries), ", ".join(keys), product)
+
+
+def _entries_text(entries: list[int], show: int = 3) -> str:
+    """``devices[4]``, ``devices[0-3]`` for a run, else its first ``show`` runs and how many entries in all
+    (``devices[0, 4, 8, ...] (32 entries)``)."""
+    runs: list[list[int]] = []
+    for k in entries:
+        if runs and runs[-1][-1] == k - 1:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    spans = [f"{r[0]}" if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs]
+    if len(spans) == 1:
+        return f"devices[{spans[0]}]"
+    return f"devices[{', '.join(spans[:show])}{', ...' if len(spans) > show else ''}] ({len(entries)} entries)"
 
 
 def _check_fields(entry: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:

@@ -5,13 +5,16 @@ on every device (``_replicated``) and plans moved to the best-connected devices 
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 
+from placement_rl.baselines.common import add_note
 from placement_rl.baselines.pipe_common import (Plan, PipeProblem, Stages, cut_grid, microbatch_choices,
                                                  minmax_partition)
 from placement_rl.errors import ConfigError
+
+DP_SHARE = 0.5  # of given seconds, after which pipedream's DPs stop (the rest simulates their plans)
 
 
 def device_counts(pp: PipeProblem, *, fallback: bool = False) -> list[int]:
@@ -125,13 +128,19 @@ def _best_connected(pp: PipeProblem, plans: list[Plan]) -> Iterator[Plan]:
 
 
 def pipedream(pp: PipeProblem) -> Plan:
-    """PipeDream's DP (``_pipedream_dp``) twice: on time alone, and with every stage kept to its devices' memory (as
-    PipeDream's optimizer does; a stage's micro-batches in flight taken at their most, ``pp.m``); the best simulated
-    of both, and of full replication, wins."""
-    timed = _pipedream_dp(pp, lambda j, lo, m, r: pp.stage_time_vec(j, lo, m, r))
-    kept = _pipedream_dp(pp, lambda j, lo, m, r: np.where(pp.stage_fits(j, lo, m, r, pp.m, pp.m),
-                                                          pp.stage_time_vec(j, lo, m, r), np.inf))
+    """PipeDream's DP (``_pipedream_dp``) twice, in one pass: on time alone, and with every stage kept to its devices'
+    memory (as PipeDream's optimizer does; a stage's micro-batches in flight taken at their most, ``pp.m``); the best
+    simulated of both, and of full replication, wins.
+
+    Given seconds (``pp.seconds``), the DPs stop at ``DP_SHARE`` of them (the rest simulates), though not before one
+    device count has a plan: the DPs run by device count, fewest first, so the plans of the counts done by then
+    stand; they and full replication are simulated, best estimate first, while the seconds last (else the first is
+    taken), and ``meta["note"]`` says on how many devices the DPs planned."""
+    kept, timed, done = _pipedream_dp(pp)
     cap = _note_cap(pp) if any(len(c[2]) > stage_cap(pp) for c in kept + timed) else stage_cap(pp)
+    if done < pp.d:
+        add_note(pp.extra_meta, f"the seconds ran out in PipeDream's DP: its plans use at most {done} of the {pp.d} "
+                                "devices besides full replication (more seconds plan on more)")
     cands = sorted((c for c in kept + timed if len(c[2]) <= cap), key=lambda c: c[0])  # best estimate
     if not cands:  # first (taken when the budget runs out)
         raise ConfigError(f"pipedream found no plan: batch_size {pp.batch_size} admits no DP degree with "
@@ -140,33 +149,67 @@ def pipedream(pp: PipeProblem) -> Plan:
                                                                    for _, cuts, degrees in cands]))
 
 
-def _pipedream_dp(pp: PipeProblem, stage_cost: Callable[[int, int, int, int], np.ndarray]) -> list[tuple]:
-    """a[b, m]: best bottleneck covering positions [0, grid[b]) with stages on the first m devices; the plan of
-    every device count with a finite bottleneck, as (bottleneck, cuts, DP degrees)."""
-    n, d = pp.n, pp.d
-    grid = cut_grid(n)
+def _pipedream_dp(pp: PipeProblem) -> tuple[list[tuple], list[tuple], int]:
+    """PipeDream's DP on time alone (table 0) and with every stage kept to its devices' memory (table 1): a[b, m],
+    the best bottleneck covering positions [0, grid[b]) with stages on the first m devices, the last stage replicated
+    over r of them. Column m needs only the columns before it, so the tables fill by device count (``_dp_column``)
+    and, given seconds, stop at ``DP_SHARE`` of them once a device count has a plan. Returns (kept, timed, done):
+    the plan of every device count up to ``done`` (all ``pp.d`` unless cut) with a finite bottleneck, as
+    (bottleneck, cuts, DP degrees)."""
+    grid = cut_grid(pp.n)
     g = len(grid) - 1
-    a = np.full((g + 1, d + 1), np.inf)
-    choice = np.zeros((g + 1, d + 1, 2), dtype=np.int64)  # (grid index i, r) of the last stage
-    a[0, 0] = 0.0
-    for b in range(1, g + 1):
+    a = np.full((2, g + 1, pp.d + 1), np.inf)
+    choice = np.zeros((2, g + 1, pp.d + 1, 2), dtype=np.int64)  # (grid index i, r) of the last stage
+    a[:, 0, 0] = 0.0
+    first = np.full((2, pp.d + 1), g + 1)  # per table and column: the first finite row (g + 1: none)
+    first[:, 0] = 0
+    done = 0
+    for m in range(1, pp.d + 1):
+        if not _dp_column(pp, grid, a, choice, first, m, may_stop=bool(np.isfinite(a[:, g, 1:m]).any())):
+            break
+        done = m
+    return _dp_plans(grid, a[1], choice[1], done), _dp_plans(grid, a[0], choice[0], done), done
+
+
+def _dp_column(pp: PipeProblem, grid: np.ndarray, a: np.ndarray, choice: np.ndarray, first: np.ndarray, m: int, *,
+               may_stop: bool) -> bool:
+    """Column ``m`` of both of ``_pipedream_dp``'s tables (and of ``first``); False where ``may_stop`` and the
+    seconds' ``DP_SHARE`` ran out first. A stage's time is computed once for both tables, and a last stage on
+    devices [lo, m) is skipped where no plan of a prefix on the first lo devices is finite (a[i, 0] is finite only at
+    i = 0 and a[0, lo > 0] never, so stages stay non-empty)."""
+    for b in range(1, len(grid)):
+        if may_stop and pp.out_of_time(DP_SHARE):
+            return False
         j = int(grid[b])
-        for m in range(1, d + 1):
-            for r in range(1, m + 1):
-                if not pp.degree_ok(r):
-                    continue
-                lo = m - r  # devices [lo, m) replicate this stage
-                # a[i, 0] is finite only at i = 0 and a[0, lo > 0] never, so stages stay non-empty
-                cost = np.maximum(a[:b, lo], stage_cost(j, lo, m, r)[grid[:b]])
+        for r in range(1, m + 1):
+            lo = m - r  # devices [lo, m) replicate this stage
+            if first[0, lo] >= b or not pp.degree_ok(r):  # (table 1 is never below table 0)
+                continue
+            timed = pp.stage_time_vec(j, lo, m, r)[grid[:b]]
+            stage = [timed]
+            if first[1, lo] < b:
+                stage.append(np.where(pp.stage_fits(j, lo, m, r, pp.m, pp.m)[grid[:b]], timed, np.inf))
+            for k, cost_k in enumerate(stage):
+                cost = np.maximum(a[k, :b, lo], cost_k)
                 i = int(np.argmin(cost))
-                if cost[i] < a[b, m]:
-                    a[b, m] = cost[i]
-                    choice[b, m] = (i, r)
+                if cost[i] < a[k, b, m]:
+                    a[k, b, m] = cost[i]
+                    choice[k, b, m] = (i, r)
+    for k in range(2):
+        finite = np.flatnonzero(np.isfinite(a[k, :, m]))
+        first[k, m] = finite[0] if finite.size else len(grid)
+    return True
+
+
+def _dp_plans(grid: np.ndarray, a: np.ndarray, choice: np.ndarray, done: int) -> list[tuple]:
+    """The plan of every device count up to ``done`` with a finite bottleneck in one of ``_pipedream_dp``'s tables,
+    as (bottleneck, cuts, DP degrees)."""
+    g = len(grid) - 1
     cands = []
-    for m in range(1, d + 1):
+    for m in range(1, done + 1):
         if not np.isfinite(a[g, m]):
             continue
-        cuts, degrees, b, mm = [n], [], g, m
+        cuts, degrees, b, mm = [int(grid[g])], [], g, m
         while b > 0:
             i, r = choice[b, mm]
             cuts.append(int(grid[i]))
