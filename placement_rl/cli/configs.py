@@ -320,9 +320,9 @@ class PlaceConfig:
                                                                 "rest of the graph (null: the checkpoint's)")
     search_budget: int = opt(0, low=0, doc="> 0: local search from the best learned placement")
     search_seconds: float = opt(0.0, low=0, high=MAX_SECONDS,
-                                doc="> 0: policy_search (the policy's repairs inside simulated annealing) for that "
-                                    "many seconds, anytime, and with compare the searches a user would run instead "
-                                    "at the same seconds")
+                                doc="> 0: policy_search (the policy's repairs inside simulated annealing) from the plan "
+                                    "(greedy and samples' best) for that many seconds, anytime, and with compare "
+                                    "the searches a user would run instead at the same seconds")
     bound_seconds: float = opt(0.0, low=0, high=MAX_SECONDS,
                                doc="> 0: CP-SAT tightens the lower bound for that long (OR-Tools: "
                                    "placement-rl[exact]; near the optimum up to ~100 nodes)")

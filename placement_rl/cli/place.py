@@ -11,8 +11,8 @@ from placement_rl.cli.common import (Phases, build_graph, build_topology, hydra_
                                      warm_up, write_json)
 from placement_rl.cli.place_search import FOLDER
 from placement_rl.cli.place_notes import (GRAPH_OPTIONS, ONE_PASS_NOTE, bound_note, coarse_groups, env_setup, fit_row,
-                                         graph_options_note, overflow_note, samples_note, samples_status,
-                                         unrecorded_note)
+                                         graph_options_note, overflow_note, said_on_signal, samples_note,
+                                         samples_status, unrecorded_note)
 from placement_rl.errors import ConfigError, PlanError
 
 BEST = "best"  # the fastest placement that fits of all the run computed (``write_best``)
@@ -103,12 +103,36 @@ def check_memory(graph, topology, costs) -> None:
                         "fit: `placement-rl evaluate suite=single` with this graph and topology lists them") from None
 
 
+def sampled(policy, res, samples: int, seed: int, phases: Phases, *, kept: str):
+    """``res`` with ``samples`` sampled placements (``with_samples``), announced where they take long
+    (``samples_note``), with a line every 10 s; SIGINT or SIGTERM meanwhile ends the run at once with one line
+    saying that ``kept`` (the file written before) holds the greedy placement (``said_on_signal``)."""
+    import torch
+
+    from placement_rl.agents.constructive_eval import with_samples
+
+    line = samples_note(samples, res.greedy_seconds)
+    if line is not None:
+        print(line, flush=True)
+    over = "" if bool(res.greedy.feasible[0]) else ", over memory"
+    stopped = (f"interrupted in the samples: {kept} holds the greedy placement ({res.greedy_time * 1e3:.3f} ms"
+               f"{over}); metrics.json not written")
+    done = [0]  # placements finished so far, for the line every 10 s on a long run (512 devices, 10,000 nodes)
+    with said_on_signal(stopped), phases(plural(samples, "sampled placement"),
+                                         f"the greedy one took {res.greedy_seconds:.1f} s",
+                                         status=lambda: samples_status(done[0], samples)) as note:
+        res = with_samples(policy, res, samples, torch.Generator().manual_seed(seed),
+                           done=lambda k: done.__setitem__(0, k))
+        note.append(f"best {res.best_time * 1e3:.3f} ms")
+    return res
+
+
 def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     """A constructive (schedule-aware) policy: greedy and best of ``samples`` sampled placements, each a row."""
     import torch
 
     from placement_rl.agents.constructive import placement_calls, state_window
-    from placement_rl.agents.constructive_eval import greedy_result, with_samples
+    from placement_rl.agents.constructive_eval import greedy_result
     from placement_rl.agents.constructive_train import load_policy
     from placement_rl.envs.constructive_task import ConstructiveTask
     from placement_rl.plans import Placement
@@ -165,17 +189,16 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
                 status=lambda: f"one pass over {plural(graph.num_nodes, 'node')} running") as note:
         res = greedy_result(policy, task)
         note.append(f"{res.greedy_time * 1e3:.3f} ms")
+    out = output_dir()
+    # the greedy placement is the run's plan until a faster one is found: a run stopped later keeps it
+    t_write = time.perf_counter()
+    plan, plan_file = save_plan(res.greedy.devices[0], graph, topology, out, costs=costs)
+    t0 += time.perf_counter() - t_write  # writing it is not the policy's time
     if samples > 0:
-        line = samples_note(samples, res.greedy_seconds)
-        if line is not None:
-            print(line, flush=True)
-        done = [0]  # placements finished so far, for the line every 10 s on a long run (512 devices, 10,000 nodes)
-        with phases(plural(samples, "sampled placement"), f"the greedy one took {res.greedy_seconds:.1f} s",
-                    status=lambda: samples_status(done[0], samples)) as note:
-            res = with_samples(policy, res, samples, torch.Generator().manual_seed(seed),
-                               done=lambda k: done.__setitem__(0, k))
-            note.append(f"best {res.best_time * 1e3:.3f} ms")
+        res = sampled(policy, res, samples, seed, phases, kept=f"{plan_file} in {out}")
     wall = time.perf_counter() - t0
+    if res.best_index >= 0:  # a sample is faster than the greedy placement: the plan now
+        plan, plan_file = save_plan(res.best_devices, graph, topology, out, costs=costs)
     # the plan is the fastest placement that fits memory (the greedy one when none does), and the metrics say so
     step_time, fits = res.best_time, res.best_feasible
     groups = coarse_groups(graph)
@@ -197,8 +220,6 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         cp_row = {"step_time": float(sc.step_time), "feasible": bool(sc.feasible), "seconds": bound_seconds,
                   "devices": np.asarray(bound.cp_placement)}
     chosen = res.best_label  # greedy, greedy on links x slower (the first samples), or sample k
-    out = output_dir()
-    plan, plan_file = save_plan(res.best_devices, graph, topology, out, costs=costs)
     # every placement's simulator calls: N x D + 1 with the whole-graph window (its completions), else 1
     calls = placement_calls(policy, task) * (1 + samples)
     metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name, **checkpoint_id(ckpt_path),
@@ -227,7 +248,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         from placement_rl.cli import place_search  # would run instead at the same seconds: rows of their own
 
         timed = place_search.run_searches(policy, graph, costs, topology, task, search_seconds, seed=seed,
-                                          compare=bool(cfg.compare), phases=phases)
+                                          compare=bool(cfg.compare), phases=phases, start=res.best_devices)
         timed_files = place_search.write(timed, graph, topology, out, search_seconds, learned=step_time,
                                          costs=costs)
         metrics["policy_search"] = place_search.metrics(timed)

@@ -1,13 +1,69 @@
 """``placement-rl place``'s notes and checks: the lines it prints about samples, bounds, memory, coarsening and a
-checkpoint's recorded graph options (kept apart from the command's run)."""
+checkpoint's recorded graph options, and the one it ends with when interrupted in its samples (kept apart from the
+command's run)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from typing import Iterator
 
 import numpy as np
 
 from placement_rl.cli.common import plural
+
+INTERRUPTED_EXIT = 130  # the exit code of an interrupted command (``hydra_app``'s for Ctrl-C)
+
+
+@contextlib.contextmanager
+def said_on_signal(line: str) -> Iterator[None]:
+    """While the block runs, SIGINT or SIGTERM prints ``line`` on stderr and ends the process at once (exit code
+    ``INTERRUPTED_EXIT``); the files written before the block stay as they are. A Python handler alone would wait
+    for the compiled decode in progress to return, minutes for one batched decode of the samples on 5,000 nodes:
+    here the signal wakes a thread (``signal.set_wakeup_fd``), which runs while the decode holds no GIL. Outside
+    the main thread, or in a launcher's job worker (its driver reports the interrupt), the block runs as it is."""
+    import os
+    import signal
+    import threading
+
+    from placement_rl.cli.common import in_job_worker
+
+    if threading.current_thread() is not threading.main_thread() or in_job_worker():
+        yield
+        return
+    stops = (signal.SIGINT, signal.SIGTERM)
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    wakeup = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    before = {sig: signal.signal(sig, _noted) for sig in stops}
+    thread = threading.Thread(target=_watch, args=(read, stops, line), name="placement-rl-interrupt", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: one set outside Python
+        signal.set_wakeup_fd(wakeup)
+        os.close(write)  # the watcher reads the end of the pipe and returns
+        thread.join()
+        os.close(read)
+
+
+def _noted(signum: int, frame) -> None:
+    """The Python handler of ``said_on_signal``'s signals: nothing (its watcher thread ends the process)."""
+
+
+def _watch(read: int, stops: tuple[int, ...], line: str) -> None:
+    """Wait on the wakeup pipe; at a signal of ``stops`` (another with a Python handler writes there too), flush
+    stdout, print ``line`` on stderr and end the process."""
+    import os
+    import sys
+
+    while got := os.read(read, 1):
+        if got[0] in stops:
+            sys.stdout.flush()
+            print(line, file=sys.stderr, flush=True)
+            os._exit(INTERRUPTED_EXIT)
 
 
 def samples_status(done: int, samples: int) -> str:
@@ -25,7 +81,8 @@ SAMPLES_NOTE_SECONDS = 30.0  # samples expected to take longer than this get a l
 
 def samples_note(samples: int, greedy_seconds: float) -> str | None:
     """One line before ``samples`` placements expected to take more than ``SAMPLES_NOTE_SECONDS``: about
-    ``samples`` x the greedy pass's seconds, and how to skip them; None where they are expected sooner.
+    ``samples`` x the greedy pass's seconds, and how to skip them (beyond ``LONG_SAMPLES_SECONDS``, also the
+    ``samples=K`` that take about that long); None where they are expected sooner.
 
     Why that multiple (``agents.constructive_eval.with_samples``): each sample places every node again, making the
     greedy pass's decisions with its window features. The ones on slower links run the greedy kernel itself, one
@@ -42,9 +99,23 @@ def samples_note(samples: int, greedy_seconds: float) -> str | None:
         return None
     scaled = min(samples, len(LINK_SCALES))
     parts = f"{scaled} on slower links" + (f", {samples - scaled} drawn" if samples > scaled else "")
-    took = f"{expected:.0f} s" if expected < 120 else f"{expected / 60:.0f} min"
     return (f"{plural(samples, 'sample')} next, about {samples} x the greedy pass's {greedy_seconds:.1f} s "
-            f"({took}): each places every node again ({parts}); samples=0 skips them, fewer take less")
+            f"({_took(expected)}): each places every node again ({parts}); {_fewer(greedy_seconds, expected)}")
+
+
+def _took(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+LONG_SAMPLES_SECONDS = 600.0  # samples expected to take longer: ``samples_note`` says how many take about this long
+
+
+def _fewer(greedy_seconds: float, expected: float) -> str:
+    """How to take fewer samples: beyond ``LONG_SAMPLES_SECONDS``, the ``samples=K`` that take about that long."""
+    if expected <= LONG_SAMPLES_SECONDS:
+        return "samples=0 skips them, fewer take less"
+    k = int(LONG_SAMPLES_SECONDS // greedy_seconds)
+    return (f"samples={k} caps them at about {_took(k * greedy_seconds)}, " if k > 0 else "") + "samples=0 skips them"
 
 
 def coarse_groups(graph) -> int | None:

@@ -1,7 +1,7 @@
-"""``placement-rl place search_seconds=S``: the policy-guided search (``agents.policy_search``) for ``S`` seconds of
-wall clock, anytime, beside the searches a user would run instead at the same seconds (``compare=true``; from
-``baselines.side_by_side.FROM_SECONDS`` seconds on a machine with two cores or more, those run side by side, one
-process and core each: ``baselines.side_by_side``)."""
+"""``placement-rl place search_seconds=S``: the policy-guided search (``agents.policy_search``) from the plan
+``place`` found, for ``S`` seconds of wall clock, anytime, beside the searches a user would run instead at the same
+seconds (``compare=true``; from ``baselines.side_by_side.FROM_SECONDS`` seconds on a machine with two cores or more,
+those run side by side, one process and core each: ``baselines.side_by_side``)."""
 
 from __future__ import annotations
 
@@ -17,17 +17,21 @@ SAME_SECONDS = ("la_rule_search", "local_search")  # the non-learned searches gi
 
 
 def run_searches(policy, graph, costs, topology, task, seconds: float, *, seed: int, compare: bool,
-                 phases) -> dict[str, dict]:
+                 phases, start: np.ndarray | None = None) -> dict[str, dict]:
     """``policy_search`` (and with ``compare`` each of ``SAME_SECONDS``) for ``seconds``: per search its step time,
-    fit, simulator calls, own seconds, anytime trace ``[seconds, calls, best step time]`` and placement."""
+    fit, simulator calls, own seconds, anytime trace ``[seconds, calls, best step time]`` and placement.
+    ``start``: the placement ``policy_search`` starts from instead of decoding the policy's greedy one itself
+    (``place``'s plan: where it fits, the result is no slower; its row's ``start``: ``plan`` or ``policy``, and
+    ``start_time``); the other searches start their own way."""
+    from placement_rl.agents.policy_search import policy_search
     from placement_rl.baselines import side_by_side
-    from placement_rl.studies.finetune import search_at_seconds
 
     def row(p) -> dict:
         m = p.meta
         return {"step_time": float(m["step_time"]), "feasible": bool(m["feasible"]), "sim_calls": int(m["sim_calls"]),
                 "seconds": float(m["search_seconds"]),
                 "trace": [[float(s), int(c), float(t)] for s, c, t in m.get("trace", [])],
+                **({"start_time": float(m["start_time"])} if "start_time" in m else {}),
                 "devices": np.asarray(p.device_of_node, dtype=np.int64)}
 
     def entry(p) -> dict:  # a search that refused the problem (too large for it) is a note, not the end
@@ -56,8 +60,9 @@ def run_searches(policy, graph, costs, topology, task, seconds: float, *, seed: 
                 else f"{name} (a search a user would run instead)")
         with phases(f"{what} for {seconds:g} s") as note:
             if name == "policy_search":
-                out[name] = row(search_at_seconds(name, policy, graph, costs, topology, seconds, seed=seed,
-                                                  task=task))
+                out[name] = {**row(policy_search(policy, graph, costs, topology, seconds=seconds, seed=seed,
+                                                 task=task, start=start)),
+                             "start": "policy" if start is None else "plan"}
             else:
                 out[name] = entry(side_by_side.run(graph, costs, topology, [(name, seconds, seed)], refusals=True)[0])
             note.append(ms(out[name]))
@@ -99,6 +104,8 @@ def summary(found: dict[str, dict]) -> str:
     ps = found["policy_search"]
     others = {n: r for n, r in done(found).items() if n != "policy_search"}
     line = f"policy_search (its own row, not the plan): {one(ps)}"
+    if ps.get("start") == "plan":
+        line += f", from the plan's {ps['start_time'] * 1e3:.3f} ms"
     if others:
         line += "; at the same seconds " + ", ".join(f"{n} {one(r)}" for n, r in others.items())
         best = min((r for r in others.values() if r["feasible"]), key=lambda r: r["step_time"], default=None)
