@@ -97,3 +97,14 @@ def test_time_keeps_growing_above_the_largest_measured_size():
         seg, mx = fit_segments(f), f["max_bytes"]
         assert seg[-1, 2] > 0 and segment_time(seg, 2 * mx) > 1.2 * segment_time(seg, mx)
         assert segment_time(seg, 8 * mx) == pytest.approx(float(evaluate_fit(f, 8 * mx)), rel=1e-6)
+
+
+def test_gpus_on_one_larger_node_take_the_measured_one_node_series():
+    """4 GPUs of an 8-GPU node are on one node: the measured 4-GPU one-node series prices them, whatever the node's
+    size (it returned None on the DGX systems, whose 2 <-> 8 counts disagree)."""
+    from placement_rl.cost.comm_fit import select_fit
+
+    for system in ("a100_dgx", "h100_dgx"):
+        four = select_fit("all_reduce", 4, system, devices_per_node=4)
+        assert four is not None and four[1] == 1.0
+        assert select_fit("all_reduce", 4, system, devices_per_node=8) == four

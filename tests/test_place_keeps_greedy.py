@@ -180,3 +180,32 @@ def test_place_search_seconds_starts_policy_search_from_its_plan(tmp_path, monke
     assert m["feasible"] and row["start"] == "plan" and row["start_time"] == pytest.approx(m["step_time"], rel=1e-9)
     assert row["step_time"] <= m["step_time"]
     assert f"from the plan's {m['step_time'] * 1e3:.3f} ms" in capsys.readouterr().out
+
+
+def test_said_on_signal_names_an_earlier_runs_held_files_and_keeps_an_ignored_sigint(tmp_path, capsys, exits):
+    """Ending at once skips putting back an earlier run's files set aside from the folder: the line says where they
+    are. A SIGINT the process was started ignoring (a script's background job) stays ignored in the block."""
+    from placement_rl.cli import run_folder
+
+    codes, done = exits
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "metrics.json").write_text("{}")
+    earlier = run_folder.set_aside(folder, ["metrics.json"])
+    assert earlier.store is not None and run_folder.held() == [earlier.store]
+    with said_on_signal("stopped here"):
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert done.wait(10)
+    assert capsys.readouterr().err == f"stopped here; the earlier run's files it replaced are in {earlier.store}\n"
+    earlier.restore()
+    assert run_folder.held() == [] and (folder / "metrics.json").is_file()
+    done.clear()
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with said_on_signal("never"):
+            os.kill(os.getpid(), signal.SIGINT)
+            assert not done.wait(0.3)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert codes == [INTERRUPTED_EXIT]

@@ -155,3 +155,29 @@ def test_datasheet_lines_fold_by_model_where_hosts_alternate(tmp_path, caplog):
     assert said[0].startswith("devices[0, 3, 6, ...] (4 entries): peak_flops") and "H100 SXM5 80GB" in said[0]
     assert said[2].startswith("devices[2, 5, 8, ...] (4 entries): ") and said[2].endswith("L40S 48GB")
     assert said[3].startswith("devices[12]: peak_flops") and said[3].endswith("V100 SXM2 32GB")
+
+
+def test_cp_sat_solvers_leave_ctrl_c_to_the_command(monkeypatch):
+    """OR-tools catches SIGINT during a solve by default and only ends that search early: a Ctrl-C in `train`'s
+    cp_sat row let the run go on and exit 0 with a cut-short row. Every CP-SAT solve the project runs leaves it."""
+    from ortools.sat.python import cp_model
+
+    made = []
+    real = cp_model.CpSolver
+
+    def spy():
+        s = real()
+        made.append(s)
+        return s
+
+    monkeypatch.setattr(cp_model, "CpSolver", spy)
+    from placement_rl.baselines import cp_place
+    from placement_rl.baselines.common import Problem
+    from placement_rl.cost import resolve_costs
+    from placement_rl.graph import synthetic
+    from placement_rl.topology import load_topology
+
+    g = synthetic.sample("layered", num_nodes=8, seed=1)
+    t = load_topology("cpu_2gpu")
+    cp_place.cp_sat(Problem(g, resolve_costs(g, t), t, budget=50, seed=0, seconds=1.0))
+    assert made and all(not s.parameters.catch_sigint_signal for s in made)

@@ -248,6 +248,7 @@ def _build_and_solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(max(seconds, 0.01))
     solver.parameters.num_workers = int(max(1, workers))
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C stops the command, not just this search
     solver.parameters.random_seed = int(seed) % 2**31  # CP-SAT's seed is a 32-bit int; any integer >= 0 given
     status = solver.Solve(m)
     if status == cp_model.INFEASIBLE:  # cannot happen below a real placement's horizon; prove nothing

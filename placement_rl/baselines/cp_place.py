@@ -167,6 +167,7 @@ def _memory_fits(p, *, seed: int, deadline: float) -> bool | None:
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(max(deadline - time.perf_counter(), 0.01))
     solver.parameters.num_workers = 1
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C stops the command, not just this search
     solver.parameters.random_seed = int(seed) % 2**31
     status = solver.Solve(m)
     return {cp_model.INFEASIBLE: False, cp_model.FEASIBLE: True, cp_model.OPTIMAL: True}.get(status)

@@ -148,6 +148,7 @@ def run_model(model, seconds: float):
     solver.parameters.max_time_in_seconds = max(0.1, float(seconds))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     solver.parameters.num_workers = max(1, min(MAX_WORKERS, cores))
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C stops the command, not just this search
     solver.parameters.random_seed = 0
     return solver, solver.Solve(model)
 

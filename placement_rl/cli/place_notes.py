@@ -31,7 +31,8 @@ def said_on_signal(line: str) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread() or in_job_worker():
         yield
         return
-    stops = (signal.SIGINT, signal.SIGTERM)
+    # a signal the process was started ignoring (a background job of a script: SIGINT) stays ignored
+    stops = tuple(s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN)
     read, write = os.pipe()
     os.set_blocking(write, False)
     wakeup = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
@@ -55,14 +56,19 @@ def _noted(signum: int, frame) -> None:
 
 def _watch(read: int, stops: tuple[int, ...], line: str) -> None:
     """Wait on the wakeup pipe; at a signal of ``stops`` (another with a Python handler writes there too), flush
-    stdout, print ``line`` on stderr and end the process."""
+    stdout, print ``line`` on stderr (naming where an earlier run's files set aside from the folder are: ending
+    at once, nothing puts them back) and end the process."""
     import os
     import sys
+
+    from placement_rl.cli.run_folder import held
 
     while got := os.read(read, 1):
         if got[0] in stops:
             sys.stdout.flush()
-            print(line, file=sys.stderr, flush=True)
+            kept = held()
+            where = f"; the earlier run's files it replaced are in {', '.join(map(str, kept))}" if kept else ""
+            print(line + where, file=sys.stderr, flush=True)
             os._exit(INTERRUPTED_EXIT)
 
 

@@ -40,6 +40,13 @@ def listed(names: list[str], most: int = 12) -> str:
 
 
 MARKER = "metrics.json"  # what every finished run of a command that replaces files writes last
+_HELD: set[Path] = set()  # the hidden folders of earlier runs' files not yet put back or deleted (``held``)
+
+
+def held() -> list[Path]:
+    """The hidden folders still holding an earlier run's files: what a command ended at once by a signal (which
+    skips ``restore`` / ``drop``) names in its last line."""
+    return sorted(_HELD)
 
 
 @dataclass
@@ -64,6 +71,7 @@ class Earlier:
     def drop(self) -> None:
         if self.store is not None:
             shutil.rmtree(self.store, ignore_errors=True)
+            _HELD.discard(self.store)
             self.store = None
 
 
@@ -81,6 +89,7 @@ def set_aside(folder: Path, names: Iterable[str], *, keep: Iterable[Path] = ()) 
     if not found:
         return Earlier(folder)
     store = Path(tempfile.mkdtemp(prefix=f".{folder.name}-earlier-", dir=folder.parent))
+    _HELD.add(store)
     for name in found:
         (store / name).parent.mkdir(parents=True, exist_ok=True)
         os.replace(folder / name, store / name)

@@ -125,7 +125,9 @@ def select_fit(kind: str, n_gpus: int, system: str, devices_per_node: int | None
     if exact:
         return exact[0], 1.0
     intra = dpn >= n_gpus
-    return _other_count(kind, n_gpus, [f for f in cands if (f["devices_per_node"] >= f["n_gpus"]) == intra])
+    pool = [f for f in cands if (f["devices_per_node"] >= f["n_gpus"]) == intra]
+    same = [f for f in pool if intra and f["n_gpus"] == n_gpus]  # on one node the node's size does not matter
+    return (same[0], 1.0) if same else _other_count(kind, n_gpus, pool)
 
 
 def _other_count(kind: str, n_gpus: int, pool: list[dict[str, Any]]) -> tuple[dict[str, Any], float] | None:
