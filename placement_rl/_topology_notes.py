@@ -93,8 +93,25 @@ def naming_notes(devices: Sequence[Device], numbered: Sequence[tuple[str, str, l
     calibrated cost model takes their architecture from the device name), an entry whose name ends in a digit
     (``numbered``: ``name: l4, count: 2`` names ``l40``, ``l41``) and two GPUs of a host on one ``torch_device``."""
     lines = [] if roofline else _model_notes(devices, where)
-    lines += [_digit_note(*entry) for entry in numbered]
+    misread = [e for e in numbered if _reads_as(e[1], e[2])]  # 'h2' + 0 reads as an H20: said entry by entry
+    plain = [e for e in numbered if not _reads_as(e[1], e[2])]
+    if len(plain) > DIGIT_LINES:  # a file of many hosts named h0, h1, ...: one line, not one per entry
+        lines.append(_digit_notes_folded(plain, where))
+        plain = []
+    lines += [_digit_note(*entry) for entry in numbered if entry in misread or entry in plain]
     return lines + _shared_torch_device(devices, where)
+
+
+DIGIT_LINES = 4  # entries whose names end in a digit said one line each up to this many, then in one line
+
+
+def _digit_notes_folded(numbered: Sequence[tuple[str, str, list[str]]], where: str) -> str:
+    """One line for many entries whose names end in a digit (``_digit_note`` says one)."""
+    names = [name for _, name, _ in numbered]
+    first = numbered[0][2]
+    return (f"{where}: {len(names)} entries' names end in a digit ({_listed(names)}), so their devices run name and "
+            f"number together ({_listed(first, 2)} ...); a separator keeps them apart (name: {names[0]}_ gives "
+            f"{names[0]}_0, {names[0]}_1)")
 
 
 def _product(name: str) -> str:
@@ -131,11 +148,18 @@ def _model_notes(devices: Sequence[Device], where: str) -> list[str]:
     return lines
 
 
+def _reads_as(name: str, names: Sequence[str]) -> str:
+    """The datasheet product the first numbered device reads as where the entry's own name does not (``l4`` + 0:
+    the L40), else ""."""
+    other = _product(names[0])
+    return other if other and other != _product(name) else ""
+
+
 def _digit_note(where: str, name: str, names: Sequence[str]) -> str:
     """The line for an entry whose ``name`` ends in a digit, so that its numbered devices ``names`` run name and
     number together (``l4`` + 0 reads as an L40)."""
-    other = _product(names[0])
-    reads = f"; '{names[0]}' reads as {other}" if other and other != _product(name) else ""
+    other = _reads_as(name, names)
+    reads = f"; '{names[0]}' reads as {other}" if other else ""
     example = ", ".join(f"{name}_{c}" for c in range(min(len(names), 2)))
     return (f"{where}: name '{name}' ends in a digit, so its devices are named {_listed(names)}{reads}; a separator "
             f"keeps name and number apart (name: {name}_ gives {example})")

@@ -199,6 +199,8 @@ def check_data(root: Path | None) -> Path:
     label runs (a GPU without a device config ``calibrate.load_neusight`` names)."""
     if root is None:
         raise PlacementRLError("no GPU measurements found: pass --data or set PLACEMENT_RL_GPU_DATA")
+    if not root.is_dir():
+        raise PlacementRLError(f"--data {root}: no such folder (give the folder that holds neusight/)")
     ns = root / "neusight"
     if not ns.is_dir():
         raise PlacementRLError(f"--data {root}: no neusight/ folder in it (neusight/device_configs/, kernels/<op>/, "

@@ -107,6 +107,8 @@ def _run_fidgpu(mod, monkeypatch, capsys, *args: str) -> tuple[int, list[list[st
 
 def test_fidelity_gpu_names_a_missing_input_before_fitting(fidgpu, tmp_path, monkeypatch, capsys):
     out = str(tmp_path / "r.md")
+    rc, fits, err = _run_fidgpu(fidgpu, monkeypatch, capsys, "--data", str(tmp_path / "nope"), "--quick", "--out", out)
+    assert (rc, fits) == (2, []) and err.count("\n") == 1 and "no such folder" in err
     rc, fits, err = _run_fidgpu(fidgpu, monkeypatch, capsys, "--data", str(tmp_path), "--quick", "--out", out)
     assert (rc, fits) == (2, []) and err.count("\n") == 1 and "no neusight/ folder" in err
     shutil.copytree(H100 / "device_configs", tmp_path / "neusight" / "device_configs")

@@ -181,3 +181,18 @@ def test_cp_sat_solvers_leave_ctrl_c_to_the_command(monkeypatch):
     t = load_topology("cpu_2gpu")
     cp_place.cp_sat(Problem(g, resolve_costs(g, t), t, budget=50, seed=0, seconds=1.0))
     assert made and all(not s.parameters.catch_sigint_signal for s in made)
+
+
+def test_names_ending_in_a_digit_fold_into_one_line_but_a_misread_one_keeps_its_own(tmp_path, caplog):
+    """Twelve hosts named h0 .. h11 were warned one line each: now one line for those whose devices read as no
+    product, and their own line for h2 (h20 reads as the H20) and h10 (h100 as the H100)."""
+    devices = [{"name": f"h{k}", "count": 2, "kind": "gpu", "host": k, "model": "A100-SXM4-80GB"} for k in range(12)]
+    path = tmp_path / "hosts.yaml"
+    path.write_text(yaml.safe_dump({"name": "hosts", "devices": devices, "links": LINKS}))
+    with caplog.at_level(logging.WARNING, logger="placement_rl._topology_reader"):
+        assert load_topology(path).num_devices == 24
+    said = [r.getMessage().split(": ", 1)[1] for r in caplog.records if "ends in a digit" in r.getMessage()
+            or "end in a digit" in r.getMessage()]
+    assert len(said) == 3, said
+    assert said[0].startswith("10 entries' names end in a digit ('h0', 'h1', 'h3' and 7 more)")
+    assert "'h20' reads as H20" in said[1] and "'h100' reads as H100" in said[2]
