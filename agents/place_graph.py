@@ -59,10 +59,11 @@ def place_graph(graph: CompGraph, topology: DeviceTopology, costs: CostTable | N
         "checkpoint": str(path)})
 
 
-def finetuned_note(path: str | Path, tuned: str | None, here: str) -> str:
+def finetuned_note(path: str | Path, tuned: str | None, here: str, fix: str = "leave checkpoint out") -> str:
     """One line when the checkpoint at ``path`` was fine-tuned (``placement-rl train``) on ``tuned``, another
-    ``graph@topology`` than ``here`` (``place`` says the same); empty otherwise."""
+    ``graph@topology`` than ``here``, ending with how to use the shipped policy instead (``fix``: the argument's
+    words; ``place`` names its key); empty otherwise."""
     if not tuned or tuned == here:
         return ""
     return (f"note: {path} was fine-tuned on {tuned}, not {here}: a fine-tuned policy places what it was fitted to "
-            "and other graphs or clusters worse than the shipped one (leave checkpoint out for that)")
+            f"and other graphs or clusters worse than the shipped one ({fix} for that)")

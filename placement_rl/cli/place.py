@@ -178,10 +178,11 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         graph, costs = build_costs(cfg, graph, topology)  # costs.path= (measured) or estimates
         check_memory(graph, topology, costs)
         task = ConstructiveTask.build(graph, topology, costs, teachers=False)
-    if tuned and tuned != f"{graph.name}@{topology.name}":  # the names ``train`` recorded (after its costs)
-        print(f"note: {ckpt_path} was fine-tuned on {tuned}, not {graph.name}@{topology.name}: a fine-tuned policy "
-              f"places what it was fitted to and other graphs or clusters worse than the shipped one (drop "
-              f"checkpoint= for that)")
+    from placement_rl.agents.place_graph import finetuned_note
+
+    note = finetuned_note(ckpt_path, tuned, f"{graph.name}@{topology.name}", "drop checkpoint=")  # after its costs
+    if note:
+        print(note)
     window = state_window(policy, graph.num_nodes)
     # greedy, then the samples (the same draws as evaluate(samples=k): the greedy decode draws nothing), so that
     # each phase reports when it starts and ends
