@@ -19,7 +19,7 @@ transfers >= 0) is at least:
   a gradient ``B_u >= B_v + b_u + c_u y_uv``, ``T >= B_v`` (a chain of forward + backward per node charged a node
   whose output needs none with its consumers' backward), where ``c_u`` is the least time anything ``u`` sends to
   another device can arrive after ``u`` ends (``cut_costs``: its first chunk carries one out-edge's bytes, over the
-  fastest link for them). It counts
+  fastest link for them; 0 where an out-edge carries no bytes, as nothing is sent along it). It counts
   what the others ignore, the transfers a spread placement waits on, but not each device running one op at a time
   nor the links' queues, so the relaxation's own optimum can sit far below any real placement (on the six dataflow
   pairs with slow links of ``scripts/probe_learning_comm.py`` its solutions reach 0.33-0.50 x ``la_rule``, while

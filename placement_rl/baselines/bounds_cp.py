@@ -41,6 +41,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -70,6 +71,15 @@ class CpResult:
 
 class _Late(Exception):
     """Building the model ran past its deadline."""
+
+
+class _Solved(NamedTuple):
+    """One CP-SAT run (``_solve``), in ticks."""
+    bound: float  # proven lower bound on the makespan (0: none)
+    makespan: float | None  # of the best solution found (None: none)
+    placement: np.ndarray | None  # [N] of that solution
+    optimal: bool  # solved to optimality
+    infeasible: bool = False  # proved to have no solution within the horizon (not a timeout)
 
 
 def _in_time(deadline: float | None) -> None:
@@ -161,11 +171,11 @@ def _swaps_to_first(key: np.ndarray) -> np.ndarray:
 
 
 def _solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray | None, seconds: float, workers: int,
-           seed: int, deadline: float | None = None):
-    """CP-SAT on ``p`` for at most ``seconds``; returns (proven bound, best makespan or None, placement or None,
-    optimal), in ticks. With a ``deadline`` (a ``time.perf_counter()`` instant) the model is built and solved by
-    then: CP-SAT's search gets at most the seconds left once it is built, less ``LOAD_SHARE`` of the building's;
-    None where the building runs past the deadline or leaves less than ``MIN_SEARCH`` (CP-SAT not run)."""
+           seed: int, deadline: float | None = None) -> _Solved | None:
+    """CP-SAT on ``p`` for at most ``seconds`` (``_Solved``). With a ``deadline`` (a ``time.perf_counter()``
+    instant) the model is built and solved by then: CP-SAT's search gets at most the seconds left once it is built,
+    less ``LOAD_SHARE`` of the building's; None where the building runs past the deadline or leaves less than
+    ``MIN_SEARCH`` (CP-SAT not run)."""
     try:
         return _build_and_solve(p, horizon=horizon, lower=lower, hint=hint, seconds=seconds, workers=workers,
                                 seed=seed, deadline=deadline)
@@ -174,7 +184,7 @@ def _solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray | None, se
 
 
 def _build_and_solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray | None, seconds: float,
-                     workers: int, seed: int, deadline: float | None):
+                     workers: int, seed: int, deadline: float | None) -> _Solved:
     cp_model = _require_ortools()
     t0 = time.perf_counter()
     n, nd = p.fwd.shape
@@ -252,12 +262,12 @@ def _build_and_solve(p: _Problem, *, horizon: int, lower: int, hint: np.ndarray 
     solver.parameters.random_seed = int(seed) % 2**31  # CP-SAT's seed is a 32-bit int; any integer >= 0 given
     status = solver.Solve(m)
     if status == cp_model.INFEASIBLE:  # cannot happen below a real placement's horizon; prove nothing
-        return 0.0, None, None, False
+        return _Solved(0.0, None, None, False, infeasible=True)
     bound = float(solver.BestObjectiveBound())
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return bound, None, None, False
+        return _Solved(bound, None, None, False)
     place = np.array([next(d for d in range(nd) if solver.Value(x[v][d])) for v in range(n)], dtype=np.int64)
-    return bound, float(solver.ObjectiveValue()), place, status == cp_model.OPTIMAL
+    return _Solved(bound, float(solver.ObjectiveValue()), place, status == cp_model.OPTIMAL)
 
 
 def _fifo(m, p: _Problem, x, fs, fe, bs, be, horizon: int, deadline: float | None = None) -> None:
@@ -311,7 +321,9 @@ def _links(m, p: _Problem, x, fs, fe, bs, be, horizon: int, deadline: float | No
     ``link_free``): node ``u`` on ``a`` with a consumer on ``b`` sends at least one chunk over ``a -> b`` after its
     forward ends, and each consumer there waits for it; with a gradient, one goes back over ``b -> a`` after every
     consumer's backward there, and ``u``'s backward waits for it. Each chunk takes at least ``pair[u, a, b]``; the
-    simulator's first chunk occupies its link at least that long from its start, so those intervals never overlap."""
+    simulator's first chunk occupies its link at least that long from its start, so those intervals never overlap.
+    A chunk of no time (a zero-byte edge sends nothing; or one under a tick) holds no link: CP-SAT's ``NoOverlap``
+    keeps even an interval of size 0 out of another's inside, which would delay a consumer the simulator does not."""
     n, nd = p.fwd.shape
     cons: list[list[int]] = [[] for _ in range(n)]
     for u, v in p.edges.tolist():
@@ -332,11 +344,13 @@ def _links(m, p: _Problem, x, fs, fe, bs, be, horizon: int, deadline: float | No
                 for v in cons[u]:
                     m.AddBoolOr([x[u][a].Not(), x[v][b].Not(), z])
                     m.Add(fs[v] >= s + int(p.pair[u, a, b])).OnlyEnforceIf([x[u][a], x[v][b]])
-                on_link[a, b].append(m.NewOptionalFixedSizeIntervalVar(s, int(p.pair[u, a, b]), z, f"t{u}_{a}_{b}"))
+                out, back = int(p.pair[u, a, b]), int(p.pair[u, b, a])
+                if out > 0:  # a chunk of no time holds no link
+                    on_link[a, b].append(m.NewOptionalFixedSizeIntervalVar(s, out, z, f"t{u}_{a}_{b}"))
                 if g is not None:
-                    on_link[b, a].append(m.NewOptionalFixedSizeIntervalVar(g, int(p.pair[u, b, a]), z,
-                                                                           f"g{u}_{a}_{b}"))
-                    m.Add(bs[u] >= g + int(p.pair[u, b, a])).OnlyEnforceIf(z)
+                    if back > 0:
+                        on_link[b, a].append(m.NewOptionalFixedSizeIntervalVar(g, back, z, f"g{u}_{a}_{b}"))
+                    m.Add(bs[u] >= g + back).OnlyEnforceIf(z)
             if g is not None:
                 for v in cons[u]:
                     m.Add(g >= be[v]).OnlyEnforceIf(x[v][b])
@@ -389,7 +403,8 @@ def cp_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, up
     a bound for every order). With the links, the model without them is solved first (``LINKS_SHARE`` of the
     seconds: it proves a bound fast), then the one with them, from that bound. Building the models counts in the
     seconds (a model built past them is not solved: ``_solve``'s deadline); ``note`` says where CP-SAT proved no
-    bound above ``lower`` or found no placement in them."""
+    bound above ``lower`` or found no placement in them, or proved that a model has no schedule within ``upper``
+    (which the hint's own schedule should meet: then neither model gives a bound or a placement)."""
     t0 = time.perf_counter()
     n = graph.num_nodes
     if n == 0:
@@ -407,26 +422,36 @@ def cp_bound(graph: CompGraph, costs: CostTable, topology: DeviceTopology, *, up
         first = _solve(quick, horizon=TICKS + 1, lower=lo, hint=hint, seconds=LINKS_SHARE * seconds, workers=workers,
                        seed=seed, deadline=deadline)
         if first is not None:
-            lo = max(lo, int(np.floor(first[0])))
+            lo = max(lo, int(np.floor(first.bound)))
     left = deadline - time.perf_counter()
-    got = _solve(p, horizon=TICKS + 1, lower=lo, hint=hint, seconds=max(left, 0.01), workers=workers, seed=seed,
-                 deadline=deadline)
-    bound, place, optimal = (0.0, None, False) if got is None else (got[0], got[2], got[3])
+    got = None
+    if first is None or not first.infeasible:  # (the model with the links has no schedule where that one has none)
+        got = _solve(p, horizon=TICKS + 1, lower=lo, hint=hint, seconds=max(left, 0.01), workers=workers, seed=seed,
+                     deadline=deadline)
+    bound, place, optimal = (0.0, None, False) if got is None else (got.bound, got.placement, got.optimal)
     if first is not None:
-        bound = max(bound, first[0])
+        bound = max(bound, first.bound)
         if place is None:
-            place = first[2]
+            place = first.placement
+    infeasible = any(r is not None and r.infeasible for r in (first, got))
+    if infeasible:  # a model that excludes a real schedule is no relaxation: nothing from either
+        bound, place, optimal = 0.0, None, False
     note = _note(seconds, n, topology.num_devices, ran=first is not None or got is not None,
-                 proved=bound > given, placed=place is not None, linked=links and got is None)
+                 proved=bound > given, placed=place is not None, linked=links and got is None, infeasible=infeasible)
     return CpResult(max(bound * tick * (1.0 - 1e-9), 0.0), place, optimal, time.perf_counter() - t0, note)
 
 
-def _note(seconds: float, n: int, nd: int, *, ran: bool, proved: bool, placed: bool, linked: bool) -> str:
+def _note(seconds: float, n: int, nd: int, *, ran: bool, proved: bool, placed: bool, linked: bool,
+          infeasible: bool = False) -> str:
     """``CpResult.note``: what CP-SAT did not give in its seconds (empty: a bound above the known one, a
-    placement); ``linked``: the model with the links was not solved for want of time."""
+    placement); ``linked``: the model with the links was not solved for want of time; ``infeasible``: CP-SAT proved
+    a model has no schedule within the horizon (not a timeout)."""
     size = f"{n} nodes on {nd} devices"
     if not ran:
         return f"CP-SAT did not run: building its model of {size} took its {seconds:g} s"
+    if infeasible:
+        return (f"CP-SAT proved that its model of {size} has no schedule within the start's step time, which the "
+                "start's own schedule meets: the model does not hold here, no bound or placement from it")
     missing = [what for what, got in (("proved no lower bound above the known one", proved),
                                       ("found no placement", placed)) if not got]
     if not missing:

@@ -120,8 +120,7 @@ def cp_sat(prob: Problem) -> np.ndarray:
         p = replace(p, memory=(pinned, edge_bytes, capacity))
         proof_end = deadline - (1.0 - MEMORY_SHARE) * (deadline - time.perf_counter())
         if not hint_s.feasible and _memory_fits(p, seed=prob.seed, deadline=proof_end) is False:  # no solution
-            add_note(prob.meta, f"{NO_FIT} (CP-SAT proved it on its model, bytes rounded up to units of "
-                                f"{1 / UNITS:g} of the largest device's memory): the best start returned")
+            add_note(prob.meta, _no_solution(hint_fits=False))
             prob.meta.update(cp_bound=None, cp_optimal=False, cp_improved=False, cp_seconds=time.perf_counter() - t0)
             return hint
         got = _solve(p, horizon=TICKS + 1, lower=0, hint=hint, seconds=deadline - time.perf_counter(), workers=1,
@@ -131,9 +130,11 @@ def cp_sat(prob: Problem) -> np.ndarray:
                          note=f"CP-SAT not run: its starts and model of {n} nodes on {nd} devices took the "
                               f"{seconds:g} s (give it more seconds)")
         return hint
-    bound, _, place, optimal = got
+    bound, place, optimal = got.bound, got.placement, got.optimal
     best, best_s, improved = hint, hint_s, False
-    if place is None and not hint_s.feasible:
+    if got.infeasible:  # proved, not out of time
+        add_note(prob.meta, _no_solution(hint_fits=hint_s.feasible))
+    elif place is None and not hint_s.feasible:
         add_note(prob.meta, f"CP-SAT found no placement that fits memory in its {seconds:g} s: the best start "
                             "returned")
     if place is not None:
@@ -143,6 +144,17 @@ def cp_sat(prob: Problem) -> np.ndarray:
     prob.meta.update(cp_bound=bound * tick * (1.0 - 1e-9) if bound > 0 else None, cp_optimal=bool(optimal),
                      cp_improved=improved, cp_seconds=time.perf_counter() - t0)
     return best
+
+
+def _no_solution(*, hint_fits: bool) -> str:
+    """The note where CP-SAT proved its model (memory included, bytes rounded up) has no solution within the
+    horizon: no placement fits memory, or (``hint_fits``) none within the best start's step time, that start
+    included."""
+    rounded = f"bytes rounded up to units of {1 / UNITS:g} of the largest device's memory"
+    if not hint_fits:
+        return f"{NO_FIT} (CP-SAT proved it on its model, {rounded}): the best start returned"
+    return (f"CP-SAT proved that no placement within the best start's step time fits its model ({rounded}), "
+            "though that start fits: the best start returned")
 
 
 def _memory_fits(p, *, seed: int, deadline: float) -> bool | None:

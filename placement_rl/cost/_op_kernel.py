@@ -200,9 +200,16 @@ def bwd_range(lo, hi, dev, order, succ_ptr, succ_idx, succ_eid, edge_bytes, bwd,
                             gtime[dw] = t
                         if b > gbytes[dw]:
                             gbytes[dw] = b
-            # gradients accumulated on each consumer device are sent back once
+            # gradients accumulated on each consumer device are sent back once (none over zero-byte edges: u's
+            # backward still waits for those consumers' backward, with nothing on the link)
             for x in range(nt):
                 dw = touched[x]
+                if gbytes[dw] <= 0.0:
+                    t = gtime[dw]
+                    gtime[dw] = -1.0
+                    if t > ready:
+                        ready = t
+                    continue
                 cost = seg_time(link_upper, link_coef, dw, du, gbytes[dw])
                 link = dw * nd + du
                 st = gtime[dw] if gtime[dw] > link_free[link] else link_free[link]

@@ -16,7 +16,9 @@ Model (pure and deterministic):
   forward pass can be built one node at a time (the constructive env does) and ends where ``simulate`` does. Transfers on one link are serialised in the order
   they are issued and overlap with compute.
 * Backward: gradients flow along reversed edges with the same bytes; gradients produced on one device for
-  the same tensor are accumulated there and sent back once, after the last of them is computed. Edges out
+  the same tensor are accumulated there and sent back once, after the last of them is computed. An edge of zero
+  bytes sends nothing either way, forward or backward: it only orders its ends (the consumer's forward after the
+  producer's, the producer's backward after the consumer's). Edges out
   of a node whose output needs no gradient (see ``resolve.needs_grad``) carry none. Parameter gradients
   stay on their device.
 * Inference costs (``cost.modes.inference_costs``, ``mode=inference``): backward times are zero, no gradient is
