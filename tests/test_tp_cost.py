@@ -10,7 +10,7 @@ import torch
 
 from placement_rl.cost import resolve_costs, simulate_pipeline
 from placement_rl.cost.collectives import collective_time
-from placement_rl.cost.tensor_parallel import tp_cost_table
+from placement_rl.cost.tensor_parallel import collective_counts, tp_cost_table
 from placement_rl.errors import PlanError
 from placement_rl.graph import coarsen, tp, zoo
 from placement_rl.graph.capture import capture_zoo
@@ -72,6 +72,24 @@ def test_annotation_survives_coarsening_and_json(gpt):
     assert ann.ar_fwd.sum() == pytest.approx(fine.ar_fwd.sum()) and ann.ar_bwd.sum() == pytest.approx(fine.ar_bwd.sum())
     back = type(gpt).from_json(gpt.to_json())
     assert back.meta["tp"] == json.loads(json.dumps(gpt.meta["tp"]))
+
+
+def test_collective_counts_come_from_the_op_kinds_a_graph_file_holds(gpt):
+    """The parallel cross-entropy's bytes are three all-reduces, every other op's one: counted from the op kinds
+    ``meta["tp"]`` already held (no new field, schema version 1), so a graph file written before reads the same,
+    coarsened or not."""
+    ann = tp.annotation(gpt)
+    n_f, n_b = collective_counts(gpt, ann)
+    loss = ann.kind == tp.VOCAB_LOSS
+    assert n_f[loss].tolist() == [3.0] and (n_f[~loss] == 1).all() and (n_b == 1).all()
+    assert gpt.meta["tp"]["version"] == 1
+    back = type(gpt).from_json(gpt.to_json())
+    np.testing.assert_array_equal(collective_counts(back, tp.annotation(back))[0], n_f)
+    coarse = coarsen.coarsen(back, max_nodes=12)
+    c_ann = tp.annotation(coarse)
+    c_f, c_b = collective_counts(coarse, c_ann)
+    assert c_f[c_ann.ar_fwd > 0].sum() == n_f[ann.ar_fwd > 0].sum()
+    assert c_b[c_ann.ar_bwd > 0].sum() == n_b[ann.ar_bwd > 0].sum()
 
 
 def test_shard_graph_divides_split_ops_only(gpt):
@@ -182,11 +200,13 @@ def test_tp_collectives_priced_on_the_tp_group_links():
     across = simulate_pipeline(g, costs, topo, whole(g, (3, 4), 2, meta={"tp_across_hosts": True}))
     assert across.step_time > inside.step_time  # InfiniBand all-reduces are slower than NVLink ones
     ann = tp.annotation(g)
-    # the step time grows by the TP all-reduces: forward and backward, every micro-batch, on the critical path
+    # the step time grows by the TP all-reduces: forward and backward, every micro-batch, on the critical path, each
+    # all-reduce its own (the parallel cross-entropy's bytes are three)
     m = 2
     two = simulate_pipeline(g, costs, topo, whole(g, (0, 1), 2, num_microbatches=m))
-    comm = sum(collective_time("allreduce", b / m, (0, 1), topo, costs) for b in ann.ar_fwd if b > 0) \
-        + sum(collective_time("allreduce", b / m, (0, 1), topo, costs) for b in ann.ar_bwd if b > 0)
+    comm = sum(k * collective_time("allreduce", b / (k * m), (0, 1), topo, costs)
+               for nbytes, count in zip((ann.ar_fwd, ann.ar_bwd), collective_counts(g, ann))
+               for b, k in zip(nbytes, count) if b > 0)
     c2, _ = tp_cost_table(g, costs, topo, 2)
     compute = float(c2.fwd_time[:, 0].sum() + c2.bwd_time[:, 0].sum())
     fixed = float(np.minimum(c2.launch_overhead, c2.fwd_time)[:, 0].sum()
@@ -253,15 +273,19 @@ def test_tp_step_with_dp_computed_by_hand():
     fix_b = np.minimum(c2.launch_overhead, c2.bwd_time)[:, 0]
     var_f, var_b = c2.fwd_time[:, 0] - fix_f, c2.bwd_time[:, 0] - fix_b
 
-    def ar(nbytes):
-        return sum(collective_time("allreduce", b / (m * dp), (0, 1), topo, costs) for b in nbytes if b > 0)
+    n_f, n_b = collective_counts(g, ann)  # all-reduces per node: three for the parallel cross-entropy
 
-    fwd = var_f.sum() / (m * dp) + fix_f.sum() + ar(ann.ar_fwd)
-    bwd = var_b.sum() / (m * dp) + fix_b.sum() + ar(ann.ar_bwd)
+    def ar(nbytes, count):
+        return sum(k * collective_time("allreduce", b / (k * m * dp), (0, 1), topo, costs)
+                   for b, k in zip(nbytes, count) if b > 0)
+
+    fwd = var_f.sum() / (m * dp) + fix_f.sum() + ar(ann.ar_fwd, n_f)
+    bwd = var_b.sum() / (m * dp) + fix_b.sum() + ar(ann.ar_bwd, n_b)
     assert res.meta["stage_fwd_time"][0] == pytest.approx(fwd, rel=1e-12)
     assert res.meta["stage_bwd_time"][0] == pytest.approx(bwd, rel=1e-12)
     # the TP bytes shrink with the DP degree: priced at batch / m, the same plan's forward would be slower
-    assert ar(ann.ar_fwd) < sum(collective_time("allreduce", b / m, (0, 1), topo, costs) for b in ann.ar_fwd if b > 0)
+    assert ar(ann.ar_fwd, n_f) < sum(k * collective_time("allreduce", b / (k * m), (0, 1), topo, costs)
+                                     for b, k in zip(ann.ar_fwd, n_f) if b > 0)
     compute = m * (fwd + bwd)
     assert compute <= res.step_time <= compute + res.meta["allreduce_time"][0] + 1e-15
 

@@ -30,16 +30,16 @@ runs on the 8) where it divides the graph's split sizes (``graph.tp.check_degree
 
 ``tau_k`` (one micro-batch, forward + backward, on the ``k``-th device group, by the simulator's rules): variable
 node time / (m dp) + fixed (launch) time + the TP all-reduces at the micro-batch's bytes over the stage's own first
-TP group (with sequence parallelism: a reduce-scatter and an all-gather of the same bytes, and the token-wise ops on
-1/t of the sequence), each node at the time of the slowest rank of its TP group (unequal devices), forward and
-backward each paced by the slowest TP group of the stage, + both directions of the boundary transfer (every tensor
-produced before the cut and consumed after it, skip connections passed along, on the slowest link between the two
-groups). Tied parameters (``graph.meta["tied"]``, priced as the simulator does): a stage's copies
-(``PipeProblem.copy_bytes``) count in its memory as its own parameters, and a plan's objective ends no earlier than
-its tied gradient all-reduces, each started once its stages are done (``PipelineSimulator.tied_sync``; a stage ends
-when the stages before it have run their backward after it); the cut search's dynamic program does not see these
-all-reduces (they depend on the whole plan), the candidates' estimates and the simulated ranking do. With one
-micro-batch and DP degree 1 the objective *is* the simulated step
+TP group (``tensor_parallel.collective_counts`` of them per node; with sequence parallelism: a reduce-scatter and
+an all-gather of the same bytes, and the token-wise ops on 1/t of the sequence), each node at the time of the
+slowest rank of its TP group (unequal devices), forward and backward each paced by the slowest TP group of the
+stage, + both directions of the boundary transfer (every tensor produced before the cut and consumed after it, skip
+connections passed along, on the slowest link between the two groups). Tied parameters (``graph.meta["tied"]``,
+priced as the simulator does): a stage's copies (``PipeProblem.copy_bytes``) count in its memory as its own
+parameters, and a plan's objective ends no earlier than its tied gradient all-reduces, each started once its stages
+are done (``PipelineSimulator.tied_sync``; a stage ends when the stages before it have run their backward after it);
+the cut search's dynamic program does not see these all-reduces (they depend on the whole plan), the candidates'
+estimates and the simulated ranking do. With one micro-batch and DP degree 1 the objective *is* the simulated step
 time (``cut_objective``; tested on every plan of a brute force). Limits of ``exact``: it is exact over the discrete
 choices and over cuts *for that analytic objective* (with m > 1 the simulator's event-level schedule, and DP / FSDP
 collectives and their overlap, are only in the final simulated ranking: on the brute force's small GPT the objective
@@ -63,7 +63,7 @@ from placement_rl.baselines.pipe_tp_groups import (_host_runs, accelerators, hos
 from placement_rl.baselines.pipe_tp_memory import _kept, _size_ratio
 from placement_rl.cost.comm_fit import inverse_bandwidth
 from placement_rl.cost.memory import BUCKET_BYTES, FSDP_GATHER_FACTOR, STATE_FACTOR
-from placement_rl.cost.tensor_parallel import segment_times
+from placement_rl.cost.tensor_parallel import collective_times
 from placement_rl.errors import ConfigError, PlanError
 from placement_rl.graph import tp as tpmod
 from placement_rl.plans import RECOMPUTE, SHARDINGS
@@ -153,14 +153,14 @@ class _Stages:
         slowest of its TP groups, as the simulator prices them (inf where a >= b)."""
         grp = self.group(k)
         if grp not in self._tau:
-            fvar, ffix, bvar, bfix, _, _, arf, arb = self.arrays
+            fvar, ffix, bvar, bfix, _, _, arf, arb, n_f, n_b = self.arrays
             order, scale = self.pp.order, 1.0 / (self.m * self.dp)
             f_comm = b_comm = 0.0
             if self.t > 1:  # Megatron-SP: a reduce-scatter and an all-gather in place of each all-reduce
                 groups = tuple(tuple(grp[i:i + self.t]) for i in range(0, len(grp), self.t))  # the slowest sets it
                 tabs = self.pp.sim._sp_collective(groups) if self.sp else self.pp.sim._tp_collective(groups)[:1]
-                f_comm = sum(segment_times(tab, arf[order] * scale) for tab in tabs)
-                b_comm = sum(segment_times(tab, arb[order] * scale) for tab in tabs)
+                f_comm = sum(collective_times(tab, arf[order] * scale, n_f[order]) for tab in tabs)
+                b_comm = sum(collective_times(tab, arb[order] * scale, n_b[order]) for tab in tabs)
             g = self.grid
             fwd = bwd = None
             for i in range(0, len(grp), self.t):

@@ -59,7 +59,10 @@ Model (pure and deterministic), for S stages, m micro-batches, stage s on a devi
 * ``meta``: per-stage forward/backward time per micro-batch, end, collective time (``allreduce_time``:
   DDP bucket all-reduces, or FSDP all-gathers + reduce-scatters over the step), TP collective time
   (``tp_comm_time``: a TP stage's blocking all-reduces over the step, inside its forward / backward times), the
-  bubble fraction ``1 - mean over groups of busy time / step_time``, and ``cost_batch_size`` (None: whole batch).
+  bubble fraction ``1 - mean over groups of (busy time + TP collective time) / step_time`` (the share of the step a
+  device group is idle: pipeline fill and drain, waits on transfers, exposed DP / FSDP collectives; neither its
+  compute nor its TP collectives count, so a one-stage plan without DP has none, TP or not), and
+  ``cost_batch_size`` (None: whole batch).
 * ``SimResult.device_busy``: a device's forward and backward spans over the step less its TP collectives (an FSDP
   stage's exposed gathers stay in its spans); ``comm_time``: the pipeline transfers, DP / FSDP collectives and tied
   all-reduces, summed (the TP collectives are apart, in ``meta["tp_comm_time"]``).
@@ -167,6 +170,7 @@ class PipelineSimulator(TensorParallel, TiedParameters):
         self._source = costs.describe_source(topology.device_names)
         self._tp: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
         self._tp_ann = None
+        self._tp_n: tuple[np.ndarray, np.ndarray] | None = None  # TP collectives per node (``_tp_counts``)
         self._tp_coll: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._tp_link_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._ties = tied_parameters(graph)
@@ -242,15 +246,16 @@ class PipelineSimulator(TensorParallel, TiedParameters):
         return lay.fw, lay.iw, lay.out_stage, lay.out_group, self._out
 
     def _simulate(self, plan: StagePlan, rec: tuple) -> tuple:
-        """``(layout, out, out_stage, out_group, tie_sync, tie_copy)`` of one simulation: ``out`` = (step time,
-        status, comm time), the kernel's per-stage and per-group outputs, the tied all-reduces ``(start, end,
-        groups)`` and the tied copy bytes per stage (None without tied parameters); its own arrays in a thread other
-        than the creator (see ``_buffers``)."""
+        """``(layout, out, out_stage, out_group, tie_sync, tie_copy, tp_parts)`` of one simulation: ``out`` = (step
+        time, status, comm time), the kernel's per-stage and per-group outputs, the tied all-reduces ``(start, end,
+        groups)``, the tied copy bytes per stage (None without tied parameters) and the TP collectives as priced for
+        the kernel (``_tp_comm_parts``; None without TP); its own arrays in a thread other than the creator (see
+        ``_buffers``)."""
         ratio = self.batch_ratio(plan)
         graph_arrays, size_arrays = self._graph_arrays, self._size_arrays
-        given = plan
+        given, tp_parts = plan, None
         if plan.uses_tp:
-            plan, (graph_arrays, size_arrays) = self._tp_plan(plan)
+            plan, (graph_arrays, size_arrays), tp_parts = self._tp_plan(plan)
         if any(r != "none" for r in given.recompute):
             graph_arrays, size_arrays = self._recompute(given, graph_arrays, size_arrays)
         if given.uses_tp:  # after recomputation: a TP group waits for its slowest rank on every node
@@ -280,7 +285,7 @@ class PipelineSimulator(TensorParallel, TiedParameters):
             plan.validate(self.graph, self.topology)  # raises the PlanError that names the problem
             raise PlanError(f"stage plan does not fit graph '{self.graph.name}'")
         tie_sync = self._tied_sync(given, lay, syncs, out_stage, out) if self._ties and self.mode == "train" else []
-        return lay, out, out_stage, out_group, tie_sync, tie_copy
+        return lay, out, out_stage, out_group, tie_sync, tie_copy, tp_parts
 
     def step_time(self, plan: StagePlan) -> float:
         """Simulated step time (seconds) of ``plan``."""
@@ -294,8 +299,8 @@ class PipelineSimulator(TensorParallel, TiedParameters):
                    np.zeros(r, np.int64))
         else:
             rec = self._no_rec
-        lay, out, out_stage, out_group, tie_sync, tie_copy = self._simulate(plan, rec)
-        tp_comm = self.tp_comm_time(plan, self.mode == "train") if plan.uses_tp else np.zeros(plan.num_stages)
+        lay, out, out_stage, out_group, tie_sync, tie_copy, tp_parts = self._simulate(plan, rec)
+        tp_comm = self.tp_comm_time(plan, self.mode == "train", tp_parts) if plan.uses_tp else np.zeros(plan.num_stages)
         compute = out_group[1] - np.bincount(lay.sgroup, weights=tp_comm, minlength=lay.num_groups)
         busy, mem = np.zeros(self.topology.num_devices), np.zeros(self.topology.num_devices)
         busy[lay.device_idx] = compute[lay.device_group]
@@ -305,7 +310,7 @@ class PipelineSimulator(TensorParallel, TiedParameters):
                 for grp in plan.tp_groups(s):
                     busy[list(grp)], mem[list(grp)] = busy[grp[0]], mem[grp[0]]
         step = float(out[0])
-        bubble = 1.0 - float(compute.mean()) / step if step > 0 else 0.0
+        bubble = 1.0 - float(out_group[1].mean()) / step if step > 0 else 0.0  # idle: no compute, no TP collective
         st = out_stage
         meta = {"schedule": plan.schedule, "num_microbatches": int(plan.num_microbatches),
                 "stage_fwd_time": st[0].tolist(), "stage_bwd_time": st[1].tolist(),

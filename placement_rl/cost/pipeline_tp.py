@@ -35,15 +35,16 @@ class TensorParallel:
 
     def node_arrays(self, tp: int = 1, divisible_by: int = 128,
                     sequence_parallel: bool = False) -> tuple[np.ndarray, ...]:
-        """``(fvar, ffix, bvar, bfix [D, N], param, act [N], ar_fwd, ar_bwd [N])`` of one rank at TP degree ``tp``:
-        variable (shrinks with micro-batches and replicas) and fixed node times, per-rank sizes, and the TP
+        """``(fvar, ffix, bvar, bfix [D, N], param, act [N], ar_fwd, ar_bwd, n_fwd, n_bwd [N])`` of one rank at TP
+        degree ``tp``: variable (shrinks with micro-batches and replicas) and fixed node times, per-rank sizes, the TP
         all-reduce bytes per node at the whole batch (zero at ``tp = 1``; with ``sequence_parallel`` each is a
-        reduce-scatter plus an all-gather of those bytes). For planners; read-only."""
+        reduce-scatter plus an all-gather of those bytes) and how many collectives share them
+        (``tensor_parallel.collective_counts``). For planners; read-only."""
         ann = self._annotation()
         if tp == 1:
-            z = np.zeros(self.graph.num_nodes)
-            return (*self._graph_arrays[3:], *self._size_arrays[:2], z, z)
-        return (*self._tp_arrays(tp, divisible_by, sequence_parallel), ann.ar_fwd, ann.ar_bwd)
+            z, one = np.zeros(self.graph.num_nodes), np.ones(self.graph.num_nodes)
+            return (*self._graph_arrays[3:], *self._size_arrays[:2], z, z, one, one)
+        return (*self._tp_arrays(tp, divisible_by, sequence_parallel), ann.ar_fwd, ann.ar_bwd, *self._tp_counts())
 
     def _annotation(self):
         """The graph's TP annotation (``graph.tp.annotation``), looked up once."""
@@ -52,6 +53,14 @@ class TensorParallel:
 
             self._tp_ann = annotation(self.graph)
         return self._tp_ann
+
+    def _tp_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """The TP collectives each node's bytes are, forward and backward (``tensor_parallel.collective_counts``)."""
+        if self._tp_n is None:
+            from placement_rl.cost.tensor_parallel import collective_counts
+
+            self._tp_n = collective_counts(self.graph, self._annotation())
+        return self._tp_n
 
     def _tp_collective(self, groups: tuple) -> tuple[np.ndarray, np.ndarray]:
         """Segment tables of an all-reduce over a stage's TP groups (or over one group of devices), forward and
@@ -94,54 +103,58 @@ class TensorParallel:
             self._tp_link_cache[key] = links
         return links
 
-    def _tp_plan(self, plan: StagePlan) -> tuple[StagePlan, tuple]:
-        """The plan the kernel times (each stage on its first DP group) and the node arrays with TP applied: a TP
-        stage's nodes at one rank's cost, their TP collectives added to their fixed times."""
+    def _tp_plan(self, plan: StagePlan) -> tuple[StagePlan, tuple, dict]:
+        """The plan the kernel times (each stage on its first DP group), the node arrays with TP applied (a TP
+        stage's nodes at one rank's cost, their TP collectives added to their fixed times) and those collectives'
+        prices (``_tp_comm_parts``, which ``tp_comm_time`` reuses)."""
         plan.validate(self.graph, self.topology)
         fvar, ffix, bvar, bfix = (self._graph_arrays[k].copy() for k in (3, 4, 5, 6))
         param, act = self._size_arrays[0].copy(), self._size_arrays[1].copy()
-        for s, t in enumerate(plan.tp):
-            if t == 1:
-                continue
-            nodes = np.flatnonzero(plan.stage_of_node == s)
-            a = self._tp_arrays(t, plan.make_vocab_size_divisible_by, plan.sequence_parallel)
+        parts = self._tp_comm_parts(plan)
+        for s, (nodes, comm) in parts.items():
+            a = self._tp_arrays(plan.tp[s], plan.make_vocab_size_divisible_by, plan.sequence_parallel)
             fvar[:, nodes], ffix[:, nodes], bvar[:, nodes], bfix[:, nodes] = (x[:, nodes] for x in a[:4])
             param[nodes], act[nodes] = a[4][nodes], a[5][nodes]
-            for f, b in self._tp_node_comm(plan, s, nodes):
+            for f, b in comm:
                 ffix[:, nodes] += f[None, :]
                 bfix[:, nodes] += b[None, :]
         groups = tuple(plan.dp_groups(s)[0] for s in range(plan.num_stages))
         kernel_plan = dataclasses.replace(plan, stage_devices=groups, tp=(), sequence_parallel=False)  # priced above
         arrays = (*self._graph_arrays[:3], fvar, ffix, bvar, bfix)
-        return kernel_plan, (arrays, (param, act, *self._tp_links(plan)))
+        return kernel_plan, (arrays, (param, act, *self._tp_links(plan))), parts
+
+    def _tp_comm_parts(self, plan: StagePlan) -> dict[int, tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]]:
+        """``{s: (nodes, _tp_node_comm(plan, s, nodes))}`` for each stage ``s`` with TP: its nodes and their TP
+        collectives' seconds per micro-batch, priced once per simulation (``_tp_plan``, ``tp_comm_time``)."""
+        stages = {s: np.flatnonzero(plan.stage_of_node == s) for s, t in enumerate(plan.tp) if t > 1}
+        return {s: (nodes, self._tp_node_comm(plan, s, nodes)) for s, nodes in stages.items()}
 
     def _tp_node_comm(self, plan: StagePlan, s: int, nodes: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per collective kind of TP stage ``s`` (an all-reduce; with sequence parallelism, Megatron-SP, a
         reduce-scatter and an all-gather of the same bytes), the seconds it takes on each of ``nodes`` per
         micro-batch, forward and backward: at the micro-batch's bytes ``bytes / (m x dp)``, over the stage's TP
-        groups (the slowest sets it)."""
-        from placement_rl.cost.tensor_parallel import segment_times
+        groups (the slowest sets it), each of a node's collectives (``_tp_counts``) at its share of them."""
+        from placement_rl.cost.tensor_parallel import collective_times
 
-        ann, groups = self._annotation(), plan.tp_groups(s)
+        ann, groups, (n_f, n_b) = self._annotation(), plan.tp_groups(s), self._tp_counts()
         tabs = self._sp_collective(groups) if plan.sequence_parallel else self._tp_collective(groups)[:1]
         per = int(plan.num_microbatches) * plan.dp_degrees[s]
-        return [(segment_times(tab, ann.ar_fwd[nodes] / per), segment_times(tab, ann.ar_bwd[nodes] / per))
-                for tab in tabs]
+        return [(collective_times(tab, ann.ar_fwd[nodes] / per, n_f[nodes]),
+                 collective_times(tab, ann.ar_bwd[nodes] / per, n_b[nodes])) for tab in tabs]
 
-    def tp_comm_time(self, plan: StagePlan, train: bool = True) -> np.ndarray:
+    def tp_comm_time(self, plan: StagePlan, train: bool = True, parts: dict | None = None) -> np.ndarray:
         """float [S]: the seconds each stage spends in its blocking TP collectives over the step -- every
         micro-batch's forward ones and, in training, its backward ones plus, for the nodes activation recomputation
         runs again, their forward ones once more (0 for a stage without TP). The kernel times them inside the
         nodes' forward / backward (``_tp_plan``); ``run`` reports them as ``meta["tp_comm_time"]``, not as busy
-        compute."""
+        compute. ``parts``: the collectives as ``_tp_comm_parts`` priced them for the kernel (default: priced
+        here)."""
         n = self.graph.num_nodes
         fwd, bwd = np.zeros(n), np.zeros(n)
-        for s, t in enumerate(plan.tp):
-            if t > 1:
-                nodes = np.flatnonzero(plan.stage_of_node == s)
-                for f, b in self._tp_node_comm(plan, s, nodes):
-                    fwd[nodes] += f
-                    bwd[nodes] += b
+        for nodes, comm in (parts if parts is not None else self._tp_comm_parts(plan)).values():
+            for f, b in comm:
+                fwd[nodes] += f
+                bwd[nodes] += b
         if not train:
             bwd[:] = 0.0
         elif any(r != "none" for r in plan.recompute):  # the repeated forward's collectives, as the kernel has them

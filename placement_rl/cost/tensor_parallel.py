@@ -15,7 +15,8 @@ Modelled (Megatron-LM TP without sequence parallelism; annotations from ``placem
   input gradient and of the LM head's input gradient in backward, and the parallel cross-entropy's three
   one-number-per-token all-reduces; priced by ``collectives.coeff_array`` over the stage's first TP group (the
   measured NCCL fit where the topology names one, else ring / tree over its links), at the micro-batch's bytes
-  ``bytes / (m x dp)``.
+  ``bytes / (m x dp)``, each collective paying its own latency (``collective_counts``: the cross-entropy's bytes
+  are three all-reduces, a coarsened group's its members' collectives).
 * Memory: parameters, gradients and Adam state of split ops divided by ``t``, saved activations of split ops
   divided by ``t`` (replicated ones not), on top of which DP / FSDP shard as usual over the stage's DP group.
 * Sequence parallelism (``StagePlan.sequence_parallel``, Megatron-SP): the replicated token-wise ops between TP
@@ -35,12 +36,14 @@ not divide the heads / hidden sizes is refused; the vocabulary is padded instead
 from __future__ import annotations
 
 import dataclasses
+from typing import Mapping
 
 import numpy as np
 
 from placement_rl.cost.types import CostTable
 from placement_rl.graph.ir import CompGraph
 from placement_rl.graph.tp import VOCAB_DIVISIBLE_BY, TPAnnotation, annotation, shard_graph
+from placement_rl.graph.tp_detect import KINDS, SCHEMA_VERSION, collectives
 from placement_rl.topology import DeviceTopology
 
 
@@ -78,6 +81,29 @@ def split_nodes(ann: TPAnnotation, *, sequence_parallel: bool = False) -> np.nda
     return np.asarray(split, dtype=bool)
 
 
+def collective_counts(graph: CompGraph, ann: TPAnnotation) -> tuple[np.ndarray, np.ndarray]:
+    """``(fwd, bwd)`` float [N], each at least 1: how many TP collectives a node's ``ann.ar_fwd`` / ``ann.ar_bwd``
+    bytes are, every micro-batch (``tp_detect.collectives``: three for the parallel cross-entropy, else one per op
+    with bytes); a coarsened group's, the sum over its members (each collective pays its own latency). From the
+    annotation's op kinds, so a graph file written before the counts were priced gets them too."""
+    if graph.members is None:
+        names = [KINDS[k] for k in ann.kind]
+        fwd = np.array([collectives(k) for k in names], dtype=np.float64) * (ann.ar_fwd > 0)
+        return np.maximum(fwd, 1.0), np.ones(graph.num_nodes)
+    data = graph.meta.get("tp")
+    if not isinstance(data, Mapping) or data.get("version") != SCHEMA_VERSION:  # no annotation: no bytes to count
+        return np.ones(graph.num_nodes), np.ones(graph.num_nodes)
+    kinds, arf, arb = (dict(data.get(key) or {}) for key in ("nodes", "ar_fwd", "ar_bwd"))
+    fwd = [sum(collectives(kinds.get(m)) for m in grp if arf.get(m, 0) > 0) for grp in graph.members]
+    bwd = [sum(1 for m in grp if arb.get(m, 0) > 0) for grp in graph.members]
+    return np.maximum(np.array(fwd, dtype=np.float64), 1.0), np.maximum(np.array(bwd, dtype=np.float64), 1.0)
+
+
+def collective_times(table: np.ndarray, nbytes: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Seconds of ``count`` collectives sharing ``nbytes`` evenly, per node (``segment_times`` of each share)."""
+    return count * segment_times(table, nbytes / count)
+
+
 def segment_times(table: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
     """Vectorised ``comm_fit.segment_time``: ``alpha + beta * n`` of the first row with ``n < upper``; 0 bytes: 0."""
     upper = table[:, 0]
@@ -86,4 +112,4 @@ def segment_times(table: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
     return np.where(nbytes > 0, out, 0.0)
 
 
-__all__ = ["segment_times", "split_nodes", "tp_cost_table"]
+__all__ = ["collective_counts", "collective_times", "segment_times", "split_nodes", "tp_cost_table"]

@@ -19,14 +19,16 @@
   tied or not) is split by vocabulary (column-parallel): between them only views and element-wise ops that keep
   the vocabulary axis (a bias over the vocabulary such as BART's ``final_logits_bias``, a scalar scale, Gemma2's
   tanh softcapping), which run on the sharded logits; the loss runs on vocab-sharded logits (Megatron's parallel
-  cross-entropy: three all-reduces of one number per token).
+  cross-entropy: ``LOSS_ALLREDUCES`` = three all-reduces of one number per token -- the logits' maximum, the sum of
+  their exponentials, the target's logit).
 * Everything else is **replicated** (norms, residual adds, dropout on the residual stream, position
   embeddings): every TP rank runs it in full. Sequence parallelism is not modelled.
 
 Collectives per node (bytes at the graph's batch; each is an all-reduce over the TP group, every micro-batch):
 ``ar_fwd`` -- the row GEMM's output, the vocab-parallel embedding's output, the parallel cross-entropy's
-``3 x tokens x 4`` bytes; ``ar_bwd`` -- the input gradient of each pair's columns (once per distinct input
-tensor: Megatron's ``f`` operator) and of the LM head.
+``3 x tokens x 4`` bytes (three collectives of a third each: ``collectives``); ``ar_bwd`` -- the input gradient of
+each pair's columns (once per distinct input tensor: Megatron's ``f`` operator) and of the LM head. Every other op
+with bytes is one collective.
 
 ``dims``: the sizes a TP degree must divide -- every column's output features and row's input features
 (derived from FLOPs and bytes: ``tokens = 2 out_bytes in_bytes / (F e^2)`` with ``e`` the parameter element
@@ -47,6 +49,14 @@ from placement_rl.graph.ir import CompGraph
 from placement_rl.graph.op_classes import base_name, op_class
 from placement_rl.graph.tp_kinds import (COLUMN, KINDS, REPLICATED, ROW, SCHEMA_VERSION, SHARDED,  # noqa: F401
                                          VOCAB_EMB, VOCAB_HEAD, VOCAB_LOSS)
+
+LOSS_ALLREDUCES = 3  # Megatron's vocab-parallel cross-entropy: max, sum of exponentials, target logit
+
+
+def collectives(kind: str | None) -> int:
+    """How many TP collectives the ``ar_fwd`` bytes of an op of annotation ``kind`` (a ``KINDS`` name) are, every
+    micro-batch: ``LOSS_ALLREDUCES`` for the parallel cross-entropy, else one (its ``ar_bwd`` bytes: always one)."""
+    return LOSS_ALLREDUCES if kind == KINDS[VOCAB_LOSS] else 1
 
 
 def _classes(graph: CompGraph) -> list[str]:
@@ -314,7 +324,7 @@ def detect(graph: CompGraph) -> dict[str, Any]:
             head = src
             if dims is not None:
                 vocab = dims[1]
-                ar_fwd[loss] = 3.0 * dims[2] * 4.0
+                ar_fwd[loss] = LOSS_ALLREDUCES * dims[2] * 4.0
             break
     embeds = [v for v in range(n) if cls[v] == "embedding" and graph.param_bytes[v] > 0]
     if embeds and (vocab is not None or pairs):
@@ -346,5 +356,5 @@ def detect(graph: CompGraph) -> dict[str, Any]:
             "vocab": vocab, "split_nodes": split, "note": note}
 
 
-__all__ = ["COLUMN", "KINDS", "REPLICATED", "ROW", "SCHEMA_VERSION", "SHARDED", "VOCAB_EMB", "VOCAB_HEAD",
-           "VOCAB_LOSS", "detect"]
+__all__ = ["COLUMN", "KINDS", "LOSS_ALLREDUCES", "REPLICATED", "ROW", "SCHEMA_VERSION", "SHARDED", "VOCAB_EMB",
+           "VOCAB_HEAD", "VOCAB_LOSS", "collectives", "detect"]
