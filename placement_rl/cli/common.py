@@ -294,15 +294,24 @@ def in_job_worker() -> bool:
 
 
 class Interrupted(KeyboardInterrupt):
-    """A Ctrl-C a command accounts for: ``hydra_app`` prints its line (``str(exc)``) in place of ``interrupted``."""
+    """A Ctrl-C a command accounts for: ``hydra_app`` prints its line (``str(exc)``) in place of ``interrupted``.
+    ``kept``: the command keeps the files it wrote, so an earlier run's files it replaced stay set aside (put back
+    beside them they would pass for this run's results), where the line says."""
+
+    def __init__(self, line: str, kept: bool = False):
+        super().__init__(line)
+        self.kept = kept
 
 
 @contextlib.contextmanager
 def files_on_interrupt(written: list[str], planned: Iterable[str]) -> Iterator[None]:
-    """A Ctrl-C in the block becomes ``Interrupted`` naming the files written so far (``written``: the caller
-    appends each as it writes it) and those of ``planned`` (names or shell patterns) not: ``interrupted: wrote
-    checkpoint.pt, placement.json; metrics.json, comparison.* not written``."""
+    """A Ctrl-C (or SIGTERM: ``hydra_app(sigterm=True)``) in the block becomes ``Interrupted`` naming the files
+    written so far (``written``: the caller appends each as it writes it), kept, and those of ``planned`` (names or
+    shell patterns) not: ``interrupted: wrote checkpoint.pt, placement.json; metrics.json, comparison.* not
+    written``, and where an earlier run's files set aside are (``run_folder.held_note``)."""
     from fnmatch import fnmatch
+
+    from placement_rl.cli.run_folder import held_note
 
     try:
         yield
@@ -313,10 +322,10 @@ def files_on_interrupt(written: list[str], planned: Iterable[str]) -> Iterator[N
             raise Interrupted("interrupted: no file written") from None
         left = [f for f in planned if not any(fnmatch(w, f) for w in written)]
         raise Interrupted(f"interrupted: wrote {', '.join(written)}"
-                          + (f"; {', '.join(left)} not written" if left else "")) from None
+                          + (f"; {', '.join(left)} not written" if left else "") + held_note(), kept=True) from None
 
 
-def hydra_app(config_name: str, *, writes: Iterable[str] = (), replaces: Iterable[str] = ()
+def hydra_app(config_name: str, *, writes: Iterable[str] = (), replaces: Iterable[str] = (), sigterm: bool = False
               ) -> Callable[[Callable[[DictConfig], Any]], Callable[[], None]]:
     """Turn ``run(cfg)`` into a Hydra ``main``. The command line is checked first (``preflight``: group options,
     typed values, see ``placement_rl.cli.schema``; the run folder); domain errors become one line on stderr and
@@ -327,7 +336,8 @@ def hydra_app(config_name: str, *, writes: Iterable[str] = (), replaces: Iterabl
     given again are set aside before it runs, with a line naming them (``run_folder.set_aside``; put back
     where it fails), so that one folder
     never holds two runs' results. A Ctrl-C exits 130 with ``interrupted`` on stderr (an ``Interrupted``: its own
-    line)."""
+    line; one that ``kept`` its files leaves the earlier run's set aside); so does SIGTERM given ``sigterm``
+    (``signals.sigterm_as_interrupt``)."""
     import hydra
 
     writes, replaces = tuple(writes), tuple(replaces)
@@ -337,6 +347,12 @@ def hydra_app(config_name: str, *, writes: Iterable[str] = (), replaces: Iterabl
         def task(cfg: DictConfig) -> None:
             global _TASK_STARTED
             _TASK_STARTED = True
+            from placement_rl.cli.signals import sigterm_as_interrupt
+
+            with sigterm_as_interrupt() if sigterm else contextlib.nullcontext():
+                job(cfg)
+
+        def job(cfg: DictConfig) -> None:
             try:
                 from placement_rl.cli import schema
 
@@ -347,11 +363,13 @@ def hydra_app(config_name: str, *, writes: Iterable[str] = (), replaces: Iterabl
                 earlier = set_aside(output_dir(), replaces, keep=config_paths(cfg))
                 if earlier.names:
                     print(f"{output_dir()} held an earlier {config_name} run's files, replaced (this run writes its "
-                          f"own; they come back if it fails): {listed(earlier.names)}", flush=True)
+                          "own; they come back if it fails, or if it is interrupted before it wrote any: else its "
+                          f"interrupt line says where they are): {listed(earlier.names)}", flush=True)
                 try:
                     run(cfg)
-                except BaseException:
-                    earlier.restore()  # a failed run keeps the earlier results
+                except BaseException as exc:
+                    if not getattr(exc, "kept", False):
+                        earlier.restore()  # a failed run keeps the earlier results
                     raise
                 earlier.drop()
             except PlacementRLError as exc:

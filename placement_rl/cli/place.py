@@ -7,8 +7,8 @@ import time
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from placement_rl.cli.common import (Phases, build_graph, build_topology, hydra_app, output_dir, plural, save_plan,
-                                     warm_up, write_json)
+from placement_rl.cli.common import (Phases, build_graph, build_topology, files_on_interrupt, hydra_app, output_dir,
+                                     plural, save_plan, warm_up, write_json)
 from placement_rl.cli.place_search import FOLDER
 from placement_rl.cli.place_notes import (GRAPH_OPTIONS, ONE_PASS_NOTE, bound_note, coarse_groups, env_setup, fit_row,
                                          graph_options_note, overflow_note, said_on_signal, samples_note,
@@ -127,8 +127,10 @@ def sampled(policy, res, samples: int, seed: int, phases: Phases, *, kept: str):
     return res
 
 
-def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
-    """A constructive (schedule-aware) policy: greedy and best of ``samples`` sampled placements, each a row."""
+def run_constructive(cfg: DictConfig, ckpt_path: str, written: list[str]) -> dict:
+    """A constructive (schedule-aware) policy: greedy and best of ``samples`` sampled placements, each a row; each
+    file's name is appended to ``written`` once it is written (a signal in the greedy pass ends the run at once,
+    the earlier run's files put back: ``said_on_signal``)."""
     import torch
 
     from placement_rl.agents.constructive import placement_calls, state_window
@@ -186,14 +188,16 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
     window = state_window(policy, graph.num_nodes)
     # greedy, then the samples (the same draws as evaluate(samples=k): the greedy decode draws nothing), so that
     # each phase reports when it starts and ends
-    with phases(f"greedy placement (window {window})",  # minutes on 50,000 nodes: a line every 10 s
-                status=lambda: f"one pass over {plural(graph.num_nodes, 'node')} running") as note:
+    with said_on_signal("interrupted: no file written", restore=True), \
+            phases(f"greedy placement (window {window})",  # minutes on 50,000 nodes: a line every 10 s
+                   status=lambda: f"one pass over {plural(graph.num_nodes, 'node')} running") as note:
         res = greedy_result(policy, task)
         note.append(f"{res.greedy_time * 1e3:.3f} ms")
     out = output_dir()
     # the greedy placement is the run's plan until a faster one is found: a run stopped later keeps it
     t_write = time.perf_counter()
     plan, plan_file = save_plan(res.greedy.devices[0], graph, topology, out, costs=costs)
+    written += ["graph.json", plan_file]
     t0 += time.perf_counter() - t_write  # writing it is not the policy's time
     if samples > 0:
         res = sampled(policy, res, samples, seed, phases, kept=f"{plan_file} in {out}")
@@ -243,6 +247,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
             note.append(f"{search['step_time'] * 1e3:.3f} ms")
         (out / "search").mkdir(exist_ok=True)
         save_plan(search["devices"], graph, topology, out / "search", costs=costs)
+        written.append("search/placement.json")
         metrics["search"] = {k: v for k, v in search.items() if k != "devices"}
     timed, timed_files = None, []
     if search_seconds > 0:  # the policy-guided search for that many seconds (anytime), and the searches a user
@@ -252,6 +257,7 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
                                           compare=bool(cfg.compare), phases=phases, start=res.best_devices)
         timed_files = place_search.write(timed, graph, topology, out, search_seconds, learned=step_time,
                                          costs=costs)
+        written += timed_files
         metrics["policy_search"] = place_search.metrics(timed)
     ran = {} if timed is None else place_search.done(timed)  # policy_search and the same-seconds searches that ran
     fitted = None
@@ -260,17 +266,19 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
         if fitted is not None:
             (out / "fit").mkdir(exist_ok=True)
             save_plan(fitted["devices"], graph, topology, out / "fit", costs=costs)
+            written.append("fit/placement.json")
             metrics["fitted"] = {k: v for k, v in fitted.items() if k != "devices"}
     if cp_row is not None:
         (out / "cp").mkdir(exist_ok=True)
         save_plan(cp_row["devices"], graph, topology, out / "cp", costs=costs)
+        written.append("cp/placement.json")
         metrics["cp_solution"] = {k: v for k, v in cp_row.items() if k != "devices"}
     # every placement the run holds, the policy's first (then the baselines', with compare)
     held = {"policy": {"step_time": step_time, "feasible": fits, "devices": res.best_devices},
             **({} if search is None else {"search": search}),
             **{n if n == "policy_search" else f"{n} for {search_seconds:g} s": r for n, r in ran.items()},
             **({} if fitted is None else {"fit": fitted}), **({} if cp_row is None else {"cp": cp_row})}
-    compared: list[str] = []
+    first = len(written)  # the comparison's files follow (``compare_learned`` appends each as it writes it)
     if cfg.compare:
         from placement_rl.cli.evaluate import ExtraRow, compare_learned
 
@@ -286,11 +294,14 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
                          r["sim_calls"], Placement(r["devices"])) for name, r in ran.items()]
         metrics.update(compare_learned(graph, costs, topology, out, label=label, plan=plan,
                                        step_time=step_time, feasible=metrics["feasible"], seconds=wall,
-                                       sim_calls=calls, seed=seed, what="zero-shot placement", files=compared,
+                                       sim_calls=calls, seed=seed, what="zero-shot placement", files=written,
                                        progress=phases.enabled, learned=greedy_row, after=searched, timed=same,
                                        found=held))
         label_costs(out, costs)
+    compared = written[first:]
     metrics.update(write_best(held, graph, topology, out, costs))
+    if metrics["best_file"]:
+        written.append(metrics["best_file"])
     write_json(out / "metrics.json", metrics)
     found = (f"best of {plural(samples, 'sample')} {res.best_time * 1e3:.3f} ms" if samples > 0
              else "no samples (samples=0: greedy only)")
@@ -326,6 +337,23 @@ def run_constructive(cfg: DictConfig, ckpt_path: str) -> dict:
 
 
 def run(cfg: DictConfig) -> dict:
+    """The command. A Ctrl-C or SIGTERM (``hydra_app(sigterm=True)``) once it wrote its plan keeps this run's files
+    and names them, those not written and where the earlier run's files it replaced are (``files_on_interrupt``:
+    put back beside this run's plan they would pass for its results); before, those come back."""
+    written: list[str] = []  # the files written so far, in order
+    with files_on_interrupt(written, planned(cfg)):
+        return _place(cfg, written)
+
+
+def planned(cfg: DictConfig) -> list[str]:
+    """The files of a finished run that an interrupted one may not have written (shell patterns)."""
+    return [*(["search/placement.json"] if float(cfg.get("search_budget", 0) or 0) > 0 else []),
+            *([f"{FOLDER}/*"] if float(cfg.get("search_seconds", 0) or 0) > 0 else []),
+            *(["comparison.*"] if cfg.compare else []), "metrics.json"]
+
+
+def _place(cfg: DictConfig, written: list[str]) -> dict:
+    """``run``'s work; each file's name is appended to ``written`` once it is written."""
     from placement_rl.agents.checkpoint import load_checkpoint
     from placement_rl.agents.rollout import load_policy_for, rollout
     from placement_rl.envs.warm_start import make_env
@@ -340,10 +368,10 @@ def run(cfg: DictConfig) -> dict:
     if not cfg.checkpoint:
         from placement_rl.agents.constructive_train import default_checkpoint
 
-        return run_constructive(cfg, str(default_checkpoint()))
+        return run_constructive(cfg, str(default_checkpoint()), written)
     ckpt = load_checkpoint(str(cfg.checkpoint))
     if ckpt.get("algo") == "constructive":
-        return run_constructive(cfg, str(cfg.checkpoint))
+        return run_constructive(cfg, str(cfg.checkpoint), written)
     for key in ("search_budget", "search_seconds", "bound_seconds"):
         if float(cfg.get(key, 0) or 0) > 0:
             raise ConfigError(f"{key} applies to the constructive policy's placements; {cfg.checkpoint} is a "
@@ -400,21 +428,25 @@ def run(cfg: DictConfig) -> dict:
     wall = time.perf_counter() - t0
     out = output_dir()
     plan, plan_file = save_plan(value, graph, topology, out, costs=costs)
+    written += ["graph.json", plan_file]
     metrics = {"graph": graph.name, "nodes": graph.num_nodes, "topology": topology.name,
                **checkpoint_id(str(cfg.checkpoint)), "decode": cfg.decode, "samples": samples, "step_time": step_time,
                "feasible": not infeasible, "chosen": chosen, "sim_calls": calls, **({"start": start} if start else {}),
                "wall_seconds": wall, "cost_source": costs.describe_source(topology.device_names)}
     held = {"policy": {"step_time": step_time, "feasible": not infeasible, "devices": value}}
-    compared: list[str] = []
+    first = len(written)  # the comparison's files follow
     if cfg.compare:
         from placement_rl.cli.evaluate import compare_learned
 
         metrics.update(compare_learned(graph, costs, topology, out, label="zero-shot policy", plan=plan,
                                        step_time=step_time, feasible=not infeasible, seconds=wall, sim_calls=calls,
-                                       seed=int(cfg.seed), what="zero-shot placement", files=compared,
+                                       seed=int(cfg.seed), what="zero-shot placement", files=written,
                                        progress=phases.enabled, found=held))
         label_costs(out, costs)
+    compared = written[first:]
     metrics.update(write_best(held, graph, topology, out, costs))
+    if metrics["best_file"]:
+        written.append(metrics["best_file"])
     write_json(out / "metrics.json", metrics)
     print(f"zero-shot placement of {graph.name} ({graph.num_nodes} nodes) on {topology.name}: "
           f"{step_time * 1e3:.3f} ms ({'feasible' if not infeasible else 'INFEASIBLE'}), {wall:.2f} s"
@@ -428,4 +460,4 @@ def run(cfg: DictConfig) -> dict:
     return metrics
 
 
-main = hydra_app("place", writes=WRITES, replaces=REPLACES)(run)
+main = hydra_app("place", writes=WRITES, replaces=REPLACES, sigterm=True)(run)

@@ -16,12 +16,15 @@ INTERRUPTED_EXIT = 130  # the exit code of an interrupted command (``hydra_app``
 
 
 @contextlib.contextmanager
-def said_on_signal(line: str) -> Iterator[None]:
+def said_on_signal(line: str, *, restore: bool = False) -> Iterator[None]:
     """While the block runs, SIGINT or SIGTERM prints ``line`` on stderr and ends the process at once (exit code
-    ``INTERRUPTED_EXIT``); the files written before the block stay as they are. A Python handler alone would wait
-    for the compiled decode in progress to return, minutes for one batched decode of the samples on 5,000 nodes:
-    here the signal wakes a thread (``signal.set_wakeup_fd``), which runs while the decode holds no GIL. Outside
-    the main thread, or in a launcher's job worker (its driver reports the interrupt), the block runs as it is."""
+    ``INTERRUPTED_EXIT``); the files written before the block stay as they are, and an earlier run's files set
+    aside from the folder are put back (``restore``: the run wrote none of its own yet) or named in the line. A
+    Python handler alone would wait for the compiled decode in progress to return, minutes for the greedy pass or
+    one batched decode of the samples on 5,000 nodes (Slurm and Kubernetes follow SIGTERM with SIGKILL within
+    about 30 s): here the signal wakes a thread (``signal.set_wakeup_fd``), which runs while the decode holds no
+    GIL. Outside the main thread, or in a launcher's job worker (its driver reports the interrupt), the block runs
+    as it is."""
     import os
     import signal
     import threading
@@ -37,7 +40,8 @@ def said_on_signal(line: str) -> Iterator[None]:
     os.set_blocking(write, False)
     wakeup = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
     before = {sig: signal.signal(sig, _noted) for sig in stops}
-    thread = threading.Thread(target=_watch, args=(read, stops, line), name="placement-rl-interrupt", daemon=True)
+    thread = threading.Thread(target=_watch, args=(read, stops, line, restore), name="placement-rl-interrupt",
+                              daemon=True)
     thread.start()
     try:
         yield
@@ -54,21 +58,22 @@ def _noted(signum: int, frame) -> None:
     """The Python handler of ``said_on_signal``'s signals: nothing (its watcher thread ends the process)."""
 
 
-def _watch(read: int, stops: tuple[int, ...], line: str) -> None:
+def _watch(read: int, stops: tuple[int, ...], line: str, restore: bool) -> None:
     """Wait on the wakeup pipe; at a signal of ``stops`` (another with a Python handler writes there too), flush
-    stdout, print ``line`` on stderr (naming where an earlier run's files set aside from the folder are: ending
-    at once, nothing puts them back) and end the process."""
+    stdout, put back an earlier run's files set aside from the folder (``restore``) or name where they are in
+    ``line`` (ending at once, nothing else puts them back), print it on stderr and end the process."""
     import os
     import sys
 
-    from placement_rl.cli.run_folder import held
+    from placement_rl.cli.run_folder import held_note, restore_held
 
     while got := os.read(read, 1):
         if got[0] in stops:
             sys.stdout.flush()
-            kept = held()
-            where = f"; the earlier run's files it replaced are in {', '.join(map(str, kept))}" if kept else ""
-            print(line + where, file=sys.stderr, flush=True)
+            if restore:
+                with contextlib.suppress(OSError):  # what does not go back is named
+                    restore_held()
+            print(line + held_note(), file=sys.stderr, flush=True)
             os._exit(INTERRUPTED_EXIT)
 
 

@@ -40,13 +40,26 @@ def listed(names: list[str], most: int = 12) -> str:
 
 
 MARKER = "metrics.json"  # what every finished run of a command that replaces files writes last
-_HELD: set[Path] = set()  # the hidden folders of earlier runs' files not yet put back or deleted (``held``)
+_HELD: dict[Path, Earlier] = {}  # earlier runs' files set aside and not yet put back or deleted, by folder
 
 
 def held() -> list[Path]:
-    """The hidden folders still holding an earlier run's files: what a command ended at once by a signal (which
-    skips ``restore`` / ``drop``) names in its last line."""
+    """The hidden folders still holding an earlier run's files: what a command that keeps its own files when
+    interrupted (or ends at once by a signal, which skips ``restore`` / ``drop``) names in its last line."""
     return sorted(_HELD)
+
+
+def held_note() -> str:
+    """``; the earlier run's files it replaced are in <folder>`` for an interrupt line, or "" where none are held."""
+    kept = held()
+    return f"; the earlier run's files it replaced are in {', '.join(map(str, kept))}" if kept else ""
+
+
+def restore_held() -> None:
+    """Put back every earlier run's files still set aside (``Earlier.restore``): a command ended at once by a
+    signal before it wrote any file of its own."""
+    for earlier in list(_HELD.values()):
+        earlier.restore()
 
 
 @dataclass
@@ -71,7 +84,7 @@ class Earlier:
     def drop(self) -> None:
         if self.store is not None:
             shutil.rmtree(self.store, ignore_errors=True)
-            _HELD.discard(self.store)
+            _HELD.pop(self.store, None)
             self.store = None
 
 
@@ -89,7 +102,7 @@ def set_aside(folder: Path, names: Iterable[str], *, keep: Iterable[Path] = ()) 
     if not found:
         return Earlier(folder)
     store = Path(tempfile.mkdtemp(prefix=f".{folder.name}-earlier-", dir=folder.parent))
-    _HELD.add(store)
+    earlier = _HELD[store] = Earlier(folder, store, found)
     for name in found:
         (store / name).parent.mkdir(parents=True, exist_ok=True)
         os.replace(folder / name, store / name)
@@ -100,4 +113,4 @@ def set_aside(folder: Path, names: Iterable[str], *, keep: Iterable[Path] = ()) 
             except OSError:
                 break
             parent = parent.parent
-    return Earlier(folder, store, found)
+    return earlier

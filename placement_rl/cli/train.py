@@ -420,6 +420,7 @@ def run(cfg: DictConfig) -> dict:
     return metrics
 
 
-# files train may write in its run folder: a folder of such a name there is refused before training
+# files train may write in its run folder: a folder of such a name there is refused before training; SIGTERM
+# (``timeout``, Slurm) ends a run as Ctrl-C does: exit code 130 and its interrupt line
 main = hydra_app("train", writes=("checkpoint.pt", "metrics.json", "graph.json", "placement.json", "plan.json",
-                                  "training.png"))(run)
+                                  "training.png"), sigterm=True)(run)
