@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from placement_rl.executor._mesh import parallel_dims
-from placement_rl.executor._tp import rank_stream
+from placement_rl.executor._tp_rng import rank_stream
 from placement_rl.executor.distributed import DeployConfig, DeploySpec, deploy_stage_plans
 from placement_rl.executor.distributed_worker import dropout_seed
 from placement_rl.graph import zoo
@@ -78,7 +78,7 @@ def test_rank_stream_draws_per_rank_masks_keeps_the_shared_stream_in_step_and_re
 
 def test_only_the_dropouts_of_regions_on_local_shards_draw_per_rank():
     from placement_rl.executor._stages import export_step, program_module
-    from placement_rl.executor._tp import local_random_ops
+    from placement_rl.executor._tp_rng import local_random_ops
     from placement_rl.executor._tp_region import local_regions, node_kinds
 
     ov = dict(GPT, n_layers=1)

@@ -22,10 +22,10 @@ TP degree along the tracked sharded dimension, and a fused GEMM's output rows ar
 contiguous shard holds its heads of every chunk (Megatron's layout); :class:`PartRunner.grads` un-permutes those
 rows (``ROW_PERM``). The columns feeding one row GEMM (Llama's separate q / k / v) form one region
 (``_tp_region.local_regions``). A replicated operand spanning the heads at their whole size (T5's cross-attention
-position bias added to the scores) is cut to the rank's heads (:class:`RankSlice`). The random ops of a region on
-local shards (dropout on the attention probabilities, or between a column and its row) draw each rank's own mask for
-its shard (:func:`rank_stream`, Megatron's model-parallel RNG tracker); the replicated regions draw the TP group's
-shared stream, one mask for all. A region with an op this rewrite has no rule for keeps the DTensor path.
+position bias added to the scores) is cut to the rank's heads (:class:`RankSlice`). A region with an op this rewrite
+has no rule for keeps the DTensor path. Each dropout draws from the stream ``_tp_rng`` routes it to (Megatron's
+model-parallel RNG tracker): on elements a rank holds alone (a region on local shards or left to DTensor, the
+sequence-sharded stream) from the rank's own stream, on replicated ones from the TP group's shared stream.
 
 The step runs under ``implicit_replication`` (forward and backward; plain tensors meeting DTensors -- masks,
 targets, the residual stream -- count as replicated; a floating-point one, not a parameter, goes through
@@ -48,8 +48,9 @@ import torch
 from torch import fx, nn
 
 from placement_rl.errors import PlanError
-from placement_rl.executor._tp_region import (_COLUMN, _SDPA, _VOCAB, REAL_ROWS, ROW_PERM, LocalSlice, _gemm, _region,
-                                               _weight, column_groups, local_regions)
+from placement_rl.executor._tp_region import (_COLUMN, _VOCAB, REAL_ROWS, ROW_PERM, LocalSlice, _gemm, _weight,
+                                               local_regions)
+from placement_rl.executor._tp_rng import local_random_ops, own_streams
 
 
 def _interleave(w: torch.Tensor, k: int, tp: int) -> torch.Tensor:
@@ -170,56 +171,6 @@ def local_operands(gm: fx.GraphModule, args: tuple, mesh: Any, made: dict[tuple[
     return tuple(out)
 
 
-def _drop_probability(n: fx.Node) -> float:
-    """The probability with which op ``n`` drops elements at random (``aten.dropout`` in training, fused attention's
-    ``dropout_p``), else 0."""
-    t = str(n.target)
-    if t.startswith("aten.dropout."):
-        p = n.args[1] if len(n.args) > 1 else n.kwargs["p"]
-        return float(p) if (n.args[2] if len(n.args) > 2 else n.kwargs["train"]) else 0.0
-    if t.startswith(_SDPA):
-        return float(n.args[4] if len(n.args) > 4 else n.kwargs.get("dropout_p", 0.0))
-    return 0.0
-
-
-def local_random_ops(gm: fx.GraphModule, kinds: Mapping[str, str], local: Mapping[str, Any]) -> list[fx.Node]:
-    """The ops of the regions that run on local shards (``local``: :func:`local_regions`) that drop elements at
-    random (dropout, fused attention with ``dropout_p``; a probability of 0 or 1 draws nothing): each TP rank holds
-    other elements (its heads, its hidden features) there and draws its own mask (``executor._tp.rank_stream``)."""
-    out: list[fx.Node] = []
-    for cols in column_groups(gm, kinds):
-        if cols[0].name in local:
-            out += [n for n in _region(cols, kinds) if 0 < _drop_probability(n) < 1 and n not in out]
-    return out
-
-
-def rank_stream(op: Any, rank: int, size: int, *args: Any, **kwargs: Any) -> Any:
-    """``op(*args, **kwargs)`` (a random op of a region on local shards, ``_tp_region.local_random_ops``) drawn from TP
-    rank ``rank``'s own stream (Megatron's model-parallel RNG tracker): the ``size`` ranks of the TP group draw
-    ``size`` seeds from their shared stream (the CPU default generator, which stays in step across the group and
-    which activation recomputation restores, so a recomputed region draws the same masks) and each runs ``op`` with
-    its device's default generator seeded by its own seed, restored afterwards."""
-    seed = int(torch.randint(2 ** 62, (size,))[rank])
-    device = next(a.device for a in args if isinstance(a, torch.Tensor))
-    gen = torch.default_generator
-    if device.type == "cuda":
-        gen = torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
-    state = gen.get_state()
-    gen.manual_seed(seed)
-    try:
-        return op(*args, **kwargs)
-    finally:
-        gen.set_state(state)
-
-
-def own_streams(gm: fx.GraphModule, nodes: Sequence[fx.Node], mesh: Any) -> None:
-    """Run each of ``nodes`` (random ops on local shards) through :func:`rank_stream` with this rank's place in the
-    TP group ``mesh`` (node names kept: recomputation regions name them)."""
-    for n in nodes:
-        n.args = (n.target, int(mesh.get_local_rank()), int(mesh.size()), *n.args)
-        n.target = rank_stream
-
-
 class Whole(nn.Module):
     """A plain (whole) tensor meeting a DTensor as a replicated DTensor (what ``implicit_replication`` would make
     of it) with an autograd boundary: its gradient comes back plain, so the ops that made it never see a DTensor
@@ -320,7 +271,7 @@ def apply_tp(gm: fx.GraphModule, kinds: Mapping[str, str], tp_mesh: Any,
     for rewrites, _ in local.values():  # local shapes and split sizes (args read the columns' calls once made)
         for m, args in rewrites.items():
             m.args = local_operands(gm, args, tp_mesh, slices)
-    own_streams(gm, local_random_ops(gm, kinds, local), tp_mesh)
+    own_streams(gm, local_random_ops(gm, kinds, local), int(tp_mesh.get_local_rank()), tp)
     seq = seq_norms or frozenset()
     dtensors: list[fx.Node] = []  # the calls whose output is a DTensor
     entering = [n for n in gm.graph.nodes if n.op == "placeholder" and n.name in (seq_values or ())]

@@ -83,7 +83,7 @@ def dropout_seed(dims: ParallelDims, rank: int) -> int:
     Each pipeline rank draws its own masks (Megatron offsets the seed per pipeline rank: stages seeded alike drop
     the same elements of same-shaped activations). A TP group shares its stream, so the replicated regions drop the
     same elements on every TP rank and their parameters' gradients stay equal (Megatron's rule); a region on local
-    shards draws per TP rank from it (``_tp.rank_stream``)."""
+    shards draws per TP rank from it (``_tp_rng.rank_stream``)."""
     dp_rank, pp_rank = dims.coords(rank)
     return DROPOUT_SEED + dp_rank * dims.pp + pp_rank
 
