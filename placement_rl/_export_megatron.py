@@ -1,10 +1,16 @@
 """Megatron-LM's ``pretrain_gpt.py`` arguments for a ``StagePlan`` (``to_megatron``: degrees, the uneven
-``--pipeline-model-parallel-layout``, batch split, recomputation) and back (``from_megatron``); see
-``placement_rl.export``'s module doc."""
+``--pipeline-model-parallel-layout``, batch split, recomputation, the model's sizes and architecture) and back
+(``from_megatron``); see ``placement_rl.export``'s module doc.
+
+``model_settings(graph)`` reads what the graph's metadata says of its model (a zoo model's options, the sizes of
+the Hugging Face config a ``graph=hf`` capture was built from); both trainers' exports write from it, and name in
+a ``# note:`` what it does not record rather than guess.
+"""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from placement_rl._export_header import _header
@@ -58,13 +64,134 @@ def untied_embeddings(graph: CompGraph) -> bool:
     return bool(emb and head) and float(graph.param_bytes[head[-1]]) >= float(graph.param_bytes[emb[0]]) > 0
 
 
-def _decoder_note(graph: CompGraph) -> list[str]:
+@dataclass(frozen=True)
+class ModelSettings:
+    """What a graph's metadata says of its model; None where it does not record a value.
+
+    ``model_type``: ``gpt``, ``moe`` (the zoo's), or the Hugging Face model type (``llama``, ``mistral`` ...); None
+    when the metadata names no model. ``task``: the Hugging Face task (``causal_lm`` for the zoo's decoders).
+    ``kv_channels``: the head size where it is not ``hidden / heads`` (Gemma). ``positions``: the position table's
+    rows (``max_position_embeddings``). ``capacity``: the experts' capacity factor (tokens over it are dropped)."""
+
+    model_type: str | None = None
+    task: str | None = None
+    label: str = ""
+    hidden: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+    kv_channels: int | None = None
+    ffn: int | None = None
+    seq_len: int | None = None
+    positions: int | None = None
+    vocab: int | None = None
+    dropout: float | None = None
+    experts: int | None = None
+    top_k: int | None = None
+    capacity: float | None = None
+
+
+# zoo model -> (model type, task, least position-table rows: the table has max(seq_len, this))
+_ZOO = {"gpt": ("gpt", "causal_lm", 0), "moe": ("moe", "causal_lm", 0), "gpt2_hf": ("gpt2", "causal_lm", 0),
+        "opt_hf": ("opt", "causal_lm", 64), "llama_hf": ("llama", "causal_lm", 64),
+        "mixtral_hf": ("mixtral", "causal_lm", 64), "bert_hf": ("bert", "masked_lm", 512)}
+
+
+def _zoo_settings(name: str, opts: dict[str, Any]) -> ModelSettings:
+    """A zoo language model's settings: its options, and what its builder fixes (a 4 x d_model FFN unless
+    ``ffn_hidden``; no dropout in the Llama-family models, which have no ``dropout`` option)."""
+    model_type, task, least = _ZOO[name]
+    d, seq = int(opts["d_model"]), int(opts["seq_len"])
+    return ModelSettings(model_type=model_type, task=task, label=f"zoo model '{name}'", hidden=d,
+                         heads=int(opts["n_heads"]), kv_heads=int(opts.get("n_kv_heads") or opts["n_heads"]),
+                         ffn=int(opts.get("ffn_hidden") or 4 * d), seq_len=seq, positions=max(seq, least),
+                         vocab=int(opts["vocab_size"]), dropout=float(opts.get("dropout", 0.0)),
+                         experts=opts.get("n_experts"), top_k=opts.get("top_k"),
+                         capacity=opts.get("capacity_factor"))
+
+
+def _hf_settings(hf: dict[str, Any]) -> ModelSettings:
+    """A ``graph=hf`` capture's settings: the sizes its description keeps of the config (no position table, dropout
+    or router top-k: those stay None)."""
+    cfg = hf.get("config") or {}
+    hidden, heads, head_dim = cfg.get("hidden_size"), cfg.get("num_attention_heads"), hf.get("head_dim")
+    odd_head = bool(hidden and heads and head_dim and float(head_dim) != hidden / heads)
+    return ModelSettings(model_type=hf.get("model_type"), task=hf.get("task"),
+                         label=str(hf.get("class") or hf.get("model_type")), hidden=hidden, heads=heads,
+                         kv_heads=cfg.get("num_key_value_heads") or heads,
+                         kv_channels=int(head_dim) if odd_head else None, ffn=cfg.get("intermediate_size"),
+                         seq_len=hf.get("seq_len"), vocab=cfg.get("vocab_size"),
+                         experts=cfg.get("num_local_experts") or cfg.get("num_experts"))
+
+
+def model_settings(graph: CompGraph) -> ModelSettings:
+    """What ``graph``'s metadata says of its model: the Hugging Face description of a ``graph=hf`` capture (or one
+    a test set), else a zoo language model's options; an empty ``ModelSettings`` for any other graph."""
+    meta = graph.meta
+    if meta.get("hf"):
+        return _hf_settings(meta["hf"])
+    if meta.get("zoo") in _ZOO and meta.get("zoo_options"):
+        return _zoo_settings(meta["zoo"], meta["zoo_options"])
+    return ModelSettings()
+
+
+_LLAMA_FLAGS: tuple[tuple[str, Any], ...] = (("--normalization", "RMSNorm"), ("--swiglu", None),
+                                             ("--position-embedding-type", "rope"), ("--disable-bias-linear", None))
+# model type -> Megatron-LM's architecture flags; GPT's and GPT-2's are Megatron-LM's defaults (LayerNorm, GELU,
+# learned absolute positions, biases in every linear layer)
+_ARCH = {"gpt": (), "moe": (), "gpt2": (), "llama": _LLAMA_FLAGS, "mistral": _LLAMA_FLAGS, "mixtral": _LLAMA_FLAGS}
+
+
+def _model_flags(ms: ModelSettings) -> tuple[list[tuple[str, Any]], list[str]]:
+    """Megatron-LM's model flags for ``ms`` (value None: a switch) and the flags whose values it lacks."""
+    sizes = [("--hidden-size", ms.hidden), ("--ffn-hidden-size", ms.ffn), ("--num-attention-heads", ms.heads),
+             ("--seq-length", ms.seq_len), ("--max-position-embeddings", ms.positions)]
+    flags = [(k, v) for k, v in sizes if v is not None]
+    missing = [k for k, v in sizes if v is None]
+    if ms.kv_channels:
+        flags.append(("--kv-channels", ms.kv_channels))
+    if ms.kv_heads and ms.heads and ms.kv_heads < ms.heads:
+        flags += [("--group-query-attention", None), ("--num-query-groups", ms.kv_heads)]
+    flags += list(_ARCH.get(ms.model_type or "", ()))
+    if ms.dropout is None:
+        missing += ["--attention-dropout", "--hidden-dropout"]
+    else:
+        flags += [("--attention-dropout", f"{ms.dropout:g}"), ("--hidden-dropout", f"{ms.dropout:g}")]
+    if ms.experts:
+        flags.append(("--num-experts", ms.experts))
+        flags += [("--moe-router-topk", ms.top_k)] if ms.top_k else []
+        missing += [] if ms.top_k else ["--moe-router-topk"]
+        if ms.capacity:  # Megatron-LM drops tokens over capacity with the alltoall dispatcher only
+            flags += [("--moe-token-dispatcher-type", "alltoall"), ("--moe-expert-capacity-factor", f"{ms.capacity:g}")]
+    return flags, missing
+
+
+def _model_notes(graph: CompGraph, ms: ModelSettings, missing: list[str]) -> list[str]:
+    """Notes on what the model flags leave to the user: values the metadata does not record, an architecture
+    without flags here, Mistral's sliding window."""
+    if ms.model_type is None:
+        return [f"# note: graph '{graph.name}' records no model settings: add --hidden-size, --ffn-hidden-size, "
+                "--num-attention-heads, --seq-length, --max-position-embeddings, the dropouts and the architecture "
+                "flags (normalization, activation, position embedding, biases, query groups) of its model"]
+    notes = []
+    if missing:
+        notes.append(f"# note: graph '{graph.name}' does not record {', '.join(missing)}: add the values of its "
+                     "model's config (Megatron-LM's defaults are not the model's)")
+    if ms.model_type not in _ARCH:
+        notes.append(f"# note: no architecture flags are written for model type '{ms.model_type}': add those of its "
+                     "normalization, activation, position embedding and biases (Megatron-LM's defaults are GPT-2's: "
+                     "LayerNorm, GELU, learned absolute positions, biases)")
+    if ms.model_type == "mistral":
+        notes.append("# note: Mistral's sliding-window attention is not written (the graph does not record the "
+                     "window): add --window-size for it where your Megatron-LM has it, else every layer attends "
+                     "over the whole sequence")
+    return notes
+
+
+def _decoder_note(graph: CompGraph, ms: ModelSettings) -> list[str]:
     """A note where the graph says it is no GPT-style decoder (``pretrain_gpt.py`` trains one)."""
-    hf = graph.meta.get("hf") or {}
-    task = hf.get("task")
-    if not task or task == "causal_lm":
+    if not ms.task or ms.task == "causal_lm":
         return []
-    return [f"# note: graph '{graph.name}' is {hf.get('class') or hf.get('model_type')} ({task}), not a GPT-style "
+    return [f"# note: graph '{graph.name}' is {ms.label} ({ms.task}), not a GPT-style "
             "decoder: the parallel settings carry over, pretrain_gpt.py's model and loss do not"]
 
 
@@ -85,10 +212,14 @@ def to_megatron(plan: StagePlan, graph: CompGraph, *, snap: bool = False,
         stages = [_megatron_stage(ms, mods, k == 0, k == lay.num_stages - 1, k)
                   for k, ms in enumerate(lay.stage_modules)]
         args.append(("--pipeline-model-parallel-layout", f'"{"|".join(stages)}"'))
-    args += [("--num-layers", len(mods.layer)), ("--micro-batch-size", lay.micro_batch_size),
+    model = model_settings(graph)
+    decoder = model.task in (None, "causal_lm")  # another model's flags would not build it: the note says so
+    flags, missing = _model_flags(model) if decoder else ([], [])
+    args += [("--num-layers", len(mods.layer)), *flags, ("--micro-batch-size", lay.micro_batch_size),
              ("--global-batch-size", lay.batch_size),
              ("--make-vocab-size-divisible-by", max(lay.vocab_divisible_by, 1))]
-    lines = _header(plan, graph, "Megatron-LM arguments", lay, topology) + _decoder_note(graph) + [
+    notes = _model_notes(graph, model, missing) if decoder else _decoder_note(graph, model)
+    lines = _header(plan, graph, "Megatron-LM arguments", lay, topology) + notes + [
         f"# data parallel: {lay.dp} ({'FSDP2' if lay.sharding == 'fsdp' else 'DDP'}); world size "
         f"{lay.dp * lay.pp * lay.tp}; {lay.virtual} virtual stage(s) per pipeline rank; 1F1B"
         + (" interleaved" if lay.virtual > 1 else "")]
@@ -96,7 +227,7 @@ def to_megatron(plan: StagePlan, graph: CompGraph, *, snap: bool = False,
         args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
     elif lay.recompute == "selective":
         args.append(("--recompute-granularity", "selective"))
-    body = [f"{k} {v}" for k, v in args]
+    body = [k if v is None else f"{k} {v}" for k, v in args]
     if untied_embeddings(graph):
         body.append("--untie-embeddings-and-output-weights")
     if lay.sharding == "fsdp":

@@ -1,5 +1,6 @@
-"""torchtitan's job config for a ``StagePlan`` (``to_torchtitan``: its ``[parallelism]`` and ``[training]`` tables)
-and back (``from_torchtitan``); see ``placement_rl.export``'s module doc."""
+"""torchtitan's job config for a ``StagePlan`` (``to_torchtitan``: its ``[parallelism]`` and ``[training]`` tables,
+comments on the model and sequence length torchtitan must be given, a note on DDP combined with TP or PP) and back
+(``from_torchtitan``); see ``placement_rl.export``'s module doc."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import re
 import tomllib
 
 from placement_rl._export_header import _header
-from placement_rl._export_layout import layout
+from placement_rl._export_layout import Layout, layout
+from placement_rl._export_megatron import ModelSettings, model_settings
 from placement_rl._export_read import _plan
 from placement_rl.errors import PlanError
 from placement_rl.export_modules import module_graph
@@ -18,6 +20,37 @@ from placement_rl.topology import DeviceTopology
 
 _TITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved1f1b": "Interleaved1F1B",
                     "zb1p": "InterleavedZeroBubble"}
+
+
+def _model_lines(graph: CompGraph, ms: ModelSettings, layers: int) -> list[str]:
+    """Comment lines on the model torchtitan must be given: it defines its models in code, chosen by ``[model]``
+    name and flavor, and defaults ``[training] seq_len`` to 2048. The sizes the graph records, those it does not,
+    and a note on Mistral's sliding window."""
+    if ms.model_type is None:
+        return [f"# model: not written, and graph '{graph.name}' records no model settings: choose the [model] name "
+                "and flavor of its model and set [training] seq_len to its sequence length"]
+    sizes = [("dim", ms.hidden), ("n_layers", layers), ("n_heads", ms.heads), ("n_kv_heads", ms.kv_heads),
+             ("ffn_hidden", ms.ffn), ("vocab_size", ms.vocab)]
+    sizes += [("experts", ms.experts), ("top_k", ms.top_k)] if ms.experts else []
+    lacking = [k for k, v in sizes if v is None] + ([] if ms.seq_len else ["seq_len"])
+    lines = ["# model: not written (torchtitan defines its models in code): choose a [model] name and flavor with",
+             "# " + ", ".join(f"{k} = {v}" for k, v in sizes if v is not None)]
+    lines += [f"# and set [training] seq_len = {ms.seq_len} (torchtitan's default is 2048)"] if ms.seq_len else []
+    if lacking:
+        lines.append(f"# not recorded in the graph: {', '.join(lacking)} (take them from the model's config)")
+    if ms.model_type == "mistral":
+        lines.append("# note: Mistral's sliding-window attention is not recorded in the graph: torchtitan's Llama "
+                     "models attend over the whole sequence")
+    return lines
+
+
+def _ddp_note(lay: Layout) -> list[str]:
+    """DDP combined with TP or PP: some torchtitan releases stop at startup (their ``parallelize`` refuses DDP on a
+    mesh of more than one dimension; newer ones check the replicate mesh only)."""
+    if lay.sharding == "fsdp" or lay.dp <= 1 or (lay.tp <= 1 and lay.pp <= 1):
+        return []
+    return ["# note: some torchtitan releases refuse DDP (data_parallel_replicate_degree > 1) combined with TP or PP "
+            "at startup (\"DDP has not supported > 1D parallelism\"); with those, plan with sharding fsdp instead"]
 
 
 def to_torchtitan(plan: StagePlan, graph: CompGraph, *, snap: bool = False,
@@ -32,7 +65,9 @@ def to_torchtitan(plan: StagePlan, graph: CompGraph, *, snap: bool = False,
         if parallel_dims(plan).layout == "v":
             sched = "ZBVZeroBubble"
     fsdp = lay.sharding == "fsdp"
-    lines = _header(plan, graph, "torchtitan job config", lay, topology) + [
+    model = _model_lines(graph, model_settings(graph), len(lay.mods.layer))
+    lines = _header(plan, graph, "torchtitan job config", lay, topology) + model
+    lines += _ddp_note(lay) + [
         "# module names are the captured model's (torchtitan's Llama names them tok_embeddings, layers.<i>, norm,",
         "# output); the vocabulary padding below is Megatron's rule, torchtitan shards unevenly instead",
         f"# make_vocab_size_divisible_by = {lay.vocab_divisible_by}",
