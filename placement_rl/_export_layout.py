@@ -58,6 +58,7 @@ def layout(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> Layout:
     if dims.num_stages > 1 and dims.layout not in ("single", "loop") and plan.schedule != "zb1p":
         raise PlanError("virtual stages must go round-robin over the device groups (stage k on group k mod pp)")
     check_interleaved(plan, [k % dims.pp for k in range(dims.num_stages)], dims.pp)  # as deploy and evaluate
+    check_priced(plan, coarse)
     if len(set(plan.recompute)) > 1:
         most = most_recompute(plan)
         raise PlanError(f"stages recompute differently ({list(plan.recompute)}): torchtitan and Megatron-LM set one "
@@ -97,6 +98,16 @@ def layout(plan: StagePlan, graph: CompGraph, *, snap: bool = False) -> Layout:
                   vocab_divisible_by=plan.make_vocab_size_divisible_by, recompute=plan.recompute[0],
                   sequence_parallel=plan.sequence_parallel and dims.tp > 1,
                   stage_modules=tuple(per), mods=mods, moved=tuple(moved), rank_devices=ranks)
+
+
+def check_priced(plan: StagePlan, graph: CompGraph) -> None:
+    """``PlanError`` for what ``evaluate`` refuses: recomputation with interleaved 1F1B (not priced:
+    ``cost.recompute.in_flight``) and sequence parallelism on a sequence a TP degree does not divide
+    (``StagePlan.check_sequence``, as deploy)."""
+    if plan.schedule == "interleaved1f1b" and any(r != "none" for r in plan.recompute):
+        raise PlanError(f"recomputation with schedule 'interleaved1f1b' is not modelled: use 1f1b, or recompute "
+                        f"'none' (the plan recomputes {list(plan.recompute)})")
+    plan.check_sequence(graph)
 
 
 def _stage_of_node(graph: CompGraph, mods: Modules, stage_of: dict[str, int]) -> np.ndarray:

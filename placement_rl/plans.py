@@ -55,12 +55,13 @@ class StagePlan:
     ``meta["tp_across_hosts"]`` is true (priced, never deployed). ``tp_s`` must divide the split sizes of the
     graph's TP annotation (``placement_rl.graph.tp``: heads, hidden, vocabulary).
     ``batch_size`` (else the graph's own, ``graph_batch_size``) must be divisible by ``num_microbatches x dp_s``.
-    ``make_vocab_size_divisible_by`` (Megatron-LM's knob, default 128; JSON without it reads 128): a TP stage pads
-    the vocabulary to a multiple of it x its TP degree (``graph.tp.padded_vocab``); 0 switches padding off, and
-    then a TP degree must divide the vocabulary.
+    ``make_vocab_size_divisible_by`` (Megatron-LM's knob, default 128; JSON without it reads 128): the vocabulary
+    is padded to a multiple of it x the TP degree (``graph.tp.padded_vocab``; the simulator prices it in TP stages);
+    0 switches padding off, and then a TP degree must divide the vocabulary.
     ``recompute``: activation recomputation per stage, ``none`` / ``selective`` (the attention's core) / ``full``
     (every layer), as ``placement_rl.cost.recompute`` prices it (default all ``none``; JSON without it reads so).
-    ``sequence_parallel``: Megatron's sequence parallelism in the TP stages (``placement_rl.cost.tensor_parallel``).
+    ``sequence_parallel``: Megatron's sequence parallelism in the TP stages (``placement_rl.cost.tensor_parallel``);
+    every TP degree must divide the graph's sequence length where its metadata names it (``check_sequence``).
     """
 
     stage_of_node: np.ndarray
@@ -233,6 +234,16 @@ class StagePlan:
                         raise PlanError(f"stage {k}'s TP group {[topology.devices[d].name for d in grp]} spans hosts "
                                         f"{hosts}: keep each TP group of {t} devices on one host (TP innermost)")
 
+    def check_sequence(self, graph: CompGraph) -> None:
+        """``PlanError`` where sequence parallelism cannot split ``graph``'s sequence at a stage's TP degree
+        (``graph.tp.check_sequence``), as deploy refuses it: checked on a plan file read with its graph (``evaluate``,
+        ``export``) and by ``export`` (``exact`` weighs SP only where it holds)."""
+        from placement_rl.graph import tp as tpmod
+
+        if self.sequence_parallel:
+            for t in sorted(set(self.tp)):
+                tpmod.check_sequence(graph, t)
+
     def to_dict(self, graph: CompGraph | None = None, topology: DeviceTopology | None = None) -> dict[str, Any]:
         def dname(d: int) -> str:
             return topology.devices[d].name if topology is not None else f"dev{d}"
@@ -305,6 +316,7 @@ class StagePlan:
             raise PlanError(f"stage plan JSON has an invalid field ({exc})") from None
         if graph is not None:
             check_graph(data, graph, "stage plan", len(stages))
+            plan.check_sequence(graph)
             if topology is not None:
                 plan.validate(graph, topology)
         return plan

@@ -217,7 +217,7 @@ def test_tp_collectives_priced_on_the_tp_group_links():
 
 # ------------------------------------------------------------------------------------------ vocabulary padding
 def test_padded_vocab_is_megatrons_rule():
-    assert [tp.padded_vocab(50257, t) for t in (1, 2, 4, 8)] == [50257, 50432, 50688, 51200]
+    assert [tp.padded_vocab(50257, t) for t in (1, 2, 4, 8)] == [50304, 50432, 50688, 51200]  # TP 1 too
     assert tp.padded_vocab(50257, 4, 0) == 50257 and tp.padded_vocab(96, 2) == 256 and tp.padded_vocab(512, 4) == 512
 
 

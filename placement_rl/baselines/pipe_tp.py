@@ -445,7 +445,9 @@ def exact(pp: PipeProblem) -> Plan:
         searched += 1
         if t not in orders:
             orders[t] = tp_orders(pp, t, usable(pp, t))
-        for sp, devs in itertools.product((False, True) if t > 1 else (False,), orders[t]):
+        seq = tpmod.sequence_length(pp.graph)  # SP splits the sequence: only where TP divides it (deploy's rule)
+        sps = (False, True) if t > 1 and (seq is None or seq % t == 0) else (False,)
+        for sp, devs in itertools.product(sps, orders[t]):
             got, c = _pipeline_plans(pp, grid, s, t, dp, m, modes=RECOMPUTE, sp=sp, devs=devs)
             cands += got
             capped += c

@@ -10,6 +10,11 @@ alternates one forward and one backward, then drains its backwards. That is torc
 every Megatron-LM that takes ``export``'s ``--pipeline-model-parallel-layout`` (core 0.13 on) uses. Older Megatron-LM
 releases ran every forward first when ``m == G`` (all ``m v`` chunk-micro-batches held at once on every group): more
 activations at the peak than this order, whose later groups start their backwards sooner.
+
+Inference (forward only) asks for GPipe. Where a group holds several virtual stages (an interleaved plan), it runs
+the interleaved order's forwards, then the backwards (no time in inference) in their drain order: what torch's
+``ScheduleInterleaved1F1B.eval`` runs (its training order with every backward skipped), not GPipe's stage by stage
+order, whose backward of a group's first stage would wait on a later stage's forward queued behind it (a deadlock).
 """
 
 from __future__ import annotations
@@ -22,16 +27,17 @@ GPIPE, ONE_F_ONE_B, INTERLEAVED = 0, 1, 2
 
 @njit(cache=True, nogil=True)
 def _build_sequences(S, m, sched, sgroup, G, seq, gseq_ptr):
-    """Per device group, the order in which it runs forward/backward ops (fills ``seq`` by group)."""
+    """Per device group, the order in which it runs forward/backward ops (fills ``seq`` by group). Groups holding
+    several virtual stages (``S > G``) run the interleaved order, GPipe's (inference) with every forward first."""
     sm = S * m
     pos = 0
     for g in range(G):
         gseq_ptr[g] = pos
-        if sched == INTERLEAVED and S > G:
+        if S > G:
             v = S // G  # chunks per group; chunk c of group g is stage c * G + g
             total = m * v
             warm = (G - g - 1) * 2 + (v - 1) * G
-            if warm > total:
+            if warm > total or sched == GPIPE:
                 warm = total
             for k in range(total + total):
                 # position k of the sequence: warm-up forwards, then F/B alternating, then backwards
