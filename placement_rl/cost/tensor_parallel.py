@@ -18,7 +18,8 @@ Modelled (Megatron-LM TP without sequence parallelism; annotations from ``placem
   ``bytes / (m x dp)``, each collective paying its own latency (``collective_counts``: the cross-entropy's bytes
   are three all-reduces, a coarsened group's its members' collectives).
 * Memory: parameters, gradients and Adam state of split ops divided by ``t``, saved activations of split ops
-  divided by ``t`` (replicated ones not), on top of which DP / FSDP shard as usual over the stage's DP group.
+  divided by ``t`` (replicated ones not, nor the whole input a column GEMM or the LM head keeps without sequence
+  parallelism: ``TPAnnotation.col_act``), on top of which DP / FSDP shard as usual over the stage's DP group.
 * Sequence parallelism (``StagePlan.sequence_parallel``, Megatron-SP): the replicated token-wise ops between TP
   regions (norms, dropout, residual adds: ``TPAnnotation.seq_frac``) run on 1/t of the sequence (FLOPs, saved
   activations, outputs / t), and each TP all-reduce of n bytes becomes a reduce-scatter plus an all-gather of n
