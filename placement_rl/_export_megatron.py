@@ -71,7 +71,8 @@ class ModelSettings:
     ``model_type``: ``gpt``, ``moe`` (the zoo's), or the Hugging Face model type (``llama``, ``mistral`` ...); None
     when the metadata names no model. ``task``: the Hugging Face task (``causal_lm`` for the zoo's decoders).
     ``kv_channels``: the head size where it is not ``hidden / heads`` (Gemma). ``positions``: the position table's
-    rows (``max_position_embeddings``). ``capacity``: the experts' capacity factor (tokens over it are dropped)."""
+    rows (``max_position_embeddings``). ``capacity``: the experts' capacity factor (tokens over it are dropped); ``aux_coef``: the weight of the
+    router's load-balancing loss."""
 
     model_type: str | None = None
     task: str | None = None
@@ -88,6 +89,7 @@ class ModelSettings:
     experts: int | None = None
     top_k: int | None = None
     capacity: float | None = None
+    aux_coef: float | None = None
 
 
 # zoo model -> (model type, task, least position-table rows: the table has max(seq_len, this))
@@ -106,7 +108,7 @@ def _zoo_settings(name: str, opts: dict[str, Any]) -> ModelSettings:
                          ffn=int(opts.get("ffn_hidden") or 4 * d), seq_len=seq, positions=max(seq, least),
                          vocab=int(opts["vocab_size"]), dropout=float(opts.get("dropout", 0.0)),
                          experts=opts.get("n_experts"), top_k=opts.get("top_k"),
-                         capacity=opts.get("capacity_factor"))
+                         capacity=opts.get("capacity_factor"), aux_coef=opts.get("aux_coef"))
 
 
 def _hf_settings(hf: dict[str, Any]) -> ModelSettings:
@@ -160,6 +162,8 @@ def _model_flags(ms: ModelSettings) -> tuple[list[tuple[str, Any]], list[str]]:
         flags.append(("--num-experts", ms.experts))
         flags += [("--moe-router-topk", ms.top_k)] if ms.top_k else []
         missing += [] if ms.top_k else ["--moe-router-topk"]
+        if ms.aux_coef is not None:  # Megatron-LM's default is 0: no load-balancing loss
+            flags.append(("--moe-aux-loss-coeff", f"{ms.aux_coef:g}"))
         if ms.capacity:  # Megatron-LM drops tokens over capacity with the alltoall dispatcher only
             flags += [("--moe-token-dispatcher-type", "alltoall"), ("--moe-expert-capacity-factor", f"{ms.capacity:g}")]
     return flags, missing

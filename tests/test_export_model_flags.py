@@ -136,3 +136,13 @@ def test_torchtitan_notes_ddp_combined_with_tp_or_pp(gpt):
     for name, (plan, said) in cases.items():
         got = [x for x in notes(ex.to_torchtitan(plan, gpt)) if "DDP has not supported > 1D parallelism" in x]
         assert len(got) == int(said), name
+
+
+def test_megatron_writes_the_zoo_moe_router():
+    """The zoo MoE's experts, top-k, capacity and load-balancing weight (Megatron-LM's default weight is 0: without
+    the flag the exported job would train with no load-balancing loss)."""
+    g = capture_zoo("moe", batch_size=4, seq_len=8, vocab_size=97, d_model=16, n_layers=2, n_heads=2, n_experts=4,
+                    top_k=2, aux_coef=0.02)
+    got = flags(ex.export_plan(two_stages(g), g, "megatron"))
+    assert (got["--num-experts"], got["--moe-router-topk"], got["--moe-aux-loss-coeff"]) == ("4", "2", "0.02")
+    assert got["--moe-expert-capacity-factor"] == "1.25" and got["--moe-token-dispatcher-type"] == "alltoall"
