@@ -63,7 +63,7 @@ def main() -> int:
     torch.set_num_threads(1)
     start = time.perf_counter()
     rows, problems = run_suite(DEFAULT_SUITE, budget=args.budget, seed=args.seed,
-                               pipeline_cases=DEFAULT_PIPELINE_CASES, progress=False)
+                               pipeline_cases=DEFAULT_PIPELINE_CASES, progress=True)  # a bar over the cases
     cases = {name: case_figures([r for r in rows if r.case == name]) for name in problems}
     sources = sorted({s for (_, costs, _) in problems.values() for s in costs.source})
     full, pipe = comparison_tables(rows)
