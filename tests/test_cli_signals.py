@@ -269,3 +269,31 @@ def test_train_stopped_by_sigterm_says_what_ctrl_c_says(tmp_path, sig, held, arg
     code, line = _stopped(tmp_path, held, [*args, f"hydra.run.dir={run}"], (sig,))
     assert (code, line) == (130, said)
     assert (run / "checkpoint.pt").is_file() == ("checkpoint.pt" in said) and not (run / "metrics.json").exists()
+
+
+def test_sigterm_while_train_or_place_starts_is_answered_as_ctrl_c(monkeypatch, capsys):
+    """Seconds of imports pass before a run installs its own handler: SIGTERM then raises KeyboardInterrupt too, and
+    ``main`` says so in one line, exit 130 (Python's default: exit 143, no line); SIGTERM ignored at start stays so."""
+    import importlib
+    import signal
+
+    from placement_rl.cli import main as cli_main
+
+    seen = []
+
+    def stopped_in_import(name):
+        seen.append(signal.getsignal(signal.SIGTERM))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(importlib, "import_module", stopped_in_import)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        for ignored in (False, True):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN if ignored else signal.SIG_DFL)
+            with pytest.raises(SystemExit) as exc:
+                cli_main.main(["place"])
+            assert exc.value.code == 130
+            assert capsys.readouterr().err.strip().splitlines() == ["interrupted: no file written"]
+            assert seen[-1] is (signal.SIG_IGN if ignored else cli_main._stopped)
+    finally:
+        signal.signal(signal.SIGTERM, before)

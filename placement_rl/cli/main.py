@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 
 # subcommand -> (module, one-line help). Only subcommands that exist are listed.
@@ -17,6 +18,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("placement_rl.cli.export", "write a plan.json as torchtitan's job config or Megatron-LM's arguments"),
     "maxload": ("placement_rl.cli.maxload", "max-load split of a graph in the dnn-partitioning JSON format"),
 }
+
+# subcommands that answer SIGTERM as Ctrl-C (``hydra_app(sigterm=True)``), from the start: exit code 130 and a line
+SIGTERM_AS_INTERRUPT = ("train", "place")
+
+
+def _stopped(signum: int, frame) -> None:
+    """SIGTERM while a subcommand of ``SIGTERM_AS_INTERRUPT`` starts: Ctrl-C's path (``main``'s line, exit 130)."""
+    raise KeyboardInterrupt
+
 
 USAGE = "usage: placement-rl <subcommand> [hydra overrides ...]   (placement-rl <subcommand> --help for its config)"
 
@@ -47,10 +57,15 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    module = importlib.import_module(COMMANDS[cmd][0])
-    sys.argv = [f"placement-rl {cmd}", *rest]
+    if cmd in SIGTERM_AS_INTERRUPT and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, _stopped)  # while it starts (seconds of imports); its run has its own handler
     try:
+        module = importlib.import_module(COMMANDS[cmd][0])
+        sys.argv = [f"placement-rl {cmd}", *rest]
         module.main()
+    except KeyboardInterrupt:  # stopped before its run began (the run itself answers with its own line)
+        print("interrupted: no file written", file=sys.stderr)
+        sys.exit(130)
     except BrokenPipeError:  # output piped into a reader that stopped (``| head``): no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(0)
