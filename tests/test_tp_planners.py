@@ -209,8 +209,10 @@ def test_tp_degrees_per_host_prefix_not_the_smallest_host(case, sizes, t, used):
 
 
 def test_tp_leaves_the_fewest_devices_idle():
-    """10 heads on 8 GPUs of one host: TP 5 would leave three idle; the `tp` baseline takes TP 2 x DP 4."""
+    """10 heads on 8 GPUs of one host: TP 5 would leave three idle; the `tp` and `megatron` baselines take TP 2."""
     g = capture_zoo("gpt", batch_size=16, seq_len=16, vocab_size=640, d_model=80, n_layers=2, n_heads=10)
     topo = load_topology("8x_h100_dgx")
-    plan, _ = run("tp", g, resolve_costs(g, topo), topo, budget=200)
-    assert plan.tp == (2,) and len(plan.stage_devices[0]) == 8
+    c = resolve_costs(g, topo)
+    for name in ("tp", "megatron"):
+        plan, _ = run(name, g, c, topo, budget=200)
+        assert set(plan.tp) == {2} and sum(len(d) for d in plan.stage_devices) == 8

@@ -92,12 +92,18 @@ def _plans_whole(pp: PipeProblem, t: int, shardings=SHARDINGS) -> list[Plan]:
             for m in microbatch_choices(1, d, pp.batch_size, schedule=pp.schedule) for sh in shardings]
 
 
+def tp_preference(pp: PipeProblem, count: int) -> list[int]:
+    """The TP degrees of ``tp_choices`` in the order Megatron's usual plans take them: > 1 first, the fewest of the
+    first ``count`` devices idle, then the largest."""
+    return sorted(tp_choices(pp, count=count), key=lambda d: (d > 1, usable(pp, d, count), d), reverse=True)
+
+
 def tp_planner(pp: PipeProblem) -> Plan:
     """Megatron's usual plan: one stage at the largest TP degree > 1 among those that leave the fewest devices idle
     (on 8 GPUs GPT-2 large's 20 heads take TP 4 x DP 2, not TP 5 with three GPUs idle), DP over the rest; the next
     degree in that order where the batch does not split over its DP degree."""
     count = accelerators(pp)
-    order = sorted(tp_choices(pp, count=count), key=lambda d: (d > 1, usable(pp, d, count), d), reverse=True)
+    order = tp_preference(pp, count)
     if order[0] == 1:  # plain data parallelism, saying why
         note = tpmod.annotation(pp.graph).note
         pp.extra_meta = {"note": f"no TP degree > 1 for graph '{pp.graph.name}' on topology '{pp.topology.name}' "
@@ -404,22 +410,25 @@ def _pipeline_plans(pp: PipeProblem, grid: np.ndarray, s: int, t: int, dp: int, 
 
 
 def megatron(pp: PipeProblem) -> Plan:
-    acc = accelerators(pp)
-    t = tp_choices(pp, count=acc)[-1]
-    acc = usable(pp, t, acc)
-    hosts = len(_host_runs(pp, acc))
-    cands: list[Plan] = []
+    """Megatron-LM's recipe: TP inside a host at the degree ``tp_preference`` puts first (the next where the batch
+    does not split), PP across hosts (a divisor of their number), DP over the rest, DDP."""
+    count = accelerators(pp)
     grid = cut_grid(pp.n, EXACT_GRID)
-    for s in (s for s in range(1, hosts + 1) if hosts % s == 0 and s <= len(grid) - 1):
-        dp = acc // (t * s)
-        for m in microbatch_choices(s, dp, pp.batch_size, schedule=pp.schedule):
-            for devs in tp_orders(pp, t, acc):
-                cands += [c for _, c in _pipeline_plans(pp, grid, s, t, dp, m, shardings=("dp",), alpa=False,
-                                                        devs=devs)[0]]
-    if not cands:
-        raise ConfigError(f"megatron found no plan: batch_size {pp.batch_size} does not split over the DP degrees "
-                          f"left after TP {t} x PP")
-    return pp.best_of(cands)
+    order = tp_preference(pp, count)
+    for t in order:
+        acc = usable(pp, t, count)
+        hosts = len(_host_runs(pp, acc))
+        cands: list[Plan] = []
+        for s in (s for s in range(1, hosts + 1) if hosts % s == 0 and s <= len(grid) - 1):
+            dp = acc // (t * s)
+            for m in microbatch_choices(s, dp, pp.batch_size, schedule=pp.schedule):
+                for devs in tp_orders(pp, t, acc):
+                    cands += [c for _, c in _pipeline_plans(pp, grid, s, t, dp, m, shardings=("dp",), alpa=False,
+                                                            devs=devs)[0]]
+        if cands:
+            return pp.best_of(cands)
+    raise ConfigError(f"megatron found no plan: batch_size {pp.batch_size} does not split over the DP degrees "
+                      f"left after TP {order[0]} x PP")
 
 
 def configurations(pp: PipeProblem) -> list[tuple[int, int, int, int]]:
