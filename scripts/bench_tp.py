@@ -569,7 +569,11 @@ def main() -> None:
     atomic_write_text(out / "bench_tp.json", json.dumps(data, indent=1, default=float))
     from placement_rl.results import write_result
 
-    write_result("bench_tp", data, seconds=time.perf_counter() - start)
+    # results/bench_tp.json holds parts b and c (the README's rows); other parts their own file (bench_tp_a.json), so a
+    # run of one part never drops another's figures measured at another commit
+    parts = "".join(sorted(set(args.parts)))
+    write_result("bench_tp" if set("bc") <= set(parts) else f"bench_tp_{parts}", data,
+                 seconds=time.perf_counter() - start)
     write_report(out, data)
     print(f"wrote {out / 'bench_tp.md'}")
 
