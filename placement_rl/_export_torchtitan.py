@@ -9,7 +9,7 @@ import tomllib
 
 from placement_rl._export_header import _header
 from placement_rl._export_layout import Layout, layout
-from placement_rl._export_megatron import ModelSettings, model_settings
+from placement_rl._export_model import ModelSettings, model_settings
 from placement_rl._export_read import _plan
 from placement_rl.errors import PlanError
 from placement_rl.export_modules import module_graph

@@ -17,7 +17,7 @@ virtual stages per rank follow from it), ``--micro-batch-size`` / ``--global-bat
 when the plan's micro-batches exceed the pipeline's), ``--make-vocab-size-divisible-by``, ``--use-torch-fsdp2``
 for FSDP plans and ``--untie-embeddings-and-output-weights`` when the output layer has weights of its own
 (``untied_embeddings``; Megatron-LM ties them by default), and the model's own flags where the graph's metadata
-records them (``_export_megatron.model_settings``: sizes, query groups, the Llama family's architecture, dropouts,
+records them (``_export_model.model_settings``: sizes, query groups, the Llama family's architecture, dropouts,
 experts; a ``# note:`` names the ones it does not record). ``E`` is every module before the layers except a rotary
 embedding (no weights; Megatron-LM computes it in every stage) and must sit whole in the first stage. A graph the
 model's metadata calls no causal LM (BERT, ViT, T5) gets a ``# note:`` line: the settings are ``pretrain_gpt.py``'s.

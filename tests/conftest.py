@@ -17,6 +17,26 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 
+@pytest.fixture(autouse=True)
+def _logging_as_it_was():
+    """Logging as it was before each test: a test that runs a command's Hydra app in this process gets Hydra's
+    logging set up (handlers on the test's captured stderr, which pytest closes after it, and levels), and a later
+    test's log line would go to a closed stream or pass a level it should not."""
+    import logging
+
+    root = logging.getLogger()
+    kept = {name: (lg.level, lg.disabled, lg.propagate, lg.handlers[:])
+            for name, lg in logging.Logger.manager.loggerDict.items() if isinstance(lg, logging.Logger)}
+    root_kept = (root.level, root.handlers[:])
+    yield
+    root.setLevel(root_kept[0])
+    root.handlers[:] = root_kept[1]
+    for name, (level, disabled, propagate, handlers) in kept.items():  # loggers made during the test: left as made
+        lg = logging.getLogger(name)
+        lg.setLevel(level)
+        lg.disabled, lg.propagate, lg.handlers[:] = disabled, propagate, handlers
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -44,7 +44,7 @@ def test_sigterm_raises_keyboard_interrupt_in_the_block_and_an_ignored_one_stays
             signal.raise_signal(signal.SIGTERM)  # nothing happens
         monkeypatch.setenv(common.DRIVER_PID, str(os.getpid() + 1))  # a launcher's job worker: its driver says it
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        with sigterm_as_interrupt():
+        with sigterm_as_interrupt(worker=common.in_job_worker()):
             assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     finally:
         signal.signal(signal.SIGTERM, before)

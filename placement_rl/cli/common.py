@@ -349,7 +349,7 @@ def hydra_app(config_name: str, *, writes: Iterable[str] = (), replaces: Iterabl
             _TASK_STARTED = True
             from placement_rl.cli.signals import sigterm_as_interrupt
 
-            with sigterm_as_interrupt() if sigterm else contextlib.nullcontext():
+            with sigterm_as_interrupt(worker=in_job_worker()) if sigterm else contextlib.nullcontext():
                 job(cfg)
 
         def job(cfg: DictConfig) -> None:

@@ -17,14 +17,13 @@ def _raise_interrupt(signum: int, frame) -> None:
 
 
 @contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
+def sigterm_as_interrupt(worker: bool = False) -> Iterator[None]:
     """While the block runs, SIGTERM raises ``KeyboardInterrupt`` in the main thread, as Ctrl-C does; the handler
     before it comes back after the block. Nothing changes outside the main thread, in a launcher's job worker (its
     driver reports the interrupt) or where the process was started with SIGTERM ignored (it stays ignored, as
-    Python leaves a SIGINT ignored at start)."""
-    from placement_rl.cli.common import in_job_worker
-
-    if threading.current_thread() is not threading.main_thread() or in_job_worker() \
+    Python leaves a SIGINT ignored at start). ``worker``: this process is a launcher's job worker
+    (``common.in_job_worker``)."""
+    if threading.current_thread() is not threading.main_thread() or worker \
             or signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
         yield
         return
