@@ -7,6 +7,9 @@ import os
 import signal
 import sys
 
+# SIGTERM while a subcommand of ``SIGTERM_AS_INTERRUPT`` starts: Ctrl-C's path (``main``'s line, exit 130)
+from placement_rl.cli.signals import _raise_interrupt as _stopped
+
 # subcommand -> (module, one-line help). Only subcommands that exist are listed.
 COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("placement_rl.cli.inspect", "summarise a graph (zoo model, JSON file or synthetic), write graph.json"),
@@ -21,11 +24,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 # subcommands that answer SIGTERM as Ctrl-C (``hydra_app(sigterm=True)``), from the start: exit code 130 and a line
 SIGTERM_AS_INTERRUPT = ("train", "place")
-
-
-def _stopped(signum: int, frame) -> None:
-    """SIGTERM while a subcommand of ``SIGTERM_AS_INTERRUPT`` starts: Ctrl-C's path (``main``'s line, exit 130)."""
-    raise KeyboardInterrupt
 
 
 USAGE = "usage: placement-rl <subcommand> [hydra overrides ...]   (placement-rl <subcommand> --help for its config)"
