@@ -83,20 +83,25 @@ def check_workers(workers: int | str) -> int | str:
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+    """The SIGTERM handler of ``sigterm_as_interrupt``: what Python's SIGINT handler does."""
+    raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
-def sigterm_as_interrupt(restore: Any = None) -> Iterator[None]:
+def sigterm_as_interrupt(restore: Any = None, *, worker: bool = False) -> Iterator[None]:
     """While it runs: SIGTERM raises ``KeyboardInterrupt`` in the main thread, as Ctrl-C does, so a run ends on its
-    interrupt path (jobs cancelled, Ray shut down, one line) instead of in Ray's failure handler (``ray.init``
-    installs one that aborts with a C++ stack dump). Enter it after ``ray.init``. On exit the SIGTERM handler is
-    ``restore`` (the one before ``ray.init``), else the one found on entry. Outside the main thread: nothing."""
-    if threading.current_thread() is not threading.main_thread():
+    interrupt path (jobs cancelled, Ray shut down, one line) instead of ending at once (exit code 143, no line) or in
+    Ray's failure handler (``ray.init`` installs one that aborts with a C++ stack dump). The one rule for every
+    caller: ``Workers`` on Ray (entered after ``ray.init``) and the CLI's ``train`` / ``place``
+    (``placement_rl.cli.signals``). On exit the SIGTERM handler is ``restore`` (the one before ``ray.init``), else
+    the one found on entry. Nothing changes outside the main thread or in a launcher's job worker (``worker``: its
+    driver reports the interrupt); a SIGTERM ignored (``restore``, else the handler found on entry, is ``SIG_IGN``:
+    a process started with it ignored) stays ignored, as Python leaves a SIGINT ignored at start."""
+    if threading.current_thread() is not threading.main_thread() or worker:
         yield
         return
     previous = signal.getsignal(signal.SIGTERM) if restore is None else restore
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if previous is signal.SIG_IGN else _raise_interrupt)
     try:
         yield
     finally:

@@ -294,6 +294,6 @@ def test_sigterm_while_train_or_place_starts_is_answered_as_ctrl_c(monkeypatch, 
                 cli_main.main(["place"])
             assert exc.value.code == 130
             assert capsys.readouterr().err.strip().splitlines() == ["interrupted: no file written"]
-            assert seen[-1] is (signal.SIG_IGN if ignored else cli_main._stopped)
+            assert seen[-1] is (signal.SIG_IGN if ignored else _raise_interrupt)
     finally:
         signal.signal(signal.SIGTERM, before)

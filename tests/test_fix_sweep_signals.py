@@ -44,6 +44,37 @@ def test_sigterm_raises_keyboard_interrupt_inside_the_block_and_the_handler_come
         signal.signal(signal.SIGTERM, before)
 
 
+def test_the_cli_and_workers_share_one_sigterm_rule():
+    """One rule in one place: the CLI's train / place (``cli.signals``) apply ``scale``'s (two copies had drifted:
+    only the CLI's kept an ignored SIGTERM ignored and left a launcher's job worker alone)."""
+    from placement_rl.cli import signals
+
+    assert signals.sigterm_as_interrupt is scale.sigterm_as_interrupt
+    assert signals._raise_interrupt is scale._raise_interrupt
+
+
+def test_a_sigterm_ignored_before_ray_init_stays_ignored_and_a_job_worker_is_left_alone():
+    """A process started with SIGTERM ignored (``restore``: the handler before ``ray.init``) keeps ignoring it while
+    Ray runs, instead of Ray's handler or an interrupt; a launcher's job worker changes nothing."""
+    before = signal.getsignal(signal.SIGTERM)
+
+    def rays(signum, frame):  # what ray.init installs
+        raise AssertionError("Ray's handler ran")
+
+    try:
+        signal.signal(signal.SIGTERM, rays)
+        with scale.sigterm_as_interrupt(restore=signal.SIG_IGN):
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+            signal.raise_signal(signal.SIGTERM)  # nothing happens
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        signal.signal(signal.SIGTERM, rays)
+        with scale.sigterm_as_interrupt(worker=True):
+            assert signal.getsignal(signal.SIGTERM) is rays
+        assert signal.getsignal(signal.SIGTERM) is rays
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def _fake_ray_start(monkeypatch, check_code) -> list[str]:
     """``Workers`` on a fake connection (no Ray started): the keys ``connect`` was called with."""
     pytest.importorskip("ray")

@@ -333,14 +333,15 @@ def hydra_app(config_name: str, *, writes: Iterable[str] = (), replaces: Iterabl
     command writes in its run folder, refused before any work where a folder of that name is in the way; a file
     it still cannot write is one line as well. ``replaces``: every file the command may write there (shell
     patterns such as ``timeline_*.png``, ``sub/name`` in a sub-folder): those an earlier run left in a run folder
-    given again are set aside before it runs, with a line naming them (``run_folder.set_aside``; put back
-    where it fails), so that one folder
-    never holds two runs' results. A Ctrl-C exits 130 with ``interrupted`` on stderr (an ``Interrupted``: its own
-    line; one that ``kept`` its files leaves the earlier run's set aside); so does SIGTERM given ``sigterm``
-    (``signals.sigterm_as_interrupt``)."""
+    given again are set aside before it runs, with a line naming them (``run_folder.set_aside``; put back where it
+    fails), so that one folder never holds two runs' results; that run's ``.hydra/`` and log too (given ``sigterm``
+    as well), before Hydra writes this run's (``run_folder.set_aside_hydra``). A Ctrl-C exits 130 with
+    ``interrupted`` on stderr (an ``Interrupted``: its own line; one that ``kept`` its files leaves the earlier
+    run's set aside); so does SIGTERM given ``sigterm`` (``signals.sigterm_as_interrupt``)."""
     import hydra
 
     writes, replaces = tuple(writes), tuple(replaces)
+    before: list = []  # an earlier run's Hydra files, set aside by ``main`` before Hydra writes this run's
 
     def wrap(run: Callable[[DictConfig], Any]) -> Callable[[], None]:
         @functools.wraps(run)
@@ -360,11 +361,12 @@ def hydra_app(config_name: str, *, writes: Iterable[str] = (), replaces: Iterabl
                 schema.check_not_folders(output_dir(), writes)
                 from placement_rl.cli.run_folder import config_paths, listed, set_aside
 
-                earlier = set_aside(output_dir(), replaces, keep=config_paths(cfg))
-                if earlier.names:
+                earlier = set_aside(output_dir(), replaces, keep=config_paths(cfg),
+                                    into=before.pop() if before else None)  # with its Hydra files
+                if own := [n for n in earlier.names if n not in earlier.hydra]:
                     print(f"{output_dir()} held an earlier {config_name} run's files, replaced (this run writes its "
                           "own; they come back if it fails, or if it is interrupted before it wrote any: else its "
-                          f"interrupt line says where they are): {listed(earlier.names)}", flush=True)
+                          f"interrupt line says where they are): {listed(own)}", flush=True)
                 try:
                     run(cfg)
                 except BaseException as exc:
@@ -400,8 +402,11 @@ def hydra_app(config_name: str, *, writes: Iterable[str] = (), replaces: Iterabl
                     sys.argv[1:1] = help_override(config_name, COMMANDS[config_name][1])  # before any flag
             except PlacementRLError as exc:
                 fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            from placement_rl.cli.run_folder import set_aside_hydra
             from placement_rl.cli.sweep import failures_reported
 
+            overrides, _, flags = _split_args(sys.argv[1:])
+            before[:] = set_aside_hydra(task, overrides) if (replaces or sigterm) and not flags else []
             try:
                 with failures_reported():
                     hydra_main()
@@ -412,6 +417,9 @@ def hydra_app(config_name: str, *, writes: Iterable[str] = (), replaces: Iterabl
             except KeyboardInterrupt:  # a multirun's launcher waiting for its jobs
                 print("interrupted", file=sys.stderr)
                 sys.exit(130)
+            finally:
+                while before:  # its run never took them (refused before it began): back
+                    before.pop().restore()
 
         return main
 

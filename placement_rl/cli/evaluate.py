@@ -190,17 +190,36 @@ def batch_note(plan, graph) -> str:
             f"{int(own) / at:g} x the samples here")
 
 
+def chosen_placers(placers: Sequence[str] | None, pipeline: bool) -> tuple[list[str] | None, list[str], str]:
+    """``placers=`` split into the op-level placers to run (None: every one) and the stage planners, and where
+    ``placers=`` is given, the line that says which planners run and why: ``placers=`` names op-level placers and
+    stage planners alike; naming no planner leaves them to ``pipeline`` (true: every planner, as the suite runs;
+    false: none)."""
+    from placement_rl import baselines
+
+    chosen = list(placers) if placers else None  # each kind to its own table
+    planners = baselines.pipeline_names()
+    ops = None if chosen is None else [p for p in chosen if p not in planners]
+    named = [p for p in planners if p in (chosen or ())]
+    parts = (named or planners) if pipeline else []
+    if chosen is None:
+        return ops, parts, ""
+    if not pipeline:
+        return ops, parts, "stage planners: none (pipeline=false" + (
+            f"; {', '.join(named)} named in placers= not run)" if named else ")")
+    if named:
+        return ops, parts, f"stage planners: {', '.join(named)} (named in placers=)"
+    return ops, parts, (f"stage planners: all {len(planners)} (placers= names none of them, and pipeline=true runs "
+                        "every one; pipeline=false runs none, or name those to run in placers=)")
+
+
 def run(cfg: DictConfig) -> list[Row]:
     out = output_dir()
     budget, seed = int(cfg.budget), int(cfg.seed)
     seconds = None if cfg.get("seconds") is None else float(cfg.seconds)
-    from placement_rl import baselines
-
-    chosen = list(cfg.placers) if cfg.placers else None  # op-level placers and stage planners, each to its table
-    planners = baselines.pipeline_names()
-    placers = None if chosen is None else [p for p in chosen if p not in planners]
-    named = [p for p in planners if p in (chosen or ())]  # none named: every planner (with pipeline=true)
-    parts = (named or planners) if cfg.pipeline else []
+    placers, parts, line = chosen_placers(cfg.placers, bool(cfg.pipeline))
+    if line:
+        print(line, flush=True)
     objective = str(cfg.get("objective") or "step")
     if cfg.suite == "default" and not cfg.plan and (costs_path(cfg) or str(cfg.get("mode") or "train") != "train"
                                                      or objective != "step"):

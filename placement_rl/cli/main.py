@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
-import signal
 import sys
 
 # SIGTERM while a subcommand of ``SIGTERM_AS_INTERRUPT`` starts: Ctrl-C's path (``main``'s line, exit 130)
-from placement_rl.cli.signals import _raise_interrupt as _stopped
+from placement_rl.cli.signals import sigterm_as_interrupt
 
 # subcommand -> (module, one-line help). Only subcommands that exist are listed.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -55,12 +55,11 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    if cmd in SIGTERM_AS_INTERRUPT and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
-        signal.signal(signal.SIGTERM, _stopped)  # while it starts (seconds of imports); its run has its own handler
-    try:
-        module = importlib.import_module(COMMANDS[cmd][0])
-        sys.argv = [f"placement-rl {cmd}", *rest]
-        module.main()
+    try:  # SIGTERM as Ctrl-C from the start (seconds of imports), the rule its run applies again
+        with sigterm_as_interrupt() if cmd in SIGTERM_AS_INTERRUPT else contextlib.nullcontext():
+            module = importlib.import_module(COMMANDS[cmd][0])
+            sys.argv = [f"placement-rl {cmd}", *rest]
+            module.main()
     except KeyboardInterrupt:  # stopped before its run began (the run itself answers with its own line)
         print("interrupted: no file written", file=sys.stderr)
         sys.exit(130)
