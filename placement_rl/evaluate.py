@@ -236,9 +236,11 @@ def _search_note(meta: dict[str, Any]) -> str:
     if not meta.get("ideals_complete", True):
         notes.append(str(meta.get("ideal_note", "")))
     if meta.get("exhaustive") is False:
-        notes.append(f"not exhaustive: {meta.get('configurations_searched', '?')} of {meta.get('configurations', '?')} "
-                     f"DP x TP x PP configurations searched, {meta.get('sim_calls', '?')} plans simulated before the "
-                     "budget or seconds ran out")
+        done, total = meta.get('configurations_searched', '?'), meta.get('configurations', '?')
+        reached = (f"every one of the {total} DP x TP x PP configurations reached, not every plan in them"
+                   if done == total else f"{done} of {total} DP x TP x PP configurations searched")
+        notes.append(f"not exhaustive: {reached}, {meta.get('sim_calls', '?')} plans simulated before the budget or "
+                     "seconds ran out")
     return "; ".join(n for n in notes if n)
 
 

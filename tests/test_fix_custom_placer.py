@@ -126,3 +126,12 @@ def test_graph_policies_on_the_constructive_env_say_which_envs_they_are_for():
     with pytest.raises(ConfigError, match=r"Placement, OneShot and Pipeline envs: this observation has no "
                                           r"'op_type' key .*ConstructiveTrainer"):
         MaskablePPO(MaskableGraphPolicy, env, n_steps=64, batch_size=32, device="cpu")  # was KeyError: 'op_type'
+
+
+def test_a_long_non_integer_placement_is_refused_in_one_line(case):
+    baselines.register("bools", lambda prob: np.ones((40, 40), dtype=bool))  # its repr: 40 lines
+    baselines.register("labels", lambda prob: np.array([["gpu0"] * 30] * 30))
+    for name in ("bools", "labels"):
+        with pytest.raises(PlanError) as info:
+            baselines.get(name)(*case, budget=5, seed=0)
+        assert "\n" not in str(info.value) and len(str(info.value)) < 200 and f"placer '{name}'" in str(info.value)

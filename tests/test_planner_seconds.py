@@ -77,3 +77,12 @@ def test_exact_and_hybrid_stop_building_candidates_when_the_seconds_are_spent(ca
     made.clear()
     plan = baselines.get_pipeline("hybrid")(g, c, topo, budget=10**9, seed=0, seconds=1e-4)
     assert plan.num_stages >= 1 and 0 < len(made) < whole
+
+
+def test_exact_note_tells_configurations_reached_from_plans_searched():
+    from placement_rl.evaluate import _search_note
+
+    every = _search_note({"exhaustive": False, "configurations_searched": 22, "configurations": 22, "sim_calls": 9})
+    assert "every one of the 22" in every and "22 of 22" not in every
+    part = _search_note({"exhaustive": False, "configurations_searched": 5, "configurations": 22, "sim_calls": 9})
+    assert "5 of 22 DP x TP x PP configurations searched" in part

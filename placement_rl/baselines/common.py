@@ -201,8 +201,9 @@ class Problem:
         except (TypeError, ValueError):  # ragged: Placement says what is wrong
             kind = "i"
         if kind not in "iuf":
-            raise PlanError(f"placer '{name}' returned a bad placement: device indices must be integers, got "
-                            f"{devices!r}"[:300])
+            got = (f"{type(devices).__name__} of dtype {np.asarray(devices).dtype}" if kind != "U"
+                   else " ".join(repr(devices)[:80].split()))  # one line, whatever the value
+            raise PlanError(f"placer '{name}' returned a bad placement: device indices must be integers, got {got}")
         try:
             return Placement(devices).validate(self.graph, self.topology).device_of_node
         except PlanError as exc:
