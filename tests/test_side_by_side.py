@@ -90,6 +90,8 @@ def test_evaluate_at_equal_seconds_runs_its_searches_side_by_side(problem, monke
     own clock's seconds, held to S); below it, and for every other placer, in this process as before."""
     from placement_rl import evaluate
 
+    monkeypatch.setattr(side_by_side, "cores", lambda: 2)  # as on two cores (on one, everything runs here)
+
     g, c, topo = problem
     calls = []
     real = side_by_side.run
@@ -208,6 +210,8 @@ def test_evaluate_notes_a_search_that_refuses_in_its_worker(problem, monkeypatch
     ``eft_rollout_search`` above 4,000) gets the note row it gets here; the others keep their side-by-side rows (before,
     one refusal sent every search back to run here, one after another)."""
     from placement_rl import evaluate
+
+    monkeypatch.setattr(side_by_side, "cores", lambda: 2)  # as on two cores (on one, everything runs here)
 
     g, c, topo = problem
     monkeypatch.setattr(side_by_side, "SEARCHES", ("local_search", "exhaustive"))

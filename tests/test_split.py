@@ -4,6 +4,7 @@ truncated one, on devices that split unevenly over the threads, and where memory
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 import torch
@@ -170,7 +171,7 @@ def test_episode_threads_give_the_serial_features_and_samples(case, monkeypatch)
         task = _task(fam, n, seed, topo, window, policy)
         st = task.state(k) if window is not None else None
         if threads == "2" and st is not None:
-            assert episode_threads(st) == 2
+            assert episode_threads(st) == min(2, numba.get_num_threads())  # numba: one per usable CPU
         gen = torch.Generator().manual_seed(7)
         runs.append(rollout(policy, task, samples=k, greedy=False, record=True, generator=gen))
     a, b = runs
