@@ -104,7 +104,10 @@ def test_the_cut_search_counts_each_stage_at_its_simulated_peak(seed, layers, wi
     simulated peak of the stage's device under DDP where each tensor has one size, and at most it under FSDP (its
     gathered unit is a lower bound) or where a producer's edges differ (the simulator's received buffer takes its
     largest crossing edge at every cut); layers cut by stage boundaries, a batch other than the graph's and
-    inference costs included. The kept inputs of the stages' parts of layers are ``kept_bytes``' on every graph."""
+    inference costs included. In training the simulator also holds the backward's gradient buffers
+    (``cost.backward_memory``, ``meta["backward_transient_bytes"]``, with a recomputed layer's activations), where
+    ``_stage_memory`` counts the recomputed layer's activations alone: it is that much below the simulated peak. The
+    kept inputs of the stages' parts of layers are ``kept_bytes``' on every graph."""
     g = _layered(seed, layers, width, one_size)
     topo = _three_v100_one_t4(1e10)
     c = resolve_costs(g, topo)
@@ -125,9 +128,15 @@ def test_the_cut_search_counts_each_stage_at_its_simulated_peak(seed, layers, wi
                     continue
                 plan = pp.plan(stages.cuts([int(x) for x in grid[list(cuts)]]), (dp,) * s, m=m, sharding=sharding,
                                recompute=rc)
-                peak = pp.sim.run(plan).peak_memory
+                res = pp.sim.run(plan)
+                peak = res.peak_memory
                 for k in range(s):
                     got, want = float(mems[k][cuts[k], cuts[k + 1]]), float(peak[stages.group(k)[0]])
+                    if mode == "train":  # the backward's working memory, less the recomputed layer's it counts
+                        counted = stages.recompute(k, "full")[2][cuts[k], cuts[k + 1]] if rc[k] == "full" else 0.0
+                        assert res.meta["backward_transient_bytes"][k] >= counted * (1 - 1e-12)
+                        if sharding == "dp" and one_size:
+                            got += res.meta["backward_transient_bytes"][k] - float(counted)
                     if sharding == "dp" and one_size:
                         assert got == pytest.approx(want, rel=1e-12, abs=1.0)
                     else:

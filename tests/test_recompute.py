@@ -54,11 +54,16 @@ def test_time_and_memory_by_hand(case, mode):
     assert got.meta["stage_fwd_time"][0] == pytest.approx(base.meta["stage_fwd_time"][0], rel=1e-12)
     assert got.meta["stage_bwd_time"][0] == pytest.approx(base.meta["stage_bwd_time"][0] + again, rel=1e-12)
     # memory (GPipe: m micro-batches in flight): the regions' inputs instead of their activations, plus one
-    # micro-batch's activations of the largest region while it is recomputed
+    # micro-batch's activations of the largest region while it is recomputed (here more than any backward's gradient
+    # buffers, ``cost.backward_memory``, which the plan without recomputation adds instead: the loss's)
     kept = kept_bytes(g, rid)
     freed = np.bincount(rid[inside], weights=g.act_bytes[inside])
     saved = float(g.act_bytes.sum())
-    want = base.peak_memory[0] - saved + (saved - freed.sum() + kept.sum()) + freed.max() / m
+    logits = GPT["batch_size"] * GPT["seq_len"] * GPT["vocab_size"] * 4.0
+    assert base.meta["backward_transient_bytes"] == [pytest.approx((2 * logits + 4) / m, rel=1e-12)]
+    assert got.meta["backward_transient_bytes"] == [pytest.approx(freed.max() / m, rel=1e-12)]
+    state = base.peak_memory[0] - saved - (2 * logits + 4) / m
+    want = state + (saved - freed.sum() + kept.sum()) + freed.max() / m
     assert got.peak_memory[0] == pytest.approx(want, rel=1e-12)
     assert got.peak_memory[0] < base.peak_memory[0] and got.step_time > base.step_time
     if mode == "full":  # a layer keeps its input hidden state: batch x seq x d_model floats
@@ -226,17 +231,19 @@ def test_recomputing_plans_deployed_gradients_equal_one_process():
 # ------------------------------------------------------------------------------------------------ learned
 @pytest.fixture(scope="module")
 def long_sequences():
-    """The long sequences above on two such GPUs with 4 GiB each and GPipe: no plan of ``exact``'s space fits
+    """The long sequences above on two such GPUs with 4.5 GiB each and GPipe: no plan of ``exact``'s space fits
     without recomputation, but one GPU fits with full recomputation (so a policy that keeps one device can still
-    find a plan that fits)."""
+    find a plan that fits): 4.26 GiB, the most at the backward of a layer's attention-weighted sum, with the layer's
+    activations up to it recomputed and that node's gradients held (3.83 GiB together, ``cost.backward_memory``);
+    3.72 GiB before the gradients were priced, when 4 GiB held it."""
     import yaml
 
     from placement_rl.topology import DeviceTopology, conf_dir
 
     g = capture_zoo("gpt", batch_size=8, seq_len=2048, vocab_size=4096, d_model=256, n_layers=4, n_heads=8)
     data = yaml.safe_load((conf_dir() / "topology" / "2x_small_gpu.yaml").read_text())
-    data["devices"][0]["memory_bytes"] = 4 * 2**30
-    data["name"] = "2x_small_gpu_4gib"
+    data["devices"][0]["memory_bytes"] = 4.5 * 2**30
+    data["name"] = "2x_small_gpu_4_5gib"
     return g, DeviceTopology.from_dict(data)
 
 

@@ -81,12 +81,33 @@ def _fsdp_pass(coll, s, nu, uf, ub, ubytes, train):
 
 def work_sizes(n: int, s: int, m: int, p_total: int, g: int) -> tuple[int, int]:
     """Lengths of the float and int work buffers for N nodes, S stages, m micro-batches, G groups."""
-    return 2 * p_total + 12 * s + 1 + 4 * n + 3 * s * m + g * g + 4 * g, n + 2 * s
+    return 2 * p_total + 14 * s + 1 + 4 * n + 3 * s * m + g * g + 4 * g, n + 2 * s
+
+
+@njit(cache=True, nogil=True)
+def stage_transient(stage, order, act, gradb, again, sgrad, safter):
+    """Per stage into ``sgrad``: the bytes one micro-batch's backward holds at its fullest beyond the saved tensors
+    of the micro-batch (``cost.backward_memory``): over the stage's nodes v, ``gradb[v] + again[v]`` less the saved
+    ``act`` of the stage's nodes after v in ``order`` (their backward ran before v's, so autograd has freed them),
+    and at least the largest ``again`` (a recomputed region's activations, as ``cost.recompute`` prices them).
+    ``safter``: work buffer [S]."""
+    for s in range(sgrad.shape[0]):
+        sgrad[s] = 0.0
+        safter[s] = 0.0
+    for pos in range(order.shape[0] - 1, -1, -1):
+        v = order[pos]
+        s = stage[v]
+        t = gradb[v] + again[v] - safter[s]
+        if t > sgrad[s]:
+            sgrad[s] = t
+        if again[v] > sgrad[s]:
+            sgrad[s] = again[v]
+        safter[s] += act[v]
 
 
 @njit(cache=True, nogil=True)
 def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, sgroup, G, src, dst, ebytes,
-                  fvar, ffix, bvar, bfix, batch_ratio, param, act,
+                  fvar, ffix, bvar, bfix, batch_ratio, param, act, gradb, again,
                   lat, inv_bw, order, shard, coll, cap, train, fw, iw, out_stage, out_group, out,
                   record, rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label):
     """Simulate one pipelined training step. ``out`` = (step_time, status, comm_time).
@@ -97,6 +118,10 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
 
     ``batch_ratio``: plan batch size / batch size the node times were measured at; a stage's variable
     node time is scaled by ``batch_ratio / (m * p)`` (1 when the costs were measured at its micro-batch).
+    ``gradb``, ``again``: per node, the gradient buffers its backward holds (``cost.backward_memory``) and the
+    activations its recomputed region holds again meanwhile (``cost.recompute``), at the whole batch; a stage's
+    ``stage_transient``, per micro-batch (``/ (m * p)``), is added to its group's memory at each of its backwards
+    (training only).
     ``order``: a topological order (buckets and FSDP units follow it); ``shard``: 0 DDP, 1 FSDP;
     ``coll``: per stage and collective its segment table (``comm_fit.split_segments`` of ``[S, 3, K, 3]``); ``cap``: bucket /
     unit size in bytes.
@@ -119,6 +144,8 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
     sscale = fw[o:o + S]; o += S
     sref = fw[o:o + S]; o += S
     sstate = fw[o:o + S]; o += S
+    sgrad = fw[o:o + S]; o += S
+    safter = fw[o:o + S]; o += S
     ubytes = fw[o:o + n]; o += n
     uf = fw[o:o + n]; o += n
     ub = fw[o:o + n]; o += n
@@ -182,6 +209,8 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
             return
         ncount[s] = bcount[s]
         bcount[s] = 0
+    if train == 1:
+        stage_transient(stage, order, act, gradb, again, sgrad, safter)
     for s in range(1, S):
         cut[s] += cut[s - 1]
     for s in range(S):
@@ -276,6 +305,7 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
                         minv = inv_bw[gdev[x], gdev[y]]
             ct[s] = mlat + cut[s] / (m * pmin) * minv
         cur_mb[s] = sact[s] / (m * p) + srecv[s] if train == 1 else srecv[s]
+        sgrad[s] = sgrad[s] / (m * p) if train == 1 else 0.0
         if train == 0:
             out_stage[1, s] = 0.0
     # ------------------------------------------------------------------- event simulation
@@ -331,7 +361,9 @@ def simulate_pipe(stage, S, m, op_kind, op_stage, op_mb, op_group, gptr, gdev, s
                     if record:
                         _rec(rec_n, rec_kind, rec_res, rec_start, rec_end, rec_label, 2, link, a, a + ct[s], j)
         else:
-            if train == 1:
+            if train == 1:  # this micro-batch's gradient buffers, with every micro-batch still held
+                if cur[g] + sgrad[s] > peak[g]:
+                    peak[g] = cur[g] + sgrad[s]
                 cur[g] -= cur_mb[s]
             if s > 0:
                 h = sgroup[s - 1]

@@ -43,7 +43,11 @@ Model (pure and deterministic), for S stages, m micro-batches, stage s on a devi
 * Memory per device of a group (``cost.memory``): training state (``dp``: 4 x params of its stages;
   ``fsdp``: 4 x params / p + 3 x the largest unit) + the peak over the schedule of the activations in
   flight, each micro-batch holding ``act_bytes / (m * p)`` plus its received boundary buffer (so GPipe
-  holds m micro-batches, 1F1B at most S-s at stage s). Over a device's memory: ``feasible=False`` and
+  holds m micro-batches, 1F1B at most S-s at stage s), where at each backward the stage's backward working
+  memory for one micro-batch is added on top of the micro-batches then held: the largest over its nodes of the
+  gradient buffers a node's backward holds (its output's and its inputs', ``cost.backward_memory``: an LM's loss
+  two logits-sized tensors; plus, in a recomputed region, the region's activations), ``/ (m * p)``
+  (``meta["backward_transient_bytes"]``). Over a device's memory: ``feasible=False`` and
   ``meta["memory_errors"]`` names each such device and its bytes.
 * Tied parameters (``graph.meta["tied"]``, written by capture: a parameter several nodes consume, such as GPT's
   embedding and LM head; its bytes are on the first user's ``param_bytes``): as the executor does, every stage that
@@ -106,7 +110,7 @@ import threading
 
 import numpy as np
 
-from placement_rl.cost._pipe_kernel import OK, simulate_pipe, work_sizes
+from placement_rl.cost._pipe_kernel import OK, simulate_pipe, stage_transient, work_sizes
 from placement_rl.cost._pipe_layout import PIPELINE_SCHEDULES, _Layout, slowest_table
 from placement_rl.cost.memory import BUCKET_BYTES
 from placement_rl.cost.modes import check_mode, mode_of
@@ -177,15 +181,17 @@ class PipelineSimulator(TensorParallel, TiedParameters):
         self._pos = np.empty(graph.num_nodes, dtype=np.int64)  # each node's place in the topological order
         self._pos[self._order] = np.arange(graph.num_nodes)
         self._tie_coll: dict[tuple[int, ...], np.ndarray] = {}
+        self._grad_bytes: dict[tuple, np.ndarray] = {}  # per-rank ``backward_memory.grad_bytes`` per TP setting
+        self._no_again = np.zeros(graph.num_nodes)  # no recomputed activations
 
     def __setstate__(self, state: dict) -> None:  # unpickled in another process: this thread owns the buffers
         self.__dict__.update(state)
         self._owner = threading.get_ident()
 
-    def _recompute(self, plan: StagePlan, graph_arrays: tuple, size_arrays: tuple) -> tuple[tuple, tuple]:
+    def _recompute(self, plan: StagePlan, graph_arrays: tuple, size_arrays: tuple) -> tuple[tuple, tuple, np.ndarray]:
         """Node arrays with each stage's activation recomputation (``cost.recompute``): forward repeated in the
-        backward, saved activations of checkpointed regions replaced by their inputs and one micro-batch's
-        transient."""
+        backward, saved activations of checkpointed regions replaced by their inputs, and per node the region's
+        activations recomputed while its backward runs (the kernel adds them to its gradient buffers)."""
         from placement_rl.cost.recompute import apply_recompute
         from placement_rl.graph.tp import shard_graph
 
@@ -196,8 +202,35 @@ class PipelineSimulator(TensorParallel, TiedParameters):
             return self.graph if t == 1 else shard_graph(self.graph, t, divisible_by=plan.make_vocab_size_divisible_by,
                                                          sequence_parallel=plan.sequence_parallel)
 
-        times, act = apply_recompute(plan, self.graph, run, graph_arrays[3:], size_arrays[1])
-        return (*graph_arrays[:3], *times), (size_arrays[0], act, *size_arrays[2:])
+        times, act, again = apply_recompute(plan, self.graph, run, graph_arrays[3:], size_arrays[1])
+        return (*graph_arrays[:3], *times), (size_arrays[0], act, *size_arrays[2:]), again
+
+    def grad_bytes(self, plan: StagePlan) -> np.ndarray:
+        """float [N]: per node, the gradient buffers its backward holds at once (``cost.backward_memory``) on one
+        rank of its stage (a TP stage's nodes from its sharded graph), at the graph's batch; read-only. Zero under
+        inference costs."""
+        from placement_rl.cost.backward_memory import grad_bytes
+
+        key = (1, 0, False)
+        if key not in self._grad_bytes:
+            self._grad_bytes[key] = (grad_bytes(self.graph) if self.mode == "train"
+                                     else np.zeros(self.graph.num_nodes))
+        out = self._grad_bytes[key]
+        if self.mode != "train" or not plan.uses_tp:
+            return out
+        from placement_rl.graph.tp import shard_graph
+
+        out = out.copy()
+        for s, t in enumerate(plan.tp):
+            if t == 1:
+                continue
+            key = (t, plan.make_vocab_size_divisible_by, bool(plan.sequence_parallel))
+            if key not in self._grad_bytes:
+                self._grad_bytes[key] = grad_bytes(shard_graph(self.graph, t, divisible_by=key[1],
+                                                               sequence_parallel=key[2]))
+            nodes = plan.stage_of_node == s
+            out[nodes] = self._grad_bytes[key][nodes]
+        return out
 
     def _layout(self, plan: StagePlan, given: StagePlan) -> _Layout:
         """The layout of the kernel's ``plan``; ``given``: the plan it stands for (with TP: each stage's collectives
@@ -246,24 +279,26 @@ class PipelineSimulator(TensorParallel, TiedParameters):
         return lay.fw, lay.iw, lay.out_stage, lay.out_group, self._out
 
     def _simulate(self, plan: StagePlan, rec: tuple) -> tuple:
-        """``(layout, out, out_stage, out_group, tie_sync, tie_copy, tp_parts)`` of one simulation: ``out`` = (step
-        time, status, comm time), the kernel's per-stage and per-group outputs, the tied all-reduces ``(start, end,
-        groups)``, the tied copy bytes per stage (None without tied parameters) and the TP collectives as priced for
-        the kernel (``_tp_comm_parts``; None without TP); its own arrays in a thread other than the creator (see
-        ``_buffers``)."""
+        """``(layout, out, out_stage, out_group, tie_sync, tie_copy, tp_parts, gradb)`` of one simulation: ``out`` =
+        (step time, status, comm time), the kernel's per-stage and per-group outputs, the tied all-reduces ``(start,
+        end, groups)``, the tied copy bytes per stage (None without tied parameters), the TP collectives as priced for
+        the kernel (``_tp_comm_parts``; None without TP) and the backward working bytes per node the kernel read
+        (whole batch); its own arrays in a thread other than the creator (see ``_buffers``)."""
         ratio = self.batch_ratio(plan)
         graph_arrays, size_arrays = self._graph_arrays, self._size_arrays
         given, tp_parts = plan, None
+        gradb, again = self.grad_bytes(given), self._no_again
         if plan.uses_tp:
             plan, (graph_arrays, size_arrays), tp_parts = self._tp_plan(plan)
         if any(r != "none" for r in given.recompute):
-            graph_arrays, size_arrays = self._recompute(given, graph_arrays, size_arrays)
+            graph_arrays, size_arrays, again = self._recompute(given, graph_arrays, size_arrays)
         if given.uses_tp:  # after recomputation: a TP group waits for its slowest rank on every node
             _pace_tp_groups(given, graph_arrays, ratio)
         sized = self.size_ratio(given)
         if sized != 1.0:  # a plan of another batch than the graph's: its activations and crossing tensors scale
             graph_arrays = (*graph_arrays[:2], graph_arrays[2] * sized, *graph_arrays[3:])
             size_arrays = (size_arrays[0], size_arrays[1] * sized, *size_arrays[2:])
+            gradb, again = gradb * sized, again * sized
         syncs: list[tuple[float, tuple[int, ...]]] = []
         tie_copy = None
         if self._ties:  # each stage holding a user of a tied parameter but not its first user: a copy of it
@@ -277,7 +312,9 @@ class PipelineSimulator(TensorParallel, TiedParameters):
         if stage.shape[0] != self.graph.num_nodes:
             plan.validate(self.graph, self.topology)
         simulate_pipe(stage, s, m, *lay.order, lay.gptr, lay.gdev, lay.sgroup,
-                      lay.num_groups, *graph_arrays, ratio, *size_arrays, self._order,
+                      lay.num_groups, *graph_arrays, ratio, size_arrays[0], size_arrays[1], gradb, again,
+                      *size_arrays[2:],
+                      self._order,
                       1 if plan.sharding == "fsdp" else 0, lay.coll, BUCKET_BYTES, 1 if self.mode == "train" else 0,
                       fw, iw, out_stage, out_group, out, len(rec[1]) > 0, *rec)
         self.calls += 1
@@ -285,7 +322,7 @@ class PipelineSimulator(TensorParallel, TiedParameters):
             plan.validate(self.graph, self.topology)  # raises the PlanError that names the problem
             raise PlanError(f"stage plan does not fit graph '{self.graph.name}'")
         tie_sync = self._tied_sync(given, lay, syncs, out_stage, out) if self._ties and self.mode == "train" else []
-        return lay, out, out_stage, out_group, tie_sync, tie_copy, tp_parts
+        return lay, out, out_stage, out_group, tie_sync, tie_copy, tp_parts, (size_arrays[1], gradb, again)
 
     def step_time(self, plan: StagePlan) -> float:
         """Simulated step time (seconds) of ``plan``."""
@@ -299,7 +336,7 @@ class PipelineSimulator(TensorParallel, TiedParameters):
                    np.zeros(r, np.int64))
         else:
             rec = self._no_rec
-        lay, out, out_stage, out_group, tie_sync, tie_copy, tp_parts = self._simulate(plan, rec)
+        lay, out, out_stage, out_group, tie_sync, tie_copy, tp_parts, transient = self._simulate(plan, rec)
         tp_comm = self.tp_comm_time(plan, self.mode == "train", tp_parts) if plan.uses_tp else np.zeros(plan.num_stages)
         compute = out_group[1] - np.bincount(lay.sgroup, weights=tp_comm, minlength=lay.num_groups)
         busy, mem = np.zeros(self.topology.num_devices), np.zeros(self.topology.num_devices)
@@ -319,6 +356,10 @@ class PipelineSimulator(TensorParallel, TiedParameters):
                 "bubble_fraction": bubble, "cost_batch_size": self.cost_batch_size, "link_time": st[6].tolist(),
                 "cost_source": self._source, "sharding": plan.sharding, "tp": list(plan.tp), "mode": self.mode,
                 "tp_comm_time": tp_comm.tolist()}
+        if self.mode == "train":  # per stage, one micro-batch on one replica, as the kernel adds it
+            per, work = np.zeros(plan.num_stages), np.zeros(plan.num_stages)
+            stage_transient(plan.stage_of_node, self._order, *transient, per, work)
+            meta["backward_transient_bytes"] = (per / (plan.num_microbatches * np.array(plan.dp_degrees))).tolist()
         if self._ties:
             meta["tied_allreduce_time"] = sum(end - start for start, end, _ in tie_sync)
             meta["tied_copy_bytes"] = tie_copy.tolist()

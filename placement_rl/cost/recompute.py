@@ -22,10 +22,13 @@ default):
   repeated node adds its forward time (variable and fixed part) to its backward time, on every micro-batch;
 * memory: R keeps only the tensors entering it from outside (once per producer, its largest edge: the layer's input
   hidden state; the core's q, k, v and mask) instead of its ops' saved activations; while R's backward runs, one
-  micro-batch's activations of R exist again: the stage's largest region's ``act_bytes`` for one micro-batch, added
-  to the stage's peak. In the pipeline kernel's terms (``cur_mb = act / (m p)`` per micro-batch in flight) the
-  transient is spread over the in-flight micro-batches of the stage (GPipe: m; 1F1B: ``min(m, S - s)``), so the
-  simulated peak is ``state + in-flight x (kept + received) + transient``.
+  micro-batch's activations of R exist again: at least R's whole ``act_bytes`` (its last node's backward runs first,
+  with all of them back). This transient is priced with the gradient buffers of a backward
+  (``cost.backward_memory``): at a node of R, R's activations up to that node plus the node's own gradient buffers,
+  the stage's largest for one micro-batch (and at least its largest region's ``act_bytes``) added at each backward on
+  top of the micro-batches in flight (GPipe: m; 1F1B: ``min(m, S - s)``), so the simulated peak is
+  ``state + in-flight x (kept + received) + transient``, each transient counted once (a recomputed region's
+  activations and the loss's gradients never coexist: the larger).
 
 Not modelled: ``interleaved1f1b`` with recomputation (several stages per group: refused), recomputation of a
 coarsened graph's groups that span layers (kept whole: not recomputed), selective recomputation of a coarsened graph
@@ -158,13 +161,20 @@ def in_flight(plan, stage: int) -> int:
 
 
 def apply_recompute(plan, graph: CompGraph, run: Callable[[int], CompGraph], times: tuple[np.ndarray, ...],
-                    act: np.ndarray) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
-    """``(fvar, ffix, bvar, bfix)`` ``[D, N]`` and ``act [N]`` with each stage's recomputation applied (copies).
+                    act: np.ndarray) -> tuple[tuple[np.ndarray, ...], np.ndarray, np.ndarray]:
+    """``(fvar, ffix, bvar, bfix)`` ``[D, N]``, ``act [N]`` with each stage's recomputation applied (copies) and
+    ``again [N]``: per node of a recomputed region, the region's activations that exist again while the node's
+    backward runs: those of the region's nodes up to it in topological order (the later ones' backward ran first
+    and freed them), so the region's last node holds all of them (0 outside the regions; the pipeline kernel adds
+    it to the node's gradient buffers, see the module docstring).
 
     ``graph``: the plan's graph (regions); ``run(s)``: the graph one rank of stage ``s`` runs (a TP shard: its edge
     bytes), node for node the same; ``act``: per-rank saved activations."""
     fvar, ffix, bvar, bfix = times
     bvar, bfix, act = bvar.copy(), bfix.copy(), act.copy()
+    again_bytes = np.zeros(graph.num_nodes)
+    pos = np.empty(graph.num_nodes, dtype=np.int64)
+    pos[graph.topo_order] = np.arange(graph.num_nodes)
     for s, mode in enumerate(plan.recompute):
         if mode == "none":
             continue
@@ -180,16 +190,19 @@ def apply_recompute(plan, graph: CompGraph, run: Callable[[int], CompGraph], tim
         bvar[:, again] += fvar[:, again]
         bfix[:, again] += ffix[:, again]
         kept = kept_bytes(run(s), local)
-        freed = np.bincount(rid[nodes], weights=act[nodes], minlength=kept.size)
+        by = nodes[np.lexsort((pos[nodes], rid[nodes]))]  # region by region, each in topological order
+        upto = np.cumsum(act[by])
+        starts = np.flatnonzero(np.concatenate([[True], rid[by][1:] != rid[by][:-1]]))
+        before = np.repeat(upto[starts] - act[by][starts], np.diff(np.append(starts, by.size)))
+        again_bytes[by] = upto - before
         act[nodes] = 0.0
         first: dict[int, int] = {}  # a node of each region holds its bytes (the kernel sums a stage's nodes)
         for v in nodes:
             first.setdefault(int(rid[v]), int(v))
         for r in mine:
             act[first[int(r)]] += kept[r]
-        worst = int(mine[np.argmax(freed[mine])])
-        act[first[worst]] += freed[worst] / in_flight(plan, s)
-    return (fvar, ffix, bvar, bfix), act
+        in_flight(plan, s)  # refuses a schedule it is not modelled with
+    return (fvar, ffix, bvar, bfix), act, again_bytes
 
 
 __all__ = ["GEMMS", "OUTPUT_SAVERS", "RECOMPUTE", "apply_recompute", "in_flight", "kept_bytes", "regions", "repeated",
